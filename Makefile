@@ -1,0 +1,93 @@
+# ctitan: one flat Makefile, everything builds into build/ (programs in build/bin/).
+# make | make test | make test-gpu | make bench | make demo | make clean     (make CUDA=0 skips CUDA)
+
+CC      ?= gcc
+BUILD   := build
+OPT     ?= -O3 -march=native
+CFLAGS  := -std=c11 $(OPT) -g -fopenmp-simd -Wall -Wextra -Wno-unused-parameter \
+           -D_GNU_SOURCE -I. -I/usr/include/x86_64-linux-gnu/openblas-pthread $(EXTRA_CFLAGS)
+LDLIBS  := -lopenblas -lzmq -lmsgpackc -luring -lxxhash -lpthread -lm
+TESTLIBS := -lcmocka
+
+NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+CUDA    ?= $(if $(NVCC),1,0)
+CUDA_HOME ?= /usr/local/cuda
+NVFLAGS := -O3 -std=c++17 -I. -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+
+# Library code: every .c under these folders except program mains (tools/ctitan.c, tools/cmd_*.c).
+LIB_SRCS  := $(filter-out tools/ctitan.c tools/cmd_%.c, \
+               $(wildcard kernels/*.c kernels/cpu/*.c kernels/ref/*.c ipc/*.c stages/lib*.c checkpointd/lib*.c tools/*.c))
+LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o)
+CTITAN_SRCS := tools/ctitan.c $(wildcard tools/cmd_*.c)
+CTITAN_OBJS := $(CTITAN_SRCS:%.c=$(BUILD)/obj/%.o)
+TEST_SRCS := $(wildcard tests/test_*.c)
+TESTS     := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
+
+CU_SRCS   := $(wildcard kernels/cuda/*.cu)
+CU_OBJS   := $(CU_SRCS:%.cu=$(BUILD)/obj/%.o)
+GPU_TEST_SRCS := $(wildcard tests/gpu/test_*.c)
+GPU_TESTS := $(GPU_TEST_SRCS:tests/gpu/%.c=$(BUILD)/tests/gpu/%)
+CUDALIBS  := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lcublas -lstdc++
+
+DEPS_STAMP := $(BUILD)/.deps-ok
+ALL := $(BUILD)/bin/ctitan $(TESTS)
+ifeq ($(CUDA),1)
+ALL += $(GPU_TESTS)
+endif
+
+.PHONY: all test test-gpu bench demo clean deps
+all: $(ALL)
+
+# Installs missing Debian packages (as root) before anything compiles.
+$(DEPS_STAMP): tools/deps.sh
+	@mkdir -p $(BUILD)
+	@bash tools/deps.sh
+	@touch $@
+deps: $(DEPS_STAMP)
+
+$(BUILD)/obj/%.o: %.c | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cu | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+$(BUILD)/libctitan.a: $(LIB_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/libctitan_cuda.a: $(CU_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/bin/ctitan: $(CTITAN_OBJS) $(BUILD)/libctitan.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(BUILD)/libctitan.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(TESTLIBS)
+
+$(BUILD)/tests/gpu/%: $(BUILD)/obj/tests/gpu/%.o $(BUILD)/libctitan_cuda.a $(BUILD)/libctitan.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(CUDALIBS) $(TESTLIBS)
+
+# Every cmocka program runs; the last line sums them up ("N passed, N failed").
+test: all
+	@bash tests/run.sh $(TESTS)
+
+test-gpu: all
+	@if [ "$(CUDA)" != 1 ]; then echo "test-gpu: nvcc not found, nothing to run"; exit 1; fi
+	@bash tests/run.sh $(GPU_TESTS)
+
+bench: $(BUILD)/bin/ctitan
+	$(BUILD)/bin/ctitan bench
+
+demo: $(BUILD)/bin/ctitan
+	bash tools/demo.sh
+
+clean:
+	rm -rf $(BUILD)
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -1,0 +1,125 @@
+/* Thread pool behind the CPU kernels: workers block on a condition variable between
+ * parallel regions (two vCPUs cannot afford spinning) and pull task indices atomically. */
+#include "kernels/cpu/pool.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <cblas.h>
+
+struct pool {
+    int nthreads;
+    pthread_t *threads;
+    pthread_mutex_t mu;
+    pthread_cond_t start, done;
+    unsigned long generation; /* bumped for each pool_for */
+    int active;               /* workers still inside the current region */
+    int stop;
+    pool_fn fn;
+    void *ctx;
+    int ntasks;
+    atomic_int next;
+};
+
+static void run_tasks(pool_t *p)
+{
+    for (;;) {
+        int t = atomic_fetch_add(&p->next, 1);
+        if (t >= p->ntasks)
+            return;
+        p->fn(p->ctx, t);
+    }
+}
+
+static void *worker(void *arg)
+{
+    pool_t *p = arg;
+    unsigned long seen = 0;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        while (!p->stop && p->generation == seen)
+            pthread_cond_wait(&p->start, &p->mu);
+        if (p->stop)
+            break;
+        seen = p->generation;
+        pthread_mutex_unlock(&p->mu);
+        run_tasks(p);
+        pthread_mutex_lock(&p->mu);
+        if (--p->active == 0)
+            pthread_cond_signal(&p->done);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+pool_t *pool_new(int nthreads)
+{
+    if (nthreads < 1)
+        nthreads = 1;
+    openblas_set_num_threads(1);
+    pool_t *p = calloc(1, sizeof(*p));
+    if (!p)
+        return NULL;
+    p->nthreads = nthreads;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->start, NULL);
+    pthread_cond_init(&p->done, NULL);
+    p->threads = calloc((size_t)nthreads, sizeof(pthread_t));
+    for (int i = 1; i < nthreads; i++) {
+        if (pthread_create(&p->threads[i], NULL, worker, p) != 0) {
+            p->nthreads = i; /* run with what started */
+            break;
+        }
+    }
+    return p;
+}
+
+void pool_destroy(pool_t **pp)
+{
+    pool_t *p = *pp;
+    if (!p)
+        return;
+    pthread_mutex_lock(&p->mu);
+    p->stop = 1;
+    pthread_cond_broadcast(&p->start);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 1; i < p->nthreads; i++)
+        pthread_join(p->threads[i], NULL);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->start);
+    pthread_cond_destroy(&p->done);
+    free(p->threads);
+    free(p);
+    *pp = NULL;
+}
+
+int pool_threads(const pool_t *p) { return p ? p->nthreads : 1; }
+
+void pool_for(pool_t *p, int ntasks, pool_fn fn, void *ctx)
+{
+    if (ntasks <= 0)
+        return;
+    if (!p || p->nthreads == 1 || ntasks == 1) {
+        for (int t = 0; t < ntasks; t++)
+            fn(ctx, t);
+        return;
+    }
+    pthread_mutex_lock(&p->mu);
+    p->fn = fn;
+    p->ctx = ctx;
+    p->ntasks = ntasks;
+    atomic_store(&p->next, 0);
+    p->active = p->nthreads - 1;
+    p->generation++;
+    pthread_cond_broadcast(&p->start);
+    pthread_mutex_unlock(&p->mu);
+
+    run_tasks(p);
+
+    pthread_mutex_lock(&p->mu);
+    while (p->active > 0)
+        pthread_cond_wait(&p->done, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+}

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Runs each cmocka test program given and prints one summary line; exits non-zero if any failed.
+set -u
+pass=0; fail=0; skip=0; failed=()
+for t in "$@"; do
+  out=$(mktemp)
+  CMOCKA_MESSAGE_OUTPUT=stdout "$t" >"$out" 2>&1
+  rc=$?
+  cat "$out"
+  p=$(grep -c '^\[       OK \]' "$out"); f=$(grep -c '^\[  FAILED  \]\s*test' "$out"); s=$(grep -c '^\[  SKIPPED \]\s*test' "$out")
+  pass=$((pass + p)); skip=$((skip + s))
+  if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi   # a crash before cmocka reports counts as a failure
+  fail=$((fail + f))
+  [ "$rc" -ne 0 ] && failed+=("$(basename "$t")")
+  rm -f "$out"
+done
+[ ${#failed[@]} -gt 0 ] && echo "failed programs: ${failed[*]}"
+echo "tests: $pass passed, $fail failed, $skip skipped"
+[ "$fail" -eq 0 ] && [ ${#failed[@]} -eq 0 ]

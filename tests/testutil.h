@@ -1,0 +1,74 @@
+/* Small helpers shared by the cmocka test programs: seeded random fills and tolerance
+ * comparisons of fp32 results against double references (atol + rtol*|ref|). */
+#ifndef CTITAN_TESTUTIL_H
+#define CTITAN_TESTUTIL_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static inline uint64_t tu_next(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+/* uniform in [-scale, scale) */
+static inline double tu_uniform(uint64_t *s, double scale)
+{
+    return ((double)(tu_next(s) >> 11) * 0x1.0p-53 * 2.0 - 1.0) * scale;
+}
+static inline void tu_fill(double *d, float *f, size_t n, uint64_t seed, double scale)
+{
+    uint64_t s = seed;
+    for (size_t i = 0; i < n; i++) {
+        double x = tu_uniform(&s, scale);
+        float xf = (float)x;
+        if (d) d[i] = f ? (double)xf : x; /* same values in both precisions */
+        if (f) f[i] = xf;
+    }
+}
+static inline void tu_to_double(double *d, const float *f, size_t n)
+{
+    for (size_t i = 0; i < n; i++) d[i] = f[i];
+}
+/* Returns the number of elements outside atol + rtol*|ref|; prints the first few. */
+static inline size_t tu_compare(const char *what, const float *got, const double *ref, size_t n,
+                                double atol, double rtol)
+{
+    size_t bad = 0;
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        double err = fabs((double)got[i] - ref[i]);
+        double tol = atol + rtol * fabs(ref[i]);
+        if (!(err <= tol)) {
+            if (bad < 5)
+                fprintf(stderr, "%s[%zu]: got %.9g want %.9g (err %.3g > tol %.3g)\n", what, i,
+                        (double)got[i], ref[i], err, tol);
+            bad++;
+        }
+        if (err > worst) worst = err;
+    }
+    if (bad)
+        fprintf(stderr, "%s: %zu of %zu outside tolerance, worst abs err %.3g\n", what, bad, n, worst);
+    return bad;
+}
+static inline size_t tu_compare_d(const char *what, const double *got, const double *ref, size_t n,
+                                  double atol, double rtol)
+{
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        double err = fabs(got[i] - ref[i]);
+        if (!(err <= atol + rtol * fabs(ref[i]))) {
+            if (bad < 5)
+                fprintf(stderr, "%s[%zu]: got %.12g want %.12g (err %.3g)\n", what, i, got[i], ref[i], err);
+            bad++;
+        }
+    }
+    if (bad) fprintf(stderr, "%s: %zu of %zu outside tolerance\n", what, bad, n);
+    return bad;
+}
+
+#endif

@@ -1,0 +1,9 @@
+/* Subcommands of the `ctitan` program, one tools/cmd_<name>.c each.
+ * Each takes argv from the subcommand name on and returns the process exit status. */
+#ifndef CTITAN_CMDS_H
+#define CTITAN_CMDS_H
+
+int cmd_prep(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+
+#endif

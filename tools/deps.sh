@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs the Debian packages ctitan needs; the Makefile runs it when a library is missing.
+# Exits 0 when everything is present, installs with apt-get when run as root, else says what to run.
+set -eu
+pkgs=(build-essential pkg-config libzmq3-dev libmsgpack-dev liburing-dev libcmocka-dev
+      libopenblas-dev libxxhash-dev fortunes)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+echo "deps: installing ${missing[*]}" >&2
+if [ "$(id -u)" -ne 0 ]; then
+  echo "deps: not root; run: sudo apt-get install -y ${missing[*]}" >&2
+  exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq "${missing[@]}"

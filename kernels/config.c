@@ -1,0 +1,136 @@
+/* Model config: defaults, presets, text setters and validation (see config.h). */
+#include "kernels/config.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+model_config_t config_defaults(void)
+{
+    return (model_config_t){
+        .multiple_of = 256,
+        .ffn_dim_multiplier = 0,
+        .norm_eps = 1e-5,
+        .rope_theta = 10000.0,
+        .max_seq_len = 2048,
+    };
+}
+
+int config_preset(const char *name, model_config_t *cfg)
+{
+    model_config_t c = config_defaults();
+    if (!strcmp(name, "debugmodel")) {
+        c.dim = 256, c.n_layers = 6, c.n_heads = 16, c.vocab_size = 2048, c.rope_theta = 500000;
+    } else if (!strcmp(name, "gpt2s")) {
+        c.dim = 768, c.n_layers = 12, c.n_heads = 12, c.vocab_size = 50304;
+    } else if (!strcmp(name, "llama1b")) {
+        c.dim = 2048, c.n_layers = 16, c.n_heads = 16, c.n_kv_heads = 8, c.vocab_size = 32000,
+        c.rope_theta = 500000;
+    } else if (!strcmp(name, "tiny")) {
+        c.dim = 16, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.vocab_size = 32,
+        c.multiple_of = 16, c.max_seq_len = 64;
+    } else {
+        return -EINVAL;
+    }
+    c.n_kv_heads = c.n_kv_heads ? c.n_kv_heads : c.n_heads;
+    *cfg = c;
+    return 0;
+}
+
+static int parse_int(const char *s, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < -2147483647L || v > 2147483647L)
+        return -EINVAL;
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_double(const char *s, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v))
+        return -EINVAL;
+    *out = v;
+    return 0;
+}
+
+int config_set(model_config_t *cfg, const char *key, const char *value, char *err, size_t errlen)
+{
+    static const struct {
+        const char *key;
+        size_t off;
+        int is_int;
+    } keys[] = {
+#define K(f, i) {#f, offsetof(model_config_t, f), i}
+        K(dim, 1), K(n_layers, 1), K(n_heads, 1), K(n_kv_heads, 1), K(vocab_size, 1),
+        K(multiple_of, 1), K(ffn_dim_multiplier, 0), K(norm_eps, 0), K(rope_theta, 0),
+        K(max_seq_len, 1),
+#undef K
+    };
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+        if (strcmp(key, keys[i].key))
+            continue;
+        char *field = (char *)cfg + keys[i].off;
+        int rc = keys[i].is_int ? parse_int(value, (int *)field) : parse_double(value, (double *)field);
+        if (rc)
+            snprintf(err, errlen, "model.%s: expected %s, got '%s'", key,
+                     keys[i].is_int ? "an integer" : "a number", value);
+        return rc;
+    }
+    snprintf(err, errlen, "model.%s: unknown key", key);
+    return -EINVAL;
+}
+
+int config_validate(model_config_t *c, char *err, size_t errlen)
+{
+#define FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); return -EINVAL; } while (0)
+    if (c->dim <= 0) FAIL("model.dim must be > 0 (got %d)", c->dim);
+    if (c->n_layers <= 0) FAIL("model.n_layers must be > 0 (got %d)", c->n_layers);
+    if (c->n_heads <= 0) FAIL("model.n_heads must be > 0 (got %d)", c->n_heads);
+    if (c->n_kv_heads == 0)
+        c->n_kv_heads = c->n_heads;
+    if (c->n_kv_heads < 0 || c->n_kv_heads > c->n_heads)
+        FAIL("model.n_kv_heads (%d) must be between 1 and model.n_heads (%d)", c->n_kv_heads,
+             c->n_heads);
+    if (c->dim % c->n_heads)
+        FAIL("model.dim (%d) is not divisible by model.n_heads (%d)", c->dim, c->n_heads);
+    if (c->n_heads % c->n_kv_heads)
+        FAIL("model.n_heads (%d) is not divisible by model.n_kv_heads (%d)", c->n_heads,
+             c->n_kv_heads);
+    if ((c->dim / c->n_heads) % 2)
+        FAIL("head dim model.dim/model.n_heads (%d) must be even for rotary embedding",
+             c->dim / c->n_heads);
+    if (c->vocab_size < 2) FAIL("model.vocab_size must be >= 2 (got %d)", c->vocab_size);
+    if (c->multiple_of <= 0) FAIL("model.multiple_of must be > 0 (got %d)", c->multiple_of);
+    if (c->ffn_dim_multiplier < 0)
+        FAIL("model.ffn_dim_multiplier must be >= 0 (got %g)", c->ffn_dim_multiplier);
+    if (!(c->norm_eps > 0)) FAIL("model.norm_eps must be > 0 (got %g)", c->norm_eps);
+    if (!(c->rope_theta > 0)) FAIL("model.rope_theta must be > 0 (got %g)", c->rope_theta);
+    if (c->max_seq_len <= 0) FAIL("model.max_seq_len must be > 0 (got %d)", c->max_seq_len);
+    long long hidden = config_ffn_hidden(c);
+    if (hidden <= 0 || hidden > (1 << 24))
+        FAIL("model FFN hidden size %lld (from dim, ffn_dim_multiplier, multiple_of) is out of range",
+             hidden);
+#undef FAIL
+    return 0;
+}
+
+int config_head_dim(const model_config_t *c) { return c->dim / c->n_heads; }
+
+int config_ffn_hidden(const model_config_t *c)
+{
+    long long h = 4LL * c->dim;
+    h = 2 * h / 3;
+    if (c->ffn_dim_multiplier > 0)
+        h = (long long)(c->ffn_dim_multiplier * (double)h);
+    long long m = c->multiple_of;
+    h = m * ((h + m - 1) / m);
+    return h > (1 << 30) ? -1 : (int)h;
+}

@@ -1,0 +1,44 @@
+/* The model's shape, with torchtitan's Llama keys, plus checks and presets.
+ * Every process of a job derives the same parameter table from this. */
+#ifndef CTITAN_CONFIG_H
+#define CTITAN_CONFIG_H
+
+#include <stddef.h>
+
+typedef struct {
+    int dim;
+    int n_layers;
+    int n_heads;
+    int n_kv_heads;           /* 0 in a manifest means "same as n_heads"; validated configs have it set */
+    int vocab_size;
+    int multiple_of;          /* FFN hidden size is rounded up to a multiple of this */
+    double ffn_dim_multiplier; /* 0 = none */
+    double norm_eps;
+    double rope_theta;
+    int max_seq_len;
+} model_config_t;
+
+/* torchtitan's Llama defaults (ModelArgs): n_kv_heads = n_heads, multiple_of 256, eps 1e-5,
+ * rope_theta 10000, max_seq_len 2048; shape fields are 0 and must be set. */
+model_config_t config_defaults(void);
+
+/* Named shapes: "debugmodel" (torchtitan's debug Llama: dim 256, 6 layers, 16 heads,
+ * vocab 2048), "gpt2s" (GPT-2-small-sized Llama: dim 768, 12 layers, 12 heads, vocab 50304),
+ * "llama1b" (dim 2048, 16 layers, 16 heads, 8 kv heads, vocab 32000), "tiny" (for tests).
+ * Returns 0, or -EINVAL for an unknown name. */
+int config_preset(const char *name, model_config_t *cfg);
+
+/* Sets one key from text ("dim", "rope_theta", ...). Returns 0 or -EINVAL with a message
+ * in err naming the key and the expected type. */
+int config_set(model_config_t *cfg, const char *key, const char *value, char *err, size_t errlen);
+
+/* Fills defaults (n_kv_heads 0 -> n_heads) and checks every field and their relations.
+ * Returns 0 or -EINVAL with a message naming the field, e.g.
+ * "model.dim (250) is not divisible by model.n_heads (16)". */
+int config_validate(model_config_t *cfg, char *err, size_t errlen);
+
+int config_head_dim(const model_config_t *cfg);
+/* torchtitan's FeedForward size: h = 4*dim; h = 2h/3; h *= multiplier; round up to multiple_of. */
+int config_ffn_hidden(const model_config_t *cfg);
+
+#endif

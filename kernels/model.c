@@ -1,0 +1,373 @@
+/* CPU Llama model over a run of pieces: forward, backward B (input gradients) and
+ * backward W (weight gradients). See model.h; the equations are in the comments of
+ * layer_forward / layer_backward_b / layer_backward_w. */
+#include "kernels/model.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/ops.h"
+
+typedef struct {
+    float *attn_norm, *wq, *wk, *wv, *wo, *ffn_norm, *w1, *w3, *w2; /* views into params */
+    float *d_attn_norm, *dwq, *dwk, *dwv, *dwo, *d_ffn_norm, *dw1, *dw3, *dw2;
+} layer_w_t;
+
+struct model {
+    model_config_t cfg;
+    param_table_t tab;
+    int piece_begin, piece_end;
+    int layer0, nl;   /* first global layer held, layers held */
+    int has_embed, has_head;
+    size_t param_begin, param_end;
+    float *params, *grads;
+    pool_t *pool;
+    int D, hd, QD, KD, F, V;
+    float *rope_cos, *rope_sin; /* (max_seq_len, hd/2) */
+    layer_w_t *lw;
+    float *embed, *d_embed, *norm, *d_norm, *out, *d_out;
+};
+
+typedef struct {
+    float *h_in;       /* (N, D) layer input */
+    float *r1;         /* (N) */
+    float *xn1;        /* (N, D) */
+    float *q;          /* (N, QD) after rope */
+    float *k, *v;      /* (N, KD), k after rope */
+    float *probs;      /* (B, Hq, T, T) */
+    float *y;          /* (N, QD) attention output */
+    float *h1;         /* (N, D) after the attention residual */
+    float *r2;         /* (N) */
+    float *xn2;        /* (N, D) */
+    float *a, *b, *m;  /* (N, F) gate, up, silu(gate)*up */
+    /* kept by backward B for backward W */
+    float *df;         /* (N, D) gradient of the layer output */
+    float *da, *db;    /* (N, F) */
+    float *dxn2;       /* (N, D) */
+    float *dh1;        /* (N, D) */
+    float *dq, *dk, *dv; /* (N, QD), (N, KD), (N, KD) before rope */
+    float *dxn1;       /* (N, D) */
+} layer_acts_t;
+
+struct model_acts {
+    int B, T, N;
+    size_t bytes;
+    float *base;          /* the one allocation */
+    int32_t *tokens;      /* (N) copy, for the embedding's weight gradient */
+    layer_acts_t *l;      /* nl */
+    float *h_top;         /* (N, D) input of the head (with the head) */
+    float *rf, *hf;       /* (N), (N, D) final norm */
+    float *logits;        /* (N, V): dlogits after the forward */
+    float *dhf;           /* (N, D) */
+    float *dh0;           /* (N, D) gradient of the embedding output */
+    float *s_dm;          /* scratch (N, F) */
+    float *s_dy;          /* scratch (N, QD), also (N, D) */
+};
+
+static float *wptr(model_t *m, float *base, param_kind_t kind, int layer)
+{
+    const param_info_t *p = &m->tab.t[params_find(&m->tab, kind, layer)];
+    return base + (p->offset - m->param_begin);
+}
+
+static void bind(model_t *m)
+{
+    for (int i = 0; i < m->nl; i++) {
+        int l = m->layer0 + i;
+        layer_w_t *w = &m->lw[i];
+        float *P = m->params, *G = m->grads;
+#define B2(f, k) w->f = wptr(m, P, k, l), w->d##f = G ? wptr(m, G, k, l) : NULL
+        B2(wq, PARAM_WQ); B2(wk, PARAM_WK); B2(wv, PARAM_WV); B2(wo, PARAM_WO);
+        B2(w1, PARAM_W1); B2(w3, PARAM_W3); B2(w2, PARAM_W2);
+#undef B2
+        w->attn_norm = wptr(m, P, PARAM_ATTN_NORM, l);
+        w->ffn_norm = wptr(m, P, PARAM_FFN_NORM, l);
+        w->d_attn_norm = G ? wptr(m, G, PARAM_ATTN_NORM, l) : NULL;
+        w->d_ffn_norm = G ? wptr(m, G, PARAM_FFN_NORM, l) : NULL;
+    }
+    if (m->has_embed) {
+        m->embed = wptr(m, m->params, PARAM_EMBED, -1);
+        m->d_embed = m->grads ? wptr(m, m->grads, PARAM_EMBED, -1) : NULL;
+    }
+    if (m->has_head) {
+        m->norm = wptr(m, m->params, PARAM_NORM, -1);
+        m->out = wptr(m, m->params, PARAM_OUTPUT, -1);
+        m->d_norm = m->grads ? wptr(m, m->grads, PARAM_NORM, -1) : NULL;
+        m->d_out = m->grads ? wptr(m, m->grads, PARAM_OUTPUT, -1) : NULL;
+    }
+}
+
+model_t *model_new(const model_config_t *cfg, int piece_begin, int piece_end, float *params,
+                   float *grads, pool_t *pool)
+{
+    if (piece_begin < 0 || piece_end > cfg->n_layers + 2 || piece_begin >= piece_end)
+        return NULL;
+    model_t *m = calloc(1, sizeof(*m));
+    if (!m)
+        return NULL;
+    m->cfg = *cfg;
+    if (params_table_init(&m->tab, cfg)) {
+        free(m);
+        return NULL;
+    }
+    m->piece_begin = piece_begin;
+    m->piece_end = piece_end;
+    m->has_embed = piece_begin == 0;
+    m->has_head = piece_end == cfg->n_layers + 2;
+    int l0 = piece_begin > 1 ? piece_begin - 1 : 0;
+    int l1 = piece_end - 1 < cfg->n_layers ? piece_end - 1 : cfg->n_layers;
+    m->layer0 = l0;
+    m->nl = l1 > l0 ? l1 - l0 : 0;
+    params_piece_range(&m->tab, piece_begin, piece_end, &m->param_begin, &m->param_end);
+    m->pool = pool;
+    m->D = cfg->dim;
+    m->hd = config_head_dim(cfg);
+    m->QD = cfg->n_heads * m->hd;
+    m->KD = cfg->n_kv_heads * m->hd;
+    m->F = config_ffn_hidden(cfg);
+    m->V = cfg->vocab_size;
+    size_t half = (size_t)cfg->max_seq_len * (size_t)(m->hd / 2);
+    m->rope_cos = malloc(half * sizeof(float));
+    m->rope_sin = malloc(half * sizeof(float));
+    m->lw = calloc((size_t)(m->nl ? m->nl : 1), sizeof(layer_w_t));
+    if (!m->rope_cos || !m->rope_sin || !m->lw) {
+        model_destroy(&m);
+        return NULL;
+    }
+    ops_rope_table(m->rope_cos, m->rope_sin, cfg->max_seq_len, m->hd, cfg->rope_theta);
+    m->params = params;
+    m->grads = grads;
+    bind(m);
+    return m;
+}
+
+void model_destroy(model_t **pm)
+{
+    model_t *m = *pm;
+    if (!m)
+        return;
+    free(m->rope_cos);
+    free(m->rope_sin);
+    free(m->lw);
+    params_table_free(&m->tab);
+    free(m);
+    *pm = NULL;
+}
+
+int model_has_embed(const model_t *m) { return m->has_embed; }
+int model_has_head(const model_t *m) { return m->has_head; }
+
+void model_set_buffers(model_t *m, float *params, float *grads)
+{
+    m->params = params;
+    m->grads = grads;
+    bind(m);
+}
+
+model_acts_t *model_acts_new(const model_t *m, int B, int T)
+{
+    if (B <= 0 || T <= 0 || T > m->cfg.max_seq_len)
+        return NULL;
+    model_acts_t *a = calloc(1, sizeof(*a));
+    if (!a)
+        return NULL;
+    a->B = B, a->T = T, a->N = B * T;
+    a->l = calloc((size_t)(m->nl ? m->nl : 1), sizeof(layer_acts_t));
+    size_t N = (size_t)a->N, D = m->D, QD = m->QD, KD = m->KD, F = m->F, V = m->V;
+    size_t probs = (size_t)B * m->cfg.n_heads * T * T;
+    size_t per_layer = N * (D * 8 + 2 + QD * 4 + KD * 4 + F * 5) + probs;
+    size_t total = (size_t)m->nl * per_layer + N * (F + (QD > D ? QD : D)) + N; /* + tokens */
+    if (m->has_head)
+        total += N * (D * 3 + 1 + V);
+    if (m->has_embed)
+        total += N * D;
+    a->base = malloc(total * sizeof(float));
+    if (!a->l || !a->base) {
+        model_acts_destroy(&a);
+        return NULL;
+    }
+    float *p = a->base;
+#define TAKE(n) (p += (n), p - (n))
+    for (int i = 0; i < m->nl; i++) {
+        layer_acts_t *L = &a->l[i];
+        L->h_in = TAKE(N * D); L->r1 = TAKE(N); L->xn1 = TAKE(N * D);
+        L->q = TAKE(N * QD); L->k = TAKE(N * KD); L->v = TAKE(N * KD);
+        L->probs = TAKE(probs); L->y = TAKE(N * QD); L->h1 = TAKE(N * D);
+        L->r2 = TAKE(N); L->xn2 = TAKE(N * D);
+        L->a = TAKE(N * F); L->b = TAKE(N * F); L->m = TAKE(N * F);
+        L->df = TAKE(N * D); L->da = TAKE(N * F); L->db = TAKE(N * F);
+        L->dxn2 = TAKE(N * D); L->dh1 = TAKE(N * D);
+        L->dq = TAKE(N * QD); L->dk = TAKE(N * KD); L->dv = TAKE(N * KD);
+        L->dxn1 = TAKE(N * D);
+    }
+    a->s_dm = TAKE(N * F);
+    a->s_dy = TAKE(N * (QD > D ? QD : D));
+    a->tokens = (int32_t *)TAKE(N);
+    if (m->has_head) {
+        a->h_top = TAKE(N * D); a->rf = TAKE(N); a->hf = TAKE(N * D);
+        a->logits = TAKE(N * V); a->dhf = TAKE(N * D);
+    }
+    if (m->has_embed)
+        a->dh0 = TAKE(N * D);
+#undef TAKE
+    a->bytes = total * sizeof(float);
+    return a;
+}
+
+void model_acts_destroy(model_acts_t **pa)
+{
+    model_acts_t *a = *pa;
+    if (!a)
+        return;
+    free(a->base);
+    free(a->l);
+    free(a);
+    *pa = NULL;
+}
+
+size_t model_acts_bytes(const model_acts_t *a) { return a->bytes; }
+
+/* y = x + r over n floats (y may alias x). */
+static void add_into(float *y, const float *x, const float *r, size_t n)
+{
+#pragma omp simd
+    for (size_t i = 0; i < n; i++)
+        y[i] = x[i] + r[i];
+}
+
+/* h1 = h + wo(attn(rope(wq xn1), rope(wk xn1), wv xn1)),  xn1 = rmsnorm(h)
+ * out = h1 + w2(silu(w1 xn2) * w3 xn2),                    xn2 = rmsnorm(h1) */
+static void layer_forward(model_t *m, model_acts_t *a, int i, float *out)
+{
+    layer_w_t *w = &m->lw[i];
+    layer_acts_t *L = &a->l[i];
+    pool_t *P = m->pool;
+    int N = a->N, D = m->D, QD = m->QD, KD = m->KD, F = m->F;
+    float eps = (float)m->cfg.norm_eps;
+    ops_rmsnorm_fwd(P, L->xn1, L->r1, L->h_in, w->attn_norm, N, D, eps);
+    ops_matmul_fwd(P, L->q, L->xn1, w->wq, N, D, QD);
+    ops_matmul_fwd(P, L->k, L->xn1, w->wk, N, D, KD);
+    ops_matmul_fwd(P, L->v, L->xn1, w->wv, N, D, KD);
+    ops_rope_fwd(P, L->q, m->rope_cos, m->rope_sin, a->B, a->T, m->cfg.n_heads, m->hd);
+    ops_rope_fwd(P, L->k, m->rope_cos, m->rope_sin, a->B, a->T, m->cfg.n_kv_heads, m->hd);
+    ops_attn_fwd(P, L->y, L->probs, L->q, L->k, L->v, a->B, a->T, m->cfg.n_heads,
+                 m->cfg.n_kv_heads, m->hd);
+    ops_matmul_fwd(P, L->h1, L->y, w->wo, N, QD, D);
+    add_into(L->h1, L->h1, L->h_in, (size_t)N * D);
+    ops_rmsnorm_fwd(P, L->xn2, L->r2, L->h1, w->ffn_norm, N, D, eps);
+    ops_matmul_fwd(P, L->a, L->xn2, w->w1, N, D, F);
+    ops_matmul_fwd(P, L->b, L->xn2, w->w3, N, D, F);
+    ops_swiglu_fwd(P, L->m, L->a, L->b, (size_t)N * F);
+    ops_matmul_fwd(P, out, L->m, w->w2, N, F, D);
+    add_into(out, out, L->h1, (size_t)N * D);
+}
+
+/* Input gradients of one layer, from L->df (gradient of its output) to dh_in. */
+static void layer_backward_b(model_t *m, model_acts_t *a, int i, float *dh_in)
+{
+    layer_w_t *w = &m->lw[i];
+    layer_acts_t *L = &a->l[i];
+    pool_t *P = m->pool;
+    int N = a->N, D = m->D, QD = m->QD, KD = m->KD, F = m->F;
+    size_t ND = (size_t)N * D;
+    ops_matmul_bwd_x(P, a->s_dm, L->df, w->w2, N, F, D, 0);
+    ops_swiglu_bwd(P, L->da, L->db, a->s_dm, L->a, L->b, (size_t)N * F);
+    ops_matmul_bwd_x(P, L->dxn2, L->da, w->w1, N, D, F, 0);
+    ops_matmul_bwd_x(P, L->dxn2, L->db, w->w3, N, D, F, 1);
+    memcpy(L->dh1, L->df, ND * sizeof(float));
+    ops_rmsnorm_bwd_x(P, L->dh1, L->dxn2, L->h1, L->r2, w->ffn_norm, N, D);
+    ops_matmul_bwd_x(P, a->s_dy, L->dh1, w->wo, N, QD, D, 0);
+    ops_attn_bwd(P, L->dq, L->dk, L->dv, a->s_dy, L->probs, L->q, L->k, L->v, a->B, a->T,
+                 m->cfg.n_heads, m->cfg.n_kv_heads, m->hd);
+    ops_rope_bwd(P, L->dq, m->rope_cos, m->rope_sin, a->B, a->T, m->cfg.n_heads, m->hd);
+    ops_rope_bwd(P, L->dk, m->rope_cos, m->rope_sin, a->B, a->T, m->cfg.n_kv_heads, m->hd);
+    ops_matmul_bwd_x(P, L->dxn1, L->dq, w->wq, N, D, QD, 0);
+    ops_matmul_bwd_x(P, L->dxn1, L->dk, w->wk, N, D, KD, 1);
+    ops_matmul_bwd_x(P, L->dxn1, L->dv, w->wv, N, D, KD, 1);
+    memcpy(dh_in, L->dh1, ND * sizeof(float));
+    ops_rmsnorm_bwd_x(P, dh_in, L->dxn1, L->h_in, L->r1, w->attn_norm, N, D);
+}
+
+static void layer_backward_w(model_t *m, model_acts_t *a, int i)
+{
+    layer_w_t *w = &m->lw[i];
+    layer_acts_t *L = &a->l[i];
+    pool_t *P = m->pool;
+    int N = a->N, D = m->D, QD = m->QD, KD = m->KD, F = m->F;
+    ops_matmul_bwd_w(P, w->dw2, L->df, L->m, N, F, D);
+    ops_matmul_bwd_w(P, w->dw1, L->da, L->xn2, N, D, F);
+    ops_matmul_bwd_w(P, w->dw3, L->db, L->xn2, N, D, F);
+    ops_rmsnorm_bwd_w(P, w->d_ffn_norm, L->dxn2, L->h1, L->r2, N, D);
+    ops_matmul_bwd_w(P, w->dwo, L->dh1, L->y, N, QD, D);
+    ops_matmul_bwd_w(P, w->dwq, L->dq, L->xn1, N, D, QD);
+    ops_matmul_bwd_w(P, w->dwk, L->dk, L->xn1, N, D, KD);
+    ops_matmul_bwd_w(P, w->dwv, L->dv, L->xn1, N, D, KD);
+    ops_rmsnorm_bwd_w(P, w->d_attn_norm, L->dxn1, L->h_in, L->r1, N, D);
+}
+
+double model_forward(model_t *m, model_acts_t *a, const int32_t *tokens, const float *x_in,
+                     const int32_t *targets, float dscale, float *x_out)
+{
+    size_t N = (size_t)a->N, D = m->D;
+    /* where the output of the pieces below the head goes */
+    float *top = m->has_head ? a->h_top : x_out;
+    float *first = m->nl ? a->l[0].h_in : top;
+    if (m->has_embed) {
+        memcpy(a->tokens, tokens, N * sizeof(int32_t));
+        ops_embed_fwd(m->pool, first, m->embed, tokens, (int)N, (int)D);
+    } else if (first != x_in) {
+        memcpy(first, x_in, N * D * sizeof(float));
+    }
+    for (int i = 0; i < m->nl; i++)
+        layer_forward(m, a, i, i + 1 < m->nl ? a->l[i + 1].h_in : top);
+    if (!m->has_head)
+        return 0;
+    ops_rmsnorm_fwd(m->pool, a->hf, a->rf, a->h_top, m->norm, (int)N, (int)D,
+                    (float)m->cfg.norm_eps);
+    ops_matmul_fwd(m->pool, a->logits, a->hf, m->out, (int)N, (int)D, m->V);
+    float *loss = a->s_dy; /* N floats of scratch */
+    ops_xent(m->pool, a->logits, loss, a->logits, targets, (int)N, m->V, dscale);
+    double sum = 0;
+    for (size_t n = 0; n < N; n++)
+        sum += loss[n];
+    return sum;
+}
+
+void model_backward_b(model_t *m, model_acts_t *a, const float *dy, float *dx)
+{
+    size_t N = (size_t)a->N, D = m->D;
+    /* gradient of the input of the lowest held piece above the embedding */
+    float *bottom = m->has_embed ? a->dh0 : dx;
+    float *top = m->nl ? a->l[m->nl - 1].df : bottom;
+    if (m->has_head) {
+        ops_matmul_bwd_x(m->pool, a->dhf, a->logits, m->out, (int)N, (int)D, m->V, 0);
+        memset(top, 0, N * D * sizeof(float));
+        ops_rmsnorm_bwd_x(m->pool, top, a->dhf, a->h_top, a->rf, m->norm, (int)N, (int)D);
+    } else if (top != dy) {
+        memcpy(top, dy, N * D * sizeof(float));
+    }
+    for (int i = m->nl - 1; i >= 0; i--)
+        layer_backward_b(m, a, i, i > 0 ? a->l[i - 1].df : bottom);
+}
+
+void model_backward_w(model_t *m, model_acts_t *a)
+{
+    int N = a->N, D = m->D;
+    if (m->has_head) {
+        ops_matmul_bwd_w(m->pool, m->d_out, a->logits, a->hf, N, D, m->V);
+        ops_rmsnorm_bwd_w(m->pool, m->d_norm, a->dhf, a->h_top, a->rf, N, D);
+    }
+    for (int i = m->nl - 1; i >= 0; i--)
+        layer_backward_w(m, a, i);
+    if (m->has_embed)
+        ops_embed_bwd(m->pool, m->d_embed, a->dh0, a->tokens, N, D);
+}
+
+double model_flops_per_token(const model_config_t *cfg, int T)
+{
+    double D = cfg->dim, hd = config_head_dim(cfg), F = config_ffn_hidden(cfg);
+    double per_layer = D * cfg->n_heads * hd * 2 + D * cfg->n_kv_heads * hd * 2 + 3 * D * F;
+    double matmul_params = cfg->n_layers * per_layer + (double)cfg->vocab_size * D;
+    return 6 * matmul_params + 12.0 * cfg->n_layers * D * T;
+}

@@ -1,0 +1,53 @@
+/* The Llama model on the CPU for one contiguous run of pieces (embedding, layers, head):
+ * a whole model, or the part one pipeline stage holds. Forward, and backward split into
+ * an input-gradient part (B) and a weight-gradient part (W) so zero-bubble schedules can
+ * reorder them; a plain backward is B then W. Activations live in one model_acts_t per
+ * microbatch in flight. */
+#ifndef CTITAN_MODEL_H
+#define CTITAN_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/config.h"
+#include "kernels/cpu/pool.h"
+#include "kernels/params.h"
+
+typedef struct model model_t;
+typedef struct model_acts model_acts_t;
+
+/* Holds pieces [piece_begin, piece_end) of params_piece_range. params and grads point at
+ * the flat range of those pieces (not owned; grads are accumulated into, never cleared
+ * here). pool may be NULL. cfg must be validated. Returns NULL on bad ranges or ENOMEM. */
+model_t *model_new(const model_config_t *cfg, int piece_begin, int piece_end, float *params,
+                   float *grads, pool_t *pool);
+void model_destroy(model_t **m);
+int model_has_embed(const model_t *m);
+int model_has_head(const model_t *m);
+/* Points the model at other parameter/gradient buffers of the same layout. */
+void model_set_buffers(model_t *m, float *params, float *grads);
+
+/* Activation storage for one [B, T] microbatch (owned by the caller). T <= max_seq_len. */
+model_acts_t *model_acts_new(const model_t *m, int B, int T);
+void model_acts_destroy(model_acts_t **a);
+size_t model_acts_bytes(const model_acts_t *a);
+
+/* Forward. With the embedding, tokens [B*T] are read (ids must be < vocab_size; the caller
+ * validates data); otherwise x_in [B*T, dim]. With the head, targets [B*T] give the loss:
+ * the return value is the sum of per-token losses and gradients are scaled by dscale
+ * (1 / tokens in the global batch gives the mean); otherwise the output [B*T, dim] is
+ * written to x_out and 0 is returned. */
+double model_forward(model_t *m, model_acts_t *a, const int32_t *tokens, const float *x_in,
+                     const int32_t *targets, float dscale, float *x_out);
+/* Input-gradient part: dy [B*T, dim] is the gradient of the output (ignored with the
+ * head); writes dx [B*T, dim] unless the model holds the embedding (dx may be NULL then).
+ * Keeps what backward_w needs inside a. */
+void model_backward_b(model_t *m, model_acts_t *a, const float *dy, float *dx);
+/* Weight-gradient part: adds this microbatch's weight gradients into grads. */
+void model_backward_w(model_t *m, model_acts_t *a);
+
+/* Model FLOPs per token for forward+backward (PaLM convention): 6 * (matmul parameters,
+ * lm_head included, embedding excluded) + 12 * n_layers * dim * T. */
+double model_flops_per_token(const model_config_t *cfg, int T);
+
+#endif

@@ -6,6 +6,7 @@
  *   N = B*T tokens, token n = b*T + t.  Activations are [N, C].
  *   q is [N, Hq*hd] = [B, T, Hq, hd]; k and v are [N, Hkv*hd].  Hq % Hkv == 0, query head h
  *   reads kv head h / (Hq/Hkv).  probs is [B, Hq, T, T] (entries above the diagonal are 0).
+ *   (No parameter is called I: OpenBLAS headers pull in <complex.h>, which defines I.)
  *   Linear weights are [out, in] as in PyTorch/Hugging Face: y = x W^T.
  *   "adds into" means the output is accumulated (+=), otherwise it is overwritten.
  * Results are bitwise identical for any pool size (pool may be NULL: single thread). */
@@ -32,13 +33,13 @@ void ops_rmsnorm_bwd_x(pool_t *p, float *dx, const float *dout, const float *x, 
 void ops_rmsnorm_bwd_w(pool_t *p, float *dw, const float *dout, const float *x, const float *rstd,
                        int N, int D);
 
-/* y[N,O] = x[N,I] w[O,I]^T. */
-void ops_matmul_fwd(pool_t *p, float *y, const float *x, const float *w, int N, int I, int O);
-/* dx[N,I] = dy[N,O] w[O,I]; adds into dx when accumulate != 0. */
-void ops_matmul_bwd_x(pool_t *p, float *dx, const float *dy, const float *w, int N, int I, int O,
+/* y[N,Dout] = x[N,Din] w[Dout,Din]^T. */
+void ops_matmul_fwd(pool_t *p, float *y, const float *x, const float *w, int N, int Din, int Dout);
+/* dx[N,Din] = dy[N,Dout] w[Dout,Din]; adds into dx when accumulate != 0. */
+void ops_matmul_bwd_x(pool_t *p, float *dx, const float *dy, const float *w, int N, int Din, int Dout,
                       int accumulate);
-/* dw[O,I] += dy[N,O]^T x[N,I]. */
-void ops_matmul_bwd_w(pool_t *p, float *dw, const float *dy, const float *x, int N, int I, int O);
+/* dw[Dout,Din] += dy[N,Dout]^T x[N,Din]. */
+void ops_matmul_bwd_w(pool_t *p, float *dw, const float *dy, const float *x, int N, int Din, int Dout);
 
 /* Rotary table, Hugging Face convention: for t < T, i < hd/2,
  * angle = t * theta^(-2i/hd); cos[t*hd/2 + i], sin[...]. */

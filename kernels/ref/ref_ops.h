@@ -17,10 +17,10 @@ void ref_rmsnorm_bwd_x(double *dx, const double *dout, const double *x, const do
 void ref_rmsnorm_bwd_w(double *dw, const double *dout, const double *x, const double *rstd, int N,
                        int D);
 
-void ref_matmul_fwd(double *y, const double *x, const double *w, int N, int I, int O);
-void ref_matmul_bwd_x(double *dx, const double *dy, const double *w, int N, int I, int O,
+void ref_matmul_fwd(double *y, const double *x, const double *w, int N, int Din, int Dout);
+void ref_matmul_bwd_x(double *dx, const double *dy, const double *w, int N, int Din, int Dout,
                       int accumulate);
-void ref_matmul_bwd_w(double *dw, const double *dy, const double *x, int N, int I, int O);
+void ref_matmul_bwd_w(double *dw, const double *dy, const double *x, int N, int Din, int Dout);
 
 void ref_rope_table(double *cos, double *sin, int T, int hd, double theta);
 void ref_rope_fwd(double *x, const double *cos, const double *sin, int B, int T, int H, int hd);

@@ -1,0 +1,319 @@
+/* The whole model: the double reference against finite differences, the CPU model
+ * against the reference, the B/W backward split, splitting into pipeline pieces, and
+ * bitwise determinism across thread counts. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/model.h"
+#include "kernels/ops.h"
+#include "kernels/ref/model_ref.h"
+#include "tests/testutil.h"
+
+typedef struct {
+    model_config_t cfg;
+    param_table_t tab;
+    float *w;          /* (total) */
+    int B, T;
+    int32_t *tok, *tgt;
+} fixture_t;
+
+static void fixture_init(fixture_t *f, model_config_t cfg, int B, int T, uint64_t seed)
+{
+    char err[256];
+    f->cfg = cfg;
+    assert_int_equal(config_validate(&f->cfg, err, sizeof(err)), 0);
+    assert_int_equal(params_table_init(&f->tab, &f->cfg), 0);
+    f->w = malloc(f->tab.total * sizeof(float));
+    params_init(&f->tab, &f->cfg, seed, f->w, 0, f->tab.total);
+    /* norms away from 1 so their gradients are exercised in a general position */
+    uint64_t s = seed;
+    for (int i = 0; i < f->tab.n; i++) {
+        const param_info_t *p = &f->tab.t[i];
+        if (p->ndim == 1)
+            for (size_t j = 0; j < p->numel; j++)
+                f->w[p->offset + j] = (float)(1.0 + tu_uniform(&s, 0.3));
+    }
+    f->B = B, f->T = T;
+    f->tok = malloc(sizeof(int32_t) * B * T);
+    f->tgt = malloc(sizeof(int32_t) * B * T);
+    for (int i = 0; i < B * T; i++) {
+        f->tok[i] = (int32_t)(tu_next(&s) % (uint64_t)cfg.vocab_size);
+        f->tgt[i] = (int32_t)(tu_next(&s) % (uint64_t)cfg.vocab_size);
+    }
+}
+
+static void fixture_free(fixture_t *f)
+{
+    free(f->w);
+    free(f->tok);
+    free(f->tgt);
+    params_table_free(&f->tab);
+}
+
+static model_config_t tiny(void)
+{
+    model_config_t c;
+    config_preset("tiny", &c); /* dim 16, 2 layers, 4 heads, 2 kv heads, vocab 32, ffn 48 */
+    return c;
+}
+
+/* Runs the CPU model over all pieces; returns the loss sum, grads zeroed first. */
+static double cpu_loss_grad(const fixture_t *f, float *grads, pool_t *pool)
+{
+    size_t n = f->tab.total;
+    memset(grads, 0, n * sizeof(float));
+    model_t *m = model_new(&f->cfg, 0, f->cfg.n_layers + 2, f->w, grads, pool);
+    assert_non_null(m);
+    model_acts_t *a = model_acts_new(m, f->B, f->T);
+    assert_non_null(a);
+    double loss = model_forward(m, a, f->tok, NULL, f->tgt, 1.0f / (f->B * f->T), NULL);
+    model_backward_b(m, a, NULL, NULL);
+    model_backward_w(m, a);
+    model_acts_destroy(&a);
+    model_destroy(&m);
+    return loss;
+}
+
+static void test_model_reference_gradient_matches_finite_differences(void **state)
+{
+    fixture_t f;
+    fixture_init(&f, tiny(), 2, 5, 7);
+    size_t n = f.tab.total;
+    double *w = malloc(n * sizeof(double)), *g = calloc(n, sizeof(double));
+    tu_to_double(w, f.w, n);
+    double scale = 1.0 / (f.B * f.T);
+    ref_model_loss(&f.cfg, &f.tab, w, g, f.tok, f.tgt, f.B, f.T, scale);
+    size_t bad = 0;
+    double eps = 1e-5;
+    for (size_t i = 0; i < n; i++) { /* every parameter of the model */
+        double keep = w[i];
+        w[i] = keep + eps;
+        double lp = ref_model_loss(&f.cfg, &f.tab, w, NULL, f.tok, f.tgt, f.B, f.T, scale);
+        w[i] = keep - eps;
+        double lm = ref_model_loss(&f.cfg, &f.tab, w, NULL, f.tok, f.tgt, f.B, f.T, scale);
+        w[i] = keep;
+        double fd = (lp - lm) * scale / (2 * eps);
+        if (fabs(fd - g[i]) > 1e-8 + 1e-5 * fabs(fd)) {
+            if (bad++ < 5)
+                print_error("param %zu: analytic %.10g finite-difference %.10g\n", i, g[i], fd);
+        }
+    }
+    assert_int_equal(bad, 0);
+    free(w);
+    free(g);
+    fixture_free(&f);
+}
+
+static void check_cpu_against_reference(model_config_t cfg, int B, int T)
+{
+    fixture_t f;
+    fixture_init(&f, cfg, B, T, 11);
+    size_t n = f.tab.total;
+    double *w = malloc(n * sizeof(double)), *g = calloc(n, sizeof(double));
+    float *gf = malloc(n * sizeof(float));
+    tu_to_double(w, f.w, n);
+    double ref = ref_model_loss(&f.cfg, &f.tab, w, g, f.tok, f.tgt, B, T, 1.0 / (B * T));
+    double got = cpu_loss_grad(&f, gf, NULL);
+    assert_true(fabs(got - ref) <= 1e-5 * fabs(ref));
+    for (int i = 0; i < f.tab.n; i++) { /* per tensor: tolerance relative to its own scale */
+        const param_info_t *p = &f.tab.t[i];
+        double mx = 0;
+        for (size_t j = 0; j < p->numel; j++)
+            mx = fmax(mx, fabs(g[p->offset + j]));
+        assert_int_equal(tu_compare(p->name, gf + p->offset, g + p->offset, p->numel,
+                                    1e-4 * mx + 1e-9, 1e-3), 0);
+    }
+    free(w);
+    free(g);
+    free(gf);
+    fixture_free(&f);
+}
+
+static void test_model_cpu_matches_reference_tiny(void **state)
+{
+    check_cpu_against_reference(tiny(), 2, 5);
+}
+
+static void test_model_cpu_matches_reference_wider(void **state)
+{
+    model_config_t c = tiny();
+    c.dim = 48, c.n_heads = 6, c.n_kv_heads = 3, c.n_layers = 3, c.vocab_size = 97;
+    check_cpu_against_reference(c, 3, 19);
+}
+
+/* F B W per microbatch versus all forwards, all Bs, then all Ws (same W order): the
+ * weight-gradient part may run later without changing a bit. */
+static void test_model_deferred_weight_gradients_are_bitwise_identical(void **state)
+{
+    fixture_t f;
+    fixture_init(&f, tiny(), 2, 8, 3);
+    size_t n = f.tab.total;
+    float *g1 = calloc(n, sizeof(float)), *g2 = calloc(n, sizeof(float));
+    int L = f.cfg.n_layers + 2, N = f.B * f.T;
+    int32_t *tok2 = malloc(N * sizeof(int32_t));
+    for (int i = 0; i < N; i++)
+        tok2[i] = (f.tok[i] + 5) % f.cfg.vocab_size;
+    const int32_t *toks[2] = {f.tok, tok2};
+    double l1 = 0, l2 = 0;
+    {
+        model_t *m = model_new(&f.cfg, 0, L, f.w, g1, NULL);
+        model_acts_t *a = model_acts_new(m, f.B, f.T);
+        for (int mb = 0; mb < 2; mb++) {
+            l1 += model_forward(m, a, toks[mb], NULL, f.tgt, 1.0f / (2 * N), NULL);
+            model_backward_b(m, a, NULL, NULL);
+            model_backward_w(m, a);
+        }
+        model_acts_destroy(&a);
+        model_destroy(&m);
+    }
+    {
+        model_t *m = model_new(&f.cfg, 0, L, f.w, g2, NULL);
+        model_acts_t *a[2] = {model_acts_new(m, f.B, f.T), model_acts_new(m, f.B, f.T)};
+        for (int mb = 0; mb < 2; mb++)
+            l2 += model_forward(m, a[mb], toks[mb], NULL, f.tgt, 1.0f / (2 * N), NULL);
+        model_backward_b(m, a[1], NULL, NULL);
+        model_backward_b(m, a[0], NULL, NULL);
+        model_backward_w(m, a[0]);
+        model_backward_w(m, a[1]);
+        model_acts_destroy(&a[0]);
+        model_acts_destroy(&a[1]);
+        model_destroy(&m);
+    }
+    assert_true(l1 == l2);
+    assert_memory_equal(g1, g2, n * sizeof(float));
+    free(g1);
+    free(g2);
+    free(tok2);
+    fixture_free(&f);
+}
+
+/* The model cut into pipeline pieces and chained by hand gives the same bits as whole. */
+static void run_split(const fixture_t *f, const int *cuts, int ncuts, float *grads, double *loss)
+{
+    int nst = ncuts - 1, N = f->B * f->T, D = f->cfg.dim;
+    model_t *m[8];
+    model_acts_t *a[8];
+    float *x[8];
+    memset(grads, 0, f->tab.total * sizeof(float));
+    for (int s = 0; s < nst; s++) {
+        size_t b, e;
+        params_piece_range(&f->tab, cuts[s], cuts[s + 1], &b, &e);
+        m[s] = model_new(&f->cfg, cuts[s], cuts[s + 1], f->w + b, grads + b, NULL);
+        assert_non_null(m[s]);
+        a[s] = model_acts_new(m[s], f->B, f->T);
+        x[s] = malloc((size_t)N * D * sizeof(float));
+    }
+    for (int s = 0; s < nst; s++)
+        *loss = model_forward(m[s], a[s], f->tok, s ? x[s - 1] : NULL, f->tgt, 1.0f / N, x[s]);
+    for (int s = nst - 1; s >= 0; s--) /* x[s-1] is reused for the gradient going down */
+        model_backward_b(m[s], a[s], x[s], s ? x[s - 1] : NULL);
+    for (int s = 0; s < nst; s++) {
+        model_backward_w(m[s], a[s]);
+        model_acts_destroy(&a[s]);
+        model_destroy(&m[s]);
+        free(x[s]);
+    }
+}
+
+static void test_model_split_into_pieces_matches_whole_bitwise(void **state)
+{
+    fixture_t f;
+    model_config_t c = tiny();
+    c.n_layers = 4;
+    fixture_init(&f, c, 2, 6, 5);
+    size_t n = f.tab.total;
+    float *gw = malloc(n * sizeof(float)), *gs = malloc(n * sizeof(float));
+    double lw, ls;
+    int whole[] = {0, 6};
+    run_split(&f, whole, 2, gw, &lw);
+    int splits[][5] = {{0, 3, 6}, {0, 1, 2, 5, 6}, {0, 2, 4, 5, 6}};
+    int nsplit[] = {3, 5, 5};
+    for (int i = 0; i < 3; i++) {
+        run_split(&f, splits[i], nsplit[i], gs, &ls);
+        assert_true(lw == ls);
+        assert_memory_equal(gw, gs, n * sizeof(float));
+    }
+    free(gw);
+    free(gs);
+    fixture_free(&f);
+}
+
+static void test_model_bits_identical_for_any_thread_count(void **state)
+{
+    fixture_t f;
+    model_config_t c = tiny();
+    c.dim = 64, c.n_heads = 4, c.n_kv_heads = 4, c.vocab_size = 300, c.multiple_of = 64;
+    fixture_init(&f, c, 3, 40, 9);
+    size_t n = f.tab.total;
+    float *g1 = malloc(n * sizeof(float)), *g = malloc(n * sizeof(float));
+    double l1 = cpu_loss_grad(&f, g1, NULL);
+    for (int threads = 2; threads <= 3; threads++) {
+        pool_t *p = pool_new(threads);
+        double l = cpu_loss_grad(&f, g, p);
+        pool_destroy(&p);
+        assert_null(p);
+        assert_true(l == l1);
+        assert_memory_equal(g, g1, n * sizeof(float));
+    }
+    free(g1);
+    free(g);
+    fixture_free(&f);
+}
+
+static void test_model_adamw_steps_reduce_loss_on_a_fixed_batch(void **state)
+{
+    fixture_t f;
+    fixture_init(&f, tiny(), 2, 8, 21);
+    size_t n = f.tab.total;
+    float *g = malloc(n * sizeof(float)), *m1 = calloc(n, sizeof(float)),
+          *m2 = calloc(n, sizeof(float));
+    double first = 0, last = 0;
+    for (int step = 1; step <= 40; step++) {
+        last = cpu_loss_grad(&f, g, NULL) / (f.B * f.T);
+        if (step == 1)
+            first = last;
+        ops_adamw(NULL, f.w, g, m1, m2, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.0f, step);
+    }
+    assert_true(first > 3.0);        /* about ln(32) at init */
+    assert_true(last < 0.5 * first); /* it memorises the batch */
+    free(g);
+    free(m1);
+    free(m2);
+    fixture_free(&f);
+}
+
+static void test_model_rejects_bad_piece_ranges_and_lengths(void **state)
+{
+    model_config_t c = tiny();
+    float w[1], g[1];
+    assert_null(model_new(&c, 2, 2, w, g, NULL));
+    assert_null(model_new(&c, -1, 2, w, g, NULL));
+    assert_null(model_new(&c, 0, c.n_layers + 3, w, g, NULL));
+    model_t *m = model_new(&c, 1, 2, w, g, NULL);
+    assert_non_null(m);
+    assert_false(model_has_embed(m));
+    assert_false(model_has_head(m));
+    assert_null(model_acts_new(m, 1, c.max_seq_len + 1));
+    model_destroy(&m);
+    assert_null(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_model_reference_gradient_matches_finite_differences),
+        cmocka_unit_test(test_model_cpu_matches_reference_tiny),
+        cmocka_unit_test(test_model_cpu_matches_reference_wider),
+        cmocka_unit_test(test_model_deferred_weight_gradients_are_bitwise_identical),
+        cmocka_unit_test(test_model_split_into_pieces_matches_whole_bitwise),
+        cmocka_unit_test(test_model_bits_identical_for_any_thread_count),
+        cmocka_unit_test(test_model_adamw_steps_reduce_loss_on_a_fixed_batch),
+        cmocka_unit_test(test_model_rejects_bad_piece_ranges_and_lengths),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

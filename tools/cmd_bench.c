@@ -1,0 +1,222 @@
+/* `ctitan bench`: the machine's sgemm peak, per-op throughput, and the full
+ * forward+backward+AdamW step of the demo and GPT-2-small-sized models, with tokens/s and
+ * model FLOP utilisation against the peak measured in the same run. Prints markdown. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cblas.h>
+
+#include "kernels/model.h"
+#include "kernels/ops.h"
+#include "tools/cmds.h"
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static float *randn(size_t n, unsigned seed, float scale)
+{
+    float *x = malloc(n * sizeof(float));
+    if (!x) {
+        fprintf(stderr, "bench: out of memory (%zu floats)\n", n);
+        exit(1);
+    }
+    uint64_t s = seed * 0x9e3779b97f4a7c15ULL + 1;
+    for (size_t i = 0; i < n; i++) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        x[i] = scale * ((float)(s >> 40) / (float)(1 << 24) * 2.0f - 1.0f);
+    }
+    return x;
+}
+
+/* Best of `reps` timings of fn after one warm-up call. */
+#define BEST_OF(reps, secs, ...)                                   \
+    do {                                                           \
+        __VA_ARGS__;                                               \
+        secs = 1e30;                                               \
+        for (int r_ = 0; r_ < (reps); r_++) {                      \
+            double t0_ = now();                                    \
+            __VA_ARGS__;                                           \
+            double t_ = now() - t0_;                               \
+            if (t_ < secs) secs = t_;                              \
+        }                                                          \
+    } while (0)
+
+typedef struct {
+    int threads;
+    int quick;
+    double peak;          /* GFLOP/s */
+} bench_t;
+
+static void measure_peak(bench_t *b)
+{
+    int n = b->quick ? 1024 : 2048;
+    float *x = randn((size_t)n * n, 1, 1), *w = randn((size_t)n * n, 2, 1);
+    float *y = malloc((size_t)n * n * sizeof(float));
+    double flops = 2.0 * n * n * n, t;
+    openblas_set_num_threads(b->threads);
+    BEST_OF(3, t, cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, x, n, w, n,
+                              0.0f, y, n));
+    double native = flops / t * 1e-9;
+    pool_t *p = pool_new(b->threads); /* pins OpenBLAS to one thread from here on */
+    BEST_OF(3, t, ops_matmul_fwd(p, y, x, w, n, n, n));
+    double pooled = flops / t * 1e-9;
+    pool_destroy(&p);
+    b->peak = native > pooled ? native : pooled;
+    printf("## sgemm peak (n=%d, %d threads, OPENBLAS_CORETYPE=%s)\n\n", n, b->threads,
+           getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "(auto)");
+    printf("| sgemm | GFLOP/s |\n|---|---|\n");
+    printf("| OpenBLAS, its own %d threads | %.1f |\n", b->threads, native);
+    printf("| ctitan pool, row-chunked (as the trainer runs) | %.1f |\n", pooled);
+    printf("| **peak used for MFU** (the higher) | **%.1f** |\n\n", b->peak);
+    free(x), free(w), free(y);
+}
+
+static void bench_ops(bench_t *b)
+{
+    /* GPT-2-small shapes: N = 4 x 256 tokens, dim 768, ffn 2048, 12 heads of 64 */
+    int B = 4, T = 256, N = B * T, D = 768, F = 2048, H = 12, hd = 64, V = 50304;
+    pool_t *p = pool_new(b->threads);
+    size_t big = (size_t)N * V;
+    float *x = randn((size_t)N * F, 3, 1), *w = randn((size_t)F * D, 4, 0.05f);
+    float *y = randn((size_t)N * F, 5, 1), *z = randn(big, 6, 1), *r = randn(N, 7, 1);
+    float *q = randn((size_t)N * D, 8, 1), *k = randn((size_t)N * D, 9, 1),
+          *v = randn((size_t)N * D, 10, 1), *dq = randn((size_t)N * D, 11, 1),
+          *dk = randn((size_t)N * D, 12, 1), *dv = randn((size_t)N * D, 13, 1);
+    float *probs = malloc((size_t)B * H * T * T * sizeof(float));
+    float *cs = malloc((size_t)T * hd / 2 * sizeof(float)), *sn = malloc((size_t)T * hd / 2 * sizeof(float));
+    int32_t *tgt = malloc(N * sizeof(int32_t));
+    for (int i = 0; i < N; i++)
+        tgt[i] = (i * 7919) % V;
+    ops_rope_table(cs, sn, T, hd, 10000.0);
+    double t, mm = 2.0 * N * D * F, attn = 4.0 * B * H * T * T * hd / 2; /* causal half */
+    int reps = b->quick ? 2 : 5;
+    printf("## ops (GPT-2-small shapes: %d tokens, dim %d, ffn %d, %d heads, vocab %d)\n\n", N, D,
+           F, H, V);
+    printf("| op | shape | ms | rate |\n|---|---|---|---|\n");
+#define ROW(name, shape, unit, amount, ...)                                               \
+    BEST_OF(reps, t, __VA_ARGS__);                                                      \
+    printf("| %s | %s | %.3f | %.1f %s |\n", name, shape, t * 1e3, (amount) / t * 1e-9, unit)
+    ROW("matmul fwd", "1024x768 · (2048x768)ᵀ", "GFLOP/s", mm, ops_matmul_fwd(p, y, x, w, N, D, F));
+    ROW("matmul bwd_x", "1024x2048 · 2048x768", "GFLOP/s", mm, ops_matmul_bwd_x(p, x, y, w, N, D, F, 0));
+    ROW("matmul bwd_w", "(1024x2048)ᵀ · 1024x768", "GFLOP/s", mm, ops_matmul_bwd_w(p, w, y, x, N, D, F));
+    ROW("attention fwd", "4x12x256x256, hd 64", "GFLOP/s", attn,
+        ops_attn_fwd(p, y, probs, q, k, v, B, T, H, H, hd));
+    ROW("attention bwd", "4x12x256x256, hd 64", "GFLOP/s", 2 * attn,
+        ops_attn_bwd(p, dq, dk, dv, y, probs, q, k, v, B, T, H, H, hd));
+    ROW("rope fwd", "1024x12x64", "GB/s", 2.0 * N * D * 4, ops_rope_fwd(p, q, cs, sn, B, T, H, hd));
+    ROW("rmsnorm fwd", "1024x768", "GB/s", 2.0 * N * D * 4, ops_rmsnorm_fwd(p, y, r, x, w, N, D, 1e-5f));
+    ROW("rmsnorm bwd_x", "1024x768", "GB/s", 3.0 * N * D * 4, ops_rmsnorm_bwd_x(p, y, q, x, r, w, N, D));
+    ROW("rmsnorm bwd_w", "1024x768", "GB/s", 2.0 * N * D * 4, ops_rmsnorm_bwd_w(p, w, q, x, r, N, D));
+    ROW("swiglu fwd", "1024x2048", "GB/s", 3.0 * N * F * 4, ops_swiglu_fwd(p, y, x, dq, (size_t)N * D));
+    ROW("swiglu bwd", "1024x2048", "GB/s", 5.0 * N * F * 4,
+        ops_swiglu_bwd(p, y, dk, dv, x, q, (size_t)N * D));
+    ROW("softmax xent", "1024x50304", "GB/s", 2.0 * big * 4, ops_xent(p, z, r, z, tgt, N, V, 1e-3f));
+    ROW("embed bwd", "1024x768", "GB/s", 2.0 * N * D * 4, ops_embed_bwd(p, w, q, tgt, N, D));
+    size_t np = (size_t)N * F;
+    ROW("adamw", "2.1M params", "GB/s", 7.0 * np * 4,
+        ops_adamw(p, x, y, dq, dv, (size_t)N * D, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 3));
+#undef ROW
+    printf("\n");
+    pool_destroy(&p);
+    free(x), free(w), free(y), free(z), free(r), free(q), free(k), free(v), free(dq), free(dk),
+        free(dv), free(probs), free(cs), free(sn), free(tgt);
+}
+
+static void bench_step(bench_t *b, const char *preset, const char *label, int B, int T)
+{
+    model_config_t cfg;
+    char err[256];
+    config_preset(preset, &cfg);
+    cfg.max_seq_len = T > cfg.max_seq_len ? T : cfg.max_seq_len;
+    if (config_validate(&cfg, err, sizeof(err))) {
+        fprintf(stderr, "bench: %s\n", err);
+        exit(1);
+    }
+    param_table_t tab;
+    params_table_init(&tab, &cfg);
+    size_t n = tab.total;
+    float *w = malloc(n * sizeof(float)), *g = calloc(n, sizeof(float));
+    float *m1 = calloc(n, sizeof(float)), *m2 = calloc(n, sizeof(float));
+    params_init(&tab, &cfg, 1, w, 0, n);
+    pool_t *p = pool_new(b->threads);
+    model_t *m = model_new(&cfg, 0, cfg.n_layers + 2, w, g, p);
+    model_acts_t *a = model_acts_new(m, B, T);
+    int N = B * T;
+    int32_t *tok = malloc(N * sizeof(int32_t)), *tgt = malloc(N * sizeof(int32_t));
+    for (int i = 0; i < N; i++)
+        tok[i] = (i * 31 + 7) % cfg.vocab_size, tgt[i] = (i * 17 + 3) % cfg.vocab_size;
+    int steps = b->quick ? 1 : 3;
+    double best = 1e30, tf = 0, tb = 0, tw = 0, to = 0, loss = 0;
+    for (int s = 0; s <= steps; s++) { /* step 0 warms up */
+        double t0 = now();
+        loss = model_forward(m, a, tok, NULL, tgt, 1.0f / N, NULL) / N;
+        double t1 = now();
+        model_backward_b(m, a, NULL, NULL);
+        double t2 = now();
+        model_backward_w(m, a);
+        double t3 = now();
+        ops_adamw(p, w, g, m1, m2, n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, s + 1);
+        memset(g, 0, n * sizeof(float));
+        double t4 = now();
+        if (s > 0 && t4 - t0 < best)
+            best = t4 - t0, tf = t1 - t0, tb = t2 - t1, tw = t3 - t2, to = t4 - t3;
+    }
+    double fpt = model_flops_per_token(&cfg, T);
+    double tps = N / best, mfu = fpt * N / best * 1e-9 / b->peak;
+    printf("| %s | %.1fM | %dx%d | %.0f | %.0f / %.0f / %.0f / %.0f | %.0f | %.1f | **%.1f%%** | %.0f | %.2f |\n",
+           label, n / 1e6, B, T, best * 1e3, tf * 1e3, tb * 1e3, tw * 1e3, to * 1e3, tps,
+           fpt * N / best * 1e-9, 100 * mfu, model_acts_bytes(a) / 1048576.0, loss);
+    fflush(stdout);
+    free(tok), free(tgt), free(w), free(g), free(m1), free(m2);
+    model_acts_destroy(&a);
+    model_destroy(&m);
+    pool_destroy(&p);
+    params_table_free(&tab);
+}
+
+int cmd_bench(int argc, char **argv)
+{
+    bench_t b = {.threads = (int)sysconf(_SC_NPROCESSORS_ONLN)};
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick")) {
+            b.quick = 1;
+        } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
+            b.threads = atoi(argv[++i]);
+            if (b.threads < 1) {
+                fprintf(stderr, "bench: --threads must be >= 1, got '%s'\n", argv[i]);
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--help")) {
+            printf("usage: ctitan bench [--threads N] [--quick]\n"
+                   "Prints the sgemm peak, per-op rates and the training step of the demo and\n"
+                   "GPT-2-small-sized models as markdown tables.\n");
+            return 0;
+        } else {
+            fprintf(stderr, "bench: unknown argument '%s' (try --help)\n", argv[i]);
+            return 2;
+        }
+    }
+    time_t now_t = time(NULL);
+    char date[32];
+    strftime(date, sizeof(date), "%Y-%m-%d", gmtime(&now_t));
+    printf("# ctitan bench, %s, %d threads, %ld CPUs online\n\n", date, b.threads,
+           sysconf(_SC_NPROCESSORS_ONLN));
+    measure_peak(&b);
+    bench_ops(&b);
+    printf("## training step (forward + backward B + backward W + AdamW, fp32, one process)\n\n");
+    printf("MFU = model FLOPs (6 x matmul params incl. lm_head + 12 x layers x dim x seq, per token) / step time / sgemm peak above.\n\n");
+    printf("| model | params | batch x seq | step ms | fwd / B / W / adamw ms | tokens/s | GFLOP/s | MFU | activations MiB | loss |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|\n");
+    bench_step(&b, "debugmodel", "demo (debugmodel)", 8, 256);
+    bench_step(&b, "gpt2s", "GPT-2-small-sized Llama", b.quick ? 2 : 4, 256);
+    printf("\n");
+    return 0;
+}

@@ -1,0 +1,32 @@
+/* C declarations of the CUDA launchers in kernels/cuda/*.cu. Every launcher takes a
+ * stream, checks its arguments and the launch, and returns 0 or a negative errno-style
+ * code (-ENODEV without a usable device, -EINVAL for bad shapes, -EIO for CUDA errors). */
+#ifndef CTITAN_CUDA_OPS_H
+#define CTITAN_CUDA_OPS_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Number of usable CUDA devices (0 when there is no driver or no GPU). */
+int cuda_device_count(void);
+/* Text of the last CUDA error seen by a launcher in this thread. */
+const char *cuda_last_error(void);
+
+/* AdamW over fp32 device arrays, as torch.optim.AdamW (see ops_adamw). stream may be NULL. */
+int cuda_adamw(float *param, const float *grad, float *m, float *v, size_t n, float lr,
+               float beta1, float beta2, float eps, float wd, int step, void *stream);
+
+/* Plain device memory helpers for tests and host code. */
+int cuda_alloc(void **p, size_t bytes);
+int cuda_free(void *p);
+int cuda_copy_to_device(void *dst, const void *src, size_t bytes);
+int cuda_copy_to_host(void *dst, const void *src, size_t bytes);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -115,13 +115,12 @@ static void bench_ops(bench_t *b)
     ROW("rmsnorm fwd", "1024x768", "GB/s", 2.0 * N * D * 4, ops_rmsnorm_fwd(p, y, r, x, w, N, D, 1e-5f));
     ROW("rmsnorm bwd_x", "1024x768", "GB/s", 3.0 * N * D * 4, ops_rmsnorm_bwd_x(p, y, q, x, r, w, N, D));
     ROW("rmsnorm bwd_w", "1024x768", "GB/s", 2.0 * N * D * 4, ops_rmsnorm_bwd_w(p, w, q, x, r, N, D));
-    ROW("swiglu fwd", "1024x2048", "GB/s", 3.0 * N * F * 4, ops_swiglu_fwd(p, y, x, dq, (size_t)N * D));
-    ROW("swiglu bwd", "1024x2048", "GB/s", 5.0 * N * F * 4,
+    ROW("swiglu fwd", "1024x768", "GB/s", 3.0 * N * D * 4, ops_swiglu_fwd(p, y, x, dq, (size_t)N * D));
+    ROW("swiglu bwd", "1024x768", "GB/s", 5.0 * N * D * 4,
         ops_swiglu_bwd(p, y, dk, dv, x, q, (size_t)N * D));
     ROW("softmax xent", "1024x50304", "GB/s", 2.0 * big * 4, ops_xent(p, z, r, z, tgt, N, V, 1e-3f));
     ROW("embed bwd", "1024x768", "GB/s", 2.0 * N * D * 4, ops_embed_bwd(p, w, q, tgt, N, D));
-    size_t np = (size_t)N * F;
-    ROW("adamw", "2.1M params", "GB/s", 7.0 * np * 4,
+    ROW("adamw", "786k params", "GB/s", 7.0 * N * D * 4,
         ops_adamw(p, x, y, dq, dv, (size_t)N * D, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 3));
 #undef ROW
     printf("\n");

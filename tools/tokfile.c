@@ -1,0 +1,395 @@
+/* Token shard files (see tools/tokfile.h for both formats): the reader maps a file read-only
+ * and checks everything a loader would otherwise trip over later; the writer is durable and
+ * atomic (temp file, fsync, rename, fsync of the directory). */
+#include "tools/tokfile.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "tokfile assumes a little-endian host (the files are little-endian)"
+#endif
+
+struct tokfile {
+    char *path;
+    const uint8_t *map;   /* whole file, read-only */
+    size_t map_len;
+    const void *tokens;   /* map + header size */
+    size_t count;
+    int dtype;            /* bytes per token: 2 or 4 */
+    int vocab_size;       /* from the header; 0 if unknown (llm.c) */
+    tokfile_format_t format;
+};
+
+static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return rc;
+}
+
+static uint32_t rd32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static uint64_t rd64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+/* The first token >= limit, or count if none. Max-reduce first (vectorises), find the
+ * position only on failure. */
+static size_t first_bad_token(const void *tokens, int dtype, size_t count, uint64_t limit)
+{
+    uint32_t mx = 0;
+    if (dtype == 2) {
+        const uint16_t *t = tokens;
+        uint16_t m = 0;
+        for (size_t i = 0; i < count; i++) m = t[i] > m ? t[i] : m;
+        mx = m;
+    } else {
+        const uint32_t *t = tokens;
+        for (size_t i = 0; i < count; i++) mx = t[i] > mx ? t[i] : mx;
+    }
+    if (count == 0 || mx < limit) return count;
+    for (size_t i = 0; i < count; i++) {
+        uint32_t v = dtype == 2 ? ((const uint16_t *)tokens)[i] : ((const uint32_t *)tokens)[i];
+        if (v >= limit) return i;
+    }
+    return count;
+}
+
+int tokfile_open(tokfile_t **out, const char *path, int vocab_size, char *err, size_t errlen)
+{
+    *out = NULL;
+    int rc = 0;
+    tokfile_t *tf = NULL;
+    uint8_t *map = MAP_FAILED;
+    size_t size = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return fail(err, errlen, -errno, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) < 0) {
+        rc = fail(err, errlen, -errno, "%s: cannot stat: %s", path, strerror(errno));
+        goto out;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        rc = fail(err, errlen, -EINVAL, "%s: not a regular file", path);
+        goto out;
+    }
+    size = (size_t)st.st_size;
+    if (size < 8) {
+        rc = fail(err, errlen, -EINVAL,
+                  "%s: header too short: file has %zu bytes, a token file header needs %d", path,
+                  size, TOKFILE_HEADER_BYTES);
+        goto out;
+    }
+    map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (map == MAP_FAILED) {
+        rc = fail(err, errlen, -errno, "%s: cannot mmap: %s", path, strerror(errno));
+        goto out;
+    }
+    tf = calloc(1, sizeof(*tf));
+    if (!tf || !(tf->path = strdup(path))) {
+        rc = fail(err, errlen, -ENOMEM, "%s: out of memory", path);
+        goto out;
+    }
+    size_t hdr;
+    uint64_t count;
+    uint32_t magic = rd32(map);
+    if (!memcmp(map, TOKFILE_MAGIC, 8)) {
+        hdr = TOKFILE_HEADER_BYTES;
+        if (size < hdr) {
+            rc = fail(err, errlen, -EINVAL,
+                      "%s: header too short: file has %zu bytes, the header needs %zu", path, size,
+                      hdr);
+            goto out;
+        }
+        uint32_t version = rd32(map + 8), dtype = rd32(map + 12), vocab = rd32(map + 24);
+        count = rd64(map + 16);
+        if (version != TOKFILE_VERSION) {
+            rc = fail(err, errlen, -EINVAL, "%s: unsupported version %u (this build reads %u)",
+                      path, version, TOKFILE_VERSION);
+            goto out;
+        }
+        if (dtype != 2 && dtype != 4) {
+            rc = fail(err, errlen, -EINVAL,
+                      "%s: unknown token dtype %u (expected 2 = uint16 or 4 = uint32)", path,
+                      dtype);
+            goto out;
+        }
+        if (vocab == 0 || vocab > INT32_MAX || (dtype == 2 && vocab > 65536)) {
+            rc = fail(err, errlen, -EINVAL, "%s: invalid vocab_size %u in header for dtype %u",
+                      path, vocab, dtype);
+            goto out;
+        }
+        tf->format = TOKFILE_FORMAT_CTITAN;
+        tf->dtype = (int)dtype;
+        tf->vocab_size = (int)vocab;
+    } else if (magic == TOKFILE_LLMC_MAGIC || magic == TOKFILE_LLMC_LLAMA3_MAGIC) {
+        hdr = TOKFILE_LLMC_HEADER_BYTES;
+        if (size < hdr) {
+            rc = fail(err, errlen, -EINVAL,
+                      "%s: header too short: file has %zu bytes, an llm.c header needs %zu",
+                      path, size, hdr);
+            goto out;
+        }
+        uint32_t version = rd32(map + 4);
+        int32_t n = (int32_t)rd32(map + 8);
+        uint32_t want = magic == TOKFILE_LLMC_MAGIC ? TOKFILE_LLMC_VERSION
+                                                    : TOKFILE_LLMC_LLAMA3_VERSION;
+        if (version != want) {
+            rc = fail(err, errlen, -EINVAL,
+                      "%s: unsupported version %u for llm.c magic %u (this build reads %u)", path,
+                      version, magic, want);
+            goto out;
+        }
+        if (n < 0) {
+            rc = fail(err, errlen, -EINVAL, "%s: negative token count %d in llm.c header", path, n);
+            goto out;
+        }
+        count = (uint64_t)n;
+        tf->format = TOKFILE_FORMAT_LLMC;
+        tf->dtype = magic == TOKFILE_LLMC_MAGIC ? 2 : 4;
+        tf->vocab_size = 0;
+    } else {
+        rc = fail(err, errlen, -EINVAL,
+                  "%s: not a token file: unknown magic (first bytes %02x %02x %02x %02x; expected "
+                  "\"%s\" or llm.c's %d)",
+                  path, map[0], map[1], map[2], map[3], TOKFILE_MAGIC, TOKFILE_LLMC_MAGIC);
+        goto out;
+    }
+    uint64_t body = size - hdr;
+    if (count > body / (uint64_t)tf->dtype || body != count * (uint64_t)tf->dtype) {
+        rc = fail(err, errlen, -EINVAL,
+                  "%s: file size %zu does not match the header's %llu tokens of %d bytes "
+                  "(expected %llu bytes)",
+                  path, size, (unsigned long long)count, tf->dtype,
+                  (unsigned long long)(hdr + count * (uint64_t)tf->dtype));
+        goto out;
+    }
+    tf->map = map;
+    tf->map_len = size;
+    tf->tokens = map + hdr;
+    tf->count = (size_t)count;
+    /* tokens must be valid for both the tokenizer that wrote them and the model reading them */
+    uint64_t limit = tf->vocab_size ? (uint64_t)tf->vocab_size : UINT64_MAX;
+    if (vocab_size > 0 && (uint64_t)vocab_size < limit) limit = (uint64_t)vocab_size;
+    if (limit > (uint64_t)INT32_MAX + 1) limit = (uint64_t)INT32_MAX + 1; /* tokfile_read: int32 */
+    size_t bad = first_bad_token(tf->tokens, tf->dtype, tf->count, limit);
+    if (bad < tf->count) {
+        rc = fail(err, errlen, -EINVAL, "%s: token %u at position %zu is >= vocab_size %llu%s",
+                  path, tokfile_get(tf, bad), bad, (unsigned long long)limit,
+                  limit == (uint64_t)vocab_size ? "" : " (from the file header)");
+        goto out;
+    }
+    madvise(map, size, MADV_SEQUENTIAL);
+    map = MAP_FAILED; /* owned by tf now */
+    *out = tf;
+    tf = NULL;
+out:
+    if (map != MAP_FAILED) munmap(map, size);
+    if (tf) {
+        free(tf->path);
+        free(tf);
+    }
+    close(fd);
+    return rc;
+}
+
+void tokfile_close(tokfile_t **p)
+{
+    tokfile_t *tf = *p;
+    if (!tf) return;
+    munmap((void *)tf->map, tf->map_len);
+    free(tf->path);
+    free(tf);
+    *p = NULL;
+}
+
+size_t tokfile_count(const tokfile_t *tf) { return tf->count; }
+int tokfile_vocab_size(const tokfile_t *tf) { return tf->vocab_size; }
+tokfile_format_t tokfile_format(const tokfile_t *tf) { return tf->format; }
+const char *tokfile_path(const tokfile_t *tf) { return tf->path; }
+
+uint32_t tokfile_get(const tokfile_t *tf, size_t i)
+{
+    if (tf->dtype == 2) return ((const uint16_t *)tf->tokens)[i];
+    return ((const uint32_t *)tf->tokens)[i];
+}
+
+int tokfile_read(const tokfile_t *tf, size_t start, size_t n, int32_t *dst)
+{
+    if (start > tf->count || n > tf->count - start) return -ERANGE;
+    if (tf->dtype == 2) {
+        const uint16_t *t = (const uint16_t *)tf->tokens + start;
+        for (size_t i = 0; i < n; i++) dst[i] = t[i];
+    } else {
+        /* ids were checked against a vocab_size <= INT32_MAX at open */
+        memcpy(dst, (const uint32_t *)tf->tokens + start, n * sizeof(int32_t));
+    }
+    return 0;
+}
+
+/* ---- durable, atomic writes ---- */
+
+static int write_all(int fd, const void *buf, size_t n)
+{
+    const uint8_t *p = buf;
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR || errno == EAGAIN) continue;
+            return -errno;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+typedef struct {
+    const char *path;
+    char *tmp;
+    int fd;
+} atomic_t;
+
+static int atomic_begin(atomic_t *a, const char *path, char *err, size_t errlen)
+{
+    a->path = path;
+    a->fd = -1;
+    size_t len = strlen(path) + 16;
+    a->tmp = malloc(len);
+    if (!a->tmp) return fail(err, errlen, -ENOMEM, "%s: out of memory", path);
+    snprintf(a->tmp, len, "%s.tmp.XXXXXX", path);
+    a->fd = mkostemp(a->tmp, O_CLOEXEC);
+    if (a->fd < 0) {
+        int rc = fail(err, errlen, -errno, "%s: cannot create a temp file beside it: %s", path,
+                      strerror(errno));
+        free(a->tmp);
+        a->tmp = NULL;
+        return rc;
+    }
+    fchmod(a->fd, 0644); /* mkstemp makes 0600; data files are meant to be shared */
+    return 0;
+}
+
+static void atomic_abort(atomic_t *a)
+{
+    if (a->fd >= 0) close(a->fd);
+    if (a->tmp) unlink(a->tmp);
+    free(a->tmp);
+    a->tmp = NULL;
+    a->fd = -1;
+}
+
+static int atomic_commit(atomic_t *a, char *err, size_t errlen)
+{
+    int rc = 0;
+    if (fsync(a->fd) < 0) {
+        rc = fail(err, errlen, -errno, "%s: fsync failed: %s", a->path, strerror(errno));
+        goto out;
+    }
+    if (close(a->fd) < 0) {
+        a->fd = -1;
+        rc = fail(err, errlen, -errno, "%s: close failed: %s", a->path, strerror(errno));
+        goto out;
+    }
+    a->fd = -1;
+    if (rename(a->tmp, a->path) < 0) {
+        rc = fail(err, errlen, -errno, "%s: rename from %s failed: %s", a->path, a->tmp,
+                  strerror(errno));
+        goto out;
+    }
+    free(a->tmp);
+    a->tmp = NULL;
+    /* make the rename itself durable */
+    char *dcopy = strdup(a->path);
+    if (dcopy) {
+        int dfd = open(dirname(dcopy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd >= 0) {
+            fsync(dfd);
+            close(dfd);
+        }
+        free(dcopy);
+    }
+out:
+    if (rc) atomic_abort(a);
+    return rc;
+}
+
+int tokfile_write_bytes(const char *path, const void *a, size_t alen, const void *b, size_t blen,
+                        char *err, size_t errlen)
+{
+    atomic_t at;
+    int rc = atomic_begin(&at, path, err, errlen);
+    if (rc) return rc;
+    if ((rc = write_all(at.fd, a, alen)) || (rc = write_all(at.fd, b, blen))) {
+        fail(err, errlen, rc, "%s: write failed: %s", path, strerror(-rc));
+        atomic_abort(&at);
+        return rc;
+    }
+    return atomic_commit(&at, err, errlen);
+}
+
+int tokfile_write(const char *path, const uint32_t *tok, size_t n, int vocab_size, char *err,
+                  size_t errlen)
+{
+    if (vocab_size <= 0)
+        return fail(err, errlen, -EINVAL, "%s: vocab_size %d must be positive", path, vocab_size);
+    for (size_t i = 0; i < n; i++)
+        if (tok[i] >= (uint32_t)vocab_size)
+            return fail(err, errlen, -EINVAL, "%s: token %u at position %zu is >= vocab_size %d",
+                        path, tok[i], i, vocab_size);
+    int dtype = vocab_size <= 65536 ? 2 : 4;
+    uint8_t hdr[TOKFILE_HEADER_BYTES] = {0};
+    uint32_t version = TOKFILE_VERSION, dt = (uint32_t)dtype, vocab = (uint32_t)vocab_size;
+    uint64_t count = n;
+    memcpy(hdr, TOKFILE_MAGIC, 8);
+    memcpy(hdr + 8, &version, 4);
+    memcpy(hdr + 12, &dt, 4);
+    memcpy(hdr + 16, &count, 8);
+    memcpy(hdr + 24, &vocab, 4);
+    if (dtype == 4) return tokfile_write_bytes(path, hdr, sizeof(hdr), tok, n * 4, err, errlen);
+
+    atomic_t at;
+    int rc = atomic_begin(&at, path, err, errlen);
+    if (rc) return rc;
+    enum { CHUNK = 1 << 16 };
+    uint16_t *buf = malloc(CHUNK * sizeof(uint16_t));
+    if (!buf) {
+        rc = fail(err, errlen, -ENOMEM, "%s: out of memory", path);
+        goto out;
+    }
+    if ((rc = write_all(at.fd, hdr, sizeof(hdr)))) goto werr;
+    for (size_t i = 0; i < n; i += CHUNK) {
+        size_t m = n - i < CHUNK ? n - i : CHUNK;
+        for (size_t j = 0; j < m; j++) buf[j] = (uint16_t)tok[i + j];
+        if ((rc = write_all(at.fd, buf, m * sizeof(uint16_t)))) goto werr;
+    }
+    free(buf);
+    return atomic_commit(&at, err, errlen);
+werr:
+    fail(err, errlen, rc, "%s: write failed: %s", path, strerror(-rc));
+out:
+    free(buf);
+    atomic_abort(&at);
+    return rc;
+}

@@ -228,6 +228,8 @@ void model_acts_destroy(model_acts_t **pa)
 
 size_t model_acts_bytes(const model_acts_t *a) { return a->bytes; }
 
+const float *model_logits(const model_acts_t *a) { return a->logits; }
+
 /* y = x + r over n floats (y may alias x). */
 static void add_into(float *y, const float *x, const float *r, size_t n)
 {
@@ -326,6 +328,8 @@ double model_forward(model_t *m, model_acts_t *a, const int32_t *tokens, const f
     ops_rmsnorm_fwd(m->pool, a->hf, a->rf, a->h_top, m->norm, (int)N, (int)D,
                     (float)m->cfg.norm_eps);
     ops_matmul_fwd(m->pool, a->logits, a->hf, m->out, (int)N, (int)D, m->V);
+    if (!targets)
+        return 0;
     float *loss = a->s_dy; /* N floats of scratch */
     ops_xent(m->pool, a->logits, loss, a->logits, targets, (int)N, m->V, dscale);
     double sum = 0;

@@ -31,12 +31,15 @@ void model_set_buffers(model_t *m, float *params, float *grads);
 model_acts_t *model_acts_new(const model_t *m, int B, int T);
 void model_acts_destroy(model_acts_t **a);
 size_t model_acts_bytes(const model_acts_t *a);
+/* Logits of the last forward run without targets (NULL without the head). */
+const float *model_logits(const model_acts_t *a);
 
 /* Forward. With the embedding, tokens [B*T] are read (ids must be < vocab_size; the caller
  * validates data); otherwise x_in [B*T, dim]. With the head, targets [B*T] give the loss:
  * the return value is the sum of per-token losses and gradients are scaled by dscale
  * (1 / tokens in the global batch gives the mean); otherwise the output [B*T, dim] is
- * written to x_out and 0 is returned. */
+ * written to x_out and 0 is returned. With the head and targets NULL the forward stops
+ * at the logits, which model_logits returns ([B*T, vocab]); used for sampling. */
 double model_forward(model_t *m, model_acts_t *a, const int32_t *tokens, const float *x_in,
                      const int32_t *targets, float dscale, float *x_out);
 /* Input-gradient part: dy [B*T, dim] is the gradient of the output (ignored with the

@@ -5,5 +5,6 @@
 
 int cmd_prep(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_train(int argc, char **argv);
 
 #endif

@@ -12,6 +12,7 @@ static const struct {
     const char *help;
 } cmds[] = {
     {"prep", cmd_prep, "train a byte-level BPE tokenizer and write token shards"},
+    {"train", cmd_train, "train in one process on token shards (until the pipeline lands)"},
     {"bench", cmd_bench, "measure the kernels and the training step"},
 };
 

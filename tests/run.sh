@@ -7,7 +7,7 @@ for t in "$@"; do
   CMOCKA_MESSAGE_OUTPUT=stdout "$t" >"$out" 2>&1
   rc=$?
   cat "$out"
-  p=$(grep -c '^\[       OK \]' "$out"); f=$(grep -c '^\[  FAILED  \]\s*test' "$out"); s=$(grep '^\[  SKIPPED \]\s*test' "$out" | sort -u | wc -l)
+  p=$(grep -c '^\[       OK \]' "$out"); f=$(grep '^\[  FAILED  \]\s*test' "$out" | sort -u | wc -l); s=$(grep '^\[  SKIPPED \]\s*test' "$out" | sort -u | wc -l)
   pass=$((pass + p)); skip=$((skip + s))
   if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi   # a crash before cmocka reports counts as a failure
   fail=$((fail + f))

@@ -23,6 +23,11 @@ struct pool {
     atomic_int next;
 };
 
+/* OpenBLAS must never thread on its own: its own split of a product could differ from run
+ * to run, and its spinning threads would fight the pool for the two cores. */
+static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
+static void blas_single_thread(void) { openblas_set_num_threads(1); }
+
 static void run_tasks(pool_t *p)
 {
     for (;;) {
@@ -58,7 +63,7 @@ pool_t *pool_new(int nthreads)
 {
     if (nthreads < 1)
         nthreads = 1;
-    openblas_set_num_threads(1);
+    pthread_once(&blas_once, blas_single_thread);
     pool_t *p = calloc(1, sizeof(*p));
     if (!p)
         return NULL;
@@ -101,6 +106,7 @@ void pool_for(pool_t *p, int ntasks, pool_fn fn, void *ctx)
 {
     if (ntasks <= 0)
         return;
+    pthread_once(&blas_once, blas_single_thread);
     if (!p || p->nthreads == 1 || ntasks == 1) {
         for (int t = 0; t < ntasks; t++)
             fn(ctx, t);

@@ -8,7 +8,8 @@ typedef struct pool pool_t;
 typedef void (*pool_fn)(void *ctx, int task);
 
 /* nthreads >= 1 counts the calling thread; 1 means run everything inline.
- * Also pins OpenBLAS to one thread: the pool, not OpenBLAS, splits matrix products. */
+ * The first pool_new or pool_for pins OpenBLAS to one thread: the pool, not OpenBLAS,
+ * splits matrix products. */
 pool_t *pool_new(int nthreads);
 void pool_destroy(pool_t **p);
 int pool_threads(const pool_t *p);   /* 1 for NULL */

@@ -1,4 +1,4 @@
-/* C declarations of the CUDA launchers in kernels/cuda/*.cu. Every launcher takes a
+/* C declarations of the CUDA launchers in kernels/cuda/ (one .cu per op). Every launcher takes a
  * stream, checks its arguments and the launch, and returns 0 or a negative errno-style
  * code (-ENODEV without a usable device, -EINVAL for bad shapes, -EIO for CUDA errors). */
 #ifndef CTITAN_CUDA_OPS_H

@@ -119,7 +119,7 @@ static void bench_ops(bench_t *b)
     ROW("swiglu bwd", "1024x768", "GB/s", 5.0 * N * D * 4,
         ops_swiglu_bwd(p, y, dk, dv, x, q, (size_t)N * D));
     ROW("softmax xent", "1024x50304", "GB/s", 2.0 * big * 4, ops_xent(p, z, r, z, tgt, N, V, 1e-3f));
-    ROW("embed bwd", "1024x768", "GB/s", 2.0 * N * D * 4, ops_embed_bwd(p, w, q, tgt, N, D));
+    ROW("embed bwd", "1024x768", "GB/s", 2.0 * N * D * 4, ops_embed_bwd(p, z, q, tgt, N, D));
     ROW("adamw", "786k params", "GB/s", 7.0 * N * D * 4,
         ops_adamw(p, x, y, dq, dv, (size_t)N * D, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 3));
 #undef ROW

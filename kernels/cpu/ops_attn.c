@@ -1,9 +1,15 @@
 /* Rotary embedding and causal grouped-query attention on the CPU (fp32). Tasks are fixed
  * by the shape: rope by blocks of tokens, attention forward by (batch, query head),
  * backward by (batch, kv head) so one task owns each dk/dv row and sums its query heads
- * in order: the bits never depend on the thread count. */
+ * in order: the bits never depend on the thread count. The T x T products go through
+ * single-threaded sgemm (the pool pins OpenBLAS to one thread). */
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include <cblas.h>
+#undef I /* <complex.h>, pulled in by cblas.h */
 
 #include "kernels/ops.h"
 
@@ -70,52 +76,36 @@ typedef struct {
     int B, T, Hq, Hkv, hd;
 } attn_job_t;
 
-static inline float dot(const float *a, const float *b, int n)
-{
-    float s = 0;
-#pragma omp simd reduction(+ : s)
-    for (int d = 0; d < n; d++)
-        s += a[d] * b[d];
-    return s;
-}
-
-static inline void axpy(float *y, float a, const float *x, int n)
-{
-#pragma omp simd
-    for (int d = 0; d < n; d++)
-        y[d] += a * x[d];
-}
-
+/* Forward of one (batch, query head): S = Q K^T * scale into probs, causal softmax per row
+ * (zeros above the diagonal), Y = P V. The products are single-threaded sgemm calls over
+ * the full T x T square: twice the causal work, but at BLAS speed. */
 static void attn_fwd_task(void *ctx, int task)
 {
     attn_job_t *j = ctx;
     int T = j->T, hd = j->hd, Hq = j->Hq, Hkv = j->Hkv;
     int b = task / Hq, h = task % Hq, kh = h / (Hq / Hkv);
     float scale = 1.0f / sqrtf((float)hd);
-    size_t qs = (size_t)Hq * hd, ks = (size_t)Hkv * hd;
+    int qs = Hq * hd, ks = Hkv * hd;
     const float *q = j->q + (size_t)b * T * qs + (size_t)h * hd;
     const float *k = j->k + (size_t)b * T * ks + (size_t)kh * hd;
     const float *v = j->v + (size_t)b * T * ks + (size_t)kh * hd;
     float *y = j->y + (size_t)b * T * qs + (size_t)h * hd;
+    float *P = j->probs + ((size_t)b * Hq + h) * T * T;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, scale, q, qs, k, ks, 0.0f, P, T);
     for (int i = 0; i < T; i++) {
-        float *p = j->probs + (((size_t)b * Hq + h) * T + i) * T;
-        float mx = -INFINITY, sum = 0;
-        for (int t = 0; t <= i; t++) {
-            p[t] = dot(q + i * qs, k + t * ks, hd) * scale;
+        float *p = P + (size_t)i * T, mx = -INFINITY, sum = 0;
+        for (int t = 0; t <= i; t++)
             mx = p[t] > mx ? p[t] : mx;
-        }
         for (int t = 0; t <= i; t++)
             sum += p[t] = expf(p[t] - mx);
         float inv = 1.0f / sum;
-        float *yi = y + i * qs;
-        memset(yi, 0, hd * sizeof(float));
-        for (int t = 0; t <= i; t++) {
+#pragma omp simd
+        for (int t = 0; t <= i; t++)
             p[t] *= inv;
-            axpy(yi, p[t], v + t * ks, hd);
-        }
         if (i + 1 < T)
             memset(p + i + 1, 0, (size_t)(T - i - 1) * sizeof(float));
     }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, P, T, v, ks, 0.0f, y, qs);
 }
 
 void ops_attn_fwd(pool_t *p, float *y, float *probs, const float *q, const float *k, const float *v,
@@ -126,44 +116,53 @@ void ops_attn_fwd(pool_t *p, float *y, float *probs, const float *q, const float
     pool_for(p, B * Hq, attn_fwd_task, &j);
 }
 
+/* Backward of one (batch, kv head), its query heads in order so dk and dv sum in a fixed
+ * order: dV += P^T dY;  dP = dY V^T;  dS = P (dP - rowsum(P dP)) * scale;
+ * dQ = dS K;  dK += dS^T Q. */
 static void attn_bwd_task(void *ctx, int task)
 {
     attn_job_t *j = ctx;
     int T = j->T, hd = j->hd, Hq = j->Hq, Hkv = j->Hkv, group = Hq / Hkv;
     int b = task / Hkv, kh = task % Hkv;
     float scale = 1.0f / sqrtf((float)hd);
-    size_t qs = (size_t)Hq * hd, ks = (size_t)Hkv * hd;
+    int qs = Hq * hd, ks = Hkv * hd;
     const float *k = j->k + (size_t)b * T * ks + (size_t)kh * hd;
     const float *v = j->v + (size_t)b * T * ks + (size_t)kh * hd;
     float *dk = j->dk + (size_t)b * T * ks + (size_t)kh * hd;
     float *dv = j->dv + (size_t)b * T * ks + (size_t)kh * hd;
-    for (int t = 0; t < T; t++) {
-        memset(dk + t * ks, 0, hd * sizeof(float));
-        memset(dv + t * ks, 0, hd * sizeof(float));
+    float *dS = malloc((size_t)T * T * sizeof(float));
+    if (!dS) {
+        fprintf(stderr, "ops_attn_bwd: out of memory for a %dx%d score block\n", T, T);
+        abort();
     }
-    float dp[T];
     for (int h = kh * group; h < (kh + 1) * group; h++) {
         const float *q = j->q + (size_t)b * T * qs + (size_t)h * hd;
         const float *dy = j->dy + (size_t)b * T * qs + (size_t)h * hd;
         float *dq = j->dq + (size_t)b * T * qs + (size_t)h * hd;
+        const float *P = j->cprobs + ((size_t)b * Hq + h) * T * T;
+        float first = h == kh * group ? 0.0f : 1.0f;
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, P, T, dy, qs, first,
+                    dv, ks);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, 1.0f, dy, qs, v, ks, 0.0f,
+                    dS, T);
         for (int i = 0; i < T; i++) {
-            const float *pr = j->cprobs + (((size_t)b * Hq + h) * T + i) * T;
-            const float *dyi = dy + i * qs, *qi = q + i * qs;
-            float s = 0;
-            for (int t = 0; t <= i; t++) {
-                dp[t] = dot(dyi, v + t * ks, hd);
-                s += pr[t] * dp[t];
-                axpy(dv + t * ks, pr[t], dyi, hd);
-            }
-            float *dqi = dq + i * qs;
-            memset(dqi, 0, hd * sizeof(float));
-            for (int t = 0; t <= i; t++) {
-                float ds = pr[t] * (dp[t] - s) * scale;
-                axpy(dqi, ds, k + t * ks, hd);
-                axpy(dk + t * ks, ds, qi, hd);
-            }
+            const float *p = P + (size_t)i * T;
+            float *d = dS + (size_t)i * T, s = 0;
+#pragma omp simd reduction(+ : s)
+            for (int t = 0; t <= i; t++)
+                s += p[t] * d[t];
+#pragma omp simd
+            for (int t = 0; t <= i; t++)
+                d[t] = p[t] * (d[t] - s) * scale;
+            if (i + 1 < T)
+                memset(d + i + 1, 0, (size_t)(T - i - 1) * sizeof(float));
         }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, dS, T, k, ks, 0.0f,
+                    dq, qs);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, dS, T, q, qs, first,
+                    dk, ks);
     }
+    free(dS);
 }
 
 void ops_attn_bwd(pool_t *p, float *dq, float *dk, float *dv, const float *dy, const float *probs,

@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=build/bin/ctitan
 [ -f data/fortunes/train.bin ] || "$bin" prep --out data/fortunes
-exec "$bin" train --data data/fortunes --model debugmodel --steps "${DEMO_STEPS:-200}" --batch 8 --seq 256 --lr 2e-3 "$@"
+exec "$bin" train --data data/fortunes --model debugmodel --steps "${DEMO_STEPS:-300}" --batch 8 --seq 256 --lr 2e-3 "$@"

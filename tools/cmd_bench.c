@@ -13,13 +13,8 @@
 #include "kernels/model.h"
 #include "kernels/ops.h"
 #include "tools/cmds.h"
+#include "tools/util.h"
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static float *randn(size_t n, unsigned seed, float scale)
 {
@@ -42,9 +37,9 @@ static float *randn(size_t n, unsigned seed, float scale)
         __VA_ARGS__;                                               \
         secs = 1e30;                                               \
         for (int r_ = 0; r_ < (reps); r_++) {                      \
-            double t0_ = now();                                    \
+            double t0_ = util_now();                                    \
             __VA_ARGS__;                                           \
-            double t_ = now() - t0_;                               \
+            double t_ = util_now() - t0_;                               \
             if (t_ < secs) secs = t_;                              \
         }                                                          \
     } while (0)
@@ -155,16 +150,16 @@ static void bench_step(bench_t *b, const char *preset, const char *label, int B,
     int steps = b->quick ? 1 : 3;
     double best = 1e30, tf = 0, tb = 0, tw = 0, to = 0, loss = 0;
     for (int s = 0; s <= steps; s++) { /* step 0 warms up */
-        double t0 = now();
+        double t0 = util_now();
         loss = model_forward(m, a, tok, NULL, tgt, 1.0f / N, NULL) / N;
-        double t1 = now();
+        double t1 = util_now();
         model_backward_b(m, a, NULL, NULL);
-        double t2 = now();
+        double t2 = util_now();
         model_backward_w(m, a);
-        double t3 = now();
+        double t3 = util_now();
         ops_adamw(p, w, g, m1, m2, n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, s + 1);
         memset(g, 0, n * sizeof(float));
-        double t4 = now();
+        double t4 = util_now();
         if (s > 0 && t4 - t0 < best)
             best = t4 - t0, tf = t1 - t0, tb = t2 - t1, tw = t3 - t2, to = t4 - t3;
     }

@@ -15,6 +15,7 @@
 #include "tools/cmds.h"
 #include "tools/tokenizer.h"
 #include "tools/tokfile.h"
+#include "tools/util.h"
 
 typedef struct {
     const char *data, *model;
@@ -25,12 +26,6 @@ typedef struct {
     unsigned long long seed;
 } train_args_t;
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void usage(FILE *f)
 {
@@ -243,9 +238,9 @@ int cmd_train(int argc, char **argv)
     printf("train: %s, %.2fM parameters, %zu train tokens, batch %dx%d, %d threads\n", a.model,
            n / 1e6, tokfile_count(train), B, T, a.threads);
     size_t cursor = 0;
-    double t_start = now();
+    double t_start = util_now();
     for (int step = 0; step < a.steps; step++) {
-        double t0 = now();
+        double t0 = util_now();
         next_batch(train, &cursor, B, T, tk, tg, win);
         double loss = model_forward(m, acts, tk, NULL, tg, 1.0f / N, NULL) / N;
         model_backward_b(m, acts, NULL, NULL);
@@ -265,7 +260,7 @@ int cmd_train(int argc, char **argv)
                       step + 1);
         }
         memset(g, 0, n * sizeof(float));
-        double dt = now() - t0;
+        double dt = util_now() - t0;
         printf("step %5d  loss %7.4f  grad_norm %7.3f  lr %.2e  tokens/s %7.0f  %6.0f ms\n",
                step + 1, loss, norm, lr, N / dt, dt * 1e3);
         fflush(stdout);
@@ -278,7 +273,7 @@ int cmd_train(int argc, char **argv)
         vloss += model_forward(m, acts, tk, NULL, tg, 1.0f / N, NULL) / N;
     }
     printf("done: %d steps in %.1f s; validation loss %.4f over %d batches\n", a.steps,
-           now() - t_start, vb ? vloss / vb : NAN, vb);
+           util_now() - t_start, vb ? vloss / vb : NAN, vb);
     if (tok)
         sample_text(&a, cfg, w, pool, tok, val);
     model_acts_destroy(&acts);

@@ -19,24 +19,9 @@
 
 #include "tools/tokenizer.h"
 #include "tools/tokfile.h"
+#include "tools/util.h"
 
-static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return rc;
-}
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 void prep_defaults(prep_opts_t *o)
 {
@@ -94,10 +79,10 @@ int prep_parse_args(int argc, char **argv, prep_opts_t *o, char *err, size_t err
                 val = a[l] == '=' ? a + l + 1 : NULL;
             }
         }
-        if (which < 0) return fail(err, errlen, -EINVAL, "unknown option '%s'", a);
+        if (which < 0) return util_fail(err, errlen, -EINVAL, "unknown option '%s'", a);
         if (!val) {
             if (i + 1 >= argc)
-                return fail(err, errlen, -EINVAL, "%s needs a value", names[which]);
+                return util_fail(err, errlen, -EINVAL, "%s needs a value", names[which]);
             val = argv[++i];
         }
         char *end;
@@ -105,17 +90,17 @@ int prep_parse_args(int argc, char **argv, prep_opts_t *o, char *err, size_t err
         if (which == 0) {
             long v = strtol(val, &end, 10);
             if (errno || end == val || *end || v < TOK_MIN_VOCAB || v > TOK_MAX_VOCAB)
-                return fail(err, errlen, -EINVAL,
+                return util_fail(err, errlen, -EINVAL,
                             "--vocab '%s': expected an integer in [%d, %d]", val, TOK_MIN_VOCAB,
                             TOK_MAX_VOCAB);
             o->vocab_size = (int)v;
         } else if (which == 1) {
-            if (!*val) return fail(err, errlen, -EINVAL, "--out: empty directory name");
+            if (!*val) return util_fail(err, errlen, -EINVAL, "--out: empty directory name");
             o->out_dir = val;
         } else {
             double v = strtod(val, &end);
             if (errno || end == val || *end || !(v >= 0.0 && v < 1.0))
-                return fail(err, errlen, -EINVAL,
+                return util_fail(err, errlen, -EINVAL,
                             "--val-fraction '%s': expected a number with 0 <= F < 1", val);
             o->val_fraction = v;
         }
@@ -136,7 +121,7 @@ int prep_list_corpus(const char *dir, char ***files, size_t *n, char *err, size_
     *n = 0;
     DIR *d = opendir(dir);
     if (!d)
-        return fail(err, errlen, -errno,
+        return util_fail(err, errlen, -errno,
                     "%s: %s; the default corpus is the Debian package `fortunes` (install it: "
                     "apt-get install fortunes), or name text files to read",
                     dir, strerror(errno));
@@ -169,7 +154,7 @@ int prep_list_corpus(const char *dir, char ***files, size_t *n, char *err, size_
     }
     closedir(d);
     if (!rc && cnt == 0)
-        rc = fail(err, errlen, -ENOENT,
+        rc = util_fail(err, errlen, -ENOENT,
                   "%s: no text files in it; the default corpus is the Debian package `fortunes` "
                   "(install it: apt-get install fortunes), or name text files to read",
                   dir);
@@ -191,7 +176,7 @@ int prep_list_corpus(const char *dir, char ***files, size_t *n, char *err, size_
         *files = block;
         *n = cnt;
     } else if (rc == -ENOMEM) {
-        fail(err, errlen, rc, "%s: out of memory listing the directory", dir);
+        util_fail(err, errlen, rc, "%s: out of memory listing the directory", dir);
     }
     for (size_t i = 0; i < cnt; i++) free(names[i]);
     free(names);
@@ -203,15 +188,15 @@ static int read_file(const char *path, uint8_t **buf, size_t *len, size_t *cap, 
                      size_t errlen)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return fail(err, errlen, -errno, "%s: cannot open: %s", path, strerror(errno));
+    if (fd < 0) return util_fail(err, errlen, -errno, "%s: cannot open: %s", path, strerror(errno));
     int rc = 0;
     struct stat st;
     if (fstat(fd, &st) < 0) {
-        rc = fail(err, errlen, -errno, "%s: cannot stat: %s", path, strerror(errno));
+        rc = util_fail(err, errlen, -errno, "%s: cannot stat: %s", path, strerror(errno));
         goto out;
     }
     if (!S_ISREG(st.st_mode)) {
-        rc = fail(err, errlen, -EINVAL, "%s: not a regular file", path);
+        rc = util_fail(err, errlen, -EINVAL, "%s: not a regular file", path);
         goto out;
     }
     for (;;) {
@@ -220,7 +205,7 @@ static int read_file(const char *path, uint8_t **buf, size_t *len, size_t *cap, 
             while (c - *len < 65536 || c < *len + (size_t)st.st_size) c *= 2;
             uint8_t *b = realloc(*buf, c);
             if (!b) {
-                rc = fail(err, errlen, -ENOMEM, "%s: out of memory reading it", path);
+                rc = util_fail(err, errlen, -ENOMEM, "%s: out of memory reading it", path);
                 goto out;
             }
             *buf = b;
@@ -229,7 +214,7 @@ static int read_file(const char *path, uint8_t **buf, size_t *len, size_t *cap, 
         ssize_t r = read(fd, *buf + *len, *cap - *len);
         if (r < 0 && errno == EINTR) continue;
         if (r < 0) {
-            rc = fail(err, errlen, -errno, "%s: read failed: %s", path, strerror(errno));
+            rc = util_fail(err, errlen, -errno, "%s: read failed: %s", path, strerror(errno));
             goto out;
         }
         if (r == 0) break;
@@ -250,7 +235,7 @@ static int make_dirs(const char *dir, mkdirs_t *m, char *err, size_t errlen)
 {
     char p[PATH_MAX];
     if (snprintf(p, sizeof(p), "%s", dir) >= (int)sizeof(p))
-        return fail(err, errlen, -ENAMETOOLONG, "%s: path too long", dir);
+        return util_fail(err, errlen, -ENAMETOOLONG, "%s: path too long", dir);
     size_t l = strlen(p);
     while (l > 1 && p[l - 1] == '/') p[--l] = '\0';
     for (size_t i = 1; i <= l; i++) {
@@ -262,13 +247,13 @@ static int make_dirs(const char *dir, mkdirs_t *m, char *err, size_t errlen)
         } else if (errno != EEXIST) {
             int e = errno;
             p[i] = c;
-            return fail(err, errlen, -e, "%s: cannot create directory: %s", dir, strerror(e));
+            return util_fail(err, errlen, -e, "%s: cannot create directory: %s", dir, strerror(e));
         }
         p[i] = c;
     }
     struct stat st;
     if (stat(p, &st) < 0 || !S_ISDIR(st.st_mode))
-        return fail(err, errlen, -ENOTDIR, "%s: exists and is not a directory", dir);
+        return util_fail(err, errlen, -ENOTDIR, "%s: exists and is not a directory", dir);
     return 0;
 }
 
@@ -299,15 +284,15 @@ static double unigram_entropy(const uint32_t *tok, size_t n, int vocab)
 
 int prep_run(const prep_opts_t *o, prep_result_t *res, char *err, size_t errlen)
 {
-    double t0 = now();
+    double t0 = util_now();
     memset(res, 0, sizeof(*res));
     if (o->vocab_size < TOK_MIN_VOCAB || o->vocab_size > TOK_MAX_VOCAB)
-        return fail(err, errlen, -EINVAL, "vocab size %d is outside [%d, %d]", o->vocab_size,
+        return util_fail(err, errlen, -EINVAL, "vocab size %d is outside [%d, %d]", o->vocab_size,
                     TOK_MIN_VOCAB, TOK_MAX_VOCAB);
     if (!(o->val_fraction >= 0.0 && o->val_fraction < 1.0))
-        return fail(err, errlen, -EINVAL, "val fraction %g is outside [0, 1)", o->val_fraction);
+        return util_fail(err, errlen, -EINVAL, "val fraction %g is outside [0, 1)", o->val_fraction);
     if (!o->out_dir || !*o->out_dir)
-        return fail(err, errlen, -EINVAL, "no output directory given");
+        return util_fail(err, errlen, -EINVAL, "no output directory given");
 
     int rc = 0;
     char **listed = NULL;
@@ -333,40 +318,40 @@ int prep_run(const prep_opts_t *o, prep_result_t *res, char *err, size_t errlen)
         if ((rc = read_file(files[i], &text, &len, &cap, err, errlen))) goto out;
     res->n_files = n_files;
     res->bytes_in = len;
-    double t1 = now();
+    double t1 = util_now();
     res->secs_read = t1 - t0;
     if (len == 0) {
-        rc = fail(err, errlen, -EINVAL, "no text: the %zu input file(s) are empty", n_files);
+        rc = util_fail(err, errlen, -EINVAL, "no text: the %zu input file(s) are empty", n_files);
         goto out;
     }
 
     char terr[512];
     if ((rc = tok_train(&tk, text, len, o->vocab_size, terr, sizeof(terr)))) {
-        fail(err, errlen, rc, "training the tokenizer: %s", terr);
+        util_fail(err, errlen, rc, "training the tokenizer: %s", terr);
         goto out;
     }
-    double t2 = now();
+    double t2 = util_now();
     res->secs_train = t2 - t1;
     res->vocab_size = tok_vocab_size(tk);
 
     if (!(tok = malloc(len * sizeof(uint32_t)))) {
-        rc = fail(err, errlen, -ENOMEM, "out of memory for %zu tokens", len);
+        rc = util_fail(err, errlen, -ENOMEM, "out of memory for %zu tokens", len);
         goto out;
     }
     if ((rc = tok_encode(tk, text, len, tok, &res->n_tokens))) {
-        fail(err, errlen, rc, "encoding the corpus: %s", strerror(-rc));
+        util_fail(err, errlen, rc, "encoding the corpus: %s", strerror(-rc));
         goto out;
     }
     res->n_val = (size_t)llround(o->val_fraction * (double)res->n_tokens);
     res->n_train = res->n_tokens - res->n_val;
     if (res->n_train == 0) {
-        rc = fail(err, errlen, -EINVAL,
+        rc = util_fail(err, errlen, -EINVAL,
                   "val fraction %g leaves no training tokens out of %zu", o->val_fraction,
                   res->n_tokens);
         goto out;
     }
     res->entropy = unigram_entropy(tok, res->n_tokens, res->vocab_size);
-    double t3 = now();
+    double t3 = util_now();
     res->secs_encode = t3 - t2;
 
     if ((rc = make_dirs(o->out_dir, &made, err, errlen))) goto out;
@@ -374,7 +359,7 @@ int prep_run(const prep_opts_t *o, prep_result_t *res, char *err, size_t errlen)
         if (snprintf(fin[k], PATH_MAX, "%s/%s", o->out_dir, names[k]) >= PATH_MAX ||
             snprintf(tmp[k], PATH_MAX, "%s/.%s.prep-%d", o->out_dir, names[k], (int)getpid()) >=
                 PATH_MAX) {
-            rc = fail(err, errlen, -ENAMETOOLONG, "%s: path too long", o->out_dir);
+            rc = util_fail(err, errlen, -ENAMETOOLONG, "%s: path too long", o->out_dir);
             goto out;
         }
     }
@@ -391,13 +376,13 @@ int prep_run(const prep_opts_t *o, prep_result_t *res, char *err, size_t errlen)
     for (int k = 0; k < N_OUT; k++) {
         struct stat st;
         if (lstat(fin[k], &st) == 0 && S_ISDIR(st.st_mode)) {
-            rc = fail(err, errlen, -EISDIR, "%s: is a directory, cannot replace it", fin[k]);
+            rc = util_fail(err, errlen, -EISDIR, "%s: is a directory, cannot replace it", fin[k]);
             goto out;
         }
     }
     for (int k = 0; k < N_OUT; k++)
         if (rename(tmp[k], fin[k]) < 0) {
-            rc = fail(err, errlen, -errno, "%s: rename from %s failed: %s", fin[k], tmp[k],
+            rc = util_fail(err, errlen, -errno, "%s: rename from %s failed: %s", fin[k], tmp[k],
                       strerror(errno));
             goto out;
         }
@@ -407,7 +392,7 @@ int prep_run(const prep_opts_t *o, prep_result_t *res, char *err, size_t errlen)
         fsync(dfd);
         close(dfd);
     }
-    double t4 = now();
+    double t4 = util_now();
     res->secs_write = t4 - t3;
     res->secs_total = t4 - t0;
 out:

@@ -15,6 +15,7 @@
 #include <xxhash.h>
 
 #include "tools/tokfile.h"
+#include "tools/util.h"
 
 #define TOK_HEADER_BYTES 32
 /* The encode cache is dropped when it grows past these, so memory stays bounded on
@@ -22,16 +23,6 @@
 #define CACHE_MAX_ENTRIES (1u << 21)
 #define CACHE_MAX_POOL (64u << 20)
 
-static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return rc;
-}
 
 static void *grow(void *p, size_t *cap, size_t need, size_t elem)
 {
@@ -405,7 +396,7 @@ int tok_train(tok_t **out, const uint8_t *text, size_t n, int vocab_size, char *
 {
     *out = NULL;
     if (vocab_size < TOK_MIN_VOCAB || vocab_size > TOK_MAX_VOCAB)
-        return fail(err, errlen, -EINVAL, "vocab_size %d is outside [%d, %d]", vocab_size,
+        return util_fail(err, errlen, -EINVAL, "vocab_size %d is outside [%d, %d]", vocab_size,
                     TOK_MIN_VOCAB, TOK_MAX_VOCAB);
     init_classes();
     int rc = -ENOMEM;
@@ -472,7 +463,7 @@ int tok_train(tok_t **out, const uint8_t *text, size_t n, int vocab_size, char *
         hent_t top;
         for (;;) {
             if (!heap.n) {
-                rc = fail(err, errlen, -EINVAL,
+                rc = util_fail(err, errlen, -EINVAL,
                           "corpus too small for vocab_size %d: no pairs left to merge after %d "
                           "merges (%zu bytes of text); use a smaller vocab or more text",
                           vocab_size, m, n);
@@ -536,10 +527,10 @@ int tok_train(tok_t **out, const uint8_t *text, size_t n, int vocab_size, char *
     }
     rc = tok_build(out, merges, n_merges);
     merges = NULL;
-    if (rc) fail(err, errlen, rc, "out of memory building the tokenizer");
+    if (rc) util_fail(err, errlen, rc, "out of memory building the tokenizer");
     goto out;
 nomem:
-    rc = fail(err, errlen, -ENOMEM, "out of memory training the tokenizer");
+    rc = util_fail(err, errlen, -ENOMEM, "out of memory training the tokenizer");
 out:
     ctab_free(&words);
     free(wcount);
@@ -674,44 +665,44 @@ int tok_load(tok_t **out, const char *path, char *err, size_t errlen)
     uint8_t *buf = NULL;
     uint32_t *merges = NULL;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return fail(err, errlen, -errno, "%s: cannot open: %s", path, strerror(errno));
+    if (fd < 0) return util_fail(err, errlen, -errno, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) < 0) {
-        rc = fail(err, errlen, -errno, "%s: cannot stat: %s", path, strerror(errno));
+        rc = util_fail(err, errlen, -errno, "%s: cannot stat: %s", path, strerror(errno));
         goto out;
     }
     size_t size = (size_t)st.st_size;
     if (!S_ISREG(st.st_mode)) {
-        rc = fail(err, errlen, -EINVAL, "%s: not a regular file", path);
+        rc = util_fail(err, errlen, -EINVAL, "%s: not a regular file", path);
         goto out;
     }
     if (size < TOK_HEADER_BYTES) {
-        rc = fail(err, errlen, -EINVAL,
+        rc = util_fail(err, errlen, -EINVAL,
                   "%s: header too short: file has %zu bytes, a tokenizer header needs %d", path,
                   size, TOK_HEADER_BYTES);
         goto out;
     }
     if (size > TOK_HEADER_BYTES + 8 * (size_t)TOK_MAX_VOCAB) {
-        rc = fail(err, errlen, -EINVAL, "%s: too large for a tokenizer file (%zu bytes)", path,
+        rc = util_fail(err, errlen, -EINVAL, "%s: too large for a tokenizer file (%zu bytes)", path,
                   size);
         goto out;
     }
     if (!(buf = malloc(size))) {
-        rc = fail(err, errlen, -ENOMEM, "%s: out of memory", path);
+        rc = util_fail(err, errlen, -ENOMEM, "%s: out of memory", path);
         goto out;
     }
     for (size_t got = 0; got < size;) {
         ssize_t r = pread(fd, buf + got, size - got, (off_t)got);
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) {
-            rc = fail(err, errlen, r < 0 ? -errno : -EIO, "%s: read failed: %s", path,
+            rc = util_fail(err, errlen, r < 0 ? -errno : -EIO, "%s: read failed: %s", path,
                       r < 0 ? strerror(errno) : "file shrank while reading");
             goto out;
         }
         got += (size_t)r;
     }
     if (memcmp(buf, TOK_MAGIC, 8)) {
-        rc = fail(err, errlen, -EINVAL, "%s: not a ctitan tokenizer file (bad magic, expected \"%s\")",
+        rc = util_fail(err, errlen, -EINVAL, "%s: not a ctitan tokenizer file (bad magic, expected \"%s\")",
                   path, TOK_MAGIC);
         goto out;
     }
@@ -723,48 +714,48 @@ int tok_load(tok_t **out, const char *path, char *err, size_t errlen)
     memcpy(&maxc, buf + 20, 4);
     memcpy(&sum, buf + 24, 8);
     if (version != TOK_VERSION) {
-        rc = fail(err, errlen, -EINVAL, "%s: unsupported version %u (this build reads %u)", path,
+        rc = util_fail(err, errlen, -EINVAL, "%s: unsupported version %u (this build reads %u)", path,
                   version, TOK_VERSION);
         goto out;
     }
     if (rule != TOK_SPLIT_RULE || maxc != TOK_MAX_CHUNK) {
-        rc = fail(err, errlen, -EINVAL,
+        rc = util_fail(err, errlen, -EINVAL,
                   "%s: made with pre-split rule %u, max chunk %u; this build uses rule %u, max "
                   "chunk %d",
                   path, rule, maxc, TOK_SPLIT_RULE, TOK_MAX_CHUNK);
         goto out;
     }
     if (vocab < TOK_MIN_VOCAB || vocab > TOK_MAX_VOCAB) {
-        rc = fail(err, errlen, -EINVAL, "%s: vocab_size %u is outside [%d, %d]", path, vocab,
+        rc = util_fail(err, errlen, -EINVAL, "%s: vocab_size %u is outside [%d, %d]", path, vocab,
                   TOK_MIN_VOCAB, TOK_MAX_VOCAB);
         goto out;
     }
     size_t n_merges = vocab - 256, body = 8 * n_merges;
     if (size != TOK_HEADER_BYTES + body) {
-        rc = fail(err, errlen, -EINVAL,
+        rc = util_fail(err, errlen, -EINVAL,
                   "%s: file size %zu does not match vocab_size %u (expected %zu bytes)", path,
                   size, vocab, TOK_HEADER_BYTES + body);
         goto out;
     }
     if (XXH64(buf + TOK_HEADER_BYTES, body, 0) != sum) {
-        rc = fail(err, errlen, -EINVAL, "%s: checksum mismatch: the merge table is corrupt", path);
+        rc = util_fail(err, errlen, -EINVAL, "%s: checksum mismatch: the merge table is corrupt", path);
         goto out;
     }
     if (!(merges = malloc(body))) {
-        rc = fail(err, errlen, -ENOMEM, "%s: out of memory", path);
+        rc = util_fail(err, errlen, -ENOMEM, "%s: out of memory", path);
         goto out;
     }
     memcpy(merges, buf + TOK_HEADER_BYTES, body);
     for (size_t r = 0; r < n_merges; r++)
         if (merges[2 * r] >= 256 + r || merges[2 * r + 1] >= 256 + r) {
-            rc = fail(err, errlen, -EINVAL,
+            rc = util_fail(err, errlen, -EINVAL,
                       "%s: merge %zu is (%u, %u), but may only use tokens below %zu", path, r,
                       merges[2 * r], merges[2 * r + 1], 256 + r);
             goto out;
         }
     rc = tok_build(out, merges, (int)n_merges);
     merges = NULL;
-    if (rc) fail(err, errlen, rc, "%s: out of memory", path);
+    if (rc) util_fail(err, errlen, rc, "%s: out of memory", path);
 out:
     free(merges);
     free(buf);

@@ -2,6 +2,7 @@
  * and checks everything a loader would otherwise trip over later; the writer is durable and
  * atomic (temp file, fsync, rename, fsync of the directory). */
 #include "tools/tokfile.h"
+#include "tools/util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -29,16 +30,6 @@ struct tokfile {
     tokfile_format_t format;
 };
 
-static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return rc;
-}
 
 static uint32_t rd32(const uint8_t *p)
 {
@@ -84,31 +75,31 @@ int tokfile_open(tokfile_t **out, const char *path, int vocab_size, char *err, s
     uint8_t *map = MAP_FAILED;
     size_t size = 0;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return fail(err, errlen, -errno, "%s: cannot open: %s", path, strerror(errno));
+    if (fd < 0) return util_fail(err, errlen, -errno, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) < 0) {
-        rc = fail(err, errlen, -errno, "%s: cannot stat: %s", path, strerror(errno));
+        rc = util_fail(err, errlen, -errno, "%s: cannot stat: %s", path, strerror(errno));
         goto out;
     }
     if (!S_ISREG(st.st_mode)) {
-        rc = fail(err, errlen, -EINVAL, "%s: not a regular file", path);
+        rc = util_fail(err, errlen, -EINVAL, "%s: not a regular file", path);
         goto out;
     }
     size = (size_t)st.st_size;
     if (size < 8) {
-        rc = fail(err, errlen, -EINVAL,
+        rc = util_fail(err, errlen, -EINVAL,
                   "%s: header too short: file has %zu bytes, a token file header needs %d", path,
                   size, TOKFILE_HEADER_BYTES);
         goto out;
     }
     map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (map == MAP_FAILED) {
-        rc = fail(err, errlen, -errno, "%s: cannot mmap: %s", path, strerror(errno));
+        rc = util_fail(err, errlen, -errno, "%s: cannot mmap: %s", path, strerror(errno));
         goto out;
     }
     tf = calloc(1, sizeof(*tf));
     if (!tf || !(tf->path = strdup(path))) {
-        rc = fail(err, errlen, -ENOMEM, "%s: out of memory", path);
+        rc = util_fail(err, errlen, -ENOMEM, "%s: out of memory", path);
         goto out;
     }
     size_t hdr;
@@ -117,7 +108,7 @@ int tokfile_open(tokfile_t **out, const char *path, int vocab_size, char *err, s
     if (!memcmp(map, TOKFILE_MAGIC, 8)) {
         hdr = TOKFILE_HEADER_BYTES;
         if (size < hdr) {
-            rc = fail(err, errlen, -EINVAL,
+            rc = util_fail(err, errlen, -EINVAL,
                       "%s: header too short: file has %zu bytes, the header needs %zu", path, size,
                       hdr);
             goto out;
@@ -125,18 +116,18 @@ int tokfile_open(tokfile_t **out, const char *path, int vocab_size, char *err, s
         uint32_t version = rd32(map + 8), dtype = rd32(map + 12), vocab = rd32(map + 24);
         count = rd64(map + 16);
         if (version != TOKFILE_VERSION) {
-            rc = fail(err, errlen, -EINVAL, "%s: unsupported version %u (this build reads %u)",
+            rc = util_fail(err, errlen, -EINVAL, "%s: unsupported version %u (this build reads %u)",
                       path, version, TOKFILE_VERSION);
             goto out;
         }
         if (dtype != 2 && dtype != 4) {
-            rc = fail(err, errlen, -EINVAL,
+            rc = util_fail(err, errlen, -EINVAL,
                       "%s: unknown token dtype %u (expected 2 = uint16 or 4 = uint32)", path,
                       dtype);
             goto out;
         }
         if (vocab == 0 || vocab > INT32_MAX || (dtype == 2 && vocab > 65536)) {
-            rc = fail(err, errlen, -EINVAL, "%s: invalid vocab_size %u in header for dtype %u",
+            rc = util_fail(err, errlen, -EINVAL, "%s: invalid vocab_size %u in header for dtype %u",
                       path, vocab, dtype);
             goto out;
         }
@@ -146,7 +137,7 @@ int tokfile_open(tokfile_t **out, const char *path, int vocab_size, char *err, s
     } else if (magic == TOKFILE_LLMC_MAGIC || magic == TOKFILE_LLMC_LLAMA3_MAGIC) {
         hdr = TOKFILE_LLMC_HEADER_BYTES;
         if (size < hdr) {
-            rc = fail(err, errlen, -EINVAL,
+            rc = util_fail(err, errlen, -EINVAL,
                       "%s: header too short: file has %zu bytes, an llm.c header needs %zu",
                       path, size, hdr);
             goto out;
@@ -156,13 +147,13 @@ int tokfile_open(tokfile_t **out, const char *path, int vocab_size, char *err, s
         uint32_t want = magic == TOKFILE_LLMC_MAGIC ? TOKFILE_LLMC_VERSION
                                                     : TOKFILE_LLMC_LLAMA3_VERSION;
         if (version != want) {
-            rc = fail(err, errlen, -EINVAL,
+            rc = util_fail(err, errlen, -EINVAL,
                       "%s: unsupported version %u for llm.c magic %u (this build reads %u)", path,
                       version, magic, want);
             goto out;
         }
         if (n < 0) {
-            rc = fail(err, errlen, -EINVAL, "%s: negative token count %d in llm.c header", path, n);
+            rc = util_fail(err, errlen, -EINVAL, "%s: negative token count %d in llm.c header", path, n);
             goto out;
         }
         count = (uint64_t)n;
@@ -170,7 +161,7 @@ int tokfile_open(tokfile_t **out, const char *path, int vocab_size, char *err, s
         tf->dtype = magic == TOKFILE_LLMC_MAGIC ? 2 : 4;
         tf->vocab_size = 0;
     } else {
-        rc = fail(err, errlen, -EINVAL,
+        rc = util_fail(err, errlen, -EINVAL,
                   "%s: not a token file: unknown magic (first bytes %02x %02x %02x %02x; expected "
                   "\"%s\" or llm.c's %d)",
                   path, map[0], map[1], map[2], map[3], TOKFILE_MAGIC, TOKFILE_LLMC_MAGIC);
@@ -178,7 +169,7 @@ int tokfile_open(tokfile_t **out, const char *path, int vocab_size, char *err, s
     }
     uint64_t body = size - hdr;
     if (count > body / (uint64_t)tf->dtype || body != count * (uint64_t)tf->dtype) {
-        rc = fail(err, errlen, -EINVAL,
+        rc = util_fail(err, errlen, -EINVAL,
                   "%s: file size %zu does not match the header's %llu tokens of %d bytes "
                   "(expected %llu bytes)",
                   path, size, (unsigned long long)count, tf->dtype,
@@ -195,7 +186,7 @@ int tokfile_open(tokfile_t **out, const char *path, int vocab_size, char *err, s
     if (limit > (uint64_t)INT32_MAX + 1) limit = (uint64_t)INT32_MAX + 1; /* tokfile_read: int32 */
     size_t bad = first_bad_token(tf->tokens, tf->dtype, tf->count, limit);
     if (bad < tf->count) {
-        rc = fail(err, errlen, -EINVAL, "%s: token %u at position %zu is >= vocab_size %llu%s",
+        rc = util_fail(err, errlen, -EINVAL, "%s: token %u at position %zu is >= vocab_size %llu%s",
                   path, tokfile_get(tf, bad), bad, (unsigned long long)limit,
                   limit == (uint64_t)vocab_size ? "" : " (from the file header)");
         goto out;
@@ -277,11 +268,11 @@ static int atomic_begin(atomic_t *a, const char *path, char *err, size_t errlen)
     a->fd = -1;
     size_t len = strlen(path) + 16;
     a->tmp = malloc(len);
-    if (!a->tmp) return fail(err, errlen, -ENOMEM, "%s: out of memory", path);
+    if (!a->tmp) return util_fail(err, errlen, -ENOMEM, "%s: out of memory", path);
     snprintf(a->tmp, len, "%s.tmp.XXXXXX", path);
     a->fd = mkostemp(a->tmp, O_CLOEXEC);
     if (a->fd < 0) {
-        int rc = fail(err, errlen, -errno, "%s: cannot create a temp file beside it: %s", path,
+        int rc = util_fail(err, errlen, -errno, "%s: cannot create a temp file beside it: %s", path,
                       strerror(errno));
         free(a->tmp);
         a->tmp = NULL;
@@ -304,17 +295,17 @@ static int atomic_commit(atomic_t *a, char *err, size_t errlen)
 {
     int rc = 0;
     if (fsync(a->fd) < 0) {
-        rc = fail(err, errlen, -errno, "%s: fsync failed: %s", a->path, strerror(errno));
+        rc = util_fail(err, errlen, -errno, "%s: fsync failed: %s", a->path, strerror(errno));
         goto out;
     }
     if (close(a->fd) < 0) {
         a->fd = -1;
-        rc = fail(err, errlen, -errno, "%s: close failed: %s", a->path, strerror(errno));
+        rc = util_fail(err, errlen, -errno, "%s: close failed: %s", a->path, strerror(errno));
         goto out;
     }
     a->fd = -1;
     if (rename(a->tmp, a->path) < 0) {
-        rc = fail(err, errlen, -errno, "%s: rename from %s failed: %s", a->path, a->tmp,
+        rc = util_fail(err, errlen, -errno, "%s: rename from %s failed: %s", a->path, a->tmp,
                   strerror(errno));
         goto out;
     }
@@ -342,7 +333,7 @@ int tokfile_write_bytes(const char *path, const void *a, size_t alen, const void
     int rc = atomic_begin(&at, path, err, errlen);
     if (rc) return rc;
     if ((rc = write_all(at.fd, a, alen)) || (rc = write_all(at.fd, b, blen))) {
-        fail(err, errlen, rc, "%s: write failed: %s", path, strerror(-rc));
+        util_fail(err, errlen, rc, "%s: write failed: %s", path, strerror(-rc));
         atomic_abort(&at);
         return rc;
     }
@@ -353,10 +344,10 @@ int tokfile_write(const char *path, const uint32_t *tok, size_t n, int vocab_siz
                   size_t errlen)
 {
     if (vocab_size <= 0)
-        return fail(err, errlen, -EINVAL, "%s: vocab_size %d must be positive", path, vocab_size);
+        return util_fail(err, errlen, -EINVAL, "%s: vocab_size %d must be positive", path, vocab_size);
     for (size_t i = 0; i < n; i++)
         if (tok[i] >= (uint32_t)vocab_size)
-            return fail(err, errlen, -EINVAL, "%s: token %u at position %zu is >= vocab_size %d",
+            return util_fail(err, errlen, -EINVAL, "%s: token %u at position %zu is >= vocab_size %d",
                         path, tok[i], i, vocab_size);
     int dtype = vocab_size <= 65536 ? 2 : 4;
     uint8_t hdr[TOKFILE_HEADER_BYTES] = {0};
@@ -375,7 +366,7 @@ int tokfile_write(const char *path, const uint32_t *tok, size_t n, int vocab_siz
     enum { CHUNK = 1 << 16 };
     uint16_t *buf = malloc(CHUNK * sizeof(uint16_t));
     if (!buf) {
-        rc = fail(err, errlen, -ENOMEM, "%s: out of memory", path);
+        rc = util_fail(err, errlen, -ENOMEM, "%s: out of memory", path);
         goto out;
     }
     if ((rc = write_all(at.fd, hdr, sizeof(hdr)))) goto werr;
@@ -387,7 +378,7 @@ int tokfile_write(const char *path, const uint32_t *tok, size_t n, int vocab_siz
     free(buf);
     return atomic_commit(&at, err, errlen);
 werr:
-    fail(err, errlen, rc, "%s: write failed: %s", path, strerror(-rc));
+    util_fail(err, errlen, rc, "%s: write failed: %s", path, strerror(-rc));
 out:
     free(buf);
     atomic_abort(&at);

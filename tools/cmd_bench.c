@@ -15,7 +15,6 @@
 #include "tools/cmds.h"
 #include "tools/util.h"
 
-
 static float *randn(size_t n, unsigned seed, float scale)
 {
     float *x = malloc(n * sizeof(float));

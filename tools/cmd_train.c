@@ -26,7 +26,6 @@ typedef struct {
     unsigned long long seed;
 } train_args_t;
 
-
 static void usage(FILE *f)
 {
     fprintf(f,

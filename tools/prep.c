@@ -21,8 +21,6 @@
 #include "tools/tokfile.h"
 #include "tools/util.h"
 
-
-
 void prep_defaults(prep_opts_t *o)
 {
     *o = (prep_opts_t){

@@ -23,7 +23,6 @@
 #define CACHE_MAX_ENTRIES (1u << 21)
 #define CACHE_MAX_POOL (64u << 20)
 
-
 static void *grow(void *p, size_t *cap, size_t need, size_t elem)
 {
     if (need <= *cap) return p;

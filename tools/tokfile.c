@@ -30,7 +30,6 @@ struct tokfile {
     tokfile_format_t format;
 };
 
-
 static uint32_t rd32(const uint8_t *p)
 {
     uint32_t v;

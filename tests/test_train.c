@@ -1,0 +1,111 @@
+/* `ctitan train` end to end, as a user runs it: prep a small corpus with the real binary,
+ * train a tiny model for a few dozen steps, and check the loss falls and the sample prints;
+ * bad arguments get an error naming the problem. Skips if build/bin/ctitan is missing. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char *bin(void)
+{
+    const char *b = getenv("CTITAN_BIN");
+    return b ? b : "build/bin/ctitan";
+}
+
+static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    return remove(p);
+}
+
+/* Runs a shell command, captures stdout+stderr into out; returns the exit status. */
+static int run(const char *cmd, char *out, size_t outlen)
+{
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    size_t n = fread(out, 1, outlen - 1, f);
+    out[n] = 0;
+    int st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void test_train_tiny_model_loss_falls_and_samples(void **state)
+{
+    if (access(bin(), X_OK)) {
+        print_message("%s not built: skipping\n", bin());
+        skip();
+    }
+    char dir[] = "/tmp/ctitan-train-XXXXXX", cmd[1024];
+    static char out[1 << 20];
+    assert_non_null(mkdtemp(dir));
+    /* a corpus of sentences over 64 made-up words, enough pairs for 44 merges and a pattern
+     * (word order repeats every 7 words) a tiny model learns in a few dozen steps */
+    static const char *syl[] = {"ka", "lo", "mi", "ne", "ru", "sa", "ti", "vo"};
+    snprintf(cmd, sizeof(cmd), "%s/corpus.txt", dir);
+    FILE *f = fopen(cmd, "w");
+    for (int i = 0; i < 20000; i++)
+        fprintf(f, "%s%s%s", syl[(i * 3) % 7], syl[(i * 5 + 1) % 8], i % 7 == 6 ? ".\n" : " ");
+    fclose(f);
+    snprintf(cmd, sizeof(cmd), "%s prep --vocab 300 --out %s/data %s/corpus.txt 2>&1", bin(), dir, dir);
+    assert_int_equal(run(cmd, out, sizeof(out)), 0);
+    snprintf(cmd, sizeof(cmd),
+             "%s train --data %s/data --model tiny --model.vocab_size 300 --model.dim 32 "
+             "--steps 60 --batch 4 --seq 32 --lr 1e-2 --threads 2 --sample 20 2>&1",
+             bin(), dir);
+    int rc = run(cmd, out, sizeof(out));
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+    double first = 0, last = 0;
+    int steps = 0;
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+        int s;
+        double loss;
+        if (sscanf(line, "step %d loss %lf", &s, &loss) == 2) {
+            if (s == 1)
+                first = loss;
+            last = loss, steps++;
+        }
+        if (!strncmp(line, "done:", 5))
+            assert_non_null(strstr(line, "validation loss"));
+    }
+    assert_int_equal(steps, 60);
+    assert_true(first > 5.0);       /* ~ln(300) at init */
+    assert_true(last < first - 3.0); /* the pattern is learnt */
+    nftw(dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
+}
+
+static void test_train_rejects_bad_arguments_with_a_reason(void **state)
+{
+    if (access(bin(), X_OK)) {
+        print_message("%s not built: skipping\n", bin());
+        skip();
+    }
+    static char out[8192];
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "%s train --data /nonexistent/dir 2>&1", bin());
+    assert_int_equal(run(cmd, out, sizeof(out)), 1);
+    assert_non_null(strstr(out, "/nonexistent/dir/train.bin"));
+    snprintf(cmd, sizeof(cmd), "%s train --data x --model.dim 250 2>&1", bin());
+    assert_int_equal(run(cmd, out, sizeof(out)), 2);
+    assert_non_null(strstr(out, "model.dim (250) is not divisible by model.n_heads (16)"));
+    snprintf(cmd, sizeof(cmd), "%s train --data x --steps many 2>&1", bin());
+    assert_int_equal(run(cmd, out, sizeof(out)), 2);
+    assert_non_null(strstr(out, "--steps"));
+    snprintf(cmd, sizeof(cmd), "%s train --data x --bogus 1 2>&1", bin());
+    assert_int_equal(run(cmd, out, sizeof(out)), 2);
+    assert_non_null(strstr(out, "unknown option '--bogus'"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_train_tiny_model_loss_falls_and_samples),
+        cmocka_unit_test(test_train_rejects_bad_arguments_with_a_reason),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -22,11 +22,6 @@
 
 /* ---- helpers ---- */
 
-static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    return remove(p);
-}
-
 static char *make_tmpdir(void)
 {
     char *d = strdup("/tmp/ctitan-test-tok-XXXXXX");
@@ -36,7 +31,7 @@ static char *make_tmpdir(void)
 
 static void remove_tmpdir(char *d)
 {
-    nftw(d, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    tu_rmtree(d);
     assert_int_not_equal(access(d, F_OK), 0);
     free(d);
 }

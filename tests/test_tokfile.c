@@ -18,11 +18,6 @@
 #include "tests/testutil.h"
 #include "tools/tokfile.h"
 
-static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    return remove(p);
-}
-
 typedef struct {
     char *dir;
     char path[512];
@@ -41,8 +36,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     fixture_t *f = *state;
-    nftw(f->dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-    int gone = access(f->dir, F_OK) != 0;
+    int gone = tu_rmtree(f->dir) == 0;
     free(f->dir);
     free(f);
     return gone ? 0 : -1;

@@ -11,15 +11,12 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "tests/testutil.h"
+
 static const char *bin(void)
 {
     const char *b = getenv("CTITAN_BIN");
     return b ? b : "build/bin/ctitan";
-}
-
-static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    return remove(p);
 }
 
 /* Runs a shell command, captures stdout+stderr into out; returns the exit status. */
@@ -76,7 +73,7 @@ static void test_train_tiny_model_loss_falls_and_samples(void **state)
     assert_int_equal(steps, 60);
     assert_true(first > 5.0);       /* ~ln(300) at init */
     assert_true(last < first - 3.0); /* the pattern is learnt */
-    nftw(dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
+    tu_rmtree(dir);
 }
 
 static void test_train_rejects_bad_arguments_with_a_reason(void **state)

@@ -3,10 +3,12 @@
 #ifndef CTITAN_TESTUTIL_H
 #define CTITAN_TESTUTIL_H
 
+#include <ftw.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 static inline uint64_t tu_next(uint64_t *s)
 {
@@ -69,6 +71,18 @@ static inline size_t tu_compare_d(const char *what, const double *got, const dou
     }
     if (bad) fprintf(stderr, "%s: %zu of %zu outside tolerance\n", what, bad, n);
     return bad;
+}
+
+static inline int tu_rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)flag, (void)ftw;
+    return remove(p);
+}
+/* Removes a temp directory tree; returns 0 when it is gone. */
+static inline int tu_rmtree(const char *dir)
+{
+    nftw(dir, tu_rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    return access(dir, F_OK) == 0 ? -1 : 0;
 }
 
 #endif

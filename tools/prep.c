@@ -185,22 +185,15 @@ int prep_list_corpus(const char *dir, char ***files, size_t *n, char *err, size_
 static int read_file(const char *path, uint8_t **buf, size_t *len, size_t *cap, char *err,
                      size_t errlen)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return util_fail(err, errlen, -errno, "%s: cannot open: %s", path, strerror(errno));
+    size_t fsize;
+    int fd = util_open_regular(path, &fsize, err, errlen);
+    if (fd < 0)
+        return fd;
     int rc = 0;
-    struct stat st;
-    if (fstat(fd, &st) < 0) {
-        rc = util_fail(err, errlen, -errno, "%s: cannot stat: %s", path, strerror(errno));
-        goto out;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        rc = util_fail(err, errlen, -EINVAL, "%s: not a regular file", path);
-        goto out;
-    }
     for (;;) {
         if (*cap - *len < 65536) {
-            size_t c = *cap ? *cap * 2 : (size_t)st.st_size + 65536;
-            while (c - *len < 65536 || c < *len + (size_t)st.st_size) c *= 2;
+            size_t c = *cap ? *cap * 2 : fsize + 65536;
+            while (c - *len < 65536 || c < *len + fsize) c *= 2;
             uint8_t *b = realloc(*buf, c);
             if (!b) {
                 rc = util_fail(err, errlen, -ENOMEM, "%s: out of memory reading it", path);

@@ -663,18 +663,10 @@ int tok_load(tok_t **out, const char *path, char *err, size_t errlen)
     int rc = 0;
     uint8_t *buf = NULL;
     uint32_t *merges = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return util_fail(err, errlen, -errno, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) < 0) {
-        rc = util_fail(err, errlen, -errno, "%s: cannot stat: %s", path, strerror(errno));
-        goto out;
-    }
-    size_t size = (size_t)st.st_size;
-    if (!S_ISREG(st.st_mode)) {
-        rc = util_fail(err, errlen, -EINVAL, "%s: not a regular file", path);
-        goto out;
-    }
+    size_t size;
+    int fd = util_open_regular(path, &size, err, errlen);
+    if (fd < 0)
+        return fd;
     if (size < TOK_HEADER_BYTES) {
         rc = util_fail(err, errlen, -EINVAL,
                   "%s: header too short: file has %zu bytes, a tokenizer header needs %d", path,

@@ -73,18 +73,9 @@ int tokfile_open(tokfile_t **out, const char *path, int vocab_size, char *err, s
     tokfile_t *tf = NULL;
     uint8_t *map = MAP_FAILED;
     size_t size = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return util_fail(err, errlen, -errno, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) < 0) {
-        rc = util_fail(err, errlen, -errno, "%s: cannot stat: %s", path, strerror(errno));
-        goto out;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        rc = util_fail(err, errlen, -EINVAL, "%s: not a regular file", path);
-        goto out;
-    }
-    size = (size_t)st.st_size;
+    int fd = util_open_regular(path, &size, err, errlen);
+    if (fd < 0)
+        return fd;
     if (size < 8) {
         rc = util_fail(err, errlen, -EINVAL,
                   "%s: header too short: file has %zu bytes, a token file header needs %d", path,

@@ -1,0 +1,81 @@
+/* Control-plane messages: what the coordinator and the workers (loader, stages, optshards,
+ * the `ctitan` CLI) say to each other over ZeroMQ. On the wire every message is one msgpack
+ * map: {"v": MSG_VERSION, "type": "<name>", <fields of that type>}. Bytes of tensors never
+ * travel here (see ipc/ring.h).
+ *
+ * The decoder is the guard at the process boundary: malformed, truncated, oversized
+ * (> MSG_MAX_BYTES), unknown-version, unknown-type, missing-field and wrongly-typed input
+ * is rejected with a message in err, never a crash. Keys a type does not use are ignored
+ * (so a field can be added within a version); every key it uses is type-checked.
+ * Type ids are only ever appended. */
+#ifndef CTITAN_MSG_H
+#define CTITAN_MSG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define MSG_VERSION 1
+#define MSG_MAX_BYTES (1 << 20)
+#define MSG_ROLE_MAX 16
+
+typedef enum {
+    MSG_HELLO = 1,   /* worker -> coord: role, rank, replica, pid (first message of a worker) */
+    MSG_CONFIG,      /* coord -> worker: text (the resolved manifest TOML), step (first step) */
+    MSG_READY,       /* worker -> coord: role, rank, replica (set up, waiting for commands) */
+    MSG_STEP,        /* coord -> stage: step (run this step's action list) */
+    MSG_STEP_DONE,   /* stage -> coord: step, loss (sum of token losses; last stage, else 0),
+                      * t_f, t_b, t_w (mean seconds per F, B, W action), t_busy (seconds
+                      * computing this step), t_wait (seconds blocked on rings) */
+    MSG_REDUCE,      /* coord -> optshard: step (sum replicas' gradients, norm partials) */
+    MSG_REDUCED,     /* optshard -> coord: step, t_busy */
+    MSG_UPDATE,      /* coord -> optshard: step, grad_norm (global), scale (clip factor) */
+    MSG_UPDATED,     /* optshard -> coord: step, lr, t_busy */
+    MSG_HEARTBEAT,   /* worker -> coord: role, rank, replica, pid, progress (a counter) */
+    MSG_ERROR,       /* worker -> coord: role, rank, replica, text (the reason) */
+    MSG_STOP,        /* coord -> worker: exit cleanly now */
+    MSG_SWAP,        /* cli -> coord: text (new loader command) */
+    MSG_REPLY,       /* coord -> cli: ok, text (what happened) */
+    MSG_STATUS,      /* cli -> coord: (no fields) */
+    MSG_TYPE_END     /* append new types above this */
+} msg_type_t;
+
+/* Fields, by key. Which ones a type carries (and so which the decoder requires) is in the
+ * table in msg.c, mirroring the comments above. */
+typedef struct {
+    msg_type_t type;
+    char role[MSG_ROLE_MAX];   /* "role": "loader", "stage", "optshard", "cli" */
+    int32_t rank;              /* "rank": pipeline rank or shard index, >= 0 */
+    int32_t replica;           /* "replica": data-parallel replica, >= 0 */
+    int64_t pid;               /* "pid" */
+    int64_t step;              /* "step", >= 0 */
+    uint64_t progress;         /* "progress" */
+    double loss;               /* "loss" */
+    double grad_norm;          /* "grad_norm" */
+    double scale;              /* "scale" */
+    double lr;                 /* "lr" */
+    double t_f, t_b, t_w;      /* "t_f", "t_b", "t_w" */
+    double t_busy, t_wait;     /* "t_busy", "t_wait" */
+    int ok;                    /* "ok": a msgpack boolean */
+    char *text;                /* "text": NUL-terminated, owned (msg_clear frees); NULL if absent */
+    size_t text_len;
+} msg_t;
+
+/* Name on the wire ("step_done"), or NULL for an unknown type. */
+const char *msg_type_name(msg_type_t t);
+
+/* Encodes m into a malloc'ed buffer. Returns 0, -EINVAL (unknown type, a required text
+ * missing, role too long), -EMSGSIZE (over MSG_MAX_BYTES) or -ENOMEM. */
+int msg_encode(const msg_t *m, uint8_t **buf, size_t *len);
+
+/* Decodes exactly len bytes into *m (zeroed first; free with msg_clear). Returns 0, or
+ * -EBADMSG / -EMSGSIZE / -EPROTO (unknown version) with the reason in err, naming the
+ * field when one is at fault ("step_done: field 'loss' must be a number, got a string"). */
+int msg_decode(const void *buf, size_t len, msg_t *m, char *err, size_t errlen);
+
+/* Frees m->text and zeroes m. */
+void msg_clear(msg_t *m);
+
+/* Sets m->text to a copy of s (replacing any). Returns 0 or -ENOMEM. */
+int msg_set_text(msg_t *m, const char *s);
+
+#endif

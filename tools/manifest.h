@@ -1,0 +1,154 @@
+/* The job manifest: a TOML file in the shape of torchtitan's train configs, plus command-line
+ * overrides with the same dotted names (--training.steps 10). The coordinator resolves it once
+ * and sends the resolved text (manifest_to_toml) to every worker, so all processes of a job
+ * read the same values. Every error names where the value came from: "FILE:LINE" for a key
+ * in the file, "--section.key" for an override, and says what was expected.
+ *
+ * Sections and keys (defaults in manifest_defaults; README.md lists them for users):
+ *   [job]          name, dump_folder, description, endpoint, device,
+ *                  heartbeat_interval_ms, heartbeat_timeout_ms
+ *   [model]        name, flavor, tokenizer_path, and any model_config_t key
+ *                  (dim, n_layers, n_heads, n_kv_heads, vocab_size, multiple_of,
+ *                   ffn_dim_multiplier, norm_eps, rope_theta, max_seq_len) over the flavor
+ *   [training]     steps, local_batch_size, seq_len, seed, max_norm, threads
+ *   [parallelism]  pipeline_parallel_degree, pipeline_parallel_schedule,
+ *                  pipeline_parallel_microbatches, pipeline_parallel_split_points,
+ *                  data_parallel_replicate_degree
+ *   [optimizer]    name, lr, beta1, beta2, eps, weight_decay, decay_embed_and_norms
+ *   [lr_scheduler] warmup_steps, decay_ratio, decay_type, min_lr_factor
+ *   [loader]       dataset_path, shuffle, prefetch, command
+ *   [optshard]     shards
+ *   [metrics]      log_freq, file, peak_tflops
+ *   [validation]   enable, dataset_path, steps
+ *   [sample]       tokens, temperature */
+#ifndef CTITAN_MANIFEST_H
+#define CTITAN_MANIFEST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/config.h"
+#include "kernels/lr.h"
+#include "stages/schedule.h"
+
+#define MANIFEST_MAX_PP 64
+#define MANIFEST_PATH_MAX 512
+
+typedef struct {
+    /* [job] */
+    char name[64];               /* "ctitan"; [A-Za-z0-9_-]: names segments and the socket */
+    char dump_folder[MANIFEST_PATH_MAX]; /* "runs/<name>" when empty: control socket, metrics */
+    char description[256];
+    char endpoint[256];          /* coordinator ROUTER; "" = ipc://<dump_folder>/ctl.sock */
+    char device[16];             /* "cpu" ("cuda" comes with the CUDA backend) */
+    int heartbeat_interval_ms;   /* 100 */
+    int heartbeat_timeout_ms;    /* 3000: a peer silent this long is dead or hung */
+
+    /* [model] */
+    char model_name[32];         /* "llama3" (the only family) */
+    char flavor[32];             /* "debugmodel": a config_preset name */
+    model_config_t model;        /* the flavor's preset with the [model] keys given on top */
+    char tokenizer_path[MANIFEST_PATH_MAX]; /* "" = none (no text sample) */
+
+    /* [training] */
+    int steps;                   /* 10 */
+    int local_batch_size;        /* 8: sequences per data-parallel replica per step */
+    int seq_len;                 /* 256 */
+    uint64_t seed;               /* 0: initialisation and shuffling */
+    double max_norm;             /* 1.0: global gradient-norm clip, 0 = off */
+    int threads;                 /* 0: CPU threads per stage process, 0 = CPUs / stage processes */
+
+    /* [parallelism] */
+    int pp;                      /* pipeline_parallel_degree, 1 */
+    sched_kind_t schedule;       /* pipeline_parallel_schedule, "1F1B" */
+    int microbatches;            /* pipeline_parallel_microbatches, 1; divides local_batch_size */
+    int n_split_points;          /* pipeline_parallel_split_points = ["layers.3", ...]: */
+    int split_points[MANIFEST_MAX_PP]; /* stage s+1 starts at layer split_points[s]; empty = balanced */
+    int dp;                      /* data_parallel_replicate_degree, 1 */
+
+    /* [optimizer] (torch.optim.AdamW) */
+    char optimizer_name[16];     /* "AdamW" (the only one) */
+    double lr;                   /* 8e-4 */
+    double beta1, beta2;         /* 0.9, 0.95 */
+    double eps;                  /* 1e-8 */
+    double weight_decay;         /* 0.1 */
+    int decay_embed_and_norms;   /* false: norms and the embedding are not decayed */
+
+    /* [lr_scheduler]: warmup_steps (200, clipped to steps), decay_ratio (-1 = all post-warmup
+     * steps decay; the key takes a number in [0, 1]), decay_type ("linear"), min_lr_factor (0);
+     * lr_sched.steps mirrors training.steps */
+    lr_schedule_t lr_sched;
+
+    /* [loader] */
+    char dataset_path[MANIFEST_PATH_MAX]; /* token file (ctitan or llm.c) for the built-in loader */
+    int shuffle;                 /* false: sequential windows; true: seeded shuffle per epoch */
+    int prefetch;                /* 4: microbatches buffered per replica ring */
+    char command[1024];          /* "" = built-in loader; else a shell command using stages/ldr.h */
+
+    /* [optshard] */
+    int shards;                  /* 1: optimizer-state shard processes */
+
+    /* [metrics] */
+    int log_freq;                /* 1: a progress line every log_freq steps */
+    char metrics_file[MANIFEST_PATH_MAX]; /* "": one JSON object per step when set */
+    double peak_tflops;          /* 0 = measure the sgemm peak at launch; MFU is against it */
+
+    /* [validation] */
+    int val_enable;              /* false */
+    char val_dataset_path[MANIFEST_PATH_MAX];
+    int val_steps;               /* 8 batches */
+
+    /* [sample] */
+    int sample_tokens;           /* 0 = no sample at the end */
+    double sample_temperature;   /* 0.8 */
+
+    char path[MANIFEST_PATH_MAX]; /* the file it was read from ("" for defaults only) */
+    int origin_line[128];         /* internal: where each key came from (for messages) */
+} manifest_t;
+
+/* All defaults (model shape from the "debugmodel" flavor). */
+void manifest_defaults(manifest_t *m);
+
+/* Parses TOML text on top of *m (normally fresh defaults); `path` names the text in errors.
+ * Unknown sections or keys, wrong types, duplicate keys and TOML syntax errors fail with
+ * "PATH:LINE: ..." in err. Returns 0 or -EINVAL. */
+int manifest_parse(manifest_t *m, const char *text, size_t len, const char *path, char *err,
+                   size_t errlen);
+/* manifest_defaults + read the file + manifest_parse. -ENOENT etc. name the file. */
+int manifest_load(manifest_t *m, const char *path, char *err, size_t errlen);
+
+/* Applies one override, "section.key" and its value as text, typed like the key
+ * (true/false for booleans, a comma-separated list for split points). Errors name
+ * "--section.key". */
+int manifest_override(manifest_t *m, const char *dotted_key, const char *value, char *err,
+                      size_t errlen);
+
+/* Checks every value and the topology once parsing and overrides are done: the model config
+ * (config_validate), seq_len <= max_seq_len, local_batch_size divisible by microbatches,
+ * 1 <= pp <= n_layers + 2 (pieces: embedding, each layer, head), split points strictly
+ * increasing, inside 1..n_layers and exactly pp-1 of them when given, 1 <= shards and no more
+ * shards than MANIFEST_BLOCK-float blocks in the model, names and enums valid. Errors name the
+ * key's origin ("demo.toml:14: parallelism.pipeline_parallel_degree = 9 exceeds the 8
+ * pipeline pieces of the model (embedding, 6 layers, head)"). Fills derived defaults
+ * (dump_folder, lr_sched.steps). Returns 0 or -EINVAL. */
+int manifest_validate(manifest_t *m, char *err, size_t errlen);
+
+/* The resolved manifest as TOML text naming every key; manifest_parse of it gives back the
+ * same values. Caller frees. NULL on ENOMEM. */
+char *manifest_to_toml(const manifest_t *m);
+
+/* Flat-parameter granularity of optimizer shards (floats): shard boundaries and the
+ * gradient-norm partial sums fall on multiples of it, so the clip and every update are
+ * bitwise the same for any shard count. */
+#define MANIFEST_BLOCK 1024
+
+/* Pieces [*p0, *p1) held by pipeline rank `stage` of a validated manifest: from the split
+ * points (piece = layer + 1), or balanced: the contiguous split of the pieces' parameter
+ * counts that minimises the largest stage (ties: the earliest such split). */
+void manifest_stage_pieces(const manifest_t *m, int stage, int *p0, int *p1);
+
+/* Flat range [*begin, *end) of optimizer shard k of K over `total` floats: contiguous,
+ * boundaries on multiples of MANIFEST_BLOCK, sizes differing by at most one block. */
+void manifest_shard_range(size_t total, int shards, int k, size_t *begin, size_t *end);
+
+#endif

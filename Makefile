@@ -14,9 +14,13 @@ CUDA    ?= $(if $(NVCC),1,0)
 CUDA_HOME ?= /usr/local/cuda
 NVFLAGS := -O3 -std=c++17 -I. -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 
-# Library code: every .c under these folders except program mains (tools/ctitan.c, tools/cmd_*.c).
-LIB_SRCS  := $(filter-out tools/ctitan.c tools/cmd_%.c, \
-               $(wildcard kernels/*.c kernels/cpu/*.c kernels/ref/*.c ipc/*.c stages/lib*.c checkpointd/lib*.c tools/*.c))
+# Programs: `ctitan` (tools/ctitan.c + tools/cmd_*.c) and one executable per role, each a
+# single main in stages/ (stages/stage.c -> build/bin/ctitan-stage).
+ROLE_MAINS := stages/stage.c stages/optshard.c stages/loader.c stages/loader_text.c
+ROLE_BINS  := $(patsubst stages/%.c,$(BUILD)/bin/ctitan-%,$(subst _,-,$(wildcard $(ROLE_MAINS))))
+# Library code: every .c under these folders except program mains.
+LIB_SRCS  := $(filter-out tools/ctitan.c tools/cmd_%.c $(ROLE_MAINS), \
+               $(wildcard kernels/*.c kernels/cpu/*.c kernels/ref/*.c ipc/*.c stages/*.c checkpointd/*.c tools/*.c))
 LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o)
 CTITAN_SRCS := tools/ctitan.c $(wildcard tools/cmd_*.c)
 CTITAN_OBJS := $(CTITAN_SRCS:%.c=$(BUILD)/obj/%.o)
@@ -30,7 +34,7 @@ GPU_TESTS := $(GPU_TEST_SRCS:tests/gpu/%.c=$(BUILD)/tests/gpu/%)
 CUDALIBS  := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lcublas -lstdc++
 
 DEPS_STAMP := $(BUILD)/.deps-ok
-ALL := $(BUILD)/bin/ctitan $(TESTS)
+ALL := $(BUILD)/bin/ctitan $(ROLE_BINS) $(TESTS)
 ifeq ($(CUDA),1)
 ALL += $(GPU_TESTS)
 endif
@@ -62,6 +66,14 @@ $(BUILD)/libctitan_cuda.a: $(CU_OBJS)
 	rm -f $@ && ar rcs $@ $^
 
 $(BUILD)/bin/ctitan: $(CTITAN_OBJS) $(BUILD)/libctitan.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/bin/ctitan-%: $(BUILD)/obj/stages/%.o $(BUILD)/libctitan.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/bin/ctitan-loader-text: $(BUILD)/obj/stages/loader_text.o $(BUILD)/libctitan.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 

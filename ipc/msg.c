@@ -70,7 +70,7 @@ static const struct {
 } types[MSG_TYPE_END] = {
     [MSG_HELLO]     = {"hello",     WHO | B(F_PID)},
     [MSG_CONFIG]    = {"config",    B(F_TEXT) | B(F_STEP)},
-    [MSG_READY]     = {"ready",     WHO},
+    [MSG_READY]     = {"ready",     WHO | B(F_PID)},
     [MSG_STEP]      = {"step",      B(F_STEP)},
     [MSG_STEP_DONE] = {"step_done", B(F_STEP) | B(F_LOSS) | B(F_T_F) | B(F_T_B) | B(F_T_W) |
                                     B(F_T_BUSY) | B(F_T_WAIT)},
@@ -79,7 +79,7 @@ static const struct {
     [MSG_UPDATE]    = {"update",    B(F_STEP) | B(F_GRAD_NORM) | B(F_SCALE)},
     [MSG_UPDATED]   = {"updated",   B(F_STEP) | B(F_LR) | B(F_T_BUSY)},
     [MSG_HEARTBEAT] = {"heartbeat", WHO | B(F_PID) | B(F_PROGRESS)},
-    [MSG_ERROR]     = {"error",     WHO | B(F_TEXT)},
+    [MSG_ERROR]     = {"error",     WHO | B(F_PID) | B(F_TEXT)},
     [MSG_STOP]      = {"stop",      0},
     [MSG_SWAP]      = {"swap",      B(F_TEXT)},
     [MSG_REPLY]     = {"reply",     B(F_OK) | B(F_TEXT)},

@@ -21,7 +21,7 @@
 typedef enum {
     MSG_HELLO = 1,   /* worker -> coord: role, rank, replica, pid (first message of a worker) */
     MSG_CONFIG,      /* coord -> worker: text (the resolved manifest TOML), step (first step) */
-    MSG_READY,       /* worker -> coord: role, rank, replica (set up, waiting for commands) */
+    MSG_READY,       /* worker -> coord: role, rank, replica, pid (set up, waiting for commands) */
     MSG_STEP,        /* coord -> stage: step (run this step's action list) */
     MSG_STEP_DONE,   /* stage -> coord: step, loss (sum of token losses; last stage, else 0),
                       * t_f, t_b, t_w (mean seconds per F, B, W action), t_busy (seconds
@@ -31,7 +31,7 @@ typedef enum {
     MSG_UPDATE,      /* coord -> optshard: step, grad_norm (global), scale (clip factor) */
     MSG_UPDATED,     /* optshard -> coord: step, lr, t_busy */
     MSG_HEARTBEAT,   /* worker -> coord: role, rank, replica, pid, progress (a counter) */
-    MSG_ERROR,       /* worker -> coord: role, rank, replica, text (the reason) */
+    MSG_ERROR,       /* worker -> coord: role, rank, replica, pid, text (the reason) */
     MSG_STOP,        /* coord -> worker: exit cleanly now */
     MSG_SWAP,        /* cli -> coord: text (new loader command) */
     MSG_REPLY,       /* coord -> cli: ok, text (what happened) */

@@ -13,6 +13,7 @@
 #include "kernels/model.h"
 #include "kernels/ops.h"
 #include "tools/cmds.h"
+#include "tools/peak.h"
 #include "tools/util.h"
 
 static float *randn(size_t n, unsigned seed, float scale)
@@ -52,25 +53,14 @@ typedef struct {
 static void measure_peak(bench_t *b)
 {
     int n = b->quick ? 1024 : 2048;
-    float *x = randn((size_t)n * n, 1, 1), *w = randn((size_t)n * n, 2, 1);
-    float *y = malloc((size_t)n * n * sizeof(float));
-    double flops = 2.0 * n * n * n, t;
-    openblas_set_num_threads(b->threads);
-    BEST_OF(3, t, cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, x, n, w, n,
-                              0.0f, y, n));
-    double native = flops / t * 1e-9;
-    pool_t *p = pool_new(b->threads); /* pins OpenBLAS to one thread from here on */
-    BEST_OF(3, t, ops_matmul_fwd(p, y, x, w, n, n, n));
-    double pooled = flops / t * 1e-9;
-    pool_destroy(&p);
-    b->peak = native > pooled ? native : pooled;
+    double native, pooled;
+    b->peak = peak_sgemm_gflops(b->threads, n, &native, &pooled);
     printf("## sgemm peak (n=%d, %d threads, OPENBLAS_CORETYPE=%s)\n\n", n, b->threads,
            getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "(auto)");
     printf("| sgemm | GFLOP/s |\n|---|---|\n");
     printf("| OpenBLAS, its own %d threads | %.1f |\n", b->threads, native);
     printf("| ctitan pool, row-chunked (as the trainer runs) | %.1f |\n", pooled);
     printf("| **peak used for MFU** (the higher) | **%.1f** |\n\n", b->peak);
-    free(x), free(w), free(y);
 }
 
 static void bench_ops(bench_t *b)

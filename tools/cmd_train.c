@@ -13,6 +13,7 @@
 #include "kernels/model.h"
 #include "kernels/ops.h"
 #include "tools/cmds.h"
+#include "tools/evaluate.h"
 #include "tools/tokenizer.h"
 #include "tools/tokfile.h"
 #include "tools/util.h"
@@ -113,22 +114,6 @@ static int parse_args(int argc, char **argv, train_args_t *a)
     return 0;
 }
 
-/* Fills [B, T] inputs and next-token targets from consecutive windows starting at *cursor,
- * wrapping to the start of the file at the end. */
-static void next_batch(const tokfile_t *tf, size_t *cursor, int B, int T, int32_t *tok, int32_t *tgt,
-                       int32_t *window)
-{
-    size_t n = tokfile_count(tf);
-    for (int b = 0; b < B; b++) {
-        if (*cursor + T + 1 > n)
-            *cursor = 0;
-        tokfile_read(tf, *cursor, (size_t)T + 1, window);
-        memcpy(tok + (size_t)b * T, window, T * sizeof(int32_t));
-        memcpy(tgt + (size_t)b * T, window + 1, T * sizeof(int32_t));
-        *cursor += T;
-    }
-}
-
 static int open_tokens(tokfile_t **tf, const char *dir, const char *name, const train_args_t *a)
 {
     char path[4096], err[512];
@@ -144,55 +129,6 @@ static int open_tokens(tokfile_t **tf, const char *dir, const char *name, const 
         return -EINVAL;
     }
     return 0;
-}
-
-/* Appends sampled tokens to a prompt, recomputing the causal window each token. */
-static void sample_text(const train_args_t *a, const model_config_t *cfg, float *w, pool_t *pool,
-                        tok_t *tok, const tokfile_t *val)
-{
-    int T = a->seq < 128 ? a->seq : 128, prompt = 8, len = a->sample + prompt;
-    model_t *m = model_new(cfg, 0, cfg->n_layers + 2, w, NULL, pool);
-    model_acts_t *acts = model_acts_new(m, 1, T);
-    int32_t *ctx = calloc((size_t)T, sizeof(int32_t));
-    uint32_t *out = calloc((size_t)len, sizeof(uint32_t));
-    double *p = malloc((size_t)cfg->vocab_size * sizeof(double));
-    int32_t first[8];
-    tokfile_read(val, 0, prompt, first);
-    for (int i = 0; i < prompt; i++)
-        out[i] = (uint32_t)first[i];
-    unsigned long long s = a->seed * 2654435761ULL + 12345;
-    for (int n = prompt; n < len; n++) {
-        int start = n > T ? n - T : 0, used = n - start;
-        for (int i = 0; i < T; i++)
-            ctx[i] = i < used ? (int32_t)out[start + i] : 0;
-        model_forward(m, acts, ctx, NULL, NULL, 0, NULL);
-        const float *lg = model_logits(acts) + (size_t)(used - 1) * cfg->vocab_size;
-        double mx = -1e30, sum = 0;
-        for (int v = 0; v < cfg->vocab_size; v++)
-            mx = lg[v] > mx ? lg[v] : mx;
-        for (int v = 0; v < cfg->vocab_size; v++)
-            sum += p[v] = exp((lg[v] - mx) / a->temperature);
-        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-        double r = (double)(s >> 11) * 0x1.0p-53 * sum;
-        int pick = cfg->vocab_size - 1;
-        for (int v = 0; v < cfg->vocab_size; v++)
-            if ((r -= p[v]) < 0) {
-                pick = v;
-                break;
-            }
-        out[n] = (uint32_t)(pick < tok_vocab_size(tok) ? pick : 0);
-    }
-    uint8_t *text;
-    size_t nb;
-    if (tok_decode(tok, out, (size_t)len, &text, &nb) == 0) {
-        printf("\n--- sample (prompt: the first %d validation tokens) ---\n", prompt);
-        fwrite(text, 1, nb, stdout);
-        printf("\n---\n");
-        free(text);
-    }
-    free(ctx), free(out), free(p);
-    model_acts_destroy(&acts);
-    model_destroy(&m);
 }
 
 int cmd_train(int argc, char **argv)
@@ -240,7 +176,7 @@ int cmd_train(int argc, char **argv)
     double t_start = util_now();
     for (int step = 0; step < a.steps; step++) {
         double t0 = util_now();
-        next_batch(train, &cursor, B, T, tk, tg, win);
+        eval_next_batch(train, &cursor, B, T, tk, tg, win);
         double loss = model_forward(m, acts, tk, NULL, tg, 1.0f / N, NULL) / N;
         model_backward_b(m, acts, NULL, NULL);
         model_backward_w(m, acts);
@@ -264,17 +200,12 @@ int cmd_train(int argc, char **argv)
                step + 1, loss, norm, lr, N / dt, dt * 1e3);
         fflush(stdout);
     }
-    size_t vcur = 0;
-    double vloss = 0;
-    int vb = 0;
-    for (; vb < a.eval_batches && (vb + 1) * (size_t)N < tokfile_count(val); vb++) {
-        next_batch(val, &vcur, B, T, tk, tg, win);
-        vloss += model_forward(m, acts, tk, NULL, tg, 1.0f / N, NULL) / N;
-    }
+    int vb;
+    double vloss = eval_loss(cfg, w, pool, val, B, T, a.eval_batches, &vb);
     printf("done: %d steps in %.1f s; validation loss %.4f over %d batches\n", a.steps,
-           util_now() - t_start, vb ? vloss / vb : NAN, vb);
+           util_now() - t_start, vloss, vb);
     if (tok)
-        sample_text(&a, cfg, w, pool, tok, val);
+        eval_sample(cfg, w, pool, tok, val, a.sample, a.temperature, a.seed, stdout);
     model_acts_destroy(&acts);
     model_destroy(&m);
     pool_destroy(&pool);

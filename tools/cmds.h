@@ -6,5 +6,7 @@
 int cmd_prep(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_train(int argc, char **argv);
+int cmd_launch(int argc, char **argv);
+int cmd_loader(int argc, char **argv);
 
 #endif

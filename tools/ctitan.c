@@ -12,7 +12,9 @@ static const struct {
     const char *help;
 } cmds[] = {
     {"prep", cmd_prep, "train a byte-level BPE tokenizer and write token shards"},
-    {"train", cmd_train, "train in one process on token shards (until the pipeline lands)"},
+    {"launch", cmd_launch, "run a training job from a manifest: loader, pipeline stages, optimizer shards"},
+    {"loader", cmd_loader, "loader swap --job NAME --cmd CMD: replace a running job's loader"},
+    {"train", cmd_train, "train in one process on token shards (the single-process reference)"},
     {"bench", cmd_bench, "measure the kernels and the training step"},
 };
 

@@ -1,0 +1,179 @@
+/* Job shared-memory segments (see shm.h). */
+#include "ipc/shm.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "tools/util.h"
+
+#define NAME_LEN_MAX 63
+/* "/ctitan.<job>.<name>" with the longest job and name shm_name_ok accepts, and the NUL */
+#define SEG_PATH_MAX (sizeof("/" SHM_PREFIX) + NAME_LEN_MAX + 1 + NAME_LEN_MAX)
+
+struct shm_seg {
+    void *data;
+    size_t size;
+};
+
+int shm_name_ok(const char *s)
+{
+    if (!s || !*s || strlen(s) > NAME_LEN_MAX)
+        return 0;
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
+              *s == '_' || *s == '-'))
+            return 0;
+    return 1;
+}
+
+static int seg_path(char *out, const char *job, const char *name, char *err, size_t errlen)
+{
+    if (!shm_name_ok(job) || !shm_name_ok(name))
+        return util_fail(err, errlen, -EINVAL, "bad shared-memory name '%s.%s' (want [A-Za-z0-9_-])",
+                         job ? job : "", name ? name : "");
+    snprintf(out, SEG_PATH_MAX, "/" SHM_PREFIX "%s.%s", job, name);
+    return 0;
+}
+
+static int map_fd(shm_seg_t **out, int fd, size_t size, const char *path, char *err, size_t errlen)
+{
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (p == MAP_FAILED)
+        return util_fail(err, errlen, -errno, "%s: cannot map %zu bytes: %s", path, size,
+                         strerror(errno));
+    shm_seg_t *s = malloc(sizeof(*s));
+    if (!s) {
+        munmap(p, size);
+        return util_fail(err, errlen, -ENOMEM, "%s: out of memory", path);
+    }
+    s->data = p;
+    s->size = size;
+    *out = s;
+    return 0;
+}
+
+int shm_create(shm_seg_t **out, const char *job, const char *name, size_t bytes, char *err,
+               size_t errlen)
+{
+    char path[SEG_PATH_MAX];
+    int rc = seg_path(path, job, name, err, errlen);
+    if (rc)
+        return rc;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    if (bytes > SIZE_MAX - page) /* would wrap to a tiny segment below */
+        return util_fail(err, errlen, -EINVAL, "%s: cannot create: size %zu too large", path,
+                         bytes);
+    size_t size = (bytes + page - 1) / page * page;
+    if (!size)
+        size = page;
+    int fd = shm_open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return util_fail(err, errlen, -errno, "%s: cannot create: %s", path, strerror(errno));
+    if (ftruncate(fd, (off_t)size) < 0) {
+        rc = util_fail(err, errlen, -errno, "%s: cannot size to %zu bytes: %s", path, size,
+                       strerror(errno));
+        goto out;
+    }
+    rc = map_fd(out, fd, size, path, err, errlen);
+    if (rc)
+        goto out;
+    /* MAP_POPULATE is a hint; touch every page so tmpfs has really allocated them now
+     * (a missing page later would be a SIGBUS in a worker, or a stall on the hot path). */
+    volatile char *p = (*out)->data;
+    for (size_t i = 0; i < size; i += page)
+        p[i] = 0;
+out:
+    close(fd);
+    if (rc)
+        shm_unlink(path);
+    return rc;
+}
+
+int shm_attach(shm_seg_t **out, const char *job, const char *name, char *err, size_t errlen)
+{
+    char path[SEG_PATH_MAX];
+    int rc = seg_path(path, job, name, err, errlen);
+    if (rc)
+        return rc;
+    int fd = shm_open(path, O_RDWR | O_CLOEXEC, 0);
+    if (fd < 0)
+        return util_fail(err, errlen, -errno, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) < 0)
+        rc = util_fail(err, errlen, -errno, "%s: cannot stat: %s", path, strerror(errno));
+    else if (st.st_size <= 0)
+        rc = util_fail(err, errlen, -EINVAL, "%s: empty segment", path);
+    else
+        rc = map_fd(out, fd, (size_t)st.st_size, path, err, errlen);
+    close(fd);
+    return rc;
+}
+
+void shm_detach(shm_seg_t **ps)
+{
+    shm_seg_t *s = *ps;
+    if (!s)
+        return;
+    munmap(s->data, s->size);
+    free(s);
+    *ps = NULL;
+}
+
+void *shm_data(const shm_seg_t *s) { return s->data; }
+size_t shm_size(const shm_seg_t *s) { return s->size; }
+
+int shm_unlink_name(const char *job, const char *name)
+{
+    char path[SEG_PATH_MAX];
+    int rc = seg_path(path, job, name, NULL, 0);
+    if (rc)
+        return rc;
+    return shm_unlink(path) < 0 ? -errno : 0;
+}
+
+int shm_list(const char *job, char (*names)[SHM_NAME_MAX], int max)
+{
+    if (!shm_name_ok(job))
+        return -EINVAL;
+    char prefix[SHM_NAME_MAX];
+    int plen = snprintf(prefix, sizeof(prefix), SHM_PREFIX "%s.", job);
+    DIR *d = opendir("/dev/shm");
+    if (!d)
+        return -errno;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, prefix, (size_t)plen) || !shm_name_ok(e->d_name + plen))
+            continue;
+        if (n < max)
+            snprintf(names[n], SHM_NAME_MAX, "%s", e->d_name + plen);
+        n++;
+    }
+    closedir(d);
+    return n < max ? n : max;
+}
+
+int shm_remove_all(const char *job)
+{
+    char names[256][SHM_NAME_MAX];
+    int removed = 0;
+    for (;;) { /* a full listing may have left names out: list again until one is not full */
+        int n = shm_list(job, names, 256), now = 0;
+        if (n < 0)
+            return n;
+        for (int i = 0; i < n; i++)
+            if (shm_unlink_name(job, names[i]) == 0)
+                now++;
+        removed += now;
+        if (n < 256 || now == 0)
+            return removed;
+    }
+}

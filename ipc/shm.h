@@ -1,0 +1,39 @@
+/* Named POSIX shared-memory segments of one job: /dev/shm/ctitan.<job>.<name>. The
+ * coordinator creates each once (mode 0600, exclusive), sizes it, maps it populated and
+ * touches every page, and removes them all at exit; workers map the existing segments for
+ * their whole life. Pages are never touched for the first time on the hot path. */
+#ifndef CTITAN_SHM_H
+#define CTITAN_SHM_H
+
+#include <stddef.h>
+
+#define SHM_PREFIX "ctitan."
+#define SHM_NAME_MAX 128
+
+typedef struct shm_seg shm_seg_t;
+
+/* Creates /ctitan.<job>.<name> of `bytes` (rounded up to a page), zero-filled and touched.
+ * job and name are [A-Za-z0-9_-]. Returns 0, -EEXIST when it exists, or -errno; err says
+ * which segment and why. The caller owns *out. */
+int shm_create(shm_seg_t **out, const char *job, const char *name, size_t bytes, char *err,
+               size_t errlen);
+/* Maps an existing segment read-write, whole. */
+int shm_attach(shm_seg_t **out, const char *job, const char *name, char *err, size_t errlen);
+/* Unmaps (never unlinks). */
+void shm_detach(shm_seg_t **s);
+
+void *shm_data(const shm_seg_t *s);
+size_t shm_size(const shm_seg_t *s);
+
+/* Removes /ctitan.<job>.<name>; 0 or -errno (-ENOENT when absent). */
+int shm_unlink_name(const char *job, const char *name);
+/* Names (the <name> part) of the job's segments present now, up to max; returns the count
+ * or -errno. */
+int shm_list(const char *job, char (*names)[SHM_NAME_MAX], int max);
+/* Removes every segment of the job; returns how many or -errno. */
+int shm_remove_all(const char *job);
+
+/* Whether s is a valid job or segment name. */
+int shm_name_ok(const char *s);
+
+#endif

@@ -1,0 +1,70 @@
+/* Job segment layout and owner checks (see job.h). */
+#include "stages/job.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ipc/ring.h"
+#include "kernels/params.h"
+
+static size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
+
+int job_layout(job_layout_t *l, const manifest_t *m)
+{
+    param_table_t tab;
+    if (params_table_init(&tab, &m->model))
+        return -ENOMEM;
+    *l = (job_layout_t){.dp = m->dp, .pp = m->pp, .M = m->microbatches,
+                        .mb = m->local_batch_size / m->microbatches, .T = m->seq_len,
+                        .D = m->model.dim, .total = tab.total};
+    params_table_free(&tab);
+    l->stride = round_up(l->total, 1024);
+    l->n_blocks = (l->total + MANIFEST_BLOCK - 1) / MANIFEST_BLOCK;
+    l->act_slot = (size_t)l->mb * l->T * l->D * sizeof(float);
+    l->act_ring = ring_bytes((uint32_t)l->M, l->act_slot);
+    return 0;
+}
+
+size_t job_seg_bytes(const job_layout_t *l) { return JOB_HDR_BYTES + l->n_blocks * sizeof(double); }
+
+size_t job_params_bytes(const job_layout_t *l) { return (size_t)l->dp * l->stride * sizeof(float); }
+
+size_t job_act_bytes(const job_layout_t *l) { return (size_t)l->dp * (l->pp - 1) * 2 * l->act_ring; }
+
+size_t job_act_off(const job_layout_t *l, int replica, int boundary, int grad)
+{
+    return (((size_t)replica * (l->pp - 1) + boundary) * 2 + (grad ? 1 : 0)) * l->act_ring;
+}
+
+uint64_t job_proc_start(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    /* the command name (field 2) may hold spaces and parentheses: count from the last ')' */
+    char *p = strrchr(buf, ')');
+    if (!p)
+        return 0;
+    unsigned long long start = 0;
+    /* fields 3..22 follow: state, then 18 numbers, then starttime */
+    if (sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
+               &start) != 1)
+        return 0;
+    return start;
+}
+
+int job_owner_alive(const job_hdr_t *h)
+{
+    if (h->owner_pid <= 0)
+        return 0;
+    if (kill((pid_t)h->owner_pid, 0) < 0 && errno == ESRCH)
+        return 0;
+    return job_proc_start((pid_t)h->owner_pid) == h->owner_start;
+}

@@ -1,0 +1,61 @@
+/* Where every shared buffer of a running job lives. The coordinator creates the segments;
+ * workers attach them; offsets come from the resolved manifest alone, so every process
+ * computes the same layout.
+ *
+ *   ctitan.<job>.job     job_hdr_t (owner, endpoint, step), then the gradient-norm partials:
+ *                        one double per MANIFEST_BLOCK floats of the flat space
+ *   ctitan.<job>.params  dp replicas of the flat fp32 parameters (stride floats apart)
+ *   ctitan.<job>.grads   dp replicas of the flat fp32 gradients, same layout
+ *   ctitan.<job>.act     per replica and pipeline boundary b (stage b -> b+1): an activation
+ *                        ring (forward) and a gradient ring (backward), M slots each
+ *   ctitan.<job>.batch   the loader's segment (stages/ldr_seg.h) */
+#ifndef CTITAN_JOB_H
+#define CTITAN_JOB_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "tools/manifest.h"
+
+#define JOB_MAGIC 0x31424f4a4e544943ULL /* "CITNJOB1" */
+#define JOB_VERSION 1u
+#define JOB_HDR_BYTES 4096
+
+typedef struct {
+    uint64_t magic;
+    uint32_t version, pad;
+    int64_t owner_pid;          /* the coordinator */
+    uint64_t owner_start;       /* its start time (/proc/PID/stat field 22), against PID reuse */
+    char endpoint[256];         /* control endpoint, for `ctitan loader swap --job` */
+    _Atomic int64_t step;       /* step in progress */
+    uint64_t n_blocks;          /* norm partials that follow the header */
+} job_hdr_t;
+
+typedef struct {
+    int dp, pp, M, mb, T, D;
+    size_t total;       /* floats in the flat parameter space */
+    size_t stride;      /* floats between replicas in params/grads: total rounded up to 4 KiB */
+    size_t n_blocks;    /* MANIFEST_BLOCK blocks of the flat space */
+    size_t act_slot;    /* bytes of one activation hand-off: mb * T * D floats */
+    size_t act_ring;    /* bytes of one activation or gradient ring */
+} job_layout_t;
+
+/* Fills the layout from a validated manifest. Returns 0 or -ENOMEM. */
+int job_layout(job_layout_t *l, const manifest_t *m);
+size_t job_seg_bytes(const job_layout_t *l);     /* ctitan.<job>.job */
+size_t job_params_bytes(const job_layout_t *l);  /* params, and grads alike */
+size_t job_act_bytes(const job_layout_t *l);     /* act (0 when pp == 1) */
+/* Offset in the act segment of the ring from stage b to b+1 (grad = 0) or back (grad = 1). */
+size_t job_act_off(const job_layout_t *l, int replica, int boundary, int grad);
+
+/* The gradient-norm partials after the header. */
+static inline double *job_norm_blocks(job_hdr_t *h) { return (double *)((char *)h + JOB_HDR_BYTES); }
+
+/* Start time of a process (clock ticks since boot), 0 if it is gone. */
+uint64_t job_proc_start(pid_t pid);
+/* Whether the coordinator recorded in h still runs (same PID and start time). */
+int job_owner_alive(const job_hdr_t *h);
+
+#endif

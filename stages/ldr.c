@@ -1,0 +1,431 @@
+/* The loader library (stages/ldr.h) and the loader segment (stages/ldr_seg.h). */
+#include "stages/ldr.h"
+
+#include <errno.h>
+#include <msgpack.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ipc/shm.h"
+#include "stages/ldr_seg.h"
+#include "stages/worker.h"
+#include "tools/util.h"
+
+#define PAGE 4096u
+
+static size_t round_page(size_t n) { return (n + PAGE - 1) / PAGE * PAGE; }
+
+static size_t cursors_bytes(void) { return round_page(LDR_SEG_CURSORS * sizeof(ldr_cursor_entry_t)); }
+
+static size_t slot_bytes(int seqs, int seq_len) { return (size_t)seqs * seq_len * sizeof(int32_t); }
+
+size_t ldr_seg_bytes(int dp, int nslots, int seqs, int seq_len)
+{
+    return PAGE + cursors_bytes() + 2 * (size_t)dp * ring_bytes((uint32_t)nslots, slot_bytes(seqs, seq_len));
+}
+
+static ldr_cursor_entry_t *entry(void *mem, int64_t step)
+{
+    ldr_seg_hdr_t *h = mem;
+    return (ldr_cursor_entry_t *)((char *)mem + h->cursors_off) + (uint64_t)step % LDR_SEG_CURSORS;
+}
+
+void ldr_seg_put_cursor(void *mem, int64_t step, const void *cursor, size_t len)
+{
+    ldr_cursor_entry_t *e = entry(mem, step);
+    atomic_store(&e->step, -1);
+    e->len = (uint32_t)len;
+    if (len)
+        memcpy(e->data, cursor, len);
+    atomic_store(&e->step, step);
+}
+
+int ldr_seg_cursor(void *mem, int64_t step, uint8_t *buf, size_t *len)
+{
+    ldr_cursor_entry_t *e = entry(mem, step);
+    if (atomic_load(&e->step) != step)
+        return -ENOENT;
+    uint32_t n = e->len;
+    if (n > LDR_CURSOR_MAX)
+        return -ENOENT;
+    memcpy(buf, e->data, n);
+    atomic_thread_fence(memory_order_acquire);
+    if (atomic_load(&e->step) != step) /* rewritten while we copied */
+        return -ENOENT;
+    *len = n;
+    return 0;
+}
+
+int ldr_seg_format(void *mem, size_t bytes, const ldr_info_t *info, int nslots,
+                   const uint8_t *cursor, size_t cursor_len)
+{
+    if (bytes < ldr_seg_bytes(info->dp, nslots, info->seqs, info->seq_len) || cursor_len > LDR_CURSOR_MAX ||
+        nslots < 1)
+        return -EINVAL;
+    ldr_seg_hdr_t *h = mem;
+    memset(h, 0, PAGE);
+    *h = (ldr_seg_hdr_t){.magic = LDR_SEG_MAGIC, .version = LDR_SEG_VERSION, .dp = (uint32_t)info->dp,
+                         .microbatches = (uint32_t)info->microbatches, .seqs = (uint32_t)info->seqs,
+                         .seq_len = (uint32_t)info->seq_len, .vocab_size = (uint32_t)info->vocab_size,
+                         .shuffle = (uint32_t)info->shuffle, .nslots = (uint32_t)nslots,
+                         .seed = info->seed, .steps = info->steps, .resume_step = info->first_step,
+                         .cursors_off = PAGE, .rings_off = PAGE + cursors_bytes(),
+                         .ring_bytes = ring_bytes((uint32_t)nslots, slot_bytes(info->seqs, info->seq_len))};
+    snprintf(h->dataset_path, sizeof(h->dataset_path), "%s", info->dataset_path);
+    h->resume_len = (uint32_t)cursor_len;
+    if (cursor_len)
+        memcpy(h->resume_cursor, cursor, cursor_len);
+    ldr_cursor_entry_t *tab = (ldr_cursor_entry_t *)((char *)mem + h->cursors_off);
+    for (int i = 0; i < LDR_SEG_CURSORS; i++)
+        atomic_store(&tab[i].step, -1);
+    ldr_seg_put_cursor(mem, info->first_step, cursor, cursor_len);
+    for (int i = 0; i < 2 * info->dp; i++) {
+        int rc = ring_format((char *)mem + h->rings_off + i * h->ring_bytes, h->ring_bytes,
+                             (uint32_t)nslots, slot_bytes(info->seqs, info->seq_len),
+                             (uint64_t)info->first_step);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static int check_hdr(const ldr_seg_hdr_t *h, char *err, size_t errlen)
+{
+    if (h->magic != LDR_SEG_MAGIC)
+        return util_fail(err, errlen, -EINVAL, "loader segment: bad magic");
+    if (h->version != LDR_SEG_VERSION)
+        return util_fail(err, errlen, -EPROTO, "loader segment: version %u, this build reads %u",
+                         h->version, LDR_SEG_VERSION);
+    return 0;
+}
+
+int ldr_seg_ring(void *mem, int i, ring_t **out, char *err, size_t errlen)
+{
+    ldr_seg_hdr_t *h = mem;
+    int rc = check_hdr(h, err, errlen);
+    if (rc)
+        return rc;
+    if (i < 0 || i >= 2 * (int)h->dp)
+        return util_fail(err, errlen, -EINVAL, "loader segment: no ring %d", i);
+    char name[32];
+    snprintf(name, sizeof(name), "%s.%u", i % 2 ? "targets" : "tokens", (unsigned)i / 2);
+    return ring_attach(out, (char *)mem + h->rings_off + i * h->ring_bytes, h->ring_bytes, name, err,
+                       errlen);
+}
+
+static int set_resume(void *mem, int64_t step)
+{
+    ldr_seg_hdr_t *h = mem;
+    uint8_t buf[LDR_CURSOR_MAX];
+    size_t len = 0;
+    int rc = ldr_seg_cursor(mem, step, buf, &len);
+    if (rc)
+        return rc;
+    h->resume_step = step;
+    h->resume_len = (uint32_t)len;
+    memcpy(h->resume_cursor, buf, len);
+    return 0;
+}
+
+int ldr_seg_prepare_restart(void *mem, int64_t *resume_step)
+{
+    ldr_seg_hdr_t *h = mem;
+    uint64_t least = UINT64_MAX, base = 0;
+    for (int i = 0; i < 2 * (int)h->dp; i++) {
+        ring_t *r;
+        if (ldr_seg_ring(mem, i, &r, NULL, 0))
+            return -EINVAL;
+        uint64_t head = ring_head(r);
+        base = ring_base(r);
+        least = head < least ? head : least;
+        ring_detach(&r);
+    }
+    int64_t step = (int64_t)(base + least / h->microbatches);
+    if (step >= h->steps)
+        step = h->steps;
+    int rc = step < h->steps ? set_resume(mem, step) : 0;
+    if (step >= h->steps)
+        h->resume_step = step;
+    *resume_step = step;
+    return rc;
+}
+
+int ldr_seg_prepare_swap(void *mem, int64_t step)
+{
+    ldr_seg_hdr_t *h = mem;
+    int rc = set_resume(mem, step);
+    if (rc)
+        return rc;
+    for (int i = 0; i < 2 * (int)h->dp; i++) {
+        ring_t *r;
+        if (ldr_seg_ring(mem, i, &r, NULL, 0))
+            return -EINVAL;
+        ring_reset(r, (uint64_t)step);
+        ring_detach(&r);
+    }
+    return 0;
+}
+
+/* ---- the loader side ---- */
+
+struct ldr {
+    worker_t *w;
+    shm_seg_t *seg;
+    void *mem;
+    ldr_info_t info;
+    uint8_t cursor[LDR_CURSOR_MAX];
+    size_t cursor_len;
+    ring_t **rings;       /* 2 * dp */
+    uint64_t *have;       /* per ring: stream slots the stages already hold (skip below it) */
+    uint64_t base;        /* step of stream slot 0 */
+    int32_t *scratch;     /* where skipped microbatches go */
+    int64_t step;         /* position of the next ldr_next */
+    int replica, mb;
+    int pending;          /* ldr_next handed out a slot not yet committed */
+    int ready;            /* READY sent: the loader's own set-up worked */
+    int stopped;
+};
+
+static int fail_open(ldr_t *l, int rc)
+{
+    ldr_close(&l);
+    return rc;
+}
+
+int ldr_open(ldr_t **out, char *err, size_t errlen)
+{
+    ldr_t *l = calloc(1, sizeof(*l));
+    if (!l)
+        return util_fail(err, errlen, -ENOMEM, "loader: out of memory");
+    int rc = worker_open(&l->w, "loader", 0, 0, err, errlen);
+    if (rc)
+        return fail_open(l, rc);
+    rc = shm_attach(&l->seg, worker_job(l->w), LDR_SEG_NAME, err, errlen);
+    if (rc)
+        return fail_open(l, rc);
+    l->mem = shm_data(l->seg);
+    ldr_seg_hdr_t *h = l->mem;
+    if ((rc = check_hdr(h, err, errlen)))
+        return fail_open(l, rc);
+    l->info = (ldr_info_t){.dp = (int)h->dp, .microbatches = (int)h->microbatches, .seqs = (int)h->seqs,
+                           .seq_len = (int)h->seq_len, .vocab_size = (int)h->vocab_size,
+                           .shuffle = (int)h->shuffle, .seed = h->seed, .first_step = h->resume_step,
+                           .steps = h->steps};
+    snprintf(l->info.dataset_path, sizeof(l->info.dataset_path), "%s", h->dataset_path);
+    l->cursor_len = h->resume_len <= LDR_CURSOR_MAX ? h->resume_len : 0;
+    memcpy(l->cursor, h->resume_cursor, l->cursor_len);
+    int nr = 2 * l->info.dp;
+    l->rings = calloc((size_t)nr, sizeof(ring_t *));
+    l->have = calloc((size_t)nr, sizeof(uint64_t));
+    l->scratch = malloc(slot_bytes(l->info.seqs, l->info.seq_len));
+    if (!l->rings || !l->have || !l->scratch)
+        return fail_open(l, util_fail(err, errlen, -ENOMEM, "loader: out of memory"));
+    for (int i = 0; i < nr; i++) {
+        if ((rc = ldr_seg_ring(l->mem, i, &l->rings[i], err, errlen)))
+            return fail_open(l, rc);
+        l->have[i] = ring_head(l->rings[i]);
+        l->base = ring_base(l->rings[i]);
+    }
+    l->step = l->info.first_step;
+    *out = l;
+    return 0;
+}
+
+void ldr_close(ldr_t **pl)
+{
+    ldr_t *l = *pl;
+    if (!l)
+        return;
+    if (l->rings)
+        for (int i = 0; i < 2 * l->info.dp; i++)
+            ring_detach(&l->rings[i]);
+    free(l->rings);
+    free(l->have);
+    free(l->scratch);
+    shm_detach(&l->seg);
+    worker_close(&l->w);
+    free(l);
+    *pl = NULL;
+}
+
+const ldr_info_t *ldr_info(const ldr_t *l) { return &l->info; }
+
+const uint8_t *ldr_cursor(const ldr_t *l, size_t *len)
+{
+    *len = l->cursor_len;
+    return l->cursor;
+}
+
+/* Handles what the coordinator says between waits; returns 1 once told to stop. */
+static int poll_control(ldr_t *l, int timeout_ms)
+{
+    msg_t m;
+    while (!l->stopped && worker_recv(l->w, timeout_ms, &m) == 0) {
+        if (m.type == MSG_STOP)
+            l->stopped = 1;
+        msg_clear(&m);
+        timeout_ms = 0;
+    }
+    return l->stopped;
+}
+
+static uint64_t stream_pos(const ldr_t *l) { return (uint64_t)(l->step - (int64_t)l->base) * l->info.microbatches + l->mb; }
+
+/* The slot of ring i for the current position: in the ring, or scratch when the stages
+ * already have it. Waits in slices so a stop is seen while the rings are full. */
+static int slot_for(ldr_t *l, int i, int32_t **out)
+{
+    if (stream_pos(l) < l->have[i]) {
+        *out = l->scratch;
+        return 0;
+    }
+    for (;;) {
+        void *p;
+        int rc = ring_reserve(l->rings[i], 100, &p);
+        if (rc == 0) {
+            *out = p;
+            return 0;
+        }
+        if (rc != -ETIMEDOUT || poll_control(l, 0))
+            return -ECANCELED;
+    }
+}
+
+int ldr_next(ldr_t *l, ldr_batch_t *b)
+{
+    if (l->stopped)
+        return -ECANCELED;
+    if (!l->ready) { /* the first ldr_next means the program's own set-up succeeded */
+        if (worker_ready(l->w))
+            return -ECANCELED;
+        l->ready = 1;
+    }
+    if (l->step >= l->info.steps) {
+        while (!poll_control(l, 1000)) /* all produced: wait to be told to stop */
+            ;
+        return -ECANCELED;
+    }
+    if (poll_control(l, 0))
+        return -ECANCELED;
+    int r = l->replica;
+    *b = (ldr_batch_t){.step = l->step, .replica = r, .microbatch = l->mb, .seqs = l->info.seqs,
+                       .seq_len = l->info.seq_len};
+    if (slot_for(l, 2 * r, &b->tokens) || slot_for(l, 2 * r + 1, &b->targets))
+        return -ECANCELED;
+    if (b->tokens == b->targets) /* both skipped: two scratch halves are not needed */
+        b->targets = l->scratch;
+    l->pending = 1;
+    return 0;
+}
+
+int ldr_commit(ldr_t *l, const void *cursor, size_t len)
+{
+    if (!l->pending)
+        return -EINVAL;
+    if (len > LDR_CURSOR_MAX)
+        return -EMSGSIZE;
+    int last_of_step = l->replica == l->info.dp - 1 && l->mb == l->info.microbatches - 1;
+    /* the next step's cursor is in place before its last slot is visible, so whoever sees
+     * the step delivered also finds where the next one starts */
+    if (last_of_step)
+        ldr_seg_put_cursor(l->mem, l->step + 1, cursor, len);
+    size_t bytes = slot_bytes(l->info.seqs, l->info.seq_len);
+    for (int k = 0; k < 2; k++) {
+        int i = 2 * l->replica + k;
+        if (stream_pos(l) >= l->have[i])
+            ring_commit(l->rings[i], (uint64_t)l->step, (uint64_t)l->mb, bytes);
+    }
+    memcpy(l->cursor, cursor, len);
+    l->cursor_len = len;
+    l->pending = 0;
+    worker_progress(l->w);
+    if (++l->mb == l->info.microbatches) {
+        l->mb = 0;
+        if (++l->replica == l->info.dp) {
+            l->replica = 0;
+            l->step++;
+        }
+    }
+    return 0;
+}
+
+void ldr_fail(ldr_t *l, const char *reason) { worker_report(l->w, "%s", reason); }
+
+size_t ldr_cursor_pack(uint8_t *buf, size_t cap, int n, const char *const *keys, const uint64_t *vals)
+{
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, (size_t)n);
+    for (int i = 0; i < n; i++) {
+        size_t kl = strlen(keys[i]);
+        msgpack_pack_str(&pk, kl);
+        msgpack_pack_str_body(&pk, keys[i], kl);
+        msgpack_pack_uint64(&pk, vals[i]);
+    }
+    size_t len = sb.size <= cap ? sb.size : 0;
+    if (len)
+        memcpy(buf, sb.data, len);
+    msgpack_sbuffer_destroy(&sb);
+    return len;
+}
+
+int ldr_cursor_get(const uint8_t *cursor, size_t len, const char *key, uint64_t *val)
+{
+    if (len == 0)
+        return -ENOENT;
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    size_t off = 0, kl = strlen(key);
+    int rc = -EINVAL;
+    if (msgpack_unpack_next(&u, (const char *)cursor, len, &off) == MSGPACK_UNPACK_SUCCESS && off == len &&
+        u.data.type == MSGPACK_OBJECT_MAP) {
+        rc = -ENOENT;
+        const msgpack_object_map *map = &u.data.via.map;
+        for (uint32_t i = 0; i < map->size; i++) {
+            const msgpack_object *k = &map->ptr[i].key, *v = &map->ptr[i].val;
+            if (k->type != MSGPACK_OBJECT_STR || k->via.str.size != kl || memcmp(k->via.str.ptr, key, kl))
+                continue;
+            if (v->type != MSGPACK_OBJECT_POSITIVE_INTEGER) {
+                rc = -EINVAL;
+                break;
+            }
+            *val = v->via.u64;
+            rc = 0;
+        }
+    }
+    msgpack_unpacked_destroy(&u);
+    return rc;
+}
+
+/* splitmix64: the round function of the permutation */
+static uint64_t mix(uint64_t z)
+{
+    z += 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+uint64_t ldr_shuffle(uint64_t seed, uint64_t epoch, uint64_t n, uint64_t i)
+{
+    if (n <= 1)
+        return 0;
+    /* a balanced Feistel network on 2*half bits >= n, cycle-walking back into [0, n) */
+    int bits = 64 - __builtin_clzll(n - 1);
+    int half = (bits + 1) / 2;
+    uint64_t mask = (1ULL << half) - 1, key = mix(seed ^ mix(epoch + 0x5bd1e995));
+    uint64_t x = i;
+    do {
+        uint64_t lo = x & mask, hi = (x >> half) & mask;
+        for (int round = 0; round < 4; round++) {
+            uint64_t t = lo;
+            lo = hi ^ (mix(lo ^ key ^ (uint64_t)round * 0x632be59bd9b4e019ULL) & mask);
+            hi = t;
+        }
+        x = (hi << half) | lo;
+    } while (x >= n);
+    return x;
+}

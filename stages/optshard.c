@@ -1,0 +1,161 @@
+/* ctitan-optshard: optimizer shard `--rank` of K. Owns one contiguous slice of the flat
+ * parameter space: fp32 master weights and AdamW moments. Each step, on REDUCE it sums its
+ * slice of every replica's gradients (replica order fixed) and writes the squared norm of
+ * each MANIFEST_BLOCK block into the job segment; on UPDATE (with the global clip factor the
+ * coordinator computed from all blocks) it applies AdamW at the step's lr and writes the new
+ * weights into every replica's parameters, then clears those gradients. Block boundaries do
+ * not depend on K, so any shard count gives the same bits. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ipc/shm.h"
+#include "kernels/lr.h"
+#include "kernels/ops.h"
+#include "kernels/params.h"
+#include "stages/job.h"
+#include "stages/worker.h"
+#include "tools/log.h"
+#include "tools/util.h"
+
+typedef struct {
+    worker_t *w;
+    const manifest_t *man;
+    job_layout_t lay;
+    param_table_t tab;
+    int rank;
+    size_t begin, end, n;        /* slice [begin, end) of the flat space */
+    float *master;               /* (n) fp32 master weights */
+    float *m1, *m2;              /* (n) AdamW moments */
+    float *g;                    /* (n) summed gradient */
+    shm_seg_t *job, *params, *grads;
+    float *P, *G;                /* replica 0 of params / grads; replica r is stride floats on */
+    double *norm;                /* the job's per-block squared norms */
+} shard_t;
+
+static void setup(shard_t *sh)
+{
+    const manifest_t *m = sh->man;
+    char err[256];
+    WORKER_CHECK(sh->w, job_layout(&sh->lay, m) == 0 && params_table_init(&sh->tab, &m->model) == 0,
+                 "out of memory");
+    manifest_shard_range(sh->lay.total, m->shards, sh->rank, &sh->begin, &sh->end);
+    sh->n = sh->end - sh->begin;
+    size_t bytes = (sh->n ? sh->n : 1) * sizeof(float);
+    float *all = malloc(4 * bytes); /* one allocation: master, m1, m2, g */
+    WORKER_CHECK(sh->w, all, "out of memory for %zu parameters", sh->n);
+    sh->master = all;
+    sh->m1 = (float *)((char *)all + bytes);
+    sh->m2 = (float *)((char *)all + 2 * bytes);
+    sh->g = (float *)((char *)all + 3 * bytes);
+    memset(sh->m1, 0, 2 * bytes);
+    const char *job = worker_job(sh->w);
+    WORKER_CHECK(sh->w, shm_attach(&sh->job, job, "job", err, sizeof(err)) == 0, "%s", err);
+    WORKER_CHECK(sh->w, shm_attach(&sh->params, job, "params", err, sizeof(err)) == 0, "%s", err);
+    WORKER_CHECK(sh->w, shm_attach(&sh->grads, job, "grads", err, sizeof(err)) == 0, "%s", err);
+    sh->P = shm_data(sh->params);
+    sh->G = shm_data(sh->grads);
+    sh->norm = job_norm_blocks(shm_data(sh->job));
+    params_init(&sh->tab, &m->model, m->seed, sh->master, sh->begin, sh->end);
+    for (int r = 0; r < m->dp; r++)
+        memcpy(sh->P + r * sh->lay.stride + sh->begin, sh->master, sh->n * sizeof(float));
+    LOG_D("slice [%zu, %zu) of %zu parameters", sh->begin, sh->end, sh->lay.total);
+}
+
+static void reduce(shard_t *sh)
+{
+    const float *g0 = sh->G + sh->begin;
+    memcpy(sh->g, g0, sh->n * sizeof(float));
+    for (int r = 1; r < sh->man->dp; r++) {
+        const float *gr = g0 + r * sh->lay.stride;
+        for (size_t i = 0; i < sh->n; i++)
+            sh->g[i] += gr[i];
+    }
+    for (size_t b = sh->begin; b < sh->end; b += MANIFEST_BLOCK) {
+        size_t e = b + MANIFEST_BLOCK < sh->end ? b + MANIFEST_BLOCK : sh->end;
+        double sq = 0;
+        for (size_t i = b; i < e; i++)
+            sq += (double)sh->g[i - sh->begin] * sh->g[i - sh->begin];
+        sh->norm[b / MANIFEST_BLOCK] = sq;
+    }
+}
+
+static double update(shard_t *sh, int64_t step, double scale)
+{
+    const manifest_t *m = sh->man;
+    if (scale != 1.0)
+        for (size_t i = 0; i < sh->n; i++)
+            sh->g[i] *= (float)scale;
+    double lr = m->lr * lr_factor(&m->lr_sched, (int)step);
+    for (int t = 0; t < sh->tab.n; t++) {
+        const param_info_t *p = &sh->tab.t[t];
+        size_t b = p->offset > sh->begin ? p->offset : sh->begin;
+        size_t e = p->offset + p->numel < sh->end ? p->offset + p->numel : sh->end;
+        if (b >= e)
+            continue;
+        int decay = m->decay_embed_and_norms || params_is_decayed(p->kind);
+        size_t o = b - sh->begin;
+        ops_adamw(NULL, sh->master + o, sh->g + o, sh->m1 + o, sh->m2 + o, e - b, (float)lr,
+                  (float)m->beta1, (float)m->beta2, (float)m->eps, decay ? (float)m->weight_decay : 0.0f,
+                  (int)step + 1);
+    }
+    for (int r = 0; r < m->dp; r++) {
+        memcpy(sh->P + r * sh->lay.stride + sh->begin, sh->master, sh->n * sizeof(float));
+        memset(sh->G + r * sh->lay.stride + sh->begin, 0, sh->n * sizeof(float));
+    }
+    return lr;
+}
+
+int main(int argc, char **argv)
+{
+    shard_t sh = {.rank = -1};
+    for (int i = 1; i + 1 < argc; i += 2)
+        if (!strcmp(argv[i], "--rank"))
+            sh.rank = atoi(argv[i + 1]);
+    if (sh.rank < 0) {
+        fprintf(stderr, "usage: ctitan-optshard --rank K (started by `ctitan launch`)\n");
+        return 2;
+    }
+    char err[512];
+    if (worker_open(&sh.w, "optshard", sh.rank, 0, err, sizeof(err))) {
+        fprintf(stderr, "ctitan-optshard: %s\n", err);
+        return 1;
+    }
+    sh.man = worker_manifest(sh.w);
+    WORKER_CHECK(sh.w, sh.rank < sh.man->shards, "shard %d of %d does not exist", sh.rank, sh.man->shards);
+    setup(&sh);
+    WORKER_CHECK(sh.w, worker_ready(sh.w) == 0, "cannot reach the coordinator");
+    for (;;) {
+        msg_t m;
+        int rc = worker_recv(sh.w, -1, &m);
+        if (rc == -EINTR || rc == -EAGAIN)
+            continue;
+        WORKER_CHECK(sh.w, rc == 0, "control socket: %s", strerror(-rc));
+        msg_t reply = {.step = m.step};
+        double t0 = util_now();
+        if (m.type == MSG_STOP) {
+            msg_clear(&m);
+            break;
+        } else if (m.type == MSG_REDUCE) {
+            reduce(&sh);
+            reply.type = MSG_REDUCED;
+        } else if (m.type == MSG_UPDATE) {
+            reply.lr = update(&sh, m.step, m.scale);
+            reply.type = MSG_UPDATED;
+        }
+        msg_clear(&m);
+        if (reply.type) {
+            reply.t_busy = util_now() - t0;
+            worker_progress(sh.w);
+            WORKER_CHECK(sh.w, worker_send(sh.w, &reply) == 0, "cannot reach the coordinator");
+        }
+    }
+    free(sh.master);
+    params_table_free(&sh.tab);
+    shm_detach(&sh.job);
+    shm_detach(&sh.params);
+    shm_detach(&sh.grads);
+    worker_close(&sh.w);
+    return 0;
+}

@@ -1,0 +1,305 @@
+/* ctitan-stage: pipeline rank `--rank` of data-parallel replica `--replica`. Holds the
+ * pieces of the model its rank owns, runs the schedule's action list every step: forwards
+ * take tokens (rank 0) or activations from the previous rank's ring and write their output
+ * straight into the next rank's ring; backwards do the same with gradients in the other
+ * direction; the last rank computes the loss. Gradients accumulate into this replica's
+ * slice of the shared gradient buffer, which the optimizer shards read. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ipc/ring.h"
+#include "ipc/shm.h"
+#include "kernels/model.h"
+#include "stages/job.h"
+#include "stages/ldr_seg.h"
+#include "stages/schedule.h"
+#include "stages/worker.h"
+#include "tools/log.h"
+#include "tools/util.h"
+
+typedef struct {
+    worker_t *w;
+    const manifest_t *man;
+    job_layout_t lay;
+    int rank, replica, first, last;
+    shm_seg_t *params, *grads, *act, *batch;
+    ring_t *tok_in, *tgt_in;     /* from the loader (rank 0 / last rank) */
+    ring_t *act_in, *act_out;    /* activations from rank-1 / to rank+1 */
+    ring_t *grad_in, *grad_out;  /* gradients from rank+1 / to rank-1 */
+    pool_t *pool;
+    model_t *model;
+    sched_t sched;
+    model_acts_t **acts;         /* (peak in flight) */
+    int *acts_mb;                /* microbatch each holds, -1 free */
+    int nacts;
+    float dscale;                /* 1 / tokens in the global batch */
+    double t_op[3], t_wait;
+    int n_op[3];
+} stage_t;
+
+static void attach_ring(stage_t *st, ring_t **r, int boundary, int grad)
+{
+    char name[48], err[256];
+    snprintf(name, sizeof(name), "%s.%d.%d", grad ? "grad" : "act", st->replica, boundary);
+    size_t off = job_act_off(&st->lay, st->replica, boundary, grad);
+    int rc = ring_attach(r, (char *)shm_data(st->act) + off, st->lay.act_ring, name, err, sizeof(err));
+    WORKER_CHECK(st->w, rc == 0, "%s", err);
+}
+
+static void attach_batch(stage_t *st, ring_t **r, int targets)
+{
+    char err[256];
+    int rc = ldr_seg_ring(shm_data(st->batch), 2 * st->replica + targets, r, err, sizeof(err));
+    WORKER_CHECK(st->w, rc == 0, "%s", err);
+}
+
+static void setup(stage_t *st)
+{
+    const manifest_t *m = st->man;
+    char err[256];
+    WORKER_CHECK(st->w, job_layout(&st->lay, m) == 0, "out of memory");
+    const char *job = worker_job(st->w);
+    WORKER_CHECK(st->w, shm_attach(&st->params, job, "params", err, sizeof(err)) == 0, "%s", err);
+    WORKER_CHECK(st->w, shm_attach(&st->grads, job, "grads", err, sizeof(err)) == 0, "%s", err);
+    if (m->pp > 1)
+        WORKER_CHECK(st->w, shm_attach(&st->act, job, "act", err, sizeof(err)) == 0, "%s", err);
+    if (st->first || st->last)
+        WORKER_CHECK(st->w, shm_attach(&st->batch, job, LDR_SEG_NAME, err, sizeof(err)) == 0, "%s", err);
+    if (st->first)
+        attach_batch(st, &st->tok_in, 0);
+    if (st->last)
+        attach_batch(st, &st->tgt_in, 1);
+    if (!st->first) {
+        attach_ring(st, &st->act_in, st->rank - 1, 0);
+        attach_ring(st, &st->grad_out, st->rank - 1, 1);
+    }
+    if (!st->last) {
+        attach_ring(st, &st->act_out, st->rank, 0);
+        attach_ring(st, &st->grad_in, st->rank, 1);
+    }
+    int p0, p1;
+    manifest_stage_pieces(m, st->rank, &p0, &p1);
+    param_table_t tab;
+    WORKER_CHECK(st->w, params_table_init(&tab, &m->model) == 0, "out of memory");
+    size_t begin, end;
+    params_piece_range(&tab, p0, p1, &begin, &end);
+    params_table_free(&tab);
+    size_t base = (size_t)st->replica * st->lay.stride + begin;
+    int threads = m->threads;
+    if (threads <= 0) {
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = (int)(cpus / (m->pp * m->dp));
+        threads = threads < 1 ? 1 : threads;
+    }
+    st->pool = pool_new(threads);
+    st->model = model_new(&m->model, p0, p1, (float *)shm_data(st->params) + base,
+                          (float *)shm_data(st->grads) + base, st->pool);
+    WORKER_CHECK(st->w, st->model, "cannot build pieces [%d, %d) of the model", p0, p1);
+    WORKER_CHECK(st->w, sched_build(&st->sched, m->pp, 1, m->microbatches, m->schedule, err, sizeof(err)) == 0,
+                 "%s", err);
+    st->nacts = sched_peak_in_flight(&st->sched, st->rank);
+    st->acts = calloc((size_t)st->nacts, sizeof(*st->acts));
+    st->acts_mb = malloc((size_t)st->nacts * sizeof(int));
+    WORKER_CHECK(st->w, st->acts && st->acts_mb, "out of memory");
+    for (int i = 0; i < st->nacts; i++) {
+        st->acts[i] = model_acts_new(st->model, st->lay.mb, st->lay.T);
+        WORKER_CHECK(st->w, st->acts[i], "out of memory for activations of %d microbatches", st->nacts);
+        st->acts_mb[i] = -1;
+    }
+    st->dscale = 1.0f / (float)((double)m->dp * m->local_batch_size * m->seq_len);
+    LOG_D("pieces [%d, %d) (%zu parameters), %d threads, schedule %s, %d activation buffers", p0, p1,
+          end - begin, threads, sched_kind_name(m->schedule), st->nacts);
+}
+
+static model_acts_t *acts_for(stage_t *st, int mb, int take)
+{
+    for (int i = 0; i < st->nacts; i++)
+        if (st->acts_mb[i] == (take ? -1 : mb)) {
+            if (take)
+                st->acts_mb[i] = mb;
+            return st->acts[i];
+        }
+    worker_die(st->w, "schedule bug: no activation buffer %s microbatch %d", take ? "free for" : "holds", mb);
+}
+
+static void acts_free(stage_t *st, int mb)
+{
+    for (int i = 0; i < st->nacts; i++)
+        if (st->acts_mb[i] == mb)
+            st->acts_mb[i] = -1;
+}
+
+/* The next slot of an incoming ring, which must carry (step, mb). */
+static void *take(stage_t *st, ring_t *r, int64_t step, int mb)
+{
+    void *p;
+    ring_meta_t meta;
+    double t0 = util_now();
+    int rc = ring_peek(r, -1, &p, &meta);
+    st->t_wait += util_now() - t0;
+    WORKER_CHECK(st->w, rc == 0, "ring %s: %s", ring_name(r), strerror(-rc));
+    WORKER_CHECK(st->w, meta.tag[0] == (uint64_t)step && meta.tag[1] == (uint64_t)mb,
+                 "ring %s delivered step %llu microbatch %llu, expected step %lld microbatch %d",
+                 ring_name(r), (unsigned long long)meta.tag[0], (unsigned long long)meta.tag[1],
+                 (long long)step, mb);
+    return p;
+}
+
+static void *reserve(stage_t *st, ring_t *r)
+{
+    void *p;
+    double t0 = util_now();
+    int rc = ring_reserve(r, -1, &p);
+    st->t_wait += util_now() - t0;
+    WORKER_CHECK(st->w, rc == 0, "ring %s: %s", ring_name(r), strerror(-rc));
+    return p;
+}
+
+/* Token ids from a loader are checked before they index the embedding: a bad loader must
+ * fail the job with a reason, not read outside the table. */
+static void check_ids(stage_t *st, const int32_t *ids, const char *what, int64_t step, int mb)
+{
+    int n = st->lay.mb * st->lay.T, V = st->man->model.vocab_size;
+    for (int i = 0; i < n; i++)
+        WORKER_CHECK(st->w, ids[i] >= 0 && ids[i] < V,
+                     "the loader sent %s id %d at step %lld microbatch %d position %d: not in [0, %d)",
+                     what, ids[i], (long long)step, mb, i, V);
+}
+
+static double forward(stage_t *st, int64_t step, int mb)
+{
+    model_acts_t *a = acts_for(st, mb, 1);
+    const int32_t *tok = NULL, *tgt = NULL;
+    const float *x_in = NULL;
+    float *x_out = NULL;
+    if (st->first)
+        check_ids(st, tok = take(st, st->tok_in, step, mb), "token", step, mb);
+    else
+        x_in = take(st, st->act_in, step, mb);
+    if (st->last)
+        check_ids(st, tgt = take(st, st->tgt_in, step, mb), "target", step, mb);
+    else
+        x_out = reserve(st, st->act_out);
+    double t0 = util_now();
+    double loss = model_forward(st->model, a, tok, x_in, tgt, st->dscale, x_out);
+    st->t_op[SCHED_F] += util_now() - t0;
+    st->n_op[SCHED_F]++;
+    if (st->first)
+        ring_release(st->tok_in);
+    else
+        ring_release(st->act_in);
+    if (st->last)
+        ring_release(st->tgt_in);
+    else
+        ring_commit(st->act_out, (uint64_t)step, (uint64_t)mb, st->lay.act_slot);
+    return loss;
+}
+
+static void backward_b(stage_t *st, int64_t step, int mb)
+{
+    model_acts_t *a = acts_for(st, mb, 0);
+    const float *dy = st->last ? NULL : take(st, st->grad_in, step, mb);
+    float *dx = st->first ? NULL : reserve(st, st->grad_out);
+    double t0 = util_now();
+    model_backward_b(st->model, a, dy, dx);
+    st->t_op[SCHED_B] += util_now() - t0;
+    st->n_op[SCHED_B]++;
+    if (!st->last)
+        ring_release(st->grad_in);
+    if (!st->first)
+        ring_commit(st->grad_out, (uint64_t)step, (uint64_t)mb, st->lay.act_slot);
+}
+
+static void backward_w(stage_t *st, int mb)
+{
+    double t0 = util_now();
+    model_backward_w(st->model, acts_for(st, mb, 0));
+    st->t_op[SCHED_W] += util_now() - t0;
+    st->n_op[SCHED_W]++;
+    acts_free(st, mb);
+}
+
+static void run_step(stage_t *st, int64_t step)
+{
+    memset(st->t_op, 0, sizeof(st->t_op));
+    memset(st->n_op, 0, sizeof(st->n_op));
+    st->t_wait = 0;
+    double loss = 0, t0 = util_now();
+    const sched_action_t *a = st->sched.a[st->rank];
+    for (int i = 0; i < st->sched.n[st->rank]; i++) {
+        switch (a[i].op) {
+        case SCHED_F: loss += forward(st, step, a[i].mb); break; /* microbatch order: fixed sum */
+        case SCHED_B: backward_b(st, step, a[i].mb); break;
+        case SCHED_W: backward_w(st, a[i].mb); break;
+        }
+        worker_progress(st->w);
+    }
+    double total = util_now() - t0;
+    msg_t m = {.type = MSG_STEP_DONE, .step = step, .loss = loss, .t_wait = st->t_wait,
+               .t_busy = total - st->t_wait};
+    m.t_f = st->n_op[SCHED_F] ? st->t_op[SCHED_F] / st->n_op[SCHED_F] : 0;
+    m.t_b = st->n_op[SCHED_B] ? st->t_op[SCHED_B] / st->n_op[SCHED_B] : 0;
+    m.t_w = st->n_op[SCHED_W] ? st->t_op[SCHED_W] / st->n_op[SCHED_W] : 0;
+    WORKER_CHECK(st->w, worker_send(st->w, &m) == 0, "cannot reach the coordinator");
+}
+
+static void usage(void) { fprintf(stderr, "usage: ctitan-stage --rank S --replica R (started by `ctitan launch`)\n"); }
+
+int main(int argc, char **argv)
+{
+    stage_t st = {.rank = -1, .replica = -1};
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--rank")) st.rank = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--replica")) st.replica = atoi(argv[i + 1]);
+    }
+    if (st.rank < 0 || st.replica < 0) {
+        usage();
+        return 2;
+    }
+    char err[512];
+    if (worker_open(&st.w, "stage", st.rank, st.replica, err, sizeof(err))) {
+        fprintf(stderr, "ctitan-stage: %s\n", err);
+        return 1;
+    }
+    st.man = worker_manifest(st.w);
+    WORKER_CHECK(st.w, st.rank < st.man->pp && st.replica < st.man->dp,
+                 "rank %d replica %d is outside the topology (pp %d, dp %d)", st.rank, st.replica,
+                 st.man->pp, st.man->dp);
+    st.first = st.rank == 0;
+    st.last = st.rank == st.man->pp - 1;
+    setup(&st);
+    WORKER_CHECK(st.w, worker_ready(st.w) == 0, "cannot reach the coordinator");
+    for (;;) {
+        msg_t m;
+        int rc = worker_recv(st.w, -1, &m);
+        if (rc == -EINTR || rc == -EAGAIN)
+            continue;
+        WORKER_CHECK(st.w, rc == 0, "control socket: %s", strerror(-rc));
+        msg_type_t type = m.type;
+        int64_t step = m.step;
+        msg_clear(&m);
+        if (type == MSG_STOP)
+            break;
+        if (type == MSG_STEP)
+            run_step(&st, step);
+    }
+    for (int i = 0; i < st.nacts; i++)
+        model_acts_destroy(&st.acts[i]);
+    free(st.acts);
+    free(st.acts_mb);
+    sched_free(&st.sched);
+    model_destroy(&st.model);
+    pool_destroy(&st.pool);
+    ring_t **rings[] = {&st.tok_in, &st.tgt_in, &st.act_in, &st.act_out, &st.grad_in, &st.grad_out};
+    for (size_t i = 0; i < sizeof(rings) / sizeof(rings[0]); i++)
+        ring_detach(rings[i]);
+    shm_detach(&st.params);
+    shm_detach(&st.grads);
+    shm_detach(&st.act);
+    shm_detach(&st.batch);
+    worker_close(&st.w);
+    return 0;
+}

@@ -1,0 +1,217 @@
+/* Worker-side control plane (see worker.h). */
+#include "stages/worker.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ipc/ctl.h"
+#include "tools/log.h"
+#include "tools/util.h"
+
+struct worker {
+    ctl_t *ctl;
+    char id[CTL_ID_MAX];
+    char role[MSG_ROLE_MAX];
+    int rank, replica;
+    char endpoint[256];
+    char job[64];
+    manifest_t man;
+    int64_t first_step;
+    _Atomic uint64_t progress;
+    _Atomic int quit;
+    pthread_t hb;
+    int hb_started;
+};
+
+static void fill_who(const worker_t *w, msg_t *m)
+{
+    snprintf(m->role, sizeof(m->role), "%s", w->role);
+    m->rank = w->rank;
+    m->replica = w->replica;
+    m->pid = getpid();
+}
+
+static void *heartbeat_main(void *arg)
+{
+    worker_t *w = arg;
+    char id[CTL_ID_MAX + 4], err[256];
+    snprintf(id, sizeof(id), "%s/hb", w->id);
+    ctl_t *c = NULL;
+    if (ctl_client_new(&c, w->endpoint, id, err, sizeof(err))) {
+        LOG_E("heartbeat: %s", err);
+        return NULL;
+    }
+    int ms = w->man.heartbeat_interval_ms;
+    while (!atomic_load(&w->quit)) {
+        msg_t m = {.type = MSG_HEARTBEAT, .progress = atomic_load(&w->progress)};
+        fill_who(w, &m);
+        ctl_send(c, NULL, &m);
+        /* sleep in slices of at most 50 ms so worker_close does not wait a whole interval */
+        for (int left = ms; left > 0 && !atomic_load(&w->quit); left -= 50) {
+            int s = left < 50 ? left : 50;
+            nanosleep(&(struct timespec){.tv_sec = s / 1000, .tv_nsec = (s % 1000) * 1000000L}, NULL);
+        }
+    }
+    ctl_destroy(&c);
+    return NULL;
+}
+
+int worker_open(worker_t **out, const char *role, int rank, int replica, char *err, size_t errlen)
+{
+    log_init(role, rank, replica);
+    const char *ep = getenv(WORKER_ENV_ENDPOINT), *job = getenv(WORKER_ENV_JOB);
+    if (!ep || !*ep || !job || !*job)
+        return util_fail(err, errlen, -EINVAL,
+                         "%s: %s and %s are not set: workers are started by `ctitan launch`", role,
+                         WORKER_ENV_ENDPOINT, WORKER_ENV_JOB);
+    worker_t *w = calloc(1, sizeof(*w));
+    if (!w)
+        return util_fail(err, errlen, -ENOMEM, "%s: out of memory", role);
+    snprintf(w->role, sizeof(w->role), "%s", role);
+    w->rank = rank;
+    w->replica = replica;
+    snprintf(w->endpoint, sizeof(w->endpoint), "%s", ep);
+    snprintf(w->job, sizeof(w->job), "%s", job);
+    snprintf(w->id, sizeof(w->id), "%s.%d.%d", role, rank, replica);
+    int rc = ctl_client_new(&w->ctl, ep, w->id, err, errlen);
+    if (rc)
+        goto fail;
+    msg_t hello = {.type = MSG_HELLO};
+    fill_who(w, &hello);
+    if ((rc = ctl_send(w->ctl, NULL, &hello))) {
+        util_fail(err, errlen, rc, "%s: cannot send hello to %s", w->id, ep);
+        goto fail;
+    }
+    double deadline = util_now() + 60;
+    for (;;) {
+        msg_t m;
+        char why[256];
+        int left = (int)((deadline - util_now()) * 1e3);
+        if (left <= 0) {
+            rc = util_fail(err, errlen, -ETIMEDOUT, "%s: no config from the coordinator at %s in 60 s",
+                           w->id, ep);
+            goto fail;
+        }
+        rc = ctl_recv(w->ctl, left, NULL, &m, why, sizeof(why));
+        if (rc == -EBADMSG) {
+            LOG_W("ignoring a bad message: %s", why);
+            continue;
+        }
+        if (rc == -EAGAIN || rc == -EINTR)
+            continue;
+        if (rc)
+            goto fail;
+        if (m.type == MSG_STOP) {
+            rc = util_fail(err, errlen, -ECANCELED, "%s: stopped before it started", w->id);
+            goto fail;
+        }
+        if (m.type != MSG_CONFIG) {
+            LOG_W("ignoring %s before the config", msg_type_name(m.type));
+            msg_clear(&m);
+            continue;
+        }
+        manifest_defaults(&w->man);
+        rc = manifest_parse(&w->man, m.text ? m.text : "", m.text_len, "config from the coordinator", err,
+                            errlen);
+        if (!rc)
+            rc = manifest_validate(&w->man, err, errlen);
+        w->first_step = m.step;
+        msg_clear(&m);
+        if (rc)
+            goto fail;
+        break;
+    }
+    log_set_step(w->first_step);
+    if (pthread_create(&w->hb, NULL, heartbeat_main, w) == 0)
+        w->hb_started = 1;
+    *out = w;
+    return 0;
+fail:
+    worker_close(&w);
+    return rc;
+}
+
+void worker_close(worker_t **pw)
+{
+    worker_t *w = *pw;
+    if (!w)
+        return;
+    atomic_store(&w->quit, 1);
+    if (w->hb_started)
+        pthread_join(w->hb, NULL);
+    ctl_destroy(&w->ctl);
+    free(w);
+    *pw = NULL;
+}
+
+const manifest_t *worker_manifest(const worker_t *w) { return &w->man; }
+const char *worker_job(const worker_t *w) { return w->job; }
+int64_t worker_first_step(const worker_t *w) { return w->first_step; }
+
+int worker_send(worker_t *w, const msg_t *m) { return ctl_send(w->ctl, NULL, m); }
+
+int worker_recv(worker_t *w, int timeout_ms, msg_t *m)
+{
+    for (;;) {
+        char why[256];
+        int rc = ctl_recv(w->ctl, timeout_ms, NULL, m, why, sizeof(why));
+        if (rc == -EBADMSG) {
+            LOG_W("ignoring a bad message from the coordinator: %s", why);
+            continue;
+        }
+        if (rc == 0)
+            fill_who(w, m);
+        if (rc == 0 && m->type == MSG_STEP)
+            log_set_step(m->step);
+        return rc;
+    }
+}
+
+int worker_ready(worker_t *w)
+{
+    msg_t m = {.type = MSG_READY};
+    fill_who(w, &m);
+    return ctl_send(w->ctl, NULL, &m);
+}
+
+void worker_progress(worker_t *w) { atomic_fetch_add(&w->progress, 1); }
+
+static void vreport(worker_t *w, const char *fmt, va_list ap)
+{
+    char text[1024];
+    vsnprintf(text, sizeof(text), fmt, ap);
+    LOG_E("%s", text);
+    if (!w || !w->ctl)
+        return;
+    msg_t m = {.type = MSG_ERROR};
+    fill_who(w, &m);
+    m.text = text;
+    m.text_len = strlen(text);
+    ctl_send(w->ctl, NULL, &m);
+}
+
+void worker_report(worker_t *w, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vreport(w, fmt, ap);
+    va_end(ap);
+}
+
+void worker_die(worker_t *w, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vreport(w, fmt, ap);
+    va_end(ap);
+    /* closing the socket lets its linger deliver the error before the process goes */
+    worker_close(&w);
+    exit(1);
+}

@@ -1,0 +1,49 @@
+/* What every worker process (stage, optshard, loader) does with the coordinator: connect
+ * a DEALER named role.rank.replica to CTITAN_ENDPOINT, say hello, receive the resolved
+ * manifest and the first step, say ready, take commands, and send heartbeats from a thread
+ * of its own every job.heartbeat_interval_ms (with a progress counter the main thread bumps),
+ * so a stopped or wedged process is noticed even while its main thread is busy. */
+#ifndef CTITAN_WORKER_H
+#define CTITAN_WORKER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ipc/msg.h"
+#include "tools/manifest.h"
+
+/* Environment a worker is started with (the coordinator sets them). */
+#define WORKER_ENV_ENDPOINT "CTITAN_ENDPOINT"
+#define WORKER_ENV_JOB "CTITAN_JOB"
+
+typedef struct worker worker_t;
+
+/* Connects, says hello and waits up to 60 s for the config. Returns 0 or -errno with err. */
+int worker_open(worker_t **out, const char *role, int rank, int replica, char *err, size_t errlen);
+/* Stops the heartbeat thread and closes the sockets. */
+void worker_close(worker_t **w);
+
+const manifest_t *worker_manifest(const worker_t *w);
+const char *worker_job(const worker_t *w);
+int64_t worker_first_step(const worker_t *w);
+
+int worker_send(worker_t *w, const msg_t *m);
+/* Next command (fields role/rank/replica are filled in for the caller's convenience).
+ * Malformed messages are logged and skipped. Returns 0, -EAGAIN on timeout, or -errno. */
+int worker_recv(worker_t *w, int timeout_ms, msg_t *m);
+/* Tells the coordinator this worker is set up. */
+int worker_ready(worker_t *w);
+/* Bumps the progress counter the heartbeats carry. */
+void worker_progress(worker_t *w);
+/* Reports an error to the coordinator (role, rank, replica, reason). */
+void worker_report(worker_t *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* For process mains: report, log and exit(1). w may be NULL (before the connection). */
+_Noreturn void worker_die(worker_t *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Check macro for worker mains: on failure, dies with file:line, the call and the reason. */
+#define WORKER_CHECK(w, cond, ...) \
+    do { if (!(cond)) worker_die((w), __FILE__ ":" WORKER_STR(__LINE__) ": " __VA_ARGS__); } while (0)
+#define WORKER_STR(x) WORKER_STR2(x)
+#define WORKER_STR2(x) #x
+
+#endif

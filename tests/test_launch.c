@@ -1,0 +1,624 @@
+/* `ctitan launch` end to end, with real processes, sockets, shared memory and files: the
+ * coordinator starts the loader, pipeline stages and optimizer shards of manifests/tiny.toml
+ * on a small corpus prepared by `ctitan prep`. Losses are compared as the exact decimal
+ * strings of the metrics file (%.17g round-trips a double), so "equal" means bitwise. Also:
+ * loader kill and swap, Ctrl-C, a killed or stopped stage, bad manifests, stale segments;
+ * after every run no process and no segment of the job is left. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ipc/shm.h"
+#include "stages/job.h"
+#include "tests/testutil.h"
+
+#define MAX_STEPS 512
+
+static char g_dir[64]; /* temp dir: data/ from ctitan prep, runs/, metrics files */
+
+static const char *bin(void)
+{
+    const char *b = getenv("CTITAN_BIN");
+    return b ? b : "build/bin/ctitan";
+}
+
+static void sleep_ms(int ms) { nanosleep(&(struct timespec){ms / 1000, (ms % 1000) * 1000000L}, NULL); }
+
+static int run(const char *cmd, char *out, size_t outlen)
+{
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    size_t n = fread(out, 1, outlen - 1, f);
+    out[n] = 0;
+    int st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int setup(void **state)
+{
+    if (access(bin(), X_OK))
+        return 0; /* each test skips */
+    snprintf(g_dir, sizeof(g_dir), "/tmp/ctitan-launch-XXXXXX");
+    if (!mkdtemp(g_dir))
+        return -1;
+    /* sentences over 64 made-up words with a pattern a tiny model picks up */
+    static const char *syl[] = {"ka", "lo", "mi", "ne", "ru", "sa", "ti", "vo"};
+    char path[256], cmd[1024], out[8192];
+    snprintf(path, sizeof(path), "%s/corpus.txt", g_dir);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return -1;
+    for (int i = 0; i < 20000; i++)
+        fprintf(f, "%s%s%s", syl[(i * 3) % 7], syl[(i * 5 + 1) % 8], i % 7 == 6 ? ".\n" : " ");
+    fclose(f);
+    snprintf(cmd, sizeof(cmd), "%s prep --vocab 300 --out %s/data %s 2>&1", bin(), g_dir, path);
+    return run(cmd, out, sizeof(out)) == 0 ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    if (g_dir[0])
+        tu_rmtree(g_dir);
+    return 0;
+}
+
+#define NEED_BIN()                                                  \
+    do {                                                            \
+        if (access(bin(), X_OK)) {                                  \
+            print_message("%s not built: skipping\n", bin());       \
+            skip();                                                 \
+        }                                                           \
+    } while (0)
+
+/* The common arguments of a test run of job `job`: its own dump folder and metrics file. */
+static void base_args(char *buf, size_t n, const char *job)
+{
+    snprintf(buf, n,
+             "launch manifests/tiny.toml --job.name %s --job.dump_folder %s/runs/%s "
+             "--loader.dataset_path %s/data/train.bin --metrics.file %s/%s.jsonl --metrics.peak_tflops 1 "
+             "--training.steps 12",
+             job, g_dir, job, g_dir, g_dir, job);
+}
+
+/* Runs `ctitan launch` for job with extra arguments to the end; returns its exit status. */
+static int launch(const char *job, const char *extra, char *out, size_t outlen)
+{
+    char args[2048], cmd[4096];
+    base_args(args, sizeof(args), job);
+    snprintf(cmd, sizeof(cmd), "%s %s %s 2>&1", bin(), args, extra);
+    return run(cmd, out, outlen);
+}
+
+/* Starts `ctitan launch` in the background with its output in DIR/JOB.out; returns its pid. */
+static pid_t launch_bg(const char *job, const char *extra)
+{
+    char args[2048], line[4096], *argv[128];
+    base_args(args, sizeof(args), job);
+    snprintf(line, sizeof(line), "%s %s %s", bin(), args, extra);
+    int argc = 0;
+    for (char *t = strtok(line, " "); t && argc < 127; t = strtok(NULL, " "))
+        argv[argc++] = t;
+    argv[argc] = NULL;
+    char out[256];
+    snprintf(out, sizeof(out), "%s/%s.out", g_dir, job);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+static int wait_exit(pid_t pid, int timeout_s)
+{
+    for (int i = 0; i < timeout_s * 100; i++) {
+        int st;
+        if (waitpid(pid, &st, WNOHANG) == pid)
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        sleep_ms(10);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return -1;
+}
+
+static void read_file(const char *path, char *buf, size_t n)
+{
+    buf[0] = 0;
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return;
+    size_t k = fread(buf, 1, n - 1, f);
+    buf[k] = 0;
+    fclose(f);
+}
+
+/* The "loss" strings of each step in job's metrics file; returns the number of steps. */
+static int losses(const char *job, char (*loss)[40])
+{
+    char path[256], line[4096];
+    snprintf(path, sizeof(path), "%s/%s.jsonl", g_dir, job);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    int n = 0;
+    while (fgets(line, sizeof(line), f) && n < MAX_STEPS) {
+        int step;
+        char *p = strstr(line, "\"loss\": ");
+        if (sscanf(line, "{\"step\": %d", &step) != 1 || !p || step != n + 1)
+            break;
+        sscanf(p + 8, "%39[^,]", loss[n++]);
+    }
+    fclose(f);
+    return n;
+}
+
+/* Whether two jobs' losses are bitwise the same over `steps` steps. */
+static void assert_same_losses(const char *a, const char *b, int steps)
+{
+    static char la[MAX_STEPS][40], lb[MAX_STEPS][40];
+    assert_int_equal(losses(a, la), steps);
+    assert_int_equal(losses(b, lb), steps);
+    for (int i = 0; i < steps; i++)
+        if (strcmp(la[i], lb[i])) {
+            print_error("step %d: %s has loss %s, %s has %s\n", i + 1, a, la[i], b, lb[i]);
+            fail();
+        }
+}
+
+/* Processes whose environment names the job (workers carry CTITAN_JOB). */
+static int job_procs(const char *job)
+{
+    char want[128], path[300], env[16384];
+    int wl = snprintf(want, sizeof(want), "CTITAN_JOB=%s", job) + 1;
+    DIR *d = opendir("/proc");
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] < '1' || e->d_name[0] > '9')
+            continue;
+        snprintf(path, sizeof(path), "/proc/%s/environ", e->d_name);
+        int fd = open(path, O_RDONLY);
+        if (fd < 0)
+            continue;
+        ssize_t k = read(fd, env, sizeof(env));
+        close(fd);
+        for (ssize_t i = 0; i + wl <= k; i += (ssize_t)strlen(env + i) + 1)
+            if (!memcmp(env + i, want, (size_t)wl))
+                n++;
+    }
+    closedir(d);
+    return n;
+}
+
+static int job_segments(const char *job)
+{
+    char names[64][SHM_NAME_MAX];
+    return shm_list(job, names, 64);
+}
+
+static void assert_clean(const char *job)
+{
+    assert_int_equal(job_procs(job), 0);
+    assert_int_equal(job_segments(job), 0);
+}
+
+/* The pid of launch's child running `comm` (its /proc comm name), or 0. */
+static pid_t child_named(pid_t parent, const char *comm)
+{
+    char path[300], buf[512];
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    pid_t found = 0;
+    while (!found && (e = readdir(d))) {
+        if (e->d_name[0] < '1' || e->d_name[0] > '9')
+            continue;
+        snprintf(path, sizeof(path), "/proc/%s/stat", e->d_name);
+        read_file(path, buf, sizeof(buf));
+        char *rp = strrchr(buf, ')'), name[64];
+        int ppid;
+        if (!rp || sscanf(buf, "%*d (%63[^)]", name) != 1 || sscanf(rp + 2, "%*c %d", &ppid) != 1)
+            continue;
+        if (ppid == parent && !strcmp(name, comm))
+            found = atoi(e->d_name);
+    }
+    closedir(d);
+    return found;
+}
+
+/* Waits until job's metrics file has reached `step`; 0 or -1 after timeout_s. */
+static int wait_step(const char *job, int step, int timeout_s)
+{
+    char need[64], path[256], buf[1 << 16];
+    snprintf(need, sizeof(need), "{\"step\": %d,", step);
+    snprintf(path, sizeof(path), "%s/%s.jsonl", g_dir, job);
+    for (int i = 0; i < timeout_s * 100; i++) {
+        read_file(path, buf, sizeof(buf));
+        if (strstr(buf, need))
+            return 0;
+        sleep_ms(10);
+    }
+    return -1;
+}
+
+static void job_name(char *buf, size_t n, const char *what)
+{
+    snprintf(buf, n, "t%d%s", (int)getpid(), what);
+}
+
+/* ---- equivalence ---- */
+
+static void test_launch_losses_bitwise_equal_for_pipeline_degree_1_2_4(void **state)
+{
+    NEED_BIN();
+    static char out[1 << 16];
+    char j[3][32], extra[256];
+    int pp[3] = {1, 2, 4};
+    for (int i = 0; i < 3; i++) {
+        job_name(j[i], sizeof(j[i]), i == 0 ? "pp1" : i == 1 ? "pp2" : "pp4");
+        snprintf(extra, sizeof(extra), "--parallelism.pipeline_parallel_degree %d --parallelism.pipeline_parallel_microbatches 4",
+                 pp[i]);
+        int rc = launch(j[i], extra, out, sizeof(out));
+        if (rc)
+            print_error("%s\n", out);
+        assert_int_equal(rc, 0);
+        assert_clean(j[i]);
+    }
+    assert_same_losses(j[0], j[1], 12);
+    assert_same_losses(j[0], j[2], 12);
+    /* and it learns: the last loss is well below the first */
+    static char l[MAX_STEPS][40];
+    losses(j[0], l);
+    assert_true(atof(l[11]) < atof(l[0]) - 0.5);
+}
+
+static void test_launch_losses_bitwise_equal_for_1_and_3_optimizer_shards(void **state)
+{
+    NEED_BIN();
+    static char out[1 << 16];
+    char a[32], b[32];
+    job_name(a, sizeof(a), "k1");
+    job_name(b, sizeof(b), "k3");
+    assert_int_equal(launch(a, "--optshard.shards 1", out, sizeof(out)), 0);
+    int rc = launch(b, "--optshard.shards 3", out, sizeof(out));
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+    assert_same_losses(a, b, 12);
+    assert_clean(a);
+    assert_clean(b);
+}
+
+static void test_launch_losses_bitwise_equal_for_gpipe_and_1f1b(void **state)
+{
+    NEED_BIN();
+    static char out[1 << 16];
+    char a[32], b[32];
+    job_name(a, sizeof(a), "gpipe");
+    job_name(b, sizeof(b), "1f1b");
+    const char *mb = "--parallelism.pipeline_parallel_microbatches 4 --parallelism.pipeline_parallel_degree 3";
+    char extra[512];
+    snprintf(extra, sizeof(extra), "%s --parallelism.pipeline_parallel_schedule GPipe", mb);
+    assert_int_equal(launch(a, extra, out, sizeof(out)), 0);
+    snprintf(extra, sizeof(extra), "%s --parallelism.pipeline_parallel_schedule 1F1B", mb);
+    assert_int_equal(launch(b, extra, out, sizeof(out)), 0);
+    assert_same_losses(a, b, 12);
+}
+
+static void test_launch_data_parallel_2_matches_1_with_the_same_global_batch(void **state)
+{
+    NEED_BIN();
+    static char out[1 << 16];
+    char a[32], b[32];
+    job_name(a, sizeof(a), "dp1");
+    job_name(b, sizeof(b), "dp2");
+    assert_int_equal(launch(a, "--training.local_batch_size 8 --parallelism.pipeline_parallel_microbatches 4", out,
+                            sizeof(out)), 0);
+    int rc = launch(b, "--training.local_batch_size 4 --parallelism.pipeline_parallel_microbatches 2 "
+                       "--parallelism.data_parallel_replicate_degree 2", out, sizeof(out));
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+    assert_clean(b);
+    static char la[MAX_STEPS][40], lb[MAX_STEPS][40];
+    assert_int_equal(losses(a, la), 12);
+    assert_int_equal(losses(b, lb), 12);
+    int differ = 0;
+    for (int i = 0; i < 12; i++) {
+        double x = atof(la[i]), y = atof(lb[i]);
+        assert_true(fabs(x - y) <= 1e-5 * fabs(x));
+        differ += strcmp(la[i], lb[i]) != 0;
+    }
+    print_message("dp2 vs dp1: %d of 12 losses differ in the last bits\n", differ);
+}
+
+/* ---- the loader: kill, swap ---- */
+
+static void test_launch_killed_loader_is_restarted_and_losses_match(void **state)
+{
+    NEED_BIN();
+    static char out[1 << 16];
+    char a[32], b[32], extra[256];
+    job_name(a, sizeof(a), "undisturbed");
+    job_name(b, sizeof(b), "loaderkill");
+    /* a small prefetch keeps the loader busy through the run, so kills land mid-step */
+    snprintf(extra, sizeof(extra), "--training.steps 60 --loader.prefetch 1");
+    assert_int_equal(launch(a, extra, out, sizeof(out)), 0);
+    pid_t pid = launch_bg(b, extra);
+    int kills = 0;
+    for (int target = 5; target <= 35; target += 15) {
+        assert_int_equal(wait_step(b, target, 60), 0);
+        pid_t ldr = child_named(pid, "ctitan-loader");
+        if (ldr > 0 && kill(ldr, SIGKILL) == 0)
+            kills++;
+    }
+    assert_int_equal(wait_exit(pid, 120), 0);
+    char path[256];
+    snprintf(path, sizeof(path), "%s/%s.out", g_dir, b);
+    read_file(path, out, sizeof(out));
+    assert_true(kills >= 2);
+    assert_non_null(strstr(out, "restarted"));
+    assert_same_losses(a, b, 60);
+    assert_clean(b);
+}
+
+static void test_launch_loader_swap_mid_run_gives_the_same_losses(void **state)
+{
+    NEED_BIN();
+    static char out[1 << 16];
+    char a[32], b[32], extra[256], cmd[1024];
+    job_name(a, sizeof(a), "noswap");
+    job_name(b, sizeof(b), "swap");
+    snprintf(extra, sizeof(extra), "--training.steps 200");
+    assert_int_equal(launch(a, extra, out, sizeof(out)), 0);
+    pid_t pid = launch_bg(b, extra);
+    assert_int_equal(wait_step(b, 3, 60), 0);
+    pid_t before = child_named(pid, "ctitan-loader");
+    snprintf(cmd, sizeof(cmd), "%s loader swap --job %s --cmd 'build/bin/ctitan-loader' 2>&1", bin(), b);
+    int rc = run(cmd, out, sizeof(out));
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+    int at = 0;
+    assert_int_equal(sscanf(strstr(out, "after step"), "after step %d", &at), 1);
+    assert_true(at > 3 && at < 200); /* it landed mid-run */
+    pid_t after = child_named(pid, "ctitan-loader");
+    assert_true(after > 0 && after != before);
+    assert_int_equal(wait_exit(pid, 120), 0);
+    assert_same_losses(a, b, 200);
+    assert_clean(b);
+}
+
+static void test_launch_failed_swap_keeps_the_old_loader_and_the_losses(void **state)
+{
+    NEED_BIN();
+    static char out[1 << 16];
+    char a[32], b[32], extra[256], cmd[1024];
+    job_name(a, sizeof(a), "noswap2");
+    job_name(b, sizeof(b), "badswap");
+    snprintf(extra, sizeof(extra), "--training.steps 150");
+    assert_int_equal(launch(a, extra, out, sizeof(out)), 0);
+    pid_t pid = launch_bg(b, extra);
+    assert_int_equal(wait_step(b, 3, 60), 0);
+    snprintf(cmd, sizeof(cmd),
+             "%s loader swap --job %s --cmd 'build/bin/ctitan-loader-text --text /nonexistent.txt "
+             "--tokenizer %s/data/tokenizer.bin' 2>&1", bin(), b, g_dir);
+    assert_int_equal(run(cmd, out, sizeof(out)), 1);
+    assert_non_null(strstr(out, "/nonexistent.txt"));
+    assert_non_null(strstr(out, "previous loader continues"));
+    assert_int_equal(wait_exit(pid, 120), 0);
+    assert_same_losses(a, b, 150);
+    assert_clean(b);
+}
+
+/* The example text loader resumes exactly from its own cursor when swapped for itself. */
+static void test_launch_text_loader_swapped_for_itself_resumes_exactly(void **state)
+{
+    NEED_BIN();
+    static char out[1 << 16];
+    char a[32], b[32], cmd[2048], tl[512];
+    job_name(a, sizeof(a), "text");
+    job_name(b, sizeof(b), "textswap");
+    snprintf(tl, sizeof(tl), "build/bin/ctitan-loader-text --text %s/corpus.txt --tokenizer %s/data/tokenizer.bin "
+             "--chunk-bytes 4096", g_dir, g_dir);
+    /* the manifest's command runs through sh -c: pass it with --loader.command=... as one argument */
+    snprintf(cmd, sizeof(cmd), "%s launch manifests/tiny.toml --job.name %s --job.dump_folder %s/runs/%s "
+             "--metrics.file %s/%s.jsonl --metrics.peak_tflops 1 --training.steps 150 '--loader.command=%s' 2>&1",
+             bin(), a, g_dir, a, g_dir, a, tl);
+    int rc = run(cmd, out, sizeof(out));
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+    /* b starts with the same text loader and swaps it for a fresh one mid-run */
+    char line[4096];
+    snprintf(line, sizeof(line), "%s launch manifests/tiny.toml --job.name %s --job.dump_folder %s/runs/%s "
+             "--metrics.file %s/%s.jsonl --metrics.peak_tflops 1 --training.steps 150 '--loader.command=%s' "
+             "> %s/%s.out 2>&1 & echo $!", bin(), b, g_dir, b, g_dir, b, tl, g_dir, b);
+    assert_int_equal(run(line, out, sizeof(out)), 0);
+    pid_t pid = atoi(out);
+    assert_int_equal(wait_step(b, 3, 60), 0);
+    snprintf(cmd, sizeof(cmd), "%s loader swap --job %s --cmd '%s' 2>&1", bin(), b, tl);
+    rc = run(cmd, out, sizeof(out));
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+    for (int i = 0; i < 12000 && kill(pid, 0) == 0; i++) /* not our child: poll until it exits */
+        sleep_ms(10);
+    assert_same_losses(a, b, 150);
+    assert_clean(b);
+}
+
+/* ---- shutdown and failures ---- */
+
+static void test_launch_ctrl_c_stops_every_process_and_removes_segments(void **state)
+{
+    NEED_BIN();
+    char j[32];
+    job_name(j, sizeof(j), "sigint");
+    pid_t pid = launch_bg(j, "--training.steps 100000");
+    assert_int_equal(wait_step(j, 2, 60), 0);
+    assert_true(job_procs(j) >= 5); /* loader, 2 stages, 2 shards */
+    assert_true(job_segments(j) >= 4);
+    kill(pid, SIGINT);
+    assert_int_equal(wait_exit(pid, 30), 130);
+    assert_clean(j);
+}
+
+static void test_launch_killed_stage_fails_the_job_naming_it(void **state)
+{
+    NEED_BIN();
+    char j[32], path[256];
+    static char out[1 << 16];
+    job_name(j, sizeof(j), "stagekill");
+    pid_t pid = launch_bg(j, "--training.steps 100000");
+    assert_int_equal(wait_step(j, 2, 60), 0);
+    pid_t st = child_named(pid, "ctitan-stage");
+    assert_true(st > 0);
+    kill(st, SIGKILL);
+    assert_int_equal(wait_exit(pid, 30), 1);
+    snprintf(path, sizeof(path), "%s/%s.out", g_dir, j);
+    read_file(path, out, sizeof(out));
+    assert_non_null(strstr(out, "failed: stage rank"));
+    assert_non_null(strstr(out, "killed by signal 9"));
+    assert_clean(j);
+}
+
+static void test_launch_stopped_stage_is_noticed_by_heartbeat(void **state)
+{
+    NEED_BIN();
+    char j[32], path[256];
+    static char out[1 << 16];
+    job_name(j, sizeof(j), "stagestop");
+    pid_t pid = launch_bg(j, "--training.steps 100000 --job.heartbeat_interval_ms 50 --job.heartbeat_timeout_ms 1000");
+    assert_int_equal(wait_step(j, 2, 60), 0);
+    pid_t st = child_named(pid, "ctitan-stage");
+    assert_true(st > 0);
+    kill(st, SIGSTOP);
+    int rc = wait_exit(pid, 30); /* noticed within the timeout plus clean-up, well under 30 s */
+    kill(st, SIGKILL);
+    assert_int_equal(rc, 1);
+    snprintf(path, sizeof(path), "%s/%s.out", g_dir, j);
+    read_file(path, out, sizeof(out));
+    assert_non_null(strstr(out, "no heartbeat"));
+    assert_non_null(strstr(out, "stage rank"));
+    assert_clean(j);
+}
+
+static void test_launch_loader_error_fails_the_job_with_its_reason(void **state)
+{
+    NEED_BIN();
+    static char out[1 << 16];
+    char j[32];
+    job_name(j, sizeof(j), "ldrerr");
+    char extra[512];
+    snprintf(extra, sizeof(extra), "'--loader.command=build/bin/ctitan-loader-text --text %s/corpus.txt "
+             "--tokenizer %s/nonexistent.bin'", g_dir, g_dir);
+    int rc = launch(j, extra, out, sizeof(out));
+    assert_int_equal(rc, 1);
+    assert_non_null(strstr(out, "failed: loader: "));
+    assert_non_null(strstr(out, "nonexistent.bin"));
+    assert_clean(j);
+}
+
+static void test_launch_rejects_bad_manifests_with_file_and_line(void **state)
+{
+    NEED_BIN();
+    static char out[1 << 16];
+    char path[256], cmd[1024];
+    snprintf(path, sizeof(path), "%s/bad.toml", g_dir);
+    FILE *f = fopen(path, "w");
+    fprintf(f, "[job]\nname = \"bad\"\n\n[training]\nsteps = 10\nbogus = 3\n");
+    fclose(f);
+    snprintf(cmd, sizeof(cmd), "%s launch %s 2>&1", bin(), path);
+    assert_int_equal(run(cmd, out, sizeof(out)), 2);
+    assert_non_null(strstr(out, "bad.toml:6"));
+    assert_non_null(strstr(out, "bogus"));
+    snprintf(cmd, sizeof(cmd), "%s launch manifests/tiny.toml --parallelism.pipeline_parallel_degree 9 2>&1", bin());
+    assert_int_equal(run(cmd, out, sizeof(out)), 2);
+    assert_non_null(strstr(out, "pipeline_parallel_degree"));
+    snprintf(cmd, sizeof(cmd), "%s launch manifests/tiny.toml --training.local_batch_size 3 2>&1", bin());
+    assert_int_equal(run(cmd, out, sizeof(out)), 2);
+    assert_non_null(strstr(out, "local_batch_size"));
+    snprintf(cmd, sizeof(cmd), "%s launch manifests/tiny.toml --training.steps ten 2>&1", bin());
+    assert_int_equal(run(cmd, out, sizeof(out)), 2);
+    assert_non_null(strstr(out, "--training.steps"));
+    /* a missing data file is named before any process starts, and nothing is left */
+    char j[32];
+    job_name(j, sizeof(j), "nodata");
+    snprintf(cmd, sizeof(cmd), "%s launch manifests/tiny.toml --job.name %s --job.dump_folder %s/runs/%s "
+             "--loader.dataset_path %s/missing.bin 2>&1", bin(), j, g_dir, j, g_dir);
+    assert_int_equal(run(cmd, out, sizeof(out)), 1);
+    assert_non_null(strstr(out, "missing.bin"));
+    assert_clean(j);
+}
+
+static void test_launch_clears_stale_segments_but_not_a_live_job(void **state)
+{
+    NEED_BIN();
+    static char out[1 << 16];
+    char j[32], err[256];
+    job_name(j, sizeof(j), "stale");
+    /* a crashed earlier run: segments whose owner is gone (pid 0 never runs) */
+    shm_seg_t *s = NULL;
+    assert_int_equal(shm_create(&s, j, "job", 4096, err, sizeof(err)), 0);
+    job_hdr_t *h = shm_data(s);
+    h->magic = JOB_MAGIC;
+    h->owner_pid = 999999999;
+    shm_detach(&s);
+    assert_int_equal(shm_create(&s, j, "params", 4096, err, sizeof(err)), 0);
+    shm_detach(&s);
+    int rc = launch(j, "", out, sizeof(out));
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "stale"));
+    assert_clean(j);
+    /* a live owner (this test process) is respected */
+    assert_int_equal(shm_create(&s, j, "job", 4096, err, sizeof(err)), 0);
+    h = shm_data(s);
+    h->magic = JOB_MAGIC;
+    h->owner_pid = getpid();
+    h->owner_start = job_proc_start(getpid());
+    shm_detach(&s);
+    assert_int_equal(launch(j, "", out, sizeof(out)), 1);
+    assert_non_null(strstr(out, "already running"));
+    assert_int_equal(job_segments(j), 1);
+    shm_remove_all(j);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_launch_losses_bitwise_equal_for_pipeline_degree_1_2_4),
+        cmocka_unit_test(test_launch_losses_bitwise_equal_for_1_and_3_optimizer_shards),
+        cmocka_unit_test(test_launch_losses_bitwise_equal_for_gpipe_and_1f1b),
+        cmocka_unit_test(test_launch_data_parallel_2_matches_1_with_the_same_global_batch),
+        cmocka_unit_test(test_launch_killed_loader_is_restarted_and_losses_match),
+        cmocka_unit_test(test_launch_loader_swap_mid_run_gives_the_same_losses),
+        cmocka_unit_test(test_launch_failed_swap_keeps_the_old_loader_and_the_losses),
+        cmocka_unit_test(test_launch_text_loader_swapped_for_itself_resumes_exactly),
+        cmocka_unit_test(test_launch_ctrl_c_stops_every_process_and_removes_segments),
+        cmocka_unit_test(test_launch_killed_stage_fails_the_job_naming_it),
+        cmocka_unit_test(test_launch_stopped_stage_is_noticed_by_heartbeat),
+        cmocka_unit_test(test_launch_loader_error_fails_the_job_with_its_reason),
+        cmocka_unit_test(test_launch_rejects_bad_manifests_with_file_and_line),
+        cmocka_unit_test(test_launch_clears_stale_segments_but_not_a_live_job),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,445 @@
+/* Tests of the job shared-memory segments (ipc/shm.c) that every ring and tensor hand-off
+ * between ctitan processes lives in: naming, sizes, modes, sharing across real processes,
+ * and listing/removal by job. Segments are named after this run's pid and all removed. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "ipc/shm.h"
+
+/* This run's jobs: job_a, job_ab (job_a is a prefix of it) and a longest-possible job name. */
+static char job_a[32], job_ab[40], job_long[64];
+
+static void expect_segment_count(const char *job, int want)
+{
+    char names[8][SHM_NAME_MAX];
+    assert_int_equal(shm_list(job, names, 8), want);
+}
+
+/* ---- child processes ------------------------------------------------------------------ */
+
+/* A child runs plain C checks, never cmocka's asserts (they would unwind into the child's
+ * copy of the test runner); the first failed check prints itself and becomes exit status 1. */
+#define CHECK(c)                                                                            \
+    do {                                                                                    \
+        if (!(c)) {                                                                         \
+            fprintf(stderr, "%s:%d: check failed in child: %s\n", __FILE__, __LINE__, #c);  \
+            return 1;                                                                       \
+        }                                                                                   \
+    } while (0)
+
+#define MAX_KIDS 8
+static pid_t kids[MAX_KIDS];
+
+static pid_t spawn(int (*fn)(void *), void *arg)
+{
+    fflush(NULL); /* or buffered output would be written twice */
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(30); /* last resort should the parent be gone; its own limits are shorter */
+        _exit(fn(arg));
+    }
+    assert_true(pid > 0);
+    for (int i = 0; i < MAX_KIDS; i++)
+        if (!kids[i]) {
+            kids[i] = pid;
+            break;
+        }
+    return pid;
+}
+
+/* Waits (sleeping on a pidfd, not polling) up to timeout_s for the child, kills it if it is
+ * still running then, and reaps it. Returns its exit status, 128+signal, or -1 if it had to
+ * be killed. */
+static int reap(pid_t pid, double timeout_s)
+{
+    int pfd = (int)syscall(SYS_pidfd_open, pid, 0), timed_out = 0;
+    if (pfd >= 0) {
+        struct pollfd p = {.fd = pfd, .events = POLLIN};
+        int n;
+        while ((n = poll(&p, 1, (int)(timeout_s * 1000))) < 0 && errno == EINTR)
+            ;
+        if (n == 0) {
+            kill(pid, SIGKILL);
+            timed_out = 1;
+        }
+        close(pfd);
+    }
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+        ;
+    for (int i = 0; i < MAX_KIDS; i++)
+        if (kids[i] == pid)
+            kids[i] = 0;
+    if (timed_out)
+        return -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* ---- fixture -------------------------------------------------------------------------- */
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(job_a, sizeof(job_a), "t%d", (int)getpid());
+    snprintf(job_ab, sizeof(job_ab), "%sb", job_a);
+    memset(job_long, 'L', 63);
+    memcpy(job_long, job_a, strlen(job_a));
+    job_long[63] = '\0';
+    return 0;
+}
+
+/* Kills and reaps any child a failed test left behind, and removes every segment of this
+ * run's jobs; fails the test if any was left over. */
+static int teardown(void **state)
+{
+    (void)state;
+    for (int i = 0; i < MAX_KIDS; i++)
+        if (kids[i]) {
+            kill(kids[i], SIGKILL);
+            waitpid(kids[i], NULL, 0);
+            kids[i] = 0;
+        }
+    int left = 0;
+    left += shm_remove_all(job_a);
+    left += shm_remove_all(job_ab);
+    left += shm_remove_all(job_long);
+    if (left)
+        fprintf(stderr, "teardown: %d segment(s) were left over\n", left);
+    return left ? -1 : 0;
+}
+
+/* ---- tests ---------------------------------------------------------------------------- */
+
+typedef struct {
+    size_t size;
+} share_arg_t;
+
+static int child_checks_and_answers(void *p)
+{
+    share_arg_t *a = p;
+    shm_seg_t *s = NULL;
+    char err[256];
+    CHECK(shm_attach(&s, job_a, "share", err, sizeof(err)) == 0);
+    CHECK(shm_size(s) == a->size);
+    unsigned char *d = shm_data(s);
+    size_t half = a->size / 2;
+    for (size_t i = 0; i < half; i++)
+        CHECK(d[i] == (unsigned char)(i * 7 + 1));
+    for (size_t i = half; i < a->size; i++)
+        d[i] = (unsigned char)(i * 3 + 5);
+    shm_detach(&s);
+    CHECK(s == NULL);
+    return 0;
+}
+
+static void test_shm_create_attach_detach_shares_data_between_processes(void **state)
+{
+    shm_seg_t *s = NULL;
+    char err[256] = "";
+    assert_int_equal(shm_create(&s, job_a, "share", 3 * 4096, err, sizeof(err)), 0);
+    unsigned char *d = shm_data(s);
+    size_t size = shm_size(s), half = size / 2;
+    for (size_t i = 0; i < half; i++)
+        d[i] = (unsigned char)(i * 7 + 1);
+    share_arg_t a = {.size = size};
+    assert_int_equal(reap(spawn(child_checks_and_answers, &a), 5), 0);
+    for (size_t i = half; i < size; i++)
+        if (d[i] != (unsigned char)(i * 3 + 5))
+            fail_msg("byte %zu written by the child reads %u", i, d[i]);
+    shm_detach(&s);
+    assert_null(s);
+    assert_int_equal(shm_unlink_name(job_a, "share"), 0);
+}
+
+static void test_shm_create_of_existing_segment_fails_with_eexist_naming_it(void **state)
+{
+    shm_seg_t *s = NULL, *t = NULL;
+    char err[256] = "", want[128];
+    assert_int_equal(shm_create(&s, job_a, "dup", 4096, err, sizeof(err)), 0);
+    ((char *)shm_data(s))[0] = 42;
+    assert_int_equal(shm_create(&t, job_a, "dup", 4096, err, sizeof(err)), -EEXIST);
+    assert_null(t);
+    snprintf(want, sizeof(want), "ctitan.%s.dup", job_a);
+    assert_non_null(strstr(err, want));
+    /* the failed create must leave the existing segment alone */
+    assert_int_equal(shm_attach(&t, job_a, "dup", err, sizeof(err)), 0);
+    assert_int_equal(((char *)shm_data(t))[0], 42);
+    shm_detach(&t);
+    shm_detach(&s);
+    assert_int_equal(shm_unlink_name(job_a, "dup"), 0);
+}
+
+static void test_shm_attach_of_missing_segment_fails_naming_it(void **state)
+{
+    shm_seg_t *s = NULL;
+    char err[256] = "", want[128];
+    assert_int_equal(shm_attach(&s, job_a, "missing", err, sizeof(err)), -ENOENT);
+    assert_null(s);
+    snprintf(want, sizeof(want), "ctitan.%s.missing", job_a);
+    assert_non_null(strstr(err, want));
+    assert_int_equal(shm_unlink_name(job_a, "missing"), -ENOENT);
+}
+
+static void test_shm_segment_mode_is_0600_whatever_the_umask(void **state)
+{
+    shm_seg_t *s = NULL;
+    char err[256] = "", path[160];
+    mode_t old = umask(0);
+    int rc = shm_create(&s, job_a, "mode", 1, err, sizeof(err));
+    umask(old);
+    assert_int_equal(rc, 0);
+    snprintf(path, sizeof(path), "/dev/shm/ctitan.%s.mode", job_a);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_true(S_ISREG(st.st_mode));
+    assert_int_equal(st.st_mode & 07777, 0600);
+    assert_int_equal(st.st_uid, getuid());
+    shm_detach(&s);
+    assert_int_equal(shm_unlink_name(job_a, "mode"), 0);
+    assert_int_equal(stat(path, &st), -1);
+}
+
+static void test_shm_sizes_round_up_to_a_page(void **state)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    struct {
+        size_t ask, want;
+    } cases[] = {{0, page}, {1, page}, {page - 1, page}, {page, page}, {page + 1, 2 * page},
+                 {5 * page + 17, 6 * page}};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        shm_seg_t *s = NULL, *t = NULL;
+        char err[256] = "", path[160];
+        assert_int_equal(shm_create(&s, job_a, "size", cases[i].ask, err, sizeof(err)), 0);
+        assert_int_equal(shm_size(s), cases[i].want);
+        snprintf(path, sizeof(path), "/dev/shm/ctitan.%s.size", job_a);
+        struct stat st;
+        assert_int_equal(stat(path, &st), 0);
+        assert_int_equal((size_t)st.st_size, cases[i].want);
+        /* every page is allocated already, not left to a first touch on the hot path */
+        assert_true((size_t)st.st_blocks * 512 >= cases[i].want);
+        assert_int_equal(shm_attach(&t, job_a, "size", err, sizeof(err)), 0);
+        assert_int_equal(shm_size(t), cases[i].want);
+        ((volatile char *)shm_data(t))[cases[i].want - 1] = 1; /* the last byte is mapped */
+        shm_detach(&t);
+        shm_detach(&s);
+        assert_int_equal(shm_unlink_name(job_a, "size"), 0);
+    }
+}
+
+/* A size near SIZE_MAX must not wrap around to a one-page segment, and a size tmpfs cannot
+ * hold must fail without leaving the segment behind. */
+static void test_shm_create_rejects_sizes_that_overflow(void **state)
+{
+    size_t huge[] = {SIZE_MAX, SIZE_MAX - 100, (SIZE_MAX >> 1) + 1};
+    for (size_t i = 0; i < sizeof(huge) / sizeof(huge[0]); i++) {
+        shm_seg_t *s = NULL;
+        char err[256] = "", want[128];
+        int rc = shm_create(&s, job_a, "huge", huge[i], err, sizeof(err));
+        if (rc == 0) {
+            size_t got = shm_size(s);
+            shm_detach(&s);
+            fail_msg("created a segment of %zu bytes when asked for %zu", got, huge[i]);
+        }
+        assert_true(rc < 0);
+        assert_null(s);
+        snprintf(want, sizeof(want), "ctitan.%s.huge", job_a);
+        assert_non_null(strstr(err, want));
+        expect_segment_count(job_a, 0);
+    }
+}
+
+static void test_shm_bad_names_are_rejected(void **state)
+{
+    char n63[64], n64[65];
+    memset(n63, 'x', 63);
+    n63[63] = '\0';
+    memset(n64, 'x', 64);
+    n64[64] = '\0';
+    const char *bad[] = {"", "a/b", "/a", "a.b", ".", "..", "a b", "a\nb", "tab\t", "é", n64};
+    const char *good[] = {"a", "A-Z_09", "-", n63};
+    assert_false(shm_name_ok(NULL));
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        shm_seg_t *s = NULL;
+        char err[256] = "";
+        if (shm_name_ok(bad[i]))
+            fail_msg("accepted bad name '%s'", bad[i]);
+        assert_int_equal(shm_create(&s, job_a, bad[i], 4096, err, sizeof(err)), -EINVAL);
+        assert_null(s);
+        assert_non_null(strstr(err, "bad shared-memory name"));
+        assert_int_equal(shm_create(&s, bad[i], "seg", 4096, err, sizeof(err)), -EINVAL);
+        assert_int_equal(shm_attach(&s, job_a, bad[i], err, sizeof(err)), -EINVAL);
+        assert_int_equal(shm_attach(&s, bad[i], "seg", err, sizeof(err)), -EINVAL);
+        assert_null(s);
+        assert_int_equal(shm_unlink_name(job_a, bad[i]), -EINVAL);
+        assert_int_equal(shm_unlink_name(bad[i], "seg"), -EINVAL);
+        char names[1][SHM_NAME_MAX];
+        assert_int_equal(shm_list(bad[i], names, 1), -EINVAL);
+        assert_int_equal(shm_remove_all(bad[i]), -EINVAL);
+    }
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++)
+        if (!shm_name_ok(good[i]))
+            fail_msg("rejected good name '%s'", good[i]);
+    shm_seg_t *s = NULL;
+    assert_int_equal(shm_create(&s, NULL, "seg", 4096, NULL, 0), -EINVAL);
+    assert_int_equal(shm_create(&s, job_a, NULL, 4096, NULL, 0), -EINVAL);
+    expect_segment_count(job_a, 0);
+}
+
+/* Every pair of names shm_name_ok accepts must give its own segment, even the longest ones
+ * (the path was once cut to SHM_NAME_MAX bytes, so long names collided). */
+static void test_shm_longest_names_make_distinct_segments(void **state)
+{
+    char n1[64], n2[64], err[256] = "";
+    memset(n1, 'n', 63);
+    n1[63] = '\0';
+    memcpy(n2, n1, sizeof(n1));
+    n2[62] = 'm';
+    shm_seg_t *s1 = NULL, *s2 = NULL;
+    assert_int_equal(shm_create(&s1, job_long, n1, 4096, err, sizeof(err)), 0);
+    if (shm_create(&s2, job_long, n2, 4096, err, sizeof(err))) {
+        shm_detach(&s1);
+        fail_msg("second long name: %s", err);
+    }
+    assert_ptr_not_equal(shm_data(s1), shm_data(s2));
+    ((char *)shm_data(s1))[0] = 1;
+    ((char *)shm_data(s2))[0] = 2;
+    assert_int_equal(((char *)shm_data(s1))[0], 1);
+
+    char names[4][SHM_NAME_MAX];
+    assert_int_equal(shm_list(job_long, names, 4), 2);
+    assert_true((!strcmp(names[0], n1) && !strcmp(names[1], n2)) ||
+                (!strcmp(names[0], n2) && !strcmp(names[1], n1)));
+    char path[300];
+    snprintf(path, sizeof(path), "/dev/shm/ctitan.%s.%s", job_long, n1);
+    assert_int_equal(access(path, F_OK), 0);
+    shm_detach(&s1);
+    shm_detach(&s2);
+    assert_int_equal(shm_remove_all(job_long), 2);
+    assert_int_equal(access(path, F_OK), -1);
+}
+
+static int cmp_name(const void *a, const void *b) { return strcmp(a, b); }
+
+static void test_shm_list_and_remove_all_see_exactly_the_jobs_segments(void **state)
+{
+    const char *mine[] = {"a", "b-1", "c_2"}, *theirs[] = {"a", "x"};
+    char err[256] = "";
+    for (int i = 0; i < 3; i++) {
+        shm_seg_t *s = NULL;
+        assert_int_equal(shm_create(&s, job_a, mine[i], 4096, err, sizeof(err)), 0);
+        shm_detach(&s);
+    }
+    for (int i = 0; i < 2; i++) {
+        shm_seg_t *s = NULL;
+        assert_int_equal(shm_create(&s, job_ab, theirs[i], 4096, err, sizeof(err)), 0);
+        shm_detach(&s);
+    }
+    char names[8][SHM_NAME_MAX];
+    int n = shm_list(job_a, names, 8);
+    assert_int_equal(n, 3);
+    qsort(names, (size_t)n, SHM_NAME_MAX, cmp_name);
+    for (int i = 0; i < 3; i++)
+        assert_string_equal(names[i], mine[i]);
+    n = shm_list(job_ab, names, 8);
+    assert_int_equal(n, 2);
+    qsort(names, (size_t)n, SHM_NAME_MAX, cmp_name);
+    assert_string_equal(names[0], "a");
+    assert_string_equal(names[1], "x");
+    assert_int_equal(shm_list(job_a, names, 2), 2); /* at most max */
+    assert_int_equal(shm_list(job_a, names, 0), 0);
+
+    assert_int_equal(shm_remove_all(job_a), 3);
+    expect_segment_count(job_a, 0);
+    expect_segment_count(job_ab, 2); /* the job whose name merely starts the same is untouched */
+    shm_seg_t *s = NULL;
+    assert_int_equal(shm_attach(&s, job_ab, "x", err, sizeof(err)), 0);
+    shm_detach(&s);
+    assert_int_equal(shm_remove_all(job_a), 0);
+    assert_int_equal(shm_remove_all(job_ab), 2);
+    expect_segment_count(job_ab, 0);
+}
+
+/* shm_list reports at most the 256 names shm_remove_all asks for at a time; removing them
+ * all must still remove every one. */
+static void test_shm_remove_all_removes_more_segments_than_one_listing_holds(void **state)
+{
+    enum { N = 300 };
+    char err[256] = "", name[16];
+    for (int i = 0; i < N; i++) {
+        shm_seg_t *s = NULL;
+        snprintf(name, sizeof(name), "s%d", i);
+        assert_int_equal(shm_create(&s, job_a, name, 1, err, sizeof(err)), 0);
+        shm_detach(&s);
+    }
+    assert_int_equal(shm_remove_all(job_a), N);
+    expect_segment_count(job_a, 0);
+}
+
+static void test_shm_segments_are_zero_filled(void **state)
+{
+    char err[256] = "";
+    for (int round = 0; round < 2; round++) {
+        shm_seg_t *s = NULL;
+        /* the second round reuses the name: a new segment never shows the old one's bytes */
+        assert_int_equal(shm_create(&s, job_a, "zero", 3 * 4096 + 1, err, sizeof(err)), 0);
+        const unsigned char *d = shm_data(s);
+        for (size_t i = 0; i < shm_size(s); i++)
+            if (d[i])
+                fail_msg("round %d: byte %zu is %u", round, i, d[i]);
+        memset(shm_data(s), 0xff, shm_size(s));
+        shm_detach(&s);
+        assert_int_equal(shm_unlink_name(job_a, "zero"), 0);
+    }
+}
+
+static void test_shm_mapping_outlives_unlink_until_detach(void **state)
+{
+    shm_seg_t *s = NULL, *t = NULL;
+    char err[256] = "";
+    assert_int_equal(shm_create(&s, job_a, "gone", 4096, err, sizeof(err)), 0);
+    assert_int_equal(shm_attach(&t, job_a, "gone", err, sizeof(err)), 0);
+    assert_int_equal(shm_unlink_name(job_a, "gone"), 0);
+    assert_int_equal(shm_unlink_name(job_a, "gone"), -ENOENT);
+    expect_segment_count(job_a, 0);
+    ((char *)shm_data(s))[100] = 7; /* both mappings still reach the same pages */
+    assert_int_equal(((char *)shm_data(t))[100], 7);
+    shm_detach(&s);
+    shm_detach(&t);
+    shm_detach(&t); /* detaching twice is harmless */
+}
+
+int main(void)
+{
+#define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+    const struct CMUnitTest tests[] = {
+        T(test_shm_create_attach_detach_shares_data_between_processes),
+        T(test_shm_create_of_existing_segment_fails_with_eexist_naming_it),
+        T(test_shm_attach_of_missing_segment_fails_naming_it),
+        T(test_shm_segment_mode_is_0600_whatever_the_umask),
+        T(test_shm_sizes_round_up_to_a_page),
+        T(test_shm_create_rejects_sizes_that_overflow),
+        T(test_shm_bad_names_are_rejected),
+        T(test_shm_longest_names_make_distinct_segments),
+        T(test_shm_list_and_remove_all_see_exactly_the_jobs_segments),
+        T(test_shm_remove_all_removes_more_segments_than_one_listing_holds),
+        T(test_shm_segments_are_zero_filled),
+        T(test_shm_mapping_outlives_unlink_until_detach),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,61 @@
+/* `ctitan launch MANIFEST [--section.key value ...]`: resolves the manifest with its
+ * overrides and runs the job as its coordinator (tools/coord.h). */
+#include <stdio.h>
+#include <string.h>
+
+#include "tools/cmds.h"
+#include "tools/coord.h"
+#include "tools/manifest.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: ctitan launch MANIFEST.toml [--section.key value ...]\n"
+            "Starts and supervises the job's processes (loader, pipeline stages, optimizer shards)\n"
+            "and trains. Any manifest key can be overridden with its dotted name, e.g.\n"
+            "  --training.steps 20 --parallelism.pipeline_parallel_degree 2 --metrics.file m.jsonl\n"
+            "(--key=value works too). Sections and keys: see README.md.\n");
+}
+
+int cmd_launch(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    static manifest_t m;
+    char err[1024];
+    if (manifest_load(&m, argv[1], err, sizeof(err))) {
+        fprintf(stderr, "launch: %s\n", err);
+        return 2;
+    }
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        if (strncmp(a, "--", 2) || !strchr(a, '.')) {
+            fprintf(stderr, "launch: expected --section.key value, got '%s' (try --help)\n", a);
+            return 2;
+        }
+        char key[256];
+        const char *eq = strchr(a, '='), *value;
+        if (eq) {
+            snprintf(key, sizeof(key), "%.*s", (int)(eq - a - 2), a + 2);
+            value = eq + 1;
+        } else {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "launch: %s needs a value\n", a);
+                return 2;
+            }
+            snprintf(key, sizeof(key), "%s", a + 2);
+            value = argv[++i];
+        }
+        if (manifest_override(&m, key, value, err, sizeof(err))) {
+            fprintf(stderr, "launch: %s\n", err);
+            return 2;
+        }
+    }
+    if (manifest_validate(&m, err, sizeof(err))) {
+        fprintf(stderr, "launch: %s\n", err);
+        return 2;
+    }
+    return coord_run(&m);
+}

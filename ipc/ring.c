@@ -149,9 +149,9 @@ int ring_reserve(ring_t *r, int timeout_ms, void **payload)
 int ring_commit(ring_t *r, uint64_t tag0, uint64_t tag1, size_t len)
 {
     ring_hdr_t *h = r->h;
-    if (len > h->slot_bytes)
-        return -EINVAL;
     uint64_t head = atomic_load_explicit(&h->head, memory_order_relaxed);
+    if (len > h->slot_bytes || head - atomic_load_explicit(&h->tail, memory_order_acquire) >= h->nslots)
+        return -EINVAL; /* too long, or no slot was reserved: never overwrite an unread one */
     ring_meta_t *m = &r->meta[head % h->nslots];
     *m = (ring_meta_t){.seq = head, .tag = {tag0, tag1}, .len = len};
     atomic_store_explicit(&h->head, head + 1, memory_order_release);
@@ -186,6 +186,8 @@ void ring_release(ring_t *r)
 {
     ring_hdr_t *h = r->h;
     uint64_t tail = atomic_load_explicit(&h->tail, memory_order_relaxed);
+    if (tail == atomic_load_explicit(&h->head, memory_order_acquire))
+        return; /* nothing peeked: moving past head would break the stream */
     atomic_store_explicit(&h->tail, tail + 1, memory_order_release);
     wake_all(&h->tail);
 }

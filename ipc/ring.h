@@ -40,14 +40,15 @@ void ring_detach(ring_t **r);
  * Returns 0, -ETIMEDOUT, or -ECANCELED once the ring is closed. Calling it again before
  * commit returns the same slot. */
 int ring_reserve(ring_t *r, int timeout_ms, void **payload);
-/* Producer: publishes the reserved slot. -EINVAL if len exceeds the slot. */
+/* Producer: publishes the reserved slot. -EINVAL if len exceeds the slot or the ring is full
+ * (no slot was reserved). */
 int ring_commit(ring_t *r, uint64_t tag0, uint64_t tag1, size_t len);
 
 /* Consumer: waits up to timeout_ms for the oldest committed slot; *payload points at it in
  * place until ring_release. Returns 0, -ETIMEDOUT, -ECANCELED (closed and empty), or
  * -EPROTO if the slot's sequence number is not the expected one (memory corrupted). */
 int ring_peek(ring_t *r, int timeout_ms, void **payload, ring_meta_t *meta);
-/* Consumer: frees the slot returned by ring_peek. */
+/* Consumer: frees the slot returned by ring_peek (does nothing on an empty ring). */
 void ring_release(ring_t *r);
 
 uint64_t ring_head(const ring_t *r); /* slots committed since format/reset */

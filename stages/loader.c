@@ -1,15 +1,77 @@
-/* ctitan-loader: the built-in data loader. Reads a token file (ctitan's or llm.c's) and fills
- * the batch rings with [seqs, seq_len] inputs and next-token targets through stages/ldr.h.
- * Sequence k of the run reads window w of T+1 tokens starting at token w*T, where
- * w = k mod W (sequential) or a seeded permutation of it per epoch k / W (shuffle), and W is
- * the number of whole windows in the file. Its cursor is {"sample": k}. */
+/* ctitan-loader: the built-in data loader. Reads token files (ctitan's or llm.c's; one file or
+ * a glob pattern such as "data/fineweb_train_*.bin", files in sorted order) and fills the
+ * batch rings with [seqs, seq_len] inputs and next-token targets through stages/ldr.h.
+ * The files' whole windows of T+1 tokens (file f's window i starts at its token i*T) are
+ * numbered across the files in order; sequence k of the run reads window k mod W
+ * (sequential) or a seeded permutation of it per epoch k / W (shuffle), W the total.
+ * Its cursor is {"sample": k}. */
 #include <errno.h>
+#include <glob.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "stages/ldr.h"
 #include "tools/tokfile.h"
+
+typedef struct {
+    tokfile_t **files;
+    uint64_t *first;   /* (n + 1) global index of each file's first window; first[n] = W */
+    size_t n;
+} shards_t;
+
+static void shards_close(shards_t *s)
+{
+    for (size_t i = 0; i < s->n; i++)
+        tokfile_close(&s->files[i]);
+    free(s->files);
+    free(s->first);
+}
+
+static int shards_open(shards_t *s, const char *pattern, int vocab, uint64_t T, char *err, size_t errlen)
+{
+    glob_t g;
+    int rc = glob(pattern, GLOB_ERR, NULL, &g);
+    if (rc == GLOB_NOMATCH) {
+        snprintf(err, errlen, "loader.dataset_path %s: no such file", pattern);
+        return -ENOENT;
+    }
+    if (rc) {
+        snprintf(err, errlen, "loader.dataset_path %s: cannot list the files", pattern);
+        return -EIO;
+    }
+    s->files = calloc(g.gl_pathc, sizeof(*s->files));
+    s->first = calloc(g.gl_pathc + 1, sizeof(*s->first));
+    rc = s->files && s->first ? 0 : -ENOMEM;
+    for (size_t i = 0; !rc && i < g.gl_pathc; i++) {
+        if ((rc = tokfile_open(&s->files[i], g.gl_pathv[i], vocab, err, errlen)))
+            break;
+        size_t count = tokfile_count(s->files[i]);
+        s->first[i + 1] = s->first[i] + (count > T ? (count - 1) / T : 0);
+        s->n = i + 1;
+    }
+    if (!rc && s->first[s->n] == 0) {
+        snprintf(err, errlen, "loader.dataset_path %s: no file holds seq_len + 1 = %llu tokens", pattern,
+                 (unsigned long long)T + 1);
+        rc = -EINVAL;
+    }
+    globfree(&g);
+    return rc;
+}
+
+/* Reads global window w into window[0..T]. */
+static void shards_read(const shards_t *s, uint64_t w, uint64_t T, int32_t *window)
+{
+    size_t lo = 0, hi = s->n - 1; /* the last file whose first window is <= w */
+    while (lo < hi) {
+        size_t mid = (lo + hi + 1) / 2;
+        if (s->first[mid] <= w)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    tokfile_read(s->files[lo], (w - s->first[lo]) * T, T + 1, window);
+}
 
 int main(int argc, char **argv)
 {
@@ -21,28 +83,21 @@ int main(int argc, char **argv)
         return 1;
     }
     const ldr_info_t *in = ldr_info(l);
-    tokfile_t *tf = NULL;
+    uint64_t T = (uint64_t)in->seq_len, k = 0;
+    shards_t sh = {0};
     int rc = 1;
-    int32_t *window = malloc(((size_t)in->seq_len + 1) * sizeof(int32_t));
+    int32_t *window = malloc((T + 1) * sizeof(int32_t));
     if (!window) {
         ldr_fail(l, "out of memory");
         goto out;
     }
-    if (tokfile_open(&tf, in->dataset_path, in->vocab_size, err, sizeof(err))) {
+    if (shards_open(&sh, in->dataset_path, in->vocab_size, T, err, sizeof(err))) {
         ldr_fail(l, err);
         goto out;
     }
-    uint64_t T = (uint64_t)in->seq_len;
-    if (tokfile_count(tf) < T + 1) {
-        snprintf(err, sizeof(err), "%s: %zu tokens, fewer than seq_len %d + 1", in->dataset_path,
-                 tokfile_count(tf), in->seq_len);
-        ldr_fail(l, err);
-        goto out;
-    }
-    uint64_t W = (tokfile_count(tf) - 1) / T;
+    uint64_t W = sh.first[sh.n];
     size_t clen;
     const uint8_t *cur = ldr_cursor(l, &clen);
-    uint64_t k = 0;
     if (clen && ldr_cursor_get(cur, clen, "sample", &k)) {
         ldr_fail(l, "the resume cursor has no \"sample\" key: it comes from a loader of another kind");
         goto out;
@@ -51,8 +106,7 @@ int main(int argc, char **argv)
     while (ldr_next(l, &b) == 0) {
         for (int q = 0; q < b.seqs; q++, k++) {
             uint64_t epoch = k / W, i = k % W;
-            uint64_t w = in->shuffle ? ldr_shuffle(in->seed, epoch, W, i) : i;
-            tokfile_read(tf, w * T, T + 1, window);
+            shards_read(&sh, in->shuffle ? ldr_shuffle(in->seed, epoch, W, i) : i, T, window);
             memcpy(b.tokens + (size_t)q * T, window, T * sizeof(int32_t));
             memcpy(b.targets + (size_t)q * T, window + 1, T * sizeof(int32_t));
         }
@@ -63,7 +117,7 @@ int main(int argc, char **argv)
     rc = 0;
 out:
     free(window);
-    tokfile_close(&tf);
+    shards_close(&sh);
     ldr_close(&l);
     return rc;
 }

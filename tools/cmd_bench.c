@@ -12,6 +12,7 @@
 
 #include "kernels/model.h"
 #include "kernels/ops.h"
+#include "tools/bench_pipeline.h"
 #include "tools/cmds.h"
 #include "tools/peak.h"
 #include "tools/util.h"
@@ -201,5 +202,5 @@ int cmd_bench(int argc, char **argv)
     bench_step(&b, "debugmodel", "demo (debugmodel)", 8, 256);
     bench_step(&b, "gpt2s", "GPT-2-small-sized Llama", b.quick ? 2 : 4, 256);
     printf("\n");
-    return 0;
+    return bench_pipeline(b.peak, b.quick) ? 1 : 0;
 }

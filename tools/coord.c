@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <glob.h>
 #include <limits.h>
 #include <math.h>
 #include <signal.h>
@@ -509,7 +510,6 @@ static int make_segments(coord_t *c, char *err, size_t errlen)
     c->hdr = shm_data(c->seg_job);
     *c->hdr = (job_hdr_t){.magic = JOB_MAGIC, .version = JOB_VERSION, .owner_pid = getpid(),
                           .owner_start = job_proc_start(getpid()), .n_blocks = c->lay.n_blocks};
-    snprintf(c->hdr->endpoint, sizeof(c->hdr->endpoint), "%s", c->endpoint);
     if ((rc = shm_create(&c->seg_params, m->name, "params", job_params_bytes(&c->lay), err, errlen)) ||
         (rc = shm_create(&c->seg_grads, m->name, "grads", job_params_bytes(&c->lay), err, errlen)))
         return rc;
@@ -619,22 +619,24 @@ static int make_dirs(const char *path)
     return mkdir(tmp, 0755) < 0 && errno != EEXIST ? -errno : 0;
 }
 
-/* Checks the data files before any process starts, so a wrong path is one clear error. */
+/* Checks the data before any process starts, so a wrong path is one clear error: the
+ * dataset pattern must match, and its first file must be a valid token file (the loader
+ * checks the others as it opens them). */
 static int check_data(coord_t *c, char *err, size_t errlen)
 {
     const manifest_t *m = c->m;
     tokfile_t *tf = NULL;
-    int rc;
+    int rc = 0;
     c->entropy = NAN;
     if (!m->command[0]) {
-        if ((rc = tokfile_open(&tf, m->dataset_path, m->model.vocab_size, err, errlen)))
-            return rc;
-        if (tokfile_count(tf) < (size_t)m->seq_len + 1)
-            rc = util_fail(err, errlen, -EINVAL, "loader.dataset_path %s: %zu tokens, fewer than seq_len %d + 1",
-                           m->dataset_path, tokfile_count(tf), m->seq_len);
-        else
-            c->entropy = eval_unigram_entropy(tf);
+        glob_t g;
+        if (glob(m->dataset_path, GLOB_ERR, NULL, &g))
+            return util_fail(err, errlen, -ENOENT, "loader.dataset_path %s: no such file", m->dataset_path);
+        rc = tokfile_open(&tf, g.gl_pathv[0], m->model.vocab_size, err, errlen);
+        if (!rc)
+            c->entropy = eval_unigram_entropy(tf, (size_t)1 << 24);
         tokfile_close(&tf);
+        globfree(&g);
         if (rc)
             return rc;
     }
@@ -831,14 +833,17 @@ int coord_run(const manifest_t *m)
         snprintf(err, sizeof(err), "cannot set up signal handling: %s", strerror(-rc));
     if (!rc)
         rc = make_segments(&c, err, sizeof(err));
-    if (!rc)
-        rc = ctl_server_new(&c.ctl, c.endpoint, err, sizeof(err));
+    if (!rc && !(rc = ctl_server_new(&c.ctl, c.endpoint, err, sizeof(err)))) {
+        /* tcp://HOST:* binds a free port: workers and `ctitan loader swap` need the real one */
+        snprintf(c.endpoint, sizeof(c.endpoint), "%s", ctl_endpoint(c.ctl));
+        snprintf(c.hdr->endpoint, sizeof(c.hdr->endpoint), "%s", c.endpoint);
+    }
     if (rc) {
         fprintf(stderr, "launch: %s\n", err);
         goto out;
     }
     c.peak_gflops = m->peak_tflops > 0 ? m->peak_tflops * 1e3
-                                       : peak_sgemm_gflops((int)sysconf(_SC_NPROCESSORS_ONLN), 512, NULL, NULL);
+                                       : peak_sgemm_gflops((int)sysconf(_SC_NPROCESSORS_ONLN), 1024, NULL, NULL);
     c.n_stages = m->pp * m->dp;
     c.np = 1 + c.n_stages + m->shards;
     c.p = calloc((size_t)c.np, sizeof(proc_t));
@@ -857,7 +862,7 @@ int coord_run(const manifest_t *m)
            m->name, m->model_name, m->flavor, c.lay.total / 1e6, m->pp, sched_kind_name(m->schedule),
            m->microbatches, c.lay.mb, m->seq_len, m->dp, m->shards, c.np, c.peak_gflops);
     if (!isnan(c.entropy))
-        printf("launch: data %s, unigram entropy %.4f nats/token\n", m->dataset_path, c.entropy);
+        printf("launch: data %s, unigram entropy %.4f nats/token (first file)\n", m->dataset_path, c.entropy);
     fflush(stdout);
     for (int i = 0; i < c.np && !c.failed; i++)
         spawn(&c, &c.p[i]);

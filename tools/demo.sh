@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# `make demo`: prepares the fortunes corpus once, then trains the debugmodel-shaped Llama on
-# it in one process and prints a text sample (the pipeline issue will move this to `ctitan launch`).
+# `make demo`: prepares the fortunes corpus once, then trains the debugmodel-shaped Llama on it
+# with `ctitan launch manifests/demo.toml` (loader, 2 pipeline stages with 1F1B, 2 optimizer
+# shards, each its own process) and prints a validation loss and a text sample.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=build/bin/ctitan
 [ -f data/fortunes/train.bin ] || "$bin" prep --out data/fortunes
-exec "$bin" train --data data/fortunes --model debugmodel --steps "${DEMO_STEPS:-300}" --batch 8 --seq 256 --lr 2e-3 "$@"
+exec "$bin" launch manifests/demo.toml "$@"

@@ -100,9 +100,9 @@ out:
     return rc;
 }
 
-double eval_unigram_entropy(const tokfile_t *tf)
+double eval_unigram_entropy(const tokfile_t *tf, size_t max_tokens)
 {
-    size_t n = tokfile_count(tf), V = 0;
+    size_t n = tokfile_count(tf) < max_tokens ? tokfile_count(tf) : max_tokens, V = 0;
     for (size_t i = 0; i < n; i++) {
         size_t t = tokfile_get(tf, i);
         V = t + 1 > V ? t + 1 : V;

@@ -28,8 +28,8 @@ double eval_loss(const model_config_t *cfg, float *w, pool_t *pool, const tokfil
 int eval_sample(const model_config_t *cfg, float *w, pool_t *pool, tok_t *tok, const tokfile_t *prompt_src,
                 int ntokens, double temperature, uint64_t seed, FILE *out);
 
-/* Entropy in nats of the token distribution of tf (what a model knowing only token
- * frequencies would score). */
-double eval_unigram_entropy(const tokfile_t *tf);
+/* Entropy in nats of the token distribution of the first max_tokens tokens of tf (what a
+ * model knowing only token frequencies would score). */
+double eval_unigram_entropy(const tokfile_t *tf, size_t max_tokens);
 
 #endif

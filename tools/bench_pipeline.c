@@ -1,0 +1,192 @@
+/* Pipeline bench (see bench_pipeline.h). Each configuration is one `ctitan launch` of the
+ * demo-shaped model (debugmodel, 8 x 256 tokens per step) on random tokens; the first step
+ * is a warm-up and the medians of the rest are reported. */
+#include "tools/bench_pipeline.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "stages/schedule.h"
+#include "tools/tokfile.h"
+#include "tools/util.h"
+
+#define MAX_PP 8
+#define MAX_STEPS 64
+
+typedef struct {
+    int n;
+    double step[MAX_STEPS], ctl[MAX_STEPS], opt[MAX_STEPS], mfu[MAX_STEPS], tps[MAX_STEPS];
+    double act[MAX_PP][3][MAX_STEPS]; /* per rank: F, B, W ms */
+} runs_t;
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median of v[1..n) (step 1 warms up). */
+static double median(const double *v, int n)
+{
+    double tmp[MAX_STEPS];
+    int k = 0;
+    for (int i = 1; i < n; i++)
+        tmp[k++] = v[i];
+    if (!k)
+        return v[0];
+    qsort(tmp, (size_t)k, sizeof(double), cmp_double);
+    return k % 2 ? tmp[k / 2] : 0.5 * (tmp[k / 2 - 1] + tmp[k / 2]);
+}
+
+static double field(const char *line, const char *key)
+{
+    const char *p = strstr(line, key);
+    return p ? atof(p + strlen(key)) : 0;
+}
+
+static int read_metrics(const char *path, int pp, runs_t *r)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    char line[4096];
+    r->n = 0;
+    while (r->n < MAX_STEPS && fgets(line, sizeof(line), f)) {
+        int i = r->n++;
+        r->step[i] = field(line, "\"step_time_ms\": ");
+        r->ctl[i] = field(line, "\"ctl_overhead_ms\": ");
+        r->opt[i] = field(line, "\"optimizer_ms\": ");
+        r->mfu[i] = field(line, "\"mfu\": ");
+        r->tps[i] = field(line, "\"tokens_per_s\": ");
+        const char *p = strstr(line, "\"stage_ms\": [");
+        for (int s = 0; p && s < pp; s++) {
+            p = strchr(p + (s ? 1 : 13), '[');
+            if (p)
+                sscanf(p, "[%lf, %lf, %lf]", &r->act[s][0][i], &r->act[s][1][i], &r->act[s][2][i]);
+        }
+    }
+    fclose(f);
+    return r->n > 0 ? 0 : -1;
+}
+
+static int run_job(const char *exe, const char *dir, const char *extra, int pp, runs_t *r)
+{
+    char cmd[3 * PATH_MAX + 1024], out[PATH_MAX], metrics[PATH_MAX];
+    snprintf(out, sizeof(out), "%s/job.out", dir);
+    snprintf(metrics, sizeof(metrics), "%s/m.jsonl", dir);
+    snprintf(cmd, sizeof(cmd),
+             "%s launch %s/bench.toml --job.dump_folder %s/runs --metrics.file %s "
+             "--loader.dataset_path %s/tokens.bin %s > %s 2>&1",
+             exe, dir, dir, metrics, dir, extra, out);
+    if (system(cmd) == 0 && read_metrics(metrics, pp, r) == 0)
+        return 0;
+    fprintf(stderr, "bench: the job failed (%s):\n", cmd);
+    snprintf(cmd, sizeof(cmd), "tail -20 %s >&2", out);
+    if (system(cmd)) { /* nothing more to say */
+    }
+    return -1;
+}
+
+static int write_inputs(const char *dir)
+{
+    enum { N = 300000, V = 2048 };
+    uint32_t *tok = malloc(N * sizeof(uint32_t));
+    if (!tok)
+        return -1;
+    uint64_t s = 88172645463325252ULL;
+    for (int i = 0; i < N; i++) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        tok[i] = (uint32_t)(s % V);
+    }
+    char path[PATH_MAX], err[512];
+    snprintf(path, sizeof(path), "%s/tokens.bin", dir);
+    int rc = tokfile_write(path, tok, N, V, err, sizeof(err));
+    free(tok);
+    if (rc) {
+        fprintf(stderr, "bench: %s\n", err);
+        return -1;
+    }
+    snprintf(path, sizeof(path), "%s/bench.toml", dir);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return -1;
+    fprintf(f, "[job]\nname = \"bench%d\"\n\n[model]\nflavor = \"debugmodel\"\n\n"
+               "[training]\nlocal_batch_size = 8\nseq_len = 256\n\n[lr_scheduler]\nwarmup_steps = 2\n\n"
+               "[optshard]\nshards = 2\n",
+            (int)getpid());
+    fclose(f);
+    return 0;
+}
+
+int bench_pipeline(double peak_gflops, int quick)
+{
+    char dir[] = "/tmp/ctitan-bench-XXXXXX", exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (n <= 0 || !mkdtemp(dir))
+        return -1;
+    exe[n] = 0;
+    int rc = write_inputs(dir), steps = quick ? 4 : 8;
+    printf("## process pipeline (`ctitan launch`, debugmodel 6.2M, 8 x 256 tokens per step, 1F1B, "
+           "2 optimizer shards, one stage process per pipeline rank on %ld CPUs)\n\n",
+           sysconf(_SC_NPROCESSORS_ONLN));
+    printf("Ideal = the 1F1B action lists simulated with the per-action times the stages measured in the "
+           "same run (medians over steps 2..%d), plus the optimizer rounds; it includes the bubble but no "
+           "waiting on the control plane or rings.\n\n", steps);
+    printf("| pp | microbatches | step ms | ideal ms | measured / ideal | tokens/s | MFU | F / B / W ms per "
+           "microbatch, by rank | optimizer ms | control plane ms |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    for (int pp = 1; pp <= 2 && !rc; pp++)
+        for (int M = 1; M <= 8 && !rc; M *= 2) {
+            char extra[512];
+            snprintf(extra, sizeof(extra),
+                     "--training.steps %d --parallelism.pipeline_parallel_degree %d "
+                     "--parallelism.pipeline_parallel_microbatches %d --metrics.peak_tflops %g",
+                     steps, pp, M, peak_gflops * 1e-3);
+            runs_t r;
+            if ((rc = run_job(exe, dir, extra, pp, &r)))
+                break;
+            double t[MAX_PP][3];
+            char acts[256] = "";
+            size_t len = 0;
+            for (int s = 0; s < pp; s++) {
+                for (int op = 0; op < 3; op++)
+                    t[s][op] = median(r.act[s][op], r.n) * 1e-3;
+                len += (size_t)snprintf(acts + len, sizeof(acts) - len, "%s%.0f / %.0f / %.0f", s ? "; " : "",
+                                        t[s][0] * 1e3, t[s][1] * 1e3, t[s][2] * 1e3);
+            }
+            sched_t sc;
+            char err[256];
+            if (sched_build(&sc, pp, 1, M, SCHED_1F1B, err, sizeof(err))) {
+                rc = -1;
+                break;
+            }
+            double opt = median(r.opt, r.n), ideal = sched_simulate(&sc, t, 0, NULL) * 1e3 + opt;
+            sched_free(&sc);
+            double step = median(r.step, r.n);
+            printf("| %d | %d | %.0f | %.0f | %.2f | %.0f | %.1f%% | %s | %.1f | %.2f |\n", pp, M, step, ideal,
+                   step / ideal, median(r.tps, r.n), 100 * median(r.mfu, r.n), acts, opt, median(r.ctl, r.n));
+            fflush(stdout);
+        }
+    if (!rc) {
+        /* a model with next to no compute: what is left of a step is the control plane */
+        runs_t r;
+        rc = run_job(exe, dir,
+                     "--training.steps 60 --model.flavor tiny --model.vocab_size 2048 --training.seq_len 8 "
+                     "--training.local_batch_size 2 --parallelism.pipeline_parallel_degree 2 "
+                     "--parallelism.pipeline_parallel_microbatches 2 --metrics.peak_tflops 1",
+                     2, &r);
+        if (!rc)
+            printf("\nControl plane: with a negligible model (tiny, 2 x 8 tokens, pp 2, 2 microbatches, 2 "
+                   "optimizer shards: 3 rounds of 2 messages out and 2 back per step) a whole step takes "
+                   "**%.2f ms** (median of 59), of which %.2f ms is outside any process's own work.\n\n",
+                   median(r.step, r.n), median(r.ctl, r.n));
+    }
+    char cmd[PATH_MAX + 16];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    if (system(cmd)) {
+    }
+    return rc ? -1 : 0;
+}

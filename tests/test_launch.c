@@ -21,9 +21,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <zmq.h>
+
 #include "ipc/shm.h"
 #include "stages/job.h"
 #include "tests/testutil.h"
+#include "tools/tokfile.h"
 
 #define MAX_STEPS 512
 
@@ -348,6 +351,108 @@ static void test_launch_data_parallel_2_matches_1_with_the_same_global_batch(voi
     print_message("dp2 vs dp1: %d of 12 losses differ in the last bits\n", differ);
 }
 
+/* The same tokens as an llm.c file (uint16 after a 256-int header), and split over two
+ * ctitan files at a window boundary (a glob), with shuffling on: the same run. */
+static void test_launch_llmc_files_and_globs_train_like_one_ctitan_file(void **state)
+{
+    NEED_BIN();
+    static char out[1 << 16];
+    char path[256], err[256];
+    snprintf(path, sizeof(path), "%s/data/train.bin", g_dir);
+    tokfile_t *tf = NULL;
+    assert_int_equal(tokfile_open(&tf, path, 0, err, sizeof(err)), 0);
+    size_t n = tokfile_count(tf), T = 32, cut = (n / T / 3) * T;
+    int32_t *tok = malloc(n * sizeof(int32_t));
+    uint32_t *u = malloc(n * sizeof(uint32_t));
+    uint16_t *u16 = malloc(n * sizeof(uint16_t));
+    assert_int_equal(tokfile_read(tf, 0, n, tok), 0);
+    tokfile_close(&tf);
+    for (size_t i = 0; i < n; i++)
+        u[i] = (uint32_t)tok[i], u16[i] = (uint16_t)tok[i];
+    int32_t hdr[256] = {TOKFILE_LLMC_MAGIC, TOKFILE_LLMC_VERSION, (int32_t)n};
+    snprintf(path, sizeof(path), "%s/llmc.bin", g_dir);
+    FILE *f = fopen(path, "wb");
+    fwrite(hdr, sizeof(hdr), 1, f);
+    fwrite(u16, sizeof(uint16_t), n, f);
+    fclose(f);
+    /* window i of the whole file starts at token i*T: part 1 ends one token into window `cut/T` */
+    snprintf(path, sizeof(path), "%s/part-1.bin", g_dir);
+    assert_int_equal(tokfile_write(path, u, cut + 1, 300, err, sizeof(err)), 0);
+    snprintf(path, sizeof(path), "%s/part-2.bin", g_dir);
+    assert_int_equal(tokfile_write(path, u + cut, n - cut, 300, err, sizeof(err)), 0);
+    free(tok), free(u), free(u16);
+    char a[32], b[32], c[32], extra[512];
+    job_name(a, sizeof(a), "ctfile");
+    job_name(b, sizeof(b), "llmcfile");
+    job_name(c, sizeof(c), "globfiles");
+    assert_int_equal(launch(a, "--loader.shuffle true --training.steps 40", out, sizeof(out)), 0);
+    snprintf(extra, sizeof(extra), "--loader.shuffle true --training.steps 40 --loader.dataset_path %s/llmc.bin", g_dir);
+    int rc = launch(b, extra, out, sizeof(out));
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+    snprintf(extra, sizeof(extra), "--loader.shuffle true --training.steps 40 --loader.dataset_path '%s/part-*.bin'",
+             g_dir);
+    rc = launch(c, extra, out, sizeof(out));
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+    assert_same_losses(a, b, 40);
+    assert_same_losses(a, c, 40);
+    /* and shuffling does change the order: a sequential run differs */
+    char d[32];
+    static char la[MAX_STEPS][40], ld[MAX_STEPS][40];
+    job_name(d, sizeof(d), "sequential");
+    assert_int_equal(launch(d, "--training.steps 40", out, sizeof(out)), 0);
+    losses(a, la);
+    losses(d, ld);
+    assert_true(strcmp(la[0], ld[0]) != 0); /* other sequences in the first batch */
+}
+
+/* The control plane over TCP on loopback, with garbage thrown at the coordinator's socket
+ * while it trains: it rejects the garbage and the losses are those of the ipc:// run. */
+static void test_launch_over_tcp_with_garbage_on_the_socket_gives_the_same_losses(void **state)
+{
+    NEED_BIN();
+    static char out[1 << 16];
+    char a[32], b[32], endpoint[256];
+    job_name(a, sizeof(a), "ipc");
+    job_name(b, sizeof(b), "tcp");
+    assert_int_equal(launch(a, "--training.steps 400", out, sizeof(out)), 0);
+    pid_t pid = launch_bg(b, "--training.steps 400 --job.endpoint tcp://127.0.0.1:*");
+    assert_int_equal(wait_step(b, 2, 60), 0);
+    /* the coordinator records its bound endpoint in the job segment */
+    shm_seg_t *seg = NULL;
+    char err[256];
+    assert_int_equal(shm_attach(&seg, b, "job", err, sizeof(err)), 0);
+    snprintf(endpoint, sizeof(endpoint), "%s", ((job_hdr_t *)shm_data(seg))->endpoint);
+    shm_detach(&seg);
+    assert_memory_equal(endpoint, "tcp://127.0.0.1:", 16);
+    void *ctx = zmq_ctx_new(), *sock = zmq_socket(ctx, ZMQ_DEALER);
+    int linger = 5000; /* zmq_ctx_term below waits until the garbage is delivered */
+    zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof(linger));
+    assert_int_equal(zmq_connect(sock, endpoint), 0);
+    uint64_t seed = 42;
+    char junk[512];
+    for (int i = 0; i < 300; i++) {
+        size_t len = tu_next(&seed) % sizeof(junk);
+        for (size_t k = 0; k < len; k++)
+            junk[k] = (char)tu_next(&seed);
+        if (i % 3 == 0) /* a valid-looking map of an unknown version */
+            memcpy(junk, "\x82\xa1v\x07\xa4type\xa4step", len = 14);
+        zmq_send(sock, junk, len, ZMQ_DONTWAIT);
+    }
+    zmq_close(sock);
+    zmq_ctx_term(ctx);
+    assert_int_equal(wait_exit(pid, 120), 0);
+    char path[256];
+    snprintf(path, sizeof(path), "%s/%s.out", g_dir, b);
+    read_file(path, out, sizeof(out));
+    assert_non_null(strstr(out, "rejected a control message"));
+    assert_same_losses(a, b, 400);
+    assert_clean(b);
+}
+
 /* ---- the loader: kill, swap ---- */
 
 static void test_launch_killed_loader_is_restarted_and_losses_match(void **state)
@@ -609,6 +714,8 @@ int main(void)
         cmocka_unit_test(test_launch_losses_bitwise_equal_for_1_and_3_optimizer_shards),
         cmocka_unit_test(test_launch_losses_bitwise_equal_for_gpipe_and_1f1b),
         cmocka_unit_test(test_launch_data_parallel_2_matches_1_with_the_same_global_batch),
+        cmocka_unit_test(test_launch_llmc_files_and_globs_train_like_one_ctitan_file),
+        cmocka_unit_test(test_launch_over_tcp_with_garbage_on_the_socket_gives_the_same_losses),
         cmocka_unit_test(test_launch_killed_loader_is_restarted_and_losses_match),
         cmocka_unit_test(test_launch_loader_swap_mid_run_gives_the_same_losses),
         cmocka_unit_test(test_launch_failed_swap_keeps_the_old_loader_and_the_losses),

@@ -944,7 +944,7 @@ static void test_manifest_repo_examples_parse_and_validate(void **state)
     assert_true(m.lr_sched.lr_min == 0.1);
     assert_int_equal(m.pp, 2);
     assert_int_equal(m.schedule, SCHED_1F1B);
-    assert_int_equal(m.microbatches, 4);
+    assert_int_equal(m.microbatches, 8);
     assert_int_equal(m.dp, 1);
     assert_int_equal(m.shards, 2);
     assert_string_equal(m.dataset_path, "data/fortunes/train.bin");

@@ -30,7 +30,7 @@ static const struct {
 } ttab[] = {
     {MSG_HELLO, "hello", "role rank replica pid"},
     {MSG_CONFIG, "config", "text step"},
-    {MSG_READY, "ready", "role rank replica"},
+    {MSG_READY, "ready", "role rank replica pid"},
     {MSG_STEP, "step", "step"},
     {MSG_STEP_DONE, "step_done", "step loss t_f t_b t_w t_busy t_wait"},
     {MSG_REDUCE, "reduce", "step"},
@@ -38,7 +38,7 @@ static const struct {
     {MSG_UPDATE, "update", "step grad_norm scale"},
     {MSG_UPDATED, "updated", "step lr t_busy"},
     {MSG_HEARTBEAT, "heartbeat", "role rank replica pid progress"},
-    {MSG_ERROR, "error", "role rank replica text"},
+    {MSG_ERROR, "error", "role rank replica pid text"},
     {MSG_STOP, "stop", ""},
     {MSG_SWAP, "swap", "text"},
     {MSG_REPLY, "reply", "ok text"},
@@ -512,8 +512,8 @@ static void test_msg_rejects_a_role_too_long_for_msg_t(void **state)
     assert_int_equal(decode_buf(b, n, &m, err), -EBADMSG);
     assert_string_equal(err, "ready: field 'role' is 16 bytes long, at most 15 allowed");
     /* 15 bytes fit */
-    n = raw_map(b, "85 a176 01 a474797065 a57265616479 a4726f6c65 af"
-                   "7369787465656e2d6279746573 2d61 a472616e6b 00 a77265706c696361 00");
+    n = raw_map(b, "86 a176 01 a474797065 a57265616479 a4726f6c65 af"
+                   "7369787465656e2d6279746573 2d61 a472616e6b 00 a77265706c696361 00 a3706964 00");
     assert_int_equal(decode_buf(b, n, &m, err), 0);
     assert_string_equal(m.role, "sixteen-bytes-a");
     /* the encoder refuses an unterminated role */

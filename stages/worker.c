@@ -38,6 +38,9 @@ static void fill_who(const worker_t *w, msg_t *m)
     m->pid = getpid();
 }
 
+/* Sends a heartbeat every interval and reads the coordinator's answers on the same socket;
+ * a coordinator that stops answering for heartbeat_timeout_ms is gone or hung, and a worker
+ * without its coordinator ends itself rather than wait on its rings forever. */
 static void *heartbeat_main(void *arg)
 {
     worker_t *w = arg;
@@ -48,15 +51,25 @@ static void *heartbeat_main(void *arg)
         LOG_E("heartbeat: %s", err);
         return NULL;
     }
-    int ms = w->man.heartbeat_interval_ms;
+    double interval = w->man.heartbeat_interval_ms * 1e-3, limit = w->man.heartbeat_timeout_ms * 1e-3;
+    double last_answer = util_now();
     while (!atomic_load(&w->quit)) {
         msg_t m = {.type = MSG_HEARTBEAT, .progress = atomic_load(&w->progress)};
         fill_who(w, &m);
         ctl_send(c, NULL, &m);
-        /* sleep in slices of at most 50 ms so worker_close does not wait a whole interval */
-        for (int left = ms; left > 0 && !atomic_load(&w->quit); left -= 50) {
-            int s = left < 50 ? left : 50;
-            nanosleep(&(struct timespec){.tv_sec = s / 1000, .tv_nsec = (s % 1000) * 1000000L}, NULL);
+        /* wait for answers in slices of at most 50 ms so worker_close is not held up */
+        double until = util_now() + interval;
+        for (double now = util_now(); now < until && !atomic_load(&w->quit); now = util_now()) {
+            int ms = (int)((until - now) * 1e3) + 1;
+            if (ctl_recv(c, ms < 50 ? ms : 50, NULL, &m, err, sizeof(err)) == 0) {
+                last_answer = util_now();
+                msg_clear(&m);
+            }
+        }
+        if (util_now() - last_answer > limit && !atomic_load(&w->quit)) {
+            LOG_E("the coordinator at %s has not answered heartbeats for %.1f s: exiting", w->endpoint,
+                  util_now() - last_answer);
+            _exit(1);
         }
     }
     ctl_destroy(&c);

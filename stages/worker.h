@@ -2,7 +2,9 @@
  * a DEALER named role.rank.replica to CTITAN_ENDPOINT, say hello, receive the resolved
  * manifest and the first step, say ready, take commands, and send heartbeats from a thread
  * of its own every job.heartbeat_interval_ms (with a progress counter the main thread bumps),
- * so a stopped or wedged process is noticed even while its main thread is busy. */
+ * so a stopped or wedged process is noticed even while its main thread is busy. The
+ * coordinator answers each heartbeat; a worker whose coordinator stops answering for
+ * job.heartbeat_timeout_ms exits (status 1) instead of waiting on its rings forever. */
 #ifndef CTITAN_WORKER_H
 #define CTITAN_WORKER_H
 

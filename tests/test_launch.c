@@ -679,15 +679,16 @@ static void test_launch_clears_stale_segments_but_not_a_live_job(void **state)
     static char out[1 << 16];
     char j[32], err[256];
     job_name(j, sizeof(j), "stale");
-    /* a crashed earlier run: segments whose owner is gone (pid 0 never runs) */
-    shm_seg_t *s = NULL;
-    assert_int_equal(shm_create(&s, j, "job", 4096, err, sizeof(err)), 0);
-    job_hdr_t *h = shm_data(s);
-    h->magic = JOB_MAGIC;
-    h->owner_pid = 999999999;
-    shm_detach(&s);
-    assert_int_equal(shm_create(&s, j, "params", 4096, err, sizeof(err)), 0);
-    shm_detach(&s);
+    /* a coordinator killed outright: its workers die with it (parent-death signal), its
+     * segments stay behind */
+    pid_t pid = launch_bg(j, "--training.steps 100000");
+    assert_int_equal(wait_step(j, 2, 60), 0);
+    kill(pid, SIGKILL);
+    assert_int_equal(wait_exit(pid, 10), 128 + SIGKILL);
+    for (int i = 0; i < 500 && job_procs(j) > 0; i++)
+        sleep_ms(10);
+    assert_int_equal(job_procs(j), 0);
+    assert_true(job_segments(j) >= 4);
     int rc = launch(j, "", out, sizeof(out));
     if (rc)
         print_error("%s\n", out);
@@ -695,8 +696,9 @@ static void test_launch_clears_stale_segments_but_not_a_live_job(void **state)
     assert_non_null(strstr(out, "stale"));
     assert_clean(j);
     /* a live owner (this test process) is respected */
+    shm_seg_t *s = NULL;
     assert_int_equal(shm_create(&s, j, "job", 4096, err, sizeof(err)), 0);
-    h = shm_data(s);
+    job_hdr_t *h = shm_data(s);
     h->magic = JOB_MAGIC;
     h->owner_pid = getpid();
     h->owner_start = job_proc_start(getpid());
@@ -705,6 +707,26 @@ static void test_launch_clears_stale_segments_but_not_a_live_job(void **state)
     assert_non_null(strstr(out, "already running"));
     assert_int_equal(job_segments(j), 1);
     shm_remove_all(j);
+}
+
+/* A coordinator that stops answering (SIGSTOP): its workers notice within the heartbeat
+ * timeout and exit; resumed, it finds them gone, fails and cleans up. */
+static void test_launch_workers_leave_a_stopped_coordinator(void **state)
+{
+    NEED_BIN();
+    char j[32];
+    job_name(j, sizeof(j), "coordstop");
+    pid_t pid = launch_bg(j, "--training.steps 100000 --job.heartbeat_interval_ms 50 --job.heartbeat_timeout_ms 1000");
+    assert_int_equal(wait_step(j, 2, 60), 0);
+    assert_true(job_procs(j) >= 5);
+    kill(pid, SIGSTOP);
+    int left = 1;
+    for (int i = 0; i < 1000 && (left = job_procs(j)) > 0; i++) /* well under 10 s */
+        sleep_ms(10);
+    kill(pid, SIGCONT);
+    assert_int_equal(left, 0);
+    assert_int_equal(wait_exit(pid, 30), 1);
+    assert_clean(j);
 }
 
 int main(void)
@@ -726,6 +748,7 @@ int main(void)
         cmocka_unit_test(test_launch_loader_error_fails_the_job_with_its_reason),
         cmocka_unit_test(test_launch_rejects_bad_manifests_with_file_and_line),
         cmocka_unit_test(test_launch_clears_stale_segments_but_not_a_live_job),
+        cmocka_unit_test(test_launch_workers_leave_a_stopped_coordinator),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -283,8 +283,13 @@ static void on_message(coord_t *c, const char *from, msg_t *m)
         p->ready = 1;
         LOG_D("%s is ready (pid %d)", who(p, name, sizeof(name)), (int)p->pid);
         break;
-    case MSG_HEARTBEAT:
+    case MSG_HEARTBEAT: { /* answered on the heartbeat socket: the worker's view of our health */
+        msg_t hb = {.type = MSG_HEARTBEAT, .rank = 0, .replica = 0, .pid = getpid()};
+        snprintf(hb.role, sizeof(hb.role), "coordinator");
+        if (ctl_send(c->ctl, from, &hb))
+            LOG_D("cannot answer the heartbeat of %s", from);
         break;
+    }
     case MSG_ERROR:
         if (p->role == P_LOADER && c->trial) {
             snprintf(c->trial_why, sizeof(c->trial_why), "the new loader failed: %s", m->text ? m->text : "");
@@ -666,7 +671,7 @@ static void end_of_run(coord_t *c, double secs)
     pool_t *pool = pool_new((int)sysconf(_SC_NPROCESSORS_ONLN));
     tokfile_t *val = NULL;
     char err[512];
-    printf("done: %d steps in %.1f s", m->steps - (int)c->step + (int)c->step, secs);
+    printf("done: %d steps in %.1f s", m->steps, secs);
     if (m->val_enable && tokfile_open(&val, m->val_dataset_path, m->model.vocab_size, err, sizeof(err)) == 0) {
         int used;
         double vl = eval_loss(&m->model, w, pool, val, m->local_batch_size, m->seq_len, m->val_steps, &used);
@@ -691,7 +696,7 @@ static void end_of_run(coord_t *c, double secs)
     fflush(stdout);
 }
 
-static void report_step(coord_t *c, double t_step, double t_reduce, double t_update)
+static void report_step(coord_t *c, double norm, double t_step, double t_reduce, double t_update)
 {
     const manifest_t *m = c->m;
     double loss = 0, t_stages = 0;
@@ -710,7 +715,7 @@ static void report_step(coord_t *c, double t_step, double t_reduce, double t_upd
     int step = (int)c->step + 1;
     if (step % m->log_freq == 0 || step == m->steps || step == 1) {
         printf("step %5d  loss %7.4f  grad_norm %7.3f  lr %.2e  tokens/s %7.0f  mfu %5.2f%%  %6.0f ms\n", step, loss,
-               c->hdr ? s0->reply.grad_norm : 0, lr, tps, 100 * mfu, t_step * 1e3);
+               norm, lr, tps, 100 * mfu, t_step * 1e3);
         fflush(stdout);
     }
     if (c->metrics) {
@@ -722,7 +727,7 @@ static void report_step(coord_t *c, double t_step, double t_reduce, double t_upd
         fprintf(c->metrics,
                 "{\"step\": %d, \"loss\": %.17g, \"grad_norm\": %.17g, \"lr\": %.17g, \"tokens_per_s\": %.1f, "
                 "\"mfu\": %.5f, \"step_time_ms\": %.3f, \"ctl_overhead_ms\": %.3f, \"optimizer_ms\": %.3f",
-                step, loss, s0->reply.grad_norm, lr, tps, mfu, t_step * 1e3, ctl * 1e3, (t_reduce + t_update) * 1e3);
+                step, loss, norm, lr, tps, mfu, t_step * 1e3, ctl * 1e3, (t_reduce + t_update) * 1e3);
         if (have)
             fprintf(c->metrics, ", \"loader_sample\": %llu", (unsigned long long)sample);
         fprintf(c->metrics, ", \"stage_ms\": [");
@@ -754,7 +759,6 @@ static void train(coord_t *c)
         msg_t step = {.type = MSG_STEP, .step = c->step};
         if (round_trip(c, 1, c->n_stages, &step))
             return;
-        double t1 = util_now();
         msg_t reduce = {.type = MSG_REDUCE, .step = c->step};
         if (round_trip(c, first_shard, m->shards, &reduce))
             return;
@@ -769,10 +773,8 @@ static void train(coord_t *c)
         msg_t update = {.type = MSG_UPDATE, .step = c->step, .grad_norm = norm, .scale = scale};
         if (round_trip(c, first_shard, m->shards, &update))
             return;
-        shard_proc(c, 0)->reply.grad_norm = norm;
         double t_update = max_busy(c), t_step = util_now() - t0;
-        (void)t1;
-        report_step(c, t_step, t_reduce, t_update);
+        report_step(c, norm, t_step, t_reduce, t_update);
         if (c->swap_pending)
             do_swap(c);
         if (c->failed || c->interrupted)

@@ -681,6 +681,11 @@ int manifest_validate(manifest_t *m, char *err, size_t errlen)
     CHECK(m->seq_len <= c->max_seq_len, "training", "seq_len",
           "training.seq_len = %d exceeds model.max_seq_len = %d (%s)", m->seq_len, c->max_seq_len,
           origin(m, kid("model", "max_seq_len"), o2, sizeof(o2)));
+    /* the loader's cursor table (stages/ldr_seg.h) holds 64 steps; the loader runs at most
+     * prefetch / microbatches + 1 steps ahead of the stages */
+    CHECK(m->prefetch <= 32 * m->microbatches, "loader", "prefetch",
+          "loader.prefetch = %d exceeds 32 x parallelism.pipeline_parallel_microbatches = %d",
+          m->prefetch, 32 * m->microbatches);
     CHECK(m->local_batch_size % m->microbatches == 0, "parallelism", "pipeline_parallel_microbatches",
           "parallelism.pipeline_parallel_microbatches = %d does not divide training.local_batch_size = %d (%s)",
           m->microbatches, m->local_batch_size,

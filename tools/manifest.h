@@ -125,6 +125,7 @@ int manifest_override(manifest_t *m, const char *dotted_key, const char *value, 
 
 /* Checks every value and the topology once parsing and overrides are done: the model config
  * (config_validate), seq_len <= max_seq_len, local_batch_size divisible by microbatches,
+ * prefetch <= 32 x microbatches (the loader's cursor table holds 64 steps),
  * 1 <= pp <= n_layers + 2 (pieces: embedding, each layer, head), split points strictly
  * increasing, inside 1..n_layers and exactly pp-1 of them when given, 1 <= shards and no more
  * shards than MANIFEST_BLOCK-float blocks in the model, names and enums valid. Errors name the

@@ -128,10 +128,7 @@ int main(int argc, char **argv)
     WORKER_CHECK(sh.w, worker_ready(sh.w) == 0, "cannot reach the coordinator");
     for (;;) {
         msg_t m;
-        int rc = worker_recv(sh.w, -1, &m);
-        if (rc == -EINTR || rc == -EAGAIN)
-            continue;
-        WORKER_CHECK(sh.w, rc == 0, "control socket: %s", strerror(-rc));
+        worker_command(sh.w, &m);
         msg_t reply = {.step = m.step};
         double t0 = util_now();
         if (m.type == MSG_STOP) {

@@ -10,20 +10,11 @@
 #include <string.h>
 #include <strings.h>
 
+#include "tools/util.h"
+
 /* Upper bound on the actions of one rank, far above any real pipeline, so that sizes and
  * indices stay in int and the tables in check/simulate stay small enough to allocate. */
 #define SCHED_MAX_ACTIONS (1 << 24)
-
-static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return rc;
-}
 
 /* Appends to err at *off, keeping it terminated when it runs out of room. */
 static void append(char *err, size_t errlen, size_t *off, const char *fmt, ...)
@@ -101,17 +92,17 @@ int sched_build(sched_t *out, int pp, int vstages, int microbatches, sched_kind_
                 size_t errlen)
 {
     memset(out, 0, sizeof(*out));
-    if (pp < 1) return fail(err, errlen, -EINVAL, "pipeline degree must be >= 1, got %d", pp);
+    if (pp < 1) return util_fail(err, errlen, -EINVAL, "pipeline degree must be >= 1, got %d", pp);
     if (microbatches < 1)
-        return fail(err, errlen, -EINVAL, "microbatches must be >= 1, got %d", microbatches);
+        return util_fail(err, errlen, -EINVAL, "microbatches must be >= 1, got %d", microbatches);
     if (kind != SCHED_GPIPE && kind != SCHED_1F1B)
-        return fail(err, errlen, -EINVAL, "unknown schedule kind %d", (int)kind);
+        return util_fail(err, errlen, -EINVAL, "unknown schedule kind %d", (int)kind);
     if (vstages != 1)
-        return fail(err, errlen, -EINVAL, "%s needs vstages = 1, got %d", sched_kind_name(kind),
+        return util_fail(err, errlen, -EINVAL, "%s needs vstages = 1, got %d", sched_kind_name(kind),
                     vstages);
     long long per_rank = 3LL * vstages * microbatches;
     if (per_rank > SCHED_MAX_ACTIONS || (long long)pp * per_rank > SCHED_MAX_ACTIONS)
-        return fail(err, errlen, -EINVAL,
+        return util_fail(err, errlen, -EINVAL,
                     "schedule too large: pp %d x %lld actions per rank exceeds %d actions", pp,
                     per_rank, SCHED_MAX_ACTIONS);
 
@@ -120,7 +111,7 @@ int sched_build(sched_t *out, int pp, int vstages, int microbatches, sched_kind_
     size_t rows = (size_t)pp * sizeof(sched_action_t *);
     size_t acts = (size_t)pp * (size_t)per_rank * sizeof(sched_action_t);
     char *base = malloc(rows + acts + (size_t)pp * sizeof(int));
-    if (!base) return fail(err, errlen, -ENOMEM, "out of memory for %d action lists", pp);
+    if (!base) return util_fail(err, errlen, -ENOMEM, "out of memory for %d action lists", pp);
     out->a = (sched_action_t **)base;
     sched_action_t *rowbase = (sched_action_t *)(base + rows); /* (pp, per_rank) */
     out->n = (int *)(base + rows + acts);                      /* (pp) */
@@ -232,23 +223,23 @@ static int check_lists(const sched_t *s, int *pos, size_t nslots, char *err, siz
     for (size_t i = 0; i < nslots; i++) pos[i] = -1;
     for (int r = 0; r < s->pp; r++) {
         if (s->n[r] < 0 || s->n[r] > SCHED_MAX_ACTIONS || (s->n[r] > 0 && !s->a[r]))
-            return fail(err, errlen, -EINVAL, "rank %d: bad action count %d", r, s->n[r]);
+            return util_fail(err, errlen, -EINVAL, "rank %d: bad action count %d", r, s->n[r]);
         for (int i = 0; i < s->n[r]; i++) {
             const sched_action_t *a = &s->a[r][i];
             if (a->op > SCHED_W)
-                return fail(err, errlen, -EINVAL, "rank %d action %d: unknown op %d", r, i,
+                return util_fail(err, errlen, -EINVAL, "rank %d action %d: unknown op %d", r, i,
                             a->op);
             if (a->chunk >= s->vstages)
-                return fail(err, errlen, -EINVAL,
+                return util_fail(err, errlen, -EINVAL,
                             "rank %d action %d: chunk %d out of range [0, %d)", r, i, a->chunk,
                             s->vstages);
             if (a->mb < 0 || a->mb >= s->microbatches)
-                return fail(err, errlen, -EINVAL,
+                return util_fail(err, errlen, -EINVAL,
                             "rank %d action %d: microbatch %d out of range [0, %d)", r, i, a->mb,
                             s->microbatches);
             int *p = &pos[slot(s, a->chunk * s->pp + r, a->mb, a->op)];
             if (*p >= 0)
-                return fail(err, errlen, -EINVAL, "rank %d: %s appears twice (actions %d and %d)",
+                return util_fail(err, errlen, -EINVAL, "rank %d: %s appears twice (actions %d and %d)",
                             r, action_str(b1, sizeof(b1), s, a->op, a->chunk, a->mb), *p, i);
             *p = i;
         }
@@ -257,11 +248,11 @@ static int check_lists(const sched_t *s, int *pos, size_t nslots, char *err, siz
                 const int *p = &pos[slot(s, c * s->pp + r, mb, 0)];
                 for (int op = SCHED_F; op <= SCHED_W; op++)
                     if (p[op] < 0)
-                        return fail(err, errlen, -EINVAL, "rank %d: %s is missing", r,
+                        return util_fail(err, errlen, -EINVAL, "rank %d: %s is missing", r,
                                     action_str(b1, sizeof(b1), s, op, c, mb));
                 for (int op = SCHED_B; op <= SCHED_W; op++)
                     if (p[op] < p[op - 1])
-                        return fail(err, errlen, -EINVAL,
+                        return util_fail(err, errlen, -EINVAL,
                                     "rank %d: %s at action %d comes before %s at action %d", r,
                                     action_str(b1, sizeof(b1), s, op, c, mb), p[op],
                                     action_str(b2, sizeof(b2), s, op - 1, c, mb), p[op - 1]);
@@ -301,11 +292,11 @@ static int check_header(const sched_t *s, char *err, size_t errlen)
 {
     if (!s || s->pp < 1 || s->vstages < 1 || s->vstages > 256 || s->microbatches < 1 || !s->n ||
         !s->a)
-        return fail(err, errlen, -EINVAL,
+        return util_fail(err, errlen, -EINVAL,
                     "bad schedule shape: pp %d, vstages %d, microbatches %d (or no lists)",
                     s ? s->pp : 0, s ? s->vstages : 0, s ? s->microbatches : 0);
     if ((long long)s->pp * s->vstages * s->microbatches * 3 > SCHED_MAX_ACTIONS)
-        return fail(err, errlen, -EINVAL, "schedule too large: pp %d, vstages %d, microbatches %d",
+        return util_fail(err, errlen, -EINVAL, "schedule too large: pp %d, vstages %d, microbatches %d",
                     s->pp, s->vstages, s->microbatches);
     return 0;
 }
@@ -317,7 +308,7 @@ static int check_into(const sched_t *s, scratch_t *sc, char *err, size_t errlen)
     if (rc) return rc;
     size_t nslots;
     if (scratch_alloc(s, sc, &nslots))
-        return fail(err, errlen, -ENOMEM, "out of memory checking the schedule");
+        return util_fail(err, errlen, -ENOMEM, "out of memory checking the schedule");
     rc = check_lists(s, sc->pos, nslots, err, errlen);
     if (rc) goto out;
 

@@ -274,10 +274,7 @@ int main(int argc, char **argv)
     WORKER_CHECK(st.w, worker_ready(st.w) == 0, "cannot reach the coordinator");
     for (;;) {
         msg_t m;
-        int rc = worker_recv(st.w, -1, &m);
-        if (rc == -EINTR || rc == -EAGAIN)
-            continue;
-        WORKER_CHECK(st.w, rc == 0, "control socket: %s", strerror(-rc));
+        worker_command(st.w, &m);
         msg_type_t type = m.type;
         int64_t step = m.step;
         msg_clear(&m);

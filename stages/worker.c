@@ -187,6 +187,15 @@ int worker_recv(worker_t *w, int timeout_ms, msg_t *m)
     }
 }
 
+void worker_command(worker_t *w, msg_t *m)
+{
+    int rc;
+    while ((rc = worker_recv(w, -1, m)) == -EINTR || rc == -EAGAIN)
+        ;
+    if (rc)
+        worker_die(w, "control socket: %s", strerror(-rc));
+}
+
 int worker_ready(worker_t *w)
 {
     msg_t m = {.type = MSG_READY};

@@ -33,6 +33,8 @@ int worker_send(worker_t *w, const msg_t *m);
 /* Next command (fields role/rank/replica are filled in for the caller's convenience).
  * Malformed messages are logged and skipped. Returns 0, -EAGAIN on timeout, or -errno. */
 int worker_recv(worker_t *w, int timeout_ms, msg_t *m);
+/* Blocks until the next command (a process main's loop); dies if the control socket breaks. */
+void worker_command(worker_t *w, msg_t *m);
 /* Tells the coordinator this worker is set up. */
 int worker_ready(worker_t *w);
 /* Bumps the progress counter the heartbeats carry. */

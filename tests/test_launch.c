@@ -40,15 +40,6 @@ static const char *bin(void)
 
 static void sleep_ms(int ms) { nanosleep(&(struct timespec){ms / 1000, (ms % 1000) * 1000000L}, NULL); }
 
-static int run(const char *cmd, char *out, size_t outlen)
-{
-    FILE *f = popen(cmd, "r");
-    assert_non_null(f);
-    size_t n = fread(out, 1, outlen - 1, f);
-    out[n] = 0;
-    int st = pclose(f);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 static int setup(void **state)
 {
@@ -68,7 +59,7 @@ static int setup(void **state)
         fprintf(f, "%s%s%s", syl[(i * 3) % 7], syl[(i * 5 + 1) % 8], i % 7 == 6 ? ".\n" : " ");
     fclose(f);
     snprintf(cmd, sizeof(cmd), "%s prep --vocab 300 --out %s/data %s 2>&1", bin(), g_dir, path);
-    return run(cmd, out, sizeof(out)) == 0 ? 0 : -1;
+    return tu_run(cmd, out, sizeof(out)) == 0 ? 0 : -1;
 }
 
 static int teardown(void **state)
@@ -102,7 +93,7 @@ static int launch(const char *job, const char *extra, char *out, size_t outlen)
     char args[2048], cmd[4096];
     base_args(args, sizeof(args), job);
     snprintf(cmd, sizeof(cmd), "%s %s %s 2>&1", bin(), args, extra);
-    return run(cmd, out, outlen);
+    return tu_run(cmd, out, outlen);
 }
 
 /* Starts `ctitan launch` in the background with its output in DIR/JOB.out; returns its pid. */
@@ -126,19 +117,6 @@ static pid_t launch_bg(const char *job, const char *extra)
         _exit(127);
     }
     return pid;
-}
-
-static int wait_exit(pid_t pid, int timeout_s)
-{
-    for (int i = 0; i < timeout_s * 100; i++) {
-        int st;
-        if (waitpid(pid, &st, WNOHANG) == pid)
-            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        sleep_ms(10);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-    return -1;
 }
 
 static void read_file(const char *path, char *buf, size_t n)
@@ -444,7 +422,7 @@ static void test_launch_over_tcp_with_garbage_on_the_socket_gives_the_same_losse
     }
     zmq_close(sock);
     zmq_ctx_term(ctx);
-    assert_int_equal(wait_exit(pid, 120), 0);
+    assert_int_equal(tu_reap(pid, 120, NULL), 0);
     char path[256];
     snprintf(path, sizeof(path), "%s/%s.out", g_dir, b);
     read_file(path, out, sizeof(out));
@@ -473,7 +451,7 @@ static void test_launch_killed_loader_is_restarted_and_losses_match(void **state
         if (ldr > 0 && kill(ldr, SIGKILL) == 0)
             kills++;
     }
-    assert_int_equal(wait_exit(pid, 120), 0);
+    assert_int_equal(tu_reap(pid, 120, NULL), 0);
     char path[256];
     snprintf(path, sizeof(path), "%s/%s.out", g_dir, b);
     read_file(path, out, sizeof(out));
@@ -496,7 +474,7 @@ static void test_launch_loader_swap_mid_run_gives_the_same_losses(void **state)
     assert_int_equal(wait_step(b, 3, 60), 0);
     pid_t before = child_named(pid, "ctitan-loader");
     snprintf(cmd, sizeof(cmd), "%s loader swap --job %s --cmd 'build/bin/ctitan-loader' 2>&1", bin(), b);
-    int rc = run(cmd, out, sizeof(out));
+    int rc = tu_run(cmd, out, sizeof(out));
     if (rc)
         print_error("%s\n", out);
     assert_int_equal(rc, 0);
@@ -505,7 +483,7 @@ static void test_launch_loader_swap_mid_run_gives_the_same_losses(void **state)
     assert_true(at > 3 && at < 200); /* it landed mid-run */
     pid_t after = child_named(pid, "ctitan-loader");
     assert_true(after > 0 && after != before);
-    assert_int_equal(wait_exit(pid, 120), 0);
+    assert_int_equal(tu_reap(pid, 120, NULL), 0);
     assert_same_losses(a, b, 200);
     assert_clean(b);
 }
@@ -524,10 +502,10 @@ static void test_launch_failed_swap_keeps_the_old_loader_and_the_losses(void **s
     snprintf(cmd, sizeof(cmd),
              "%s loader swap --job %s --cmd 'build/bin/ctitan-loader-text --text /nonexistent.txt "
              "--tokenizer %s/data/tokenizer.bin' 2>&1", bin(), b, g_dir);
-    assert_int_equal(run(cmd, out, sizeof(out)), 1);
+    assert_int_equal(tu_run(cmd, out, sizeof(out)), 1);
     assert_non_null(strstr(out, "/nonexistent.txt"));
     assert_non_null(strstr(out, "previous loader continues"));
-    assert_int_equal(wait_exit(pid, 120), 0);
+    assert_int_equal(tu_reap(pid, 120, NULL), 0);
     assert_same_losses(a, b, 150);
     assert_clean(b);
 }
@@ -546,7 +524,7 @@ static void test_launch_text_loader_swapped_for_itself_resumes_exactly(void **st
     snprintf(cmd, sizeof(cmd), "%s launch manifests/tiny.toml --job.name %s --job.dump_folder %s/runs/%s "
              "--metrics.file %s/%s.jsonl --metrics.peak_tflops 1 --training.steps 150 '--loader.command=%s' 2>&1",
              bin(), a, g_dir, a, g_dir, a, tl);
-    int rc = run(cmd, out, sizeof(out));
+    int rc = tu_run(cmd, out, sizeof(out));
     if (rc)
         print_error("%s\n", out);
     assert_int_equal(rc, 0);
@@ -555,11 +533,11 @@ static void test_launch_text_loader_swapped_for_itself_resumes_exactly(void **st
     snprintf(line, sizeof(line), "%s launch manifests/tiny.toml --job.name %s --job.dump_folder %s/runs/%s "
              "--metrics.file %s/%s.jsonl --metrics.peak_tflops 1 --training.steps 150 '--loader.command=%s' "
              "> %s/%s.out 2>&1 & echo $!", bin(), b, g_dir, b, g_dir, b, tl, g_dir, b);
-    assert_int_equal(run(line, out, sizeof(out)), 0);
+    assert_int_equal(tu_run(line, out, sizeof(out)), 0);
     pid_t pid = atoi(out);
     assert_int_equal(wait_step(b, 3, 60), 0);
     snprintf(cmd, sizeof(cmd), "%s loader swap --job %s --cmd '%s' 2>&1", bin(), b, tl);
-    rc = run(cmd, out, sizeof(out));
+    rc = tu_run(cmd, out, sizeof(out));
     if (rc)
         print_error("%s\n", out);
     assert_int_equal(rc, 0);
@@ -581,7 +559,7 @@ static void test_launch_ctrl_c_stops_every_process_and_removes_segments(void **s
     assert_true(job_procs(j) >= 5); /* loader, 2 stages, 2 shards */
     assert_true(job_segments(j) >= 4);
     kill(pid, SIGINT);
-    assert_int_equal(wait_exit(pid, 30), 130);
+    assert_int_equal(tu_reap(pid, 30, NULL), 130);
     assert_clean(j);
 }
 
@@ -596,7 +574,7 @@ static void test_launch_killed_stage_fails_the_job_naming_it(void **state)
     pid_t st = child_named(pid, "ctitan-stage");
     assert_true(st > 0);
     kill(st, SIGKILL);
-    assert_int_equal(wait_exit(pid, 30), 1);
+    assert_int_equal(tu_reap(pid, 30, NULL), 1);
     snprintf(path, sizeof(path), "%s/%s.out", g_dir, j);
     read_file(path, out, sizeof(out));
     assert_non_null(strstr(out, "failed: stage rank"));
@@ -615,7 +593,7 @@ static void test_launch_stopped_stage_is_noticed_by_heartbeat(void **state)
     pid_t st = child_named(pid, "ctitan-stage");
     assert_true(st > 0);
     kill(st, SIGSTOP);
-    int rc = wait_exit(pid, 30); /* noticed within the timeout plus clean-up, well under 30 s */
+    int rc = tu_reap(pid, 30, NULL); /* noticed within the timeout plus clean-up, well under 30 s */
     kill(st, SIGKILL);
     assert_int_equal(rc, 1);
     snprintf(path, sizeof(path), "%s/%s.out", g_dir, j);
@@ -651,24 +629,24 @@ static void test_launch_rejects_bad_manifests_with_file_and_line(void **state)
     fprintf(f, "[job]\nname = \"bad\"\n\n[training]\nsteps = 10\nbogus = 3\n");
     fclose(f);
     snprintf(cmd, sizeof(cmd), "%s launch %s 2>&1", bin(), path);
-    assert_int_equal(run(cmd, out, sizeof(out)), 2);
+    assert_int_equal(tu_run(cmd, out, sizeof(out)), 2);
     assert_non_null(strstr(out, "bad.toml:6"));
     assert_non_null(strstr(out, "bogus"));
     snprintf(cmd, sizeof(cmd), "%s launch manifests/tiny.toml --parallelism.pipeline_parallel_degree 9 2>&1", bin());
-    assert_int_equal(run(cmd, out, sizeof(out)), 2);
+    assert_int_equal(tu_run(cmd, out, sizeof(out)), 2);
     assert_non_null(strstr(out, "pipeline_parallel_degree"));
     snprintf(cmd, sizeof(cmd), "%s launch manifests/tiny.toml --training.local_batch_size 3 2>&1", bin());
-    assert_int_equal(run(cmd, out, sizeof(out)), 2);
+    assert_int_equal(tu_run(cmd, out, sizeof(out)), 2);
     assert_non_null(strstr(out, "local_batch_size"));
     snprintf(cmd, sizeof(cmd), "%s launch manifests/tiny.toml --training.steps ten 2>&1", bin());
-    assert_int_equal(run(cmd, out, sizeof(out)), 2);
+    assert_int_equal(tu_run(cmd, out, sizeof(out)), 2);
     assert_non_null(strstr(out, "--training.steps"));
     /* a missing data file is named before any process starts, and nothing is left */
     char j[32];
     job_name(j, sizeof(j), "nodata");
     snprintf(cmd, sizeof(cmd), "%s launch manifests/tiny.toml --job.name %s --job.dump_folder %s/runs/%s "
              "--loader.dataset_path %s/missing.bin 2>&1", bin(), j, g_dir, j, g_dir);
-    assert_int_equal(run(cmd, out, sizeof(out)), 1);
+    assert_int_equal(tu_run(cmd, out, sizeof(out)), 1);
     assert_non_null(strstr(out, "missing.bin"));
     assert_clean(j);
 }
@@ -684,7 +662,7 @@ static void test_launch_clears_stale_segments_but_not_a_live_job(void **state)
     pid_t pid = launch_bg(j, "--training.steps 100000");
     assert_int_equal(wait_step(j, 2, 60), 0);
     kill(pid, SIGKILL);
-    assert_int_equal(wait_exit(pid, 10), 128 + SIGKILL);
+    assert_int_equal(tu_reap(pid, 10, NULL), 128 + SIGKILL);
     for (int i = 0; i < 500 && job_procs(j) > 0; i++)
         sleep_ms(10);
     assert_int_equal(job_procs(j), 0);
@@ -725,7 +703,7 @@ static void test_launch_workers_leave_a_stopped_coordinator(void **state)
         sleep_ms(10);
     kill(pid, SIGCONT);
     assert_int_equal(left, 0);
-    assert_int_equal(wait_exit(pid, 30), 1);
+    assert_int_equal(tu_reap(pid, 30, NULL), 1);
     assert_clean(j);
 }
 

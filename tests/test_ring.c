@@ -23,6 +23,7 @@
 
 #include "ipc/ring.h"
 #include "ipc/shm.h"
+#include "tests/testutil.h"
 #include "tools/util.h"
 
 #define PAGE 4096u
@@ -152,33 +153,14 @@ static pid_t spawn(int (*fn)(void *), void *arg)
     return pid;
 }
 
-/* Waits (sleeping on a pidfd, not polling) up to timeout_s for the child, kills it if it is
- * still running then, and reaps it. Returns its exit status, 128+signal, or -1 if it had to
- * be killed; ru (optional) gets the child's resource usage. */
+/* tu_reap, and the child is no longer one to clean up. */
 static int reap(pid_t pid, double timeout_s, struct rusage *ru)
 {
-    int pfd = (int)syscall(SYS_pidfd_open, pid, 0), timed_out = 0;
-    if (pfd >= 0) {
-        struct pollfd p = {.fd = pfd, .events = POLLIN};
-        int n;
-        while ((n = poll(&p, 1, (int)(timeout_s * 1000))) < 0 && errno == EINTR)
-            ;
-        if (n == 0) {
-            kill(pid, SIGKILL);
-            timed_out = 1;
-        }
-        close(pfd);
-    }
-    int st = 0;
-    struct rusage dummy;
-    while (wait4(pid, &st, 0, ru ? ru : &dummy) < 0 && errno == EINTR)
-        ;
+    int rc = tu_reap(pid, timeout_s, ru);
     for (int i = 0; i < MAX_KIDS; i++)
         if (fx.kids[i] == pid)
             fx.kids[i] = 0;
-    if (timed_out)
-        return -1;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    return rc;
 }
 
 /* Child side: says it is about to block. */

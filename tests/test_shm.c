@@ -21,6 +21,7 @@
 #include <cmocka.h>
 
 #include "ipc/shm.h"
+#include "tests/testutil.h"
 
 /* This run's jobs: job_a, job_ab (job_a is a prefix of it) and a longest-possible job name. */
 static char job_a[32], job_ab[40], job_long[64];
@@ -63,32 +64,14 @@ static pid_t spawn(int (*fn)(void *), void *arg)
     return pid;
 }
 
-/* Waits (sleeping on a pidfd, not polling) up to timeout_s for the child, kills it if it is
- * still running then, and reaps it. Returns its exit status, 128+signal, or -1 if it had to
- * be killed. */
+/* tu_reap, and the child is no longer one to clean up. */
 static int reap(pid_t pid, double timeout_s)
 {
-    int pfd = (int)syscall(SYS_pidfd_open, pid, 0), timed_out = 0;
-    if (pfd >= 0) {
-        struct pollfd p = {.fd = pfd, .events = POLLIN};
-        int n;
-        while ((n = poll(&p, 1, (int)(timeout_s * 1000))) < 0 && errno == EINTR)
-            ;
-        if (n == 0) {
-            kill(pid, SIGKILL);
-            timed_out = 1;
-        }
-        close(pfd);
-    }
-    int st = 0;
-    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
-        ;
+    int rc = tu_reap(pid, timeout_s, NULL);
     for (int i = 0; i < MAX_KIDS; i++)
         if (kids[i] == pid)
             kids[i] = 0;
-    if (timed_out)
-        return -1;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    return rc;
 }
 
 /* ---- fixture -------------------------------------------------------------------------- */

@@ -19,16 +19,6 @@ static const char *bin(void)
     return b ? b : "build/bin/ctitan";
 }
 
-/* Runs a shell command, captures stdout+stderr into out; returns the exit status. */
-static int run(const char *cmd, char *out, size_t outlen)
-{
-    FILE *f = popen(cmd, "r");
-    assert_non_null(f);
-    size_t n = fread(out, 1, outlen - 1, f);
-    out[n] = 0;
-    int st = pclose(f);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 static void test_train_tiny_model_loss_falls_and_samples(void **state)
 {
@@ -48,12 +38,12 @@ static void test_train_tiny_model_loss_falls_and_samples(void **state)
         fprintf(f, "%s%s%s", syl[(i * 3) % 7], syl[(i * 5 + 1) % 8], i % 7 == 6 ? ".\n" : " ");
     fclose(f);
     snprintf(cmd, sizeof(cmd), "%s prep --vocab 300 --out %s/data %s/corpus.txt 2>&1", bin(), dir, dir);
-    assert_int_equal(run(cmd, out, sizeof(out)), 0);
+    assert_int_equal(tu_run(cmd, out, sizeof(out)), 0);
     snprintf(cmd, sizeof(cmd),
              "%s train --data %s/data --model tiny --model.vocab_size 300 --model.dim 32 "
              "--steps 60 --batch 4 --seq 32 --lr 1e-2 --threads 2 --sample 20 2>&1",
              bin(), dir);
-    int rc = run(cmd, out, sizeof(out));
+    int rc = tu_run(cmd, out, sizeof(out));
     if (rc)
         print_error("%s\n", out);
     assert_int_equal(rc, 0);
@@ -85,16 +75,16 @@ static void test_train_rejects_bad_arguments_with_a_reason(void **state)
     static char out[8192];
     char cmd[512];
     snprintf(cmd, sizeof(cmd), "%s train --data /nonexistent/dir 2>&1", bin());
-    assert_int_equal(run(cmd, out, sizeof(out)), 1);
+    assert_int_equal(tu_run(cmd, out, sizeof(out)), 1);
     assert_non_null(strstr(out, "/nonexistent/dir/train.bin"));
     snprintf(cmd, sizeof(cmd), "%s train --data x --model.dim 250 2>&1", bin());
-    assert_int_equal(run(cmd, out, sizeof(out)), 2);
+    assert_int_equal(tu_run(cmd, out, sizeof(out)), 2);
     assert_non_null(strstr(out, "model.dim (250) is not divisible by model.n_heads (16)"));
     snprintf(cmd, sizeof(cmd), "%s train --data x --steps many 2>&1", bin());
-    assert_int_equal(run(cmd, out, sizeof(out)), 2);
+    assert_int_equal(tu_run(cmd, out, sizeof(out)), 2);
     assert_non_null(strstr(out, "--steps"));
     snprintf(cmd, sizeof(cmd), "%s train --data x --bogus 1 2>&1", bin());
-    assert_int_equal(run(cmd, out, sizeof(out)), 2);
+    assert_int_equal(tu_run(cmd, out, sizeof(out)), 2);
     assert_non_null(strstr(out, "unknown option '--bogus'"));
 }
 

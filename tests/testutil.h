@@ -1,13 +1,20 @@
-/* Small helpers shared by the cmocka test programs: seeded random fills and tolerance
- * comparisons of fp32 results against double references (atol + rtol*|ref|). */
+/* Small helpers shared by the cmocka test programs: seeded random fills, tolerance
+ * comparisons of fp32 results against double references (atol + rtol*|ref|), temp trees,
+ * and running commands and child processes. */
 #ifndef CTITAN_TESTUTIL_H
 #define CTITAN_TESTUTIL_H
 
+#include <errno.h>
 #include <ftw.h>
 #include <math.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static inline uint64_t tu_next(uint64_t *s)
@@ -83,6 +90,45 @@ static inline int tu_rmtree(const char *dir)
 {
     nftw(dir, tu_rm_entry, 16, FTW_DEPTH | FTW_PHYS);
     return access(dir, F_OK) == 0 ? -1 : 0;
+}
+
+/* Runs a shell command, captures its output (up to outlen-1 bytes) into out; returns its exit
+ * status (-1 if it did not exit). */
+static inline int tu_run(const char *cmd, char *out, size_t outlen)
+{
+    FILE *f = popen(cmd, "r");
+    if (!f)
+        return -1;
+    size_t n = fread(out, 1, outlen - 1, f);
+    out[n] = 0;
+    int st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Waits (sleeping on a pidfd, not polling) up to timeout_s for child pid, kills it if it is
+ * still running then, and reaps it. Returns its exit status, 128+signal, or -1 if it had to
+ * be killed; ru (optional) gets the child's resource usage. */
+static inline int tu_reap(pid_t pid, double timeout_s, struct rusage *ru)
+{
+    int pfd = (int)syscall(SYS_pidfd_open, pid, 0), timed_out = 0;
+    if (pfd >= 0) {
+        struct pollfd p = {.fd = pfd, .events = POLLIN};
+        int n;
+        while ((n = poll(&p, 1, (int)(timeout_s * 1000))) < 0 && errno == EINTR)
+            ;
+        if (n == 0) {
+            kill(pid, SIGKILL);
+            timed_out = 1;
+        }
+        close(pfd);
+    }
+    int st = 0;
+    struct rusage dummy;
+    while (wait4(pid, &st, 0, ru ? ru : &dummy) < 0 && errno == EINTR)
+        ;
+    if (timed_out)
+        return -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
 #endif

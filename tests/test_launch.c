@@ -441,11 +441,11 @@ static void test_launch_killed_loader_is_restarted_and_losses_match(void **state
     job_name(a, sizeof(a), "undisturbed");
     job_name(b, sizeof(b), "loaderkill");
     /* a small prefetch keeps the loader busy through the run, so kills land mid-step */
-    snprintf(extra, sizeof(extra), "--training.steps 60 --loader.prefetch 1");
+    snprintf(extra, sizeof(extra), "--training.steps 300 --loader.prefetch 1");
     assert_int_equal(launch(a, extra, out, sizeof(out)), 0);
     pid_t pid = launch_bg(b, extra);
     int kills = 0;
-    for (int target = 5; target <= 35; target += 15) {
+    for (int target = 5; target <= 205; target += 100) {
         assert_int_equal(wait_step(b, target, 60), 0);
         pid_t ldr = child_named(pid, "ctitan-loader");
         if (ldr > 0 && kill(ldr, SIGKILL) == 0)
@@ -457,7 +457,7 @@ static void test_launch_killed_loader_is_restarted_and_losses_match(void **state
     read_file(path, out, sizeof(out));
     assert_true(kills >= 2);
     assert_non_null(strstr(out, "restarted"));
-    assert_same_losses(a, b, 60);
+    assert_same_losses(a, b, 300);
     assert_clean(b);
 }
 
@@ -468,7 +468,7 @@ static void test_launch_loader_swap_mid_run_gives_the_same_losses(void **state)
     char a[32], b[32], extra[256], cmd[1024];
     job_name(a, sizeof(a), "noswap");
     job_name(b, sizeof(b), "swap");
-    snprintf(extra, sizeof(extra), "--training.steps 200");
+    snprintf(extra, sizeof(extra), "--training.steps 400");
     assert_int_equal(launch(a, extra, out, sizeof(out)), 0);
     pid_t pid = launch_bg(b, extra);
     assert_int_equal(wait_step(b, 3, 60), 0);
@@ -480,11 +480,11 @@ static void test_launch_loader_swap_mid_run_gives_the_same_losses(void **state)
     assert_int_equal(rc, 0);
     int at = 0;
     assert_int_equal(sscanf(strstr(out, "after step"), "after step %d", &at), 1);
-    assert_true(at > 3 && at < 200); /* it landed mid-run */
+    assert_true(at > 3 && at < 400); /* it landed mid-run */
     pid_t after = child_named(pid, "ctitan-loader");
     assert_true(after > 0 && after != before);
     assert_int_equal(tu_reap(pid, 120, NULL), 0);
-    assert_same_losses(a, b, 200);
+    assert_same_losses(a, b, 400);
     assert_clean(b);
 }
 
@@ -495,7 +495,7 @@ static void test_launch_failed_swap_keeps_the_old_loader_and_the_losses(void **s
     char a[32], b[32], extra[256], cmd[1024];
     job_name(a, sizeof(a), "noswap2");
     job_name(b, sizeof(b), "badswap");
-    snprintf(extra, sizeof(extra), "--training.steps 150");
+    snprintf(extra, sizeof(extra), "--training.steps 400");
     assert_int_equal(launch(a, extra, out, sizeof(out)), 0);
     pid_t pid = launch_bg(b, extra);
     assert_int_equal(wait_step(b, 3, 60), 0);
@@ -506,7 +506,7 @@ static void test_launch_failed_swap_keeps_the_old_loader_and_the_losses(void **s
     assert_non_null(strstr(out, "/nonexistent.txt"));
     assert_non_null(strstr(out, "previous loader continues"));
     assert_int_equal(tu_reap(pid, 120, NULL), 0);
-    assert_same_losses(a, b, 150);
+    assert_same_losses(a, b, 400);
     assert_clean(b);
 }
 
@@ -522,7 +522,7 @@ static void test_launch_text_loader_swapped_for_itself_resumes_exactly(void **st
              "--chunk-bytes 4096", g_dir, g_dir);
     /* the manifest's command runs through sh -c: pass it with --loader.command=... as one argument */
     snprintf(cmd, sizeof(cmd), "%s launch manifests/tiny.toml --job.name %s --job.dump_folder %s/runs/%s "
-             "--metrics.file %s/%s.jsonl --metrics.peak_tflops 1 --training.steps 150 '--loader.command=%s' 2>&1",
+             "--metrics.file %s/%s.jsonl --metrics.peak_tflops 1 --training.steps 300 '--loader.command=%s' 2>&1",
              bin(), a, g_dir, a, g_dir, a, tl);
     int rc = tu_run(cmd, out, sizeof(out));
     if (rc)
@@ -531,7 +531,7 @@ static void test_launch_text_loader_swapped_for_itself_resumes_exactly(void **st
     /* b starts with the same text loader and swaps it for a fresh one mid-run */
     char line[4096];
     snprintf(line, sizeof(line), "%s launch manifests/tiny.toml --job.name %s --job.dump_folder %s/runs/%s "
-             "--metrics.file %s/%s.jsonl --metrics.peak_tflops 1 --training.steps 150 '--loader.command=%s' "
+             "--metrics.file %s/%s.jsonl --metrics.peak_tflops 1 --training.steps 300 '--loader.command=%s' "
              "> %s/%s.out 2>&1 & echo $!", bin(), b, g_dir, b, g_dir, b, tl, g_dir, b);
     assert_int_equal(tu_run(line, out, sizeof(out)), 0);
     pid_t pid = atoi(out);
@@ -543,7 +543,7 @@ static void test_launch_text_loader_swapped_for_itself_resumes_exactly(void **st
     assert_int_equal(rc, 0);
     for (int i = 0; i < 12000 && kill(pid, 0) == 0; i++) /* not our child: poll until it exits */
         sleep_ms(10);
-    assert_same_losses(a, b, 150);
+    assert_same_losses(a, b, 300);
     assert_clean(b);
 }
 

@@ -461,6 +461,30 @@ static void test_launch_killed_loader_is_restarted_and_losses_match(void **state
     assert_clean(b);
 }
 
+/* A loader that stops answering (SIGSTOP) is killed and restarted like a dead one. */
+static void test_launch_hung_loader_is_replaced_and_losses_match(void **state)
+{
+    NEED_BIN();
+    static char out[1 << 16];
+    char a[32], b[32], extra[256], path[256];
+    job_name(a, sizeof(a), "hungref");
+    job_name(b, sizeof(b), "hungloader");
+    snprintf(extra, sizeof(extra), "--training.steps 200 --loader.prefetch 1 --job.heartbeat_interval_ms 50 "
+             "--job.heartbeat_timeout_ms 800");
+    assert_int_equal(launch(a, extra, out, sizeof(out)), 0);
+    pid_t pid = launch_bg(b, extra);
+    assert_int_equal(wait_step(b, 5, 60), 0);
+    pid_t ldr = child_named(pid, "ctitan-loader");
+    assert_true(ldr > 0);
+    kill(ldr, SIGSTOP);
+    assert_int_equal(tu_reap(pid, 120, NULL), 0);
+    snprintf(path, sizeof(path), "%s/%s.out", g_dir, b);
+    read_file(path, out, sizeof(out));
+    assert_non_null(strstr(out, "killing it to restart it"));
+    assert_same_losses(a, b, 200);
+    assert_clean(b);
+}
+
 static void test_launch_loader_swap_mid_run_gives_the_same_losses(void **state)
 {
     NEED_BIN();
@@ -473,6 +497,9 @@ static void test_launch_loader_swap_mid_run_gives_the_same_losses(void **state)
     pid_t pid = launch_bg(b, extra);
     assert_int_equal(wait_step(b, 3, 60), 0);
     pid_t before = child_named(pid, "ctitan-loader");
+    snprintf(cmd, sizeof(cmd), "%s status --job %s 2>&1", bin(), b);
+    assert_int_equal(tu_run(cmd, out, sizeof(out)), 0);
+    assert_non_null(strstr(out, "of 400, loader pid"));
     snprintf(cmd, sizeof(cmd), "%s loader swap --job %s --cmd 'build/bin/ctitan-loader' 2>&1", bin(), b);
     int rc = tu_run(cmd, out, sizeof(out));
     if (rc)
@@ -717,6 +744,7 @@ int main(void)
         cmocka_unit_test(test_launch_llmc_files_and_globs_train_like_one_ctitan_file),
         cmocka_unit_test(test_launch_over_tcp_with_garbage_on_the_socket_gives_the_same_losses),
         cmocka_unit_test(test_launch_killed_loader_is_restarted_and_losses_match),
+        cmocka_unit_test(test_launch_hung_loader_is_replaced_and_losses_match),
         cmocka_unit_test(test_launch_loader_swap_mid_run_gives_the_same_losses),
         cmocka_unit_test(test_launch_failed_swap_keeps_the_old_loader_and_the_losses),
         cmocka_unit_test(test_launch_text_loader_swapped_for_itself_resumes_exactly),

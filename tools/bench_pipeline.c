@@ -130,6 +130,8 @@ int bench_pipeline(double peak_gflops, int quick)
         return -1;
     exe[n] = 0;
     int rc = write_inputs(dir), steps = quick ? 4 : 8;
+    sched_t shown = {0};
+    double shown_t[MAX_PP][3];
     printf("## process pipeline (`ctitan launch`, debugmodel 6.2M, 8 x 256 tokens per step, 1F1B, "
            "2 optimizer shards, one stage process per pipeline rank on %ld CPUs)\n\n",
            sysconf(_SC_NPROCESSORS_ONLN));
@@ -164,12 +166,24 @@ int bench_pipeline(double peak_gflops, int quick)
                 break;
             }
             double opt = median(r.opt, r.n), ideal = sched_simulate(&sc, t, 0, NULL) * 1e3 + opt;
-            sched_free(&sc);
+            if (pp == 2 && M == 4) { /* the picture of one row, drawn after the table */
+                shown = sc;
+                memcpy(shown_t, t, sizeof(double) * 3 * pp);
+            } else {
+                sched_free(&sc);
+            }
             double step = median(r.step, r.n);
             printf("| %d | %d | %.0f | %.0f | %.2f | %.0f | %.1f%% | %s | %.1f | %.2f |\n", pp, M, step, ideal,
                    step / ideal, median(r.tps, r.n), 100 * median(r.mfu, r.n), acts, opt, median(r.ctl, r.n));
             fflush(stdout);
         }
+    if (!rc && shown.a) {
+        printf("\nThe pp 2, 4 microbatches row as the schedule plays it with the measured times (F: digit, B: "
+               "letter, W: w, idle: .):\n\n```\n");
+        sched_render(&shown, (const double (*)[3])shown_t, 96, stdout);
+        printf("```\n");
+    }
+    sched_free(&shown);
     if (!rc) {
         /* a model with next to no compute: what is left of a step is the control plane */
         runs_t r;

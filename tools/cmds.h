@@ -8,5 +8,6 @@ int cmd_bench(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_launch(int argc, char **argv);
 int cmd_loader(int argc, char **argv);
+int cmd_status(int argc, char **argv);
 
 #endif

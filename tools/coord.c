@@ -320,7 +320,13 @@ static void check_heartbeats(coord_t *c)
         proc_t *p = &c->p[i];
         if (p->pid == 0 || p->expect_exit)
             continue;
-        if (p->ready && now - p->last_hb > limit)
+        if (p->ready && now - p->last_hb > limit && p->role == P_LOADER) {
+            /* a hung loader is replaced like a dead one: kill it, reap() restarts it */
+            LOG_W("loader (pid %d): no heartbeat for %.1f s: killing it to restart it", (int)p->pid,
+                  now - p->last_hb);
+            kill(p->pid, SIGKILL);
+            p->last_hb = now;
+        } else if (p->ready && now - p->last_hb > limit)
             fail(c, "%s (pid %d): no heartbeat for %.1f s (hung, stopped or dead)", who(p, name, sizeof(name)),
                  (int)p->pid, now - p->last_hb);
         else if (!p->ready && now - p->started > STARTUP_TIMEOUT_S)

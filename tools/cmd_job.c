@@ -1,0 +1,116 @@
+/* Commands that talk to a running job's coordinator, found through the job's shared segment
+ * (it records the control endpoint):
+ *   ctitan loader swap --job NAME --cmd "..."   replace the loader at the next step boundary
+ *   ctitan status --job NAME                    where the job is */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ipc/ctl.h"
+#include "ipc/shm.h"
+#include "stages/job.h"
+#include "tools/cmds.h"
+
+/* Sends req to job's coordinator and prints its reply (stdout if ok, else stderr).
+ * Returns the exit status: 0 ok, 1 refused or unreachable. */
+static int ask(const char *what, const char *job, msg_t *req, int timeout_s)
+{
+    char err[512];
+    shm_seg_t *seg = NULL;
+    if (shm_attach(&seg, job, "job", err, sizeof(err))) {
+        fprintf(stderr, "%s: no running job '%s' (%s)\n", what, job, err);
+        return 1;
+    }
+    job_hdr_t h = *(job_hdr_t *)shm_data(seg);
+    shm_detach(&seg);
+    if (h.magic != JOB_MAGIC || !job_owner_alive(&h)) {
+        fprintf(stderr, "%s: job '%s' is not running (its coordinator is gone)\n", what, job);
+        return 1;
+    }
+    h.endpoint[sizeof(h.endpoint) - 1] = 0;
+    char id[CTL_ID_MAX];
+    snprintf(id, sizeof(id), "cli.%d.0", (int)getpid());
+    ctl_t *c = NULL;
+    if (ctl_client_new(&c, h.endpoint, id, err, sizeof(err))) {
+        fprintf(stderr, "%s: %s\n", what, err);
+        return 1;
+    }
+    int rc = ctl_send(c, NULL, req), status = 1;
+    msg_t m = {0};
+    if (rc)
+        fprintf(stderr, "%s: cannot reach the coordinator at %s: %s\n", what, h.endpoint, strerror(-rc));
+    else if ((rc = ctl_recv(c, timeout_s * 1000, NULL, &m, err, sizeof(err))) == -EAGAIN)
+        fprintf(stderr, "%s: no answer from job '%s' in %d s\n", what, job, timeout_s);
+    else if (rc)
+        fprintf(stderr, "%s: %s\n", what, rc == -EBADMSG ? err : strerror(-rc));
+    else if (m.type != MSG_REPLY)
+        fprintf(stderr, "%s: unexpected %s from the coordinator\n", what, msg_type_name(m.type));
+    else {
+        fprintf(m.ok ? stdout : stderr, "%s\n", m.text ? m.text : "");
+        status = m.ok ? 0 : 1;
+    }
+    msg_clear(&m);
+    ctl_destroy(&c);
+    return status;
+}
+
+static void usage_swap(FILE *f)
+{
+    fprintf(f, "usage: ctitan loader swap --job NAME --cmd \"COMMAND\" [--timeout SECONDS (300)]\n"
+               "Replaces the running loader of job NAME at the next step boundary with COMMAND\n"
+               "(run as `sh -c \"exec COMMAND\"`, a program built on stages/ldr.h); it resumes from\n"
+               "the loader cursor of that boundary. Exits 0 once the new loader runs.\n");
+}
+
+int cmd_loader(int argc, char **argv)
+{
+    const char *job = NULL, *cmd = NULL;
+    int timeout = 300;
+    int help = argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"));
+    if (argc < 2 || strcmp(argv[1], "swap")) {
+        usage_swap(help ? stdout : stderr);
+        return help ? 0 : 2;
+    }
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--help")) {
+            usage_swap(stdout);
+            return 0;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "loader swap: %s needs a value\n", argv[i]);
+            return 2;
+        }
+        if (!strcmp(argv[i], "--job")) job = argv[++i];
+        else if (!strcmp(argv[i], "--cmd")) cmd = argv[++i];
+        else if (!strcmp(argv[i], "--timeout")) timeout = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "loader swap: unknown option '%s'\n", argv[i]);
+            return 2;
+        }
+    }
+    if (!job || !cmd || !*cmd || timeout <= 0) {
+        fprintf(stderr, "loader swap: --job NAME and a non-empty --cmd are required\n");
+        return 2;
+    }
+    msg_t m = {.type = MSG_SWAP};
+    if (msg_set_text(&m, cmd)) {
+        fprintf(stderr, "loader swap: out of memory\n");
+        return 1;
+    }
+    int status = ask("loader swap", job, &m, timeout);
+    msg_clear(&m);
+    return status;
+}
+
+int cmd_status(int argc, char **argv)
+{
+    if (argc == 3 && !strcmp(argv[1], "--job")) {
+        msg_t m = {.type = MSG_STATUS};
+        return ask("status", argv[2], &m, 10);
+    }
+    int help = argc == 2 && !strcmp(argv[1], "--help");
+    fprintf(help ? stdout : stderr, "usage: ctitan status --job NAME\nSays which step a running job is at.\n");
+    return help ? 0 : 2;
+}

@@ -311,10 +311,9 @@ int ldr_next(ldr_t *l, ldr_batch_t *b)
     int r = l->replica;
     *b = (ldr_batch_t){.step = l->step, .replica = r, .microbatch = l->mb, .seqs = l->info.seqs,
                        .seq_len = l->info.seq_len};
+    /* when both are skipped they share the scratch buffer: what is written there is dropped */
     if (slot_for(l, 2 * r, &b->tokens) || slot_for(l, 2 * r + 1, &b->targets))
         return -ECANCELED;
-    if (b->tokens == b->targets) /* both skipped: two scratch halves are not needed */
-        b->targets = l->scratch;
     l->pending = 1;
     return 0;
 }

@@ -585,6 +585,19 @@ static void test_launch_ctrl_c_stops_every_process_and_removes_segments(void **s
     assert_int_equal(wait_step(j, 2, 60), 0);
     assert_true(job_procs(j) >= 5); /* loader, 2 stages, 2 shards */
     assert_true(job_segments(j) >= 4);
+    /* a second launch of the same job is refused and leaves the running one alone: its
+     * segments, and the control socket `ctitan status` reaches it through */
+    static char out[1 << 16];
+    char args[1024], cmd[2048];
+    base_args(args, sizeof(args), j);
+    snprintf(cmd, sizeof(cmd), "%s %s 2>&1", bin(), args);
+    assert_int_equal(tu_run(cmd, out, sizeof(out)), 1);
+    assert_non_null(strstr(out, "already running"));
+    snprintf(cmd, sizeof(cmd), "%s status --job %s 2>&1", bin(), j);
+    int rc = tu_run(cmd, out, sizeof(out));
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
     kill(pid, SIGINT);
     assert_int_equal(tu_reap(pid, 30, NULL), 130);
     assert_clean(j);

@@ -71,7 +71,8 @@ typedef struct {
     char why[1536];
     FILE *metrics;
     double peak_gflops;
-    double entropy;
+    double entropy;                   /* of the first training file (NaN with a custom loader) */
+    char first_file[PATH_MAX];        /* the first file loader.dataset_path matches */
 } coord_t;
 
 static proc_t *stage_proc(coord_t *c, int rank, int replica) { return &c->p[1 + replica * c->m->pp + rank]; }
@@ -320,18 +321,22 @@ static void check_heartbeats(coord_t *c)
         proc_t *p = &c->p[i];
         if (p->pid == 0 || p->expect_exit)
             continue;
-        if (p->ready && now - p->last_hb > limit && p->role == P_LOADER) {
+        if (!p->ready) {
+            if (now - p->started > STARTUP_TIMEOUT_S)
+                fail(c, "%s (pid %d) did not become ready in %.0f s", who(p, name, sizeof(name)), (int)p->pid,
+                     STARTUP_TIMEOUT_S);
+        } else if (now - p->last_hb <= limit) {
+            continue;
+        } else if (p->role == P_LOADER) {
             /* a hung loader is replaced like a dead one: kill it, reap() restarts it */
             LOG_W("loader (pid %d): no heartbeat for %.1f s: killing it to restart it", (int)p->pid,
                   now - p->last_hb);
             kill(p->pid, SIGKILL);
             p->last_hb = now;
-        } else if (p->ready && now - p->last_hb > limit)
+        } else {
             fail(c, "%s (pid %d): no heartbeat for %.1f s (hung, stopped or dead)", who(p, name, sizeof(name)),
                  (int)p->pid, now - p->last_hb);
-        else if (!p->ready && now - p->started > STARTUP_TIMEOUT_S)
-            fail(c, "%s (pid %d) did not become ready in %.0f s", who(p, name, sizeof(name)), (int)p->pid,
-                 STARTUP_TIMEOUT_S);
+        }
     }
 }
 
@@ -585,6 +590,15 @@ static void wait_children(coord_t *c, double secs)
     }
 }
 
+/* SIGTERM to whoever still runs, `grace` seconds, then SIGKILL; reaps them all. */
+static void terminate_all(coord_t *c, double grace)
+{
+    kill_all(c, SIGTERM);
+    wait_children(c, grace);
+    kill_all(c, SIGKILL);
+    wait_children(c, 5.0);
+}
+
 /* Clean stop: STOP to everyone, then signals for whoever lingers. */
 static void stop_all(coord_t *c)
 {
@@ -595,10 +609,7 @@ static void stop_all(coord_t *c)
             ctl_send(c->ctl, c->p[i].id, &stop);
         }
     wait_children(c, STOP_GRACE_S);
-    kill_all(c, SIGTERM);
-    wait_children(c, 1.0);
-    kill_all(c, SIGKILL);
-    wait_children(c, 5.0);
+    terminate_all(c, 1.0);
 }
 
 static int setup_signals(coord_t *c)
@@ -641,9 +652,12 @@ static int check_data(coord_t *c, char *err, size_t errlen)
     c->entropy = NAN;
     if (!m->command[0]) {
         glob_t g;
-        if (glob(m->dataset_path, GLOB_ERR, NULL, &g))
+        if (glob(m->dataset_path, GLOB_ERR, NULL, &g)) {
+            globfree(&g);
             return util_fail(err, errlen, -ENOENT, "loader.dataset_path %s: no such file", m->dataset_path);
-        rc = tokfile_open(&tf, g.gl_pathv[0], m->model.vocab_size, err, errlen);
+        }
+        snprintf(c->first_file, sizeof(c->first_file), "%s", g.gl_pathv[0]);
+        rc = tokfile_open(&tf, c->first_file, m->model.vocab_size, err, errlen);
         if (!rc)
             c->entropy = eval_unigram_entropy(tf, (size_t)1 << 24);
         tokfile_close(&tf);
@@ -688,9 +702,9 @@ static void end_of_run(coord_t *c, double secs)
     printf("\n");
     if (m->sample_tokens > 0 && m->tokenizer_path[0]) {
         tok_t *tok = NULL;
-        tokfile_t *src = val;
-        if (!src)
-            tokfile_open(&src, m->dataset_path, m->model.vocab_size, NULL, 0);
+        tokfile_t *src = val; /* the prompt comes from held-out text, else from the training data */
+        if (!src && c->first_file[0])
+            tokfile_open(&src, c->first_file, m->model.vocab_size, NULL, 0);
         if (src && tok_load(&tok, m->tokenizer_path, err, sizeof(err)) == 0)
             eval_sample(&m->model, w, pool, tok, src, m->sample_tokens, m->sample_temperature, m->seed, stdout);
         tok_destroy(&tok);
@@ -880,10 +894,7 @@ int coord_run(const manifest_t *m)
         train(&c);
     if (c.failed) {
         fprintf(stderr, "ctitan: job %s failed: %s\n", m->name, c.why);
-        kill_all(&c, SIGTERM);
-        wait_children(&c, 2.0);
-        kill_all(&c, SIGKILL);
-        wait_children(&c, 5.0);
+        terminate_all(&c, 2.0);
     } else if (c.interrupted) {
         fprintf(stderr, "ctitan: job %s interrupted by %s: stopping every process\n", m->name,
                 strsignal(c.interrupted));
@@ -893,10 +904,10 @@ int coord_run(const manifest_t *m)
         status = 0;
     }
 out:
+    if (c.ctl && c.sock_path[0]) /* only a socket we bound: another run of this job may own the file */
+        unlink(c.sock_path);
     ctl_destroy(&c.ctl);
     remove_segments(&c);
-    if (c.sock_path[0])
-        unlink(c.sock_path);
     if (c.metrics)
         fclose(c.metrics);
     if (c.sigfd >= 0)

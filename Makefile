@@ -69,11 +69,9 @@ $(BUILD)/bin/ctitan: $(CTITAN_OBJS) $(BUILD)/libctitan.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
-$(BUILD)/bin/ctitan-%: $(BUILD)/obj/stages/%.o $(BUILD)/libctitan.a
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
-
-$(BUILD)/bin/ctitan-loader-text: $(BUILD)/obj/stages/loader_text.o $(BUILD)/libctitan.a
+# build/bin/ctitan-loader-text comes from stages/loader_text.c
+.SECONDEXPANSION:
+$(BUILD)/bin/ctitan-%: $(BUILD)/obj/stages/$$(subst -,_,%).o $(BUILD)/libctitan.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 

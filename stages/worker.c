@@ -23,7 +23,6 @@ struct worker {
     char endpoint[256];
     char job[64];
     manifest_t man;
-    int64_t first_step;
     _Atomic uint64_t progress;
     _Atomic int quit;
     pthread_t hb;
@@ -105,18 +104,13 @@ int worker_open(worker_t **out, const char *role, int rank, int replica, char *e
     double deadline = util_now() + 60;
     for (;;) {
         msg_t m;
-        char why[256];
         int left = (int)((deadline - util_now()) * 1e3);
         if (left <= 0) {
             rc = util_fail(err, errlen, -ETIMEDOUT, "%s: no config from the coordinator at %s in 60 s",
                            w->id, ep);
             goto fail;
         }
-        rc = ctl_recv(w->ctl, left, NULL, &m, why, sizeof(why));
-        if (rc == -EBADMSG) {
-            LOG_W("ignoring a bad message: %s", why);
-            continue;
-        }
+        rc = worker_recv(w, left, &m);
         if (rc == -EAGAIN || rc == -EINTR)
             continue;
         if (rc)
@@ -135,13 +129,12 @@ int worker_open(worker_t **out, const char *role, int rank, int replica, char *e
                             errlen);
         if (!rc)
             rc = manifest_validate(&w->man, err, errlen);
-        w->first_step = m.step;
+        log_set_step(m.step); /* the first step this worker takes part in */
         msg_clear(&m);
         if (rc)
             goto fail;
         break;
     }
-    log_set_step(w->first_step);
     if (pthread_create(&w->hb, NULL, heartbeat_main, w) == 0)
         w->hb_started = 1;
     *out = w;
@@ -166,7 +159,6 @@ void worker_close(worker_t **pw)
 
 const manifest_t *worker_manifest(const worker_t *w) { return &w->man; }
 const char *worker_job(const worker_t *w) { return w->job; }
-int64_t worker_first_step(const worker_t *w) { return w->first_step; }
 
 int worker_send(worker_t *w, const msg_t *m) { return ctl_send(w->ctl, NULL, m); }
 

@@ -27,7 +27,6 @@ void worker_close(worker_t **w);
 
 const manifest_t *worker_manifest(const worker_t *w);
 const char *worker_job(const worker_t *w);
-int64_t worker_first_step(const worker_t *w);
 
 int worker_send(worker_t *w, const msg_t *m);
 /* Next command (fields role/rank/replica are filled in for the caller's convenience).

@@ -19,7 +19,6 @@ static const char *bin(void)
     return b ? b : "build/bin/ctitan";
 }
 
-
 static void test_train_tiny_model_loss_falls_and_samples(void **state)
 {
     if (access(bin(), X_OK)) {

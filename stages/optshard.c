@@ -28,7 +28,8 @@ typedef struct {
     size_t begin, end, n;        /* slice [begin, end) of the flat space */
     float *master;               /* (n) fp32 master weights */
     float *m1, *m2;              /* (n) AdamW moments */
-    float *g;                    /* (n) summed gradient */
+    float *g;                    /* (n) summed gradient: own memory, or with one replica its
+                                  * slice of the shared buffer (cleared after the update anyway) */
     shm_seg_t *job, *params, *grads;
     float *P, *G;                /* replica 0 of params / grads; replica r is stride floats on */
     double *norm;                /* the job's per-block squared norms */
@@ -43,12 +44,12 @@ static void setup(shard_t *sh)
     manifest_shard_range(sh->lay.total, m->shards, sh->rank, &sh->begin, &sh->end);
     sh->n = sh->end - sh->begin;
     size_t bytes = (sh->n ? sh->n : 1) * sizeof(float);
-    float *all = malloc(4 * bytes); /* one allocation: master, m1, m2, g */
+    int own_g = m->dp > 1;
+    float *all = malloc((3 + own_g) * bytes); /* one allocation: master, m1, m2 (and g) */
     WORKER_CHECK(sh->w, all, "out of memory for %zu parameters", sh->n);
     sh->master = all;
     sh->m1 = (float *)((char *)all + bytes);
     sh->m2 = (float *)((char *)all + 2 * bytes);
-    sh->g = (float *)((char *)all + 3 * bytes);
     memset(sh->m1, 0, 2 * bytes);
     const char *job = worker_job(sh->w);
     WORKER_CHECK(sh->w, shm_attach(&sh->job, job, "job", err, sizeof(err)) == 0, "%s", err);
@@ -57,6 +58,7 @@ static void setup(shard_t *sh)
     sh->P = shm_data(sh->params);
     sh->G = shm_data(sh->grads);
     sh->norm = job_norm_blocks(shm_data(sh->job));
+    sh->g = own_g ? (float *)((char *)all + 3 * bytes) : sh->G + sh->begin;
     params_init(&sh->tab, &m->model, m->seed, sh->master, sh->begin, sh->end);
     for (int r = 0; r < m->dp; r++)
         memcpy(sh->P + r * sh->lay.stride + sh->begin, sh->master, sh->n * sizeof(float));
@@ -66,11 +68,13 @@ static void setup(shard_t *sh)
 static void reduce(shard_t *sh)
 {
     const float *g0 = sh->G + sh->begin;
-    memcpy(sh->g, g0, sh->n * sizeof(float));
-    for (int r = 1; r < sh->man->dp; r++) {
-        const float *gr = g0 + r * sh->lay.stride;
-        for (size_t i = 0; i < sh->n; i++)
-            sh->g[i] += gr[i];
+    if (sh->g != g0) { /* replicas summed in their order: a fixed sum */
+        memcpy(sh->g, g0, sh->n * sizeof(float));
+        for (int r = 1; r < sh->man->dp; r++) {
+            const float *gr = g0 + r * sh->lay.stride;
+            for (size_t i = 0; i < sh->n; i++)
+                sh->g[i] += gr[i];
+        }
     }
     for (size_t b = sh->begin; b < sh->end; b += MANIFEST_BLOCK) {
         size_t e = b + MANIFEST_BLOCK < sh->end ? b + MANIFEST_BLOCK : sh->end;

@@ -24,6 +24,16 @@ int lr_decay_parse(const char *str, lr_decay_t *out)
     return 0;
 }
 
+const char *lr_decay_name(lr_decay_t d)
+{
+    switch (d) {
+    case LR_DECAY_LINEAR: return "linear";
+    case LR_DECAY_SQRT: return "sqrt";
+    case LR_DECAY_COSINE: return "cosine";
+    }
+    return "?";
+}
+
 double lr_factor(const lr_schedule_t *s, int step)
 {
     int warmup = s->warmup_steps < s->steps ? s->warmup_steps : s->steps;

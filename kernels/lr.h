@@ -19,6 +19,8 @@ typedef struct {
 lr_schedule_t lr_schedule_default(int steps);
 /* Parses "linear", "sqrt" or "cosine"; returns 0 or -EINVAL. */
 int lr_decay_parse(const char *s, lr_decay_t *out);
+/* The name lr_decay_parse reads, or "?" for a value out of the enum. */
+const char *lr_decay_name(lr_decay_t d);
 /* Multiplier of the peak lr for 0-based step index `step`. */
 double lr_factor(const lr_schedule_t *s, int step);
 

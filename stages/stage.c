@@ -81,7 +81,7 @@ static void setup(stage_t *st)
         attach_ring(st, &st->grad_in, st->rank, 1);
     }
     int p0, p1;
-    manifest_stage_pieces(m, st->rank, &p0, &p1);
+    WORKER_CHECK(st->w, manifest_stage_pieces(m, st->rank, &p0, &p1) == 0, "out of memory");
     param_table_t tab;
     WORKER_CHECK(st->w, params_table_init(&tab, &m->model) == 0, "out of memory");
     size_t begin, end;

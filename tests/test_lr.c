@@ -36,6 +36,11 @@ static void test_lr_cosine_and_stable_phase(void **state)
     assert_int_equal(lr_decay_parse("sqrt", &d), 0);
     assert_int_equal(d, LR_DECAY_SQRT);
     assert_int_not_equal(lr_decay_parse("exp", &d), 0);
+    for (lr_decay_t t = LR_DECAY_LINEAR; t <= LR_DECAY_COSINE; t++) { /* names read back */
+        assert_int_equal(lr_decay_parse(lr_decay_name(t), &d), 0);
+        assert_int_equal(d, t);
+    }
+    assert_string_equal(lr_decay_name((lr_decay_t)7), "?");
 }
 
 int main(void)

@@ -157,16 +157,6 @@ static const char *sched_list(char *buf, size_t len)
     return buf;
 }
 
-static const char *decay_name(lr_decay_t d)
-{
-    switch (d) {
-    case LR_DECAY_LINEAR: return "linear";
-    case LR_DECAY_SQRT: return "sqrt";
-    case LR_DECAY_COSINE: return "cosine";
-    }
-    return "?";
-}
-
 static int explicit_key(const manifest_t *m, int k) { return m->origin_line[k] != ORIGIN_DEFAULT; }
 
 /* The flavor's preset with every explicitly set model key kept on top, whatever the order
@@ -647,7 +637,7 @@ int manifest_validate(manifest_t *m, char *err, size_t errlen)
           "lr_scheduler", "decay_ratio",
           "lr_scheduler.decay_ratio = %g must be in [0, 1] (or -1: every step after warmup decays)",
           m->lr_sched.decay_ratio);
-    CHECK(strcmp(decay_name(m->lr_sched.decay_type), "?"), "lr_scheduler", "decay_type",
+    CHECK(strcmp(lr_decay_name(m->lr_sched.decay_type), "?"), "lr_scheduler", "decay_type",
           "lr_scheduler.decay_type: invalid value %d", (int)m->lr_sched.decay_type);
     CHECK(m->lr_sched.lr_min >= 0 && m->lr_sched.lr_min <= 1, "lr_scheduler", "min_lr_factor",
           "lr_scheduler.min_lr_factor = %g must be in [0, 1]", m->lr_sched.lr_min);
@@ -789,7 +779,7 @@ char *manifest_to_toml(const manifest_t *m)
         case K_BOOL: fputs(*(const int *)field ? "true" : "false", f); break;
         case K_STR: case K_FLAVOR: put_string(f, field, K->size); break;
         case K_SCHED: fprintf(f, "\"%s\"", sched_kind_name(*(const sched_kind_t *)field)); break;
-        case K_DECAY: fprintf(f, "\"%s\"", decay_name(*(const lr_decay_t *)field)); break;
+        case K_DECAY: fprintf(f, "\"%s\"", lr_decay_name(*(const lr_decay_t *)field)); break;
         case K_SPLITS:
             fputc('[', f);
             for (int i = 0; i < m->n_split_points && i < MANIFEST_MAX_PP; i++)
@@ -853,44 +843,40 @@ static void balanced_split(const size_t *w, int P, int k, int *start, size_t *pr
     start[k] = P;
 }
 
-void manifest_stage_pieces(const manifest_t *m, int stage, int *p0, int *p1)
+int manifest_stage_pieces(const manifest_t *m, int stage, int *p0, int *p1)
 {
     int P = m->model.n_layers + 2, pp = m->pp;
     if (m->n_split_points > 0) {
         *p0 = stage == 0 ? 0 : m->split_points[stage - 1] + 1;
         *p1 = stage == pp - 1 ? P : m->split_points[stage] + 1;
-        return;
+        return 0;
     }
     int k = pp < P ? pp : P, start[MANIFEST_MAX_PP + 1];
     if (k > MANIFEST_MAX_PP)
         k = MANIFEST_MAX_PP;
     if (stage >= k) { /* only for an unvalidated pp beyond the pieces */
         *p0 = *p1 = P;
-        return;
+        return 0;
     }
+    /* every process must find the same split: no fallback when memory is short, an error */
     size_t *w = malloc((2 * (size_t)P + 1) * sizeof(*w));
     int *need = malloc(((size_t)P + 1) * sizeof(*need));
     param_table_t tab;
-    int have = w && !params_table_init(&tab, &m->model);
-    for (int i = 0; i < P; i++) {
-        size_t b = 0, e = 1;
-        if (have)
+    int rc = w && need && !params_table_init(&tab, &m->model) ? 0 : -ENOMEM;
+    if (!rc) {
+        for (int i = 0; i < P; i++) {
+            size_t b, e;
             params_piece_range(&tab, i, i + 1, &b, &e);
-        if (w)
             w[i] = e - b;
-    }
-    if (have)
+        }
         params_table_free(&tab);
-    if (w && need) {
         balanced_split(w, P, k, start, w + P, need);
-    } else { /* out of memory: an even split by piece count */
-        for (int s = 0; s <= k; s++)
-            start[s] = (int)((long long)s * P / k);
+        *p0 = start[stage];
+        *p1 = start[stage + 1];
     }
     free(w);
     free(need);
-    *p0 = start[stage];
-    *p1 = start[stage + 1];
+    return rc;
 }
 
 void manifest_shard_range(size_t total, int shards, int k, size_t *begin, size_t *end)

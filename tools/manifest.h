@@ -145,8 +145,9 @@ char *manifest_to_toml(const manifest_t *m);
 
 /* Pieces [*p0, *p1) held by pipeline rank `stage` of a validated manifest: from the split
  * points (piece = layer + 1), or balanced: the contiguous split of the pieces' parameter
- * counts that minimises the largest stage (ties: the earliest such split). */
-void manifest_stage_pieces(const manifest_t *m, int stage, int *p0, int *p1);
+ * counts that minimises the largest stage (ties: the earliest such split). Returns 0 or
+ * -ENOMEM (never a different split: every process must find the same one). */
+int manifest_stage_pieces(const manifest_t *m, int stage, int *p0, int *p1);
 
 /* Flat range [*begin, *end) of optimizer shard k of K over `total` floats: contiguous,
  * boundaries on multiples of MANIFEST_BLOCK, sizes differing by at most one block. */

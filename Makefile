@@ -19,7 +19,9 @@ NVFLAGS := -O3 -std=c++17 -I. -gencode arch=compute_90,code=sm_90 -gencode arch=
 ROLE_MAINS := stages/stage.c stages/optshard.c stages/loader.c stages/loader_text.c
 ROLE_BINS  := $(patsubst stages/%.c,$(BUILD)/bin/ctitan-%,$(subst _,-,$(wildcard $(ROLE_MAINS))))
 # Library code: every .c under these folders except program mains.
-LIB_SRCS  := $(filter-out tools/ctitan.c tools/cmd_%.c $(ROLE_MAINS), \
+# The checkpoint daemon: checkpointd/main.c -> build/bin/checkpointd.
+CKPTD_MAIN := checkpointd/main.c
+LIB_SRCS  := $(filter-out tools/ctitan.c tools/cmd_%.c $(ROLE_MAINS) $(CKPTD_MAIN), \
                $(wildcard kernels/*.c kernels/cpu/*.c kernels/ref/*.c ipc/*.c stages/*.c checkpointd/*.c tools/*.c))
 LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o)
 CTITAN_SRCS := tools/ctitan.c $(wildcard tools/cmd_*.c)
@@ -34,7 +36,7 @@ GPU_TESTS := $(GPU_TEST_SRCS:tests/gpu/%.c=$(BUILD)/tests/gpu/%)
 CUDALIBS  := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lcublas -lstdc++
 
 DEPS_STAMP := $(BUILD)/.deps-ok
-ALL := $(BUILD)/bin/ctitan $(ROLE_BINS) $(TESTS)
+ALL := $(BUILD)/bin/ctitan $(ROLE_BINS) $(BUILD)/bin/checkpointd $(TESTS)
 ifeq ($(CUDA),1)
 ALL += $(GPU_TESTS)
 endif
@@ -66,6 +68,10 @@ $(BUILD)/libctitan_cuda.a: $(CU_OBJS)
 	rm -f $@ && ar rcs $@ $^
 
 $(BUILD)/bin/ctitan: $(CTITAN_OBJS) $(BUILD)/libctitan.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/bin/checkpointd: $(BUILD)/obj/checkpointd/main.o $(BUILD)/libctitan.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 

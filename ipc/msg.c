@@ -84,6 +84,10 @@ static const struct {
     [MSG_SWAP]      = {"swap",      B(F_TEXT)},
     [MSG_REPLY]     = {"reply",     B(F_OK) | B(F_TEXT)},
     [MSG_STATUS]    = {"status",    0},
+    [MSG_SNAPSHOT]  = {"snapshot",  B(F_STEP)},
+    [MSG_SNAPPED]   = {"snapped",   B(F_STEP) | B(F_T_BUSY)},
+    [MSG_SAVE]      = {"save",      B(F_STEP)},
+    [MSG_SAVED]     = {"saved",     B(F_STEP) | B(F_OK) | B(F_TEXT) | B(F_T_BUSY) | B(F_PROGRESS)},
 };
 
 const char *msg_type_name(msg_type_t t)

@@ -36,6 +36,11 @@ typedef enum {
     MSG_SWAP,        /* cli -> coord: text (new loader command) */
     MSG_REPLY,       /* coord -> cli: ok, text (what happened) */
     MSG_STATUS,      /* cli -> coord: (no fields) */
+    MSG_SNAPSHOT,    /* coord -> optshard: step (copy state into the staging segment) */
+    MSG_SNAPPED,     /* optshard -> coord: step, t_busy */
+    MSG_SAVE,        /* coord -> checkpointd: step (write the staged snapshot) */
+    MSG_SAVED,       /* checkpointd -> coord: step, ok, text (the path, or why not), t_busy
+                      * (seconds writing), progress (bytes written) */
     MSG_TYPE_END     /* append new types above this */
 } msg_type_t;
 

@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checkpointd/ckpt.h"
+#include "checkpointd/staging.h"
 #include "ipc/shm.h"
 #include "kernels/lr.h"
 #include "kernels/ops.h"
@@ -30,10 +32,56 @@ typedef struct {
     float *m1, *m2;              /* (n) AdamW moments */
     float *g;                    /* (n) summed gradient: own memory, or with one replica its
                                   * slice of the shared buffer (cleared after the update anyway) */
-    shm_seg_t *job, *params, *grads;
+    shm_seg_t *job, *params, *grads, *staging; /* staging: with [checkpoint] enable */
     float *P, *G;                /* replica 0 of params / grads; replica r is stride floats on */
     double *norm;                /* the job's per-block squared norms */
 } shard_t;
+
+/* Reads this shard's slice of the master weights and moments from checkpoint.load (the
+ * coordinator resolved it to a directory that verified): any shard count, pipeline or
+ * data-parallel degree reads the same flat space by tensor name. */
+static void load(shard_t *sh)
+{
+    const char *path = sh->man->ckpt_load;
+    char err[1024], name[CKPT_NAME_MAX + 32], mname[CKPT_NAME_MAX + 32];
+    ckpt_t *ck;
+    WORKER_CHECK(sh->w, ckpt_open(&ck, path, err, sizeof(err)) == 0, "%s", err);
+    for (int t = 0; t < sh->tab.n; t++) {
+        const param_info_t *p = &sh->tab.t[t];
+        size_t b = p->offset > sh->begin ? p->offset : sh->begin;
+        size_t e = p->offset + p->numel < sh->end ? p->offset + p->numel : sh->end;
+        if (b >= e)
+            continue;
+        const char *src[3] = {ckpt_master_name(ck, p->name, mname, sizeof(mname)), "optimizer.exp_avg.",
+                              "optimizer.exp_avg_sq."};
+        float *dst[3] = {sh->master, sh->m1, sh->m2};
+        for (int a = 0; a < 3; a++) {
+            if (a)
+                snprintf(name, sizeof(name), "%s%s", src[a], p->name);
+            else
+                snprintf(name, sizeof(name), "%s", src[0]);
+            const ckpt_tensor_t *ct = ckpt_index_find(ckpt_index(ck), name);
+            WORKER_CHECK(sh->w, ct, "checkpoint %s has no tensor %s", path, name);
+            WORKER_CHECK(sh->w, !strcmp(ct->dtype, "F32") && ct->numel == p->numel,
+                         "checkpoint %s: tensor %s is %s with %llu elements; the model needs F32 with %zu", path,
+                         name, ct->dtype, (unsigned long long)ct->numel, p->numel);
+            WORKER_CHECK(sh->w, ckpt_read(ck, name, b - p->offset, e - b, dst[a] + (b - sh->begin), err,
+                                          sizeof(err)) == 0, "%s", err);
+        }
+    }
+    ckpt_close(&ck);
+    LOG_I("slice [%zu, %zu) loaded from %s", sh->begin, sh->end, path);
+}
+
+/* Copies this shard's state into the staging segment for checkpointd. */
+static void snapshot(shard_t *sh)
+{
+    void *seg = shm_data(sh->staging);
+    size_t n = sh->n * sizeof(float);
+    memcpy(staging_array(seg, 0) + sh->begin, sh->master, n);
+    memcpy(staging_array(seg, 1) + sh->begin, sh->m1, n);
+    memcpy(staging_array(seg, 2) + sh->begin, sh->m2, n);
+}
 
 static void setup(shard_t *sh)
 {
@@ -59,7 +107,12 @@ static void setup(shard_t *sh)
     sh->G = shm_data(sh->grads);
     sh->norm = job_norm_blocks(shm_data(sh->job));
     sh->g = own_g ? (float *)((char *)all + 3 * bytes) : sh->G + sh->begin;
-    params_init(&sh->tab, &m->model, m->seed, sh->master, sh->begin, sh->end);
+    if (m->ckpt_load[0])
+        load(sh);
+    else
+        params_init(&sh->tab, &m->model, m->seed, sh->master, sh->begin, sh->end);
+    if (m->ckpt_enable)
+        WORKER_CHECK(sh->w, shm_attach(&sh->staging, job, STAGING_SEG, err, sizeof(err)) == 0, "%s", err);
     for (int r = 0; r < m->dp; r++)
         memcpy(sh->P + r * sh->lay.stride + sh->begin, sh->master, sh->n * sizeof(float));
     LOG_D("slice [%zu, %zu) of %zu parameters", sh->begin, sh->end, sh->lay.total);
@@ -141,6 +194,10 @@ int main(int argc, char **argv)
         } else if (m.type == MSG_REDUCE) {
             reduce(&sh);
             reply.type = MSG_REDUCED;
+        } else if (m.type == MSG_SNAPSHOT) {
+            WORKER_CHECK(sh.w, sh.staging, "snapshot without a staging segment (checkpoint.enable is false)");
+            snapshot(&sh);
+            reply.type = MSG_SNAPPED;
         } else if (m.type == MSG_UPDATE) {
             reply.lr = update(&sh, m.step, m.scale);
             reply.type = MSG_UPDATED;
@@ -157,6 +214,7 @@ int main(int argc, char **argv)
     shm_detach(&sh.job);
     shm_detach(&sh.params);
     shm_detach(&sh.grads);
+    shm_detach(&sh.staging);
     worker_close(&sh.w);
     return 0;
 }

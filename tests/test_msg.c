@@ -43,6 +43,10 @@ static const struct {
     {MSG_SWAP, "swap", "text"},
     {MSG_REPLY, "reply", "ok text"},
     {MSG_STATUS, "status", ""},
+    {MSG_SNAPSHOT, "snapshot", "step"},
+    {MSG_SNAPPED, "snapped", "step t_busy"},
+    {MSG_SAVE, "save", "step"},
+    {MSG_SAVED, "saved", "step ok text t_busy progress"},
 };
 #define NTYPES (sizeof ttab / sizeof ttab[0])
 

@@ -19,6 +19,8 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "checkpointd/ckpt.h"
+#include "checkpointd/staging.h"
 #include "ipc/ctl.h"
 #include "ipc/ring.h"
 #include "ipc/shm.h"
@@ -33,9 +35,10 @@
 #define STARTUP_TIMEOUT_S 120.0
 #define STOP_GRACE_S 5.0
 #define MAX_LOADER_RESTARTS 10
+#define MAX_CKPTD_RESTARTS 10
 
-typedef enum { P_LOADER, P_STAGE, P_OPTSHARD } prole_t;
-static const char *role_name[] = {"loader", "stage", "optshard"};
+typedef enum { P_LOADER, P_STAGE, P_OPTSHARD, P_CKPTD } prole_t;
+static const char *role_name[] = {"loader", "stage", "optshard", "checkpointd"};
 
 typedef struct {
     prole_t role;
@@ -53,20 +56,27 @@ typedef struct {
     const manifest_t *m;
     job_layout_t lay;
     char *toml;                       /* the resolved manifest every worker gets */
-    shm_seg_t *seg_job, *seg_params, *seg_grads, *seg_act, *seg_batch;
+    shm_seg_t *seg_job, *seg_params, *seg_grads, *seg_act, *seg_batch, *seg_ckpt;
     job_hdr_t *hdr;
     int segs_made;                    /* this run created the job's segments */
     ctl_t *ctl;
     char endpoint[256], sock_path[PATH_MAX];
     int sigfd;
     char bin_dir[PATH_MAX];
-    proc_t *p;                        /* [0] loader, then pp*dp stages, then the shards */
+    proc_t *p;                        /* [0] loader, then pp*dp stages, then the shards, then
+                                       * checkpointd (with [checkpoint] enable) */
     int np, n_stages;
     char loader_cmd[1024];            /* "" = the built-in loader */
     int loader_restarts;
     int swap_pending, trial, trial_failed;
     char swap_cmd[1024], swap_from[CTL_ID_MAX], trial_why[1024];
     int64_t step;
+    /* checkpoints: at most one in flight, from SNAPSHOT to SAVED */
+    int ck_busy, ck_snapped, ckptd_restarts;
+    int64_t ck_step;
+    double ck_t0;
+    uint8_t resume_cursor[CKPT_CURSOR_MAX]; /* the loader's, from the checkpoint resumed */
+    uint32_t resume_cursor_len;
     int failed, interrupted;
     char why[1536];
     FILE *metrics;
@@ -78,6 +88,7 @@ typedef struct {
 static proc_t *stage_proc(coord_t *c, int rank, int replica) { return &c->p[1 + replica * c->m->pp + rank]; }
 static proc_t *shard_proc(coord_t *c, int k) { return &c->p[1 + c->n_stages + k]; }
 static proc_t *loader_proc(coord_t *c) { return &c->p[0]; }
+static proc_t *ckptd_proc(coord_t *c) { return c->m->ckpt_enable ? &c->p[c->np - 1] : NULL; }
 
 static void fail(coord_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void fail(coord_t *c, const char *fmt, ...)
@@ -108,8 +119,10 @@ static const char *who(const proc_t *p, char *buf, size_t n)
         snprintf(buf, n, "loader");
     else if (p->role == P_STAGE)
         snprintf(buf, n, "stage rank %d replica %d", p->rank, p->replica);
-    else
+    else if (p->role == P_OPTSHARD)
         snprintf(buf, n, "optshard %d", p->rank);
+    else
+        snprintf(buf, n, "checkpointd");
     return buf;
 }
 
@@ -146,7 +159,10 @@ static void spawn(coord_t *c, proc_t *p)
             snprintf(exe, sizeof(exe), "/bin/sh");
         } else {
             snprintf(exe, sizeof(exe), "%s/ctitan-%s", c->bin_dir, role_name[p->role]);
-            if (p->role == P_LOADER)
+            if (p->role == P_CKPTD) {
+                snprintf(exe, sizeof(exe), "%s/checkpointd", c->bin_dir);
+                execl(exe, exe, "--job", c->m->name, (char *)NULL);
+            } else if (p->role == P_LOADER)
                 execl(exe, exe, (char *)NULL);
             else if (p->role == P_STAGE)
                 execl(exe, exe, "--rank", a1, "--replica", a2, (char *)NULL);
@@ -177,6 +193,24 @@ static void restart_loader(coord_t *c, const char *how)
     LOG_W("loader %s; restarted (pid %d) from the cursor of step %lld", how, (int)L->pid, (long long)from);
 }
 
+/* checkpointd died or was killed for hanging: the checkpoint it was writing is lost (its
+ * temporary directory never becomes a checkpoint); training goes on with a new daemon. */
+static void restart_ckptd(coord_t *c, const char *how)
+{
+    proc_t *d = ckptd_proc(c);
+    if (c->ck_busy) {
+        fprintf(stderr, "ctitan: checkpointd %s while writing the checkpoint of step %lld: that checkpoint is "
+                "lost, training goes on\n", how, (long long)c->ck_step);
+        c->ck_busy = 0;
+    }
+    if (++c->ckptd_restarts > MAX_CKPTD_RESTARTS) {
+        fail(c, "checkpointd %s, and it has been restarted %d times already", how, MAX_CKPTD_RESTARTS);
+        return;
+    }
+    spawn(c, d);
+    LOG_W("checkpointd %s; restarted (pid %d)", how, (int)d->pid);
+}
+
 /* Reaps every exited child. */
 static void reap(coord_t *c)
 {
@@ -199,6 +233,8 @@ static void reap(coord_t *c)
         if (p->role == P_LOADER && c->trial) {
             snprintf(c->trial_why, sizeof(c->trial_why), "the new loader %s before it was ready", how);
             c->trial_failed = 1;
+        } else if (p->role == P_CKPTD) {
+            restart_ckptd(c, how);
         } else if (p->role == P_LOADER && was_ready) {
             char what[160];
             snprintf(what, sizeof(what), "(pid %d) %s", (int)pid, how);
@@ -299,6 +335,32 @@ static void on_message(coord_t *c, const char *from, msg_t *m)
             fail(c, "%s: %s", who(p, name, sizeof(name)), m->text ? m->text : "(no reason given)");
         }
         break;
+    case MSG_SNAPPED:
+        if (c->ck_busy && m->step == c->ck_step && ++c->ck_snapped == c->m->shards) {
+            /* every shard has copied its state: checkpointd takes it from here */
+            msg_t save = {.type = MSG_SAVE, .step = c->ck_step};
+            if (ctl_send(c->ctl, ckptd_proc(c)->id, &save)) { /* it just died: reap() restarts it */
+                fprintf(stderr, "ctitan: cannot reach checkpointd: no checkpoint of step %lld\n",
+                        (long long)c->ck_step);
+                c->ck_busy = 0;
+            }
+        }
+        break;
+    case MSG_SAVED:
+        if (!c->ck_busy || m->step != c->ck_step)
+            break;
+        c->ck_busy = 0;
+        if (m->ok) {
+            double dt = util_now() - c->ck_t0;
+            printf("checkpoint: step %lld saved to %s (%.1f MiB written in %.2f s, %.2f GB/s; %.2f s after the "
+                   "snapshot)\n", (long long)m->step, m->text ? m->text : "?", m->progress / 1048576.0, m->t_busy,
+                   m->t_busy > 0 ? m->progress / m->t_busy / 1e9 : 0.0, dt);
+            fflush(stdout);
+        } else {
+            fprintf(stderr, "ctitan: checkpoint of step %lld failed: %s (training goes on)\n", (long long)m->step,
+                    m->text ? m->text : "(no reason given)");
+        }
+        break;
     case MSG_STEP_DONE:
     case MSG_REDUCED:
     case MSG_UPDATED:
@@ -327,10 +389,10 @@ static void check_heartbeats(coord_t *c)
                      STARTUP_TIMEOUT_S);
         } else if (now - p->last_hb <= limit) {
             continue;
-        } else if (p->role == P_LOADER) {
-            /* a hung loader is replaced like a dead one: kill it, reap() restarts it */
-            LOG_W("loader (pid %d): no heartbeat for %.1f s: killing it to restart it", (int)p->pid,
-                  now - p->last_hb);
+        } else if (p->role == P_LOADER || p->role == P_CKPTD) {
+            /* a hung loader or checkpointd is replaced like a dead one: kill it, reap() restarts it */
+            LOG_W("%s (pid %d): no heartbeat for %.1f s: killing it to restart it", who(p, name, sizeof(name)),
+                  (int)p->pid, now - p->last_hb);
             kill(p->pid, SIGKILL);
             p->last_hb = now;
         } else {
@@ -538,6 +600,14 @@ static int make_segments(coord_t *c, char *err, size_t errlen)
                     ring_format((char *)shm_data(c->seg_act) + job_act_off(&c->lay, r, b, g), c->lay.act_ring,
                                 (uint32_t)m->microbatches, c->lay.act_slot, 0);
     }
+    if (m->ckpt_enable) {
+        if ((rc = shm_create(&c->seg_ckpt, m->name, STAGING_SEG, staging_bytes(c->lay.total), err, errlen)))
+            return rc;
+        staging_hdr_t *h = shm_data(c->seg_ckpt);
+        *h = (staging_hdr_t){.magic = STAGING_MAGIC, .version = STAGING_VERSION, .total = c->lay.total,
+                             .stride = staging_stride(c->lay.total)};
+        atomic_store(&h->step, -1);
+    }
     ldr_info_t info = {.dp = m->dp, .microbatches = m->microbatches, .seqs = c->lay.mb, .seq_len = m->seq_len,
                        .vocab_size = m->model.vocab_size, .shuffle = m->shuffle, .seed = m->seed,
                        .first_step = c->step, .steps = m->steps};
@@ -545,12 +615,13 @@ static int make_segments(coord_t *c, char *err, size_t errlen)
     size_t bytes = ldr_seg_bytes(m->dp, m->prefetch, c->lay.mb, m->seq_len);
     if ((rc = shm_create(&c->seg_batch, m->name, LDR_SEG_NAME, bytes, err, errlen)))
         return rc;
-    return ldr_seg_format(shm_data(c->seg_batch), bytes, &info, m->prefetch, NULL, 0);
+    return ldr_seg_format(shm_data(c->seg_batch), bytes, &info, m->prefetch, c->resume_cursor,
+                          c->resume_cursor_len);
 }
 
 static void remove_segments(coord_t *c)
 {
-    shm_seg_t **segs[] = {&c->seg_job, &c->seg_params, &c->seg_grads, &c->seg_act, &c->seg_batch};
+    shm_seg_t **segs[] = {&c->seg_job, &c->seg_params, &c->seg_grads, &c->seg_act, &c->seg_batch, &c->seg_ckpt};
     for (size_t i = 0; i < sizeof(segs) / sizeof(segs[0]); i++)
         shm_detach(segs[i]);
     if (c->segs_made)
@@ -768,6 +839,57 @@ static double max_busy(coord_t *c)
     return t;
 }
 
+/* ---- checkpoints ---- */
+
+static int ckpt_idle(coord_t *c, void *arg)
+{
+    (void)arg;
+    return !c->ck_busy;
+}
+
+static int ckptd_ready(coord_t *c, void *arg)
+{
+    (void)arg;
+    return ckptd_proc(c)->ready;
+}
+
+/* After `done` steps: the shards copy their state into the staging segment while the next
+ * step runs (they are idle until its REDUCE, which they take only after the copy), then
+ * checkpointd writes it. One snapshot at a time: if the previous one is still being written
+ * training waits for it, and says so. */
+static void start_checkpoint(coord_t *c, int64_t done)
+{
+    if (c->ck_busy) {
+        double t0 = util_now();
+        fprintf(stderr, "ctitan: the checkpoint of step %lld is still being written at step %lld: waiting for it "
+                "(checkpoint.interval is too short for this storage)\n", (long long)c->ck_step, (long long)done);
+        if (pump(c, ckpt_idle, NULL, 1e9))
+            return;
+        fprintf(stderr, "ctitan: waited %.2f s for the checkpoint of step %lld\n", util_now() - t0,
+                (long long)c->ck_step);
+    }
+    if (pump(c, ckptd_ready, NULL, STARTUP_TIMEOUT_S)) { /* a restarted checkpointd */
+        fail(c, "checkpointd did not become ready in %.0f s", STARTUP_TIMEOUT_S);
+        return;
+    }
+    staging_hdr_t *h = shm_data(c->seg_ckpt);
+    size_t len = 0;
+    if (ldr_seg_cursor(shm_data(c->seg_batch), done, h->cursor, &len)) {
+        fprintf(stderr, "ctitan: no loader cursor is recorded for step %lld: no checkpoint of it\n",
+                (long long)done + 1);
+        return;
+    }
+    h->cursor_len = (uint32_t)len;
+    atomic_store(&h->step, done);
+    c->ck_busy = 1;
+    c->ck_step = done;
+    c->ck_snapped = 0;
+    c->ck_t0 = util_now();
+    msg_t snap = {.type = MSG_SNAPSHOT, .step = done};
+    for (int k = 0; k < c->m->shards; k++)
+        send_to(c, shard_proc(c, k), &snap);
+}
+
 static void train(coord_t *c)
 {
     const manifest_t *m = c->m;
@@ -795,13 +917,89 @@ static void train(coord_t *c)
             return;
         double t_update = max_busy(c), t_step = util_now() - t0;
         report_step(c, norm, t_step, t_reduce, t_update);
+        int64_t done = c->step + 1;
+        if (m->ckpt_enable && (done % m->ckpt_interval == 0 || done == m->steps))
+            start_checkpoint(c, done);
         if (c->swap_pending)
             do_swap(c);
         if (c->failed || c->interrupted)
             return;
     }
+    if (pump(c, ckpt_idle, NULL, 1e9)) /* the last checkpoint */
+        return;
     stop_all(c);
     end_of_run(c, util_now() - t_start);
+}
+
+/* checkpoint.load: "latest" becomes the newest checkpoint of the folder that verifies (none
+ * at all: a fresh start), a path must verify; the run then starts after its step with its
+ * loader cursor, and the optimizer shards read their slices from it (m->ckpt_load is set to
+ * the directory, or emptied). The model must be the one the checkpoint was written for. */
+static int resolve_load(coord_t *c, manifest_t *m, char *err, size_t errlen)
+{
+    char path[PATH_MAX], folder[PATH_MAX];
+    int rc, nbad;
+    if (!m->ckpt_load[0])
+        return 0;
+    if (!strcmp(m->ckpt_load, "latest")) {
+        manifest_ckpt_folder(m, folder, sizeof(folder));
+        rc = ckpt_find_latest(folder, path, sizeof(path), stderr, err, errlen);
+        if (rc == -ENOENT) {
+            printf("checkpoint: none in %s: starting from step 0\n", folder);
+            m->ckpt_load[0] = 0;
+            return 0;
+        }
+        if (rc)
+            return rc;
+    } else {
+        snprintf(path, sizeof(path), "%s", m->ckpt_load);
+        if ((rc = ckpt_verify(path, stderr, &nbad, err, errlen)))
+            return util_fail(err, errlen, rc, "checkpoint.load %s is not loadable (%s): not resuming from it",
+                             path, rc == -EBADMSG ? "corrupt: see above" : err);
+    }
+    ckpt_t *ck;
+    if ((rc = ckpt_open(&ck, path, err, errlen)))
+        return rc;
+    const ckpt_index_t *ix = ckpt_index(ck);
+    manifest_t *old = malloc(sizeof(*old));
+    char e2[512];
+    if (!old) {
+        ckpt_close(&ck);
+        return -ENOMEM;
+    }
+    manifest_defaults(old);
+    if (manifest_parse(old, ix->manifest, strlen(ix->manifest), path, e2, sizeof(e2)) == 0) {
+        const model_config_t *a = &old->model, *b = &m->model;
+        const char *diff = a->dim != b->dim ? "dim" : a->n_layers != b->n_layers ? "n_layers"
+                         : a->n_heads != b->n_heads ? "n_heads" : a->n_kv_heads != b->n_kv_heads ? "n_kv_heads"
+                         : a->vocab_size != b->vocab_size ? "vocab_size" : a->multiple_of != b->multiple_of ? "multiple_of"
+                         : a->ffn_dim_multiplier != b->ffn_dim_multiplier ? "ffn_dim_multiplier"
+                         : a->norm_eps != b->norm_eps ? "norm_eps" : a->rope_theta != b->rope_theta ? "rope_theta" : NULL;
+        if (diff)
+            rc = util_fail(err, errlen, -EINVAL, "checkpoint %s was written for another model: its model.%s differs "
+                           "from this run's (see its manifest with `ctitan ckpt ls`)", path, diff);
+        else if (old->seed != m->seed || strcmp(old->dataset_path, m->dataset_path) || old->shuffle != m->shuffle)
+            fprintf(stderr, "ctitan: note: training.seed, loader.dataset_path or loader.shuffle differ from the run "
+                    "that wrote %s: the data order will differ from that run's\n", path);
+    } else {
+        fprintf(stderr, "ctitan: note: the manifest inside %s does not parse (%s); the tensors are checked "
+                "against the model as they load\n", path, e2);
+    }
+    free(old);
+    if (!rc) {
+        c->step = ix->step;
+        memcpy(c->resume_cursor, ix->cursor, ix->cursor_len);
+        c->resume_cursor_len = ix->cursor_len;
+        if (strlen(path) >= sizeof(m->ckpt_load))
+            rc = util_fail(err, errlen, -ENAMETOOLONG, "checkpoint path %s is too long", path);
+        else
+            memcpy(m->ckpt_load, path, strlen(path) + 1);
+    }
+    if (!rc) {
+        printf("checkpoint: resuming from %s (after step %lld)\n", path, (long long)ix->step);
+    }
+    ckpt_close(&ck);
+    return rc;
 }
 
 static int resolve_endpoint(coord_t *c, char *err, size_t errlen)
@@ -823,12 +1021,30 @@ static int resolve_endpoint(coord_t *c, char *err, size_t errlen)
     return 0;
 }
 
-int coord_run(const manifest_t *m)
+int coord_run(const manifest_t *given)
 {
-    coord_t c = {.m = m, .sigfd = -1};
+    coord_t c = {.sigfd = -1};
     char err[1024];
     int status = 1;
     log_init("", 0, 0);
+    manifest_t *m = malloc(sizeof(*m)); /* ours: checkpoint.load gets resolved */
+    if (!m) {
+        fprintf(stderr, "launch: out of memory\n");
+        return 1;
+    }
+    *m = *given;
+    c.m = m;
+    if (resolve_load(&c, m, err, sizeof(err))) {
+        fprintf(stderr, "launch: %s\n", err);
+        free(m);
+        return 1;
+    }
+    if (c.step >= m->steps) {
+        printf("launch: the checkpoint is at step %lld and training.steps = %d: nothing left to train\n",
+               (long long)c.step, m->steps);
+        free(m);
+        return 0;
+    }
     ssize_t n = readlink("/proc/self/exe", c.bin_dir, sizeof(c.bin_dir) - 1);
     if (n <= 0) {
         fprintf(stderr, "launch: cannot find my own executable: %s\n", strerror(errno));
@@ -867,7 +1083,7 @@ int coord_run(const manifest_t *m)
     c.peak_gflops = m->peak_tflops > 0 ? m->peak_tflops * 1e3
                                        : peak_sgemm_gflops((int)sysconf(_SC_NPROCESSORS_ONLN), 1024, NULL, NULL);
     c.n_stages = m->pp * m->dp;
-    c.np = 1 + c.n_stages + m->shards;
+    c.np = 1 + c.n_stages + m->shards + (m->ckpt_enable ? 1 : 0);
     c.p = calloc((size_t)c.np, sizeof(proc_t));
     if (!c.p)
         goto out;
@@ -877,6 +1093,8 @@ int coord_run(const manifest_t *m)
             *stage_proc(&c, s, r) = (proc_t){.role = P_STAGE, .rank = s, .replica = r};
     for (int k = 0; k < m->shards; k++)
         *shard_proc(&c, k) = (proc_t){.role = P_OPTSHARD, .rank = k};
+    if (m->ckpt_enable)
+        *ckptd_proc(&c) = (proc_t){.role = P_CKPTD};
     for (int i = 0; i < c.np; i++)
         snprintf(c.p[i].id, sizeof(c.p[i].id), "%s.%d.%d", role_name[c.p[i].role], c.p[i].rank, c.p[i].replica);
     printf("launch: job %s: %s %s, %.2fM parameters; pipeline %d (%s, %d microbatches of %dx%d), data parallel %d, "
@@ -914,5 +1132,6 @@ out:
         close(c.sigfd);
     free(c.p);
     free(c.toml);
+    free(m);
     return status;
 }

@@ -88,6 +88,14 @@ static const mkey_t keys[] = {
     KINT("loader", "prefetch", prefetch, 1),
     KSTR("loader", "command", command),
     KINT("optshard", "shards", shards, 1),
+    KBOOL("checkpoint", "enable", ckpt_enable),
+    KINT("checkpoint", "interval", ckpt_interval, 1),
+    KSTR("checkpoint", "folder", ckpt_folder),
+    KINT("checkpoint", "keep_latest_k", ckpt_keep, 0),
+    KSTR("checkpoint", "load", ckpt_load),
+    KSTR("checkpoint", "endpoint", ckpt_endpoint),
+    KSTR("checkpoint", "server_key", ckpt_server_key),
+    KSTR("checkpoint", "client_key", ckpt_client_key),
     KINT("metrics", "log_freq", log_freq, 1),
     KSTR("metrics", "file", metrics_file),
     KDBL("metrics", "peak_tflops", peak_tflops),
@@ -206,6 +214,9 @@ void manifest_defaults(manifest_t *m)
     m->lr_sched.warmup_steps = 200;
     m->prefetch = 4;
     m->shards = 1;
+    m->ckpt_interval = 500;
+    snprintf(m->ckpt_folder, sizeof(m->ckpt_folder), "checkpoint");
+    m->ckpt_keep = 10;
     m->log_freq = 1;
     m->val_steps = 8;
     m->sample_temperature = 0.8;
@@ -713,6 +724,15 @@ int manifest_validate(manifest_t *m, char *err, size_t errlen)
     CHECK((size_t)m->shards <= blocks, "optshard", "shards",
           "optshard.shards = %d exceeds the %zu blocks of %d parameters in the model "
           "(%zu parameters)", m->shards, blocks, MANIFEST_BLOCK, total);
+    CHECK(!m->ckpt_endpoint[0] || !strncmp(m->ckpt_endpoint, "tcp://", 6), "checkpoint", "endpoint",
+          "checkpoint.endpoint = \"%s\": expected \"\" (write locally) or tcp://HOST:PORT of a remote "
+          "checkpointd", m->ckpt_endpoint);
+    CHECK(!m->ckpt_endpoint[0] || m->ckpt_server_key[0], "checkpoint", "endpoint",
+          "checkpoint.endpoint is remote: checkpoint.server_key (the checkpointd's public key file) is needed");
+    CHECK(!m->ckpt_endpoint[0] || m->ckpt_client_key[0], "checkpoint", "endpoint",
+          "checkpoint.endpoint is remote: checkpoint.client_key (this trainer's secret key file, from "
+          "`ctitan ckpt keygen`) is needed");
+    CHECK(m->ckpt_folder[0], "checkpoint", "folder", "checkpoint.folder must not be empty");
 
     /* Derived values. */
     if (!m->dump_folder[0])
@@ -877,6 +897,14 @@ int manifest_stage_pieces(const manifest_t *m, int stage, int *p0, int *p1)
     free(w);
     free(need);
     return rc;
+}
+
+void manifest_ckpt_folder(const manifest_t *m, char *buf, size_t n)
+{
+    if (m->ckpt_folder[0] == '/')
+        snprintf(buf, n, "%s", m->ckpt_folder);
+    else
+        snprintf(buf, n, "%s/%s", m->dump_folder, m->ckpt_folder);
 }
 
 void manifest_shard_range(size_t total, int shards, int k, size_t *begin, size_t *end)

@@ -18,6 +18,7 @@
  *   [lr_scheduler] warmup_steps, decay_ratio, decay_type, min_lr_factor
  *   [loader]       dataset_path, shuffle, prefetch, command
  *   [optshard]     shards
+ *   [checkpoint]   enable, interval, folder, keep_latest_k, load, endpoint, server_key, client_key
  *   [metrics]      log_freq, file, peak_tflops
  *   [validation]   enable, dataset_path, steps
  *   [sample]       tokens, temperature */
@@ -88,6 +89,19 @@ typedef struct {
     /* [optshard] */
     int shards;                  /* 1: optimizer-state shard processes */
 
+    /* [checkpoint] (torchtitan's names where it has them) */
+    int ckpt_enable;             /* false: write checkpoints */
+    int ckpt_interval;           /* 500: every `interval` steps, and at the last step */
+    char ckpt_folder[MANIFEST_PATH_MAX]; /* "checkpoint": under dump_folder unless absolute */
+    int ckpt_keep;               /* keep_latest_k, 10: older checkpoints are removed; 0 = keep all */
+    char ckpt_load[MANIFEST_PATH_MAX]; /* "": start fresh; "latest": the newest checkpoint of the
+                                  * folder that verifies (fresh if there is none); else a
+                                  * checkpoint directory */
+    char ckpt_endpoint[256];     /* "": checkpointd writes locally; "tcp://HOST:PORT": stream to
+                                  * the checkpointd on a storage host */
+    char ckpt_server_key[MANIFEST_PATH_MAX]; /* its public key file (remote only) */
+    char ckpt_client_key[MANIFEST_PATH_MAX]; /* this trainer's secret key file (remote only) */
+
     /* [metrics] */
     int log_freq;                /* 1: a progress line every log_freq steps */
     char metrics_file[MANIFEST_PATH_MAX]; /* "": one JSON object per step when set */
@@ -137,6 +151,9 @@ int manifest_validate(manifest_t *m, char *err, size_t errlen);
 /* The resolved manifest as TOML text naming every key; manifest_parse of it gives back the
  * same values. Caller frees. NULL on ENOMEM. */
 char *manifest_to_toml(const manifest_t *m);
+
+/* Where checkpoints go: checkpoint.folder, under job.dump_folder when relative. */
+void manifest_ckpt_folder(const manifest_t *m, char *buf, size_t n);
 
 /* Flat-parameter granularity of optimizer shards (floats): shard boundaries and the
  * gradient-norm partial sums fall on multiples of it, so the clip and every update are

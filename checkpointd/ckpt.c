@@ -1,0 +1,799 @@
+/* The checkpoint format: index encoding and checks, reading with checksums, verification,
+ * listing and retention (see ckpt.h). */
+#include "checkpointd/ckpt.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <msgpack.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "tools/util.h"
+
+#define INDEX_HDR 24   /* magic 8, version 4, reserved 4, body length 8 */
+#define INDEX_TAIL 8   /* XXH64 of everything before it */
+
+int ckpt_safe_name(const char *s)
+{
+    size_t n = strnlen(s, CKPT_FILE_MAX);
+    if (n < 1 || n >= CKPT_FILE_MAX || s[0] == '.')
+        return 0;
+    for (; *s; s++)
+        if (!((*s >= 'A' && *s <= 'Z') || (*s >= 'a' && *s <= 'z') || (*s >= '0' && *s <= '9') || *s == '.' ||
+              *s == '_' || *s == '-'))
+            return 0;
+    return 1;
+}
+
+void ckpt_step_path(char *buf, size_t n, const char *dir, int64_t step)
+{
+    snprintf(buf, n, "%s/step-%08" PRId64, dir, step);
+}
+
+size_t ckpt_dtype_size(const char *dtype)
+{
+    if (!strcmp(dtype, "F32"))
+        return 4;
+    if (!strcmp(dtype, "BF16"))
+        return 2;
+    return 0;
+}
+
+/* ---- plan ---- */
+
+static const char *const file_names[3] = {"model.bin", "exp_avg.bin", "exp_avg_sq.bin"};
+static const char *const prefixes[3] = {"", "optimizer.exp_avg.", "optimizer.exp_avg_sq."};
+
+int ckpt_index_plan(ckpt_index_t *ix, const param_table_t *tab, int64_t step, const char *manifest,
+                    const void *cursor, size_t cursor_len)
+{
+    memset(ix, 0, sizeof(*ix));
+    if (cursor_len > CKPT_CURSOR_MAX)
+        return -EINVAL;
+    ix->step = step;
+    ix->created = (int64_t)time(NULL);
+    ix->manifest = strdup(manifest ? manifest : "");
+    ix->files = calloc(3, sizeof(ckpt_file_t));
+    ix->tensors = calloc(3 * (size_t)tab->n, sizeof(ckpt_tensor_t));
+    if (!ix->manifest || !ix->files || !ix->tensors) {
+        ckpt_index_free(ix);
+        return -ENOMEM;
+    }
+    if (cursor_len)
+        memcpy(ix->cursor, cursor, cursor_len);
+    ix->cursor_len = (uint32_t)cursor_len;
+    ix->n_files = 3;
+    for (int f = 0; f < 3; f++) {
+        snprintf(ix->files[f].name, CKPT_FILE_MAX, "%s", file_names[f]);
+        ix->files[f].bytes = CKPT_DATA_HDR + (uint64_t)tab->total * sizeof(float);
+    }
+    for (int f = 0; f < 3; f++)
+        for (int i = 0; i < tab->n; i++) {
+            const param_info_t *p = &tab->t[i];
+            ckpt_tensor_t *t = &ix->tensors[ix->n_tensors++];
+            snprintf(t->name, sizeof(t->name), "%s%s", prefixes[f], p->name);
+            snprintf(t->dtype, sizeof(t->dtype), "F32");
+            t->ndim = p->ndim;
+            for (int d = 0; d < p->ndim; d++)
+                t->shape[d] = p->shape[d];
+            t->numel = p->numel;
+            uint64_t bytes = (uint64_t)p->numel * sizeof(float);
+            t->n_chunks = (uint32_t)((bytes + CKPT_CHUNK_BYTES - 1) / CKPT_CHUNK_BYTES);
+            t->chunks = calloc(t->n_chunks ? t->n_chunks : 1, sizeof(ckpt_chunk_t));
+            if (!t->chunks) {
+                ckpt_index_free(ix);
+                return -ENOMEM;
+            }
+            for (uint32_t c = 0; c < t->n_chunks; c++) {
+                uint64_t off = (uint64_t)c * CKPT_CHUNK_BYTES;
+                t->chunks[c] = (ckpt_chunk_t){.file = (uint32_t)f,
+                                              .offset = CKPT_DATA_HDR + p->offset * sizeof(float) + off,
+                                              .length = bytes - off < CKPT_CHUNK_BYTES ? bytes - off : CKPT_CHUNK_BYTES};
+            }
+        }
+    return 0;
+}
+
+void ckpt_index_hash(ckpt_index_t *ix, uint32_t file, const void *data)
+{
+    for (int i = 0; i < ix->n_tensors; i++)
+        for (uint32_t c = 0; c < ix->tensors[i].n_chunks; c++) {
+            ckpt_chunk_t *ch = &ix->tensors[i].chunks[c];
+            if (ch->file == file)
+                ch->xxh = XXH3_64bits((const char *)data + (ch->offset - CKPT_DATA_HDR), ch->length);
+        }
+}
+
+void ckpt_data_header(void *block, uint32_t file, int64_t step)
+{
+    uint8_t *b = block;
+    memset(b, 0, CKPT_DATA_HDR);
+    memcpy(b, CKPT_DATA_MAGIC, 8);
+    uint32_t v = CKPT_VERSION;
+    memcpy(b + 8, &v, 4);
+    memcpy(b + 12, &file, 4);
+    memcpy(b + 16, &step, 8);
+}
+
+/* ---- encoding ---- */
+
+static void pack_str(msgpack_packer *pk, const char *s)
+{
+    size_t n = strlen(s);
+    msgpack_pack_str(pk, n);
+    msgpack_pack_str_body(pk, s, n);
+}
+
+int ckpt_index_encode(const ckpt_index_t *ix, uint8_t **buf, size_t *len)
+{
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    uint8_t hdr[INDEX_HDR] = {0};
+    msgpack_sbuffer_write(&sb, (const char *)hdr, INDEX_HDR); /* filled in below */
+    msgpack_pack_map(&pk, 6);
+    pack_str(&pk, "step");
+    msgpack_pack_int64(&pk, ix->step);
+    pack_str(&pk, "created");
+    msgpack_pack_int64(&pk, ix->created);
+    pack_str(&pk, "manifest");
+    pack_str(&pk, ix->manifest ? ix->manifest : "");
+    pack_str(&pk, "cursor");
+    msgpack_pack_bin(&pk, ix->cursor_len);
+    msgpack_pack_bin_body(&pk, ix->cursor, ix->cursor_len);
+    pack_str(&pk, "files");
+    msgpack_pack_array(&pk, (size_t)ix->n_files);
+    for (int f = 0; f < ix->n_files; f++) {
+        msgpack_pack_array(&pk, 2);
+        pack_str(&pk, ix->files[f].name);
+        msgpack_pack_uint64(&pk, ix->files[f].bytes);
+    }
+    pack_str(&pk, "tensors");
+    msgpack_pack_array(&pk, (size_t)ix->n_tensors);
+    for (int i = 0; i < ix->n_tensors; i++) {
+        const ckpt_tensor_t *t = &ix->tensors[i];
+        msgpack_pack_array(&pk, 4);
+        pack_str(&pk, t->name);
+        pack_str(&pk, t->dtype);
+        msgpack_pack_array(&pk, (size_t)t->ndim);
+        for (int d = 0; d < t->ndim; d++)
+            msgpack_pack_int64(&pk, t->shape[d]);
+        msgpack_pack_array(&pk, t->n_chunks);
+        for (uint32_t c = 0; c < t->n_chunks; c++) {
+            msgpack_pack_array(&pk, 4);
+            msgpack_pack_uint32(&pk, t->chunks[c].file);
+            msgpack_pack_uint64(&pk, t->chunks[c].offset);
+            msgpack_pack_uint64(&pk, t->chunks[c].length);
+            msgpack_pack_uint64(&pk, t->chunks[c].xxh);
+        }
+    }
+    if (!sb.data) {
+        msgpack_sbuffer_destroy(&sb);
+        return -ENOMEM;
+    }
+    uint64_t body = sb.size - INDEX_HDR, sum;
+    uint32_t v = CKPT_VERSION;
+    memcpy(sb.data, CKPT_INDEX_MAGIC, 8);
+    memcpy(sb.data + 8, &v, 4);
+    memcpy(sb.data + 16, &body, 8);
+    sum = XXH64(sb.data, sb.size, 0);
+    msgpack_sbuffer_write(&sb, (const char *)&sum, sizeof(sum));
+    *len = sb.size;
+    *buf = (uint8_t *)msgpack_sbuffer_release(&sb);
+    return *buf ? 0 : -ENOMEM;
+}
+
+/* ---- decoding ---- */
+
+typedef struct {
+    const char *what;
+    char *err;
+    size_t errlen;
+} dctx_t;
+
+static int bad(dctx_t *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int bad(dctx_t *d, const char *fmt, ...)
+{
+    if (d->err && d->errlen) {
+        int n = snprintf(d->err, d->errlen, "%s: bad index: ", d->what);
+        if (n >= 0 && (size_t)n < d->errlen) {
+            va_list ap;
+            va_start(ap, fmt);
+            vsnprintf(d->err + n, d->errlen - (size_t)n, fmt, ap);
+            va_end(ap);
+        }
+    }
+    return -EBADMSG;
+}
+
+static const msgpack_object *field(const msgpack_object *map, const char *key)
+{
+    size_t n = strlen(key);
+    for (uint32_t i = 0; i < map->via.map.size; i++) {
+        const msgpack_object *k = &map->via.map.ptr[i].key;
+        if (k->type == MSGPACK_OBJECT_STR && k->via.str.size == n && !memcmp(k->via.str.ptr, key, n))
+            return &map->via.map.ptr[i].val;
+    }
+    return NULL;
+}
+
+static int get_u64(const msgpack_object *o, uint64_t *v)
+{
+    if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+        return -1;
+    *v = o->via.u64;
+    return 0;
+}
+
+static int get_i64(const msgpack_object *o, int64_t *v)
+{
+    if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER && o->via.u64 <= INT64_MAX)
+        *v = (int64_t)o->via.u64;
+    else if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
+        *v = o->via.i64;
+    else
+        return -1;
+    return 0;
+}
+
+/* A string of at most cap-1 bytes without NUL into buf. */
+static int get_str(const msgpack_object *o, char *buf, size_t cap)
+{
+    if (o->type != MSGPACK_OBJECT_STR || o->via.str.size >= cap || memchr(o->via.str.ptr, 0, o->via.str.size))
+        return -1;
+    memcpy(buf, o->via.str.ptr, o->via.str.size);
+    buf[o->via.str.size] = 0;
+    return 0;
+}
+
+static int decode_tensor(dctx_t *d, const msgpack_object *o, ckpt_index_t *ix, ckpt_tensor_t *t, int i)
+{
+    if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size != 4)
+        return bad(d, "tensor %d: expected [name, dtype, shape, chunks]", i);
+    const msgpack_object *a = o->via.array.ptr;
+    if (get_str(&a[0], t->name, sizeof(t->name)) || !t->name[0])
+        return bad(d, "tensor %d: the name must be a string of 1 to %d bytes", i, CKPT_NAME_MAX - 1);
+    size_t es;
+    if (get_str(&a[1], t->dtype, sizeof(t->dtype)) || !(es = ckpt_dtype_size(t->dtype)))
+        return bad(d, "tensor %s: unknown dtype", t->name);
+    if (a[2].type != MSGPACK_OBJECT_ARRAY || a[2].via.array.size < 1 || a[2].via.array.size > CKPT_MAX_DIMS)
+        return bad(d, "tensor %s: the shape must have 1 to %d dimensions", t->name, CKPT_MAX_DIMS);
+    t->ndim = (int)a[2].via.array.size;
+    t->numel = 1;
+    for (int k = 0; k < t->ndim; k++) {
+        if (get_i64(&a[2].via.array.ptr[k], &t->shape[k]) || t->shape[k] < 0 || t->shape[k] > (1LL << 40))
+            return bad(d, "tensor %s: dimension %d is not a size", t->name, k);
+        t->numel *= (uint64_t)t->shape[k];
+        if (t->numel > (1ULL << 40))
+            return bad(d, "tensor %s: too large", t->name);
+    }
+    if (a[3].type != MSGPACK_OBJECT_ARRAY)
+        return bad(d, "tensor %s: chunks must be an array", t->name);
+    t->n_chunks = a[3].via.array.size;
+    t->chunks = calloc(t->n_chunks ? t->n_chunks : 1, sizeof(ckpt_chunk_t));
+    if (!t->chunks)
+        return -ENOMEM;
+    uint64_t covered = 0;
+    for (uint32_t c = 0; c < t->n_chunks; c++) {
+        const msgpack_object *co = &a[3].via.array.ptr[c];
+        ckpt_chunk_t *ch = &t->chunks[c];
+        uint64_t file;
+        if (co->type != MSGPACK_OBJECT_ARRAY || co->via.array.size != 4 || get_u64(&co->via.array.ptr[0], &file) ||
+            get_u64(&co->via.array.ptr[1], &ch->offset) || get_u64(&co->via.array.ptr[2], &ch->length) ||
+            get_u64(&co->via.array.ptr[3], &ch->xxh))
+            return bad(d, "tensor %s chunk %u: expected [file, offset, length, xxh3] (unsigned integers)", t->name, c);
+        if (file >= (uint64_t)ix->n_files)
+            return bad(d, "tensor %s chunk %u: file %" PRIu64 " does not exist", t->name, c, file);
+        ch->file = (uint32_t)file;
+        uint64_t fb = ix->files[file].bytes;
+        if (ch->length == 0 || ch->length % es || ch->offset > fb || ch->length > fb - ch->offset)
+            return bad(d, "tensor %s chunk %u: %" PRIu64 " bytes at %" PRIu64 " do not fit in %s (%" PRIu64 " bytes)",
+                       t->name, c, ch->length, ch->offset, ix->files[file].name, fb);
+        covered += ch->length;
+    }
+    if (covered != t->numel * es)
+        return bad(d, "tensor %s: its chunks hold %" PRIu64 " bytes, its shape needs %" PRIu64, t->name, covered,
+                   t->numel * es);
+    return 0;
+}
+
+static int decode_body(dctx_t *d, const msgpack_object *root, ckpt_index_t *ix)
+{
+    if (root->type != MSGPACK_OBJECT_MAP)
+        return bad(d, "the body is not a map");
+    const msgpack_object *o;
+    if (!(o = field(root, "step")) || get_i64(o, &ix->step) || ix->step < 0)
+        return bad(d, "'step' must be a non-negative integer");
+    if (!(o = field(root, "created")) || get_i64(o, &ix->created))
+        return bad(d, "'created' must be an integer");
+    if (!(o = field(root, "manifest")) || o->type != MSGPACK_OBJECT_STR)
+        return bad(d, "'manifest' must be a string");
+    if (!(ix->manifest = strndup(o->via.str.ptr, o->via.str.size)))
+        return -ENOMEM;
+    if (!(o = field(root, "cursor")) || o->type != MSGPACK_OBJECT_BIN || o->via.bin.size > CKPT_CURSOR_MAX)
+        return bad(d, "'cursor' must be binary of at most %d bytes", CKPT_CURSOR_MAX);
+    memcpy(ix->cursor, o->via.bin.ptr, o->via.bin.size);
+    ix->cursor_len = o->via.bin.size;
+    if (!(o = field(root, "files")) || o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size < 1 ||
+        o->via.array.size > 4096)
+        return bad(d, "'files' must be an array of 1 to 4096 files");
+    ix->n_files = (int)o->via.array.size;
+    if (!(ix->files = calloc((size_t)ix->n_files, sizeof(ckpt_file_t))))
+        return -ENOMEM;
+    for (int f = 0; f < ix->n_files; f++) {
+        const msgpack_object *e = &o->via.array.ptr[f];
+        if (e->type != MSGPACK_OBJECT_ARRAY || e->via.array.size != 2 ||
+            get_str(&e->via.array.ptr[0], ix->files[f].name, CKPT_FILE_MAX) ||
+            get_u64(&e->via.array.ptr[1], &ix->files[f].bytes))
+            return bad(d, "file %d: expected [name, bytes]", f);
+        if (!ckpt_safe_name(ix->files[f].name) || !strcmp(ix->files[f].name, "index"))
+            return bad(d, "file %d: '%s' is not a plain file name (A-Z a-z 0-9 . _ -, not starting with '.')", f,
+                       ix->files[f].name);
+        for (int g = 0; g < f; g++)
+            if (!strcmp(ix->files[g].name, ix->files[f].name))
+                return bad(d, "file '%s' is listed twice", ix->files[f].name);
+    }
+    if (!(o = field(root, "tensors")) || o->type != MSGPACK_OBJECT_ARRAY)
+        return bad(d, "'tensors' must be an array");
+    if (!(ix->tensors = calloc(o->via.array.size ? o->via.array.size : 1, sizeof(ckpt_tensor_t))))
+        return -ENOMEM;
+    for (uint32_t i = 0; i < o->via.array.size; i++) {
+        ix->n_tensors = (int)i + 1;
+        int rc = decode_tensor(d, &o->via.array.ptr[i], ix, &ix->tensors[i], (int)i);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+int ckpt_index_decode(const void *buf, size_t len, ckpt_index_t *ix, const char *what, char *err, size_t errlen)
+{
+    dctx_t d = {what, err, errlen};
+    memset(ix, 0, sizeof(*ix));
+    const uint8_t *b = buf;
+    if (len < INDEX_HDR + INDEX_TAIL || memcmp(b, CKPT_INDEX_MAGIC, 8))
+        return bad(&d, "not a ctitan checkpoint index (no %s magic)", CKPT_INDEX_MAGIC);
+    uint32_t v;
+    uint64_t body, sum;
+    memcpy(&v, b + 8, 4);
+    memcpy(&body, b + 16, 8);
+    memcpy(&sum, b + len - INDEX_TAIL, 8);
+    if (v != CKPT_VERSION)
+        return bad(&d, "version %u; this build reads version %u", v, CKPT_VERSION);
+    if (body != len - INDEX_HDR - INDEX_TAIL)
+        return bad(&d, "the body is %zu bytes but the header says %" PRIu64 " (truncated?)",
+                   len - INDEX_HDR - INDEX_TAIL, body);
+    if (XXH64(b, len - INDEX_TAIL, 0) != sum)
+        return bad(&d, "checksum mismatch (corrupt)");
+    msgpack_unpacked up;
+    msgpack_unpacked_init(&up);
+    size_t off = 0;
+    int rc;
+    if (msgpack_unpack_next(&up, (const char *)b + INDEX_HDR, body, &off) != MSGPACK_UNPACK_SUCCESS || off != body)
+        rc = bad(&d, "the body is not one msgpack value");
+    else
+        rc = decode_body(&d, &up.data, ix);
+    msgpack_unpacked_destroy(&up);
+    if (rc)
+        ckpt_index_free(ix);
+    return rc;
+}
+
+void ckpt_index_free(ckpt_index_t *ix)
+{
+    if (ix->tensors)
+        for (int i = 0; i < ix->n_tensors; i++)
+            free(ix->tensors[i].chunks);
+    free(ix->tensors);
+    free(ix->files);
+    free(ix->manifest);
+    memset(ix, 0, sizeof(*ix));
+}
+
+const ckpt_tensor_t *ckpt_index_find(const ckpt_index_t *ix, const char *name)
+{
+    for (int i = 0; i < ix->n_tensors; i++)
+        if (!strcmp(ix->tensors[i].name, name))
+            return &ix->tensors[i];
+    return NULL;
+}
+
+/* ---- reading ---- */
+
+struct ckpt {
+    char path[PATH_MAX];
+    ckpt_index_t ix;
+    int *fds;        /* per file, -1 until opened */
+    uint64_t *sizes; /* per file, on disk */
+};
+
+static int read_all(int fd, void *buf, size_t n, uint64_t off)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = pread(fd, (char *)buf + got, n - got, (off_t)(off + got));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return -errno;
+        if (r == 0)
+            return -ENODATA;
+        got += (size_t)r;
+    }
+    return 0;
+}
+
+static int load_index(const char *path, ckpt_index_t *ix, char *err, size_t errlen)
+{
+    char ip[PATH_MAX + 8];
+    snprintf(ip, sizeof(ip), "%s/index", path);
+    int fd = open(ip, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        struct stat st;
+        if (e == ENOENT && stat(path, &st) == 0)
+            return util_fail(err, errlen, -ENOENT, "%s: no index: incomplete checkpoint", path);
+        return util_fail(err, errlen, -e, "%s: %s", e == ENOENT ? path : ip, strerror(e));
+    }
+    struct stat st;
+    int rc = fstat(fd, &st) < 0 ? -errno : 0;
+    uint8_t *buf = NULL;
+    if (!rc && (st.st_size < 0 || (uint64_t)st.st_size > CKPT_INDEX_MAX))
+        rc = util_fail(err, errlen, -EFBIG, "%s: %lld bytes: larger than any index", ip, (long long)st.st_size);
+    else if (!rc && !(buf = malloc((size_t)st.st_size + 1)))
+        rc = -ENOMEM;
+    else if (!rc && (rc = read_all(fd, buf, (size_t)st.st_size, 0)))
+        util_fail(err, errlen, rc, "%s: cannot read: %s", ip, strerror(-rc));
+    else if (!rc)
+        rc = ckpt_index_decode(buf, (size_t)st.st_size, ix, ip, err, errlen);
+    free(buf);
+    close(fd);
+    return rc;
+}
+
+int ckpt_open(ckpt_t **out, const char *path, char *err, size_t errlen)
+{
+    *out = NULL;
+    ckpt_t *c = calloc(1, sizeof(*c));
+    if (!c)
+        return -ENOMEM;
+    snprintf(c->path, sizeof(c->path), "%s", path);
+    int rc = load_index(path, &c->ix, err, errlen);
+    if (!rc && (!(c->fds = malloc((size_t)c->ix.n_files * sizeof(int))) ||
+                !(c->sizes = calloc((size_t)c->ix.n_files, sizeof(uint64_t)))))
+        rc = -ENOMEM;
+    if (rc) {
+        free(c->fds);
+        c->fds = NULL;
+        ckpt_close(&c);
+        return rc;
+    }
+    for (int f = 0; f < c->ix.n_files; f++)
+        c->fds[f] = -1;
+    *out = c;
+    return 0;
+}
+
+void ckpt_close(ckpt_t **pc)
+{
+    ckpt_t *c = *pc;
+    if (!c)
+        return;
+    if (c->fds)
+        for (int f = 0; f < c->ix.n_files; f++)
+            if (c->fds[f] >= 0)
+                close(c->fds[f]);
+    free(c->fds);
+    free(c->sizes);
+    ckpt_index_free(&c->ix);
+    free(c);
+    *pc = NULL;
+}
+
+const ckpt_index_t *ckpt_index(const ckpt_t *c) { return &c->ix; }
+const char *ckpt_path(const ckpt_t *c) { return c->path; }
+
+static int file_fd(ckpt_t *c, uint32_t f, char *err, size_t errlen)
+{
+    if (c->fds[f] >= 0)
+        return c->fds[f];
+    char p[PATH_MAX + CKPT_FILE_MAX + 2];
+    snprintf(p, sizeof(p), "%s/%s", c->path, c->ix.files[f].name);
+    int fd = open(p, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return util_fail(err, errlen, -EBADMSG, "%s: missing (%s)", p, strerror(errno));
+    struct stat st;
+    fstat(fd, &st);
+    c->sizes[f] = (uint64_t)st.st_size;
+    return c->fds[f] = fd;
+}
+
+/* Reads chunk ch of tensor t into buf (ch->length bytes) and checks it. */
+static int read_chunk(ckpt_t *c, const ckpt_tensor_t *t, uint32_t k, void *buf, char *err, size_t errlen)
+{
+    const ckpt_chunk_t *ch = &t->chunks[k];
+    int fd = file_fd(c, ch->file, err, errlen);
+    if (fd < 0)
+        return fd;
+    const char *fn = c->ix.files[ch->file].name;
+    if (c->sizes[ch->file] < ch->offset + ch->length)
+        return util_fail(err, errlen, -EBADMSG,
+                         "%s/%s: truncated: %" PRIu64 " bytes, but tensor %s (chunk %u) needs bytes up to %" PRIu64,
+                         c->path, fn, c->sizes[ch->file], t->name, k, ch->offset + ch->length);
+    int rc = read_all(fd, buf, ch->length, ch->offset);
+    if (rc)
+        return util_fail(err, errlen, -EBADMSG, "%s/%s: cannot read tensor %s (chunk %u): %s", c->path, fn, t->name,
+                         k, strerror(-rc));
+    if (XXH3_64bits(buf, ch->length) != ch->xxh)
+        return util_fail(err, errlen, -EBADMSG,
+                         "%s/%s: tensor %s chunk %u (%" PRIu64 " bytes at offset %" PRIu64 "): checksum mismatch (corrupt)",
+                         c->path, fn, t->name, k, ch->length, ch->offset);
+    return 0;
+}
+
+int ckpt_read(ckpt_t *c, const char *tensor, uint64_t first, uint64_t n, void *dst, char *err, size_t errlen)
+{
+    const ckpt_tensor_t *t = ckpt_index_find(&c->ix, tensor);
+    if (!t)
+        return util_fail(err, errlen, -ENOENT, "%s: no tensor %s", c->path, tensor);
+    if (first > t->numel || n > t->numel - first)
+        return util_fail(err, errlen, -EINVAL, "%s: tensor %s has %" PRIu64 " elements, asked for [%" PRIu64
+                         ", %" PRIu64 ")", c->path, tensor, t->numel, first, first + n);
+    size_t es = ckpt_dtype_size(t->dtype);
+    uint64_t lo = first * es, hi = (first + n) * es, pos = 0;
+    char *buf = NULL;
+    int rc = 0;
+    for (uint32_t k = 0; k < t->n_chunks && !rc && pos < hi; k++) {
+        const ckpt_chunk_t *ch = &t->chunks[k];
+        uint64_t b = pos, e = pos + ch->length;
+        pos = e;
+        if (e <= lo)
+            continue;
+        if (!buf && !(buf = malloc(CKPT_CHUNK_BYTES > ch->length ? CKPT_CHUNK_BYTES : ch->length)))
+            return -ENOMEM;
+        if (ch->length > CKPT_CHUNK_BYTES) { /* chunks of other writers may be larger */
+            char *big = realloc(buf, ch->length);
+            if (!big) {
+                rc = -ENOMEM;
+                break;
+            }
+            buf = big;
+        }
+        if ((rc = read_chunk(c, t, k, buf, err, errlen)))
+            break;
+        uint64_t from = lo > b ? lo : b, to = hi < e ? hi : e;
+        memcpy((char *)dst + (from - lo), buf + (from - b), to - from);
+    }
+    free(buf);
+    return rc;
+}
+
+const char *ckpt_master_name(const ckpt_t *c, const char *name, char *buf, size_t n)
+{
+    snprintf(buf, n, "optimizer.master.%s", name);
+    return ckpt_index_find(&c->ix, buf) ? buf : name;
+}
+
+int ckpt_verify(const char *path, FILE *report, int *n_bad, char *err, size_t errlen)
+{
+    ckpt_t *c;
+    *n_bad = 0;
+    int rc = ckpt_open(&c, path, err, errlen);
+    if (rc) {
+        if (rc == -EBADMSG || rc == -ENOENT) {
+            *n_bad = 1;
+            if (report)
+                fprintf(report, "%s\n", err);
+        }
+        return rc;
+    }
+    char msg[1024];
+    char *missing = calloc((size_t)c->ix.n_files, 1);
+    if (!missing) {
+        ckpt_close(&c);
+        return -ENOMEM;
+    }
+    for (int f = 0; f < c->ix.n_files; f++) {
+        if (file_fd(c, (uint32_t)f, msg, sizeof(msg)) < 0) {
+            missing[f] = 1;
+            (*n_bad)++;
+            if (report)
+                fprintf(report, "%s\n", msg);
+        } else if (c->sizes[f] != c->ix.files[f].bytes) {
+            (*n_bad)++;
+            if (report)
+                fprintf(report, "%s/%s: %s: %" PRIu64 " bytes, the index says %" PRIu64 "\n", path,
+                        c->ix.files[f].name, c->sizes[f] < c->ix.files[f].bytes ? "truncated" : "wrong size",
+                        c->sizes[f], c->ix.files[f].bytes);
+        }
+    }
+    uint64_t biggest = 0;
+    for (int i = 0; i < c->ix.n_tensors; i++)
+        for (uint32_t k = 0; k < c->ix.tensors[i].n_chunks; k++)
+            biggest = c->ix.tensors[i].chunks[k].length > biggest ? c->ix.tensors[i].chunks[k].length : biggest;
+    char *buf = malloc(biggest ? biggest : 1);
+    if (!buf)
+        rc = -ENOMEM;
+    for (int i = 0; i < c->ix.n_tensors && buf; i++) {
+        const ckpt_tensor_t *t = &c->ix.tensors[i];
+        for (uint32_t k = 0; k < t->n_chunks; k++) {
+            if (missing[t->chunks[k].file])
+                continue;
+            if (read_chunk(c, t, k, buf, msg, sizeof(msg))) {
+                (*n_bad)++;
+                if (report)
+                    fprintf(report, "%s\n", msg);
+            }
+        }
+    }
+    free(buf);
+    free(missing);
+    ckpt_close(&c);
+    if (!rc && *n_bad)
+        rc = util_fail(err, errlen, -EBADMSG, "%s: %d problem%s", path, *n_bad, *n_bad == 1 ? "" : "s");
+    return rc;
+}
+
+/* ---- directories ---- */
+
+/* "step-N" -> N, or -1. */
+static int64_t step_of(const char *name)
+{
+    if (strncmp(name, "step-", 5) || !name[5])
+        return -1;
+    int64_t v = 0;
+    for (const char *p = name + 5; *p; p++) {
+        if (*p < '0' || *p > '9' || v > INT64_MAX / 10 - 10)
+            return -1;
+        v = v * 10 + (*p - '0');
+    }
+    return v;
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Step directories of dir, ascending; with_index: only those holding an index. */
+static int list_steps(const char *dir, int with_index, int64_t **steps)
+{
+    *steps = NULL;
+    DIR *d = opendir(dir);
+    if (!d)
+        return errno == ENOENT ? 0 : -errno;
+    int n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int64_t s = step_of(e->d_name);
+        if (s < 0)
+            continue;
+        if (with_index) {
+            char p[PATH_MAX];
+            struct stat st;
+            snprintf(p, sizeof(p), "%s/%s/index", dir, e->d_name);
+            if (stat(p, &st) || !S_ISREG(st.st_mode))
+                continue;
+        }
+        if (n == cap) {
+            int64_t *g = realloc(*steps, (size_t)(cap = cap ? 2 * cap : 16) * sizeof(int64_t));
+            if (!g) {
+                closedir(d);
+                free(*steps);
+                *steps = NULL;
+                return -ENOMEM;
+            }
+            *steps = g;
+        }
+        (*steps)[n++] = s;
+    }
+    closedir(d);
+    if (n)
+        qsort(*steps, (size_t)n, sizeof(int64_t), cmp_i64);
+    return n;
+}
+
+int ckpt_list(const char *dir, int64_t **steps) { return list_steps(dir, 1, steps); }
+
+int ckpt_find_latest(const char *dir, char *path, size_t n, FILE *log, char *err, size_t errlen)
+{
+    int64_t *steps;
+    int k = list_steps(dir, 0, &steps);
+    if (k < 0)
+        return util_fail(err, errlen, k, "%s: %s", dir, strerror(-k));
+    if (k == 0)
+        return util_fail(err, errlen, -ENOENT, "%s: no checkpoint", dir);
+    int rc = -EBADMSG;
+    for (int i = k - 1; i >= 0; i--) {
+        char p[PATH_MAX], why[1024] = "", *first = NULL;
+        size_t flen = 0;
+        ckpt_step_path(p, sizeof(p), dir, steps[i]);
+        FILE *mem = open_memstream(&first, &flen);
+        int bad_n;
+        int v = ckpt_verify(p, mem, &bad_n, why, sizeof(why));
+        if (mem)
+            fclose(mem);
+        if (v == 0) {
+            snprintf(path, n, "%s", p);
+            rc = 0;
+            free(first);
+            break;
+        }
+        if (log) {
+            if (first && first[0]) {
+                first[strcspn(first, "\n")] = 0;
+                fprintf(log, "checkpoint %s is not loadable (%s%s): falling back to an older one\n", p, first,
+                        bad_n > 1 ? ", and more" : "");
+            } else {
+                fprintf(log, "checkpoint %s is not loadable (%s): falling back to an older one\n", p, why);
+            }
+        }
+        free(first);
+    }
+    free(steps);
+    if (rc)
+        util_fail(err, errlen, rc, "%s: no checkpoint there verifies", dir);
+    return rc;
+}
+
+int ckpt_remove_dir(const char *path)
+{
+    DIR *d = opendir(path);
+    if (!d)
+        return errno == ENOENT ? 0 : -errno;
+    /* the index first: from then on no reader takes this for a checkpoint */
+    int rc = unlinkat(dirfd(d), "index", 0) < 0 && errno != ENOENT ? -errno : 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "index") && strcmp(e->d_name, "..") && unlinkat(dirfd(d), e->d_name, 0) < 0 && !rc)
+            rc = -errno;
+    closedir(d);
+    if (!rc && rmdir(path) < 0)
+        rc = -errno;
+    return rc;
+}
+
+int ckpt_retain(const char *dir, int keep)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return errno == ENOENT ? 0 : -errno;
+    struct dirent *e;
+    while ((e = readdir(d))) { /* .tmp-step-N.PID of writers that are gone */
+        if (strncmp(e->d_name, ".tmp-step-", 10))
+            continue;
+        const char *dot = strrchr(e->d_name, '.');
+        long pid = dot && dot > e->d_name ? strtol(dot + 1, NULL, 10) : 0;
+        if (pid > 0 && (kill((pid_t)pid, 0) == 0 || errno != ESRCH))
+            continue;
+        char p[PATH_MAX];
+        snprintf(p, sizeof(p), "%s/%s", dir, e->d_name);
+        ckpt_remove_dir(p);
+    }
+    closedir(d);
+    if (keep <= 0)
+        return 0;
+    int64_t *steps;
+    int n = ckpt_list(dir, &steps), removed = 0;
+    if (n < 0)
+        return n;
+    for (int i = 0; i + keep < n; i++) {
+        char p[PATH_MAX];
+        ckpt_step_path(p, sizeof(p), dir, steps[i]);
+        if (ckpt_remove_dir(p) == 0)
+            removed++;
+    }
+    free(steps);
+    return removed;
+}

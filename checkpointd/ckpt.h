@@ -1,0 +1,145 @@
+/* The checkpoint format: what a checkpoint of step N is on disk, and how it is read back.
+ * Written by checkpointd (checkpointd/writer.h), read by the optimizer shards on resume,
+ * by the coordinator to pick what to resume from, and by `ctitan ckpt`.
+ *
+ *   DIR/step-NNNNNNNN/        one complete checkpoint (steps completed = N); it only ever
+ *                             appears by rename from DIR/.tmp-step-NNNNNNNN.PID once every
+ *                             file in it is written and synced, the index last
+ *     model.bin               data files: a 4 KiB header (magic "CTCKDAT1", version, step),
+ *     exp_avg.bin             then the flat fp32 array (the model's parameters in the order
+ *     exp_avg_sq.bin          of kernels/params.h, AdamW's first and second moments)
+ *     index                   magic "CTCKIDX1", version, msgpack body, XXH64 of all before
+ *
+ * The index names every tensor (name, dtype, global shape) and where each chunk of it lives
+ * (file, offset, length, XXH3-64 of the bytes); chunks are at most CKPT_CHUNK_BYTES. It also
+ * holds the step, the loader cursor at the start of the next step, and the manifest (TOML)
+ * of the run that wrote it; with the seed in that manifest that is all the state a run
+ * needs to continue bit for bit (the lr schedule and AdamW's bias correction are functions
+ * of the step; data shuffling is a function of seed and cursor).
+ *
+ * Tensor names: weights under their Hugging Face Llama names ("model.embed_tokens.weight",
+ * "lm_head.weight"), moments as "optimizer.exp_avg.<name>" and "optimizer.exp_avg_sq.<name>".
+ * On the CPU backend the weights are the fp32 master weights; a backend whose weights are
+ * not fp32 adds "optimizer.master.<name>" (ckpt_master_name says which to read).
+ *
+ * Every reader checks what it reads: the index by its own checksum and structure (names,
+ * ranges inside the files, chunks covering each tensor exactly), data by chunk checksums.
+ * Functions return 0 or -errno and say why in err; nothing here exits. */
+#ifndef CTITAN_CKPT_H
+#define CTITAN_CKPT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "kernels/params.h"
+
+#define CKPT_INDEX_MAGIC "CTCKIDX1"
+#define CKPT_DATA_MAGIC "CTCKDAT1"
+#define CKPT_VERSION 1u
+#define CKPT_DATA_HDR 4096              /* bytes of a data file's header */
+#define CKPT_CHUNK_BYTES (4u << 20)     /* largest checksummed chunk */
+#define CKPT_NAME_MAX 128               /* tensor names */
+#define CKPT_FILE_MAX 64                /* data file names */
+#define CKPT_MAX_DIMS 4
+#define CKPT_CURSOR_MAX 240             /* = LDR_CURSOR_MAX */
+#define CKPT_INDEX_MAX (256u << 20)     /* an index larger than this is refused */
+
+typedef struct {
+    uint32_t file;        /* index into files */
+    uint64_t offset;      /* bytes into the file */
+    uint64_t length;      /* bytes */
+    uint64_t xxh;         /* XXH3_64bits of those bytes */
+} ckpt_chunk_t;
+
+typedef struct {
+    char name[CKPT_NAME_MAX];
+    char dtype[8];        /* "F32" (safetensors spelling); "BF16" reserved for the CUDA backend */
+    int ndim;
+    int64_t shape[CKPT_MAX_DIMS];
+    uint64_t numel;
+    uint32_t n_chunks;    /* in element order, contiguous, together exactly numel elements */
+    ckpt_chunk_t *chunks;
+} ckpt_tensor_t;
+
+typedef struct {
+    char name[CKPT_FILE_MAX]; /* ckpt_safe_name */
+    uint64_t bytes;       /* its size on disk */
+} ckpt_file_t;
+
+typedef struct {
+    int64_t step;         /* steps completed: training resumes at step + 1 (1-based) */
+    int64_t created;      /* Unix time */
+    char *manifest;       /* resolved TOML of the run that wrote it (owned) */
+    uint32_t cursor_len;  /* the loader cursor at the start of the next step */
+    uint8_t cursor[CKPT_CURSOR_MAX];
+    int n_files;
+    ckpt_file_t *files;   /* owned */
+    int n_tensors;
+    ckpt_tensor_t *tensors; /* owned, chunks too */
+} ckpt_index_t;
+
+/* Whether s may name a file inside a checkpoint: 1..63 characters of A-Z a-z 0-9 . _ -,
+ * not starting with '.'. Everything that becomes a path goes through this. */
+int ckpt_safe_name(const char *s);
+/* "DIR/step-NNNNNNNN" (8 digits, more when the step needs them). */
+void ckpt_step_path(char *buf, size_t n, const char *dir, int64_t step);
+size_t ckpt_dtype_size(const char *dtype); /* 0 when unknown */
+
+/* The training state's index for a model: files model.bin, exp_avg.bin, exp_avg_sq.bin,
+ * each CKPT_DATA_HDR + total*4 bytes, and per parameter its weight and two moment tensors
+ * with chunk offsets filled in and checksums 0 (ckpt_index_hash fills them). */
+int ckpt_index_plan(ckpt_index_t *ix, const param_table_t *tab, int64_t step, const char *manifest,
+                    const void *cursor, size_t cursor_len);
+/* Fills every chunk checksum of file `file` from its payload: `data` holds the file's bytes
+ * from offset CKPT_DATA_HDR on. */
+void ckpt_index_hash(ckpt_index_t *ix, uint32_t file, const void *data);
+/* The 4 KiB header block of a data file. */
+void ckpt_data_header(void *block, uint32_t file, int64_t step);
+
+int ckpt_index_encode(const ckpt_index_t *ix, uint8_t **buf, size_t *len); /* caller frees */
+/* Decodes and checks an index (`what` names it in errors, e.g. its path). */
+int ckpt_index_decode(const void *buf, size_t len, ckpt_index_t *ix, const char *what, char *err, size_t errlen);
+void ckpt_index_free(ckpt_index_t *ix);
+/* Tensor by name, or NULL. */
+const ckpt_tensor_t *ckpt_index_find(const ckpt_index_t *ix, const char *name);
+
+/* ---- reading a checkpoint directory ---- */
+
+typedef struct ckpt ckpt_t;
+
+/* Opens DIR/step-N (or any directory holding an index): reads and checks the index; data
+ * files are opened when first read. -ENOENT: no index (an incomplete checkpoint). */
+int ckpt_open(ckpt_t **out, const char *path, char *err, size_t errlen);
+void ckpt_close(ckpt_t **c);
+const ckpt_index_t *ckpt_index(const ckpt_t *c);
+const char *ckpt_path(const ckpt_t *c);
+/* Elements [first, first + n) of a tensor into dst, checking the checksum of every chunk
+ * read. -ENOENT: no such tensor; -EBADMSG: corrupt or truncated (err names tensor and file). */
+int ckpt_read(ckpt_t *c, const char *tensor, uint64_t first, uint64_t n, void *dst, char *err, size_t errlen);
+/* Name of the fp32 master copy of weight `name`: "optimizer.master.<name>" when present,
+ * else `name` itself. */
+const char *ckpt_master_name(const ckpt_t *c, const char *name, char *buf, size_t n);
+
+/* Reads every chunk of every tensor and checks it. Each problem is one line on `report`
+ * (may be NULL) naming the tensor, the file and what is wrong (missing, truncated, checksum
+ * mismatch, bad index); *n_bad counts them. Returns 0 when all is well, -EBADMSG when a
+ * problem was found, -ENOENT when there is no index (incomplete), other -errno for I/O. */
+int ckpt_verify(const char *path, FILE *report, int *n_bad, char *err, size_t errlen);
+
+/* Complete checkpoints of DIR (step-N directories, temporary ones ignored), steps ascending
+ * (caller frees *steps). Returns how many, or -errno. A missing DIR has none. */
+int ckpt_list(const char *dir, int64_t **steps);
+/* The newest checkpoint of DIR that verifies. Each newer one that does not is reported on
+ * `log` ("DIR/step-N: <why>: not loading it") before falling back. -ENOENT when DIR has no
+ * checkpoint at all; -EBADMSG when it has some but none verifies. */
+int ckpt_find_latest(const char *dir, char *path, size_t n, FILE *log, char *err, size_t errlen);
+
+/* Removes complete checkpoints of DIR beyond the newest `keep` (keep <= 0: keeps all), and
+ * temporary directories whose writer (the PID in the name) is gone. Returns how many
+ * checkpoints it removed, or -errno. */
+int ckpt_retain(const char *dir, int keep);
+/* rm -rf of a directory of plain files (a checkpoint); refuses anything deeper. */
+int ckpt_remove_dir(const char *path);
+
+#endif

@@ -1,0 +1,231 @@
+/* checkpointd: the checkpoint daemon.
+ *
+ *   checkpointd --job NAME      started by `ctitan launch` ([checkpoint] enable): a worker of
+ *                               the job. On SAVE it reads the staging segment the optimizer
+ *                               shards filled (checkpointd/staging.h), checksums it, and writes
+ *                               checkpoint.folder/step-N (checkpointd/writer.h), or streams it
+ *                               to the remote checkpointd at checkpoint.endpoint; then answers
+ *                               SAVED. Training does not wait for it.
+ *   checkpointd --listen tcp://ADDR:PORT --dir DIR --key SERVER.key --allow TRAINERS.pub
+ *                               on a storage host: receives checkpoints from trainers whose
+ *                               public key is in the allow file (checkpointd/remote.h).
+ *
+ * The daemon never exits in the middle of a write on bad input: a failed checkpoint is
+ * reported (SAVED with ok = false) and the next one is tried afresh. */
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "checkpointd/ckpt.h"
+#include "checkpointd/remote.h"
+#include "checkpointd/staging.h"
+#include "checkpointd/writer.h"
+#include "ipc/shm.h"
+#include "kernels/params.h"
+#include "stages/worker.h"
+#include "tools/log.h"
+#include "tools/util.h"
+
+#define PIECE (64u << 20) /* bytes handed to the writer at a time */
+
+typedef struct {
+    worker_t *w;
+    const manifest_t *m;
+    char *toml;
+    char folder[PATH_MAX];
+    param_table_t tab;
+    shm_seg_t *seg;
+    rmt_client_t *remote;
+    int delay_ms; /* CTITAN_TEST_CKPT_DELAY_MS: a pause after each data file (tests kill us mid-write) */
+} ckd_t;
+
+/* Where the bytes go: the local writer or the remote daemon. */
+typedef struct {
+    ckd_t *d;
+    ckw_t *w;
+} sink_t;
+
+static int sink_begin(sink_t *s, const ckpt_index_t *plan, char *err, size_t errlen)
+{
+    if (s->d->remote)
+        return rmt_client_begin(s->d->remote, s->d->m->name, s->d->m->ckpt_keep, plan, 30000, err, errlen);
+    return ckw_begin(&s->w, s->d->folder, plan, err, errlen);
+}
+
+static int sink_write(sink_t *s, uint32_t f, uint64_t off, const void *p, size_t n, char *err, size_t errlen)
+{
+    if (s->d->remote)
+        return rmt_client_write(s->d->remote, f, off, p, n, err, errlen);
+    return ckw_write(s->w, f, off, p, n, err, errlen);
+}
+
+static int sink_commit(sink_t *s, char *path, size_t n, char *err, size_t errlen)
+{
+    if (s->d->remote)
+        return rmt_client_commit(s->d->remote, path, n, 300000, err, errlen);
+    ckw_stats_t st;
+    int rc = ckw_commit(&s->w, path, n, &st, err, errlen);
+    if (!rc)
+        LOG_I("%s: %.1f MiB in %.3f s (%s, %s)", path, st.bytes / 1048576.0, st.secs,
+              st.direct ? "O_DIRECT" : "buffered", st.fixed ? "registered buffers" : "plain buffers");
+    return rc;
+}
+
+/* Writes the staged snapshot of `step`. Returns 0 with the path, or -errno with err. */
+static int save(ckd_t *d, int64_t step, char *path, size_t pathlen, uint64_t *bytes, char *err, size_t errlen)
+{
+    staging_hdr_t *h = shm_data(d->seg);
+    if (atomic_load(&h->step) != step)
+        return util_fail(err, errlen, -EINVAL, "the staging segment holds step %" PRId64 ", not %" PRId64,
+                         (int64_t)atomic_load(&h->step), step);
+    ckpt_index_t plan;
+    int rc = ckpt_index_plan(&plan, &d->tab, step, d->toml, h->cursor, h->cursor_len);
+    if (rc)
+        return util_fail(err, errlen, rc, "cannot plan the checkpoint: %s", strerror(-rc));
+    for (int f = 0; f < STAGING_ARRAYS; f++)
+        ckpt_index_hash(&plan, (uint32_t)f, staging_array(h, f));
+    sink_t s = {.d = d};
+    *bytes = 0;
+    if ((rc = sink_begin(&s, &plan, err, errlen)))
+        goto out;
+    static _Alignas(4096) uint8_t block[CKPT_DATA_HDR];
+    for (int f = 0; f < STAGING_ARRAYS && !rc; f++) {
+        ckpt_data_header(block, (uint32_t)f, step);
+        rc = sink_write(&s, (uint32_t)f, 0, block, sizeof(block), err, errlen);
+        const uint8_t *a = (const uint8_t *)staging_array(h, f);
+        uint64_t n = (uint64_t)d->tab.total * sizeof(float);
+        for (uint64_t off = 0; off < n && !rc; off += PIECE) {
+            size_t k = n - off < PIECE ? (size_t)(n - off) : PIECE;
+            rc = sink_write(&s, (uint32_t)f, CKPT_DATA_HDR + off, a + off, k, err, errlen);
+            worker_progress(d->w);
+        }
+        *bytes += CKPT_DATA_HDR + n;
+        if (d->delay_ms > 0)
+            nanosleep(&(struct timespec){d->delay_ms / 1000, (d->delay_ms % 1000) * 1000000L}, NULL);
+    }
+    if (!rc)
+        rc = sink_commit(&s, path, pathlen, err, errlen);
+    else
+        ckw_abort(&s.w);
+    if (!rc && !d->remote) {
+        int removed = ckpt_retain(d->folder, d->m->ckpt_keep);
+        if (removed > 0)
+            LOG_I("removed %d old checkpoint%s (keep_latest_k = %d)", removed, removed == 1 ? "" : "s",
+                  d->m->ckpt_keep);
+    }
+out:
+    ckpt_index_free(&plan);
+    return rc;
+}
+
+static int run_worker(void)
+{
+    ckd_t d = {0};
+    char err[1024];
+    if (worker_open(&d.w, "checkpointd", 0, 0, err, sizeof(err))) {
+        fprintf(stderr, "checkpointd: %s\n", err);
+        return 1;
+    }
+    d.m = worker_manifest(d.w);
+    const char *delay = getenv("CTITAN_TEST_CKPT_DELAY_MS");
+    d.delay_ms = delay ? atoi(delay) : 0;
+    manifest_ckpt_folder(d.m, d.folder, sizeof(d.folder));
+    WORKER_CHECK(d.w, (d.toml = manifest_to_toml(d.m)) && params_table_init(&d.tab, &d.m->model) == 0,
+                 "out of memory");
+    WORKER_CHECK(d.w, shm_attach(&d.seg, worker_job(d.w), STAGING_SEG, err, sizeof(err)) == 0, "%s", err);
+    staging_hdr_t *h = shm_data(d.seg);
+    WORKER_CHECK(d.w, h->magic == STAGING_MAGIC && h->version == STAGING_VERSION && h->total == d.tab.total,
+                 "the staging segment does not match the model (%zu parameters)", d.tab.total);
+    if (d.m->ckpt_endpoint[0])
+        WORKER_CHECK(d.w, rmt_client_new(&d.remote, d.m->ckpt_endpoint, d.m->ckpt_server_key,
+                                         d.m->ckpt_client_key, err, sizeof(err)) == 0, "%s", err);
+    else
+        ckpt_retain(d.folder, 0); /* temporary directories of writers that died */
+    WORKER_CHECK(d.w, worker_ready(d.w) == 0, "cannot reach the coordinator");
+    for (;;) {
+        msg_t m;
+        worker_command(d.w, &m);
+        if (m.type == MSG_STOP) {
+            msg_clear(&m);
+            break;
+        }
+        if (m.type == MSG_SAVE) {
+            char path[PATH_MAX + 64] = "";
+            uint64_t bytes = 0;
+            double t0 = util_now();
+            int rc = save(&d, m.step, path, sizeof(path), &bytes, err, sizeof(err));
+            msg_t r = {.type = MSG_SAVED, .step = m.step, .ok = rc == 0, .t_busy = util_now() - t0,
+                       .progress = bytes};
+            msg_set_text(&r, rc ? err : path);
+            worker_progress(d.w);
+            WORKER_CHECK(d.w, worker_send(d.w, &r) == 0, "cannot reach the coordinator");
+            msg_clear(&r);
+        }
+        msg_clear(&m);
+    }
+    rmt_client_destroy(&d.remote);
+    shm_detach(&d.seg);
+    params_table_free(&d.tab);
+    free(d.toml);
+    worker_close(&d.w);
+    return 0;
+}
+
+static volatile sig_atomic_t stop_flag;
+static void on_signal(int sig) { stop_flag = sig; }
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage:\n"
+               "  checkpointd --listen tcp://ADDR:PORT --dir DIR --key SERVER.key --allow TRAINERS.pub\n"
+               "      receive checkpoints from trainers (storage host); keys from `ctitan ckpt keygen`\n"
+               "  checkpointd --job NAME\n"
+               "      the local daemon of a job (started by `ctitan launch` when [checkpoint] enable = true)\n");
+}
+
+int main(int argc, char **argv)
+{
+    const char *listen = NULL, *dir = NULL, *key = NULL, *allow = NULL, *job = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char **dst = !strcmp(argv[i], "--listen") ? &listen
+                         : !strcmp(argv[i], "--dir")    ? &dir
+                         : !strcmp(argv[i], "--key")    ? &key
+                         : !strcmp(argv[i], "--allow")  ? &allow
+                         : !strcmp(argv[i], "--job")    ? &job
+                                                        : NULL;
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!dst || i + 1 >= argc) {
+            fprintf(stderr, "checkpointd: %s '%s'\n", dst ? "missing the value of" : "unknown option", argv[i]);
+            usage(stderr);
+            return 2;
+        }
+        *dst = argv[++i];
+    }
+    if (job)
+        return run_worker();
+    if (!listen || !dir || !key || !allow) {
+        fprintf(stderr, "checkpointd: --listen, --dir, --key and --allow are all needed\n");
+        usage(stderr);
+        return 2;
+    }
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    char err[1024];
+    int rc = rmt_serve(listen, dir, key, allow, &stop_flag, stdout, err, sizeof(err));
+    if (rc) {
+        fprintf(stderr, "checkpointd: %s\n", err);
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,58 @@
+/* Remote checkpoints: trainers stream checkpoints over ZeroMQ TCP to a checkpointd on a
+ * storage host (`checkpointd --listen tcp://ADDR:PORT --dir DIR --key SERVER.key
+ * --allow TRAINERS.pub`). The connection is ZeroMQ CURVE: the trainer knows the server's
+ * public key, and the server accepts only trainers whose public key is in its allow file
+ * (checked by a ZAP handler); everything else is refused at the handshake.
+ *
+ * The server writes DIR/<job>/step-N through checkpointd/writer.h, so a remote checkpoint is
+ * as atomic as a local one. It never writes outside DIR whatever a client sends: the job
+ * name and every file name must pass ckpt_safe_name, tensor names are only data inside the
+ * index, offsets and sizes are checked against the plan.
+ *
+ * Key files hold Z85 text (40 characters), one key per line, '#' comments allowed: a
+ * secret key file (mode 0600) holds one secret key; an allow file holds public keys.
+ * Functions return 0 or -errno and say why in err; nothing here exits. */
+#ifndef CTITAN_REMOTE_H
+#define CTITAN_REMOTE_H
+
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "checkpointd/ckpt.h"
+
+#define RMT_KEY_Z85 40
+
+/* Writes PREFIX.key (secret, mode 0600) and PREFIX.pub (public) of a fresh key pair. */
+int rmt_keygen(const char *prefix, char *err, size_t errlen);
+/* Reads the first key of a key file into key (41 bytes, NUL-terminated Z85). */
+int rmt_key_load(const char *path, char key[RMT_KEY_Z85 + 1], char *err, size_t errlen);
+/* The public key of a secret key (both Z85). */
+int rmt_key_public(const char *secret, char pub[RMT_KEY_Z85 + 1]);
+
+/* Serves until *stop becomes non-zero (checked at least every 200 ms): binds `listen`
+ * (tcp://ADDR:PORT; a port of * picks a free one), prints "listening on ENDPOINT" with the
+ * real endpoint as the first line on `log`, then one line per checkpoint received or
+ * refused. Returns 0 after a stop, -errno when it cannot start (bad key file, cannot bind). */
+int rmt_serve(const char *listen, const char *dir, const char *secret_key_path, const char *allow_path,
+              volatile sig_atomic_t *stop, FILE *log, char *err, size_t errlen);
+
+typedef struct rmt_client rmt_client_t;
+
+/* Connects (CURVE, client key pair from the secret key file, server public key file). */
+int rmt_client_new(rmt_client_t **out, const char *endpoint, const char *server_pub_path,
+                   const char *client_secret_path, char *err, size_t errlen);
+void rmt_client_destroy(rmt_client_t **c);
+/* Starts checkpoint plan->step of `job` on the server (keep: its keep_latest_k, 0 = all).
+ * Waits for the server to accept; -EACCES when the server refused our key (or did not
+ * answer within timeout_ms, most likely for that reason), -EINVAL when it refused the plan. */
+int rmt_client_begin(rmt_client_t *c, const char *job, int keep, const ckpt_index_t *plan, int timeout_ms,
+                     char *err, size_t errlen);
+/* Sends the next bytes of a data file (same order rules as ckw_write). */
+int rmt_client_write(rmt_client_t *c, uint32_t file, uint64_t offset, const void *data, size_t n, char *err,
+                     size_t errlen);
+/* Asks the server to commit and waits for it (timeout_ms); path gets the server-side path. */
+int rmt_client_commit(rmt_client_t *c, char *path, size_t pathlen, int timeout_ms, char *err, size_t errlen);
+
+#endif

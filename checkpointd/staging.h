@@ -1,0 +1,46 @@
+/* The staging segment (ctitan.<job>.ckpt) between the optimizer shards and checkpointd: at a
+ * checkpoint step each shard copies its slice of the fp32 master weights and AdamW moments
+ * here (it is idle while the next step's forward and backward run), the coordinator adds the
+ * step and the loader cursor, and checkpointd streams it to disk (or to a remote checkpointd)
+ * while training goes on. One snapshot at a time: the coordinator starts the next only after
+ * checkpointd has answered for the previous one.
+ *
+ *   header (4 KiB)   staging_hdr_t
+ *   3 arrays         weights, exp_avg, exp_avg_sq: `total` floats each, `stride` apart
+ *                    (a multiple of 1024 floats, so every array is 4 KiB-aligned) */
+#ifndef CTITAN_STAGING_H
+#define CTITAN_STAGING_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define STAGING_SEG "ckpt"
+#define STAGING_MAGIC 0x3154504b43544943ULL /* "CITCKPT1" */
+#define STAGING_VERSION 1u
+#define STAGING_HDR 4096
+#define STAGING_ARRAYS 3
+
+typedef struct {
+    uint64_t magic;
+    uint32_t version, pad;
+    uint64_t total;              /* floats per array */
+    uint64_t stride;             /* floats between arrays */
+    _Atomic int64_t step;        /* steps completed in the snapshot; -1 when none */
+    uint32_t cursor_len;         /* loader cursor at the start of the next step */
+    uint8_t cursor[240];
+} staging_hdr_t;
+
+static inline size_t staging_stride(size_t total) { return (total + 1023) / 1024 * 1024; }
+static inline size_t staging_bytes(size_t total)
+{
+    return STAGING_HDR + STAGING_ARRAYS * staging_stride(total) * sizeof(float);
+}
+/* Array a (0 weights, 1 exp_avg, 2 exp_avg_sq) of a mapped segment. */
+static inline float *staging_array(void *seg, int a)
+{
+    const staging_hdr_t *h = seg;
+    return (float *)((char *)seg + STAGING_HDR + (size_t)a * h->stride * sizeof(float));
+}
+
+#endif

@@ -23,6 +23,7 @@
 
 #include <zmq.h>
 
+#include "checkpointd/ckpt.h"
 #include "ipc/shm.h"
 #include "stages/job.h"
 #include "tests/testutil.h"
@@ -241,6 +242,252 @@ static int wait_step(const char *job, int step, int timeout_s)
 static void job_name(char *buf, size_t n, const char *what)
 {
     snprintf(buf, n, "t%d%s", (int)getpid(), what);
+}
+
+/* ---- checkpoints ---- */
+
+/* The loss strings of steps [first, first + n) of job's metrics file (a resumed run's
+ * first line is its first step after the checkpoint); returns how many were found. */
+static int losses_from(const char *job, int first, char (*loss)[40])
+{
+    char path[256], line[4096];
+    snprintf(path, sizeof(path), "%s/%s.jsonl", g_dir, job);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    int n = 0;
+    while (fgets(line, sizeof(line), f) && n < MAX_STEPS) {
+        int step;
+        char *p = strstr(line, "\"loss\": ");
+        if (sscanf(line, "{\"step\": %d", &step) != 1 || !p || step != first + n)
+            break;
+        sscanf(p + 8, "%39[^,]", loss[n++]);
+    }
+    fclose(f);
+    return n;
+}
+
+/* Job b resumed after step `from`: its losses equal job a's from step from + 1 to `last`. */
+static void assert_resumed_losses(const char *a, const char *b, int from, int last)
+{
+    static char la[MAX_STEPS][40], lb[MAX_STEPS][40];
+    assert_int_equal(losses(a, la), last);
+    assert_int_equal(losses_from(b, from + 1, lb), last - from);
+    for (int s = from + 1; s <= last; s++)
+        if (strcmp(la[s - 1], lb[s - from - 1])) {
+            print_error("step %d: %s has loss %s, %s (resumed after step %d) has %s\n", s, a, la[s - 1], b, from,
+                        lb[s - from - 1]);
+            fail();
+        }
+}
+
+static void ckpt_dir(char *buf, size_t n, const char *job) { snprintf(buf, n, "%s/runs/%s/checkpoint", g_dir, job); }
+
+static void flip_byte_at(const char *path, off_t at)
+{
+    int fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    uint8_t b;
+    assert_int_equal(pread(fd, &b, 1, at), 1);
+    b ^= 0x40;
+    assert_int_equal(pwrite(fd, &b, 1, at), 1);
+    close(fd);
+}
+
+static void test_launch_resume_is_bitwise_in_any_topology(void **state)
+{
+    NEED_BIN();
+    static char out[1 << 16];
+    char a[32], b[32], c[32], d[32], dir[256], extra[512];
+    job_name(a, sizeof(a), "ck");
+    int rc = launch(a, "--checkpoint.enable true --checkpoint.interval 4", out, sizeof(out));
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "checkpoint: step 4 saved to"));
+    assert_clean(a);
+    ckpt_dir(dir, sizeof(dir), a);
+    int64_t *steps;
+    assert_int_equal(ckpt_list(dir, &steps), 3); /* 4, 8 and the last step */
+    assert_int_equal(steps[0], 4);
+    assert_int_equal(steps[2], 12);
+    free(steps);
+    /* pipeline 2 -> 1 and 2 -> 3 optimizer shards, from step 4: bitwise */
+    job_name(b, sizeof(b), "ckb");
+    snprintf(extra, sizeof(extra), "--checkpoint.load %s/step-00000004 --parallelism.pipeline_parallel_degree 1 "
+             "--optshard.shards 3", dir);
+    rc = launch(b, extra, out, sizeof(out));
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "resuming from"));
+    assert_resumed_losses(a, b, 4, 12);
+    assert_clean(b);
+    /* pipeline 3 and one shard from step 8: bitwise */
+    job_name(c, sizeof(c), "ckc");
+    snprintf(extra, sizeof(extra), "--checkpoint.load %s/step-00000008 --parallelism.pipeline_parallel_degree 3 "
+             "--optshard.shards 1", dir);
+    assert_int_equal(launch(c, extra, out, sizeof(out)), 0);
+    assert_resumed_losses(a, c, 8, 12);
+    /* data parallel 2 with the same global batch from step 4: as close as dp 2 is to dp 1 */
+    job_name(d, sizeof(d), "ckd");
+    snprintf(extra, sizeof(extra), "--checkpoint.load %s/step-00000004 --parallelism.data_parallel_replicate_degree 2 "
+             "--training.local_batch_size 2 --parallelism.pipeline_parallel_microbatches 1", dir);
+    rc = launch(d, extra, out, sizeof(out));
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+    static char la[MAX_STEPS][40], ld[MAX_STEPS][40];
+    assert_int_equal(losses(a, la), 12);
+    assert_int_equal(losses_from(d, 5, ld), 8);
+    for (int i = 0; i < 8; i++)
+        assert_true(fabs(atof(la[4 + i]) - atof(ld[i])) <= 1e-5 * fabs(atof(la[4 + i])));
+    /* a run already at its last step has nothing to do */
+    snprintf(extra, sizeof(extra), "--checkpoint.load %s/step-00000012", dir);
+    assert_int_equal(launch(b, extra, out, sizeof(out)), 0);
+    assert_non_null(strstr(out, "nothing left to train"));
+}
+
+static void test_launch_latest_falls_back_past_a_corrupt_checkpoint(void **state)
+{
+    NEED_BIN();
+    static char out[1 << 16];
+    char a[32], b[32], dir[256], p[400], extra[512];
+    job_name(a, sizeof(a), "cl");
+    assert_int_equal(launch(a, "--checkpoint.enable true --checkpoint.interval 4", out, sizeof(out)), 0);
+    ckpt_dir(dir, sizeof(dir), a);
+    /* 12 loses its index (as if the machine died before the rename), 8 gets a flipped byte */
+    snprintf(p, sizeof(p), "%s/step-00000012/index", dir);
+    assert_int_equal(unlink(p), 0);
+    snprintf(p, sizeof(p), "%s/step-00000008/exp_avg_sq.bin", dir);
+    flip_byte_at(p, 4096 + 100);
+    /* an explicit path to the corrupt one is refused, naming the tensor and the file */
+    job_name(b, sizeof(b), "clb");
+    snprintf(extra, sizeof(extra), "--checkpoint.load %s/step-00000008", dir);
+    assert_int_equal(launch(b, extra, out, sizeof(out)), 1);
+    assert_non_null(strstr(out, "exp_avg_sq.bin"));
+    assert_non_null(strstr(out, "optimizer.exp_avg_sq.model.embed_tokens.weight"));
+    assert_non_null(strstr(out, "not resuming from it"));
+    assert_clean(b);
+    /* latest: 12 and 8 are passed over, saying why; 4 is loaded */
+    snprintf(extra, sizeof(extra), "--checkpoint.load latest --checkpoint.folder %s", dir);
+    int rc = launch(b, extra, out, sizeof(out));
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "step-00000012 is not loadable"));
+    assert_non_null(strstr(out, "incomplete"));
+    assert_non_null(strstr(out, "step-00000008 is not loadable"));
+    assert_non_null(strstr(out, "checksum mismatch"));
+    assert_non_null(strstr(out, "resuming from"));
+    assert_resumed_losses(a, b, 4, 12);
+    /* an empty folder: latest is a fresh start */
+    snprintf(extra, sizeof(extra), "--checkpoint.load latest --checkpoint.folder %s/none", g_dir);
+    assert_int_equal(launch(b, extra, out, sizeof(out)), 0);
+    assert_non_null(strstr(out, "starting from step 0"));
+    assert_same_losses(a, b, 12);
+    /* a different model is refused by name */
+    snprintf(extra, sizeof(extra), "--checkpoint.load %s/step-00000004 --model.dim 64", dir);
+    assert_int_equal(launch(b, extra, out, sizeof(out)), 1);
+    assert_non_null(strstr(out, "model.dim differs"));
+}
+
+static void test_launch_keeps_the_latest_k_checkpoints(void **state)
+{
+    NEED_BIN();
+    static char out[1 << 16];
+    char a[32], dir[256];
+    job_name(a, sizeof(a), "ck2");
+    assert_int_equal(launch(a, "--checkpoint.enable true --checkpoint.interval 2 --checkpoint.keep_latest_k 2", out,
+                            sizeof(out)), 0);
+    ckpt_dir(dir, sizeof(dir), a);
+    int64_t *steps;
+    assert_int_equal(ckpt_list(dir, &steps), 2);
+    assert_int_equal(steps[0], 10);
+    assert_int_equal(steps[1], 12);
+    free(steps);
+    DIR *dd = opendir(dir);
+    struct dirent *e;
+    int entries = 0;
+    while ((e = readdir(dd)))
+        entries += e->d_name[0] != '.';
+    closedir(dd);
+    assert_int_equal(entries, 2);
+}
+
+static void test_launch_checkpointd_killed_mid_write_is_restarted(void **state)
+{
+    NEED_BIN();
+    static char out[1 << 16];
+    char a[32], ref[32], dir[256], tmp_prefix[64];
+    job_name(ref, sizeof(ref), "ckref");
+    assert_int_equal(launch(ref, "", out, sizeof(out)), 0);
+    job_name(a, sizeof(a), "ckk");
+    ckpt_dir(dir, sizeof(dir), a);
+    setenv("CTITAN_TEST_CKPT_DELAY_MS", "300", 1); /* checkpointd pauses after each data file */
+    pid_t pid = launch_bg(a, "--checkpoint.enable true --checkpoint.interval 4");
+    unsetenv("CTITAN_TEST_CKPT_DELAY_MS");
+    /* wait for the temporary directory of step 4 to appear, then kill the writer */
+    snprintf(tmp_prefix, sizeof(tmp_prefix), ".tmp-step-00000004.");
+    int seen = 0;
+    for (int i = 0; i < 1000 && !seen; i++) {
+        DIR *dd = opendir(dir);
+        struct dirent *e;
+        while (dd && (e = readdir(dd)))
+            seen |= !strncmp(e->d_name, tmp_prefix, strlen(tmp_prefix));
+        if (dd)
+            closedir(dd);
+        if (!seen)
+            sleep_ms(10);
+    }
+    assert_true(seen);
+    pid_t ck = child_named(pid, "checkpointd");
+    assert_true(ck > 0);
+    kill(ck, SIGKILL);
+    int st;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    char path[256];
+    snprintf(path, sizeof(path), "%s/%s.out", g_dir, a);
+    read_file(path, out, sizeof(out));
+    if (!WIFEXITED(st) || WEXITSTATUS(st))
+        print_error("%s\n", out);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    assert_non_null(strstr(out, "while writing the checkpoint of step 4: that checkpoint is lost"));
+    assert_non_null(strstr(out, "checkpoint: step 8 saved to"));
+    /* step 4 never became a checkpoint, its temporary directory is gone, 8 and 12 verify */
+    int64_t *steps;
+    assert_int_equal(ckpt_list(dir, &steps), 2);
+    assert_int_equal(steps[0], 8);
+    assert_int_equal(steps[1], 12);
+    free(steps);
+    DIR *dd = opendir(dir);
+    struct dirent *e;
+    while ((e = readdir(dd)))
+        assert_true(strncmp(e->d_name, ".tmp-", 5));
+    closedir(dd);
+    char p8[300], err[512];
+    int bad;
+    snprintf(p8, sizeof(p8), "%s/step-00000008", dir);
+    assert_int_equal(ckpt_verify(p8, NULL, &bad, err, sizeof(err)), 0);
+    /* and training never noticed */
+    assert_same_losses(ref, a, 12);
+    assert_clean(a);
+}
+
+static void test_launch_rejects_bad_checkpoint_keys(void **state)
+{
+    NEED_BIN();
+    static char out[1 << 16];
+    char a[32];
+    job_name(a, sizeof(a), "ckbad");
+    assert_int_equal(launch(a, "--checkpoint.endpoint http://x:1", out, sizeof(out)), 2);
+    assert_non_null(strstr(out, "--checkpoint.endpoint"));
+    assert_int_equal(launch(a, "--checkpoint.endpoint tcp://127.0.0.1:9 --checkpoint.client_key k", out, sizeof(out)), 2);
+    assert_non_null(strstr(out, "checkpoint.server_key"));
+    assert_int_equal(launch(a, "--checkpoint.interval 0", out, sizeof(out)), 2);
+    assert_non_null(strstr(out, "checkpoint.interval = 0 must be >= 1"));
+    assert_int_equal(launch(a, "--checkpoint.load /nonexistent/step-00000004", out, sizeof(out)), 1);
+    assert_non_null(strstr(out, "/nonexistent/step-00000004"));
 }
 
 /* ---- equivalence ---- */
@@ -768,6 +1015,11 @@ int main(void)
         cmocka_unit_test(test_launch_rejects_bad_manifests_with_file_and_line),
         cmocka_unit_test(test_launch_clears_stale_segments_but_not_a_live_job),
         cmocka_unit_test(test_launch_workers_leave_a_stopped_coordinator),
+        cmocka_unit_test(test_launch_resume_is_bitwise_in_any_topology),
+        cmocka_unit_test(test_launch_latest_falls_back_past_a_corrupt_checkpoint),
+        cmocka_unit_test(test_launch_keeps_the_latest_k_checkpoints),
+        cmocka_unit_test(test_launch_checkpointd_killed_mid_write_is_restarted),
+        cmocka_unit_test(test_launch_rejects_bad_checkpoint_keys),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

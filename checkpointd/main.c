@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -132,6 +133,12 @@ static int run_worker(void)
         return 1;
     }
     d.m = worker_manifest(d.w);
+    /* Writing a checkpoint must not slow training down: this thread (not the heartbeat one
+     * worker_open started) runs at idle CPU priority, so checksums and I/O submission use only
+     * CPU time the stages leave idle. */
+    struct sched_param none = {0};
+    if (sched_setscheduler(0, SCHED_IDLE, &none))
+        LOG_W("cannot lower checkpointd to SCHED_IDLE; it runs at normal priority");
     const char *delay = getenv("CTITAN_TEST_CKPT_DELAY_MS");
     d.delay_ms = delay ? atoi(delay) : 0;
     manifest_ckpt_folder(d.m, d.folder, sizeof(d.folder));

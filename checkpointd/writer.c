@@ -226,13 +226,53 @@ static int uw_finish(uw_t *u, char *err, size_t errlen)
     return rc;
 }
 
+/* One writer (ring, registered buffers) is kept for the next checkpoint: setting one up
+ * costs page faults on 32 MiB and pinning them, tens of ms of CPU that would be taken from
+ * training at every checkpoint. Daemons write one checkpoint at a time, so one is enough
+ * (ckw_* is not meant for concurrent use from several threads). */
+static uw_t *spare;
+
+static int uw_get(uw_t **out, char *err, size_t errlen)
+{
+    if (spare) {
+        *out = spare;
+        spare = NULL;
+        return 0;
+    }
+    uw_t *u = malloc(sizeof(*u));
+    if (!u)
+        return util_fail(err, errlen, -ENOMEM, "out of memory");
+    int rc = uw_init(u, err, errlen);
+    if (rc) {
+        free(u);
+        return rc;
+    }
+    *out = u;
+    return 0;
+}
+
+static void uw_put(uw_t *u)
+{
+    if (!u)
+        return;
+    if (u->fd >= 0 || u->inflight || spare) { /* not reusable as it is, or one is kept already */
+        uw_free(u);
+        free(u);
+        return;
+    }
+    u->all_direct = 1;
+    u->fill = 0;
+    u->cur = 0;
+    spare = u;
+}
+
 /* ---- checkpoint directories ---- */
 
 struct ckw {
     char dir[PATH_MAX], tmp[PATH_MAX + 64], final[PATH_MAX + 32];
     int tmpfd;
     ckpt_index_t plan;
-    uw_t uw;
+    uw_t *uw;
     int file;            /* data file being written, -1 before the first */
     double t0;
     uint64_t bytes;
@@ -264,7 +304,7 @@ static int fsync_path(const char *path)
 
 static void ckw_free(ckw_t *w)
 {
-    uw_free(&w->uw);
+    uw_put(w->uw);
     if (w->tmpfd >= 0)
         close(w->tmpfd);
     ckpt_index_free(&w->plan);
@@ -307,7 +347,7 @@ int ckw_begin(ckw_t **out, const char *dir, const ckpt_index_t *plan, char *err,
         rc = util_fail(err, errlen, -errno, "%s: %s", w->tmp, strerror(errno));
         goto out;
     }
-    if ((rc = uw_init(&w->uw, err, errlen)))
+    if ((rc = uw_get(&w->uw, err, errlen)))
         goto out;
     *out = w;
     return 0;
@@ -326,24 +366,24 @@ int ckw_write(ckw_t *w, uint32_t file, uint64_t offset, const void *data, size_t
                              w->file);
         if (w->file >= 0) {
             const ckpt_file_t *f = &w->plan.files[w->file];
-            if (w->uw.pos != f->bytes)
+            if (w->uw->pos != f->bytes)
                 return util_fail(err, errlen, -EINVAL, "%s: %" PRIu64 " bytes sent, the plan says %" PRIu64, f->name,
-                                 w->uw.pos, f->bytes);
-            if ((rc = uw_finish(&w->uw, err, errlen)))
+                                 w->uw->pos, f->bytes);
+            if ((rc = uw_finish(w->uw, err, errlen)))
                 return rc;
         }
         w->file = (int)file;
         char shown[PATH_MAX + 128];
         snprintf(shown, sizeof(shown), "%s/%s", w->tmp, w->plan.files[file].name);
-        if ((rc = uw_open(&w->uw, w->tmpfd, w->plan.files[file].name, shown, err, errlen)))
+        if ((rc = uw_open(w->uw, w->tmpfd, w->plan.files[file].name, shown, err, errlen)))
             return rc;
     }
     const ckpt_file_t *f = &w->plan.files[file];
-    if (offset != w->uw.pos || n > f->bytes - w->uw.pos)
+    if (offset != w->uw->pos || n > f->bytes - w->uw->pos)
         return util_fail(err, errlen, -EINVAL, "%s: %zu bytes at offset %" PRIu64 ": expected offset %" PRIu64
-                         " and at most %" PRIu64 " bytes", f->name, n, offset, w->uw.pos, f->bytes - w->uw.pos);
+                         " and at most %" PRIu64 " bytes", f->name, n, offset, w->uw->pos, f->bytes - w->uw->pos);
     w->bytes += n;
-    return uw_append(&w->uw, data, n, err, errlen);
+    return uw_append(w->uw, data, n, err, errlen);
 }
 
 void ckw_abort(ckw_t **pw)
@@ -351,9 +391,9 @@ void ckw_abort(ckw_t **pw)
     ckw_t *w = *pw;
     if (!w)
         return;
-    if (w->uw.fd >= 0) {
+    if (w->uw && w->uw->fd >= 0) {
         char e[8];
-        uw_finish(&w->uw, e, 0);
+        uw_finish(w->uw, e, 0);
     }
     ckpt_remove_dir(w->tmp);
     ckw_free(w);
@@ -396,11 +436,11 @@ int ckw_commit(ckw_t **pw, char *path, size_t pathlen, ckw_stats_t *st, char *er
     if (w->file != w->plan.n_files - 1)
         rc = util_fail(err, errlen, -EINVAL, "%s: no data was sent for it",
                        w->plan.files[w->file + 1].name);
-    else if (w->uw.pos != w->plan.files[w->file].bytes)
+    else if (w->uw->pos != w->plan.files[w->file].bytes)
         rc = util_fail(err, errlen, -EINVAL, "%s: %" PRIu64 " bytes sent, the plan says %" PRIu64,
-                       w->plan.files[w->file].name, w->uw.pos, w->plan.files[w->file].bytes);
+                       w->plan.files[w->file].name, w->uw->pos, w->plan.files[w->file].bytes);
     if (!rc)
-        rc = uw_finish(&w->uw, err, errlen);
+        rc = uw_finish(w->uw, err, errlen);
     if (!rc)
         rc = write_index(w, err, errlen);
     if (!rc && fsync(w->tmpfd) < 0)
@@ -418,7 +458,7 @@ int ckw_commit(ckw_t **pw, char *path, size_t pathlen, ckw_stats_t *st, char *er
     if (!rc && (rc = fsync_path(w->dir)))
         util_fail(err, errlen, rc, "%s: fsync: %s", w->dir, strerror(-rc));
     if (st)
-        *st = (ckw_stats_t){.direct = w->uw.all_direct, .fixed = w->uw.fixed, .bytes = w->bytes,
+        *st = (ckw_stats_t){.direct = w->uw->all_direct, .fixed = w->uw->fixed, .bytes = w->bytes,
                             .secs = util_now() - w->t0};
     if (!rc && path)
         snprintf(path, pathlen, "%s", w->final);

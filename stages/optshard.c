@@ -6,6 +6,8 @@
  * weights into every replica's parameters, then clears those gradients. Block boundaries do
  * not depend on K, so any shard count gives the same bits. */
 #include <errno.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +37,11 @@ typedef struct {
     shm_seg_t *job, *params, *grads, *staging; /* staging: with [checkpoint] enable */
     float *P, *G;                /* replica 0 of params / grads; replica r is stride floats on */
     double *norm;                /* the job's per-block squared norms */
+    /* the snapshot copier: a thread at idle CPU priority (see snapshot()) */
+    pthread_t copier;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int copy_todo, copy_done, copier_stop;
 } shard_t;
 
 /* Reads this shard's slice of the master weights and moments from checkpoint.load (the
@@ -73,14 +80,47 @@ static void load(shard_t *sh)
     LOG_I("slice [%zu, %zu) loaded from %s", sh->begin, sh->end, path);
 }
 
-/* Copies this shard's state into the staging segment for checkpointd. */
+/* Copies this shard's state into the staging segment for checkpointd. The copy runs in a
+ * thread at SCHED_IDLE priority: on a machine whose CPUs the stages keep busy it takes only
+ * the time they leave idle (pipeline bubbles, waits between steps) instead of slowing the
+ * step that runs meanwhile. The main thread just waits for it (the next REDUCE must not start
+ * before the copy is done anyway). */
+static void *copier_main(void *arg)
+{
+    shard_t *sh = arg;
+    struct sched_param none = {0};
+    if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &none))
+        LOG_W("cannot lower the snapshot copier to SCHED_IDLE; it runs at normal priority");
+    pthread_mutex_lock(&sh->mu);
+    for (;;) {
+        while (!sh->copy_todo && !sh->copier_stop)
+            pthread_cond_wait(&sh->cv, &sh->mu);
+        if (sh->copier_stop)
+            break;
+        pthread_mutex_unlock(&sh->mu);
+        void *seg = shm_data(sh->staging);
+        size_t n = sh->n * sizeof(float);
+        memcpy(staging_array(seg, 0) + sh->begin, sh->master, n);
+        memcpy(staging_array(seg, 1) + sh->begin, sh->m1, n);
+        memcpy(staging_array(seg, 2) + sh->begin, sh->m2, n);
+        pthread_mutex_lock(&sh->mu);
+        sh->copy_todo = 0;
+        sh->copy_done = 1;
+        pthread_cond_broadcast(&sh->cv);
+    }
+    pthread_mutex_unlock(&sh->mu);
+    return NULL;
+}
+
 static void snapshot(shard_t *sh)
 {
-    void *seg = shm_data(sh->staging);
-    size_t n = sh->n * sizeof(float);
-    memcpy(staging_array(seg, 0) + sh->begin, sh->master, n);
-    memcpy(staging_array(seg, 1) + sh->begin, sh->m1, n);
-    memcpy(staging_array(seg, 2) + sh->begin, sh->m2, n);
+    pthread_mutex_lock(&sh->mu);
+    sh->copy_done = 0;
+    sh->copy_todo = 1;
+    pthread_cond_broadcast(&sh->cv);
+    while (!sh->copy_done)
+        pthread_cond_wait(&sh->cv, &sh->mu);
+    pthread_mutex_unlock(&sh->mu);
 }
 
 static void setup(shard_t *sh)
@@ -111,8 +151,12 @@ static void setup(shard_t *sh)
         load(sh);
     else
         params_init(&sh->tab, &m->model, m->seed, sh->master, sh->begin, sh->end);
-    if (m->ckpt_enable)
+    if (m->ckpt_enable) {
         WORKER_CHECK(sh->w, shm_attach(&sh->staging, job, STAGING_SEG, err, sizeof(err)) == 0, "%s", err);
+        pthread_mutex_init(&sh->mu, NULL);
+        pthread_cond_init(&sh->cv, NULL);
+        WORKER_CHECK(sh->w, pthread_create(&sh->copier, NULL, copier_main, sh) == 0, "cannot start a thread");
+    }
     for (int r = 0; r < m->dp; r++)
         memcpy(sh->P + r * sh->lay.stride + sh->begin, sh->master, sh->n * sizeof(float));
     LOG_D("slice [%zu, %zu) of %zu parameters", sh->begin, sh->end, sh->lay.total);
@@ -208,6 +252,13 @@ int main(int argc, char **argv)
             worker_progress(sh.w);
             WORKER_CHECK(sh.w, worker_send(sh.w, &reply) == 0, "cannot reach the coordinator");
         }
+    }
+    if (sh.staging) {
+        pthread_mutex_lock(&sh.mu);
+        sh.copier_stop = 1;
+        pthread_cond_broadcast(&sh.cv);
+        pthread_mutex_unlock(&sh.mu);
+        pthread_join(sh.copier, NULL);
     }
     free(sh.master);
     params_table_free(&sh.tab);

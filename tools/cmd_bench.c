@@ -12,6 +12,7 @@
 
 #include "kernels/model.h"
 #include "kernels/ops.h"
+#include "tools/bench_ckpt.h"
 #include "tools/bench_pipeline.h"
 #include "tools/cmds.h"
 #include "tools/peak.h"
@@ -48,6 +49,7 @@ static float *randn(size_t n, unsigned seed, float scale)
 typedef struct {
     int threads;
     int quick;
+    int ckpt_only;        /* --checkpoints: only the checkpoint section */
     double peak;          /* GFLOP/s */
 } bench_t;
 
@@ -172,6 +174,8 @@ int cmd_bench(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) {
             b.quick = 1;
+        } else if (!strcmp(argv[i], "--checkpoints")) {
+            b.ckpt_only = 1;
         } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
             b.threads = atoi(argv[++i]);
             if (b.threads < 1) {
@@ -179,9 +183,10 @@ int cmd_bench(int argc, char **argv)
                 return 2;
             }
         } else if (!strcmp(argv[i], "--help")) {
-            printf("usage: ctitan bench [--threads N] [--quick]\n"
-                   "Prints the sgemm peak, per-op rates and the training step of the demo and\n"
-                   "GPT-2-small-sized models as markdown tables.\n");
+            printf("usage: ctitan bench [--threads N] [--quick] [--checkpoints]\n"
+                   "Prints the sgemm peak, per-op rates, the training step of the demo and\n"
+                   "GPT-2-small-sized models, the process pipeline and checkpoints as markdown tables\n"
+                   "(--checkpoints: only the checkpoint section).\n");
             return 0;
         } else {
             fprintf(stderr, "bench: unknown argument '%s' (try --help)\n", argv[i]);
@@ -193,6 +198,8 @@ int cmd_bench(int argc, char **argv)
     strftime(date, sizeof(date), "%Y-%m-%d", gmtime(&now_t));
     printf("# ctitan bench, %s, %d threads, %ld CPUs online\n\n", date, b.threads,
            sysconf(_SC_NPROCESSORS_ONLN));
+    if (b.ckpt_only)
+        return bench_ckpt(b.quick) ? 1 : 0;
     measure_peak(&b);
     bench_ops(&b);
     printf("## training step (forward + backward B + backward W + AdamW, fp32, one process)\n\n");
@@ -202,5 +209,6 @@ int cmd_bench(int argc, char **argv)
     bench_step(&b, "debugmodel", "demo (debugmodel)", 8, 256);
     bench_step(&b, "gpt2s", "GPT-2-small-sized Llama", b.quick ? 2 : 4, 256);
     printf("\n");
-    return bench_pipeline(b.peak, b.quick) ? 1 : 0;
+    int rc = bench_pipeline(b.peak, b.quick);
+    return rc || bench_ckpt(b.quick) ? 1 : 0;
 }

@@ -9,5 +9,6 @@ int cmd_train(int argc, char **argv);
 int cmd_launch(int argc, char **argv);
 int cmd_loader(int argc, char **argv);
 int cmd_status(int argc, char **argv);
+int cmd_ckpt(int argc, char **argv);
 
 #endif

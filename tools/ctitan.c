@@ -17,6 +17,7 @@ static const struct {
     {"status", cmd_status, "status --job NAME: which step a running job is at"},
     {"train", cmd_train, "train in one process on token shards (the single-process reference)"},
     {"bench", cmd_bench, "measure the kernels and the training step"},
+    {"ckpt", cmd_ckpt, "checkpoints: ls DIR, verify PATH, export PATH --safetensors OUT, keygen PREFIX"},
 };
 
 /* Debian's OpenBLAS 0.3.21 does not recognise recent AVX-512 CPUs and falls back to AVX2

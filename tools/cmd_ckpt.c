@@ -1,0 +1,456 @@
+/* `ctitan ckpt`: looking after checkpoints written by checkpointd (format: checkpointd/ckpt.h).
+ *   ctitan ckpt ls DIR                                what is in a checkpoint folder
+ *   ctitan ckpt verify PATH                           read and check every byte of one
+ *   ctitan ckpt export PATH --safetensors OUT         its weights for Hugging Face loaders
+ *   ctitan ckpt keygen PREFIX                         a CURVE key pair for remote checkpoints
+ * Exit status: 0 ok, 1 the checkpoint (or file) is bad or an operation failed, 2 bad usage. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "checkpointd/ckpt.h"
+#include "checkpointd/remote.h"
+#include "tools/cmds.h"
+#include "tools/safetensors.h"
+
+static const char usage_main[] =
+    "usage: ctitan ckpt COMMAND ...\n"
+    "  ls DIR                               list the checkpoints in DIR (a [checkpoint] folder)\n"
+    "  verify PATH                          read every chunk of checkpoint PATH and check it\n"
+    "  export PATH --safetensors OUT        write its model weights as a safetensors file\n"
+    "  keygen PREFIX                        make PREFIX.key and PREFIX.pub for remote checkpoints\n"
+    "`ctitan ckpt COMMAND --help` describes each.\n";
+
+static const char usage_ls[] =
+    "usage: ctitan ckpt ls DIR\n"
+    "Lists the checkpoint directories of DIR, oldest first: step, size, tensors, creation time\n"
+    "and state: complete (an index that reads back), incomplete (a step-N directory whose index\n"
+    "is missing or unreadable) or temporary (a .tmp-step-N.PID directory a writer left or is\n"
+    "still writing). Only the indexes are read; `ctitan ckpt verify` checks the data.\n";
+
+static const char usage_verify[] =
+    "usage: ctitan ckpt verify PATH\n"
+    "Reads every chunk of checkpoint PATH (a step-N directory) and checks it against the index:\n"
+    "prints one line per problem (the file, the tensor, what is wrong), then a summary.\n"
+    "Exit status: 0 all is well, 1 corrupt or incomplete, 2 bad usage.\n";
+
+static const char usage_export[] =
+    "usage: ctitan ckpt export PATH --safetensors OUT [--no-verify]\n"
+    "Writes the model weights of checkpoint PATH (every tensor but optimizer.*) to OUT in the\n"
+    "safetensors format, under their Hugging Face Llama names, with the step and the model's\n"
+    "shape in __metadata__. The whole checkpoint is verified first and a checkpoint that does\n"
+    "not verify is refused; --no-verify skips that (e.g. to rescue the weights when only the\n"
+    "optimizer moments are damaged): every weight chunk is still checked as it is copied.\n"
+    "OUT appears only once complete and synced.\n";
+
+static const char usage_keygen[] =
+    "usage: ctitan ckpt keygen PREFIX\n"
+    "Writes a fresh CURVE key pair for remote checkpoints: PREFIX.key (secret, mode 0600) and\n"
+    "PREFIX.pub (public), and prints the public key. A checkpointd server lists trainers'\n"
+    "public keys in its --allow file; trainers are given the server's PREFIX.pub.\n"
+    "Existing key files are never overwritten: remove them first to replace a pair.\n";
+
+static int is_help(const char *a) { return !strcmp(a, "--help") || !strcmp(a, "-h"); }
+
+static int show_help(const char *usage)
+{
+    fputs(usage, stdout);
+    return 0;
+}
+
+/* Bad usage: the message, the usage text, status 2. */
+__attribute__((format(printf, 2, 3))) static int bad_usage(const char *usage, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "ctitan ckpt: ");
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\n\n%s", usage);
+    return 2;
+}
+
+/* Collects positional arguments (at most max) and the flags named in flags (a NULL-terminated
+ * list; a flag ending in '=' takes a value, stored in vals[i]). Returns -1 for --help, 2 after
+ * a usage message, 0 when fine. */
+static int parse(int argc, char **argv, const char *usage, const char **pos, int max, int *npos,
+                 const char *const *flags, const char **vals, int *set)
+{
+    *npos = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (is_help(a))
+            return -1;
+        if (a[0] == '-' && a[1]) {
+            int k = 0, found = 0;
+            for (; flags && flags[k]; k++) {
+                size_t fl = strlen(flags[k]);
+                int takes = flags[k][fl - 1] == '=';
+                size_t nl = takes ? fl - 1 : fl;
+                if (strncmp(a, flags[k], nl))
+                    continue;
+                if (a[nl] == '=' && takes) {
+                    vals[k] = a + nl + 1;
+                } else if (!a[nl] && takes) {
+                    if (i + 1 >= argc)
+                        return bad_usage(usage, "%s needs a value", a);
+                    vals[k] = argv[++i];
+                } else if (!a[nl]) {
+                    set[k] = 1;
+                } else {
+                    continue;
+                }
+                found = 1;
+                break;
+            }
+            if (!found)
+                return bad_usage(usage, "unknown option '%s'", a);
+            continue;
+        }
+        if (*npos >= max)
+            return bad_usage(usage, "unexpected argument '%s'", a);
+        pos[(*npos)++] = a;
+    }
+    return 0;
+}
+
+static void human_bytes(char *buf, size_t n, uint64_t b)
+{
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    double v = (double)b;
+    int u = 0;
+    while (v >= 1024 && u < 5)
+        v /= 1024, u++;
+    if (u == 0)
+        snprintf(buf, n, "%" PRIu64 " B", b);
+    else
+        snprintf(buf, n, "%.1f %s", v, units[u]);
+}
+
+static void fmt_time(char *buf, size_t n, int64_t t)
+{
+    time_t tt = (time_t)t;
+    struct tm tm;
+    if (!localtime_r(&tt, &tm) || !strftime(buf, n, "%Y-%m-%d %H:%M:%S", &tm))
+        snprintf(buf, n, "%" PRId64, t);
+}
+
+/* ---- ls ---- */
+
+enum { ROW_COMPLETE, ROW_INCOMPLETE, ROW_TEMPORARY };
+
+typedef struct {
+    char name[NAME_MAX + 1];
+    int64_t step;
+    int state;
+    uint64_t bytes;       /* regular files directly inside it */
+    int tensors;          /* complete only */
+    int64_t created;      /* complete only */
+    char note[160];
+} row_t;
+
+/* "step-N" (digits only) -> N, ".tmp-step-N.PID" -> N and *pid; -1 for anything else. */
+static int64_t parse_name(const char *name, int *temporary, long *pid)
+{
+    const char *p = name;
+    *temporary = 0;
+    *pid = 0;
+    if (!strncmp(p, ".tmp-", 5)) {
+        *temporary = 1;
+        p += 5;
+    }
+    if (strncmp(p, "step-", 5) || p[5] < '0' || p[5] > '9')
+        return -1;
+    p += 5;
+    int64_t step = 0;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        if (step > (INT64_MAX - 9) / 10)
+            return -1;
+        step = step * 10 + (*p - '0');
+    }
+    if (!*temporary)
+        return *p ? -1 : step;
+    if (*p == '.') /* the writer's pid; anything else after .tmp-step-N is still a leftover */
+        *pid = strtol(p + 1, NULL, 10);
+    return step;
+}
+
+static uint64_t dir_bytes(const char *path)
+{
+    uint64_t sum = 0;
+    DIR *d = opendir(path);
+    if (!d)
+        return 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        struct stat st;
+        if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode))
+            sum += (uint64_t)st.st_size;
+    }
+    closedir(d);
+    return sum;
+}
+
+static int cmp_row(const void *a, const void *b)
+{
+    const row_t *x = a, *y = b;
+    if (x->step != y->step)
+        return x->step < y->step ? -1 : 1;
+    if (x->state != y->state)
+        return x->state - y->state;
+    return strcmp(x->name, y->name);
+}
+
+static int in_list(const int64_t *steps, int n, int64_t s)
+{
+    for (int i = 0; i < n; i++)
+        if (steps[i] == s)
+            return 1;
+    return 0;
+}
+
+static int ckpt_ls(int argc, char **argv)
+{
+    const char *pos[1];
+    int npos, rc = parse(argc, argv, usage_ls, pos, 1, &npos, NULL, NULL, NULL);
+    if (rc)
+        return rc < 0 ? show_help(usage_ls) : rc;
+    if (npos != 1)
+        return bad_usage(usage_ls, "ls needs the checkpoint folder DIR");
+    const char *dir = pos[0];
+
+    DIR *d = opendir(dir);
+    if (!d) {
+        fprintf(stderr, "ctitan ckpt ls: %s: %s\n", dir, strerror(errno));
+        return 1;
+    }
+    int64_t *steps = NULL;
+    int n_complete = ckpt_list(dir, &steps); /* the same notion of complete as resuming */
+    if (n_complete < 0) {
+        fprintf(stderr, "ctitan ckpt ls: %s: %s\n", dir, strerror(-n_complete));
+        closedir(d);
+        return 1;
+    }
+    row_t *rows = NULL;
+    int n = 0, cap = 0, counts[3] = {0};
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int temporary;
+        long pid;
+        int64_t step = parse_name(e->d_name, &temporary, &pid);
+        struct stat st;
+        if (step < 0 || fstatat(dirfd(d), e->d_name, &st, 0) || !S_ISDIR(st.st_mode))
+            continue;
+        if (n == cap) {
+            row_t *g = realloc(rows, (size_t)(cap = cap ? 2 * cap : 16) * sizeof(row_t));
+            if (!g) {
+                fprintf(stderr, "ctitan ckpt ls: out of memory\n");
+                rc = 1;
+                goto out;
+            }
+            rows = g;
+        }
+        row_t *r = &rows[n++];
+        memset(r, 0, sizeof(*r));
+        snprintf(r->name, sizeof(r->name), "%s", e->d_name);
+        r->step = step;
+        char path[PATH_MAX];
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        r->bytes = dir_bytes(path);
+        if (temporary) {
+            r->state = ROW_TEMPORARY;
+            if (pid > 0 && (kill((pid_t)pid, 0) == 0 || errno == EPERM))
+                snprintf(r->note, sizeof(r->note), "(its writer, pid %ld, is running)", pid);
+            else if (pid > 0)
+                snprintf(r->note, sizeof(r->note), "(a leftover: writer pid %ld is gone)", pid);
+            else
+                snprintf(r->note, sizeof(r->note), "(a leftover)");
+        } else if (!in_list(steps, n_complete, step)) {
+            r->state = ROW_INCOMPLETE;
+            snprintf(r->note, sizeof(r->note), "(no index)");
+        } else {
+            ckpt_t *c = NULL;
+            char err[512];
+            if (ckpt_open(&c, path, err, sizeof(err))) {
+                r->state = ROW_INCOMPLETE;
+                snprintf(r->note, sizeof(r->note), "(unreadable index: %.130s)", err);
+            } else {
+                r->state = ROW_COMPLETE;
+                r->tensors = ckpt_index(c)->n_tensors;
+                r->created = ckpt_index(c)->created;
+                ckpt_close(&c);
+            }
+        }
+        counts[r->state]++;
+    }
+    if (n)
+        qsort(rows, (size_t)n, sizeof(row_t), cmp_row);
+    if (n)
+        printf("%10s  %10s  %7s  %-19s  %-10s  %s\n", "STEP", "SIZE", "TENSORS", "CREATED", "STATE", "NAME");
+    for (int i = 0; i < n; i++) {
+        const row_t *r = &rows[i];
+        static const char *const state[] = {"complete", "incomplete", "temporary"};
+        char size[32], tensors[16] = "-", created[32] = "-";
+        human_bytes(size, sizeof(size), r->bytes);
+        if (r->state == ROW_COMPLETE) {
+            snprintf(tensors, sizeof(tensors), "%d", r->tensors);
+            fmt_time(created, sizeof(created), r->created);
+        }
+        printf("%10" PRId64 "  %10s  %7s  %-19s  %-10s  %s%s%s\n", r->step, size, tensors, created,
+               state[r->state], r->name, r->note[0] ? " " : "", r->note);
+    }
+    printf("%s: %d complete, %d incomplete, %d temporary\n", dir, counts[ROW_COMPLETE], counts[ROW_INCOMPLETE],
+           counts[ROW_TEMPORARY]);
+    char ip[PATH_MAX];
+    snprintf(ip, sizeof(ip), "%s/index", dir);
+    if (!n && access(ip, F_OK) == 0)
+        printf("(%s is a checkpoint itself: ls lists the folder that holds checkpoints)\n", dir);
+out:
+    free(rows);
+    free(steps);
+    closedir(d);
+    return rc;
+}
+
+/* ---- verify ---- */
+
+/* Runs ckpt_verify, reporting on `report`, and prints the summary line. Returns 0 when the
+ * checkpoint is sound, else 1. */
+static int verify_one(const char *path, FILE *report)
+{
+    char err[1024] = "";
+    int n_bad = 0;
+    int rc = ckpt_verify(path, report, &n_bad, err, sizeof(err));
+    if (rc == 0) {
+        ckpt_t *c = NULL;
+        char e2[512];
+        if (ckpt_open(&c, path, e2, sizeof(e2)) == 0) {
+            const ckpt_index_t *ix = ckpt_index(c);
+            uint64_t bytes = 0;
+            for (int f = 0; f < ix->n_files; f++)
+                bytes += ix->files[f].bytes;
+            char size[32];
+            human_bytes(size, sizeof(size), bytes);
+            fprintf(report, "%s: OK: step %" PRId64 ", %d tensors in %d files, %s\n", path, ix->step, ix->n_tensors,
+                    ix->n_files, size);
+            ckpt_close(&c);
+        } else {
+            fprintf(report, "%s: OK\n", path);
+        }
+        return 0;
+    }
+    /* ckpt_verify has printed err already for ENOENT and EBADMSG */
+    struct stat st;
+    if (rc == -ENOENT && stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        fprintf(report, "%s: INCOMPLETE: no index\n", path);
+    else if (rc == -ENOENT)
+        fprintf(report, "%s: not a checkpoint directory\n", path);
+    else if (rc == -EBADMSG)
+        fprintf(report, "%s: CORRUPT: %d problem%s\n", path, n_bad, n_bad == 1 ? "" : "s");
+    else
+        fprintf(report, "%s: cannot verify: %s\n", path, err[0] ? err : strerror(-rc));
+    return 1;
+}
+
+static int ckpt_verify_cmd(int argc, char **argv)
+{
+    const char *pos[1];
+    int npos, rc = parse(argc, argv, usage_verify, pos, 1, &npos, NULL, NULL, NULL);
+    if (rc)
+        return rc < 0 ? show_help(usage_verify) : rc;
+    if (npos != 1)
+        return bad_usage(usage_verify, "verify needs the checkpoint PATH");
+    return verify_one(pos[0], stdout);
+}
+
+/* ---- export ---- */
+
+static int ckpt_export(int argc, char **argv)
+{
+    const char *pos[1], *vals[2] = {NULL, NULL};
+    int set[2] = {0, 0}, npos;
+    static const char *const flags[] = {"--safetensors=", "--no-verify", NULL};
+    int rc = parse(argc, argv, usage_export, pos, 1, &npos, flags, vals, set);
+    if (rc)
+        return rc < 0 ? show_help(usage_export) : rc;
+    if (npos != 1)
+        return bad_usage(usage_export, "export needs the checkpoint PATH");
+    if (!vals[0] || !vals[0][0])
+        return bad_usage(usage_export, "export needs --safetensors OUT");
+    const char *path = pos[0], *out = vals[0];
+    if (!set[1] && verify_one(path, stderr)) {
+        fprintf(stderr, "ctitan ckpt export: refusing to export %s: it does not verify "
+                        "(--no-verify exports the weights anyway, checking each weight chunk)\n", path);
+        return 1;
+    }
+    char err[1024];
+    if ((rc = st_export(path, out, err, sizeof(err)))) {
+        fprintf(stderr, "ctitan ckpt export: %s\n", err);
+        return 1;
+    }
+    struct stat st;
+    char size[32] = "?";
+    if (stat(out, &st) == 0)
+        human_bytes(size, sizeof(size), (uint64_t)st.st_size);
+    printf("wrote %s (%s) from %s\n", out, size, path);
+    return 0;
+}
+
+/* ---- keygen ---- */
+
+static int ckpt_keygen(int argc, char **argv)
+{
+    const char *pos[1];
+    int npos, rc = parse(argc, argv, usage_keygen, pos, 1, &npos, NULL, NULL, NULL);
+    if (rc)
+        return rc < 0 ? show_help(usage_keygen) : rc;
+    if (npos != 1 || !pos[0][0])
+        return bad_usage(usage_keygen, "keygen needs the PREFIX of the key files");
+    const char *prefix = pos[0];
+    char key[PATH_MAX], pub[PATH_MAX];
+    snprintf(key, sizeof(key), "%s.key", prefix);
+    snprintf(pub, sizeof(pub), "%s.pub", prefix);
+    /* a key in use is never replaced by accident: losing it locks trainers out */
+    const char *exists = access(key, F_OK) == 0 ? key : access(pub, F_OK) == 0 ? pub : NULL;
+    if (exists) {
+        fprintf(stderr, "ctitan ckpt keygen: %s exists: not overwriting a key (remove it first for a new pair)\n",
+                exists);
+        return 1;
+    }
+    char err[1024], z85[RMT_KEY_Z85 + 1];
+    if ((rc = rmt_keygen(prefix, err, sizeof(err))) || (rc = rmt_key_load(pub, z85, err, sizeof(err)))) {
+        fprintf(stderr, "ctitan ckpt keygen: %s\n", err);
+        return 1;
+    }
+    printf("%s\n", z85);
+    fprintf(stderr, "wrote %s (secret, mode 0600) and %s (public key above)\n", key, pub);
+    return 0;
+}
+
+int cmd_ckpt(int argc, char **argv)
+{
+    if (argc < 2 || is_help(argv[1])) {
+        fputs(usage_main, argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    const char *sub = argv[1];
+    if (!strcmp(sub, "ls"))
+        return ckpt_ls(argc - 1, argv + 1);
+    if (!strcmp(sub, "verify"))
+        return ckpt_verify_cmd(argc - 1, argv + 1);
+    if (!strcmp(sub, "export"))
+        return ckpt_export(argc - 1, argv + 1);
+    if (!strcmp(sub, "keygen"))
+        return ckpt_keygen(argc - 1, argv + 1);
+    return bad_usage(usage_main, "unknown command 'ckpt %s'", sub);
+}

@@ -626,14 +626,20 @@ int ckpt_verify(const char *path, FILE *report, int *n_bad, char *err, size_t er
         rc = -ENOMEM;
     for (int i = 0; i < c->ix.n_tensors && buf; i++) {
         const ckpt_tensor_t *t = &c->ix.tensors[i];
+        /* one line per damaged tensor, however many of its chunks are bad (a truncated
+         * file would otherwise give one per chunk) */
+        uint32_t bad_chunks = 0;
         for (uint32_t k = 0; k < t->n_chunks; k++) {
             if (missing[t->chunks[k].file])
                 continue;
-            if (read_chunk(c, t, k, buf, msg, sizeof(msg))) {
-                (*n_bad)++;
-                if (report)
-                    fprintf(report, "%s\n", msg);
-            }
+            char *where = bad_chunks ? NULL : msg;
+            if (read_chunk(c, t, k, buf, where, where ? sizeof(msg) : 0))
+                bad_chunks++;
+        }
+        if (bad_chunks) {
+            (*n_bad)++;
+            if (report)
+                fprintf(report, "%s%s\n", msg, bad_chunks > 1 ? " (and more of its chunks)" : "");
         }
     }
     free(buf);

@@ -48,7 +48,7 @@
 typedef struct {
     uint32_t file;        /* index into files */
     uint64_t offset;      /* bytes into the file */
-    uint64_t length;      /* bytes */
+    uint64_t length;      /* bytes: a whole number of elements */
     uint64_t xxh;         /* XXH3_64bits of those bytes */
 } ckpt_chunk_t;
 
@@ -124,7 +124,8 @@ const char *ckpt_master_name(const ckpt_t *c, const char *name, char *buf, size_
 /* Reads every chunk of every tensor and checks it. Each problem is one line on `report`
  * (may be NULL) naming the tensor, the file and what is wrong (missing, truncated, checksum
  * mismatch, bad index); *n_bad counts them. Returns 0 when all is well, -EBADMSG when a
- * problem was found, -ENOENT when there is no index (incomplete), other -errno for I/O. */
+ * problem was found, -ENOENT when there is no index (incomplete) or no such directory (err
+ * says which), other -errno for I/O. */
 int ckpt_verify(const char *path, FILE *report, int *n_bad, char *err, size_t errlen);
 
 /* Complete checkpoints of DIR (step-N directories, temporary ones ignored), steps ascending

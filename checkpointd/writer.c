@@ -278,30 +278,6 @@ struct ckw {
     uint64_t bytes;
 };
 
-static int make_dirs(const char *path)
-{
-    char tmp[PATH_MAX];
-    snprintf(tmp, sizeof(tmp), "%s", path);
-    for (char *p = tmp + 1; *p; p++)
-        if (*p == '/') {
-            *p = 0;
-            if (mkdir(tmp, 0755) < 0 && errno != EEXIST)
-                return -errno;
-            *p = '/';
-        }
-    return mkdir(tmp, 0755) < 0 && errno != EEXIST ? -errno : 0;
-}
-
-static int fsync_path(const char *path)
-{
-    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0)
-        return -errno;
-    int rc = fsync(fd) < 0 ? -errno : 0;
-    close(fd);
-    return rc;
-}
-
 static void ckw_free(ckw_t *w)
 {
     uw_put(w->uw);
@@ -332,7 +308,7 @@ int ckw_begin(ckw_t **out, const char *dir, const ckpt_index_t *plan, char *err,
         free(w);
         return rc == -ENOMEM ? util_fail(err, errlen, rc, "out of memory") : rc;
     }
-    if ((rc = make_dirs(dir))) {
+    if ((rc = util_mkdirs(dir))) {
         util_fail(err, errlen, rc, "%s: cannot create: %s", dir, strerror(-rc));
         goto out;
     }
@@ -408,17 +384,7 @@ static int write_index(ckw_t *w, char *err, size_t errlen)
     if (rc)
         return util_fail(err, errlen, rc, "out of memory");
     int fd = openat(w->tmpfd, "index", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0)
-        rc = -errno;
-    for (size_t done = 0; !rc && done < len;) {
-        ssize_t k = write(fd, buf + done, len - done);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k < 0)
-            rc = -errno;
-        else
-            done += (size_t)k;
-    }
+    rc = fd < 0 ? -errno : util_write_all(fd, buf, len);
     if (!rc && fsync(fd) < 0)
         rc = -errno;
     if (fd >= 0 && close(fd) < 0 && !rc)
@@ -455,7 +421,7 @@ int ckw_commit(ckw_t **pw, char *path, size_t pathlen, ckw_stats_t *st, char *er
             rc = util_fail(err, errlen, -errno, "%s -> %s: %s", w->tmp, w->final, strerror(errno));
         }
     }
-    if (!rc && (rc = fsync_path(w->dir)))
+    if (!rc && (rc = util_fsync_dir(w->dir)))
         util_fail(err, errlen, rc, "%s: fsync: %s", w->dir, strerror(-rc));
     if (st)
         *st = (ckw_stats_t){.direct = w->uw->all_direct, .fixed = w->uw->fixed, .bytes = w->bytes,

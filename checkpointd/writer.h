@@ -11,8 +11,9 @@
  * existing DIR/step-N (a run resumed from an earlier step) is replaced by an atomic exchange.
  *
  * The index given to ckw_begin is the plan: files (name, size) and chunks (with checksums).
- * The caller then hands over every file's bytes in order with ckw_write; the sizes are
- * checked at commit. Functions return 0 or -errno with the reason in err. */
+ * The caller then hands over every file's bytes in order with ckw_write, the whole file:
+ * for the data files of ckpt_index_plan that is the 4 KiB header block (ckpt_data_header) at
+ * offset 0, then the payload from CKPT_DATA_HDR on. The sizes are checked at commit. Functions return 0 or -errno with the reason in err. */
 #ifndef CTITAN_WRITER_H
 #define CTITAN_WRITER_H
 

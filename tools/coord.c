@@ -698,20 +698,6 @@ static int setup_signals(coord_t *c)
     return c->sigfd < 0 ? -errno : 0;
 }
 
-static int make_dirs(const char *path)
-{
-    char tmp[PATH_MAX];
-    snprintf(tmp, sizeof(tmp), "%s", path);
-    for (char *p = tmp + 1; *p; p++)
-        if (*p == '/') {
-            *p = 0;
-            if (mkdir(tmp, 0755) < 0 && errno != EEXIST)
-                return -errno;
-            *p = '/';
-        }
-    return mkdir(tmp, 0755) < 0 && errno != EEXIST ? -errno : 0;
-}
-
 /* Checks the data before any process starts, so a wrong path is one clear error: the
  * dataset pattern must match, and its first file must be a valid token file (the loader
  * checks the others as it opens them). */
@@ -1057,7 +1043,7 @@ int coord_run(const manifest_t *given)
     int rc = c.toml ? 0 : -ENOMEM;
     if (!rc && (rc = job_layout(&c.lay, m)))
         snprintf(err, sizeof(err), "out of memory");
-    if (!rc && (rc = make_dirs(m->dump_folder)))
+    if (!rc && (rc = util_mkdirs(m->dump_folder)))
         snprintf(err, sizeof(err), "job.dump_folder %s: cannot create: %s", m->dump_folder, strerror(-rc));
     if (!rc)
         rc = resolve_endpoint(&c, err, sizeof(err));

@@ -5,7 +5,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <libgen.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -267,43 +266,13 @@ out:
 }
 
 /* Short writes and EINTR are retried here, and only here. */
-static int write_all(int fd, const void *buf, size_t n)
-{
-    const uint8_t *p = buf;
-    while (n) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0) {
-            if (errno == EINTR || errno == EAGAIN)
-                continue;
-            return -errno;
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
-static int sync_parent_dir(const char *path)
-{
-    char *copy = strdup(path);
-    if (!copy)
-        return -ENOMEM;
-    int rc = 0, dfd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0 || fsync(dfd) < 0)
-        rc = -errno;
-    if (dfd >= 0)
-        close(dfd);
-    free(copy);
-    return rc;
-}
-
 int st_export(const char *ckpt_path, const char *out_path, char *err, size_t errlen)
 {
     ckpt_t *c = NULL;
     sbuf_t hdr = {0};
-    int *order = NULL, fd = -1, n_order = 0;
+    int *order = NULL, n_order = 0;
     void *buf = NULL;
-    char *tmp = NULL;
+    util_afile_t af = {.fd = -1};
     uint64_t max_chunk = 0;
 
     int rc = ckpt_open(&c, ckpt_path, err, errlen);
@@ -322,28 +291,13 @@ int st_export(const char *ckpt_path, const char *out_path, char *err, size_t err
         goto out;
     }
 
-    size_t tlen = strlen(out_path) + 16;
-    if (!(tmp = malloc(tlen))) {
-        rc = util_fail(err, errlen, -ENOMEM, "%s: out of memory", out_path);
+    if ((rc = util_afile_begin(&af, out_path, err, errlen)))
         goto out;
-    }
-    snprintf(tmp, tlen, "%s.tmp.XXXXXX", out_path); /* unique: two exports never share one */
-    if ((fd = mkostemp(tmp, O_CLOEXEC)) < 0) {
-        rc = util_fail(err, errlen, -errno, "%s: cannot create a temporary file beside it: %s", out_path,
-                       strerror(errno));
-        free(tmp);
-        tmp = NULL;
-        goto out;
-    }
-    fchmod(fd, 0644); /* mkstemp's 0600 is for secrets; weights are meant to be shared */
-
     uint8_t len8[8];
     for (int i = 0; i < 8; i++)
         len8[i] = (uint8_t)((uint64_t)hdr.len >> (8 * i));
-    if ((rc = write_all(fd, len8, 8)) || (rc = write_all(fd, hdr.p, hdr.len))) {
-        util_fail(err, errlen, rc, "%s: write failed: %s", tmp, strerror(-rc));
+    if ((rc = util_afile_write(&af, len8, 8, err, errlen)) || (rc = util_afile_write(&af, hdr.p, hdr.len, err, errlen)))
         goto out;
-    }
     for (int k = 0; k < n_order; k++) {
         const ckpt_tensor_t *t = &ix->tensors[order[k]];
         size_t esz = ckpt_dtype_size(t->dtype);
@@ -352,39 +306,15 @@ int st_export(const char *ckpt_path, const char *out_path, char *err, size_t err
             uint64_t n = t->chunks[j].length / esz;
             if ((rc = ckpt_read(c, t->name, first, n, buf, err, errlen)))
                 goto out; /* err names the tensor and the file */
-            if ((rc = write_all(fd, buf, t->chunks[j].length))) {
-                util_fail(err, errlen, rc, "%s: write failed: %s", tmp, strerror(-rc));
+            if ((rc = util_afile_write(&af, buf, t->chunks[j].length, err, errlen)))
                 goto out;
-            }
             first += n;
         }
     }
-    if (fsync(fd) < 0) {
-        rc = util_fail(err, errlen, -errno, "%s: fsync failed: %s", tmp, strerror(errno));
-        goto out;
-    }
-    int crc = close(fd);
-    fd = -1;
-    if (crc < 0) {
-        rc = util_fail(err, errlen, -errno, "%s: close failed: %s", tmp, strerror(errno));
-        goto out;
-    }
-    if (rename(tmp, out_path) < 0) {
-        rc = util_fail(err, errlen, -errno, "%s: cannot rename %s to it: %s", out_path, tmp, strerror(errno));
-        goto out;
-    }
-    free(tmp);
-    tmp = NULL;
-    if ((rc = sync_parent_dir(out_path)))
-        util_fail(err, errlen, rc, "%s: written, but syncing its directory failed: %s", out_path,
-                  strerror(-rc));
+    rc = util_afile_commit(&af, err, errlen);
 out:
-    if (fd >= 0)
-        close(fd);
-    if (tmp) {
-        unlink(tmp);
-        free(tmp);
-    }
+    if (rc && af.tmp)
+        util_afile_abort(&af);
     free(buf);
     free(order);
     free(hdr.p);

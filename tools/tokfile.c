@@ -6,7 +6,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <libgen.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -231,103 +230,17 @@ int tokfile_read(const tokfile_t *tf, size_t start, size_t n, int32_t *dst)
 
 /* ---- durable, atomic writes ---- */
 
-static int write_all(int fd, const void *buf, size_t n)
-{
-    const uint8_t *p = buf;
-    while (n) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0) {
-            if (errno == EINTR || errno == EAGAIN) continue;
-            return -errno;
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
-typedef struct {
-    const char *path;
-    char *tmp;
-    int fd;
-} atomic_t;
-
-static int atomic_begin(atomic_t *a, const char *path, char *err, size_t errlen)
-{
-    a->path = path;
-    a->fd = -1;
-    size_t len = strlen(path) + 16;
-    a->tmp = malloc(len);
-    if (!a->tmp) return util_fail(err, errlen, -ENOMEM, "%s: out of memory", path);
-    snprintf(a->tmp, len, "%s.tmp.XXXXXX", path);
-    a->fd = mkostemp(a->tmp, O_CLOEXEC);
-    if (a->fd < 0) {
-        int rc = util_fail(err, errlen, -errno, "%s: cannot create a temp file beside it: %s", path,
-                      strerror(errno));
-        free(a->tmp);
-        a->tmp = NULL;
-        return rc;
-    }
-    fchmod(a->fd, 0644); /* mkstemp makes 0600; data files are meant to be shared */
-    return 0;
-}
-
-static void atomic_abort(atomic_t *a)
-{
-    if (a->fd >= 0) close(a->fd);
-    if (a->tmp) unlink(a->tmp);
-    free(a->tmp);
-    a->tmp = NULL;
-    a->fd = -1;
-}
-
-static int atomic_commit(atomic_t *a, char *err, size_t errlen)
-{
-    int rc = 0;
-    if (fsync(a->fd) < 0) {
-        rc = util_fail(err, errlen, -errno, "%s: fsync failed: %s", a->path, strerror(errno));
-        goto out;
-    }
-    if (close(a->fd) < 0) {
-        a->fd = -1;
-        rc = util_fail(err, errlen, -errno, "%s: close failed: %s", a->path, strerror(errno));
-        goto out;
-    }
-    a->fd = -1;
-    if (rename(a->tmp, a->path) < 0) {
-        rc = util_fail(err, errlen, -errno, "%s: rename from %s failed: %s", a->path, a->tmp,
-                  strerror(errno));
-        goto out;
-    }
-    free(a->tmp);
-    a->tmp = NULL;
-    /* make the rename itself durable */
-    char *dcopy = strdup(a->path);
-    if (dcopy) {
-        int dfd = open(dirname(dcopy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd >= 0) {
-            fsync(dfd);
-            close(dfd);
-        }
-        free(dcopy);
-    }
-out:
-    if (rc) atomic_abort(a);
-    return rc;
-}
-
 int tokfile_write_bytes(const char *path, const void *a, size_t alen, const void *b, size_t blen,
                         char *err, size_t errlen)
 {
-    atomic_t at;
-    int rc = atomic_begin(&at, path, err, errlen);
+    util_afile_t at;
+    int rc = util_afile_begin(&at, path, err, errlen);
     if (rc) return rc;
-    if ((rc = write_all(at.fd, a, alen)) || (rc = write_all(at.fd, b, blen))) {
-        util_fail(err, errlen, rc, "%s: write failed: %s", path, strerror(-rc));
-        atomic_abort(&at);
+    if ((rc = util_afile_write(&at, a, alen, err, errlen)) || (rc = util_afile_write(&at, b, blen, err, errlen))) {
+        util_afile_abort(&at);
         return rc;
     }
-    return atomic_commit(&at, err, errlen);
+    return util_afile_commit(&at, err, errlen);
 }
 
 int tokfile_write(const char *path, const uint32_t *tok, size_t n, int vocab_size, char *err,
@@ -350,8 +263,8 @@ int tokfile_write(const char *path, const uint32_t *tok, size_t n, int vocab_siz
     memcpy(hdr + 24, &vocab, 4);
     if (dtype == 4) return tokfile_write_bytes(path, hdr, sizeof(hdr), tok, n * 4, err, errlen);
 
-    atomic_t at;
-    int rc = atomic_begin(&at, path, err, errlen);
+    util_afile_t at;
+    int rc = util_afile_begin(&at, path, err, errlen);
     if (rc) return rc;
     enum { CHUNK = 1 << 16 };
     uint16_t *buf = malloc(CHUNK * sizeof(uint16_t));
@@ -359,18 +272,16 @@ int tokfile_write(const char *path, const uint32_t *tok, size_t n, int vocab_siz
         rc = util_fail(err, errlen, -ENOMEM, "%s: out of memory", path);
         goto out;
     }
-    if ((rc = write_all(at.fd, hdr, sizeof(hdr)))) goto werr;
+    if ((rc = util_afile_write(&at, hdr, sizeof(hdr), err, errlen))) goto out;
     for (size_t i = 0; i < n; i += CHUNK) {
         size_t m = n - i < CHUNK ? n - i : CHUNK;
         for (size_t j = 0; j < m; j++) buf[j] = (uint16_t)tok[i + j];
-        if ((rc = write_all(at.fd, buf, m * sizeof(uint16_t)))) goto werr;
+        if ((rc = util_afile_write(&at, buf, m * sizeof(uint16_t), err, errlen))) goto out;
     }
     free(buf);
-    return atomic_commit(&at, err, errlen);
-werr:
-    util_fail(err, errlen, rc, "%s: write failed: %s", path, strerror(-rc));
+    return util_afile_commit(&at, err, errlen);
 out:
     free(buf);
-    atomic_abort(&at);
+    util_afile_abort(&at);
     return rc;
 }

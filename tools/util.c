@@ -3,6 +3,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <libgen.h>
+#include <stdlib.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -45,4 +47,113 @@ double util_now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int util_write_all(int fd, const void *buf, size_t n)
+{
+    const char *p = buf;
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR || errno == EAGAIN)
+                continue;
+            return -errno;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+int util_mkdirs(const char *path)
+{
+    char tmp[4096];
+    if (snprintf(tmp, sizeof(tmp), "%s", path) >= (int)sizeof(tmp))
+        return -ENAMETOOLONG;
+    for (char *p = tmp + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(tmp, 0755) < 0 && errno != EEXIST)
+                return -errno;
+            *p = '/';
+        }
+    return mkdir(tmp, 0755) < 0 && errno != EEXIST ? -errno : 0;
+}
+
+int util_fsync_dir(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    int rc = fsync(fd) < 0 ? -errno : 0;
+    close(fd);
+    return rc;
+}
+
+int util_afile_begin(util_afile_t *a, const char *path, char *err, size_t errlen)
+{
+    a->path = path;
+    a->fd = -1;
+    size_t len = strlen(path) + 16;
+    if (!(a->tmp = malloc(len)))
+        return util_fail(err, errlen, -ENOMEM, "%s: out of memory", path);
+    snprintf(a->tmp, len, "%s.tmp.XXXXXX", path); /* unique: two writers never share one */
+    if ((a->fd = mkostemp(a->tmp, O_CLOEXEC)) < 0) {
+        int rc = util_fail(err, errlen, -errno, "%s: cannot create a temporary file beside it: %s", path,
+                           strerror(errno));
+        free(a->tmp);
+        a->tmp = NULL;
+        return rc;
+    }
+    fchmod(a->fd, 0644); /* mkstemp makes 0600; data files are meant to be shared */
+    return 0;
+}
+
+int util_afile_write(util_afile_t *a, const void *buf, size_t n, char *err, size_t errlen)
+{
+    int rc = util_write_all(a->fd, buf, n);
+    return rc ? util_fail(err, errlen, rc, "%s: write failed: %s", a->tmp, strerror(-rc)) : 0;
+}
+
+void util_afile_abort(util_afile_t *a)
+{
+    if (a->fd >= 0)
+        close(a->fd);
+    if (a->tmp)
+        unlink(a->tmp);
+    free(a->tmp);
+    a->tmp = NULL;
+    a->fd = -1;
+}
+
+int util_afile_commit(util_afile_t *a, char *err, size_t errlen)
+{
+    int rc = 0;
+    if (fsync(a->fd) < 0) {
+        rc = util_fail(err, errlen, -errno, "%s: fsync failed: %s", a->tmp, strerror(errno));
+        goto out;
+    }
+    int crc = close(a->fd);
+    a->fd = -1;
+    if (crc < 0) {
+        rc = util_fail(err, errlen, -errno, "%s: close failed: %s", a->tmp, strerror(errno));
+        goto out;
+    }
+    if (rename(a->tmp, a->path) < 0) {
+        rc = util_fail(err, errlen, -errno, "%s: cannot rename %s to it: %s", a->path, a->tmp, strerror(errno));
+        goto out;
+    }
+    free(a->tmp);
+    a->tmp = NULL;
+    char *copy = strdup(a->path); /* make the rename itself durable */
+    if (!copy)
+        return util_fail(err, errlen, -ENOMEM, "%s: out of memory", a->path);
+    rc = util_fsync_dir(dirname(copy));
+    free(copy);
+    if (rc)
+        util_fail(err, errlen, rc, "%s: written, but syncing its directory failed: %s", a->path, strerror(-rc));
+    return rc;
+out:
+    util_afile_abort(a);
+    return rc;
 }

@@ -1,5 +1,6 @@
 /* Small helpers shared by the tools and libraries: error strings for the
- * "return -errno and say why in err" convention, and a monotonic clock. */
+ * "return -errno and say why in err" convention, whole writes and durable files, and a
+ * monotonic clock. */
 #ifndef CTITAN_UTIL_H
 #define CTITAN_UTIL_H
 
@@ -11,6 +12,27 @@ int util_fail(char *err, size_t errlen, int rc, const char *fmt, ...)
 /* Opens a regular file read-only; returns the descriptor (size in *size) or -errno with
  * "PATH: cannot open: ..." / "PATH: not a regular file" in err. */
 int util_open_regular(const char *path, size_t *size, char *err, size_t errlen);
+/* write(2) until all n bytes are written (EINTR, EAGAIN and short writes retried).
+ * Returns 0 or -errno. */
+int util_write_all(int fd, const void *buf, size_t n);
+/* mkdir -p with mode 0755. Returns 0 or -errno. */
+int util_mkdirs(const char *path);
+/* fsync of a directory (after a rename into it). Returns 0 or -errno. */
+int util_fsync_dir(const char *dir);
+
+/* A file written durably: PATH.tmp.XXXXXX beside it (mode 0644), then fsync, rename onto
+ * PATH, fsync of its directory. PATH is never seen half-written; abort removes the
+ * temporary file. Errors name the file. */
+typedef struct {
+    const char *path;
+    char *tmp;
+    int fd;
+} util_afile_t;
+int util_afile_begin(util_afile_t *a, const char *path, char *err, size_t errlen);
+int util_afile_write(util_afile_t *a, const void *buf, size_t n, char *err, size_t errlen);
+int util_afile_commit(util_afile_t *a, char *err, size_t errlen); /* aborts on failure */
+void util_afile_abort(util_afile_t *a);
+
 /* Seconds on CLOCK_MONOTONIC. */
 double util_now(void);
 

@@ -741,14 +741,17 @@ static int check_data(coord_t *c, char *err, size_t errlen)
 
 /* ---- the run ---- */
 
-static void end_of_run(coord_t *c, double secs)
+static void end_of_run(coord_t *c, int64_t first, double secs)
 {
     const manifest_t *m = c->m;
     float *w = shm_data(c->seg_params); /* replica 0 */
     pool_t *pool = pool_new((int)sysconf(_SC_NPROCESSORS_ONLN));
     tokfile_t *val = NULL;
     char err[512];
-    printf("done: %d steps in %.1f s", m->steps, secs);
+    if (first > 0)
+        printf("done: steps %lld to %d in %.1f s", (long long)first + 1, m->steps, secs);
+    else
+        printf("done: %d steps in %.1f s", m->steps, secs);
     if (m->val_enable && tokfile_open(&val, m->val_dataset_path, m->model.vocab_size, err, sizeof(err)) == 0) {
         int used;
         double vl = eval_loss(&m->model, w, pool, val, m->local_batch_size, m->seq_len, m->val_steps, &used);
@@ -880,6 +883,7 @@ static void train(coord_t *c)
 {
     const manifest_t *m = c->m;
     double t_start = util_now();
+    int64_t first = c->step;
     int first_shard = 1 + c->n_stages;
     for (; c->step < m->steps; c->step++) {
         atomic_store(&c->hdr->step, c->step);
@@ -914,7 +918,7 @@ static void train(coord_t *c)
     if (pump(c, ckpt_idle, NULL, 1e9)) /* the last checkpoint */
         return;
     stop_all(c);
-    end_of_run(c, util_now() - t_start);
+    end_of_run(c, first, util_now() - t_start);
 }
 
 /* checkpoint.load: "latest" becomes the newest checkpoint of the folder that verifies (none

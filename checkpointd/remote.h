@@ -9,8 +9,9 @@
  * name and every file name must pass ckpt_safe_name, tensor names are only data inside the
  * index, offsets and sizes are checked against the plan.
  *
- * Key files hold Z85 text (40 characters), one key per line, '#' comments allowed: a
- * secret key file (mode 0600) holds one secret key; an allow file holds public keys.
+ * Key files hold Z85 text (40 characters), one key per line, '#' comments allowed (on their
+ * own line or after a key): a secret key file (mode 0600) holds one secret key; an allow
+ * file holds public keys. rmt_keygen writes files in that form.
  * Functions return 0 or -errno and say why in err; nothing here exits. */
 #ifndef CTITAN_REMOTE_H
 #define CTITAN_REMOTE_H
@@ -23,6 +24,9 @@
 #include "checkpointd/ckpt.h"
 
 #define RMT_KEY_Z85 40
+#define RMT_FRAME_MAX (64u << 20)      /* largest frame a server accepts (an index, a data piece) */
+#define RMT_DATA_FRAME (4u << 20)      /* the client sends data in pieces of at most this */
+#define RMT_IDLE_TIMEOUT_MS 60000      /* a client silent this long mid-checkpoint is aborted */
 
 /* Writes PREFIX.key (secret, mode 0600) and PREFIX.pub (public) of a fresh key pair. */
 int rmt_keygen(const char *prefix, char *err, size_t errlen);
@@ -34,25 +38,42 @@ int rmt_key_public(const char *secret, char pub[RMT_KEY_Z85 + 1]);
 /* Serves until *stop becomes non-zero (checked at least every 200 ms): binds `listen`
  * (tcp://ADDR:PORT; a port of * picks a free one), prints "listening on ENDPOINT" with the
  * real endpoint as the first line on `log`, then one line per checkpoint received or
- * refused. Returns 0 after a stop, -errno when it cannot start (bad key file, cannot bind). */
+ * refused, and per refused connection (address and key; a client that keeps retrying is
+ * summed up, not repeated). Creates DIR if needed. The secret key file must not be readable
+ * by others (-EPERM, like ssh). Returns 0 after a stop, -errno when it cannot start (bad key
+ * or allow file, cannot bind); bad input from clients never ends it. */
 int rmt_serve(const char *listen, const char *dir, const char *secret_key_path, const char *allow_path,
               volatile sig_atomic_t *stop, FILE *log, char *err, size_t errlen);
+/* rmt_serve with another idle timeout than RMT_IDLE_TIMEOUT_MS (tests, a --idle option). */
+int rmt_serve_idle(const char *listen, const char *dir, const char *secret_key_path, const char *allow_path,
+                   int idle_ms, volatile sig_atomic_t *stop, FILE *log, char *err, size_t errlen);
 
 typedef struct rmt_client rmt_client_t;
 
-/* Connects (CURVE, client key pair from the secret key file, server public key file). */
+/* Connects (CURVE, client key pair from the secret key file, server public key file). Returns
+ * at once: ZeroMQ connects in the background, and rmt_client_begin tells what happened. */
 int rmt_client_new(rmt_client_t **out, const char *endpoint, const char *server_pub_path,
                    const char *client_secret_path, char *err, size_t errlen);
+/* An unfinished checkpoint is aborted on the server; waits at most 1 s for that to go out. */
 void rmt_client_destroy(rmt_client_t **c);
 /* Starts checkpoint plan->step of `job` on the server (keep: its keep_latest_k, 0 = all).
- * Waits for the server to accept; -EACCES when the server refused our key (or did not
- * answer within timeout_ms, most likely for that reason), -EINVAL when it refused the plan. */
+ * Waits up to timeout_ms for the server to accept. -EACCES: the server refused our key (the
+ * message names our public key to add to its allow file); -EPROTO: the CURVE handshake
+ * failed otherwise (a wrong server public key); -ETIMEDOUT: no answer (err says whether
+ * nothing was listening, the handshake never finished, or the server went quiet); -EINVAL
+ * (or the server's -EBUSY, -ENOSPC...): it refused the plan. An unfinished earlier checkpoint
+ * of this client is aborted first. Any error ends the checkpoint: begin again to retry. */
 int rmt_client_begin(rmt_client_t *c, const char *job, int keep, const ckpt_index_t *plan, int timeout_ms,
                      char *err, size_t errlen);
-/* Sends the next bytes of a data file (same order rules as ckw_write). */
+/* Sends the next bytes of a data file (same order rules as ckw_write), in pieces of at most
+ * RMT_DATA_FRAME. Returns when they are queued (blocks while the link is full, up to 60 s:
+ * -ETIMEDOUT). Data are not acknowledged one by one: an error the server found in earlier
+ * data is returned by the next write or by the commit. */
 int rmt_client_write(rmt_client_t *c, uint32_t file, uint64_t offset, const void *data, size_t n, char *err,
                      size_t errlen);
-/* Asks the server to commit and waits for it (timeout_ms); path gets the server-side path. */
+/* Asks the server to commit and waits for it (timeout_ms; it includes the server's fsyncs);
+ * path gets the server-side path. The server's error (-EINVAL for bad data, or its -errno,
+ * e.g. -ENOSPC) comes with its reason in err. */
 int rmt_client_commit(rmt_client_t *c, char *path, size_t pathlen, int timeout_ms, char *err, size_t errlen);
 
 #endif

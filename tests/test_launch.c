@@ -474,6 +474,94 @@ static void test_launch_checkpointd_killed_mid_write_is_restarted(void **state)
     assert_clean(a);
 }
 
+/* Starts `checkpointd --listen` on a free loopback port; returns its pid and the endpoint. */
+static pid_t start_storage(const char *dir, const char *keys, char *endpoint, size_t n)
+{
+    char ckptd[300], key[300], allow[300], listen_on[] = "tcp://127.0.0.1:*";
+    snprintf(ckptd, sizeof(ckptd), "%s", bin());
+    *strrchr(ckptd, '/') = 0;
+    strcat(ckptd, "/checkpointd");
+    snprintf(key, sizeof(key), "%s/storage.key", keys);
+    snprintf(allow, sizeof(allow), "%s/trainer.pub", keys);
+    int pfd[2];
+    if (pipe(pfd))
+        return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(pfd[1], 1);
+        close(pfd[0]);
+        execl(ckptd, ckptd, "--listen", listen_on, "--dir", dir, "--key", key, "--allow", allow, (char *)NULL);
+        _exit(127);
+    }
+    close(pfd[1]);
+    FILE *f = fdopen(pfd[0], "r");
+    char line[512] = "";
+    if (!fgets(line, sizeof(line), f) || sscanf(line, "listening on %255s", endpoint) != 1) {
+        print_error("checkpointd --listen said: %s\n", line);
+        endpoint[0] = 0;
+    }
+    (void)n;
+    fclose(f); /* later lines go to a closed pipe: checkpointd ignores SIGPIPE */
+    return pid;
+}
+
+static void test_launch_streams_checkpoints_to_a_remote_checkpointd(void **state)
+{
+    NEED_BIN();
+    static char out[1 << 16];
+    char keys[256], store[256], ep[256], cmd[1024], a[32], b[32], c[32], extra[1024], p[512];
+    snprintf(keys, sizeof(keys), "%s/keys", g_dir);
+    snprintf(store, sizeof(store), "%s/storage", g_dir);
+    mkdir(keys, 0700);
+    snprintf(cmd, sizeof(cmd), "%s ckpt keygen %s/storage && %s ckpt keygen %s/trainer && %s ckpt keygen %s/intruder",
+             bin(), keys, bin(), keys, bin(), keys);
+    assert_int_equal(tu_run(cmd, out, sizeof(out)), 0);
+    pid_t srv = start_storage(store, keys, ep, sizeof(ep));
+    assert_true(srv > 0);
+    assert_true(ep[0]);
+    /* a trainer with an accepted key: every checkpoint lands on the storage side */
+    job_name(a, sizeof(a), "rem");
+    snprintf(extra, sizeof(extra), "--checkpoint.enable true --checkpoint.interval 4 --checkpoint.endpoint %s "
+             "--checkpoint.server_key %s/storage.pub --checkpoint.client_key %s/trainer.key", ep, keys, keys);
+    int rc = launch(a, extra, out, sizeof(out));
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "checkpoint: step 12 saved to"));
+    snprintf(p, sizeof(p), "%s/%s", store, a);
+    int64_t *steps;
+    assert_int_equal(ckpt_list(p, &steps), 3);
+    free(steps);
+    /* nothing was written on the trainer's side */
+    char local[256];
+    ckpt_dir(local, sizeof(local), a);
+    assert_int_equal(access(local, F_OK), -1);
+    /* resuming from the storage copy is bitwise */
+    job_name(b, sizeof(b), "remb");
+    snprintf(extra, sizeof(extra), "--checkpoint.load %s/%s/step-00000004", store, a);
+    assert_int_equal(launch(b, extra, out, sizeof(out)), 0);
+    assert_resumed_losses(a, b, 4, 12);
+    /* a trainer whose key is not allowed: every checkpoint fails, saying why; training does not */
+    job_name(c, sizeof(c), "remc");
+    snprintf(extra, sizeof(extra), "--checkpoint.enable true --checkpoint.interval 6 --checkpoint.endpoint %s "
+             "--checkpoint.server_key %s/storage.pub --checkpoint.client_key %s/intruder.key", ep, keys, keys);
+    rc = launch(c, extra, out, sizeof(out));
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "checkpoint of step 6 failed"));
+    assert_non_null(strstr(out, "refused our key"));
+    assert_same_losses(a, c, 12);
+    snprintf(p, sizeof(p), "%s/%s", store, c);
+    assert_int_equal(access(p, F_OK), -1);
+    kill(srv, SIGTERM);
+    int st;
+    assert_int_equal(waitpid(srv, &st, 0), srv);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    assert_clean(a);
+    assert_clean(c);
+}
+
 static void test_launch_rejects_bad_checkpoint_keys(void **state)
 {
     NEED_BIN();
@@ -1019,6 +1107,7 @@ int main(void)
         cmocka_unit_test(test_launch_latest_falls_back_past_a_corrupt_checkpoint),
         cmocka_unit_test(test_launch_keeps_the_latest_k_checkpoints),
         cmocka_unit_test(test_launch_checkpointd_killed_mid_write_is_restarted),
+        cmocka_unit_test(test_launch_streams_checkpoints_to_a_remote_checkpointd),
         cmocka_unit_test(test_launch_rejects_bad_checkpoint_keys),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -10,7 +10,10 @@
  * takes for a checkpoint and ckpt_retain removes; after it, the complete checkpoint. An
  * existing DIR/step-N (a run resumed from an earlier step) is replaced by an atomic exchange.
  *
- * The index given to ckw_begin is the plan: files (name, size) and chunks (with checksums).
+ * The index given to ckw_begin is the plan: files (name, size) and chunks. The writer takes
+ * each chunk's XXH3 checksum from the bytes as they go by: a plan without checksums (all 0)
+ * gets them filled in; a plan with them has them checked, and a chunk that does not match
+ * fails its ckw_write with -EBADMSG. Chunks of one file must not overlap.
  * The caller then hands over every file's bytes in order with ckw_write, the whole file:
  * for the data files of ckpt_index_plan that is the 4 KiB header block (ckpt_data_header) at
  * offset 0, then the payload from CKPT_DATA_HDR on. The sizes are checked at commit. Functions return 0 or -errno with the reason in err. */

@@ -491,6 +491,86 @@ static void test_ckpt_writer_killed_mid_write_leaves_nothing_loadable(void **sta
     assert_int_equal(count_entries(dir), 1);
 }
 
+/* A plan of n files of one 2500-float tensor each (no checksums). */
+static void many_files_plan(ckpt_index_t *ix, int n)
+{
+    memset(ix, 0, sizeof(*ix));
+    ix->step = 3;
+    ix->manifest = strdup("");
+    ix->n_files = ix->n_tensors = n;
+    ix->files = calloc((size_t)n, sizeof(ckpt_file_t));
+    ix->tensors = calloc((size_t)n, sizeof(ckpt_tensor_t));
+    for (int i = 0; i < n; i++) {
+        snprintf(ix->files[i].name, CKPT_FILE_MAX, "f%02d.bin", i);
+        ix->files[i].bytes = 10000 + 100; /* 100 bytes of padding no chunk covers */
+        ckpt_tensor_t *t = &ix->tensors[i];
+        snprintf(t->name, sizeof(t->name), "t%d", i);
+        snprintf(t->dtype, sizeof(t->dtype), "F32");
+        t->ndim = 1;
+        t->shape[0] = 2500;
+        t->numel = 2500;
+        t->n_chunks = 1;
+        t->chunks = calloc(1, sizeof(ckpt_chunk_t));
+        t->chunks[0] = (ckpt_chunk_t){.file = (uint32_t)i, .offset = 100, .length = 10000};
+    }
+}
+
+static void test_ckpt_writer_fills_in_checksums_across_many_files(void **state)
+{
+    fx_t *f = *state;
+    char dir[300], err[1024], path[512];
+    snprintf(dir, sizeof(dir), "%s/m", f->dir);
+    ckpt_index_t plan;
+    many_files_plan(&plan, 37); /* more files than the writer keeps open unsynced */
+    ckw_t *w;
+    assert_int_equal(ckw_begin(&w, dir, &plan, err, sizeof(err)), 0);
+    uint8_t pad[100] = {7};
+    for (int i = 0; i < 37; i++) {
+        assert_int_equal(ckw_write(w, (uint32_t)i, 0, pad, sizeof(pad), err, sizeof(err)), 0);
+        /* in two pieces, split inside the chunk */
+        assert_int_equal(ckw_write(w, (uint32_t)i, 100, f->arr[0] + i, 3333, err, sizeof(err)), 0);
+        assert_int_equal(ckw_write(w, (uint32_t)i, 3433, (char *)(f->arr[0] + i) + 3333, 10000 - 3333, err,
+                                   sizeof(err)), 0);
+    }
+    assert_int_equal(ckw_commit(&w, path, sizeof(path), NULL, err, sizeof(err)), 0);
+    int bad;
+    assert_int_equal(ckpt_verify(path, NULL, &bad, err, sizeof(err)), 0);
+    ckpt_t *ck;
+    assert_int_equal(ckpt_open(&ck, path, err, sizeof(err)), 0);
+    float got[2500];
+    for (int i = 0; i < 37; i += 9) {
+        char name[16];
+        snprintf(name, sizeof(name), "t%d", i);
+        assert_int_equal(ckpt_read(ck, name, 0, 2500, got, err, sizeof(err)), 0);
+        assert_memory_equal(got, f->arr[0] + i, sizeof(got));
+    }
+    ckpt_close(&ck);
+    ckpt_index_free(&plan);
+}
+
+static void test_ckpt_writer_refuses_bytes_that_miss_the_plans_checksum(void **state)
+{
+    fx_t *f = *state;
+    char dir[300], err[1024];
+    snprintf(dir, sizeof(dir), "%s/x", f->dir);
+    ckpt_index_t plan;
+    assert_int_equal(ckpt_index_plan(&plan, &f->tab, 4, "", NULL, 0), 0);
+    for (int a = 0; a < 3; a++)
+        ckpt_index_hash(&plan, (uint32_t)a, f->arr[a]);
+    f->arr[0][5] += 1.0f; /* the bytes changed after the plan was made */
+    ckw_t *w;
+    static uint8_t hdr[CKPT_DATA_HDR];
+    assert_int_equal(ckw_begin(&w, dir, &plan, err, sizeof(err)), 0);
+    assert_int_equal(ckw_write(w, 0, 0, hdr, sizeof(hdr), err, sizeof(err)), 0);
+    int rc = ckw_write(w, 0, CKPT_DATA_HDR, f->arr[0], f->tab.total * sizeof(float), err, sizeof(err));
+    assert_int_equal(rc, -EBADMSG);
+    assert_non_null(strstr(err, "model.bin"));
+    assert_non_null(strstr(err, "do not match their checksum"));
+    ckw_abort(&w);
+    assert_int_equal(count_entries(dir), 0);
+    ckpt_index_free(&plan);
+}
+
 static void test_ckpt_raw_write_measures_a_real_file(void **state)
 {
     fx_t *f = *state;
@@ -518,6 +598,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_ckpt_same_step_again_replaces_it, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ckpt_writer_rejects_out_of_order_data, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ckpt_writer_killed_mid_write_leaves_nothing_loadable, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ckpt_writer_fills_in_checksums_across_many_files, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ckpt_writer_refuses_bytes_that_miss_the_plans_checksum, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ckpt_raw_write_measures_a_real_file, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

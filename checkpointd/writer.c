@@ -59,12 +59,14 @@ typedef struct {
     uwf_t files[UW_MAX_OPEN];      /* files[nf - 1] is the current one while open */
     int nf, open;                  /* open: the current file takes appends */
     int all_direct;
+    pid_t owner;                   /* a forked child must not use its parent's ring */
 } uw_t;
 
 static int uw_init(uw_t *u, char *err, size_t errlen)
 {
     memset(u, 0, sizeof(*u));
     u->all_direct = 1;
+    u->owner = getpid();
     /* Huge pages where the kernel has them: a 4 MiB write is then 2 physically contiguous
      * segments instead of up to 1024 scattered pages, which the block layer would split into
      * several requests (measured: writes from fragmented 4 KiB pages ran ~3x slower on a
@@ -322,6 +324,13 @@ static uw_t *spare;
 
 static int uw_get(uw_t **out, char *err, size_t errlen)
 {
+    if (spare && spare->owner != getpid()) {
+        /* inherited through fork: its registered buffers are the parent's pages (the child
+         * writes into copies the ring never sees) and its ring is shared with the parent */
+        uw_free(spare);
+        free(spare);
+        spare = NULL;
+    }
     if (spare) {
         *out = spare;
         spare = NULL;

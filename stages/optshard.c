@@ -44,6 +44,14 @@ typedef struct {
     int copy_todo, copy_done, copier_stop;
 } shard_t;
 
+/* The part [*b, *e) of tensor p in this shard's slice; 0 when there is none. */
+static int overlap(const shard_t *sh, const param_info_t *p, size_t *b, size_t *e)
+{
+    *b = p->offset > sh->begin ? p->offset : sh->begin;
+    *e = p->offset + p->numel < sh->end ? p->offset + p->numel : sh->end;
+    return *b < *e;
+}
+
 /* Reads this shard's slice of the master weights and moments from checkpoint.load (the
  * coordinator resolved it to a directory that verified): any shard count, pipeline or
  * data-parallel degree reads the same flat space by tensor name. */
@@ -55,9 +63,8 @@ static void load(shard_t *sh)
     WORKER_CHECK(sh->w, ckpt_open(&ck, path, err, sizeof(err)) == 0, "%s", err);
     for (int t = 0; t < sh->tab.n; t++) {
         const param_info_t *p = &sh->tab.t[t];
-        size_t b = p->offset > sh->begin ? p->offset : sh->begin;
-        size_t e = p->offset + p->numel < sh->end ? p->offset + p->numel : sh->end;
-        if (b >= e)
+        size_t b, e;
+        if (!overlap(sh, p, &b, &e))
             continue;
         const char *src[3] = {ckpt_master_name(ck, p->name, mname, sizeof(mname)), "optimizer.exp_avg.",
                               "optimizer.exp_avg_sq."};
@@ -191,9 +198,8 @@ static double update(shard_t *sh, int64_t step, double scale)
     double lr = m->lr * lr_factor(&m->lr_sched, (int)step);
     for (int t = 0; t < sh->tab.n; t++) {
         const param_info_t *p = &sh->tab.t[t];
-        size_t b = p->offset > sh->begin ? p->offset : sh->begin;
-        size_t e = p->offset + p->numel < sh->end ? p->offset + p->numel : sh->end;
-        if (b >= e)
+        size_t b, e;
+        if (!overlap(sh, p, &b, &e))
             continue;
         int decay = m->decay_embed_and_norms || params_is_decayed(p->kind);
         size_t o = b - sh->begin;

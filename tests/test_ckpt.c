@@ -8,6 +8,8 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <string.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <cmocka.h>
 
@@ -82,17 +84,6 @@ static int write_ckpt(fx_t *f, const char *sub, int64_t step, char *path, size_t
         fprintf(stderr, "write_ckpt: %s\n", err);
     ckpt_index_free(&plan);
     return rc;
-}
-
-static void flip_byte(const char *path, off_t at)
-{
-    int fd = open(path, O_RDWR);
-    assert_true(fd >= 0);
-    uint8_t b;
-    assert_int_equal(pread(fd, &b, 1, at), 1);
-    b ^= 0x10;
-    assert_int_equal(pwrite(fd, &b, 1, at), 1);
-    close(fd);
 }
 
 static int count_entries(const char *dir)
@@ -298,7 +289,7 @@ static void test_ckpt_verify_names_damage(void **state)
     /* a flipped byte inside lm_head's first moment */
     int lm = params_find_name(&f->tab, "lm_head.weight");
     snprintf(p, sizeof(p), "%s/exp_avg.bin", path);
-    flip_byte(p, CKPT_DATA_HDR + (off_t)(f->tab.t[lm].offset + 3) * 4);
+    assert_int_equal(tu_flip_byte(p, CKPT_DATA_HDR + (off_t)(f->tab.t[lm].offset + 3) * 4), 0);
     char *out = NULL;
     size_t olen;
     FILE *mem = open_memstream(&out, &olen);
@@ -356,7 +347,7 @@ static void test_ckpt_latest_falls_back_past_damaged_ones(void **state)
     free(steps);
     /* 40: a flipped byte; 30: no index (as after a crash); 20 is the newest good one */
     snprintf(p, sizeof(p), "%s/step-00000040/model.bin", dir);
-    flip_byte(p, CKPT_DATA_HDR + 8);
+    assert_int_equal(tu_flip_byte(p, CKPT_DATA_HDR + 8), 0);
     snprintf(p, sizeof(p), "%s/step-00000030/index", dir);
     unlink(p);
     char *log = NULL;
@@ -374,7 +365,7 @@ static void test_ckpt_latest_falls_back_past_damaged_ones(void **state)
     free(steps);
     /* every one bad: an error, not a fresh start */
     snprintf(p, sizeof(p), "%s/step-00000020/index", dir);
-    flip_byte(p, 30);
+    assert_int_equal(tu_flip_byte(p, 30), 0);
     snprintf(p, sizeof(p), "%s/step-00000010/exp_avg.bin", dir);
     assert_int_equal(truncate(p, 10), 0);
     assert_int_equal(ckpt_find_latest(dir, got, sizeof(got), NULL, err, sizeof(err)), -EBADMSG);
@@ -571,6 +562,56 @@ static void test_ckpt_writer_refuses_bytes_that_miss_the_plans_checksum(void **s
     ckpt_index_free(&plan);
 }
 
+/* A filesystem without O_DIRECT (ramfs: open fails with EINVAL) gets the same checkpoint
+ * buffered. Needs a private mount namespace, so root. */
+static void test_ckpt_writer_falls_back_where_o_direct_is_refused(void **state)
+{
+    fx_t *f = *state;
+    char dir[300];
+    snprintf(dir, sizeof(dir), "%s/ramfs", f->dir);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    if (geteuid() != 0) {
+        print_message("not root: cannot mount a ramfs to test the buffered fallback\n");
+        skip();
+    }
+    pid_t pid = fork();
+    if (pid == 0) {
+        /* 10: cannot set up; 0: written buffered and it verifies; others: failures */
+        if (unshare(CLONE_NEWNS) || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) ||
+            mount("none", dir, "ramfs", 0, NULL))
+            _exit(10);
+        char path[600], err[1024], sub[300];
+        snprintf(sub, sizeof(sub), "ramfs/c");
+        ckpt_index_t plan;
+        ckw_t *w;
+        ckw_stats_t st;
+        static _Alignas(4096) uint8_t hdr[CKPT_DATA_HDR];
+        if (ckpt_index_plan(&plan, &f->tab, 1, "", NULL, 0))
+            _exit(2);
+        snprintf(path, sizeof(path), "%s/%s", f->dir, sub);
+        if (ckw_begin(&w, path, &plan, err, sizeof(err)))
+            _exit(3);
+        for (int a = 0; a < 3; a++)
+            if (ckw_write(w, (uint32_t)a, 0, hdr, sizeof(hdr), err, sizeof(err)) ||
+                ckw_write(w, (uint32_t)a, CKPT_DATA_HDR, f->arr[a], f->tab.total * sizeof(float), err, sizeof(err)))
+                _exit(4);
+        if (ckw_commit(&w, path, sizeof(path), &st, err, sizeof(err)))
+            _exit(5);
+        int bad;
+        if (ckpt_verify(path, stderr, &bad, err, sizeof(err)))
+            _exit(6);
+        _exit(st.direct ? 7 : 0);
+    }
+    int st;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st));
+    if (WEXITSTATUS(st) == 10) {
+        print_message("cannot mount a ramfs here: the buffered fallback is not tested\n");
+        skip();
+    }
+    assert_int_equal(WEXITSTATUS(st), 0);
+}
+
 static void test_ckpt_raw_write_measures_a_real_file(void **state)
 {
     fx_t *f = *state;
@@ -600,6 +641,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_ckpt_writer_killed_mid_write_leaves_nothing_loadable, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ckpt_writer_fills_in_checksums_across_many_files, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ckpt_writer_refuses_bytes_that_miss_the_plans_checksum, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ckpt_writer_falls_back_where_o_direct_is_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ckpt_raw_write_measures_a_real_file, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

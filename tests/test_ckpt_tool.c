@@ -594,14 +594,7 @@ static void flip_byte(fx_t *fx, const char *file, const char *name)
     assert_true(i >= 0);
     char p[512];
     snprintf(p, sizeof(p), "%s/%s", fx->path, file);
-    int fd = open(p, O_RDWR);
-    assert_true(fd >= 0);
-    off_t off = (off_t)(CKPT_DATA_HDR + fx->tab.t[i].offset * sizeof(float) + 7);
-    uint8_t b;
-    assert_int_equal(pread(fd, &b, 1, off), 1);
-    b ^= 0x10;
-    assert_int_equal(pwrite(fd, &b, 1, off), 1);
-    close(fd);
+    assert_int_equal(tu_flip_byte(p, (long)(CKPT_DATA_HDR + fx->tab.t[i].offset * sizeof(float) + 7)), 0);
 }
 
 static int run_bin(char *out, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

@@ -120,36 +120,10 @@ static pid_t launch_bg(const char *job, const char *extra)
     return pid;
 }
 
-static void read_file(const char *path, char *buf, size_t n)
-{
-    buf[0] = 0;
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return;
-    size_t k = fread(buf, 1, n - 1, f);
-    buf[k] = 0;
-    fclose(f);
-}
+static int losses_from(const char *job, int first, char (*loss)[40]);
 
 /* The "loss" strings of each step in job's metrics file; returns the number of steps. */
-static int losses(const char *job, char (*loss)[40])
-{
-    char path[256], line[4096];
-    snprintf(path, sizeof(path), "%s/%s.jsonl", g_dir, job);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return 0;
-    int n = 0;
-    while (fgets(line, sizeof(line), f) && n < MAX_STEPS) {
-        int step;
-        char *p = strstr(line, "\"loss\": ");
-        if (sscanf(line, "{\"step\": %d", &step) != 1 || !p || step != n + 1)
-            break;
-        sscanf(p + 8, "%39[^,]", loss[n++]);
-    }
-    fclose(f);
-    return n;
-}
+static int losses(const char *job, char (*loss)[40]) { return losses_from(job, 1, loss); }
 
 /* Whether two jobs' losses are bitwise the same over `steps` steps. */
 static void assert_same_losses(const char *a, const char *b, int steps)
@@ -212,7 +186,7 @@ static pid_t child_named(pid_t parent, const char *comm)
         if (e->d_name[0] < '1' || e->d_name[0] > '9')
             continue;
         snprintf(path, sizeof(path), "/proc/%s/stat", e->d_name);
-        read_file(path, buf, sizeof(buf));
+        tu_read_file(path, buf, sizeof(buf));
         char *rp = strrchr(buf, ')'), name[64];
         int ppid;
         if (!rp || sscanf(buf, "%*d (%63[^)]", name) != 1 || sscanf(rp + 2, "%*c %d", &ppid) != 1)
@@ -231,7 +205,7 @@ static int wait_step(const char *job, int step, int timeout_s)
     snprintf(need, sizeof(need), "{\"step\": %d,", step);
     snprintf(path, sizeof(path), "%s/%s.jsonl", g_dir, job);
     for (int i = 0; i < timeout_s * 100; i++) {
-        read_file(path, buf, sizeof(buf));
+        tu_read_file(path, buf, sizeof(buf));
         if (strstr(buf, need))
             return 0;
         sleep_ms(10);
@@ -282,17 +256,6 @@ static void assert_resumed_losses(const char *a, const char *b, int from, int la
 }
 
 static void ckpt_dir(char *buf, size_t n, const char *job) { snprintf(buf, n, "%s/runs/%s/checkpoint", g_dir, job); }
-
-static void flip_byte_at(const char *path, off_t at)
-{
-    int fd = open(path, O_RDWR);
-    assert_true(fd >= 0);
-    uint8_t b;
-    assert_int_equal(pread(fd, &b, 1, at), 1);
-    b ^= 0x40;
-    assert_int_equal(pwrite(fd, &b, 1, at), 1);
-    close(fd);
-}
 
 static void test_launch_resume_is_bitwise_in_any_topology(void **state)
 {
@@ -360,7 +323,7 @@ static void test_launch_latest_falls_back_past_a_corrupt_checkpoint(void **state
     snprintf(p, sizeof(p), "%s/step-00000012/index", dir);
     assert_int_equal(unlink(p), 0);
     snprintf(p, sizeof(p), "%s/step-00000008/exp_avg_sq.bin", dir);
-    flip_byte_at(p, 4096 + 100);
+    assert_int_equal(tu_flip_byte(p, 4096 + 100), 0);
     /* an explicit path to the corrupt one is refused, naming the tensor and the file */
     job_name(b, sizeof(b), "clb");
     snprintf(extra, sizeof(extra), "--checkpoint.load %s/step-00000008", dir);
@@ -415,6 +378,36 @@ static void test_launch_keeps_the_latest_k_checkpoints(void **state)
     assert_int_equal(entries, 2);
 }
 
+static void test_launch_checkpoint_due_while_one_is_written_waits_and_says_so(void **state)
+{
+    NEED_BIN();
+    static char out[1 << 16];
+    char a[32], ref[32], dir[256], p[300], err[512];
+    job_name(ref, sizeof(ref), "ckwref");
+    assert_int_equal(launch(ref, "", out, sizeof(out)), 0);
+    job_name(a, sizeof(a), "ckw");
+    setenv("CTITAN_TEST_CKPT_DELAY_MS", "100", 1); /* each write takes > 2 tiny steps */
+    int rc = launch(a, "--checkpoint.enable true --checkpoint.interval 2 --checkpoint.keep_latest_k 0", out,
+                    sizeof(out));
+    unsetenv("CTITAN_TEST_CKPT_DELAY_MS");
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "is still being written at step"));
+    /* none dropped, none damaged, and the losses are those of a run without checkpoints */
+    ckpt_dir(dir, sizeof(dir), a);
+    int64_t *steps;
+    assert_int_equal(ckpt_list(dir, &steps), 6);
+    for (int i = 0; i < 6; i++) {
+        int bad;
+        assert_int_equal(steps[i], 2 * (i + 1));
+        ckpt_step_path(p, sizeof(p), dir, steps[i]);
+        assert_int_equal(ckpt_verify(p, NULL, &bad, err, sizeof(err)), 0);
+    }
+    free(steps);
+    assert_same_losses(ref, a, 12);
+}
+
 static void test_launch_checkpointd_killed_mid_write_is_restarted(void **state)
 {
     NEED_BIN();
@@ -448,7 +441,7 @@ static void test_launch_checkpointd_killed_mid_write_is_restarted(void **state)
     assert_int_equal(waitpid(pid, &st, 0), pid);
     char path[256];
     snprintf(path, sizeof(path), "%s/%s.out", g_dir, a);
-    read_file(path, out, sizeof(out));
+    tu_read_file(path, out, sizeof(out));
     if (!WIFEXITED(st) || WEXITSTATUS(st))
         print_error("%s\n", out);
     assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
@@ -760,7 +753,7 @@ static void test_launch_over_tcp_with_garbage_on_the_socket_gives_the_same_losse
     assert_int_equal(tu_reap(pid, 120, NULL), 0);
     char path[256];
     snprintf(path, sizeof(path), "%s/%s.out", g_dir, b);
-    read_file(path, out, sizeof(out));
+    tu_read_file(path, out, sizeof(out));
     assert_non_null(strstr(out, "rejected a control message"));
     assert_same_losses(a, b, 400);
     assert_clean(b);
@@ -789,7 +782,7 @@ static void test_launch_killed_loader_is_restarted_and_losses_match(void **state
     assert_int_equal(tu_reap(pid, 120, NULL), 0);
     char path[256];
     snprintf(path, sizeof(path), "%s/%s.out", g_dir, b);
-    read_file(path, out, sizeof(out));
+    tu_read_file(path, out, sizeof(out));
     assert_true(kills >= 2);
     assert_non_null(strstr(out, "restarted"));
     assert_same_losses(a, b, 300);
@@ -814,7 +807,7 @@ static void test_launch_hung_loader_is_replaced_and_losses_match(void **state)
     kill(ldr, SIGSTOP);
     assert_int_equal(tu_reap(pid, 120, NULL), 0);
     snprintf(path, sizeof(path), "%s/%s.out", g_dir, b);
-    read_file(path, out, sizeof(out));
+    tu_read_file(path, out, sizeof(out));
     assert_non_null(strstr(out, "killing it to restart it"));
     assert_same_losses(a, b, 200);
     assert_clean(b);
@@ -951,7 +944,7 @@ static void test_launch_killed_stage_fails_the_job_naming_it(void **state)
     kill(st, SIGKILL);
     assert_int_equal(tu_reap(pid, 30, NULL), 1);
     snprintf(path, sizeof(path), "%s/%s.out", g_dir, j);
-    read_file(path, out, sizeof(out));
+    tu_read_file(path, out, sizeof(out));
     assert_non_null(strstr(out, "failed: stage rank"));
     assert_non_null(strstr(out, "killed by signal 9"));
     assert_clean(j);
@@ -972,7 +965,7 @@ static void test_launch_stopped_stage_is_noticed_by_heartbeat(void **state)
     kill(st, SIGKILL);
     assert_int_equal(rc, 1);
     snprintf(path, sizeof(path), "%s/%s.out", g_dir, j);
-    read_file(path, out, sizeof(out));
+    tu_read_file(path, out, sizeof(out));
     assert_non_null(strstr(out, "no heartbeat"));
     assert_non_null(strstr(out, "stage rank"));
     assert_clean(j);
@@ -1106,6 +1099,7 @@ int main(void)
         cmocka_unit_test(test_launch_resume_is_bitwise_in_any_topology),
         cmocka_unit_test(test_launch_latest_falls_back_past_a_corrupt_checkpoint),
         cmocka_unit_test(test_launch_keeps_the_latest_k_checkpoints),
+        cmocka_unit_test(test_launch_checkpoint_due_while_one_is_written_waits_and_says_so),
         cmocka_unit_test(test_launch_checkpointd_killed_mid_write_is_restarted),
         cmocka_unit_test(test_launch_streams_checkpoints_to_a_remote_checkpointd),
         cmocka_unit_test(test_launch_rejects_bad_checkpoint_keys),

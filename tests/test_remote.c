@@ -54,23 +54,12 @@ enum { SRV_KEY, SRV_PUB, GOOD_KEY, GOOD_PUB, BAD_KEY, BAD_PUB };
 
 static void sleep_ms(int ms) { nanosleep(&(struct timespec){ms / 1000, (ms % 1000) * 1000000L}, NULL); }
 
-static void read_text(const char *path, char *buf, size_t n)
-{
-    buf[0] = 0;
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return;
-    size_t k = fread(buf, 1, n - 1, f);
-    buf[k] = 0;
-    fclose(f);
-}
-
 /* Waits up to ms for `needle` in the file. */
 static int wait_text(const char *path, const char *needle, int ms)
 {
     static char buf[1 << 16];
     for (int t = 0; t <= ms; t += 20) {
-        read_text(path, buf, sizeof(buf));
+        tu_read_file(path, buf, sizeof(buf));
         if (strstr(buf, needle))
             return 1;
         sleep_ms(20);
@@ -154,7 +143,7 @@ static int server_start(server_t *s, const char *name, const char *netns, int da
         }
     static char buf[1 << 16];
     for (int t = 0; t < 10000; t += 20) {
-        read_text(s->log, buf, sizeof(buf));
+        tu_read_file(s->log, buf, sizeof(buf));
         char *p = strstr(buf, "listening on ");
         if (p && strchr(p, '\n')) {
             sscanf(p + 13, "%255s", s->endpoint);

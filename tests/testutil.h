@@ -85,6 +85,27 @@ static inline int tu_rm_entry(const char *p, const struct stat *sb, int flag, st
     (void)sb, (void)flag, (void)ftw;
     return remove(p);
 }
+/* The first n-1 bytes of a file as a string ("" when it cannot be read). */
+static inline void tu_read_file(const char *path, char *buf, size_t n)
+{
+    buf[0] = 0;
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return;
+    size_t k = fread(buf, 1, n - 1, f);
+    buf[k] = 0;
+    fclose(f);
+}
+/* Flips bits of the byte at offset `at` of a file (damage for tests); 0 or -1. */
+static inline int tu_flip_byte(const char *path, long at)
+{
+    FILE *f = fopen(path, "r+b");
+    int c = f && fseek(f, at, SEEK_SET) == 0 ? fgetc(f) : EOF;
+    int rc = c != EOF && fseek(f, at, SEEK_SET) == 0 && fputc(c ^ 0x10, f) != EOF ? 0 : -1;
+    if (f && fclose(f))
+        rc = -1;
+    return rc;
+}
 /* Removes a temp directory tree; returns 0 when it is gone. */
 static inline int tu_rmtree(const char *dir)
 {

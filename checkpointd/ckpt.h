@@ -80,7 +80,8 @@ typedef struct {
 } ckpt_index_t;
 
 /* Whether s may name a file inside a checkpoint: 1..63 characters of A-Z a-z 0-9 . _ -,
- * not starting with '.'. Everything that becomes a path goes through this. */
+ * not starting with '.'. The decoder checks every file name of an index with it (and so does
+ * the remote server for job names) before anything becomes a path; the encoder does not. */
 int ckpt_safe_name(const char *s);
 /* "DIR/step-NNNNNNNN" (8 digits, more when the step needs them). */
 void ckpt_step_path(char *buf, size_t n, const char *dir, int64_t step);

@@ -58,7 +58,7 @@ static int overlap(const shard_t *sh, const param_info_t *p, size_t *b, size_t *
 static void load(shard_t *sh)
 {
     const char *path = sh->man->ckpt_load;
-    char err[1024], name[CKPT_NAME_MAX + 32], mname[CKPT_NAME_MAX + 32];
+    char err[1024], mname[CKPT_NAME_MAX + 32];
     ckpt_t *ck;
     WORKER_CHECK(sh->w, ckpt_open(&ck, path, err, sizeof(err)) == 0, "%s", err);
     for (int t = 0; t < sh->tab.n; t++) {
@@ -66,14 +66,13 @@ static void load(shard_t *sh)
         size_t b, e;
         if (!overlap(sh, p, &b, &e))
             continue;
-        const char *src[3] = {ckpt_master_name(ck, p->name, mname, sizeof(mname)), "optimizer.exp_avg.",
-                              "optimizer.exp_avg_sq."};
+        char names[3][CKPT_NAME_MAX + 32];
+        snprintf(names[0], sizeof(names[0]), "%s", ckpt_master_name(ck, p->name, mname, sizeof(mname)));
+        snprintf(names[1], sizeof(names[1]), "optimizer.exp_avg.%s", p->name);
+        snprintf(names[2], sizeof(names[2]), "optimizer.exp_avg_sq.%s", p->name);
         float *dst[3] = {sh->master, sh->m1, sh->m2};
         for (int a = 0; a < 3; a++) {
-            if (a)
-                snprintf(name, sizeof(name), "%s%s", src[a], p->name);
-            else
-                snprintf(name, sizeof(name), "%s", src[0]);
+            const char *name = names[a];
             const ckpt_tensor_t *ct = ckpt_index_find(ckpt_index(ck), name);
             WORKER_CHECK(sh->w, ct, "checkpoint %s has no tensor %s", path, name);
             WORKER_CHECK(sh->w, !strcmp(ct->dtype, "F32") && ct->numel == p->numel,

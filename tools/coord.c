@@ -960,15 +960,19 @@ static int resolve_load(coord_t *c, manifest_t *m, char *err, size_t errlen)
     manifest_defaults(old);
     if (manifest_parse(old, ix->manifest, strlen(ix->manifest), path, e2, sizeof(e2)) == 0) {
         const model_config_t *a = &old->model, *b = &m->model;
-        const char *diff = a->dim != b->dim ? "dim" : a->n_layers != b->n_layers ? "n_layers"
-                         : a->n_heads != b->n_heads ? "n_heads" : a->n_kv_heads != b->n_kv_heads ? "n_kv_heads"
-                         : a->vocab_size != b->vocab_size ? "vocab_size" : a->multiple_of != b->multiple_of ? "multiple_of"
-                         : a->ffn_dim_multiplier != b->ffn_dim_multiplier ? "ffn_dim_multiplier"
-                         : a->norm_eps != b->norm_eps ? "norm_eps" : a->rope_theta != b->rope_theta ? "rope_theta" : NULL;
-        if (diff)
-            rc = util_fail(err, errlen, -EINVAL, "checkpoint %s was written for another model: its model.%s differs "
-                           "from this run's (see its manifest with `ctitan ckpt ls`)", path, diff);
-        else if (old->seed != m->seed || strcmp(old->dataset_path, m->dataset_path) || old->shuffle != m->shuffle)
+        const struct {
+            const char *key;
+            double was, is;
+        } keys[] = {{"dim", a->dim, b->dim}, {"n_layers", a->n_layers, b->n_layers},
+                    {"n_heads", a->n_heads, b->n_heads}, {"n_kv_heads", a->n_kv_heads, b->n_kv_heads},
+                    {"vocab_size", a->vocab_size, b->vocab_size}, {"multiple_of", a->multiple_of, b->multiple_of},
+                    {"ffn_dim_multiplier", a->ffn_dim_multiplier, b->ffn_dim_multiplier},
+                    {"norm_eps", a->norm_eps, b->norm_eps}, {"rope_theta", a->rope_theta, b->rope_theta}};
+        for (size_t k = 0; k < sizeof(keys) / sizeof(keys[0]) && !rc; k++)
+            if (keys[k].was != keys[k].is)
+                rc = util_fail(err, errlen, -EINVAL, "checkpoint %s was written for another model: its model.%s = %g, "
+                               "this run's is %g", path, keys[k].key, keys[k].was, keys[k].is);
+        if (!rc && (old->seed != m->seed || strcmp(old->dataset_path, m->dataset_path) || old->shuffle != m->shuffle))
             fprintf(stderr, "ctitan: note: training.seed, loader.dataset_path or loader.shuffle differ from the run "
                     "that wrote %s: the data order will differ from that run's\n", path);
     } else {
@@ -985,9 +989,8 @@ static int resolve_load(coord_t *c, manifest_t *m, char *err, size_t errlen)
         else
             memcpy(m->ckpt_load, path, strlen(path) + 1);
     }
-    if (!rc) {
+    if (!rc)
         printf("checkpoint: resuming from %s (after step %lld)\n", path, (long long)ix->step);
-    }
     ckpt_close(&ck);
     return rc;
 }

@@ -1016,7 +1016,8 @@ static int netns_create(void)
 {
     if (geteuid() != 0 || (access("/usr/sbin/ip", X_OK) && access("/sbin/ip", X_OK) && access("/usr/bin/ip", X_OK)))
         return -1;
-    g_ns_lock = open("/tmp/ctitan-test-netns.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    /* concurrent runs pick subnets one at a time: a lock on /tmp itself leaves no file behind */
+    g_ns_lock = open("/tmp", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (g_ns_lock < 0 || flock(g_ns_lock, LOCK_EX) != 0) {
         netns_delete();
         return -1;

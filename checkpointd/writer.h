@@ -16,7 +16,9 @@
  * fails its ckw_write with -EBADMSG. Chunks of one file must not overlap.
  * The caller then hands over every file's bytes in order with ckw_write, the whole file:
  * for the data files of ckpt_index_plan that is the 4 KiB header block (ckpt_data_header) at
- * offset 0, then the payload from CKPT_DATA_HDR on. The sizes are checked at commit. Functions return 0 or -errno with the reason in err. */
+ * offset 0, then the payload from CKPT_DATA_HDR on. The sizes are checked at commit.
+ * A process may write several checkpoints at once, from one thread (the writer keeps one set
+ * of buffers for the next checkpoint in a static). Functions return 0 or -errno with the reason in err. */
 #ifndef CTITAN_WRITER_H
 #define CTITAN_WRITER_H
 

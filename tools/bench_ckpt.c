@@ -13,7 +13,7 @@
 #include "checkpointd/writer.h"
 #include "kernels/config.h"
 #include "kernels/params.h"
-#include "tools/tokfile.h"
+#include "tools/bench_pipeline.h"
 #include "tools/util.h"
 
 #define REPS 5
@@ -161,26 +161,6 @@ static int run_job(const char *exe, const char *dir, const char *name, const cha
     return j->n ? 0 : -1;
 }
 
-static int write_tokens(const char *dir)
-{
-    enum { N = 400000, V = 2048 };
-    uint32_t *tok = malloc(N * sizeof(uint32_t));
-    if (!tok)
-        return -1;
-    uint64_t s = 88172645463325252ULL;
-    for (int i = 0; i < N; i++) {
-        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-        tok[i] = (uint32_t)(s % V);
-    }
-    char path[PATH_MAX], err[512];
-    snprintf(path, sizeof(path), "%s/tokens.bin", dir);
-    int rc = tokfile_write(path, tok, N, V, err, sizeof(err));
-    free(tok);
-    if (rc)
-        fprintf(stderr, "bench: %s\n", err);
-    return rc ? -1 : 0;
-}
-
 static int bench_stall(const char *exe, const char *dir, int quick)
 {
     int steps = quick ? 16 : 60, every = quick ? 4 : 5;
@@ -188,7 +168,7 @@ static int bench_stall(const char *exe, const char *dir, int quick)
     job_t with, without;
     snprintf(extra, sizeof(extra), "--training.steps %d --checkpoint.enable true --checkpoint.interval %d "
              "--checkpoint.keep_latest_k 2", steps, every);
-    if (write_tokens(dir) || run_job(exe, dir, "ck", extra, &with))
+    if (bench_random_tokens(dir, 400000, 2048) || run_job(exe, dir, "ck", extra, &with))
         return -1;
     snprintf(extra, sizeof(extra), "--training.steps %d", steps);
     if (run_job(exe, dir, "nock", extra, &without))

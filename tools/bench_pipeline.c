@@ -90,25 +90,30 @@ static int run_job(const char *exe, const char *dir, const char *extra, int pp, 
     return -1;
 }
 
-static int write_inputs(const char *dir)
+int bench_random_tokens(const char *dir, int n, int vocab)
 {
-    enum { N = 300000, V = 2048 };
-    uint32_t *tok = malloc(N * sizeof(uint32_t));
+    uint32_t *tok = malloc((size_t)n * sizeof(uint32_t));
     if (!tok)
         return -1;
     uint64_t s = 88172645463325252ULL;
-    for (int i = 0; i < N; i++) {
+    for (int i = 0; i < n; i++) {
         s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-        tok[i] = (uint32_t)(s % V);
+        tok[i] = (uint32_t)(s % (uint64_t)vocab);
     }
     char path[PATH_MAX], err[512];
     snprintf(path, sizeof(path), "%s/tokens.bin", dir);
-    int rc = tokfile_write(path, tok, N, V, err, sizeof(err));
+    int rc = tokfile_write(path, tok, (size_t)n, vocab, err, sizeof(err));
     free(tok);
-    if (rc) {
+    if (rc)
         fprintf(stderr, "bench: %s\n", err);
+    return rc ? -1 : 0;
+}
+
+static int write_inputs(const char *dir)
+{
+    char path[PATH_MAX];
+    if (bench_random_tokens(dir, 300000, 2048))
         return -1;
-    }
     snprintf(path, sizeof(path), "%s/bench.toml", dir);
     FILE *f = fopen(path, "w");
     if (!f)

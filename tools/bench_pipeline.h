@@ -8,4 +8,8 @@
  * or -1 when a job failed (its output is printed). */
 int bench_pipeline(double peak_gflops, int quick);
 
+/* Writes DIR/tokens.bin: n uniformly random tokens below vocab (a fixed seed), for bench jobs.
+ * Returns 0 or -1 (said on stderr). */
+int bench_random_tokens(const char *dir, int n, int vocab);
+
 #endif

@@ -12,7 +12,7 @@ TESTLIBS := -lcmocka
 NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 CUDA    ?= $(if $(NVCC),1,0)
 CUDA_HOME ?= /usr/local/cuda
-NVFLAGS := -O3 -std=c++17 -I. -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+NVFLAGS := -O3 -std=c++17 -I. -Xcompiler -fPIC -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 
 # Programs: `ctitan` (tools/ctitan.c + tools/cmd_*.c) and one executable per role, each a
 # single main in stages/ (stages/stage.c -> build/bin/ctitan-stage).
@@ -35,10 +35,16 @@ GPU_TEST_SRCS := $(wildcard tests/gpu/test_*.c)
 GPU_TESTS := $(GPU_TEST_SRCS:tests/gpu/%.c=$(BUILD)/tests/gpu/%)
 CUDALIBS  := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lcublas -lstdc++
 
+# The CUDA backend as a plugin the stage process loads with dlopen when [job] device = "cuda"
+# (linking the CUDA libraries into every process would cost ~150 ms per process start): the
+# kernels plus PIC copies of the two C files they use.
+CUDA_SO   := $(BUILD)/lib/libctitan_cuda.so
+CUDA_SO_C := kernels/params.c kernels/config.c
+
 DEPS_STAMP := $(BUILD)/.deps-ok
 ALL := $(BUILD)/bin/ctitan $(ROLE_BINS) $(BUILD)/bin/checkpointd $(TESTS)
 ifeq ($(CUDA),1)
-ALL += $(GPU_TESTS)
+ALL += $(GPU_TESTS) $(CUDA_SO)
 endif
 
 .PHONY: all test test-gpu bench demo clean deps
@@ -57,11 +63,19 @@ $(BUILD)/obj/%.o: %.c | $(DEPS_STAMP)
 
 $(BUILD)/obj/%.o: %.cu | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -c $< -o $@
+	$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/libctitan.a: $(LIB_OBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/pic/%.o: %.c | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -fPIC -MMD -MP -c $< -o $@
+
+$(CUDA_SO): $(CU_OBJS) $(CUDA_SO_C:%.c=$(BUILD)/pic/%.o)
+	@mkdir -p $(dir $@)
+	$(CC) -shared -Wl,-Bsymbolic -o $@ $^ $(CUDALIBS) -lm
 
 $(BUILD)/libctitan_cuda.a: $(CU_OBJS)
 	@mkdir -p $(dir $@)

@@ -3,8 +3,15 @@
  * take tokens (rank 0) or activations from the previous rank's ring and write their output
  * straight into the next rank's ring; backwards do the same with gradients in the other
  * direction; the last rank computes the loss. Gradients accumulate into this replica's
- * slice of the shared gradient buffer, which the optimizer shards read. */
+ * slice of the shared gradient buffer, which the optimizer shards read.
+ *
+ * With [job] device = "cuda" the pieces run on the GPU (kernels/cuda/cuda_model.h, loaded
+ * from build/lib/libctitan_cuda.so with dlopen so CPU jobs never load the CUDA libraries):
+ * weights are uploaded from the shared fp32 parameters at the start of each step and the
+ * step's gradients written back at its end, so rings and optimizer shards work unchanged. */
+#include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +19,7 @@
 
 #include "ipc/ring.h"
 #include "ipc/shm.h"
+#include "kernels/cuda/cuda_model.h"
 #include "kernels/model.h"
 #include "stages/job.h"
 #include "stages/ldr_seg.h"
@@ -19,6 +27,22 @@
 #include "stages/worker.h"
 #include "tools/log.h"
 #include "tools/util.h"
+
+/* The CUDA model's functions, from the plugin. */
+typedef struct {
+    void *so;
+    int (*new_)(cuda_model_t **, const model_config_t *, int, int);
+    void (*destroy)(cuda_model_t **);
+    int (*set_weights)(cuda_model_t *, const float *);
+    int (*take_grads)(cuda_model_t *, float *);
+    int (*acts_new)(cuda_model_acts_t **, const cuda_model_t *, int, int);
+    void (*acts_destroy)(cuda_model_acts_t **);
+    int (*forward)(cuda_model_t *, cuda_model_acts_t *, const int32_t *, const float *, const int32_t *, float,
+                   float *, double *);
+    int (*backward_b)(cuda_model_t *, cuda_model_acts_t *, const float *, float *);
+    int (*backward_w)(cuda_model_t *, cuda_model_acts_t *);
+    const char *(*last_error)(void);
+} cuda_api_t;
 
 typedef struct {
     worker_t *w;
@@ -33,6 +57,11 @@ typedef struct {
     model_t *model;
     sched_t sched;
     model_acts_t **acts;         /* (peak in flight) */
+    int cuda;                    /* device = "cuda": the model is cm, its activations cacts */
+    cuda_api_t cu;
+    cuda_model_t *cm;
+    cuda_model_acts_t **cacts;
+    float *params_base, *grads_base; /* this stage's range of the shared parameters and gradients */
     int *acts_mb;                /* microbatch each holds, -1 free */
     int nacts;
     float dscale;                /* 1 / tokens in the global batch */
@@ -54,6 +83,28 @@ static void attach_batch(stage_t *st, ring_t **r, int targets)
     char err[256];
     int rc = ldr_seg_ring(shm_data(st->batch), 2 * st->replica + targets, r, err, sizeof(err));
     WORKER_CHECK(st->w, rc == 0, "%s", err);
+}
+
+/* The CUDA backend plugin, next to this program: build/bin/../lib/libctitan_cuda.so. */
+static void load_cuda(stage_t *st)
+{
+    char exe[PATH_MAX], path[PATH_MAX + 64];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    WORKER_CHECK(st->w, n > 0, "cannot find my own executable");
+    exe[n] = 0;
+    *strrchr(exe, '/') = 0;
+    snprintf(path, sizeof(path), "%s/../lib/libctitan_cuda.so", exe);
+    cuda_api_t *c = &st->cu;
+    c->so = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    WORKER_CHECK(st->w, c->so, "job.device = \"cuda\": cannot load the CUDA backend %s: %s (ctitan builds it only "
+                 "where nvcc exists)", path, dlerror());
+#define SYM(f, name) WORKER_CHECK(st->w, (*(void **)&c->f = dlsym(c->so, name)), "%s: no %s", path, name)
+    SYM(new_, "cuda_model_new"); SYM(destroy, "cuda_model_destroy"); SYM(set_weights, "cuda_model_set_weights");
+    SYM(take_grads, "cuda_model_take_grads"); SYM(acts_new, "cuda_model_acts_new");
+    SYM(acts_destroy, "cuda_model_acts_destroy"); SYM(forward, "cuda_model_forward");
+    SYM(backward_b, "cuda_model_backward_b"); SYM(backward_w, "cuda_model_backward_w");
+    SYM(last_error, "cuda_model_last_error");
+#undef SYM
 }
 
 static void setup(stage_t *st)
@@ -94,19 +145,32 @@ static void setup(stage_t *st)
         threads = (int)(cpus / (m->pp * m->dp));
         threads = threads < 1 ? 1 : threads;
     }
-    st->pool = pool_new(threads);
-    st->model = model_new(&m->model, p0, p1, (float *)shm_data(st->params) + base,
-                          (float *)shm_data(st->grads) + base, st->pool);
-    WORKER_CHECK(st->w, st->model, "cannot build pieces [%d, %d) of the model", p0, p1);
+    st->params_base = (float *)shm_data(st->params) + base;
+    st->grads_base = (float *)shm_data(st->grads) + base;
+    st->cuda = !strcmp(m->device, "cuda");
+    if (st->cuda) {
+        load_cuda(st);
+        WORKER_CHECK(st->w, st->cu.new_(&st->cm, &m->model, p0, p1) == 0, "CUDA model of pieces [%d, %d): %s", p0,
+                     p1, st->cu.last_error());
+    } else {
+        st->pool = pool_new(threads);
+        st->model = model_new(&m->model, p0, p1, st->params_base, st->grads_base, st->pool);
+        WORKER_CHECK(st->w, st->model, "cannot build pieces [%d, %d) of the model", p0, p1);
+    }
     WORKER_CHECK(st->w, sched_build(&st->sched, m->pp, 1, m->microbatches, m->schedule, err, sizeof(err)) == 0,
                  "%s", err);
     st->nacts = sched_peak_in_flight(&st->sched, st->rank);
     st->acts = calloc((size_t)st->nacts, sizeof(*st->acts));
+    st->cacts = calloc((size_t)st->nacts, sizeof(*st->cacts));
     st->acts_mb = malloc((size_t)st->nacts * sizeof(int));
-    WORKER_CHECK(st->w, st->acts && st->acts_mb, "out of memory");
+    WORKER_CHECK(st->w, st->acts && st->cacts && st->acts_mb, "out of memory");
     for (int i = 0; i < st->nacts; i++) {
-        st->acts[i] = model_acts_new(st->model, st->lay.mb, st->lay.T);
-        WORKER_CHECK(st->w, st->acts[i], "out of memory for activations of %d microbatches", st->nacts);
+        if (st->cuda)
+            WORKER_CHECK(st->w, st->cu.acts_new(&st->cacts[i], st->cm, st->lay.mb, st->lay.T) == 0,
+                         "CUDA activations of %d microbatches: %s", st->nacts, st->cu.last_error());
+        else
+            WORKER_CHECK(st->w, st->acts[i] = model_acts_new(st->model, st->lay.mb, st->lay.T),
+                         "out of memory for activations of %d microbatches", st->nacts);
         st->acts_mb[i] = -1;
     }
     st->dscale = 1.0f / (float)((double)m->dp * m->local_batch_size * m->seq_len);
@@ -114,13 +178,14 @@ static void setup(stage_t *st)
           end - begin, threads, sched_kind_name(m->schedule), st->nacts);
 }
 
-static model_acts_t *acts_for(stage_t *st, int mb, int take)
+/* Index of the activation buffer holding microbatch mb (take: a free one, now mb's). */
+static int acts_for(stage_t *st, int mb, int take)
 {
     for (int i = 0; i < st->nacts; i++)
         if (st->acts_mb[i] == (take ? -1 : mb)) {
             if (take)
                 st->acts_mb[i] = mb;
-            return st->acts[i];
+            return i;
         }
     worker_die(st->w, "schedule bug: no activation buffer %s microbatch %d", take ? "free for" : "holds", mb);
 }
@@ -171,7 +236,7 @@ static void check_ids(stage_t *st, const int32_t *ids, const char *what, int64_t
 
 static double forward(stage_t *st, int64_t step, int mb)
 {
-    model_acts_t *a = acts_for(st, mb, 1);
+    int a = acts_for(st, mb, 1);
     const int32_t *tok = NULL, *tgt = NULL;
     const float *x_in = NULL;
     float *x_out = NULL;
@@ -184,7 +249,12 @@ static double forward(stage_t *st, int64_t step, int mb)
     else
         x_out = reserve(st, st->act_out);
     double t0 = util_now();
-    double loss = model_forward(st->model, a, tok, x_in, tgt, st->dscale, x_out);
+    double loss = 0;
+    if (st->cuda)
+        WORKER_CHECK(st->w, st->cu.forward(st->cm, st->cacts[a], tok, x_in, tgt, st->dscale, x_out, &loss) == 0,
+                     "CUDA forward: %s", st->cu.last_error());
+    else
+        loss = model_forward(st->model, st->acts[a], tok, x_in, tgt, st->dscale, x_out);
     st->t_op[SCHED_F] += util_now() - t0;
     st->n_op[SCHED_F]++;
     if (st->first)
@@ -200,11 +270,15 @@ static double forward(stage_t *st, int64_t step, int mb)
 
 static void backward_b(stage_t *st, int64_t step, int mb)
 {
-    model_acts_t *a = acts_for(st, mb, 0);
+    int a = acts_for(st, mb, 0);
     const float *dy = st->last ? NULL : take(st, st->grad_in, step, mb);
     float *dx = st->first ? NULL : reserve(st, st->grad_out);
     double t0 = util_now();
-    model_backward_b(st->model, a, dy, dx);
+    if (st->cuda)
+        WORKER_CHECK(st->w, st->cu.backward_b(st->cm, st->cacts[a], dy, dx) == 0, "CUDA backward: %s",
+                     st->cu.last_error());
+    else
+        model_backward_b(st->model, st->acts[a], dy, dx);
     st->t_op[SCHED_B] += util_now() - t0;
     st->n_op[SCHED_B]++;
     if (!st->last)
@@ -216,7 +290,12 @@ static void backward_b(stage_t *st, int64_t step, int mb)
 static void backward_w(stage_t *st, int mb)
 {
     double t0 = util_now();
-    model_backward_w(st->model, acts_for(st, mb, 0));
+    int a = acts_for(st, mb, 0);
+    if (st->cuda)
+        WORKER_CHECK(st->w, st->cu.backward_w(st->cm, st->cacts[a]) == 0, "CUDA weight gradients: %s",
+                     st->cu.last_error());
+    else
+        model_backward_w(st->model, st->acts[a]);
     st->t_op[SCHED_W] += util_now() - t0;
     st->n_op[SCHED_W]++;
     acts_free(st, mb);
@@ -228,6 +307,9 @@ static void run_step(stage_t *st, int64_t step)
     memset(st->n_op, 0, sizeof(st->n_op));
     st->t_wait = 0;
     double loss = 0, t0 = util_now();
+    if (st->cuda) /* this step's weights, as the optimizer shards left them */
+        WORKER_CHECK(st->w, st->cu.set_weights(st->cm, st->params_base) == 0, "CUDA weights: %s",
+                     st->cu.last_error());
     const sched_action_t *a = st->sched.a[st->rank];
     for (int i = 0; i < st->sched.n[st->rank]; i++) {
         switch (a[i].op) {
@@ -237,6 +319,9 @@ static void run_step(stage_t *st, int64_t step)
         }
         worker_progress(st->w);
     }
+    if (st->cuda) /* the step's gradients, where the optimizer shards read them */
+        WORKER_CHECK(st->w, st->cu.take_grads(st->cm, st->grads_base) == 0, "CUDA gradients: %s",
+                     st->cu.last_error());
     double total = util_now() - t0;
     msg_t m = {.type = MSG_STEP_DONE, .step = step, .loss = loss, .t_wait = st->t_wait,
                .t_busy = total - st->t_wait};
@@ -283,9 +368,17 @@ int main(int argc, char **argv)
         if (type == MSG_STEP)
             run_step(&st, step);
     }
-    for (int i = 0; i < st.nacts; i++)
+    for (int i = 0; i < st.nacts; i++) {
         model_acts_destroy(&st.acts[i]);
+        if (st.cacts[i])
+            st.cu.acts_destroy(&st.cacts[i]);
+    }
+    if (st.cm)
+        st.cu.destroy(&st.cm);
+    if (st.cu.so)
+        dlclose(st.cu.so);
     free(st.acts);
+    free(st.cacts);
     free(st.acts_mb);
     sched_free(&st.sched);
     model_destroy(&st.model);

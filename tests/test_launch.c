@@ -555,6 +555,38 @@ static void test_launch_streams_checkpoints_to_a_remote_checkpointd(void **state
     assert_clean(c);
 }
 
+/* [job] device = "cuda": on a machine with an NVIDIA GPU it trains with the same losses as the
+ * CPU within bf16's tolerance; without one the job fails cleanly, naming the stage and why. */
+static void test_launch_cuda_device_trains_or_fails_cleanly(void **state)
+{
+    NEED_BIN();
+    static char out[1 << 16];
+    char a[32], b[32];
+    const char *shape = "--model.dim 128 --model.n_heads 2 --model.n_kv_heads 1"; /* head dim 64 */
+    char extra[512];
+    job_name(a, sizeof(a), "gpucpu");
+    job_name(b, sizeof(b), "gpu");
+    assert_int_equal(launch(a, shape, out, sizeof(out)), 0);
+    snprintf(extra, sizeof(extra), "%s --job.device cuda", shape);
+    int rc = launch(b, extra, out, sizeof(out));
+    if (access("/dev/nvidiactl", F_OK) == 0) {
+        if (rc)
+            print_error("%s\n", out);
+        assert_int_equal(rc, 0);
+        static char la[MAX_STEPS][40], lb[MAX_STEPS][40];
+        assert_int_equal(losses(a, la), 12);
+        assert_int_equal(losses(b, lb), 12);
+        for (int i = 0; i < 12; i++) /* bf16 activations: a few per cent */
+            assert_true(fabs(atof(la[i]) - atof(lb[i])) <= 0.03 * atof(la[i]));
+    } else {
+        print_message("no NVIDIA device here: checking that a cuda job fails cleanly\n");
+        assert_int_equal(rc, 1);
+        assert_non_null(strstr(out, "failed: stage rank")); /* whichever stage noticed first */
+        assert_non_null(strstr(out, "no usable CUDA device"));
+    }
+    assert_clean(b);
+}
+
 static void test_launch_rejects_bad_checkpoint_keys(void **state)
 {
     NEED_BIN();
@@ -1103,6 +1135,7 @@ int main(void)
         cmocka_unit_test(test_launch_checkpointd_killed_mid_write_is_restarted),
         cmocka_unit_test(test_launch_streams_checkpoints_to_a_remote_checkpointd),
         cmocka_unit_test(test_launch_rejects_bad_checkpoint_keys),
+        cmocka_unit_test(test_launch_cuda_device_trains_or_fails_cleanly),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -584,7 +584,7 @@ static void test_manifest_validate_rejects_bad_values(void **state)
     static const struct {
         const char *key, *value, *needle;
     } cases[] = {
-        {"job.device", "cuda", "cuda is not built yet"},
+        {"job.device", "cuda", "head dimension is 16 (model.dim 256 / model.n_heads 16); the CUDA attention kernel takes 64 or 128"},
         {"job.device", "tpu", "job.device = \"tpu\": expected \"cpu\""},
         {"job.heartbeat_interval_ms", "0", "job.heartbeat_interval_ms = 0 must be >= 1"},
         {"job.heartbeat_timeout_ms", "100", "must exceed job.heartbeat_interval_ms = 100 (default)"},

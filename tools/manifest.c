@@ -621,10 +621,8 @@ int manifest_validate(manifest_t *m, char *err, size_t errlen)
     CHECK(valid_job_name(m->name), "job", "name",
           "job.name '%s' must be 1 to 63 characters from A-Z a-z 0-9 _ - (it names shared "
           "segments and the control socket)", m->name);
-    CHECK(strcmp(m->device, "cuda"), "job", "device",
-          "job.device = \"cuda\": cuda is not built yet; use \"cpu\"");
-    CHECK(!strcmp(m->device, "cpu"), "job", "device", "job.device = \"%s\": expected \"cpu\"",
-          m->device);
+    CHECK(!strcmp(m->device, "cpu") || !strcmp(m->device, "cuda"), "job", "device",
+          "job.device = \"%s\": expected \"cpu\" or \"cuda\"", m->device);
     CHECK(m->heartbeat_timeout_ms > m->heartbeat_interval_ms, "job", "heartbeat_timeout_ms",
           "job.heartbeat_timeout_ms = %d must exceed job.heartbeat_interval_ms = %d (%s)",
           m->heartbeat_timeout_ms, m->heartbeat_interval_ms,
@@ -733,6 +731,10 @@ int manifest_validate(manifest_t *m, char *err, size_t errlen)
           "checkpoint.endpoint is remote: checkpoint.client_key (this trainer's secret key file, from "
           "`ctitan ckpt keygen`) is needed");
     CHECK(m->ckpt_folder[0], "checkpoint", "folder", "checkpoint.folder must not be empty");
+    int hd = config_head_dim(&m->model);
+    CHECK(strcmp(m->device, "cuda") || hd == 64 || hd == 128, "job", "device",
+          "job.device = \"cuda\": the model's head dimension is %d (model.dim %d / model.n_heads %d); the CUDA "
+          "attention kernel takes 64 or 128", hd, m->model.dim, m->model.n_heads);
 
     /* Derived values. */
     if (!m->dump_folder[0])

@@ -41,7 +41,7 @@ typedef struct {
     char dump_folder[MANIFEST_PATH_MAX]; /* "runs/<name>" when empty: control socket, metrics */
     char description[256];
     char endpoint[256];          /* coordinator ROUTER; "" = ipc://<dump_folder>/ctl.sock */
-    char device[16];             /* "cpu" ("cuda" comes with the CUDA backend) */
+    char device[16];             /* "cpu", or "cuda": stages run on the GPU (optimizer shards on the CPU) */
     int heartbeat_interval_ms;   /* 100 */
     int heartbeat_timeout_ms;    /* 3000: a peer silent this long is dead or hung */
 

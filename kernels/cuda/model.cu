@@ -1,0 +1,512 @@
+// The Llama model on one GPU (cuda_model.h): the CPU model's equations (kernels/model.c)
+// with the CUDA kernels, one stream per model, bf16 tensors and fp32 accumulation.
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+extern "C" {
+#include "kernels/params.h"
+}
+#include "kernels/cuda/cuda_attn.h"
+#include "kernels/cuda/cuda_matmul.h"
+#include "kernels/cuda/cuda_model.h"
+#include "kernels/cuda/cuda_nn.h"
+
+static thread_local char last_error[512] = "no error";
+
+extern "C" const char *cuda_model_last_error(void) { return last_error; }
+
+static int fail(int rc, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof(last_error), fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+static int cuda_rc(cudaError_t e, const char *what)
+{
+    if (e == cudaSuccess)
+        return 0;
+    return fail(e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver ? -ENODEV
+                : e == cudaErrorMemoryAllocation ? -ENOMEM : -EIO,
+                "%s: %s", what, cudaGetErrorString(e));
+}
+
+/* An op's return code, with its own message carried over. */
+#define OP(call, errfn)                                                                       \
+    do {                                                                                     \
+        int rc_ = (call);                                                                    \
+        if (rc_)                                                                             \
+            return fail(rc_, "%s (%s:%d): %s", #call, __FILE__, __LINE__, errfn());          \
+    } while (0)
+#define NN(call) OP(call, cuda_nn_last_error)
+#define MM(call) OP(call, cuda_matmul_last_error)
+#define AT(call) OP(call, cuda_attn_last_error)
+#define CU(call)                                                                              \
+    do {                                                                                     \
+        int rc_ = cuda_rc((call), #call);                                                    \
+        if (rc_)                                                                             \
+            return rc_;                                                                      \
+    } while (0)
+
+typedef uint16_t bf16_t; /* the bits of a bfloat16 */
+
+typedef struct {
+    bf16_t *attn_norm, *wq, *wk, *wv, *wo, *ffn_norm, *w1, *w3, *w2;  /* into the weights */
+    float *d_attn_norm, *dwq, *dwk, *dwv, *dwo, *d_ffn_norm, *dw1, *dw3, *dw2; /* into grads */
+} layer_w_t;
+
+struct cuda_model {
+    model_config_t cfg;
+    param_table_t tab;
+    int has_embed, has_head, layer0, nl;
+    size_t begin, end;              /* flat range of the held pieces */
+    int D, H, K, hd, QD, KD, F, V;
+    bf16_t *w;                      /* (end - begin) bf16 weights */
+    float *g;                       /* (end - begin) fp32 weight gradients */
+    float *staging;                 /* (end - begin) fp32: uploads and downloads */
+    float *rope_cos, *rope_sin;     /* (max_seq_len, hd/2) */
+    layer_w_t *lw;
+    bf16_t *embed, *norm, *out;
+    float *d_embed, *d_norm, *d_out;
+    cudaStream_t stream;
+    cuda_matmul_ctx_t *mm;
+};
+
+typedef struct {
+    bf16_t *h_in, *xn1, *q, *k, *v, *y, *h1, *xn2, *a, *b, *m;   /* forward */
+    float *r1, *r2, *lse;
+    bf16_t *df, *da, *db, *dxn2, *dh1, *dq, *dk, *dv, *dxn1;      /* kept by backward B for W */
+} layer_acts_t;
+
+struct cuda_model_acts {
+    int B, T, N;
+    void *base;                     /* the one device allocation */
+    layer_acts_t *l;
+    int32_t *tokens, *targets;      /* (N) device */
+    float *io;                      /* (N, D) fp32 device: hand-offs in and out */
+    bf16_t *x_first, *x_top;        /* (N, D): input of the first layer, output of the last */
+    bf16_t *hf, *logits, *dhf;      /* head: (N, D), (N, V), (N, D) */
+    float *rf, *loss;               /* (N) */
+    bf16_t *d_bottom;               /* (N, D): gradient of the held pieces' input */
+    bf16_t *s_dm, *s_dy;            /* scratch (N, F), (N, max(QD, D)) */
+    float *delta;                   /* (B, H, T) attention backward scratch */
+    float *loss_host;               /* (N) pinned */
+};
+
+// ---- small kernels ----
+
+__global__ static void k_add(bf16_t *y, const bf16_t *x, const bf16_t *r, size_t n)
+{
+    const __nv_bfloat16 *X = (const __nv_bfloat16 *)x, *R = (const __nv_bfloat16 *)r;
+    __nv_bfloat16 *Y = (__nv_bfloat16 *)y;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        Y[i] = __float2bfloat16(__bfloat162float(X[i]) + __bfloat162float(R[i]));
+}
+
+__global__ static void k_to_bf16(bf16_t *y, const float *x, size_t n)
+{
+    __nv_bfloat16 *Y = (__nv_bfloat16 *)y;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        Y[i] = __float2bfloat16(x[i]);
+}
+
+__global__ static void k_to_f32(float *y, const bf16_t *x, size_t n)
+{
+    const __nv_bfloat16 *X = (const __nv_bfloat16 *)x;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] = __bfloat162float(X[i]);
+}
+
+static unsigned grid_for(size_t n)
+{
+    size_t b = (n + 255) / 256;
+    return (unsigned)(b < 1 ? 1 : b > 65535 * 8 ? 65535 * 8 : b);
+}
+
+static int add(cuda_model_t *m, bf16_t *y, const bf16_t *x, const bf16_t *r, size_t n)
+{
+    k_add<<<grid_for(n), 256, 0, m->stream>>>(y, x, r, n);
+    return cuda_rc(cudaGetLastError(), "add kernel");
+}
+
+static int to_bf16(cuda_model_t *m, bf16_t *y, const float *x, size_t n)
+{
+    k_to_bf16<<<grid_for(n), 256, 0, m->stream>>>(y, x, n);
+    return cuda_rc(cudaGetLastError(), "fp32 -> bf16 kernel");
+}
+
+static int to_f32(cuda_model_t *m, float *y, const bf16_t *x, size_t n)
+{
+    k_to_f32<<<grid_for(n), 256, 0, m->stream>>>(y, x, n);
+    return cuda_rc(cudaGetLastError(), "bf16 -> fp32 kernel");
+}
+
+// ---- the model ----
+
+static size_t woff(cuda_model_t *m, param_kind_t kind, int layer)
+{
+    return m->tab.t[params_find(&m->tab, kind, layer)].offset - m->begin;
+}
+
+static void bind(cuda_model_t *m)
+{
+    for (int i = 0; i < m->nl; i++) {
+        int l = m->layer0 + i;
+        layer_w_t *w = &m->lw[i];
+#define B2(f, d, k) w->f = m->w + woff(m, k, l), w->d = m->g + woff(m, k, l)
+        B2(attn_norm, d_attn_norm, PARAM_ATTN_NORM); B2(wq, dwq, PARAM_WQ); B2(wk, dwk, PARAM_WK);
+        B2(wv, dwv, PARAM_WV); B2(wo, dwo, PARAM_WO); B2(ffn_norm, d_ffn_norm, PARAM_FFN_NORM);
+        B2(w1, dw1, PARAM_W1); B2(w3, dw3, PARAM_W3); B2(w2, dw2, PARAM_W2);
+#undef B2
+    }
+    if (m->has_embed) {
+        m->embed = m->w + woff(m, PARAM_EMBED, -1);
+        m->d_embed = m->g + woff(m, PARAM_EMBED, -1);
+    }
+    if (m->has_head) {
+        m->norm = m->w + woff(m, PARAM_NORM, -1);
+        m->out = m->w + woff(m, PARAM_OUTPUT, -1);
+        m->d_norm = m->g + woff(m, PARAM_NORM, -1);
+        m->d_out = m->g + woff(m, PARAM_OUTPUT, -1);
+    }
+}
+
+extern "C" void cuda_model_destroy(cuda_model_t **pm)
+{
+    cuda_model_t *m = *pm;
+    if (!m)
+        return;
+    if (m->stream)
+        cudaStreamSynchronize(m->stream);
+    cuda_matmul_ctx_destroy(&m->mm);
+    cudaFree(m->w);
+    cudaFree(m->g);
+    cudaFree(m->rope_cos);
+    cudaFree(m->rope_sin);
+    cudaFreeHost(m->staging);
+    if (m->stream)
+        cudaStreamDestroy(m->stream);
+    free(m->lw);
+    params_table_free(&m->tab);
+    free(m);
+    *pm = NULL;
+}
+
+static int model_init(cuda_model_t *m, const model_config_t *cfg, int p0, int p1)
+{
+    m->cfg = *cfg;
+    if (params_table_init(&m->tab, cfg))
+        return fail(-ENOMEM, "out of memory for the parameter table");
+    m->has_embed = p0 == 0;
+    m->has_head = p1 == cfg->n_layers + 2;
+    int l0 = p0 > 1 ? p0 - 1 : 0, l1 = p1 - 1 < cfg->n_layers ? p1 - 1 : cfg->n_layers;
+    m->layer0 = l0;
+    m->nl = l1 > l0 ? l1 - l0 : 0;
+    params_piece_range(&m->tab, p0, p1, &m->begin, &m->end);
+    m->D = cfg->dim, m->H = cfg->n_heads, m->K = cfg->n_kv_heads, m->hd = config_head_dim(cfg);
+    m->QD = m->H * m->hd, m->KD = m->K * m->hd, m->F = config_ffn_hidden(cfg), m->V = cfg->vocab_size;
+    if (m->hd != 64 && m->hd != 128)
+        return fail(-EINVAL, "head dimension %d (dim %d / n_heads %d): the CUDA attention takes 64 or 128", m->hd,
+                    m->D, m->H);
+    int devices = 0;
+    cudaError_t e = cudaGetDeviceCount(&devices);
+    if (e != cudaSuccess || devices == 0)
+        return fail(-ENODEV, "no usable CUDA device (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+    if (!(m->lw = (layer_w_t *)calloc(m->nl ? m->nl : 1, sizeof(layer_w_t))))
+        return fail(-ENOMEM, "out of memory");
+    size_t n = m->end - m->begin, half = (size_t)cfg->max_seq_len * (m->hd / 2);
+    CU(cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking));
+    CU(cudaMalloc((void **)&m->w, n * sizeof(bf16_t)));
+    CU(cudaMalloc((void **)&m->g, n * sizeof(float)));
+    CU(cudaMemsetAsync(m->g, 0, n * sizeof(float), m->stream));
+    CU(cudaMallocHost((void **)&m->staging, n * sizeof(float)));
+    CU(cudaMalloc((void **)&m->rope_cos, half * sizeof(float)));
+    CU(cudaMalloc((void **)&m->rope_sin, half * sizeof(float)));
+    NN(cuda_rope_table(m->rope_cos, m->rope_sin, cfg->max_seq_len, m->hd, cfg->rope_theta, m->stream));
+    MM(cuda_matmul_ctx_new(&m->mm));
+    bind(m);
+    CU(cudaStreamSynchronize(m->stream));
+    return 0;
+}
+
+extern "C" int cuda_model_new(cuda_model_t **out, const model_config_t *cfg, int p0, int p1)
+{
+    *out = NULL;
+    if (p0 < 0 || p1 > cfg->n_layers + 2 || p0 >= p1)
+        return fail(-EINVAL, "pieces [%d, %d) of a model with %d", p0, p1, cfg->n_layers + 2);
+    cuda_model_t *m = (cuda_model_t *)calloc(1, sizeof(*m));
+    if (!m)
+        return fail(-ENOMEM, "out of memory");
+    int rc = model_init(m, cfg, p0, p1);
+    if (rc) {
+        cuda_model_destroy(&m);
+        return rc;
+    }
+    *out = m;
+    return 0;
+}
+
+extern "C" int cuda_model_set_weights(cuda_model_t *m, const float *host)
+{
+    size_t n = m->end - m->begin;
+    /* into pinned memory, which the conversion kernel reads directly (mapped through UVA) */
+    memcpy(m->staging, host, n * sizeof(float));
+    k_to_bf16<<<grid_for(n), 256, 0, m->stream>>>(m->w, m->staging, n);
+    CU(cudaGetLastError());
+    CU(cudaStreamSynchronize(m->stream));
+    return 0;
+}
+
+extern "C" int cuda_model_take_grads(cuda_model_t *m, float *host)
+{
+    size_t n = m->end - m->begin;
+    CU(cudaMemcpyAsync(host, m->g, n * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+    CU(cudaMemsetAsync(m->g, 0, n * sizeof(float), m->stream));
+    CU(cudaStreamSynchronize(m->stream));
+    return 0;
+}
+
+// ---- activations ----
+
+extern "C" void cuda_model_acts_destroy(cuda_model_acts_t **pa)
+{
+    cuda_model_acts_t *a = *pa;
+    if (!a)
+        return;
+    cudaFree(a->base);
+    cudaFreeHost(a->loss_host);
+    free(a->l);
+    free(a);
+    *pa = NULL;
+}
+
+/* Carves n elements of size es, 256-byte aligned, from *p (or just counts when base is 0). */
+static void *take(char **p, size_t n, size_t es)
+{
+    char *r = *p;
+    *p += (n * es + 255) / 256 * 256;
+    return r;
+}
+
+static size_t carve(const cuda_model_t *m, cuda_model_acts_t *a, char *base)
+{
+    size_t N = a->N, D = m->D, QD = m->QD, KD = m->KD, F = m->F, V = m->V, BHT = (size_t)a->B * m->H * a->T;
+    char *p = base;
+#define T16(n) (bf16_t *)take(&p, (n), 2)
+#define T32(n) (float *)take(&p, (n), 4)
+    for (int i = 0; i < m->nl; i++) {
+        layer_acts_t *L = &a->l[i];
+        L->h_in = T16(N * D); L->xn1 = T16(N * D); L->q = T16(N * QD); L->k = T16(N * KD); L->v = T16(N * KD);
+        L->y = T16(N * QD); L->h1 = T16(N * D); L->xn2 = T16(N * D);
+        L->a = T16(N * F); L->b = T16(N * F); L->m = T16(N * F);
+        L->r1 = T32(N); L->r2 = T32(N); L->lse = T32(BHT);
+        L->df = T16(N * D); L->da = T16(N * F); L->db = T16(N * F); L->dxn2 = T16(N * D); L->dh1 = T16(N * D);
+        L->dq = T16(N * QD); L->dk = T16(N * KD); L->dv = T16(N * KD); L->dxn1 = T16(N * D);
+    }
+    a->tokens = (int32_t *)take(&p, N, 4);
+    a->targets = (int32_t *)take(&p, N, 4);
+    a->io = T32(N * D);
+    a->x_top = T16(N * D);
+    a->d_bottom = T16(N * D);
+    a->s_dm = T16(N * F);
+    a->s_dy = T16(N * (QD > D ? QD : D));
+    a->delta = T32(BHT);
+    if (m->has_head) {
+        a->hf = T16(N * D); a->logits = T16(N * V); a->dhf = T16(N * D);
+        a->rf = T32(N); a->loss = T32(N);
+    }
+#undef T16
+#undef T32
+    return (size_t)(p - base);
+}
+
+extern "C" int cuda_model_acts_new(cuda_model_acts_t **out, const cuda_model_t *m, int B, int T)
+{
+    *out = NULL;
+    if (B <= 0 || T <= 0 || T > m->cfg.max_seq_len)
+        return fail(-EINVAL, "microbatch %d x %d (max_seq_len %d)", B, T, m->cfg.max_seq_len);
+    cuda_model_acts_t *a = (cuda_model_acts_t *)calloc(1, sizeof(*a));
+    if (!a)
+        return fail(-ENOMEM, "out of memory");
+    a->B = B, a->T = T, a->N = B * T;
+    a->l = (layer_acts_t *)calloc(m->nl ? m->nl : 1, sizeof(layer_acts_t));
+    int rc = a->l ? 0 : fail(-ENOMEM, "out of memory");
+    size_t bytes = carve(m, a, NULL); /* sizes only: offsets from 0 */
+    if (!rc)
+        rc = cuda_rc(cudaMalloc(&a->base, bytes), "cudaMalloc (activations)");
+    if (!rc)
+        rc = cuda_rc(cudaMallocHost((void **)&a->loss_host, (size_t)a->N * sizeof(float)), "cudaMallocHost");
+    if (rc) {
+        cuda_model_acts_destroy(&a);
+        return rc;
+    }
+    carve(m, a, (char *)a->base);
+    a->x_first = m->nl ? a->l[0].h_in : a->x_top;
+    *out = a;
+    return 0;
+}
+
+// ---- forward and backward (the equations are kernels/model.c's) ----
+
+static int layer_forward(cuda_model_t *m, cuda_model_acts_t *a, int i, bf16_t *out)
+{
+    layer_w_t *w = &m->lw[i];
+    layer_acts_t *L = &a->l[i];
+    int N = a->N, D = m->D, QD = m->QD, KD = m->KD, F = m->F;
+    void *s = m->stream;
+    float eps = (float)m->cfg.norm_eps;
+    NN(cuda_rmsnorm_fwd(L->xn1, L->r1, L->h_in, w->attn_norm, N, D, eps, s));
+    MM(cuda_matmul_fwd(m->mm, L->q, L->xn1, w->wq, N, D, QD, s));
+    MM(cuda_matmul_fwd(m->mm, L->k, L->xn1, w->wk, N, D, KD, s));
+    MM(cuda_matmul_fwd(m->mm, L->v, L->xn1, w->wv, N, D, KD, s));
+    NN(cuda_rope_fwd(L->q, m->rope_cos, m->rope_sin, a->B, a->T, m->H, m->hd, s));
+    NN(cuda_rope_fwd(L->k, m->rope_cos, m->rope_sin, a->B, a->T, m->K, m->hd, s));
+    AT(cuda_attn_fwd(L->y, L->lse, L->q, L->k, L->v, a->B, a->T, m->H, m->K, m->hd, s));
+    MM(cuda_matmul_fwd(m->mm, L->h1, L->y, w->wo, N, QD, D, s));
+    int rc = add(m, L->h1, L->h1, L->h_in, (size_t)N * D);
+    if (rc)
+        return rc;
+    NN(cuda_rmsnorm_fwd(L->xn2, L->r2, L->h1, w->ffn_norm, N, D, eps, s));
+    MM(cuda_matmul_fwd(m->mm, L->a, L->xn2, w->w1, N, D, F, s));
+    MM(cuda_matmul_fwd(m->mm, L->b, L->xn2, w->w3, N, D, F, s));
+    NN(cuda_swiglu_fwd(L->m, L->a, L->b, (size_t)N * F, s));
+    MM(cuda_matmul_fwd(m->mm, out, L->m, w->w2, N, F, D, s));
+    return add(m, out, out, L->h1, (size_t)N * D);
+}
+
+static int layer_backward_b(cuda_model_t *m, cuda_model_acts_t *a, int i, bf16_t *dh_in)
+{
+    layer_w_t *w = &m->lw[i];
+    layer_acts_t *L = &a->l[i];
+    int N = a->N, D = m->D, QD = m->QD, KD = m->KD, F = m->F;
+    size_t ND = (size_t)N * D;
+    void *s = m->stream;
+    MM(cuda_matmul_bwd_x(m->mm, a->s_dm, L->df, w->w2, N, F, D, 0, s));
+    NN(cuda_swiglu_bwd(L->da, L->db, a->s_dm, L->a, L->b, (size_t)N * F, s));
+    MM(cuda_matmul_bwd_x(m->mm, L->dxn2, L->da, w->w1, N, D, F, 0, s));
+    MM(cuda_matmul_bwd_x(m->mm, L->dxn2, L->db, w->w3, N, D, F, 1, s));
+    CU(cudaMemcpyAsync(L->dh1, L->df, ND * sizeof(bf16_t), cudaMemcpyDeviceToDevice, m->stream));
+    NN(cuda_rmsnorm_bwd_x(L->dh1, L->dxn2, L->h1, L->r2, w->ffn_norm, N, D, 1, s));
+    MM(cuda_matmul_bwd_x(m->mm, a->s_dy, L->dh1, w->wo, N, QD, D, 0, s));
+    AT(cuda_attn_bwd(L->dq, L->dk, L->dv, a->delta, a->s_dy, L->q, L->k, L->v, L->y, L->lse, a->B, a->T, m->H,
+                     m->K, m->hd, s));
+    NN(cuda_rope_bwd(L->dq, m->rope_cos, m->rope_sin, a->B, a->T, m->H, m->hd, s));
+    NN(cuda_rope_bwd(L->dk, m->rope_cos, m->rope_sin, a->B, a->T, m->K, m->hd, s));
+    MM(cuda_matmul_bwd_x(m->mm, L->dxn1, L->dq, w->wq, N, D, QD, 0, s));
+    MM(cuda_matmul_bwd_x(m->mm, L->dxn1, L->dk, w->wk, N, D, KD, 1, s));
+    MM(cuda_matmul_bwd_x(m->mm, L->dxn1, L->dv, w->wv, N, D, KD, 1, s));
+    CU(cudaMemcpyAsync(dh_in, L->dh1, ND * sizeof(bf16_t), cudaMemcpyDeviceToDevice, m->stream));
+    NN(cuda_rmsnorm_bwd_x(dh_in, L->dxn1, L->h_in, L->r1, w->attn_norm, N, D, 1, s));
+    return 0;
+}
+
+static int layer_backward_w(cuda_model_t *m, cuda_model_acts_t *a, int i)
+{
+    layer_w_t *w = &m->lw[i];
+    layer_acts_t *L = &a->l[i];
+    int N = a->N, D = m->D, QD = m->QD, KD = m->KD, F = m->F;
+    void *s = m->stream;
+    MM(cuda_matmul_bwd_w(m->mm, w->dw2, L->df, L->m, N, F, D, s));
+    MM(cuda_matmul_bwd_w(m->mm, w->dw1, L->da, L->xn2, N, D, F, s));
+    MM(cuda_matmul_bwd_w(m->mm, w->dw3, L->db, L->xn2, N, D, F, s));
+    NN(cuda_rmsnorm_bwd_w(w->d_ffn_norm, L->dxn2, L->h1, L->r2, N, D, s));
+    MM(cuda_matmul_bwd_w(m->mm, w->dwo, L->dh1, L->y, N, QD, D, s));
+    MM(cuda_matmul_bwd_w(m->mm, w->dwq, L->dq, L->xn1, N, D, QD, s));
+    MM(cuda_matmul_bwd_w(m->mm, w->dwk, L->dk, L->xn1, N, D, KD, s));
+    MM(cuda_matmul_bwd_w(m->mm, w->dwv, L->dv, L->xn1, N, D, KD, s));
+    NN(cuda_rmsnorm_bwd_w(w->d_attn_norm, L->dxn1, L->h_in, L->r1, N, D, s));
+    return 0;
+}
+
+extern "C" int cuda_model_forward(cuda_model_t *m, cuda_model_acts_t *a, const int32_t *tokens, const float *x_in,
+                                  const int32_t *targets, float dscale, float *x_out, double *loss)
+{
+    size_t N = a->N, D = m->D;
+    void *s = m->stream;
+    int rc;
+    *loss = 0;
+    if (m->has_embed) {
+        CU(cudaMemcpyAsync(a->tokens, tokens, N * sizeof(int32_t), cudaMemcpyHostToDevice, m->stream));
+        NN(cuda_embed_fwd(a->x_first, m->embed, a->tokens, (int)N, m->V, (int)D, s));
+    } else {
+        CU(cudaMemcpyAsync(a->io, x_in, N * D * sizeof(float), cudaMemcpyHostToDevice, m->stream));
+        if ((rc = to_bf16(m, a->x_first, a->io, N * D)))
+            return rc;
+    }
+    for (int i = 0; i < m->nl; i++)
+        if ((rc = layer_forward(m, a, i, i + 1 < m->nl ? a->l[i + 1].h_in : a->x_top)))
+            return rc;
+    if (!m->has_head) {
+        if ((rc = to_f32(m, a->io, a->x_top, N * D)))
+            return rc;
+        CU(cudaMemcpyAsync(x_out, a->io, N * D * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+        CU(cudaStreamSynchronize(m->stream));
+        return 0;
+    }
+    NN(cuda_rmsnorm_fwd(a->hf, a->rf, a->x_top, m->norm, (int)N, (int)D, (float)m->cfg.norm_eps, s));
+    MM(cuda_matmul_fwd(m->mm, a->logits, a->hf, m->out, (int)N, (int)D, m->V, s));
+    if (!targets) {
+        CU(cudaStreamSynchronize(m->stream));
+        return 0;
+    }
+    CU(cudaMemcpyAsync(a->targets, targets, N * sizeof(int32_t), cudaMemcpyHostToDevice, m->stream));
+    NN(cuda_xent(a->logits, a->loss, a->logits, a->targets, (int)N, m->V, dscale, s)); /* dlogits in place */
+    CU(cudaMemcpyAsync(a->loss_host, a->loss, N * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+    CU(cudaStreamSynchronize(m->stream));
+    double sum = 0;
+    for (size_t n = 0; n < N; n++) /* in token order, as the CPU model */
+        sum += a->loss_host[n];
+    *loss = sum;
+    return 0;
+}
+
+extern "C" int cuda_model_backward_b(cuda_model_t *m, cuda_model_acts_t *a, const float *dy, float *dx)
+{
+    size_t N = a->N, D = m->D;
+    void *s = m->stream;
+    int rc;
+    bf16_t *top = m->nl ? a->l[m->nl - 1].df : a->d_bottom;
+    if (m->has_head) {
+        MM(cuda_matmul_bwd_x(m->mm, a->dhf, a->logits, m->out, (int)N, (int)D, m->V, 0, s));
+        NN(cuda_rmsnorm_bwd_x(top, a->dhf, a->x_top, a->rf, m->norm, (int)N, (int)D, 0, s));
+    } else {
+        CU(cudaMemcpyAsync(a->io, dy, N * D * sizeof(float), cudaMemcpyHostToDevice, m->stream));
+        if ((rc = to_bf16(m, top, a->io, N * D)))
+            return rc;
+    }
+    for (int i = m->nl - 1; i >= 0; i--)
+        if ((rc = layer_backward_b(m, a, i, i > 0 ? a->l[i - 1].df : a->d_bottom)))
+            return rc;
+    if (!m->has_embed) {
+        if ((rc = to_f32(m, a->io, a->d_bottom, N * D)))
+            return rc;
+        CU(cudaMemcpyAsync(dx, a->io, N * D * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+    }
+    CU(cudaStreamSynchronize(m->stream));
+    return 0;
+}
+
+extern "C" int cuda_model_backward_w(cuda_model_t *m, cuda_model_acts_t *a)
+{
+    int N = a->N, D = m->D, rc;
+    void *s = m->stream;
+    if (m->has_head) {
+        MM(cuda_matmul_bwd_w(m->mm, m->d_out, a->logits, a->hf, N, D, m->V, s));
+        NN(cuda_rmsnorm_bwd_w(m->d_norm, a->dhf, a->x_top, a->rf, N, D, s));
+    }
+    for (int i = m->nl - 1; i >= 0; i--)
+        if ((rc = layer_backward_w(m, a, i)))
+            return rc;
+    if (m->has_embed)
+        NN(cuda_embed_bwd(m->d_embed, a->d_bottom, a->tokens, N, m->V, D, s));
+    CU(cudaStreamSynchronize(m->stream));
+    return 0;
+}

@@ -1,0 +1,80 @@
+// Internal to the bf16 kernels of kernels/cuda/cuda_nn.h: bf16 bit conversions (the same code on
+// host and device, so tests round exactly as the kernels do), deterministic block reductions,
+// and the error reporting behind cuda_nn_last_error() (defined in nn_common.cu).
+#ifndef CTITAN_NN_COMMON_CUH
+#define CTITAN_NN_COMMON_CUH
+
+#include <stdint.h>
+#include <string.h>
+
+#include <cuda_runtime.h>
+
+__host__ __device__ static inline float nn_bf16_to_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+#endif
+}
+
+// Round to nearest even on the bits: add 0x7fff plus the lowest kept bit, keep the top half.
+// NaN is kept a quiet NaN (the addition could carry it into inf); overflow rounds to inf.
+__host__ __device__ static inline uint16_t nn_f32_to_bf16(float f)
+{
+#ifdef __CUDA_ARCH__
+    uint32_t u = __float_as_uint(f);
+#else
+    uint32_t u;
+    memcpy(&u, &f, sizeof(u));
+#endif
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x0040u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+#ifdef __CUDACC__
+// Butterfly sum over a warp. Every lane ends with the same bits: at each step lanes i and i^o add
+// the same two values, and IEEE addition is commutative.
+__device__ static inline float nn_warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Sum over the block, returned to every thread. blockDim.x must be a multiple of 32 (the
+// launchers use fixed sizes); sh is __shared__ float[32]. The order of the additions depends
+// only on blockDim, so the result is the same bits on every run. May be called repeatedly
+// with the same sh.
+__device__ static inline float nn_block_sum(float v, float *sh)
+{
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = nn_warp_sum(v);
+    __syncthreads(); // a previous call may still be reading sh
+    if (lane == 0)
+        sh[warp] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : 0.0f;
+    return nn_warp_sum(v);
+}
+#endif
+
+// Records a bad-argument message and returns -EINVAL.
+int cuda_nn_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+// 0 for cudaSuccess; otherwise records "what: CUDA's message" and returns -ENODEV or -EIO.
+int cuda_nn_check(cudaError_t e, const char *what);
+
+// Blocks for a grid-stride loop over n elements with `threads` per block: enough to cover n,
+// capped (each thread then loops) so the grid stays within limits for any size_t n.
+static inline unsigned nn_grid_for(size_t n, unsigned threads)
+{
+    size_t b = (n + threads - 1) / threads;
+    return (unsigned)(b > 65535u * 8u ? 65535u * 8u : (b ? b : 1));
+}
+
+#endif

@@ -1,0 +1,79 @@
+// Rotary position embedding on the GPU, in place on bf16 q or k [B,T,H,hd] (and on their
+// gradients), Hugging Face rotate_half convention. CPU twins: ops_rope_table / _fwd / _bwd.
+#include <math.h>
+
+#include "kernels/cuda/cuda_nn.h"
+#include "kernels/cuda/nn_common.cuh"
+
+#define ROPE_THREADS 256
+
+// Same expression as ops_rope_table / ref_rope_table, in double, rounded once to fp32.
+static __global__ void rope_table_kernel(float *cos_t, float *sin_t, size_t n, int half, int hd,
+                                         double theta)
+{
+    for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < n;
+         k += (size_t)gridDim.x * blockDim.x) {
+        int t = (int)(k / half), i = (int)(k % half);
+        double ang = t * pow(theta, -2.0 * i / hd);
+        cos_t[k] = (float)cos(ang);
+        sin_t[k] = (float)sin(ang);
+    }
+}
+
+// One thread per pair (i, i + hd/2) of one head of one token: it reads both and writes both, so
+// no two threads touch the same element. Pair p = row * half + i with row = (b*T + t)*H + h.
+// sign -1 applies the transposed (inverse) rotation.
+static __global__ void rope_kernel(uint16_t *x, const float *cos_t, const float *sin_t,
+                                   size_t pairs, int T, int H, int half, float sign)
+{
+    for (size_t p = blockIdx.x * (size_t)blockDim.x + threadIdx.x; p < pairs;
+         p += (size_t)gridDim.x * blockDim.x) {
+        size_t row = p / half;
+        int i = (int)(p % half);
+        int t = (int)((row / H) % T);
+        uint16_t *v = x + row * (size_t)(2 * half) + i;
+        float x1 = nn_bf16_to_f32(v[0]), x2 = nn_bf16_to_f32(v[half]);
+        float c = cos_t[(size_t)t * half + i], s = sign * sin_t[(size_t)t * half + i];
+        v[0] = nn_f32_to_bf16(x1 * c - x2 * s);
+        v[half] = nn_f32_to_bf16(x2 * c + x1 * s);
+    }
+}
+
+extern "C" int cuda_rope_table(float *cos_t, float *sin_t, int T, int hd, double theta, void *stream)
+{
+    if (!cos_t || !sin_t || T < 0 || hd <= 0 || hd % 2 || !(theta > 0.0))
+        return cuda_nn_fail("cuda_rope_table: bad arguments (T %d, hd %d (must be even), theta %g; "
+                            "cos and sin must be device pointers)", T, hd, theta);
+    size_t n = (size_t)T * (hd / 2);
+    if (n == 0)
+        return 0;
+    rope_table_kernel<<<nn_grid_for(n, ROPE_THREADS), ROPE_THREADS, 0, (cudaStream_t)stream>>>(
+        cos_t, sin_t, n, hd / 2, hd, theta);
+    return cuda_nn_check(cudaGetLastError(), "cuda_rope_table launch");
+}
+
+static int rope_run(const char *who, uint16_t *x, const float *cos_t, const float *sin_t, int B, int T,
+                    int H, int hd, float sign, void *stream)
+{
+    if (!x || !cos_t || !sin_t || B < 0 || T < 0 || H < 0 || hd <= 0 || hd % 2)
+        return cuda_nn_fail("%s: bad arguments (B %d, T %d, H %d, hd %d (must be even); x, cos, sin "
+                            "must be device pointers)", who, B, T, H, hd);
+    size_t pairs = (size_t)B * T * H * (hd / 2);
+    if (pairs == 0)
+        return 0;
+    rope_kernel<<<nn_grid_for(pairs, ROPE_THREADS), ROPE_THREADS, 0, (cudaStream_t)stream>>>(
+        x, cos_t, sin_t, pairs, T, H, hd / 2, sign);
+    return cuda_nn_check(cudaGetLastError(), who);
+}
+
+extern "C" int cuda_rope_fwd(uint16_t *x, const float *cos_t, const float *sin_t, int B, int T, int H,
+                             int hd, void *stream)
+{
+    return rope_run("cuda_rope_fwd", x, cos_t, sin_t, B, T, H, hd, 1.0f, stream);
+}
+
+extern "C" int cuda_rope_bwd(uint16_t *dx, const float *cos_t, const float *sin_t, int B, int T,
+                             int H, int hd, void *stream)
+{
+    return rope_run("cuda_rope_bwd", dx, cos_t, sin_t, B, T, H, hd, -1.0f, stream);
+}

@@ -579,12 +579,28 @@ static void test_manifest_validate_rejects_bad_job_name(void **state)
     validate_ok(&m);
 }
 
+static void test_manifest_cuda_needs_a_head_dimension_the_kernels_take(void **state)
+{
+    (void)state;
+    manifest_t *m = malloc(sizeof(*m));
+    char err[512];
+    manifest_defaults(m);
+    assert_int_equal(manifest_override(m, "job.device", "cuda", err, sizeof(err)), 0);
+    assert_int_equal(manifest_validate(m, err, sizeof(err)), 0); /* debugmodel: head dimension 16 */
+    manifest_defaults(m);
+    assert_int_equal(manifest_override(m, "job.device", "cuda", err, sizeof(err)), 0);
+    assert_int_equal(manifest_override(m, "model.n_heads", "32", err, sizeof(err)), 0);
+    assert_int_equal(manifest_validate(m, err, sizeof(err)), -EINVAL);
+    assert_non_null(strstr(err, "--job.device: job.device = \"cuda\": the model's head dimension is 8"));
+    free(m);
+}
+
 static void test_manifest_validate_rejects_bad_values(void **state)
 {
     static const struct {
         const char *key, *value, *needle;
     } cases[] = {
-        {"job.device", "cuda", "head dimension is 16 (model.dim 256 / model.n_heads 16); the CUDA attention kernel takes 64 or 128"},
+        {"job.device", "gpu", "job.device = \"gpu\": expected \"cpu\" or \"cuda\""},
         {"job.device", "tpu", "job.device = \"tpu\": expected \"cpu\""},
         {"job.heartbeat_interval_ms", "0", "job.heartbeat_interval_ms = 0 must be >= 1"},
         {"job.heartbeat_timeout_ms", "100", "must exceed job.heartbeat_interval_ms = 100 (default)"},
@@ -1088,6 +1104,7 @@ int main(void)
         cmocka_unit_test(test_manifest_validate_rejects_too_many_shards),
         cmocka_unit_test(test_manifest_validate_rejects_bad_job_name),
         cmocka_unit_test(test_manifest_validate_rejects_bad_values),
+        cmocka_unit_test(test_manifest_cuda_needs_a_head_dimension_the_kernels_take),
         cmocka_unit_test(test_manifest_validate_errors_name_the_origin),
         cmocka_unit_test(test_manifest_validate_fills_derived_defaults),
         cmocka_unit_test(test_manifest_stage_pieces_follow_split_points),

@@ -732,9 +732,9 @@ int manifest_validate(manifest_t *m, char *err, size_t errlen)
           "`ctitan ckpt keygen`) is needed");
     CHECK(m->ckpt_folder[0], "checkpoint", "folder", "checkpoint.folder must not be empty");
     int hd = config_head_dim(&m->model);
-    CHECK(strcmp(m->device, "cuda") || hd == 64 || hd == 128, "job", "device",
+    CHECK(strcmp(m->device, "cuda") || hd == 16 || hd == 32 || hd == 64 || hd == 128, "job", "device",
           "job.device = \"cuda\": the model's head dimension is %d (model.dim %d / model.n_heads %d); the CUDA "
-          "attention kernel takes 64 or 128", hd, m->model.dim, m->model.n_heads);
+          "attention kernel takes 16, 32, 64 or 128", hd, m->model.dim, m->model.n_heads);
 
     /* Derived values. */
     if (!m->dump_folder[0])

@@ -438,8 +438,8 @@ static int check_shape(const char *fn, int B, int T, int H, int Hkv, int hd)
     if (B <= 0 || T <= 0 || H <= 0 || Hkv <= 0 || H % Hkv != 0)
         return fail(-EINVAL, "%s: bad shape B=%d T=%d H=%d Hkv=%d (all > 0, H %% Hkv == 0)", fn, B,
                     T, H, Hkv);
-    if (hd != 64 && hd != 128)
-        return fail(-EINVAL, "%s: head dim %d not supported (64 or 128)", fn, hd);
+    if (hd != 16 && hd != 32 && hd != 64 && hd != 128)
+        return fail(-EINVAL, "%s: head dim %d not supported (16, 32, 64 or 128)", fn, hd);
     if (H > 65535 || B > 65535)
         return fail(-EINVAL, "%s: B=%d H=%d over the grid limit 65535", fn, B, H);
     return 0;
@@ -490,11 +490,13 @@ extern "C" int cuda_attn_fwd(uint16_t *out, float *lse, const uint16_t *q, const
         return fail(-EINVAL, "cuda_attn_fwd: NULL or misaligned pointer (out, q, k, v need 16 "
                              "bytes, lse 4)");
     cudaStream_t st = (cudaStream_t)stream;
-    if (hd == 64)
-        return fwd_launch<64>((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k,
-                              (const bf16 *)v, B, T, H, Hkv, st);
-    return fwd_launch<128>((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, B,
-                           T, H, Hkv, st);
+    switch (hd) {
+#define FWD(D) case D: return fwd_launch<D>((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, B, T, \
+                                            H, Hkv, st)
+    FWD(16); FWD(32); FWD(64);
+    default: FWD(128);
+#undef FWD
+    }
 }
 
 template <int HD>
@@ -545,11 +547,12 @@ extern "C" int cuda_attn_bwd(uint16_t *dq, uint16_t *dk, uint16_t *dv, float *de
         return fail(-EINVAL, "cuda_attn_bwd: NULL or misaligned pointer (bf16 tensors need 16 "
                              "bytes, delta and lse 4)");
     cudaStream_t st = (cudaStream_t)stream;
-    if (hd == 64)
-        return bwd_launch<64>((bf16 *)dq, (bf16 *)dk, (bf16 *)dv, delta, (const bf16 *)dout,
-                              (const bf16 *)q, (const bf16 *)k, (const bf16 *)v,
-                              (const bf16 *)out, lse, B, T, H, Hkv, st);
-    return bwd_launch<128>((bf16 *)dq, (bf16 *)dk, (bf16 *)dv, delta, (const bf16 *)dout,
-                           (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, (const bf16 *)out,
-                           lse, B, T, H, Hkv, st);
+    switch (hd) {
+#define BWD(D) case D: return bwd_launch<D>((bf16 *)dq, (bf16 *)dk, (bf16 *)dv, delta, (const bf16 *)dout,  \
+                                            (const bf16 *)q, (const bf16 *)k, (const bf16 *)v,             \
+                                            (const bf16 *)out, lse, B, T, H, Hkv, st)
+    BWD(16); BWD(32); BWD(64);
+    default: BWD(128);
+#undef BWD
+    }
 }

@@ -14,7 +14,7 @@ extern "C" {
 /* Forward. Device pointers, bf16 stored as uint16_t, each 16-byte aligned:
  *   q [B,T,H,hd], k and v [B,T,Hkv,hd]  ->  out [B,T,H,hd] and
  *   lse [B,H,T] fp32: natural log of sum_{j<=t} exp(q_t . k_j / sqrt(hd)), kept for the backward.
- * H % Hkv == 0; hd 64 or 128. stream may be NULL. Returns 0, -EINVAL (bad arguments),
+ * H % Hkv == 0; hd 16, 32, 64 or 128. stream may be NULL. Returns 0, -EINVAL (bad arguments),
  * -ENODEV (no usable device) or -EIO (CUDA error); cuda_attn_last_error() says why. */
 int cuda_attn_fwd(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k,
                   const uint16_t *v, int B, int T, int H, int Hkv, int hd, void *stream);

@@ -27,7 +27,7 @@ typedef struct cuda_model cuda_model_t;
 typedef struct cuda_model_acts cuda_model_acts_t;
 
 /* Pieces [p0, p1) of a validated config on the current device (params_piece_range order).
- * Head dimensions other than 64 and 128 are refused (the attention kernel's). */
+ * Head dimensions other than 16, 32, 64 and 128 are refused (the attention kernel's). */
 int cuda_model_new(cuda_model_t **out, const model_config_t *cfg, int p0, int p1);
 void cuda_model_destroy(cuda_model_t **m);
 

@@ -213,9 +213,9 @@ static int model_init(cuda_model_t *m, const model_config_t *cfg, int p0, int p1
     params_piece_range(&m->tab, p0, p1, &m->begin, &m->end);
     m->D = cfg->dim, m->H = cfg->n_heads, m->K = cfg->n_kv_heads, m->hd = config_head_dim(cfg);
     m->QD = m->H * m->hd, m->KD = m->K * m->hd, m->F = config_ffn_hidden(cfg), m->V = cfg->vocab_size;
-    if (m->hd != 64 && m->hd != 128)
-        return fail(-EINVAL, "head dimension %d (dim %d / n_heads %d): the CUDA attention takes 64 or 128", m->hd,
-                    m->D, m->H);
+    if (m->hd != 16 && m->hd != 32 && m->hd != 64 && m->hd != 128)
+        return fail(-EINVAL, "head dimension %d (dim %d / n_heads %d): the CUDA attention takes 16, 32, 64 or 128",
+                    m->hd, m->D, m->H);
     int devices = 0;
     cudaError_t e = cudaGetDeviceCount(&devices);
     if (e != cudaSuccess || devices == 0)

@@ -133,11 +133,11 @@ static void test_cuda_model_refuses_unsupported_shapes(void **state)
 {
     /* checked before any CUDA call: runs without a GPU too */
     model_config_t c = config();
-    c.n_heads = 8, c.n_kv_heads = 8; /* head dimension 16 */
+    c.n_heads = 16, c.n_kv_heads = 16; /* head dimension 8 */
     cuda_model_t *m = NULL;
     assert_int_equal(cuda_model_new(&m, &c, 0, c.n_layers + 2), -22);
     assert_null(m);
-    assert_non_null(strstr(cuda_model_last_error(), "head dimension 16"));
+    assert_non_null(strstr(cuda_model_last_error(), "head dimension 8"));
 }
 
 int main(void)

@@ -1,0 +1,2 @@
+/* Stand-in for <cuda_runtime.h>: the CPU emulator (tests/cudasim/sim.h). */
+#include "../sim.h"

@@ -1,0 +1,2 @@
+/* Stand-in for <mma.h>: the CPU emulator (tests/cudasim/sim.h). */
+#include "../sim.h"

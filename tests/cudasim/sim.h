@@ -1,0 +1,121 @@
+// A CPU emulator of the CUDA subset kernels/cuda/attn.cu uses, so `make test` runs the real
+// attention kernels without a GPU: one OS thread per CUDA thread, barriers for
+// __syncthreads/__syncwarp/shuffles, WMMA with its documented semantics (lane 0 does the work).
+// Its WMMA fragment layouts are our reading of the documentation: a misreading would agree
+// with the kernel here and show only on a GPU (tests/gpu on the real device is the authority).
+#pragma once
+#include <cassert>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+#include <algorithm>
+using std::min;
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(x)
+struct dim3 { unsigned x, y, z; dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {} };
+struct uint3_ { unsigned x, y, z; };
+extern thread_local uint3_ threadIdx, blockIdx;
+extern thread_local dim3 gridDim, blockDim;
+extern thread_local unsigned char *sim_smem;
+extern thread_local size_t sim_smem_size;
+struct uint4 { unsigned x, y, z, w; };
+inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
+struct __nv_bfloat16 { uint16_t x; };
+inline __nv_bfloat16 __float2bfloat16(float f) {
+    uint32_t u; memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return {(uint16_t)((u >> 16) | 0x40)};
+    u += 0x7fffu + ((u >> 16) & 1); return {(uint16_t)(u >> 16)};
+}
+inline float __bfloat162float(__nv_bfloat16 h) { uint32_t u = (uint32_t)h.x << 16; float f; memcpy(&f, &u, 4); return f; }
+
+struct Barrier {
+    std::mutex m; std::condition_variable cv; int n = 0, count = 0; long gen = 0;
+    void wait() { std::unique_lock<std::mutex> l(m); long g = gen;
+        if (++count == n) { count = 0; gen++; cv.notify_all(); } else cv.wait(l, [&] { return gen != g; }); }
+};
+struct BlockSync { Barrier block; Barrier warp[32]; float xch[32][32]; };
+extern thread_local BlockSync *sim_bs;
+inline int sim_tid() { return threadIdx.x; }
+inline void __syncthreads() { sim_bs->block.wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { sim_bs->warp[sim_tid() / 32].wait(); }
+inline float __shfl_xor_sync(unsigned, float v, int o) {
+    int w = sim_tid() / 32, l = sim_tid() % 32;
+    sim_bs->xch[w][l] = v; __syncwarp(); float r = sim_bs->xch[w][l ^ o]; __syncwarp(); return r;
+}
+
+typedef int cudaError_t; typedef void *cudaStream_t;
+enum { cudaSuccess = 0, cudaErrorInsufficientDriver = 35, cudaErrorNoDevice = 100 };
+enum { cudaDevAttrMaxSharedMemoryPerBlockOptin = 97 };
+enum { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+inline cudaError_t cudaGetDevice(int *d) { *d = 0; return 0; }
+inline cudaError_t cudaDeviceGetAttribute(int *v, int, int) { *v = 232448; return 0; }
+template <typename F> cudaError_t cudaFuncSetAttribute(F, int, int v) { return v > 232448; }
+inline cudaError_t cudaGetLastError() { return 0; }
+inline const char *cudaGetErrorString(cudaError_t) { return "sim error"; }
+
+static inline void sim_check_smem(const void *p, size_t bytes) {
+    const unsigned char *c = (const unsigned char *)p;
+    if (!(c >= sim_smem && c + bytes <= sim_smem + sim_smem_size)) { fprintf(stderr, "wmma access outside smem\n"); abort(); }
+}
+
+namespace nvcuda { namespace wmma {
+struct row_major {}; struct col_major {}; struct matrix_a {}; struct matrix_b {}; struct accumulator {};
+enum layout_t { mem_row_major, mem_col_major };
+template <typename Use, int M, int N, int K, typename T, typename L = void> struct fragment { float x[16][16]; };
+template <typename F> void fill_fragment(F &f, float v) { for (auto &r : f.x) for (auto &e : r) e = v; }
+template <typename Use, typename L>
+void load_matrix_sync(fragment<Use, 16, 16, 16, __nv_bfloat16, L> &f, const __nv_bfloat16 *p, unsigned ldm) {
+    if (sim_tid() % 32) return;
+    if ((uintptr_t)p % 32 || ldm % 8) { fprintf(stderr, "wmma bf16 load misaligned\n"); abort(); }
+    bool rm = std::is_same<L, row_major>::value;
+    for (int r = 0; r < 16; r++) for (int c = 0; c < 16; c++) {
+        const __nv_bfloat16 *e = rm ? p + r * ldm + c : p + c * ldm + r;
+        sim_check_smem(e, 2); f.x[r][c] = __bfloat162float(*e);
+    }
+}
+inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float> &f, const float *p, unsigned ldm, layout_t l) {
+    if (sim_tid() % 32) return;
+    if ((uintptr_t)p % 32 || ldm % 4 || l != mem_row_major) { fprintf(stderr, "wmma f32 load bad\n"); abort(); }
+    for (int r = 0; r < 16; r++) for (int c = 0; c < 16; c++) { sim_check_smem(p + r * ldm + c, 4); f.x[r][c] = p[r * ldm + c]; }
+}
+inline void store_matrix_sync(float *p, const fragment<accumulator, 16, 16, 16, float> &f, unsigned ldm, layout_t l) {
+    if (sim_tid() % 32) return;
+    if ((uintptr_t)p % 32 || ldm % 4 || l != mem_row_major) { fprintf(stderr, "wmma store bad\n"); abort(); }
+    for (int r = 0; r < 16; r++) for (int c = 0; c < 16; c++) { sim_check_smem(p + r * ldm + c, 4); p[r * ldm + c] = f.x[r][c]; }
+}
+template <typename LA, typename LB>
+void mma_sync(fragment<accumulator, 16, 16, 16, float> &d, const fragment<matrix_a, 16, 16, 16, __nv_bfloat16, LA> &a,
+              const fragment<matrix_b, 16, 16, 16, __nv_bfloat16, LB> &b, const fragment<accumulator, 16, 16, 16, float> &c) {
+    if (sim_tid() % 32) return;
+    float t[16][16];
+    for (int m = 0; m < 16; m++) for (int n = 0; n < 16; n++) { float s = c.x[m][n]; for (int k = 0; k < 16; k++) s += a.x[m][k] * b.x[k][n]; t[m][n] = s; }
+    memcpy(d.x, t, sizeof t);
+}
+}}
+
+template <typename... KA, typename... A>
+void sim_launch(void (*k)(KA...), dim3 grid, unsigned threads, size_t smem, cudaStream_t, A... args) {
+    unsigned char *buf = smem ? (unsigned char *)aligned_alloc(128, (smem + 127) / 128 * 128) : nullptr;
+    for (unsigned z = 0; z < grid.z; z++) for (unsigned y = 0; y < grid.y; y++) for (unsigned x = 0; x < grid.x; x++) {
+        if (buf) memset(buf, 0xff, smem); // NaN garbage: uninitialised smem must not matter
+        BlockSync bs; bs.block.n = threads; for (auto &w : bs.warp) w.n = 32;
+        std::vector<std::thread> th;
+        for (unsigned t = 0; t < threads; t++)
+            th.emplace_back([&, t] {
+                threadIdx = {t, 0, 0}; blockIdx = {x, y, z}; gridDim = grid; blockDim = dim3(threads);
+                sim_smem = buf; sim_smem_size = smem; sim_bs = &bs;
+                k(args...);
+            });
+        for (auto &t : th) t.join();
+    }
+    free(buf);
+}

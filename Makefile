@@ -41,11 +41,12 @@ CUDALIBS  := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcubla
 CUDA_SO   := $(BUILD)/lib/libctitan_cuda.so
 CUDA_SO_C := kernels/params.c kernels/config.c
 
-# The attention kernels of kernels/cuda/attn.cu run on a CPU emulator (tests/cudasim) in `make
-# test`, so CI exercises them without a GPU: attn.cu is rewritten mechanically (shared memory and
-# launches) and compiled as C++ against the emulator's stand-in headers.
-SIM_TEST := $(BUILD)/tests/test_cuda_attn_sim
-TESTS += $(SIM_TEST)
+# The CUDA kernels of kernels/cuda/ (all but the cuBLASLt products) also run on a CPU emulator
+# (tests/cudasim) in `make test`, so CI exercises them without a GPU: each .cu is rewritten
+# mechanically (shared memory, launches) and compiled as C++ against the emulator's headers.
+SIM_NN    := embed rmsnorm rope swiglu xent nn_common
+SIM_TESTS := $(BUILD)/tests/test_cuda_attn_sim $(BUILD)/tests/test_cuda_nn_sim
+TESTS += $(SIM_TESTS)
 
 DEPS_STAMP := $(BUILD)/.deps-ok
 ALL := $(BUILD)/bin/ctitan $(ROLE_BINS) $(BUILD)/bin/checkpointd $(TESTS)
@@ -83,25 +84,32 @@ $(CUDA_SO): $(CU_OBJS) $(CUDA_SO_C:%.c=$(BUILD)/pic/%.o)
 	@mkdir -p $(dir $@)
 	$(CC) -shared -Wl,-Bsymbolic -o $@ $^ $(CUDALIBS) -lm
 
-$(BUILD)/cudasim/attn_sim.cpp: kernels/cuda/attn.cu
+$(BUILD)/cudasim/%.cpp: kernels/cuda/%.cu
 	@mkdir -p $(dir $@)
 	sed -E -e 's/extern __shared__ __align__\(128\) unsigned char smem\[\];/unsigned char *smem = sim_smem;/' \
+	       -e 's/__shared__ /static /g' \
 	       -e 's/([A-Za-z_][A-Za-z_0-9]*)<<<([^>]*)>>>\(/sim_launch(\1, \2, /g' $< > $@
 
-$(BUILD)/cudasim/attn_sim.o: $(BUILD)/cudasim/attn_sim.cpp tests/cudasim/sim.h
+$(BUILD)/cudasim/%.o: $(BUILD)/cudasim/%.cpp tests/cudasim/sim.h $(wildcard kernels/cuda/*.h kernels/cuda/*.cuh)
 	$(CXX) -std=c++20 -O2 -Itests/cudasim/fake -I. -c $< -o $@
 
 $(BUILD)/cudasim/sim.o: tests/cudasim/sim.cpp tests/cudasim/sim.h | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CXX) -std=c++20 -O2 -c $< -o $@
 
-$(BUILD)/cudasim/test_cuda_attn.o: tests/gpu/test_cuda_attn.c | $(DEPS_STAMP)
+$(BUILD)/cudasim/test_%.o: tests/gpu/test_%.c | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DCUDASIM -c $< -o $@
 
-$(SIM_TEST): $(BUILD)/cudasim/test_cuda_attn.o $(BUILD)/cudasim/attn_sim.o $(BUILD)/cudasim/sim.o $(BUILD)/libctitan.a
+$(BUILD)/tests/test_cuda_attn_sim: $(BUILD)/cudasim/test_cuda_attn.o $(BUILD)/cudasim/attn.o $(BUILD)/cudasim/sim.o \
+                                   $(BUILD)/libctitan.a
 	@mkdir -p $(dir $@)
-	$(CXX) -o $@ $^ $(TESTLIBS) -lpthread -lm
+	$(CXX) -o $@ $^ $(LDLIBS) $(TESTLIBS) -fopenmp
+
+$(BUILD)/tests/test_cuda_nn_sim: $(BUILD)/cudasim/test_cuda_nn.o $(SIM_NN:%=$(BUILD)/cudasim/%.o) $(BUILD)/cudasim/sim.o \
+                                 $(BUILD)/libctitan.a
+	@mkdir -p $(dir $@)
+	$(CXX) -o $@ $^ $(LDLIBS) $(TESTLIBS) -fopenmp
 
 $(BUILD)/libctitan_cuda.a: $(CU_OBJS)
 	@mkdir -p $(dir $@)

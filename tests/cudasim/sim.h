@@ -1,9 +1,11 @@
 // A CPU emulator of the CUDA subset kernels/cuda/attn.cu uses, so `make test` runs the real
 // attention kernels without a GPU: one OS thread per CUDA thread, barriers for
 // __syncthreads/__syncwarp/shuffles, WMMA with its documented semantics (lane 0 does the work).
-// Its WMMA fragment layouts are our reading of the documentation: a misreading would agree
+// Static __shared__ arrays become function statics (one block runs at a time, so they are the
+// block's). Its WMMA fragment layouts are our reading of the documentation: a misreading would agree
 // with the kernel here and show only on a GPU (tests/gpu on the real device is the authority).
 #pragma once
+#define __CUDACC__ 1 /* the kernels' device-side code paths */
 #include <cassert>
 #include <cmath>
 #include <condition_variable>
@@ -11,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <atomic>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -42,11 +45,17 @@ struct Barrier {
     void wait() { std::unique_lock<std::mutex> l(m); long g = gen;
         if (++count == n) { count = 0; gen++; cv.notify_all(); } else cv.wait(l, [&] { return gen != g; }); }
 };
-struct BlockSync { Barrier block; Barrier warp[32]; float xch[32][32]; };
+struct BlockSync { Barrier block; Barrier warp[32]; float xch[32][32]; std::atomic<int> any{0}; };
 extern thread_local BlockSync *sim_bs;
-inline int sim_tid() { return threadIdx.x; }
+inline int sim_tid() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
 inline void __syncthreads() { sim_bs->block.wait(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { sim_bs->warp[sim_tid() / 32].wait(); }
+inline int __syncthreads_or(int p) {
+    if (p) sim_bs->any = 1;
+    __syncthreads(); int r = sim_bs->any; __syncthreads();
+    if (sim_tid() == 0) sim_bs->any = 0;
+    __syncthreads(); return r;
+}
 inline float __shfl_xor_sync(unsigned, float v, int o) {
     int w = sim_tid() / 32, l = sim_tid() % 32;
     sim_bs->xch[w][l] = v; __syncwarp(); float r = sim_bs->xch[w][l ^ o]; __syncwarp(); return r;
@@ -102,20 +111,37 @@ void mma_sync(fragment<accumulator, 16, 16, 16, float> &d, const fragment<matrix
 }
 }}
 
+inline unsigned __ballot_sync(unsigned, int pred) {
+    int w = sim_tid() / 32, l = sim_tid() % 32;
+    sim_bs->xch[w][l] = pred ? 1.0f : 0.0f; __syncwarp();
+    unsigned m = 0;
+    for (int i = 0; i < 32; i++) m |= (sim_bs->xch[w][i] != 0.0f ? 1u : 0u) << i;
+    __syncwarp(); return m;
+}
+inline int __ffs(int x) { return __builtin_ffs(x); }
+
 template <typename... KA, typename... A>
-void sim_launch(void (*k)(KA...), dim3 grid, unsigned threads, size_t smem, cudaStream_t, A... args) {
+void sim_launch(void (*k)(KA...), dim3 grid, dim3 block, size_t smem, cudaStream_t, A... args) {
+    /* one OS thread per CUDA thread of a block, kept for every block of the launch (blocks run
+     * one after the other, separated by a barrier): creating threads is what costs here */
+    unsigned threads = block.x * block.y * block.z;
     unsigned char *buf = smem ? (unsigned char *)aligned_alloc(128, (smem + 127) / 128 * 128) : nullptr;
-    for (unsigned z = 0; z < grid.z; z++) for (unsigned y = 0; y < grid.y; y++) for (unsigned x = 0; x < grid.x; x++) {
-        if (buf) memset(buf, 0xff, smem); // NaN garbage: uninitialised smem must not matter
-        BlockSync bs; bs.block.n = threads; for (auto &w : bs.warp) w.n = 32;
-        std::vector<std::thread> th;
-        for (unsigned t = 0; t < threads; t++)
-            th.emplace_back([&, t] {
-                threadIdx = {t, 0, 0}; blockIdx = {x, y, z}; gridDim = grid; blockDim = dim3(threads);
-                sim_smem = buf; sim_smem_size = smem; sim_bs = &bs;
+    BlockSync bs; bs.block.n = threads; for (auto &w : bs.warp) w.n = 32;
+    Barrier between; between.n = threads;
+    std::vector<std::thread> th;
+    for (unsigned t = 0; t < threads; t++)
+        th.emplace_back([&, t] {
+            threadIdx = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
+            gridDim = grid; blockDim = block;
+            sim_smem = buf; sim_smem_size = smem; sim_bs = &bs;
+            for (unsigned z = 0; z < grid.z; z++) for (unsigned y = 0; y < grid.y; y++) for (unsigned x = 0; x < grid.x; x++) {
+                if (t == 0 && buf) memset(buf, 0xff, smem); // NaN garbage: uninitialised smem must not matter
+                between.wait();
+                blockIdx = {x, y, z};
                 k(args...);
-            });
-        for (auto &t : th) t.join();
-    }
+                between.wait();
+            }
+        });
+    for (auto &t : th) t.join();
     free(buf);
 }

@@ -31,6 +31,14 @@
 #define F32_ATOL 1e-6
 #define F32_SUM_ATOL 1e-4
 
+/* Under tests/cudasim (the CPU emulator `make test` runs this program on, one OS thread per
+ * CUDA thread, so a million-thread launch takes minutes) the largest cases are cut down. */
+#ifdef CUDASIM
+#define SIM_OR(sim, gpu) (sim)
+#else
+#define SIM_OR(sim, gpu) (gpu)
+#endif
+
 #define NEED_GPU()                                                                                 \
     do {                                                                                           \
         if (cuda_device_count() == 0) {                                                            \
@@ -204,7 +212,7 @@ static void test_cuda_embed_fwd_copies_rows(void **state)
 {
     (void)state;
     NEED_GPU();
-    const int N = 1000, V = 97, D = 777; /* D: 3 passes of 256 threads, the last partial */
+    const int N = SIM_OR(200, 1000), V = 97, D = 777; /* D: 3 passes of 256 threads, the last partial */
     uint16_t *table = hbuf((size_t)V * D * 2);
     double *table_d = hbuf((size_t)V * D * 8), *out_d = hbuf((size_t)N * D * 8);
     fill_bf16(table, table_d, (size_t)V * D, 1, 1.0, 0.0);
@@ -235,7 +243,7 @@ static void test_cuda_embed_bwd_sums_rows_in_token_order(void **state)
 {
     (void)state;
     NEED_GPU();
-    const int N = 1000, V = 97, D = 777;
+    const int N = SIM_OR(200, 1000), V = 97, D = 777;
     uint16_t *dout = hbuf((size_t)N * D * 2);
     double *dout_d = hbuf((size_t)N * D * 8), *dt_d = hbuf((size_t)V * D * 8);
     fill_bf16(dout, dout_d, (size_t)N * D, 3, 1.0, 0.0);
@@ -281,7 +289,7 @@ static void test_cuda_embed_bwd_sums_rows_in_token_order(void **state)
 /* ------------------------------------------------------------------------------------------
  * RMSNorm. Shapes: rows not a multiple of anything, D around and above the 256-thread block. */
 
-static const int rms_shapes[][2] = {{257, 1000}, {3, 4099}, {40, 31}};
+static const int rms_shapes[][2] = {{SIM_OR(65, 257), 1000}, {3, 4099}, {40, 31}};
 
 static void test_cuda_rmsnorm_fwd_matches_reference(void **state)
 {
@@ -375,7 +383,7 @@ static void test_cuda_rmsnorm_bwd_w_matches_reference_and_repeats_bitwise(void *
 {
     (void)state;
     NEED_GPU();
-    const int shapes[][2] = {{1000, 1000}, {5, 4099}, {33, 7}}; /* rows % 16, cols % 32 != 0 */
+    const int shapes[][2] = {{SIM_OR(200, 1000), SIM_OR(200, 1000)}, {5, 4099}, {33, 7}}; /* rows % 16, cols % 32 != 0 */
     for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
         int N = shapes[s][0], D = shapes[s][1];
         size_t nd = (size_t)N * D;
@@ -473,7 +481,7 @@ static void test_cuda_rope_bwd_matches_reference(void **state)
 /* ------------------------------------------------------------------------------------------
  * SwiGLU */
 
-static const size_t swiglu_n = 1000003;
+static const size_t swiglu_n = SIM_OR(20011, 1000003);
 
 static void test_cuda_swiglu_fwd_matches_reference(void **state)
 {
@@ -525,7 +533,7 @@ static void test_cuda_xent_matches_reference_in_and_out_of_place(void **state)
 {
     (void)state;
     NEED_GPU();
-    const int cases[][2] = {{33, 1000}, {64, 50304}, {3, 128256}};
+    const int cases[][2] = {{33, 1000}, {SIM_OR(8, 64), 50304}, {3, 128256}};
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
         int N = cases[c][0], V = cases[c][1];
         size_t nv = (size_t)N * V;

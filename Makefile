@@ -45,7 +45,7 @@ CUDA_SO_C := kernels/params.c kernels/config.c
 # (tests/cudasim) in `make test`, so CI exercises them without a GPU: each .cu is rewritten
 # mechanically (shared memory, launches) and compiled as C++ against the emulator's headers.
 SIM_NN    := embed rmsnorm rope swiglu xent nn_common
-SIM_TESTS := $(BUILD)/tests/test_cuda_attn_sim $(BUILD)/tests/test_cuda_nn_sim
+SIM_TESTS := $(BUILD)/tests/test_cuda_attn_sim $(BUILD)/tests/test_cuda_nn_sim $(BUILD)/tests/test_cuda_model_sim
 TESTS += $(SIM_TESTS)
 
 DEPS_STAMP := $(BUILD)/.deps-ok
@@ -88,7 +88,7 @@ $(BUILD)/cudasim/%.cpp: kernels/cuda/%.cu
 	@mkdir -p $(dir $@)
 	sed -E -e 's/extern __shared__ __align__\(128\) unsigned char smem\[\];/unsigned char *smem = sim_smem;/' \
 	       -e 's/__shared__ /static /g' \
-	       -e 's/([A-Za-z_][A-Za-z_0-9]*)<<<([^>]*)>>>\(/sim_launch(\1, \2, /g' $< > $@
+	       -e 's/([A-Za-z_][A-Za-z_0-9]*)<<<([^;]*)>>>\(/sim_launch(\1, \2, /g' $< > $@
 
 $(BUILD)/cudasim/%.o: $(BUILD)/cudasim/%.cpp tests/cudasim/sim.h $(wildcard kernels/cuda/*.h kernels/cuda/*.cuh)
 	$(CXX) -std=c++20 -O2 -Itests/cudasim/fake -I. -c $< -o $@
@@ -103,6 +103,17 @@ $(BUILD)/cudasim/test_%.o: tests/gpu/test_%.c | $(DEPS_STAMP)
 
 $(BUILD)/tests/test_cuda_attn_sim: $(BUILD)/cudasim/test_cuda_attn.o $(BUILD)/cudasim/attn.o $(BUILD)/cudasim/sim.o \
                                    $(BUILD)/libctitan.a
+	@mkdir -p $(dir $@)
+	$(CXX) -o $@ $^ $(LDLIBS) $(TESTLIBS) -fopenmp
+
+$(BUILD)/cudasim/matmul_sim.o: tests/cudasim/matmul_sim.cpp tests/cudasim/sim.h kernels/cuda/cuda_matmul.h | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CXX) -std=c++20 -O2 -I. -c $< -o $@
+
+# The CUDA model on the emulator, its products by matmul_sim.cpp (cuBLASLt cannot be emulated).
+$(BUILD)/tests/test_cuda_model_sim: $(BUILD)/cudasim/test_cuda_model.o $(BUILD)/cudasim/model.o \
+                                    $(BUILD)/cudasim/attn.o $(SIM_NN:%=$(BUILD)/cudasim/%.o) \
+                                    $(BUILD)/cudasim/matmul_sim.o $(BUILD)/cudasim/sim.o $(BUILD)/libctitan.a
 	@mkdir -p $(dir $@)
 	$(CXX) -o $@ $^ $(LDLIBS) $(TESTLIBS) -fopenmp
 

@@ -62,7 +62,23 @@ inline float __shfl_xor_sync(unsigned, float v, int o) {
 }
 
 typedef int cudaError_t; typedef void *cudaStream_t;
-enum { cudaSuccess = 0, cudaErrorInsufficientDriver = 35, cudaErrorNoDevice = 100 };
+enum { cudaSuccess = 0, cudaErrorMemoryAllocation = 2, cudaErrorInsufficientDriver = 35, cudaErrorNoDevice = 100 };
+/* The runtime calls the CUDA model makes, on host memory (streams are synchronous here). */
+enum cudaMemcpyKind { cudaMemcpyHostToHost, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
+enum { cudaStreamNonBlocking = 1 };
+inline cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return 0; }
+inline cudaError_t cudaMalloc(void **p, size_t b) {
+    if (posix_memalign(p, 256, b ? b : 1)) return cudaErrorMemoryAllocation;
+    memset(*p, 0xff, b); return 0; /* NaN garbage, as fresh device memory may hold */
+}
+inline cudaError_t cudaMallocHost(void **p, size_t b) { return cudaMalloc(p, b); }
+inline cudaError_t cudaFree(void *p) { free(p); return 0; }
+inline cudaError_t cudaFreeHost(void *p) { free(p); return 0; }
+inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t b, cudaMemcpyKind, void *) { memmove(d, s, b); return 0; }
+inline cudaError_t cudaMemsetAsync(void *d, int v, size_t b, void *) { memset(d, v, b); return 0; }
+inline cudaError_t cudaStreamCreateWithFlags(void **s, unsigned) { *s = nullptr; return 0; }
+inline cudaError_t cudaStreamDestroy(void *) { return 0; }
+inline cudaError_t cudaStreamSynchronize(void *) { return 0; }
 enum { cudaDevAttrMaxSharedMemoryPerBlockOptin = 97 };
 enum { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 inline cudaError_t cudaGetDevice(int *d) { *d = 0; return 0; }

@@ -1,5 +1,6 @@
 # ctitan: one flat Makefile, everything builds into build/ (programs in build/bin/).
-# make | make test | make test-gpu | make bench | make demo | make clean     (make CUDA=0 skips CUDA)
+# make | make test | make test-gpu | make bench | make bench-gpu | make demo | make clean
+# (make CUDA=0 skips CUDA)
 
 CC      ?= gcc
 BUILD   := build
@@ -54,7 +55,7 @@ ifeq ($(CUDA),1)
 ALL += $(GPU_TESTS) $(CUDA_SO)
 endif
 
-.PHONY: all test test-gpu bench demo clean deps
+.PHONY: all test test-gpu bench bench-gpu demo clean deps
 all: $(ALL)
 
 # Installs missing Debian packages (as root) before anything compiles.
@@ -158,6 +159,10 @@ test-gpu: all
 
 bench: $(BUILD)/bin/ctitan
 	$(BUILD)/bin/ctitan bench
+
+# ctitan on one GPU against PyTorch (tools/bench_gpu.sh); says so and stops without a GPU.
+bench-gpu: all
+	bash tools/bench_gpu.sh
 
 demo: $(BUILD)/bin/ctitan
 	bash tools/demo.sh

@@ -1,6 +1,8 @@
 /* `ctitan bench`: the machine's sgemm peak, per-op throughput, and the full
  * forward+backward+AdamW step of the demo and GPT-2-small-sized models, with tokens/s and
  * model FLOP utilisation against the peak measured in the same run. Prints markdown. */
+#include <dlfcn.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -168,6 +170,36 @@ static void bench_step(bench_t *b, const char *preset, const char *label, int B,
     params_table_free(&tab);
 }
 
+/* `ctitan bench --gpu-peak`: the card's measured bf16 matrix-product rate in TFLOP/s (the MFU
+ * denominator of `make bench-gpu`), from the CUDA plugin build/lib/libctitan_cuda.so. */
+static int gpu_peak(void)
+{
+    char exe[PATH_MAX], path[PATH_MAX + 64];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (n <= 0)
+        return 1;
+    exe[n] = 0;
+    *strrchr(exe, '/') = 0;
+    snprintf(path, sizeof(path), "%s/../lib/libctitan_cuda.so", exe);
+    void *so = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!so) {
+        fprintf(stderr, "bench: cannot load the CUDA backend %s: %s\n", path, dlerror());
+        return 1;
+    }
+    int (*peak)(int, double *);
+    const char *(*why)(void);
+    *(void **)&peak = dlsym(so, "cuda_matmul_peak_tflops");
+    *(void **)&why = dlsym(so, "cuda_matmul_last_error");
+    double t = 0;
+    int rc = peak && why ? peak(8192, &t) : -1;
+    if (rc)
+        fprintf(stderr, "bench: cannot measure the GPU's bf16 peak: %s\n", why ? why() : "no such function");
+    else
+        printf("%.1f\n", t);
+    dlclose(so);
+    return rc ? 1 : 0;
+}
+
 int cmd_bench(int argc, char **argv)
 {
     bench_t b = {.threads = (int)sysconf(_SC_NPROCESSORS_ONLN)};
@@ -176,6 +208,8 @@ int cmd_bench(int argc, char **argv)
             b.quick = 1;
         } else if (!strcmp(argv[i], "--checkpoints")) {
             b.ckpt_only = 1;
+        } else if (!strcmp(argv[i], "--gpu-peak")) {
+            return gpu_peak();
         } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
             b.threads = atoi(argv[++i]);
             if (b.threads < 1) {
@@ -183,10 +217,11 @@ int cmd_bench(int argc, char **argv)
                 return 2;
             }
         } else if (!strcmp(argv[i], "--help")) {
-            printf("usage: ctitan bench [--threads N] [--quick] [--checkpoints]\n"
+            printf("usage: ctitan bench [--threads N] [--quick] [--checkpoints] | --gpu-peak\n"
                    "Prints the sgemm peak, per-op rates, the training step of the demo and\n"
                    "GPT-2-small-sized models, the process pipeline and checkpoints as markdown tables\n"
-                   "(--checkpoints: only the checkpoint section).\n");
+                   "(--checkpoints: only the checkpoint section). --gpu-peak prints the GPU's measured\n"
+                   "bf16 matrix-product rate in TFLOP/s (make bench-gpu: tools/bench_gpu.sh).\n");
             return 0;
         } else {
             fprintf(stderr, "bench: unknown argument '%s' (try --help)\n", argv[i]);

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# `make bench-gpu`: ctitan on one GPU against a plain PyTorch implementation of the same model
+# (tools/torch_llama.py, torch.compile + bf16 autocast), in the same invocation. For the demo
+# model and a ~1B Llama (dim 2048, 16 layers, 16 heads, 8 KV heads, seq 2048), pipeline degree
+# 1 and 2 on the one GPU: tokens/s, MFU against the card's measured bf16 matrix-product rate
+# (`ctitan bench --gpu-peak`), and the ratio to PyTorch's tokens/s. Prints markdown.
+#
+# Needs an NVIDIA GPU, a built tree (make) and python3 with PyTorch; on the lent GPU machine
+# source .gpu-deps/env.sh first (NOTES.md). Without a GPU it says so and exits 2.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=build/bin/ctitan
+steps=${BENCH_GPU_STEPS:-12}
+
+if [ ! -e /dev/nvidiactl ]; then
+  echo "bench-gpu: no NVIDIA GPU on this machine: nothing measured" >&2
+  exit 2
+fi
+python3 -c 'import torch' 2>/dev/null || { echo "bench-gpu: python3 has no PyTorch" >&2; exit 2; }
+peak=$("$bin" bench --gpu-peak)
+dir=$(mktemp -d /tmp/ctitan-bench-gpu-XXXXXX)
+trap 'rm -rf "$dir"' EXIT
+
+# Random tokens in llm.c's format (256 int32 header: magic 20240520, version 1, count; uint16),
+# below 2048 so that they suit both vocabularies.
+python3 - "$dir/tokens.bin" <<'EOF'
+import random, struct, sys
+n, v = 4_000_000, 2048
+random.seed(1)
+hdr = [20240520, 1, n] + [0] * 253
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<256i", *hdr))
+    f.write(struct.pack("<%dH" % n, *(random.randrange(v) for _ in range(n))))
+EOF
+
+# median of a metrics field over steps 3.. (the first steps warm up)
+median() { python3 - "$1" "$2" <<'EOF'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])][2:]
+print(statistics.median(r[sys.argv[2]] for r in rows))
+EOF
+}
+
+echo "# ctitan bench-gpu, $(date -u +%F), $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+echo
+echo "bf16 matrix-product peak (cuBLASLt, 8192^3, measured now): **$peak TFLOP/s**; MFU is against it."
+echo "ctitan: \`ctitan launch\` with \`--job.device cuda\` (stages on the GPU, optimizer shards on the CPU),"
+echo "$steps steps, medians of steps 3..$steps. PyTorch: tools/torch_llama.py bench, the same model and batch."
+echo
+echo "| model | pp | batch x seq | ctitan tokens/s | ctitan MFU | PyTorch tokens/s | ctitan / PyTorch |"
+echo "|---|---|---|---|---|---|---|"
+run() { # label flavor dim layers heads kv vocab seq batch pp microbatches
+  local label=$1 flavor=$2 dim=$3 layers=$4 heads=$5 kv=$6 vocab=$7 seq=$8 batch=$9 pp=${10} mb=${11}
+  local m="$dir/$flavor-$pp.jsonl"
+  if ! "$bin" launch manifests/demo.toml --job.name "benchgpu$$" --job.dump_folder "$dir/runs" \
+      --job.device cuda --model.flavor "$flavor" --model.tokenizer_path "" --model.vocab_size "$vocab" \
+      --training.steps "$steps" --training.seq_len "$seq" --training.local_batch_size "$batch" \
+      --parallelism.pipeline_parallel_degree "$pp" --parallelism.pipeline_parallel_microbatches "$mb" \
+      --checkpoint.enable false --validation.enable false --sample.tokens 0 \
+      --loader.dataset_path "$dir/tokens.bin" --metrics.file "$m" --metrics.peak_tflops "$peak" \
+      > "$dir/launch.out" 2>&1; then
+    echo "| $label | $pp | ${batch}x$seq | failed: $(tail -1 "$dir/launch.out") | | | |"
+    return
+  fi
+  local tps mfu torch
+  tps=$(median "$m" tokens_per_s)
+  mfu=$(median "$m" mfu)
+  torch=$(python3 tools/torch_llama.py bench --dim "$dim" --n-layers "$layers" --n-heads "$heads" \
+          --n-kv-heads "$kv" --vocab "$vocab" --seq "$seq" --batch "$batch" --steps 10 |
+          python3 -c 'import json,sys; print(json.load(sys.stdin)["tokens_per_s"])')
+  python3 -c "import sys; t,m,p=map(float,sys.argv[1:4]); print('| $label | $pp | ${batch}x$seq | %.0f | %.1f%% | %.0f | %.2f |' % (t, 100*m, p, t/p))" \
+    "$tps" "$mfu" "$torch"
+}
+run "demo (debugmodel)" debugmodel 256 6 16 16 2048 256 8 1 1
+run "demo (debugmodel)" debugmodel 256 6 16 16 2048 256 8 2 8
+run "~1B Llama" llama1b 2048 16 16 8 32000 2048 4 1 1
+run "~1B Llama" llama1b 2048 16 16 8 32000 2048 4 2 4
+echo
+echo "Peak GPU memory is not reported for ctitan yet (the stages do not measure it)."

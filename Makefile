@@ -48,9 +48,12 @@ CUDA_SO_C := kernels/params.c kernels/config.c
 SIM_NN    := embed rmsnorm rope swiglu xent nn_common
 SIM_TESTS := $(BUILD)/tests/test_cuda_attn_sim $(BUILD)/tests/test_cuda_nn_sim $(BUILD)/tests/test_cuda_model_sim
 TESTS += $(SIM_TESTS)
+# The same, as the stage's CUDA plugin: test_launch runs a `--job.device cuda` job on it
+# (CTITAN_CUDA_PLUGIN points the stage at it).
+SIM_SO := $(BUILD)/lib/libctitan_cuda_sim.so
 
 DEPS_STAMP := $(BUILD)/.deps-ok
-ALL := $(BUILD)/bin/ctitan $(ROLE_BINS) $(BUILD)/bin/checkpointd $(TESTS)
+ALL := $(BUILD)/bin/ctitan $(ROLE_BINS) $(BUILD)/bin/checkpointd $(TESTS) $(SIM_SO)
 ifeq ($(CUDA),1)
 ALL += $(GPU_TESTS) $(CUDA_SO)
 endif
@@ -92,11 +95,11 @@ $(BUILD)/cudasim/%.cpp: kernels/cuda/%.cu
 	       -e 's/([A-Za-z_][A-Za-z_0-9]*)<<<([^;]*)>>>\(/sim_launch(\1, \2, /g' $< > $@
 
 $(BUILD)/cudasim/%.o: $(BUILD)/cudasim/%.cpp tests/cudasim/sim.h $(wildcard kernels/cuda/*.h kernels/cuda/*.cuh)
-	$(CXX) -std=c++20 -O2 -Itests/cudasim/fake -I. -c $< -o $@
+	$(CXX) -std=c++20 -O2 -fPIC -Itests/cudasim/fake -I. -c $< -o $@
 
 $(BUILD)/cudasim/sim.o: tests/cudasim/sim.cpp tests/cudasim/sim.h | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
-	$(CXX) -std=c++20 -O2 -c $< -o $@
+	$(CXX) -std=c++20 -O2 -fPIC -c $< -o $@
 
 $(BUILD)/cudasim/test_%.o: tests/gpu/test_%.c | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
@@ -109,7 +112,12 @@ $(BUILD)/tests/test_cuda_attn_sim: $(BUILD)/cudasim/test_cuda_attn.o $(BUILD)/cu
 
 $(BUILD)/cudasim/matmul_sim.o: tests/cudasim/matmul_sim.cpp tests/cudasim/sim.h kernels/cuda/cuda_matmul.h | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
-	$(CXX) -std=c++20 -O2 -I. -c $< -o $@
+	$(CXX) -std=c++20 -O2 -fPIC -I. -c $< -o $@
+
+$(SIM_SO): $(BUILD)/cudasim/model.o $(BUILD)/cudasim/attn.o $(SIM_NN:%=$(BUILD)/cudasim/%.o) \
+           $(BUILD)/cudasim/matmul_sim.o $(BUILD)/cudasim/sim.o $(CUDA_SO_C:%.c=$(BUILD)/pic/%.o)
+	@mkdir -p $(dir $@)
+	$(CXX) -shared -Wl,-Bsymbolic -o $@ $^ -lpthread -lm
 
 # The CUDA model on the emulator, its products by matmul_sim.cpp (cuBLASLt cannot be emulated).
 $(BUILD)/tests/test_cuda_model_sim: $(BUILD)/cudasim/test_cuda_model.o $(BUILD)/cudasim/model.o \

@@ -587,6 +587,43 @@ static void test_launch_cuda_device_trains_or_fails_cleanly(void **state)
     assert_clean(b);
 }
 
+/* The same job on the emulated CUDA backend (tests/cudasim, a CPU stand-in for the GPU): the
+ * stages' CUDA path (plugin, weights up, gradients back, hand-offs between two stages) gives
+ * the CPU's losses within bf16's tolerance. Two steps: the emulator takes seconds a step. */
+static void test_launch_cuda_path_on_the_emulated_backend(void **state)
+{
+    NEED_BIN();
+    static char out[1 << 16];
+    char a[32], b[32], so[512], extra[512];
+    snprintf(so, sizeof(so), "%s", bin());
+    *strrchr(so, '/') = 0;
+    strcat(so, "/../lib/libctitan_cuda_sim.so");
+    if (access(so, R_OK)) {
+        print_message("%s not built: skipping\n", so);
+        skip();
+    }
+    const char *shape = "--model.dim 128 --model.n_heads 2 --model.n_kv_heads 1 --training.steps 2";
+    job_name(a, sizeof(a), "simcpu");
+    job_name(b, sizeof(b), "simgpu");
+    assert_int_equal(launch(a, shape, out, sizeof(out)), 0);
+    snprintf(extra, sizeof(extra), "%s --job.device cuda", shape);
+    setenv("CTITAN_CUDA_PLUGIN", so, 1);
+    int rc = launch(b, extra, out, sizeof(out));
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+    static char la[MAX_STEPS][40], lb[MAX_STEPS][40];
+    assert_int_equal(losses(a, la), 2);
+    assert_int_equal(losses(b, lb), 2);
+    for (int i = 0; i < 2; i++) {
+        print_message("step %d: cpu %s, emulated cuda %s\n", i + 1, la[i], lb[i]);
+        assert_true(fabs(atof(la[i]) - atof(lb[i])) <= 0.01 * atof(la[i]));
+        assert_true(strcmp(la[i], lb[i])); /* bf16: not the same bits, so it did not run on the CPU */
+    }
+    assert_clean(b);
+}
+
 static void test_launch_rejects_bad_checkpoint_keys(void **state)
 {
     NEED_BIN();
@@ -1136,6 +1173,7 @@ int main(void)
         cmocka_unit_test(test_launch_streams_checkpoints_to_a_remote_checkpointd),
         cmocka_unit_test(test_launch_rejects_bad_checkpoint_keys),
         cmocka_unit_test(test_launch_cuda_device_trains_or_fails_cleanly),
+        cmocka_unit_test(test_launch_cuda_path_on_the_emulated_backend),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

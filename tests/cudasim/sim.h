@@ -1,5 +1,5 @@
-// A CPU emulator of the CUDA subset kernels/cuda/attn.cu uses, so `make test` runs the real
-// attention kernels without a GPU: one OS thread per CUDA thread, barriers for
+// A CPU emulator of the CUDA subset kernels/cuda/ uses, so `make test` runs the real kernels
+// without a GPU: one fiber per CUDA thread (sim.cpp), barriers for
 // __syncthreads/__syncwarp/shuffles, WMMA with its documented semantics (lane 0 does the work).
 // Static __shared__ arrays become function statics (one block runs at a time, so they are the
 // block's). Its WMMA fragment layouts are our reading of the documentation: a misreading would agree
@@ -8,7 +8,7 @@
 #define __CUDACC__ 1 /* the kernels' device-side code paths */
 #include <cassert>
 #include <cmath>
-#include <condition_variable>
+#include <functional>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -40,16 +40,15 @@ inline __nv_bfloat16 __float2bfloat16(float f) {
 }
 inline float __bfloat162float(__nv_bfloat16 h) { uint32_t u = (uint32_t)h.x << 16; float f; memcpy(&f, &u, 4); return f; }
 
-struct Barrier {
-    std::mutex m; std::condition_variable cv; int n = 0, count = 0; long gen = 0;
-    void wait() { std::unique_lock<std::mutex> l(m); long g = gen;
-        if (++count == n) { count = 0; gen++; cv.notify_all(); } else cv.wait(l, [&] { return gen != g; }); }
-};
-struct BlockSync { Barrier block; Barrier warp[32]; float xch[32][32]; std::atomic<int> any{0}; };
+/* CUDA threads are fibers (ucontext) on the calling OS thread: a block's fibers run in turn
+ * until each reaches a barrier or ends; a barrier is released once every live thread of the
+ * block (or of the warp) waits on it. Warp exchanges go through xch. */
+struct BlockSync { float xch[32][32]; int any = 0; };
 extern thread_local BlockSync *sim_bs;
+void sim_wait(int warp); /* -1: the block's barrier; w >= 0: warp w's */
 inline int sim_tid() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
-inline void __syncthreads() { sim_bs->block.wait(); }
-inline void __syncwarp(unsigned = 0xffffffffu) { sim_bs->warp[sim_tid() / 32].wait(); }
+inline void __syncthreads() { sim_wait(-1); }
+inline void __syncwarp(unsigned = 0xffffffffu) { sim_wait(sim_tid() / 32); }
 inline int __syncthreads_or(int p) {
     if (p) sim_bs->any = 1;
     __syncthreads(); int r = sim_bs->any; __syncthreads();
@@ -136,28 +135,9 @@ inline unsigned __ballot_sync(unsigned, int pred) {
 }
 inline int __ffs(int x) { return __builtin_ffs(x); }
 
+void sim_run(dim3 grid, dim3 block, size_t smem, const std::function<void()> &kernel);
+
 template <typename... KA, typename... A>
 void sim_launch(void (*k)(KA...), dim3 grid, dim3 block, size_t smem, cudaStream_t, A... args) {
-    /* one OS thread per CUDA thread of a block, kept for every block of the launch (blocks run
-     * one after the other, separated by a barrier): creating threads is what costs here */
-    unsigned threads = block.x * block.y * block.z;
-    unsigned char *buf = smem ? (unsigned char *)aligned_alloc(128, (smem + 127) / 128 * 128) : nullptr;
-    BlockSync bs; bs.block.n = threads; for (auto &w : bs.warp) w.n = 32;
-    Barrier between; between.n = threads;
-    std::vector<std::thread> th;
-    for (unsigned t = 0; t < threads; t++)
-        th.emplace_back([&, t] {
-            threadIdx = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
-            gridDim = grid; blockDim = block;
-            sim_smem = buf; sim_smem_size = smem; sim_bs = &bs;
-            for (unsigned z = 0; z < grid.z; z++) for (unsigned y = 0; y < grid.y; y++) for (unsigned x = 0; x < grid.x; x++) {
-                if (t == 0 && buf) memset(buf, 0xff, smem); // NaN garbage: uninitialised smem must not matter
-                between.wait();
-                blockIdx = {x, y, z};
-                k(args...);
-                between.wait();
-            }
-        });
-    for (auto &t : th) t.join();
-    free(buf);
+    sim_run(grid, block, smem, [&] { k(args...); });
 }

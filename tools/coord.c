@@ -211,6 +211,27 @@ static void restart_ckptd(coord_t *c, const char *how)
     LOG_W("checkpointd %s; restarted (pid %d)", how, (int)d->pid);
 }
 
+static void on_message(coord_t *c, const char *from, msg_t *m);
+
+/* A worker that fails reports why (ERROR) and then exits; its exit can be seen before the
+ * report is read. Handles control messages for up to `secs` until the job has failed, so the
+ * worker's own reason wins over "exited with status 1". */
+static void drain_errors(coord_t *c, double secs)
+{
+    double deadline = util_now() + secs;
+    while (!c->failed && util_now() < deadline) {
+        zmq_pollitem_t item = {.socket = ctl_socket(c->ctl), .events = ZMQ_POLLIN};
+        if (zmq_poll(&item, 1, 10) <= 0)
+            continue;
+        char from[CTL_ID_MAX], err[256];
+        msg_t m;
+        while (!c->failed && ctl_recv(c->ctl, 0, from, &m, err, sizeof(err)) == 0) {
+            on_message(c, from, &m);
+            msg_clear(&m);
+        }
+    }
+}
+
 /* Reaps every exited child. */
 static void reap(coord_t *c)
 {
@@ -240,6 +261,11 @@ static void reap(coord_t *c)
             snprintf(what, sizeof(what), "(pid %d) %s", (int)pid, how);
             restart_loader(c, what);
         } else {
+            if (WIFEXITED(st) && WEXITSTATUS(st) != 0) { /* it may have said why just before */
+                p->pid = pid;
+                drain_errors(c, 0.5);
+                p->pid = 0;
+            }
             fail(c, "%s (pid %d) %s%s", who(p, name, sizeof(name)), (int)pid, how,
                  was_ready ? "" : " before it was ready");
         }

@@ -35,6 +35,7 @@ CU_OBJS   := $(CU_SRCS:%.cu=$(BUILD)/obj/%.o)
 GPU_TEST_SRCS := $(wildcard tests/gpu/test_*.c)
 GPU_TESTS := $(GPU_TEST_SRCS:tests/gpu/%.c=$(BUILD)/tests/gpu/%)
 CUDALIBS  := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lcublas -lstdc++
+GPUTESTLIBS := $(CUDALIBS) -lnccl
 
 # The CUDA backend as a plugin the stage process loads with dlopen when [job] device = "cuda"
 # (linking the CUDA libraries into every process would cost ~150 ms per process start): the
@@ -153,9 +154,11 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(BUILD)/libctitan.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(TESTLIBS)
 
+$(BUILD)/obj/tests/gpu/%.o: CFLAGS += -I$(CUDA_HOME)/include
+
 $(BUILD)/tests/gpu/%: $(BUILD)/obj/tests/gpu/%.o $(BUILD)/libctitan_cuda.a $(BUILD)/libctitan.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(CUDALIBS) $(TESTLIBS)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(GPUTESTLIBS) $(TESTLIBS)
 
 # Every cmocka program runs; the last line sums them up ("N passed, N failed").
 test: all

@@ -46,7 +46,7 @@ CUDA_SO_C := kernels/params.c kernels/config.c
 # The CUDA kernels of kernels/cuda/ (all but the cuBLASLt products) also run on a CPU emulator
 # (tests/cudasim) in `make test`, so CI exercises them without a GPU: each .cu is rewritten
 # mechanically (shared memory, launches) and compiled as C++ against the emulator's headers.
-SIM_NN    := embed rmsnorm rope swiglu xent nn_common
+SIM_NN    := embed rmsnorm rope swiglu xent nn_common cuda_err
 SIM_TESTS := $(BUILD)/tests/test_cuda_attn_sim $(BUILD)/tests/test_cuda_nn_sim $(BUILD)/tests/test_cuda_model_sim
 TESTS += $(SIM_TESTS)
 # The same, as the stage's CUDA plugin: test_launch runs a `--job.device cuda` job on it
@@ -106,7 +106,8 @@ $(BUILD)/cudasim/test_%.o: tests/gpu/test_%.c | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DCUDASIM -c $< -o $@
 
-$(BUILD)/tests/test_cuda_attn_sim: $(BUILD)/cudasim/test_cuda_attn.o $(BUILD)/cudasim/attn.o $(BUILD)/cudasim/sim.o \
+$(BUILD)/tests/test_cuda_attn_sim: $(BUILD)/cudasim/test_cuda_attn.o $(BUILD)/cudasim/attn.o \
+                                   $(BUILD)/cudasim/cuda_err.o $(BUILD)/cudasim/sim.o \
                                    $(BUILD)/libctitan.a
 	@mkdir -p $(dir $@)
 	$(CXX) -o $@ $^ $(LDLIBS) $(TESTLIBS) -fopenmp

@@ -6,19 +6,8 @@
 
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/cuda_err.h"
 #include "kernels/cuda/cuda_ops.h"
-
-static thread_local char last_error[256] = "no error";
-
-static int check(cudaError_t e, const char *what)
-{
-    if (e == cudaSuccess)
-        return 0;
-    snprintf(last_error, sizeof(last_error), "%s: %s", what, cudaGetErrorString(e));
-    return e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver ? -ENODEV : -EIO;
-}
-
-extern "C" const char *cuda_last_error(void) { return last_error; }
 
 extern "C" int cuda_device_count(void)
 {
@@ -49,8 +38,7 @@ extern "C" int cuda_adamw(float *param, const float *grad, float *m, float *v, s
                           float beta1, float beta2, float eps, float wd, int step, void *stream)
 {
     if (step < 1 || !param || !grad || !m || !v) {
-        snprintf(last_error, sizeof(last_error), "cuda_adamw: bad arguments (step %d)", step);
-        return -EINVAL;
+        return cuda_err(-EINVAL, "cuda_adamw: bad arguments (step %d)", step);
     }
     if (n == 0)
         return 0;
@@ -60,16 +48,16 @@ extern "C" int cuda_adamw(float *param, const float *grad, float *m, float *v, s
         blocks = 65535 * 8;
     adamw_kernel<<<(unsigned)blocks, 256, 0, (cudaStream_t)stream>>>(param, grad, m, v, n, lr, beta1,
                                                                       beta2, eps, wd, bc1, bc2);
-    return check(cudaGetLastError(), "cuda_adamw launch");
+    return cuda_err_status(cudaGetLastError(), "cuda_adamw launch");
 }
 
-extern "C" int cuda_alloc(void **p, size_t bytes) { return check(cudaMalloc(p, bytes), "cudaMalloc"); }
-extern "C" int cuda_free(void *p) { return check(cudaFree(p), "cudaFree"); }
+extern "C" int cuda_alloc(void **p, size_t bytes) { return cuda_err_status(cudaMalloc(p, bytes), "cudaMalloc"); }
+extern "C" int cuda_free(void *p) { return cuda_err_status(cudaFree(p), "cudaFree"); }
 extern "C" int cuda_copy_to_device(void *dst, const void *src, size_t bytes)
 {
-    return check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+    return cuda_err_status(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
 }
 extern "C" int cuda_copy_to_host(void *dst, const void *src, size_t bytes)
 {
-    return check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+    return cuda_err_status(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
 }

@@ -21,6 +21,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/cuda_attn.h"
+#include "kernels/cuda/cuda_err.h"
 
 using namespace nvcuda;
 typedef __nv_bfloat16 bf16;
@@ -404,26 +405,8 @@ __global__ void __launch_bounds__(NTHREADS)
 // ---------------------------------------------------------------------------------------------
 // Launchers
 
-static thread_local char last_error[256] = "no error";
+extern "C" const char *cuda_attn_last_error(void) { return cuda_err_text(); }
 
-extern "C" const char *cuda_attn_last_error(void) { return last_error; }
-
-__attribute__((format(printf, 2, 3))) static int fail(int rc, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(last_error, sizeof(last_error), fmt, ap);
-    va_end(ap);
-    return rc;
-}
-
-static int check(cudaError_t e, const char *what)
-{
-    if (e == cudaSuccess)
-        return 0;
-    int rc = e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver ? -ENODEV : -EIO;
-    return fail(rc, "%s: %s", what, cudaGetErrorString(e));
-}
 
 static bool aligned16(const void *p) { return p && (uintptr_t)p % 16 == 0; }
 static bool aligned4(const void *p) { return p && (uintptr_t)p % 4 == 0; }
@@ -436,12 +419,12 @@ static bool aligned4(const void *p) { return p && (uintptr_t)p % 4 == 0; }
 static int check_shape(const char *fn, int B, int T, int H, int Hkv, int hd)
 {
     if (B <= 0 || T <= 0 || H <= 0 || Hkv <= 0 || H % Hkv != 0)
-        return fail(-EINVAL, "%s: bad shape B=%d T=%d H=%d Hkv=%d (all > 0, H %% Hkv == 0)", fn, B,
+        return cuda_err(-EINVAL, "%s: bad shape B=%d T=%d H=%d Hkv=%d (all > 0, H %% Hkv == 0)", fn, B,
                     T, H, Hkv);
     if (hd != 16 && hd != 32 && hd != 64 && hd != 128)
-        return fail(-EINVAL, "%s: head dim %d not supported (16, 32, 64 or 128)", fn, hd);
+        return cuda_err(-EINVAL, "%s: head dim %d not supported (16, 32, 64 or 128)", fn, hd);
     if (H > 65535 || B > 65535)
-        return fail(-EINVAL, "%s: B=%d H=%d over the grid limit 65535", fn, B, H);
+        return cuda_err(-EINVAL, "%s: B=%d H=%d over the grid limit 65535", fn, B, H);
     return 0;
 }
 
@@ -450,16 +433,16 @@ static int check_shape(const char *fn, int B, int T, int H, int Hkv, int hd)
 template <typename F> static int prepare(F kernel, size_t smem, const char *fn)
 {
     int dev = 0, optin = 0, rc;
-    if ((rc = check(cudaGetDevice(&dev), fn)) < 0)
+    if ((rc = cuda_err_status(cudaGetDevice(&dev), fn)) < 0)
         return rc;
-    if ((rc = check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+    if ((rc = cuda_err_status(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
                     fn)) < 0)
         return rc;
     if (smem > (size_t)optin)
-        return fail(-EINVAL, "%s: needs %zu bytes of shared memory per block, device %d allows %d",
+        return cuda_err(-EINVAL, "%s: needs %zu bytes of shared memory per block, device %d allows %d",
                     fn, smem, dev, optin);
     if (smem > 48 * 1024)
-        return check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        return cuda_err_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           (int)smem),
                      fn);
     return 0;
@@ -477,7 +460,7 @@ static int fwd_launch(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const
     dim3 grid((T + BR_ - 1) / BR_, H, B);
     kernel<<<grid, NTHREADS, smem, st>>>(out, lse, q, k, v, T, H, Hkv,
                                          (float)(LOG2E / sqrt((double)HD)));
-    return check(cudaGetLastError(), "cuda_attn_fwd launch");
+    return cuda_err_status(cudaGetLastError(), "cuda_attn_fwd launch");
 }
 
 extern "C" int cuda_attn_fwd(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k,
@@ -487,7 +470,7 @@ extern "C" int cuda_attn_fwd(uint16_t *out, float *lse, const uint16_t *q, const
     if (rc < 0)
         return rc;
     if (!aligned16(out) || !aligned4(lse) || !aligned16(q) || !aligned16(k) || !aligned16(v))
-        return fail(-EINVAL, "cuda_attn_fwd: NULL or misaligned pointer (out, q, k, v need 16 "
+        return cuda_err(-EINVAL, "cuda_attn_fwd: NULL or misaligned pointer (out, q, k, v need 16 "
                              "bytes, lse 4)");
     cudaStream_t st = (cudaStream_t)stream;
     switch (hd) {
@@ -518,19 +501,19 @@ static int bwd_launch(bf16 *dq, bf16 *dk, bf16 *dv, float *delta, const bf16 *do
     if (blocks > 65535 * 16)
         blocks = 65535 * 16;
     attn_delta_kernel<<<(unsigned)blocks, NTHREADS, 0, st>>>(delta, dout, out, rows, T, H, HD);
-    if ((rc = check(cudaGetLastError(), "cuda_attn_bwd delta launch")) < 0)
+    if ((rc = cuda_err_status(cudaGetLastError(), "cuda_attn_bwd delta launch")) < 0)
         return rc;
 
     dim3 qgrid((T + BR_ - 1) / BR_, H, B);
     dq_kernel<<<qgrid, NTHREADS, L::dq, st>>>(dq, dout, q, k, v, lse, delta, T, H, Hkv, scale,
                                                scale_log2);
-    if ((rc = check(cudaGetLastError(), "cuda_attn_bwd dq launch")) < 0)
+    if ((rc = cuda_err_status(cudaGetLastError(), "cuda_attn_bwd dq launch")) < 0)
         return rc;
 
     dim3 kgrid((T + BC_ - 1) / BC_, Hkv, B);
     dkdv_kernel<<<kgrid, NTHREADS, L::dkdv, st>>>(dk, dv, dout, q, k, v, lse, delta, T, H, Hkv,
                                                    scale, scale_log2);
-    return check(cudaGetLastError(), "cuda_attn_bwd dk/dv launch");
+    return cuda_err_status(cudaGetLastError(), "cuda_attn_bwd dk/dv launch");
 }
 
 extern "C" int cuda_attn_bwd(uint16_t *dq, uint16_t *dk, uint16_t *dv, float *delta,
@@ -544,7 +527,7 @@ extern "C" int cuda_attn_bwd(uint16_t *dq, uint16_t *dk, uint16_t *dv, float *de
     if (!aligned16(dq) || !aligned16(dk) || !aligned16(dv) || !aligned4(delta) ||
         !aligned16(dout) || !aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(out) ||
         !aligned4(lse))
-        return fail(-EINVAL, "cuda_attn_bwd: NULL or misaligned pointer (bf16 tensors need 16 "
+        return cuda_err(-EINVAL, "cuda_attn_bwd: NULL or misaligned pointer (bf16 tensors need 16 "
                              "bytes, delta and lse 4)");
     cudaStream_t st = (cudaStream_t)stream;
     switch (hd) {

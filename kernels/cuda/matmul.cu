@@ -18,39 +18,20 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/cuda_err.h"
 #include "kernels/cuda/cuda_matmul.h"
 
 #define WORKSPACE_BYTES ((size_t)32 << 20) // what NVIDIA recommends for cuBLAS(Lt) on Hopper
 #define PLAN_SLOTS 64 // a Llama stage has ~6 shapes x 3 products; more just replaces old plans
 
-static thread_local char last_error[256] = "no error";
+extern "C" const char *cuda_matmul_last_error(void) { return cuda_err_text(); }
 
-extern "C" const char *cuda_matmul_last_error(void) { return last_error; }
-
-static int fail(int rc, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(last_error, sizeof(last_error), fmt, ap);
-    va_end(ap);
-    return rc;
-}
-
-static int cuda_check(cudaError_t e, const char *what)
-{
-    if (e == cudaSuccess)
-        return 0;
-    int rc = e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver ? -ENODEV
-             : e == cudaErrorMemoryAllocation                             ? -ENOMEM
-                                                                          : -EIO;
-    return fail(rc, "%s: %s", what, cudaGetErrorString(e));
-}
 
 static int lt_check(cublasStatus_t s, const char *what)
 {
     if (s == CUBLAS_STATUS_SUCCESS)
         return 0;
-    return fail(-EIO, "%s: %s (%d)", what, cublasLtGetStatusName(s), (int)s);
+    return cuda_err(-EIO, "%s: %s (%d)", what, cublasLtGetStatusName(s), (int)s);
 }
 
 enum { MM_FWD, MM_BWD_X, MM_BWD_W };
@@ -78,22 +59,22 @@ struct cuda_matmul_ctx {
 extern "C" int cuda_matmul_ctx_new(cuda_matmul_ctx_t **out)
 {
     if (!out)
-        return fail(-EINVAL, "cuda_matmul_ctx_new: NULL out");
+        return cuda_err(-EINVAL, "cuda_matmul_ctx_new: NULL out");
     *out = NULL;
     int ndev = 0;
     cudaError_t e = cudaGetDeviceCount(&ndev);
     if (e != cudaSuccess || ndev == 0) {
         cudaGetLastError(); // clear the sticky "no device" error
         // The reason matters on a GPU machine: a driver too old for this runtime reads as no device.
-        return fail(-ENODEV, "cuda_matmul_ctx_new: no usable CUDA device (%s)",
+        return cuda_err(-ENODEV, "cuda_matmul_ctx_new: no usable CUDA device (%s)",
                     e != cudaSuccess ? cudaGetErrorString(e) : "none found");
     }
     cuda_matmul_ctx_t *c = (cuda_matmul_ctx_t *)calloc(1, sizeof(*c));
     if (!c)
-        return fail(-ENOMEM, "cuda_matmul_ctx_new: out of host memory");
-    int rc = cuda_check(cudaGetDevice(&c->device), "cuda_matmul_ctx_new: cudaGetDevice");
+        return cuda_err(-ENOMEM, "cuda_matmul_ctx_new: out of host memory");
+    int rc = cuda_err_status(cudaGetDevice(&c->device), "cuda_matmul_ctx_new: cudaGetDevice");
     if (!rc)
-        rc = cuda_check(cudaMalloc(&c->workspace, WORKSPACE_BYTES), "cuda_matmul_ctx_new: workspace");
+        rc = cuda_err_status(cudaMalloc(&c->workspace, WORKSPACE_BYTES), "cuda_matmul_ctx_new: workspace");
     if (!rc)
         rc = lt_check(cublasLtCreate(&c->lt), "cuda_matmul_ctx_new: cublasLtCreate");
     if (rc) {
@@ -211,7 +192,7 @@ static int plan_init(cuda_matmul_ctx_t *ctx, struct plan *p)
     if (rc)
         return rc;
     if (found < 1 || res.state != CUBLAS_STATUS_SUCCESS)
-        return fail(-EIO, "%s: cuBLASLt has no algorithm for N=%d Din=%d Dout=%d (alignments %u/%u/%u)",
+        return cuda_err(-EIO, "%s: cuBLASLt has no algorithm for N=%d Din=%d Dout=%d (alignments %u/%u/%u)",
                     what, p->N, p->Din, p->Dout, p->align_a, p->align_b, p->align_d);
     p->algo = res.algo;
     return 0;
@@ -257,9 +238,9 @@ static int run(cuda_matmul_ctx_t *ctx, int kind, void *D, const void *A, const v
 {
     const char *what = mm_name[kind];
     if (!D || !A || !B)
-        return fail(-EINVAL, "%s: NULL buffer", what);
+        return cuda_err(-EINVAL, "%s: NULL buffer", what);
     if (N < 1 || Din < 1 || Dout < 1)
-        return fail(-EINVAL, "%s: shape N=%d Din=%d Dout=%d, every dimension must be >= 1", what, N, Din,
+        return cuda_err(-EINVAL, "%s: shape N=%d Din=%d Dout=%d, every dimension must be >= 1", what, N, Din,
                     Dout);
     // Element counts of the buffers as (A, B, D).
     size_t nx = (size_t)N * Din, nw = (size_t)Dout * Din, ny = (size_t)N * Dout;
@@ -267,17 +248,17 @@ static int run(cuda_matmul_ctx_t *ctx, int kind, void *D, const void *A, const v
     size_t nd = kind == MM_FWD ? ny : kind == MM_BWD_X ? nx : nw;
     size_t dsize = kind == MM_BWD_W ? 4 : 2;
     if ((uintptr_t)A % 2 || (uintptr_t)B % 2 || (uintptr_t)D % dsize)
-        return fail(-EINVAL, "%s: misaligned buffer (bf16 needs 2 bytes, fp32 4)", what);
+        return cuda_err(-EINVAL, "%s: misaligned buffer (bf16 needs 2 bytes, fp32 4)", what);
     if (overlaps(D, nd * dsize, A, na * 2) || overlaps(D, nd * dsize, B, nb * 2))
-        return fail(-EINVAL, "%s: the output overlaps an input", what);
+        return cuda_err(-EINVAL, "%s: the output overlaps an input", what);
     if (!ctx)
-        return fail(-EINVAL, "%s: NULL context", what);
+        return cuda_err(-EINVAL, "%s: NULL context", what);
     int dev = -1;
-    int rc = cuda_check(cudaGetDevice(&dev), what);
+    int rc = cuda_err_status(cudaGetDevice(&dev), what);
     if (rc)
         return rc;
     if (dev != ctx->device)
-        return fail(-EINVAL, "%s: context made on device %d, current device is %d", what, ctx->device, dev);
+        return cuda_err(-EINVAL, "%s: context made on device %d, current device is %d", what, ctx->device, dev);
 
     struct plan *p;
     rc = plan_get(ctx, kind, N, Din, Dout, A, B, D, &p);
@@ -290,7 +271,7 @@ static int run(cuda_matmul_ctx_t *ctx, int kind, void *D, const void *A, const v
                   what);
     if (rc)
         return rc;
-    return cuda_check(cudaGetLastError(), what);
+    return cuda_err_status(cudaGetLastError(), what);
 }
 
 extern "C" int cuda_matmul_fwd(cuda_matmul_ctx_t *ctx, uint16_t *y, const uint16_t *x, const uint16_t *w,
@@ -325,7 +306,7 @@ __global__ void fill_bf16_kernel(__nv_bfloat16 *p, size_t n, uint32_t seed)
 extern "C" int cuda_matmul_peak_tflops(int n, double *tflops)
 {
     if (!tflops || n < 1 || n > 32768)
-        return fail(-EINVAL, "cuda_matmul_peak_tflops: n=%d, want 1..32768 and a result pointer", n);
+        return cuda_err(-EINVAL, "cuda_matmul_peak_tflops: n=%d, want 1..32768 and a result pointer", n);
     *tflops = 0;
     cuda_matmul_ctx_t *ctx = NULL;
     uint16_t *a = NULL, *b = NULL, *c = NULL;
@@ -341,41 +322,41 @@ extern "C" int cuda_matmul_peak_tflops(int n, double *tflops)
     float best_ms = 0;
     int rc = cuda_matmul_ctx_new(&ctx);
     if (!rc)
-        rc = cuda_check(cudaMalloc((void **)&a, elems * 2), "cuda_matmul_peak_tflops: cudaMalloc");
+        rc = cuda_err_status(cudaMalloc((void **)&a, elems * 2), "cuda_matmul_peak_tflops: cudaMalloc");
     if (!rc)
-        rc = cuda_check(cudaMalloc((void **)&b, elems * 2), "cuda_matmul_peak_tflops: cudaMalloc");
+        rc = cuda_err_status(cudaMalloc((void **)&b, elems * 2), "cuda_matmul_peak_tflops: cudaMalloc");
     if (!rc)
-        rc = cuda_check(cudaMalloc((void **)&c, elems * 2), "cuda_matmul_peak_tflops: cudaMalloc");
+        rc = cuda_err_status(cudaMalloc((void **)&c, elems * 2), "cuda_matmul_peak_tflops: cudaMalloc");
     if (!rc)
-        rc = cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cuda_matmul_peak_tflops: stream");
+        rc = cuda_err_status(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cuda_matmul_peak_tflops: stream");
     if (!rc)
-        rc = cuda_check(cudaEventCreate(&e0), "cuda_matmul_peak_tflops: event");
+        rc = cuda_err_status(cudaEventCreate(&e0), "cuda_matmul_peak_tflops: event");
     if (!rc)
-        rc = cuda_check(cudaEventCreate(&e1), "cuda_matmul_peak_tflops: event");
+        rc = cuda_err_status(cudaEventCreate(&e1), "cuda_matmul_peak_tflops: event");
     if (rc)
         goto out;
     fill_bf16_kernel<<<1024, 256, 0, s>>>((__nv_bfloat16 *)a, elems, 1);
     fill_bf16_kernel<<<1024, 256, 0, s>>>((__nv_bfloat16 *)b, elems, 2);
-    if ((rc = cuda_check(cudaGetLastError(), "cuda_matmul_peak_tflops: fill")))
+    if ((rc = cuda_err_status(cudaGetLastError(), "cuda_matmul_peak_tflops: fill")))
         goto out;
     for (int i = 0; i < 3 && !rc; i++) // warm-up: plan, clocks, caches
         rc = cuda_matmul_fwd(ctx, c, a, b, n, n, n, s);
     for (int t = 0; t < trials && !rc; t++) {
-        rc = cuda_check(cudaEventRecord(e0, s), "cuda_matmul_peak_tflops: event");
+        rc = cuda_err_status(cudaEventRecord(e0, s), "cuda_matmul_peak_tflops: event");
         for (int i = 0; i < reps && !rc; i++)
             rc = cuda_matmul_fwd(ctx, c, a, b, n, n, n, s);
         if (!rc)
-            rc = cuda_check(cudaEventRecord(e1, s), "cuda_matmul_peak_tflops: event");
+            rc = cuda_err_status(cudaEventRecord(e1, s), "cuda_matmul_peak_tflops: event");
         if (!rc)
-            rc = cuda_check(cudaEventSynchronize(e1), "cuda_matmul_peak_tflops: sync");
+            rc = cuda_err_status(cudaEventSynchronize(e1), "cuda_matmul_peak_tflops: sync");
         float ms = 0;
         if (!rc)
-            rc = cuda_check(cudaEventElapsedTime(&ms, e0, e1), "cuda_matmul_peak_tflops: elapsed");
+            rc = cuda_err_status(cudaEventElapsedTime(&ms, e0, e1), "cuda_matmul_peak_tflops: elapsed");
         if (!rc && ms > 0 && (best_ms == 0 || ms < best_ms))
             best_ms = ms;
     }
     if (!rc && best_ms <= 0)
-        rc = fail(-EIO, "cuda_matmul_peak_tflops: no timing measured");
+        rc = cuda_err(-EIO, "cuda_matmul_peak_tflops: no timing measured");
     if (!rc)
         *tflops = flops * reps / (best_ms * 1e-3) / 1e12;
 out:

@@ -13,42 +13,28 @@ extern "C" {
 #include "kernels/params.h"
 }
 #include "kernels/cuda/cuda_attn.h"
+#include "kernels/cuda/cuda_err.h"
 #include "kernels/cuda/cuda_matmul.h"
 #include "kernels/cuda/cuda_model.h"
 #include "kernels/cuda/cuda_nn.h"
 
-static thread_local char last_error[512] = "no error";
+extern "C" const char *cuda_model_last_error(void) { return cuda_err_text(); }
 
-extern "C" const char *cuda_model_last_error(void) { return last_error; }
+static int cuda_rc(cudaError_t e, const char *what) { return cuda_err_status(e, what); }
 
-static int fail(int rc, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(last_error, sizeof(last_error), fmt, ap);
-    va_end(ap);
-    return rc;
-}
-
-static int cuda_rc(cudaError_t e, const char *what)
-{
-    if (e == cudaSuccess)
-        return 0;
-    return fail(e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver ? -ENODEV
-                : e == cudaErrorMemoryAllocation ? -ENOMEM : -EIO,
-                "%s: %s", what, cudaGetErrorString(e));
-}
-
-/* An op's return code, with its own message carried over. */
-#define OP(call, errfn)                                                                       \
+/* An op's return code, its message prefixed with the call (copied first: the text is shared). */
+#define OP(call)                                                                              \
     do {                                                                                     \
         int rc_ = (call);                                                                    \
-        if (rc_)                                                                             \
-            return fail(rc_, "%s (%s:%d): %s", #call, __FILE__, __LINE__, errfn());          \
+        if (rc_) {                                                                           \
+            char why_[512];                                                                  \
+            snprintf(why_, sizeof(why_), "%s", cuda_err_text());                             \
+            return cuda_err(rc_, "%s (%s:%d): %s", #call, __FILE__, __LINE__, why_);         \
+        }                                                                                    \
     } while (0)
-#define NN(call) OP(call, cuda_nn_last_error)
-#define MM(call) OP(call, cuda_matmul_last_error)
-#define AT(call) OP(call, cuda_attn_last_error)
+#define NN(call) OP(call)
+#define MM(call) OP(call)
+#define AT(call) OP(call)
 #define CU(call)                                                                              \
     do {                                                                                     \
         int rc_ = cuda_rc((call), #call);                                                    \
@@ -204,7 +190,7 @@ static int model_init(cuda_model_t *m, const model_config_t *cfg, int p0, int p1
 {
     m->cfg = *cfg;
     if (params_table_init(&m->tab, cfg))
-        return fail(-ENOMEM, "out of memory for the parameter table");
+        return cuda_err(-ENOMEM, "out of memory for the parameter table");
     m->has_embed = p0 == 0;
     m->has_head = p1 == cfg->n_layers + 2;
     int l0 = p0 > 1 ? p0 - 1 : 0, l1 = p1 - 1 < cfg->n_layers ? p1 - 1 : cfg->n_layers;
@@ -214,14 +200,14 @@ static int model_init(cuda_model_t *m, const model_config_t *cfg, int p0, int p1
     m->D = cfg->dim, m->H = cfg->n_heads, m->K = cfg->n_kv_heads, m->hd = config_head_dim(cfg);
     m->QD = m->H * m->hd, m->KD = m->K * m->hd, m->F = config_ffn_hidden(cfg), m->V = cfg->vocab_size;
     if (m->hd != 16 && m->hd != 32 && m->hd != 64 && m->hd != 128)
-        return fail(-EINVAL, "head dimension %d (dim %d / n_heads %d): the CUDA attention takes 16, 32, 64 or 128",
+        return cuda_err(-EINVAL, "head dimension %d (dim %d / n_heads %d): the CUDA attention takes 16, 32, 64 or 128",
                     m->hd, m->D, m->H);
     int devices = 0;
     cudaError_t e = cudaGetDeviceCount(&devices);
     if (e != cudaSuccess || devices == 0)
-        return fail(-ENODEV, "no usable CUDA device (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+        return cuda_err(-ENODEV, "no usable CUDA device (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "none found");
     if (!(m->lw = (layer_w_t *)calloc(m->nl ? m->nl : 1, sizeof(layer_w_t))))
-        return fail(-ENOMEM, "out of memory");
+        return cuda_err(-ENOMEM, "out of memory");
     size_t n = m->end - m->begin, half = (size_t)cfg->max_seq_len * (m->hd / 2);
     CU(cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking));
     CU(cudaMalloc((void **)&m->w, n * sizeof(bf16_t)));
@@ -241,10 +227,10 @@ extern "C" int cuda_model_new(cuda_model_t **out, const model_config_t *cfg, int
 {
     *out = NULL;
     if (p0 < 0 || p1 > cfg->n_layers + 2 || p0 >= p1)
-        return fail(-EINVAL, "pieces [%d, %d) of a model with %d", p0, p1, cfg->n_layers + 2);
+        return cuda_err(-EINVAL, "pieces [%d, %d) of a model with %d", p0, p1, cfg->n_layers + 2);
     cuda_model_t *m = (cuda_model_t *)calloc(1, sizeof(*m));
     if (!m)
-        return fail(-ENOMEM, "out of memory");
+        return cuda_err(-ENOMEM, "out of memory");
     int rc = model_init(m, cfg, p0, p1);
     if (rc) {
         cuda_model_destroy(&m);
@@ -332,13 +318,13 @@ extern "C" int cuda_model_acts_new(cuda_model_acts_t **out, const cuda_model_t *
 {
     *out = NULL;
     if (B <= 0 || T <= 0 || T > m->cfg.max_seq_len)
-        return fail(-EINVAL, "microbatch %d x %d (max_seq_len %d)", B, T, m->cfg.max_seq_len);
+        return cuda_err(-EINVAL, "microbatch %d x %d (max_seq_len %d)", B, T, m->cfg.max_seq_len);
     cuda_model_acts_t *a = (cuda_model_acts_t *)calloc(1, sizeof(*a));
     if (!a)
-        return fail(-ENOMEM, "out of memory");
+        return cuda_err(-ENOMEM, "out of memory");
     a->B = B, a->T = T, a->N = B * T;
     a->l = (layer_acts_t *)calloc(m->nl ? m->nl : 1, sizeof(layer_acts_t));
-    int rc = a->l ? 0 : fail(-ENOMEM, "out of memory");
+    int rc = a->l ? 0 : cuda_err(-ENOMEM, "out of memory");
     size_t bytes = carve(m, a, NULL); /* sizes only: offsets from 0 */
     if (!rc)
         rc = cuda_rc(cudaMalloc(&a->base, bytes), "cudaMalloc (activations)");

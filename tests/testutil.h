@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -84,6 +85,33 @@ static inline int tu_rm_entry(const char *p, const struct stat *sb, int flag, st
 {
     (void)sb, (void)flag, (void)ftw;
     return remove(p);
+}
+/* bf16 (the top 16 bits of an fp32) on the host, for GPU tests: round to nearest even, NaN
+ * stays NaN; written apart from the kernels' own conversion on purpose. */
+static inline uint16_t tu_f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+static inline float tu_bf16_to_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+/* Uniform values in [-scale, scale) rounded to bf16, and the same values in double. */
+static inline void tu_fill_bf16(uint16_t *h, double *d, size_t n, uint64_t seed, double scale)
+{
+    uint64_t s = seed;
+    for (size_t i = 0; i < n; i++) {
+        h[i] = tu_f32_to_bf16((float)tu_uniform(&s, scale));
+        d[i] = tu_bf16_to_f32(h[i]);
+    }
 }
 /* The first n-1 bytes of a file as a string ("" when it cannot be read). */
 static inline void tu_read_file(const char *path, char *buf, size_t n)

@@ -50,40 +50,11 @@
         assert_int_equal(rc_, 0);                                                                  \
     } while (0)
 
-/* Host bf16: round to nearest even, NaN stays NaN. */
-static uint16_t bf16_from_float(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1);
-    return (uint16_t)(u >> 16);
-}
-
-static float bf16_to_float(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-/* Uniform values in [-scale, scale) rounded to bf16, and the same values in double. */
-static void fill_bf16(uint16_t *h, double *d, size_t n, uint64_t seed, double scale)
-{
-    uint64_t s = seed;
-    for (size_t i = 0; i < n; i++) {
-        h[i] = bf16_from_float((float)tu_uniform(&s, scale));
-        d[i] = bf16_to_float(h[i]);
-    }
-}
-
 static size_t compare_bf16(const char *what, const uint16_t *got, const double *ref, size_t n)
 {
     float *f = malloc(n * sizeof(float));
     for (size_t i = 0; i < n; i++)
-        f[i] = bf16_to_float(got[i]);
+        f[i] = tu_bf16_to_f32(got[i]);
     size_t bad = tu_compare(what, f, ref, n, BF16_ATOL, BF16_RTOL);
     free(f);
     return bad;
@@ -123,10 +94,10 @@ static void case_init(acase_t *c, int B, int T, int H, int Hkv, int hd, uint64_t
     c->qd = malloc(c->nq * 8), c->doutd = malloc(c->nq * 8);
     c->kd = malloc(c->nk * 8), c->vd = malloc(c->nk * 8);
     c->lse = malloc(c->nr * 4);
-    fill_bf16(c->q, c->qd, c->nq, seed, 2.0);
-    fill_bf16(c->k, c->kd, c->nk, seed + 1, 2.0);
-    fill_bf16(c->v, c->vd, c->nk, seed + 2, 1.0);
-    fill_bf16(c->dout, c->doutd, c->nq, seed + 3, 1.0);
+    tu_fill_bf16(c->q, c->qd, c->nq, seed, 2.0);
+    tu_fill_bf16(c->k, c->kd, c->nk, seed + 1, 2.0);
+    tu_fill_bf16(c->v, c->vd, c->nk, seed + 2, 1.0);
+    tu_fill_bf16(c->dout, c->doutd, c->nq, seed + 3, 1.0);
     c->g_q = dev_alloc(c->nq * 2), c->g_dout = dev_alloc(c->nq * 2), c->g_out = dev_alloc(c->nq * 2);
     c->g_dq = dev_alloc(c->nq * 2);
     c->g_k = dev_alloc(c->nk * 2), c->g_v = dev_alloc(c->nk * 2), c->g_dk = dev_alloc(c->nk * 2);
@@ -360,8 +331,8 @@ static void test_cuda_attn_is_causal(void **state)
             for (int t = t0 + 1; t < T; t++)
                 for (size_t e = 0; e < (size_t)Hkv * hd; e++) {
                     size_t at = ((size_t)b * T + t) * Hkv * hd + e;
-                    c.k[at] = bf16_from_float((float)tu_uniform(&seed, 2.0));
-                    c.v[at] = bf16_from_float((float)tu_uniform(&seed, 1.0));
+                    c.k[at] = tu_f32_to_bf16((float)tu_uniform(&seed, 2.0));
+                    c.v[at] = tu_f32_to_bf16((float)tu_uniform(&seed, 1.0));
                 }
         case_upload_kv(&c);
         case_run(&c);

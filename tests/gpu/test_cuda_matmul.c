@@ -46,34 +46,6 @@ static const struct shape shapes[] = {
 };
 #define NSHAPES (sizeof(shapes) / sizeof(shapes[0]))
 
-/* bf16 <-> fp32 on the host, round to nearest even as __float2bfloat16. */
-static uint16_t f2bf(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1);
-    return (uint16_t)(u >> 16);
-}
-static float bf2f(uint16_t b)
-{
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-/* Random bf16 values in [-scale, scale), and the same values in double. */
-static void fill_bf16(uint16_t *h, double *d, size_t n, uint64_t seed, double scale)
-{
-    uint64_t s = seed;
-    for (size_t i = 0; i < n; i++) {
-        h[i] = f2bf((float)tu_uniform(&s, scale));
-        d[i] = bf2f(h[i]);
-    }
-}
-
 static int need_gpu(void)
 {
     if (cuda_device_count() > 0)
@@ -109,7 +81,7 @@ static size_t compare_bf16(const char *what, const uint16_t *got, const double *
 {
     float *f = malloc(n * sizeof(float));
     for (size_t i = 0; i < n; i++)
-        f[i] = bf2f(got[i]);
+        f[i] = tu_bf16_to_f32(got[i]);
     size_t bad = tu_compare(what, f, ref, n, BF16_ATOL * rms(ref, n), BF16_RTOL);
     free(f);
     return bad;
@@ -143,8 +115,8 @@ static void test_cuda_matmul_fwd_matches_reference(void **state)
         size_t nx = (size_t)N * I, nw = (size_t)O * I, ny = (size_t)N * O;
         uint16_t *x = malloc(nx * 2), *w = malloc(nw * 2), *y = malloc(ny * 2), *y2 = malloc(ny * 2);
         double *xd = malloc(nx * 8), *wd = malloc(nw * 8);
-        fill_bf16(x, xd, nx, 10 + s, 1.0);
-        fill_bf16(w, wd, nw, 20 + s, 1.0);
+        tu_fill_bf16(x, xd, nx, 10 + s, 1.0);
+        tu_fill_bf16(w, wd, nw, 20 + s, 1.0);
         uint16_t *dx_ = dev_upload(x, nx * 2), *dw_ = dev_upload(w, nw * 2), *dy_ = dev_upload(NULL, ny * 2);
         assert_int_equal(cuda_matmul_fwd(ctx, dy_, dx_, dw_, N, I, O, NULL), 0);
         assert_int_equal(cuda_copy_to_host(y, dy_, ny * 2), 0);
@@ -184,9 +156,9 @@ static void test_cuda_matmul_bwd_x_matches_reference_and_accumulates(void **stat
         size_t nx = (size_t)N * I, nw = (size_t)O * I, ny = (size_t)N * O;
         uint16_t *g1 = malloc(ny * 2), *g2 = malloc(ny * 2), *w = malloc(nw * 2), *dx = malloc(nx * 2);
         double *g1d = malloc(ny * 8), *g2d = malloc(ny * 8), *wd = malloc(nw * 8);
-        fill_bf16(g1, g1d, ny, 30 + s, 1.0);
-        fill_bf16(g2, g2d, ny, 40 + s, 1.0);
-        fill_bf16(w, wd, nw, 50 + s, 1.0);
+        tu_fill_bf16(g1, g1d, ny, 30 + s, 1.0);
+        tu_fill_bf16(g2, g2d, ny, 40 + s, 1.0);
+        tu_fill_bf16(w, wd, nw, 50 + s, 1.0);
         for (size_t i = 0; i < nx; i++)
             dx[i] = 0x7fc0; /* NaN */
         uint16_t *dg1 = dev_upload(g1, ny * 2), *dg2 = dev_upload(g2, ny * 2), *dw_ = dev_upload(w, nw * 2);
@@ -207,7 +179,7 @@ static void test_cuda_matmul_bwd_x_matches_reference_and_accumulates(void **stat
 
         /* The reference starts from the GPU's bf16 first result, so only one rounding is compared. */
         for (size_t i = 0; i < (size_t)k * I; i++)
-            ref[i] = bf2f(dxs[i]);
+            ref[i] = tu_bf16_to_f32(dxs[i]);
         assert_int_equal(cuda_matmul_bwd_x(ctx, ddx, dg2, dw_, N, I, O, 1, NULL), 0);
         assert_int_equal(cuda_copy_to_host(dx, ddx, nx * 2), 0);
         gather_rows(gs, g2d, rows, k, O, 8);
@@ -237,8 +209,8 @@ static void test_cuda_matmul_bwd_w_accumulates_microbatches(void **state)
         uint16_t *dxb[2], *dgb[2];
         for (int m = 0; m < 2; m++) {
             x[m] = malloc(nx * 2), g[m] = malloc(ny * 2), xd[m] = malloc(nx * 8), gd[m] = malloc(ny * 8);
-            fill_bf16(x[m], xd[m], nx, 60 + 10 * s + m, 1.0);
-            fill_bf16(g[m], gd[m], ny, 70 + 10 * s + m, 1.0);
+            tu_fill_bf16(x[m], xd[m], nx, 60 + 10 * s + m, 1.0);
+            tu_fill_bf16(g[m], gd[m], ny, 70 + 10 * s + m, 1.0);
             dxb[m] = dev_upload(x[m], nx * 2), dgb[m] = dev_upload(g[m], ny * 2);
         }
         float *dw = malloc(nw * 4);
@@ -288,8 +260,8 @@ static void test_cuda_matmul_handles_unaligned_buffers(void **state)
     size_t nx = (size_t)N * I, nw = (size_t)O * I, ny = (size_t)N * O;
     uint16_t *x = malloc(nx * 2), *w = malloc(nw * 2), *y = malloc(ny * 2);
     double *xd = malloc(nx * 8), *wd = malloc(nw * 8), *gd = malloc(ny * 8), *ref = malloc(nw * 8);
-    fill_bf16(x, xd, nx, 91, 1.0);
-    fill_bf16(w, wd, nw, 92, 1.0);
+    tu_fill_bf16(x, xd, nx, 91, 1.0);
+    tu_fill_bf16(w, wd, nw, 92, 1.0);
     uint16_t *bx = dev_upload(NULL, nx * 2 + 2), *bw = dev_upload(NULL, nw * 2 + 2), *by = dev_upload(NULL, ny * 2 + 2);
     float *bdw = dev_upload(NULL, nw * 4 + 4), *dw = malloc(nw * 4);
     assert_int_equal(cuda_copy_to_device(bx + 1, x, nx * 2), 0);
@@ -302,7 +274,7 @@ static void test_cuda_matmul_handles_unaligned_buffers(void **state)
 
     /* y (bf16-rounded, held in gd) as dy: dW = y^T x from zero. */
     for (size_t i = 0; i < ny; i++)
-        gd[i] = bf2f(y[i]);
+        gd[i] = tu_bf16_to_f32(y[i]);
     float *zero = calloc(nw, 4);
     assert_int_equal(cuda_copy_to_device(bdw + 1, zero, nw * 4), 0);
     assert_int_equal(cuda_matmul_bwd_w(ctx, bdw + 1, by + 1, bx + 1, N, I, O, NULL), 0);

@@ -36,34 +36,6 @@ typedef struct {
     char *manifest;
 } fx_t;
 
-static char g_bin[PATH_MAX];
-
-/* build/bin/ctitan next to this program's build/tests/ (CTITAN_BIN overrides). */
-static const char *bin(void)
-{
-    if (g_bin[0])
-        return g_bin;
-    const char *env = getenv("CTITAN_BIN");
-    if (env) {
-        snprintf(g_bin, sizeof(g_bin), "%s", env);
-        return g_bin;
-    }
-    char exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    if (n <= 0)
-        return "build/bin/ctitan";
-    exe[n] = 0;
-    snprintf(g_bin, sizeof(g_bin), "%s/../bin/ctitan", dirname(exe));
-    return g_bin;
-}
-
-#define NEED_BIN()                                                      \
-    do {                                                                \
-        if (access(bin(), X_OK)) {                                      \
-            print_message("%s not built: skipping\n", bin());           \
-            skip();                                                     \
-        }                                                               \
-    } while (0)
 
 /* Writes checkpoint `step` of fx's model into dir with the writer API. */
 static int write_ckpt(fx_t *fx, const char *dir, int64_t step, const char *manifest)
@@ -605,14 +577,14 @@ static int run_bin(char *out, size_t n, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(args, sizeof(args), fmt, ap);
     va_end(ap);
-    snprintf(cmd, sizeof(cmd), "%s %s 2>&1", bin(), args);
+    snprintf(cmd, sizeof(cmd), "%s %s 2>&1", tu_ctitan(), args);
     return tu_run(cmd, out, n);
 }
 
 static void test_verify_passes_a_good_checkpoint(void **state)
 {
     fx_t *fx = *state;
-    NEED_BIN();
+    TU_NEED_BIN();
     char out[8192];
     int rc = run_bin(out, sizeof(out), "ckpt verify %s", fx->path);
     if (rc)
@@ -633,7 +605,7 @@ static void test_verify_passes_a_good_checkpoint(void **state)
 static void test_verify_names_the_tensor_and_file_of_a_flipped_byte(void **state)
 {
     fx_t *fx = *state;
-    NEED_BIN();
+    TU_NEED_BIN();
     flip_byte(fx, "exp_avg.bin", "model.layers.1.mlp.up_proj.weight");
     char out[8192], st[256];
     assert_int_equal(run_bin(out, sizeof(out), "ckpt verify %s", fx->path), 1);
@@ -658,7 +630,7 @@ static void test_verify_names_the_tensor_and_file_of_a_flipped_byte(void **state
 static void test_verify_names_a_truncated_model_bin(void **state)
 {
     fx_t *fx = *state;
-    NEED_BIN();
+    TU_NEED_BIN();
     char p[512], out[16384], st[256];
     snprintf(p, sizeof(p), "%s/model.bin", fx->path);
     assert_int_equal(truncate(p, CKPT_DATA_HDR + (off_t)fx->tab.total * 2), 0);
@@ -710,7 +682,7 @@ static void test_export_fails_cleanly_and_keeps_an_existing_file(void **state)
 static void test_verify_calls_a_checkpoint_without_index_incomplete(void **state)
 {
     fx_t *fx = *state;
-    NEED_BIN();
+    TU_NEED_BIN();
     char idx[512], out[8192];
     snprintf(idx, sizeof(idx), "%s/index", fx->path);
     assert_int_equal(unlink(idx), 0);
@@ -726,7 +698,7 @@ static void test_verify_calls_a_checkpoint_without_index_incomplete(void **state
 static void test_ls_lists_checkpoints_and_marks_leftovers(void **state)
 {
     fx_t *fx = *state;
-    NEED_BIN();
+    TU_NEED_BIN();
     assert_int_equal(write_ckpt(fx, fx->ckpts, 12, fx->manifest), 0);
     char p[512], out[8192];
     snprintf(p, sizeof(p), "%s/.tmp-step-00000007.999999", fx->ckpts);
@@ -797,7 +769,7 @@ static void test_ls_lists_checkpoints_and_marks_leftovers(void **state)
 static void test_usage_errors_exit_2_and_help_exits_0(void **state)
 {
     fx_t *fx = *state;
-    NEED_BIN();
+    TU_NEED_BIN();
     char out[8192];
     assert_int_equal(run_bin(out, sizeof(out), "ckpt"), 2);
     assert_int_equal(run_bin(out, sizeof(out), "ckpt frob"), 2);
@@ -826,11 +798,11 @@ static void test_usage_errors_exit_2_and_help_exits_0(void **state)
 static void test_keygen_writes_a_key_pair_and_never_overwrites_one(void **state)
 {
     fx_t *fx = *state;
-    NEED_BIN();
+    TU_NEED_BIN();
     char out[8192], prefix[256], p[300];
     snprintf(prefix, sizeof(prefix), "%s/server", fx->dir);
     char cmd[PATH_MAX + 600];
-    snprintf(cmd, sizeof(cmd), "%s ckpt keygen %s 2>/dev/null", bin(), prefix); /* stdout: the key alone */
+    snprintf(cmd, sizeof(cmd), "%s ckpt keygen %s 2>/dev/null", tu_ctitan(), prefix); /* stdout: the key alone */
     int rc = tu_run(cmd, out, sizeof(out));
     assert_int_equal(rc, 0);
     struct stat st;

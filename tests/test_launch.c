@@ -33,18 +33,12 @@
 
 static char g_dir[64]; /* temp dir: data/ from ctitan prep, runs/, metrics files */
 
-static const char *bin(void)
-{
-    const char *b = getenv("CTITAN_BIN");
-    return b ? b : "build/bin/ctitan";
-}
-
 static void sleep_ms(int ms) { nanosleep(&(struct timespec){ms / 1000, (ms % 1000) * 1000000L}, NULL); }
 
 
 static int setup(void **state)
 {
-    if (access(bin(), X_OK))
+    if (access(tu_ctitan(), X_OK))
         return 0; /* each test skips */
     snprintf(g_dir, sizeof(g_dir), "/tmp/ctitan-launch-XXXXXX");
     if (!mkdtemp(g_dir))
@@ -59,7 +53,7 @@ static int setup(void **state)
     for (int i = 0; i < 20000; i++)
         fprintf(f, "%s%s%s", syl[(i * 3) % 7], syl[(i * 5 + 1) % 8], i % 7 == 6 ? ".\n" : " ");
     fclose(f);
-    snprintf(cmd, sizeof(cmd), "%s prep --vocab 300 --out %s/data %s 2>&1", bin(), g_dir, path);
+    snprintf(cmd, sizeof(cmd), "%s prep --vocab 300 --out %s/data %s 2>&1", tu_ctitan(), g_dir, path);
     return tu_run(cmd, out, sizeof(out)) == 0 ? 0 : -1;
 }
 
@@ -69,14 +63,6 @@ static int teardown(void **state)
         tu_rmtree(g_dir);
     return 0;
 }
-
-#define NEED_BIN()                                                  \
-    do {                                                            \
-        if (access(bin(), X_OK)) {                                  \
-            print_message("%s not built: skipping\n", bin());       \
-            skip();                                                 \
-        }                                                           \
-    } while (0)
 
 /* The common arguments of a test run of job `job`: its own dump folder and metrics file. */
 static void base_args(char *buf, size_t n, const char *job)
@@ -93,7 +79,7 @@ static int launch(const char *job, const char *extra, char *out, size_t outlen)
 {
     char args[2048], cmd[4096];
     base_args(args, sizeof(args), job);
-    snprintf(cmd, sizeof(cmd), "%s %s %s 2>&1", bin(), args, extra);
+    snprintf(cmd, sizeof(cmd), "%s %s %s 2>&1", tu_ctitan(), args, extra);
     return tu_run(cmd, out, outlen);
 }
 
@@ -102,7 +88,7 @@ static pid_t launch_bg(const char *job, const char *extra)
 {
     char args[2048], line[4096], *argv[128];
     base_args(args, sizeof(args), job);
-    snprintf(line, sizeof(line), "%s %s %s", bin(), args, extra);
+    snprintf(line, sizeof(line), "%s %s %s", tu_ctitan(), args, extra);
     int argc = 0;
     for (char *t = strtok(line, " "); t && argc < 127; t = strtok(NULL, " "))
         argv[argc++] = t;
@@ -259,7 +245,7 @@ static void ckpt_dir(char *buf, size_t n, const char *job) { snprintf(buf, n, "%
 
 static void test_launch_resume_is_bitwise_in_any_topology(void **state)
 {
-    NEED_BIN();
+    TU_NEED_BIN();
     static char out[1 << 16];
     char a[32], b[32], c[32], d[32], dir[256], extra[512];
     job_name(a, sizeof(a), "ck");
@@ -313,7 +299,7 @@ static void test_launch_resume_is_bitwise_in_any_topology(void **state)
 
 static void test_launch_latest_falls_back_past_a_corrupt_checkpoint(void **state)
 {
-    NEED_BIN();
+    TU_NEED_BIN();
     static char out[1 << 16];
     char a[32], b[32], dir[256], p[400], extra[512];
     job_name(a, sizeof(a), "cl");
@@ -357,7 +343,7 @@ static void test_launch_latest_falls_back_past_a_corrupt_checkpoint(void **state
 
 static void test_launch_keeps_the_latest_k_checkpoints(void **state)
 {
-    NEED_BIN();
+    TU_NEED_BIN();
     static char out[1 << 16];
     char a[32], dir[256];
     job_name(a, sizeof(a), "ck2");
@@ -380,7 +366,7 @@ static void test_launch_keeps_the_latest_k_checkpoints(void **state)
 
 static void test_launch_checkpoint_due_while_one_is_written_waits_and_says_so(void **state)
 {
-    NEED_BIN();
+    TU_NEED_BIN();
     static char out[1 << 16];
     char a[32], ref[32], dir[256], p[300], err[512];
     job_name(ref, sizeof(ref), "ckwref");
@@ -410,7 +396,7 @@ static void test_launch_checkpoint_due_while_one_is_written_waits_and_says_so(vo
 
 static void test_launch_checkpointd_killed_mid_write_is_restarted(void **state)
 {
-    NEED_BIN();
+    TU_NEED_BIN();
     static char out[1 << 16];
     char a[32], ref[32], dir[256], tmp_prefix[64];
     job_name(ref, sizeof(ref), "ckref");
@@ -471,7 +457,7 @@ static void test_launch_checkpointd_killed_mid_write_is_restarted(void **state)
 static pid_t start_storage(const char *dir, const char *keys, char *endpoint, size_t n)
 {
     char ckptd[300], key[300], allow[300], listen_on[] = "tcp://127.0.0.1:*";
-    snprintf(ckptd, sizeof(ckptd), "%s", bin());
+    snprintf(ckptd, sizeof(ckptd), "%s", tu_ctitan());
     *strrchr(ckptd, '/') = 0;
     strcat(ckptd, "/checkpointd");
     snprintf(key, sizeof(key), "%s/storage.key", keys);
@@ -500,14 +486,14 @@ static pid_t start_storage(const char *dir, const char *keys, char *endpoint, si
 
 static void test_launch_streams_checkpoints_to_a_remote_checkpointd(void **state)
 {
-    NEED_BIN();
+    TU_NEED_BIN();
     static char out[1 << 16];
-    char keys[256], store[256], ep[256], cmd[1024], a[32], b[32], c[32], extra[1024], p[512];
+    char keys[256], store[256], ep[256], cmd[2048], a[32], b[32], c[32], extra[1024], p[512];
     snprintf(keys, sizeof(keys), "%s/keys", g_dir);
     snprintf(store, sizeof(store), "%s/storage", g_dir);
     mkdir(keys, 0700);
     snprintf(cmd, sizeof(cmd), "%s ckpt keygen %s/storage && %s ckpt keygen %s/trainer && %s ckpt keygen %s/intruder",
-             bin(), keys, bin(), keys, bin(), keys);
+             tu_ctitan(), keys, tu_ctitan(), keys, tu_ctitan(), keys);
     assert_int_equal(tu_run(cmd, out, sizeof(out)), 0);
     pid_t srv = start_storage(store, keys, ep, sizeof(ep));
     assert_true(srv > 0);
@@ -559,7 +545,7 @@ static void test_launch_streams_checkpoints_to_a_remote_checkpointd(void **state
  * CPU within bf16's tolerance; without one the job fails cleanly, naming the stage and why. */
 static void test_launch_cuda_device_trains_or_fails_cleanly(void **state)
 {
-    NEED_BIN();
+    TU_NEED_BIN();
     static char out[1 << 16];
     char a[32], b[32];
     const char *shape = "--model.dim 128 --model.n_heads 2 --model.n_kv_heads 1"; /* head dim 64 */
@@ -592,10 +578,10 @@ static void test_launch_cuda_device_trains_or_fails_cleanly(void **state)
  * the CPU's losses within bf16's tolerance. Two steps: the emulator takes seconds a step. */
 static void test_launch_cuda_path_on_the_emulated_backend(void **state)
 {
-    NEED_BIN();
+    TU_NEED_BIN();
     static char out[1 << 16];
     char a[32], b[32], so[512], extra[512];
-    snprintf(so, sizeof(so), "%s", bin());
+    snprintf(so, sizeof(so), "%s", tu_ctitan());
     *strrchr(so, '/') = 0;
     strcat(so, "/../lib/libctitan_cuda_sim.so");
     if (access(so, R_OK)) {
@@ -626,7 +612,7 @@ static void test_launch_cuda_path_on_the_emulated_backend(void **state)
 
 static void test_launch_rejects_bad_checkpoint_keys(void **state)
 {
-    NEED_BIN();
+    TU_NEED_BIN();
     static char out[1 << 16];
     char a[32];
     job_name(a, sizeof(a), "ckbad");
@@ -644,7 +630,7 @@ static void test_launch_rejects_bad_checkpoint_keys(void **state)
 
 static void test_launch_losses_bitwise_equal_for_pipeline_degree_1_2_4(void **state)
 {
-    NEED_BIN();
+    TU_NEED_BIN();
     static char out[1 << 16];
     char j[3][32], extra[256];
     int pp[3] = {1, 2, 4};
@@ -668,7 +654,7 @@ static void test_launch_losses_bitwise_equal_for_pipeline_degree_1_2_4(void **st
 
 static void test_launch_losses_bitwise_equal_for_1_and_3_optimizer_shards(void **state)
 {
-    NEED_BIN();
+    TU_NEED_BIN();
     static char out[1 << 16];
     char a[32], b[32];
     job_name(a, sizeof(a), "k1");
@@ -685,7 +671,7 @@ static void test_launch_losses_bitwise_equal_for_1_and_3_optimizer_shards(void *
 
 static void test_launch_losses_bitwise_equal_for_gpipe_and_1f1b(void **state)
 {
-    NEED_BIN();
+    TU_NEED_BIN();
     static char out[1 << 16];
     char a[32], b[32];
     job_name(a, sizeof(a), "gpipe");
@@ -701,7 +687,7 @@ static void test_launch_losses_bitwise_equal_for_gpipe_and_1f1b(void **state)
 
 static void test_launch_data_parallel_2_matches_1_with_the_same_global_batch(void **state)
 {
-    NEED_BIN();
+    TU_NEED_BIN();
     static char out[1 << 16];
     char a[32], b[32];
     job_name(a, sizeof(a), "dp1");
@@ -730,7 +716,7 @@ static void test_launch_data_parallel_2_matches_1_with_the_same_global_batch(voi
  * ctitan files at a window boundary (a glob), with shuffling on: the same run. */
 static void test_launch_llmc_files_and_globs_train_like_one_ctitan_file(void **state)
 {
-    NEED_BIN();
+    TU_NEED_BIN();
     static char out[1 << 16];
     char path[256], err[256];
     snprintf(path, sizeof(path), "%s/data/train.bin", g_dir);
@@ -788,7 +774,7 @@ static void test_launch_llmc_files_and_globs_train_like_one_ctitan_file(void **s
  * while it trains: it rejects the garbage and the losses are those of the ipc:// run. */
 static void test_launch_over_tcp_with_garbage_on_the_socket_gives_the_same_losses(void **state)
 {
-    NEED_BIN();
+    TU_NEED_BIN();
     static char out[1 << 16];
     char a[32], b[32], endpoint[256];
     job_name(a, sizeof(a), "ipc");
@@ -832,7 +818,7 @@ static void test_launch_over_tcp_with_garbage_on_the_socket_gives_the_same_losse
 
 static void test_launch_killed_loader_is_restarted_and_losses_match(void **state)
 {
-    NEED_BIN();
+    TU_NEED_BIN();
     static char out[1 << 16];
     char a[32], b[32], extra[256];
     job_name(a, sizeof(a), "undisturbed");
@@ -861,7 +847,7 @@ static void test_launch_killed_loader_is_restarted_and_losses_match(void **state
 /* A loader that stops answering (SIGSTOP) is killed and restarted like a dead one. */
 static void test_launch_hung_loader_is_replaced_and_losses_match(void **state)
 {
-    NEED_BIN();
+    TU_NEED_BIN();
     static char out[1 << 16];
     char a[32], b[32], extra[256], path[256];
     job_name(a, sizeof(a), "hungref");
@@ -884,7 +870,7 @@ static void test_launch_hung_loader_is_replaced_and_losses_match(void **state)
 
 static void test_launch_loader_swap_mid_run_gives_the_same_losses(void **state)
 {
-    NEED_BIN();
+    TU_NEED_BIN();
     static char out[1 << 16];
     char a[32], b[32], extra[256], cmd[1024];
     job_name(a, sizeof(a), "noswap");
@@ -894,10 +880,10 @@ static void test_launch_loader_swap_mid_run_gives_the_same_losses(void **state)
     pid_t pid = launch_bg(b, extra);
     assert_int_equal(wait_step(b, 3, 60), 0);
     pid_t before = child_named(pid, "ctitan-loader");
-    snprintf(cmd, sizeof(cmd), "%s status --job %s 2>&1", bin(), b);
+    snprintf(cmd, sizeof(cmd), "%s status --job %s 2>&1", tu_ctitan(), b);
     assert_int_equal(tu_run(cmd, out, sizeof(out)), 0);
     assert_non_null(strstr(out, "of 400, loader pid"));
-    snprintf(cmd, sizeof(cmd), "%s loader swap --job %s --cmd 'build/bin/ctitan-loader' 2>&1", bin(), b);
+    snprintf(cmd, sizeof(cmd), "%s loader swap --job %s --cmd 'build/bin/ctitan-loader' 2>&1", tu_ctitan(), b);
     int rc = tu_run(cmd, out, sizeof(out));
     if (rc)
         print_error("%s\n", out);
@@ -914,7 +900,7 @@ static void test_launch_loader_swap_mid_run_gives_the_same_losses(void **state)
 
 static void test_launch_failed_swap_keeps_the_old_loader_and_the_losses(void **state)
 {
-    NEED_BIN();
+    TU_NEED_BIN();
     static char out[1 << 16];
     char a[32], b[32], extra[256], cmd[1024];
     job_name(a, sizeof(a), "noswap2");
@@ -925,7 +911,7 @@ static void test_launch_failed_swap_keeps_the_old_loader_and_the_losses(void **s
     assert_int_equal(wait_step(b, 3, 60), 0);
     snprintf(cmd, sizeof(cmd),
              "%s loader swap --job %s --cmd 'build/bin/ctitan-loader-text --text /nonexistent.txt "
-             "--tokenizer %s/data/tokenizer.bin' 2>&1", bin(), b, g_dir);
+             "--tokenizer %s/data/tokenizer.bin' 2>&1", tu_ctitan(), b, g_dir);
     assert_int_equal(tu_run(cmd, out, sizeof(out)), 1);
     assert_non_null(strstr(out, "/nonexistent.txt"));
     assert_non_null(strstr(out, "previous loader continues"));
@@ -937,7 +923,7 @@ static void test_launch_failed_swap_keeps_the_old_loader_and_the_losses(void **s
 /* The example text loader resumes exactly from its own cursor when swapped for itself. */
 static void test_launch_text_loader_swapped_for_itself_resumes_exactly(void **state)
 {
-    NEED_BIN();
+    TU_NEED_BIN();
     static char out[1 << 16];
     char a[32], b[32], cmd[2048], tl[512];
     job_name(a, sizeof(a), "text");
@@ -947,7 +933,7 @@ static void test_launch_text_loader_swapped_for_itself_resumes_exactly(void **st
     /* the manifest's command runs through sh -c: pass it with --loader.command=... as one argument */
     snprintf(cmd, sizeof(cmd), "%s launch manifests/tiny.toml --job.name %s --job.dump_folder %s/runs/%s "
              "--metrics.file %s/%s.jsonl --metrics.peak_tflops 1 --training.steps 300 '--loader.command=%s' 2>&1",
-             bin(), a, g_dir, a, g_dir, a, tl);
+             tu_ctitan(), a, g_dir, a, g_dir, a, tl);
     int rc = tu_run(cmd, out, sizeof(out));
     if (rc)
         print_error("%s\n", out);
@@ -956,11 +942,11 @@ static void test_launch_text_loader_swapped_for_itself_resumes_exactly(void **st
     char line[4096];
     snprintf(line, sizeof(line), "%s launch manifests/tiny.toml --job.name %s --job.dump_folder %s/runs/%s "
              "--metrics.file %s/%s.jsonl --metrics.peak_tflops 1 --training.steps 300 '--loader.command=%s' "
-             "> %s/%s.out 2>&1 & echo $!", bin(), b, g_dir, b, g_dir, b, tl, g_dir, b);
+             "> %s/%s.out 2>&1 & echo $!", tu_ctitan(), b, g_dir, b, g_dir, b, tl, g_dir, b);
     assert_int_equal(tu_run(line, out, sizeof(out)), 0);
     pid_t pid = atoi(out);
     assert_int_equal(wait_step(b, 3, 60), 0);
-    snprintf(cmd, sizeof(cmd), "%s loader swap --job %s --cmd '%s' 2>&1", bin(), b, tl);
+    snprintf(cmd, sizeof(cmd), "%s loader swap --job %s --cmd '%s' 2>&1", tu_ctitan(), b, tl);
     rc = tu_run(cmd, out, sizeof(out));
     if (rc)
         print_error("%s\n", out);
@@ -975,7 +961,7 @@ static void test_launch_text_loader_swapped_for_itself_resumes_exactly(void **st
 
 static void test_launch_ctrl_c_stops_every_process_and_removes_segments(void **state)
 {
-    NEED_BIN();
+    TU_NEED_BIN();
     char j[32];
     job_name(j, sizeof(j), "sigint");
     pid_t pid = launch_bg(j, "--training.steps 100000");
@@ -987,10 +973,10 @@ static void test_launch_ctrl_c_stops_every_process_and_removes_segments(void **s
     static char out[1 << 16];
     char args[1024], cmd[2048];
     base_args(args, sizeof(args), j);
-    snprintf(cmd, sizeof(cmd), "%s %s 2>&1", bin(), args);
+    snprintf(cmd, sizeof(cmd), "%s %s 2>&1", tu_ctitan(), args);
     assert_int_equal(tu_run(cmd, out, sizeof(out)), 1);
     assert_non_null(strstr(out, "already running"));
-    snprintf(cmd, sizeof(cmd), "%s status --job %s 2>&1", bin(), j);
+    snprintf(cmd, sizeof(cmd), "%s status --job %s 2>&1", tu_ctitan(), j);
     int rc = tu_run(cmd, out, sizeof(out));
     if (rc)
         print_error("%s\n", out);
@@ -1002,7 +988,7 @@ static void test_launch_ctrl_c_stops_every_process_and_removes_segments(void **s
 
 static void test_launch_killed_stage_fails_the_job_naming_it(void **state)
 {
-    NEED_BIN();
+    TU_NEED_BIN();
     char j[32], path[256];
     static char out[1 << 16];
     job_name(j, sizeof(j), "stagekill");
@@ -1021,7 +1007,7 @@ static void test_launch_killed_stage_fails_the_job_naming_it(void **state)
 
 static void test_launch_stopped_stage_is_noticed_by_heartbeat(void **state)
 {
-    NEED_BIN();
+    TU_NEED_BIN();
     char j[32], path[256];
     static char out[1 << 16];
     job_name(j, sizeof(j), "stagestop");
@@ -1042,7 +1028,7 @@ static void test_launch_stopped_stage_is_noticed_by_heartbeat(void **state)
 
 static void test_launch_loader_error_fails_the_job_with_its_reason(void **state)
 {
-    NEED_BIN();
+    TU_NEED_BIN();
     static char out[1 << 16];
     char j[32];
     job_name(j, sizeof(j), "ldrerr");
@@ -1058,31 +1044,31 @@ static void test_launch_loader_error_fails_the_job_with_its_reason(void **state)
 
 static void test_launch_rejects_bad_manifests_with_file_and_line(void **state)
 {
-    NEED_BIN();
+    TU_NEED_BIN();
     static char out[1 << 16];
     char path[256], cmd[1024];
     snprintf(path, sizeof(path), "%s/bad.toml", g_dir);
     FILE *f = fopen(path, "w");
     fprintf(f, "[job]\nname = \"bad\"\n\n[training]\nsteps = 10\nbogus = 3\n");
     fclose(f);
-    snprintf(cmd, sizeof(cmd), "%s launch %s 2>&1", bin(), path);
+    snprintf(cmd, sizeof(cmd), "%s launch %s 2>&1", tu_ctitan(), path);
     assert_int_equal(tu_run(cmd, out, sizeof(out)), 2);
     assert_non_null(strstr(out, "bad.toml:6"));
     assert_non_null(strstr(out, "bogus"));
-    snprintf(cmd, sizeof(cmd), "%s launch manifests/tiny.toml --parallelism.pipeline_parallel_degree 9 2>&1", bin());
+    snprintf(cmd, sizeof(cmd), "%s launch manifests/tiny.toml --parallelism.pipeline_parallel_degree 9 2>&1", tu_ctitan());
     assert_int_equal(tu_run(cmd, out, sizeof(out)), 2);
     assert_non_null(strstr(out, "pipeline_parallel_degree"));
-    snprintf(cmd, sizeof(cmd), "%s launch manifests/tiny.toml --training.local_batch_size 3 2>&1", bin());
+    snprintf(cmd, sizeof(cmd), "%s launch manifests/tiny.toml --training.local_batch_size 3 2>&1", tu_ctitan());
     assert_int_equal(tu_run(cmd, out, sizeof(out)), 2);
     assert_non_null(strstr(out, "local_batch_size"));
-    snprintf(cmd, sizeof(cmd), "%s launch manifests/tiny.toml --training.steps ten 2>&1", bin());
+    snprintf(cmd, sizeof(cmd), "%s launch manifests/tiny.toml --training.steps ten 2>&1", tu_ctitan());
     assert_int_equal(tu_run(cmd, out, sizeof(out)), 2);
     assert_non_null(strstr(out, "--training.steps"));
     /* a missing data file is named before any process starts, and nothing is left */
     char j[32];
     job_name(j, sizeof(j), "nodata");
     snprintf(cmd, sizeof(cmd), "%s launch manifests/tiny.toml --job.name %s --job.dump_folder %s/runs/%s "
-             "--loader.dataset_path %s/missing.bin 2>&1", bin(), j, g_dir, j, g_dir);
+             "--loader.dataset_path %s/missing.bin 2>&1", tu_ctitan(), j, g_dir, j, g_dir);
     assert_int_equal(tu_run(cmd, out, sizeof(out)), 1);
     assert_non_null(strstr(out, "missing.bin"));
     assert_clean(j);
@@ -1090,7 +1076,7 @@ static void test_launch_rejects_bad_manifests_with_file_and_line(void **state)
 
 static void test_launch_clears_stale_segments_but_not_a_live_job(void **state)
 {
-    NEED_BIN();
+    TU_NEED_BIN();
     static char out[1 << 16];
     char j[32], err[256];
     job_name(j, sizeof(j), "stale");
@@ -1128,7 +1114,7 @@ static void test_launch_clears_stale_segments_but_not_a_live_job(void **state)
  * timeout and exit; resumed, it finds them gone, fails and cleans up. */
 static void test_launch_workers_leave_a_stopped_coordinator(void **state)
 {
-    NEED_BIN();
+    TU_NEED_BIN();
     char j[32];
     job_name(j, sizeof(j), "coordstop");
     pid_t pid = launch_bg(j, "--training.steps 100000 --job.heartbeat_interval_ms 50 --job.heartbeat_timeout_ms 1000");

@@ -113,6 +113,37 @@ static inline void tu_fill_bf16(uint16_t *h, double *d, size_t n, uint64_t seed,
         d[i] = tu_bf16_to_f32(h[i]);
     }
 }
+/* build/bin/NAME beside this test program's build/tests/ (any BUILD directory). */
+static inline const char *tu_program(const char *name, char *buf, size_t n)
+{
+    char exe[200];
+    ssize_t k = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (k <= 0) {
+        snprintf(buf, n, "build/bin/%s", name);
+        return buf;
+    }
+    exe[k] = 0;
+    *strrchr(exe, '/') = 0;
+    snprintf(buf, n, "%s/../bin/%s", exe, name);
+    return buf;
+}
+/* The ctitan program the tests run: $CTITAN_BIN, else build/bin/ctitan beside the test. */
+static inline const char *tu_ctitan(void)
+{
+    static char b[256]; /* test trees live in short paths */
+    const char *env = getenv("CTITAN_BIN");
+    if (env && env[0])
+        return env;
+    return b[0] ? b : tu_program("ctitan", b, sizeof(b));
+}
+/* In a cmocka test: skip, saying why, when ctitan is not built. */
+#define TU_NEED_BIN()                                                     \
+    do {                                                                  \
+        if (access(tu_ctitan(), X_OK)) {                                  \
+            print_message("%s not built: skipping\n", tu_ctitan());       \
+            skip();                                                       \
+        }                                                                 \
+    } while (0)
 /* The first n-1 bytes of a file as a string ("" when it cannot be read). */
 static inline void tu_read_file(const char *path, char *buf, size_t n)
 {

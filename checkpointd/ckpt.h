@@ -89,11 +89,12 @@ size_t ckpt_dtype_size(const char *dtype); /* 0 when unknown */
 
 /* The training state's index for a model: files model.bin, exp_avg.bin, exp_avg_sq.bin,
  * each CKPT_DATA_HDR + total*4 bytes, and per parameter its weight and two moment tensors
- * with chunk offsets filled in and checksums 0 (ckpt_index_hash fills them). */
+ * with chunk offsets filled in and checksums 0 (the writer takes them from the bytes it writes). */
 int ckpt_index_plan(ckpt_index_t *ix, const param_table_t *tab, int64_t step, const char *manifest,
                     const void *cursor, size_t cursor_len);
 /* Fills every chunk checksum of file `file` from its payload: `data` holds the file's bytes
- * from offset CKPT_DATA_HDR on. */
+ * from offset CKPT_DATA_HDR on. A plan with checksums makes the writer check the bytes against
+ * them instead of filling them in (the tests use this; checkpointd leaves it to the writer). */
 void ckpt_index_hash(ckpt_index_t *ix, uint32_t file, const void *data);
 /* The 4 KiB header block of a data file. */
 void ckpt_data_header(void *block, uint32_t file, int64_t step);

@@ -26,8 +26,9 @@
 #define LSE_ATOL 1e-3
 #define LSE_RTOL 1e-5
 
-/* Under tests/cudasim (the CPU emulator `make test` runs this program on, one OS thread per
- * CUDA thread) the larger cases are cut down and the 4096-token one skipped. */
+/* Under tests/cudasim (the CPU emulator `make test` runs this program on: a fiber per CUDA
+ * thread, thousands of times slower than a GPU) the larger cases are cut down and the
+ * 4096-token one skipped. */
 #ifdef CUDASIM
 #define SIM_OR(sim, gpu) (sim)
 #else

@@ -31,8 +31,8 @@
 #define F32_ATOL 1e-6
 #define F32_SUM_ATOL 1e-4
 
-/* Under tests/cudasim (the CPU emulator `make test` runs this program on, one OS thread per
- * CUDA thread, so a million-thread launch takes minutes) the largest cases are cut down. */
+/* Under tests/cudasim (the CPU emulator `make test` runs this program on: a fiber per CUDA
+ * thread, thousands of times slower than a GPU) the largest cases are cut down. */
 #ifdef CUDASIM
 #define SIM_OR(sim, gpu) (sim)
 #else

@@ -46,7 +46,7 @@ CUDA_SO_C := kernels/params.c kernels/config.c
 # The CUDA kernels of kernels/cuda/ (all but the cuBLASLt products) also run on a CPU emulator
 # (tests/cudasim) in `make test`, so CI exercises them without a GPU: each .cu is rewritten
 # mechanically (shared memory, launches) and compiled as C++ against the emulator's headers.
-SIM_NN    := embed rmsnorm rope swiglu xent nn_common cuda_err
+SIM_NN    := embed rmsnorm rope swiglu xent nn_common cuda_err adamw dev
 SIM_TESTS := $(BUILD)/tests/test_cuda_attn_sim $(BUILD)/tests/test_cuda_nn_sim $(BUILD)/tests/test_cuda_model_sim
 TESTS += $(SIM_TESTS)
 # The same, as the stage's CUDA plugin: test_launch runs a `--job.device cuda` job on it
@@ -106,7 +106,7 @@ $(BUILD)/cudasim/test_%.o: tests/gpu/test_%.c | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DCUDASIM -c $< -o $@
 
-$(BUILD)/tests/test_cuda_attn_sim: $(BUILD)/cudasim/test_cuda_attn.o $(BUILD)/cudasim/attn.o \
+$(BUILD)/tests/test_cuda_attn_sim: $(BUILD)/cudasim/test_cuda_attn.o $(BUILD)/cudasim/attn.o $(BUILD)/cudasim/adamw.o \
                                    $(BUILD)/cudasim/cuda_err.o $(BUILD)/cudasim/sim.o \
                                    $(BUILD)/libctitan.a
 	@mkdir -p $(dir $@)
@@ -116,7 +116,7 @@ $(BUILD)/cudasim/matmul_sim.o: tests/cudasim/matmul_sim.cpp tests/cudasim/sim.h 
 	@mkdir -p $(dir $@)
 	$(CXX) -std=c++20 -O2 -fPIC -I. -c $< -o $@
 
-$(SIM_SO): $(BUILD)/cudasim/model.o $(BUILD)/cudasim/attn.o $(SIM_NN:%=$(BUILD)/cudasim/%.o) \
+$(SIM_SO): $(BUILD)/cudasim/plugin.o $(BUILD)/cudasim/model.o $(BUILD)/cudasim/attn.o $(SIM_NN:%=$(BUILD)/cudasim/%.o) \
            $(BUILD)/cudasim/matmul_sim.o $(BUILD)/cudasim/sim.o $(CUDA_SO_C:%.c=$(BUILD)/pic/%.o)
 	@mkdir -p $(dir $@)
 	$(CXX) -shared -Wl,-Bsymbolic -o $@ $^ -lpthread -lm

@@ -197,6 +197,11 @@ uint64_t ring_tail(const ring_t *r) { return atomic_load(&r->h->tail); }
 uint64_t ring_base(const ring_t *r) { return atomic_load(&r->h->base); }
 uint32_t ring_nslots(const ring_t *r) { return r->h->nslots; }
 size_t ring_slot_bytes(const ring_t *r) { return r->h->slot_bytes; }
+uint32_t ring_slot_of(const ring_t *r, const void *payload)
+{
+    return (uint32_t)(((const char *)payload - (const char *)r->payload) / r->h->slot_bytes);
+}
+
 const char *ring_name(const ring_t *r) { return r->name; }
 
 void ring_reset(ring_t *r, uint64_t base)

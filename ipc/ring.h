@@ -57,6 +57,9 @@ uint64_t ring_base(const ring_t *r);
 uint32_t ring_nslots(const ring_t *r);
 size_t ring_slot_bytes(const ring_t *r);
 const char *ring_name(const ring_t *r);
+/* Index in [0, nslots) of the slot a payload pointer from ring_reserve or ring_peek points at
+ * (device rings keep their data in slots of the same index elsewhere). */
+uint32_t ring_slot_of(const ring_t *r, const void *payload);
 
 /* Empties the ring and restarts its stream at `base`. Only while neither end is inside a
  * call (the coordinator does it at a step boundary with the producer stopped). */

@@ -22,14 +22,20 @@ int job_layout(job_layout_t *l, const manifest_t *m)
     params_table_free(&tab);
     l->stride = round_up(l->total, 1024);
     l->n_blocks = (l->total + MANIFEST_BLOCK - 1) / MANIFEST_BLOCK;
-    l->act_slot = (size_t)l->mb * l->T * l->D * sizeof(float);
+    l->gpu = !strcmp(m->device, "cuda");
+    l->gpu_shards = !strcmp(m->shard_device, "cuda");
+    l->dev_slot = (size_t)l->mb * l->T * l->D * 2;
+    l->act_slot = l->gpu ? 0 : (size_t)l->mb * l->T * l->D * sizeof(float);
     l->act_ring = ring_bytes((uint32_t)l->M, l->act_slot);
     return 0;
 }
 
 size_t job_seg_bytes(const job_layout_t *l) { return JOB_HDR_BYTES + l->n_blocks * sizeof(double); }
 
-size_t job_params_bytes(const job_layout_t *l) { return (size_t)l->dp * l->stride * sizeof(float); }
+size_t job_params_bytes(const job_layout_t *l)
+{
+    return (size_t)(l->gpu_shards ? 1 : l->dp) * l->stride * sizeof(float);
+}
 
 size_t job_act_bytes(const job_layout_t *l) { return (size_t)l->dp * (l->pp - 1) * 2 * l->act_ring; }
 

@@ -4,11 +4,14 @@
  *
  *   ctitan.<job>.job     job_hdr_t (owner, endpoint, step), then the gradient-norm partials:
  *                        one double per MANIFEST_BLOCK floats of the flat space
- *   ctitan.<job>.params  dp replicas of the flat fp32 parameters (stride floats apart)
- *   ctitan.<job>.grads   dp replicas of the flat fp32 gradients, same layout
+ *   ctitan.<job>.params  dp replicas of the flat fp32 parameters (stride floats apart); with
+ *                        GPU optimizer shards only replica 0, written at the end of the run
+ *   ctitan.<job>.grads   dp replicas of the flat fp32 gradients, same layout (none with GPU
+ *                        optimizer shards)
  *   ctitan.<job>.act     per replica and pipeline boundary b (stage b -> b+1): an activation
  *                        ring (forward) and a gradient ring (backward), M slots each
- *   ctitan.<job>.batch   the loader's segment (stages/ldr_seg.h) */
+ *   ctitan.<job>.batch   the loader's segment (stages/ldr_seg.h)
+ *   ctitan.<job>.dev     with job.device = "cuda": the CUDA IPC handles (stages/devdir.h) */
 #ifndef CTITAN_JOB_H
 #define CTITAN_JOB_H
 
@@ -38,14 +41,18 @@ typedef struct {
     size_t total;       /* floats in the flat parameter space */
     size_t stride;      /* floats between replicas in params/grads: total rounded up to 4 KiB */
     size_t n_blocks;    /* MANIFEST_BLOCK blocks of the flat space */
-    size_t act_slot;    /* bytes of one activation hand-off: mb * T * D floats */
+    size_t act_slot;    /* bytes of one activation hand-off: mb * T * D floats (0 with gpu: the
+                         * payload is in the device ring, the host ring only orders it) */
     size_t act_ring;    /* bytes of one activation or gradient ring */
+    int gpu;            /* job.device = "cuda": device rings (stages/devdir.h) */
+    int gpu_shards;     /* optshard.device = "cuda": no host copies of weights and gradients */
+    size_t dev_slot;    /* bytes of one device hand-off: mb * T * D bf16 */
 } job_layout_t;
 
 /* Fills the layout from a validated manifest. Returns 0 or -ENOMEM. */
 int job_layout(job_layout_t *l, const manifest_t *m);
 size_t job_seg_bytes(const job_layout_t *l);     /* ctitan.<job>.job */
-size_t job_params_bytes(const job_layout_t *l);  /* params, and grads alike */
+size_t job_params_bytes(const job_layout_t *l);  /* params, and grads alike (no grads with gpu_shards) */
 size_t job_act_bytes(const job_layout_t *l);     /* act (0 when pp == 1) */
 /* Offset in the act segment of the ring from stage b to b+1 (grad = 0) or back (grad = 1). */
 size_t job_act_off(const job_layout_t *l, int replica, int boundary, int grad);

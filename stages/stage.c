@@ -5,22 +5,25 @@
  * direction; the last rank computes the loss. Gradients accumulate into this replica's
  * slice of the shared gradient buffer, which the optimizer shards read.
  *
- * With [job] device = "cuda" the pieces run on the GPU (kernels/cuda/cuda_model.h, loaded
- * from build/lib/libctitan_cuda.so with dlopen so CPU jobs never load the CUDA libraries):
- * weights are uploaded from the shared fp32 parameters at the start of each step and the
- * step's gradients written back at its end, so rings and optimizer shards work unchanged. */
-#include <dlfcn.h>
+ * With [job] device = "cuda" the pieces run on the GPU (kernels/cuda/cuda_model.h, from the
+ * plugin stages/cuda_plugin.h loads, so CPU jobs never load the CUDA libraries), and
+ * activations and gradients go from stage to stage through device rings exported with CUDA
+ * IPC (stages/devdir.h: the shm rings of the act segment then only order them). With
+ * [optshard] device = "cuda" the optimizer shards map this stage's device weights and
+ * gradients and update them in place; with "cpu" (offload) the stage uploads the shared fp32
+ * weights at the start of each step and writes the step's gradients back at its end. */
 #include <errno.h>
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ipc/ring.h"
 #include "ipc/shm.h"
-#include "kernels/cuda/cuda_model.h"
 #include "kernels/model.h"
+#include "stages/cuda_plugin.h"
+#include "stages/devdir.h"
 #include "stages/job.h"
 #include "stages/ldr_seg.h"
 #include "stages/schedule.h"
@@ -28,21 +31,13 @@
 #include "tools/log.h"
 #include "tools/util.h"
 
-/* The CUDA model's functions, from the plugin. */
+/* One end of a device ring (stages/devdir.h): M slots and their events, this stage's own
+ * (outgoing) or mapped from the neighbour that owns it (incoming). */
 typedef struct {
-    void *so;
-    int (*new_)(cuda_model_t **, const model_config_t *, int, int);
-    void (*destroy)(cuda_model_t **);
-    int (*set_weights)(cuda_model_t *, const float *);
-    int (*take_grads)(cuda_model_t *, float *);
-    int (*acts_new)(cuda_model_acts_t **, const cuda_model_t *, int, int);
-    void (*acts_destroy)(cuda_model_acts_t **);
-    int (*forward)(cuda_model_t *, cuda_model_acts_t *, const int32_t *, const float *, const int32_t *, float,
-                   float *, double *);
-    int (*backward_b)(cuda_model_t *, cuda_model_acts_t *, const float *, float *);
-    int (*backward_w)(cuda_model_t *, cuda_model_acts_t *);
-    const char *(*last_error)(void);
-} cuda_api_t;
+    char *slots;                 /* device: M slots of lay.dev_slot bytes */
+    void **written, **read;      /* (M) interprocess events */
+    int own;
+} dring_t;
 
 typedef struct {
     worker_t *w;
@@ -58,9 +53,14 @@ typedef struct {
     sched_t sched;
     model_acts_t **acts;         /* (peak in flight) */
     int cuda;                    /* device = "cuda": the model is cm, its activations cacts */
-    cuda_api_t cu;
+    const cuda_plugin_t *cu;
     cuda_model_t *cm;
     cuda_model_acts_t **cacts;
+    shm_seg_t *dev;              /* the device directory */
+    dring_t d_act_in, d_act_out, d_grad_in, d_grad_out;
+    void *stream;                /* the model's */
+    int device;
+    size_t mem_peak;             /* device memory in use (every process on the device), highest seen */
     float *params_base, *grads_base; /* this stage's range of the shared parameters and gradients */
     int *acts_mb;                /* microbatch each holds, -1 free */
     int nacts;
@@ -85,31 +85,101 @@ static void attach_batch(stage_t *st, ring_t **r, int targets)
     WORKER_CHECK(st->w, rc == 0, "%s", err);
 }
 
-/* The CUDA backend plugin, next to this program: build/bin/../lib/libctitan_cuda.so, or the
- * file CTITAN_CUDA_PLUGIN names (test_launch runs a cuda job on tests/cudasim's emulated one). */
-static void load_cuda(stage_t *st)
+#define CU_CHECK(st, call, ...)                                                               \
+    do {                                                                                      \
+        int rc_ = (call);                                                                     \
+        WORKER_CHECK((st)->w, rc_ == 0, __VA_ARGS__);                                         \
+    } while (0)
+#define CU_WHY(st) (st)->cu->last_error()
+
+static void dring_make(stage_t *st, dring_t *d, devdir_ring_t r)
 {
-    char exe[PATH_MAX], path[PATH_MAX + 64];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    WORKER_CHECK(st->w, n > 0, "cannot find my own executable");
-    exe[n] = 0;
-    *strrchr(exe, '/') = 0;
-    const char *other = getenv("CTITAN_CUDA_PLUGIN"); /* tests: the emulated backend */
-    if (other && other[0])
-        snprintf(path, sizeof(path), "%s", other);
-    else
-        snprintf(path, sizeof(path), "%s/../lib/libctitan_cuda.so", exe);
-    cuda_api_t *c = &st->cu;
-    c->so = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    WORKER_CHECK(st->w, c->so, "job.device = \"cuda\": cannot load the CUDA backend %s: %s (ctitan builds it only "
-                 "where nvcc exists)", path, dlerror());
-#define SYM(f, name) WORKER_CHECK(st->w, (*(void **)&c->f = dlsym(c->so, name)), "%s: no %s", path, name)
-    SYM(new_, "cuda_model_new"); SYM(destroy, "cuda_model_destroy"); SYM(set_weights, "cuda_model_set_weights");
-    SYM(take_grads, "cuda_model_take_grads"); SYM(acts_new, "cuda_model_acts_new");
-    SYM(acts_destroy, "cuda_model_acts_destroy"); SYM(forward, "cuda_model_forward");
-    SYM(backward_b, "cuda_model_backward_b"); SYM(backward_w, "cuda_model_backward_w");
-    SYM(last_error, "cuda_model_last_error");
-#undef SYM
+    int M = st->lay.M;
+    d->own = 1;
+    d->written = calloc((size_t)M, sizeof(void *));
+    d->read = calloc((size_t)M, sizeof(void *));
+    WORKER_CHECK(st->w, d->written && d->read, "out of memory");
+    CU_CHECK(st, st->cu->ipc_alloc((void **)&d->slots, (size_t)M * st->lay.dev_slot, r.slots),
+             "device ring of %d x %zu bytes: %s", M, st->lay.dev_slot, CU_WHY(st));
+    for (int i = 0; i < M; i++) {
+        CU_CHECK(st, st->cu->ipc_event_new(&d->written[i], &r.written[i]), "interprocess event: %s", CU_WHY(st));
+        CU_CHECK(st, st->cu->ipc_event_new(&d->read[i], &r.read[i]), "interprocess event: %s", CU_WHY(st));
+    }
+}
+
+/* The directory entry of stage (replica, rank) once its owner has filled it. */
+static devdir_stage_t *dev_entry(stage_t *st, int rank)
+{
+    devdir_stage_t *e = devdir_stage(shm_data(st->dev), &st->lay, st->replica, rank);
+    for (int waited = 0; !atomic_load(&e->ready); waited++) { /* the neighbour is setting up */
+        WORKER_CHECK(st->w, waited < 120000, "stage %d of replica %d never published its device buffers", rank,
+                     st->replica);
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+    }
+    return e;
+}
+
+static void dring_open(stage_t *st, dring_t *d, int rank, int grad)
+{
+    int M = st->lay.M;
+    devdir_ring_t r = devdir_ring(dev_entry(st, rank), &st->lay, grad);
+    d->written = calloc((size_t)M, sizeof(void *));
+    d->read = calloc((size_t)M, sizeof(void *));
+    WORKER_CHECK(st->w, d->written && d->read, "out of memory");
+    CU_CHECK(st, st->cu->ipc_open((void **)&d->slots, r.slots), "mapping the %s ring of stage %d: %s",
+             grad ? "gradient" : "activation", rank, CU_WHY(st));
+    for (int i = 0; i < M; i++) {
+        CU_CHECK(st, st->cu->ipc_event_open(&d->written[i], &r.written[i]), "event of stage %d: %s", rank,
+                 CU_WHY(st));
+        CU_CHECK(st, st->cu->ipc_event_open(&d->read[i], &r.read[i]), "event of stage %d: %s", rank, CU_WHY(st));
+    }
+}
+
+static void dring_close(stage_t *st, dring_t *d)
+{
+    if (!d->written)
+        return;
+    for (int i = 0; i < st->lay.M; i++) {
+        st->cu->event_free(d->written[i]);
+        st->cu->event_free(d->read[i]);
+    }
+    if (d->slots)
+        d->own ? st->cu->free(d->slots) : st->cu->ipc_close(d->slots);
+    free(d->written);
+    free(d->read);
+    memset(d, 0, sizeof(*d));
+}
+
+/* The GPU: the model of pieces [p0, p1), this stage's directory entry (its weights and
+ * gradients for GPU optimizer shards, its outgoing rings), then its neighbours' rings. */
+static void setup_cuda(stage_t *st, int p0, int p1)
+{
+    char err[512];
+    WORKER_CHECK(st->w, st->cu = cuda_plugin_load(err, sizeof(err)), "job.device = \"cuda\": %s", err);
+    CU_CHECK(st, st->cu->dev_select(st->replica * st->lay.pp + st->rank, &st->device), "%s", CU_WHY(st));
+    CU_CHECK(st, st->cu->model_new(&st->cm, &st->man->model, p0, p1), "CUDA model of pieces [%d, %d): %s", p0, p1,
+             CU_WHY(st));
+    st->stream = st->cu->model_stream(st->cm);
+    WORKER_CHECK(st->w, shm_attach(&st->dev, worker_job(st->w), DEVDIR_SEG, err, sizeof(err)) == 0, "%s", err);
+    devdir_stage_t *e = devdir_stage(shm_data(st->dev), &st->lay, st->replica, st->rank);
+    uint16_t *w;
+    float *g;
+    size_t begin, end;
+    st->cu->model_buffers(st->cm, &w, &g, &begin, &end);
+    e->begin = begin, e->end = end, e->device = st->device, e->pid = (int32_t)getpid();
+    if (st->lay.gpu_shards) {
+        CU_CHECK(st, st->cu->ipc_export(w, &e->w), "exporting the weights: %s", CU_WHY(st));
+        CU_CHECK(st, st->cu->ipc_export(g, &e->g), "exporting the gradients: %s", CU_WHY(st));
+    }
+    if (!st->last)
+        dring_make(st, &st->d_act_out, devdir_ring(e, &st->lay, 0));
+    if (!st->first)
+        dring_make(st, &st->d_grad_out, devdir_ring(e, &st->lay, 1));
+    atomic_store(&e->ready, 1);
+    if (!st->first)
+        dring_open(st, &st->d_act_in, st->rank - 1, 0);
+    if (!st->last)
+        dring_open(st, &st->d_grad_in, st->rank + 1, 1);
 }
 
 static void setup(stage_t *st)
@@ -118,8 +188,10 @@ static void setup(stage_t *st)
     char err[256];
     WORKER_CHECK(st->w, job_layout(&st->lay, m) == 0, "out of memory");
     const char *job = worker_job(st->w);
-    WORKER_CHECK(st->w, shm_attach(&st->params, job, "params", err, sizeof(err)) == 0, "%s", err);
-    WORKER_CHECK(st->w, shm_attach(&st->grads, job, "grads", err, sizeof(err)) == 0, "%s", err);
+    if (!st->lay.gpu_shards) {
+        WORKER_CHECK(st->w, shm_attach(&st->params, job, "params", err, sizeof(err)) == 0, "%s", err);
+        WORKER_CHECK(st->w, shm_attach(&st->grads, job, "grads", err, sizeof(err)) == 0, "%s", err);
+    }
     if (m->pp > 1)
         WORKER_CHECK(st->w, shm_attach(&st->act, job, "act", err, sizeof(err)) == 0, "%s", err);
     if (st->first || st->last)
@@ -150,13 +222,13 @@ static void setup(stage_t *st)
         threads = (int)(cpus / (m->pp * m->dp));
         threads = threads < 1 ? 1 : threads;
     }
-    st->params_base = (float *)shm_data(st->params) + base;
-    st->grads_base = (float *)shm_data(st->grads) + base;
-    st->cuda = !strcmp(m->device, "cuda");
+    if (st->params) {
+        st->params_base = (float *)shm_data(st->params) + base;
+        st->grads_base = (float *)shm_data(st->grads) + base;
+    }
+    st->cuda = st->lay.gpu;
     if (st->cuda) {
-        load_cuda(st);
-        WORKER_CHECK(st->w, st->cu.new_(&st->cm, &m->model, p0, p1) == 0, "CUDA model of pieces [%d, %d): %s", p0,
-                     p1, st->cu.last_error());
+        setup_cuda(st, p0, p1);
     } else {
         st->pool = pool_new(threads);
         st->model = model_new(&m->model, p0, p1, st->params_base, st->grads_base, st->pool);
@@ -171,8 +243,8 @@ static void setup(stage_t *st)
     WORKER_CHECK(st->w, st->acts && st->cacts && st->acts_mb, "out of memory");
     for (int i = 0; i < st->nacts; i++) {
         if (st->cuda)
-            WORKER_CHECK(st->w, st->cu.acts_new(&st->cacts[i], st->cm, st->lay.mb, st->lay.T) == 0,
-                         "CUDA activations of %d microbatches: %s", st->nacts, st->cu.last_error());
+            CU_CHECK(st, st->cu->acts_new(&st->cacts[i], st->cm, st->lay.mb, st->lay.T),
+                     "CUDA activations of %d microbatches: %s", st->nacts, CU_WHY(st));
         else
             WORKER_CHECK(st->w, st->acts[i] = model_acts_new(st->model, st->lay.mb, st->lay.T),
                          "out of memory for activations of %d microbatches", st->nacts);
@@ -239,12 +311,25 @@ static void check_ids(stage_t *st, const int32_t *ids, const char *what, int64_t
                      what, ids[i], (long long)step, mb, i, V);
 }
 
+/* Device ring slot of a host slot: makes the stream wait for `after` of that slot first. */
+static uint16_t *dslot(stage_t *st, const dring_t *d, ring_t *r, void *host, void **after, uint32_t *slot)
+{
+    *slot = ring_slot_of(r, host);
+    CU_CHECK(st, st->cu->stream_wait(st->stream, after[*slot]), "ring %s: %s", ring_name(r), CU_WHY(st));
+    return (uint16_t *)(d->slots + (size_t)*slot * st->lay.dev_slot);
+}
+
+static void drecord(stage_t *st, void *ev, ring_t *r)
+{
+    CU_CHECK(st, st->cu->event_record(ev, st->stream), "ring %s: %s", ring_name(r), CU_WHY(st));
+}
+
 static double forward(stage_t *st, int64_t step, int mb)
 {
     int a = acts_for(st, mb, 1);
     const int32_t *tok = NULL, *tgt = NULL;
-    const float *x_in = NULL;
-    float *x_out = NULL;
+    void *x_in = NULL, *x_out = NULL;
+    uint32_t si = 0, so = 0;
     if (st->first)
         check_ids(st, tok = take(st, st->tok_in, step, mb), "token", step, mb);
     else
@@ -255,11 +340,18 @@ static double forward(stage_t *st, int64_t step, int mb)
         x_out = reserve(st, st->act_out);
     double t0 = util_now();
     double loss = 0;
-    if (st->cuda)
-        WORKER_CHECK(st->w, st->cu.forward(st->cm, st->cacts[a], tok, x_in, tgt, st->dscale, x_out, &loss) == 0,
-                     "CUDA forward: %s", st->cu.last_error());
-    else
+    if (st->cuda) {
+        const uint16_t *din = x_in ? dslot(st, &st->d_act_in, st->act_in, x_in, st->d_act_in.written, &si) : NULL;
+        uint16_t *dout = x_out ? dslot(st, &st->d_act_out, st->act_out, x_out, st->d_act_out.read, &so) : NULL;
+        CU_CHECK(st, st->cu->forward_dev(st->cm, st->cacts[a], tok, din, tgt, st->dscale, dout, &loss),
+                 "CUDA forward: %s", CU_WHY(st));
+        if (din)
+            drecord(st, st->d_act_in.read[si], st->act_in);
+        if (dout)
+            drecord(st, st->d_act_out.written[so], st->act_out);
+    } else {
         loss = model_forward(st->model, st->acts[a], tok, x_in, tgt, st->dscale, x_out);
+    }
     st->t_op[SCHED_F] += util_now() - t0;
     st->n_op[SCHED_F]++;
     if (st->first)
@@ -276,14 +368,21 @@ static double forward(stage_t *st, int64_t step, int mb)
 static void backward_b(stage_t *st, int64_t step, int mb)
 {
     int a = acts_for(st, mb, 0);
-    const float *dy = st->last ? NULL : take(st, st->grad_in, step, mb);
-    float *dx = st->first ? NULL : reserve(st, st->grad_out);
+    void *dy = st->last ? NULL : take(st, st->grad_in, step, mb);
+    void *dx = st->first ? NULL : reserve(st, st->grad_out);
     double t0 = util_now();
-    if (st->cuda)
-        WORKER_CHECK(st->w, st->cu.backward_b(st->cm, st->cacts[a], dy, dx) == 0, "CUDA backward: %s",
-                     st->cu.last_error());
-    else
+    if (st->cuda) {
+        uint32_t si = 0, so = 0;
+        const uint16_t *din = dy ? dslot(st, &st->d_grad_in, st->grad_in, dy, st->d_grad_in.written, &si) : NULL;
+        uint16_t *dout = dx ? dslot(st, &st->d_grad_out, st->grad_out, dx, st->d_grad_out.read, &so) : NULL;
+        CU_CHECK(st, st->cu->backward_b_dev(st->cm, st->cacts[a], din, dout), "CUDA backward: %s", CU_WHY(st));
+        if (din)
+            drecord(st, st->d_grad_in.read[si], st->grad_in);
+        if (dout)
+            drecord(st, st->d_grad_out.written[so], st->grad_out);
+    } else {
         model_backward_b(st->model, st->acts[a], dy, dx);
+    }
     st->t_op[SCHED_B] += util_now() - t0;
     st->n_op[SCHED_B]++;
     if (!st->last)
@@ -297,8 +396,7 @@ static void backward_w(stage_t *st, int mb)
     double t0 = util_now();
     int a = acts_for(st, mb, 0);
     if (st->cuda)
-        WORKER_CHECK(st->w, st->cu.backward_w(st->cm, st->cacts[a]) == 0, "CUDA weight gradients: %s",
-                     st->cu.last_error());
+        CU_CHECK(st, st->cu->backward_w(st->cm, st->cacts[a]), "CUDA weight gradients: %s", CU_WHY(st));
     else
         model_backward_w(st->model, st->acts[a]);
     st->t_op[SCHED_W] += util_now() - t0;
@@ -312,9 +410,8 @@ static void run_step(stage_t *st, int64_t step)
     memset(st->n_op, 0, sizeof(st->n_op));
     st->t_wait = 0;
     double loss = 0, t0 = util_now();
-    if (st->cuda) /* this step's weights, as the optimizer shards left them */
-        WORKER_CHECK(st->w, st->cu.set_weights(st->cm, st->params_base) == 0, "CUDA weights: %s",
-                     st->cu.last_error());
+    if (st->cuda && !st->lay.gpu_shards) /* offload: this step's weights, as the CPU shards left them */
+        CU_CHECK(st, st->cu->set_weights(st->cm, st->params_base), "CUDA weights: %s", CU_WHY(st));
     const sched_action_t *a = st->sched.a[st->rank];
     for (int i = 0; i < st->sched.n[st->rank]; i++) {
         switch (a[i].op) {
@@ -324,9 +421,15 @@ static void run_step(stage_t *st, int64_t step)
         }
         worker_progress(st->w);
     }
-    if (st->cuda) /* the step's gradients, where the optimizer shards read them */
-        WORKER_CHECK(st->w, st->cu.take_grads(st->cm, st->grads_base) == 0, "CUDA gradients: %s",
-                     st->cu.last_error());
+    if (st->cuda) {
+        if (st->lay.gpu_shards) /* the gradients are complete where the shards read them */
+            CU_CHECK(st, st->cu->model_sync(st->cm), "CUDA step: %s", CU_WHY(st));
+        else /* offload: the step's gradients, where the CPU shards read them */
+            CU_CHECK(st, st->cu->take_grads(st->cm, st->grads_base), "CUDA gradients: %s", CU_WHY(st));
+        size_t used, total;
+        if (st->cu->dev_mem(&used, &total) == 0 && used > st->mem_peak)
+            st->mem_peak = used;
+    }
     double total = util_now() - t0;
     msg_t m = {.type = MSG_STEP_DONE, .step = step, .loss = loss, .t_wait = st->t_wait,
                .t_busy = total - st->t_wait};
@@ -376,12 +479,15 @@ int main(int argc, char **argv)
     for (int i = 0; i < st.nacts; i++) {
         model_acts_destroy(&st.acts[i]);
         if (st.cacts[i])
-            st.cu.acts_destroy(&st.cacts[i]);
+            st.cu->acts_destroy(&st.cacts[i]);
+    }
+    if (st.cu) {
+        dring_t *d[] = {&st.d_act_in, &st.d_act_out, &st.d_grad_in, &st.d_grad_out};
+        for (size_t i = 0; i < sizeof(d) / sizeof(d[0]); i++)
+            dring_close(&st, d[i]);
     }
     if (st.cm)
-        st.cu.destroy(&st.cm);
-    if (st.cu.so)
-        dlclose(st.cu.so);
+        st.cu->model_destroy(&st.cm);
     free(st.acts);
     free(st.cacts);
     free(st.acts_mb);
@@ -395,6 +501,7 @@ int main(int argc, char **argv)
     shm_detach(&st.grads);
     shm_detach(&st.act);
     shm_detach(&st.batch);
+    shm_detach(&st.dev);
     worker_close(&st.w);
     return 0;
 }

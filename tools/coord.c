@@ -25,6 +25,7 @@
 #include "ipc/ring.h"
 #include "ipc/shm.h"
 #include "kernels/model.h"
+#include "stages/devdir.h"
 #include "stages/job.h"
 #include "stages/ldr_seg.h"
 #include "tools/evaluate.h"
@@ -56,7 +57,7 @@ typedef struct {
     const manifest_t *m;
     job_layout_t lay;
     char *toml;                       /* the resolved manifest every worker gets */
-    shm_seg_t *seg_job, *seg_params, *seg_grads, *seg_act, *seg_batch, *seg_ckpt;
+    shm_seg_t *seg_job, *seg_params, *seg_grads, *seg_act, *seg_batch, *seg_ckpt, *seg_dev;
     job_hdr_t *hdr;
     int segs_made;                    /* this run created the job's segments */
     ctl_t *ctl;
@@ -615,7 +616,9 @@ static int make_segments(coord_t *c, char *err, size_t errlen)
     *c->hdr = (job_hdr_t){.magic = JOB_MAGIC, .version = JOB_VERSION, .owner_pid = getpid(),
                           .owner_start = job_proc_start(getpid()), .n_blocks = c->lay.n_blocks};
     if ((rc = shm_create(&c->seg_params, m->name, "params", job_params_bytes(&c->lay), err, errlen)) ||
-        (rc = shm_create(&c->seg_grads, m->name, "grads", job_params_bytes(&c->lay), err, errlen)))
+        (!c->lay.gpu_shards &&
+         (rc = shm_create(&c->seg_grads, m->name, "grads", job_params_bytes(&c->lay), err, errlen))) ||
+        (c->lay.gpu && (rc = shm_create(&c->seg_dev, m->name, DEVDIR_SEG, devdir_bytes(&c->lay), err, errlen))))
         return rc;
     if (m->pp > 1) {
         if ((rc = shm_create(&c->seg_act, m->name, "act", job_act_bytes(&c->lay), err, errlen)))
@@ -647,7 +650,8 @@ static int make_segments(coord_t *c, char *err, size_t errlen)
 
 static void remove_segments(coord_t *c)
 {
-    shm_seg_t **segs[] = {&c->seg_job, &c->seg_params, &c->seg_grads, &c->seg_act, &c->seg_batch, &c->seg_ckpt};
+    shm_seg_t **segs[] = {&c->seg_job,   &c->seg_params, &c->seg_grads, &c->seg_act,
+                          &c->seg_batch, &c->seg_ckpt,   &c->seg_dev};
     for (size_t i = 0; i < sizeof(segs) / sizeof(segs[0]); i++)
         shm_detach(segs[i]);
     if (c->segs_made)

@@ -88,6 +88,7 @@ static const mkey_t keys[] = {
     KINT("loader", "prefetch", prefetch, 1),
     KSTR("loader", "command", command),
     KINT("optshard", "shards", shards, 1),
+    KSTR("optshard", "device", shard_device),
     KBOOL("checkpoint", "enable", ckpt_enable),
     KINT("checkpoint", "interval", ckpt_interval, 1),
     KSTR("checkpoint", "folder", ckpt_folder),
@@ -731,6 +732,12 @@ int manifest_validate(manifest_t *m, char *err, size_t errlen)
           "checkpoint.endpoint is remote: checkpoint.client_key (this trainer's secret key file, from "
           "`ctitan ckpt keygen`) is needed");
     CHECK(m->ckpt_folder[0], "checkpoint", "folder", "checkpoint.folder must not be empty");
+    if (!m->shard_device[0])
+        snprintf(m->shard_device, sizeof(m->shard_device), "%s", m->device);
+    CHECK(!strcmp(m->shard_device, "cpu") || !strcmp(m->shard_device, "cuda"), "optshard", "device",
+          "optshard.device = \"%s\": expected \"cpu\" or \"cuda\"", m->shard_device);
+    CHECK(!strcmp(m->shard_device, "cpu") || !strcmp(m->device, "cuda"), "optshard", "device",
+          "optshard.device = \"cuda\" needs job.device = \"cuda\" (the shards update the stages' GPU weights)");
     int hd = config_head_dim(&m->model);
     CHECK(strcmp(m->device, "cuda") || hd == 16 || hd == 32 || hd == 64 || hd == 128, "job", "device",
           "job.device = \"cuda\": the model's head dimension is %d (model.dim %d / model.n_heads %d); the CUDA "

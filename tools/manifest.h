@@ -17,7 +17,7 @@
  *   [optimizer]    name, lr, beta1, beta2, eps, weight_decay, decay_embed_and_norms
  *   [lr_scheduler] warmup_steps, decay_ratio, decay_type, min_lr_factor
  *   [loader]       dataset_path, shuffle, prefetch, command
- *   [optshard]     shards
+ *   [optshard]     shards, device
  *   [checkpoint]   enable, interval, folder, keep_latest_k, load, endpoint, server_key, client_key
  *   [metrics]      log_freq, file, peak_tflops
  *   [validation]   enable, dataset_path, steps
@@ -41,7 +41,7 @@ typedef struct {
     char dump_folder[MANIFEST_PATH_MAX]; /* "runs/<name>" when empty: control socket, metrics */
     char description[256];
     char endpoint[256];          /* coordinator ROUTER; "" = ipc://<dump_folder>/ctl.sock */
-    char device[16];             /* "cpu", or "cuda": stages run on the GPU (optimizer shards on the CPU) */
+    char device[16];             /* "cpu", or "cuda": stages run on the GPU, hand-offs through CUDA IPC */
     int heartbeat_interval_ms;   /* 100 */
     int heartbeat_timeout_ms;    /* 3000: a peer silent this long is dead or hung */
 
@@ -88,6 +88,8 @@ typedef struct {
 
     /* [optshard] */
     int shards;                  /* 1: optimizer-state shard processes */
+    char shard_device[16];       /* "" = job.device: "cuda" updates the stages' GPU weights in place
+                                  * through CUDA IPC, "cpu" is offload mode (fp32 in shared memory) */
 
     /* [checkpoint] (torchtitan's names where it has them) */
     int ckpt_enable;             /* false: write checkpoints */

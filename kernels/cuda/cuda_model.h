@@ -3,11 +3,10 @@
  * forward / backward B / backward W split and the same equations as the CPU model, built
  * from the kernels of cuda_nn.h, cuda_attn.h and cuda_matmul.h.
  *
- * This first version talks to the rest of ctitan through host memory: weights are uploaded
- * from the fp32 flat space (rounded to bf16) once per step, gradients handed back as fp32,
- * and pipeline hand-offs (x_in, x_out, dy, dx) are host fp32 arrays, so a stage process can
- * keep using the shared-memory rings and the CPU optimizer shards ("offload" mode). CUDA IPC
- * rings and GPU optimizer shards come later (NOTES.md).
+ * Two ways to talk to the rest of ctitan: through host memory (weights uploaded from the fp32
+ * flat space once per step, gradients handed back as fp32, hand-offs as host fp32 arrays: the
+ * CPU test bed and offload mode), or on the device (the *_dev calls and cuda_model_buffers:
+ * CUDA IPC rings between stages, optimizer shards updating the weights in place).
  *
  * Every function returns 0 or a negative errno-style code (-EINVAL, -ENODEV, -ENOMEM, -EIO)
  * and cuda_model_last_error() says why. Not thread-safe: one model per thread. */
@@ -49,8 +48,23 @@ int cuda_model_forward(cuda_model_t *m, cuda_model_acts_t *a, const int32_t *tok
 /* As model_backward_b: dy [B*T, dim] (ignored with the head), dx [B*T, dim] unless the model
  * holds the embedding. Host arrays; returns when dx is written. */
 int cuda_model_backward_b(cuda_model_t *m, cuda_model_acts_t *a, const float *dy, float *dx);
-/* As model_backward_w: adds this microbatch's weight gradients into the device gradients. */
+/* As model_backward_w: adds this microbatch's weight gradients into the device gradients
+ * (queued; cuda_model_take_grads or cuda_model_sync waits for it). */
 int cuda_model_backward_w(cuda_model_t *m, cuda_model_acts_t *a);
+
+/* The GPU data plane (stages/stage.c without host hand-offs): the same two calls with device
+ * bf16 hand-offs x_in, x_out, dy, dx ((B*T, dim) each, e.g. CUDA IPC ring slots). They only
+ * queue work on the model's stream (the head's forward waits for its loss): order other
+ * streams and processes after them with an event recorded on cuda_model_stream(). */
+int cuda_model_forward_dev(cuda_model_t *m, cuda_model_acts_t *a, const int32_t *tokens, const uint16_t *x_in,
+                           const int32_t *targets, float dscale, uint16_t *x_out, double *loss);
+int cuda_model_backward_b_dev(cuda_model_t *m, cuda_model_acts_t *a, const uint16_t *dy, uint16_t *dx);
+/* Waits for everything queued on the model's stream. */
+int cuda_model_sync(cuda_model_t *m);
+void *cuda_model_stream(cuda_model_t *m);
+/* The device weights (bf16) and weight gradients (fp32) of the held range [*begin, *end) of the
+ * flat space, each one cudaMalloc'ed block (so it can be exported with cuda_ipc_export). */
+void cuda_model_buffers(cuda_model_t *m, uint16_t **w, float **g, size_t *begin, size_t *end);
 
 const char *cuda_model_last_error(void);
 

@@ -412,8 +412,9 @@ static int layer_backward_w(cuda_model_t *m, cuda_model_acts_t *a, int i)
     return 0;
 }
 
-extern "C" int cuda_model_forward(cuda_model_t *m, cuda_model_acts_t *a, const int32_t *tokens, const float *x_in,
-                                  const int32_t *targets, float dscale, float *x_out, double *loss)
+/* The forward with host fp32 hand-offs (dev = 0) or device bf16 ones (dev = 1). */
+static int forward(cuda_model_t *m, cuda_model_acts_t *a, const int32_t *tokens, const void *x_in,
+                   const int32_t *targets, float dscale, void *x_out, double *loss, int dev)
 {
     size_t N = a->N, D = m->D;
     void *s = m->stream;
@@ -422,6 +423,8 @@ extern "C" int cuda_model_forward(cuda_model_t *m, cuda_model_acts_t *a, const i
     if (m->has_embed) {
         CU(cudaMemcpyAsync(a->tokens, tokens, N * sizeof(int32_t), cudaMemcpyHostToDevice, m->stream));
         NN(cuda_embed_fwd(a->x_first, m->embed, a->tokens, (int)N, m->V, (int)D, s));
+    } else if (dev) { /* kept for the backward: the ring slot is the producer's again after this */
+        CU(cudaMemcpyAsync(a->x_first, x_in, N * D * sizeof(bf16_t), cudaMemcpyDeviceToDevice, m->stream));
     } else {
         CU(cudaMemcpyAsync(a->io, x_in, N * D * sizeof(float), cudaMemcpyHostToDevice, m->stream));
         if ((rc = to_bf16(m, a->x_first, a->io, N * D)))
@@ -430,6 +433,10 @@ extern "C" int cuda_model_forward(cuda_model_t *m, cuda_model_acts_t *a, const i
     for (int i = 0; i < m->nl; i++)
         if ((rc = layer_forward(m, a, i, i + 1 < m->nl ? a->l[i + 1].h_in : a->x_top)))
             return rc;
+    if (!m->has_head && dev) {
+        CU(cudaMemcpyAsync(x_out, a->x_top, N * D * sizeof(bf16_t), cudaMemcpyDeviceToDevice, m->stream));
+        return 0;
+    }
     if (!m->has_head) {
         if ((rc = to_f32(m, a->io, a->x_top, N * D)))
             return rc;
@@ -454,7 +461,20 @@ extern "C" int cuda_model_forward(cuda_model_t *m, cuda_model_acts_t *a, const i
     return 0;
 }
 
-extern "C" int cuda_model_backward_b(cuda_model_t *m, cuda_model_acts_t *a, const float *dy, float *dx)
+extern "C" int cuda_model_forward(cuda_model_t *m, cuda_model_acts_t *a, const int32_t *tokens, const float *x_in,
+                                  const int32_t *targets, float dscale, float *x_out, double *loss)
+{
+    return forward(m, a, tokens, x_in, targets, dscale, x_out, loss, 0);
+}
+
+extern "C" int cuda_model_forward_dev(cuda_model_t *m, cuda_model_acts_t *a, const int32_t *tokens,
+                                      const uint16_t *x_in, const int32_t *targets, float dscale, uint16_t *x_out,
+                                      double *loss)
+{
+    return forward(m, a, tokens, x_in, targets, dscale, x_out, loss, 1);
+}
+
+static int backward_b(cuda_model_t *m, cuda_model_acts_t *a, const void *dy, void *dx, int dev)
 {
     size_t N = a->N, D = m->D;
     void *s = m->stream;
@@ -463,6 +483,8 @@ extern "C" int cuda_model_backward_b(cuda_model_t *m, cuda_model_acts_t *a, cons
     if (m->has_head) {
         MM(cuda_matmul_bwd_x(m->mm, a->dhf, a->logits, m->out, (int)N, (int)D, m->V, 0, s));
         NN(cuda_rmsnorm_bwd_x(top, a->dhf, a->x_top, a->rf, m->norm, (int)N, (int)D, 0, s));
+    } else if (dev) {
+        CU(cudaMemcpyAsync(top, dy, N * D * sizeof(bf16_t), cudaMemcpyDeviceToDevice, m->stream));
     } else {
         CU(cudaMemcpyAsync(a->io, dy, N * D * sizeof(float), cudaMemcpyHostToDevice, m->stream));
         if ((rc = to_bf16(m, top, a->io, N * D)))
@@ -471,13 +493,27 @@ extern "C" int cuda_model_backward_b(cuda_model_t *m, cuda_model_acts_t *a, cons
     for (int i = m->nl - 1; i >= 0; i--)
         if ((rc = layer_backward_b(m, a, i, i > 0 ? a->l[i - 1].df : a->d_bottom)))
             return rc;
-    if (!m->has_embed) {
-        if ((rc = to_f32(m, a->io, a->d_bottom, N * D)))
-            return rc;
-        CU(cudaMemcpyAsync(dx, a->io, N * D * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+    if (m->has_embed)
+        return dev ? 0 : cuda_rc(cudaStreamSynchronize(m->stream), "cudaStreamSynchronize");
+    if (dev) { /* W still reads d_bottom only on the first stage, which has no dx */
+        CU(cudaMemcpyAsync(dx, a->d_bottom, N * D * sizeof(bf16_t), cudaMemcpyDeviceToDevice, m->stream));
+        return 0;
     }
+    if ((rc = to_f32(m, a->io, a->d_bottom, N * D)))
+        return rc;
+    CU(cudaMemcpyAsync(dx, a->io, N * D * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
     CU(cudaStreamSynchronize(m->stream));
     return 0;
+}
+
+extern "C" int cuda_model_backward_b(cuda_model_t *m, cuda_model_acts_t *a, const float *dy, float *dx)
+{
+    return backward_b(m, a, dy, dx, 0);
+}
+
+extern "C" int cuda_model_backward_b_dev(cuda_model_t *m, cuda_model_acts_t *a, const uint16_t *dy, uint16_t *dx)
+{
+    return backward_b(m, a, dy, dx, 1);
 }
 
 extern "C" int cuda_model_backward_w(cuda_model_t *m, cuda_model_acts_t *a)
@@ -493,6 +529,21 @@ extern "C" int cuda_model_backward_w(cuda_model_t *m, cuda_model_acts_t *a)
             return rc;
     if (m->has_embed)
         NN(cuda_embed_bwd(m->d_embed, a->d_bottom, a->tokens, N, m->V, D, s));
+    return 0; /* stream order: take_grads, cuda_model_sync or the next op waits for it */
+}
+
+extern "C" int cuda_model_sync(cuda_model_t *m)
+{
     CU(cudaStreamSynchronize(m->stream));
     return 0;
+}
+
+extern "C" void *cuda_model_stream(cuda_model_t *m) { return m->stream; }
+
+extern "C" void cuda_model_buffers(cuda_model_t *m, uint16_t **w, float **g, size_t *begin, size_t *end)
+{
+    *w = m->w;
+    *g = m->g;
+    *begin = m->begin;
+    *end = m->end;
 }

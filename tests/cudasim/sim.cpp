@@ -1,23 +1,97 @@
-// The emulator's per-thread state and the stand-ins for cuda_ops.h's runtime helpers (host memory;
-// cuda_last_error comes from kernels/cuda/cuda_err.cu, built with the emulated kernels).
+// The emulator's per-thread state, its device memory (memfd mappings, shareable with CUDA IPC)
+// and its fibers.
 #include "sim.h"
 
+#include <fcntl.h>
+#include <map>
 #include <memory>
+#include <sys/mman.h>
 #include <ucontext.h>
+#include <unistd.h>
 thread_local uint3_ threadIdx, blockIdx;
 thread_local dim3 gridDim, blockDim;
 thread_local unsigned char *sim_smem;
 thread_local size_t sim_smem_size;
 thread_local BlockSync *sim_bs;
-extern "C" {
-int cuda_device_count(void) { return 1; }
-int cuda_alloc(void **p, size_t b) { if (posix_memalign(p, 256, b)) return -12; memset(*p, 0xff, b); return 0; }
-int cuda_free(void *p) { free(p); return 0; }
-int cuda_copy_to_device(void *d, const void *s, size_t b) { memcpy(d, s, b); return 0; }
-int cuda_copy_to_host(void *d, const void *s, size_t b) { memcpy(d, s, b); return 0; }
+/* ---- device memory: memfd mappings, so that CUDA IPC works between processes ---- */
+
+namespace {
+struct Mapping { int fd; size_t bytes; bool imported; };
+std::mutex alloc_mu;
+std::map<void *, Mapping> allocs;
+struct SimHandle { uint32_t magic; int32_t pid, fd; uint64_t bytes; };
+const uint32_t HANDLE_MAGIC = 0x4d495343; /* "CSIM" */
 }
 
-/* ---- fibers ---- */
+cudaError_t cudaMalloc(void **p, size_t b)
+{
+    size_t bytes = b ? b : 1;
+    int fd = memfd_create("cudasim", MFD_CLOEXEC);
+    if (fd < 0)
+        return cudaErrorMemoryAllocation;
+    void *m = ftruncate(fd, (off_t)bytes) ? MAP_FAILED : mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+        close(fd);
+        return cudaErrorMemoryAllocation;
+    }
+    memset(m, 0xff, bytes); /* NaN garbage, as fresh device memory may hold */
+    std::lock_guard<std::mutex> g(alloc_mu);
+    allocs[m] = {fd, bytes, false};
+    *p = m;
+    return 0;
+}
+
+static cudaError_t unmap(void *p, bool imported)
+{
+    std::lock_guard<std::mutex> g(alloc_mu);
+    auto it = allocs.find(p);
+    if (it == allocs.end() || it->second.imported != imported)
+        return cudaErrorInvalidValue;
+    munmap(p, it->second.bytes);
+    if (it->second.fd >= 0)
+        close(it->second.fd);
+    allocs.erase(it);
+    return 0;
+}
+
+cudaError_t cudaFree(void *p) { return p ? unmap(p, false) : 0; }
+
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p)
+{
+    std::lock_guard<std::mutex> g(alloc_mu);
+    auto it = allocs.find(p);
+    if (it == allocs.end() || it->second.imported) /* CUDA's rule: the base of an own allocation */
+        return cudaErrorInvalidValue;
+    SimHandle s = {HANDLE_MAGIC, (int32_t)getpid(), it->second.fd, it->second.bytes};
+    memset(h, 0, sizeof(*h));
+    memcpy(h->reserved, &s, sizeof(s));
+    return 0;
+}
+
+cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned)
+{
+    SimHandle s;
+    memcpy(&s, h.reserved, sizeof(s));
+    if (s.magic != HANDLE_MAGIC || s.pid == getpid()) /* CUDA refuses a process's own handles too */
+        return cudaErrorInvalidValue;
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/fd/%d", s.pid, s.fd);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return cudaErrorMapBufferObjectFailed;
+    void *m = mmap(nullptr, s.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED)
+        return cudaErrorMapBufferObjectFailed;
+    std::lock_guard<std::mutex> g(alloc_mu);
+    allocs[m] = {-1, s.bytes, true};
+    *p = m;
+    return 0;
+}
+
+cudaError_t cudaIpcCloseMemHandle(void *p) { return unmap(p, true); }
+
+/* ---- fibers ---- *//* ---- fibers ---- */
 
 namespace {
 struct Fiber {

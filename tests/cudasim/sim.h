@@ -60,24 +60,42 @@ inline float __shfl_xor_sync(unsigned, float v, int o) {
     sim_bs->xch[w][l] = v; __syncwarp(); float r = sim_bs->xch[w][l ^ o]; __syncwarp(); return r;
 }
 
-typedef int cudaError_t; typedef void *cudaStream_t;
-enum { cudaSuccess = 0, cudaErrorMemoryAllocation = 2, cudaErrorInsufficientDriver = 35, cudaErrorNoDevice = 100 };
-/* The runtime calls the CUDA model makes, on host memory (streams are synchronous here). */
-enum cudaMemcpyKind { cudaMemcpyHostToHost, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
+typedef int cudaError_t; typedef void *cudaStream_t; typedef void *cudaEvent_t;
+enum { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2, cudaErrorInsufficientDriver = 35,
+       cudaErrorInvalidDevice = 101, cudaErrorNoDevice = 100, cudaErrorMapBufferObjectFailed = 205 };
+/* The runtime calls the CUDA code makes, on host memory (streams are synchronous here, so
+ * events are always complete). Device memory is a memfd mapping (sim.cpp), which is what lets
+ * CUDA IPC work between real processes: a handle names the exporter's pid and descriptor,
+ * and cudaIpcOpenMemHandle maps /proc/PID/fd/FD. */
+enum cudaMemcpyKind { cudaMemcpyHostToHost, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice,
+                      cudaMemcpyDefault };
 enum { cudaStreamNonBlocking = 1 };
+enum { cudaEventDisableTiming = 2, cudaEventInterprocess = 4 };
+enum { cudaIpcMemLazyEnablePeerAccess = 1 };
+struct cudaIpcMemHandle_t { char reserved[64]; };
+struct cudaIpcEventHandle_t { char reserved[64]; };
 inline cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return 0; }
-inline cudaError_t cudaMalloc(void **p, size_t b) {
-    if (posix_memalign(p, 256, b ? b : 1)) return cudaErrorMemoryAllocation;
-    memset(*p, 0xff, b); return 0; /* NaN garbage, as fresh device memory may hold */
-}
+inline cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
+inline cudaError_t cudaMemGetInfo(size_t *f, size_t *t) { *t = (size_t)80 << 30; *f = *t; return 0; }
+cudaError_t cudaMalloc(void **p, size_t b);
+cudaError_t cudaFree(void *p);
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p);
+cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned flags);
+cudaError_t cudaIpcCloseMemHandle(void *p);
 inline cudaError_t cudaMallocHost(void **p, size_t b) { return cudaMalloc(p, b); }
-inline cudaError_t cudaFree(void *p) { free(p); return 0; }
-inline cudaError_t cudaFreeHost(void *p) { free(p); return 0; }
+inline cudaError_t cudaFreeHost(void *p) { return cudaFree(p); }
+inline cudaError_t cudaMemcpy(void *d, const void *s, size_t b, cudaMemcpyKind) { memmove(d, s, b); return 0; }
 inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t b, cudaMemcpyKind, void *) { memmove(d, s, b); return 0; }
 inline cudaError_t cudaMemsetAsync(void *d, int v, size_t b, void *) { memset(d, v, b); return 0; }
 inline cudaError_t cudaStreamCreateWithFlags(void **s, unsigned) { *s = nullptr; return 0; }
 inline cudaError_t cudaStreamDestroy(void *) { return 0; }
 inline cudaError_t cudaStreamSynchronize(void *) { return 0; }
+inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) { *e = new int(0); return 0; }
+inline cudaError_t cudaEventDestroy(cudaEvent_t e) { delete (int *)e; return 0; }
+inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) { ++*(int *)e; return 0; }
+inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned) { return e ? 0 : cudaErrorInvalidValue; }
+inline cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t *h, cudaEvent_t) { memset(h, 0, sizeof(*h)); return 0; }
+inline cudaError_t cudaIpcOpenEventHandle(cudaEvent_t *e, cudaIpcEventHandle_t) { *e = new int(0); return 0; }
 enum { cudaDevAttrMaxSharedMemoryPerBlockOptin = 97 };
 enum { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 inline cudaError_t cudaGetDevice(int *d) { *d = 0; return 0; }

@@ -1,0 +1,231 @@
+// The GPU data plane's device calls (cuda_dev.h): IPC memory and events, devices, streams,
+// and the optimizer shard's fp32 kernels.
+#include <errno.h>
+#include <string.h>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/cuda_dev.h"
+#include "kernels/cuda/cuda_err.h"
+
+static_assert(sizeof(cudaIpcMemHandle_t) == sizeof(cuda_ipc_mem_t), "IPC memory handle size");
+static_assert(sizeof(cudaIpcEventHandle_t) == sizeof(cuda_ipc_event_t), "IPC event handle size");
+
+#define CU(call, what)                                                                        \
+    do {                                                                                     \
+        int rc_ = cuda_err_status((call), what);                                             \
+        if (rc_)                                                                             \
+            return rc_;                                                                      \
+    } while (0)
+
+extern "C" int cuda_dev_select(int ordinal, int *used)
+{
+    int n = 0;
+    CU(cudaGetDeviceCount(&n), "cudaGetDeviceCount");
+    if (n <= 0 || ordinal < 0)
+        return cuda_err(-ENODEV, "no CUDA device for ordinal %d (%d found)", ordinal, n);
+    CU(cudaSetDevice(ordinal % n), "cudaSetDevice");
+    if (used)
+        *used = ordinal % n;
+    return 0;
+}
+
+extern "C" int cuda_dev_mem(size_t *used, size_t *total)
+{
+    size_t f = 0, t = 0;
+    CU(cudaMemGetInfo(&f, &t), "cudaMemGetInfo");
+    *used = t - f;
+    *total = t;
+    return 0;
+}
+
+extern "C" int cuda_stream_new(void **s)
+{
+    CU(cudaStreamCreateWithFlags((cudaStream_t *)s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    return 0;
+}
+
+extern "C" void cuda_stream_free(void *s)
+{
+    if (s)
+        cudaStreamDestroy((cudaStream_t)s);
+}
+
+extern "C" int cuda_stream_sync(void *s)
+{
+    CU(cudaStreamSynchronize((cudaStream_t)s), "cudaStreamSynchronize");
+    return 0;
+}
+
+extern "C" int cuda_ipc_export(void *p, cuda_ipc_mem_t *h)
+{
+    cudaIpcMemHandle_t mh;
+    CU(cudaIpcGetMemHandle(&mh, p), "cudaIpcGetMemHandle");
+    memcpy(h, &mh, sizeof(mh));
+    return 0;
+}
+
+extern "C" int cuda_ipc_alloc(void **p, size_t bytes, cuda_ipc_mem_t *h)
+{
+    *p = NULL;
+    CU(cudaMalloc(p, bytes ? bytes : 1), "cudaMalloc (shared buffer)");
+    int rc = cuda_ipc_export(*p, h);
+    if (rc) {
+        cudaFree(*p);
+        *p = NULL;
+    }
+    return rc;
+}
+
+extern "C" int cuda_ipc_open(void **p, const cuda_ipc_mem_t *h)
+{
+    cudaIpcMemHandle_t mh;
+    memcpy(&mh, h, sizeof(mh));
+    CU(cudaIpcOpenMemHandle(p, mh, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle");
+    return 0;
+}
+
+extern "C" int cuda_ipc_close(void *p)
+{
+    CU(cudaIpcCloseMemHandle(p), "cudaIpcCloseMemHandle");
+    return 0;
+}
+
+extern "C" int cuda_ipc_event_new(void **ev, cuda_ipc_event_t *h)
+{
+    CU(cudaEventCreateWithFlags((cudaEvent_t *)ev, cudaEventDisableTiming | cudaEventInterprocess),
+       "cudaEventCreateWithFlags (interprocess)");
+    cudaIpcEventHandle_t eh;
+    int rc = cuda_err_status(cudaIpcGetEventHandle(&eh, (cudaEvent_t)*ev), "cudaIpcGetEventHandle");
+    if (rc) {
+        cudaEventDestroy((cudaEvent_t)*ev);
+        *ev = NULL;
+        return rc;
+    }
+    memcpy(h, &eh, sizeof(eh));
+    return 0;
+}
+
+extern "C" int cuda_ipc_event_open(void **ev, const cuda_ipc_event_t *h)
+{
+    cudaIpcEventHandle_t eh;
+    memcpy(&eh, h, sizeof(eh));
+    CU(cudaIpcOpenEventHandle((cudaEvent_t *)ev, eh), "cudaIpcOpenEventHandle");
+    return 0;
+}
+
+extern "C" void cuda_event_free(void *ev)
+{
+    if (ev)
+        cudaEventDestroy((cudaEvent_t)ev);
+}
+
+extern "C" int cuda_event_record(void *ev, void *stream)
+{
+    CU(cudaEventRecord((cudaEvent_t)ev, (cudaStream_t)stream), "cudaEventRecord");
+    return 0;
+}
+
+extern "C" int cuda_stream_wait(void *stream, void *ev)
+{
+    CU(cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)ev, 0), "cudaStreamWaitEvent");
+    return 0;
+}
+
+extern "C" int cuda_copy_async(void *dst, const void *src, size_t bytes, void *stream)
+{
+    CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, (cudaStream_t)stream), "cudaMemcpyAsync");
+    return 0;
+}
+
+extern "C" int cuda_zero_async(void *dst, size_t bytes, void *stream)
+{
+    CU(cudaMemsetAsync(dst, 0, bytes, (cudaStream_t)stream), "cudaMemsetAsync");
+    return 0;
+}
+
+// ---- the optimizer shard's kernels ----
+
+static unsigned grid_for(size_t n)
+{
+    size_t b = (n + 255) / 256;
+    return (unsigned)(b < 1 ? 1 : b > 65535 * 8 ? 65535 * 8 : b);
+}
+
+__global__ static void k_add(float *y, const float *x, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] += x[i];
+}
+
+__global__ static void k_scale(float *y, float s, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] *= s;
+}
+
+__global__ static void k_to_bf16(uint16_t *y, const float *x, size_t n)
+{
+    __nv_bfloat16 *Y = (__nv_bfloat16 *)y;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        Y[i] = __float2bfloat16(x[i]);
+}
+
+/* One CUDA block per norm block: each thread sums a fixed stride in double, then a fixed tree. */
+__global__ static void k_block_sumsq(double *out, const float *x, size_t n, size_t block)
+{
+    __shared__ double part[256];
+    size_t b0 = blockIdx.x * block, b1 = b0 + block < n ? b0 + block : n;
+    double s = 0;
+    for (size_t i = b0 + threadIdx.x; i < b1; i += 256)
+        s += (double)x[i] * x[i];
+    part[threadIdx.x] = s;
+    __syncthreads();
+    for (int w = 128; w > 0; w /= 2) {
+        if ((int)threadIdx.x < w)
+            part[threadIdx.x] += part[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0)
+        out[blockIdx.x] = part[0];
+}
+
+#define LAUNCHED(what) return cuda_err_status(cudaGetLastError(), what)
+
+extern "C" int cuda_f32_add(float *y, const float *x, size_t n, void *stream)
+{
+    if (!n)
+        return 0;
+    k_add<<<grid_for(n), 256, 0, (cudaStream_t)stream>>>(y, x, n);
+    LAUNCHED("cuda_f32_add");
+}
+
+extern "C" int cuda_f32_scale(float *y, float s, size_t n, void *stream)
+{
+    if (!n)
+        return 0;
+    k_scale<<<grid_for(n), 256, 0, (cudaStream_t)stream>>>(y, s, n);
+    LAUNCHED("cuda_f32_scale");
+}
+
+extern "C" int cuda_f32_to_bf16_dev(uint16_t *y, const float *x, size_t n, void *stream)
+{
+    if (!n)
+        return 0;
+    k_to_bf16<<<grid_for(n), 256, 0, (cudaStream_t)stream>>>(y, x, n);
+    LAUNCHED("cuda_f32_to_bf16_dev");
+}
+
+extern "C" int cuda_block_sumsq(double *out, const float *x, size_t n, size_t block, void *stream)
+{
+    if (!block || block > ((size_t)1 << 20))
+        return cuda_err(-EINVAL, "cuda_block_sumsq: block %zu", block);
+    size_t nb = (n + block - 1) / block;
+    if (!nb)
+        return 0;
+    if (nb > 0x7fffffff)
+        return cuda_err(-EINVAL, "cuda_block_sumsq: %zu blocks", nb);
+    k_block_sumsq<<<(unsigned)nb, 256, 0, (cudaStream_t)stream>>>(out, x, n, block);
+    LAUNCHED("cuda_block_sumsq");
+}

@@ -31,7 +31,7 @@ typedef enum {
 
 typedef enum {
     F_ROLE, F_RANK, F_REPLICA, F_PID, F_STEP, F_PROGRESS, F_LOSS, F_GRAD_NORM, F_SCALE,
-    F_LR, F_T_F, F_T_B, F_T_W, F_T_BUSY, F_T_WAIT, F_OK, F_TEXT, F_COUNT
+    F_LR, F_T_F, F_T_B, F_T_W, F_T_BUSY, F_T_WAIT, F_OK, F_TEXT, F_MEM, F_COUNT
 } field_t;
 
 typedef struct {
@@ -58,6 +58,7 @@ static const field_desc_t fields[F_COUNT] = {
     [F_T_WAIT]    = {"t_wait",    K_F64,        offsetof(msg_t, t_wait)},
     [F_OK]        = {"ok",        K_BOOL,       offsetof(msg_t, ok)},
     [F_TEXT]      = {"text",      K_TEXT,       offsetof(msg_t, text)},
+    [F_MEM]       = {"mem",       K_U64,        offsetof(msg_t, mem)},
 };
 
 #define B(f) (1u << (f))
@@ -73,7 +74,7 @@ static const struct {
     [MSG_READY]     = {"ready",     WHO | B(F_PID)},
     [MSG_STEP]      = {"step",      B(F_STEP)},
     [MSG_STEP_DONE] = {"step_done", B(F_STEP) | B(F_LOSS) | B(F_T_F) | B(F_T_B) | B(F_T_W) |
-                                    B(F_T_BUSY) | B(F_T_WAIT)},
+                                    B(F_T_BUSY) | B(F_T_WAIT) | B(F_MEM)},
     [MSG_REDUCE]    = {"reduce",    B(F_STEP)},
     [MSG_REDUCED]   = {"reduced",   B(F_STEP) | B(F_T_BUSY)},
     [MSG_UPDATE]    = {"update",    B(F_STEP) | B(F_GRAD_NORM) | B(F_SCALE)},

@@ -25,7 +25,7 @@ typedef enum {
     MSG_STEP,        /* coord -> stage: step (run this step's action list) */
     MSG_STEP_DONE,   /* stage -> coord: step, loss (sum of token losses; last stage, else 0),
                       * t_f, t_b, t_w (mean seconds per F, B, W action), t_busy (seconds
-                      * computing this step), t_wait (seconds blocked on rings) */
+                      * computing this step), t_wait (seconds blocked on rings), mem */
     MSG_REDUCE,      /* coord -> optshard: step (sum replicas' gradients, norm partials) */
     MSG_REDUCED,     /* optshard -> coord: step, t_busy */
     MSG_UPDATE,      /* coord -> optshard: step, grad_norm (global), scale (clip factor) */
@@ -61,6 +61,8 @@ typedef struct {
     double t_f, t_b, t_w;      /* "t_f", "t_b", "t_w" */
     double t_busy, t_wait;     /* "t_busy", "t_wait" */
     int ok;                    /* "ok": a msgpack boolean */
+    uint64_t mem;              /* "mem": peak memory in bytes (step_done: the stage's device
+                                * memory in use on a GPU, its resident set on the CPU) */
     char *text;                /* "text": NUL-terminated, owned (msg_clear frees); NULL if absent */
     size_t text_len;
 } msg_t;

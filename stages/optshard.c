@@ -4,13 +4,21 @@
  * each MANIFEST_BLOCK block into the job segment; on UPDATE (with the global clip factor the
  * coordinator computed from all blocks) it applies AdamW at the step's lr and writes the new
  * weights into every replica's parameters, then clears those gradients. Block boundaries do
- * not depend on K, so any shard count gives the same bits. */
+ * not depend on K, so any shard count gives the same bits.
+ *
+ * Where: [optshard] device = "cpu" keeps the state in this process's memory and works on the
+ * fp32 params/grads segments (the CPU backend, and offload mode for GPU stages). "cuda" keeps
+ * master weights, moments and the summed gradient on the GPU and works directly on the
+ * stages' device buffers, mapped through the CUDA IPC handles they publish (stages/devdir.h):
+ * the same steps with kernels (cuda_dev.h), the new weights written as bf16 in place. */
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "checkpointd/ckpt.h"
 #include "checkpointd/staging.h"
@@ -18,10 +26,36 @@
 #include "kernels/lr.h"
 #include "kernels/ops.h"
 #include "kernels/params.h"
+#include "stages/cuda_plugin.h"
+#include "stages/devdir.h"
 #include "stages/job.h"
 #include "stages/worker.h"
 #include "tools/log.h"
 #include "tools/util.h"
+
+/* The part [lo, hi) of a GPU shard's slice that one stage replica holds, in that stage's
+ * device buffers (mapped). */
+typedef struct {
+    uint16_t *w;                 /* bf16 weights of [lo, hi) */
+    float *g;                    /* fp32 gradients of [lo, hi) */
+    size_t lo, hi;
+    int replica;
+} gseg_t;
+
+/* A shard on the GPU ([optshard] device = "cuda"). */
+typedef struct {
+    const cuda_plugin_t *cu;
+    int device;
+    void *stream, *copy_stream;  /* updates; snapshots (the copier thread) */
+    float *state;                /* device: master, m1, m2, g, (n) each, one allocation */
+    float *master, *m1, *m2, *g;
+    double *norm;                /* device: (blocks of the slice) */
+    gseg_t *seg;                 /* replicas in order, each rank's part in flat order */
+    int nseg;
+    void **mapped;               /* stage buffers to ipc_close */
+    int nmapped;
+    shm_seg_t *dev;
+} gpu_t;
 
 typedef struct {
     worker_t *w;
@@ -42,7 +76,15 @@ typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int copy_todo, copy_done, copier_stop;
+    gpu_t *gpu;                  /* [optshard] device = "cuda"; then master/m1/m2 are NULL after set-up */
 } shard_t;
+
+#define CU_CHECK(sh, call, ...)                                                               \
+    do {                                                                                      \
+        int rc_ = (call);                                                                     \
+        WORKER_CHECK((sh)->w, rc_ == 0, __VA_ARGS__);                                         \
+    } while (0)
+#define CU_WHY(sh) (sh)->gpu->cu->last_error()
 
 /* The part [*b, *e) of tensor p in this shard's slice; 0 when there is none. */
 static int overlap(const shard_t *sh, const param_info_t *p, size_t *b, size_t *e)
@@ -97,6 +139,8 @@ static void *copier_main(void *arg)
     struct sched_param none = {0};
     if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &none))
         LOG_W("cannot lower the snapshot copier to SCHED_IDLE; it runs at normal priority");
+    if (sh->gpu) /* the device is per thread */
+        CU_CHECK(sh, sh->gpu->cu->dev_select(sh->gpu->device, NULL), "snapshot: %s", CU_WHY(sh));
     pthread_mutex_lock(&sh->mu);
     for (;;) {
         while (!sh->copy_todo && !sh->copier_stop)
@@ -106,9 +150,16 @@ static void *copier_main(void *arg)
         pthread_mutex_unlock(&sh->mu);
         void *seg = shm_data(sh->staging);
         size_t n = sh->n * sizeof(float);
-        memcpy(staging_array(seg, 0) + sh->begin, sh->master, n);
-        memcpy(staging_array(seg, 1) + sh->begin, sh->m1, n);
-        memcpy(staging_array(seg, 2) + sh->begin, sh->m2, n);
+        gpu_t *G = sh->gpu;
+        const float *src[3] = {G ? G->master : sh->master, G ? G->m1 : sh->m1, G ? G->m2 : sh->m2};
+        for (int a = 0; a < 3; a++)
+            if (G)
+                CU_CHECK(sh, G->cu->copy_async(staging_array(seg, a) + sh->begin, src[a], n, G->copy_stream),
+                         "snapshot: %s", CU_WHY(sh));
+            else
+                memcpy(staging_array(seg, a) + sh->begin, src[a], n);
+        if (G)
+            CU_CHECK(sh, G->cu->stream_sync(G->copy_stream), "snapshot: %s", CU_WHY(sh));
         pthread_mutex_lock(&sh->mu);
         sh->copy_todo = 0;
         sh->copy_done = 1;
@@ -129,6 +180,71 @@ static void snapshot(shard_t *sh)
     pthread_mutex_unlock(&sh->mu);
 }
 
+/* The GPU shard: its state on the device, the stages' buffers mapped, every replica's
+ * weights written. The host arrays (initialised or loaded) are uploaded and freed. */
+static void setup_gpu(shard_t *sh)
+{
+    const manifest_t *m = sh->man;
+    char err[512];
+    gpu_t *G = sh->gpu = calloc(1, sizeof(*G));
+    WORKER_CHECK(sh->w, G, "out of memory");
+    WORKER_CHECK(sh->w, G->cu = cuda_plugin_load(err, sizeof(err)), "optshard.device = \"cuda\": %s", err);
+    CU_CHECK(sh, G->cu->dev_select(sh->rank, &G->device), "%s", CU_WHY(sh));
+    CU_CHECK(sh, G->cu->stream_new(&G->stream), "%s", CU_WHY(sh));
+    CU_CHECK(sh, G->cu->stream_new(&G->copy_stream), "%s", CU_WHY(sh));
+    size_t n = sh->n ? sh->n : 1, nb = (sh->n + MANIFEST_BLOCK - 1) / MANIFEST_BLOCK;
+    CU_CHECK(sh, G->cu->alloc((void **)&G->state, 4 * n * sizeof(float) + (nb ? nb : 1) * sizeof(double)),
+             "device memory for %zu parameters: %s", sh->n, CU_WHY(sh));
+    G->master = G->state, G->m1 = G->state + n, G->m2 = G->state + 2 * n, G->g = G->state + 3 * n;
+    G->norm = (double *)(G->state + 4 * n);
+    const float *host[3] = {sh->master, sh->m1, sh->m2};
+    float *dev[3] = {G->master, G->m1, G->m2};
+    for (int a = 0; a < 3; a++)
+        CU_CHECK(sh, G->cu->copy_async(dev[a], host[a], sh->n * sizeof(float), G->stream), "upload: %s", CU_WHY(sh));
+    CU_CHECK(sh, G->cu->stream_sync(G->stream), "upload: %s", CU_WHY(sh));
+    free(sh->master);
+    sh->master = sh->m1 = sh->m2 = sh->g = NULL;
+
+    WORKER_CHECK(sh->w, shm_attach(&G->dev, worker_job(sh->w), DEVDIR_SEG, err, sizeof(err)) == 0, "%s", err);
+    G->seg = calloc((size_t)m->dp * m->pp, sizeof(gseg_t));
+    G->mapped = calloc((size_t)m->dp * m->pp * 2, sizeof(void *));
+    WORKER_CHECK(sh->w, G->seg && G->mapped, "out of memory");
+    for (int r = 0; r < m->dp; r++)
+        for (int s = 0; s < m->pp; s++) {
+            devdir_stage_t *e = devdir_stage(shm_data(G->dev), &sh->lay, r, s);
+            for (int waited = 0; !atomic_load(&e->ready); waited++) { /* the stage is setting up */
+                WORKER_CHECK(sh->w, waited < 120000, "stage %d of replica %d never published its device buffers",
+                             s, r);
+                nanosleep(&(struct timespec){0, 1000000}, NULL);
+            }
+            size_t lo = e->begin > sh->begin ? e->begin : sh->begin, hi = e->end < sh->end ? e->end : sh->end;
+            if (lo >= hi)
+                continue;
+            void *w, *g;
+            CU_CHECK(sh, G->cu->ipc_open(&w, &e->w), "weights of stage %d replica %d: %s", s, r, CU_WHY(sh));
+            G->mapped[G->nmapped++] = w;
+            CU_CHECK(sh, G->cu->ipc_open(&g, &e->g), "gradients of stage %d replica %d: %s", s, r, CU_WHY(sh));
+            G->mapped[G->nmapped++] = g;
+            G->seg[G->nseg++] = (gseg_t){.w = (uint16_t *)w + (lo - e->begin), .g = (float *)g + (lo - e->begin),
+                                         .lo = lo, .hi = hi, .replica = r};
+        }
+}
+
+/* Every replica's weights from the GPU master (bf16, in the stages' buffers); gradients
+ * cleared. Returns once done. */
+static void publish_gpu(shard_t *sh)
+{
+    gpu_t *G = sh->gpu;
+    for (int i = 0; i < G->nseg; i++) {
+        gseg_t *q = &G->seg[i];
+        CU_CHECK(sh, G->cu->f32_to_bf16(q->w, G->master + (q->lo - sh->begin), q->hi - q->lo, G->stream),
+                 "weights: %s", CU_WHY(sh));
+        CU_CHECK(sh, G->cu->zero_async(q->g, (q->hi - q->lo) * sizeof(float), G->stream), "gradients: %s",
+                 CU_WHY(sh));
+    }
+    CU_CHECK(sh, G->cu->stream_sync(G->stream), "weights: %s", CU_WHY(sh));
+}
+
 static void setup(shard_t *sh)
 {
     const manifest_t *m = sh->man;
@@ -138,7 +254,7 @@ static void setup(shard_t *sh)
     manifest_shard_range(sh->lay.total, m->shards, sh->rank, &sh->begin, &sh->end);
     sh->n = sh->end - sh->begin;
     size_t bytes = (sh->n ? sh->n : 1) * sizeof(float);
-    int own_g = m->dp > 1;
+    int gpu = sh->lay.gpu_shards, own_g = !gpu && m->dp > 1;
     float *all = malloc((3 + own_g) * bytes); /* one allocation: master, m1, m2 (and g) */
     WORKER_CHECK(sh->w, all, "out of memory for %zu parameters", sh->n);
     sh->master = all;
@@ -148,28 +264,60 @@ static void setup(shard_t *sh)
     const char *job = worker_job(sh->w);
     WORKER_CHECK(sh->w, shm_attach(&sh->job, job, "job", err, sizeof(err)) == 0, "%s", err);
     WORKER_CHECK(sh->w, shm_attach(&sh->params, job, "params", err, sizeof(err)) == 0, "%s", err);
-    WORKER_CHECK(sh->w, shm_attach(&sh->grads, job, "grads", err, sizeof(err)) == 0, "%s", err);
     sh->P = shm_data(sh->params);
-    sh->G = shm_data(sh->grads);
+    if (!gpu) {
+        WORKER_CHECK(sh->w, shm_attach(&sh->grads, job, "grads", err, sizeof(err)) == 0, "%s", err);
+        sh->G = shm_data(sh->grads);
+        sh->g = own_g ? (float *)((char *)all + 3 * bytes) : sh->G + sh->begin;
+    }
     sh->norm = job_norm_blocks(shm_data(sh->job));
-    sh->g = own_g ? (float *)((char *)all + 3 * bytes) : sh->G + sh->begin;
     if (m->ckpt_load[0])
         load(sh);
     else
         params_init(&sh->tab, &m->model, m->seed, sh->master, sh->begin, sh->end);
+    if (gpu) {
+        setup_gpu(sh);
+        publish_gpu(sh);
+    } else {
+        for (int r = 0; r < m->dp; r++)
+            memcpy(sh->P + r * sh->lay.stride + sh->begin, sh->master, sh->n * sizeof(float));
+    }
     if (m->ckpt_enable) {
         WORKER_CHECK(sh->w, shm_attach(&sh->staging, job, STAGING_SEG, err, sizeof(err)) == 0, "%s", err);
         pthread_mutex_init(&sh->mu, NULL);
         pthread_cond_init(&sh->cv, NULL);
         WORKER_CHECK(sh->w, pthread_create(&sh->copier, NULL, copier_main, sh) == 0, "cannot start a thread");
     }
-    for (int r = 0; r < m->dp; r++)
-        memcpy(sh->P + r * sh->lay.stride + sh->begin, sh->master, sh->n * sizeof(float));
-    LOG_D("slice [%zu, %zu) of %zu parameters", sh->begin, sh->end, sh->lay.total);
+    LOG_D("slice [%zu, %zu) of %zu parameters on the %s", sh->begin, sh->end, sh->lay.total, gpu ? "GPU" : "CPU");
+}
+
+/* REDUCE on the GPU: the replicas' gradients summed in replica order, the block norms to the
+ * job segment. */
+static void reduce_gpu(shard_t *sh)
+{
+    gpu_t *G = sh->gpu;
+    for (int i = 0; i < G->nseg; i++) {
+        gseg_t *q = &G->seg[i];
+        float *dst = G->g + (q->lo - sh->begin);
+        if (q->replica == 0)
+            CU_CHECK(sh, G->cu->copy_async(dst, q->g, (q->hi - q->lo) * sizeof(float), G->stream), "reduce: %s",
+                     CU_WHY(sh));
+        else
+            CU_CHECK(sh, G->cu->f32_add(dst, q->g, q->hi - q->lo, G->stream), "reduce: %s", CU_WHY(sh));
+    }
+    size_t nb = (sh->n + MANIFEST_BLOCK - 1) / MANIFEST_BLOCK;
+    CU_CHECK(sh, G->cu->block_sumsq(G->norm, G->g, sh->n, MANIFEST_BLOCK, G->stream), "norm: %s", CU_WHY(sh));
+    CU_CHECK(sh, G->cu->copy_async(sh->norm + sh->begin / MANIFEST_BLOCK, G->norm, nb * sizeof(double), G->stream),
+             "norm: %s", CU_WHY(sh));
+    CU_CHECK(sh, G->cu->stream_sync(G->stream), "reduce: %s", CU_WHY(sh));
 }
 
 static void reduce(shard_t *sh)
 {
+    if (sh->gpu) {
+        reduce_gpu(sh);
+        return;
+    }
     const float *g0 = sh->G + sh->begin;
     if (sh->g != g0) { /* replicas summed in their order: a fixed sum */
         memcpy(sh->g, g0, sh->n * sizeof(float));
@@ -191,10 +339,17 @@ static void reduce(shard_t *sh)
 static double update(shard_t *sh, int64_t step, double scale)
 {
     const manifest_t *m = sh->man;
-    if (scale != 1.0)
-        for (size_t i = 0; i < sh->n; i++)
-            sh->g[i] *= (float)scale;
+    gpu_t *G = sh->gpu;
+    if (scale != 1.0) {
+        if (G)
+            CU_CHECK(sh, G->cu->f32_scale(G->g, (float)scale, sh->n, G->stream), "clip: %s", CU_WHY(sh));
+        else
+            for (size_t i = 0; i < sh->n; i++)
+                sh->g[i] *= (float)scale;
+    }
     double lr = m->lr * lr_factor(&m->lr_sched, (int)step);
+    float *master = G ? G->master : sh->master, *g = G ? G->g : sh->g, *m1 = G ? G->m1 : sh->m1,
+          *m2 = G ? G->m2 : sh->m2;
     for (int t = 0; t < sh->tab.n; t++) {
         const param_info_t *p = &sh->tab.t[t];
         size_t b, e;
@@ -202,15 +357,44 @@ static double update(shard_t *sh, int64_t step, double scale)
             continue;
         int decay = m->decay_embed_and_norms || params_is_decayed(p->kind);
         size_t o = b - sh->begin;
-        ops_adamw(NULL, sh->master + o, sh->g + o, sh->m1 + o, sh->m2 + o, e - b, (float)lr,
-                  (float)m->beta1, (float)m->beta2, (float)m->eps, decay ? (float)m->weight_decay : 0.0f,
-                  (int)step + 1);
+        float wd = decay ? (float)m->weight_decay : 0.0f;
+        if (G)
+            CU_CHECK(sh, G->cu->adamw(master + o, g + o, m1 + o, m2 + o, e - b, (float)lr, (float)m->beta1,
+                                      (float)m->beta2, (float)m->eps, wd, (int)step + 1, G->stream),
+                     "AdamW: %s", CU_WHY(sh));
+        else
+            ops_adamw(NULL, master + o, g + o, m1 + o, m2 + o, e - b, (float)lr, (float)m->beta1, (float)m->beta2,
+                      (float)m->eps, wd, (int)step + 1);
+    }
+    if (G) {
+        publish_gpu(sh);
+        return lr;
     }
     for (int r = 0; r < m->dp; r++) {
         memcpy(sh->P + r * sh->lay.stride + sh->begin, sh->master, sh->n * sizeof(float));
         memset(sh->G + r * sh->lay.stride + sh->begin, 0, sh->n * sizeof(float));
     }
     return lr;
+}
+
+/* At the end of a GPU run: the fp32 master into replica 0 of the params segment, where the
+ * coordinator's evaluation and sampling read the final weights. */
+static void finish_gpu(shard_t *sh)
+{
+    gpu_t *G = sh->gpu;
+    CU_CHECK(sh, G->cu->copy_async(sh->P + sh->begin, G->master, sh->n * sizeof(float), G->stream), "%s",
+             CU_WHY(sh));
+    CU_CHECK(sh, G->cu->stream_sync(G->stream), "final weights: %s", CU_WHY(sh));
+    for (int i = 0; i < G->nmapped; i++)
+        G->cu->ipc_close(G->mapped[i]);
+    G->cu->free(G->state);
+    G->cu->stream_free(G->stream);
+    G->cu->stream_free(G->copy_stream);
+    free(G->seg);
+    free(G->mapped);
+    shm_detach(&G->dev);
+    free(G);
+    sh->gpu = NULL;
 }
 
 int main(int argc, char **argv)
@@ -265,6 +449,8 @@ int main(int argc, char **argv)
         pthread_mutex_unlock(&sh.mu);
         pthread_join(sh.copier, NULL);
     }
+    if (sh.gpu)
+        finish_gpu(&sh);
     free(sh.master);
     params_table_free(&sh.tab);
     shm_detach(&sh.job);

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -60,7 +61,8 @@ typedef struct {
     dring_t d_act_in, d_act_out, d_grad_in, d_grad_out;
     void *stream;                /* the model's */
     int device;
-    size_t mem_peak;             /* device memory in use (every process on the device), highest seen */
+    size_t mem_peak;             /* GPU: device memory in use (by every process on the device), highest
+                                  * seen at a step's end; CPU: this process's peak resident set */
     float *params_base, *grads_base; /* this stage's range of the shared parameters and gradients */
     int *acts_mb;                /* microbatch each holds, -1 free */
     int nacts;
@@ -430,9 +432,14 @@ static void run_step(stage_t *st, int64_t step)
         if (st->cu->dev_mem(&used, &total) == 0 && used > st->mem_peak)
             st->mem_peak = used;
     }
+    if (!st->cuda) {
+        struct rusage ru;
+        if (getrusage(RUSAGE_SELF, &ru) == 0)
+            st->mem_peak = (size_t)ru.ru_maxrss * 1024;
+    }
     double total = util_now() - t0;
     msg_t m = {.type = MSG_STEP_DONE, .step = step, .loss = loss, .t_wait = st->t_wait,
-               .t_busy = total - st->t_wait};
+               .t_busy = total - st->t_wait, .mem = st->mem_peak};
     m.t_f = st->n_op[SCHED_F] ? st->t_op[SCHED_F] / st->n_op[SCHED_F] : 0;
     m.t_b = st->n_op[SCHED_B] ? st->t_op[SCHED_B] / st->n_op[SCHED_B] : 0;
     m.t_w = st->n_op[SCHED_W] ? st->t_op[SCHED_W] / st->n_op[SCHED_W] : 0;

@@ -187,7 +187,8 @@ static pid_t child_named(pid_t parent, const char *comm)
 /* Waits until job's metrics file has reached `step`; 0 or -1 after timeout_s. */
 static int wait_step(const char *job, int step, int timeout_s)
 {
-    char need[64], path[256], buf[1 << 16];
+    char need[64], path[256];
+    static char buf[1 << 20]; /* a few hundred steps of metrics lines */
     snprintf(need, sizeof(need), "{\"step\": %d,", step);
     snprintf(path, sizeof(path), "%s/%s.jsonl", g_dir, job);
     for (int i = 0; i < timeout_s * 100; i++) {
@@ -542,7 +543,7 @@ static void test_launch_streams_checkpoints_to_a_remote_checkpointd(void **state
 }
 
 /* [job] device = "cuda": on a machine with an NVIDIA GPU it trains with the same losses as the
- * CPU within bf16's tolerance; without one the job fails cleanly, naming the stage and why. */
+ * CPU within bf16's tolerance; without one the job fails cleanly, naming the process and why. */
 static void test_launch_cuda_device_trains_or_fails_cleanly(void **state)
 {
     TU_NEED_BIN();
@@ -567,20 +568,19 @@ static void test_launch_cuda_device_trains_or_fails_cleanly(void **state)
     } else {
         print_message("no NVIDIA device here: checking that a cuda job fails cleanly\n");
         assert_int_equal(rc, 1);
-        assert_non_null(strstr(out, "failed: stage rank")); /* whichever stage noticed first */
+        /* whichever stage or optimizer shard noticed first */
+        assert_true(strstr(out, "failed: stage rank") || strstr(out, "failed: optshard rank"));
         assert_non_null(strstr(out, "no usable CUDA device"));
     }
     assert_clean(b);
 }
 
-/* The same job on the emulated CUDA backend (tests/cudasim, a CPU stand-in for the GPU): the
- * stages' CUDA path (plugin, weights up, gradients back, hand-offs between two stages) gives
- * the CPU's losses within bf16's tolerance. Two steps: the emulator takes seconds a step. */
-static void test_launch_cuda_path_on_the_emulated_backend(void **state)
+/* The emulated CUDA backend (tests/cudasim, a CPU stand-in for the GPU whose device memory
+ * is shareable between processes like CUDA IPC's): CTITAN_CUDA_PLUGIN points the stages and
+ * optimizer shards at it. Skips the test when it is not built. */
+static void use_sim_plugin(void)
 {
-    TU_NEED_BIN();
-    static char out[1 << 16];
-    char a[32], b[32], so[512], extra[512];
+    char so[512];
     snprintf(so, sizeof(so), "%s", tu_ctitan());
     *strrchr(so, '/') = 0;
     strcat(so, "/../lib/libctitan_cuda_sim.so");
@@ -588,25 +588,127 @@ static void test_launch_cuda_path_on_the_emulated_backend(void **state)
         print_message("%s not built: skipping\n", so);
         skip();
     }
+    setenv("CTITAN_CUDA_PLUGIN", so, 1);
+}
+
+/* Steps whose losses are within rel of each other's; with bits = 0 they must also differ
+ * somewhere (bf16 against fp32: it did not run on the CPU). */
+static void assert_close_losses(const char *a, const char *b, int steps, double rel, int bits)
+{
+    static char la[MAX_STEPS][40], lb[MAX_STEPS][40];
+    assert_int_equal(losses(a, la), steps);
+    assert_int_equal(losses(b, lb), steps);
+    int differ = 0;
+    for (int i = 0; i < steps; i++) {
+        print_message("step %d: %s %s, %s %s\n", i + 1, a, la[i], b, lb[i]);
+        assert_true(fabs(atof(la[i]) - atof(lb[i])) <= rel * atof(la[i]));
+        differ |= strcmp(la[i], lb[i]) != 0;
+    }
+    if (!bits)
+        assert_true(differ);
+}
+
+/* The largest mem_peak_bytes of a job's metrics. */
+static double peak_mem(const char *job)
+{
+    char path[256], line[4096];
+    snprintf(path, sizeof(path), "%s/%s.jsonl", g_dir, job);
+    FILE *f = fopen(path, "r");
+    double peak = 0;
+    while (f && fgets(line, sizeof(line), f)) {
+        const char *p = strstr(line, "\"mem_peak_bytes\": ");
+        if (p && atof(p + 18) > peak)
+            peak = atof(p + 18);
+    }
+    if (f)
+        fclose(f);
+    return peak;
+}
+
+/* The GPU path end to end on the emulated backend, pipeline 2 with 2 optimizer shards on the
+ * "GPU": activations and gradients through device rings (CUDA IPC), the shards updating the
+ * stages' device weights in place. The CPU's losses within bf16's tolerance. Two steps: the
+ * emulator takes seconds a step. */
+static void test_launch_cuda_path_on_the_emulated_backend(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char a[32], b[32], extra[512];
     const char *shape = "--model.dim 128 --model.n_heads 2 --model.n_kv_heads 1 --training.steps 2";
     job_name(a, sizeof(a), "simcpu");
     job_name(b, sizeof(b), "simgpu");
     assert_int_equal(launch(a, shape, out, sizeof(out)), 0);
     snprintf(extra, sizeof(extra), "%s --job.device cuda", shape);
-    setenv("CTITAN_CUDA_PLUGIN", so, 1);
+    use_sim_plugin();
     int rc = launch(b, extra, out, sizeof(out));
     unsetenv("CTITAN_CUDA_PLUGIN");
     if (rc)
         print_error("%s\n", out);
     assert_int_equal(rc, 0);
-    static char la[MAX_STEPS][40], lb[MAX_STEPS][40];
-    assert_int_equal(losses(a, la), 2);
-    assert_int_equal(losses(b, lb), 2);
-    for (int i = 0; i < 2; i++) {
-        print_message("step %d: cpu %s, emulated cuda %s\n", i + 1, la[i], lb[i]);
-        assert_true(fabs(atof(la[i]) - atof(lb[i])) <= 0.01 * atof(la[i]));
-        assert_true(strcmp(la[i], lb[i])); /* bf16: not the same bits, so it did not run on the CPU */
-    }
+    assert_close_losses(a, b, 2, 0.01, 0);
+    assert_true(peak_mem(a) > 1e6);  /* a stage's resident set */
+    assert_true(peak_mem(b) > 1e6);  /* the emulated device's memory in use */
+    assert_non_null(strstr(out, " GiB\n"));
+    assert_clean(b);
+}
+
+/* Data parallel 2 x pipeline 2 on the emulated GPU: optimizer shards on the GPU (summing the
+ * two replicas' device gradients through IPC) and offload mode ([optshard] device = "cpu")
+ * agree with each other closely and with the CPU within bf16's tolerance. */
+static void test_launch_cuda_offload_and_gpu_shards_agree_on_the_emulated_backend(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char a[32], b[32], c[32], extra[512];
+    const char *shape = "--model.dim 32 --model.n_heads 2 --model.n_kv_heads 1 --training.steps 2 "
+                        "--parallelism.data_parallel_replicate_degree 2";
+    job_name(a, sizeof(a), "simdpcpu");
+    job_name(b, sizeof(b), "simdpgpu");
+    job_name(c, sizeof(c), "simdpoff");
+    assert_int_equal(launch(a, shape, out, sizeof(out)), 0);
+    use_sim_plugin();
+    snprintf(extra, sizeof(extra), "%s --job.device cuda", shape);
+    int rc = launch(b, extra, out, sizeof(out));
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+    snprintf(extra, sizeof(extra), "%s --job.device cuda --optshard.device cpu", shape);
+    rc = launch(c, extra, out, sizeof(out));
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+    assert_close_losses(a, b, 2, 0.01, 0);
+    assert_close_losses(b, c, 2, 1e-4, 1);
+    assert_clean(b);
+    assert_clean(c);
+}
+
+/* GPU optimizer shards checkpoint (snapshot copied from the device) and resume (uploaded):
+ * the resumed run's losses are bitwise those of the uninterrupted one. */
+static void test_launch_cuda_gpu_shards_resume_bitwise_on_the_emulated_backend(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char a[32], b[32], dir[256], extra[512];
+    const char *shape = "--model.dim 32 --model.n_heads 2 --model.n_kv_heads 1 --training.steps 3 --job.device cuda";
+    job_name(a, sizeof(a), "simck");
+    job_name(b, sizeof(b), "simckb");
+    use_sim_plugin();
+    snprintf(extra, sizeof(extra), "%s --checkpoint.enable true --checkpoint.interval 2", shape);
+    int rc = launch(a, extra, out, sizeof(out));
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "checkpoint: step 2 saved to"));
+    ckpt_dir(dir, sizeof(dir), a);
+    snprintf(extra, sizeof(extra), "%s --checkpoint.load %s/step-00000002", shape, dir);
+    rc = launch(b, extra, out, sizeof(out));
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+    assert_resumed_losses(a, b, 2, 3);
     assert_clean(b);
 }
 
@@ -1160,6 +1262,8 @@ int main(void)
         cmocka_unit_test(test_launch_rejects_bad_checkpoint_keys),
         cmocka_unit_test(test_launch_cuda_device_trains_or_fails_cleanly),
         cmocka_unit_test(test_launch_cuda_path_on_the_emulated_backend),
+        cmocka_unit_test(test_launch_cuda_offload_and_gpu_shards_agree_on_the_emulated_backend),
+        cmocka_unit_test(test_launch_cuda_gpu_shards_resume_bitwise_on_the_emulated_backend),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -32,7 +32,7 @@ static const struct {
     {MSG_CONFIG, "config", "text step"},
     {MSG_READY, "ready", "role rank replica pid"},
     {MSG_STEP, "step", "step"},
-    {MSG_STEP_DONE, "step_done", "step loss t_f t_b t_w t_busy t_wait"},
+    {MSG_STEP_DONE, "step_done", "step loss t_f t_b t_w t_busy t_wait mem"},
     {MSG_REDUCE, "reduce", "step"},
     {MSG_REDUCED, "reduced", "step t_busy"},
     {MSG_UPDATE, "update", "step grad_norm scale"},
@@ -58,7 +58,7 @@ static const struct {
     {"role", T_STR},  {"rank", T_NONNEG}, {"replica", T_NONNEG}, {"pid", T_INT},
     {"step", T_NONNEG}, {"progress", T_NONNEG}, {"loss", T_NUM}, {"grad_norm", T_NUM},
     {"scale", T_NUM}, {"lr", T_NUM}, {"t_f", T_NUM}, {"t_b", T_NUM}, {"t_w", T_NUM},
-    {"t_busy", T_NUM}, {"t_wait", T_NUM}, {"ok", T_BOOL}, {"text", T_STR},
+    {"t_busy", T_NUM}, {"t_wait", T_NUM}, {"ok", T_BOOL}, {"text", T_STR}, {"mem", T_NONNEG},
 };
 #define NFIELDS (sizeof ftab / sizeof ftab[0])
 
@@ -91,6 +91,7 @@ static void fill_all(msg_t *m, msg_type_t t)
     m->t_busy = 0.0;
     m->t_wait = 6.02214076e23;
     m->ok = 1;
+    m->mem = UINT64_MAX - 1;
     assert_int_equal(msg_set_text(m, "[model]\ndim = 64 # héllo wörld ✓ 日本\n\ttab\r\n"), 0);
 }
 
@@ -118,6 +119,7 @@ static void assert_msg_equal(const msg_t *a, const msg_t *b, const char *fields)
     F("t_busy", same_double(a->t_busy, b->t_busy));
     F("t_wait", same_double(a->t_wait, b->t_wait));
     F("ok", a->ok == b->ok);
+    F("mem", a->mem == b->mem);
     F("text", a->text && b->text && a->text_len == b->text_len &&
                   memcmp(a->text, b->text, a->text_len + 1) == 0);
 #undef F

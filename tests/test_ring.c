@@ -462,6 +462,7 @@ static void test_ring_wraps_after_full_cycle(void **state)
             void *p = NULL;
             assert_int_equal(ring_reserve(r, 0, &p), 0);
             assert_ptr_equal(p, (char *)slot0 + (in % NS) * sb);
+            assert_int_equal(ring_slot_of(r, p), in % NS); /* what device rings index by */
             memcpy(p, &in, sizeof(in));
             assert_int_equal(ring_commit(r, in, ~in, sizeof(in)), 0);
         }
@@ -475,6 +476,7 @@ static void test_ring_wraps_after_full_cycle(void **state)
             uint64_t got;
             assert_int_equal(ring_peek(r, 0, &p, &m), 0);
             assert_ptr_equal(p, (char *)slot0 + (out % NS) * sb);
+            assert_int_equal(ring_slot_of(r, p), out % NS);
             assert_int_equal(m.seq, out);
             assert_int_equal(m.tag[0], out);
             assert_int_equal(m.tag[1], ~out);

@@ -44,11 +44,13 @@ EOF
 echo "# ctitan bench-gpu, $(date -u +%F), $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
 echo
 echo "bf16 matrix-product peak (cuBLASLt, 8192^3, measured now): **$peak TFLOP/s**; MFU is against it."
-echo "ctitan: \`ctitan launch\` with \`--job.device cuda\` (stages on the GPU, optimizer shards on the CPU),"
-echo "$steps steps, medians of steps 3..$steps. PyTorch: tools/torch_llama.py bench, the same model and batch."
+echo "ctitan: \`ctitan launch\` with \`--job.device cuda\` (stages on the GPU, hand-offs through CUDA IPC rings,"
+echo "optimizer shards on the GPU updating the stages' weights in place), $steps steps, medians of steps"
+echo "3..$steps; peak memory is the device's in use at a step's end (every process on it). PyTorch:"
+echo "tools/torch_llama.py bench, the same model and batch (torch.cuda.max_memory_allocated)."
 echo
-echo "| model | pp | batch x seq | ctitan tokens/s | ctitan MFU | PyTorch tokens/s | ctitan / PyTorch |"
-echo "|---|---|---|---|---|---|---|"
+echo "| model | pp | batch x seq | ctitan tokens/s | ctitan MFU | ctitan peak GiB | PyTorch tokens/s | PyTorch peak GiB | ctitan / PyTorch |"
+echo "|---|---|---|---|---|---|---|---|---|"
 run() { # label flavor dim layers heads kv vocab seq batch pp microbatches
   local label=$1 flavor=$2 dim=$3 layers=$4 heads=$5 kv=$6 vocab=$7 seq=$8 batch=$9 pp=${10} mb=${11}
   local m="$dir/$flavor-$pp.jsonl"
@@ -59,21 +61,23 @@ run() { # label flavor dim layers heads kv vocab seq batch pp microbatches
       --checkpoint.enable false --validation.enable false --sample.tokens 0 \
       --loader.dataset_path "$dir/tokens.bin" --metrics.file "$m" --metrics.peak_tflops "$peak" \
       > "$dir/launch.out" 2>&1; then
-    echo "| $label | $pp | ${batch}x$seq | failed: $(tail -1 "$dir/launch.out") | | | |"
+    echo "| $label | $pp | ${batch}x$seq | failed: $(tail -1 "$dir/launch.out") | | | | | |"
     return
   fi
-  local tps mfu torch
+  local tps mfu mem torch
   tps=$(median "$m" tokens_per_s)
   mfu=$(median "$m" mfu)
+  mem=$(python3 -c 'import json,sys; print(max(json.loads(l)["mem_peak_bytes"] for l in open(sys.argv[1])))' "$m")
   torch=$(python3 tools/torch_llama.py bench --dim "$dim" --n-layers "$layers" --n-heads "$heads" \
-          --n-kv-heads "$kv" --vocab "$vocab" --seq "$seq" --batch "$batch" --steps 10 |
-          python3 -c 'import json,sys; print(json.load(sys.stdin)["tokens_per_s"])')
-  python3 -c "import sys; t,m,p=map(float,sys.argv[1:4]); print('| $label | $pp | ${batch}x$seq | %.0f | %.1f%% | %.0f | %.2f |' % (t, 100*m, p, t/p))" \
-    "$tps" "$mfu" "$torch"
+          --n-kv-heads "$kv" --vocab "$vocab" --seq "$seq" --batch "$batch" --steps 10)
+  python3 -c "
+import json, sys
+t, m, mem = map(float, sys.argv[1:4]); p = json.loads(sys.argv[4])
+print('| $label | $pp | ${batch}x$seq | %.0f | %.1f%% | %.1f | %.0f | %.1f | %.2f |' % (
+    t, 100 * m, mem / 2**30, p['tokens_per_s'], p['peak_bytes'] / 2**30, t / p['tokens_per_s']))" \
+    "$tps" "$mfu" "$mem" "$torch"
 }
 run "demo (debugmodel)" debugmodel 256 6 16 16 2048 256 8 1 1
 run "demo (debugmodel)" debugmodel 256 6 16 16 2048 256 8 2 8
 run "~1B Llama" llama1b 2048 16 16 8 32000 2048 4 1 1
 run "~1B Llama" llama1b 2048 16 16 8 32000 2048 4 2 4
-echo
-echo "Peak GPU memory is not reported for ctitan yet (the stages do not measure it)."

@@ -810,11 +810,13 @@ static void report_step(coord_t *c, double norm, double t_step, double t_reduce,
 {
     const manifest_t *m = c->m;
     double loss = 0, t_stages = 0;
+    uint64_t mem = 0; /* the largest stage's (on a GPU: the device's use, every process on it) */
     for (int r = 0; r < m->dp; r++)
         loss += stage_proc(c, m->pp - 1, r)->reply.loss; /* replica order: a fixed sum */
     for (int i = 1; i <= c->n_stages; i++) {
         double t = c->p[i].reply.t_busy + c->p[i].reply.t_wait;
         t_stages = t > t_stages ? t : t_stages;
+        mem = c->p[i].reply.mem > mem ? c->p[i].reply.mem : mem;
     }
     double tokens = (double)m->dp * m->local_batch_size * m->seq_len;
     loss /= tokens;
@@ -824,8 +826,8 @@ static void report_step(coord_t *c, double norm, double t_step, double t_reduce,
     double ctl = t_step - t_stages - t_reduce - t_update;
     int step = (int)c->step + 1;
     if (step % m->log_freq == 0 || step == m->steps || step == 1) {
-        printf("step %5d  loss %7.4f  grad_norm %7.3f  lr %.2e  tokens/s %7.0f  mfu %5.2f%%  %6.0f ms\n", step, loss,
-               norm, lr, tps, 100 * mfu, t_step * 1e3);
+        printf("step %5d  loss %7.4f  grad_norm %7.3f  lr %.2e  tokens/s %7.0f  mfu %5.2f%%  %6.0f ms  mem %.2f GiB\n",
+               step, loss, norm, lr, tps, 100 * mfu, t_step * 1e3, mem / 1073741824.0);
         fflush(stdout);
     }
     if (c->metrics) {
@@ -836,8 +838,10 @@ static void report_step(coord_t *c, double norm, double t_step, double t_reduce,
                    ldr_cursor_get(cur, clen, "sample", &sample) == 0;
         fprintf(c->metrics,
                 "{\"step\": %d, \"loss\": %.17g, \"grad_norm\": %.17g, \"lr\": %.17g, \"tokens_per_s\": %.1f, "
-                "\"mfu\": %.5f, \"step_time_ms\": %.3f, \"ctl_overhead_ms\": %.3f, \"optimizer_ms\": %.3f",
-                step, loss, norm, lr, tps, mfu, t_step * 1e3, ctl * 1e3, (t_reduce + t_update) * 1e3);
+                "\"mfu\": %.5f, \"step_time_ms\": %.3f, \"ctl_overhead_ms\": %.3f, \"optimizer_ms\": %.3f, "
+                "\"mem_peak_bytes\": %llu",
+                step, loss, norm, lr, tps, mfu, t_step * 1e3, ctl * 1e3, (t_reduce + t_update) * 1e3,
+                (unsigned long long)mem);
         if (have)
             fprintf(c->metrics, ", \"loader_sample\": %llu", (unsigned long long)sample);
         fprintf(c->metrics, ", \"stage_ms\": [");

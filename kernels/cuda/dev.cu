@@ -22,9 +22,13 @@ static_assert(sizeof(cudaIpcEventHandle_t) == sizeof(cuda_ipc_event_t), "IPC eve
 extern "C" int cuda_dev_select(int ordinal, int *used)
 {
     int n = 0;
-    CU(cudaGetDeviceCount(&n), "cudaGetDeviceCount");
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        cudaGetLastError(); /* clear the sticky "no device" error */
+        return cuda_err(-ENODEV, "no usable CUDA device (cudaGetDeviceCount: %s)", cudaGetErrorString(e));
+    }
     if (n <= 0 || ordinal < 0)
-        return cuda_err(-ENODEV, "no CUDA device for ordinal %d (%d found)", ordinal, n);
+        return cuda_err(-ENODEV, "no usable CUDA device for ordinal %d (%d found)", ordinal, n);
     CU(cudaSetDevice(ordinal % n), "cudaSetDevice");
     if (used)
         *used = ordinal % n;

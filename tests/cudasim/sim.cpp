@@ -19,6 +19,7 @@ namespace {
 struct Mapping { int fd; size_t bytes; bool imported; };
 std::mutex alloc_mu;
 std::map<void *, Mapping> allocs;
+size_t allocated; /* bytes of this process's own allocations */
 struct SimHandle { uint32_t magic; int32_t pid, fd; uint64_t bytes; };
 const uint32_t HANDLE_MAGIC = 0x4d495343; /* "CSIM" */
 }
@@ -37,7 +38,16 @@ cudaError_t cudaMalloc(void **p, size_t b)
     memset(m, 0xff, bytes); /* NaN garbage, as fresh device memory may hold */
     std::lock_guard<std::mutex> g(alloc_mu);
     allocs[m] = {fd, bytes, false};
+    allocated += bytes;
     *p = m;
+    return 0;
+}
+
+cudaError_t cudaMemGetInfo(size_t *f, size_t *t)
+{
+    std::lock_guard<std::mutex> g(alloc_mu);
+    *t = (size_t)80 << 30;
+    *f = *t - allocated;
     return 0;
 }
 
@@ -50,6 +60,8 @@ static cudaError_t unmap(void *p, bool imported)
     munmap(p, it->second.bytes);
     if (it->second.fd >= 0)
         close(it->second.fd);
+    if (!imported)
+        allocated -= it->second.bytes;
     allocs.erase(it);
     return 0;
 }

@@ -76,7 +76,7 @@ struct cudaIpcMemHandle_t { char reserved[64]; };
 struct cudaIpcEventHandle_t { char reserved[64]; };
 inline cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return 0; }
 inline cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
-inline cudaError_t cudaMemGetInfo(size_t *f, size_t *t) { *t = (size_t)80 << 30; *f = *t; return 0; }
+cudaError_t cudaMemGetInfo(size_t *f, size_t *t); /* an 80 GiB device used by this process alone */
 cudaError_t cudaMalloc(void **p, size_t b);
 cudaError_t cudaFree(void *p);
 cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p);

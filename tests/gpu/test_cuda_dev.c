@@ -1,0 +1,157 @@
+/* The GPU data plane's device calls (kernels/cuda/cuda_dev.h): the optimizer shard's kernels
+ * against plain loops, and CUDA IPC memory and events between two real processes. Skipped
+ * with a message where there is no GPU; `make test` also runs it on the CPU emulator
+ * (test_cuda_dev_sim), whose device memory is shareable between processes too. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "kernels/cuda/cuda_dev.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "tests/testutil.h"
+
+#define NEED_GPU()                                                                              \
+    do {                                                                                        \
+        if (cuda_device_count() == 0) {                                                         \
+            print_message("no CUDA device: skipping (%s)\n", cuda_last_error());               \
+            skip();                                                                             \
+        }                                                                                       \
+    } while (0)
+
+static void test_cuda_dev_kernels_match_plain_loops(void **state)
+{
+    NEED_GPU();
+    size_t n = 5003, block = 1024, nb = (n + block - 1) / block; /* the last block is short */
+    float *x = malloc(n * 4), *y = malloc(n * 4), *got = malloc(n * 4);
+    double *xd = malloc(n * 8), *yd = malloc(n * 8), sums[8], ref[8];
+    uint16_t *b = malloc(n * 2);
+    tu_fill(xd, x, n, 11, 3.0);
+    tu_fill(yd, y, n, 12, 3.0);
+    x[7] = 1e-30f; /* a denormal-free tiny value and an exact halfway case for rounding */
+    x[8] = 1.00390625f;
+    float *dx, *dy;
+    uint16_t *db;
+    double *ds;
+    assert_int_equal(cuda_alloc((void **)&dx, n * 4), 0);
+    assert_int_equal(cuda_alloc((void **)&dy, n * 4), 0);
+    assert_int_equal(cuda_alloc((void **)&db, n * 2), 0);
+    assert_int_equal(cuda_alloc((void **)&ds, nb * 8), 0);
+    assert_int_equal(cuda_copy_to_device(dx, x, n * 4), 0);
+    assert_int_equal(cuda_copy_to_device(dy, y, n * 4), 0);
+
+    assert_int_equal(cuda_f32_add(dy, dx, n, NULL), 0);
+    assert_int_equal(cuda_f32_scale(dy, 0.5f, n, NULL), 0);
+    assert_int_equal(cuda_copy_to_host(got, dy, n * 4), 0);
+    for (size_t i = 0; i < n; i++)
+        assert_true(got[i] == (y[i] + x[i]) * 0.5f); /* one fp32 add and multiply: exact */
+
+    assert_int_equal(cuda_f32_to_bf16_dev(db, dx, n, NULL), 0);
+    assert_int_equal(cuda_copy_to_host(b, db, n * 2), 0);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(b[i], tu_f32_to_bf16(x[i]));
+
+    assert_int_equal(cuda_block_sumsq(ds, dx, n, block, NULL), 0);
+    assert_int_equal(cuda_copy_to_host(sums, ds, nb * 8), 0);
+    for (size_t k = 0; k < nb; k++) {
+        ref[k] = 0;
+        for (size_t i = k * block; i < n && i < (k + 1) * block; i++)
+            ref[k] += (double)x[i] * x[i];
+    }
+    assert_int_equal(tu_compare_d("block sums of squares", sums, ref, nb, 0, 1e-12), 0);
+    assert_int_equal(cuda_block_sumsq(ds, dx, n, 0, NULL), -22);
+    cuda_free(dx), cuda_free(dy), cuda_free(db), cuda_free(ds);
+    free(x), free(y), free(got), free(xd), free(yd), free(b);
+}
+
+/* The child: maps the parent's buffer, orders its stream after the parent's event, doubles
+ * the buffer, records its own event for the parent. Exit status: 0 ok, else the failing step. */
+static int child(int rfd, int wfd, size_t n)
+{
+    cuda_ipc_mem_t mh;
+    cuda_ipc_event_t filled;
+    if (read(rfd, &mh, sizeof(mh)) != sizeof(mh) || read(rfd, &filled, sizeof(filled)) != sizeof(filled))
+        return 1;
+    void *buf, *ev, *done, *s;
+    cuda_ipc_event_t dh;
+    if (cuda_dev_select(0, NULL) || cuda_stream_new(&s) || cuda_ipc_open(&buf, &mh) || cuda_ipc_event_open(&ev, &filled))
+        return 2;
+    if (cuda_ipc_event_new(&done, &dh) || cuda_stream_wait(s, ev) || cuda_f32_scale(buf, 2.0f, n, s) ||
+        cuda_event_record(done, s) || cuda_stream_sync(s))
+        return 3;
+    float first;
+    if (cuda_copy_async(&first, buf, 4, s) || cuda_stream_sync(s) || first != 2.0f)
+        return 4;
+    if (write(wfd, &dh, sizeof(dh)) != sizeof(dh))
+        return 5;
+    char c;
+    if (read(rfd, &c, 1) != 1) /* the parent has read the buffer: the mapping may go */
+        return 6;
+    cuda_ipc_close(buf);
+    cuda_event_free(done);
+    return 0;
+}
+
+static void test_cuda_dev_ipc_shares_memory_and_events_between_processes(void **state)
+{
+    NEED_GPU();
+    size_t n = 1 << 20;
+    int to_child[2], to_parent[2];
+    assert_int_equal(pipe(to_child), 0);
+    assert_int_equal(pipe(to_parent), 0);
+    pid_t pid = fork(); /* before this process touches CUDA: a forked child cannot use it after */
+    assert_true(pid >= 0);
+    if (pid == 0)
+        _exit(child(to_child[0], to_parent[1], n));
+    float *h = malloc(n * 4), *dbuf;
+    for (size_t i = 0; i < n; i++)
+        h[i] = (float)(i + 1);
+    void *s, *filled, *done;
+    cuda_ipc_mem_t mh;
+    cuda_ipc_event_t fh, dh;
+    assert_int_equal(cuda_dev_select(0, NULL), 0);
+    assert_int_equal(cuda_stream_new(&s), 0);
+    assert_int_equal(cuda_ipc_alloc((void **)&dbuf, n * 4, &mh), 0);
+    assert_int_equal(cuda_ipc_event_new(&filled, &fh), 0);
+    assert_int_equal(cuda_copy_async(dbuf, h, n * 4, s), 0);
+    assert_int_equal(cuda_event_record(filled, s), 0);
+    assert_int_equal(write(to_child[1], &mh, sizeof(mh)), (ssize_t)sizeof(mh));
+    assert_int_equal(write(to_child[1], &fh, sizeof(fh)), (ssize_t)sizeof(fh));
+    assert_int_equal(read(to_parent[0], &dh, sizeof(dh)), (ssize_t)sizeof(dh));
+    assert_int_equal(cuda_ipc_event_open(&done, &dh), 0);
+    assert_int_equal(cuda_stream_wait(s, done), 0);
+    memset(h, 0, n * 4);
+    assert_int_equal(cuda_copy_async(h, dbuf, n * 4, s), 0);
+    assert_int_equal(cuda_stream_sync(s), 0);
+    for (size_t i = 0; i < n; i++)
+        if (h[i] != 2.0f * (float)(i + 1))
+            fail_msg("element %zu is %g, expected %g", i, h[i], 2.0 * (i + 1));
+    assert_int_equal(write(to_child[1], "x", 1), 1);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    /* a process cannot map its own handle (CUDA's rule, which the emulator keeps) */
+    void *self;
+    assert_true(cuda_ipc_open(&self, &mh) != 0);
+    cuda_event_free(filled);
+    cuda_event_free(done);
+    cuda_free(dbuf);
+    cuda_stream_free(s);
+    free(h);
+    close(to_child[0]), close(to_child[1]), close(to_parent[0]), close(to_parent[1]);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cuda_dev_kernels_match_plain_loops),
+        cmocka_unit_test(test_cuda_dev_ipc_shares_memory_and_events_between_processes),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

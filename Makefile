@@ -35,7 +35,7 @@ CU_OBJS   := $(CU_SRCS:%.cu=$(BUILD)/obj/%.o)
 GPU_TEST_SRCS := $(wildcard tests/gpu/test_*.c)
 GPU_TESTS := $(GPU_TEST_SRCS:tests/gpu/%.c=$(BUILD)/tests/gpu/%)
 CUDALIBS  := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lcublas -lstdc++
-GPUTESTLIBS := $(CUDALIBS) -lnccl
+GPUTESTLIBS := $(CUDALIBS)
 
 # The CUDA backend as a plugin the stage process loads with dlopen when [job] device = "cuda"
 # (linking the CUDA libraries into every process would cost ~150 ms per process start): the
@@ -48,7 +48,7 @@ CUDA_SO_C := kernels/params.c kernels/config.c
 # mechanically (shared memory, launches) and compiled as C++ against the emulator's headers.
 SIM_NN    := embed rmsnorm rope swiglu xent nn_common cuda_err adamw dev
 SIM_TESTS := $(BUILD)/tests/test_cuda_attn_sim $(BUILD)/tests/test_cuda_nn_sim $(BUILD)/tests/test_cuda_model_sim \
-             $(BUILD)/tests/test_cuda_dev_sim
+             $(BUILD)/tests/test_cuda_dev_sim $(BUILD)/tests/test_nccl_sim
 TESTS += $(SIM_TESTS)
 # The same, as the stage's CUDA plugin: test_launch runs a `--job.device cuda` job on it
 # (CTITAN_CUDA_PLUGIN points the stage at it).
@@ -117,7 +117,12 @@ $(BUILD)/cudasim/matmul_sim.o: tests/cudasim/matmul_sim.cpp tests/cudasim/sim.h 
 	@mkdir -p $(dir $@)
 	$(CXX) -std=c++20 -O2 -fPIC -I. -c $< -o $@
 
+$(BUILD)/cudasim/nccl_sim.o: tests/cudasim/nccl_sim.cpp tests/cudasim/sim.h tests/cudasim/fake/nccl.h | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CXX) -std=c++20 -O2 -fPIC -I. -c $< -o $@
+
 $(SIM_SO): $(BUILD)/cudasim/plugin.o $(BUILD)/cudasim/model.o $(BUILD)/cudasim/attn.o $(SIM_NN:%=$(BUILD)/cudasim/%.o) \
+           $(BUILD)/cudasim/nccl.o $(BUILD)/cudasim/nccl_sim.o \
            $(BUILD)/cudasim/matmul_sim.o $(BUILD)/cudasim/sim.o $(CUDA_SO_C:%.c=$(BUILD)/pic/%.o)
 	@mkdir -p $(dir $@)
 	$(CXX) -shared -Wl,-Bsymbolic -o $@ $^ -lpthread -lm
@@ -136,6 +141,11 @@ $(BUILD)/tests/test_cuda_nn_sim: $(BUILD)/cudasim/test_cuda_nn.o $(SIM_NN:%=$(BU
 
 $(BUILD)/tests/test_cuda_dev_sim: $(BUILD)/cudasim/test_cuda_dev.o $(SIM_NN:%=$(BUILD)/cudasim/%.o) $(BUILD)/cudasim/sim.o \
                                   $(BUILD)/libctitan.a
+	@mkdir -p $(dir $@)
+	$(CXX) -o $@ $^ $(LDLIBS) $(TESTLIBS) -fopenmp
+
+$(BUILD)/tests/test_nccl_sim: $(BUILD)/cudasim/test_nccl.o $(SIM_NN:%=$(BUILD)/cudasim/%.o) $(BUILD)/cudasim/nccl.o \
+                              $(BUILD)/cudasim/nccl_sim.o $(BUILD)/cudasim/sim.o $(BUILD)/libctitan.a
 	@mkdir -p $(dir $@)
 	$(CXX) -o $@ $^ $(LDLIBS) $(TESTLIBS) -fopenmp
 

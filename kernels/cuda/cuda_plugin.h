@@ -7,8 +7,9 @@
 
 #include "kernels/cuda/cuda_dev.h"
 #include "kernels/cuda/cuda_model.h"
+#include "kernels/cuda/cuda_nccl.h"
 
-#define CUDA_PLUGIN_VERSION 1
+#define CUDA_PLUGIN_VERSION 2
 
 typedef struct {
     int version;
@@ -56,6 +57,14 @@ typedef struct {
     int (*free)(void *);
     /* the calling thread's last error text, whichever call failed */
     const char *(*last_error)(void);
+    /* cuda_nccl.h (version 2) */
+    int (*nccl_id)(cuda_nccl_id_t *);
+    int (*nccl_init)(cuda_nccl_t **, const cuda_nccl_id_t *, int, int);
+    void (*nccl_destroy)(cuda_nccl_t **);
+    int (*nccl_send)(cuda_nccl_t *, const void *, size_t, int, void *);
+    int (*nccl_recv)(cuda_nccl_t *, void *, size_t, int, void *);
+    int (*nccl_reduce_scatter_f32)(cuda_nccl_t *, const float *, float *, size_t, void *);
+    int (*nccl_all_gather_bf16)(cuda_nccl_t *, const uint16_t *, uint16_t *, size_t, void *);
 } cuda_plugin_t;
 
 #ifdef __cplusplus

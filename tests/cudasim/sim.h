@@ -6,6 +6,7 @@
 // with the kernel here and show only on a GPU (tests/gpu on the real device is the authority).
 #pragma once
 #define __CUDACC__ 1 /* the kernels' device-side code paths */
+#define CTITAN_CUDASIM 1 /* host code that must differ (nccl.cu: the stand-in, not libnccl) */
 #include <cassert>
 #include <cmath>
 #include <functional>
@@ -74,8 +75,11 @@ enum { cudaEventDisableTiming = 2, cudaEventInterprocess = 4 };
 enum { cudaIpcMemLazyEnablePeerAccess = 1 };
 struct cudaIpcMemHandle_t { char reserved[64]; };
 struct cudaIpcEventHandle_t { char reserved[64]; };
-inline cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return 0; }
-inline cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
+/* Four devices, all of them this host's memory (so multi-GPU code paths run; NCCL's stand-in
+ * takes one rank per device as NCCL does). */
+inline cudaError_t cudaGetDeviceCount(int *n) { *n = 4; return 0; }
+inline int &sim_device() { static thread_local int d = 0; return d; }
+inline cudaError_t cudaSetDevice(int d) { return d >= 0 && d < 4 ? (sim_device() = d, cudaSuccess) : cudaErrorInvalidDevice; }
 cudaError_t cudaMemGetInfo(size_t *f, size_t *t); /* an 80 GiB device used by this process alone */
 cudaError_t cudaMalloc(void **p, size_t b);
 cudaError_t cudaFree(void *p);
@@ -98,7 +102,7 @@ inline cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t *h, cudaEvent_t) {
 inline cudaError_t cudaIpcOpenEventHandle(cudaEvent_t *e, cudaIpcEventHandle_t) { *e = new int(0); return 0; }
 enum { cudaDevAttrMaxSharedMemoryPerBlockOptin = 97 };
 enum { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
-inline cudaError_t cudaGetDevice(int *d) { *d = 0; return 0; }
+inline cudaError_t cudaGetDevice(int *d) { *d = sim_device(); return 0; }
 inline cudaError_t cudaDeviceGetAttribute(int *v, int, int) { *v = 232448; return 0; }
 template <typename F> cudaError_t cudaFuncSetAttribute(F, int, int v) { return v > 232448; }
 inline cudaError_t cudaGetLastError() { return 0; }

@@ -1,24 +1,26 @@
-/* NCCL on this machine's GPU(s): a one-rank communicator (what a single-GPU machine can test;
- * ctitan's NCCL data plane across hosts is still to be built) all-reduces, reduce-scatters and
- * all-gathers bf16-sized fp32 buffers correctly, with the ncclUniqueId passed as the bytes the
- * control plane will carry. Skipped where there is no GPU. */
+/* NCCL through ctitan's wrappers (kernels/cuda/cuda_nccl.h), with ids passed as the opaque
+ * bytes the control plane carries: a one-rank communicator (what a single-GPU machine can
+ * run) and two ranks in two real processes (needs two GPUs: NCCL refuses two ranks on one
+ * device). `make test` runs both on the CPU emulator's stand-in (test_nccl_sim). Skipped with
+ * a message where there is no GPU. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
-#include <cuda_runtime.h>
-#include <nccl.h>
-
+#include "kernels/cuda/cuda_dev.h"
+#include "kernels/cuda/cuda_nccl.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "tests/testutil.h"
 
-#define NC(call)                                                                     \
-    do {                                                                             \
-        ncclResult_t r_ = (call);                                                    \
-        if (r_ != ncclSuccess)                                                       \
-            fail_msg("%s: %s", #call, ncclGetErrorString(r_));                       \
+#define NC(call)                                                                              \
+    do {                                                                                      \
+        if ((call) != 0)                                                                      \
+            fail_msg("%s: %s", #call, cuda_last_error());                                    \
     } while (0)
 
 static void test_nccl_one_rank_collectives(void **state)
@@ -27,34 +29,119 @@ static void test_nccl_one_rank_collectives(void **state)
         print_message("no CUDA device: skipping (%s)\n", cuda_last_error());
         skip();
     }
-    ncclUniqueId id, wire;
-    NC(ncclGetUniqueId(&id));
-    memcpy(&wire, &id, sizeof(id)); /* as it will travel: NCCL_UNIQUE_ID_BYTES opaque bytes */
-    ncclComm_t comm;
-    NC(ncclCommInitRank(&comm, 1, wire, 0));
-    enum { N = 1 << 20 };
-    float *h = malloc(N * sizeof(float)), *d, *e;
+    cuda_nccl_id_t id, wire;
+    NC(cuda_nccl_id(&id));
+    memcpy(&wire, &id, sizeof(id)); /* as it travels: opaque bytes */
+    cuda_nccl_t *c;
+    NC(cuda_nccl_init(&c, &wire, 1, 0));
+    enum { N = 1 << 16 };
+    float *h = malloc(N * sizeof(float)), *back = malloc(N * sizeof(float)), *d;
+    uint16_t *hb = malloc(N * 2), *bb = malloc(N * 2), *db;
     for (int i = 0; i < N; i++)
-        h[i] = (float)(i % 1000) * 0.5f;
+        h[i] = (float)(i % 1000) * 0.5f, hb[i] = (uint16_t)(i * 7);
     assert_int_equal(cuda_alloc((void **)&d, N * sizeof(float)), 0);
-    assert_int_equal(cuda_alloc((void **)&e, N * sizeof(float)), 0);
+    assert_int_equal(cuda_alloc((void **)&db, N * 2), 0);
     assert_int_equal(cuda_copy_to_device(d, h, N * sizeof(float)), 0);
-    NC(ncclAllReduce(d, e, N, ncclFloat, ncclSum, comm, NULL));
-    NC(ncclReduceScatter(e, d, N, ncclFloat, ncclSum, comm, NULL)); /* one rank: its whole slice */
-    NC(ncclAllGather(d, e, N, ncclFloat, comm, NULL));
-    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
-    float *back = malloc(N * sizeof(float));
-    assert_int_equal(cuda_copy_to_host(back, e, N * sizeof(float)), 0);
+    assert_int_equal(cuda_copy_to_device(db, hb, N * 2), 0);
+    void *s;
+    NC(cuda_stream_new(&s));
+    NC(cuda_nccl_reduce_scatter_f32(c, d, d, N, s)); /* in place; one rank: its whole slice */
+    NC(cuda_nccl_all_gather_bf16(c, db, db, N, s));
+    NC(cuda_stream_sync(s));
+    assert_int_equal(cuda_copy_to_host(back, d, N * sizeof(float)), 0);
+    assert_int_equal(cuda_copy_to_host(bb, db, N * 2), 0);
     assert_memory_equal(back, h, N * sizeof(float)); /* a sum over one rank is the identity */
-    NC(ncclCommDestroy(comm));
-    cuda_free(d), cuda_free(e);
-    free(h), free(back);
+    assert_memory_equal(bb, hb, N * 2);
+    cuda_nccl_destroy(&c);
+    assert_null(c);
+    cuda_stream_free(s);
+    cuda_free(d), cuda_free(db);
+    free(h), free(back), free(hb), free(bb);
+}
+
+enum { CHUNK = 3000, MSGS = 3 };
+
+/* Rank r of two: three messages each way with its peer, then an in-place reduce-scatter of
+ * 2 x CHUNK floats (rank k holds k + 1 + i / 1000) and an in-place all-gather of CHUNK bf16.
+ * Returns 0, or the step that went wrong. */
+static int two_ranks(const cuda_nccl_id_t *id, int r)
+{
+    cuda_nccl_t *c;
+    void *s;
+    if (cuda_dev_select(r, NULL) || cuda_stream_new(&s) || cuda_nccl_init(&c, id, 2, r))
+        return 1;
+    int peer = 1 - r;
+    float *msg, *g, h[2 * CHUNK];
+    uint16_t *w, hw[2 * CHUNK];
+    if (cuda_alloc((void **)&msg, 4096 * 4) || cuda_alloc((void **)&g, sizeof(h)) || cuda_alloc((void **)&w, sizeof(hw)))
+        return 2;
+    for (int m = 0; m < MSGS; m++) { /* rank 0 sends first, rank 1 answers: NCCL's order per pair */
+        float out[4096], in[4096];
+        for (int i = 0; i < 4096; i++)
+            out[i] = (float)(r * 100000 + m * 4096 + i);
+        if (cuda_copy_to_device(msg, out, sizeof(out)))
+            return 3;
+        int rc = r == 0 ? cuda_nccl_send(c, msg, sizeof(out), peer, s) || cuda_nccl_recv(c, msg, sizeof(in), peer, s)
+                        : cuda_nccl_recv(c, msg, sizeof(in), peer, s) || cuda_nccl_send(c, msg, sizeof(in), peer, s);
+        if (rc || cuda_stream_sync(s) || cuda_copy_to_host(in, msg, sizeof(in)))
+            return 4;
+        for (int i = 0; i < 4096; i++) /* rank 1 echoes what it got: both see rank 0's numbers */
+            if (in[i] != (float)(m * 4096 + i))
+                return 5;
+    }
+    for (int i = 0; i < 2 * CHUNK; i++)
+        h[i] = (float)(r + 1) + (float)(i % 1000) / 1000.0f;
+    for (int i = 0; i < CHUNK; i++)
+        hw[r * CHUNK + i] = (uint16_t)(r * 30000 + i);
+    if (cuda_copy_to_device(g, h, sizeof(h)) || cuda_copy_to_device(w, hw, sizeof(hw)))
+        return 6;
+    if (cuda_nccl_reduce_scatter_f32(c, g, g + r * CHUNK, CHUNK, s) ||
+        cuda_nccl_all_gather_bf16(c, w + r * CHUNK, w, CHUNK, s) || cuda_stream_sync(s))
+        return 7;
+    if (cuda_copy_to_host(h, g, sizeof(h)) || cuda_copy_to_host(hw, w, sizeof(hw)))
+        return 8;
+    for (int i = 0; i < CHUNK; i++) {
+        int k = r * CHUNK + i;
+        if (h[k] != (1.0f + (float)(k % 1000) / 1000.0f) + (2.0f + (float)(k % 1000) / 1000.0f))
+            return 9;
+    }
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < CHUNK; i++)
+            if (hw[k * CHUNK + i] != (uint16_t)(k * 30000 + i))
+                return 10;
+    cuda_nccl_destroy(&c);
+    cuda_free(msg), cuda_free(g), cuda_free(w);
+    cuda_stream_free(s);
+    return 0;
+}
+
+static void test_nccl_two_ranks_in_two_processes(void **state)
+{
+    int n = cuda_device_count();
+    if (n < 2) {
+        print_message("%s: skipping (NCCL needs a GPU per rank)\n",
+                      n ? "one CUDA device" : "no CUDA device");
+        skip();
+    }
+    cuda_nccl_id_t id;
+    NC(cuda_nccl_id(&id)); /* this process hosts the id, as the coordinator does */
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0)
+        _exit(two_ranks(&id, 1));
+    int rc = two_ranks(&id, 0), status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (rc)
+        fail_msg("rank 0 failed at step %d: %s", rc, cuda_last_error());
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_nccl_one_rank_collectives),
+        cmocka_unit_test(test_nccl_two_ranks_in_two_processes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

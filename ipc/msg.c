@@ -76,7 +76,7 @@ static const struct {
     [MSG_STEP_DONE] = {"step_done", B(F_STEP) | B(F_LOSS) | B(F_T_F) | B(F_T_B) | B(F_T_W) |
                                     B(F_T_BUSY) | B(F_T_WAIT) | B(F_MEM)},
     [MSG_REDUCE]    = {"reduce",    B(F_STEP)},
-    [MSG_REDUCED]   = {"reduced",   B(F_STEP) | B(F_T_BUSY)},
+    [MSG_REDUCED]   = {"reduced",   B(F_STEP) | B(F_T_BUSY) | B(F_GRAD_NORM)},
     [MSG_UPDATE]    = {"update",    B(F_STEP) | B(F_GRAD_NORM) | B(F_SCALE)},
     [MSG_UPDATED]   = {"updated",   B(F_STEP) | B(F_LR) | B(F_T_BUSY)},
     [MSG_HEARTBEAT] = {"heartbeat", WHO | B(F_PID) | B(F_PROGRESS)},
@@ -89,6 +89,7 @@ static const struct {
     [MSG_SNAPPED]   = {"snapped",   B(F_STEP) | B(F_T_BUSY)},
     [MSG_SAVE]      = {"save",      B(F_STEP)},
     [MSG_SAVED]     = {"saved",     B(F_STEP) | B(F_OK) | B(F_TEXT) | B(F_T_BUSY) | B(F_PROGRESS)},
+    [MSG_NCCL]      = {"nccl",      B(F_TEXT)},
 };
 
 const char *msg_type_name(msg_type_t t)

@@ -27,7 +27,8 @@ typedef enum {
                       * t_f, t_b, t_w (mean seconds per F, B, W action), t_busy (seconds
                       * computing this step), t_wait (seconds blocked on rings), mem */
     MSG_REDUCE,      /* coord -> optshard: step (sum replicas' gradients, norm partials) */
-    MSG_REDUCED,     /* optshard -> coord: step, t_busy */
+    MSG_REDUCED,     /* optshard -> coord: step, t_busy, grad_norm (the squared norm of its
+                      * slice's summed gradient) */
     MSG_UPDATE,      /* coord -> optshard: step, grad_norm (global), scale (clip factor) */
     MSG_UPDATED,     /* optshard -> coord: step, lr, t_busy */
     MSG_HEARTBEAT,   /* worker -> coord: role, rank, replica, pid, progress (a counter) */
@@ -41,6 +42,9 @@ typedef enum {
     MSG_SAVE,        /* coord -> checkpointd: step (write the staged snapshot) */
     MSG_SAVED,       /* checkpointd -> coord: step, ok, text (the path, or why not), t_busy
                       * (seconds writing), progress (bytes written) */
+    MSG_NCCL,        /* coord -> stage, right after config with the NCCL data plane: text, one
+                      * line "NAME HEX" per communicator the stage joins (act_in, act_out,
+                      * grad_in, grad_out, dp), HEX the 256 hex digits of its ncclUniqueId */
     MSG_TYPE_END     /* append new types above this */
 } msg_type_t;
 

@@ -26,6 +26,7 @@ int job_layout(job_layout_t *l, const manifest_t *m)
     l->gpu_shards = !strcmp(m->shard_device, "cuda");
     l->dev_slot = (size_t)l->mb * l->T * l->D * 2;
     l->act_slot = l->gpu ? 0 : (size_t)l->mb * l->T * l->D * sizeof(float);
+    l->nccl = !strcmp(m->data_plane, "nccl");
     l->act_ring = ring_bytes((uint32_t)l->M, l->act_slot);
     return 0;
 }
@@ -37,7 +38,35 @@ size_t job_params_bytes(const job_layout_t *l)
     return (size_t)(l->gpu_shards ? 1 : l->dp) * l->stride * sizeof(float);
 }
 
-size_t job_act_bytes(const job_layout_t *l) { return (size_t)l->dp * (l->pp - 1) * 2 * l->act_ring; }
+size_t job_act_bytes(const job_layout_t *l) { return l->nccl ? 0 : (size_t)l->dp * (l->pp - 1) * 2 * l->act_ring; }
+
+int job_stage_range(const manifest_t *m, int s, size_t *b, size_t *e)
+{
+    int p0, p1;
+    param_table_t tab;
+    if (manifest_stage_pieces(m, s, &p0, &p1) || params_table_init(&tab, &m->model))
+        return -ENOMEM;
+    params_piece_range(&tab, p0, p1, b, e);
+    params_table_free(&tab);
+    return 0;
+}
+
+size_t job_dp_chunk(const job_layout_t *l, size_t n) { return (n + (size_t)l->dp - 1) / (size_t)l->dp; }
+
+int job_shard_range(const job_layout_t *l, const manifest_t *m, int k, size_t *b, size_t *e)
+{
+    if (!l->nccl) {
+        manifest_shard_range(l->total, m->shards, k, b, e);
+        return 0;
+    }
+    size_t sb, se;
+    if (job_stage_range(m, k / l->dp, &sb, &se))
+        return -ENOMEM;
+    size_t chunk = job_dp_chunk(l, se - sb), r = (size_t)(k % l->dp);
+    *b = sb + r * chunk < se ? sb + r * chunk : se;
+    *e = sb + (r + 1) * chunk < se ? sb + (r + 1) * chunk : se;
+    return 0;
+}
 
 size_t job_act_off(const job_layout_t *l, int replica, int boundary, int grad)
 {

@@ -47,6 +47,7 @@ typedef struct {
     int gpu;            /* job.device = "cuda": device rings (stages/devdir.h) */
     int gpu_shards;     /* optshard.device = "cuda": no host copies of weights and gradients */
     size_t dev_slot;    /* bytes of one device hand-off: mb * T * D bf16 */
+    int nccl;           /* parallelism.data_plane = "nccl" (no act segment; shards = dp x pp) */
 } job_layout_t;
 
 /* Fills the layout from a validated manifest. Returns 0 or -ENOMEM. */
@@ -59,6 +60,17 @@ size_t job_act_off(const job_layout_t *l, int replica, int boundary, int grad);
 
 /* The gradient-norm partials after the header. */
 static inline double *job_norm_blocks(job_hdr_t *h) { return (double *)((char *)h + JOB_HDR_BYTES); }
+
+/* Stage s's range [*b, *e) of the flat space. Returns 0 or -ENOMEM. */
+int job_stage_range(const manifest_t *m, int s, size_t *b, size_t *e);
+/* Elements of each replica's chunk of a stage range of n elements for the NCCL reduce-scatter
+ * and all-gather: ceil(n / dp) (the stage's buffers have room for dp of them: CUDA_MODEL_SLACK). */
+size_t job_dp_chunk(const job_layout_t *l, size_t n);
+/* Optimizer shard k's slice [*b, *e) of the flat space: MANIFEST_BLOCK-aligned cuts
+ * (manifest_shard_range) on the IPC data plane; with NCCL, shard k = s * dp + r is replica r's
+ * chunk of stage s's range, which the reduce-scatter sums into that replica's stage. Returns 0
+ * or -ENOMEM. */
+int job_shard_range(const job_layout_t *l, const manifest_t *m, int k, size_t *b, size_t *e);
 
 /* Start time of a process (clock ticks since boot), 0 if it is gone. */
 uint64_t job_proc_start(pid_t pid);

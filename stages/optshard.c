@@ -50,6 +50,7 @@ typedef struct {
     float *state;                /* device: master, m1, m2, g, (n) each, one allocation */
     float *master, *m1, *m2, *g;
     double *norm;                /* device: (blocks of the slice) */
+    double *hnorm;               /* the same on the host */
     gseg_t *seg;                 /* replicas in order, each rank's part in flat order */
     int nseg;
     void **mapped;               /* stage buffers to ipc_close */
@@ -197,6 +198,7 @@ static void setup_gpu(shard_t *sh)
              "device memory for %zu parameters: %s", sh->n, CU_WHY(sh));
     G->master = G->state, G->m1 = G->state + n, G->m2 = G->state + 2 * n, G->g = G->state + 3 * n;
     G->norm = (double *)(G->state + 4 * n);
+    WORKER_CHECK(sh->w, G->hnorm = calloc(nb ? nb : 1, sizeof(double)), "out of memory");
     const float *host[3] = {sh->master, sh->m1, sh->m2};
     float *dev[3] = {G->master, G->m1, G->m2};
     for (int a = 0; a < 3; a++)
@@ -220,13 +222,15 @@ static void setup_gpu(shard_t *sh)
             size_t lo = e->begin > sh->begin ? e->begin : sh->begin, hi = e->end < sh->end ? e->end : sh->end;
             if (lo >= hi)
                 continue;
+            if (sh->lay.nccl && r != sh->rank % m->dp) /* the reduce-scatter summed the replicas into one */
+                continue;
             void *w, *g;
             CU_CHECK(sh, G->cu->ipc_open(&w, &e->w), "weights of stage %d replica %d: %s", s, r, CU_WHY(sh));
             G->mapped[G->nmapped++] = w;
             CU_CHECK(sh, G->cu->ipc_open(&g, &e->g), "gradients of stage %d replica %d: %s", s, r, CU_WHY(sh));
             G->mapped[G->nmapped++] = g;
             G->seg[G->nseg++] = (gseg_t){.w = (uint16_t *)w + (lo - e->begin), .g = (float *)g + (lo - e->begin),
-                                         .lo = lo, .hi = hi, .replica = r};
+                                         .lo = lo, .hi = hi, .replica = sh->lay.nccl ? 0 : r};
         }
 }
 
@@ -251,7 +255,7 @@ static void setup(shard_t *sh)
     char err[256];
     WORKER_CHECK(sh->w, job_layout(&sh->lay, m) == 0 && params_table_init(&sh->tab, &m->model) == 0,
                  "out of memory");
-    manifest_shard_range(sh->lay.total, m->shards, sh->rank, &sh->begin, &sh->end);
+    WORKER_CHECK(sh->w, job_shard_range(&sh->lay, m, sh->rank, &sh->begin, &sh->end) == 0, "out of memory");
     sh->n = sh->end - sh->begin;
     size_t bytes = (sh->n ? sh->n : 1) * sizeof(float);
     int gpu = sh->lay.gpu_shards, own_g = !gpu && m->dp > 1;
@@ -291,9 +295,10 @@ static void setup(shard_t *sh)
     LOG_D("slice [%zu, %zu) of %zu parameters on the %s", sh->begin, sh->end, sh->lay.total, gpu ? "GPU" : "CPU");
 }
 
-/* REDUCE on the GPU: the replicas' gradients summed in replica order, the block norms to the
- * job segment. */
-static void reduce_gpu(shard_t *sh)
+/* REDUCE on the GPU: the replicas' gradients summed in replica order (with NCCL the
+ * reduce-scatter did that), the block norms to the job segment; returns the slice's squared
+ * norm. */
+static double reduce_gpu(shard_t *sh)
 {
     gpu_t *G = sh->gpu;
     for (int i = 0; i < G->nseg; i++) {
@@ -307,17 +312,21 @@ static void reduce_gpu(shard_t *sh)
     }
     size_t nb = (sh->n + MANIFEST_BLOCK - 1) / MANIFEST_BLOCK;
     CU_CHECK(sh, G->cu->block_sumsq(G->norm, G->g, sh->n, MANIFEST_BLOCK, G->stream), "norm: %s", CU_WHY(sh));
-    CU_CHECK(sh, G->cu->copy_async(sh->norm + sh->begin / MANIFEST_BLOCK, G->norm, nb * sizeof(double), G->stream),
-             "norm: %s", CU_WHY(sh));
+    CU_CHECK(sh, G->cu->copy_async(G->hnorm, G->norm, nb * sizeof(double), G->stream), "norm: %s", CU_WHY(sh));
     CU_CHECK(sh, G->cu->stream_sync(G->stream), "reduce: %s", CU_WHY(sh));
+    double sq = 0;
+    for (size_t b = 0; b < nb; b++)
+        sq += G->hnorm[b];
+    if (!sh->lay.nccl) /* NCCL slices do not start at block boundaries: the coordinator sums sq */
+        memcpy(sh->norm + sh->begin / MANIFEST_BLOCK, G->hnorm, nb * sizeof(double));
+    return sq;
 }
 
-static void reduce(shard_t *sh)
+/* Returns the squared norm of the slice's summed gradient. */
+static double reduce(shard_t *sh)
 {
-    if (sh->gpu) {
-        reduce_gpu(sh);
-        return;
-    }
+    if (sh->gpu)
+        return reduce_gpu(sh);
     const float *g0 = sh->G + sh->begin;
     if (sh->g != g0) { /* replicas summed in their order: a fixed sum */
         memcpy(sh->g, g0, sh->n * sizeof(float));
@@ -327,13 +336,16 @@ static void reduce(shard_t *sh)
                 sh->g[i] += gr[i];
         }
     }
+    double total = 0;
     for (size_t b = sh->begin; b < sh->end; b += MANIFEST_BLOCK) {
         size_t e = b + MANIFEST_BLOCK < sh->end ? b + MANIFEST_BLOCK : sh->end;
         double sq = 0;
         for (size_t i = b; i < e; i++)
             sq += (double)sh->g[i - sh->begin] * sh->g[i - sh->begin];
         sh->norm[b / MANIFEST_BLOCK] = sq;
+        total += sq;
     }
+    return total;
 }
 
 static double update(shard_t *sh, int64_t step, double scale)
@@ -392,6 +404,7 @@ static void finish_gpu(shard_t *sh)
     G->cu->stream_free(G->copy_stream);
     free(G->seg);
     free(G->mapped);
+    free(G->hnorm);
     shm_detach(&G->dev);
     free(G);
     sh->gpu = NULL;
@@ -425,7 +438,7 @@ int main(int argc, char **argv)
             msg_clear(&m);
             break;
         } else if (m.type == MSG_REDUCE) {
-            reduce(&sh);
+            reply.grad_norm = reduce(&sh);
             reply.type = MSG_REDUCED;
         } else if (m.type == MSG_SNAPSHOT) {
             WORKER_CHECK(sh.w, sh.staging, "snapshot without a staging segment (checkpoint.enable is false)");

@@ -23,6 +23,7 @@
 #include "ipc/ring.h"
 #include "ipc/shm.h"
 #include "kernels/model.h"
+#include "kernels/cuda/cuda_nccl.h"
 #include "stages/cuda_plugin.h"
 #include "stages/devdir.h"
 #include "stages/job.h"
@@ -39,6 +40,19 @@ typedef struct {
     void **written, **read;      /* (M) interprocess events */
     int own;
 } dring_t;
+
+/* One direction of the NCCL data plane with one neighbour: a two-rank communicator whose
+ * transfers run on their own stream (so a send waiting for its receiver never holds up the
+ * model's stream), into or out of M slots, one per microbatch. */
+typedef struct {
+    cuda_nccl_t *comm;
+    int peer;                    /* the neighbour's rank in comm */
+    void *stream;
+    char *slots;                 /* device: M slots of lay.dev_slot bytes */
+    void **moved;                /* (M) recorded on stream after slot i's transfer */
+    void **ready;                /* (M) recorded on the model's stream once it has filled (send) or
+                                  * read (receive) slot i */
+} nclink_t;
 
 typedef struct {
     worker_t *w;
@@ -59,6 +73,11 @@ typedef struct {
     cuda_model_acts_t **cacts;
     shm_seg_t *dev;              /* the device directory */
     dring_t d_act_in, d_act_out, d_grad_in, d_grad_out;
+    nclink_t n_act_in, n_act_out, n_grad_in, n_grad_out; /* data_plane "nccl" instead of the rings */
+    cuda_nccl_t *n_dp;           /* this pipeline rank's replicas */
+    uint16_t *dw;                /* the model's device weights and gradients (cuda_model_buffers), */
+    float *dg;                   /* dn elements of the stage's range, CUDA_MODEL_SLACK more room */
+    size_t dn;
     void *stream;                /* the model's */
     int device;
     size_t mem_peak;             /* GPU: device memory in use (by every process on the device), highest
@@ -152,6 +171,86 @@ static void dring_close(stage_t *st, dring_t *d)
     memset(d, 0, sizeof(*d));
 }
 
+/* The id named `name` in MSG_NCCL's text ("NAME HEX" lines). */
+static void nccl_id_of(stage_t *st, const char *text, const char *name, cuda_nccl_id_t *id)
+{
+    size_t n = strlen(name);
+    for (const char *l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
+        if (!strncmp(l, name, n) && l[n] == ' ') {
+            const char *h = l + n + 1;
+            for (int i = 0; i < CUDA_NCCL_ID_BYTES; i++) {
+                unsigned v;
+                WORKER_CHECK(st->w, sscanf(h + 2 * i, "%2x", &v) == 1, "nccl message: bad id for %s", name);
+                id->b[i] = (unsigned char)v;
+            }
+            return;
+        }
+    worker_die(st->w, "nccl message from the coordinator names no %s communicator", name);
+}
+
+static void nclink_new(stage_t *st, nclink_t *l, const char *text, const char *name, int rank, int peer)
+{
+    int M = st->lay.M;
+    cuda_nccl_id_t id;
+    nccl_id_of(st, text, name, &id);
+    CU_CHECK(st, st->cu->nccl_init(&l->comm, &id, 2, rank), "NCCL communicator %s: %s", name, CU_WHY(st));
+    l->peer = peer;
+    CU_CHECK(st, st->cu->stream_new(&l->stream), "%s", CU_WHY(st));
+    CU_CHECK(st, st->cu->alloc((void **)&l->slots, (size_t)M * st->lay.dev_slot), "%s slots: %s", name, CU_WHY(st));
+    l->moved = calloc((size_t)M, sizeof(void *));
+    l->ready = calloc((size_t)M, sizeof(void *));
+    WORKER_CHECK(st->w, l->moved && l->ready, "out of memory");
+    cuda_ipc_event_t unused;
+    for (int i = 0; i < M; i++) {
+        CU_CHECK(st, st->cu->ipc_event_new(&l->moved[i], &unused), "%s", CU_WHY(st));
+        CU_CHECK(st, st->cu->ipc_event_new(&l->ready[i], &unused), "%s", CU_WHY(st));
+    }
+}
+
+static void nclink_free(stage_t *st, nclink_t *l)
+{
+    if (!l->comm)
+        return;
+    if (l->stream)
+        st->cu->stream_sync(l->stream);
+    for (int i = 0; i < st->lay.M; i++) {
+        st->cu->event_free(l->moved[i]);
+        st->cu->event_free(l->ready[i]);
+    }
+    st->cu->nccl_destroy(&l->comm);
+    st->cu->free(l->slots);
+    st->cu->stream_free(l->stream);
+    free(l->moved);
+    free(l->ready);
+    memset(l, 0, sizeof(*l));
+}
+
+/* The NCCL data plane: the ids come from the coordinator right after the config; the
+ * communicators are joined in the coordinator's order of them (activations and gradients of
+ * each replica's boundaries, then the replicas of each pipeline rank), so every pair of
+ * neighbours meets in the same order and no one waits for a join that waits for it. In an
+ * activation communicator the sender (rank b) is 0; in a gradient one the sender (b + 1). */
+static void setup_nccl(stage_t *st)
+{
+    msg_t m;
+    worker_command(st->w, &m);
+    WORKER_CHECK(st->w, m.type == MSG_NCCL && m.text, "expected the NCCL ids from the coordinator, got %s",
+                 msg_type_name(m.type) ? msg_type_name(m.type) : "?");
+    if (!st->first) { /* boundary rank - 1 comes before boundary rank */
+        nclink_new(st, &st->n_act_in, m.text, "act_in", 1, 0);
+        nclink_new(st, &st->n_grad_out, m.text, "grad_out", 0, 1);
+    }
+    if (!st->last) {
+        nclink_new(st, &st->n_act_out, m.text, "act_out", 0, 1);
+        nclink_new(st, &st->n_grad_in, m.text, "grad_in", 1, 0);
+    }
+    cuda_nccl_id_t id;
+    nccl_id_of(st, m.text, "dp", &id);
+    CU_CHECK(st, st->cu->nccl_init(&st->n_dp, &id, st->lay.dp, st->replica), "NCCL communicator of the replicas: %s",
+             CU_WHY(st));
+    msg_clear(&m);
+}
+
 /* The GPU: the model of pieces [p0, p1), this stage's directory entry (its weights and
  * gradients for GPU optimizer shards, its outgoing rings), then its neighbours' rings. */
 static void setup_cuda(stage_t *st, int p0, int p1)
@@ -172,6 +271,12 @@ static void setup_cuda(stage_t *st, int p0, int p1)
     if (st->lay.gpu_shards) {
         CU_CHECK(st, st->cu->ipc_export(w, &e->w), "exporting the weights: %s", CU_WHY(st));
         CU_CHECK(st, st->cu->ipc_export(g, &e->g), "exporting the gradients: %s", CU_WHY(st));
+    }
+    st->dw = w, st->dg = g, st->dn = end - begin;
+    if (st->lay.nccl) { /* the optimizer shards only need the buffers */
+        atomic_store(&e->ready, 1);
+        setup_nccl(st);
+        return;
     }
     if (!st->last)
         dring_make(st, &st->d_act_out, devdir_ring(e, &st->lay, 0));
@@ -194,7 +299,7 @@ static void setup(stage_t *st)
         WORKER_CHECK(st->w, shm_attach(&st->params, job, "params", err, sizeof(err)) == 0, "%s", err);
         WORKER_CHECK(st->w, shm_attach(&st->grads, job, "grads", err, sizeof(err)) == 0, "%s", err);
     }
-    if (m->pp > 1)
+    if (m->pp > 1 && !st->lay.nccl)
         WORKER_CHECK(st->w, shm_attach(&st->act, job, "act", err, sizeof(err)) == 0, "%s", err);
     if (st->first || st->last)
         WORKER_CHECK(st->w, shm_attach(&st->batch, job, LDR_SEG_NAME, err, sizeof(err)) == 0, "%s", err);
@@ -202,11 +307,11 @@ static void setup(stage_t *st)
         attach_batch(st, &st->tok_in, 0);
     if (st->last)
         attach_batch(st, &st->tgt_in, 1);
-    if (!st->first) {
+    if (!st->first && !st->lay.nccl) {
         attach_ring(st, &st->act_in, st->rank - 1, 0);
         attach_ring(st, &st->grad_out, st->rank - 1, 1);
     }
-    if (!st->last) {
+    if (!st->last && !st->lay.nccl) {
         attach_ring(st, &st->act_out, st->rank, 0);
         attach_ring(st, &st->grad_in, st->rank, 1);
     }
@@ -326,23 +431,63 @@ static void drecord(stage_t *st, void *ev, ring_t *r)
     CU_CHECK(st, st->cu->event_record(ev, st->stream), "ring %s: %s", ring_name(r), CU_WHY(st));
 }
 
+/* NCCL data plane: slot mb of an incoming link, the model's stream ordered after its arrival. */
+static const uint16_t *nrecv(stage_t *st, nclink_t *l, int mb)
+{
+    char *slot = l->slots + (size_t)mb * st->lay.dev_slot;
+    CU_CHECK(st, st->cu->stream_wait(l->stream, l->ready[mb]), "%s", CU_WHY(st)); /* last use read it */
+    CU_CHECK(st, st->cu->nccl_recv(l->comm, slot, st->lay.dev_slot, l->peer, l->stream), "%s", CU_WHY(st));
+    CU_CHECK(st, st->cu->event_record(l->moved[mb], l->stream), "%s", CU_WHY(st));
+    CU_CHECK(st, st->cu->stream_wait(st->stream, l->moved[mb]), "%s", CU_WHY(st));
+    return (const uint16_t *)slot;
+}
+
+/* Slot mb of an outgoing link, once its last send has left. */
+static uint16_t *nslot(stage_t *st, nclink_t *l, int mb)
+{
+    CU_CHECK(st, st->cu->stream_wait(st->stream, l->moved[mb]), "%s", CU_WHY(st));
+    return (uint16_t *)(l->slots + (size_t)mb * st->lay.dev_slot);
+}
+
+/* The model's stream is done with slot mb: an incoming slot may be received into again, an
+ * outgoing one is sent. */
+static void ndone(stage_t *st, nclink_t *l, int mb, int send)
+{
+    CU_CHECK(st, st->cu->event_record(l->ready[mb], st->stream), "%s", CU_WHY(st));
+    if (!send)
+        return;
+    CU_CHECK(st, st->cu->stream_wait(l->stream, l->ready[mb]), "%s", CU_WHY(st));
+    CU_CHECK(st, st->cu->nccl_send(l->comm, l->slots + (size_t)mb * st->lay.dev_slot, st->lay.dev_slot, l->peer,
+                                   l->stream), "%s", CU_WHY(st));
+    CU_CHECK(st, st->cu->event_record(l->moved[mb], l->stream), "%s", CU_WHY(st));
+}
+
 static double forward(stage_t *st, int64_t step, int mb)
 {
-    int a = acts_for(st, mb, 1);
+    int a = acts_for(st, mb, 1), nccl = st->lay.nccl;
     const int32_t *tok = NULL, *tgt = NULL;
     void *x_in = NULL, *x_out = NULL;
     uint32_t si = 0, so = 0;
     if (st->first)
         check_ids(st, tok = take(st, st->tok_in, step, mb), "token", step, mb);
-    else
+    else if (!nccl)
         x_in = take(st, st->act_in, step, mb);
     if (st->last)
         check_ids(st, tgt = take(st, st->tgt_in, step, mb), "target", step, mb);
-    else
+    else if (!nccl)
         x_out = reserve(st, st->act_out);
     double t0 = util_now();
     double loss = 0;
-    if (st->cuda) {
+    if (nccl) {
+        const uint16_t *din = st->first ? NULL : nrecv(st, &st->n_act_in, mb);
+        uint16_t *dout = st->last ? NULL : nslot(st, &st->n_act_out, mb);
+        CU_CHECK(st, st->cu->forward_dev(st->cm, st->cacts[a], tok, din, tgt, st->dscale, dout, &loss),
+                 "CUDA forward: %s", CU_WHY(st));
+        if (din)
+            ndone(st, &st->n_act_in, mb, 0);
+        if (dout)
+            ndone(st, &st->n_act_out, mb, 1);
+    } else if (st->cuda) {
         const uint16_t *din = x_in ? dslot(st, &st->d_act_in, st->act_in, x_in, st->d_act_in.written, &si) : NULL;
         uint16_t *dout = x_out ? dslot(st, &st->d_act_out, st->act_out, x_out, st->d_act_out.read, &so) : NULL;
         CU_CHECK(st, st->cu->forward_dev(st->cm, st->cacts[a], tok, din, tgt, st->dscale, dout, &loss),
@@ -358,22 +503,30 @@ static double forward(stage_t *st, int64_t step, int mb)
     st->n_op[SCHED_F]++;
     if (st->first)
         ring_release(st->tok_in);
-    else
+    else if (!nccl)
         ring_release(st->act_in);
     if (st->last)
         ring_release(st->tgt_in);
-    else
+    else if (!nccl)
         ring_commit(st->act_out, (uint64_t)step, (uint64_t)mb, st->lay.act_slot);
     return loss;
 }
 
 static void backward_b(stage_t *st, int64_t step, int mb)
 {
-    int a = acts_for(st, mb, 0);
-    void *dy = st->last ? NULL : take(st, st->grad_in, step, mb);
-    void *dx = st->first ? NULL : reserve(st, st->grad_out);
+    int a = acts_for(st, mb, 0), nccl = st->lay.nccl;
+    void *dy = st->last || nccl ? NULL : take(st, st->grad_in, step, mb);
+    void *dx = st->first || nccl ? NULL : reserve(st, st->grad_out);
     double t0 = util_now();
-    if (st->cuda) {
+    if (nccl) {
+        const uint16_t *din = st->last ? NULL : nrecv(st, &st->n_grad_in, mb);
+        uint16_t *dout = st->first ? NULL : nslot(st, &st->n_grad_out, mb);
+        CU_CHECK(st, st->cu->backward_b_dev(st->cm, st->cacts[a], din, dout), "CUDA backward: %s", CU_WHY(st));
+        if (din)
+            ndone(st, &st->n_grad_in, mb, 0);
+        if (dout)
+            ndone(st, &st->n_grad_out, mb, 1);
+    } else if (st->cuda) {
         uint32_t si = 0, so = 0;
         const uint16_t *din = dy ? dslot(st, &st->d_grad_in, st->grad_in, dy, st->d_grad_in.written, &si) : NULL;
         uint16_t *dout = dx ? dslot(st, &st->d_grad_out, st->grad_out, dx, st->d_grad_out.read, &so) : NULL;
@@ -387,9 +540,9 @@ static void backward_b(stage_t *st, int64_t step, int mb)
     }
     st->t_op[SCHED_B] += util_now() - t0;
     st->n_op[SCHED_B]++;
-    if (!st->last)
+    if (!st->last && !nccl)
         ring_release(st->grad_in);
-    if (!st->first)
+    if (!st->first && !nccl)
         ring_commit(st->grad_out, (uint64_t)step, (uint64_t)mb, st->lay.act_slot);
 }
 
@@ -414,6 +567,10 @@ static void run_step(stage_t *st, int64_t step)
     double loss = 0, t0 = util_now();
     if (st->cuda && !st->lay.gpu_shards) /* offload: this step's weights, as the CPU shards left them */
         CU_CHECK(st, st->cu->set_weights(st->cm, st->params_base), "CUDA weights: %s", CU_WHY(st));
+    size_t chunk = job_dp_chunk(&st->lay, st->dn), r = (size_t)st->replica;
+    if (st->lay.nccl) /* every replica's chunk of the weights, as its optimizer shard left it */
+        CU_CHECK(st, st->cu->nccl_all_gather_bf16(st->n_dp, st->dw + r * chunk, st->dw, chunk, st->stream),
+                 "all-gather of the weights: %s", CU_WHY(st));
     const sched_action_t *a = st->sched.a[st->rank];
     for (int i = 0; i < st->sched.n[st->rank]; i++) {
         switch (a[i].op) {
@@ -422,6 +579,18 @@ static void run_step(stage_t *st, int64_t step)
         case SCHED_W: backward_w(st, a[i].mb); break;
         }
         worker_progress(st->w);
+    }
+    if (st->lay.nccl) { /* the replicas' sum of this replica's chunk, where its shard reads it */
+        size_t all = chunk * (size_t)st->lay.dp;
+        CU_CHECK(st, st->cu->nccl_reduce_scatter_f32(st->n_dp, st->dg, st->dg + r * chunk, chunk, st->stream),
+                 "reduce-scatter of the gradients: %s", CU_WHY(st));
+        CU_CHECK(st, st->cu->zero_async(st->dg, r * chunk * sizeof(float), st->stream), "%s", CU_WHY(st));
+        CU_CHECK(st, st->cu->zero_async(st->dg + (r + 1) * chunk, (all - (r + 1) * chunk) * sizeof(float), st->stream),
+                 "%s", CU_WHY(st));
+        nclink_t *out[] = {&st->n_act_out, &st->n_grad_out};
+        for (int i = 0; i < 2; i++)
+            if (out[i]->comm)
+                CU_CHECK(st, st->cu->stream_sync(out[i]->stream), "NCCL sends: %s", CU_WHY(st));
     }
     if (st->cuda) {
         if (st->lay.gpu_shards) /* the gradients are complete where the shards read them */
@@ -492,6 +661,11 @@ int main(int argc, char **argv)
         dring_t *d[] = {&st.d_act_in, &st.d_act_out, &st.d_grad_in, &st.d_grad_out};
         for (size_t i = 0; i < sizeof(d) / sizeof(d[0]); i++)
             dring_close(&st, d[i]);
+        nclink_t *l[] = {&st.n_act_in, &st.n_act_out, &st.n_grad_in, &st.n_grad_out};
+        for (size_t i = 0; i < sizeof(l) / sizeof(l[0]); i++)
+            nclink_free(&st, l[i]);
+        if (st.n_dp)
+            st.cu->nccl_destroy(&st.n_dp);
     }
     if (st.cm)
         st.cu->model_destroy(&st.cm);

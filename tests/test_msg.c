@@ -34,7 +34,7 @@ static const struct {
     {MSG_STEP, "step", "step"},
     {MSG_STEP_DONE, "step_done", "step loss t_f t_b t_w t_busy t_wait mem"},
     {MSG_REDUCE, "reduce", "step"},
-    {MSG_REDUCED, "reduced", "step t_busy"},
+    {MSG_REDUCED, "reduced", "step t_busy grad_norm"},
     {MSG_UPDATE, "update", "step grad_norm scale"},
     {MSG_UPDATED, "updated", "step lr t_busy"},
     {MSG_HEARTBEAT, "heartbeat", "role rank replica pid progress"},
@@ -47,6 +47,7 @@ static const struct {
     {MSG_SNAPPED, "snapped", "step t_busy"},
     {MSG_SAVE, "save", "step"},
     {MSG_SAVED, "saved", "step ok text t_busy progress"},
+    {MSG_NCCL, "nccl", "text"},
 };
 #define NTYPES (sizeof ttab / sizeof ttab[0])
 

@@ -25,6 +25,7 @@
 #include "ipc/ring.h"
 #include "ipc/shm.h"
 #include "kernels/model.h"
+#include "stages/cuda_plugin.h"
 #include "stages/devdir.h"
 #include "stages/job.h"
 #include "stages/ldr_seg.h"
@@ -83,6 +84,8 @@ typedef struct {
     FILE *metrics;
     double peak_gflops;
     double entropy;                   /* of the first training file (NaN with a custom loader) */
+    cuda_nccl_id_t *nccl_ids;         /* data_plane "nccl": per replica and boundary an activation and a
+                                       * gradient communicator, then one per pipeline rank (replicas) */
     char first_file[PATH_MAX];        /* the first file loader.dataset_path matches */
 } coord_t;
 
@@ -305,6 +308,61 @@ static void reply_cli(coord_t *c, const char *to, int ok, const char *fmt, ...)
         LOG_W("cannot answer %s (gone?): %s", to, text);
 }
 
+/* ---- the NCCL data plane: communicator ids, handed to the stages over the control plane ---- */
+
+static cuda_nccl_id_t *nccl_id(coord_t *c, int kind, int replica, int boundary_or_rank)
+{
+    int pp = c->m->pp, dp = c->m->dp;
+    size_t i = kind < 2 ? ((size_t)replica * (pp - 1) + boundary_or_rank) * 2 + kind
+                        : (size_t)dp * (pp - 1) * 2 + boundary_or_rank;
+    return &c->nccl_ids[i];
+}
+
+/* One id per communicator (ncclGetUniqueId: this process hosts each one's bootstrap root). */
+static int make_nccl_ids(coord_t *c, char *err, size_t errlen)
+{
+    const manifest_t *m = c->m;
+    size_t n = (size_t)m->dp * (m->pp - 1) * 2 + m->pp;
+    char why[512];
+    const cuda_plugin_t *cu = cuda_plugin_load(why, sizeof(why));
+    if (!cu)
+        return util_fail(err, errlen, -ENODEV, "parallelism.data_plane = \"nccl\": %s", why);
+    if (!(c->nccl_ids = calloc(n, sizeof(cuda_nccl_id_t))))
+        return util_fail(err, errlen, -ENOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++)
+        if (cu->nccl_id(&c->nccl_ids[i]))
+            return util_fail(err, errlen, -EIO, "parallelism.data_plane = \"nccl\": %s", cu->last_error());
+    return 0;
+}
+
+static void hex_line(char *buf, size_t n, size_t *at, const char *name, const cuda_nccl_id_t *id)
+{
+    *at += (size_t)snprintf(buf + *at, n - *at, "%s ", name);
+    for (int i = 0; i < CUDA_NCCL_ID_BYTES && *at + 3 < n; i++)
+        *at += (size_t)snprintf(buf + *at, n - *at, "%02x", id->b[i]);
+    *at += (size_t)snprintf(buf + *at, n - *at, "\n");
+}
+
+/* The communicators stage (rank, replica) joins, as MSG_NCCL's text. */
+static void send_nccl_ids(coord_t *c, proc_t *p)
+{
+    char text[2048];
+    size_t at = 0;
+    int s = p->rank, r = p->replica, pp = c->m->pp;
+    text[0] = 0;
+    if (s > 0) {
+        hex_line(text, sizeof(text), &at, "act_in", nccl_id(c, 0, r, s - 1));
+        hex_line(text, sizeof(text), &at, "grad_out", nccl_id(c, 1, r, s - 1));
+    }
+    if (s < pp - 1) {
+        hex_line(text, sizeof(text), &at, "act_out", nccl_id(c, 0, r, s));
+        hex_line(text, sizeof(text), &at, "grad_in", nccl_id(c, 1, r, s));
+    }
+    hex_line(text, sizeof(text), &at, "dp", nccl_id(c, 2, 0, s));
+    msg_t ids = {.type = MSG_NCCL, .text = text, .text_len = at};
+    send_to(c, p, &ids);
+}
+
 static void on_message(coord_t *c, const char *from, msg_t *m)
 {
     char name[64];
@@ -341,6 +399,8 @@ static void on_message(coord_t *c, const char *from, msg_t *m)
     case MSG_HELLO: {
         msg_t cfg = {.type = MSG_CONFIG, .step = c->step, .text = c->toml, .text_len = strlen(c->toml)};
         send_to(c, p, &cfg);
+        if (c->nccl_ids && p->role == P_STAGE)
+            send_nccl_ids(c, p);
         break;
     }
     case MSG_READY:
@@ -620,7 +680,7 @@ static int make_segments(coord_t *c, char *err, size_t errlen)
          (rc = shm_create(&c->seg_grads, m->name, "grads", job_params_bytes(&c->lay), err, errlen))) ||
         (c->lay.gpu && (rc = shm_create(&c->seg_dev, m->name, DEVDIR_SEG, devdir_bytes(&c->lay), err, errlen))))
         return rc;
-    if (m->pp > 1) {
+    if (m->pp > 1 && !c->lay.nccl) {
         if ((rc = shm_create(&c->seg_act, m->name, "act", job_act_bytes(&c->lay), err, errlen)))
             return rc;
         for (int r = 0; r < m->dp; r++)
@@ -930,8 +990,12 @@ static void train(coord_t *c)
             return;
         double t_reduce = max_busy(c);
         double sq = 0, *blocks = job_norm_blocks(c->hdr);
-        for (size_t b = 0; b < c->lay.n_blocks; b++) /* block order: the same sum for any shard count */
-            sq += blocks[b];
+        if (c->lay.nccl) /* shard order (NCCL slices do not follow the blocks) */
+            for (int k = 0; k < m->shards; k++)
+                sq += shard_proc(c, k)->reply.grad_norm;
+        else /* block order: the same sum for any shard count */
+            for (size_t b = 0; b < c->lay.n_blocks; b++)
+                sq += blocks[b];
         double norm = sqrt(sq);
         /* torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is < 1 */
         double scale = m->max_norm > 0 ? m->max_norm / (norm + 1e-6) : 1.0;
@@ -1098,6 +1162,8 @@ int coord_run(const manifest_t *given)
         snprintf(err, sizeof(err), "cannot set up signal handling: %s", strerror(-rc));
     if (!rc)
         rc = make_segments(&c, err, sizeof(err));
+    if (!rc && c.lay.nccl)
+        rc = make_nccl_ids(&c, err, sizeof(err));
     if (!rc && !(rc = ctl_server_new(&c.ctl, c.endpoint, err, sizeof(err)))) {
         /* tcp://HOST:* binds a free port: workers and `ctitan loader swap` need the real one */
         snprintf(c.endpoint, sizeof(c.endpoint), "%s", ctl_endpoint(c.ctl));
@@ -1159,6 +1225,7 @@ out:
         close(c.sigfd);
     free(c.p);
     free(c.toml);
+    free(c.nccl_ids);
     free(m);
     return status;
 }

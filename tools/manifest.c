@@ -72,6 +72,7 @@ static const mkey_t keys[] = {
     KINT("parallelism", "pipeline_parallel_microbatches", microbatches, 1),
     {"parallelism", "pipeline_parallel_split_points", K_SPLITS, FLD(split_points), 0, 0},
     KINT("parallelism", "data_parallel_replicate_degree", dp, 1),
+    KSTR("parallelism", "data_plane", data_plane),
     KSTR("optimizer", "name", optimizer_name),
     KDBL("optimizer", "lr", lr),
     KDBL("optimizer", "beta1", beta1),
@@ -191,6 +192,7 @@ void manifest_defaults(manifest_t *m)
     memset(m, 0, sizeof(*m));
     strcpy(m->name, "ctitan");
     strcpy(m->device, "cpu");
+    strcpy(m->data_plane, "ipc");
     m->heartbeat_interval_ms = 100;
     m->heartbeat_timeout_ms = 3000;
     strcpy(m->model_name, "llama3");
@@ -738,6 +740,15 @@ int manifest_validate(manifest_t *m, char *err, size_t errlen)
           "optshard.device = \"%s\": expected \"cpu\" or \"cuda\"", m->shard_device);
     CHECK(!strcmp(m->shard_device, "cpu") || !strcmp(m->device, "cuda"), "optshard", "device",
           "optshard.device = \"cuda\" needs job.device = \"cuda\" (the shards update the stages' GPU weights)");
+    CHECK(!strcmp(m->data_plane, "ipc") || !strcmp(m->data_plane, "nccl"), "parallelism", "data_plane",
+          "parallelism.data_plane = \"%s\": expected \"ipc\" or \"nccl\"", m->data_plane);
+    CHECK(strcmp(m->data_plane, "nccl") || !strcmp(m->shard_device, "cuda"), "parallelism", "data_plane",
+          "parallelism.data_plane = \"nccl\" needs job.device = \"cuda\" and optimizer shards on the GPU "
+          "(optshard.device = \"cuda\")");
+    CHECK(strcmp(m->data_plane, "nccl") || m->dp <= 4096, "parallelism", "data_parallel_replicate_degree",
+          "parallelism.data_parallel_replicate_degree = %d: the NCCL data plane takes at most 4096 replicas", m->dp);
+    if (!strcmp(m->data_plane, "nccl"))
+        m->shards = m->dp * m->pp; /* one shard per stage process: its chunk after the reduce-scatter */
     int hd = config_head_dim(&m->model);
     CHECK(strcmp(m->device, "cuda") || hd == 16 || hd == 32 || hd == 64 || hd == 128, "job", "device",
           "job.device = \"cuda\": the model's head dimension is %d (model.dim %d / model.n_heads %d); the CUDA "

@@ -13,7 +13,7 @@
  *   [training]     steps, local_batch_size, seq_len, seed, max_norm, threads
  *   [parallelism]  pipeline_parallel_degree, pipeline_parallel_schedule,
  *                  pipeline_parallel_microbatches, pipeline_parallel_split_points,
- *                  data_parallel_replicate_degree
+ *                  data_parallel_replicate_degree, data_plane
  *   [optimizer]    name, lr, beta1, beta2, eps, weight_decay, decay_embed_and_norms
  *   [lr_scheduler] warmup_steps, decay_ratio, decay_type, min_lr_factor
  *   [loader]       dataset_path, shuffle, prefetch, command
@@ -66,6 +66,10 @@ typedef struct {
     int n_split_points;          /* pipeline_parallel_split_points = ["layers.3", ...]: */
     int split_points[MANIFEST_MAX_PP]; /* stage s+1 starts at layer split_points[s]; empty = balanced */
     int dp;                      /* data_parallel_replicate_degree, 1 */
+    char data_plane[16];         /* "ipc": CUDA IPC rings on one host, GPU shards summing replicas;
+                                  * "nccl": NCCL send/recv between neighbours, reduce-scatter and
+                                  * all-gather across replicas, one optimizer shard per stage process
+                                  * (shards = dp x pp); needs device and optshard.device "cuda" */
 
     /* [optimizer] (torch.optim.AdamW) */
     char optimizer_name[16];     /* "AdamW" (the only one) */

@@ -63,7 +63,10 @@ int cuda_model_backward_b_dev(cuda_model_t *m, cuda_model_acts_t *a, const uint1
 int cuda_model_sync(cuda_model_t *m);
 void *cuda_model_stream(cuda_model_t *m);
 /* The device weights (bf16) and weight gradients (fp32) of the held range [*begin, *end) of the
- * flat space, each one cudaMalloc'ed block (so it can be exported with cuda_ipc_export). */
+ * flat space, each one cudaMalloc'ed block (so it can be exported with cuda_ipc_export) with
+ * CUDA_MODEL_SLACK elements past the end (zero at first): room for the NCCL data plane's
+ * reduce-scatter and all-gather, which take dp equal chunks (dp - 1 elements over at most). */
+#define CUDA_MODEL_SLACK 4096
 void cuda_model_buffers(cuda_model_t *m, uint16_t **w, float **g, size_t *begin, size_t *end);
 
 const char *cuda_model_last_error(void);

@@ -55,8 +55,8 @@ struct cuda_model {
     int has_embed, has_head, layer0, nl;
     size_t begin, end;              /* flat range of the held pieces */
     int D, H, K, hd, QD, KD, F, V;
-    bf16_t *w;                      /* (end - begin) bf16 weights */
-    float *g;                       /* (end - begin) fp32 weight gradients */
+    bf16_t *w;                      /* (end - begin + CUDA_MODEL_SLACK) bf16 weights */
+    float *g;                       /* (end - begin + CUDA_MODEL_SLACK) fp32 weight gradients */
     float *staging;                 /* (end - begin) fp32: uploads and downloads */
     float *rope_cos, *rope_sin;     /* (max_seq_len, hd/2) */
     layer_w_t *lw;
@@ -210,9 +210,10 @@ static int model_init(cuda_model_t *m, const model_config_t *cfg, int p0, int p1
         return cuda_err(-ENOMEM, "out of memory");
     size_t n = m->end - m->begin, half = (size_t)cfg->max_seq_len * (m->hd / 2);
     CU(cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking));
-    CU(cudaMalloc((void **)&m->w, n * sizeof(bf16_t)));
-    CU(cudaMalloc((void **)&m->g, n * sizeof(float)));
-    CU(cudaMemsetAsync(m->g, 0, n * sizeof(float), m->stream));
+    CU(cudaMalloc((void **)&m->w, (n + CUDA_MODEL_SLACK) * sizeof(bf16_t)));
+    CU(cudaMalloc((void **)&m->g, (n + CUDA_MODEL_SLACK) * sizeof(float)));
+    CU(cudaMemsetAsync(m->w, 0, (n + CUDA_MODEL_SLACK) * sizeof(bf16_t), m->stream));
+    CU(cudaMemsetAsync(m->g, 0, (n + CUDA_MODEL_SLACK) * sizeof(float), m->stream));
     CU(cudaMallocHost((void **)&m->staging, n * sizeof(float)));
     CU(cudaMalloc((void **)&m->rope_cos, half * sizeof(float)));
     CU(cudaMalloc((void **)&m->rope_sin, half * sizeof(float)));

@@ -712,6 +712,50 @@ static void test_launch_cuda_gpu_shards_resume_bitwise_on_the_emulated_backend(v
     assert_clean(b);
 }
 
+/* The NCCL data plane on the emulated backend (its NCCL stand-in moves bytes between real
+ * processes), data parallel 2 x pipeline 2: neighbours send and receive through NCCL, replicas
+ * reduce-scatter gradients and all-gather weights, one GPU shard per stage process. The same
+ * losses as the IPC plane within 1e-4, also when resuming the IPC run's checkpoint (its
+ * shards cut the flat space elsewhere: the checkpoint reshards). */
+static void test_launch_cuda_nccl_data_plane_on_the_emulated_backend(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char a[32], b[32], c[32], dir[256], extra[512];
+    const char *shape = "--model.dim 32 --model.n_heads 2 --model.n_kv_heads 1 --training.steps 3 --job.device cuda "
+                        "--parallelism.data_parallel_replicate_degree 2";
+    job_name(a, sizeof(a), "simipc");
+    job_name(b, sizeof(b), "simnccl");
+    job_name(c, sizeof(c), "simncclck");
+    use_sim_plugin();
+    snprintf(extra, sizeof(extra), "%s --checkpoint.enable true --checkpoint.interval 2", shape);
+    int rc = launch(a, extra, out, sizeof(out));
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+    snprintf(extra, sizeof(extra), "%s --parallelism.data_plane nccl", shape);
+    rc = launch(b, extra, out, sizeof(out));
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "4 optimizer shards")); /* dp x pp */
+    ckpt_dir(dir, sizeof(dir), a);
+    snprintf(extra, sizeof(extra), "%s --parallelism.data_plane nccl --checkpoint.load %s/step-00000002", shape, dir);
+    rc = launch(c, extra, out, sizeof(out));
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+    assert_close_losses(a, b, 3, 1e-4, 1);
+    static char la[MAX_STEPS][40], lc[MAX_STEPS][40];
+    assert_int_equal(losses(a, la), 3);
+    assert_int_equal(losses_from(c, 3, lc), 1);
+    print_message("step 3: %s %s, resumed %s %s\n", a, la[2], c, lc[0]);
+    assert_true(fabs(atof(la[2]) - atof(lc[0])) <= 1e-4 * atof(la[2]));
+    assert_clean(b);
+    assert_clean(c);
+}
+
 static void test_launch_rejects_bad_checkpoint_keys(void **state)
 {
     TU_NEED_BIN();
@@ -1264,6 +1308,7 @@ int main(void)
         cmocka_unit_test(test_launch_cuda_path_on_the_emulated_backend),
         cmocka_unit_test(test_launch_cuda_offload_and_gpu_shards_agree_on_the_emulated_backend),
         cmocka_unit_test(test_launch_cuda_gpu_shards_resume_bitwise_on_the_emulated_backend),
+        cmocka_unit_test(test_launch_cuda_nccl_data_plane_on_the_emulated_backend),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

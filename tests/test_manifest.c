@@ -595,6 +595,49 @@ static void test_manifest_cuda_needs_a_head_dimension_the_kernels_take(void **st
     free(m);
 }
 
+/* [optshard] device follows job.device unless set; the NCCL data plane needs the GPU for both
+ * and makes one optimizer shard per stage process. */
+static void test_manifest_optshard_device_and_data_plane(void **state)
+{
+    (void)state;
+    manifest_t *m = malloc(sizeof(*m));
+    char err[512];
+    manifest_defaults(m);
+    assert_int_equal(manifest_validate(m, err, sizeof(err)), 0);
+    assert_string_equal(m->shard_device, "cpu");
+    assert_string_equal(m->data_plane, "ipc");
+    manifest_defaults(m);
+    assert_int_equal(manifest_override(m, "job.device", "cuda", err, sizeof(err)), 0);
+    assert_int_equal(manifest_validate(m, err, sizeof(err)), 0);
+    assert_string_equal(m->shard_device, "cuda");
+    manifest_defaults(m);
+    assert_int_equal(manifest_override(m, "optshard.device", "cuda", err, sizeof(err)), 0);
+    assert_int_equal(manifest_validate(m, err, sizeof(err)), -EINVAL);
+    assert_non_null(strstr(err, "--optshard.device: optshard.device = \"cuda\" needs job.device = \"cuda\""));
+    manifest_defaults(m);
+    assert_int_equal(manifest_override(m, "optshard.device", "tpu", err, sizeof(err)), 0);
+    assert_int_equal(manifest_validate(m, err, sizeof(err)), -EINVAL);
+    assert_non_null(strstr(err, "optshard.device = \"tpu\": expected \"cpu\" or \"cuda\""));
+    manifest_defaults(m);
+    assert_int_equal(manifest_override(m, "parallelism.data_plane", "mpi", err, sizeof(err)), 0);
+    assert_int_equal(manifest_validate(m, err, sizeof(err)), -EINVAL);
+    assert_non_null(strstr(err, "parallelism.data_plane = \"mpi\": expected \"ipc\" or \"nccl\""));
+    manifest_defaults(m); /* NCCL with the shards on the CPU: refused */
+    assert_int_equal(manifest_override(m, "parallelism.data_plane", "nccl", err, sizeof(err)), 0);
+    assert_int_equal(manifest_override(m, "job.device", "cuda", err, sizeof(err)), 0);
+    assert_int_equal(manifest_override(m, "optshard.device", "cpu", err, sizeof(err)), 0);
+    assert_int_equal(manifest_validate(m, err, sizeof(err)), -EINVAL);
+    assert_non_null(strstr(err, "parallelism.data_plane = \"nccl\" needs job.device = \"cuda\""));
+    manifest_defaults(m);
+    assert_int_equal(manifest_override(m, "parallelism.data_plane", "nccl", err, sizeof(err)), 0);
+    assert_int_equal(manifest_override(m, "job.device", "cuda", err, sizeof(err)), 0);
+    assert_int_equal(manifest_override(m, "parallelism.pipeline_parallel_degree", "2", err, sizeof(err)), 0);
+    assert_int_equal(manifest_override(m, "parallelism.data_parallel_replicate_degree", "3", err, sizeof(err)), 0);
+    assert_int_equal(manifest_validate(m, err, sizeof(err)), 0);
+    assert_int_equal(m->shards, 6);
+    free(m);
+}
+
 static void test_manifest_validate_rejects_bad_values(void **state)
 {
     static const struct {
@@ -1103,6 +1146,7 @@ int main(void)
         cmocka_unit_test(test_manifest_validate_rejects_bad_split_points),
         cmocka_unit_test(test_manifest_validate_rejects_too_many_shards),
         cmocka_unit_test(test_manifest_validate_rejects_bad_job_name),
+        cmocka_unit_test(test_manifest_optshard_device_and_data_plane),
         cmocka_unit_test(test_manifest_validate_rejects_bad_values),
         cmocka_unit_test(test_manifest_cuda_needs_a_head_dimension_the_kernels_take),
         cmocka_unit_test(test_manifest_validate_errors_name_the_origin),

@@ -69,14 +69,8 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int 
     memcpy(&s, id.internal, sizeof(s));
     if (s.magic != MAGIC || nranks < 1 || nranks > MAX_RANKS || rank < 0 || rank >= nranks)
         return ncclInvalidArgument;
-    char path[64];
-    snprintf(path, sizeof(path), "/proc/%d/fd/%d", s.pid, s.fd);
-    int fd = open(path, O_RDWR | O_CLOEXEC);
-    if (fd < 0)
-        return ncclSystemError;
-    void *m = mmap(nullptr, TOTAL, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (m == MAP_FAILED)
+    void *m = sim_map_other(s.pid, s.fd, TOTAL);
+    if (!m)
         return ncclSystemError;
     ncclComm_t c = new ncclComm{(char *)m, rank, nranks};
     Hdr *h = hdr(c);

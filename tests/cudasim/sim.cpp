@@ -80,20 +80,26 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p)
     return 0;
 }
 
+void *sim_map_other(int pid, int fd, size_t bytes)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/fd/%d", pid, fd);
+    int mine = open(path, O_RDWR | O_CLOEXEC);
+    if (mine < 0)
+        return nullptr;
+    void *m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, mine, 0);
+    close(mine);
+    return m == MAP_FAILED ? nullptr : m;
+}
+
 cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned)
 {
     SimHandle s;
     memcpy(&s, h.reserved, sizeof(s));
     if (s.magic != HANDLE_MAGIC || s.pid == getpid()) /* CUDA refuses a process's own handles too */
         return cudaErrorInvalidValue;
-    char path[64];
-    snprintf(path, sizeof(path), "/proc/%d/fd/%d", s.pid, s.fd);
-    int fd = open(path, O_RDWR | O_CLOEXEC);
-    if (fd < 0)
-        return cudaErrorMapBufferObjectFailed;
-    void *m = mmap(nullptr, s.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (m == MAP_FAILED)
+    void *m = sim_map_other(s.pid, s.fd, s.bytes);
+    if (!m)
         return cudaErrorMapBufferObjectFailed;
     std::lock_guard<std::mutex> g(alloc_mu);
     allocs[m] = {-1, s.bytes, true};

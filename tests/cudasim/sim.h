@@ -81,6 +81,8 @@ inline cudaError_t cudaGetDeviceCount(int *n) { *n = 4; return 0; }
 inline int &sim_device() { static thread_local int d = 0; return d; }
 inline cudaError_t cudaSetDevice(int d) { return d >= 0 && d < 4 ? (sim_device() = d, cudaSuccess) : cudaErrorInvalidDevice; }
 cudaError_t cudaMemGetInfo(size_t *f, size_t *t); /* an 80 GiB device used by this process alone */
+/* Maps bytes of another process's memfd (its descriptor fd, through /proc/PID/fd); NULL if not. */
+void *sim_map_other(int pid, int fd, size_t bytes);
 cudaError_t cudaMalloc(void **p, size_t b);
 cudaError_t cudaFree(void *p);
 cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p);

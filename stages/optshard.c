@@ -190,7 +190,8 @@ static void setup_gpu(shard_t *sh)
     gpu_t *G = sh->gpu = calloc(1, sizeof(*G));
     WORKER_CHECK(sh->w, G, "out of memory");
     WORKER_CHECK(sh->w, G->cu = cuda_plugin_load(err, sizeof(err)), "optshard.device = \"cuda\": %s", err);
-    CU_CHECK(sh, G->cu->dev_select(sh->rank, &G->device), "%s", CU_WHY(sh));
+    int k = sh->rank, dp = m->dp; /* NCCL: next to its stage (replica k % dp, rank k / dp) */
+    CU_CHECK(sh, G->cu->dev_select(sh->lay.nccl ? (k % dp) * m->pp + k / dp : k, &G->device), "%s", CU_WHY(sh));
     CU_CHECK(sh, G->cu->stream_new(&G->stream), "%s", CU_WHY(sh));
     CU_CHECK(sh, G->cu->stream_new(&G->copy_stream), "%s", CU_WHY(sh));
     size_t n = sh->n ? sh->n : 1, nb = (sh->n + MANIFEST_BLOCK - 1) / MANIFEST_BLOCK;

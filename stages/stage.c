@@ -257,7 +257,12 @@ static void setup_cuda(stage_t *st, int p0, int p1)
 {
     char err[512];
     WORKER_CHECK(st->w, st->cu = cuda_plugin_load(err, sizeof(err)), "job.device = \"cuda\": %s", err);
-    CU_CHECK(st, st->cu->dev_select(st->replica * st->lay.pp + st->rank, &st->device), "%s", CU_WHY(st));
+    int ordinal = st->replica * st->lay.pp + st->rank;
+    CU_CHECK(st, st->cu->dev_select(ordinal, &st->device), "%s", CU_WHY(st));
+    WORKER_CHECK(st->w, !st->lay.nccl || st->device == ordinal,
+                 "parallelism.data_plane = \"nccl\" needs a GPU per stage process (NCCL refuses two ranks on one "
+                 "device), and this host has %d for %d stage processes: use data_plane = \"ipc\" to share GPUs",
+                 st->cu->device_count(), st->lay.pp * st->lay.dp);
     CU_CHECK(st, st->cu->model_new(&st->cm, &st->man->model, p0, p1), "CUDA model of pieces [%d, %d): %s", p0, p1,
              CU_WHY(st));
     st->stream = st->cu->model_stream(st->cm);

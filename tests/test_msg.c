@@ -327,9 +327,9 @@ static void test_msg_round_trips_edge_values(void **state)
 static void test_msg_accepts_integers_for_doubles_and_ignores_unknown_keys(void **state)
 {
     uint8_t b[128];
-    /* {"v":1,"type":"reduced","step":5,"t_busy":-3,"zz":[1,{"a":[nil]}],"x":"y"} */
-    size_t n = raw_map(b, "86 a176 01 a474797065 a772656475636564 a473746570 05 a6745f62757379 fd"
-                          "a27a7a 92 01 81 a161 91 c0 a178 a179");
+    /* {"v":1,"type":"reduced","step":5,"t_busy":-3,"grad_norm":0,"zz":[1,{"a":[nil]}],"x":"y"} */
+    size_t n = raw_map(b, "87 a176 01 a474797065 a772656475636564 a473746570 05 a6745f62757379 fd"
+                          "a9677261645f6e6f726d 00 a27a7a 92 01 81 a161 91 c0 a178 a179");
     msg_t m;
     char err[256];
     int rc = decode_buf(b, n, &m, err);
@@ -338,8 +338,8 @@ static void test_msg_accepts_integers_for_doubles_and_ignores_unknown_keys(void 
     assert_int_equal(m.step, 5);
     assert_true(m.t_busy == -3.0);
     /* a float32 is widened exactly */
-    n = raw_map(b, "83 a176 01 a474797065 a772656475636564 a473746570 05");
-    b[0] = 0x84;
+    n = raw_map(b, "84 a176 01 a474797065 a772656475636564 a473746570 05 a9677261645f6e6f726d 00");
+    b[0] = 0x85;
     n += raw_map(b + n, "a6745f62757379 ca 3fc00000");
     assert_int_equal(decode_buf(b, n, &m, err), 0);
     assert_true(m.t_busy == 1.5);

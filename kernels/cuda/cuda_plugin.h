@@ -9,7 +9,7 @@
 #include "kernels/cuda/cuda_model.h"
 #include "kernels/cuda/cuda_nccl.h"
 
-#define CUDA_PLUGIN_VERSION 2
+#define CUDA_PLUGIN_VERSION 3
 
 typedef struct {
     int version;
@@ -65,6 +65,8 @@ typedef struct {
     int (*nccl_recv)(cuda_nccl_t *, void *, size_t, int, void *);
     int (*nccl_reduce_scatter_f32)(cuda_nccl_t *, const float *, float *, size_t, void *);
     int (*nccl_all_gather_bf16)(cuda_nccl_t *, const uint16_t *, uint16_t *, size_t, void *);
+    /* version 3 */
+    int (*device_count)(void);
 } cuda_plugin_t;
 
 #ifdef __cplusplus

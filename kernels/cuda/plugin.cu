@@ -16,6 +16,7 @@ static const cuda_plugin_t table = {
     cuda_err_text,
     cuda_nccl_id, cuda_nccl_init, cuda_nccl_destroy, cuda_nccl_send, cuda_nccl_recv, cuda_nccl_reduce_scatter_f32,
     cuda_nccl_all_gather_bf16,
+    cuda_device_count,
 };
 
 extern "C" const cuda_plugin_t *ctitan_cuda_plugin(void) { return &table; }

@@ -192,8 +192,10 @@ bench: $(BUILD)/bin/ctitan
 bench-gpu: all
 	bash tools/bench_gpu.sh
 
-demo: $(BUILD)/bin/ctitan
-	bash tools/demo.sh
+# make demo ARGS="--job.device cuda": extra `ctitan launch` arguments.
+DEMO_BINS := $(BUILD)/bin/ctitan $(ROLE_BINS) $(BUILD)/bin/checkpointd $(if $(filter 1,$(CUDA)),$(CUDA_SO))
+demo: $(DEMO_BINS)
+	bash tools/demo.sh $(ARGS)
 
 clean:
 	rm -rf $(BUILD)

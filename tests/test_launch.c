@@ -543,7 +543,8 @@ static void test_launch_streams_checkpoints_to_a_remote_checkpointd(void **state
 }
 
 /* [job] device = "cuda": on a machine with an NVIDIA GPU it trains with the same losses as the
- * CPU within bf16's tolerance; without one the job fails cleanly, naming the process and why. */
+ * CPU within bf16's tolerance, on the IPC data plane (pipeline 2) and on a one-rank NCCL one;
+ * without a GPU the job fails cleanly, naming the process and why. */
 static void test_launch_cuda_device_trains_or_fails_cleanly(void **state)
 {
     TU_NEED_BIN();
@@ -565,6 +566,19 @@ static void test_launch_cuda_device_trains_or_fails_cleanly(void **state)
         assert_int_equal(losses(b, lb), 12);
         for (int i = 0; i < 12; i++) /* bf16 activations: a few per cent */
             assert_true(fabs(atof(la[i]) - atof(lb[i])) <= 0.03 * atof(la[i]));
+        /* the NCCL data plane with one rank (a single GPU cannot hold two NCCL ranks) */
+        char c[32];
+        job_name(c, sizeof(c), "gpunccl");
+        snprintf(extra, sizeof(extra), "%s --job.device cuda --parallelism.pipeline_parallel_degree 1 "
+                 "--parallelism.data_plane nccl", shape);
+        rc = launch(c, extra, out, sizeof(out));
+        if (rc)
+            print_error("%s\n", out);
+        assert_int_equal(rc, 0);
+        assert_int_equal(losses(c, lb), 12);
+        for (int i = 0; i < 12; i++)
+            assert_true(fabs(atof(la[i]) - atof(lb[i])) <= 0.03 * atof(la[i]));
+        assert_clean(c);
     } else {
         print_message("no NVIDIA device here: checking that a cuda job fails cleanly\n");
         assert_int_equal(rc, 1);

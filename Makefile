@@ -48,7 +48,7 @@ CUDA_SO_C := kernels/params.c kernels/config.c
 # mechanically (shared memory, launches) and compiled as C++ against the emulator's headers.
 SIM_NN    := embed rmsnorm rope swiglu xent nn_common cuda_err adamw dev
 SIM_TESTS := $(BUILD)/tests/test_cuda_attn_sim $(BUILD)/tests/test_cuda_nn_sim $(BUILD)/tests/test_cuda_model_sim \
-             $(BUILD)/tests/test_cuda_dev_sim $(BUILD)/tests/test_nccl_sim
+             $(BUILD)/tests/test_cuda_dev_sim $(BUILD)/tests/test_nccl_sim $(BUILD)/tests/test_cuda_adamw_sim
 TESTS += $(SIM_TESTS)
 # The same, as the stage's CUDA plugin: test_launch runs a `--job.device cuda` job on it
 # (CTITAN_CUDA_PLUGIN points the stage at it).
@@ -139,8 +139,8 @@ $(BUILD)/tests/test_cuda_nn_sim: $(BUILD)/cudasim/test_cuda_nn.o $(SIM_NN:%=$(BU
 	@mkdir -p $(dir $@)
 	$(CXX) -o $@ $^ $(LDLIBS) $(TESTLIBS) -fopenmp
 
-$(BUILD)/tests/test_cuda_dev_sim: $(BUILD)/cudasim/test_cuda_dev.o $(SIM_NN:%=$(BUILD)/cudasim/%.o) $(BUILD)/cudasim/sim.o \
-                                  $(BUILD)/libctitan.a
+$(BUILD)/tests/test_cuda_dev_sim $(BUILD)/tests/test_cuda_adamw_sim: $(BUILD)/tests/test_cuda_%_sim: \
+        $(BUILD)/cudasim/test_cuda_%.o $(SIM_NN:%=$(BUILD)/cudasim/%.o) $(BUILD)/cudasim/sim.o $(BUILD)/libctitan.a
 	@mkdir -p $(dir $@)
 	$(CXX) -o $@ $^ $(LDLIBS) $(TESTLIBS) -fopenmp
 

@@ -27,6 +27,7 @@ int job_layout(job_layout_t *l, const manifest_t *m)
     l->dev_slot = (size_t)l->mb * l->T * l->D * 2;
     l->act_slot = l->gpu ? 0 : (size_t)l->mb * l->T * l->D * sizeof(float);
     l->nccl = !strcmp(m->data_plane, "nccl");
+    l->hosts = m->hosts > 0 ? m->hosts : 1;
     l->act_ring = ring_bytes((uint32_t)l->M, l->act_slot);
     return 0;
 }

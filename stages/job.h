@@ -48,6 +48,7 @@ typedef struct {
     int gpu_shards;     /* optshard.device = "cuda": no host copies of weights and gradients */
     size_t dev_slot;    /* bytes of one device hand-off: mb * T * D bf16 */
     int nccl;           /* parallelism.data_plane = "nccl" (no act segment; shards = dp x pp) */
+    int hosts;          /* job.hosts: host h runs replicas [h * dp / hosts, (h + 1) * dp / hosts) */
 } job_layout_t;
 
 /* Fills the layout from a validated manifest. Returns 0 or -ENOMEM. */
@@ -61,6 +62,13 @@ size_t job_act_off(const job_layout_t *l, int replica, int boundary, int grad);
 /* The gradient-norm partials after the header. */
 static inline double *job_norm_blocks(job_hdr_t *h) { return (double *)((char *)h + JOB_HDR_BYTES); }
 
+/* The host that runs replica r (its stages, its NCCL shards, a loader for it). */
+static inline int job_host_of(const job_layout_t *l, int replica) { return replica / (l->dp / l->hosts); }
+/* Device ordinal of stage (replica, rank) among its host's stage processes. */
+static inline int job_local_ordinal(const job_layout_t *l, int replica, int rank)
+{
+    return (replica % (l->dp / l->hosts)) * l->pp + rank;
+}
 /* Stage s's range [*b, *e) of the flat space. Returns 0 or -ENOMEM. */
 int job_stage_range(const manifest_t *m, int s, size_t *b, size_t *e);
 /* Elements of each replica's chunk of a stage range of n elements for the NCCL reduce-scatter

@@ -71,6 +71,8 @@ int ldr_seg_format(void *mem, size_t bytes, const ldr_info_t *info, int nslots,
                          .shuffle = (uint32_t)info->shuffle, .nslots = (uint32_t)nslots,
                          .seed = info->seed, .steps = info->steps, .resume_step = info->first_step,
                          .cursors_off = PAGE, .rings_off = PAGE + cursors_bytes(),
+                         .replica0 = (uint32_t)info->replica0,
+                         .replicas = (uint32_t)(info->replicas ? info->replicas : info->dp),
                          .ring_bytes = ring_bytes((uint32_t)nslots, slot_bytes(info->seqs, info->seq_len))};
     snprintf(h->dataset_path, sizeof(h->dataset_path), "%s", info->dataset_path);
     h->resume_len = (uint32_t)cursor_len;
@@ -198,7 +200,8 @@ int ldr_open(ldr_t **out, char *err, size_t errlen)
     ldr_t *l = calloc(1, sizeof(*l));
     if (!l)
         return util_fail(err, errlen, -ENOMEM, "loader: out of memory");
-    int rc = worker_open(&l->w, "loader", 0, 0, err, errlen);
+    const char *host = getenv(WORKER_ENV_HOST); /* job.hosts > 1: one loader per host, by host rank */
+    int rc = worker_open(&l->w, "loader", host ? atoi(host) : 0, 0, err, errlen);
     if (rc)
         return fail_open(l, rc);
     rc = shm_attach(&l->seg, worker_job(l->w), LDR_SEG_NAME, err, errlen);
@@ -211,7 +214,7 @@ int ldr_open(ldr_t **out, char *err, size_t errlen)
     l->info = (ldr_info_t){.dp = (int)h->dp, .microbatches = (int)h->microbatches, .seqs = (int)h->seqs,
                            .seq_len = (int)h->seq_len, .vocab_size = (int)h->vocab_size,
                            .shuffle = (int)h->shuffle, .seed = h->seed, .first_step = h->resume_step,
-                           .steps = h->steps};
+                           .steps = h->steps, .replica0 = (int)h->replica0, .replicas = (int)h->replicas};
     snprintf(l->info.dataset_path, sizeof(l->info.dataset_path), "%s", h->dataset_path);
     l->cursor_len = h->resume_len <= LDR_CURSOR_MAX ? h->resume_len : 0;
     memcpy(l->cursor, h->resume_cursor, l->cursor_len);
@@ -224,7 +227,8 @@ int ldr_open(ldr_t **out, char *err, size_t errlen)
     for (int i = 0; i < nr; i++) {
         if ((rc = ldr_seg_ring(l->mem, i, &l->rings[i], err, errlen)))
             return fail_open(l, rc);
-        l->have[i] = ring_head(l->rings[i]);
+        int r = i / 2, here = r >= l->info.replica0 && r < l->info.replica0 + l->info.replicas;
+        l->have[i] = here ? ring_head(l->rings[i]) : UINT64_MAX; /* another host's: always scratch */
         l->base = ring_base(l->rings[i]);
     }
     l->step = l->info.first_step;

@@ -58,6 +58,8 @@ typedef struct {
     int64_t first_step;    /* the step ldr_next starts at */
     int64_t steps;         /* [training] steps: ldr_next hands out steps [first_step, steps) */
     char dataset_path[512];/* [loader] dataset_path */
+    int replica0, replicas;/* the replicas this host's stages run (job.hosts > 1: a part of dp);
+                            * microbatches of the others are produced but dropped */
 } ldr_info_t;
 
 typedef struct {

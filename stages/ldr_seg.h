@@ -19,7 +19,7 @@
 
 #define LDR_SEG_NAME "batch"
 #define LDR_SEG_MAGIC 0x3148544142544321ULL /* "!CTBATCH1" */
-#define LDR_SEG_VERSION 1u
+#define LDR_SEG_VERSION 2u
 #define LDR_SEG_CURSORS 64
 
 typedef struct {
@@ -39,6 +39,7 @@ typedef struct {
     uint8_t resume_cursor[LDR_CURSOR_MAX];
     uint64_t cursors_off, rings_off, ring_bytes;
     char dataset_path[512];
+    uint32_t replica0, replicas;    /* the replicas whose rings this host's loader fills */
 } ldr_seg_hdr_t;
 
 /* Size of the segment for these shapes (nslots = [loader] prefetch). */

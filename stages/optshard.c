@@ -191,7 +191,8 @@ static void setup_gpu(shard_t *sh)
     WORKER_CHECK(sh->w, G, "out of memory");
     WORKER_CHECK(sh->w, G->cu = cuda_plugin_load(err, sizeof(err)), "optshard.device = \"cuda\": %s", err);
     int k = sh->rank, dp = m->dp; /* NCCL: next to its stage (replica k % dp, rank k / dp) */
-    CU_CHECK(sh, G->cu->dev_select(sh->lay.nccl ? (k % dp) * m->pp + k / dp : k, &G->device), "%s", CU_WHY(sh));
+    CU_CHECK(sh, G->cu->dev_select(sh->lay.nccl ? job_local_ordinal(&sh->lay, k % dp, k / dp) : k, &G->device), "%s",
+             CU_WHY(sh));
     CU_CHECK(sh, G->cu->stream_new(&G->stream), "%s", CU_WHY(sh));
     CU_CHECK(sh, G->cu->stream_new(&G->copy_stream), "%s", CU_WHY(sh));
     size_t n = sh->n ? sh->n : 1, nb = (sh->n + MANIFEST_BLOCK - 1) / MANIFEST_BLOCK;
@@ -214,6 +215,8 @@ static void setup_gpu(shard_t *sh)
     WORKER_CHECK(sh->w, G->seg && G->mapped, "out of memory");
     for (int r = 0; r < m->dp; r++)
         for (int s = 0; s < m->pp; s++) {
+            if (sh->lay.nccl && (r != sh->rank % m->dp || s != sh->rank / m->dp)) /* the reduce-scatter summed */
+                continue;                                                       /* the replicas into its stage */
             devdir_stage_t *e = devdir_stage(shm_data(G->dev), &sh->lay, r, s);
             for (int waited = 0; !atomic_load(&e->ready); waited++) { /* the stage is setting up */
                 WORKER_CHECK(sh->w, waited < 120000, "stage %d of replica %d never published its device buffers",
@@ -222,8 +225,6 @@ static void setup_gpu(shard_t *sh)
             }
             size_t lo = e->begin > sh->begin ? e->begin : sh->begin, hi = e->end < sh->end ? e->end : sh->end;
             if (lo >= hi)
-                continue;
-            if (sh->lay.nccl && r != sh->rank % m->dp) /* the reduce-scatter summed the replicas into one */
                 continue;
             void *w, *g;
             CU_CHECK(sh, G->cu->ipc_open(&w, &e->w), "weights of stage %d replica %d: %s", s, r, CU_WHY(sh));

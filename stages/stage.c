@@ -257,7 +257,7 @@ static void setup_cuda(stage_t *st, int p0, int p1)
 {
     char err[512];
     WORKER_CHECK(st->w, st->cu = cuda_plugin_load(err, sizeof(err)), "job.device = \"cuda\": %s", err);
-    int ordinal = st->replica * st->lay.pp + st->rank;
+    int ordinal = job_local_ordinal(&st->lay, st->replica, st->rank);
     CU_CHECK(st, st->cu->dev_select(ordinal, &st->device), "%s", CU_WHY(st));
     WORKER_CHECK(st->w, !st->lay.nccl || st->device == ordinal,
                  "parallelism.data_plane = \"nccl\" needs a GPU per stage process (NCCL refuses two ranks on one "

@@ -17,6 +17,7 @@
 /* Environment a worker is started with (the coordinator sets them). */
 #define WORKER_ENV_ENDPOINT "CTITAN_ENDPOINT"
 #define WORKER_ENV_JOB "CTITAN_JOB"
+#define WORKER_ENV_HOST "CTITAN_HOST" /* job.host_rank of the host the worker runs on */
 
 typedef struct worker worker_t;
 

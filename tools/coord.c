@@ -50,6 +50,9 @@ typedef struct {
     int ready;            /* said READY since it was (re)started */
     int got;              /* replied in the current round */
     int expect_exit;      /* told to stop: its exit is no failure */
+    int host;             /* job.host_rank of the host it runs on */
+    int remote;           /* on another host (its agent started it): pid from its hello, never signalled
+                           * or reaped here, supervised by heartbeats only */
     double started, last_hb;
     msg_t reply;          /* numbers of the last reply (never its text) */
 } proc_t;
@@ -58,6 +61,7 @@ typedef struct {
     const manifest_t *m;
     job_layout_t lay;
     char *toml;                       /* the resolved manifest every worker gets */
+    char job[96];                     /* this host's segment names: job.name, "-h<k>" on host k > 0 */
     shm_seg_t *seg_job, *seg_params, *seg_grads, *seg_act, *seg_batch, *seg_ckpt, *seg_dev;
     job_hdr_t *hdr;
     int segs_made;                    /* this run created the job's segments */
@@ -66,7 +70,8 @@ typedef struct {
     int sigfd;
     char bin_dir[PATH_MAX];
     proc_t *p;                        /* [0] loader, then pp*dp stages, then the shards, then
-                                       * checkpointd (with [checkpoint] enable) */
+                                       * checkpointd (with [checkpoint] enable), then the other
+                                       * hosts' loaders (make_table) */
     int np, n_stages;
     char loader_cmd[1024];            /* "" = the built-in loader */
     int loader_restarts;
@@ -92,7 +97,7 @@ typedef struct {
 static proc_t *stage_proc(coord_t *c, int rank, int replica) { return &c->p[1 + replica * c->m->pp + rank]; }
 static proc_t *shard_proc(coord_t *c, int k) { return &c->p[1 + c->n_stages + k]; }
 static proc_t *loader_proc(coord_t *c) { return &c->p[0]; }
-static proc_t *ckptd_proc(coord_t *c) { return c->m->ckpt_enable ? &c->p[c->np - 1] : NULL; }
+static proc_t *ckptd_proc(coord_t *c) { return c->m->ckpt_enable ? &c->p[1 + c->n_stages + c->m->shards] : NULL; }
 
 static void fail(coord_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void fail(coord_t *c, const char *fmt, ...)
@@ -151,8 +156,11 @@ static void spawn(coord_t *c, proc_t *p)
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (getppid() != parent)
             _exit(1);
+        char host[16];
+        snprintf(host, sizeof(host), "%d", c->m->host_rank);
         setenv("CTITAN_ENDPOINT", c->endpoint, 1);
-        setenv("CTITAN_JOB", c->m->name, 1);
+        setenv("CTITAN_JOB", c->job, 1);
+        setenv("CTITAN_HOST", host, 1);
         char exe[PATH_MAX + 32], a1[16], a2[16];
         snprintf(a1, sizeof(a1), "%d", p->rank);
         snprintf(a2, sizeof(a2), "%d", p->replica);
@@ -165,7 +173,7 @@ static void spawn(coord_t *c, proc_t *p)
             snprintf(exe, sizeof(exe), "%s/ctitan-%s", c->bin_dir, role_name[p->role]);
             if (p->role == P_CKPTD) {
                 snprintf(exe, sizeof(exe), "%s/checkpointd", c->bin_dir);
-                execl(exe, exe, "--job", c->m->name, (char *)NULL);
+                execl(exe, exe, "--job", c->job, (char *)NULL);
             } else if (p->role == P_LOADER)
                 execl(exe, exe, (char *)NULL);
             else if (p->role == P_STAGE)
@@ -244,7 +252,7 @@ static void reap(coord_t *c)
     while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
         proc_t *p = NULL;
         for (int i = 0; i < c->np; i++)
-            if (c->p[i].pid == pid)
+            if (c->p[i].pid == pid && !c->p[i].remote)
                 p = &c->p[i];
         if (!p)
             continue;
@@ -386,6 +394,11 @@ static void on_message(coord_t *c, const char *from, msg_t *m)
         return;
     }
     proc_t *p = find_proc(c, from);
+    if (p && p->remote && p->pid == 0 && m->type == MSG_HELLO) { /* started by its host's agent */
+        p->pid = (pid_t)m->pid;
+        p->ready = p->got = 0;
+        p->started = util_now();
+    }
     /* messages that name their sender's pid are dropped when it is not the running
      * process: leftovers of a loader that was replaced */
     int has_pid = m->type == MSG_HELLO || m->type == MSG_READY || m->type == MSG_HEARTBEAT || m->type == MSG_ERROR;
@@ -476,7 +489,7 @@ static void check_heartbeats(coord_t *c)
                      STARTUP_TIMEOUT_S);
         } else if (now - p->last_hb <= limit) {
             continue;
-        } else if (p->role == P_LOADER || p->role == P_CKPTD) {
+        } else if ((p->role == P_LOADER || p->role == P_CKPTD) && !p->remote) {
             /* a hung loader or checkpointd is replaced like a dead one: kill it, reap() restarts it */
             LOG_W("%s (pid %d): no heartbeat for %.1f s: killing it to restart it", who(p, name, sizeof(name)),
                   (int)p->pid, now - p->last_hb);
@@ -653,35 +666,35 @@ static int make_segments(coord_t *c, char *err, size_t errlen)
 {
     const manifest_t *m = c->m;
     char names[256][SHM_NAME_MAX];
-    int n = shm_list(m->name, names, 256);
+    int n = shm_list(c->job, names, 256);
     if (n > 0) {
         shm_seg_t *old = NULL;
-        if (shm_attach(&old, m->name, "job", NULL, 0) == 0) {
+        if (shm_attach(&old, c->job, "job", NULL, 0) == 0) {
             job_hdr_t h = *(job_hdr_t *)shm_data(old);
             shm_detach(&old);
             if (h.magic == JOB_MAGIC && job_owner_alive(&h))
                 return util_fail(err, errlen, -EBUSY,
                                  "job '%s' is already running (coordinator pid %lld): stop it or set job.name",
-                                 m->name, (long long)h.owner_pid);
+                                 c->job, (long long)h.owner_pid);
         }
-        int removed = shm_remove_all(m->name);
+        int removed = shm_remove_all(c->job);
         LOG_W("removed %d stale shared-memory segments of job '%s' left by an earlier run that did not "
-              "shut down", removed, m->name);
+              "shut down", removed, c->job);
     }
     int rc;
-    if ((rc = shm_create(&c->seg_job, m->name, "job", job_seg_bytes(&c->lay), err, errlen)))
+    if ((rc = shm_create(&c->seg_job, c->job, "job", job_seg_bytes(&c->lay), err, errlen)))
         return rc;
     c->segs_made = 1;
     c->hdr = shm_data(c->seg_job);
     *c->hdr = (job_hdr_t){.magic = JOB_MAGIC, .version = JOB_VERSION, .owner_pid = getpid(),
                           .owner_start = job_proc_start(getpid()), .n_blocks = c->lay.n_blocks};
-    if ((rc = shm_create(&c->seg_params, m->name, "params", job_params_bytes(&c->lay), err, errlen)) ||
+    if ((rc = shm_create(&c->seg_params, c->job, "params", job_params_bytes(&c->lay), err, errlen)) ||
         (!c->lay.gpu_shards &&
-         (rc = shm_create(&c->seg_grads, m->name, "grads", job_params_bytes(&c->lay), err, errlen))) ||
-        (c->lay.gpu && (rc = shm_create(&c->seg_dev, m->name, DEVDIR_SEG, devdir_bytes(&c->lay), err, errlen))))
+         (rc = shm_create(&c->seg_grads, c->job, "grads", job_params_bytes(&c->lay), err, errlen))) ||
+        (c->lay.gpu && (rc = shm_create(&c->seg_dev, c->job, DEVDIR_SEG, devdir_bytes(&c->lay), err, errlen))))
         return rc;
     if (m->pp > 1 && !c->lay.nccl) {
-        if ((rc = shm_create(&c->seg_act, m->name, "act", job_act_bytes(&c->lay), err, errlen)))
+        if ((rc = shm_create(&c->seg_act, c->job, "act", job_act_bytes(&c->lay), err, errlen)))
             return rc;
         for (int r = 0; r < m->dp; r++)
             for (int b = 0; b < m->pp - 1; b++)
@@ -690,19 +703,21 @@ static int make_segments(coord_t *c, char *err, size_t errlen)
                                 (uint32_t)m->microbatches, c->lay.act_slot, 0);
     }
     if (m->ckpt_enable) {
-        if ((rc = shm_create(&c->seg_ckpt, m->name, STAGING_SEG, staging_bytes(c->lay.total), err, errlen)))
+        if ((rc = shm_create(&c->seg_ckpt, c->job, STAGING_SEG, staging_bytes(c->lay.total), err, errlen)))
             return rc;
         staging_hdr_t *h = shm_data(c->seg_ckpt);
         *h = (staging_hdr_t){.magic = STAGING_MAGIC, .version = STAGING_VERSION, .total = c->lay.total,
                              .stride = staging_stride(c->lay.total)};
         atomic_store(&h->step, -1);
     }
+    int per_host = m->dp / m->hosts;
     ldr_info_t info = {.dp = m->dp, .microbatches = m->microbatches, .seqs = c->lay.mb, .seq_len = m->seq_len,
                        .vocab_size = m->model.vocab_size, .shuffle = m->shuffle, .seed = m->seed,
-                       .first_step = c->step, .steps = m->steps};
+                       .first_step = c->step, .steps = m->steps, .replica0 = m->host_rank * per_host,
+                       .replicas = per_host};
     snprintf(info.dataset_path, sizeof(info.dataset_path), "%s", m->dataset_path);
     size_t bytes = ldr_seg_bytes(m->dp, m->prefetch, c->lay.mb, m->seq_len);
-    if ((rc = shm_create(&c->seg_batch, m->name, LDR_SEG_NAME, bytes, err, errlen)))
+    if ((rc = shm_create(&c->seg_batch, c->job, LDR_SEG_NAME, bytes, err, errlen)))
         return rc;
     return ldr_seg_format(shm_data(c->seg_batch), bytes, &info, m->prefetch, c->resume_cursor,
                           c->resume_cursor_len);
@@ -715,13 +730,16 @@ static void remove_segments(coord_t *c)
     for (size_t i = 0; i < sizeof(segs) / sizeof(segs[0]); i++)
         shm_detach(segs[i]);
     if (c->segs_made)
-        shm_remove_all(c->m->name);
+        shm_remove_all(c->job);
 }
+
+/* A child of this process (not one an agent started on another host). */
+static int local_child(const proc_t *p) { return p->pid > 0 && !p->remote; }
 
 static void kill_all(coord_t *c, int sig)
 {
     for (int i = 0; i < c->np; i++)
-        if (c->p[i].pid > 0)
+        if (local_child(&c->p[i]))
             kill(c->p[i].pid, sig);
 }
 
@@ -729,7 +747,7 @@ static int none_running(coord_t *c, void *arg)
 {
     (void)arg;
     for (int i = 0; i < c->np; i++)
-        if (c->p[i].pid > 0)
+        if (local_child(&c->p[i]))
             return 0;
     return 1;
 }
@@ -743,7 +761,7 @@ static void wait_children(coord_t *c, double secs)
         pid_t pid = waitpid(-1, &st, WNOHANG);
         if (pid > 0) {
             for (int i = 0; i < c->np; i++)
-                if (c->p[i].pid == pid)
+                if (c->p[i].pid == pid && !c->p[i].remote)
                     c->p[i].pid = 0;
         } else {
             nanosleep(&(struct timespec){0, 10000000L}, NULL);
@@ -1112,6 +1130,81 @@ static int resolve_endpoint(coord_t *c, char *err, size_t errlen)
     return 0;
 }
 
+/* Every process of the job: [0] this host's loader, the stages, the shards, checkpointd, then
+ * the other hosts' loaders (job.hosts > 1). Host h runs replicas [h * dp / hosts, ...): their
+ * stages, their NCCL shards, a loader. The coordinator marks other hosts' processes remote;
+ * an agent keeps only its own. */
+static int make_table(coord_t *c)
+{
+    const manifest_t *m = c->m;
+    c->n_stages = m->pp * m->dp;
+    c->np = 1 + c->n_stages + m->shards + (m->ckpt_enable ? 1 : 0) + (m->hosts - 1);
+    if (!(c->p = calloc((size_t)c->np, sizeof(proc_t))))
+        return -ENOMEM;
+    c->p[0] = (proc_t){.role = P_LOADER, .rank = m->host_rank, .host = m->host_rank};
+    for (int r = 0; r < m->dp; r++)
+        for (int s = 0; s < m->pp; s++)
+            *stage_proc(c, s, r) = (proc_t){.role = P_STAGE, .rank = s, .replica = r, .host = job_host_of(&c->lay, r)};
+    for (int k = 0; k < m->shards; k++)
+        *shard_proc(c, k) = (proc_t){.role = P_OPTSHARD, .rank = k,
+                                     .host = c->lay.nccl ? job_host_of(&c->lay, k % m->dp) : 0};
+    if (m->ckpt_enable)
+        *ckptd_proc(c) = (proc_t){.role = P_CKPTD};
+    for (int h = 1, i = c->np - (m->hosts - 1); h < m->hosts; h++, i++) /* host 0's loader is [0] */
+        c->p[i] = (proc_t){.role = P_LOADER, .rank = h == m->host_rank ? 0 : h, .host = h == m->host_rank ? 0 : h};
+    for (int i = 0; i < c->np; i++) {
+        snprintf(c->p[i].id, sizeof(c->p[i].id), "%s.%d.%d", role_name[c->p[i].role], c->p[i].rank, c->p[i].replica);
+        c->p[i].remote = c->p[i].host != m->host_rank;
+    }
+    return 0;
+}
+
+/* job.host_rank > 0: starts this host's processes against the coordinator's endpoint and
+ * waits for them; their supervision is the coordinator's (heartbeats), so an agent only
+ * follows them: the first to fail ends the others after the heartbeat timeout. Returns the
+ * exit status. */
+static int agent(coord_t *c)
+{
+    const manifest_t *m = c->m;
+    int n = 0;
+    for (int i = 0; i < c->np; i++)
+        if (!c->p[i].remote) {
+            spawn(c, &c->p[i]);
+            n++;
+        }
+    printf("launch: host %d of %d: %d processes of job %s, coordinator at %s\n", m->host_rank, m->hosts, n, m->name,
+           c->endpoint);
+    fflush(stdout);
+    int status = 0;
+    double failed_at = 0;
+    while (!none_running(c, NULL)) {
+        struct signalfd_siginfo si;
+        while (read(c->sigfd, &si, sizeof(si)) == sizeof(si))
+            if (si.ssi_signo == SIGINT || si.ssi_signo == SIGTERM || si.ssi_signo == SIGHUP)
+                c->interrupted = (int)si.ssi_signo;
+        int st;
+        pid_t pid;
+        while ((pid = waitpid(-1, &st, WNOHANG)) > 0)
+            for (int i = 0; i < c->np; i++)
+                if (c->p[i].pid == pid && !c->p[i].remote) {
+                    c->p[i].pid = 0;
+                    if (!WIFEXITED(st) || WEXITSTATUS(st)) {
+                        char how[128], name[64];
+                        fprintf(stderr, "launch: host %d: %s %s\n", m->host_rank, who(&c->p[i], name, sizeof(name)),
+                                describe_exit(st, how, sizeof(how)));
+                        status = 1;
+                        failed_at = failed_at > 0 ? failed_at : util_now();
+                    }
+                }
+        if (c->interrupted || (failed_at > 0 && util_now() - failed_at > m->heartbeat_timeout_ms * 2e-3)) {
+            terminate_all(c, 2.0);
+            break;
+        }
+        nanosleep(&(struct timespec){0, 20000000L}, NULL);
+    }
+    return c->interrupted ? 128 + c->interrupted : status;
+}
+
 int coord_run(const manifest_t *given)
 {
     coord_t c = {.sigfd = -1};
@@ -1125,6 +1218,10 @@ int coord_run(const manifest_t *given)
     }
     *m = *given;
     c.m = m;
+    if (m->host_rank > 0)
+        snprintf(c.job, sizeof(c.job), "%s-h%d", m->name, m->host_rank);
+    else
+        snprintf(c.job, sizeof(c.job), "%s", m->name);
     if (resolve_load(&c, m, err, sizeof(err))) {
         fprintf(stderr, "launch: %s\n", err);
         free(m);
@@ -1154,7 +1251,7 @@ int coord_run(const manifest_t *given)
         rc = resolve_endpoint(&c, err, sizeof(err));
     if (!rc)
         rc = check_data(&c, err, sizeof(err));
-    if (!rc && m->metrics_file[0] && !(c.metrics = fopen(m->metrics_file, "w"))) {
+    if (!rc && !m->host_rank && m->metrics_file[0] && !(c.metrics = fopen(m->metrics_file, "w"))) {
         rc = -errno;
         snprintf(err, sizeof(err), "metrics.file %s: cannot open: %s", m->metrics_file, strerror(errno));
     }
@@ -1162,6 +1259,12 @@ int coord_run(const manifest_t *given)
         snprintf(err, sizeof(err), "cannot set up signal handling: %s", strerror(-rc));
     if (!rc)
         rc = make_segments(&c, err, sizeof(err));
+    if (!rc && m->host_rank > 0) { /* an agent: this host's processes only */
+        snprintf(c.hdr->endpoint, sizeof(c.hdr->endpoint), "%s", c.endpoint);
+        if (make_table(&c) == 0)
+            status = agent(&c);
+        goto out;
+    }
     if (!rc && c.lay.nccl)
         rc = make_nccl_ids(&c, err, sizeof(err));
     if (!rc && !(rc = ctl_server_new(&c.ctl, c.endpoint, err, sizeof(err)))) {
@@ -1175,21 +1278,8 @@ int coord_run(const manifest_t *given)
     }
     c.peak_gflops = m->peak_tflops > 0 ? m->peak_tflops * 1e3
                                        : peak_sgemm_gflops((int)sysconf(_SC_NPROCESSORS_ONLN), 1024, NULL, NULL);
-    c.n_stages = m->pp * m->dp;
-    c.np = 1 + c.n_stages + m->shards + (m->ckpt_enable ? 1 : 0);
-    c.p = calloc((size_t)c.np, sizeof(proc_t));
-    if (!c.p)
+    if (make_table(&c))
         goto out;
-    c.p[0] = (proc_t){.role = P_LOADER};
-    for (int r = 0; r < m->dp; r++)
-        for (int s = 0; s < m->pp; s++)
-            *stage_proc(&c, s, r) = (proc_t){.role = P_STAGE, .rank = s, .replica = r};
-    for (int k = 0; k < m->shards; k++)
-        *shard_proc(&c, k) = (proc_t){.role = P_OPTSHARD, .rank = k};
-    if (m->ckpt_enable)
-        *ckptd_proc(&c) = (proc_t){.role = P_CKPTD};
-    for (int i = 0; i < c.np; i++)
-        snprintf(c.p[i].id, sizeof(c.p[i].id), "%s.%d.%d", role_name[c.p[i].role], c.p[i].rank, c.p[i].replica);
     printf("launch: job %s: %s %s, %.2fM parameters; pipeline %d (%s, %d microbatches of %dx%d), data parallel %d, "
            "%d optimizer shards; %d processes; MFU against %.0f GFLOP/s\n",
            m->name, m->model_name, m->flavor, c.lay.total / 1e6, m->pp, sched_kind_name(m->schedule),
@@ -1198,7 +1288,8 @@ int coord_run(const manifest_t *given)
         printf("launch: data %s, unigram entropy %.4f nats/token (first file)\n", m->dataset_path, c.entropy);
     fflush(stdout);
     for (int i = 0; i < c.np && !c.failed; i++)
-        spawn(&c, &c.p[i]);
+        if (!c.p[i].remote)
+            spawn(&c, &c.p[i]);
     if (pump(&c, all_ready, NULL, STARTUP_TIMEOUT_S) == -ETIMEDOUT)
         fail(&c, "the job's processes did not all become ready in %.0f s", STARTUP_TIMEOUT_S);
     if (!c.failed && !c.interrupted)

@@ -54,6 +54,8 @@ static const mkey_t keys[] = {
     KSTR("job", "description", description),
     KSTR("job", "endpoint", endpoint),
     KSTR("job", "device", device),
+    KINT("job", "hosts", hosts, 1),
+    KINT("job", "host_rank", host_rank, 0),
     KINT("job", "heartbeat_interval_ms", heartbeat_interval_ms, 1),
     KINT("job", "heartbeat_timeout_ms", heartbeat_timeout_ms, 1),
     KSTR("model", "name", model_name),
@@ -193,6 +195,7 @@ void manifest_defaults(manifest_t *m)
     strcpy(m->name, "ctitan");
     strcpy(m->device, "cpu");
     strcpy(m->data_plane, "ipc");
+    m->hosts = 1;
     m->heartbeat_interval_ms = 100;
     m->heartbeat_timeout_ms = 3000;
     strcpy(m->model_name, "llama3");
@@ -749,6 +752,22 @@ int manifest_validate(manifest_t *m, char *err, size_t errlen)
           "parallelism.data_parallel_replicate_degree = %d: the NCCL data plane takes at most 4096 replicas", m->dp);
     if (!strcmp(m->data_plane, "nccl"))
         m->shards = m->dp * m->pp; /* one shard per stage process: its chunk after the reduce-scatter */
+    CHECK(m->host_rank < m->hosts, "job", "host_rank", "job.host_rank = %d: the job has job.hosts = %d", m->host_rank,
+          m->hosts);
+    CHECK(m->hosts == 1 || !strcmp(m->data_plane, "nccl"), "job", "hosts",
+          "job.hosts = %d needs parallelism.data_plane = \"nccl\" (CUDA IPC and shared memory stay on one host)",
+          m->hosts);
+    CHECK(m->dp % m->hosts == 0, "job", "hosts",
+          "job.hosts = %d must divide parallelism.data_parallel_replicate_degree = %d (each host runs whole "
+          "replicas)", m->hosts, m->dp);
+    CHECK(m->hosts == 1 || (!strncmp(m->endpoint, "tcp://", 6) && !strchr(m->endpoint, '*')), "job", "endpoint",
+          "job.hosts = %d: job.endpoint must be tcp://HOST:PORT of the coordinator (host_rank 0), the same on "
+          "every host", m->hosts);
+    CHECK(m->hosts == 1 || !m->ckpt_enable, "checkpoint", "enable",
+          "checkpoint.enable with job.hosts = %d: checkpoints across hosts are not built yet", m->hosts);
+    CHECK(m->hosts == 1 || (!m->val_enable && m->sample_tokens == 0), "validation", "enable",
+          "job.hosts = %d: the end-of-run validation and sample need every optimizer shard on the coordinator's "
+          "host; set validation.enable = false and sample.tokens = 0", m->hosts);
     int hd = config_head_dim(&m->model);
     CHECK(strcmp(m->device, "cuda") || hd == 16 || hd == 32 || hd == 64 || hd == 128, "job", "device",
           "job.device = \"cuda\": the model's head dimension is %d (model.dim %d / model.n_heads %d); the CUDA "

@@ -5,7 +5,7 @@
  * in the file, "--section.key" for an override, and says what was expected.
  *
  * Sections and keys (defaults in manifest_defaults; README.md lists them for users):
- *   [job]          name, dump_folder, description, endpoint, device,
+ *   [job]          name, dump_folder, description, endpoint, device, hosts, host_rank,
  *                  heartbeat_interval_ms, heartbeat_timeout_ms
  *   [model]        name, flavor, tokenizer_path, and any model_config_t key
  *                  (dim, n_layers, n_heads, n_kv_heads, vocab_size, multiple_of,
@@ -42,6 +42,9 @@ typedef struct {
     char description[256];
     char endpoint[256];          /* coordinator ROUTER; "" = ipc://<dump_folder>/ctl.sock */
     char device[16];             /* "cpu", or "cuda": stages run on the GPU, hand-offs through CUDA IPC */
+    int hosts;                   /* 1: hosts the job spans (`ctitan launch` runs on each) */
+    int host_rank;               /* 0: this host; 0 runs the coordinator, the others are agents that
+                                  * start their host's processes (whole replicas: dp % hosts == 0) */
     int heartbeat_interval_ms;   /* 100 */
     int heartbeat_timeout_ms;    /* 3000: a peer silent this long is dead or hung */
 

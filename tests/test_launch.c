@@ -12,10 +12,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -770,6 +772,59 @@ static void test_launch_cuda_nccl_data_plane_on_the_emulated_backend(void **stat
     assert_clean(c);
 }
 
+/* A free TCP port on loopback (bound and released: another process could take it, unlikely). */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(a);
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+/* Two hosts on one machine (host 1's segments carry the suffix -h1): `ctitan launch` with
+ * job.hosts 2 as the coordinator (host_rank 0) and as the agent of host 1, which takes its
+ * place from SLURM_STEP_NUM_NODES / SLURM_NODEID as under srun. Each host runs one replica
+ * (its 2 stages, 2 NCCL shards and a loader); the replicas meet only through NCCL (the
+ * emulator's stand-in) and the control plane over TCP. Bitwise the losses of one host. */
+static void test_launch_two_hosts_train_like_one_on_the_emulated_backend(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char a[32], b[32], bh1[40], extra[512], path[300];
+    const char *shape = "--model.dim 32 --model.n_heads 2 --model.n_kv_heads 1 --training.steps 3 --job.device cuda "
+                        "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_plane nccl";
+    job_name(a, sizeof(a), "onehost");
+    job_name(b, sizeof(b), "twohosts");
+    snprintf(bh1, sizeof(bh1), "%s-h1", b);
+    use_sim_plugin();
+    int rc = launch(a, shape, out, sizeof(out));
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+    snprintf(extra, sizeof(extra), "%s --job.hosts 2 --job.endpoint tcp://127.0.0.1:%d", shape, free_port());
+    setenv("SLURM_STEP_NUM_NODES", "2", 1);
+    setenv("SLURM_NODEID", "1", 1);
+    pid_t agent = launch_bg(b, extra);
+    unsetenv("SLURM_STEP_NUM_NODES");
+    unsetenv("SLURM_NODEID");
+    rc = launch(b, extra, out, sizeof(out));
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "4 optimizer shards; 10 processes")); /* a loader per host */
+    assert_int_equal(tu_reap(agent, 60, NULL), 0);
+    snprintf(path, sizeof(path), "%s/%s.out", g_dir, b);
+    tu_read_file(path, out, sizeof(out));
+    assert_non_null(strstr(out, "host 1 of 2: 5 processes"));
+    assert_same_losses(a, b, 3);
+    assert_clean(b);
+    assert_clean(bh1);
+}
+
 static void test_launch_rejects_bad_checkpoint_keys(void **state)
 {
     TU_NEED_BIN();
@@ -1323,6 +1378,7 @@ int main(void)
         cmocka_unit_test(test_launch_cuda_offload_and_gpu_shards_agree_on_the_emulated_backend),
         cmocka_unit_test(test_launch_cuda_gpu_shards_resume_bitwise_on_the_emulated_backend),
         cmocka_unit_test(test_launch_cuda_nccl_data_plane_on_the_emulated_backend),
+        cmocka_unit_test(test_launch_two_hosts_train_like_one_on_the_emulated_backend),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -596,7 +596,7 @@ static void test_manifest_cuda_needs_a_head_dimension_the_kernels_take(void **st
 }
 
 /* [optshard] device follows job.device unless set; the NCCL data plane needs the GPU for both
- * and makes one optimizer shard per stage process. */
+ * and makes one optimizer shard per stage process; job.hosts > 1 needs the NCCL plane. */
 static void test_manifest_optshard_device_and_data_plane(void **state)
 {
     (void)state;
@@ -635,6 +635,38 @@ static void test_manifest_optshard_device_and_data_plane(void **state)
     assert_int_equal(manifest_override(m, "parallelism.data_parallel_replicate_degree", "3", err, sizeof(err)), 0);
     assert_int_equal(manifest_validate(m, err, sizeof(err)), 0);
     assert_int_equal(m->shards, 6);
+    /* across hosts: the NCCL plane, whole replicas per host, a TCP endpoint, no checkpoints */
+    static const struct {
+        const char *key, *value, *needle;
+    } hosts[] = {
+        {"parallelism.data_plane", "ipc", "job.hosts = 3 needs parallelism.data_plane = \"nccl\""},
+        {"job.endpoint", "ipc:///tmp/x.sock", "job.endpoint must be tcp://HOST:PORT"},
+        {"job.endpoint", "tcp://127.0.0.1:*", "job.endpoint must be tcp://HOST:PORT"},
+        {"job.host_rank", "3", "job.host_rank = 3: the job has job.hosts = 3"},
+        {"checkpoint.enable", "true", "checkpoints across hosts are not built yet"},
+        {"validation.enable", "true", "set validation.enable = false"},
+    };
+    for (size_t i = 0; i < sizeof(hosts) / sizeof(hosts[0]); i++) {
+        manifest_defaults(m);
+        const char *kv[][2] = {{"parallelism.data_plane", "nccl"}, {"job.device", "cuda"},
+                               {"parallelism.data_parallel_replicate_degree", "3"}, {"job.hosts", "3"},
+                               {"job.endpoint", "tcp://10.0.0.1:29500"}, {"validation.dataset_path", "v.bin"},
+                               {hosts[i].key, hosts[i].value}};
+        for (size_t k = 0; k < sizeof(kv) / sizeof(kv[0]); k++)
+            assert_int_equal(manifest_override(m, kv[k][0], kv[k][1], err, sizeof(err)), 0);
+        assert_int_equal(manifest_validate(m, err, sizeof(err)), -EINVAL);
+        if (!strstr(err, hosts[i].needle))
+            fail_msg("%s = %s: got '%s'", hosts[i].key, hosts[i].value, err);
+    }
+    manifest_defaults(m); /* 3 hosts need a multiple of 3 replicas; with 6, valid */
+    const char *ok[][2] = {{"parallelism.data_plane", "nccl"}, {"job.device", "cuda"}, {"job.hosts", "3"},
+                           {"parallelism.data_parallel_replicate_degree", "4"}, {"job.endpoint", "tcp://h0:29500"}};
+    for (size_t k = 0; k < sizeof(ok) / sizeof(ok[0]); k++)
+        assert_int_equal(manifest_override(m, ok[k][0], ok[k][1], err, sizeof(err)), 0);
+    assert_int_equal(manifest_validate(m, err, sizeof(err)), -EINVAL);
+    assert_non_null(strstr(err, "job.hosts = 3 must divide parallelism.data_parallel_replicate_degree = 4"));
+    assert_int_equal(manifest_override(m, "parallelism.data_parallel_replicate_degree", "6", err, sizeof(err)), 0);
+    assert_int_equal(manifest_validate(m, err, sizeof(err)), 0);
     free(m);
 }
 

@@ -1,6 +1,7 @@
 /* `ctitan launch MANIFEST [--section.key value ...]`: resolves the manifest with its
  * overrides and runs the job as its coordinator (tools/coord.h). */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "tools/cmds.h"
@@ -14,7 +15,10 @@ static void usage(FILE *f)
             "Starts and supervises the job's processes (loader, pipeline stages, optimizer shards)\n"
             "and trains. Any manifest key can be overridden with its dotted name, e.g.\n"
             "  --training.steps 20 --parallelism.pipeline_parallel_degree 2 --metrics.file m.jsonl\n"
-            "(--key=value works too). Sections and keys: see README.md.\n");
+            "(--key=value works too). Sections and keys: see README.md.\n"
+            "Across hosts: run it on every host with --job.hosts N --job.host_rank K (under srun with\n"
+            "one task per node, SLURM_STEP_NUM_NODES and SLURM_NODEID give them) and the same\n"
+            "--job.endpoint tcp://HOST0:PORT; host 0 coordinates.\n");
 }
 
 int cmd_launch(int argc, char **argv)
@@ -27,6 +31,13 @@ int cmd_launch(int argc, char **argv)
     char err[1024];
     if (manifest_load(&m, argv[1], err, sizeof(err))) {
         fprintf(stderr, "launch: %s\n", err);
+        return 2;
+    }
+    /* under `srun --ntasks-per-node 1`: one launch per node, node 0 the coordinator (flags still win) */
+    const char *nodes = getenv("SLURM_STEP_NUM_NODES"), *node = getenv("SLURM_NODEID");
+    if (nodes && node && (manifest_override(&m, "job.hosts", nodes, err, sizeof(err)) ||
+                          manifest_override(&m, "job.host_rank", node, err, sizeof(err)))) {
+        fprintf(stderr, "launch: from SLURM_STEP_NUM_NODES / SLURM_NODEID: %s\n", err);
         return 2;
     }
     for (int i = 2; i < argc; i++) {

@@ -20,6 +20,8 @@ static size_t cursors_bytes(void) { return round_page(LDR_SEG_CURSORS * sizeof(l
 
 static size_t slot_bytes(int seqs, int seq_len) { return (size_t)seqs * seq_len * sizeof(int32_t); }
 
+_Static_assert(sizeof(ldr_seg_hdr_t) <= PAGE, "the loader segment header fits its page");
+
 size_t ldr_seg_bytes(int dp, int nslots, int seqs, int seq_len)
 {
     return PAGE + cursors_bytes() + 2 * (size_t)dp * ring_bytes((uint32_t)nslots, slot_bytes(seqs, seq_len));

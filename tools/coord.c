@@ -354,7 +354,7 @@ static void hex_line(char *buf, size_t n, size_t *at, const char *name, const cu
 /* The communicators stage (rank, replica) joins, as MSG_NCCL's text. */
 static void send_nccl_ids(coord_t *c, proc_t *p)
 {
-    char text[2048];
+    char text[4096]; /* 5 lines of 267 bytes at the most */
     size_t at = 0;
     int s = p->rank, r = p->replica, pp = c->m->pp;
     text[0] = 0;

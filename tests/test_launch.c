@@ -85,6 +85,15 @@ static int launch(const char *job, const char *extra, char *out, size_t outlen)
     return tu_run(cmd, out, outlen);
 }
 
+/* launch() that must succeed; prints the job's output when it does not. */
+static void launch_ok(const char *job, const char *extra, char *out, size_t outlen)
+{
+    int rc = launch(job, extra, out, outlen);
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+}
+
 /* Starts `ctitan launch` in the background with its output in DIR/JOB.out; returns its pid. */
 static pid_t launch_bg(const char *job, const char *extra)
 {
@@ -252,10 +261,7 @@ static void test_launch_resume_is_bitwise_in_any_topology(void **state)
     static char out[1 << 16];
     char a[32], b[32], c[32], d[32], dir[256], extra[512];
     job_name(a, sizeof(a), "ck");
-    int rc = launch(a, "--checkpoint.enable true --checkpoint.interval 4", out, sizeof(out));
-    if (rc)
-        print_error("%s\n", out);
-    assert_int_equal(rc, 0);
+    launch_ok(a, "--checkpoint.enable true --checkpoint.interval 4", out, sizeof(out));
     assert_non_null(strstr(out, "checkpoint: step 4 saved to"));
     assert_clean(a);
     ckpt_dir(dir, sizeof(dir), a);
@@ -268,10 +274,7 @@ static void test_launch_resume_is_bitwise_in_any_topology(void **state)
     job_name(b, sizeof(b), "ckb");
     snprintf(extra, sizeof(extra), "--checkpoint.load %s/step-00000004 --parallelism.pipeline_parallel_degree 1 "
              "--optshard.shards 3", dir);
-    rc = launch(b, extra, out, sizeof(out));
-    if (rc)
-        print_error("%s\n", out);
-    assert_int_equal(rc, 0);
+    launch_ok(b, extra, out, sizeof(out));
     assert_non_null(strstr(out, "resuming from"));
     assert_resumed_losses(a, b, 4, 12);
     assert_clean(b);
@@ -285,10 +288,7 @@ static void test_launch_resume_is_bitwise_in_any_topology(void **state)
     job_name(d, sizeof(d), "ckd");
     snprintf(extra, sizeof(extra), "--checkpoint.load %s/step-00000004 --parallelism.data_parallel_replicate_degree 2 "
              "--training.local_batch_size 2 --parallelism.pipeline_parallel_microbatches 1", dir);
-    rc = launch(d, extra, out, sizeof(out));
-    if (rc)
-        print_error("%s\n", out);
-    assert_int_equal(rc, 0);
+    launch_ok(d, extra, out, sizeof(out));
     static char la[MAX_STEPS][40], ld[MAX_STEPS][40];
     assert_int_equal(losses(a, la), 12);
     assert_int_equal(losses_from(d, 5, ld), 8);
@@ -323,10 +323,7 @@ static void test_launch_latest_falls_back_past_a_corrupt_checkpoint(void **state
     assert_clean(b);
     /* latest: 12 and 8 are passed over, saying why; 4 is loaded */
     snprintf(extra, sizeof(extra), "--checkpoint.load latest --checkpoint.folder %s", dir);
-    int rc = launch(b, extra, out, sizeof(out));
-    if (rc)
-        print_error("%s\n", out);
-    assert_int_equal(rc, 0);
+    launch_ok(b, extra, out, sizeof(out));
     assert_non_null(strstr(out, "step-00000012 is not loadable"));
     assert_non_null(strstr(out, "incomplete"));
     assert_non_null(strstr(out, "step-00000008 is not loadable"));
@@ -505,10 +502,7 @@ static void test_launch_streams_checkpoints_to_a_remote_checkpointd(void **state
     job_name(a, sizeof(a), "rem");
     snprintf(extra, sizeof(extra), "--checkpoint.enable true --checkpoint.interval 4 --checkpoint.endpoint %s "
              "--checkpoint.server_key %s/storage.pub --checkpoint.client_key %s/trainer.key", ep, keys, keys);
-    int rc = launch(a, extra, out, sizeof(out));
-    if (rc)
-        print_error("%s\n", out);
-    assert_int_equal(rc, 0);
+    launch_ok(a, extra, out, sizeof(out));
     assert_non_null(strstr(out, "checkpoint: step 12 saved to"));
     snprintf(p, sizeof(p), "%s/%s", store, a);
     int64_t *steps;
@@ -527,10 +521,7 @@ static void test_launch_streams_checkpoints_to_a_remote_checkpointd(void **state
     job_name(c, sizeof(c), "remc");
     snprintf(extra, sizeof(extra), "--checkpoint.enable true --checkpoint.interval 6 --checkpoint.endpoint %s "
              "--checkpoint.server_key %s/storage.pub --checkpoint.client_key %s/intruder.key", ep, keys, keys);
-    rc = launch(c, extra, out, sizeof(out));
-    if (rc)
-        print_error("%s\n", out);
-    assert_int_equal(rc, 0);
+    launch_ok(c, extra, out, sizeof(out));
     assert_non_null(strstr(out, "checkpoint of step 6 failed"));
     assert_non_null(strstr(out, "refused our key"));
     assert_same_losses(a, c, 12);
@@ -573,10 +564,7 @@ static void test_launch_cuda_device_trains_or_fails_cleanly(void **state)
         job_name(c, sizeof(c), "gpunccl");
         snprintf(extra, sizeof(extra), "%s --job.device cuda --parallelism.pipeline_parallel_degree 1 "
                  "--parallelism.data_plane nccl", shape);
-        rc = launch(c, extra, out, sizeof(out));
-        if (rc)
-            print_error("%s\n", out);
-        assert_int_equal(rc, 0);
+        launch_ok(c, extra, out, sizeof(out));
         assert_int_equal(losses(c, lb), 12);
         for (int i = 0; i < 12; i++)
             assert_true(fabs(atof(la[i]) - atof(lb[i])) <= 0.03 * atof(la[i]));
@@ -684,12 +672,9 @@ static void test_launch_cuda_offload_and_gpu_shards_agree_on_the_emulated_backen
     assert_int_equal(launch(a, shape, out, sizeof(out)), 0);
     use_sim_plugin();
     snprintf(extra, sizeof(extra), "%s --job.device cuda", shape);
-    int rc = launch(b, extra, out, sizeof(out));
-    if (rc)
-        print_error("%s\n", out);
-    assert_int_equal(rc, 0);
+    launch_ok(b, extra, out, sizeof(out));
     snprintf(extra, sizeof(extra), "%s --job.device cuda --optshard.device cpu", shape);
-    rc = launch(c, extra, out, sizeof(out));
+    int rc = launch(c, extra, out, sizeof(out));
     unsetenv("CTITAN_CUDA_PLUGIN");
     if (rc)
         print_error("%s\n", out);
@@ -712,14 +697,11 @@ static void test_launch_cuda_gpu_shards_resume_bitwise_on_the_emulated_backend(v
     job_name(b, sizeof(b), "simckb");
     use_sim_plugin();
     snprintf(extra, sizeof(extra), "%s --checkpoint.enable true --checkpoint.interval 2", shape);
-    int rc = launch(a, extra, out, sizeof(out));
-    if (rc)
-        print_error("%s\n", out);
-    assert_int_equal(rc, 0);
+    launch_ok(a, extra, out, sizeof(out));
     assert_non_null(strstr(out, "checkpoint: step 2 saved to"));
     ckpt_dir(dir, sizeof(dir), a);
     snprintf(extra, sizeof(extra), "%s --checkpoint.load %s/step-00000002", shape, dir);
-    rc = launch(b, extra, out, sizeof(out));
+    int rc = launch(b, extra, out, sizeof(out));
     unsetenv("CTITAN_CUDA_PLUGIN");
     if (rc)
         print_error("%s\n", out);
@@ -745,19 +727,13 @@ static void test_launch_cuda_nccl_data_plane_on_the_emulated_backend(void **stat
     job_name(c, sizeof(c), "simncclck");
     use_sim_plugin();
     snprintf(extra, sizeof(extra), "%s --checkpoint.enable true --checkpoint.interval 2", shape);
-    int rc = launch(a, extra, out, sizeof(out));
-    if (rc)
-        print_error("%s\n", out);
-    assert_int_equal(rc, 0);
+    launch_ok(a, extra, out, sizeof(out));
     snprintf(extra, sizeof(extra), "%s --parallelism.data_plane nccl", shape);
-    rc = launch(b, extra, out, sizeof(out));
-    if (rc)
-        print_error("%s\n", out);
-    assert_int_equal(rc, 0);
+    launch_ok(b, extra, out, sizeof(out));
     assert_non_null(strstr(out, "4 optimizer shards")); /* dp x pp */
     ckpt_dir(dir, sizeof(dir), a);
     snprintf(extra, sizeof(extra), "%s --parallelism.data_plane nccl --checkpoint.load %s/step-00000002", shape, dir);
-    rc = launch(c, extra, out, sizeof(out));
+    int rc = launch(c, extra, out, sizeof(out));
     unsetenv("CTITAN_CUDA_PLUGIN");
     if (rc)
         print_error("%s\n", out);
@@ -800,17 +776,14 @@ static void test_launch_two_hosts_train_like_one_on_the_emulated_backend(void **
     job_name(b, sizeof(b), "twohosts");
     snprintf(bh1, sizeof(bh1), "%s-h1", b);
     use_sim_plugin();
-    int rc = launch(a, shape, out, sizeof(out));
-    if (rc)
-        print_error("%s\n", out);
-    assert_int_equal(rc, 0);
+    launch_ok(a, shape, out, sizeof(out));
     snprintf(extra, sizeof(extra), "%s --job.hosts 2 --job.endpoint tcp://127.0.0.1:%d", shape, free_port());
     setenv("SLURM_STEP_NUM_NODES", "2", 1);
     setenv("SLURM_NODEID", "1", 1);
     pid_t agent = launch_bg(b, extra);
     unsetenv("SLURM_STEP_NUM_NODES");
     unsetenv("SLURM_NODEID");
-    rc = launch(b, extra, out, sizeof(out));
+    int rc = launch(b, extra, out, sizeof(out));
     unsetenv("CTITAN_CUDA_PLUGIN");
     if (rc)
         print_error("%s\n", out);
@@ -853,10 +826,7 @@ static void test_launch_losses_bitwise_equal_for_pipeline_degree_1_2_4(void **st
         job_name(j[i], sizeof(j[i]), i == 0 ? "pp1" : i == 1 ? "pp2" : "pp4");
         snprintf(extra, sizeof(extra), "--parallelism.pipeline_parallel_degree %d --parallelism.pipeline_parallel_microbatches 4",
                  pp[i]);
-        int rc = launch(j[i], extra, out, sizeof(out));
-        if (rc)
-            print_error("%s\n", out);
-        assert_int_equal(rc, 0);
+        launch_ok(j[i], extra, out, sizeof(out));
         assert_clean(j[i]);
     }
     assert_same_losses(j[0], j[1], 12);
@@ -875,10 +845,7 @@ static void test_launch_losses_bitwise_equal_for_1_and_3_optimizer_shards(void *
     job_name(a, sizeof(a), "k1");
     job_name(b, sizeof(b), "k3");
     assert_int_equal(launch(a, "--optshard.shards 1", out, sizeof(out)), 0);
-    int rc = launch(b, "--optshard.shards 3", out, sizeof(out));
-    if (rc)
-        print_error("%s\n", out);
-    assert_int_equal(rc, 0);
+    launch_ok(b, "--optshard.shards 3", out, sizeof(out));
     assert_same_losses(a, b, 12);
     assert_clean(a);
     assert_clean(b);
@@ -909,11 +876,8 @@ static void test_launch_data_parallel_2_matches_1_with_the_same_global_batch(voi
     job_name(b, sizeof(b), "dp2");
     assert_int_equal(launch(a, "--training.local_batch_size 8 --parallelism.pipeline_parallel_microbatches 4", out,
                             sizeof(out)), 0);
-    int rc = launch(b, "--training.local_batch_size 4 --parallelism.pipeline_parallel_microbatches 2 "
+    launch_ok(b, "--training.local_batch_size 4 --parallelism.pipeline_parallel_microbatches 2 "
                        "--parallelism.data_parallel_replicate_degree 2", out, sizeof(out));
-    if (rc)
-        print_error("%s\n", out);
-    assert_int_equal(rc, 0);
     assert_clean(b);
     static char la[MAX_STEPS][40], lb[MAX_STEPS][40];
     assert_int_equal(losses(a, la), 12);
@@ -963,16 +927,10 @@ static void test_launch_llmc_files_and_globs_train_like_one_ctitan_file(void **s
     job_name(c, sizeof(c), "globfiles");
     assert_int_equal(launch(a, "--loader.shuffle true --training.steps 40", out, sizeof(out)), 0);
     snprintf(extra, sizeof(extra), "--loader.shuffle true --training.steps 40 --loader.dataset_path %s/llmc.bin", g_dir);
-    int rc = launch(b, extra, out, sizeof(out));
-    if (rc)
-        print_error("%s\n", out);
-    assert_int_equal(rc, 0);
+    launch_ok(b, extra, out, sizeof(out));
     snprintf(extra, sizeof(extra), "--loader.shuffle true --training.steps 40 --loader.dataset_path '%s/part-*.bin'",
              g_dir);
-    rc = launch(c, extra, out, sizeof(out));
-    if (rc)
-        print_error("%s\n", out);
-    assert_int_equal(rc, 0);
+    launch_ok(c, extra, out, sizeof(out));
     assert_same_losses(a, b, 40);
     assert_same_losses(a, c, 40);
     /* and shuffling does change the order: a sequential run differs */
@@ -1305,10 +1263,7 @@ static void test_launch_clears_stale_segments_but_not_a_live_job(void **state)
         sleep_ms(10);
     assert_int_equal(job_procs(j), 0);
     assert_true(job_segments(j) >= 4);
-    int rc = launch(j, "", out, sizeof(out));
-    if (rc)
-        print_error("%s\n", out);
-    assert_int_equal(rc, 0);
+    launch_ok(j, "", out, sizeof(out));
     assert_non_null(strstr(out, "stale"));
     assert_clean(j);
     /* a live owner (this test process) is respected */

@@ -3,7 +3,7 @@
 // communicator maps it. Point-to-point messages go through a ring of slots per ordered pair of
 // ranks (a send returns once its bytes are in the ring, as a send of NCCL's does once the
 // receiver has them); collectives write each rank's input into its area, meet at a barrier,
-// and reduce in rank order. Streams are synchronous here, so every call is complete on return.
+// and reduce in rank order. Each call is queued on its stream like a kernel.
 #include "fake/nccl.h"
 
 #include <errno.h>
@@ -98,7 +98,7 @@ ncclResult_t ncclCommDestroy(ncclComm_t c)
 
 static size_t type_bytes(ncclDataType_t t) { return t == ncclFloat32 ? 4 : t == ncclBfloat16 ? 2 : 1; }
 
-ncclResult_t ncclSend(const void *buf, size_t count, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t)
+static ncclResult_t do_send(const void *buf, size_t count, ncclDataType_t t, int peer, ncclComm_t c)
 {
     size_t bytes = count * type_bytes(t);
     if (peer < 0 || peer >= c->nranks || peer == c->rank || bytes > SLOT)
@@ -115,7 +115,7 @@ ncclResult_t ncclSend(const void *buf, size_t count, ncclDataType_t t, int peer,
     return ncclSuccess;
 }
 
-ncclResult_t ncclRecv(void *buf, size_t count, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t)
+static ncclResult_t do_recv(void *buf, size_t count, ncclDataType_t t, int peer, ncclComm_t c)
 {
     size_t bytes = count * type_bytes(t), got;
     if (peer < 0 || peer >= c->nranks || peer == c->rank)
@@ -134,8 +134,7 @@ ncclResult_t ncclRecv(void *buf, size_t count, ncclDataType_t t, int peer, ncclC
     return ncclSuccess;
 }
 
-ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t count, ncclDataType_t t, ncclRedOp_t,
-                               ncclComm_t c, cudaStream_t)
+static ncclResult_t do_reduce_scatter(const void *send, void *recv, size_t count, ncclDataType_t t, ncclComm_t c)
 {
     if (t != ncclFloat32 || count * c->nranks * 4 > AREA)
         return ncclInvalidArgument;
@@ -153,7 +152,7 @@ ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t count, ncclD
     return barrier(c);
 }
 
-ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataType_t t, ncclComm_t c, cudaStream_t)
+static ncclResult_t do_all_gather(const void *send, void *recv, size_t count, ncclDataType_t t, ncclComm_t c)
 {
     size_t bytes = count * type_bytes(t);
     if (bytes > AREA)
@@ -165,6 +164,49 @@ ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataT
     for (int k = 0; k < c->nranks; k++)
         memcpy((char *)recv + k * bytes, area(c, k), bytes);
     return barrier(c);
+}
+
+/* The calls: checked now, queued on the stream (outside the device lock: they wait for peers). A
+ * failure inside the queue is reported and ends the process, as a hung NCCL would stop it. */
+static ncclResult_t queue(cudaStream_t s, const char *what, std::function<ncclResult_t()> op)
+{
+    sim_enqueue(s, [=] {
+        ncclResult_t r = op();
+        if (r) {
+            fprintf(stderr, "cudasim: %s: %s\n", what, ncclGetErrorString(r));
+            abort();
+        }
+    }, false);
+    return ncclSuccess;
+}
+
+ncclResult_t ncclSend(const void *buf, size_t count, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t s)
+{
+    if (peer < 0 || peer >= c->nranks || peer == c->rank || count * type_bytes(t) > SLOT)
+        return ncclInvalidArgument;
+    return queue(s, "ncclSend", [=] { return do_send(buf, count, t, peer, c); });
+}
+
+ncclResult_t ncclRecv(void *buf, size_t count, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t s)
+{
+    if (peer < 0 || peer >= c->nranks || peer == c->rank)
+        return ncclInvalidArgument;
+    return queue(s, "ncclRecv", [=] { return do_recv(buf, count, t, peer, c); });
+}
+
+ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t count, ncclDataType_t t, ncclRedOp_t,
+                               ncclComm_t c, cudaStream_t s)
+{
+    if (t != ncclFloat32 || count * c->nranks * 4 > AREA)
+        return ncclInvalidArgument;
+    return queue(s, "ncclReduceScatter", [=] { return do_reduce_scatter(send, recv, count, t, c); });
+}
+
+ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataType_t t, ncclComm_t c, cudaStream_t s)
+{
+    if (count * type_bytes(t) > AREA)
+        return ncclInvalidArgument;
+    return queue(s, "ncclAllGather", [=] { return do_all_gather(send, recv, count, t, c); });
 }
 
 const char *ncclGetErrorString(ncclResult_t r)

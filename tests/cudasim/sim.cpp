@@ -1,10 +1,15 @@
-// The emulator's per-thread state, its device memory (memfd mappings, shareable with CUDA IPC)
-// and its fibers.
+// The emulator's per-thread state, its device memory (memfd mappings, shareable with CUDA IPC),
+// its asynchronous streams and shared-memory events, and its fibers.
 #include "sim.h"
 
+#include <condition_variable>
+#include <deque>
 #include <fcntl.h>
 #include <map>
 #include <memory>
+#include <random>
+#include <set>
+#include <time.h>
 #include <sys/mman.h>
 #include <ucontext.h>
 #include <unistd.h>
@@ -16,7 +21,7 @@ thread_local BlockSync *sim_bs;
 /* ---- device memory: memfd mappings, so that CUDA IPC works between processes ---- */
 
 namespace {
-struct Mapping { int fd; size_t bytes; bool imported; };
+struct Mapping { int fd; size_t bytes; bool imported; bool pinned = false; };
 std::mutex alloc_mu;
 std::map<void *, Mapping> allocs;
 size_t allocated; /* bytes of this process's own allocations */
@@ -24,7 +29,12 @@ struct SimHandle { uint32_t magic; int32_t pid, fd; uint64_t bytes; };
 const uint32_t HANDLE_MAGIC = 0x4d495343; /* "CSIM" */
 }
 
-cudaError_t cudaMalloc(void **p, size_t b)
+static cudaError_t alloc(void **p, size_t b, bool pinned);
+
+cudaError_t cudaMalloc(void **p, size_t b) { return alloc(p, b, false); }
+cudaError_t cudaMallocHost(void **p, size_t b) { return alloc(p, b, true); }
+
+static cudaError_t alloc(void **p, size_t b, bool pinned)
 {
     size_t bytes = b ? b : 1;
     int fd = memfd_create("cudasim", MFD_CLOEXEC);
@@ -37,8 +47,9 @@ cudaError_t cudaMalloc(void **p, size_t b)
     }
     memset(m, 0xff, bytes); /* NaN garbage, as fresh device memory may hold */
     std::lock_guard<std::mutex> g(alloc_mu);
-    allocs[m] = {fd, bytes, false};
-    allocated += bytes;
+    allocs[m] = {fd, bytes, false, pinned};
+    if (!pinned)
+        allocated += bytes;
     *p = m;
     return 0;
 }
@@ -60,13 +71,15 @@ static cudaError_t unmap(void *p, bool imported)
     munmap(p, it->second.bytes);
     if (it->second.fd >= 0)
         close(it->second.fd);
-    if (!imported)
+    if (!imported && !it->second.pinned)
         allocated -= it->second.bytes;
     allocs.erase(it);
     return 0;
 }
 
-cudaError_t cudaFree(void *p) { return p ? unmap(p, false) : 0; }
+/* CUDA's cudaFree waits for the device. */
+cudaError_t cudaFree(void *p) { return p ? (cudaDeviceSynchronize(), unmap(p, false)) : 0; }
+cudaError_t cudaFreeHost(void *p) { return cudaFree(p); }
 
 cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p)
 {
@@ -108,6 +121,270 @@ cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned)
 }
 
 cudaError_t cudaIpcCloseMemHandle(void *p) { return unmap(p, true); }
+
+/* ---- streams ---- */
+
+namespace {
+std::mutex device_mu; /* kernels and copies one at a time: kernels keep __shared__ arrays in statics */
+struct Op { std::function<void()> fn; bool device; };
+struct Stream {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<Op> q;
+    bool busy = false, stop = false;
+    std::thread th;
+};
+std::mutex streams_mu;
+std::set<Stream *> streams;
+
+void run_op(Op &op)
+{
+    if (op.device) {
+        std::lock_guard<std::mutex> g(device_mu);
+        op.fn();
+    } else {
+        op.fn();
+    }
+}
+
+void stream_main(Stream *s)
+{
+    std::minstd_rand rng((unsigned)(uintptr_t)s ^ (unsigned)getpid());
+    for (;;) {
+        Op op;
+        {
+            std::unique_lock<std::mutex> lk(s->mu);
+            s->cv.wait(lk, [&] { return s->stop || !s->q.empty(); });
+            if (s->q.empty())
+                return;
+            op = std::move(s->q.front());
+            s->q.pop_front();
+            s->busy = true;
+        }
+        timespec pause = {0, (long)(rng() % 100) * 1000}; /* late, as a GPU may be */
+        nanosleep(&pause, nullptr);
+        run_op(op);
+        {
+            std::lock_guard<std::mutex> lk(s->mu);
+            s->busy = false;
+        }
+        s->cv.notify_all();
+    }
+}
+
+double now_s() { timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
+void nap() { timespec t = {0, 20000}; nanosleep(&t, nullptr); }
+}
+
+void sim_enqueue(cudaStream_t st, std::function<void()> fn, bool device)
+{
+    Op op{std::move(fn), device};
+    if (!st) {
+        run_op(op);
+        return;
+    }
+    Stream *s = (Stream *)st;
+    {
+        std::lock_guard<std::mutex> lk(s->mu);
+        s->q.push_back(std::move(op));
+    }
+    s->cv.notify_all();
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *out, unsigned)
+{
+    Stream *s = new Stream;
+    s->th = std::thread(stream_main, s);
+    std::lock_guard<std::mutex> g(streams_mu);
+    streams.insert(s);
+    *out = s;
+    return 0;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t st)
+{
+    if (!st)
+        return 0; /* the legacy stream ran everything in the caller */
+    Stream *s = (Stream *)st;
+    std::unique_lock<std::mutex> lk(s->mu);
+    s->cv.wait(lk, [&] { return s->q.empty() && !s->busy; });
+    return 0;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t st)
+{
+    if (!st)
+        return 0;
+    Stream *s = (Stream *)st;
+    cudaStreamSynchronize(st);
+    {
+        std::lock_guard<std::mutex> g(streams_mu);
+        streams.erase(s);
+    }
+    {
+        std::lock_guard<std::mutex> lk(s->mu);
+        s->stop = true;
+    }
+    s->cv.notify_all();
+    s->th.join();
+    delete s;
+    return 0;
+}
+
+cudaError_t cudaDeviceSynchronize()
+{
+    std::vector<Stream *> all;
+    {
+        std::lock_guard<std::mutex> g(streams_mu);
+        all.assign(streams.begin(), streams.end());
+    }
+    for (Stream *s : all)
+        cudaStreamSynchronize(s);
+    return 0;
+}
+
+/* ---- events: counters in a memfd page, so another process can record or wait on them ---- */
+
+namespace {
+struct EventMem { std::atomic<uint64_t> issued, done; };
+std::map<void *, int> event_fds; /* under alloc_mu */
+struct EventHandle { uint32_t magic; int32_t pid, fd; };
+const uint32_t EVENT_MAGIC = 0x54564543; /* "CEVT" */
+const double WAIT_LIMIT_S = 300;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned)
+{
+    int fd = memfd_create("cudasim-event", MFD_CLOEXEC);
+    void *m = fd < 0 || ftruncate(fd, 4096) ? MAP_FAILED : mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+        if (fd >= 0)
+            close(fd);
+        return cudaErrorMemoryAllocation;
+    }
+    std::lock_guard<std::mutex> g(alloc_mu);
+    event_fds[m] = fd;
+    *e = m;
+    return 0;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t e)
+{
+    std::lock_guard<std::mutex> g(alloc_mu);
+    auto it = event_fds.find(e);
+    if (it == event_fds.end())
+        return cudaErrorInvalidValue;
+    if (it->second >= 0)
+        close(it->second);
+    munmap(e, 4096);
+    event_fds.erase(it);
+    return 0;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t st)
+{
+    EventMem *ev = (EventMem *)e;
+    uint64_t n = ev->issued.fetch_add(1) + 1;
+    sim_enqueue(st, [ev, n] {
+        uint64_t d = ev->done.load();
+        while (d < n && !ev->done.compare_exchange_weak(d, n))
+            ;
+    }, false);
+    return 0;
+}
+
+static void wait_done(EventMem *ev, uint64_t target)
+{
+    for (double t0 = now_s(); ev->done.load() < target; nap())
+        if (now_s() - t0 > WAIT_LIMIT_S) {
+            fprintf(stderr, "cudasim: an event wait did not end in %.0f s (its recorder is gone?)\n", WAIT_LIMIT_S);
+            abort();
+        }
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t st, cudaEvent_t e, unsigned)
+{
+    if (!e)
+        return cudaErrorInvalidValue;
+    EventMem *ev = (EventMem *)e;
+    uint64_t target = ev->issued.load(); /* the records issued by now, as CUDA's wait */
+    if (target)
+        sim_enqueue(st, [ev, target] { wait_done(ev, target); }, false);
+    return 0;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t e)
+{
+    EventMem *ev = (EventMem *)e;
+    wait_done(ev, ev->issued.load());
+    return 0;
+}
+
+cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t *h, cudaEvent_t e)
+{
+    std::lock_guard<std::mutex> g(alloc_mu);
+    auto it = event_fds.find(e);
+    if (it == event_fds.end() || it->second < 0)
+        return cudaErrorInvalidValue;
+    EventHandle s = {EVENT_MAGIC, (int32_t)getpid(), it->second};
+    memset(h, 0, sizeof(*h));
+    memcpy(h->reserved, &s, sizeof(s));
+    return 0;
+}
+
+cudaError_t cudaIpcOpenEventHandle(cudaEvent_t *e, cudaIpcEventHandle_t h)
+{
+    EventHandle s;
+    memcpy(&s, h.reserved, sizeof(s));
+    if (s.magic != EVENT_MAGIC)
+        return cudaErrorInvalidValue;
+    void *m = sim_map_other(s.pid, s.fd, 4096);
+    if (!m)
+        return cudaErrorMapBufferObjectFailed;
+    std::lock_guard<std::mutex> g(alloc_mu);
+    event_fds[m] = -1;
+    *e = m;
+    return 0;
+}
+
+/* ---- copies ---- */
+
+/* Whether p is pageable host memory: not device memory, not pinned host memory. */
+static bool pageable(const void *p)
+{
+    std::lock_guard<std::mutex> g(alloc_mu);
+    auto it = allocs.upper_bound((void *)p);
+    if (it == allocs.begin())
+        return true;
+    --it;
+    return !((const char *)p < (const char *)it->first + it->second.bytes);
+}
+
+cudaError_t cudaMemcpy(void *d, const void *src, size_t b, cudaMemcpyKind)
+{
+    sim_enqueue(nullptr, [=] { memmove(d, src, b); });
+    return 0;
+}
+
+cudaError_t cudaMemcpyAsync(void *d, const void *src, size_t b, cudaMemcpyKind, cudaStream_t st)
+{
+    if (pageable(d)) { /* to pageable memory: returns once done */
+        cudaStreamSynchronize(st);
+        sim_enqueue(nullptr, [=] { memmove(d, src, b); });
+    } else if (pageable(src)) { /* from pageable memory: the bytes as they are now */
+        auto copy = std::make_shared<std::vector<char>>((const char *)src, (const char *)src + b);
+        sim_enqueue(st, [=] { memcpy(d, copy->data(), b); });
+    } else {
+        sim_enqueue(st, [=] { memmove(d, src, b); });
+    }
+    return 0;
+}
+
+cudaError_t cudaMemsetAsync(void *d, int v, size_t b, cudaStream_t st)
+{
+    sim_enqueue(st, [=] { memset(d, v, b); });
+    return 0;
+}
 
 /* ---- fibers ---- */
 

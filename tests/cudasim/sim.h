@@ -64,10 +64,18 @@ inline float __shfl_xor_sync(unsigned, float v, int o) {
 typedef int cudaError_t; typedef void *cudaStream_t; typedef void *cudaEvent_t;
 enum { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2, cudaErrorInsufficientDriver = 35,
        cudaErrorInvalidDevice = 101, cudaErrorNoDevice = 100, cudaErrorMapBufferObjectFailed = 205 };
-/* The runtime calls the CUDA code makes, on host memory (streams are synchronous here, so
- * events are always complete). Device memory is a memfd mapping (sim.cpp), which is what lets
- * CUDA IPC work between real processes: a handle names the exporter's pid and descriptor,
- * and cudaIpcOpenMemHandle maps /proc/PID/fd/FD. */
+/* The runtime calls the CUDA code makes, on host memory. Device memory is a memfd mapping
+ * (sim.cpp), which is what lets CUDA IPC work between real processes: a handle names the
+ * exporter's pid and descriptor, and cudaIpcOpenMemHandle maps /proc/PID/fd/FD.
+ * Streams are asynchronous as on a GPU: each created stream is a thread that runs its queue in
+ * order, after a random pause of up to 100 us before each operation, so work that is not
+ * ordered by an event, a stream synchronisation or a blocking copy runs late and shows as wrong
+ * numbers. Events count records (issued when cudaEventRecord is called, completed when its
+ * stream reaches it) in shared memory, so interprocess events work too; a stream wait waits for
+ * the records issued when it was called. The legacy stream (NULL) runs in the caller. Copies
+ * from pageable host memory take the bytes at the call; copies to pageable host memory wait
+ * for their stream first (CUDA's rules for pageable memory). Kernels and copies run one at a
+ * time (one device lock); NCCL operations and event waits do not take it. */
 enum cudaMemcpyKind { cudaMemcpyHostToHost, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice,
                       cudaMemcpyDefault };
 enum { cudaStreamNonBlocking = 1 };
@@ -88,20 +96,25 @@ cudaError_t cudaFree(void *p);
 cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p);
 cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned flags);
 cudaError_t cudaIpcCloseMemHandle(void *p);
-inline cudaError_t cudaMallocHost(void **p, size_t b) { return cudaMalloc(p, b); }
-inline cudaError_t cudaFreeHost(void *p) { return cudaFree(p); }
-inline cudaError_t cudaMemcpy(void *d, const void *s, size_t b, cudaMemcpyKind) { memmove(d, s, b); return 0; }
-inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t b, cudaMemcpyKind, void *) { memmove(d, s, b); return 0; }
-inline cudaError_t cudaMemsetAsync(void *d, int v, size_t b, void *) { memset(d, v, b); return 0; }
-inline cudaError_t cudaStreamCreateWithFlags(void **s, unsigned) { *s = nullptr; return 0; }
-inline cudaError_t cudaStreamDestroy(void *) { return 0; }
-inline cudaError_t cudaStreamSynchronize(void *) { return 0; }
-inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) { *e = new int(0); return 0; }
-inline cudaError_t cudaEventDestroy(cudaEvent_t e) { delete (int *)e; return 0; }
-inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) { ++*(int *)e; return 0; }
-inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned) { return e ? 0 : cudaErrorInvalidValue; }
-inline cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t *h, cudaEvent_t) { memset(h, 0, sizeof(*h)); return 0; }
-inline cudaError_t cudaIpcOpenEventHandle(cudaEvent_t *e, cudaIpcEventHandle_t) { *e = new int(0); return 0; }
+cudaError_t cudaMallocHost(void **p, size_t b); /* pinned: copies to it stay asynchronous */
+cudaError_t cudaFreeHost(void *p);
+cudaError_t cudaMemcpy(void *d, const void *s, size_t b, cudaMemcpyKind);
+cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t b, cudaMemcpyKind, cudaStream_t st);
+cudaError_t cudaMemsetAsync(void *d, int v, size_t b, cudaStream_t st);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
+cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaDeviceSynchronize();
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned);
+cudaError_t cudaEventDestroy(cudaEvent_t e);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned);
+cudaError_t cudaEventSynchronize(cudaEvent_t e);
+cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t *h, cudaEvent_t e);
+cudaError_t cudaIpcOpenEventHandle(cudaEvent_t *e, cudaIpcEventHandle_t h);
+/* Queues op on stream s (NULL: runs it now). device: it touches device memory (kernels,
+ * copies), so it runs under the device lock; NCCL's stand-in passes false. */
+void sim_enqueue(cudaStream_t s, std::function<void()> op, bool device = true);
 enum { cudaDevAttrMaxSharedMemoryPerBlockOptin = 97 };
 enum { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 inline cudaError_t cudaGetDevice(int *d) { *d = sim_device(); return 0; }
@@ -162,6 +175,6 @@ inline int __ffs(int x) { return __builtin_ffs(x); }
 void sim_run(dim3 grid, dim3 block, size_t smem, const std::function<void()> &kernel);
 
 template <typename... KA, typename... A>
-void sim_launch(void (*k)(KA...), dim3 grid, dim3 block, size_t smem, cudaStream_t, A... args) {
-    sim_run(grid, block, smem, [&] { k(args...); });
+void sim_launch(void (*k)(KA...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A... args) {
+    sim_enqueue(s, [=] { sim_run(grid, block, smem, [&] { k(args...); }); });
 }

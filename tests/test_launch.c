@@ -656,6 +656,43 @@ static void test_launch_cuda_path_on_the_emulated_backend(void **state)
     assert_clean(b);
 }
 
+/* The emulated GPU runs streams late and out of step, as a GPU may: without the waits on the
+ * neighbours' interprocess events (a test hook drops them) the pipeline reads its inputs before
+ * they are written, on the IPC rings and on the NCCL links alike, and the losses go wrong. So
+ * the GPU-path tests here can fail for a missing wait, not only for wrong arithmetic. */
+static void test_launch_emulated_gpu_catches_a_missing_event_wait(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char a[32], b[32], c[32], extra[512];
+    const char *shape = "--model.dim 32 --model.n_heads 2 --model.n_kv_heads 1 --training.steps 2 --job.device cuda";
+    job_name(a, sizeof(a), "waits");
+    job_name(b, sizeof(b), "nowaits");
+    job_name(c, sizeof(c), "nowaitsnccl");
+    use_sim_plugin();
+    launch_ok(a, shape, out, sizeof(out));
+    setenv("CTITAN_TEST_NO_EVENT_WAITS", "1", 1);
+    int rc = launch(b, shape, out, sizeof(out));
+    snprintf(extra, sizeof(extra), "%s --parallelism.data_plane nccl", shape);
+    int rc2 = launch(c, extra, out, sizeof(out));
+    unsetenv("CTITAN_TEST_NO_EVENT_WAITS");
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    static char la[MAX_STEPS][40], lb[MAX_STEPS][40];
+    assert_int_equal(losses(a, la), 2);
+    const char *bad[] = {b, c};
+    int rcs[] = {rc, rc2};
+    for (int j = 0; j < 2; j++) {
+        int n = losses(bad[j], lb), wrong = rcs[j] != 0 || n < 2;
+        for (int i = 0; i < n && i < 2; i++)
+            wrong |= strcmp(la[i], lb[i]) != 0;
+        print_message("%s: exit %d, %d steps, step 1 loss %s (with the waits: %s)\n", bad[j], rcs[j], n,
+                      n ? lb[0] : "-", la[0]);
+        assert_true(wrong);
+    }
+    assert_clean(b);
+    assert_clean(c);
+}
+
 /* Data parallel 2 x pipeline 2 on the emulated GPU: optimizer shards on the GPU (summing the
  * two replicas' device gradients through IPC) and offload mode ([optshard] device = "cpu")
  * agree with each other closely and with the CPU within bf16's tolerance. */
@@ -1330,6 +1367,7 @@ int main(void)
         cmocka_unit_test(test_launch_rejects_bad_checkpoint_keys),
         cmocka_unit_test(test_launch_cuda_device_trains_or_fails_cleanly),
         cmocka_unit_test(test_launch_cuda_path_on_the_emulated_backend),
+        cmocka_unit_test(test_launch_emulated_gpu_catches_a_missing_event_wait),
         cmocka_unit_test(test_launch_cuda_offload_and_gpu_shards_agree_on_the_emulated_backend),
         cmocka_unit_test(test_launch_cuda_gpu_shards_resume_bitwise_on_the_emulated_backend),
         cmocka_unit_test(test_launch_cuda_nccl_data_plane_on_the_emulated_backend),

@@ -42,6 +42,9 @@ typedef struct {
 
 size_t devdir_bytes(const job_layout_t *l);
 devdir_stage_t *devdir_stage(void *seg, const job_layout_t *l, int replica, int rank);
+/* The entry of stage (replica, rank) once its owner has filled it (polled every ms while the
+ * stage sets up); NULL after timeout_ms. */
+devdir_stage_t *devdir_wait(void *seg, const job_layout_t *l, int replica, int rank, int timeout_ms);
 /* The stage's outgoing ring: activations (grad = 0) or gradients (grad = 1). */
 devdir_ring_t devdir_ring(devdir_stage_t *e, const job_layout_t *l, int grad);
 

@@ -17,8 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "checkpointd/ckpt.h"
 #include "checkpointd/staging.h"
@@ -80,11 +78,7 @@ typedef struct {
     gpu_t *gpu;                  /* [optshard] device = "cuda"; then master/m1/m2 are NULL after set-up */
 } shard_t;
 
-#define CU_CHECK(sh, call, ...)                                                               \
-    do {                                                                                      \
-        int rc_ = (call);                                                                     \
-        WORKER_CHECK((sh)->w, rc_ == 0, __VA_ARGS__);                                         \
-    } while (0)
+#define CU_CHECK(sh, call, ...) WORKER_CHECK((sh)->w, (call) == 0, __VA_ARGS__)
 #define CU_WHY(sh) (sh)->gpu->cu->last_error()
 
 /* The part [*b, *e) of tensor p in this shard's slice; 0 when there is none. */
@@ -217,12 +211,8 @@ static void setup_gpu(shard_t *sh)
         for (int s = 0; s < m->pp; s++) {
             if (sh->lay.nccl && (r != sh->rank % m->dp || s != sh->rank / m->dp)) /* the reduce-scatter summed */
                 continue;                                                       /* the replicas into its stage */
-            devdir_stage_t *e = devdir_stage(shm_data(G->dev), &sh->lay, r, s);
-            for (int waited = 0; !atomic_load(&e->ready); waited++) { /* the stage is setting up */
-                WORKER_CHECK(sh->w, waited < 120000, "stage %d of replica %d never published its device buffers",
-                             s, r);
-                nanosleep(&(struct timespec){0, 1000000}, NULL);
-            }
+            devdir_stage_t *e = devdir_wait(shm_data(G->dev), &sh->lay, r, s, 120000);
+            WORKER_CHECK(sh->w, e, "stage %d of replica %d never published its device buffers", s, r);
             size_t lo = e->begin > sh->begin ? e->begin : sh->begin, hi = e->end < sh->end ? e->end : sh->end;
             if (lo >= hi)
                 continue;

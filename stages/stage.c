@@ -17,7 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "ipc/ring.h"
@@ -106,11 +105,7 @@ static void attach_batch(stage_t *st, ring_t **r, int targets)
     WORKER_CHECK(st->w, rc == 0, "%s", err);
 }
 
-#define CU_CHECK(st, call, ...)                                                               \
-    do {                                                                                      \
-        int rc_ = (call);                                                                     \
-        WORKER_CHECK((st)->w, rc_ == 0, __VA_ARGS__);                                         \
-    } while (0)
+#define CU_CHECK(st, call, ...) WORKER_CHECK((st)->w, (call) == 0, __VA_ARGS__)
 #define CU_WHY(st) (st)->cu->last_error()
 
 static void dring_make(stage_t *st, dring_t *d, devdir_ring_t r)
@@ -128,22 +123,12 @@ static void dring_make(stage_t *st, dring_t *d, devdir_ring_t r)
     }
 }
 
-/* The directory entry of stage (replica, rank) once its owner has filled it. */
-static devdir_stage_t *dev_entry(stage_t *st, int rank)
-{
-    devdir_stage_t *e = devdir_stage(shm_data(st->dev), &st->lay, st->replica, rank);
-    for (int waited = 0; !atomic_load(&e->ready); waited++) { /* the neighbour is setting up */
-        WORKER_CHECK(st->w, waited < 120000, "stage %d of replica %d never published its device buffers", rank,
-                     st->replica);
-        nanosleep(&(struct timespec){0, 1000000}, NULL);
-    }
-    return e;
-}
-
 static void dring_open(stage_t *st, dring_t *d, int rank, int grad)
 {
     int M = st->lay.M;
-    devdir_ring_t r = devdir_ring(dev_entry(st, rank), &st->lay, grad);
+    devdir_stage_t *e = devdir_wait(shm_data(st->dev), &st->lay, st->replica, rank, 120000);
+    WORKER_CHECK(st->w, e, "stage %d of replica %d never published its device buffers", rank, st->replica);
+    devdir_ring_t r = devdir_ring(e, &st->lay, grad);
     d->written = calloc((size_t)M, sizeof(void *));
     d->read = calloc((size_t)M, sizeof(void *));
     WORKER_CHECK(st->w, d->written && d->read, "out of memory");

@@ -431,11 +431,15 @@ static int forward(cuda_model_t *m, cuda_model_acts_t *a, const int32_t *tokens,
         if ((rc = to_bf16(m, a->x_first, a->io, N * D)))
             return rc;
     }
+    /* device hand-off without the head: the last layer writes the ring slot itself (nothing
+     * reads x_top afterwards); a stage without layers copies its input through */
+    bf16_t *top = dev && !m->has_head && m->nl ? (bf16_t *)x_out : a->x_top;
     for (int i = 0; i < m->nl; i++)
-        if ((rc = layer_forward(m, a, i, i + 1 < m->nl ? a->l[i + 1].h_in : a->x_top)))
+        if ((rc = layer_forward(m, a, i, i + 1 < m->nl ? a->l[i + 1].h_in : top)))
             return rc;
     if (!m->has_head && dev) {
-        CU(cudaMemcpyAsync(x_out, a->x_top, N * D * sizeof(bf16_t), cudaMemcpyDeviceToDevice, m->stream));
+        if (top != x_out)
+            CU(cudaMemcpyAsync(x_out, a->x_top, N * D * sizeof(bf16_t), cudaMemcpyDeviceToDevice, m->stream));
         return 0;
     }
     if (!m->has_head) {
@@ -491,13 +495,17 @@ static int backward_b(cuda_model_t *m, cuda_model_acts_t *a, const void *dy, voi
         if ((rc = to_bf16(m, top, a->io, N * D)))
             return rc;
     }
+    /* device hand-off without the embedding: the first layer writes the ring slot itself (only
+     * the embedding's W reads d_bottom) */
+    bf16_t *bottom = dev && !m->has_embed && m->nl ? (bf16_t *)dx : a->d_bottom;
     for (int i = m->nl - 1; i >= 0; i--)
-        if ((rc = layer_backward_b(m, a, i, i > 0 ? a->l[i - 1].df : a->d_bottom)))
+        if ((rc = layer_backward_b(m, a, i, i > 0 ? a->l[i - 1].df : bottom)))
             return rc;
     if (m->has_embed)
         return dev ? 0 : cuda_rc(cudaStreamSynchronize(m->stream), "cudaStreamSynchronize");
-    if (dev) { /* W still reads d_bottom only on the first stage, which has no dx */
-        CU(cudaMemcpyAsync(dx, a->d_bottom, N * D * sizeof(bf16_t), cudaMemcpyDeviceToDevice, m->stream));
+    if (dev) {
+        if (bottom != dx)
+            CU(cudaMemcpyAsync(dx, a->d_bottom, N * D * sizeof(bf16_t), cudaMemcpyDeviceToDevice, m->stream));
         return 0;
     }
     if ((rc = to_f32(m, a->io, a->d_bottom, N * D)))

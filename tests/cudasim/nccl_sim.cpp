@@ -100,9 +100,7 @@ static size_t type_bytes(ncclDataType_t t) { return t == ncclFloat32 ? 4 : t == 
 
 static ncclResult_t do_send(const void *buf, size_t count, ncclDataType_t t, int peer, ncclComm_t c)
 {
-    size_t bytes = count * type_bytes(t);
-    if (peer < 0 || peer >= c->nranks || peer == c->rank || bytes > SLOT)
-        return ncclInvalidArgument;
+    size_t bytes = count * type_bytes(t); /* arguments checked when queued (ncclSend) */
     Channel *ch = channel(c, c->rank, peer);
     uint64_t head = ch->head.load();
     for (double t0 = now(); head - ch->tail.load() == (uint64_t)NSLOT; nap())
@@ -118,8 +116,6 @@ static ncclResult_t do_send(const void *buf, size_t count, ncclDataType_t t, int
 static ncclResult_t do_recv(void *buf, size_t count, ncclDataType_t t, int peer, ncclComm_t c)
 {
     size_t bytes = count * type_bytes(t), got;
-    if (peer < 0 || peer >= c->nranks || peer == c->rank)
-        return ncclInvalidArgument;
     Channel *ch = channel(c, peer, c->rank);
     uint64_t tail = ch->tail.load();
     for (double t0 = now(); ch->head.load() == tail; nap())
@@ -134,10 +130,8 @@ static ncclResult_t do_recv(void *buf, size_t count, ncclDataType_t t, int peer,
     return ncclSuccess;
 }
 
-static ncclResult_t do_reduce_scatter(const void *send, void *recv, size_t count, ncclDataType_t t, ncclComm_t c)
+static ncclResult_t do_reduce_scatter(const void *send, void *recv, size_t count, ncclComm_t c)
 {
-    if (t != ncclFloat32 || count * c->nranks * 4 > AREA)
-        return ncclInvalidArgument;
     memcpy(area(c, c->rank), send, count * c->nranks * 4);
     ncclResult_t r = barrier(c);
     if (r)
@@ -155,8 +149,6 @@ static ncclResult_t do_reduce_scatter(const void *send, void *recv, size_t count
 static ncclResult_t do_all_gather(const void *send, void *recv, size_t count, ncclDataType_t t, ncclComm_t c)
 {
     size_t bytes = count * type_bytes(t);
-    if (bytes > AREA)
-        return ncclInvalidArgument;
     memmove(area(c, c->rank), send, bytes);
     ncclResult_t r = barrier(c);
     if (r)
@@ -199,7 +191,7 @@ ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t count, ncclD
 {
     if (t != ncclFloat32 || count * c->nranks * 4 > AREA)
         return ncclInvalidArgument;
-    return queue(s, "ncclReduceScatter", [=] { return do_reduce_scatter(send, recv, count, t, c); });
+    return queue(s, "ncclReduceScatter", [=] { return do_reduce_scatter(send, recv, count, c); });
 }
 
 ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataType_t t, ncclComm_t c, cudaStream_t s)

@@ -8,6 +8,7 @@
 
 #include "kernels/cuda/cuda_dev.h"
 #include "kernels/cuda/cuda_err.h"
+#include "kernels/cuda/nn_common.cuh"
 
 static_assert(sizeof(cudaIpcMemHandle_t) == sizeof(cuda_ipc_mem_t), "IPC memory handle size");
 static_assert(sizeof(cudaIpcEventHandle_t) == sizeof(cuda_ipc_event_t), "IPC event handle size");
@@ -151,12 +152,6 @@ extern "C" int cuda_zero_async(void *dst, size_t bytes, void *stream)
 
 // ---- the optimizer shard's kernels ----
 
-static unsigned grid_for(size_t n)
-{
-    size_t b = (n + 255) / 256;
-    return (unsigned)(b < 1 ? 1 : b > 65535 * 8 ? 65535 * 8 : b);
-}
-
 __global__ static void k_add(float *y, const float *x, size_t n)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
@@ -201,7 +196,7 @@ extern "C" int cuda_f32_add(float *y, const float *x, size_t n, void *stream)
 {
     if (!n)
         return 0;
-    k_add<<<grid_for(n), 256, 0, (cudaStream_t)stream>>>(y, x, n);
+    k_add<<<nn_grid_for(n, 256), 256, 0, (cudaStream_t)stream>>>(y, x, n);
     LAUNCHED("cuda_f32_add");
 }
 
@@ -209,7 +204,7 @@ extern "C" int cuda_f32_scale(float *y, float s, size_t n, void *stream)
 {
     if (!n)
         return 0;
-    k_scale<<<grid_for(n), 256, 0, (cudaStream_t)stream>>>(y, s, n);
+    k_scale<<<nn_grid_for(n, 256), 256, 0, (cudaStream_t)stream>>>(y, s, n);
     LAUNCHED("cuda_f32_scale");
 }
 
@@ -217,7 +212,7 @@ extern "C" int cuda_f32_to_bf16_dev(uint16_t *y, const float *x, size_t n, void 
 {
     if (!n)
         return 0;
-    k_to_bf16<<<grid_for(n), 256, 0, (cudaStream_t)stream>>>(y, x, n);
+    k_to_bf16<<<nn_grid_for(n, 256), 256, 0, (cudaStream_t)stream>>>(y, x, n);
     LAUNCHED("cuda_f32_to_bf16_dev");
 }
 

@@ -13,10 +13,12 @@ extern "C" {
 #include "kernels/params.h"
 }
 #include "kernels/cuda/cuda_attn.h"
+#include "kernels/cuda/cuda_dev.h"
 #include "kernels/cuda/cuda_err.h"
 #include "kernels/cuda/cuda_matmul.h"
 #include "kernels/cuda/cuda_model.h"
 #include "kernels/cuda/cuda_nn.h"
+#include "kernels/cuda/nn_common.cuh"
 
 extern "C" const char *cuda_model_last_error(void) { return cuda_err_text(); }
 
@@ -97,13 +99,6 @@ __global__ static void k_add(bf16_t *y, const bf16_t *x, const bf16_t *r, size_t
         Y[i] = __float2bfloat16(__bfloat162float(X[i]) + __bfloat162float(R[i]));
 }
 
-__global__ static void k_to_bf16(bf16_t *y, const float *x, size_t n)
-{
-    __nv_bfloat16 *Y = (__nv_bfloat16 *)y;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        Y[i] = __float2bfloat16(x[i]);
-}
-
 __global__ static void k_to_f32(float *y, const bf16_t *x, size_t n)
 {
     const __nv_bfloat16 *X = (const __nv_bfloat16 *)x;
@@ -111,27 +106,20 @@ __global__ static void k_to_f32(float *y, const bf16_t *x, size_t n)
         y[i] = __bfloat162float(X[i]);
 }
 
-static unsigned grid_for(size_t n)
-{
-    size_t b = (n + 255) / 256;
-    return (unsigned)(b < 1 ? 1 : b > 65535 * 8 ? 65535 * 8 : b);
-}
-
 static int add(cuda_model_t *m, bf16_t *y, const bf16_t *x, const bf16_t *r, size_t n)
 {
-    k_add<<<grid_for(n), 256, 0, m->stream>>>(y, x, r, n);
+    k_add<<<nn_grid_for(n, 256), 256, 0, m->stream>>>(y, x, r, n);
     return cuda_rc(cudaGetLastError(), "add kernel");
 }
 
 static int to_bf16(cuda_model_t *m, bf16_t *y, const float *x, size_t n)
 {
-    k_to_bf16<<<grid_for(n), 256, 0, m->stream>>>(y, x, n);
-    return cuda_rc(cudaGetLastError(), "fp32 -> bf16 kernel");
+    return cuda_f32_to_bf16_dev(y, x, n, m->stream);
 }
 
 static int to_f32(cuda_model_t *m, float *y, const bf16_t *x, size_t n)
 {
-    k_to_f32<<<grid_for(n), 256, 0, m->stream>>>(y, x, n);
+    k_to_f32<<<nn_grid_for(n, 256), 256, 0, m->stream>>>(y, x, n);
     return cuda_rc(cudaGetLastError(), "bf16 -> fp32 kernel");
 }
 
@@ -246,8 +234,9 @@ extern "C" int cuda_model_set_weights(cuda_model_t *m, const float *host)
     size_t n = m->end - m->begin;
     /* into pinned memory, which the conversion kernel reads directly (mapped through UVA) */
     memcpy(m->staging, host, n * sizeof(float));
-    k_to_bf16<<<grid_for(n), 256, 0, m->stream>>>(m->w, m->staging, n);
-    CU(cudaGetLastError());
+    int rc = to_bf16(m, m->w, m->staging, n);
+    if (rc)
+        return rc;
     CU(cudaStreamSynchronize(m->stream));
     return 0;
 }

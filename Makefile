@@ -16,9 +16,10 @@ CUDA_HOME ?= /usr/local/cuda
 NVFLAGS := -O3 -std=c++17 -I. -Xcompiler -fPIC -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 
 # Programs: `ctitan` (tools/ctitan.c + tools/cmd_*.c) and one executable per role, each a
-# single main in stages/ (stages/stage.c -> build/bin/ctitan-stage).
-ROLE_MAINS := stages/stage.c stages/optshard.c stages/loader.c stages/loader_text.c
-ROLE_BINS  := $(patsubst stages/%.c,$(BUILD)/bin/ctitan-%,$(subst _,-,$(wildcard $(ROLE_MAINS))))
+# single main in stages/: build/bin/ctitan-<role> from stages/<main>.c.
+ROLE_PROGS := stage:stage optshard:optshard loader:loader_tokfile loader-text:loader_text
+ROLE_MAINS := $(foreach p,$(ROLE_PROGS),stages/$(word 2,$(subst :, ,$(p))).c)
+ROLE_BINS  := $(foreach p,$(ROLE_PROGS),$(BUILD)/bin/ctitan-$(word 1,$(subst :, ,$(p))))
 # Library code: every .c under these folders except program mains.
 # The checkpoint daemon: checkpointd/main.c -> build/bin/checkpointd.
 CKPTD_MAIN := checkpointd/main.c
@@ -161,11 +162,13 @@ $(BUILD)/bin/checkpointd: $(BUILD)/obj/checkpointd/main.o $(BUILD)/libctitan.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
-# build/bin/ctitan-loader-text comes from stages/loader_text.c
-.SECONDEXPANSION:
-$(BUILD)/bin/ctitan-%: $(BUILD)/obj/stages/$$(subst -,_,%).o $(BUILD)/libctitan.a
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+# build/bin/ctitan-<role> from its main (ROLE_PROGS)
+define role_prog
+$(BUILD)/bin/ctitan-$(word 1,$(subst :, ,$(1))): $(BUILD)/obj/stages/$(word 2,$(subst :, ,$(1))).o $(BUILD)/libctitan.a
+	@mkdir -p $$(dir $$@)
+	$$(CC) $$(CFLAGS) -o $$@ $$^ $$(LDLIBS)
+endef
+$(foreach p,$(ROLE_PROGS),$(eval $(call role_prog,$(p))))
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(BUILD)/libctitan.a
 	@mkdir -p $(dir $@)

@@ -17,7 +17,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "tools/util.h"
+#include "ipc/util.h"
 
 #define INDEX_HDR 24   /* magic 8, version 4, reserved 4, body length 8 */
 #define INDEX_TAIL 8   /* XXH64 of everything before it */

@@ -2,7 +2,7 @@
  *
  *   checkpointd --job NAME      started by `ctitan launch` ([checkpoint] enable): a worker of
  *                               the job. On SAVE it reads the staging segment the optimizer
- *                               shards filled (checkpointd/staging.h), checksums it, and writes
+ *                               shards filled (stages/staging.h), checksums it, and writes
  *                               checkpoint.folder/step-N (checkpointd/writer.h), or streams it
  *                               to the remote checkpointd at checkpoint.endpoint; then answers
  *                               SAVED. Training does not wait for it.
@@ -24,13 +24,13 @@
 
 #include "checkpointd/ckpt.h"
 #include "checkpointd/remote.h"
-#include "checkpointd/staging.h"
+#include "stages/staging.h"
 #include "checkpointd/writer.h"
 #include "ipc/shm.h"
 #include "kernels/params.h"
 #include "stages/worker.h"
-#include "tools/log.h"
-#include "tools/util.h"
+#include "ipc/log.h"
+#include "ipc/util.h"
 
 #define PIECE (64u << 20) /* bytes handed to the writer at a time */
 

@@ -46,7 +46,7 @@
 #include <zmq.h>
 
 #include "checkpointd/writer.h"
-#include "tools/util.h"
+#include "ipc/util.h"
 
 #define RMT_VERSION 1
 #define RMT_HDR_MAX 4096             /* bytes of a header frame */

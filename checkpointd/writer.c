@@ -27,7 +27,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "tools/util.h"
+#include "ipc/util.h"
 
 #define UW_NBUF 8
 #define UW_BUF (4u << 20)

@@ -15,7 +15,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#include "tools/util.h"
+#include "ipc/util.h"
 
 #define CTL_CLIENT_LINGER_MS 100
 #define CTL_ENDPOINT_MAX 512

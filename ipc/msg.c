@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tools/util.h"
+#include "ipc/util.h"
 
 /* Containers nested deeper than this are rejected before msgpack-c runs; its own parser has
  * a fixed stack of MSGPACK_EMBED_STACK_SIZE (32) levels. Our maps are flat. */

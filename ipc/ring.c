@@ -14,7 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "tools/util.h"
+#include "ipc/util.h"
 
 #define PAGE 4096u
 

@@ -12,7 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "tools/util.h"
+#include "ipc/util.h"
 
 #define NAME_LEN_MAX 63
 /* "/ctitan.<job>.<name>" with the longest job and name shm_name_ok accepts, and the NUL */

@@ -134,3 +134,11 @@ int config_ffn_hidden(const model_config_t *c)
     h = m * ((h + m - 1) / m);
     return h > (1 << 30) ? -1 : (int)h;
 }
+
+double config_flops_per_token(const model_config_t *cfg, int T)
+{
+    double D = cfg->dim, hd = config_head_dim(cfg), F = config_ffn_hidden(cfg);
+    double per_layer = D * cfg->n_heads * hd * 2 + D * cfg->n_kv_heads * hd * 2 + 3 * D * F;
+    double matmul_params = cfg->n_layers * per_layer + (double)cfg->vocab_size * D;
+    return 6 * matmul_params + 12.0 * cfg->n_layers * D * T;
+}

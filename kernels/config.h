@@ -41,4 +41,8 @@ int config_head_dim(const model_config_t *cfg);
 /* torchtitan's FeedForward size: h = 4*dim; h = 2h/3; h *= multiplier; round up to multiple_of. */
 int config_ffn_hidden(const model_config_t *cfg);
 
+/* Model FLOPs per token for forward+backward (PaLM convention): 6 * (matmul parameters,
+ * lm_head included, embedding excluded) + 12 * n_layers * dim * T. */
+double config_flops_per_token(const model_config_t *cfg, int T);
+
 #endif

@@ -20,7 +20,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "tools/manifest.h"
+#include "stages/manifest.h"
 
 #define JOB_MAGIC 0x31424f4a4e544943ULL /* "CITNJOB1" */
 #define JOB_VERSION 1u

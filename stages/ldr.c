@@ -10,7 +10,7 @@
 #include "ipc/shm.h"
 #include "stages/ldr_seg.h"
 #include "stages/worker.h"
-#include "tools/util.h"
+#include "ipc/util.h"
 
 #define PAGE 4096u
 

@@ -18,7 +18,7 @@
 #include "stages/ldr.h"
 
 #define LDR_SEG_NAME "batch"
-#define LDR_SEG_MAGIC 0x3148544142544321ULL /* "!CTBATCH1" */
+#define LDR_SEG_MAGIC 0x3148544142544321ULL /* "!CTBATH1" (bytes in memory order) */
 #define LDR_SEG_VERSION 2u
 #define LDR_SEG_CURSORS 64
 

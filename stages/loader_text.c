@@ -17,8 +17,8 @@
 #include <unistd.h>
 
 #include "stages/ldr.h"
-#include "tools/tokenizer.h"
-#include "tools/util.h"
+#include "stages/tokenizer.h"
+#include "ipc/util.h"
 
 typedef struct {
     const uint8_t *text;

@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "checkpointd/ckpt.h"
-#include "checkpointd/staging.h"
+#include "stages/staging.h"
 #include "ipc/shm.h"
 #include "kernels/lr.h"
 #include "kernels/ops.h"
@@ -28,8 +28,8 @@
 #include "stages/devdir.h"
 #include "stages/job.h"
 #include "stages/worker.h"
-#include "tools/log.h"
-#include "tools/util.h"
+#include "ipc/log.h"
+#include "ipc/util.h"
 
 /* The part [lo, hi) of a GPU shard's slice that one stage replica holds, in that stage's
  * device buffers (mapped). */

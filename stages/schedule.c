@@ -10,7 +10,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "tools/util.h"
+#include "ipc/util.h"
 
 /* Upper bound on the actions of one rank, far above any real pipeline, so that sizes and
  * indices stay in int and the tables in check/simulate stay small enough to allocate. */

@@ -21,7 +21,7 @@
 
 #include "ipc/ring.h"
 #include "ipc/shm.h"
-#include "kernels/model.h"
+#include "kernels/cpu/model.h"
 #include "kernels/cuda/cuda_nccl.h"
 #include "stages/cuda_plugin.h"
 #include "stages/devdir.h"
@@ -29,8 +29,8 @@
 #include "stages/ldr_seg.h"
 #include "stages/schedule.h"
 #include "stages/worker.h"
-#include "tools/log.h"
-#include "tools/util.h"
+#include "ipc/log.h"
+#include "ipc/util.h"
 
 /* One end of a device ring (stages/devdir.h): M slots and their events, this stage's own
  * (outgoing) or mapped from the neighbour that owns it (incoming). */

@@ -12,8 +12,8 @@
 #include <unistd.h>
 
 #include "ipc/ctl.h"
-#include "tools/log.h"
-#include "tools/util.h"
+#include "ipc/log.h"
+#include "ipc/util.h"
 
 struct worker {
     ctl_t *ctl;

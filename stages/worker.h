@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #include "ipc/msg.h"
-#include "tools/manifest.h"
+#include "stages/manifest.h"
 
 /* Environment a worker is started with (the coordinator sets them). */
 #define WORKER_ENV_ENDPOINT "CTITAN_ENDPOINT"

@@ -21,8 +21,8 @@
 #include "checkpointd/writer.h"
 #include "kernels/params.h"
 #include "tests/testutil.h"
-#include "tools/manifest.h"
-#include "tools/safetensors.h"
+#include "stages/manifest.h"
+#include "checkpointd/safetensors.h"
 
 #define STEP 5
 

@@ -19,7 +19,7 @@
 
 #include "ipc/ctl.h"
 #include "tests/testutil.h"
-#include "tools/util.h"
+#include "ipc/util.h"
 
 #define WAIT_MS 2000 /* generous: a pass takes milliseconds */
 

@@ -29,7 +29,7 @@
 #include "ipc/shm.h"
 #include "stages/job.h"
 #include "tests/testutil.h"
-#include "tools/tokfile.h"
+#include "stages/tokfile.h"
 
 #define MAX_STEPS 512
 

@@ -15,7 +15,7 @@
 
 #include "kernels/params.h"
 #include "tests/testutil.h"
-#include "tools/manifest.h"
+#include "stages/manifest.h"
 
 static const char full_text[] =
     "# a realistic manifest, every section\n"                    /* 1 */

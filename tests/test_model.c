@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/model.h"
+#include "kernels/cpu/model.h"
 #include "kernels/ops.h"
 #include "kernels/ref/model_ref.h"
 #include "tests/testutil.h"

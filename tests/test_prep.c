@@ -22,8 +22,8 @@
 
 #include "tests/testutil.h"
 #include "tools/prep.h"
-#include "tools/tokenizer.h"
-#include "tools/tokfile.h"
+#include "stages/tokenizer.h"
+#include "stages/tokfile.h"
 
 extern char **environ;
 

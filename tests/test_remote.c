@@ -31,7 +31,7 @@
 #include "checkpointd/remote.h"
 #include "kernels/params.h"
 #include "tests/testutil.h"
-#include "tools/util.h"
+#include "ipc/util.h"
 
 #define T_MS 10000 /* reply timeouts in tests that expect an answer */
 

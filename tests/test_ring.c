@@ -24,7 +24,7 @@
 #include "ipc/ring.h"
 #include "ipc/shm.h"
 #include "tests/testutil.h"
-#include "tools/util.h"
+#include "ipc/util.h"
 
 #define PAGE 4096u
 

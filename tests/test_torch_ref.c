@@ -15,11 +15,11 @@
 
 #include "checkpointd/ckpt.h"
 #include "checkpointd/writer.h"
-#include "kernels/model.h"
+#include "kernels/cpu/model.h"
 #include "kernels/params.h"
 #include "tests/testutil.h"
-#include "tools/manifest.h"
-#include "tools/safetensors.h"
+#include "stages/manifest.h"
+#include "checkpointd/safetensors.h"
 
 /* A python3 that imports torch, or NULL. */
 static const char *torch_python(void)

@@ -14,7 +14,7 @@
 #include "kernels/config.h"
 #include "kernels/params.h"
 #include "tools/bench_pipeline.h"
-#include "tools/util.h"
+#include "ipc/util.h"
 
 #define REPS 5
 #define MAX_STEPS 64

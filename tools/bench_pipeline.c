@@ -11,8 +11,8 @@
 #include <unistd.h>
 
 #include "stages/schedule.h"
-#include "tools/tokfile.h"
-#include "tools/util.h"
+#include "stages/tokfile.h"
+#include "ipc/util.h"
 
 #define MAX_PP 8
 #define MAX_STEPS 64

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Checks a .safetensors file against the format (https://github.com/huggingface/safetensors),
-independently of ctitan's writer (tools/safetensors.c); tests/test_ckpt_tool runs it on exports.
+independently of ctitan's writer (checkpointd/safetensors.c); tests/test_ckpt_tool runs it on exports.
 
     tools/check_safetensors.py FILE
 

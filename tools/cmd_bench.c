@@ -12,13 +12,13 @@
 
 #include <cblas.h>
 
-#include "kernels/model.h"
+#include "kernels/cpu/model.h"
 #include "kernels/ops.h"
 #include "tools/bench_ckpt.h"
 #include "tools/bench_pipeline.h"
 #include "tools/cmds.h"
-#include "tools/peak.h"
-#include "tools/util.h"
+#include "kernels/cpu/peak.h"
+#include "ipc/util.h"
 
 static float *randn(size_t n, unsigned seed, float scale)
 {
@@ -157,7 +157,7 @@ static void bench_step(bench_t *b, const char *preset, const char *label, int B,
         if (s > 0 && t4 - t0 < best)
             best = t4 - t0, tf = t1 - t0, tb = t2 - t1, tw = t3 - t2, to = t4 - t3;
     }
-    double fpt = model_flops_per_token(&cfg, T);
+    double fpt = config_flops_per_token(&cfg, T);
     double tps = N / best, mfu = fpt * N / best * 1e-9 / b->peak;
     printf("| %s | %.1fM | %dx%d | %.0f | %.0f / %.0f / %.0f / %.0f | %.0f | %.1f | **%.1f%%** | %.0f | %.2f |\n",
            label, n / 1e6, B, T, best * 1e3, tf * 1e3, tb * 1e3, tw * 1e3, to * 1e3, tps,

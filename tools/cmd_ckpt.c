@@ -21,7 +21,7 @@
 #include "checkpointd/ckpt.h"
 #include "checkpointd/remote.h"
 #include "tools/cmds.h"
-#include "tools/safetensors.h"
+#include "checkpointd/safetensors.h"
 
 static const char usage_main[] =
     "usage: ctitan ckpt COMMAND ...\n"

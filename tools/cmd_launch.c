@@ -1,12 +1,12 @@
 /* `ctitan launch MANIFEST [--section.key value ...]`: resolves the manifest with its
- * overrides and runs the job as its coordinator (tools/coord.h). */
+ * overrides and runs the job as its coordinator (stages/coord.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "tools/cmds.h"
-#include "tools/coord.h"
-#include "tools/manifest.h"
+#include "stages/coord.h"
+#include "stages/manifest.h"
 
 static void usage(FILE *f)
 {

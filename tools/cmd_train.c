@@ -10,13 +10,13 @@
 #include <unistd.h>
 
 #include "kernels/lr.h"
-#include "kernels/model.h"
+#include "kernels/cpu/model.h"
 #include "kernels/ops.h"
 #include "tools/cmds.h"
-#include "tools/evaluate.h"
-#include "tools/tokenizer.h"
-#include "tools/tokfile.h"
-#include "tools/util.h"
+#include "stages/evaluate.h"
+#include "stages/tokenizer.h"
+#include "stages/tokfile.h"
+#include "ipc/util.h"
 
 typedef struct {
     const char *data, *model;

@@ -17,9 +17,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "tools/tokenizer.h"
-#include "tools/tokfile.h"
-#include "tools/util.h"
+#include "stages/tokenizer.h"
+#include "stages/tokfile.h"
+#include "ipc/util.h"
 
 void prep_defaults(prep_opts_t *o)
 {

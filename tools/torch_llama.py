@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A plain PyTorch Llama with ctitan's conventions, the yardstick ctitan is measured against.
 
-Same model as kernels/model.c: token embedding, per layer RMSNorm -> causal grouped-query
+Same model as kernels/cpu/model.c: token embedding, per layer RMSNorm -> causal grouped-query
 attention with Hugging Face rotate-half rotary embedding -> residual, RMSNorm -> SwiGLU
 (gate_proj, up_proj, down_proj) -> residual; final RMSNorm, untied lm_head, mean
 cross-entropy. Parameters carry the Hugging Face Llama names, so the weights of

@@ -1,4 +1,4 @@
-/* The Llama model on one GPU for a run of pieces (kernels/model.h's CUDA twin): bf16 weights,
+/* The Llama model on one GPU for a run of pieces (kernels/cpu/model.h's CUDA twin): bf16 weights,
  * activations and activation gradients, fp32 accumulation, fp32 weight gradients, the same
  * forward / backward B / backward W split and the same equations as the CPU model, built
  * from the kernels of cuda_nn.h, cuda_attn.h and cuda_matmul.h.

@@ -1,4 +1,4 @@
-// The Llama model on one GPU (cuda_model.h): the CPU model's equations (kernels/model.c)
+// The Llama model on one GPU (cuda_model.h): the CPU model's equations (kernels/cpu/model.c)
 // with the CUDA kernels, one stream per model, bf16 tensors and fp32 accumulation.
 #include <errno.h>
 #include <stdarg.h>
@@ -330,7 +330,7 @@ extern "C" int cuda_model_acts_new(cuda_model_acts_t **out, const cuda_model_t *
     return 0;
 }
 
-// ---- forward and backward (the equations are kernels/model.c's) ----
+// ---- forward and backward (the equations are kernels/cpu/model.c's) ----
 
 static int layer_forward(cuda_model_t *m, cuda_model_acts_t *a, int i, bf16_t *out)
 {

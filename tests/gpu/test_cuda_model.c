@@ -14,7 +14,7 @@
 
 #include "kernels/cuda/cuda_model.h"
 #include "kernels/cuda/cuda_ops.h"
-#include "kernels/model.h"
+#include "kernels/cpu/model.h"
 #include "kernels/params.h"
 #include "tests/testutil.h"
 

@@ -526,7 +526,7 @@ static void test_cuda_swiglu_bwd_matches_reference(void **state)
 
 /* ------------------------------------------------------------------------------------------
  * Softmax cross-entropy: GPT-2's padded vocabulary, Llama 3's, and a small odd one. Each case
- * runs out of place and then in place (dlogits = logits, as kernels/model.c calls ops_xent):
+ * runs out of place and then in place (dlogits = logits, as kernels/cpu/model.c calls ops_xent):
  * the two must give the same bits. */
 
 static void test_cuda_xent_matches_reference_in_and_out_of_place(void **state)

@@ -1,7 +1,7 @@
 /* Checkpoint weights -> safetensors (see safetensors.h). The JSON header is built from the
  * checkpoint's index alone; then the data streams from the checkpoint's data files through
  * one chunk-sized buffer into a temporary file that is renamed into place once synced. */
-#include "tools/safetensors.h"
+#include "checkpointd/safetensors.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -15,8 +15,8 @@
 #include <unistd.h>
 
 #include "checkpointd/ckpt.h"
-#include "tools/toml.h"
-#include "tools/util.h"
+#include "stages/toml.h"
+#include "ipc/util.h"
 
 #define ST_OPT_PREFIX "optimizer."
 

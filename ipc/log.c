@@ -1,5 +1,5 @@
 /* The process-wide logger (see log.h). */
-#include "tools/log.h"
+#include "ipc/log.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -1,8 +1,8 @@
-/* Token shard files (see tools/tokfile.h for both formats): the reader maps a file read-only
+/* Token shard files (see stages/tokfile.h for both formats): the reader maps a file read-only
  * and checks everything a loader would otherwise trip over later; the writer is durable and
  * atomic (temp file, fsync, rename, fsync of the directory). */
-#include "tools/tokfile.h"
-#include "tools/util.h"
+#include "stages/tokfile.h"
+#include "ipc/util.h"
 
 #include <errno.h>
 #include <fcntl.h>

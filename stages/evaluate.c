@@ -1,12 +1,12 @@
 /* Evaluation helpers (see evaluate.h). */
-#include "tools/evaluate.h"
+#include "stages/evaluate.h"
 
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/model.h"
+#include "kernels/cpu/model.h"
 
 void eval_next_batch(const tokfile_t *tf, size_t *cursor, int B, int T, int32_t *tok, int32_t *tgt,
                      int32_t *window)

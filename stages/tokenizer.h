@@ -1,5 +1,5 @@
 /* Byte-level BPE tokenizer: trained by `ctitan prep` on a text corpus, used to encode text
- * into token shards (tools/tokfile.h) and to decode sampled tokens back into bytes.
+ * into token shards (stages/tokfile.h) and to decode sampled tokens back into bytes.
  *
  * Tokens 0..255 are the single bytes; token 256 + r is merge r, the pair (a, b) of earlier
  * tokens, in rank order. Text is first cut into chunks, GPT-2 style but over ASCII classes

@@ -49,8 +49,4 @@ void model_backward_b(model_t *m, model_acts_t *a, const float *dy, float *dx);
 /* Weight-gradient part: adds this microbatch's weight gradients into grads. */
 void model_backward_w(model_t *m, model_acts_t *a);
 
-/* Model FLOPs per token for forward+backward (PaLM convention): 6 * (matmul parameters,
- * lm_head included, embedding excluded) + 12 * n_layers * dim * T. */
-double model_flops_per_token(const model_config_t *cfg, int T);
-
 #endif

@@ -10,7 +10,7 @@
 #ifndef CTITAN_COORD_H
 #define CTITAN_COORD_H
 
-#include "tools/manifest.h"
+#include "stages/manifest.h"
 
 /* Runs the job to the end. Returns the process exit status: 0 done, 1 failed (the reason,
  * naming the role, rank and replica, is printed), 130 interrupted. */

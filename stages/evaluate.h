@@ -9,8 +9,8 @@
 
 #include "kernels/config.h"
 #include "kernels/cpu/pool.h"
-#include "tools/tokenizer.h"
-#include "tools/tokfile.h"
+#include "stages/tokenizer.h"
+#include "stages/tokfile.h"
 
 /* Fills [B, T] inputs and next-token targets from consecutive windows starting at *cursor
  * (a token index), wrapping to the start of the file when a window would pass its end.

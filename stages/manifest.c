@@ -1,7 +1,7 @@
 /* The job manifest (see manifest.h). One table names every key: its section, type and field.
  * The file parser, the command-line overrides, manifest_to_toml and the "where did this
  * value come from" part of every message all read that table. */
-#include "tools/manifest.h"
+#include "stages/manifest.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -15,8 +15,8 @@
 #include <unistd.h>
 
 #include "kernels/params.h"
-#include "tools/toml.h"
-#include "tools/util.h"
+#include "stages/toml.h"
+#include "ipc/util.h"
 
 typedef enum {
     K_INT,    /* int */

@@ -1,12 +1,12 @@
 /* sgemm peak measurement (see peak.h). */
-#include "tools/peak.h"
+#include "kernels/cpu/peak.h"
 
 #include <stdlib.h>
 
 #include <cblas.h>
 
 #include "kernels/ops.h"
-#include "tools/util.h"
+#include "ipc/util.h"
 
 static double best_of_3_pooled(pool_t *p, float *y, const float *x, const float *w, int n)
 {

@@ -1,5 +1,5 @@
 /* Shared helpers (see util.h). */
-#include "tools/util.h"
+#include "ipc/util.h"
 
 #include <errno.h>
 #include <fcntl.h>

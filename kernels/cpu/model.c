@@ -1,7 +1,7 @@
 /* CPU Llama model over a run of pieces: forward, backward B (input gradients) and
  * backward W (weight gradients). See model.h; the equations are in the comments of
  * layer_forward / layer_backward_b / layer_backward_w. */
-#include "kernels/model.h"
+#include "kernels/cpu/model.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -366,12 +366,4 @@ void model_backward_w(model_t *m, model_acts_t *a)
         layer_backward_w(m, a, i);
     if (m->has_embed)
         ops_embed_bwd(m->pool, m->d_embed, a->dh0, a->tokens, N, D);
-}
-
-double model_flops_per_token(const model_config_t *cfg, int T)
-{
-    double D = cfg->dim, hd = config_head_dim(cfg), F = config_ffn_hidden(cfg);
-    double per_layer = D * cfg->n_heads * hd * 2 + D * cfg->n_kv_heads * hd * 2 + 3 * D * F;
-    double matmul_params = cfg->n_layers * per_layer + (double)cfg->vocab_size * D;
-    return 6 * matmul_params + 12.0 * cfg->n_layers * D * T;
 }

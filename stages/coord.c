@@ -1,5 +1,5 @@
 /* The coordinator (see coord.h). */
-#include "tools/coord.h"
+#include "stages/coord.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -20,19 +20,19 @@
 #include <zmq.h>
 
 #include "checkpointd/ckpt.h"
-#include "checkpointd/staging.h"
+#include "stages/staging.h"
 #include "ipc/ctl.h"
 #include "ipc/ring.h"
 #include "ipc/shm.h"
-#include "kernels/model.h"
+#include "kernels/cpu/model.h"
 #include "stages/cuda_plugin.h"
 #include "stages/devdir.h"
 #include "stages/job.h"
 #include "stages/ldr_seg.h"
-#include "tools/evaluate.h"
-#include "tools/log.h"
-#include "tools/peak.h"
-#include "tools/util.h"
+#include "stages/evaluate.h"
+#include "ipc/log.h"
+#include "kernels/cpu/peak.h"
+#include "ipc/util.h"
 
 #define STARTUP_TIMEOUT_S 120.0
 #define STOP_GRACE_S 5.0
@@ -900,7 +900,7 @@ static void report_step(coord_t *c, double norm, double t_step, double t_reduce,
     loss /= tokens;
     proc_t *s0 = shard_proc(c, 0);
     double lr = s0->reply.lr, tps = tokens / t_step;
-    double mfu = model_flops_per_token(&m->model, m->seq_len) * tps / (c->peak_gflops * 1e9);
+    double mfu = config_flops_per_token(&m->model, m->seq_len) * tps / (c->peak_gflops * 1e9);
     double ctl = t_step - t_stages - t_reduce - t_update;
     int step = (int)c->step + 1;
     if (step % m->log_freq == 0 || step == m->steps || step == 1) {

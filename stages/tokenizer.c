@@ -1,6 +1,6 @@
-/* Byte-level BPE (see tools/tokenizer.h): training with incremental pair counts over the
+/* Byte-level BPE (see stages/tokenizer.h): training with incremental pair counts over the
  * unique chunks of the corpus, encoding with a per-chunk cache, the tokenizer.bin format. */
-#include "tools/tokenizer.h"
+#include "stages/tokenizer.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -14,8 +14,8 @@
 
 #include <xxhash.h>
 
-#include "tools/tokfile.h"
-#include "tools/util.h"
+#include "stages/tokfile.h"
+#include "ipc/util.h"
 
 #define TOK_HEADER_BYTES 32
 /* The encode cache is dropped when it grows past these, so memory stays bounded on

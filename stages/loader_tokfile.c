@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "stages/ldr.h"
-#include "tools/tokfile.h"
+#include "stages/tokfile.h"
 
 typedef struct {
     tokfile_t **files;

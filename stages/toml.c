@@ -1,6 +1,6 @@
 /* The TOML subset reader (see toml.h): one pass over the text with a cursor and a line
  * counter; values are checked against TOML's grammar before any strtod/strtoll. */
-#include "tools/toml.h"
+#include "stages/toml.h"
 
 #include <errno.h>
 #include <math.h>

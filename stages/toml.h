@@ -1,5 +1,5 @@
 /* A small TOML reader for job manifests: the subset a torchtitan-style config needs, with
- * every error as "PATH:LINE: what is wrong". tools/manifest maps the parsed entries onto
+ * every error as "PATH:LINE: what is wrong". stages/manifest maps the parsed entries onto
  * manifest_t; nothing else in the tree parses TOML.
  *
  * Supported: comments, blank lines, LF and CRLF line ends, [section] headers, key = value with

@@ -27,11 +27,12 @@ typedef enum {
     K_BOOL,
     K_TEXT,
     K_ROLE,
+    K_DATA,
 } kind_t;
 
 typedef enum {
     F_ROLE, F_RANK, F_REPLICA, F_PID, F_STEP, F_PROGRESS, F_LOSS, F_GRAD_NORM, F_SCALE,
-    F_LR, F_T_F, F_T_B, F_T_W, F_T_BUSY, F_T_WAIT, F_OK, F_TEXT, F_MEM, F_COUNT
+    F_LR, F_T_F, F_T_B, F_T_W, F_T_BUSY, F_T_WAIT, F_OK, F_TEXT, F_MEM, F_DATA, F_COUNT
 } field_t;
 
 typedef struct {
@@ -59,6 +60,7 @@ static const field_desc_t fields[F_COUNT] = {
     [F_OK]        = {"ok",        K_BOOL,       offsetof(msg_t, ok)},
     [F_TEXT]      = {"text",      K_TEXT,       offsetof(msg_t, text)},
     [F_MEM]       = {"mem",       K_U64,        offsetof(msg_t, mem)},
+    [F_DATA]      = {"data",      K_DATA,       offsetof(msg_t, data)},
 };
 
 #define B(f) (1u << (f))
@@ -89,7 +91,7 @@ static const struct {
     [MSG_SNAPPED]   = {"snapped",   B(F_STEP) | B(F_T_BUSY)},
     [MSG_SAVE]      = {"save",      B(F_STEP)},
     [MSG_SAVED]     = {"saved",     B(F_STEP) | B(F_OK) | B(F_TEXT) | B(F_T_BUSY) | B(F_PROGRESS)},
-    [MSG_NCCL]      = {"nccl",      B(F_TEXT)},
+    [MSG_NCCL]      = {"nccl",      B(F_DATA)},
 };
 
 const char *msg_type_name(msg_type_t t)
@@ -102,6 +104,7 @@ void msg_clear(msg_t *m)
 {
     if (!m) return;
     free(m->text);
+    free(m->data);
     memset(m, 0, sizeof *m);
 }
 
@@ -114,6 +117,17 @@ int msg_set_text(msg_t *m, const char *s)
     free(m->text);
     m->text = t;
     m->text_len = n;
+    return 0;
+}
+
+int msg_set_data(msg_t *m, const void *p, size_t n)
+{
+    uint8_t *d = malloc(n ? n : 1);
+    if (!d) return -ENOMEM;
+    if (n) memcpy(d, p, n);
+    free(m->data);
+    m->data = d;
+    m->data_len = n;
     return 0;
 }
 
@@ -146,6 +160,9 @@ static int pack_field(msgpack_packer *pk, const msg_t *m, const field_desc_t *f)
     case K_BOOL: return *(const int *)p ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
     case K_ROLE: return pack_str(pk, p, strlen(p));
     case K_TEXT: return pack_str(pk, m->text, strlen(m->text));
+    case K_DATA:
+        rc = msgpack_pack_bin(pk, m->data_len);
+        return rc ? rc : msgpack_pack_bin_body(pk, m->data, m->data_len);
     }
     return -1;
 }
@@ -160,6 +177,10 @@ static int check_encodable(const msg_t *m, uint32_t fs)
     if (fs & B(F_TEXT)) {
         if (!m->text) return -EINVAL;
         if (strlen(m->text) > MSG_MAX_BYTES) return -EMSGSIZE;
+    }
+    if (fs & B(F_DATA)) {
+        if (!m->data && m->data_len) return -EINVAL;
+        if (m->data_len > MSG_MAX_BYTES) return -EMSGSIZE;
     }
     return 0;
 }
@@ -349,6 +370,7 @@ static const char *expected(kind_t k)
     case K_BOOL: return "a boolean";
     case K_TEXT: return "a string";
     case K_ROLE: return "a string";
+    case K_DATA: return "binary data";
     }
     return "?";
 }
@@ -430,6 +452,13 @@ static int read_field(msg_t *m, const char *tname, const field_desc_t *f, const 
         m->text_len = n;
         return 0;
     }
+    case K_DATA:
+        if (o->type != MSGPACK_OBJECT_BIN) return field_fail(err, errlen, tname, f, o);
+        m->data = malloc(o->via.bin.size ? o->via.bin.size : 1);
+        if (!m->data) return util_fail(err, errlen, -ENOMEM, "out of memory");
+        if (o->via.bin.size) memcpy(m->data, o->via.bin.ptr, o->via.bin.size);
+        m->data_len = o->via.bin.size;
+        return 0;
     }
     return -EINVAL;
 }

@@ -42,9 +42,9 @@ typedef enum {
     MSG_SAVE,        /* coord -> checkpointd: step (write the staged snapshot) */
     MSG_SAVED,       /* checkpointd -> coord: step, ok, text (the path, or why not), t_busy
                       * (seconds writing), progress (bytes written) */
-    MSG_NCCL,        /* coord -> stage, right after config with the NCCL data plane: text, one
-                      * line "NAME HEX" per communicator the stage joins (act_in, act_out,
-                      * grad_in, grad_out, dp), HEX the 256 hex digits of its ncclUniqueId */
+    MSG_NCCL,        /* coord -> stage, right after config with the NCCL data plane: data, the
+                      * ncclUniqueIds of the communicators the stage joins, back to back in the
+                      * order stages/job.h names (JOB_NCCL_*) */
     MSG_TYPE_END     /* append new types above this */
 } msg_type_t;
 
@@ -69,6 +69,8 @@ typedef struct {
                                 * memory in use on a GPU, its resident set on the CPU) */
     char *text;                /* "text": NUL-terminated, owned (msg_clear frees); NULL if absent */
     size_t text_len;
+    uint8_t *data;             /* "data": msgpack binary, owned (msg_clear frees); NULL if absent */
+    size_t data_len;
 } msg_t;
 
 /* Name on the wire ("step_done"), or NULL for an unknown type. */
@@ -88,5 +90,7 @@ void msg_clear(msg_t *m);
 
 /* Sets m->text to a copy of s (replacing any). Returns 0 or -ENOMEM. */
 int msg_set_text(msg_t *m, const char *s);
+/* Sets m->data to a copy of n bytes at p (replacing any). Returns 0 or -ENOMEM. */
+int msg_set_data(msg_t *m, const void *p, size_t n);
 
 #endif

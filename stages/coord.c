@@ -343,32 +343,23 @@ static int make_nccl_ids(coord_t *c, char *err, size_t errlen)
     return 0;
 }
 
-static void hex_line(char *buf, size_t n, size_t *at, const char *name, const cuda_nccl_id_t *id)
-{
-    *at += (size_t)snprintf(buf + *at, n - *at, "%s ", name);
-    for (int i = 0; i < CUDA_NCCL_ID_BYTES && *at + 3 < n; i++)
-        *at += (size_t)snprintf(buf + *at, n - *at, "%02x", id->b[i]);
-    *at += (size_t)snprintf(buf + *at, n - *at, "\n");
-}
-
-/* The communicators stage (rank, replica) joins, as MSG_NCCL's text. */
+/* The communicators stage (rank, replica) joins, as MSG_NCCL's data (stages/job.h's order). */
 static void send_nccl_ids(coord_t *c, proc_t *p)
 {
-    char text[4096]; /* 5 lines of 267 bytes at the most */
-    size_t at = 0;
+    cuda_nccl_id_t ids[JOB_NCCL_COMMS];
     int s = p->rank, r = p->replica, pp = c->m->pp;
-    text[0] = 0;
+    memset(ids, 0, sizeof(ids));
     if (s > 0) {
-        hex_line(text, sizeof(text), &at, "act_in", nccl_id(c, 0, r, s - 1));
-        hex_line(text, sizeof(text), &at, "grad_out", nccl_id(c, 1, r, s - 1));
+        ids[JOB_NCCL_ACT_IN] = *nccl_id(c, 0, r, s - 1);
+        ids[JOB_NCCL_GRAD_OUT] = *nccl_id(c, 1, r, s - 1);
     }
     if (s < pp - 1) {
-        hex_line(text, sizeof(text), &at, "act_out", nccl_id(c, 0, r, s));
-        hex_line(text, sizeof(text), &at, "grad_in", nccl_id(c, 1, r, s));
+        ids[JOB_NCCL_ACT_OUT] = *nccl_id(c, 0, r, s);
+        ids[JOB_NCCL_GRAD_IN] = *nccl_id(c, 1, r, s);
     }
-    hex_line(text, sizeof(text), &at, "dp", nccl_id(c, 2, 0, s));
-    msg_t ids = {.type = MSG_NCCL, .text = text, .text_len = at};
-    send_to(c, p, &ids);
+    ids[JOB_NCCL_DP] = *nccl_id(c, 2, 0, s);
+    msg_t m = {.type = MSG_NCCL, .data = (uint8_t *)ids, .data_len = sizeof(ids)};
+    send_to(c, p, &m);
 }
 
 static void on_message(coord_t *c, const char *from, msg_t *m)

@@ -80,6 +80,11 @@ size_t job_dp_chunk(const job_layout_t *l, size_t n);
  * or -ENOMEM. */
 int job_shard_range(const job_layout_t *l, const manifest_t *m, int k, size_t *b, size_t *e);
 
+/* The NCCL data plane's communicators of one stage, in the order MSG_NCCL carries their
+ * ncclUniqueIds (CUDA_NCCL_ID_BYTES each; a communicator the stage does not join, such as
+ * act_in on rank 0, is all zeros there). */
+enum { JOB_NCCL_ACT_IN, JOB_NCCL_GRAD_OUT, JOB_NCCL_ACT_OUT, JOB_NCCL_GRAD_IN, JOB_NCCL_DP, JOB_NCCL_COMMS };
+
 /* Start time of a process (clock ticks since boot), 0 if it is gone. */
 uint64_t job_proc_start(pid_t pid);
 /* Whether the coordinator recorded in h still runs (same PID and start time). */

@@ -156,29 +156,10 @@ static void dring_close(stage_t *st, dring_t *d)
     memset(d, 0, sizeof(*d));
 }
 
-/* The id named `name` in MSG_NCCL's text ("NAME HEX" lines). */
-static void nccl_id_of(stage_t *st, const char *text, const char *name, cuda_nccl_id_t *id)
-{
-    size_t n = strlen(name);
-    for (const char *l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
-        if (!strncmp(l, name, n) && l[n] == ' ') {
-            const char *h = l + n + 1;
-            for (int i = 0; i < CUDA_NCCL_ID_BYTES; i++) {
-                unsigned v;
-                WORKER_CHECK(st->w, sscanf(h + 2 * i, "%2x", &v) == 1, "nccl message: bad id for %s", name);
-                id->b[i] = (unsigned char)v;
-            }
-            return;
-        }
-    worker_die(st->w, "nccl message from the coordinator names no %s communicator", name);
-}
-
-static void nclink_new(stage_t *st, nclink_t *l, const char *text, const char *name, int rank, int peer)
+static void nclink_new(stage_t *st, nclink_t *l, const cuda_nccl_id_t *id, const char *name, int rank, int peer)
 {
     int M = st->lay.M;
-    cuda_nccl_id_t id;
-    nccl_id_of(st, text, name, &id);
-    CU_CHECK(st, st->cu->nccl_init(&l->comm, &id, 2, rank), "NCCL communicator %s: %s", name, CU_WHY(st));
+    CU_CHECK(st, st->cu->nccl_init(&l->comm, id, 2, rank), "NCCL communicator %s: %s", name, CU_WHY(st));
     l->peer = peer;
     CU_CHECK(st, st->cu->stream_new(&l->stream), "%s", CU_WHY(st));
     CU_CHECK(st, st->cu->alloc((void **)&l->slots, (size_t)M * st->lay.dev_slot), "%s slots: %s", name, CU_WHY(st));
@@ -219,19 +200,21 @@ static void setup_nccl(stage_t *st)
 {
     msg_t m;
     worker_command(st->w, &m);
-    WORKER_CHECK(st->w, m.type == MSG_NCCL && m.text, "expected the NCCL ids from the coordinator, got %s",
+    WORKER_CHECK(st->w, m.type == MSG_NCCL, "expected the NCCL ids from the coordinator, got %s",
                  msg_type_name(m.type) ? msg_type_name(m.type) : "?");
+    WORKER_CHECK(st->w, m.data_len == JOB_NCCL_COMMS * sizeof(cuda_nccl_id_t),
+                 "nccl message from the coordinator: %zu bytes of ids, expected %zu", m.data_len,
+                 JOB_NCCL_COMMS * sizeof(cuda_nccl_id_t));
+    const cuda_nccl_id_t *ids = (const cuda_nccl_id_t *)m.data;
     if (!st->first) { /* boundary rank - 1 comes before boundary rank */
-        nclink_new(st, &st->n_act_in, m.text, "act_in", 1, 0);
-        nclink_new(st, &st->n_grad_out, m.text, "grad_out", 0, 1);
+        nclink_new(st, &st->n_act_in, &ids[JOB_NCCL_ACT_IN], "act_in", 1, 0);
+        nclink_new(st, &st->n_grad_out, &ids[JOB_NCCL_GRAD_OUT], "grad_out", 0, 1);
     }
     if (!st->last) {
-        nclink_new(st, &st->n_act_out, m.text, "act_out", 0, 1);
-        nclink_new(st, &st->n_grad_in, m.text, "grad_in", 1, 0);
+        nclink_new(st, &st->n_act_out, &ids[JOB_NCCL_ACT_OUT], "act_out", 0, 1);
+        nclink_new(st, &st->n_grad_in, &ids[JOB_NCCL_GRAD_IN], "grad_in", 1, 0);
     }
-    cuda_nccl_id_t id;
-    nccl_id_of(st, m.text, "dp", &id);
-    CU_CHECK(st, st->cu->nccl_init(&st->n_dp, &id, st->lay.dp, st->replica), "NCCL communicator of the replicas: %s",
+    CU_CHECK(st, st->cu->nccl_init(&st->n_dp, &ids[JOB_NCCL_DP], st->lay.dp, st->replica), "NCCL communicator of the replicas: %s",
              CU_WHY(st));
     msg_clear(&m);
 }

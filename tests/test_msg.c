@@ -47,11 +47,11 @@ static const struct {
     {MSG_SNAPPED, "snapped", "step t_busy"},
     {MSG_SAVE, "save", "step"},
     {MSG_SAVED, "saved", "step ok text t_busy progress"},
-    {MSG_NCCL, "nccl", "text"},
+    {MSG_NCCL, "nccl", "data"},
 };
 #define NTYPES (sizeof ttab / sizeof ttab[0])
 
-enum { T_NONNEG, T_INT, T_NUM, T_BOOL, T_STR };
+enum { T_NONNEG, T_INT, T_NUM, T_BOOL, T_STR, T_BIN };
 static const struct {
     const char *key;
     int kind;
@@ -60,6 +60,7 @@ static const struct {
     {"step", T_NONNEG}, {"progress", T_NONNEG}, {"loss", T_NUM}, {"grad_norm", T_NUM},
     {"scale", T_NUM}, {"lr", T_NUM}, {"t_f", T_NUM}, {"t_b", T_NUM}, {"t_w", T_NUM},
     {"t_busy", T_NUM}, {"t_wait", T_NUM}, {"ok", T_BOOL}, {"text", T_STR}, {"mem", T_NONNEG},
+    {"data", T_BIN},
 };
 #define NFIELDS (sizeof ftab / sizeof ftab[0])
 
@@ -94,6 +95,9 @@ static void fill_all(msg_t *m, msg_type_t t)
     m->ok = 1;
     m->mem = UINT64_MAX - 1;
     assert_int_equal(msg_set_text(m, "[model]\ndim = 64 # héllo wörld ✓ 日本\n\ttab\r\n"), 0);
+    uint8_t bytes[640];
+    for (size_t i = 0; i < sizeof bytes; i++) bytes[i] = (uint8_t)(i * 37 + 11); /* NULs included */
+    assert_int_equal(msg_set_data(m, bytes, sizeof bytes), 0);
 }
 
 static int same_double(double a, double b) { return memcmp(&a, &b, sizeof a) == 0; }
@@ -123,6 +127,8 @@ static void assert_msg_equal(const msg_t *a, const msg_t *b, const char *fields)
     F("mem", a->mem == b->mem);
     F("text", a->text && b->text && a->text_len == b->text_len &&
                   memcmp(a->text, b->text, a->text_len + 1) == 0);
+    F("data", a->data && b->data && a->data_len == b->data_len &&
+                  memcmp(a->data, b->data, a->data_len) == 0);
 #undef F
 }
 
@@ -152,6 +158,7 @@ static void pk_value(msgpack_packer *pk, int v, int kind)
         case T_NUM: msgpack_pack_double(pk, 0.5); break;
         case T_BOOL: msgpack_pack_true(pk); break;
         case T_STR: pk_str(pk, "stage"); break;
+        case T_BIN: msgpack_pack_bin(pk, 3); msgpack_pack_bin_body(pk, "a\0b", 3); break;
         }
         break;
     case V_NIL: msgpack_pack_nil(pk); break;
@@ -175,6 +182,7 @@ static int accepts(int kind, int v)
     case T_NUM: return v == V_POS || v == V_NEG || v == V_FLOAT;
     case T_BOOL: return v == V_TRUE;
     case T_STR: return v == V_STR;
+    case T_BIN: return v == V_BIN;
     }
     return 0;
 }
@@ -286,6 +294,7 @@ static void test_msg_round_trips_every_type_with_all_its_fields(void **state)
         if (rc) fail_msg("%s: %s", ttab[i].name, err);
         assert_msg_equal(&m, &d, ttab[i].fields);
         if (!has_field(ttab[i].fields, "text")) assert_null(d.text);
+        if (!has_field(ttab[i].fields, "data")) assert_null(d.data);
         free(buf);
         msg_clear(&m);
         msg_clear(&d);
@@ -806,6 +815,11 @@ static void test_msg_encode_rejects_what_cannot_be_sent(void **state)
     m.type = MSG_STEP;
     m.step = -5;
     assert_int_equal(msg_encode(&m, &buf, &len), -EINVAL);
+    m = (msg_t){.type = MSG_NCCL, .data_len = 4}; /* a length without bytes */
+    assert_int_equal(msg_encode(&m, &buf, &len), -EINVAL);
+    m.data_len = 0; /* empty binary is binary */
+    assert_int_equal(msg_encode(&m, &buf, &len), 0);
+    free(buf);
     /* a type without text ignores a stray text pointer */
     m = (msg_t){.type = MSG_STOP};
     assert_int_equal(msg_encode(&m, &buf, &len), 0);
@@ -820,9 +834,14 @@ static void test_msg_set_text_replaces_and_clear_frees(void **state)
     assert_int_equal(msg_set_text(&m, "two and more"), 0);
     assert_string_equal(m.text, "two and more");
     assert_int_equal(m.text_len, 12);
+    assert_int_equal(msg_set_data(&m, "\0\1\2", 3), 0);
+    assert_int_equal(msg_set_data(&m, "xy", 2), 0);
+    assert_memory_equal(m.data, "xy", 2);
+    assert_int_equal(m.data_len, 2);
     msg_clear(&m);
     assert_null(m.text);
     assert_int_equal(m.text_len, 0);
+    assert_null(m.data);
     msg_clear(&m);
     msg_clear(NULL);
 }
@@ -836,7 +855,7 @@ static int check_decode(const uint8_t *p, size_t n)
     if (rc) {
         if (rc != -EBADMSG && rc != -EPROTO && rc != -EMSGSIZE) fail_msg("rc %d: %s", rc, err);
         if (!err[0]) fail_msg("rc %d without a reason", rc);
-        if (m.text || m.type) fail_msg("failed decode left a message behind");
+        if (m.text || m.data || m.type) fail_msg("failed decode left a message behind");
         return 0;
     }
     uint8_t *buf;

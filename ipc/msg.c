@@ -92,6 +92,8 @@ static const struct {
     [MSG_SAVE]      = {"save",      B(F_STEP)},
     [MSG_SAVED]     = {"saved",     B(F_STEP) | B(F_OK) | B(F_TEXT) | B(F_T_BUSY) | B(F_PROGRESS)},
     [MSG_NCCL]      = {"nccl",      B(F_DATA)},
+    [MSG_LOAD]      = {"load",      B(F_TEXT)},
+    [MSG_LOADED]    = {"loaded",    B(F_OK) | B(F_STEP) | B(F_TEXT) | B(F_DATA)},
 };
 
 const char *msg_type_name(msg_type_t t)

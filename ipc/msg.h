@@ -45,6 +45,13 @@ typedef enum {
     MSG_NCCL,        /* coord -> stage, right after config with the NCCL data plane: data, the
                       * ncclUniqueIds of the communicators the stage joins, back to back in the
                       * order stages/job.h names (JOB_NCCL_*) */
+    MSG_LOAD,        /* coord -> checkpointd: text ("latest" or a checkpoint directory): read
+                      * it into the staging segment, where the optimizer shards take their
+                      * slices of weights and moments */
+    MSG_LOADED,      /* checkpointd -> coord: ok, step (the checkpoint's: training resumes
+                      * after it), text (the directory loaded; "" for "latest" when there is
+                      * none, a fresh start; or why it cannot load), data (the loader cursor of
+                      * the next step) */
     MSG_TYPE_END     /* append new types above this */
 } msg_type_t;
 

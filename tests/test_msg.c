@@ -48,6 +48,8 @@ static const struct {
     {MSG_SAVE, "save", "step"},
     {MSG_SAVED, "saved", "step ok text t_busy progress"},
     {MSG_NCCL, "nccl", "data"},
+    {MSG_LOAD, "load", "text"},
+    {MSG_LOADED, "loaded", "ok step text data"},
 };
 #define NTYPES (sizeof ttab / sizeof ttab[0])
 

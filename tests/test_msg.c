@@ -901,7 +901,7 @@ static void test_msg_fuzz_mutations_of_valid_encodings(void **state)
     }
     uint64_t s = 777;
     int valid = 0;
-    uint8_t work[512];
+    uint8_t work[2048]; /* the longest encoding (640 bytes of data, text) and room to grow */
     for (int it = 0; it < 100000; it++) {
         size_t t = tu_next(&s) % NTYPES, n = enclen[t];
         memcpy(work, enc[t], n);

@@ -25,7 +25,7 @@
 #include "ipc/ring.h"
 #include "ipc/shm.h"
 #include "kernels/cpu/model.h"
-#include "stages/cuda_plugin.h"
+#include "kernels/cuda_plugin.h"
 #include "stages/devdir.h"
 #include "stages/job.h"
 #include "stages/ldr_seg.h"

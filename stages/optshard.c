@@ -6,11 +6,13 @@
  * weights into every replica's parameters, then clears those gradients. Block boundaries do
  * not depend on K, so any shard count gives the same bits.
  *
- * Where: [optshard] device = "cpu" keeps the state in this process's memory and works on the
- * fp32 params/grads segments (the CPU backend, and offload mode for GPU stages). "cuda" keeps
- * master weights, moments and the summed gradient on the GPU and works directly on the
- * stages' device buffers, mapped through the CUDA IPC handles they publish (stages/devdir.h):
- * the same steps with kernels (cuda_dev.h), the new weights written as bf16 in place. */
+ * Where: the state and the vector work are the backend's (kernels/backend.h). [optshard]
+ * device = "cpu" keeps them in this process's memory and works on the fp32 params/grads
+ * segments (the CPU job, and offload mode for GPU stages); "cuda" keeps them on the GPU and
+ * works directly on the stages' device buffers, mapped through the CUDA IPC handles they
+ * publish (stages/devdir.h), the new weights written as bf16 in place. Either way set-up
+ * makes one list of where each replica holds which part of the slice, and the steps only
+ * walk it. */
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -19,42 +21,26 @@
 #include <string.h>
 
 #include "checkpointd/ckpt.h"
-#include "stages/staging.h"
+#include "ipc/log.h"
 #include "ipc/shm.h"
+#include "ipc/util.h"
+#include "kernels/backend.h"
+#include "kernels/cuda_plugin.h"
 #include "kernels/lr.h"
-#include "kernels/ops.h"
 #include "kernels/params.h"
-#include "stages/cuda_plugin.h"
 #include "stages/devdir.h"
 #include "stages/job.h"
+#include "stages/staging.h"
 #include "stages/worker.h"
-#include "ipc/log.h"
-#include "ipc/util.h"
 
-/* The part [lo, hi) of a GPU shard's slice that one stage replica holds, in that stage's
- * device buffers (mapped). */
+/* The part [lo, hi) of the shard's slice that one stage replica holds: its weights there (in
+ * the backend's dtype) and its fp32 gradients. */
 typedef struct {
-    uint16_t *w;                 /* bf16 weights of [lo, hi) */
-    float *g;                    /* fp32 gradients of [lo, hi) */
+    void *w;
+    float *g;
     size_t lo, hi;
     int replica;
-} gseg_t;
-
-/* A shard on the GPU ([optshard] device = "cuda"). */
-typedef struct {
-    const cuda_plugin_t *cu;
-    int device;
-    void *stream, *copy_stream;  /* updates; snapshots (the copier thread) */
-    float *state;                /* device: master, m1, m2, g, (n) each, one allocation */
-    float *master, *m1, *m2, *g;
-    double *norm;                /* device: (blocks of the slice) */
-    double *hnorm;               /* the same on the host */
-    gseg_t *seg;                 /* replicas in order, each rank's part in flat order */
-    int nseg;
-    void **mapped;               /* stage buffers to ipc_close */
-    int nmapped;
-    shm_seg_t *dev;
-} gpu_t;
+} part_t;
 
 typedef struct {
     worker_t *w;
@@ -63,23 +49,38 @@ typedef struct {
     param_table_t tab;
     int rank;
     size_t begin, end, n;        /* slice [begin, end) of the flat space */
-    float *master;               /* (n) fp32 master weights */
-    float *m1, *m2;              /* (n) AdamW moments */
-    float *g;                    /* (n) summed gradient: own memory, or with one replica its
-                                  * slice of the shared buffer (cleared after the update anyway) */
-    shm_seg_t *job, *params, *grads, *staging; /* staging: with [checkpoint] enable */
-    float *P, *G;                /* replica 0 of params / grads; replica r is stride floats on */
-    double *norm;                /* the job's per-block squared norms */
+    float *master;               /* (n) host: the initial or loaded fp32 master weights, */
+    float *m1, *m2;              /* AdamW moments; NULL once they are in `state` */
+    const backend_t *be;
+    int device;
+    void *stream, *copy_stream;  /* updates; snapshots (the copier thread) */
+    struct {                     /* in the backend's memory, one allocation (mem) */
+        void *mem;
+        float *master, *m1, *m2; /* (n) each */
+        float *g;                /* (n) the replicas' summed gradient, or in place: the one part */
+        double *norm;            /* (blocks of the slice) squared norms */
+    } state;
+    int in_place;                /* one replica holds the whole slice in one part: no copy to sum */
+    double *hnorm;               /* the block norms on the host */
+    double *norm_out;            /* where they go in the job segment (NULL: see reduce) */
+    part_t *part;                /* replicas in order, each one's parts in flat order */
+    int nparts;
+    const cuda_plugin_t *cu;     /* GPU: the stage buffers mapped through CUDA IPC, */
+    void **mapped;               /* to ipc_close */
+    int nmapped;
+    shm_seg_t *job, *params, *grads, *staging, *dev; /* staging: with [checkpoint] enable */
+    float *final_w;              /* replica 0 of params: where the run's final fp32 weights go */
     /* the snapshot copier: a thread at idle CPU priority (see snapshot()) */
     pthread_t copier;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int copy_todo, copy_done, copier_stop;
-    gpu_t *gpu;                  /* [optshard] device = "cuda"; then master/m1/m2 are NULL after set-up */
 } shard_t;
 
-#define CU_CHECK(sh, call, ...) WORKER_CHECK((sh)->w, (call) == 0, __VA_ARGS__)
-#define CU_WHY(sh) (sh)->gpu->cu->last_error()
+#define BE_CHECK(sh, call, ...) WORKER_CHECK((sh)->w, (call) == 0, __VA_ARGS__)
+#define BE_WHY(sh) (sh)->be->last_error()
+
+static size_t blocks(const shard_t *sh) { return (sh->n + MANIFEST_BLOCK - 1) / MANIFEST_BLOCK; }
 
 /* The part [*b, *e) of tensor p in this shard's slice; 0 when there is none. */
 static int overlap(const shard_t *sh, const param_info_t *p, size_t *b, size_t *e)
@@ -134,8 +135,7 @@ static void *copier_main(void *arg)
     struct sched_param none = {0};
     if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &none))
         LOG_W("cannot lower the snapshot copier to SCHED_IDLE; it runs at normal priority");
-    if (sh->gpu) /* the device is per thread */
-        CU_CHECK(sh, sh->gpu->cu->dev_select(sh->gpu->device, NULL), "snapshot: %s", CU_WHY(sh));
+    BE_CHECK(sh, sh->be->dev_select(sh->device, NULL), "snapshot: %s", BE_WHY(sh)); /* the device is per thread */
     pthread_mutex_lock(&sh->mu);
     for (;;) {
         while (!sh->copy_todo && !sh->copier_stop)
@@ -144,17 +144,11 @@ static void *copier_main(void *arg)
             break;
         pthread_mutex_unlock(&sh->mu);
         void *seg = shm_data(sh->staging);
-        size_t n = sh->n * sizeof(float);
-        gpu_t *G = sh->gpu;
-        const float *src[3] = {G ? G->master : sh->master, G ? G->m1 : sh->m1, G ? G->m2 : sh->m2};
+        const float *src[3] = {sh->state.master, sh->state.m1, sh->state.m2};
         for (int a = 0; a < 3; a++)
-            if (G)
-                CU_CHECK(sh, G->cu->copy_async(staging_array(seg, a) + sh->begin, src[a], n, G->copy_stream),
-                         "snapshot: %s", CU_WHY(sh));
-            else
-                memcpy(staging_array(seg, a) + sh->begin, src[a], n);
-        if (G)
-            CU_CHECK(sh, G->cu->stream_sync(G->copy_stream), "snapshot: %s", CU_WHY(sh));
+            BE_CHECK(sh, sh->be->copy(staging_array(seg, a) + sh->begin, src[a], sh->n * sizeof(float),
+                                      sh->copy_stream), "snapshot: %s", BE_WHY(sh));
+        BE_CHECK(sh, sh->be->stream_sync(sh->copy_stream), "snapshot: %s", BE_WHY(sh));
         pthread_mutex_lock(&sh->mu);
         sh->copy_todo = 0;
         sh->copy_done = 1;
@@ -175,83 +169,100 @@ static void snapshot(shard_t *sh)
     pthread_mutex_unlock(&sh->mu);
 }
 
-/* The GPU shard: its state on the device, the stages' buffers mapped, every replica's
- * weights written. The host arrays (initialised or loaded) are uploaded and freed. */
-static void setup_gpu(shard_t *sh)
+/* On the CPU: each replica's slice of the shared fp32 params and grads segments. */
+static void parts_from_segments(shard_t *sh)
+{
+    char err[256];
+    WORKER_CHECK(sh->w, shm_attach(&sh->grads, worker_job(sh->w), "grads", err, sizeof(err)) == 0, "%s", err);
+    float *P = shm_data(sh->params), *G = shm_data(sh->grads);
+    WORKER_CHECK(sh->w, sh->part = calloc((size_t)sh->man->dp, sizeof(part_t)), "out of memory");
+    for (int r = 0; r < sh->man->dp; r++) {
+        size_t at = r * sh->lay.stride + sh->begin;
+        sh->part[sh->nparts++] = (part_t){.w = P + at, .g = G + at, .lo = sh->begin, .hi = sh->end, .replica = r};
+    }
+}
+
+/* On the GPU: the stages' device buffers that hold parts of the slice, mapped through the
+ * handles in their device directory entries. With NCCL the reduce-scatter summed the
+ * replicas into one stage (replica k % dp, rank k / dp): only its buffers, as replica 0. */
+static void parts_from_stages(shard_t *sh)
 {
     const manifest_t *m = sh->man;
     char err[512];
-    gpu_t *G = sh->gpu = calloc(1, sizeof(*G));
-    WORKER_CHECK(sh->w, G, "out of memory");
-    WORKER_CHECK(sh->w, G->cu = cuda_plugin_load(err, sizeof(err)), "optshard.device = \"cuda\": %s", err);
-    int k = sh->rank, dp = m->dp; /* NCCL: next to its stage (replica k % dp, rank k / dp) */
-    CU_CHECK(sh, G->cu->dev_select(sh->lay.nccl ? job_local_ordinal(&sh->lay, k % dp, k / dp) : k, &G->device), "%s",
-             CU_WHY(sh));
-    CU_CHECK(sh, G->cu->stream_new(&G->stream), "%s", CU_WHY(sh));
-    CU_CHECK(sh, G->cu->stream_new(&G->copy_stream), "%s", CU_WHY(sh));
-    size_t n = sh->n ? sh->n : 1, nb = (sh->n + MANIFEST_BLOCK - 1) / MANIFEST_BLOCK;
-    CU_CHECK(sh, G->cu->alloc((void **)&G->state, 4 * n * sizeof(float) + (nb ? nb : 1) * sizeof(double)),
-             "device memory for %zu parameters: %s", sh->n, CU_WHY(sh));
-    G->master = G->state, G->m1 = G->state + n, G->m2 = G->state + 2 * n, G->g = G->state + 3 * n;
-    G->norm = (double *)(G->state + 4 * n);
-    WORKER_CHECK(sh->w, G->hnorm = calloc(nb ? nb : 1, sizeof(double)), "out of memory");
-    const float *host[3] = {sh->master, sh->m1, sh->m2};
-    float *dev[3] = {G->master, G->m1, G->m2};
-    for (int a = 0; a < 3; a++)
-        CU_CHECK(sh, G->cu->copy_async(dev[a], host[a], sh->n * sizeof(float), G->stream), "upload: %s", CU_WHY(sh));
-    CU_CHECK(sh, G->cu->stream_sync(G->stream), "upload: %s", CU_WHY(sh));
-    free(sh->master);
-    sh->master = sh->m1 = sh->m2 = sh->g = NULL;
-
-    WORKER_CHECK(sh->w, shm_attach(&G->dev, worker_job(sh->w), DEVDIR_SEG, err, sizeof(err)) == 0, "%s", err);
-    G->seg = calloc((size_t)m->dp * m->pp, sizeof(gseg_t));
-    G->mapped = calloc((size_t)m->dp * m->pp * 2, sizeof(void *));
-    WORKER_CHECK(sh->w, G->seg && G->mapped, "out of memory");
+    WORKER_CHECK(sh->w, sh->cu = cuda_plugin_load(err, sizeof(err)), "optshard.device = \"cuda\": %s", err);
+    WORKER_CHECK(sh->w, shm_attach(&sh->dev, worker_job(sh->w), DEVDIR_SEG, err, sizeof(err)) == 0, "%s", err);
+    sh->part = calloc((size_t)m->dp * m->pp, sizeof(part_t));
+    sh->mapped = calloc((size_t)m->dp * m->pp * 2, sizeof(void *));
+    WORKER_CHECK(sh->w, sh->part && sh->mapped, "out of memory");
     for (int r = 0; r < m->dp; r++)
         for (int s = 0; s < m->pp; s++) {
-            if (sh->lay.nccl && (r != sh->rank % m->dp || s != sh->rank / m->dp)) /* the reduce-scatter summed */
-                continue;                                                       /* the replicas into its stage */
-            devdir_stage_t *e = devdir_wait(shm_data(G->dev), &sh->lay, r, s, 120000);
+            if (sh->lay.nccl && (r != sh->rank % m->dp || s != sh->rank / m->dp))
+                continue;
+            devdir_stage_t *e = devdir_wait(shm_data(sh->dev), &sh->lay, r, s, 120000);
             WORKER_CHECK(sh->w, e, "stage %d of replica %d never published its device buffers", s, r);
             size_t lo = e->begin > sh->begin ? e->begin : sh->begin, hi = e->end < sh->end ? e->end : sh->end;
             if (lo >= hi)
                 continue;
             void *w, *g;
-            CU_CHECK(sh, G->cu->ipc_open(&w, &e->w), "weights of stage %d replica %d: %s", s, r, CU_WHY(sh));
-            G->mapped[G->nmapped++] = w;
-            CU_CHECK(sh, G->cu->ipc_open(&g, &e->g), "gradients of stage %d replica %d: %s", s, r, CU_WHY(sh));
-            G->mapped[G->nmapped++] = g;
-            G->seg[G->nseg++] = (gseg_t){.w = (uint16_t *)w + (lo - e->begin), .g = (float *)g + (lo - e->begin),
-                                         .lo = lo, .hi = hi, .replica = sh->lay.nccl ? 0 : r};
+            WORKER_CHECK(sh->w, sh->cu->ipc_open(&w, &e->w) == 0, "weights of stage %d replica %d: %s", s, r,
+                         sh->cu->last_error());
+            sh->mapped[sh->nmapped++] = w;
+            WORKER_CHECK(sh->w, sh->cu->ipc_open(&g, &e->g) == 0, "gradients of stage %d replica %d: %s", s, r,
+                         sh->cu->last_error());
+            sh->mapped[sh->nmapped++] = g;
+            sh->part[sh->nparts++] = (part_t){.w = (uint16_t *)w + (lo - e->begin), .g = (float *)g + (lo - e->begin),
+                                              .lo = lo, .hi = hi, .replica = sh->lay.nccl ? 0 : r};
         }
 }
 
-/* Every replica's weights from the GPU master (bf16, in the stages' buffers); gradients
- * cleared. Returns once done. */
-static void publish_gpu(shard_t *sh)
+/* The state in the backend's memory: the host arrays (initialised or loaded) copied there
+ * and freed. */
+static void move_state(shard_t *sh)
 {
-    gpu_t *G = sh->gpu;
-    for (int i = 0; i < G->nseg; i++) {
-        gseg_t *q = &G->seg[i];
-        CU_CHECK(sh, G->cu->f32_to_bf16(q->w, G->master + (q->lo - sh->begin), q->hi - q->lo, G->stream),
-                 "weights: %s", CU_WHY(sh));
-        CU_CHECK(sh, G->cu->zero_async(q->g, (q->hi - q->lo) * sizeof(float), G->stream), "gradients: %s",
-                 CU_WHY(sh));
+    const backend_t *be = sh->be;
+    sh->in_place = sh->nparts == 1 && sh->part[0].lo == sh->begin && sh->part[0].hi == sh->end;
+    size_t n = sh->n ? sh->n : 1, nb = blocks(sh) ? blocks(sh) : 1;
+    size_t fbytes = ((sh->in_place ? 3 : 4) * n * sizeof(float) + 63) / 64 * 64;
+    BE_CHECK(sh, be->alloc(&sh->state.mem, fbytes + nb * sizeof(double)), "%s memory for %zu parameters: %s",
+             be->name, sh->n, BE_WHY(sh));
+    float *f = sh->state.mem;
+    sh->state.master = f, sh->state.m1 = f + n, sh->state.m2 = f + 2 * n;
+    sh->state.g = sh->in_place ? sh->part[0].g : f + 3 * n;
+    sh->state.norm = (double *)((char *)sh->state.mem + fbytes);
+    WORKER_CHECK(sh->w, sh->hnorm = calloc(nb, sizeof(double)), "out of memory");
+    const float *host[3] = {sh->master, sh->m1, sh->m2};
+    float *to[3] = {sh->state.master, sh->state.m1, sh->state.m2};
+    for (int a = 0; a < 3; a++)
+        BE_CHECK(sh, be->copy(to[a], host[a], sh->n * sizeof(float), sh->stream), "upload: %s", BE_WHY(sh));
+    BE_CHECK(sh, be->stream_sync(sh->stream), "upload: %s", BE_WHY(sh));
+    free(sh->master);
+    sh->master = sh->m1 = sh->m2 = NULL;
+}
+
+/* Every replica's weights from the master (in the backend's dtype, where the stages read
+ * them), their gradients cleared. Returns once done. */
+static void publish(shard_t *sh)
+{
+    const backend_t *be = sh->be;
+    for (int i = 0; i < sh->nparts; i++) {
+        const part_t *q = &sh->part[i];
+        BE_CHECK(sh, be->to_weights(q->w, sh->state.master + (q->lo - sh->begin), q->hi - q->lo, sh->stream),
+                 "weights: %s", BE_WHY(sh));
+        BE_CHECK(sh, be->zero(q->g, (q->hi - q->lo) * sizeof(float), sh->stream), "gradients: %s", BE_WHY(sh));
     }
-    CU_CHECK(sh, G->cu->stream_sync(G->stream), "weights: %s", CU_WHY(sh));
+    BE_CHECK(sh, be->stream_sync(sh->stream), "weights: %s", BE_WHY(sh));
 }
 
 static void setup(shard_t *sh)
 {
     const manifest_t *m = sh->man;
-    char err[256];
+    char err[512];
     WORKER_CHECK(sh->w, job_layout(&sh->lay, m) == 0 && params_table_init(&sh->tab, &m->model) == 0,
                  "out of memory");
     WORKER_CHECK(sh->w, job_shard_range(&sh->lay, m, sh->rank, &sh->begin, &sh->end) == 0, "out of memory");
     sh->n = sh->end - sh->begin;
     size_t bytes = (sh->n ? sh->n : 1) * sizeof(float);
-    int gpu = sh->lay.gpu_shards, own_g = !gpu && m->dp > 1;
-    float *all = malloc((3 + own_g) * bytes); /* one allocation: master, m1, m2 (and g) */
+    float *all = malloc(3 * bytes); /* one allocation: master, m1, m2 */
     WORKER_CHECK(sh->w, all, "out of memory for %zu parameters", sh->n);
     sh->master = all;
     sh->m1 = (float *)((char *)all + bytes);
@@ -260,100 +271,73 @@ static void setup(shard_t *sh)
     const char *job = worker_job(sh->w);
     WORKER_CHECK(sh->w, shm_attach(&sh->job, job, "job", err, sizeof(err)) == 0, "%s", err);
     WORKER_CHECK(sh->w, shm_attach(&sh->params, job, "params", err, sizeof(err)) == 0, "%s", err);
-    sh->P = shm_data(sh->params);
-    if (!gpu) {
-        WORKER_CHECK(sh->w, shm_attach(&sh->grads, job, "grads", err, sizeof(err)) == 0, "%s", err);
-        sh->G = shm_data(sh->grads);
-        sh->g = own_g ? (float *)((char *)all + 3 * bytes) : sh->G + sh->begin;
-    }
-    sh->norm = job_norm_blocks(shm_data(sh->job));
+    sh->final_w = shm_data(sh->params);
+    if (!sh->lay.nccl) /* NCCL slices do not start at block boundaries: see reduce */
+        sh->norm_out = job_norm_blocks(shm_data(sh->job)) + sh->begin / MANIFEST_BLOCK;
     if (m->ckpt_load[0])
         load(sh);
     else
         params_init(&sh->tab, &m->model, m->seed, sh->master, sh->begin, sh->end);
-    if (gpu) {
-        setup_gpu(sh);
-        publish_gpu(sh);
-    } else {
-        for (int r = 0; r < m->dp; r++)
-            memcpy(sh->P + r * sh->lay.stride + sh->begin, sh->master, sh->n * sizeof(float));
-    }
+
+    const char *device = sh->lay.gpu_shards ? "cuda" : "cpu";
+    WORKER_CHECK(sh->w, sh->be = backend_load(device, err, sizeof(err)), "optshard.device = \"%s\": %s", device, err);
+    int k = sh->rank, dp = m->dp; /* NCCL: next to its stage (replica k % dp, rank k / dp) */
+    BE_CHECK(sh, sh->be->dev_select(sh->lay.nccl ? job_local_ordinal(&sh->lay, k % dp, k / dp) : k, &sh->device),
+             "%s", BE_WHY(sh));
+    BE_CHECK(sh, sh->be->stream_new(&sh->stream), "%s", BE_WHY(sh));
+    BE_CHECK(sh, sh->be->stream_new(&sh->copy_stream), "%s", BE_WHY(sh));
+    if (sh->lay.gpu_shards)
+        parts_from_stages(sh);
+    else
+        parts_from_segments(sh);
+    move_state(sh);
+    publish(sh);
+
     if (m->ckpt_enable) {
         WORKER_CHECK(sh->w, shm_attach(&sh->staging, job, STAGING_SEG, err, sizeof(err)) == 0, "%s", err);
         pthread_mutex_init(&sh->mu, NULL);
         pthread_cond_init(&sh->cv, NULL);
         WORKER_CHECK(sh->w, pthread_create(&sh->copier, NULL, copier_main, sh) == 0, "cannot start a thread");
     }
-    LOG_D("slice [%zu, %zu) of %zu parameters on the %s", sh->begin, sh->end, sh->lay.total, gpu ? "GPU" : "CPU");
+    LOG_D("slice [%zu, %zu) of %zu parameters on the %s", sh->begin, sh->end, sh->lay.total,
+          sh->lay.gpu_shards ? "GPU" : "CPU");
 }
 
-/* REDUCE on the GPU: the replicas' gradients summed in replica order (with NCCL the
- * reduce-scatter did that), the block norms to the job segment; returns the slice's squared
- * norm. */
-static double reduce_gpu(shard_t *sh)
-{
-    gpu_t *G = sh->gpu;
-    for (int i = 0; i < G->nseg; i++) {
-        gseg_t *q = &G->seg[i];
-        float *dst = G->g + (q->lo - sh->begin);
-        if (q->replica == 0)
-            CU_CHECK(sh, G->cu->copy_async(dst, q->g, (q->hi - q->lo) * sizeof(float), G->stream), "reduce: %s",
-                     CU_WHY(sh));
-        else
-            CU_CHECK(sh, G->cu->f32_add(dst, q->g, q->hi - q->lo, G->stream), "reduce: %s", CU_WHY(sh));
-    }
-    size_t nb = (sh->n + MANIFEST_BLOCK - 1) / MANIFEST_BLOCK;
-    CU_CHECK(sh, G->cu->block_sumsq(G->norm, G->g, sh->n, MANIFEST_BLOCK, G->stream), "norm: %s", CU_WHY(sh));
-    CU_CHECK(sh, G->cu->copy_async(G->hnorm, G->norm, nb * sizeof(double), G->stream), "norm: %s", CU_WHY(sh));
-    CU_CHECK(sh, G->cu->stream_sync(G->stream), "reduce: %s", CU_WHY(sh));
-    double sq = 0;
-    for (size_t b = 0; b < nb; b++)
-        sq += G->hnorm[b];
-    if (!sh->lay.nccl) /* NCCL slices do not start at block boundaries: the coordinator sums sq */
-        memcpy(sh->norm + sh->begin / MANIFEST_BLOCK, G->hnorm, nb * sizeof(double));
-    return sq;
-}
-
-/* Returns the squared norm of the slice's summed gradient. */
+/* REDUCE: the replicas' gradients summed in replica order (with NCCL the reduce-scatter did
+ * that), the block norms to the job segment. Returns the slice's squared norm. With NCCL the
+ * slices do not start at block boundaries, so the coordinator sums the shards' norms instead
+ * (in shard order) and the block norms stay here. */
 static double reduce(shard_t *sh)
 {
-    if (sh->gpu)
-        return reduce_gpu(sh);
-    const float *g0 = sh->G + sh->begin;
-    if (sh->g != g0) { /* replicas summed in their order: a fixed sum */
-        memcpy(sh->g, g0, sh->n * sizeof(float));
-        for (int r = 1; r < sh->man->dp; r++) {
-            const float *gr = g0 + r * sh->lay.stride;
-            for (size_t i = 0; i < sh->n; i++)
-                sh->g[i] += gr[i];
-        }
+    const backend_t *be = sh->be;
+    float *sum = sh->state.g;
+    for (int i = 0; i < sh->nparts && !sh->in_place; i++) {
+        const part_t *q = &sh->part[i];
+        float *dst = sum + (q->lo - sh->begin);
+        size_t n = q->hi - q->lo;
+        BE_CHECK(sh, q->replica == 0 ? be->copy(dst, q->g, n * sizeof(float), sh->stream)
+                                     : be->f32_add(dst, q->g, n, sh->stream), "reduce: %s", BE_WHY(sh));
     }
-    double total = 0;
-    for (size_t b = sh->begin; b < sh->end; b += MANIFEST_BLOCK) {
-        size_t e = b + MANIFEST_BLOCK < sh->end ? b + MANIFEST_BLOCK : sh->end;
-        double sq = 0;
-        for (size_t i = b; i < e; i++)
-            sq += (double)sh->g[i - sh->begin] * sh->g[i - sh->begin];
-        sh->norm[b / MANIFEST_BLOCK] = sq;
-        total += sq;
-    }
-    return total;
+    size_t nb = blocks(sh);
+    BE_CHECK(sh, be->block_sumsq(sh->state.norm, sum, sh->n, MANIFEST_BLOCK, sh->stream), "norm: %s", BE_WHY(sh));
+    BE_CHECK(sh, be->copy(sh->hnorm, sh->state.norm, nb * sizeof(double), sh->stream), "norm: %s", BE_WHY(sh));
+    BE_CHECK(sh, be->stream_sync(sh->stream), "reduce: %s", BE_WHY(sh));
+    double sq = 0;
+    for (size_t b = 0; b < nb; b++)
+        sq += sh->hnorm[b];
+    if (sh->norm_out)
+        memcpy(sh->norm_out, sh->hnorm, nb * sizeof(double));
+    return sq;
 }
 
 static double update(shard_t *sh, int64_t step, double scale)
 {
     const manifest_t *m = sh->man;
-    gpu_t *G = sh->gpu;
-    if (scale != 1.0) {
-        if (G)
-            CU_CHECK(sh, G->cu->f32_scale(G->g, (float)scale, sh->n, G->stream), "clip: %s", CU_WHY(sh));
-        else
-            for (size_t i = 0; i < sh->n; i++)
-                sh->g[i] *= (float)scale;
-    }
+    const backend_t *be = sh->be;
+    float *g = sh->state.g;
+    if (scale != 1.0)
+        BE_CHECK(sh, be->f32_scale(g, (float)scale, sh->n, sh->stream), "clip: %s", BE_WHY(sh));
     double lr = m->lr * lr_factor(&m->lr_sched, (int)step);
-    float *master = G ? G->master : sh->master, *g = G ? G->g : sh->g, *m1 = G ? G->m1 : sh->m1,
-          *m2 = G ? G->m2 : sh->m2;
     for (int t = 0; t < sh->tab.n; t++) {
         const param_info_t *p = &sh->tab.t[t];
         size_t b, e;
@@ -362,44 +346,31 @@ static double update(shard_t *sh, int64_t step, double scale)
         int decay = m->decay_embed_and_norms || params_is_decayed(p->kind);
         size_t o = b - sh->begin;
         float wd = decay ? (float)m->weight_decay : 0.0f;
-        if (G)
-            CU_CHECK(sh, G->cu->adamw(master + o, g + o, m1 + o, m2 + o, e - b, (float)lr, (float)m->beta1,
-                                      (float)m->beta2, (float)m->eps, wd, (int)step + 1, G->stream),
-                     "AdamW: %s", CU_WHY(sh));
-        else
-            ops_adamw(NULL, master + o, g + o, m1 + o, m2 + o, e - b, (float)lr, (float)m->beta1, (float)m->beta2,
-                      (float)m->eps, wd, (int)step + 1);
+        BE_CHECK(sh, be->adamw(sh->state.master + o, g + o, sh->state.m1 + o, sh->state.m2 + o, e - b, (float)lr,
+                               (float)m->beta1, (float)m->beta2, (float)m->eps, wd, (int)step + 1, sh->stream),
+                 "AdamW: %s", BE_WHY(sh));
     }
-    if (G) {
-        publish_gpu(sh);
-        return lr;
-    }
-    for (int r = 0; r < m->dp; r++) {
-        memcpy(sh->P + r * sh->lay.stride + sh->begin, sh->master, sh->n * sizeof(float));
-        memset(sh->G + r * sh->lay.stride + sh->begin, 0, sh->n * sizeof(float));
-    }
+    publish(sh);
     return lr;
 }
 
-/* At the end of a GPU run: the fp32 master into replica 0 of the params segment, where the
- * coordinator's evaluation and sampling read the final weights. */
-static void finish_gpu(shard_t *sh)
+/* At the end of the run: the fp32 master into replica 0 of the params segment, where the
+ * coordinator's evaluation and sampling read the final weights (on the CPU they are there
+ * already, bit for bit), then the backend's memory and mappings given back. */
+static void finish(shard_t *sh)
 {
-    gpu_t *G = sh->gpu;
-    CU_CHECK(sh, G->cu->copy_async(sh->P + sh->begin, G->master, sh->n * sizeof(float), G->stream), "%s",
-             CU_WHY(sh));
-    CU_CHECK(sh, G->cu->stream_sync(G->stream), "final weights: %s", CU_WHY(sh));
-    for (int i = 0; i < G->nmapped; i++)
-        G->cu->ipc_close(G->mapped[i]);
-    G->cu->free(G->state);
-    G->cu->stream_free(G->stream);
-    G->cu->stream_free(G->copy_stream);
-    free(G->seg);
-    free(G->mapped);
-    free(G->hnorm);
-    shm_detach(&G->dev);
-    free(G);
-    sh->gpu = NULL;
+    const backend_t *be = sh->be;
+    BE_CHECK(sh, be->copy(sh->final_w + sh->begin, sh->state.master, sh->n * sizeof(float), sh->stream), "%s",
+             BE_WHY(sh));
+    BE_CHECK(sh, be->stream_sync(sh->stream), "final weights: %s", BE_WHY(sh));
+    for (int i = 0; i < sh->nmapped; i++)
+        sh->cu->ipc_close(sh->mapped[i]);
+    be->free(sh->state.mem);
+    be->stream_free(sh->stream);
+    be->stream_free(sh->copy_stream);
+    free(sh->part);
+    free(sh->mapped);
+    free(sh->hnorm);
 }
 
 int main(int argc, char **argv)
@@ -454,14 +425,14 @@ int main(int argc, char **argv)
         pthread_mutex_unlock(&sh.mu);
         pthread_join(sh.copier, NULL);
     }
-    if (sh.gpu)
-        finish_gpu(&sh);
+    finish(&sh);
     free(sh.master);
     params_table_free(&sh.tab);
     shm_detach(&sh.job);
     shm_detach(&sh.params);
     shm_detach(&sh.grads);
     shm_detach(&sh.staging);
+    shm_detach(&sh.dev);
     worker_close(&sh.w);
     return 0;
 }

@@ -1,5 +1,5 @@
 /* The CUDA backend plugin as the stage, optimizer-shard and coordinator processes load it
- * (stages/cuda_plugin.h): the real build/lib/libctitan_cuda.so on this machine (with or without
+ * (kernels/cuda_plugin.h): the real build/lib/libctitan_cuda.so on this machine (with or without
  * a GPU), the emulated one, and a missing one. On a machine without a GPU the real plugin must
  * say so clearly, and its NCCL path (dlopen of libnccl, ncclGetUniqueId: what the coordinator
  * does for the NCCL data plane) must still work. */
@@ -14,7 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "stages/cuda_plugin.h"
+#include "kernels/cuda_plugin.h"
 #include "tests/testutil.h"
 
 /* build/lib/NAME next to this test (build/tests), or skip. */
@@ -36,8 +36,8 @@ static void assert_complete(const cuda_plugin_t *t)
 {
     assert_int_equal(t->version, CUDA_PLUGIN_VERSION);
     /* every entry is set: the table is a run of function pointers after the version */
-    const void *const *f = (const void *const *)((const char *)t + offsetof(cuda_plugin_t, model_new));
-    size_t n = (sizeof(*t) - offsetof(cuda_plugin_t, model_new)) / sizeof(void *);
+    const void *const *f = (const void *const *)((const char *)t + offsetof(cuda_plugin_t, backend));
+    size_t n = (sizeof(*t) - offsetof(cuda_plugin_t, backend)) / sizeof(void *);
     for (size_t i = 0; i < n; i++)
         if (!f[i])
             fail_msg("entry %zu of the table is NULL", i);
@@ -56,11 +56,11 @@ static void test_cuda_plugin_real_one_loads_and_says_whether_there_is_a_gpu(void
     if (access("/dev/nvidiactl", F_OK) == 0) {
         print_message("%d CUDA devices\n", n);
         assert_true(n > 0);
-        assert_int_equal(t->dev_select(n, NULL), 0); /* ordinals wrap around the devices */
+        assert_int_equal(t->backend.dev_select(n, NULL), 0); /* ordinals wrap around the devices */
     } else {
         assert_int_equal(n, 0);
         int used = -1;
-        assert_int_equal(t->dev_select(0, &used), -ENODEV);
+        assert_int_equal(t->backend.dev_select(0, &used), -ENODEV);
         assert_non_null(strstr(t->last_error(), "no usable CUDA device"));
         assert_int_equal(used, -1);
     }
@@ -97,7 +97,7 @@ static void test_cuda_plugin_emulated_one_and_missing_ones(void **state)
     assert_complete(t);
     assert_int_equal(t->device_count(), 4); /* the emulator's */
     int used = -1;
-    assert_int_equal(t->dev_select(6, &used), 0);
+    assert_int_equal(t->backend.dev_select(6, &used), 0);
     assert_int_equal(used, 2);
     setenv(CUDA_PLUGIN_ENV, "/nonexistent/libctitan_cuda.so", 1);
     assert_null(cuda_plugin_load(err, sizeof(err)));

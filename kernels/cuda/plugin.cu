@@ -1,22 +1,118 @@
-// The table the stage and optimizer-shard processes load (cuda_plugin.h).
+// The CUDA plugin's table (cuda_plugin.h): the CUDA backend of kernels/backend.h over
+// cuda_model.h (hand-offs as device bf16, only queued on the model's stream) and the optimizer
+// kernels of cuda_dev.h / cuda_ops.h, then the CUDA-only calls of the GPU data planes.
+#include <errno.h>
+#include <stdlib.h>
+
 #include "kernels/cuda/cuda_err.h"
+#include "kernels/cuda/cuda_model.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/cuda_plugin.h"
 
+struct backend_model {
+    cuda_model_t *m;
+    float *host_w, *host_g; /* offload: the shared fp32 weights and gradients of the range */
+};
+
+static cuda_model_acts_t *acts_of(backend_acts_t *a) { return (cuda_model_acts_t *)a; }
+
+static void be_model_destroy(backend_model_t **pm)
+{
+    backend_model_t *m = *pm;
+    if (!m)
+        return;
+    cuda_model_destroy(&m->m);
+    free(m);
+    *pm = NULL;
+}
+
+static int be_model_new(backend_model_t **out, const model_config_t *cfg, int p0, int p1, float *host_w,
+                        float *host_g, int threads)
+{
+    *out = NULL;
+    if (!host_w != !host_g)
+        return cuda_err(-EINVAL, "offload needs both the shared weights and the shared gradients");
+    backend_model_t *m = (backend_model_t *)calloc(1, sizeof(*m));
+    if (!m)
+        return cuda_err(-ENOMEM, "out of memory");
+    m->host_w = host_w, m->host_g = host_g;
+    int rc = cuda_model_new(&m->m, cfg, p0, p1);
+    if (rc) {
+        free(m);
+        return rc;
+    }
+    *out = m;
+    return 0;
+}
+
+static int be_acts_new(backend_acts_t **out, backend_model_t *m, int B, int T)
+{
+    return cuda_model_acts_new((cuda_model_acts_t **)out, m->m, B, T);
+}
+
+static void be_acts_destroy(backend_acts_t **a) { cuda_model_acts_destroy((cuda_model_acts_t **)a); }
+
+static int be_forward(backend_model_t *m, backend_acts_t *a, const int32_t *tokens, const void *x_in,
+                      const int32_t *targets, float dscale, void *x_out, double *loss)
+{
+    return cuda_model_forward_dev(m->m, acts_of(a), tokens, (const uint16_t *)x_in, targets, dscale,
+                                  (uint16_t *)x_out, loss);
+}
+
+static int be_backward_b(backend_model_t *m, backend_acts_t *a, const void *dy, void *dx)
+{
+    return cuda_model_backward_b_dev(m->m, acts_of(a), (const uint16_t *)dy, (uint16_t *)dx);
+}
+
+static int be_backward_w(backend_model_t *m, backend_acts_t *a) { return cuda_model_backward_w(m->m, acts_of(a)); }
+
+/* offload: this step's weights, as the CPU optimizer shards left them */
+static int be_step_begin(backend_model_t *m) { return m->host_w ? cuda_model_set_weights(m->m, m->host_w) : 0; }
+
+/* The step's gradients complete where the optimizer shards read them: handed back to the host
+ * (offload), or on the device once the stream has run. */
+static int be_step_end(backend_model_t *m)
+{
+    return m->host_g ? cuda_model_take_grads(m->m, m->host_g) : cuda_model_sync(m->m);
+}
+
+static void *be_model_stream(backend_model_t *m) { return cuda_model_stream(m->m); }
+
+static void be_model_buffers(backend_model_t *m, void **w, float **g, size_t *begin, size_t *end)
+{
+    uint16_t *w16;
+    cuda_model_buffers(m->m, &w16, g, begin, end);
+    *w = w16;
+}
+
+static int be_mem_used(size_t *bytes)
+{
+    size_t total;
+    return cuda_dev_mem(bytes, &total);
+}
+
+static int be_to_weights(void *w, const float *x, size_t n, void *stream)
+{
+    return cuda_f32_to_bf16_dev((uint16_t *)w, x, n, stream);
+}
+
 static const cuda_plugin_t table = {
     CUDA_PLUGIN_VERSION,
-    cuda_model_new, cuda_model_destroy, cuda_model_set_weights, cuda_model_take_grads, cuda_model_acts_new,
-    cuda_model_acts_destroy, cuda_model_forward, cuda_model_backward_b, cuda_model_backward_w,
-    cuda_model_forward_dev, cuda_model_backward_b_dev, cuda_model_sync, cuda_model_stream, cuda_model_buffers,
-    cuda_dev_select, cuda_dev_mem, cuda_stream_new, cuda_stream_free, cuda_stream_sync, cuda_ipc_export,
-    cuda_ipc_alloc, cuda_ipc_open, cuda_ipc_close, cuda_ipc_event_new, cuda_ipc_event_open, cuda_event_free,
-    cuda_event_record, cuda_stream_wait, cuda_copy_async, cuda_zero_async, cuda_f32_add, cuda_f32_scale,
-    cuda_block_sumsq, cuda_f32_to_bf16_dev,
-    cuda_adamw, cuda_alloc, cuda_free,
-    cuda_err_text,
+    {
+        "cuda",
+        be_model_new, be_model_destroy, be_acts_new, be_acts_destroy, be_forward, be_backward_b, be_backward_w,
+        be_step_begin, be_step_end, be_model_stream, be_model_buffers, be_mem_used,
+        cuda_dev_select, cuda_alloc, cuda_free, cuda_stream_new, cuda_stream_free, cuda_stream_sync,
+        cuda_copy_async, cuda_zero_async, cuda_f32_add, cuda_f32_scale, cuda_block_sumsq, cuda_adamw,
+        be_to_weights,
+        cuda_err_text,
+    },
+    cuda_device_count,
+    cuda_ipc_export, cuda_ipc_alloc, cuda_ipc_open, cuda_ipc_close, cuda_ipc_event_new, cuda_ipc_event_open,
+    cuda_event_free, cuda_event_record, cuda_stream_wait,
     cuda_nccl_id, cuda_nccl_init, cuda_nccl_destroy, cuda_nccl_send, cuda_nccl_recv, cuda_nccl_reduce_scatter_f32,
     cuda_nccl_all_gather_bf16,
-    cuda_device_count,
+    cuda_err_text,
 };
 
 extern "C" const cuda_plugin_t *ctitan_cuda_plugin(void) { return &table; }

@@ -1,5 +1,5 @@
-/* Loads the CUDA backend plugin (cuda_plugin.h). */
-#include "stages/cuda_plugin.h"
+/* Loads the CUDA plugin (cuda_plugin.h). */
+#include "kernels/cuda_plugin.h"
 
 #include <dlfcn.h>
 #include <limits.h>

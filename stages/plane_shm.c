@@ -1,0 +1,69 @@
+/* The CPU's data plane (plane.h "shm"): each link is one of the act segment's shared-memory
+ * rings (stages/job.h), M slots of [mb*T, dim] fp32. A consumer reads the producer's slot in
+ * place and a producer writes its output straight into the slot it reserved: no copies. */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "stages/plane_link.h"
+
+typedef struct {
+    plane_end_t base;
+    ring_t *ring;
+    int64_t step;                /* the tags of the reserved slot */
+    int mb;
+} shm_end_t;
+
+static int shm_recv(plane_end_t *e, int64_t step, int mb, void **slot)
+{
+    shm_end_t *s = (shm_end_t *)e;
+    return plane_link_take(e->p, s->ring, step, mb, slot);
+}
+
+static int shm_done(plane_end_t *e)
+{
+    ring_release(((shm_end_t *)e)->ring);
+    return 0;
+}
+
+static int shm_reserve(plane_end_t *e, int64_t step, int mb, void **slot)
+{
+    shm_end_t *s = (shm_end_t *)e;
+    s->step = step, s->mb = mb;
+    return plane_link_reserve(e->p, s->ring, slot);
+}
+
+static int shm_send(plane_end_t *e)
+{
+    shm_end_t *s = (shm_end_t *)e;
+    int rc = ring_commit(s->ring, (uint64_t)s->step, (uint64_t)s->mb, e->p->lay.act_slot);
+    return rc ? plane_fail(e->p, rc, "ring %s: nothing reserved to send", ring_name(s->ring)) : 0;
+}
+
+static void shm_destroy(plane_end_t *e)
+{
+    ring_detach(&((shm_end_t *)e)->ring);
+    free(e);
+}
+
+static const plane_end_ops_t shm_ops = {shm_recv, shm_done, shm_reserve, shm_send, shm_destroy};
+
+static int add_end(plane_t *p, plane_link_t l, int boundary, int grad)
+{
+    shm_end_t *s = calloc(1, sizeof(*s));
+    if (!s)
+        return plane_fail(p, -ENOMEM, "out of memory");
+    s->base = (plane_end_t){.ops = &shm_ops, .p = p};
+    p->end[l] = &s->base;
+    return plane_link_attach(p, &s->ring, boundary, grad);
+}
+
+int plane_shm_new(plane_t **out, const plane_cfg_t *c, char *err, size_t errlen)
+{
+    plane_t *p = *out = plane_alloc(c, NULL);
+    int rc = p ? 0 : -ENOMEM, r = c->rank;
+    if (!rc && r > 0 && !(rc = add_end(p, PLANE_ACT_IN, r - 1, 0)))
+        rc = add_end(p, PLANE_GRAD_OUT, r - 1, 1);
+    if (!rc && r < c->lay->pp - 1 && !(rc = add_end(p, PLANE_ACT_OUT, r, 0)))
+        rc = add_end(p, PLANE_GRAD_IN, r, 1);
+    return rc ? plane_abort(out, rc, err, errlen) : 0;
+}

@@ -1,0 +1,262 @@
+/* The backend table (kernels/backend.h) as stages and optimizer shards use it: the CPU one
+ * must give exactly the bits the CPU code computed before the table existed (the model of
+ * model.h, the optimizer's plain loops: a sequential double sum per block, y += x, ops_adamw),
+ * since every loss of a CPU job depends on them; backend_load picks and refuses; and the
+ * CUDA plugin's table on the emulator agrees with the CPU's within bf16/float tolerances. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/backend.h"
+#include "kernels/cpu/model.h"
+#include "kernels/cuda_plugin.h"
+#include "kernels/ops.h"
+#include "tests/testutil.h"
+
+#define N 3000     /* not a multiple of the block: a short last block */
+#define BLOCK 1024
+
+static float *filled(uint64_t seed, double scale)
+{
+    float *x = malloc(N * sizeof(float));
+    assert_non_null(x);
+    tu_fill(NULL, x, N, seed, scale);
+    return x;
+}
+
+static void test_backend_load_picks_cpu_and_refuses_other_devices(void **state)
+{
+    char err[512];
+    assert_ptr_equal(backend_load("cpu", err, sizeof(err)), backend_cpu());
+    assert_string_equal(backend_cpu()->name, "cpu");
+    assert_null(backend_load("tpu", err, sizeof(err)));
+    assert_non_null(strstr(err, "device \"tpu\": expected \"cpu\" or \"cuda\""));
+    setenv(CUDA_PLUGIN_ENV, "/nonexistent/libctitan_cuda.so", 1);
+    assert_null(backend_load("cuda", err, sizeof(err)));
+    assert_non_null(strstr(err, "cannot load the CUDA backend /nonexistent/libctitan_cuda.so"));
+    unsetenv(CUDA_PLUGIN_ENV);
+}
+
+static void test_backend_cpu_vector_ops_are_the_plain_loops_bitwise(void **state)
+{
+    const backend_t *be = backend_cpu();
+    void *s;
+    assert_int_equal(be->stream_new(&s), 0);
+    float *x = filled(1, 2.0), *y = filled(2, 3.0), *want = malloc(N * sizeof(float));
+    memcpy(want, y, N * sizeof(float));
+    for (size_t i = 0; i < N; i++)
+        want[i] += x[i];
+    assert_int_equal(be->f32_add(y, x, N, s), 0);
+    assert_memory_equal(y, want, N * sizeof(float));
+
+    float scale = (float)0.7310585786300049; /* a clip factor, as the shard rounds it */
+    for (size_t i = 0; i < N; i++)
+        want[i] *= scale;
+    assert_int_equal(be->f32_scale(y, scale, N, s), 0);
+    assert_memory_equal(y, want, N * sizeof(float));
+
+    double norm[3], ref[3];
+    for (size_t b = 0; b < 3; b++) {
+        ref[b] = 0;
+        for (size_t i = b * BLOCK; i < N && i < (b + 1) * BLOCK; i++)
+            ref[b] += (double)y[i] * y[i];
+    }
+    assert_int_equal(be->block_sumsq(norm, y, N, BLOCK, s), 0);
+    assert_memory_equal(norm, ref, sizeof(ref));
+    assert_int_equal(be->block_sumsq(norm, y, N, 0, s), -EINVAL);
+
+    float *w = filled(3, 0.5), *m = filled(4, 0.1), *v = filled(5, 0.1);
+    float *w2 = malloc(N * sizeof(float)), *m2 = malloc(N * sizeof(float)), *v2 = malloc(N * sizeof(float));
+    for (size_t i = 0; i < N; i++)
+        v[i] = v2[i] = v[i] * v[i]; /* second moments are >= 0 */
+    memcpy(w2, w, N * sizeof(float));
+    memcpy(m2, m, N * sizeof(float));
+    ops_adamw(NULL, w2, y, m2, v2, N, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 7);
+    assert_int_equal(be->adamw(w, y, m, v, N, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 7, s), 0);
+    assert_memory_equal(w, w2, N * sizeof(float));
+    assert_memory_equal(m, m2, N * sizeof(float));
+    assert_memory_equal(v, v2, N * sizeof(float));
+
+    float *dev;
+    assert_int_equal(be->alloc((void **)&dev, N * sizeof(float)), 0);
+    assert_int_equal(be->to_weights(dev, w, N, s), 0); /* fp32 weights on the CPU: a copy */
+    assert_memory_equal(dev, w, N * sizeof(float));
+    assert_int_equal(be->zero(dev, 10 * sizeof(float), s), 0);
+    assert_true(dev[9] == 0.0f && dev[10] == w[10]);
+    assert_int_equal(be->copy(dev, x, N * sizeof(float), s), 0);
+    assert_int_equal(be->stream_sync(s), 0);
+    assert_memory_equal(dev, x, N * sizeof(float));
+    assert_int_equal(be->free(dev), 0);
+    be->stream_free(s);
+    int used = -1;
+    assert_int_equal(be->dev_select(3, &used), 0);
+    assert_int_equal(used, 0);
+    free(x), free(y), free(want), free(w), free(m), free(v), free(w2), free(m2), free(v2);
+}
+
+/* A two-piece split of the tiny model, run through the table and through model.h directly:
+ * the same loss, hand-offs and gradients, bit for bit. */
+static void test_backend_cpu_model_is_model_c_bitwise(void **state)
+{
+    char err[256];
+    model_config_t cfg;
+    config_preset("tiny", &cfg);
+    assert_int_equal(config_validate(&cfg, err, sizeof(err)), 0);
+    param_table_t tab;
+    assert_int_equal(params_table_init(&tab, &cfg), 0);
+    size_t total = tab.total, cut_b, cut_e;
+    int L = cfg.n_layers, B = 2, T = 8, D = cfg.dim;
+    params_piece_range(&tab, 0, 2, &cut_b, &cut_e); /* stage 0: embedding and layer 0 */
+    float *w = malloc(total * sizeof(float)), *g1 = calloc(total, sizeof(float)), *g2 = calloc(total, sizeof(float));
+    params_init(&tab, &cfg, 5, w, 0, total);
+    int32_t tok[16], tgt[16];
+    uint64_t seed = 9;
+    for (int i = 0; i < B * T; i++) {
+        tok[i] = (int32_t)(tu_next(&seed) % (uint64_t)cfg.vocab_size);
+        tgt[i] = (int32_t)(tu_next(&seed) % (uint64_t)cfg.vocab_size);
+    }
+    size_t hand = (size_t)B * T * D;
+    float *x1 = malloc(hand * 4), *x2 = malloc(hand * 4), *d1 = malloc(hand * 4), *d2 = malloc(hand * 4);
+    float dscale = 1.0f / (B * T);
+
+    /* model.h directly */
+    model_t *m0 = model_new(&cfg, 0, 2, w, g1, NULL), *m1 = model_new(&cfg, 2, L + 2, w + cut_e, g1 + cut_e, NULL);
+    model_acts_t *a0 = model_acts_new(m0, B, T), *a1 = model_acts_new(m1, B, T);
+    model_forward(m0, a0, tok, NULL, NULL, dscale, x1);
+    double want = model_forward(m1, a1, NULL, x1, tgt, dscale, NULL);
+    model_backward_b(m1, a1, NULL, d1);
+    model_backward_w(m1, a1);
+    model_backward_b(m0, a0, d1, NULL);
+    model_backward_w(m0, a0);
+
+    /* the table */
+    const backend_t *be = backend_cpu();
+    backend_model_t *b0, *b1;
+    backend_acts_t *c0, *c1;
+    assert_int_equal(be->model_new(&b0, &cfg, 0, 2, w, g2, 2), 0);
+    assert_int_equal(be->model_new(&b1, &cfg, 2, L + 2, w + cut_e, g2 + cut_e, 1), 0);
+    assert_int_equal(be->acts_new(&c0, b0, B, T), 0);
+    assert_int_equal(be->acts_new(&c1, b1, B, T), 0);
+    double got = 0, none = -1;
+    assert_int_equal(be->step_begin(b0), 0);
+    assert_int_equal(be->forward(b0, c0, tok, NULL, NULL, dscale, x2, &none), 0);
+    assert_int_equal(be->forward(b1, c1, NULL, x2, tgt, dscale, NULL, &got), 0);
+    assert_int_equal(be->backward_b(b1, c1, NULL, d2), 0);
+    assert_int_equal(be->backward_w(b1, c1), 0);
+    assert_int_equal(be->backward_b(b0, c0, d2, NULL), 0);
+    assert_int_equal(be->backward_w(b0, c0), 0);
+    assert_int_equal(be->step_end(b0), 0);
+    assert_true(none == 0.0);
+    assert_memory_equal(&got, &want, sizeof(double));
+    assert_memory_equal(x2, x1, hand * 4);
+    assert_memory_equal(d2, d1, hand * 4);
+    assert_memory_equal(g2, g1, total * sizeof(float));
+
+    void *bw;
+    float *bg;
+    size_t begin, end, mem = 0;
+    be->model_buffers(b1, &bw, &bg, &begin, &end);
+    assert_ptr_equal(bw, w + cut_e);
+    assert_ptr_equal(bg, g2 + cut_e);
+    assert_true(begin == cut_e && end == total);
+    assert_null(be->model_stream(b1));
+    assert_int_equal(be->mem_used(&mem), 0);
+    assert_true(mem > 0);
+    be->acts_destroy(&c0), be->acts_destroy(&c1);
+    be->model_destroy(&b0), be->model_destroy(&b1);
+    assert_null(b0);
+    assert_null(c0);
+    /* the CPU model works on the shared buffers: it needs both */
+    assert_int_equal(be->model_new(&b0, &cfg, 0, 2, w, NULL, 1), -EINVAL);
+    assert_non_null(strstr(be->last_error(), "none given"));
+    model_acts_destroy(&a0), model_acts_destroy(&a1);
+    model_destroy(&m0), model_destroy(&m1);
+    free(w), free(g1), free(g2), free(x1), free(x2), free(d1), free(d2);
+    params_table_free(&tab);
+}
+
+/* The emulated CUDA plugin's table (build/lib/libctitan_cuda_sim.so) does the optimizer's
+ * vector work as the CPU's: exactly for elementwise fp32, to double rounding for the block
+ * norms, to float rounding for AdamW, to bf16 for the weights. */
+static void test_backend_cuda_emulated_vector_ops_agree_with_the_cpu(void **state)
+{
+    char exe[PATH_MAX], path[PATH_MAX + 64], err[512];
+    ssize_t k = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    assert_true(k > 0);
+    exe[k] = 0;
+    *strrchr(exe, '/') = 0;
+    snprintf(path, sizeof(path), "%s/../lib/libctitan_cuda_sim.so", exe);
+    if (access(path, R_OK)) {
+        print_message("%s not built: skipping\n", path);
+        skip();
+    }
+    setenv(CUDA_PLUGIN_ENV, path, 1);
+    const backend_t *gpu = backend_load("cuda", err, sizeof(err)), *cpu = backend_cpu();
+    unsetenv(CUDA_PLUGIN_ENV);
+    if (!gpu)
+        fail_msg("%s", err);
+    assert_string_equal(gpu->name, "cuda");
+    assert_int_equal(gpu->dev_select(0, NULL), 0);
+    void *s;
+    assert_int_equal(gpu->stream_new(&s), 0);
+    float *x = filled(11, 1.0), *y = filled(12, 1.0), *w = filled(13, 0.5), *m = filled(14, 0.1);
+    float *v = calloc(N, sizeof(float)), *back = malloc(N * sizeof(float));
+    float *dx, *dy, *dw, *dm, *dv;
+    double *dn, norm[3], ref[3];
+    size_t bytes = N * sizeof(float);
+    float **dev[] = {&dx, &dy, &dw, &dm, &dv};
+    const float *host[] = {x, y, w, m, v};
+    for (int i = 0; i < 5; i++) {
+        assert_int_equal(gpu->alloc((void **)dev[i], bytes), 0);
+        assert_int_equal(gpu->copy(*dev[i], host[i], bytes, s), 0);
+    }
+    assert_int_equal(gpu->alloc((void **)&dn, sizeof(norm)), 0);
+    assert_int_equal(gpu->f32_add(dy, dx, N, s), 0);
+    assert_int_equal(gpu->f32_scale(dy, 0.5f, N, s), 0);
+    assert_int_equal(gpu->block_sumsq(dn, dy, N, BLOCK, s), 0);
+    assert_int_equal(gpu->copy(norm, dn, sizeof(norm), s), 0);
+    assert_int_equal(gpu->copy(back, dy, bytes, s), 0);
+    assert_int_equal(gpu->stream_sync(s), 0);
+    cpu->f32_add(y, x, N, NULL);
+    cpu->f32_scale(y, 0.5f, N, NULL);
+    cpu->block_sumsq(ref, y, N, BLOCK, NULL);
+    assert_memory_equal(back, y, bytes);
+    assert_int_equal(tu_compare_d("block norms", norm, ref, 3, 0, 1e-12), 0);
+
+    assert_int_equal(gpu->adamw(dw, dy, dm, dv, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, s), 0);
+    cpu->adamw(w, y, m, v, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, NULL);
+    assert_int_equal(gpu->copy(back, dw, bytes, s), 0);
+    assert_int_equal(gpu->stream_sync(s), 0);
+    double *wd = malloc(N * sizeof(double));
+    tu_to_double(wd, w, N);
+    assert_int_equal(tu_compare("AdamW", back, wd, N, 1e-7, 1e-6), 0);
+
+    uint16_t bf[N];
+    assert_int_equal(gpu->to_weights(dx, w, N, s), 0); /* bf16 into the first half of dx */
+    assert_int_equal(gpu->copy(bf, dx, sizeof(bf), s), 0);
+    assert_int_equal(gpu->stream_sync(s), 0);
+    for (size_t i = 0; i < N; i++)
+        if (bf[i] != tu_f32_to_bf16(w[i]))
+            fail_msg("bf16 weight %zu: %#x, want %#x", i, bf[i], tu_f32_to_bf16(w[i]));
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(gpu->free(*dev[i]), 0);
+    assert_int_equal(gpu->free(dn), 0);
+    gpu->stream_free(s);
+    free(x), free(y), free(w), free(m), free(v), free(back), free(wd);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_backend_load_picks_cpu_and_refuses_other_devices),
+        cmocka_unit_test(test_backend_cpu_vector_ops_are_the_plain_loops_bitwise),
+        cmocka_unit_test(test_backend_cpu_model_is_model_c_bitwise),
+        cmocka_unit_test(test_backend_cuda_emulated_vector_ops_agree_with_the_cpu),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -11,11 +11,8 @@
  *                    filling slot i) and read[i] (recorded by the consumer once it copied it)
  *   ring grad        its outgoing gradient ring (to rank s-1; unused on rank 0), the same
  *
- * The host-side order comes from the shm rings of the act segment (job.h), whose slots then
- * carry no payload: a producer records written[i] before ring_commit, a consumer makes its
- * stream wait on written[i] after ring_peek and records read[i] before ring_release, and a
- * producer makes its stream wait on read[i] after ring_reserve. So the host ring's sequence
- * numbers decide which record each wait sees. */
+ * The rings are the IPC data plane's (stages/plane_ipc.c), which orders them with the act
+ * segment's shm rings of the same boundaries (job.h), whose slots then carry no payload. */
 #ifndef CTITAN_DEVDIR_H
 #define CTITAN_DEVDIR_H
 

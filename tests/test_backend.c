@@ -185,13 +185,8 @@ static void test_backend_cpu_model_is_model_c_bitwise(void **state)
  * norms, to float rounding for AdamW, to bf16 for the weights. */
 static void test_backend_cuda_emulated_vector_ops_agree_with_the_cpu(void **state)
 {
-    char exe[PATH_MAX], path[PATH_MAX + 64], err[512];
-    ssize_t k = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    assert_true(k > 0);
-    exe[k] = 0;
-    *strrchr(exe, '/') = 0;
-    snprintf(path, sizeof(path), "%s/../lib/libctitan_cuda_sim.so", exe);
-    if (access(path, R_OK)) {
+    char path[PATH_MAX], err[512];
+    if (access(tu_lib("libctitan_cuda_sim.so", path, sizeof(path)), R_OK)) {
         print_message("%s not built: skipping\n", path);
         skip();
     }

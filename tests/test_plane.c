@@ -298,13 +298,8 @@ static int ipc_stage(int rank)
 
 static void test_plane_ipc_device_rings_deliver_in_order_on_the_emulator(void **state)
 {
-    char exe[PATH_MAX], path[PATH_MAX + 64];
-    ssize_t k = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    assert_true(k > 0);
-    exe[k] = 0;
-    *strrchr(exe, '/') = 0;
-    snprintf(path, sizeof(path), "%s/../lib/libctitan_cuda_sim.so", exe);
-    if (access(path, R_OK)) {
+    char path[PATH_MAX];
+    if (access(tu_lib("libctitan_cuda_sim.so", path, sizeof(path)), R_OK)) {
         print_message("%s not built: skipping\n", path);
         skip();
     }

@@ -113,20 +113,23 @@ static inline void tu_fill_bf16(uint16_t *h, double *d, size_t n, uint64_t seed,
         d[i] = tu_bf16_to_f32(h[i]);
     }
 }
-/* build/bin/NAME beside this test program's build/tests/ (any BUILD directory). */
-static inline const char *tu_program(const char *name, char *buf, size_t n)
+/* build/DIR/NAME beside this test program's build/tests/ (any BUILD directory). */
+static inline const char *tu_built(const char *dir, const char *name, char *buf, size_t n)
 {
     char exe[200];
     ssize_t k = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
     if (k <= 0) {
-        snprintf(buf, n, "build/bin/%s", name);
+        snprintf(buf, n, "build/%s/%s", dir, name);
         return buf;
     }
     exe[k] = 0;
     *strrchr(exe, '/') = 0;
-    snprintf(buf, n, "%s/../bin/%s", exe, name);
+    snprintf(buf, n, "%s/../%s/%s", exe, dir, name);
     return buf;
 }
+/* build/bin/NAME: a program; build/lib/NAME: a CUDA plugin. */
+static inline const char *tu_program(const char *name, char *buf, size_t n) { return tu_built("bin", name, buf, n); }
+static inline const char *tu_lib(const char *name, char *buf, size_t n) { return tu_built("lib", name, buf, n); }
 /* The ctitan program the tests run: $CTITAN_BIN, else build/bin/ctitan beside the test. */
 static inline const char *tu_ctitan(void)
 {

@@ -1050,9 +1050,14 @@ static int resolve_load(coord_t *c, manifest_t *m, char *err, size_t errlen)
             return rc;
     } else {
         snprintf(path, sizeof(path), "%s", m->ckpt_load);
-        if ((rc = ckpt_verify(path, stderr, &nbad, err, errlen)))
+        struct stat st;
+        if (stat(path, &st))
+            return util_fail(err, errlen, -errno, "checkpoint.load %s is not loadable (%s): not resuming from it",
+                             path, errno == ENOENT ? "no such directory" : strerror(errno));
+        char why[512];
+        if ((rc = ckpt_verify(path, stderr, &nbad, why, sizeof(why))))
             return util_fail(err, errlen, rc, "checkpoint.load %s is not loadable (%s): not resuming from it",
-                             path, rc == -EBADMSG ? "corrupt: see above" : err);
+                             path, rc == -EBADMSG ? "corrupt: see above" : why);
     }
     ckpt_t *ck;
     if ((rc = ckpt_open(&ck, path, err, errlen)))

@@ -15,6 +15,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ipc/shm.h"
+
 #define STAGING_SEG "ckpt"
 #define STAGING_MAGIC 0x3154504b43544943ULL /* "CITCKPT1" */
 #define STAGING_VERSION 1u
@@ -36,6 +38,9 @@ static inline size_t staging_bytes(size_t total)
 {
     return STAGING_HDR + STAGING_ARRAYS * staging_stride(total) * sizeof(float);
 }
+/* Creates ctitan.<job>.ckpt for `total` floats per array, its header formatted with no
+ * snapshot in it (step -1). Returns 0 or -errno with err. The caller owns *out. */
+int staging_create(shm_seg_t **out, const char *job, size_t total, char *err, size_t errlen);
 /* Array a (0 weights, 1 exp_avg, 2 exp_avg_sq) of a mapped segment. */
 static inline float *staging_array(void *seg, int a)
 {

@@ -202,7 +202,7 @@ static int run_worker(void)
         }
         if (m.type == MSG_LOAD)
             load(&d, m.text);
-        if (m.type == MSG_SAVE && d.m->ckpt_enable) {
+        if (m.type == MSG_SAVE) {
             if (!d.idle)
                 lower_priority(&d);
             char path[PATH_MAX + 64] = "";

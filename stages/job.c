@@ -5,7 +5,6 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
-
 #include <unistd.h>
 
 #include "ipc/ring.h"

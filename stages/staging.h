@@ -3,7 +3,9 @@
  * here (it is idle while the next step's forward and backward run), the coordinator adds the
  * step and the loader cursor, and checkpointd streams it to disk (or to a remote checkpointd)
  * while training goes on. One snapshot at a time: the coordinator starts the next only after
- * checkpointd has answered for the previous one.
+ * checkpointd has answered for the previous one. On resume the other way round: checkpointd
+ * reads the checkpoint into it, step and cursor included (checkpointd/restore.h), before the
+ * shards start, and each shard copies its slice out as it sets up.
  *
  *   header (4 KiB)   staging_hdr_t
  *   3 arrays         weights, exp_avg, exp_avg_sq: `total` floats each, `stride` apart

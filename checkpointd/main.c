@@ -1,8 +1,11 @@
 /* checkpointd: the checkpoint daemon.
  *
- *   checkpointd --job NAME      started by `ctitan launch` ([checkpoint] enable): a worker of
- *                               the job. On SAVE it reads the staging segment the optimizer
- *                               shards filled (stages/staging.h), checksums it, and writes
+ *   checkpointd --job NAME      started by `ctitan launch` ([checkpoint] enable or load): a
+ *                               worker of the job. On LOAD, before the other processes start,
+ *                               it reads checkpoint.load into the staging segment
+ *                               (checkpointd/restore.h) and answers LOADED. On SAVE it reads
+ *                               the staging segment the optimizer shards filled
+ *                               (stages/staging.h), checksums it, and writes
  *                               checkpoint.folder/step-N (checkpointd/writer.h), or streams it
  *                               to the remote checkpointd at checkpoint.endpoint; then answers
  *                               SAVED. Training does not wait for it.
@@ -24,6 +27,7 @@
 
 #include "checkpointd/ckpt.h"
 #include "checkpointd/remote.h"
+#include "checkpointd/restore.h"
 #include "stages/staging.h"
 #include "checkpointd/writer.h"
 #include "ipc/shm.h"
@@ -42,6 +46,7 @@ typedef struct {
     param_table_t tab;
     shm_seg_t *seg;
     rmt_client_t *remote;
+    int idle;     /* runs at SCHED_IDLE (from the first SAVE on) */
     int delay_ms; /* CTITAN_TEST_CKPT_DELAY_MS: a pause after each data file (tests kill us mid-write) */
 } ckd_t;
 
@@ -124,6 +129,46 @@ out:
     return rc;
 }
 
+/* Writing a checkpoint must not slow training down: from the first SAVE on, this thread (not
+ * the heartbeat one worker_open started) runs at idle CPU priority, so checksums and I/O
+ * submission use only CPU time the stages leave idle. A LOAD comes before training starts,
+ * while the job waits for it alone: it runs at normal priority. */
+static void lower_priority(ckd_t *d)
+{
+    struct sched_param none = {0};
+    if (sched_setscheduler(0, SCHED_IDLE, &none))
+        LOG_W("cannot lower checkpointd to SCHED_IDLE; it runs at normal priority");
+    d->idle = 1;
+}
+
+/* LOAD: the checkpoint into the staging segment, then LOADED (the directory, its step and
+ * loader cursor, or why not). The checkpoints written afterwards store the run's manifest with
+ * checkpoint.load resolved, as the job's other processes get it from the coordinator. */
+static void load(ckd_t *d, const char *what)
+{
+    char path[sizeof(d->m->ckpt_load)], err[1024];
+    staging_hdr_t *h = shm_data(d->seg);
+    int rc = restore_load(what, d->m, &d->tab, h, stderr, path, sizeof(path), err, sizeof(err));
+    msg_t r = {.type = MSG_LOADED, .ok = rc == 0};
+    WORKER_CHECK(d->w, msg_set_text(&r, rc ? err : path) == 0, "out of memory");
+    if (!rc && path[0]) {
+        r.step = atomic_load(&h->step);
+        WORKER_CHECK(d->w, msg_set_data(&r, h->cursor, h->cursor_len) == 0, "out of memory");
+    }
+    if (!rc) {
+        manifest_t *m = malloc(sizeof(*m));
+        WORKER_CHECK(d->w, m, "out of memory");
+        *m = *d->m;
+        snprintf(m->ckpt_load, sizeof(m->ckpt_load), "%s", path);
+        free(d->toml);
+        WORKER_CHECK(d->w, (d->toml = manifest_to_toml(m)), "out of memory");
+        free(m);
+    }
+    worker_progress(d->w);
+    WORKER_CHECK(d->w, worker_send(d->w, &r) == 0, "cannot reach the coordinator");
+    msg_clear(&r);
+}
+
 static int run_worker(void)
 {
     ckd_t d = {0};
@@ -133,12 +178,6 @@ static int run_worker(void)
         return 1;
     }
     d.m = worker_manifest(d.w);
-    /* Writing a checkpoint must not slow training down: this thread (not the heartbeat one
-     * worker_open started) runs at idle CPU priority, so checksums and I/O submission use only
-     * CPU time the stages leave idle. */
-    struct sched_param none = {0};
-    if (sched_setscheduler(0, SCHED_IDLE, &none))
-        LOG_W("cannot lower checkpointd to SCHED_IDLE; it runs at normal priority");
     const char *delay = getenv("CTITAN_TEST_CKPT_DELAY_MS");
     d.delay_ms = delay ? atoi(delay) : 0;
     manifest_ckpt_folder(d.m, d.folder, sizeof(d.folder));
@@ -148,10 +187,10 @@ static int run_worker(void)
     staging_hdr_t *h = shm_data(d.seg);
     WORKER_CHECK(d.w, h->magic == STAGING_MAGIC && h->version == STAGING_VERSION && h->total == d.tab.total,
                  "the staging segment does not match the model (%zu parameters)", d.tab.total);
-    if (d.m->ckpt_endpoint[0])
+    if (d.m->ckpt_enable && d.m->ckpt_endpoint[0])
         WORKER_CHECK(d.w, rmt_client_new(&d.remote, d.m->ckpt_endpoint, d.m->ckpt_server_key,
                                          d.m->ckpt_client_key, err, sizeof(err)) == 0, "%s", err);
-    else
+    else if (d.m->ckpt_enable)
         ckpt_retain(d.folder, 0); /* temporary directories of writers that died */
     WORKER_CHECK(d.w, worker_ready(d.w) == 0, "cannot reach the coordinator");
     for (;;) {
@@ -161,7 +200,11 @@ static int run_worker(void)
             msg_clear(&m);
             break;
         }
+        if (m.type == MSG_LOAD)
+            load(&d, m.text);
         if (m.type == MSG_SAVE) {
+            if (!d.idle)
+                lower_priority(&d);
             char path[PATH_MAX + 64] = "";
             uint64_t bytes = 0;
             double t0 = util_now();

@@ -9,6 +9,8 @@
  *                               checkpoint.folder/step-N (checkpointd/writer.h), or streams it
  *                               to the remote checkpointd at checkpoint.endpoint; then answers
  *                               SAVED. Training does not wait for it.
+ *   checkpointd --job NAME --load WHAT < MANIFEST
+ *                               the same LOAD for a host's agent (job.hosts > 1), once, then exits.
  *   checkpointd --listen tcp://ADDR:PORT --dir DIR --key SERVER.key --allow TRAINERS.pub
  *                               on a storage host: receives checkpoints from trainers whose
  *                               public key is in the allow file (checkpointd/remote.h).
@@ -24,17 +26,18 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "checkpointd/ckpt.h"
 #include "checkpointd/remote.h"
 #include "checkpointd/restore.h"
-#include "stages/staging.h"
 #include "checkpointd/writer.h"
-#include "ipc/shm.h"
-#include "kernels/params.h"
-#include "stages/worker.h"
 #include "ipc/log.h"
+#include "ipc/shm.h"
 #include "ipc/util.h"
+#include "kernels/params.h"
+#include "stages/staging.h"
+#include "stages/worker.h"
 
 #define PIECE (64u << 20) /* bytes handed to the writer at a time */
 
@@ -226,6 +229,44 @@ static int run_worker(void)
     return 0;
 }
 
+/* checkpointd --job NAME --load WHAT: LOAD without a coordinator to answer, for the agent of
+ * a host other than the coordinator's (job.hosts > 1), which has no control socket of its
+ * own: the job's resolved manifest comes on standard input, WHAT goes into NAME's staging
+ * segment (its header then holds the step and the cursor, or step -1 for a fresh start), and
+ * the exit status says whether it worked (the reason on stderr). */
+static int run_load(const char *job, const char *what)
+{
+    char err[1024], path[PATH_MAX] = "";
+    size_t cap = MANIFEST_MAX_BYTES;
+    char *toml = malloc(cap + 2);
+    manifest_t *m = malloc(sizeof(*m));
+    param_table_t tab = {0};
+    shm_seg_t *seg = NULL;
+    long n = 0;
+    int rc = toml && m ? 0 : util_fail(err, sizeof(err), -ENOMEM, "out of memory");
+    if (!rc && (n = util_read_all(0, toml, cap + 1)) < 0)
+        rc = util_fail(err, sizeof(err), (int)n, "reading the manifest on standard input: %s", strerror((int)-n));
+    else if (!rc && (size_t)n > cap)
+        rc = util_fail(err, sizeof(err), -EFBIG, "the manifest on standard input is over %zu bytes", cap);
+    if (!rc) {
+        toml[n] = 0;
+        manifest_defaults(m);
+        if (!(rc = manifest_parse(m, toml, n, "standard input", err, sizeof(err))) &&
+            !(rc = manifest_validate(m, err, sizeof(err))) &&
+            !(rc = params_table_init(&tab, &m->model) ? util_fail(err, sizeof(err), -ENOMEM, "out of memory") : 0))
+            rc = shm_attach(&seg, job, STAGING_SEG, err, sizeof(err));
+    }
+    if (!rc)
+        rc = restore_load(what, m, &tab, shm_data(seg), stderr, path, sizeof(path), err, sizeof(err));
+    if (rc)
+        fprintf(stderr, "checkpointd: %s\n", err);
+    shm_detach(&seg);
+    params_table_free(&tab);
+    free(m);
+    free(toml);
+    return rc ? 1 : 0;
+}
+
 static volatile sig_atomic_t stop_flag;
 static void on_signal(int sig) { stop_flag = sig; }
 
@@ -235,18 +276,21 @@ static void usage(FILE *f)
                "  checkpointd --listen tcp://ADDR:PORT --dir DIR --key SERVER.key --allow TRAINERS.pub\n"
                "      receive checkpoints from trainers (storage host); keys from `ctitan ckpt keygen`\n"
                "  checkpointd --job NAME\n"
-               "      the local daemon of a job (started by `ctitan launch` when [checkpoint] enable = true)\n");
+               "      the local daemon of a job (started by `ctitan launch` with [checkpoint] enable or load)\n"
+               "  checkpointd --job NAME --load latest|DIR < MANIFEST\n"
+               "      reads a checkpoint into the job's staging segment and exits (a host's agent runs it)\n");
 }
 
 int main(int argc, char **argv)
 {
-    const char *listen = NULL, *dir = NULL, *key = NULL, *allow = NULL, *job = NULL;
+    const char *listen = NULL, *dir = NULL, *key = NULL, *allow = NULL, *job = NULL, *load = NULL;
     for (int i = 1; i < argc; i++) {
         const char **dst = !strcmp(argv[i], "--listen") ? &listen
                          : !strcmp(argv[i], "--dir")    ? &dir
                          : !strcmp(argv[i], "--key")    ? &key
                          : !strcmp(argv[i], "--allow")  ? &allow
                          : !strcmp(argv[i], "--job")    ? &job
+                         : !strcmp(argv[i], "--load")   ? &load
                                                         : NULL;
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             usage(stdout);
@@ -259,6 +303,8 @@ int main(int argc, char **argv)
         }
         *dst = argv[++i];
     }
+    if (job && load)
+        return run_load(job, load);
     if (job)
         return run_worker();
     if (!listen || !dir || !key || !allow) {

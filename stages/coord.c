@@ -108,9 +108,6 @@ static void train(coord_t *c)
 static int set_up(coord_t *c, char *err, size_t errlen)
 {
     manifest_t *m = c->m;
-    if (m->hosts > 1 && m->ckpt_load[0]) /* each host's shards would need a checkpointd of their own */
-        return util_fail(err, errlen, -EINVAL, "checkpoint.load with job.hosts = %d: loading a checkpoint across "
-                         "hosts is not built yet", m->hosts);
     ssize_t n = readlink("/proc/self/exe", c->bin_dir, sizeof(c->bin_dir) - 1);
     if (n <= 0)
         return util_fail(err, errlen, -errno, "cannot find my own executable: %s", strerror(errno));
@@ -130,8 +127,10 @@ static int set_up(coord_t *c, char *err, size_t errlen)
         return rc;
     if (coord_make_table(c))
         return util_fail(err, errlen, -ENOMEM, "out of memory");
-    if (m->host_rank > 0) { /* an agent: the coordinator's endpoint, the loader from step 0 */
+    if (m->host_rank > 0) { /* an agent: the coordinator's endpoint, this host's checkpoint, the loader */
         snprintf(c->hdr->endpoint, sizeof(c->hdr->endpoint), "%s", c->endpoint);
+        if ((rc = coord_resume_host(c, err, errlen)))
+            return rc;
         return coord_make_batch(c, err, errlen);
     }
     if (c->lay.nccl && (rc = coord_make_nccl_ids(c, err, errlen)))

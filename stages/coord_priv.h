@@ -166,6 +166,10 @@ void coord_do_swap(coord_t *c);
 /* checkpoint.load through checkpointd. Returns 0 (c->step is the first step), -1 when the
  * job failed or was interrupted meanwhile, or -errno with checkpointd's reason in err. */
 int coord_resume(coord_t *c, char *err, size_t errlen);
+/* The same on a host's agent (job.hosts > 1), which has no control socket for a LOADED: a
+ * checkpointd that loads this host's staging segment once and exits (`--load`). Returns 0
+ * (c->step is the first step) or -errno with the reason in err. */
+int coord_resume_host(coord_t *c, char *err, size_t errlen);
 
 /* ---- coord_ckpt.c ---- */
 /* After `done` steps: a snapshot to the staging segment, then checkpointd writes it. */

@@ -314,6 +314,11 @@ void coord_stop_proc(coord_t *c, coord_proc_t *p)
 int coord_agent(coord_t *c)
 {
     const manifest_t *m = c->m;
+    if (c->step >= m->steps) { /* the coordinator says so too, and stops */
+        printf("launch: host %d: the checkpoint is at step %lld: nothing left to train\n", m->host_rank,
+               (long long)c->step);
+        return 0;
+    }
     int n = 0;
     for (int i = 0; i < c->np; i++)
         if (!c->p[i].remote) {

@@ -6,11 +6,18 @@
 #include "stages/coord_priv.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "ipc/log.h"
 #include "ipc/util.h"
+#include "stages/staging.h"
 
 void coord_on_loaded(coord_t *c, coord_proc_t *p, const char *from, const msg_t *m)
 {
@@ -78,4 +85,65 @@ int coord_resume(coord_t *c, char *err, size_t errlen)
     if (!m->ckpt_enable) /* it only loads: no SAVE follows */
         coord_stop_proc(c, coord_ckptd(c));
     return c->failed || c->interrupted ? -1 : 0;
+}
+
+/* Runs `checkpointd --job JOB --load WHAT` with the resolved manifest on its standard input
+ * and waits for it. Returns its wait status, or -errno. */
+static int load_once(coord_t *c)
+{
+    int in[2];
+    if (pipe2(in, O_CLOEXEC))
+        return -errno;
+    pid_t pid = fork();
+    if (pid < 0) {
+        int e = errno;
+        close(in[0]);
+        close(in[1]);
+        return -e;
+    }
+    if (pid == 0) {
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        signal(SIGPIPE, SIG_DFL);
+        dup2(in[0], 0);
+        char exe[PATH_MAX + 32];
+        snprintf(exe, sizeof(exe), "%s/checkpointd", c->bin_dir);
+        execl(exe, exe, "--job", c->job, "--load", c->m->ckpt_load, (char *)NULL);
+        fprintf(stderr, "ctitan: cannot run %s: %s\n", exe, strerror(errno));
+        _exit(127);
+    }
+    close(in[0]);
+    util_write_all(in[1], c->toml, strlen(c->toml)); /* a checkpointd that died early says why itself */
+    close(in[1]);
+    int st;
+    while (waitpid(pid, &st, 0) < 0)
+        if (errno != EINTR)
+            return -errno;
+    return st;
+}
+
+int coord_resume_host(coord_t *c, char *err, size_t errlen)
+{
+    const manifest_t *m = c->m;
+    if (!m->ckpt_load[0])
+        return 0;
+    int st = load_once(c);
+    if (st < 0)
+        return util_fail(err, errlen, st, "host %d: cannot run checkpointd to load %s: %s", m->host_rank,
+                         m->ckpt_load, strerror(-st));
+    if (!WIFEXITED(st) || WEXITSTATUS(st))
+        return util_fail(err, errlen, -EIO, "host %d: checkpointd could not load %s (its reason is above)",
+                         m->host_rank, m->ckpt_load);
+    staging_hdr_t *h = shm_data(c->seg_ckpt);
+    int64_t step = atomic_load(&h->step);
+    if (step < 0) {
+        printf("launch: host %d: no checkpoint to load: starting from step 0\n", m->host_rank);
+        return 0;
+    }
+    c->step = step;
+    memcpy(c->resume_cursor, h->cursor, h->cursor_len);
+    c->resume_cursor_len = h->cursor_len;
+    printf("launch: host %d: checkpoint of step %lld loaded\n", m->host_rank, (long long)step);
+    return 0;
 }

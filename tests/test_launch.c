@@ -872,19 +872,43 @@ static void test_launch_load_without_enable_only_loads(void **state)
     assert_clean(b);
 }
 
-/* Each host's optimizer shards would need a checkpointd of their own to load from. */
-static void test_launch_refuses_checkpoint_load_across_hosts(void **state)
+/* checkpoint.load across hosts: each host's agent loads its own staging segment with a
+ * checkpointd that loads once (--load), host 0 through LOADED; the two-host run resumed from a
+ * one-host run's checkpoint has that run's losses bit for bit. */
+static void test_launch_two_hosts_resume_a_one_host_checkpoint(void **state)
 {
     TU_NEED_BIN();
     static char out[1 << 16];
-    char a[32];
-    job_name(a, sizeof(a), "hostload");
-    assert_int_equal(launch(a, "--job.device cuda --parallelism.data_plane nccl --job.hosts 2 "
-                            "--parallelism.data_parallel_replicate_degree 2 --job.endpoint tcp://127.0.0.1:9 "
-                            "--model.dim 32 --model.n_heads 2 --model.n_kv_heads 1 --checkpoint.load latest",
-                            out, sizeof(out)), 1);
-    assert_non_null(strstr(out, "checkpoint.load with job.hosts = 2"));
-    assert_clean(a);
+    char a[32], b[32], bh1[40], dir[256], extra[1024], path[300];
+    const char *shape = "--model.dim 32 --model.n_heads 2 --model.n_kv_heads 1 --training.steps 4 --job.device cuda "
+                        "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_plane nccl";
+    job_name(a, sizeof(a), "hlone");
+    job_name(b, sizeof(b), "hltwo");
+    snprintf(bh1, sizeof(bh1), "%s-h1", b);
+    use_sim_plugin();
+    snprintf(extra, sizeof(extra), "%s --checkpoint.enable true --checkpoint.interval 2", shape);
+    launch_ok(a, extra, out, sizeof(out));
+    ckpt_dir(dir, sizeof(dir), a);
+    snprintf(extra, sizeof(extra), "%s --job.hosts 2 --job.endpoint tcp://127.0.0.1:%d --checkpoint.load %s/step-00000002",
+             shape, free_port(), dir);
+    setenv("SLURM_STEP_NUM_NODES", "2", 1);
+    setenv("SLURM_NODEID", "1", 1);
+    pid_t agent = launch_bg(b, extra);
+    unsetenv("SLURM_STEP_NUM_NODES");
+    unsetenv("SLURM_NODEID");
+    int rc = launch(b, extra, out, sizeof(out));
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "(after step 2)"));
+    assert_int_equal(tu_reap(agent, 60, NULL), 0);
+    snprintf(path, sizeof(path), "%s/%s.out", g_dir, b);
+    tu_read_file(path, out, sizeof(out));
+    assert_non_null(strstr(out, "host 1: checkpoint of step 2 loaded"));
+    assert_resumed_losses(a, b, 2, 4);
+    assert_clean(b);
+    assert_clean(bh1);
 }
 
 /* A checkpoint.load directory that does not exist: one line that names it once and says why
@@ -1426,7 +1450,7 @@ int main(void)
         cmocka_unit_test(test_launch_rejects_bad_checkpoint_keys),
         cmocka_unit_test(test_launch_missing_checkpoint_is_named_once_with_the_reason),
         cmocka_unit_test(test_launch_load_without_enable_only_loads),
-        cmocka_unit_test(test_launch_refuses_checkpoint_load_across_hosts),
+        cmocka_unit_test(test_launch_two_hosts_resume_a_one_host_checkpoint),
         cmocka_unit_test(test_launch_cuda_device_trains_or_fails_cleanly),
         cmocka_unit_test(test_launch_cuda_path_on_the_emulated_backend),
         cmocka_unit_test(test_launch_emulated_gpu_catches_a_missing_event_wait),

@@ -119,7 +119,6 @@ _Static_assert(sizeof(keys) / sizeof(keys[0]) <= sizeof(((manifest_t *)0)->origi
 #define ORIGIN_DEFAULT 0
 #define ORIGIN_OVERRIDE (-1)
 
-#define MANIFEST_MAX_BYTES (1 << 20)
 static const char *const flavors = "debugmodel, gpt2s, llama1b, tiny"; /* config_preset's */
 
 static int find_key(const char *section, const char *key)

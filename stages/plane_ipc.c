@@ -50,7 +50,7 @@ static int record(ipc_end_t *d, void *ev)
 
 static void *device_slot(ipc_end_t *d) { return d->slots + (size_t)d->slot * d->base.p->lay.dev_slot; }
 
-static int ipc_recv(plane_end_t *e, int64_t step, int mb, void **slot)
+static int end_recv(plane_end_t *e, int64_t step, int mb, void **slot)
 {
     ipc_end_t *d = (ipc_end_t *)e;
     void *host;
@@ -62,7 +62,7 @@ static int ipc_recv(plane_end_t *e, int64_t step, int mb, void **slot)
     return wait_for(d, d->written[d->slot]);
 }
 
-static int ipc_done(plane_end_t *e)
+static int end_done(plane_end_t *e)
 {
     ipc_end_t *d = (ipc_end_t *)e;
     int rc = record(d, d->read[d->slot]);
@@ -70,7 +70,7 @@ static int ipc_done(plane_end_t *e)
     return rc;
 }
 
-static int ipc_reserve(plane_end_t *e, int64_t step, int mb, void **slot)
+static int end_reserve(plane_end_t *e, int64_t step, int mb, void **slot)
 {
     ipc_end_t *d = (ipc_end_t *)e;
     void *host;
@@ -83,7 +83,7 @@ static int ipc_reserve(plane_end_t *e, int64_t step, int mb, void **slot)
     return wait_for(d, d->read[d->slot]);
 }
 
-static int ipc_send(plane_end_t *e)
+static int end_send(plane_end_t *e)
 {
     ipc_end_t *d = (ipc_end_t *)e;
     int rc = record(d, d->written[d->slot]);
@@ -93,7 +93,7 @@ static int ipc_send(plane_end_t *e)
     return rc ? plane_fail(e->p, rc, "ring %s: nothing reserved to send", ring_name(d->ring)) : 0;
 }
 
-static void ipc_destroy(plane_end_t *e)
+static void end_destroy(plane_end_t *e)
 {
     ipc_end_t *d = (ipc_end_t *)e;
     const cuda_plugin_t *cu = CU(e->p);
@@ -109,7 +109,7 @@ static void ipc_destroy(plane_end_t *e)
     free(d);
 }
 
-static const plane_end_ops_t ipc_ops = {ipc_recv, ipc_done, ipc_reserve, ipc_send, ipc_destroy};
+static const plane_end_ops_t end_ops = {end_recv, end_done, end_reserve, end_send, end_destroy};
 
 /* This stage's end of link l over boundary b, its host ring attached and its event arrays
  * allocated. */
@@ -118,7 +118,7 @@ static int add_end(plane_t *p, plane_link_t l, int boundary, int grad, ipc_end_t
     ipc_end_t *d = *out = calloc(1, sizeof(*d));
     if (!d)
         return plane_fail(p, -ENOMEM, "out of memory");
-    d->base = (plane_end_t){.ops = &ipc_ops, .p = p};
+    d->base = (plane_end_t){.ops = &end_ops, .p = p};
     p->end[l] = &d->base;
     d->written = calloc((size_t)p->lay.M, sizeof(void *));
     d->read = calloc((size_t)p->lay.M, sizeof(void *));

@@ -31,13 +31,13 @@ typedef struct {
 
 #define CU(p) (p)->cfg.cu
 
-/* A failed CUDA or NCCL call of link end e. */
+/* A CUDA or NCCL call failed: what it was for and the plugin's reason. */
 static int failed(plane_t *p, const char *what) { return plane_fail(p, -EIO, "%s: %s", what, CU(p)->last_error()); }
 
 static char *slot_of(nccl_end_t *l, int mb) { return l->slots + (size_t)mb * l->base.p->lay.dev_slot; }
 
 /* Slot mb of an incoming link, the model's stream ordered after its arrival. */
-static int nccl_recv_end(plane_end_t *e, int64_t step, int mb, void **slot)
+static int end_recv(plane_end_t *e, int64_t step, int mb, void **slot)
 {
     nccl_end_t *l = (nccl_end_t *)e;
     plane_t *p = e->p;
@@ -53,14 +53,14 @@ static int nccl_recv_end(plane_end_t *e, int64_t step, int mb, void **slot)
 }
 
 /* The model's stream is done reading the slot: it may be received into again. */
-static int nccl_done(plane_end_t *e)
+static int end_done(plane_end_t *e)
 {
     nccl_end_t *l = (nccl_end_t *)e;
     return CU(e->p)->event_record(l->ready[l->mb], e->p->cfg.stream) ? failed(e->p, "NCCL receive") : 0;
 }
 
 /* Slot mb of an outgoing link, once its last send has left. */
-static int nccl_reserve(plane_end_t *e, int64_t step, int mb, void **slot)
+static int end_reserve(plane_end_t *e, int64_t step, int mb, void **slot)
 {
     nccl_end_t *l = (nccl_end_t *)e;
     l->mb = mb;
@@ -69,7 +69,7 @@ static int nccl_reserve(plane_end_t *e, int64_t step, int mb, void **slot)
 }
 
 /* Sends the slot once the model's stream has filled it. */
-static int nccl_send_end(plane_end_t *e)
+static int end_send(plane_end_t *e)
 {
     nccl_end_t *l = (nccl_end_t *)e;
     plane_t *p = e->p;
@@ -82,7 +82,7 @@ static int nccl_send_end(plane_end_t *e)
     return 0;
 }
 
-static void nccl_end_destroy(plane_end_t *e)
+static void end_destroy(plane_end_t *e)
 {
     nccl_end_t *l = (nccl_end_t *)e;
     const cuda_plugin_t *cu = CU(e->p);
@@ -101,7 +101,7 @@ static void nccl_end_destroy(plane_end_t *e)
     free(l);
 }
 
-static const plane_end_ops_t end_ops = {nccl_recv_end, nccl_done, nccl_reserve, nccl_send_end, nccl_end_destroy};
+static const plane_end_ops_t end_ops = {end_recv, end_done, end_reserve, end_send, end_destroy};
 
 /* Link l: communicator id as `rank` of two, the neighbour being `peer`. */
 static int add_end(plane_t *p, plane_link_t l, const cuda_nccl_id_t *id, const char *name, int rank, int peer)

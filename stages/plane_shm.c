@@ -13,46 +13,46 @@ typedef struct {
     int mb;
 } shm_end_t;
 
-static int shm_recv(plane_end_t *e, int64_t step, int mb, void **slot)
+static int end_recv(plane_end_t *e, int64_t step, int mb, void **slot)
 {
     shm_end_t *s = (shm_end_t *)e;
     return plane_link_take(e->p, s->ring, step, mb, slot);
 }
 
-static int shm_done(plane_end_t *e)
+static int end_done(plane_end_t *e)
 {
     ring_release(((shm_end_t *)e)->ring);
     return 0;
 }
 
-static int shm_reserve(plane_end_t *e, int64_t step, int mb, void **slot)
+static int end_reserve(plane_end_t *e, int64_t step, int mb, void **slot)
 {
     shm_end_t *s = (shm_end_t *)e;
     s->step = step, s->mb = mb;
     return plane_link_reserve(e->p, s->ring, slot);
 }
 
-static int shm_send(plane_end_t *e)
+static int end_send(plane_end_t *e)
 {
     shm_end_t *s = (shm_end_t *)e;
     int rc = ring_commit(s->ring, (uint64_t)s->step, (uint64_t)s->mb, e->p->lay.act_slot);
     return rc ? plane_fail(e->p, rc, "ring %s: nothing reserved to send", ring_name(s->ring)) : 0;
 }
 
-static void shm_destroy(plane_end_t *e)
+static void end_destroy(plane_end_t *e)
 {
     ring_detach(&((shm_end_t *)e)->ring);
     free(e);
 }
 
-static const plane_end_ops_t shm_ops = {shm_recv, shm_done, shm_reserve, shm_send, shm_destroy};
+static const plane_end_ops_t end_ops = {end_recv, end_done, end_reserve, end_send, end_destroy};
 
 static int add_end(plane_t *p, plane_link_t l, int boundary, int grad)
 {
     shm_end_t *s = calloc(1, sizeof(*s));
     if (!s)
         return plane_fail(p, -ENOMEM, "out of memory");
-    s->base = (plane_end_t){.ops = &shm_ops, .p = p};
+    s->base = (plane_end_t){.ops = &end_ops, .p = p};
     p->end[l] = &s->base;
     return plane_link_attach(p, &s->ring, boundary, grad);
 }

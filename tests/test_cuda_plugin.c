@@ -35,7 +35,8 @@ static void lib_path(char *buf, size_t n, const char *name)
 static void assert_complete(const cuda_plugin_t *t)
 {
     assert_int_equal(t->version, CUDA_PLUGIN_VERSION);
-    /* every entry is set: the table is a run of function pointers after the version */
+    /* every entry is set: the table is a run of pointers after the version (the backend's name, then
+     * functions) */
     const void *const *f = (const void *const *)((const char *)t + offsetof(cuda_plugin_t, backend));
     size_t n = (sizeof(*t) - offsetof(cuda_plugin_t, backend)) / sizeof(void *);
     for (size_t i = 0; i < n; i++)

@@ -29,6 +29,7 @@
 
 #include "checkpointd/ckpt.h"
 #include "checkpointd/remote.h"
+#include "checkpointd/remote_int.h"
 #include "kernels/params.h"
 #include "tests/testutil.h"
 #include "ipc/util.h"
@@ -992,6 +993,156 @@ static void test_remote_server_survived_everything_and_stops_cleanly(void **stat
     assert_true(wait_text(g_srv.log, "stopped", 100));
 }
 
+/* ---- header frames, fuzzed in this process (remote_int.h) ---- */
+
+/* A decode either fails cleanly with a reason or yields a header that encodes and decodes to
+ * the same fields. Returns whether it decoded. */
+static int check_hdr(const uint8_t *p, size_t n, int payload)
+{
+    rmt_hdr_t h, d;
+    char err[512] = "";
+    int rc = rmt_hdr_decode(p, n, payload, &h, err, sizeof(err));
+    if (rc) {
+        if (rc != -EBADMSG && rc != -EPROTO && rc != -EMSGSIZE)
+            fail_msg("rc %d: %s", rc, err);
+        if (!err[0])
+            fail_msg("rc %d without a reason", rc);
+        return 0;
+    }
+    assert_int_equal(!!payload, rmt_has_payload(h.type));
+    uint8_t *buf;
+    size_t len;
+    assert_int_equal(rmt_hdr_encode(&h, &buf, &len), 0);
+    assert_int_equal(rmt_hdr_decode(buf, len, payload, &d, err, sizeof(err)), 0);
+    assert_int_equal(d.type, h.type);
+    assert_true(d.seq == h.seq && d.keep == h.keep && d.step == h.step && d.file == h.file &&
+                d.offset == h.offset && d.ok == h.ok && d.code == h.code);
+    assert_int_equal(d.job_len, h.job_len);
+    assert_int_equal(d.text_len, h.text_len);
+    assert_true(!h.job_len || !memcmp(d.job, h.job, h.job_len));
+    assert_true(!h.text_len || !memcmp(d.text, h.text, h.text_len));
+    free(buf);
+    return 1;
+}
+
+static void test_remote_header_fuzz_random_bytes(void **state)
+{
+    uint64_t s = 2024;
+    uint8_t buf[96];
+    for (int it = 0; it < 100000; it++) {
+        size_t n = tu_next(&s) % sizeof(buf);
+        for (size_t i = 0; i < n; i++)
+            buf[i] = (uint8_t)tu_next(&s);
+        if (n && it % 2)
+            buf[0] = 0x80 | (buf[0] & 0x0f); /* often a fixmap, to get further */
+        uint8_t *p = malloc(n ? n : 1);      /* exact size: ASan sees any over-read */
+        memcpy(p, buf, n);
+        check_hdr(p, n, it % 3 == 0);
+        free(p);
+    }
+}
+
+static void test_remote_header_fuzz_mutations_of_valid_encodings(void **state)
+{
+    static const uint8_t interesting[] = {0x00, 0x7f, 0x80, 0x8f, 0x90, 0x9f, 0xc0, 0xc1, 0xc2,
+                                          0xc3, 0xc4, 0xc6, 0xc9, 0xca, 0xcb, 0xcf, 0xd3, 0xd8,
+                                          0xd9, 0xdb, 0xdc, 0xdd, 0xde, 0xdf, 0xe0, 0xff};
+    const char *job = "a-job.name_0";
+    static const char text[] = "checkpointd refused: h\xc3\xa9llo \x01\x00 world"; /* NUL, control bytes */
+    rmt_hdr_t all = {.seq = UINT64_MAX, .job = job, .job_len = strlen(job), .keep = INT32_MAX,
+                     .step = (uint64_t)INT64_MAX, .file = UINT32_MAX, .offset = 1ull << 40, .ok = 1,
+                     .code = 5, .text = text, .text_len = sizeof(text) - 1};
+    uint8_t *enc[RMT_TYPE_END];
+    size_t enclen[RMT_TYPE_END];
+    for (int t = RMT_BEGIN; t < RMT_TYPE_END; t++) {
+        all.type = (rmt_type_t)t;
+        assert_int_equal(rmt_hdr_encode(&all, &enc[t], &enclen[t]), 0);
+        assert_int_equal(check_hdr(enc[t], enclen[t], rmt_has_payload(all.type)), 1);
+    }
+    uint64_t s = 4242;
+    int valid = 0;
+    uint8_t work[512];
+    for (int it = 0; it < 100000; it++) {
+        int t = RMT_BEGIN + (int)(tu_next(&s) % (RMT_TYPE_END - RMT_BEGIN));
+        size_t n = enclen[t];
+        memcpy(work, enc[t], n);
+        int muts = 1 + (int)(tu_next(&s) % 4);
+        for (int k = 0; k < muts; k++) {
+            uint64_t r = tu_next(&s);
+            size_t at = n ? (r >> 8) % n : 0;
+            switch (r % 5) {
+            case 0: if (n) work[at] ^= (uint8_t)(1u << ((r >> 40) % 8)); break;
+            case 1:
+                if (n + 1 < sizeof(work)) {
+                    memmove(work + at + 1, work + at, n - at);
+                    work[at] = (uint8_t)(r >> 48);
+                    n++;
+                }
+                break;
+            case 2:
+                if (n) {
+                    memmove(work + at, work + at + 1, n - at - 1);
+                    n--;
+                }
+                break;
+            case 3: if (n) work[at] = interesting[(r >> 40) % sizeof(interesting)]; break;
+            case 4: if (n) n = at; break;
+            }
+        }
+        uint8_t *p = malloc(n ? n : 1);
+        memcpy(p, work, n);
+        valid += check_hdr(p, n, rmt_has_payload((rmt_type_t)t) ^ (tu_next(&s) % 16 == 0));
+        free(p);
+    }
+    for (int t = RMT_BEGIN; t < RMT_TYPE_END; t++)
+        free(enc[t]);
+    assert_true(valid > 1000); /* mutations that keep a header valid are exercised too */
+}
+
+/* Every type's payload rule, and what the header encoder refuses. */
+static void test_remote_header_types_and_payload_frames(void **state)
+{
+    static const struct {
+        rmt_type_t type;
+        const char *name;
+        int payload;
+    } want[] = {{RMT_BEGIN, "begin", 1}, {RMT_DATA, "data", 1}, {RMT_COMMIT, "commit", 0},
+                {RMT_ABORT, "abort", 0}, {RMT_REPLY, "reply", 0}};
+    assert_int_equal(sizeof(want) / sizeof(want[0]), RMT_TYPE_END - 1);
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+        assert_string_equal(rmt_type_name(want[i].type), want[i].name);
+        assert_int_equal(rmt_has_payload(want[i].type), want[i].payload);
+        rmt_hdr_t h = {.type = want[i].type, .seq = 3, .job = "j", .job_len = 1};
+        uint8_t *buf;
+        size_t len;
+        char err[512], expect[128];
+        assert_int_equal(rmt_hdr_encode(&h, &buf, &len), 0);
+        rmt_hdr_t d;
+        assert_int_equal(rmt_hdr_decode(buf, len, !want[i].payload, &d, err, sizeof(err)), -EBADMSG);
+        snprintf(expect, sizeof(expect), "%s: %s", want[i].name,
+                 want[i].payload ? "the payload frame is missing" : "no payload frame expected");
+        assert_string_equal(err, expect);
+        assert_int_equal(d.type, want[i].type);
+        assert_true(d.seq == 3); /* what the server answers an error with */
+        assert_int_equal(rmt_hdr_decode(buf, len, want[i].payload, &d, err, sizeof(err)), 0);
+        free(buf);
+    }
+    assert_false(rmt_has_payload(RMT_NONE));
+    assert_false(rmt_has_payload(RMT_TYPE_END));
+    uint8_t *buf;
+    size_t len;
+    rmt_hdr_t bad = {.type = RMT_NONE};
+    assert_int_equal(rmt_hdr_encode(&bad, &buf, &len), -EINVAL);
+    bad.type = RMT_TYPE_END;
+    assert_int_equal(rmt_hdr_encode(&bad, &buf, &len), -EINVAL);
+    bad = (rmt_hdr_t){.type = RMT_BEGIN, .job_len = 3}; /* a length without bytes */
+    assert_int_equal(rmt_hdr_encode(&bad, &buf, &len), -EINVAL);
+    static char big[RMT_HDR_MAX];
+    memset(big, 'x', sizeof(big));
+    bad = (rmt_hdr_t){.type = RMT_REPLY, .text = big, .text_len = sizeof(big)};
+    assert_int_equal(rmt_hdr_encode(&bad, &buf, &len), -EMSGSIZE);
+}
+
 /* ---- another network namespace ---- */
 
 static char g_ns[64], g_veth[16];
@@ -1145,6 +1296,9 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_remote_refuses_out_of_order_data_and_leaves_no_step),
         cmocka_unit_test(test_remote_refuses_malformed_messages),
         cmocka_unit_test(test_remote_only_begin_and_data_carry_a_payload_frame),
+        cmocka_unit_test(test_remote_header_types_and_payload_frames),
+        cmocka_unit_test(test_remote_header_fuzz_random_bytes),
+        cmocka_unit_test(test_remote_header_fuzz_mutations_of_valid_encodings),
         cmocka_unit_test(test_remote_aborts_a_silent_client_and_a_destroyed_one),
         cmocka_unit_test(test_remote_a_late_answer_is_not_taken_for_the_next_checkpoint),
         cmocka_unit_test(test_remote_server_survived_everything_and_stops_cleanly),

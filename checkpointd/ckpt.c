@@ -17,6 +17,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "ipc/codec.h"
 #include "ipc/util.h"
 
 #define INDEX_HDR 24   /* magic 8, version 4, reserved 4, body length 8 */
@@ -126,13 +127,6 @@ void ckpt_data_header(void *block, uint32_t file, int64_t step)
 
 /* ---- encoding ---- */
 
-static void pack_str(msgpack_packer *pk, const char *s)
-{
-    size_t n = strlen(s);
-    msgpack_pack_str(pk, n);
-    msgpack_pack_str_body(pk, s, n);
-}
-
 int ckpt_index_encode(const ckpt_index_t *ix, uint8_t **buf, size_t *len)
 {
     msgpack_sbuffer sb;
@@ -142,29 +136,29 @@ int ckpt_index_encode(const ckpt_index_t *ix, uint8_t **buf, size_t *len)
     uint8_t hdr[INDEX_HDR] = {0};
     msgpack_sbuffer_write(&sb, (const char *)hdr, INDEX_HDR); /* filled in below */
     msgpack_pack_map(&pk, 6);
-    pack_str(&pk, "step");
+    codec_pack_str(&pk, "step");
     msgpack_pack_int64(&pk, ix->step);
-    pack_str(&pk, "created");
+    codec_pack_str(&pk, "created");
     msgpack_pack_int64(&pk, ix->created);
-    pack_str(&pk, "manifest");
-    pack_str(&pk, ix->manifest ? ix->manifest : "");
-    pack_str(&pk, "cursor");
+    codec_pack_str(&pk, "manifest");
+    codec_pack_str(&pk, ix->manifest ? ix->manifest : "");
+    codec_pack_str(&pk, "cursor");
     msgpack_pack_bin(&pk, ix->cursor_len);
     msgpack_pack_bin_body(&pk, ix->cursor, ix->cursor_len);
-    pack_str(&pk, "files");
+    codec_pack_str(&pk, "files");
     msgpack_pack_array(&pk, (size_t)ix->n_files);
     for (int f = 0; f < ix->n_files; f++) {
         msgpack_pack_array(&pk, 2);
-        pack_str(&pk, ix->files[f].name);
+        codec_pack_str(&pk, ix->files[f].name);
         msgpack_pack_uint64(&pk, ix->files[f].bytes);
     }
-    pack_str(&pk, "tensors");
+    codec_pack_str(&pk, "tensors");
     msgpack_pack_array(&pk, (size_t)ix->n_tensors);
     for (int i = 0; i < ix->n_tensors; i++) {
         const ckpt_tensor_t *t = &ix->tensors[i];
         msgpack_pack_array(&pk, 4);
-        pack_str(&pk, t->name);
-        pack_str(&pk, t->dtype);
+        codec_pack_str(&pk, t->name);
+        codec_pack_str(&pk, t->dtype);
         msgpack_pack_array(&pk, (size_t)t->ndim);
         for (int d = 0; d < t->ndim; d++)
             msgpack_pack_int64(&pk, t->shape[d]);
@@ -375,6 +369,11 @@ int ckpt_index_decode(const void *buf, size_t len, ckpt_index_t *ix, const char 
                    len - INDEX_HDR - INDEX_TAIL, body);
     if (XXH64(b, len - INDEX_TAIL, 0) != sum)
         return bad(&d, "checksum mismatch (corrupt)");
+    /* a checksum is no proof against a hostile index (remote clients send theirs): walk it
+     * first, so that msgpack-c never allocates for a container the bytes do not back */
+    char why[128];
+    if (codec_prescan(b + INDEX_HDR, body, "the body", why, sizeof why))
+        return bad(&d, "%s", why);
     msgpack_unpacked up;
     msgpack_unpacked_init(&up);
     size_t off = 0;

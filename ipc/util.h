@@ -33,6 +33,10 @@ int util_afile_write(util_afile_t *a, const void *buf, size_t n, char *err, size
 int util_afile_commit(util_afile_t *a, char *err, size_t errlen); /* aborts on failure */
 void util_afile_abort(util_afile_t *a);
 
+/* Shared-memory layouts (rings, the loader's segment) put headers and slots on their own pages. */
+#define UTIL_PAGE 4096u
+static inline size_t util_round_page(size_t n) { return (n + UTIL_PAGE - 1) / UTIL_PAGE * UTIL_PAGE; }
+
 /* Seconds on CLOCK_MONOTONIC. */
 double util_now(void);
 

@@ -180,9 +180,10 @@ $(BUILD)/tests/gpu/%: $(BUILD)/obj/tests/gpu/%.o $(BUILD)/libctitan_cuda.a $(BUI
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(GPUTESTLIBS) $(TESTLIBS)
 
-# Every cmocka program runs; the last line sums them up ("N passed, N failed").
+# Every cmocka program runs; the last line sums them up ("N passed, N failed"). Then the
+# layering: no include points up a floor (tools/check_layers.sh).
 test: all
-	@bash tests/run.sh $(TESTS)
+	@bash tests/run.sh $(TESTS); s=$$?; bash tools/check_layers.sh && exit $$s
 
 test-gpu: all
 	@if [ "$(CUDA)" != 1 ]; then echo "test-gpu: nvcc not found, nothing to run"; exit 1; fi

@@ -1,6 +1,6 @@
 /* The checkpoint format: what a checkpoint of step N is on disk, and how it is read back.
- * Written by checkpointd (checkpointd/writer.h), read by the optimizer shards on resume,
- * by the coordinator to pick what to resume from, and by `ctitan ckpt`.
+ * Written by checkpointd (checkpointd/writer.h), read by checkpointd on resume (into the
+ * staging segment: checkpointd/restore.h) and by `ctitan ckpt`.
  *
  *   DIR/step-NNNNNNNN/        one complete checkpoint (steps completed = N); it only ever
  *                             appears by rename from DIR/.tmp-step-NNNNNNNN.PID once every

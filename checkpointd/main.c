@@ -1,11 +1,16 @@
 /* checkpointd: the checkpoint daemon.
  *
- *   checkpointd --job NAME      started by `ctitan launch` ([checkpoint] enable): a worker of
- *                               the job. On SAVE it reads the staging segment the optimizer
- *                               shards filled (stages/staging.h), checksums it, and writes
+ *   checkpointd --job NAME      started by `ctitan launch` ([checkpoint] enable or load): a
+ *                               worker of the job. On LOAD, before the other processes start,
+ *                               it reads checkpoint.load into the staging segment
+ *                               (checkpointd/restore.h) and answers LOADED. On SAVE it reads
+ *                               the staging segment the optimizer shards filled
+ *                               (stages/staging.h), checksums it, and writes
  *                               checkpoint.folder/step-N (checkpointd/writer.h), or streams it
  *                               to the remote checkpointd at checkpoint.endpoint; then answers
  *                               SAVED. Training does not wait for it.
+ *   checkpointd --job NAME --load WHAT < MANIFEST
+ *                               the same LOAD for a host's agent (job.hosts > 1), once, then exits.
  *   checkpointd --listen tcp://ADDR:PORT --dir DIR --key SERVER.key --allow TRAINERS.pub
  *                               on a storage host: receives checkpoints from trainers whose
  *                               public key is in the allow file (checkpointd/remote.h).
@@ -21,16 +26,18 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "checkpointd/ckpt.h"
 #include "checkpointd/remote.h"
-#include "stages/staging.h"
+#include "checkpointd/restore.h"
 #include "checkpointd/writer.h"
-#include "ipc/shm.h"
-#include "kernels/params.h"
-#include "stages/worker.h"
 #include "ipc/log.h"
+#include "ipc/shm.h"
 #include "ipc/util.h"
+#include "kernels/params.h"
+#include "stages/staging.h"
+#include "stages/worker.h"
 
 #define PIECE (64u << 20) /* bytes handed to the writer at a time */
 
@@ -42,6 +49,7 @@ typedef struct {
     param_table_t tab;
     shm_seg_t *seg;
     rmt_client_t *remote;
+    int idle;     /* runs at SCHED_IDLE (from the first SAVE on) */
     int delay_ms; /* CTITAN_TEST_CKPT_DELAY_MS: a pause after each data file (tests kill us mid-write) */
 } ckd_t;
 
@@ -124,6 +132,46 @@ out:
     return rc;
 }
 
+/* Writing a checkpoint must not slow training down: from the first SAVE on, this thread (not
+ * the heartbeat one worker_open started) runs at idle CPU priority, so checksums and I/O
+ * submission use only CPU time the stages leave idle. A LOAD comes before training starts,
+ * while the job waits for it alone: it runs at normal priority. */
+static void lower_priority(ckd_t *d)
+{
+    struct sched_param none = {0};
+    if (sched_setscheduler(0, SCHED_IDLE, &none))
+        LOG_W("cannot lower checkpointd to SCHED_IDLE; it runs at normal priority");
+    d->idle = 1;
+}
+
+/* LOAD: the checkpoint into the staging segment, then LOADED (the directory, its step and
+ * loader cursor, or why not). The checkpoints written afterwards store the run's manifest with
+ * checkpoint.load resolved, as the job's other processes get it from the coordinator. */
+static void load(ckd_t *d, const char *what)
+{
+    char path[sizeof(d->m->ckpt_load)], err[1024];
+    staging_hdr_t *h = shm_data(d->seg);
+    int rc = restore_load(what, d->m, &d->tab, h, stderr, path, sizeof(path), err, sizeof(err));
+    msg_t r = {.type = MSG_LOADED, .ok = rc == 0};
+    WORKER_CHECK(d->w, msg_set_text(&r, rc ? err : path) == 0, "out of memory");
+    if (!rc && path[0]) {
+        r.step = atomic_load(&h->step);
+        WORKER_CHECK(d->w, msg_set_data(&r, h->cursor, h->cursor_len) == 0, "out of memory");
+    }
+    if (!rc) {
+        manifest_t *m = malloc(sizeof(*m));
+        WORKER_CHECK(d->w, m, "out of memory");
+        *m = *d->m;
+        snprintf(m->ckpt_load, sizeof(m->ckpt_load), "%s", path);
+        free(d->toml);
+        WORKER_CHECK(d->w, (d->toml = manifest_to_toml(m)), "out of memory");
+        free(m);
+    }
+    worker_progress(d->w);
+    WORKER_CHECK(d->w, worker_send(d->w, &r) == 0, "cannot reach the coordinator");
+    msg_clear(&r);
+}
+
 static int run_worker(void)
 {
     ckd_t d = {0};
@@ -133,12 +181,6 @@ static int run_worker(void)
         return 1;
     }
     d.m = worker_manifest(d.w);
-    /* Writing a checkpoint must not slow training down: this thread (not the heartbeat one
-     * worker_open started) runs at idle CPU priority, so checksums and I/O submission use only
-     * CPU time the stages leave idle. */
-    struct sched_param none = {0};
-    if (sched_setscheduler(0, SCHED_IDLE, &none))
-        LOG_W("cannot lower checkpointd to SCHED_IDLE; it runs at normal priority");
     const char *delay = getenv("CTITAN_TEST_CKPT_DELAY_MS");
     d.delay_ms = delay ? atoi(delay) : 0;
     manifest_ckpt_folder(d.m, d.folder, sizeof(d.folder));
@@ -148,10 +190,10 @@ static int run_worker(void)
     staging_hdr_t *h = shm_data(d.seg);
     WORKER_CHECK(d.w, h->magic == STAGING_MAGIC && h->version == STAGING_VERSION && h->total == d.tab.total,
                  "the staging segment does not match the model (%zu parameters)", d.tab.total);
-    if (d.m->ckpt_endpoint[0])
+    if (d.m->ckpt_enable && d.m->ckpt_endpoint[0])
         WORKER_CHECK(d.w, rmt_client_new(&d.remote, d.m->ckpt_endpoint, d.m->ckpt_server_key,
                                          d.m->ckpt_client_key, err, sizeof(err)) == 0, "%s", err);
-    else
+    else if (d.m->ckpt_enable)
         ckpt_retain(d.folder, 0); /* temporary directories of writers that died */
     WORKER_CHECK(d.w, worker_ready(d.w) == 0, "cannot reach the coordinator");
     for (;;) {
@@ -161,7 +203,11 @@ static int run_worker(void)
             msg_clear(&m);
             break;
         }
+        if (m.type == MSG_LOAD)
+            load(&d, m.text);
         if (m.type == MSG_SAVE) {
+            if (!d.idle)
+                lower_priority(&d);
             char path[PATH_MAX + 64] = "";
             uint64_t bytes = 0;
             double t0 = util_now();
@@ -183,6 +229,44 @@ static int run_worker(void)
     return 0;
 }
 
+/* checkpointd --job NAME --load WHAT: LOAD without a coordinator to answer, for the agent of
+ * a host other than the coordinator's (job.hosts > 1), which has no control socket of its
+ * own: the job's resolved manifest comes on standard input, WHAT goes into NAME's staging
+ * segment (its header then holds the step and the cursor, or step -1 for a fresh start), and
+ * the exit status says whether it worked (the reason on stderr). */
+static int run_load(const char *job, const char *what)
+{
+    char err[1024], path[PATH_MAX] = "";
+    size_t cap = MANIFEST_MAX_BYTES;
+    char *toml = malloc(cap + 2);
+    manifest_t *m = malloc(sizeof(*m));
+    param_table_t tab = {0};
+    shm_seg_t *seg = NULL;
+    long n = 0;
+    int rc = toml && m ? 0 : util_fail(err, sizeof(err), -ENOMEM, "out of memory");
+    if (!rc && (n = util_read_all(0, toml, cap + 1)) < 0)
+        rc = util_fail(err, sizeof(err), (int)n, "reading the manifest on standard input: %s", strerror((int)-n));
+    else if (!rc && (size_t)n > cap)
+        rc = util_fail(err, sizeof(err), -EFBIG, "the manifest on standard input is over %zu bytes", cap);
+    if (!rc) {
+        toml[n] = 0;
+        manifest_defaults(m);
+        if (!(rc = manifest_parse(m, toml, n, "standard input", err, sizeof(err))) &&
+            !(rc = manifest_validate(m, err, sizeof(err))) &&
+            !(rc = params_table_init(&tab, &m->model) ? util_fail(err, sizeof(err), -ENOMEM, "out of memory") : 0))
+            rc = shm_attach(&seg, job, STAGING_SEG, err, sizeof(err));
+    }
+    if (!rc)
+        rc = restore_load(what, m, &tab, shm_data(seg), stderr, path, sizeof(path), err, sizeof(err));
+    if (rc)
+        fprintf(stderr, "checkpointd: %s\n", err);
+    shm_detach(&seg);
+    params_table_free(&tab);
+    free(m);
+    free(toml);
+    return rc ? 1 : 0;
+}
+
 static volatile sig_atomic_t stop_flag;
 static void on_signal(int sig) { stop_flag = sig; }
 
@@ -192,18 +276,21 @@ static void usage(FILE *f)
                "  checkpointd --listen tcp://ADDR:PORT --dir DIR --key SERVER.key --allow TRAINERS.pub\n"
                "      receive checkpoints from trainers (storage host); keys from `ctitan ckpt keygen`\n"
                "  checkpointd --job NAME\n"
-               "      the local daemon of a job (started by `ctitan launch` when [checkpoint] enable = true)\n");
+               "      the local daemon of a job (started by `ctitan launch` with [checkpoint] enable or load)\n"
+               "  checkpointd --job NAME --load latest|DIR < MANIFEST\n"
+               "      reads a checkpoint into the job's staging segment and exits (a host's agent runs it)\n");
 }
 
 int main(int argc, char **argv)
 {
-    const char *listen = NULL, *dir = NULL, *key = NULL, *allow = NULL, *job = NULL;
+    const char *listen = NULL, *dir = NULL, *key = NULL, *allow = NULL, *job = NULL, *load = NULL;
     for (int i = 1; i < argc; i++) {
         const char **dst = !strcmp(argv[i], "--listen") ? &listen
                          : !strcmp(argv[i], "--dir")    ? &dir
                          : !strcmp(argv[i], "--key")    ? &key
                          : !strcmp(argv[i], "--allow")  ? &allow
                          : !strcmp(argv[i], "--job")    ? &job
+                         : !strcmp(argv[i], "--load")   ? &load
                                                         : NULL;
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             usage(stdout);
@@ -216,6 +303,8 @@ int main(int argc, char **argv)
         }
         *dst = argv[++i];
     }
+    if (job && load)
+        return run_load(job, load);
     if (job)
         return run_worker();
     if (!listen || !dir || !key || !allow) {

@@ -65,6 +65,23 @@ int util_write_all(int fd, const void *buf, size_t n)
     return 0;
 }
 
+long util_read_all(int fd, void *buf, size_t n)
+{
+    char *p = buf;
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, p + got, n - got);
+        if (r < 0 && (errno == EINTR || errno == EAGAIN))
+            continue;
+        if (r < 0)
+            return -errno;
+        if (r == 0)
+            break;
+        got += (size_t)r;
+    }
+    return (long)got;
+}
+
 int util_mkdirs(const char *path)
 {
     char tmp[4096];

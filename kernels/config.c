@@ -122,6 +122,29 @@ int config_validate(model_config_t *c, char *err, size_t errlen)
     return 0;
 }
 
+const char *config_diff(const model_config_t *a, const model_config_t *b, double *va, double *vb)
+{
+    const struct {
+        const char *key;
+        double a, b;
+    } keys[] = {{"dim", a->dim, b->dim},
+                {"n_layers", a->n_layers, b->n_layers},
+                {"n_heads", a->n_heads, b->n_heads},
+                {"n_kv_heads", a->n_kv_heads, b->n_kv_heads},
+                {"vocab_size", a->vocab_size, b->vocab_size},
+                {"multiple_of", a->multiple_of, b->multiple_of},
+                {"ffn_dim_multiplier", a->ffn_dim_multiplier, b->ffn_dim_multiplier},
+                {"norm_eps", a->norm_eps, b->norm_eps},
+                {"rope_theta", a->rope_theta, b->rope_theta}};
+    for (size_t k = 0; k < sizeof(keys) / sizeof(keys[0]); k++)
+        if (keys[k].a != keys[k].b) {
+            *va = keys[k].a;
+            *vb = keys[k].b;
+            return keys[k].key;
+        }
+    return NULL;
+}
+
 int config_head_dim(const model_config_t *c) { return c->dim / c->n_heads; }
 
 int config_ffn_hidden(const model_config_t *c)

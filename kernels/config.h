@@ -37,6 +37,12 @@ int config_set(model_config_t *cfg, const char *key, const char *value, char *er
  * "model.dim (250) is not divisible by model.n_heads (16)". */
 int config_validate(model_config_t *cfg, char *err, size_t errlen);
 
+/* The first key, in the order of the struct, whose value differs between a and b ("dim",
+ * "rope_theta", ...), with a's and b's values in *va and *vb; NULL when they describe the same
+ * model. max_seq_len is not compared: it bounds the sequence length, and the same weights
+ * train at any length. */
+const char *config_diff(const model_config_t *a, const model_config_t *b, double *va, double *vb);
+
 int config_head_dim(const model_config_t *cfg);
 /* torchtitan's FeedForward size: h = 4*dim; h = 2h/3; h *= multiplier; round up to multiple_of. */
 int config_ffn_hidden(const model_config_t *cfg);

@@ -1,6 +1,8 @@
 /* The coordinator of `ctitan launch`: owns the resolved manifest, the job's shared segments,
  * the control ROUTER and the step clock; starts, supervises and stops every process of the
- * job. One training step is three rounds over the control plane:
+ * job. With checkpoint.load, checkpointd first loads the checkpoint into the staging segment
+ * (LOAD ... LOADED) and the run starts after its step. One training step is three rounds over
+ * the control plane:
  *   STEP -> every stage      ... STEP_DONE (loss from the last ranks, per-action times)
  *   REDUCE -> every optshard ... REDUCED   (norm partials in the job segment)
  *   UPDATE -> every optshard ... UPDATED   (with the clip factor of the global norm)

@@ -5,8 +5,10 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ipc/ring.h"
+#include "ipc/util.h"
 #include "kernels/params.h"
 
 static size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
@@ -72,6 +74,29 @@ int job_shard_range(const job_layout_t *l, const manifest_t *m, int k, size_t *b
 size_t job_act_off(const job_layout_t *l, int replica, int boundary, int grad)
 {
     return (((size_t)replica * (l->pp - 1) + boundary) * 2 + (grad ? 1 : 0)) * l->act_ring;
+}
+
+int job_seg_create(shm_seg_t **out, const char *job, const job_layout_t *l, char *err, size_t errlen)
+{
+    int rc = shm_create(out, job, "job", job_seg_bytes(l), err, errlen);
+    if (rc)
+        return rc;
+    job_hdr_t *h = shm_data(*out);
+    *h = (job_hdr_t){.magic = JOB_MAGIC, .version = JOB_VERSION, .owner_pid = getpid(),
+                     .owner_start = job_proc_start(getpid()), .n_blocks = l->n_blocks};
+    return 0;
+}
+
+int job_act_create(shm_seg_t **out, const char *job, const job_layout_t *l, char *err, size_t errlen)
+{
+    int rc = shm_create(out, job, "act", job_act_bytes(l), err, errlen);
+    for (int r = 0; r < l->dp && !rc; r++)
+        for (int b = 0; b < l->pp - 1 && !rc; b++)
+            for (int g = 0; g < 2 && !rc; g++)
+                if ((rc = ring_format((char *)shm_data(*out) + job_act_off(l, r, b, g), l->act_ring, (uint32_t)l->M,
+                                      l->act_slot, 0)))
+                    util_fail(err, errlen, rc, "act segment: cannot format its rings: %s", strerror(-rc));
+    return rc;
 }
 
 uint64_t job_proc_start(pid_t pid)

@@ -20,6 +20,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "ipc/shm.h"
 #include "stages/manifest.h"
 
 #define JOB_MAGIC 0x31424f4a4e544943ULL /* "CITNJOB1" */
@@ -58,6 +59,13 @@ size_t job_params_bytes(const job_layout_t *l);  /* params, and grads alike (no 
 size_t job_act_bytes(const job_layout_t *l);     /* act (0 when pp == 1) */
 /* Offset in the act segment of the ring from stage b to b+1 (grad = 0) or back (grad = 1). */
 size_t job_act_off(const job_layout_t *l, int replica, int boundary, int grad);
+
+/* Creates ctitan.<job>.job with its header: this process is the owner, no step yet. Returns
+ * 0 or -errno with err (-EEXIST: the segment exists). The caller owns *out. */
+int job_seg_create(shm_seg_t **out, const char *job, const job_layout_t *l, char *err, size_t errlen);
+/* Creates ctitan.<job>.act (pp > 1 on the shm or CUDA IPC data plane, not NCCL) with every
+ * activation and gradient ring formatted empty (M slots, from step 0). Returns 0 or -errno. */
+int job_act_create(shm_seg_t **out, const char *job, const job_layout_t *l, char *err, size_t errlen);
 
 /* The gradient-norm partials after the header. */
 static inline double *job_norm_blocks(job_hdr_t *h) { return (double *)((char *)h + JOB_HDR_BYTES); }

@@ -90,6 +90,22 @@ int ldr_seg_format(void *mem, size_t bytes, const ldr_info_t *info, int nslots,
     return 0;
 }
 
+int ldr_seg_create(shm_seg_t **out, const char *job, const manifest_t *m, int64_t first_step,
+                   const uint8_t *cursor, size_t cursor_len, char *err, size_t errlen)
+{
+    int per_host = m->dp / m->hosts, seqs = m->local_batch_size / m->microbatches;
+    ldr_info_t info = {.dp = m->dp, .microbatches = m->microbatches, .seqs = seqs, .seq_len = m->seq_len,
+                       .vocab_size = m->model.vocab_size, .shuffle = m->shuffle, .seed = m->seed,
+                       .first_step = first_step, .steps = m->steps, .replica0 = m->host_rank * per_host,
+                       .replicas = per_host};
+    snprintf(info.dataset_path, sizeof(info.dataset_path), "%s", m->dataset_path);
+    size_t bytes = ldr_seg_bytes(m->dp, m->prefetch, seqs, m->seq_len);
+    int rc = shm_create(out, job, LDR_SEG_NAME, bytes, err, errlen);
+    if (!rc && (rc = ldr_seg_format(shm_data(*out), bytes, &info, m->prefetch, cursor, cursor_len)))
+        util_fail(err, errlen, rc, "loader segment: cannot format it: %s", strerror(-rc));
+    return rc;
+}
+
 static int check_hdr(const ldr_seg_hdr_t *h, char *err, size_t errlen)
 {
     if (h->magic != LDR_SEG_MAGIC)

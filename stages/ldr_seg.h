@@ -15,7 +15,9 @@
 #include <stdint.h>
 
 #include "ipc/ring.h"
+#include "ipc/shm.h"
 #include "stages/ldr.h"
+#include "stages/manifest.h"
 
 #define LDR_SEG_NAME "batch"
 #define LDR_SEG_MAGIC 0x3148544142544321ULL /* "!CTBATH1" (bytes in memory order) */
@@ -48,6 +50,12 @@ size_t ldr_seg_bytes(int dp, int nslots, int seqs, int seq_len);
  * the given cursor (may be empty). */
 int ldr_seg_format(void *mem, size_t bytes, const ldr_info_t *info, int nslots,
                    const uint8_t *cursor, size_t cursor_len);
+/* Creates ctitan.<job>.batch for the manifest's shapes ([loader] prefetch slots per ring) and
+ * formats it: this host's replicas (job.hosts, job.host_rank), rings starting at first_step,
+ * whose cursor is `cursor` (len 0: the start of the data). Returns 0 or -errno with err. The
+ * caller owns *out. */
+int ldr_seg_create(shm_seg_t **out, const char *job, const manifest_t *m, int64_t first_step,
+                   const uint8_t *cursor, size_t cursor_len, char *err, size_t errlen);
 /* Ring i (0 .. 2*dp-1) of a formatted segment, attached. */
 int ldr_seg_ring(void *mem, int i, ring_t **out, char *err, size_t errlen);
 

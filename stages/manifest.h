@@ -170,6 +170,8 @@ void manifest_ckpt_folder(const manifest_t *m, char *buf, size_t n);
  * gradient-norm partial sums fall on multiples of it, so the clip and every update are
  * bitwise the same for any shard count. */
 #define MANIFEST_BLOCK 1024
+/* The largest manifest file (or manifest text on standard input) read. */
+#define MANIFEST_MAX_BYTES (1 << 20)
 
 /* Pieces [*p0, *p1) held by pipeline rank `stage` of a validated manifest: from the split
  * points (piece = layer + 1), or balanced: the contiguous split of the pieces' parameter

@@ -16,8 +16,6 @@
 #include "stages/manifest_keys.h"
 #include "stages/toml.h"
 
-#define MANIFEST_MAX_BYTES (1 << 20)
-
 /* The flavor's preset with every explicitly set model key kept on top, whatever the order
  * in which flavor and keys were given. n_kv_heads follows an explicit n_heads when the
  * preset had no grouped-query attention (torchtitan's n_kv_heads = None). */

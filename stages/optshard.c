@@ -18,7 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "checkpointd/ckpt.h"
 #include "stages/staging.h"
 #include "ipc/shm.h"
 #include "kernels/lr.h"
@@ -89,38 +88,25 @@ static int overlap(const shard_t *sh, const param_info_t *p, size_t *b, size_t *
     return *b < *e;
 }
 
-/* Reads this shard's slice of the master weights and moments from checkpoint.load (the
- * coordinator resolved it to a directory that verified): any shard count, pipeline or
- * data-parallel degree reads the same flat space by tensor name. */
+/* Copies this shard's slice of the master weights and moments out of the staging segment,
+ * where checkpointd loaded checkpoint.load before this process started (checkpointd/restore.c):
+ * it holds the whole flat space, so any shard count, pipeline or data-parallel degree takes
+ * its slice of it. */
 static void load(shard_t *sh)
 {
-    const char *path = sh->man->ckpt_load;
-    char err[1024], mname[CKPT_NAME_MAX + 32];
-    ckpt_t *ck;
-    WORKER_CHECK(sh->w, ckpt_open(&ck, path, err, sizeof(err)) == 0, "%s", err);
-    for (int t = 0; t < sh->tab.n; t++) {
-        const param_info_t *p = &sh->tab.t[t];
-        size_t b, e;
-        if (!overlap(sh, p, &b, &e))
-            continue;
-        char names[3][CKPT_NAME_MAX + 32];
-        snprintf(names[0], sizeof(names[0]), "%s", ckpt_master_name(ck, p->name, mname, sizeof(mname)));
-        snprintf(names[1], sizeof(names[1]), "optimizer.exp_avg.%s", p->name);
-        snprintf(names[2], sizeof(names[2]), "optimizer.exp_avg_sq.%s", p->name);
-        float *dst[3] = {sh->master, sh->m1, sh->m2};
-        for (int a = 0; a < 3; a++) {
-            const char *name = names[a];
-            const ckpt_tensor_t *ct = ckpt_index_find(ckpt_index(ck), name);
-            WORKER_CHECK(sh->w, ct, "checkpoint %s has no tensor %s", path, name);
-            WORKER_CHECK(sh->w, !strcmp(ct->dtype, "F32") && ct->numel == p->numel,
-                         "checkpoint %s: tensor %s is %s with %llu elements; the model needs F32 with %zu", path,
-                         name, ct->dtype, (unsigned long long)ct->numel, p->numel);
-            WORKER_CHECK(sh->w, ckpt_read(ck, name, b - p->offset, e - b, dst[a] + (b - sh->begin), err,
-                                          sizeof(err)) == 0, "%s", err);
-        }
-    }
-    ckpt_close(&ck);
-    LOG_I("slice [%zu, %zu) loaded from %s", sh->begin, sh->end, path);
+    char err[256];
+    shm_seg_t *seg = NULL;
+    WORKER_CHECK(sh->w, shm_attach(&seg, worker_job(sh->w), STAGING_SEG, err, sizeof(err)) == 0, "%s", err);
+    staging_hdr_t *h = shm_data(seg);
+    WORKER_CHECK(sh->w, h->magic == STAGING_MAGIC && h->version == STAGING_VERSION && h->total == sh->lay.total &&
+                 atomic_load(&h->step) >= 0, "the staging segment holds no checkpoint of this model (%zu parameters)",
+                 sh->lay.total);
+    float *dst[STAGING_ARRAYS] = {sh->master, sh->m1, sh->m2};
+    for (int a = 0; a < STAGING_ARRAYS; a++)
+        memcpy(dst[a], staging_array(h, a) + sh->begin, sh->n * sizeof(float));
+    LOG_I("slice [%zu, %zu) loaded from %s (step %lld)", sh->begin, sh->end, sh->man->ckpt_load,
+          (long long)atomic_load(&h->step));
+    shm_detach(&seg);
 }
 
 /* Copies this shard's state into the staging segment for checkpointd. The copy runs in a

@@ -3,7 +3,9 @@
  * here (it is idle while the next step's forward and backward run), the coordinator adds the
  * step and the loader cursor, and checkpointd streams it to disk (or to a remote checkpointd)
  * while training goes on. One snapshot at a time: the coordinator starts the next only after
- * checkpointd has answered for the previous one.
+ * checkpointd has answered for the previous one. On resume the other way round: checkpointd
+ * reads the checkpoint into it, step and cursor included (checkpointd/restore.h), before the
+ * shards start, and each shard copies its slice out as it sets up.
  *
  *   header (4 KiB)   staging_hdr_t
  *   3 arrays         weights, exp_avg, exp_avg_sq: `total` floats each, `stride` apart
@@ -14,6 +16,8 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "ipc/shm.h"
 
 #define STAGING_SEG "ckpt"
 #define STAGING_MAGIC 0x3154504b43544943ULL /* "CITCKPT1" */
@@ -36,6 +40,9 @@ static inline size_t staging_bytes(size_t total)
 {
     return STAGING_HDR + STAGING_ARRAYS * staging_stride(total) * sizeof(float);
 }
+/* Creates ctitan.<job>.ckpt for `total` floats per array, its header formatted with no
+ * snapshot in it (step -1). Returns 0 or -errno with err. The caller owns *out. */
+int staging_create(shm_seg_t **out, const char *job, size_t total, char *err, size_t errlen);
 /* Array a (0 weights, 1 exp_avg, 2 exp_avg_sq) of a mapped segment. */
 static inline float *staging_array(void *seg, int a)
 {

@@ -102,6 +102,23 @@ static void test_config_set_parses_and_reports_type_errors(void **state)
     assert_non_null(strstr(err, "model.dimension: unknown key"));
 }
 
+static void test_config_diff_names_the_first_key_that_differs(void **state)
+{
+    model_config_t a = valid(), b = valid();
+    double va = 0, vb = 0;
+    assert_null(config_diff(&a, &b, &va, &vb));
+    b.max_seq_len *= 2; /* the same weights */
+    assert_null(config_diff(&a, &b, &va, &vb));
+    b.rope_theta = 10000;
+    b.n_kv_heads = 4;
+    assert_string_equal(config_diff(&a, &b, &va, &vb), "n_kv_heads");
+    assert_true(va == 16 && vb == 4);
+    b = valid();
+    b.norm_eps = 1e-6;
+    assert_string_equal(config_diff(&a, &b, &va, &vb), "norm_eps");
+    assert_true(va == 1e-5 && vb == 1e-6);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -112,6 +129,7 @@ int main(void)
         cmocka_unit_test(test_config_rejects_odd_head_dim_and_nonpositive_fields),
         cmocka_unit_test(test_config_kv_heads_default_to_heads),
         cmocka_unit_test(test_config_set_parses_and_reports_type_errors),
+        cmocka_unit_test(test_config_diff_names_the_first_key_that_differs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -851,6 +851,89 @@ static void test_launch_rejects_bad_checkpoint_keys(void **state)
     assert_non_null(strstr(out, "/nonexistent/step-00000004"));
 }
 
+/* checkpoint.load without checkpoint.enable: checkpointd loads, then stops; the run has the
+ * processes of one without checkpoints and writes none. */
+static void test_launch_load_without_enable_only_loads(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char a[32], b[32], dir[256], extra[512];
+    job_name(a, sizeof(a), "lo");
+    launch_ok(a, "--checkpoint.enable true --checkpoint.interval 4", out, sizeof(out));
+    ckpt_dir(dir, sizeof(dir), a);
+    job_name(b, sizeof(b), "lob");
+    snprintf(extra, sizeof(extra), "--checkpoint.load %s/step-00000004 --checkpoint.enable false", dir);
+    launch_ok(b, extra, out, sizeof(out));
+    assert_non_null(strstr(out, "2 optimizer shards; 5 processes")); /* loader, 2 stages, 2 shards */
+    assert_null(strstr(out, "saved to"));
+    ckpt_dir(dir, sizeof(dir), b);
+    assert_int_equal(access(dir, F_OK), -1);
+    assert_resumed_losses(a, b, 4, 12);
+    assert_clean(b);
+}
+
+/* checkpoint.load across hosts: each host's agent loads its own staging segment with a
+ * checkpointd that loads once (--load), host 0 through LOADED; the two-host run resumed from a
+ * one-host run's checkpoint has that run's losses bit for bit. */
+static void test_launch_two_hosts_resume_a_one_host_checkpoint(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char a[32], b[32], bh1[40], dir[256], extra[1024], path[300];
+    const char *shape = "--model.dim 32 --model.n_heads 2 --model.n_kv_heads 1 --training.steps 4 --job.device cuda "
+                        "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_plane nccl";
+    job_name(a, sizeof(a), "hlone");
+    job_name(b, sizeof(b), "hltwo");
+    snprintf(bh1, sizeof(bh1), "%s-h1", b);
+    use_sim_plugin();
+    snprintf(extra, sizeof(extra), "%s --checkpoint.enable true --checkpoint.interval 2", shape);
+    launch_ok(a, extra, out, sizeof(out));
+    ckpt_dir(dir, sizeof(dir), a);
+    snprintf(extra, sizeof(extra), "%s --job.hosts 2 --job.endpoint tcp://127.0.0.1:%d --checkpoint.load %s/step-00000002",
+             shape, free_port(), dir);
+    setenv("SLURM_STEP_NUM_NODES", "2", 1);
+    setenv("SLURM_NODEID", "1", 1);
+    pid_t agent = launch_bg(b, extra);
+    unsetenv("SLURM_STEP_NUM_NODES");
+    unsetenv("SLURM_NODEID");
+    int rc = launch(b, extra, out, sizeof(out));
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "(after step 2)"));
+    assert_int_equal(tu_reap(agent, 60, NULL), 0);
+    snprintf(path, sizeof(path), "%s/%s.out", g_dir, b);
+    tu_read_file(path, out, sizeof(out));
+    assert_non_null(strstr(out, "host 1: checkpoint of step 2 loaded"));
+    assert_resumed_losses(a, b, 2, 4);
+    assert_clean(b);
+    assert_clean(bh1);
+}
+
+/* A checkpoint.load directory that does not exist: one line that names it once and says why
+ * (it used to print its own message inside itself, with an empty reason). */
+static void test_launch_missing_checkpoint_is_named_once_with_the_reason(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char a[32], path[300], extra[400];
+    job_name(a, sizeof(a), "cknone");
+    snprintf(path, sizeof(path), "%s/missing/step-00000004", g_dir);
+    snprintf(extra, sizeof(extra), "--checkpoint.load %s", path);
+    assert_int_equal(launch(a, extra, out, sizeof(out)), 1);
+    char *line = strstr(out, "launch: checkpoint.load");
+    assert_non_null(line);
+    *strchrnul(line, '\n') = 0;
+    char *again = strstr(line, path);
+    assert_non_null(again);
+    if (strstr(again + 1, path))
+        print_error("the path twice: %s\n", line);
+    assert_null(strstr(again + 1, path));
+    assert_non_null(strstr(line, "is not loadable (no such directory): not resuming from it"));
+    assert_clean(a);
+}
+
 /* ---- equivalence ---- */
 
 static void test_launch_losses_bitwise_equal_for_pipeline_degree_1_2_4(void **state)
@@ -1365,6 +1448,9 @@ int main(void)
         cmocka_unit_test(test_launch_checkpointd_killed_mid_write_is_restarted),
         cmocka_unit_test(test_launch_streams_checkpoints_to_a_remote_checkpointd),
         cmocka_unit_test(test_launch_rejects_bad_checkpoint_keys),
+        cmocka_unit_test(test_launch_missing_checkpoint_is_named_once_with_the_reason),
+        cmocka_unit_test(test_launch_load_without_enable_only_loads),
+        cmocka_unit_test(test_launch_two_hosts_resume_a_one_host_checkpoint),
         cmocka_unit_test(test_launch_cuda_device_trains_or_fails_cleanly),
         cmocka_unit_test(test_launch_cuda_path_on_the_emulated_backend),
         cmocka_unit_test(test_launch_emulated_gpu_catches_a_missing_event_wait),

@@ -1,0 +1,147 @@
+/* Loading a checkpoint into the staging segment (see restore.h). LOAD is the mirror of SAVE,
+ * so that checkpointd stays the only process that knows the checkpoint format:
+ *
+ *   SAVE  the optimizer shards copy their slices into the staging segment (SNAPSHOT) and the
+ *         coordinator puts the step and the loader cursor in its header; checkpointd turns
+ *         the segment into DIR/step-N (index, chunks, checksums) and answers SAVED.
+ *   LOAD  checkpointd turns DIR/step-N back into the segment (verified, the model checked,
+ *         every tensor read by name; the step and the cursor in the header) and answers
+ *         LOADED with them; the coordinator formats the loader segment from that cursor and
+ *         the optimizer shards copy their slices out of the segment as they start.
+ *
+ * Same segment, same layout, same process on the format's side in both directions. The
+ * segment holds the whole flat parameter space, so neither direction knows the other run's
+ * topology: any shard count, pipeline split or replica count takes [begin, end) of it, and
+ * resharding costs nothing. */
+#include "checkpointd/restore.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "checkpointd/ckpt.h"
+#include "ipc/util.h"
+#include "stages/staging.h"
+
+_Static_assert(CKPT_CURSOR_MAX <= sizeof(((staging_hdr_t *)0)->cursor), "a checkpoint's cursor fits the staging header");
+
+/* checkpoint.load to a directory: "latest" is the newest one of the folder that verifies
+ * (none: path ""), any other must exist and verify. */
+static int resolve(const char *what, const manifest_t *m, FILE *log, char *path, size_t n, char *err, size_t errlen)
+{
+    path[0] = 0;
+    if (!strcmp(what, "latest")) {
+        char folder[PATH_MAX];
+        manifest_ckpt_folder(m, folder, sizeof(folder));
+        int rc = ckpt_find_latest(folder, path, n, log, err, errlen);
+        return rc == -ENOENT ? 0 : rc;
+    }
+    struct stat st;
+    if (stat(what, &st)) {
+        int e = errno;
+        return util_fail(err, errlen, -e, "checkpoint.load %s is not loadable (%s): not resuming from it", what,
+                         e == ENOENT ? "no such directory" : strerror(e));
+    }
+    char why[1024];
+    int nbad, rc = ckpt_verify(what, log, &nbad, why, sizeof(why));
+    if (rc) {
+        size_t k = strlen(what); /* ckpt.h's reasons start with the path: name it once */
+        const char *r = !strncmp(why, what, k) && !strncmp(why + k, ": ", 2) ? why + k + 2 : why;
+        return util_fail(err, errlen, rc, "checkpoint.load %s is not loadable (%s): not resuming from it", what,
+                         rc == -EBADMSG ? "corrupt: see above" : r);
+    }
+    snprintf(path, n, "%s", what);
+    return 0;
+}
+
+/* The run that wrote the checkpoint must have had this run's model; its data order may differ
+ * (a note). A stored manifest that does not parse leaves the check to the tensors' shapes. */
+static int check_model(const ckpt_index_t *ix, const manifest_t *m, const char *path, FILE *log, char *err,
+                       size_t errlen)
+{
+    manifest_t *old = malloc(sizeof(*old));
+    char why[512];
+    int rc = 0;
+    if (!old)
+        return util_fail(err, errlen, -ENOMEM, "out of memory");
+    manifest_defaults(old);
+    if (manifest_parse(old, ix->manifest, strlen(ix->manifest), path, why, sizeof(why))) {
+        if (log)
+            fprintf(log, "ctitan: note: the manifest inside %s does not parse (%s); the tensors are checked "
+                    "against the model as they load\n", path, why);
+        goto out;
+    }
+    double was, is;
+    const char *key = config_diff(&old->model, &m->model, &was, &is);
+    if (key)
+        rc = util_fail(err, errlen, -EINVAL, "checkpoint %s was written for another model: its model.%s = %g, "
+                       "this run's is %g", path, key, was, is);
+    else if (log && (old->seed != m->seed || strcmp(old->dataset_path, m->dataset_path) || old->shuffle != m->shuffle))
+        fprintf(log, "ctitan: note: training.seed, loader.dataset_path or loader.shuffle differ from the run "
+                "that wrote %s: the data order will differ from that run's\n", path);
+out:
+    free(old);
+    return rc;
+}
+
+/* Every tensor of the model, by name, into the staging arrays at its offset in the flat space. */
+static int read_tensors(ckpt_t *ck, const param_table_t *tab, void *staging, char *err, size_t errlen)
+{
+    const char *path = ckpt_path(ck);
+    for (int t = 0; t < tab->n; t++) {
+        const param_info_t *p = &tab->t[t];
+        char names[STAGING_ARRAYS][CKPT_NAME_MAX + 32], mname[CKPT_NAME_MAX + 32];
+        snprintf(names[0], sizeof(names[0]), "%s", ckpt_master_name(ck, p->name, mname, sizeof(mname)));
+        snprintf(names[1], sizeof(names[1]), "optimizer.exp_avg.%s", p->name);
+        snprintf(names[2], sizeof(names[2]), "optimizer.exp_avg_sq.%s", p->name);
+        for (int a = 0; a < STAGING_ARRAYS; a++) {
+            const ckpt_tensor_t *ct = ckpt_index_find(ckpt_index(ck), names[a]);
+            if (!ct)
+                return util_fail(err, errlen, -ENOENT, "checkpoint %s has no tensor %s", path, names[a]);
+            if (strcmp(ct->dtype, "F32") || ct->numel != p->numel)
+                return util_fail(err, errlen, -EINVAL, "checkpoint %s: tensor %s is %s with %llu elements; the model "
+                                 "needs F32 with %zu", path, names[a], ct->dtype, (unsigned long long)ct->numel,
+                                 p->numel);
+            int rc = ckpt_read(ck, names[a], 0, p->numel, staging_array(staging, a) + p->offset, err, errlen);
+            if (rc)
+                return rc;
+        }
+    }
+    return 0;
+}
+
+int restore_load(const char *what, const manifest_t *m, const param_table_t *tab, void *staging, FILE *log,
+                 char *path, size_t pathlen, char *err, size_t errlen)
+{
+    staging_hdr_t *h = staging;
+    char dir[PATH_MAX];
+    int rc = resolve(what, m, log, dir, sizeof(dir), err, errlen);
+    if (rc)
+        return rc;
+    if (strlen(dir) >= pathlen)
+        return util_fail(err, errlen, -ENAMETOOLONG, "checkpoint path %s is too long", dir);
+    memcpy(path, dir, strlen(dir) + 1);
+    if (!path[0])
+        return 0;
+    if (h->total != tab->total)
+        return util_fail(err, errlen, -EINVAL, "the staging segment holds %llu parameters, the model has %zu",
+                         (unsigned long long)h->total, tab->total);
+    ckpt_t *ck;
+    if ((rc = ckpt_open(&ck, path, err, errlen)))
+        return rc;
+    const ckpt_index_t *ix = ckpt_index(ck);
+    atomic_store(&h->step, -1); /* nothing whole in the segment until the end */
+    rc = check_model(ix, m, path, log, err, errlen);
+    if (!rc && ix->step < m->steps) /* a run with nothing left to train needs only the step */
+        rc = read_tensors(ck, tab, staging, err, errlen);
+    if (!rc) {
+        memcpy(h->cursor, ix->cursor, ix->cursor_len);
+        h->cursor_len = ix->cursor_len;
+        atomic_store(&h->step, ix->step);
+    }
+    ckpt_close(&ck);
+    return rc;
+}

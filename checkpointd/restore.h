@@ -1,0 +1,28 @@
+/* Loading a checkpoint into the staging segment (stages/staging.h): checkpointd does it on
+ * MSG_LOAD, before the optimizer shards start, which then copy their slices out of the
+ * staging segment. The mirror of a save (checkpointd/main.c, writer.h): see restore.c.
+ * Returns 0 or -errno with the reason in err; nothing here exits. */
+#ifndef CTITAN_RESTORE_H
+#define CTITAN_RESTORE_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#include "kernels/params.h"
+#include "stages/manifest.h"
+
+/* Loads checkpoint `what` for the run of manifest m (its model, its checkpoint.folder):
+ *   "latest"   the newest checkpoint of the folder that verifies; each newer one that does
+ *              not is reported on `log` with why; none at all is a fresh start (0, path "")
+ *   else       that directory, which must exist and verify (its problems go to `log`)
+ * then checks that it was written for m's model (else -EINVAL naming the first key that
+ * differs), and reads every tensor by name into `staging` (mapped, formatted for tab->total
+ * floats): weights, exp_avg and exp_avg_sq in the flat order of tab, so any topology takes
+ * its slices from it. Last it sets the header's cursor and step (steps the checkpoint
+ * completed; when that is m->steps or more, nothing is left to train and no tensor is read).
+ * path gets the directory (-ENAMETOOLONG when it does not fit pathlen); notes (a stored
+ * manifest whose data order differs) go to `log`, which may be NULL. */
+int restore_load(const char *what, const manifest_t *m, const param_table_t *tab, void *staging, FILE *log,
+                 char *path, size_t pathlen, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,81 @@
+/* Checkpoints during the run (see coord_priv.h): after a checkpoint step the optimizer shards
+ * copy their state into the staging segment while the next step runs (SNAPSHOT ... SNAPPED),
+ * then checkpointd writes it (SAVE ... SAVED). At most one in flight. */
+#include "stages/coord_priv.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+
+#include "ipc/util.h"
+#include "stages/ldr_seg.h"
+#include "stages/staging.h"
+
+static int ckpt_idle(coord_t *c, void *arg) { return !c->ck_busy; }
+
+int coord_ckpt_wait(coord_t *c) { return coord_pump(c, ckpt_idle, NULL, 1e9); }
+
+/* After `done` steps: the shards copy their state into the staging segment while the next
+ * step runs (they are idle until its REDUCE, which they take only after the copy), then
+ * checkpointd writes it. One snapshot at a time: if the previous one is still being written
+ * training waits for it, and says so. */
+void coord_start_checkpoint(coord_t *c, int64_t done)
+{
+    if (c->ck_busy) {
+        double t0 = util_now();
+        fprintf(stderr, "ctitan: the checkpoint of step %lld is still being written at step %lld: waiting for it "
+                "(checkpoint.interval is too short for this storage)\n", (long long)c->ck_step, (long long)done);
+        if (coord_ckpt_wait(c))
+            return;
+        fprintf(stderr, "ctitan: waited %.2f s for the checkpoint of step %lld\n", util_now() - t0,
+                (long long)c->ck_step);
+    }
+    if (coord_pump(c, coord_proc_ready, coord_ckptd(c), COORD_STARTUP_TIMEOUT_S)) { /* a restarted checkpointd */
+        coord_fail(c, "checkpointd did not become ready in %.0f s", COORD_STARTUP_TIMEOUT_S);
+        return;
+    }
+    staging_hdr_t *h = shm_data(c->seg_ckpt);
+    size_t len = 0;
+    if (ldr_seg_cursor(shm_data(c->seg_batch), done, h->cursor, &len)) {
+        fprintf(stderr, "ctitan: no loader cursor is recorded for step %lld: no checkpoint of it\n",
+                (long long)done + 1);
+        return;
+    }
+    h->cursor_len = (uint32_t)len;
+    atomic_store(&h->step, done);
+    c->ck_busy = 1;
+    c->ck_step = done;
+    c->ck_snapped = 0;
+    c->ck_t0 = util_now();
+    msg_t snap = {.type = MSG_SNAPSHOT, .step = done};
+    for (int k = 0; k < c->m->shards; k++)
+        coord_send(c, coord_shard(c, k), &snap);
+}
+
+void coord_on_snapped(coord_t *c, coord_proc_t *p, const char *from, const msg_t *m)
+{
+    if (!c->ck_busy || m->step != c->ck_step || ++c->ck_snapped != c->m->shards)
+        return;
+    /* every shard has copied its state: checkpointd takes it from here */
+    msg_t save = {.type = MSG_SAVE, .step = c->ck_step};
+    if (ctl_send(c->ctl, coord_ckptd(c)->id, &save)) { /* it just died: coord_reap() restarts it */
+        fprintf(stderr, "ctitan: cannot reach checkpointd: no checkpoint of step %lld\n", (long long)c->ck_step);
+        c->ck_busy = 0;
+    }
+}
+
+void coord_on_saved(coord_t *c, coord_proc_t *p, const char *from, const msg_t *m)
+{
+    if (!c->ck_busy || m->step != c->ck_step)
+        return;
+    c->ck_busy = 0;
+    if (m->ok) {
+        double dt = util_now() - c->ck_t0;
+        printf("checkpoint: step %lld saved to %s (%.1f MiB written in %.2f s, %.2f GB/s; %.2f s after the "
+               "snapshot)\n", (long long)m->step, m->text ? m->text : "?", m->progress / 1048576.0, m->t_busy,
+               m->t_busy > 0 ? m->progress / m->t_busy / 1e9 : 0.0, dt);
+        fflush(stdout);
+    } else {
+        fprintf(stderr, "ctitan: checkpoint of step %lld failed: %s (training goes on)\n", (long long)m->step,
+                m->text ? m->text : "(no reason given)");
+    }
+}

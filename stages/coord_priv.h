@@ -1,0 +1,193 @@
+/* The coordinator's state and the functions its files share. PRIVATE to the coordinator:
+ * only stages/coord*.c include this; everything else goes through coord.h (coord_run).
+ * One concern per file, each readable without the others:
+ *
+ *   coord.c         coord_run: set-up, start, the step loop (one step in step()), the end
+ *   coord_setup.c   before any process starts: the endpoint, the data check, signals, segments
+ *   coord_proc.c    the process table and supervision: spawn, reap, heartbeats, stop and
+ *                   terminate, the host agent of job.hosts > 1
+ *   coord_ctl.c     the control plane: the event pump, round trips, one handler per message
+ *   coord_swap.c    `ctitan loader swap`, carried out at a step boundary
+ *   coord_resume.c  checkpoint.load: the LOAD exchange with checkpointd before the others start
+ *   coord_ckpt.c    checkpoints during the run: SNAPSHOT to the shards, SAVE to checkpointd
+ *   coord_nccl.c    the NCCL data plane's communicator ids
+ *   coord_report.c  the progress line and metrics of each step; the end-of-run validation
+ *                   and sample (stages/evaluate.h holds the math) */
+#ifndef CTITAN_COORD_PRIV_H
+#define CTITAN_COORD_PRIV_H
+
+#include <limits.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <sys/types.h>
+
+#include "ipc/ctl.h"
+#include "ipc/msg.h"
+#include "ipc/shm.h"
+#include "kernels/cuda/cuda_plugin.h"
+#include "stages/job.h"
+#include "stages/ldr.h"
+#include "stages/manifest.h"
+
+#define COORD_STARTUP_TIMEOUT_S 120.0
+#define COORD_STOP_GRACE_S 5.0
+
+typedef enum { COORD_LOADER, COORD_STAGE, COORD_OPTSHARD, COORD_CKPTD } coord_role_t;
+
+typedef struct {
+    coord_role_t role;
+    int rank, replica;
+    char id[CTL_ID_MAX];
+    pid_t pid;            /* 0 when not running */
+    int ready;            /* said READY since it was (re)started */
+    int got;              /* replied in the current round */
+    int expect_exit;      /* told to stop: its exit is no failure (and it is not started again) */
+    int host;             /* job.host_rank of the host it runs on */
+    int remote;           /* on another host (its agent started it): pid from its hello, never signalled
+                           * or reaped here, supervised by heartbeats only */
+    double started, last_hb;
+    msg_t reply;          /* numbers of the last reply (never its text) */
+} coord_proc_t;
+
+typedef struct {
+    manifest_t *m;                    /* ours (coord_run's copy): checkpoint.load gets resolved */
+    job_layout_t lay;
+    char *toml;                       /* the resolved manifest every worker gets */
+    char job[96];                     /* this host's segment names: job.name, "-h<k>" on host k > 0 */
+    shm_seg_t *seg_job, *seg_params, *seg_grads, *seg_act, *seg_batch, *seg_ckpt, *seg_dev;
+    job_hdr_t *hdr;
+    int segs_made;                    /* this run created the job's segments */
+    ctl_t *ctl;
+    char endpoint[256], sock_path[PATH_MAX];
+    int sigfd;
+    char bin_dir[PATH_MAX];
+    coord_proc_t *p;                  /* [0] loader, then pp*dp stages, then the shards, then
+                                       * checkpointd (checkpoint enable or load), then the other
+                                       * hosts' loaders (coord_make_table) */
+    int np, n_stages, has_ckptd;
+    char loader_cmd[1024];            /* "" = the built-in loader */
+    int loader_restarts;
+    int swap_pending, trial, trial_failed;
+    char swap_cmd[1024], swap_from[CTL_ID_MAX], trial_why[1024];
+    int64_t step;
+    /* checkpoint.load: the LOAD exchange (coord_resume.c) */
+    int loading;                      /* checkpointd started for a LOAD, LOADED not yet here */
+    int load_ok;
+    char load_text[1536];             /* LOADED's text: the directory, "" (none there), or why not */
+    int64_t load_step;
+    uint8_t resume_cursor[LDR_CURSOR_MAX]; /* the loader's, from the checkpoint resumed */
+    uint32_t resume_cursor_len;
+    /* checkpoints: at most one in flight, from SNAPSHOT to SAVED (coord_ckpt.c) */
+    int ck_busy, ck_snapped, ckptd_restarts;
+    int64_t ck_step;
+    double ck_t0;
+    int failed, interrupted;
+    char why[1536];
+    FILE *metrics;
+    double peak_gflops;
+    double entropy;                   /* of the first training file (NaN with a custom loader) */
+    cuda_nccl_id_t *nccl_ids;         /* data_plane "nccl": per replica and boundary an activation and a
+                                       * gradient communicator, then one per pipeline rank (replicas) */
+    char first_file[PATH_MAX];        /* the first file loader.dataset_path matches */
+} coord_t;
+
+static inline coord_proc_t *coord_loader(coord_t *c) { return &c->p[0]; }
+static inline coord_proc_t *coord_stage(coord_t *c, int rank, int replica)
+{
+    return &c->p[1 + replica * c->m->pp + rank];
+}
+static inline coord_proc_t *coord_shard(coord_t *c, int k) { return &c->p[1 + c->n_stages + k]; }
+static inline coord_proc_t *coord_ckptd(coord_t *c)
+{
+    return c->has_ckptd ? &c->p[1 + c->n_stages + c->m->shards] : NULL;
+}
+
+/* The job fails with this reason (the first one wins: what follows is fallout). */
+void coord_fail(coord_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* "stage rank 1 replica 0", "optshard 2", ... */
+const char *coord_who(const coord_proc_t *p, char *buf, size_t n);
+
+/* ---- coord_setup.c ---- */
+int coord_resolve_endpoint(coord_t *c, char *err, size_t errlen);
+/* The data files before any process starts (sets c->entropy, c->first_file). */
+int coord_check_data(coord_t *c, char *err, size_t errlen);
+/* SIGCHLD, SIGINT, SIGTERM, SIGHUP through c->sigfd. */
+int coord_setup_signals(coord_t *c);
+/* Reads pending signals: SIGINT, SIGTERM or SIGHUP set c->interrupted. */
+void coord_read_signals(coord_t *c);
+/* Every segment of this host but the loader's (refuses a job that runs, clears a stale one). */
+int coord_make_segments(coord_t *c, char *err, size_t errlen);
+/* The loader's segment, once the first step and its cursor are known (coord_resume). */
+int coord_make_batch(coord_t *c, char *err, size_t errlen);
+void coord_remove_segments(coord_t *c);
+
+/* ---- coord_proc.c ---- */
+int coord_make_table(coord_t *c);
+void coord_spawn(coord_t *c, coord_proc_t *p);
+/* Reaps exited children: the loader and checkpointd are restarted, anything else fails the job. */
+void coord_reap(coord_t *c);
+void coord_check_heartbeats(coord_t *c);
+/* STOP to one process and waits for its exit (SIGKILL after the grace time). */
+void coord_stop_proc(coord_t *c, coord_proc_t *p);
+/* Clean stop: STOP to everyone, then signals for whoever lingers. */
+void coord_stop_all(coord_t *c);
+/* SIGTERM to whoever still runs, `grace` seconds, then SIGKILL; reaps them all. */
+void coord_terminate_all(coord_t *c, double grace);
+/* job.host_rank > 0: starts this host's processes and follows them. Returns the exit status. */
+int coord_agent(coord_t *c);
+
+/* ---- coord_ctl.c ---- */
+/* Handles events until cond(c, arg) holds. Returns 0, -1 once the job failed or was
+ * interrupted, or -ETIMEDOUT after `timeout` seconds. */
+int coord_pump(coord_t *c, int (*cond)(coord_t *, void *), void *arg, double timeout);
+/* Handles control messages for up to `secs` until the job has failed (a worker's report
+ * arriving after its exit). */
+void coord_drain_errors(coord_t *c, double secs);
+void coord_send(coord_t *c, coord_proc_t *p, msg_t *m);
+void coord_reply_cli(coord_t *c, const char *to, int ok, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/* Sends m to procs [first, first+count) and waits for each one's reply to this step. */
+int coord_round_trip(coord_t *c, int first, int count, msg_t *m);
+/* pump conditions */
+int coord_all_ready(coord_t *c, void *arg);       /* every process not told to stop */
+int coord_proc_gone(coord_t *c, void *proc);
+int coord_proc_ready(coord_t *c, void *proc);
+
+/* Message handlers of the other files (coord_ctl.c dispatches; p is NULL for the CLI's). */
+void coord_on_swap(coord_t *c, coord_proc_t *p, const char *from, const msg_t *m);
+void coord_on_loaded(coord_t *c, coord_proc_t *p, const char *from, const msg_t *m);
+void coord_on_snapped(coord_t *c, coord_proc_t *p, const char *from, const msg_t *m);
+void coord_on_saved(coord_t *c, coord_proc_t *p, const char *from, const msg_t *m);
+
+/* ---- coord_swap.c ---- */
+/* Replaces the loader at the boundary after step c->step (stages and shards are idle). */
+void coord_do_swap(coord_t *c);
+
+/* ---- coord_resume.c ---- */
+/* checkpoint.load through checkpointd. Returns 0 (c->step is the first step), -1 when the
+ * job failed or was interrupted meanwhile, or -errno with checkpointd's reason in err. */
+int coord_resume(coord_t *c, char *err, size_t errlen);
+/* The same on a host's agent (job.hosts > 1), which has no control socket for a LOADED: a
+ * checkpointd that loads this host's staging segment once and exits (`--load`). Returns 0
+ * (c->step is the first step) or -errno with the reason in err. */
+int coord_resume_host(coord_t *c, char *err, size_t errlen);
+
+/* ---- coord_ckpt.c ---- */
+/* After `done` steps: a snapshot to the staging segment, then checkpointd writes it. */
+void coord_start_checkpoint(coord_t *c, int64_t done);
+/* Waits for the checkpoint in flight. Returns 0, or -1 once the job failed or was interrupted. */
+int coord_ckpt_wait(coord_t *c);
+
+/* ---- coord_nccl.c ---- */
+int coord_make_nccl_ids(coord_t *c, char *err, size_t errlen);
+/* MSG_NCCL to stage p: the ids of the communicators it joins. */
+void coord_send_nccl_ids(coord_t *c, coord_proc_t *p);
+
+/* ---- coord_report.c ---- */
+/* "launch: job ...": the model, the topology, the processes, the data. */
+void coord_banner(coord_t *c);
+/* The progress line and the metrics record of step c->step. */
+void coord_report_step(coord_t *c, double norm, double t_step, double t_reduce, double t_update);
+/* "done: ...", the validation loss and a sample, from replica 0's final weights. */
+void coord_end_of_run(coord_t *c, int64_t first, double secs);
+
+#endif

@@ -1,0 +1,356 @@
+/* The coordinator's process table and its supervision (see coord_priv.h): who runs where,
+ * starting a worker, reaping it (the loader and checkpointd are restarted, anything else
+ * fails the job), heartbeats, stopping, and the agent that starts a host's processes when
+ * the job spans hosts. */
+#include "stages/coord_priv.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ipc/log.h"
+#include "ipc/util.h"
+#include "stages/ldr_seg.h"
+
+#define MAX_LOADER_RESTARTS 10
+#define MAX_CKPTD_RESTARTS 10
+
+static const char *role_name[] = {"loader", "stage", "optshard", "checkpointd"};
+
+const char *coord_who(const coord_proc_t *p, char *buf, size_t n)
+{
+    if (p->role == COORD_LOADER)
+        snprintf(buf, n, "loader");
+    else if (p->role == COORD_STAGE)
+        snprintf(buf, n, "stage rank %d replica %d", p->rank, p->replica);
+    else if (p->role == COORD_OPTSHARD)
+        snprintf(buf, n, "optshard %d", p->rank);
+    else
+        snprintf(buf, n, "checkpointd");
+    return buf;
+}
+
+static const char *describe_exit(int st, char *buf, size_t n)
+{
+    if (WIFEXITED(st))
+        snprintf(buf, n, "exited with status %d", WEXITSTATUS(st));
+    else if (WIFSIGNALED(st))
+        snprintf(buf, n, "was killed by signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st)));
+    else
+        snprintf(buf, n, "ended (wait status %d)", st);
+    return buf;
+}
+
+/* Every process of the job: [0] this host's loader, the stages, the shards, checkpointd, then
+ * the other hosts' loaders (job.hosts > 1). Host h runs replicas [h * dp / hosts, ...): their
+ * stages, their NCCL shards, a loader. The coordinator marks other hosts' processes remote;
+ * an agent keeps only its own. */
+int coord_make_table(coord_t *c)
+{
+    const manifest_t *m = c->m;
+    c->n_stages = m->pp * m->dp;
+    c->has_ckptd = m->ckpt_enable || m->ckpt_load[0];
+    c->np = 1 + c->n_stages + m->shards + c->has_ckptd + (m->hosts - 1);
+    if (!(c->p = calloc((size_t)c->np, sizeof(coord_proc_t))))
+        return -ENOMEM;
+    c->p[0] = (coord_proc_t){.role = COORD_LOADER, .rank = m->host_rank, .host = m->host_rank};
+    for (int r = 0; r < m->dp; r++)
+        for (int s = 0; s < m->pp; s++)
+            *coord_stage(c, s, r) = (coord_proc_t){.role = COORD_STAGE, .rank = s, .replica = r,
+                                                   .host = job_host_of(&c->lay, r)};
+    for (int k = 0; k < m->shards; k++)
+        *coord_shard(c, k) = (coord_proc_t){.role = COORD_OPTSHARD, .rank = k,
+                                            .host = c->lay.nccl ? job_host_of(&c->lay, k % m->dp) : 0};
+    if (c->has_ckptd)
+        *coord_ckptd(c) = (coord_proc_t){.role = COORD_CKPTD};
+    for (int h = 1, i = c->np - (m->hosts - 1); h < m->hosts; h++, i++) /* host 0's loader is [0] */
+        c->p[i] = (coord_proc_t){.role = COORD_LOADER, .rank = h == m->host_rank ? 0 : h,
+                                 .host = h == m->host_rank ? 0 : h};
+    for (int i = 0; i < c->np; i++) {
+        snprintf(c->p[i].id, sizeof(c->p[i].id), "%s.%d.%d", role_name[c->p[i].role], c->p[i].rank, c->p[i].replica);
+        c->p[i].remote = c->p[i].host != m->host_rank;
+    }
+    return 0;
+}
+
+/* In the child: its own process group and death signal, then the role's program. */
+static _Noreturn void exec_worker(coord_t *c, coord_proc_t *p, pid_t parent)
+{
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    signal(SIGPIPE, SIG_DFL);
+    /* own process group: a Ctrl-C reaches only the coordinator, which stops the job in
+     * order; the death signal ends the worker if the coordinator itself is killed */
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent)
+        _exit(1);
+    char host[16];
+    snprintf(host, sizeof(host), "%d", c->m->host_rank);
+    setenv("CTITAN_ENDPOINT", c->endpoint, 1);
+    setenv("CTITAN_JOB", c->job, 1);
+    setenv("CTITAN_HOST", host, 1);
+    char exe[PATH_MAX + 32], a1[16], a2[16];
+    snprintf(a1, sizeof(a1), "%d", p->rank);
+    snprintf(a2, sizeof(a2), "%d", p->replica);
+    if (p->role == COORD_LOADER && c->loader_cmd[0]) {
+        char cmd[1100];
+        snprintf(cmd, sizeof(cmd), "exec %s", c->loader_cmd);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        snprintf(exe, sizeof(exe), "/bin/sh");
+    } else {
+        snprintf(exe, sizeof(exe), "%s/ctitan-%s", c->bin_dir, role_name[p->role]);
+        if (p->role == COORD_CKPTD) {
+            snprintf(exe, sizeof(exe), "%s/checkpointd", c->bin_dir);
+            execl(exe, exe, "--job", c->job, (char *)NULL);
+        } else if (p->role == COORD_LOADER)
+            execl(exe, exe, (char *)NULL);
+        else if (p->role == COORD_STAGE)
+            execl(exe, exe, "--rank", a1, "--replica", a2, (char *)NULL);
+        else
+            execl(exe, exe, "--rank", a1, (char *)NULL);
+    }
+    fprintf(stderr, "ctitan: cannot run %s: %s\n", exe, strerror(errno));
+    _exit(127);
+}
+
+void coord_spawn(coord_t *c, coord_proc_t *p)
+{
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) {
+        coord_fail(c, "cannot fork: %s", strerror(errno));
+        return;
+    }
+    if (pid == 0)
+        exec_worker(c, p, parent);
+    p->pid = pid;
+    p->ready = p->got = p->expect_exit = 0;
+    p->started = p->last_hb = util_now();
+}
+
+static void restart_loader(coord_t *c, const char *how)
+{
+    coord_proc_t *L = coord_loader(c);
+    if (++c->loader_restarts > MAX_LOADER_RESTARTS) {
+        coord_fail(c, "loader %s, and it has been restarted %d times already", how, MAX_LOADER_RESTARTS);
+        return;
+    }
+    int64_t from;
+    if (ldr_seg_prepare_restart(shm_data(c->seg_batch), &from)) {
+        coord_fail(c, "loader %s, and no cursor is recorded for the step it must resume at", how);
+        return;
+    }
+    coord_spawn(c, L);
+    LOG_W("loader %s; restarted (pid %d) from the cursor of step %lld", how, (int)L->pid, (long long)from);
+}
+
+/* checkpointd died or was killed for hanging: the checkpoint it was writing is lost (its
+ * temporary directory never becomes a checkpoint); training goes on with a new daemon. */
+static void restart_ckptd(coord_t *c, const char *how)
+{
+    coord_proc_t *d = coord_ckptd(c);
+    if (c->ck_busy) {
+        fprintf(stderr, "ctitan: checkpointd %s while writing the checkpoint of step %lld: that checkpoint is "
+                "lost, training goes on\n", how, (long long)c->ck_step);
+        c->ck_busy = 0;
+    }
+    if (++c->ckptd_restarts > MAX_CKPTD_RESTARTS) {
+        coord_fail(c, "checkpointd %s, and it has been restarted %d times already", how, MAX_CKPTD_RESTARTS);
+        return;
+    }
+    coord_spawn(c, d);
+    LOG_W("checkpointd %s; restarted (pid %d)", how, (int)d->pid);
+}
+
+void coord_reap(coord_t *c)
+{
+    int st;
+    pid_t pid;
+    while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
+        coord_proc_t *p = NULL;
+        for (int i = 0; i < c->np; i++)
+            if (c->p[i].pid == pid && !c->p[i].remote)
+                p = &c->p[i];
+        if (!p)
+            continue;
+        char how[128], name[64];
+        describe_exit(st, how, sizeof(how));
+        int was_ready = p->ready;
+        p->pid = 0;
+        p->ready = 0;
+        if (p->expect_exit || c->failed || c->interrupted)
+            continue;
+        if (p->role == COORD_LOADER && c->trial) {
+            snprintf(c->trial_why, sizeof(c->trial_why), "the new loader %s before it was ready", how);
+            c->trial_failed = 1;
+        } else if (p->role == COORD_CKPTD && !c->loading) { /* a LOAD only it can answer fails the job */
+            restart_ckptd(c, how);
+        } else if (p->role == COORD_LOADER && was_ready) {
+            char what[160];
+            snprintf(what, sizeof(what), "(pid %d) %s", (int)pid, how);
+            restart_loader(c, what);
+        } else {
+            if (WIFEXITED(st) && WEXITSTATUS(st) != 0) { /* it may have said why just before */
+                p->pid = pid;
+                coord_drain_errors(c, 0.5);
+                p->pid = 0;
+            }
+            coord_fail(c, "%s (pid %d) %s%s", coord_who(p, name, sizeof(name)), (int)pid, how,
+                       was_ready ? "" : " before it was ready");
+        }
+    }
+}
+
+void coord_check_heartbeats(coord_t *c)
+{
+    double now = util_now(), limit = c->m->heartbeat_timeout_ms * 1e-3;
+    char name[64];
+    for (int i = 0; i < c->np && !c->failed; i++) {
+        coord_proc_t *p = &c->p[i];
+        if (p->pid == 0 || p->expect_exit)
+            continue;
+        if (!p->ready) {
+            if (now - p->started > COORD_STARTUP_TIMEOUT_S)
+                coord_fail(c, "%s (pid %d) did not become ready in %.0f s", coord_who(p, name, sizeof(name)),
+                           (int)p->pid, COORD_STARTUP_TIMEOUT_S);
+        } else if (now - p->last_hb <= limit) {
+            continue;
+        } else if ((p->role == COORD_LOADER || (p->role == COORD_CKPTD && !c->loading)) && !p->remote) {
+            /* a hung loader or checkpointd is replaced like a dead one: kill it, reap() restarts it */
+            LOG_W("%s (pid %d): no heartbeat for %.1f s: killing it to restart it", coord_who(p, name, sizeof(name)),
+                  (int)p->pid, now - p->last_hb);
+            kill(p->pid, SIGKILL);
+            p->last_hb = now;
+        } else {
+            coord_fail(c, "%s (pid %d): no heartbeat for %.1f s (hung, stopped or dead)",
+                       coord_who(p, name, sizeof(name)), (int)p->pid, now - p->last_hb);
+        }
+    }
+}
+
+/* A child of this process (not one an agent started on another host). */
+static int local_child(const coord_proc_t *p) { return p->pid > 0 && !p->remote; }
+
+static void kill_all(coord_t *c, int sig)
+{
+    for (int i = 0; i < c->np; i++)
+        if (local_child(&c->p[i]))
+            kill(c->p[i].pid, sig);
+}
+
+static int none_running(coord_t *c)
+{
+    for (int i = 0; i < c->np; i++)
+        if (local_child(&c->p[i]))
+            return 0;
+    return 1;
+}
+
+/* Waits until every child is reaped, at most `secs`. */
+static void wait_children(coord_t *c, double secs)
+{
+    double deadline = util_now() + secs;
+    while (!none_running(c) && util_now() < deadline) {
+        int st;
+        pid_t pid = waitpid(-1, &st, WNOHANG);
+        if (pid > 0) {
+            for (int i = 0; i < c->np; i++)
+                if (c->p[i].pid == pid && !c->p[i].remote)
+                    c->p[i].pid = 0;
+        } else {
+            nanosleep(&(struct timespec){0, 10000000L}, NULL);
+        }
+    }
+}
+
+void coord_terminate_all(coord_t *c, double grace)
+{
+    kill_all(c, SIGTERM);
+    wait_children(c, grace);
+    kill_all(c, SIGKILL);
+    wait_children(c, 5.0);
+}
+
+void coord_stop_all(coord_t *c)
+{
+    msg_t stop = {.type = MSG_STOP};
+    for (int i = 0; i < c->np; i++)
+        if (c->p[i].pid > 0) {
+            c->p[i].expect_exit = 1;
+            ctl_send(c->ctl, c->p[i].id, &stop);
+        }
+    wait_children(c, COORD_STOP_GRACE_S);
+    coord_terminate_all(c, 1.0);
+}
+
+void coord_stop_proc(coord_t *c, coord_proc_t *p)
+{
+    char name[64];
+    if (!p->pid)
+        return;
+    p->expect_exit = 1;
+    msg_t stop = {.type = MSG_STOP};
+    ctl_send(c->ctl, p->id, &stop);
+    if (coord_pump(c, coord_proc_gone, p, COORD_STOP_GRACE_S) == -ETIMEDOUT && p->pid) {
+        LOG_W("%s (pid %d) did not stop in %.0f s: killing it", coord_who(p, name, sizeof(name)), (int)p->pid,
+              COORD_STOP_GRACE_S);
+        kill(p->pid, SIGKILL);
+        coord_pump(c, coord_proc_gone, p, COORD_STOP_GRACE_S);
+    }
+}
+
+/* job.host_rank > 0: starts this host's processes against the coordinator's endpoint and
+ * waits for them; their supervision is the coordinator's (heartbeats), so an agent only
+ * follows them: the first to fail ends the others after the heartbeat timeout. Returns the
+ * exit status. */
+int coord_agent(coord_t *c)
+{
+    const manifest_t *m = c->m;
+    if (c->step >= m->steps) { /* the coordinator says so too, and stops */
+        printf("launch: host %d: the checkpoint is at step %lld: nothing left to train\n", m->host_rank,
+               (long long)c->step);
+        return 0;
+    }
+    int n = 0;
+    for (int i = 0; i < c->np; i++)
+        if (!c->p[i].remote) {
+            coord_spawn(c, &c->p[i]);
+            n++;
+        }
+    printf("launch: host %d of %d: %d processes of job %s, coordinator at %s\n", m->host_rank, m->hosts, n, m->name,
+           c->endpoint);
+    fflush(stdout);
+    int status = 0;
+    double failed_at = 0;
+    while (!none_running(c)) {
+        coord_read_signals(c);
+        int st;
+        pid_t pid;
+        while ((pid = waitpid(-1, &st, WNOHANG)) > 0)
+            for (int i = 0; i < c->np; i++)
+                if (c->p[i].pid == pid && !c->p[i].remote) {
+                    c->p[i].pid = 0;
+                    if (!WIFEXITED(st) || WEXITSTATUS(st)) {
+                        char how[128], name[64];
+                        fprintf(stderr, "launch: host %d: %s %s\n", m->host_rank,
+                                coord_who(&c->p[i], name, sizeof(name)), describe_exit(st, how, sizeof(how)));
+                        status = 1;
+                        failed_at = failed_at > 0 ? failed_at : util_now();
+                    }
+                }
+        if (c->interrupted || (failed_at > 0 && util_now() - failed_at > m->heartbeat_timeout_ms * 2e-3)) {
+            coord_terminate_all(c, 2.0);
+            break;
+        }
+        nanosleep(&(struct timespec){0, 20000000L}, NULL);
+    }
+    return c->interrupted ? 128 + c->interrupted : status;
+}

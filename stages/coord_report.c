@@ -1,0 +1,124 @@
+/* What the coordinator tells the user (see coord_priv.h): the launch banner, one progress line
+ * and one metrics record per step, and at the end the validation loss and a sample from the
+ * final weights (stages/evaluate.h holds the math). */
+#include "stages/coord_priv.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include "kernels/cpu/pool.h"
+#include "stages/evaluate.h"
+#include "stages/ldr_seg.h"
+#include "stages/tokenizer.h"
+#include "stages/tokfile.h"
+
+void coord_banner(coord_t *c)
+{
+    const manifest_t *m = c->m;
+    int n = 0; /* a checkpointd that only loaded has stopped */
+    for (int i = 0; i < c->np; i++)
+        n += !c->p[i].expect_exit;
+    printf("launch: job %s: %s %s, %.2fM parameters; pipeline %d (%s, %d microbatches of %dx%d), data parallel %d, "
+           "%d optimizer shards; %d processes; MFU against %.0f GFLOP/s\n",
+           m->name, m->model_name, m->flavor, c->lay.total / 1e6, m->pp, sched_kind_name(m->schedule),
+           m->microbatches, c->lay.mb, m->seq_len, m->dp, m->shards, n, c->peak_gflops);
+    if (!isnan(c->entropy))
+        printf("launch: data %s, unigram entropy %.4f nats/token (first file)\n", m->dataset_path, c->entropy);
+    fflush(stdout);
+}
+
+/* One JSON line of step c->step in the metrics file. */
+static void write_metrics(coord_t *c, double loss, double norm, double lr, double tps, double mfu, double t_step,
+                          double ctl, double t_opt, uint64_t mem)
+{
+    const manifest_t *m = c->m;
+    uint8_t cur[LDR_CURSOR_MAX];
+    size_t clen;
+    uint64_t sample = 0;
+    int have = ldr_seg_cursor(shm_data(c->seg_batch), c->step + 1, cur, &clen) == 0 &&
+               ldr_cursor_get(cur, clen, "sample", &sample) == 0;
+    fprintf(c->metrics,
+            "{\"step\": %d, \"loss\": %.17g, \"grad_norm\": %.17g, \"lr\": %.17g, \"tokens_per_s\": %.1f, "
+            "\"mfu\": %.5f, \"step_time_ms\": %.3f, \"ctl_overhead_ms\": %.3f, \"optimizer_ms\": %.3f, "
+            "\"mem_peak_bytes\": %llu",
+            (int)c->step + 1, loss, norm, lr, tps, mfu, t_step * 1e3, ctl * 1e3, t_opt * 1e3, (unsigned long long)mem);
+    if (have)
+        fprintf(c->metrics, ", \"loader_sample\": %llu", (unsigned long long)sample);
+    fprintf(c->metrics, ", \"stage_ms\": [");
+    for (int s = 0; s < m->pp; s++) {
+        const msg_t *r = &coord_stage(c, s, 0)->reply;
+        fprintf(c->metrics, "%s[%.4f, %.4f, %.4f]", s ? ", " : "", r->t_f * 1e3, r->t_b * 1e3, r->t_w * 1e3);
+    }
+    fprintf(c->metrics, "]}\n");
+    fflush(c->metrics);
+}
+
+void coord_report_step(coord_t *c, double norm, double t_step, double t_reduce, double t_update)
+{
+    const manifest_t *m = c->m;
+    double loss = 0, t_stages = 0;
+    uint64_t mem = 0; /* the largest stage's (on a GPU: the device's use, every process on it) */
+    for (int r = 0; r < m->dp; r++)
+        loss += coord_stage(c, m->pp - 1, r)->reply.loss; /* replica order: a fixed sum */
+    for (int i = 1; i <= c->n_stages; i++) {
+        double t = c->p[i].reply.t_busy + c->p[i].reply.t_wait;
+        t_stages = t > t_stages ? t : t_stages;
+        mem = c->p[i].reply.mem > mem ? c->p[i].reply.mem : mem;
+    }
+    double tokens = (double)m->dp * m->local_batch_size * m->seq_len;
+    loss /= tokens;
+    double lr = coord_shard(c, 0)->reply.lr, tps = tokens / t_step;
+    double mfu = config_flops_per_token(&m->model, m->seq_len) * tps / (c->peak_gflops * 1e9);
+    int step = (int)c->step + 1;
+    if (step % m->log_freq == 0 || step == m->steps || step == 1) {
+        printf("step %5d  loss %7.4f  grad_norm %7.3f  lr %.2e  tokens/s %7.0f  mfu %5.2f%%  %6.0f ms  mem %.2f GiB\n",
+               step, loss, norm, lr, tps, 100 * mfu, t_step * 1e3, mem / 1073741824.0);
+        fflush(stdout);
+    }
+    if (c->metrics)
+        write_metrics(c, loss, norm, lr, tps, mfu, t_step, t_step - t_stages - t_reduce - t_update,
+                      t_reduce + t_update, mem);
+}
+
+/* The sample's prompt comes from held-out text, else from the training data. */
+static void sample(coord_t *c, float *w, pool_t *pool, tokfile_t *val)
+{
+    const manifest_t *m = c->m;
+    tok_t *tok = NULL;
+    tokfile_t *src = val;
+    char err[512];
+    if (!src && c->first_file[0])
+        tokfile_open(&src, c->first_file, m->model.vocab_size, NULL, 0);
+    if (src && tok_load(&tok, m->tokenizer_path, err, sizeof(err)) == 0)
+        eval_sample(&m->model, w, pool, tok, src, m->sample_tokens, m->sample_temperature, m->seed, stdout);
+    tok_destroy(&tok);
+    if (src != val)
+        tokfile_close(&src);
+}
+
+void coord_end_of_run(coord_t *c, int64_t first, double secs)
+{
+    const manifest_t *m = c->m;
+    float *w = shm_data(c->seg_params); /* replica 0 */
+    pool_t *pool = pool_new((int)sysconf(_SC_NPROCESSORS_ONLN));
+    tokfile_t *val = NULL;
+    char err[512];
+    if (first > 0)
+        printf("done: steps %lld to %d in %.1f s", (long long)first + 1, m->steps, secs);
+    else
+        printf("done: %d steps in %.1f s", m->steps, secs);
+    if (m->val_enable && tokfile_open(&val, m->val_dataset_path, m->model.vocab_size, err, sizeof(err)) == 0) {
+        int used;
+        double vl = eval_loss(&m->model, w, pool, val, m->local_batch_size, m->seq_len, m->val_steps, &used);
+        printf("; validation loss %.4f over %d batches", vl, used);
+    }
+    if (!isnan(c->entropy))
+        printf("; training data unigram entropy %.4f", c->entropy);
+    printf("\n");
+    if (m->sample_tokens > 0 && m->tokenizer_path[0])
+        sample(c, w, pool, val);
+    tokfile_close(&val);
+    pool_destroy(&pool);
+    fflush(stdout);
+}

@@ -1,0 +1,191 @@
+/* Loading a checkpoint into the staging segment (checkpointd/restore.h) on real files and a
+ * real segment: every tensor lands at its offset of the flat space with the step and the
+ * loader cursor, "latest" picks the newest that verifies (none: a fresh start), and a
+ * checkpoint of another model, a missing directory or a corrupt one is refused saying why. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "checkpointd/ckpt.h"
+#include "checkpointd/restore.h"
+#include "checkpointd/writer.h"
+#include "ipc/shm.h"
+#include "stages/ldr.h"
+#include "stages/staging.h"
+#include "tests/testutil.h"
+
+typedef struct {
+    char dir[256], job[64];
+    manifest_t m;          /* the run's: the tiny model, checkpoints in dir */
+    param_table_t tab;
+    float *arr[STAGING_ARRAYS]; /* what the checkpoints hold: weights, exp_avg, exp_avg_sq */
+    shm_seg_t *seg;        /* the staging segment, for tab.total floats */
+} fx_t;
+
+static int setup(void **state)
+{
+    fx_t *f = calloc(1, sizeof(*f));
+    char err[256];
+    snprintf(f->dir, sizeof(f->dir), "/tmp/ctitan-test-restore-XXXXXX");
+    assert_non_null(mkdtemp(f->dir));
+    snprintf(f->job, sizeof(f->job), "test-restore-%d", (int)getpid());
+    manifest_defaults(&f->m);
+    snprintf(f->m.flavor, sizeof(f->m.flavor), "tiny");
+    assert_int_equal(config_preset("tiny", &f->m.model), 0);
+    snprintf(f->m.ckpt_folder, sizeof(f->m.ckpt_folder), "%s", f->dir);
+    assert_int_equal(params_table_init(&f->tab, &f->m.model), 0);
+    for (int a = 0; a < STAGING_ARRAYS; a++) {
+        f->arr[a] = malloc(f->tab.total * sizeof(float));
+        tu_fill(NULL, f->arr[a], f->tab.total, 200 + a, 1.0);
+    }
+    assert_int_equal(staging_create(&f->seg, f->job, f->tab.total, err, sizeof(err)), 0);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fx_t *f = *state;
+    shm_detach(&f->seg);
+    shm_remove_all(f->job);
+    tu_rmtree(f->dir);
+    for (int a = 0; a < STAGING_ARRAYS; a++)
+        free(f->arr[a]);
+    params_table_free(&f->tab);
+    free(f);
+    return 0;
+}
+
+/* Writes step `step` of the fixture's arrays to f->dir/step-N, stored with manifest `by`. */
+static void write_ckpt(fx_t *f, const manifest_t *by, int64_t step)
+{
+    char err[1024], *toml = manifest_to_toml(by);
+    ckpt_index_t plan;
+    const uint8_t cur[] = {0x81, 0xa6, 's', 'a', 'm', 'p', 'l', 'e', 0x2a}; /* {"sample": 42} */
+    assert_non_null(toml);
+    assert_int_equal(ckpt_index_plan(&plan, &f->tab, step, toml, cur, sizeof(cur)), 0);
+    ckw_t *w;
+    assert_int_equal(ckw_begin(&w, f->dir, &plan, err, sizeof(err)), 0);
+    static _Alignas(4096) uint8_t hdr[CKPT_DATA_HDR];
+    for (int a = 0; a < STAGING_ARRAYS; a++) {
+        ckpt_data_header(hdr, (uint32_t)a, step);
+        assert_int_equal(ckw_write(w, (uint32_t)a, 0, hdr, sizeof(hdr), err, sizeof(err)), 0);
+        assert_int_equal(ckw_write(w, (uint32_t)a, CKPT_DATA_HDR, f->arr[a], f->tab.total * sizeof(float), err,
+                                   sizeof(err)), 0);
+    }
+    assert_int_equal(ckw_commit(&w, NULL, 0, NULL, err, sizeof(err)), 0);
+    ckpt_index_free(&plan);
+    free(toml);
+}
+
+static int load(fx_t *f, const char *what, char *path, char *err, FILE *log)
+{
+    return restore_load(what, &f->m, &f->tab, shm_data(f->seg), log, path, sizeof(f->m.ckpt_load), err, 1024);
+}
+
+static void test_restore_fills_the_staging_segment_with_every_tensor_step_and_cursor(void **state)
+{
+    fx_t *f = *state;
+    char path[sizeof(f->m.ckpt_load)], want[512], err[1024];
+    write_ckpt(f, &f->m, 6);
+    snprintf(want, sizeof(want), "%s/step-00000006", f->dir);
+    assert_int_equal(load(f, want, path, err, NULL), 0);
+    assert_string_equal(path, want);
+    staging_hdr_t *h = shm_data(f->seg);
+    assert_int_equal(atomic_load(&h->step), 6);
+    uint64_t sample = 0;
+    assert_int_equal(ldr_cursor_get(h->cursor, h->cursor_len, "sample", &sample), 0);
+    assert_int_equal(sample, 42);
+    for (int a = 0; a < STAGING_ARRAYS; a++)
+        assert_memory_equal(staging_array(h, a), f->arr[a], f->tab.total * sizeof(float));
+}
+
+static void test_restore_latest_is_the_newest_that_verifies_and_none_is_a_fresh_start(void **state)
+{
+    fx_t *f = *state;
+    char path[sizeof(f->m.ckpt_load)], want[512], err[1024];
+    assert_int_equal(load(f, "latest", path, err, NULL), 0);
+    assert_string_equal(path, "");
+    write_ckpt(f, &f->m, 4);
+    write_ckpt(f, &f->m, 8);
+    snprintf(want, sizeof(want), "%s/step-00000008/exp_avg.bin", f->dir);
+    assert_int_equal(tu_flip_byte(want, CKPT_DATA_HDR + 8), 0);
+    char *said = NULL;
+    size_t len = 0;
+    FILE *log = open_memstream(&said, &len);
+    assert_int_equal(load(f, "latest", path, err, log), 0);
+    fclose(log);
+    snprintf(want, sizeof(want), "%s/step-00000004", f->dir);
+    assert_string_equal(path, want);
+    assert_non_null(strstr(said, "step-00000008 is not loadable"));
+    free(said);
+    assert_int_equal(atomic_load(&((staging_hdr_t *)shm_data(f->seg))->step), 4);
+}
+
+static void test_restore_refuses_a_checkpoint_of_another_model_naming_the_key(void **state)
+{
+    fx_t *f = *state;
+    char path[sizeof(f->m.ckpt_load)], want[512], err[1024];
+    manifest_t other = f->m;
+    other.model.rope_theta = 500000;
+    write_ckpt(f, &other, 2);
+    snprintf(want, sizeof(want), "%s/step-00000002", f->dir);
+    assert_int_equal(load(f, want, path, err, NULL), -EINVAL);
+    assert_non_null(strstr(err, "was written for another model: its model.rope_theta = 500000, this run's is 10000"));
+    assert_int_equal(atomic_load(&((staging_hdr_t *)shm_data(f->seg))->step), -1);
+}
+
+static void test_restore_names_a_missing_or_corrupt_directory_once_with_why(void **state)
+{
+    fx_t *f = *state;
+    char path[sizeof(f->m.ckpt_load)], want[512], err[1024], msg[1200];
+    snprintf(want, sizeof(want), "%s/step-00000009", f->dir);
+    assert_int_equal(load(f, want, path, err, NULL), -ENOENT);
+    snprintf(msg, sizeof(msg), "checkpoint.load %s is not loadable (no such directory): not resuming from it", want);
+    assert_string_equal(err, msg);
+    write_ckpt(f, &f->m, 3);
+    snprintf(want, sizeof(want), "%s/step-00000003/index", f->dir); /* as if the machine died before the rename */
+    assert_int_equal(unlink(want), 0);
+    want[strlen(want) - strlen("/index")] = 0;
+    assert_int_equal(load(f, want, path, err, NULL), -ENOENT);
+    snprintf(msg, sizeof(msg), "checkpoint.load %s is not loadable (no index: incomplete checkpoint): not resuming "
+             "from it", want);
+    assert_string_equal(err, msg);
+}
+
+/* A checkpoint at or past training.steps: the step is all the run needs (it has nothing left
+ * to train), so no tensor is read. */
+static void test_restore_reads_no_tensor_when_nothing_is_left_to_train(void **state)
+{
+    fx_t *f = *state;
+    char path[sizeof(f->m.ckpt_load)], want[512], err[1024];
+    write_ckpt(f, &f->m, f->m.steps);
+    snprintf(want, sizeof(want), "%s/step-%08d", f->dir, f->m.steps);
+    assert_int_equal(load(f, want, path, err, NULL), 0);
+    staging_hdr_t *h = shm_data(f->seg);
+    assert_int_equal(atomic_load(&h->step), f->m.steps);
+    assert_true(staging_array(h, 0)[0] == 0 && staging_array(h, 2)[f->tab.total - 1] == 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_restore_fills_the_staging_segment_with_every_tensor_step_and_cursor,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_restore_latest_is_the_newest_that_verifies_and_none_is_a_fresh_start,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_restore_refuses_a_checkpoint_of_another_model_naming_the_key, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_restore_names_a_missing_or_corrupt_directory_once_with_why, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_restore_reads_no_tensor_when_nothing_is_left_to_train, setup,
+                                        teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

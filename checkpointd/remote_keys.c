@@ -22,8 +22,8 @@ static const char z85_chars[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJK
 /* A line is blank, a comment (first non-blank character '#'), or a key of exactly 40 Z85
  * characters, optionally followed by blanks and a '#' comment. A key is tried first because
  * '#' is a Z85 character too. */
-int rmt_keys_load(const char *path, uint8_t (*keys)[32], char (*z85)[RMT_KEY_Z85 + 1], int max, bool all,
-                     int *n, char *err, size_t errlen)
+int rmt_keys_load(const char *path, uint8_t (*keys)[32], char (*z85)[RMT_KEY_Z85 + 1], int max, bool all, int *n,
+                  char *err, size_t errlen)
 {
     *n = 0;
     FILE *f = fopen(path, "re");
@@ -108,7 +108,7 @@ int rmt_key_public(const char *secret, char pub[RMT_KEY_Z85 + 1])
 }
 
 int rmt_secret_load(const char *path, char key[RMT_KEY_Z85 + 1], char pub[RMT_KEY_Z85 + 1], char *err,
-                       size_t errlen)
+                    size_t errlen)
 {
     struct stat st;
     if (stat(path, &st) != 0)

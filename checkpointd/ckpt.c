@@ -22,20 +22,11 @@ struct ckpt {
     uint64_t *sizes; /* per file, on disk */
 };
 
+/* All n bytes at off, or -ENODATA when the file ends first. */
 static int read_all(int fd, void *buf, size_t n, uint64_t off)
 {
-    size_t got = 0;
-    while (got < n) {
-        ssize_t r = pread(fd, (char *)buf + got, n - got, (off_t)(off + got));
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0)
-            return -errno;
-        if (r == 0)
-            return -ENODATA;
-        got += (size_t)r;
-    }
-    return 0;
+    long got = util_read_all(fd, buf, n, (long long)off);
+    return got < 0 ? (int)got : (size_t)got < n ? -ENODATA : 0;
 }
 
 static int load_index(const char *path, ckpt_index_t *ix, char *err, size_t errlen)

@@ -255,23 +255,16 @@ int manifest_load(manifest_t *m, const char *path, char *err, size_t errlen)
         return fd;
     int rc = 0;
     char *buf = NULL;
-    size_t got = 0;
+    long got = 0;
     if (size > MANIFEST_MAX_BYTES)
         rc = util_fail(err, errlen, -EFBIG, "%s: %zu bytes is too large for a manifest (at most %d)",
                        path, size, MANIFEST_MAX_BYTES);
     else if (!(buf = malloc(size + 1)))
         rc = util_fail(err, errlen, -ENOMEM, "%s: out of memory", path);
-    while (!rc && got < size) {
-        ssize_t n = read(fd, buf + got, size - got);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            rc = util_fail(err, errlen, -errno, "%s: read failed: %s", path, strerror(errno));
-        else if (n == 0)
-            rc = util_fail(err, errlen, -EIO, "%s: file shrank while reading", path);
-        else
-            got += (size_t)n;
-    }
+    else if ((got = util_read_all(fd, buf, size, -1)) < 0)
+        rc = util_fail(err, errlen, (int)got, "%s: read failed: %s", path, strerror((int)-got));
+    else if ((size_t)got < size)
+        rc = util_fail(err, errlen, -EIO, "%s: file shrank while reading", path);
     close(fd);
     if (!rc)
         rc = manifest_parse(m, buf, got, path, err, errlen);

@@ -363,15 +363,10 @@ static int read_file(const char *path, uint8_t **buf, size_t *size, char *err, s
         rc = util_fail(err, errlen, -EINVAL, "%s: too large for a tokenizer file (%zu bytes)", path, *size);
     else if (!(*buf = malloc(*size)))
         rc = util_fail(err, errlen, -ENOMEM, "%s: out of memory", path);
-    for (size_t got = 0; !rc && got < *size;) {
-        ssize_t r = pread(fd, *buf + got, *size - got, (off_t)got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0)
-            rc = util_fail(err, errlen, r < 0 ? -errno : -EIO, "%s: read failed: %s", path,
-                           r < 0 ? strerror(errno) : "file shrank while reading");
-        else
-            got += (size_t)r;
-    }
+    long got = rc ? 0 : util_read_all(fd, *buf, *size, 0);
+    if (!rc && (got < 0 || (size_t)got < *size))
+        rc = util_fail(err, errlen, got < 0 ? (int)got : -EIO, "%s: read failed: %s", path,
+                       got < 0 ? strerror((int)-got) : "file shrank while reading");
     close(fd);
     if (rc) {
         free(*buf);

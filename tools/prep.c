@@ -202,14 +202,14 @@ static int read_file(const char *path, uint8_t **buf, size_t *len, size_t *cap, 
             *buf = b;
             *cap = c;
         }
-        ssize_t r = read(fd, *buf + *len, *cap - *len);
-        if (r < 0 && errno == EINTR) continue;
+        long r = util_read_all(fd, *buf + *len, *cap - *len, -1);
         if (r < 0) {
-            rc = util_fail(err, errlen, -errno, "%s: read failed: %s", path, strerror(errno));
+            rc = util_fail(err, errlen, (int)r, "%s: read failed: %s", path, strerror((int)-r));
             goto out;
         }
-        if (r == 0) break;
         *len += (size_t)r;
+        if (*len < *cap) /* end of file */
+            break;
     }
 out:
     close(fd);

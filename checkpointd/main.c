@@ -244,7 +244,7 @@ static int run_load(const char *job, const char *what)
     shm_seg_t *seg = NULL;
     long n = 0;
     int rc = toml && m ? 0 : util_fail(err, sizeof(err), -ENOMEM, "out of memory");
-    if (!rc && (n = util_read_all(0, toml, cap + 1)) < 0)
+    if (!rc && (n = util_read_all(0, toml, cap + 1, -1)) < 0)
         rc = util_fail(err, sizeof(err), (int)n, "reading the manifest on standard input: %s", strerror((int)-n));
     else if (!rc && (size_t)n > cap)
         rc = util_fail(err, sizeof(err), -EFBIG, "the manifest on standard input is over %zu bytes", cap);

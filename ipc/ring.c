@@ -16,12 +16,10 @@
 
 #include "ipc/util.h"
 
-#define PAGE 4096u
-
 typedef struct {
     uint64_t magic;
     uint32_t version, nslots;
-    uint64_t slot_bytes;  /* payload capacity, a multiple of PAGE */
+    uint64_t slot_bytes;  /* payload capacity, a multiple of UTIL_PAGE */
     uint64_t total_bytes;
     uint64_t payload_off; /* from the start of the ring */
     _Atomic uint64_t base;
@@ -30,7 +28,7 @@ typedef struct {
     _Alignas(64) _Atomic uint32_t closed; /* written by whoever closes */
 } ring_hdr_t;
 
-_Static_assert(sizeof(ring_hdr_t) <= PAGE, "ring header fits its page");
+_Static_assert(sizeof(ring_hdr_t) <= UTIL_PAGE, "ring header fits its page");
 
 struct ring {
     ring_hdr_t *h;
@@ -39,27 +37,25 @@ struct ring {
     char name[64];
 };
 
-static size_t round_page(size_t n) { return (n + PAGE - 1) / PAGE * PAGE; }
-
-static size_t meta_bytes(uint32_t nslots) { return round_page(nslots * sizeof(ring_meta_t)); }
+static size_t meta_bytes(uint32_t nslots) { return util_round_page(nslots * sizeof(ring_meta_t)); }
 
 size_t ring_bytes(uint32_t nslots, size_t slot_bytes)
 {
-    return PAGE + meta_bytes(nslots) + (size_t)nslots * round_page(slot_bytes ? slot_bytes : 1);
+    return UTIL_PAGE + meta_bytes(nslots) + (size_t)nslots * util_round_page(slot_bytes ? slot_bytes : 1);
 }
 
 int ring_format(void *mem, size_t bytes, uint32_t nslots, size_t slot_bytes, uint64_t base)
 {
-    if (!mem || nslots == 0 || ((uintptr_t)mem % PAGE) || bytes < ring_bytes(nslots, slot_bytes))
+    if (!mem || nslots == 0 || ((uintptr_t)mem % UTIL_PAGE) || bytes < ring_bytes(nslots, slot_bytes))
         return -EINVAL;
     ring_hdr_t *h = mem;
-    memset(h, 0, PAGE + meta_bytes(nslots));
+    memset(h, 0, UTIL_PAGE + meta_bytes(nslots));
     h->magic = RING_MAGIC;
     h->version = RING_VERSION;
     h->nslots = nslots;
-    h->slot_bytes = round_page(slot_bytes ? slot_bytes : 1);
+    h->slot_bytes = util_round_page(slot_bytes ? slot_bytes : 1);
     h->total_bytes = ring_bytes(nslots, slot_bytes);
-    h->payload_off = PAGE + meta_bytes(nslots);
+    h->payload_off = UTIL_PAGE + meta_bytes(nslots);
     atomic_store(&h->base, base);
     atomic_store(&h->head, 0);
     atomic_store(&h->tail, 0);
@@ -70,21 +66,21 @@ int ring_format(void *mem, size_t bytes, uint32_t nslots, size_t slot_bytes, uin
 int ring_attach(ring_t **out, void *mem, size_t bytes, const char *name, char *err, size_t errlen)
 {
     ring_hdr_t *h = mem;
-    if (!mem || bytes < PAGE || h->magic != RING_MAGIC)
+    if (!mem || bytes < UTIL_PAGE || h->magic != RING_MAGIC)
         return util_fail(err, errlen, -EINVAL, "ring %s: no ring here (bad magic)", name);
     if (h->version != RING_VERSION)
         return util_fail(err, errlen, -EPROTO, "ring %s: version %u, this build reads %u", name,
                          h->version, RING_VERSION);
     if (h->nslots == 0 || h->total_bytes > bytes ||
         h->total_bytes != ring_bytes(h->nslots, h->slot_bytes) ||
-        h->payload_off != PAGE + meta_bytes(h->nslots))
+        h->payload_off != UTIL_PAGE + meta_bytes(h->nslots))
         return util_fail(err, errlen, -EINVAL, "ring %s: inconsistent header (%u slots of %llu bytes in %zu)",
                          name, h->nslots, (unsigned long long)h->slot_bytes, bytes);
     ring_t *r = calloc(1, sizeof(*r));
     if (!r)
         return util_fail(err, errlen, -ENOMEM, "ring %s: out of memory", name);
     r->h = h;
-    r->meta = (ring_meta_t *)((char *)mem + PAGE);
+    r->meta = (ring_meta_t *)((char *)mem + UTIL_PAGE);
     r->payload = (char *)mem + h->payload_off;
     snprintf(r->name, sizeof(r->name), "%s", name);
     *out = r;

@@ -65,12 +65,12 @@ int util_write_all(int fd, const void *buf, size_t n)
     return 0;
 }
 
-long util_read_all(int fd, void *buf, size_t n)
+long util_read_all(int fd, void *buf, size_t n, long long off)
 {
     char *p = buf;
     size_t got = 0;
     while (got < n) {
-        ssize_t r = read(fd, p + got, n - got);
+        ssize_t r = off < 0 ? read(fd, p + got, n - got) : pread(fd, p + got, n - got, (off_t)(off + (long long)got));
         if (r < 0 && (errno == EINTR || errno == EAGAIN))
             continue;
         if (r < 0)

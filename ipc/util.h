@@ -15,9 +15,10 @@ int util_open_regular(const char *path, size_t *size, char *err, size_t errlen);
 /* write(2) until all n bytes are written (EINTR, EAGAIN and short writes retried).
  * Returns 0 or -errno. */
 int util_write_all(int fd, const void *buf, size_t n);
-/* read(2) until n bytes are read or end of file (EINTR and EAGAIN retried). Returns the bytes
- * read (< n only at end of file) or -errno. */
-long util_read_all(int fd, void *buf, size_t n);
+/* read(2) (off < 0: at the file position) or pread(2) at off until n bytes are read or end of
+ * file (EINTR, EAGAIN and short reads retried). Returns the bytes read (< n only at end of
+ * file) or -errno. */
+long util_read_all(int fd, void *buf, size_t n, long long off);
 /* mkdir -p with mode 0755. Returns 0 or -errno. */
 int util_mkdirs(const char *path);
 /* fsync of a directory (after a rename into it). Returns 0 or -errno. */
@@ -35,6 +36,10 @@ int util_afile_begin(util_afile_t *a, const char *path, char *err, size_t errlen
 int util_afile_write(util_afile_t *a, const void *buf, size_t n, char *err, size_t errlen);
 int util_afile_commit(util_afile_t *a, char *err, size_t errlen); /* aborts on failure */
 void util_afile_abort(util_afile_t *a);
+
+/* Shared-memory layouts (rings, the loader's segment) put headers and slots on their own pages. */
+#define UTIL_PAGE 4096u
+static inline size_t util_round_page(size_t n) { return (n + UTIL_PAGE - 1) / UTIL_PAGE * UTIL_PAGE; }
 
 /* Seconds on CLOCK_MONOTONIC. */
 double util_now(void);

@@ -12,19 +12,15 @@
 #include "stages/worker.h"
 #include "ipc/util.h"
 
-#define PAGE 4096u
-
-static size_t round_page(size_t n) { return (n + PAGE - 1) / PAGE * PAGE; }
-
-static size_t cursors_bytes(void) { return round_page(LDR_SEG_CURSORS * sizeof(ldr_cursor_entry_t)); }
+static size_t cursors_bytes(void) { return util_round_page(LDR_SEG_CURSORS * sizeof(ldr_cursor_entry_t)); }
 
 static size_t slot_bytes(int seqs, int seq_len) { return (size_t)seqs * seq_len * sizeof(int32_t); }
 
-_Static_assert(sizeof(ldr_seg_hdr_t) <= PAGE, "the loader segment header fits its page");
+_Static_assert(sizeof(ldr_seg_hdr_t) <= UTIL_PAGE, "the loader segment header fits its page");
 
 size_t ldr_seg_bytes(int dp, int nslots, int seqs, int seq_len)
 {
-    return PAGE + cursors_bytes() + 2 * (size_t)dp * ring_bytes((uint32_t)nslots, slot_bytes(seqs, seq_len));
+    return UTIL_PAGE + cursors_bytes() + 2 * (size_t)dp * ring_bytes((uint32_t)nslots, slot_bytes(seqs, seq_len));
 }
 
 static ldr_cursor_entry_t *entry(void *mem, int64_t step)
@@ -66,13 +62,13 @@ int ldr_seg_format(void *mem, size_t bytes, const ldr_info_t *info, int nslots,
         nslots < 1)
         return -EINVAL;
     ldr_seg_hdr_t *h = mem;
-    memset(h, 0, PAGE);
+    memset(h, 0, UTIL_PAGE);
     *h = (ldr_seg_hdr_t){.magic = LDR_SEG_MAGIC, .version = LDR_SEG_VERSION, .dp = (uint32_t)info->dp,
                          .microbatches = (uint32_t)info->microbatches, .seqs = (uint32_t)info->seqs,
                          .seq_len = (uint32_t)info->seq_len, .vocab_size = (uint32_t)info->vocab_size,
                          .shuffle = (uint32_t)info->shuffle, .nslots = (uint32_t)nslots,
                          .seed = info->seed, .steps = info->steps, .resume_step = info->first_step,
-                         .cursors_off = PAGE, .rings_off = PAGE + cursors_bytes(),
+                         .cursors_off = UTIL_PAGE, .rings_off = UTIL_PAGE + cursors_bytes(),
                          .replica0 = (uint32_t)info->replica0,
                          .replicas = (uint32_t)(info->replicas ? info->replicas : info->dp),
                          .ring_bytes = ring_bytes((uint32_t)nslots, slot_bytes(info->seqs, info->seq_len))};

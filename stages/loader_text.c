@@ -84,6 +84,95 @@ static int usage(void)
     return 2;
 }
 
+/* Reports why to the coordinator (ldr_fail) and returns -1. */
+static int fail(ldr_t *l, const char *why)
+{
+    ldr_fail(l, why);
+    return -1;
+}
+
+/* The tokenizer, the text file (mapped) and the queues; 0, or -1 after ldr_fail. */
+static int src_open(text_src_t *s, ldr_t *l, const char *text_path, const char *tok_path, int *fd)
+{
+    const ldr_info_t *in = ldr_info(l);
+    char err[1024];
+    if (in->shuffle)
+        return fail(l, "ctitan-loader-text reads sequentially: set loader.shuffle = false");
+    if (tok_load(&s->tok, tok_path, err, sizeof(err)))
+        return fail(l, err);
+    if (tok_vocab_size(s->tok) > in->vocab_size) {
+        snprintf(err, sizeof(err), "%s has %d tokens but the model's vocab_size is %d", tok_path,
+                 tok_vocab_size(s->tok), in->vocab_size);
+        return fail(l, err);
+    }
+    if ((*fd = util_open_regular(text_path, &s->size, err, sizeof(err))) < 0 || s->size == 0)
+        return fail(l, *fd < 0 ? err : "the text file is empty");
+    s->text = mmap(NULL, s->size, PROT_READ, MAP_PRIVATE, *fd, 0);
+    /* a chunk encodes to at most its bytes in tokens; the queue holds less than a window
+     * when it is refilled */
+    size_t max_chunk = 2 * s->chunk_bytes, T = (size_t)in->seq_len;
+    s->q_cap = max_chunk + T + 1;
+    s->q = malloc(s->q_cap * sizeof(*s->q));
+    s->q_byte = malloc(s->q_cap * sizeof(*s->q_byte));
+    s->q_skip = malloc(s->q_cap * sizeof(*s->q_skip));
+    s->enc = malloc(max_chunk * sizeof(*s->enc));
+    if (s->text == MAP_FAILED || !s->q || !s->q_byte || !s->q_skip || !s->enc)
+        return fail(l, "out of memory");
+    return 0;
+}
+
+/* Where to start: the cursor's chunk and offset, or token k*T from the top; *k gets the
+ * cursor's sample. 0, or -1 after ldr_fail. */
+static int src_seek(text_src_t *s, ldr_t *l, uint64_t *k)
+{
+    size_t clen, T = (size_t)ldr_info(l)->seq_len;
+    const uint8_t *cur = ldr_cursor(l, &clen);
+    uint64_t byte = 0, skip = 0;
+    *k = 0;
+    if (clen && ldr_cursor_get(cur, clen, "sample", k))
+        return fail(l, "the resume cursor has no \"sample\" key");
+    int exact = clen && !ldr_cursor_get(cur, clen, "byte", &byte) && !ldr_cursor_get(cur, clen, "skip", &skip);
+    if (!exact)
+        skip = *k * T;
+    if (byte >= s->size)
+        return fail(l, "the resume cursor points past the end of the text file");
+    s->next_byte = byte;
+    for (uint64_t left = skip; left > 0;) { /* drop the tokens before the start */
+        if (need(s, 1))
+            return fail(l, "out of memory");
+        size_t have = s->q_len - s->q_head, take = left < have ? left : have;
+        s->q_head += take;
+        left -= take;
+    }
+    return 0;
+}
+
+/* Fills batches until the loader library says stop; k is the next sample. 0, or -1 after
+ * ldr_fail. */
+static int serve(text_src_t *s, ldr_t *l, uint64_t k)
+{
+    size_t T = (size_t)ldr_info(l)->seq_len;
+    ldr_batch_t b;
+    while (ldr_next(l, &b) == 0) {
+        for (int q = 0; q < b.seqs; q++, k++) {
+            if (need(s, T + 1))
+                return fail(l, "out of memory");
+            for (size_t t = 0; t < T; t++) {
+                b.tokens[q * T + t] = (int32_t)s->q[s->q_head + t];
+                b.targets[q * T + t] = (int32_t)s->q[s->q_head + t + 1];
+            }
+            s->q_head += T;
+        }
+        if (need(s, 1))
+            return fail(l, "out of memory");
+        const char *keys[] = {"sample", "byte", "skip"};
+        uint64_t vals[] = {k, s->q_byte[s->q_head], s->q_skip[s->q_head]};
+        uint8_t next[64];
+        ldr_commit(l, next, ldr_cursor_pack(next, sizeof(next), 3, keys, vals));
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *text_path = NULL, *tok_path = NULL;
@@ -102,89 +191,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "ctitan-loader-text: %s\n", err);
         return 1;
     }
-    const ldr_info_t *in = ldr_info(l);
     text_src_t s = {.chunk_bytes = chunk};
-    int rc = 1, fd = -1;
-    if (in->shuffle) {
-        ldr_fail(l, "ctitan-loader-text reads sequentially: set loader.shuffle = false");
-        goto out;
-    }
-    if (tok_load(&s.tok, tok_path, err, sizeof(err))) {
-        ldr_fail(l, err);
-        goto out;
-    }
-    if (tok_vocab_size(s.tok) > in->vocab_size) {
-        snprintf(err, sizeof(err), "%s has %d tokens but the model's vocab_size is %d", tok_path,
-                 tok_vocab_size(s.tok), in->vocab_size);
-        ldr_fail(l, err);
-        goto out;
-    }
-    if ((fd = util_open_regular(text_path, &s.size, err, sizeof(err))) < 0 || s.size == 0) {
-        ldr_fail(l, fd < 0 ? err : "the text file is empty");
-        goto out;
-    }
-    s.text = mmap(NULL, s.size, PROT_READ, MAP_PRIVATE, fd, 0);
-    /* a chunk encodes to at most its bytes in tokens; the queue holds less than a window
-     * when it is refilled */
-    size_t max_chunk = 2 * chunk, T = (size_t)in->seq_len;
-    s.q_cap = max_chunk + T + 1;
-    s.q = malloc(s.q_cap * sizeof(*s.q));
-    s.q_byte = malloc(s.q_cap * sizeof(*s.q_byte));
-    s.q_skip = malloc(s.q_cap * sizeof(*s.q_skip));
-    s.enc = malloc(max_chunk * sizeof(*s.enc));
-    if (s.text == MAP_FAILED || !s.q || !s.q_byte || !s.q_skip || !s.enc) {
-        ldr_fail(l, "out of memory");
-        goto out;
-    }
-    /* where to start: the cursor's chunk and offset, or token k*T from the top */
-    size_t clen;
-    const uint8_t *cur = ldr_cursor(l, &clen);
-    uint64_t k = 0, byte = 0, skip = 0;
-    if (clen && ldr_cursor_get(cur, clen, "sample", &k)) {
-        ldr_fail(l, "the resume cursor has no \"sample\" key");
-        goto out;
-    }
-    int exact = clen && !ldr_cursor_get(cur, clen, "byte", &byte) && !ldr_cursor_get(cur, clen, "skip", &skip);
-    if (!exact)
-        skip = k * T;
-    if (byte >= s.size) {
-        ldr_fail(l, "the resume cursor points past the end of the text file");
-        goto out;
-    }
-    s.next_byte = byte;
-    for (uint64_t left = skip; left > 0;) { /* drop the tokens before the start */
-        if (need(&s, 1)) {
-            ldr_fail(l, "out of memory");
-            goto out;
-        }
-        size_t have = s.q_len - s.q_head, take = left < have ? left : have;
-        s.q_head += take;
-        left -= take;
-    }
-    ldr_batch_t b;
-    while (ldr_next(l, &b) == 0) {
-        for (int q = 0; q < b.seqs; q++, k++) {
-            if (need(&s, T + 1)) {
-                ldr_fail(l, "out of memory");
-                goto out;
-            }
-            for (size_t t = 0; t < T; t++) {
-                b.tokens[q * T + t] = (int32_t)s.q[s.q_head + t];
-                b.targets[q * T + t] = (int32_t)s.q[s.q_head + t + 1];
-            }
-            s.q_head += T;
-        }
-        if (need(&s, 1)) {
-            ldr_fail(l, "out of memory");
-            goto out;
-        }
-        const char *keys[] = {"sample", "byte", "skip"};
-        uint64_t vals[] = {k, s.q_byte[s.q_head], s.q_skip[s.q_head]};
-        uint8_t next[64];
-        ldr_commit(l, next, ldr_cursor_pack(next, sizeof(next), 3, keys, vals));
-    }
-    rc = 0;
-out:
+    int fd = -1;
+    uint64_t k;
+    int rc = src_open(&s, l, text_path, tok_path, &fd) || src_seek(&s, l, &k) || serve(&s, l, k) ? 1 : 0;
     if (s.text && s.text != MAP_FAILED)
         munmap((void *)s.text, s.size);
     if (fd >= 0)

@@ -153,8 +153,10 @@ int manifest_override(manifest_t *m, const char *dotted_key, const char *value, 
  * increasing, inside 1..n_layers and exactly pp-1 of them when given, 1 <= shards and no more
  * shards than MANIFEST_BLOCK-float blocks in the model, names and enums valid. Errors name the
  * key's origin ("demo.toml:14: parallelism.pipeline_parallel_degree = 9 exceeds the 8
- * pipeline pieces of the model (embedding, 6 layers, head)"). Fills derived defaults
- * (dump_folder, lr_sched.steps). Returns 0 or -EINVAL. */
+ * pipeline pieces of the model (embedding, 6 layers, head)"). Once every check passed, fills
+ * the values that follow from others: dump_folder, optshard.device (job.device when empty),
+ * shards = dp x pp on the NCCL data plane, lr_sched.steps, warmup_steps clipped to the steps
+ * (and config_validate's model defaults). Returns 0 or -EINVAL. */
 int manifest_validate(manifest_t *m, char *err, size_t errlen);
 
 /* The resolved manifest as TOML text naming every key; manifest_parse of it gives back the

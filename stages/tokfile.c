@@ -65,6 +65,97 @@ static size_t first_bad_token(const void *tokens, int dtype, size_t count, uint6
     return count;
 }
 
+/* The ctitan header of a file of `size` bytes mapped at map: its size, dtype and vocab into
+ * tf, the header length into *hdr and the token count into *count. */
+static int read_ctitan_header(tokfile_t *tf, const char *path, const uint8_t *map, size_t size, size_t *hdr,
+                              uint64_t *count, char *err, size_t errlen)
+{
+    *hdr = TOKFILE_HEADER_BYTES;
+    if (size < *hdr)
+        return util_fail(err, errlen, -EINVAL, "%s: header too short: file has %zu bytes, the header needs %zu",
+                         path, size, *hdr);
+    uint32_t version = rd32(map + 8), dtype = rd32(map + 12), vocab = rd32(map + 24);
+    *count = rd64(map + 16);
+    if (version != TOKFILE_VERSION)
+        return util_fail(err, errlen, -EINVAL, "%s: unsupported version %u (this build reads %u)", path, version,
+                         TOKFILE_VERSION);
+    if (dtype != 2 && dtype != 4)
+        return util_fail(err, errlen, -EINVAL, "%s: unknown token dtype %u (expected 2 = uint16 or 4 = uint32)",
+                         path, dtype);
+    if (vocab == 0 || vocab > INT32_MAX || (dtype == 2 && vocab > 65536))
+        return util_fail(err, errlen, -EINVAL, "%s: invalid vocab_size %u in header for dtype %u", path, vocab,
+                         dtype);
+    tf->format = TOKFILE_FORMAT_CTITAN;
+    tf->dtype = (int)dtype;
+    tf->vocab_size = (int)vocab;
+    return 0;
+}
+
+/* The same for llm.c's header (magic already matched). */
+static int read_llmc_header(tokfile_t *tf, const char *path, const uint8_t *map, size_t size, size_t *hdr,
+                            uint64_t *count, char *err, size_t errlen)
+{
+    *hdr = TOKFILE_LLMC_HEADER_BYTES;
+    if (size < *hdr)
+        return util_fail(err, errlen, -EINVAL, "%s: header too short: file has %zu bytes, an llm.c header needs %zu",
+                         path, size, *hdr);
+    uint32_t magic = rd32(map), version = rd32(map + 4);
+    int32_t n = (int32_t)rd32(map + 8);
+    uint32_t want = magic == TOKFILE_LLMC_MAGIC ? TOKFILE_LLMC_VERSION : TOKFILE_LLMC_LLAMA3_VERSION;
+    if (version != want)
+        return util_fail(err, errlen, -EINVAL, "%s: unsupported version %u for llm.c magic %u (this build reads %u)",
+                         path, version, magic, want);
+    if (n < 0)
+        return util_fail(err, errlen, -EINVAL, "%s: negative token count %d in llm.c header", path, n);
+    *count = (uint64_t)n;
+    tf->format = TOKFILE_FORMAT_LLMC;
+    tf->dtype = magic == TOKFILE_LLMC_MAGIC ? 2 : 4;
+    tf->vocab_size = 0;
+    return 0;
+}
+
+/* Header, size and token ids of the file mapped at map into tf. */
+static int read_file(tokfile_t *tf, const char *path, const uint8_t *map, size_t size, int vocab_size, char *err,
+                     size_t errlen)
+{
+    size_t hdr = 0;
+    uint64_t count = 0;
+    uint32_t magic = rd32(map);
+    int rc;
+    if (!memcmp(map, TOKFILE_MAGIC, 8))
+        rc = read_ctitan_header(tf, path, map, size, &hdr, &count, err, errlen);
+    else if (magic == TOKFILE_LLMC_MAGIC || magic == TOKFILE_LLMC_LLAMA3_MAGIC)
+        rc = read_llmc_header(tf, path, map, size, &hdr, &count, err, errlen);
+    else
+        rc = util_fail(err, errlen, -EINVAL,
+                       "%s: not a token file: unknown magic (first bytes %02x %02x %02x %02x; expected "
+                       "\"%s\" or llm.c's %d)",
+                       path, map[0], map[1], map[2], map[3], TOKFILE_MAGIC, TOKFILE_LLMC_MAGIC);
+    if (rc)
+        return rc;
+    uint64_t body = size - hdr;
+    if (count > body / (uint64_t)tf->dtype || body != count * (uint64_t)tf->dtype)
+        return util_fail(err, errlen, -EINVAL,
+                         "%s: file size %zu does not match the header's %llu tokens of %d bytes "
+                         "(expected %llu bytes)",
+                         path, size, (unsigned long long)count, tf->dtype,
+                         (unsigned long long)(hdr + count * (uint64_t)tf->dtype));
+    tf->map = map;
+    tf->map_len = size;
+    tf->tokens = map + hdr;
+    tf->count = (size_t)count;
+    /* tokens must be valid for both the tokenizer that wrote them and the model reading them */
+    uint64_t limit = tf->vocab_size ? (uint64_t)tf->vocab_size : UINT64_MAX;
+    if (vocab_size > 0 && (uint64_t)vocab_size < limit) limit = (uint64_t)vocab_size;
+    if (limit > (uint64_t)INT32_MAX + 1) limit = (uint64_t)INT32_MAX + 1; /* tokfile_read: int32 */
+    size_t bad = first_bad_token(tf->tokens, tf->dtype, tf->count, limit);
+    if (bad < tf->count)
+        return util_fail(err, errlen, -EINVAL, "%s: token %u at position %zu is >= vocab_size %llu%s", path,
+                         tokfile_get(tf, bad), bad, (unsigned long long)limit,
+                         limit == (uint64_t)vocab_size ? "" : " (from the file header)");
+    return 0;
+}
+
 int tokfile_open(tokfile_t **out, const char *path, int vocab_size, char *err, size_t errlen)
 {
     *out = NULL;
@@ -91,95 +182,8 @@ int tokfile_open(tokfile_t **out, const char *path, int vocab_size, char *err, s
         rc = util_fail(err, errlen, -ENOMEM, "%s: out of memory", path);
         goto out;
     }
-    size_t hdr;
-    uint64_t count;
-    uint32_t magic = rd32(map);
-    if (!memcmp(map, TOKFILE_MAGIC, 8)) {
-        hdr = TOKFILE_HEADER_BYTES;
-        if (size < hdr) {
-            rc = util_fail(err, errlen, -EINVAL,
-                      "%s: header too short: file has %zu bytes, the header needs %zu", path, size,
-                      hdr);
-            goto out;
-        }
-        uint32_t version = rd32(map + 8), dtype = rd32(map + 12), vocab = rd32(map + 24);
-        count = rd64(map + 16);
-        if (version != TOKFILE_VERSION) {
-            rc = util_fail(err, errlen, -EINVAL, "%s: unsupported version %u (this build reads %u)",
-                      path, version, TOKFILE_VERSION);
-            goto out;
-        }
-        if (dtype != 2 && dtype != 4) {
-            rc = util_fail(err, errlen, -EINVAL,
-                      "%s: unknown token dtype %u (expected 2 = uint16 or 4 = uint32)", path,
-                      dtype);
-            goto out;
-        }
-        if (vocab == 0 || vocab > INT32_MAX || (dtype == 2 && vocab > 65536)) {
-            rc = util_fail(err, errlen, -EINVAL, "%s: invalid vocab_size %u in header for dtype %u",
-                      path, vocab, dtype);
-            goto out;
-        }
-        tf->format = TOKFILE_FORMAT_CTITAN;
-        tf->dtype = (int)dtype;
-        tf->vocab_size = (int)vocab;
-    } else if (magic == TOKFILE_LLMC_MAGIC || magic == TOKFILE_LLMC_LLAMA3_MAGIC) {
-        hdr = TOKFILE_LLMC_HEADER_BYTES;
-        if (size < hdr) {
-            rc = util_fail(err, errlen, -EINVAL,
-                      "%s: header too short: file has %zu bytes, an llm.c header needs %zu",
-                      path, size, hdr);
-            goto out;
-        }
-        uint32_t version = rd32(map + 4);
-        int32_t n = (int32_t)rd32(map + 8);
-        uint32_t want = magic == TOKFILE_LLMC_MAGIC ? TOKFILE_LLMC_VERSION
-                                                    : TOKFILE_LLMC_LLAMA3_VERSION;
-        if (version != want) {
-            rc = util_fail(err, errlen, -EINVAL,
-                      "%s: unsupported version %u for llm.c magic %u (this build reads %u)", path,
-                      version, magic, want);
-            goto out;
-        }
-        if (n < 0) {
-            rc = util_fail(err, errlen, -EINVAL, "%s: negative token count %d in llm.c header", path, n);
-            goto out;
-        }
-        count = (uint64_t)n;
-        tf->format = TOKFILE_FORMAT_LLMC;
-        tf->dtype = magic == TOKFILE_LLMC_MAGIC ? 2 : 4;
-        tf->vocab_size = 0;
-    } else {
-        rc = util_fail(err, errlen, -EINVAL,
-                  "%s: not a token file: unknown magic (first bytes %02x %02x %02x %02x; expected "
-                  "\"%s\" or llm.c's %d)",
-                  path, map[0], map[1], map[2], map[3], TOKFILE_MAGIC, TOKFILE_LLMC_MAGIC);
+    if ((rc = read_file(tf, path, map, size, vocab_size, err, errlen)))
         goto out;
-    }
-    uint64_t body = size - hdr;
-    if (count > body / (uint64_t)tf->dtype || body != count * (uint64_t)tf->dtype) {
-        rc = util_fail(err, errlen, -EINVAL,
-                  "%s: file size %zu does not match the header's %llu tokens of %d bytes "
-                  "(expected %llu bytes)",
-                  path, size, (unsigned long long)count, tf->dtype,
-                  (unsigned long long)(hdr + count * (uint64_t)tf->dtype));
-        goto out;
-    }
-    tf->map = map;
-    tf->map_len = size;
-    tf->tokens = map + hdr;
-    tf->count = (size_t)count;
-    /* tokens must be valid for both the tokenizer that wrote them and the model reading them */
-    uint64_t limit = tf->vocab_size ? (uint64_t)tf->vocab_size : UINT64_MAX;
-    if (vocab_size > 0 && (uint64_t)vocab_size < limit) limit = (uint64_t)vocab_size;
-    if (limit > (uint64_t)INT32_MAX + 1) limit = (uint64_t)INT32_MAX + 1; /* tokfile_read: int32 */
-    size_t bad = first_bad_token(tf->tokens, tf->dtype, tf->count, limit);
-    if (bad < tf->count) {
-        rc = util_fail(err, errlen, -EINVAL, "%s: token %u at position %zu is >= vocab_size %llu%s",
-                  path, tokfile_get(tf, bad), bad, (unsigned long long)limit,
-                  limit == (uint64_t)vocab_size ? "" : " (from the file header)");
-        goto out;
-    }
     madvise(map, size, MADV_SEQUENTIAL);
     map = MAP_FAILED; /* owned by tf now */
     *out = tf;

@@ -12,6 +12,7 @@
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <cmocka.h>
+#include <xxhash.h>
 
 #include "checkpointd/ckpt.h"
 #include "checkpointd/writer.h"
@@ -262,6 +263,34 @@ static void test_ckpt_index_decoder_rejects_bad_indexes(void **state)
     assert_int_equal(ckpt_index_decode(buf, len, &ix, "i", err, sizeof(err)), 0);
     ckpt_index_free(&ix);
     free(buf);
+}
+
+/* An index that checks out (magic, version, length, XXH64, which anyone can compute) but whose
+ * body declares a container of 2^32-1 items in a few bytes is refused before msgpack-c would
+ * allocate for it (remote checkpointd decodes the indexes its clients send). */
+static void test_ckpt_index_decoder_walks_a_hostile_body_before_allocating(void **state)
+{
+    static const uint8_t bodies[][16] = {
+        {0x81, 0xa7, 't', 'e', 'n', 's', 'o', 'r', 's', 0xdd, 0xff, 0xff, 0xff, 0xff},
+        {0xdf, 0xff, 0xff, 0xff, 0xff, 0xc0},
+    };
+    static const size_t sizes[] = {14, 6};
+    for (int i = 0; i < 2; i++) {
+        uint8_t buf[64] = {0};
+        uint32_t v = CKPT_VERSION;
+        uint64_t body = sizes[i];
+        memcpy(buf, CKPT_INDEX_MAGIC, 8);
+        memcpy(buf + 8, &v, 4);
+        memcpy(buf + 16, &body, 8);
+        memcpy(buf + 24, bodies[i], sizes[i]);
+        uint64_t sum = XXH64(buf, 24 + sizes[i], 0);
+        memcpy(buf + 24 + sizes[i], &sum, 8);
+        ckpt_index_t ix;
+        char err[512] = "";
+        assert_int_equal(ckpt_index_decode(buf, 32 + sizes[i], &ix, "hostile", err, sizeof(err)), -EBADMSG);
+        if (!strstr(err, "hostile: bad index: the body truncated"))
+            fail_msg("%s", err);
+    }
 }
 
 static void test_ckpt_safe_names(void **state)
@@ -632,6 +661,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_ckpt_round_trip_reads_every_tensor, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ckpt_read_slices_across_chunks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ckpt_index_decoder_rejects_bad_indexes, setup, teardown),
+        cmocka_unit_test(test_ckpt_index_decoder_walks_a_hostile_body_before_allocating),
         cmocka_unit_test(test_ckpt_safe_names),
         cmocka_unit_test_setup_teardown(test_ckpt_verify_names_damage, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ckpt_latest_falls_back_past_damaged_ones, setup, teardown),

@@ -40,6 +40,38 @@ static inline void tu_fill(double *d, float *f, size_t n, uint64_t seed, double 
         if (f) f[i] = xf;
     }
 }
+/* 1 to 4 random mutations of buf[0..*n) (cap bytes of room), for fuzzing decoders: a bit
+ * flipped, a byte inserted or deleted, a byte set to one msgpack finds interesting (container,
+ * length and reserved markers), or the tail cut off. */
+static inline void tu_mutate(uint8_t *buf, size_t *n, size_t cap, uint64_t *s)
+{
+    static const uint8_t interesting[] = {0x00, 0x7f, 0x80, 0x8f, 0x90, 0x9f, 0xc0, 0xc1, 0xc2,
+                                          0xc3, 0xc4, 0xc6, 0xc9, 0xca, 0xcb, 0xcf, 0xd3, 0xd8,
+                                          0xd9, 0xdb, 0xdc, 0xdd, 0xde, 0xdf, 0xe0, 0xff};
+    int muts = 1 + (int)(tu_next(s) % 4);
+    for (int k = 0; k < muts; k++) {
+        uint64_t r = tu_next(s);
+        size_t at = *n ? (r >> 8) % *n : 0;
+        switch (r % 5) {
+        case 0: if (*n) buf[at] ^= (uint8_t)(1u << ((r >> 40) % 8)); break;
+        case 1:
+            if (*n + 1 < cap) {
+                memmove(buf + at + 1, buf + at, *n - at);
+                buf[at] = (uint8_t)(r >> 48);
+                (*n)++;
+            }
+            break;
+        case 2:
+            if (*n) {
+                memmove(buf + at, buf + at + 1, *n - at - 1);
+                (*n)--;
+            }
+            break;
+        case 3: if (*n) buf[at] = interesting[(r >> 40) % sizeof interesting]; break;
+        case 4: if (*n) *n = at; break;
+        }
+    }
+}
 static inline void tu_to_double(double *d, const float *f, size_t n)
 {
     for (size_t i = 0; i < n; i++) d[i] = f[i];

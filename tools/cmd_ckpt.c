@@ -219,6 +219,70 @@ static int in_list(const int64_t *steps, int n, int64_t s)
     return 0;
 }
 
+/* The row of one step folder at path: its state (temporary, incomplete, complete) and what
+ * it holds; complete: whether it is among ckpt_list's steps and its index reads. */
+static void fill_row(row_t *r, const char *name, const char *path, int64_t step, int temporary, long pid,
+                     const int64_t *steps, int n_complete)
+{
+    memset(r, 0, sizeof(*r));
+    snprintf(r->name, sizeof(r->name), "%s", name);
+    r->step = step;
+    r->bytes = dir_bytes(path);
+    if (temporary) {
+        r->state = ROW_TEMPORARY;
+        if (pid > 0 && (kill((pid_t)pid, 0) == 0 || errno == EPERM))
+            snprintf(r->note, sizeof(r->note), "(its writer, pid %ld, is running)", pid);
+        else if (pid > 0)
+            snprintf(r->note, sizeof(r->note), "(a leftover: writer pid %ld is gone)", pid);
+        else
+            snprintf(r->note, sizeof(r->note), "(a leftover)");
+    } else if (!in_list(steps, n_complete, step)) {
+        r->state = ROW_INCOMPLETE;
+        snprintf(r->note, sizeof(r->note), "(no index)");
+    } else {
+        ckpt_t *c = NULL;
+        char err[512];
+        if (ckpt_open(&c, path, err, sizeof(err))) {
+            r->state = ROW_INCOMPLETE;
+            snprintf(r->note, sizeof(r->note), "(unreadable index: %.130s)", err);
+        } else {
+            r->state = ROW_COMPLETE;
+            r->tensors = ckpt_index(c)->n_tensors;
+            r->created = ckpt_index(c)->created;
+            ckpt_close(&c);
+        }
+    }
+}
+
+/* The table, by step, and the summary line. */
+static void print_rows(const char *dir, row_t *rows, int n)
+{
+    int counts[3] = {0};
+    if (n)
+        qsort(rows, (size_t)n, sizeof(row_t), cmp_row);
+    if (n)
+        printf("%10s  %10s  %7s  %-19s  %-10s  %s\n", "STEP", "SIZE", "TENSORS", "CREATED", "STATE", "NAME");
+    for (int i = 0; i < n; i++) {
+        const row_t *r = &rows[i];
+        static const char *const state[] = {"complete", "incomplete", "temporary"};
+        char size[32], tensors[16] = "-", created[32] = "-";
+        human_bytes(size, sizeof(size), r->bytes);
+        if (r->state == ROW_COMPLETE) {
+            snprintf(tensors, sizeof(tensors), "%d", r->tensors);
+            fmt_time(created, sizeof(created), r->created);
+        }
+        printf("%10" PRId64 "  %10s  %7s  %-19s  %-10s  %s%s%s\n", r->step, size, tensors, created,
+               state[r->state], r->name, r->note[0] ? " " : "", r->note);
+        counts[r->state]++;
+    }
+    printf("%s: %d complete, %d incomplete, %d temporary\n", dir, counts[ROW_COMPLETE], counts[ROW_INCOMPLETE],
+           counts[ROW_TEMPORARY]);
+    char ip[PATH_MAX];
+    snprintf(ip, sizeof(ip), "%s/index", dir);
+    if (!n && access(ip, F_OK) == 0)
+        printf("(%s is a checkpoint itself: ls lists the folder that holds checkpoints)\n", dir);
+}
+
 static int ckpt_ls(int argc, char **argv)
 {
     const char *pos[1];
@@ -242,7 +306,7 @@ static int ckpt_ls(int argc, char **argv)
         return 1;
     }
     row_t *rows = NULL;
-    int n = 0, cap = 0, counts[3] = {0};
+    int n = 0, cap = 0;
     struct dirent *e;
     while ((e = readdir(d))) {
         int temporary;
@@ -260,61 +324,11 @@ static int ckpt_ls(int argc, char **argv)
             }
             rows = g;
         }
-        row_t *r = &rows[n++];
-        memset(r, 0, sizeof(*r));
-        snprintf(r->name, sizeof(r->name), "%s", e->d_name);
-        r->step = step;
         char path[PATH_MAX];
         snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-        r->bytes = dir_bytes(path);
-        if (temporary) {
-            r->state = ROW_TEMPORARY;
-            if (pid > 0 && (kill((pid_t)pid, 0) == 0 || errno == EPERM))
-                snprintf(r->note, sizeof(r->note), "(its writer, pid %ld, is running)", pid);
-            else if (pid > 0)
-                snprintf(r->note, sizeof(r->note), "(a leftover: writer pid %ld is gone)", pid);
-            else
-                snprintf(r->note, sizeof(r->note), "(a leftover)");
-        } else if (!in_list(steps, n_complete, step)) {
-            r->state = ROW_INCOMPLETE;
-            snprintf(r->note, sizeof(r->note), "(no index)");
-        } else {
-            ckpt_t *c = NULL;
-            char err[512];
-            if (ckpt_open(&c, path, err, sizeof(err))) {
-                r->state = ROW_INCOMPLETE;
-                snprintf(r->note, sizeof(r->note), "(unreadable index: %.130s)", err);
-            } else {
-                r->state = ROW_COMPLETE;
-                r->tensors = ckpt_index(c)->n_tensors;
-                r->created = ckpt_index(c)->created;
-                ckpt_close(&c);
-            }
-        }
-        counts[r->state]++;
+        fill_row(&rows[n++], e->d_name, path, step, temporary, pid, steps, n_complete);
     }
-    if (n)
-        qsort(rows, (size_t)n, sizeof(row_t), cmp_row);
-    if (n)
-        printf("%10s  %10s  %7s  %-19s  %-10s  %s\n", "STEP", "SIZE", "TENSORS", "CREATED", "STATE", "NAME");
-    for (int i = 0; i < n; i++) {
-        const row_t *r = &rows[i];
-        static const char *const state[] = {"complete", "incomplete", "temporary"};
-        char size[32], tensors[16] = "-", created[32] = "-";
-        human_bytes(size, sizeof(size), r->bytes);
-        if (r->state == ROW_COMPLETE) {
-            snprintf(tensors, sizeof(tensors), "%d", r->tensors);
-            fmt_time(created, sizeof(created), r->created);
-        }
-        printf("%10" PRId64 "  %10s  %7s  %-19s  %-10s  %s%s%s\n", r->step, size, tensors, created,
-               state[r->state], r->name, r->note[0] ? " " : "", r->note);
-    }
-    printf("%s: %d complete, %d incomplete, %d temporary\n", dir, counts[ROW_COMPLETE], counts[ROW_INCOMPLETE],
-           counts[ROW_TEMPORARY]);
-    char ip[PATH_MAX];
-    snprintf(ip, sizeof(ip), "%s/index", dir);
-    if (!n && access(ip, F_OK) == 0)
-        printf("(%s is a checkpoint itself: ls lists the folder that holds checkpoints)\n", dir);
+    print_rows(dir, rows, n);
 out:
     free(rows);
     free(steps);

@@ -202,14 +202,14 @@ static int read_file(const char *path, uint8_t **buf, size_t *len, size_t *cap, 
             *buf = b;
             *cap = c;
         }
-        ssize_t r = read(fd, *buf + *len, *cap - *len);
-        if (r < 0 && errno == EINTR) continue;
+        long r = util_read_all(fd, *buf + *len, *cap - *len, -1);
         if (r < 0) {
-            rc = util_fail(err, errlen, -errno, "%s: read failed: %s", path, strerror(errno));
+            rc = util_fail(err, errlen, (int)r, "%s: read failed: %s", path, strerror((int)-r));
             goto out;
         }
-        if (r == 0) break;
         *len += (size_t)r;
+        if (*len < *cap) /* end of file */
+            break;
     }
 out:
     close(fd);
@@ -273,94 +273,75 @@ static double unigram_entropy(const uint32_t *tok, size_t n, int vocab)
     return h;
 }
 
-int prep_run(const prep_opts_t *o, prep_result_t *res, char *err, size_t errlen)
+/* The corpus: the files given, or every file of the corpus folder, back to back into *text. */
+static int read_corpus(const prep_opts_t *o, prep_result_t *res, uint8_t **text, size_t *len, char *err,
+                       size_t errlen)
 {
-    double t0 = util_now();
-    memset(res, 0, sizeof(*res));
-    if (o->vocab_size < TOK_MIN_VOCAB || o->vocab_size > TOK_MAX_VOCAB)
-        return util_fail(err, errlen, -EINVAL, "vocab size %d is outside [%d, %d]", o->vocab_size,
-                    TOK_MIN_VOCAB, TOK_MAX_VOCAB);
-    if (!(o->val_fraction >= 0.0 && o->val_fraction < 1.0))
-        return util_fail(err, errlen, -EINVAL, "val fraction %g is outside [0, 1)", o->val_fraction);
-    if (!o->out_dir || !*o->out_dir)
-        return util_fail(err, errlen, -EINVAL, "no output directory given");
-
-    int rc = 0;
     char **listed = NULL;
     const char *const *files = o->files;
-    size_t n_files = o->n_files;
-    uint8_t *text = NULL;
-    size_t len = 0, cap = 0;
-    uint32_t *tok = NULL;
-    tok_t *tk = NULL;
-    mkdirs_t made = {.n = 0};
+    size_t n_files = o->n_files, cap = 0;
+    int rc = 0;
+    if (n_files == 0) {
+        rc = prep_list_corpus(o->corpus_dir ? o->corpus_dir : PREP_FORTUNES_DIR, &listed, &n_files, err, errlen);
+        files = (const char *const *)listed;
+    }
+    for (size_t i = 0; !rc && i < n_files; i++)
+        rc = read_file(files[i], text, len, &cap, err, errlen);
+    free(listed);
+    if (rc)
+        return rc;
+    res->n_files = n_files;
+    res->bytes_in = *len;
+    if (*len == 0)
+        return util_fail(err, errlen, -EINVAL, "no text: the %zu input file(s) are empty", n_files);
+    return 0;
+}
+
+/* The tokenizer trained on text, text encoded into *tok (malloc'ed), the split and entropy. */
+static int tokenize(const prep_opts_t *o, const uint8_t *text, size_t len, prep_result_t *res, tok_t **tk,
+                    uint32_t **tok, char *err, size_t errlen)
+{
+    double t1 = util_now();
+    char terr[512];
+    int rc = tok_train(tk, text, len, o->vocab_size, terr, sizeof(terr));
+    if (rc)
+        return util_fail(err, errlen, rc, "training the tokenizer: %s", terr);
+    double t2 = util_now();
+    res->secs_train = t2 - t1;
+    res->vocab_size = tok_vocab_size(*tk);
+    if (!(*tok = malloc(len * sizeof(uint32_t))))
+        return util_fail(err, errlen, -ENOMEM, "out of memory for %zu tokens", len);
+    if ((rc = tok_encode(*tk, text, len, *tok, &res->n_tokens)))
+        return util_fail(err, errlen, rc, "encoding the corpus: %s", strerror(-rc));
+    res->n_val = (size_t)llround(o->val_fraction * (double)res->n_tokens);
+    res->n_train = res->n_tokens - res->n_val;
+    if (res->n_train == 0)
+        return util_fail(err, errlen, -EINVAL, "val fraction %g leaves no training tokens out of %zu",
+                         o->val_fraction, res->n_tokens);
+    res->entropy = unigram_entropy(*tok, res->n_tokens, res->vocab_size);
+    res->secs_encode = util_now() - t2;
+    return 0;
+}
+
+/* tokenizer.bin, train.bin and val.bin into out_dir as a set: each written to a temporary
+ * file first, then all renamed; on failure the temporaries go and the old set stays. */
+static int write_outputs(const prep_opts_t *o, const tok_t *tk, const uint32_t *tok, const prep_result_t *res,
+                         char *err, size_t errlen)
+{
     enum { N_OUT = 3 };
     const char *names[N_OUT] = {"tokenizer.bin", "train.bin", "val.bin"};
     char tmp[N_OUT][PATH_MAX], fin[N_OUT][PATH_MAX];
-    int written = 0;
-
-    if (n_files == 0) {
-        rc = prep_list_corpus(o->corpus_dir ? o->corpus_dir : PREP_FORTUNES_DIR, &listed,
-                              &n_files, err, errlen);
-        if (rc) goto out;
-        files = (const char *const *)listed;
-    }
-    for (size_t i = 0; i < n_files; i++)
-        if ((rc = read_file(files[i], &text, &len, &cap, err, errlen))) goto out;
-    res->n_files = n_files;
-    res->bytes_in = len;
-    double t1 = util_now();
-    res->secs_read = t1 - t0;
-    if (len == 0) {
-        rc = util_fail(err, errlen, -EINVAL, "no text: the %zu input file(s) are empty", n_files);
-        goto out;
-    }
-
-    char terr[512];
-    if ((rc = tok_train(&tk, text, len, o->vocab_size, terr, sizeof(terr)))) {
-        util_fail(err, errlen, rc, "training the tokenizer: %s", terr);
-        goto out;
-    }
-    double t2 = util_now();
-    res->secs_train = t2 - t1;
-    res->vocab_size = tok_vocab_size(tk);
-
-    if (!(tok = malloc(len * sizeof(uint32_t)))) {
-        rc = util_fail(err, errlen, -ENOMEM, "out of memory for %zu tokens", len);
-        goto out;
-    }
-    if ((rc = tok_encode(tk, text, len, tok, &res->n_tokens))) {
-        util_fail(err, errlen, rc, "encoding the corpus: %s", strerror(-rc));
-        goto out;
-    }
-    res->n_val = (size_t)llround(o->val_fraction * (double)res->n_tokens);
-    res->n_train = res->n_tokens - res->n_val;
-    if (res->n_train == 0) {
-        rc = util_fail(err, errlen, -EINVAL,
-                  "val fraction %g leaves no training tokens out of %zu", o->val_fraction,
-                  res->n_tokens);
-        goto out;
-    }
-    res->entropy = unigram_entropy(tok, res->n_tokens, res->vocab_size);
-    double t3 = util_now();
-    res->secs_encode = t3 - t2;
-
-    if ((rc = make_dirs(o->out_dir, &made, err, errlen))) goto out;
+    int written = 0, rc = 0;
     for (int k = 0; k < N_OUT; k++) {
         if (snprintf(fin[k], PATH_MAX, "%s/%s", o->out_dir, names[k]) >= PATH_MAX ||
-            snprintf(tmp[k], PATH_MAX, "%s/.%s.prep-%d", o->out_dir, names[k], (int)getpid()) >=
-                PATH_MAX) {
-            rc = util_fail(err, errlen, -ENAMETOOLONG, "%s: path too long", o->out_dir);
-            goto out;
-        }
+            snprintf(tmp[k], PATH_MAX, "%s/.%s.prep-%d", o->out_dir, names[k], (int)getpid()) >= PATH_MAX)
+            return util_fail(err, errlen, -ENAMETOOLONG, "%s: path too long", o->out_dir);
     }
     if ((rc = tok_save(tk, tmp[0], err, errlen))) goto out;
     written = 1;
     if ((rc = tokfile_write(tmp[1], tok, res->n_train, res->vocab_size, err, errlen))) goto out;
     written = 2;
-    if ((rc = tokfile_write(tmp[2], tok + res->n_train, res->n_val, res->vocab_size, err,
-                            errlen)))
-        goto out;
+    if ((rc = tokfile_write(tmp[2], tok + res->n_train, res->n_val, res->vocab_size, err, errlen))) goto out;
     written = 3;
     /* Renames are atomic one by one, not as a set: catch what would make one fail before
      * the first happens (a folder in the way) so the old set stays whole. */
@@ -373,8 +354,7 @@ int prep_run(const prep_opts_t *o, prep_result_t *res, char *err, size_t errlen)
     }
     for (int k = 0; k < N_OUT; k++)
         if (rename(tmp[k], fin[k]) < 0) {
-            rc = util_fail(err, errlen, -errno, "%s: rename from %s failed: %s", fin[k], tmp[k],
-                      strerror(errno));
+            rc = util_fail(err, errlen, -errno, "%s: rename from %s failed: %s", fin[k], tmp[k], strerror(errno));
             goto out;
         }
     written = 0;
@@ -383,15 +363,43 @@ int prep_run(const prep_opts_t *o, prep_result_t *res, char *err, size_t errlen)
         fsync(dfd);
         close(dfd);
     }
-    double t4 = util_now();
-    res->secs_write = t4 - t3;
-    res->secs_total = t4 - t0;
 out:
     for (int k = 0; k < written; k++) unlink(tmp[k]); /* renamed ones are gone already */
+    return rc;
+}
+
+int prep_run(const prep_opts_t *o, prep_result_t *res, char *err, size_t errlen)
+{
+    double t0 = util_now();
+    memset(res, 0, sizeof(*res));
+    if (o->vocab_size < TOK_MIN_VOCAB || o->vocab_size > TOK_MAX_VOCAB)
+        return util_fail(err, errlen, -EINVAL, "vocab size %d is outside [%d, %d]", o->vocab_size,
+                    TOK_MIN_VOCAB, TOK_MAX_VOCAB);
+    if (!(o->val_fraction >= 0.0 && o->val_fraction < 1.0))
+        return util_fail(err, errlen, -EINVAL, "val fraction %g is outside [0, 1)", o->val_fraction);
+    if (!o->out_dir || !*o->out_dir)
+        return util_fail(err, errlen, -EINVAL, "no output directory given");
+
+    uint8_t *text = NULL;
+    size_t len = 0;
+    uint32_t *tok = NULL;
+    tok_t *tk = NULL;
+    mkdirs_t made = {.n = 0};
+    int rc = read_corpus(o, res, &text, &len, err, errlen);
+    res->secs_read = util_now() - t0;
+    if (!rc)
+        rc = tokenize(o, text, len, res, &tk, &tok, err, errlen);
+    double t3 = util_now();
+    if (!rc && !(rc = make_dirs(o->out_dir, &made, err, errlen)))
+        rc = write_outputs(o, tk, tok, res, err, errlen);
+    if (!rc) {
+        double t4 = util_now();
+        res->secs_write = t4 - t3;
+        res->secs_total = t4 - t0;
+    }
     undo_dirs(&made, rc != 0);
     tok_destroy(&tk);
     free(tok);
     free(text);
-    free(listed);
     return rc;
 }

@@ -1,0 +1,167 @@
+/* A checkpoint folder (see ckpt.h): its step-N folders, the newest that verifies (resuming),
+ * and retention (the newest k, and temporaries of writers that are gone). */
+#include "checkpointd/ckpt.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ipc/util.h"
+
+/* "step-N" -> N, or -1. */
+static int64_t step_of(const char *name)
+{
+    if (strncmp(name, "step-", 5) || !name[5])
+        return -1;
+    int64_t v = 0;
+    for (const char *p = name + 5; *p; p++) {
+        if (*p < '0' || *p > '9' || v > INT64_MAX / 10 - 10)
+            return -1;
+        v = v * 10 + (*p - '0');
+    }
+    return v;
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Step directories of dir, ascending; with_index: only those holding an index. */
+static int list_steps(const char *dir, int with_index, int64_t **steps)
+{
+    *steps = NULL;
+    DIR *d = opendir(dir);
+    if (!d)
+        return errno == ENOENT ? 0 : -errno;
+    int n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int64_t s = step_of(e->d_name);
+        if (s < 0)
+            continue;
+        if (with_index) {
+            char p[PATH_MAX];
+            struct stat st;
+            snprintf(p, sizeof(p), "%s/%s/index", dir, e->d_name);
+            if (stat(p, &st) || !S_ISREG(st.st_mode))
+                continue;
+        }
+        if (n == cap) {
+            int64_t *g = realloc(*steps, (size_t)(cap = cap ? 2 * cap : 16) * sizeof(int64_t));
+            if (!g) {
+                closedir(d);
+                free(*steps);
+                *steps = NULL;
+                return -ENOMEM;
+            }
+            *steps = g;
+        }
+        (*steps)[n++] = s;
+    }
+    closedir(d);
+    if (n)
+        qsort(*steps, (size_t)n, sizeof(int64_t), cmp_i64);
+    return n;
+}
+
+int ckpt_list(const char *dir, int64_t **steps) { return list_steps(dir, 1, steps); }
+
+int ckpt_find_latest(const char *dir, char *path, size_t n, FILE *log, char *err, size_t errlen)
+{
+    int64_t *steps;
+    int k = list_steps(dir, 0, &steps);
+    if (k < 0)
+        return util_fail(err, errlen, k, "%s: %s", dir, strerror(-k));
+    if (k == 0)
+        return util_fail(err, errlen, -ENOENT, "%s: no checkpoint", dir);
+    int rc = -EBADMSG;
+    for (int i = k - 1; i >= 0; i--) {
+        char p[PATH_MAX], why[1024] = "", *first = NULL;
+        size_t flen = 0;
+        ckpt_step_path(p, sizeof(p), dir, steps[i]);
+        FILE *mem = open_memstream(&first, &flen);
+        int bad_n;
+        int v = ckpt_verify(p, mem, &bad_n, why, sizeof(why));
+        if (mem)
+            fclose(mem);
+        if (v == 0) {
+            snprintf(path, n, "%s", p);
+            rc = 0;
+            free(first);
+            break;
+        }
+        if (log) {
+            if (first && first[0]) {
+                first[strcspn(first, "\n")] = 0;
+                fprintf(log, "checkpoint %s is not loadable (%s%s): falling back to an older one\n", p, first,
+                        bad_n > 1 ? ", and more" : "");
+            } else {
+                fprintf(log, "checkpoint %s is not loadable (%s): falling back to an older one\n", p, why);
+            }
+        }
+        free(first);
+    }
+    free(steps);
+    if (rc)
+        util_fail(err, errlen, rc, "%s: no checkpoint there verifies", dir);
+    return rc;
+}
+
+int ckpt_remove_dir(const char *path)
+{
+    DIR *d = opendir(path);
+    if (!d)
+        return errno == ENOENT ? 0 : -errno;
+    /* the index first: from then on no reader takes this for a checkpoint */
+    int rc = unlinkat(dirfd(d), "index", 0) < 0 && errno != ENOENT ? -errno : 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "index") && strcmp(e->d_name, "..") && unlinkat(dirfd(d), e->d_name, 0) < 0 && !rc)
+            rc = -errno;
+    closedir(d);
+    if (!rc && rmdir(path) < 0)
+        rc = -errno;
+    return rc;
+}
+
+int ckpt_retain(const char *dir, int keep)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return errno == ENOENT ? 0 : -errno;
+    struct dirent *e;
+    while ((e = readdir(d))) { /* .tmp-step-N.PID of writers that are gone */
+        if (strncmp(e->d_name, ".tmp-step-", 10))
+            continue;
+        const char *dot = strrchr(e->d_name, '.');
+        long pid = dot && dot > e->d_name ? strtol(dot + 1, NULL, 10) : 0;
+        if (pid > 0 && (kill((pid_t)pid, 0) == 0 || errno != ESRCH))
+            continue;
+        char p[PATH_MAX];
+        snprintf(p, sizeof(p), "%s/%s", dir, e->d_name);
+        ckpt_remove_dir(p);
+    }
+    closedir(d);
+    if (keep <= 0)
+        return 0;
+    int64_t *steps;
+    int n = ckpt_list(dir, &steps), removed = 0;
+    if (n < 0)
+        return n;
+    for (int i = 0; i + keep < n; i++) {
+        char p[PATH_MAX];
+        ckpt_step_path(p, sizeof(p), dir, steps[i]);
+        if (ckpt_remove_dir(p) == 0)
+            removed++;
+    }
+    free(steps);
+    return removed;
+}

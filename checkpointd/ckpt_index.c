@@ -1,0 +1,404 @@
+/* The checkpoint format's names and index (see ckpt.h): the plan of a checkpoint's files and
+ * chunks, the data file header, and the index's encoding and checked decoding. Reading data
+ * back is ckpt.c; step folders, latest and retention are ckpt_dir.c. */
+#include "checkpointd/ckpt.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <msgpack.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <xxhash.h>
+
+#include "ipc/codec.h"
+#include "ipc/util.h"
+
+#define INDEX_HDR 24   /* magic 8, version 4, reserved 4, body length 8 */
+#define INDEX_TAIL 8   /* XXH64 of everything before it */
+
+int ckpt_safe_name(const char *s)
+{
+    size_t n = strnlen(s, CKPT_FILE_MAX);
+    if (n < 1 || n >= CKPT_FILE_MAX || s[0] == '.')
+        return 0;
+    for (; *s; s++)
+        if (!((*s >= 'A' && *s <= 'Z') || (*s >= 'a' && *s <= 'z') || (*s >= '0' && *s <= '9') || *s == '.' ||
+              *s == '_' || *s == '-'))
+            return 0;
+    return 1;
+}
+
+void ckpt_step_path(char *buf, size_t n, const char *dir, int64_t step)
+{
+    snprintf(buf, n, "%s/step-%08" PRId64, dir, step);
+}
+
+size_t ckpt_dtype_size(const char *dtype)
+{
+    if (!strcmp(dtype, "F32"))
+        return 4;
+    if (!strcmp(dtype, "BF16"))
+        return 2;
+    return 0;
+}
+
+/* ---- plan ---- */
+
+static const char *const file_names[3] = {"model.bin", "exp_avg.bin", "exp_avg_sq.bin"};
+static const char *const prefixes[3] = {"", "optimizer.exp_avg.", "optimizer.exp_avg_sq."};
+
+int ckpt_index_plan(ckpt_index_t *ix, const param_table_t *tab, int64_t step, const char *manifest,
+                    const void *cursor, size_t cursor_len)
+{
+    memset(ix, 0, sizeof(*ix));
+    if (cursor_len > CKPT_CURSOR_MAX)
+        return -EINVAL;
+    ix->step = step;
+    ix->created = (int64_t)time(NULL);
+    ix->manifest = strdup(manifest ? manifest : "");
+    ix->files = calloc(3, sizeof(ckpt_file_t));
+    ix->tensors = calloc(3 * (size_t)tab->n, sizeof(ckpt_tensor_t));
+    if (!ix->manifest || !ix->files || !ix->tensors) {
+        ckpt_index_free(ix);
+        return -ENOMEM;
+    }
+    if (cursor_len)
+        memcpy(ix->cursor, cursor, cursor_len);
+    ix->cursor_len = (uint32_t)cursor_len;
+    ix->n_files = 3;
+    for (int f = 0; f < 3; f++) {
+        snprintf(ix->files[f].name, CKPT_FILE_MAX, "%s", file_names[f]);
+        ix->files[f].bytes = CKPT_DATA_HDR + (uint64_t)tab->total * sizeof(float);
+    }
+    for (int f = 0; f < 3; f++)
+        for (int i = 0; i < tab->n; i++) {
+            const param_info_t *p = &tab->t[i];
+            ckpt_tensor_t *t = &ix->tensors[ix->n_tensors++];
+            snprintf(t->name, sizeof(t->name), "%s%s", prefixes[f], p->name);
+            snprintf(t->dtype, sizeof(t->dtype), "F32");
+            t->ndim = p->ndim;
+            for (int d = 0; d < p->ndim; d++)
+                t->shape[d] = p->shape[d];
+            t->numel = p->numel;
+            uint64_t bytes = (uint64_t)p->numel * sizeof(float);
+            t->n_chunks = (uint32_t)((bytes + CKPT_CHUNK_BYTES - 1) / CKPT_CHUNK_BYTES);
+            t->chunks = calloc(t->n_chunks ? t->n_chunks : 1, sizeof(ckpt_chunk_t));
+            if (!t->chunks) {
+                ckpt_index_free(ix);
+                return -ENOMEM;
+            }
+            for (uint32_t c = 0; c < t->n_chunks; c++) {
+                uint64_t off = (uint64_t)c * CKPT_CHUNK_BYTES;
+                t->chunks[c] = (ckpt_chunk_t){.file = (uint32_t)f,
+                                              .offset = CKPT_DATA_HDR + p->offset * sizeof(float) + off,
+                                              .length = bytes - off < CKPT_CHUNK_BYTES ? bytes - off : CKPT_CHUNK_BYTES};
+            }
+        }
+    return 0;
+}
+
+void ckpt_index_hash(ckpt_index_t *ix, uint32_t file, const void *data)
+{
+    for (int i = 0; i < ix->n_tensors; i++)
+        for (uint32_t c = 0; c < ix->tensors[i].n_chunks; c++) {
+            ckpt_chunk_t *ch = &ix->tensors[i].chunks[c];
+            if (ch->file == file)
+                ch->xxh = XXH3_64bits((const char *)data + (ch->offset - CKPT_DATA_HDR), ch->length);
+        }
+}
+
+void ckpt_data_header(void *block, uint32_t file, int64_t step)
+{
+    uint8_t *b = block;
+    memset(b, 0, CKPT_DATA_HDR);
+    memcpy(b, CKPT_DATA_MAGIC, 8);
+    uint32_t v = CKPT_VERSION;
+    memcpy(b + 8, &v, 4);
+    memcpy(b + 12, &file, 4);
+    memcpy(b + 16, &step, 8);
+}
+
+/* ---- encoding ---- */
+
+int ckpt_index_encode(const ckpt_index_t *ix, uint8_t **buf, size_t *len)
+{
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    uint8_t hdr[INDEX_HDR] = {0};
+    msgpack_sbuffer_write(&sb, (const char *)hdr, INDEX_HDR); /* filled in below */
+    msgpack_pack_map(&pk, 6);
+    codec_pack_str(&pk, "step");
+    msgpack_pack_int64(&pk, ix->step);
+    codec_pack_str(&pk, "created");
+    msgpack_pack_int64(&pk, ix->created);
+    codec_pack_str(&pk, "manifest");
+    codec_pack_str(&pk, ix->manifest ? ix->manifest : "");
+    codec_pack_str(&pk, "cursor");
+    msgpack_pack_bin(&pk, ix->cursor_len);
+    msgpack_pack_bin_body(&pk, ix->cursor, ix->cursor_len);
+    codec_pack_str(&pk, "files");
+    msgpack_pack_array(&pk, (size_t)ix->n_files);
+    for (int f = 0; f < ix->n_files; f++) {
+        msgpack_pack_array(&pk, 2);
+        codec_pack_str(&pk, ix->files[f].name);
+        msgpack_pack_uint64(&pk, ix->files[f].bytes);
+    }
+    codec_pack_str(&pk, "tensors");
+    msgpack_pack_array(&pk, (size_t)ix->n_tensors);
+    for (int i = 0; i < ix->n_tensors; i++) {
+        const ckpt_tensor_t *t = &ix->tensors[i];
+        msgpack_pack_array(&pk, 4);
+        codec_pack_str(&pk, t->name);
+        codec_pack_str(&pk, t->dtype);
+        msgpack_pack_array(&pk, (size_t)t->ndim);
+        for (int d = 0; d < t->ndim; d++)
+            msgpack_pack_int64(&pk, t->shape[d]);
+        msgpack_pack_array(&pk, t->n_chunks);
+        for (uint32_t c = 0; c < t->n_chunks; c++) {
+            msgpack_pack_array(&pk, 4);
+            msgpack_pack_uint32(&pk, t->chunks[c].file);
+            msgpack_pack_uint64(&pk, t->chunks[c].offset);
+            msgpack_pack_uint64(&pk, t->chunks[c].length);
+            msgpack_pack_uint64(&pk, t->chunks[c].xxh);
+        }
+    }
+    if (!sb.data) {
+        msgpack_sbuffer_destroy(&sb);
+        return -ENOMEM;
+    }
+    uint64_t body = sb.size - INDEX_HDR, sum;
+    uint32_t v = CKPT_VERSION;
+    memcpy(sb.data, CKPT_INDEX_MAGIC, 8);
+    memcpy(sb.data + 8, &v, 4);
+    memcpy(sb.data + 16, &body, 8);
+    sum = XXH64(sb.data, sb.size, 0);
+    msgpack_sbuffer_write(&sb, (const char *)&sum, sizeof(sum));
+    *len = sb.size;
+    *buf = (uint8_t *)msgpack_sbuffer_release(&sb);
+    return *buf ? 0 : -ENOMEM;
+}
+
+/* ---- decoding ---- */
+
+typedef struct {
+    const char *what;
+    char *err;
+    size_t errlen;
+} dctx_t;
+
+static int bad(dctx_t *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int bad(dctx_t *d, const char *fmt, ...)
+{
+    if (d->err && d->errlen) {
+        int n = snprintf(d->err, d->errlen, "%s: bad index: ", d->what);
+        if (n >= 0 && (size_t)n < d->errlen) {
+            va_list ap;
+            va_start(ap, fmt);
+            vsnprintf(d->err + n, d->errlen - (size_t)n, fmt, ap);
+            va_end(ap);
+        }
+    }
+    return -EBADMSG;
+}
+
+static const msgpack_object *field(const msgpack_object *map, const char *key)
+{
+    size_t n = strlen(key);
+    for (uint32_t i = 0; i < map->via.map.size; i++) {
+        const msgpack_object *k = &map->via.map.ptr[i].key;
+        if (k->type == MSGPACK_OBJECT_STR && k->via.str.size == n && !memcmp(k->via.str.ptr, key, n))
+            return &map->via.map.ptr[i].val;
+    }
+    return NULL;
+}
+
+static int get_u64(const msgpack_object *o, uint64_t *v)
+{
+    if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+        return -1;
+    *v = o->via.u64;
+    return 0;
+}
+
+static int get_i64(const msgpack_object *o, int64_t *v)
+{
+    if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER && o->via.u64 <= INT64_MAX)
+        *v = (int64_t)o->via.u64;
+    else if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
+        *v = o->via.i64;
+    else
+        return -1;
+    return 0;
+}
+
+/* A string of at most cap-1 bytes without NUL into buf. */
+static int get_str(const msgpack_object *o, char *buf, size_t cap)
+{
+    if (o->type != MSGPACK_OBJECT_STR || o->via.str.size >= cap || memchr(o->via.str.ptr, 0, o->via.str.size))
+        return -1;
+    memcpy(buf, o->via.str.ptr, o->via.str.size);
+    buf[o->via.str.size] = 0;
+    return 0;
+}
+
+static int decode_tensor(dctx_t *d, const msgpack_object *o, ckpt_index_t *ix, ckpt_tensor_t *t, int i)
+{
+    if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size != 4)
+        return bad(d, "tensor %d: expected [name, dtype, shape, chunks]", i);
+    const msgpack_object *a = o->via.array.ptr;
+    if (get_str(&a[0], t->name, sizeof(t->name)) || !t->name[0])
+        return bad(d, "tensor %d: the name must be a string of 1 to %d bytes", i, CKPT_NAME_MAX - 1);
+    size_t es;
+    if (get_str(&a[1], t->dtype, sizeof(t->dtype)) || !(es = ckpt_dtype_size(t->dtype)))
+        return bad(d, "tensor %s: unknown dtype", t->name);
+    if (a[2].type != MSGPACK_OBJECT_ARRAY || a[2].via.array.size < 1 || a[2].via.array.size > CKPT_MAX_DIMS)
+        return bad(d, "tensor %s: the shape must have 1 to %d dimensions", t->name, CKPT_MAX_DIMS);
+    t->ndim = (int)a[2].via.array.size;
+    t->numel = 1;
+    for (int k = 0; k < t->ndim; k++) {
+        if (get_i64(&a[2].via.array.ptr[k], &t->shape[k]) || t->shape[k] < 0 || t->shape[k] > (1LL << 40))
+            return bad(d, "tensor %s: dimension %d is not a size", t->name, k);
+        t->numel *= (uint64_t)t->shape[k];
+        if (t->numel > (1ULL << 40))
+            return bad(d, "tensor %s: too large", t->name);
+    }
+    if (a[3].type != MSGPACK_OBJECT_ARRAY)
+        return bad(d, "tensor %s: chunks must be an array", t->name);
+    t->n_chunks = a[3].via.array.size;
+    t->chunks = calloc(t->n_chunks ? t->n_chunks : 1, sizeof(ckpt_chunk_t));
+    if (!t->chunks)
+        return -ENOMEM;
+    uint64_t covered = 0;
+    for (uint32_t c = 0; c < t->n_chunks; c++) {
+        const msgpack_object *co = &a[3].via.array.ptr[c];
+        ckpt_chunk_t *ch = &t->chunks[c];
+        uint64_t file;
+        if (co->type != MSGPACK_OBJECT_ARRAY || co->via.array.size != 4 || get_u64(&co->via.array.ptr[0], &file) ||
+            get_u64(&co->via.array.ptr[1], &ch->offset) || get_u64(&co->via.array.ptr[2], &ch->length) ||
+            get_u64(&co->via.array.ptr[3], &ch->xxh))
+            return bad(d, "tensor %s chunk %u: expected [file, offset, length, xxh3] (unsigned integers)", t->name, c);
+        if (file >= (uint64_t)ix->n_files)
+            return bad(d, "tensor %s chunk %u: file %" PRIu64 " does not exist", t->name, c, file);
+        ch->file = (uint32_t)file;
+        uint64_t fb = ix->files[file].bytes;
+        if (ch->length == 0 || ch->length % es || ch->offset > fb || ch->length > fb - ch->offset)
+            return bad(d, "tensor %s chunk %u: %" PRIu64 " bytes at %" PRIu64 " do not fit in %s (%" PRIu64 " bytes)",
+                       t->name, c, ch->length, ch->offset, ix->files[file].name, fb);
+        covered += ch->length;
+    }
+    if (covered != t->numel * es)
+        return bad(d, "tensor %s: its chunks hold %" PRIu64 " bytes, its shape needs %" PRIu64, t->name, covered,
+                   t->numel * es);
+    return 0;
+}
+
+static int decode_body(dctx_t *d, const msgpack_object *root, ckpt_index_t *ix)
+{
+    if (root->type != MSGPACK_OBJECT_MAP)
+        return bad(d, "the body is not a map");
+    const msgpack_object *o;
+    if (!(o = field(root, "step")) || get_i64(o, &ix->step) || ix->step < 0)
+        return bad(d, "'step' must be a non-negative integer");
+    if (!(o = field(root, "created")) || get_i64(o, &ix->created))
+        return bad(d, "'created' must be an integer");
+    if (!(o = field(root, "manifest")) || o->type != MSGPACK_OBJECT_STR)
+        return bad(d, "'manifest' must be a string");
+    if (!(ix->manifest = strndup(o->via.str.ptr, o->via.str.size)))
+        return -ENOMEM;
+    if (!(o = field(root, "cursor")) || o->type != MSGPACK_OBJECT_BIN || o->via.bin.size > CKPT_CURSOR_MAX)
+        return bad(d, "'cursor' must be binary of at most %d bytes", CKPT_CURSOR_MAX);
+    memcpy(ix->cursor, o->via.bin.ptr, o->via.bin.size);
+    ix->cursor_len = o->via.bin.size;
+    if (!(o = field(root, "files")) || o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size < 1 ||
+        o->via.array.size > 4096)
+        return bad(d, "'files' must be an array of 1 to 4096 files");
+    ix->n_files = (int)o->via.array.size;
+    if (!(ix->files = calloc((size_t)ix->n_files, sizeof(ckpt_file_t))))
+        return -ENOMEM;
+    for (int f = 0; f < ix->n_files; f++) {
+        const msgpack_object *e = &o->via.array.ptr[f];
+        if (e->type != MSGPACK_OBJECT_ARRAY || e->via.array.size != 2 ||
+            get_str(&e->via.array.ptr[0], ix->files[f].name, CKPT_FILE_MAX) ||
+            get_u64(&e->via.array.ptr[1], &ix->files[f].bytes))
+            return bad(d, "file %d: expected [name, bytes]", f);
+        if (!ckpt_safe_name(ix->files[f].name) || !strcmp(ix->files[f].name, "index"))
+            return bad(d, "file %d: '%s' is not a plain file name (A-Z a-z 0-9 . _ -, not starting with '.')", f,
+                       ix->files[f].name);
+        for (int g = 0; g < f; g++)
+            if (!strcmp(ix->files[g].name, ix->files[f].name))
+                return bad(d, "file '%s' is listed twice", ix->files[f].name);
+    }
+    if (!(o = field(root, "tensors")) || o->type != MSGPACK_OBJECT_ARRAY)
+        return bad(d, "'tensors' must be an array");
+    if (!(ix->tensors = calloc(o->via.array.size ? o->via.array.size : 1, sizeof(ckpt_tensor_t))))
+        return -ENOMEM;
+    for (uint32_t i = 0; i < o->via.array.size; i++) {
+        ix->n_tensors = (int)i + 1;
+        int rc = decode_tensor(d, &o->via.array.ptr[i], ix, &ix->tensors[i], (int)i);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+int ckpt_index_decode(const void *buf, size_t len, ckpt_index_t *ix, const char *what, char *err, size_t errlen)
+{
+    dctx_t d = {what, err, errlen};
+    memset(ix, 0, sizeof(*ix));
+    const uint8_t *b = buf;
+    if (len < INDEX_HDR + INDEX_TAIL || memcmp(b, CKPT_INDEX_MAGIC, 8))
+        return bad(&d, "not a ctitan checkpoint index (no %s magic)", CKPT_INDEX_MAGIC);
+    uint32_t v;
+    uint64_t body, sum;
+    memcpy(&v, b + 8, 4);
+    memcpy(&body, b + 16, 8);
+    memcpy(&sum, b + len - INDEX_TAIL, 8);
+    if (v != CKPT_VERSION)
+        return bad(&d, "version %u; this build reads version %u", v, CKPT_VERSION);
+    if (body != len - INDEX_HDR - INDEX_TAIL)
+        return bad(&d, "the body is %zu bytes but the header says %" PRIu64 " (truncated?)",
+                   len - INDEX_HDR - INDEX_TAIL, body);
+    if (XXH64(b, len - INDEX_TAIL, 0) != sum)
+        return bad(&d, "checksum mismatch (corrupt)");
+    /* a checksum is no proof against a hostile index (remote clients send theirs): walk it
+     * first, so that msgpack-c never allocates for a container the bytes do not back */
+    char why[128];
+    if (codec_prescan(b + INDEX_HDR, body, "the body", why, sizeof why))
+        return bad(&d, "%s", why);
+    msgpack_unpacked up;
+    msgpack_unpacked_init(&up);
+    size_t off = 0;
+    int rc;
+    if (msgpack_unpack_next(&up, (const char *)b + INDEX_HDR, body, &off) != MSGPACK_UNPACK_SUCCESS || off != body)
+        rc = bad(&d, "the body is not one msgpack value");
+    else
+        rc = decode_body(&d, &up.data, ix);
+    msgpack_unpacked_destroy(&up);
+    if (rc)
+        ckpt_index_free(ix);
+    return rc;
+}
+
+void ckpt_index_free(ckpt_index_t *ix)
+{
+    if (ix->tensors)
+        for (int i = 0; i < ix->n_tensors; i++)
+            free(ix->tensors[i].chunks);
+    free(ix->tensors);
+    free(ix->files);
+    free(ix->manifest);
+    memset(ix, 0, sizeof(*ix));
+}
+
+const ckpt_tensor_t *ckpt_index_find(const ckpt_index_t *ix, const char *name)
+{
+    for (int i = 0; i < ix->n_tensors; i++)
+        if (!strcmp(ix->tensors[i].name, name))
+            return &ix->tensors[i];
+    return NULL;
+}

@@ -1,0 +1,93 @@
+/* Inside the remote module (remote.h's rmt_*): what its server (remote_server.c), client
+ * (remote_client.c) and key files (remote_keys.c) share, and what test_remote fuzzes: the
+ * header frames of the wire protocol (remote_wire.c), multipart frames, key loading.
+ *
+ * Wire protocol, version 1. Every message is multipart:
+ *   frame 1  a flat msgpack map {"v": 1, "type": T, "seq": S, <fields of T>} of at most
+ *            RMT_HDR_MAX bytes (ipc/codec.h); values are integers, strings or booleans; keys a
+ *            type does not use are ignored, every key it uses is type-checked
+ *   frame 2  the payload, for the types that have one (at most RMT_FRAME_MAX bytes)
+ * client -> server (seq numbers the client's messages 1, 2, 3, ...):
+ *   "begin"   job (str), keep (int >= 0), step (int >= 0); payload: the index as
+ *             ckpt_index_encode writes it, whose step must be `step`. Always answered.
+ *   "data"    file (int), offset (int); payload: the next bytes of that file, in ckw_write's
+ *             order, at most RMT_DATA_FRAME bytes from our client. Answered only when refused.
+ *   "commit"  no fields. Always answered; the text of an ok reply is the server-side path.
+ *   "abort"   no fields: drop this connection's checkpoint, if any. Never answered. (A begin
+ *             while a checkpoint is open aborts both: a client starting over sends abort first.)
+ * server -> client:
+ *   "reply"   seq (the message answered), ok (bool), code (an errno, 0 when ok), text.
+ * Data are not acknowledged, so that a client streams at the speed of the link. When a data
+ * message is refused the server answers it at once, aborts the checkpoint and drops that
+ * connection's further data until its commit (answered with the same error) or next begin.
+ * A checkpoint whose client is silent for the idle timeout is aborted and the client told
+ * the same way (a reply with the seq of its last message). The client takes any error reply
+ * with a seq at or after its begin's as the end of that checkpoint, so it learns of an error
+ * at its next write or at commit, whichever comes first. */
+#ifndef CTITAN_REMOTE_INT_H
+#define CTITAN_REMOTE_INT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <zmq.h>
+
+#include "checkpointd/remote.h"
+
+#define RMT_VERSION 1
+#define RMT_HDR_MAX 4096 /* bytes of a header frame */
+#define RMT_HWM 8        /* messages queued per connection each way: 8 x 4 MiB */
+
+/* Message types; ids are only ever appended. */
+typedef enum { RMT_NONE, RMT_BEGIN, RMT_DATA, RMT_COMMIT, RMT_ABORT, RMT_REPLY, RMT_TYPE_END } rmt_type_t;
+
+/* A header, both ways. Strings are not NUL-terminated: decoded, they point into the frame. */
+typedef struct {
+    rmt_type_t type;
+    uint64_t seq;
+    const char *job;      /* begin */
+    size_t job_len;
+    int32_t keep;         /* begin: the job's keep_latest_k, 0 = all */
+    uint64_t step;        /* begin */
+    uint32_t file;        /* data */
+    uint64_t offset;      /* data */
+    int ok;               /* reply */
+    uint64_t code;        /* reply: an errno, 0 when ok */
+    const char *text;     /* reply */
+    size_t text_len;
+} rmt_hdr_t;
+
+/* The type's name on the wire ("begin"). */
+const char *rmt_type_name(rmt_type_t t);
+/* Whether a payload frame follows a header of this type. */
+bool rmt_has_payload(rmt_type_t t);
+/* Parses and checks a header: version first, then the type, then the fields that type needs,
+ * then that a payload frame came (payload) exactly when the type has one. Returns 0, or
+ * -EBADMSG / -EMSGSIZE / -EPROTO (another version) with the reason in err; *h then holds
+ * what was read (its seq, once the type is known). */
+int rmt_hdr_decode(const void *buf, size_t len, int payload, rmt_hdr_t *h, char *err, size_t errlen);
+/* Encodes a header into a malloc'ed buffer (the caller free()s it). Returns 0, -EINVAL (not a
+ * type; a string with a length but no bytes), -EMSGSIZE (over RMT_HDR_MAX) or -ENOMEM. */
+int rmt_hdr_encode(const rmt_hdr_t *h, uint8_t **buf, size_t *len);
+/* Sends [to,] header [, payload] on sock (to: the routing id, for the server's ROUTER). flags
+ * adds ZMQ_DONTWAIT where the caller must not block. Returns 0 or -errno. */
+int rmt_send(void *sock, const void *to, size_t tolen, const rmt_hdr_t *h, const void *payload, size_t n,
+             int flags);
+
+/* Receives one whole multipart message: the first max frames into f (initialised here, the
+ * caller closes all max of them), the rest counted and dropped; *n gets the frame count.
+ * flags: ZMQ_DONTWAIT or 0 for the first frame; the rest of a message is always there. */
+int rmt_recv_frames(void *sock, zmq_msg_t *f, int max, int *n, int flags);
+void rmt_close_frames(zmq_msg_t *f, int max);
+/* zmq_setsockopt of an int; 0 or -errno. */
+int rmt_set_int(void *sock, int opt, int v);
+
+/* Reads the first key (all: every key, at most max) of a key file into keys (binary, may be
+ * NULL) and z85 (may be NULL); *n gets the count. */
+int rmt_keys_load(const char *path, uint8_t (*keys)[32], char (*z85)[RMT_KEY_Z85 + 1], int max, bool all, int *n,
+                  char *err, size_t errlen);
+/* A secret key file and its public key, refused like ssh does when others can read it. */
+int rmt_secret_load(const char *path, char key[RMT_KEY_Z85 + 1], char pub[RMT_KEY_Z85 + 1], char *err,
+                    size_t errlen);
+
+#endif

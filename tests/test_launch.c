@@ -797,16 +797,36 @@ static int free_port(void)
     return ntohs(a.sin_port);
 }
 
-/* Two hosts on one machine (host 1's segments carry the suffix -h1): `ctitan launch` with
- * job.hosts 2 as the coordinator (host_rank 0) and as the agent of host 1, which takes its
- * place from SLURM_STEP_NUM_NODES / SLURM_NODEID as under srun. Each host runs one replica
- * (its 2 stages, 2 NCCL shards and a loader); the replicas meet only through NCCL (the
- * emulator's stand-in) and the control plane over TCP. Bitwise the losses of one host. */
+/* Job b on two "hosts" of this machine (host 1's segments carry the suffix -h1): host 1's
+ * agent in the background, placed by SLURM_STEP_NUM_NODES / SLURM_NODEID as under srun, and
+ * the coordinator (host_rank 0) here, on a free loopback port; both must succeed. out gets the
+ * coordinator's output, agent_out the agent's. */
+static void launch_two_hosts(const char *b, const char *args, char *out, size_t outlen, char *agent_out, size_t alen)
+{
+    char extra[1024], path[300];
+    snprintf(extra, sizeof(extra), "%s --job.hosts 2 --job.endpoint tcp://127.0.0.1:%d", args, free_port());
+    setenv("SLURM_STEP_NUM_NODES", "2", 1);
+    setenv("SLURM_NODEID", "1", 1);
+    pid_t agent = launch_bg(b, extra);
+    unsetenv("SLURM_STEP_NUM_NODES");
+    unsetenv("SLURM_NODEID");
+    int rc = launch(b, extra, out, outlen);
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+    assert_int_equal(tu_reap(agent, 60, NULL), 0);
+    snprintf(path, sizeof(path), "%s/%s.out", g_dir, b);
+    tu_read_file(path, agent_out, alen);
+}
+
+/* Two hosts on one machine, each running one replica (its 2 stages, 2 NCCL shards and a
+ * loader); the replicas meet only through NCCL (the emulator's stand-in) and the control plane
+ * over TCP. Bitwise the losses of one host. */
 static void test_launch_two_hosts_train_like_one_on_the_emulated_backend(void **state)
 {
     TU_NEED_BIN();
-    static char out[1 << 16];
-    char a[32], b[32], bh1[40], extra[512], path[300];
+    static char out[1 << 16], agent_out[1 << 16];
+    char a[32], b[32], bh1[40];
     const char *shape = "--model.dim 32 --model.n_heads 2 --model.n_kv_heads 1 --training.steps 3 --job.device cuda "
                         "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_plane nccl";
     job_name(a, sizeof(a), "onehost");
@@ -814,22 +834,10 @@ static void test_launch_two_hosts_train_like_one_on_the_emulated_backend(void **
     snprintf(bh1, sizeof(bh1), "%s-h1", b);
     use_sim_plugin();
     launch_ok(a, shape, out, sizeof(out));
-    snprintf(extra, sizeof(extra), "%s --job.hosts 2 --job.endpoint tcp://127.0.0.1:%d", shape, free_port());
-    setenv("SLURM_STEP_NUM_NODES", "2", 1);
-    setenv("SLURM_NODEID", "1", 1);
-    pid_t agent = launch_bg(b, extra);
-    unsetenv("SLURM_STEP_NUM_NODES");
-    unsetenv("SLURM_NODEID");
-    int rc = launch(b, extra, out, sizeof(out));
+    launch_two_hosts(b, shape, out, sizeof(out), agent_out, sizeof(agent_out));
     unsetenv("CTITAN_CUDA_PLUGIN");
-    if (rc)
-        print_error("%s\n", out);
-    assert_int_equal(rc, 0);
     assert_non_null(strstr(out, "4 optimizer shards; 10 processes")); /* a loader per host */
-    assert_int_equal(tu_reap(agent, 60, NULL), 0);
-    snprintf(path, sizeof(path), "%s/%s.out", g_dir, b);
-    tu_read_file(path, out, sizeof(out));
-    assert_non_null(strstr(out, "host 1 of 2: 5 processes"));
+    assert_non_null(strstr(agent_out, "host 1 of 2: 5 processes"));
     assert_same_losses(a, b, 3);
     assert_clean(b);
     assert_clean(bh1);
@@ -878,8 +886,8 @@ static void test_launch_load_without_enable_only_loads(void **state)
 static void test_launch_two_hosts_resume_a_one_host_checkpoint(void **state)
 {
     TU_NEED_BIN();
-    static char out[1 << 16];
-    char a[32], b[32], bh1[40], dir[256], extra[1024], path[300];
+    static char out[1 << 16], agent_out[1 << 16];
+    char a[32], b[32], bh1[40], dir[256], extra[1024];
     const char *shape = "--model.dim 32 --model.n_heads 2 --model.n_kv_heads 1 --training.steps 4 --job.device cuda "
                         "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_plane nccl";
     job_name(a, sizeof(a), "hlone");
@@ -889,23 +897,11 @@ static void test_launch_two_hosts_resume_a_one_host_checkpoint(void **state)
     snprintf(extra, sizeof(extra), "%s --checkpoint.enable true --checkpoint.interval 2", shape);
     launch_ok(a, extra, out, sizeof(out));
     ckpt_dir(dir, sizeof(dir), a);
-    snprintf(extra, sizeof(extra), "%s --job.hosts 2 --job.endpoint tcp://127.0.0.1:%d --checkpoint.load %s/step-00000002",
-             shape, free_port(), dir);
-    setenv("SLURM_STEP_NUM_NODES", "2", 1);
-    setenv("SLURM_NODEID", "1", 1);
-    pid_t agent = launch_bg(b, extra);
-    unsetenv("SLURM_STEP_NUM_NODES");
-    unsetenv("SLURM_NODEID");
-    int rc = launch(b, extra, out, sizeof(out));
+    snprintf(extra, sizeof(extra), "%s --checkpoint.load %s/step-00000002", shape, dir);
+    launch_two_hosts(b, extra, out, sizeof(out), agent_out, sizeof(agent_out));
     unsetenv("CTITAN_CUDA_PLUGIN");
-    if (rc)
-        print_error("%s\n", out);
-    assert_int_equal(rc, 0);
     assert_non_null(strstr(out, "(after step 2)"));
-    assert_int_equal(tu_reap(agent, 60, NULL), 0);
-    snprintf(path, sizeof(path), "%s/%s.out", g_dir, b);
-    tu_read_file(path, out, sizeof(out));
-    assert_non_null(strstr(out, "host 1: checkpoint of step 2 loaded"));
+    assert_non_null(strstr(agent_out, "host 1: checkpoint of step 2 loaded"));
     assert_resumed_losses(a, b, 2, 4);
     assert_clean(b);
     assert_clean(bh1);

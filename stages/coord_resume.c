@@ -141,6 +141,9 @@ int coord_resume_host(coord_t *c, char *err, size_t errlen)
         printf("launch: host %d: no checkpoint to load: starting from step 0\n", m->host_rank);
         return 0;
     }
+    if (h->cursor_len > sizeof(c->resume_cursor))
+        return util_fail(err, errlen, -EBADMSG, "host %d: the staging segment holds a loader cursor of %u bytes (at "
+                         "most %zu)", m->host_rank, h->cursor_len, sizeof(c->resume_cursor));
     c->step = step;
     memcpy(c->resume_cursor, h->cursor, h->cursor_len);
     c->resume_cursor_len = h->cursor_len;

@@ -180,9 +180,9 @@ int coord_pump(coord_t *c, int (*cond)(coord_t *, void *), void *arg, double tim
         double left = deadline - util_now();
         if (left <= 0)
             return -ETIMEDOUT;
-        int ms = (int)(left * 1e3) + 1;
         int hb = c->m->heartbeat_interval_ms;
-        ms = ms < hb ? ms : hb;
+        /* compared as a double first: the round trips wait up to 1e9 s, past an int's range */
+        int ms = left * 1e3 < hb ? (int)(left * 1e3) + 1 : hb;
         zmq_pollitem_t items[2] = {{.socket = ctl_socket(c->ctl), .events = ZMQ_POLLIN},
                                    {.fd = c->sigfd, .events = ZMQ_POLLIN}};
         zmq_poll(items, 2, ms);

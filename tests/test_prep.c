@@ -411,7 +411,7 @@ static int run_cli(const char *const *args)
 static void test_cli_exit_codes(void **state)
 {
     fixture_t *f = *state;
-    const char *bin = getenv("CTITAN_BIN") ? getenv("CTITAN_BIN") : "build/bin/ctitan";
+    const char *bin = tu_ctitan();
     if (access(bin, X_OK)) {
         fprintf(stderr, "%s not built (run from the repo root after `make`): skipping\n", bin);
         skip();

@@ -15,8 +15,7 @@
 
 static const char *bin(void)
 {
-    const char *b = getenv("CTITAN_BIN");
-    return b ? b : "build/bin/ctitan";
+    return tu_ctitan();
 }
 
 static void test_train_tiny_model_loss_falls_and_samples(void **state)

@@ -264,20 +264,21 @@ extern "C" void cuda_model_acts_destroy(cuda_model_acts_t **pa)
     *pa = NULL;
 }
 
-/* Carves n elements of size es, 256-byte aligned, from *p (or just counts when base is 0). */
-static void *take(char **p, size_t n, size_t es)
+/* Carves n elements of size es, 256-byte aligned, at offset *off of base (or just counts when
+ * base is 0: no pointer arithmetic on a null pointer, which is undefined). */
+static void *take(char *base, size_t *off, size_t n, size_t es)
 {
-    char *r = *p;
-    *p += (n * es + 255) / 256 * 256;
+    char *r = base ? base + *off : NULL;
+    *off += (n * es + 255) / 256 * 256;
     return r;
 }
 
 static size_t carve(const cuda_model_t *m, cuda_model_acts_t *a, char *base)
 {
     size_t N = a->N, D = m->D, QD = m->QD, KD = m->KD, F = m->F, V = m->V, BHT = (size_t)a->B * m->H * a->T;
-    char *p = base;
-#define T16(n) (bf16_t *)take(&p, (n), 2)
-#define T32(n) (float *)take(&p, (n), 4)
+    size_t off = 0;
+#define T16(n) (bf16_t *)take(base, &off, (n), 2)
+#define T32(n) (float *)take(base, &off, (n), 4)
     for (int i = 0; i < m->nl; i++) {
         layer_acts_t *L = &a->l[i];
         L->h_in = T16(N * D); L->xn1 = T16(N * D); L->q = T16(N * QD); L->k = T16(N * KD); L->v = T16(N * KD);
@@ -287,8 +288,8 @@ static size_t carve(const cuda_model_t *m, cuda_model_acts_t *a, char *base)
         L->df = T16(N * D); L->da = T16(N * F); L->db = T16(N * F); L->dxn2 = T16(N * D); L->dh1 = T16(N * D);
         L->dq = T16(N * QD); L->dk = T16(N * KD); L->dv = T16(N * KD); L->dxn1 = T16(N * D);
     }
-    a->tokens = (int32_t *)take(&p, N, 4);
-    a->targets = (int32_t *)take(&p, N, 4);
+    a->tokens = (int32_t *)take(base, &off, N, 4);
+    a->targets = (int32_t *)take(base, &off, N, 4);
     a->io = T32(N * D);
     a->x_top = T16(N * D);
     a->d_bottom = T16(N * D);
@@ -301,7 +302,7 @@ static size_t carve(const cuda_model_t *m, cuda_model_acts_t *a, char *base)
     }
 #undef T16
 #undef T32
-    return (size_t)(p - base);
+    return off;
 }
 
 extern "C" int cuda_model_acts_new(cuda_model_acts_t **out, const cuda_model_t *m, int B, int T)

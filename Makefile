@@ -64,7 +64,7 @@ ifeq ($(CUDA),1)
 ALL += $(GPU_TESTS) $(CUDA_SO)
 endif
 
-.PHONY: all test test-asan asan test-gpu bench bench-gpu demo clean deps
+.PHONY: all test test-asan asan fuzzers fuzz-bins fuzz test-fuzz fuzz-seeds test-gpu bench bench-gpu demo clean deps
 all: $(ALL)
 
 # Installs missing Debian packages (as root) before anything compiles.
@@ -191,9 +191,13 @@ $(BUILD)/tests/gpu/%: $(BUILD)/obj/tests/gpu/%.o $(BUILD)/libctitan_cuda.a $(BUI
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(GPUTESTLIBS) $(TESTLIBS)
 
 # Every cmocka program runs; the last line sums them up ("N passed, N failed"). Then the
-# layering: no include points up a floor (tools/check_layers.sh).
+# layering: no include points up a floor (tools/check_layers.sh); each fuzz harness for a few
+# seconds from its corpus (test-fuzz); and every test program again under ASan and UBSan
+# (test-asan, its own summary line). CI runs this (.ci/run).
 test: all
-	@bash tests/run.sh $(TESTS); s=$$?; bash tools/check_layers.sh && exit $$s
+	@bash tests/run.sh $(TESTS); s=$$?; bash tools/check_layers.sh || s=1; \
+	echo "== make test-fuzz"; $(MAKE) --no-print-directory test-fuzz || s=1; \
+	echo "== make test-asan"; $(MAKE) --no-print-directory test-asan || s=1; exit $$s
 
 # make test-asan: the whole tree again (CUDA=0), compiled by clang with AddressSanitizer and
 # UndefinedBehaviorSanitizer into build/asan: the C programs, the emulator's C++ and the emulated
@@ -212,6 +216,40 @@ asan:
 	@$(MAKE) --no-print-directory CUDA=0 BUILD=$(ASAN_BUILD) CC=$(ASAN_CC) CXX=$(ASAN_CXX) SAN="$(ASAN_SAN)" all
 test-asan: asan
 	@$(ASAN_ENV) bash tests/run.sh $(ASAN_TESTS)
+
+# Fuzzing (tests/fuzz/): one libFuzzer harness per decoder of outside input, built by clang with
+# libFuzzer's coverage, ASan and UBSan into build/fuzz; seed corpora in tests/fuzz/corpus/NAME/.
+# make fuzz [FUZZ_TIME=s]: each target in turn for FUZZ_TIME seconds (new inputs kept in
+# build/fuzz/corpus/NAME, crashes as build/fuzz/crash-NAME-*); make test-fuzz: each for
+# FUZZ_CI_TIME seconds from its corpus, the regression run make test does.
+# ckpt_header (ckpt_data_header_read) joins FUZZ_TARGETS once checkpointd/ckpt.h has that reader.
+FUZZ_BUILD   := build/fuzz
+FUZZ_TARGETS := msg toml manifest ckpt_index tokfile tokenizer remote
+FUZZ_SAN     := -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize=vptr,function \
+                -fno-sanitize-recover=all -fno-omit-frame-pointer
+FUZZ_TIME    ?= 60
+FUZZ_CI_TIME ?= 3
+FUZZ_RUN     := -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
+$(BUILD)/bin/fuzz_%: $(BUILD)/obj/tests/fuzz/fuzz_%.o $(BUILD)/libctitan.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -fsanitize=fuzzer -o $@ $^ $(LDLIBS)
+fuzz-bins: $(FUZZ_TARGETS:%=$(BUILD)/bin/fuzz_%) ; @:
+fuzzers:
+	@$(MAKE) --no-print-directory CUDA=0 BUILD=$(FUZZ_BUILD) CC=$(ASAN_CC) CXX=$(ASAN_CXX) SAN="$(FUZZ_SAN)" fuzz-bins
+fuzz: fuzzers
+	@for t in $(FUZZ_TARGETS); do mkdir -p $(FUZZ_BUILD)/corpus/$$t; echo "fuzz: $$t for $(FUZZ_TIME) s"; \
+	  $(FUZZ_BUILD)/bin/fuzz_$$t $(FUZZ_RUN) -max_total_time=$(FUZZ_TIME) -artifact_prefix=$(FUZZ_BUILD)/crash-$$t- \
+	    $(FUZZ_BUILD)/corpus/$$t tests/fuzz/corpus/$$t || exit 1; done
+test-fuzz: fuzzers
+	@for t in $(FUZZ_TARGETS); do d=$(FUZZ_BUILD)/ci/$$t; rm -rf $$d; mkdir -p $$d; \
+	  if $(FUZZ_BUILD)/bin/fuzz_$$t $(FUZZ_RUN) -max_total_time=$(FUZZ_CI_TIME) -artifact_prefix=$$d/crash- \
+	       $$d tests/fuzz/corpus/$$t >$$d/log 2>&1; \
+	  then echo "fuzz: $$t: $$(grep -o 'stat::number_of_executed_units: *[0-9]*' $$d/log | grep -o '[0-9]*$$') runs, no crash"; \
+	  else tail -40 $$d/log; echo "fuzz: $$t FAILED (input in $$d/crash-*)"; s=1; fi; done; exit $${s:-0}
+# Rewrites tests/fuzz/corpus from the encoders and `ctitan prep --vocab 300` of tests/fuzz/seed.txt.
+fuzz-seeds: $(BUILD)/tests/fuzz/seeds $(BUILD)/bin/ctitan
+	rm -rf $(BUILD)/fuzz-prep && $(BUILD)/bin/ctitan prep --vocab 300 --out $(BUILD)/fuzz-prep tests/fuzz/seed.txt
+	$(BUILD)/tests/fuzz/seeds tests/fuzz/corpus $(BUILD)/fuzz-prep
 
 test-gpu: all
 	@if [ "$(CUDA)" != 1 ]; then echo "test-gpu: nvcc not found, nothing to run"; exit 1; fi

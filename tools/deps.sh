@@ -2,8 +2,10 @@
 # Installs the Debian packages ctitan needs; the Makefile runs it when a library is missing.
 # Exits 0 when everything is present, installs with apt-get when run as root, else says what to run.
 set -eu
+# clang-14 and libclang-rt-14-dev: the sanitizer build and the fuzz harnesses that make test
+# runs (make test-asan, make test-fuzz); the second holds libFuzzer and the sanitizer runtimes.
 pkgs=(build-essential pkg-config libzmq3-dev libmsgpack-dev liburing-dev libcmocka-dev
-      libopenblas-dev libxxhash-dev fortunes)
+      libopenblas-dev libxxhash-dev fortunes clang-14 libclang-rt-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -1,0 +1,240 @@
+/* Writes the seed corpora of tests/fuzz/ (make fuzz-seeds): real inputs of each decoder made by
+ * the project's own encoders, the repo's manifests, and the token file and tokenizer that
+ * `ctitan prep --vocab 300` made of seed.txt (PREP_DIR). Usage: seeds DIR PREP_DIR */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "checkpointd/ckpt.h"
+#include "checkpointd/remote_int.h"
+#include "ipc/msg.h"
+#include "kernels/config.h"
+#include "kernels/params.h"
+#include "stages/manifest.h"
+#include "stages/tokenizer.h"
+#include "stages/tokfile.h"
+
+static const char *g_dir;
+
+#define CHECK(x)                                                         \
+    do {                                                                 \
+        if (!(x)) {                                                      \
+            fprintf(stderr, "seeds: %s:%d: %s failed\n", __FILE__, __LINE__, #x); \
+            exit(1);                                                     \
+        }                                                                \
+    } while (0)
+
+/* DIR/<target>/<name>: an optional first byte (the harness's mode byte, -1 for none), then data. */
+static void put(const char *target, const char *name, int mode, const void *data, size_t n)
+{
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/%s", g_dir, target);
+    CHECK(mkdir(path, 0755) == 0 || errno == EEXIST);
+    snprintf(path, sizeof(path), "%s/%s/%s", g_dir, target, name);
+    FILE *f = fopen(path, "wb");
+    CHECK(f);
+    if (mode >= 0)
+        CHECK(fputc(mode, f) != EOF);
+    CHECK(n == 0 || fwrite(data, 1, n, f) == n);
+    CHECK(fclose(f) == 0);
+}
+
+static uint8_t *slurp(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    CHECK(f);
+    CHECK(fseek(f, 0, SEEK_END) == 0);
+    long k = ftell(f);
+    CHECK(k >= 0);
+    rewind(f);
+    uint8_t *b = malloc((size_t)k + 1);
+    CHECK(b && fread(b, 1, (size_t)k, f) == (size_t)k);
+    fclose(f);
+    *n = (size_t)k;
+    return b;
+}
+
+static void msg_seed(const msg_t *m)
+{
+    uint8_t *buf;
+    size_t n;
+    CHECK(msg_encode(m, &buf, &n) == 0);
+    put("msg", msg_type_name(m->type), -1, buf, n);
+    free(buf);
+}
+
+static void msg_seeds(void)
+{
+    uint8_t cursor[16] = {0x82, 0xa5, 'e', 'p', 'o', 'c', 'h', 0x01, 0xa6, 's', 'a', 'm', 'p', 'l', 'e', 0x07};
+    for (int t = MSG_HELLO; t < MSG_TYPE_END; t++) {
+        msg_t m = {.type = (msg_type_t)t, .rank = 1, .replica = 0, .pid = 4242, .step = 17,
+                   .progress = 123456, .loss = 4.25, .grad_norm = 0.5, .scale = 1.0, .lr = 8e-4,
+                   .t_f = 0.01, .t_b = 0.02, .t_w = 0.005, .t_busy = 0.03, .t_wait = 0.001,
+                   .ok = 1, .mem = 1u << 20};
+        snprintf(m.role, sizeof(m.role), "stage");
+        CHECK(msg_set_text(&m, t == MSG_CONFIG ? "[job]\nname = \"demo\"\n" : "runs/demo/checkpoint/step-00000017") == 0);
+        CHECK(msg_set_data(&m, cursor, sizeof(cursor)) == 0);
+        msg_seed(&m);
+        msg_clear(&m);
+    }
+}
+
+static void manifest_seeds(void)
+{
+    const char *files[] = {"manifests/demo.toml", "manifests/tiny.toml"};
+    for (int i = 0; i < 2; i++) {
+        size_t n;
+        uint8_t *b = slurp(files[i], &n);
+        put("manifest", strrchr(files[i], '/') + 1, -1, b, n);
+        put("toml", strrchr(files[i], '/') + 1, -1, b, n);
+        free(b);
+    }
+    static manifest_t m;
+    char err[512];
+    CHECK(manifest_load(&m, "manifests/demo.toml", err, sizeof(err)) == 0);
+    CHECK(manifest_validate(&m, err, sizeof(err)) == 0);
+    char *text = manifest_to_toml(&m);
+    CHECK(text);
+    put("manifest", "demo-resolved.toml", -1, text, strlen(text));
+    put("toml", "demo-resolved.toml", -1, text, strlen(text));
+    free(text);
+    /* the syntax the reader takes, in one file; and an override value */
+    const char *syntax = "# comment\r\n[job]\nname = \"a\\tb\\u00e9\\U0001F600\" # trailing\n"
+                         "description = 'literal \\ string'\n[training]\nsteps = 1_000\nseed = 0xff\n"
+                         "max_norm = -2.5E3\nthreads = 0o17\n[x]\nb = 0b101\nf = [inf, -inf, nan, 1e-4]\n"
+                         "a = [ [1, 2], [\"x\", 'y'], [true, false], ]\nm = [\n  1,\n  2,\n]\n";
+    put("toml", "syntax.toml", -1, syntax, strlen(syntax));
+    const char *split = "[parallelism]\npipeline_parallel_degree = 2\n"
+                        "pipeline_parallel_split_points = [\"layers.3\"]\n";
+    put("manifest", "split.toml", -1, split, strlen(split));
+    put("toml", "value", -1, "[1e-4, 2]", 9);
+}
+
+static void ckpt_seeds(void)
+{
+    model_config_t cfg;
+    CHECK(config_preset("tiny", &cfg) == 0);
+    cfg.n_layers = 1;
+    param_table_t tab;
+    CHECK(params_table_init(&tab, &cfg) == 0);
+    uint8_t cursor[3] = {0x81, 0xa1, 's'};
+    ckpt_index_t ix;
+    CHECK(ckpt_index_plan(&ix, &tab, 17, "[job]\nname = \"t\"\n", cursor, sizeof(cursor)) == 0);
+    float *arr = calloc(tab.total, sizeof(float));
+    CHECK(arr);
+    for (size_t i = 0; i < tab.total; i++)
+        arr[i] = (float)i * 0.25f;
+    for (uint32_t f = 0; f < 3; f++)
+        ckpt_index_hash(&ix, f, arr);
+    uint8_t *buf;
+    size_t n;
+    CHECK(ckpt_index_encode(&ix, &buf, &n) == 0);
+    /* the harness frames a body itself (mode 0) or takes the whole index (mode 1) */
+    put("ckpt_index", "tiny-1-layer-body", 0, buf + 24, n - 24 - 8);
+    put("ckpt_index", "tiny-1-layer-whole", 1, buf, n);
+    free(buf);
+    ckpt_index_free(&ix);
+    CHECK(ckpt_index_plan(&ix, &tab, 0, "", NULL, 0) == 0);
+    CHECK(ckpt_index_encode(&ix, &buf, &n) == 0);
+    put("ckpt_index", "step-0-no-cursor-body", 0, buf + 24, n - 24 - 8);
+    free(buf);
+    ckpt_index_free(&ix);
+    free(arr);
+    params_table_free(&tab);
+    static uint8_t block[CKPT_DATA_HDR];
+    const char *names[3] = {"model.bin", "exp_avg.bin", "exp_avg_sq.bin"};
+    for (uint32_t f = 0; f < 3; f++) {
+        ckpt_data_header(block, f, 17 + f);
+        put("ckpt_header", names[f], -1, block, sizeof(block));
+    }
+}
+
+static void tok_seeds(const char *prep)
+{
+    char path[1024], err[512];
+    size_t n;
+    snprintf(path, sizeof(path), "%s/train.bin", prep);
+    uint8_t *b = slurp(path, &n);
+    put("tokfile", "prep-train.bin", -1, b, n);
+    free(b);
+    snprintf(path, sizeof(path), "%s/val.bin", prep);
+    b = slurp(path, &n);
+    put("tokfile", "prep-val.bin", -1, b, n);
+    free(b);
+    snprintf(path, sizeof(path), "%s/tokenizer.bin", prep);
+    b = slurp(path, &n);
+    put("tokenizer", "prep-vocab300-fixed-sum", 0, b, n);
+    put("tokenizer", "prep-vocab300-whole", 1, b, n);
+    free(b);
+    /* tokfile_write's two widths, and llm.c's two formats by hand (256 int32 header) */
+    uint32_t tok[8] = {1, 2, 3, 70000, 5, 6, 7, 8};
+    snprintf(path, sizeof(path), "%s/u32.bin", prep);
+    CHECK(tokfile_write(path, tok, 8, 70001, err, sizeof(err)) == 0);
+    b = slurp(path, &n);
+    put("tokfile", "ctitan-u32.bin", -1, b, n);
+    free(b);
+    snprintf(path, sizeof(path), "%s/u16.bin", prep);
+    CHECK(tokfile_write(path, tok, 3, 300, err, sizeof(err)) == 0);
+    b = slurp(path, &n);
+    put("tokfile", "ctitan-u16.bin", -1, b, n);
+    free(b);
+    int32_t hdr[256] = {0};
+    uint8_t llmc[sizeof(hdr) + 16];
+    uint16_t t16[4] = {10, 20, 30, 299};
+    hdr[0] = TOKFILE_LLMC_MAGIC, hdr[1] = TOKFILE_LLMC_VERSION, hdr[2] = 4;
+    memcpy(llmc, hdr, sizeof(hdr));
+    memcpy(llmc + sizeof(hdr), t16, sizeof(t16));
+    put("tokfile", "llmc-gpt2.bin", -1, llmc, sizeof(hdr) + sizeof(t16));
+    uint32_t t32[4] = {10, 20, 30, 128000};
+    hdr[0] = TOKFILE_LLMC_LLAMA3_MAGIC, hdr[1] = TOKFILE_LLMC_LLAMA3_VERSION, hdr[2] = 4;
+    memcpy(llmc, hdr, sizeof(hdr));
+    memcpy(llmc + sizeof(hdr), t32, sizeof(t32));
+    put("tokfile", "llmc-llama3.bin", -1, llmc, sizeof(hdr) + sizeof(t32));
+    /* the smallest tokenizer: one merge */
+    const char *text = "aaaa bbbb aaaa";
+    tok_t *t;
+    CHECK(tok_train(&t, (const uint8_t *)text, strlen(text), TOK_MIN_VOCAB, err, sizeof(err)) == 0);
+    snprintf(path, sizeof(path), "%s/min.bin", prep);
+    CHECK(tok_save(t, path, err, sizeof(err)) == 0);
+    tok_destroy(&t);
+    b = slurp(path, &n);
+    put("tokenizer", "vocab257-fixed-sum", 0, b, n);
+    free(b);
+}
+
+static void remote_seeds(void)
+{
+    const char *text = "/srv/ckpt/demo/step-00000017";
+    rmt_hdr_t h[] = {
+        {.type = RMT_BEGIN, .seq = 1, .job = "demo", .job_len = 4, .keep = 3, .step = 17},
+        {.type = RMT_DATA, .seq = 2, .file = 1, .offset = 4096},
+        {.type = RMT_COMMIT, .seq = 3},
+        {.type = RMT_ABORT, .seq = 4},
+        {.type = RMT_REPLY, .seq = 3, .ok = 1, .code = 0, .text = text, .text_len = strlen(text)},
+    };
+    for (size_t i = 0; i < sizeof(h) / sizeof(h[0]); i++) {
+        uint8_t *buf;
+        size_t n;
+        CHECK(rmt_hdr_encode(&h[i], &buf, &n) == 0);
+        put("remote", rmt_type_name(h[i].type), rmt_has_payload(h[i].type), buf, n);
+        free(buf);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 3) {
+        fprintf(stderr, "usage: seeds DIR PREP_DIR (run from the repo root)\n");
+        return 2;
+    }
+    g_dir = argv[1];
+    msg_seeds();
+    manifest_seeds();
+    ckpt_seeds();
+    tok_seeds(argv[2]);
+    remote_seeds();
+    return 0;
+}

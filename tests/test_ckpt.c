@@ -361,6 +361,80 @@ static void test_ckpt_verify_names_damage(void **state)
     assert_non_null(strstr(err, "incomplete"));
 }
 
+/* Runs fn(f, arg) in a child that must be done within `secs` (a reader that opened a FIFO
+ * would wait for a writer forever). Returns fn's result, or -1 when the child had to be killed. */
+static int within(double secs, int (*fn)(fx_t *, const char *), fx_t *f, const char *arg)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0)
+        _exit(fn(f, arg));
+    return tu_reap(pid, secs, NULL);
+}
+
+/* verify and read of a checkpoint whose model.bin is a FIFO: 0 when both refuse it, naming it */
+static int fifo_data(fx_t *f, const char *path)
+{
+    char err[1024], *out = NULL;
+    size_t olen;
+    int bad;
+    FILE *mem = open_memstream(&out, &olen);
+    int rc = ckpt_verify(path, mem, &bad, err, sizeof(err));
+    fclose(mem);
+    if (rc != -EBADMSG || !strstr(out, "model.bin: not a regular file"))
+        return 1;
+    ckpt_t *ck;
+    float x;
+    if (ckpt_open(&ck, path, err, sizeof(err)))
+        return 2;
+    rc = ckpt_read(ck, "lm_head.weight", 0, 1, &x, err, sizeof(err));
+    ckpt_close(&ck);
+    return rc == -EBADMSG && strstr(err, "model.bin: not a regular file") ? 0 : 3;
+}
+
+/* open and verify of a checkpoint whose index is a FIFO */
+static int fifo_index(fx_t *f, const char *path)
+{
+    char err[1024] = "";
+    ckpt_t *ck;
+    int bad;
+    if (ckpt_open(&ck, path, err, sizeof(err)) == 0 || !strstr(err, "index: not a regular file"))
+        return 1;
+    return ckpt_verify(path, NULL, &bad, err, sizeof(err)) && strstr(err, "not a regular file") ? 0 : 2;
+}
+
+/* latest past both: the good one below them */
+static int fifo_latest(fx_t *f, const char *dir)
+{
+    char err[1024], got[512], want[512];
+    if (ckpt_find_latest(dir, got, sizeof(got), NULL, err, sizeof(err)))
+        return 1;
+    snprintf(want, sizeof(want), "%s/step-00000004", dir);
+    return strcmp(got, want) ? 2 : 0;
+}
+
+/* A FIFO in place of a data file or the index is refused at once (it is not a regular file),
+ * never waited on: verify, read and latest all finish. */
+static void test_ckpt_fifo_in_place_of_a_file_is_refused_at_once(void **state)
+{
+    fx_t *f = *state;
+    char path[512], p[700], dir[300];
+    snprintf(dir, sizeof(dir), "%s/c", f->dir);
+    for (int s = 4; s <= 8; s += 2)
+        assert_int_equal(write_ckpt(f, "c", s, path, sizeof(path)), 0);
+    snprintf(p, sizeof(p), "%s/step-00000006/model.bin", dir);
+    assert_int_equal(unlink(p), 0);
+    assert_int_equal(mkfifo(p, 0644), 0);
+    snprintf(p, sizeof(p), "%s/step-00000008/index", dir);
+    assert_int_equal(unlink(p), 0);
+    assert_int_equal(mkfifo(p, 0644), 0);
+    snprintf(p, sizeof(p), "%s/step-00000006", dir);
+    assert_int_equal(within(5, fifo_data, f, p), 0);
+    snprintf(p, sizeof(p), "%s/step-00000008", dir);
+    assert_int_equal(within(5, fifo_index, f, p), 0);
+    assert_int_equal(within(5, fifo_latest, f, dir), 0);
+}
+
 static void test_ckpt_latest_falls_back_past_damaged_ones(void **state)
 {
     fx_t *f = *state;
@@ -664,6 +738,7 @@ int main(void)
         cmocka_unit_test(test_ckpt_index_decoder_walks_a_hostile_body_before_allocating),
         cmocka_unit_test(test_ckpt_safe_names),
         cmocka_unit_test_setup_teardown(test_ckpt_verify_names_damage, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ckpt_fifo_in_place_of_a_file_is_refused_at_once, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ckpt_latest_falls_back_past_damaged_ones, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ckpt_retain_keeps_newest_and_clears_dead_temporaries, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ckpt_same_step_again_replaces_it, setup, teardown),

@@ -3,7 +3,6 @@
 #include "checkpointd/ckpt.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <stdio.h>
@@ -33,25 +32,26 @@ static int load_index(const char *path, ckpt_index_t *ix, char *err, size_t errl
 {
     char ip[PATH_MAX + 8];
     snprintf(ip, sizeof(ip), "%s/index", path);
-    int fd = open(ip, O_RDONLY | O_CLOEXEC);
+    size_t size;
+    int fd = util_open_regular(ip, &size, err, errlen); /* a FIFO is refused, not waited on */
+    if (fd == -EINVAL) /* not a regular file: err says so */
+        return -EBADMSG;
     if (fd < 0) {
-        int e = errno;
         struct stat st;
-        if (e == ENOENT && stat(path, &st) == 0)
+        if (fd == -ENOENT && stat(path, &st) == 0)
             return util_fail(err, errlen, -ENOENT, "%s: no index: incomplete checkpoint", path);
-        return util_fail(err, errlen, -e, "%s: %s", e == ENOENT ? path : ip, strerror(e));
+        return util_fail(err, errlen, fd, "%s: %s", fd == -ENOENT ? path : ip, strerror(-fd));
     }
-    struct stat st;
-    int rc = fstat(fd, &st) < 0 ? -errno : 0;
     uint8_t *buf = NULL;
-    if (!rc && (st.st_size < 0 || (uint64_t)st.st_size > CKPT_INDEX_MAX))
-        rc = util_fail(err, errlen, -EFBIG, "%s: %lld bytes: larger than any index", ip, (long long)st.st_size);
-    else if (!rc && !(buf = malloc((size_t)st.st_size + 1)))
+    int rc = 0;
+    if (size > CKPT_INDEX_MAX)
+        rc = util_fail(err, errlen, -EFBIG, "%s: %zu bytes: larger than any index", ip, size);
+    else if (!(buf = malloc(size + 1)))
         rc = -ENOMEM;
-    else if (!rc && (rc = read_all(fd, buf, (size_t)st.st_size, 0)))
+    else if ((rc = read_all(fd, buf, size, 0)))
         util_fail(err, errlen, rc, "%s: cannot read: %s", ip, strerror(-rc));
-    else if (!rc)
-        rc = ckpt_index_decode(buf, (size_t)st.st_size, ix, ip, err, errlen);
+    else
+        rc = ckpt_index_decode(buf, size, ix, ip, err, errlen);
     free(buf);
     close(fd);
     return rc;
@@ -105,12 +105,13 @@ static int file_fd(ckpt_t *c, uint32_t f, char *err, size_t errlen)
         return c->fds[f];
     char p[PATH_MAX + CKPT_FILE_MAX + 2];
     snprintf(p, sizeof(p), "%s/%s", c->path, c->ix.files[f].name);
-    int fd = open(p, O_RDONLY | O_CLOEXEC);
+    size_t size;
+    int fd = util_open_regular(p, &size, err, errlen); /* a FIFO is refused, not waited on */
+    if (fd == -EINVAL) /* not a regular file: err says so */
+        return -EBADMSG;
     if (fd < 0)
-        return util_fail(err, errlen, -EBADMSG, "%s: missing (%s)", p, strerror(errno));
-    struct stat st;
-    fstat(fd, &st);
-    c->sizes[f] = (uint64_t)st.st_size;
+        return util_fail(err, errlen, -EBADMSG, "%s: missing (%s)", p, strerror(-fd));
+    c->sizes[f] = size;
     return c->fds[f] = fd;
 }
 

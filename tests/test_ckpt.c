@@ -361,6 +361,55 @@ static void test_ckpt_verify_names_damage(void **state)
     assert_non_null(strstr(err, "incomplete"));
 }
 
+/* Every byte of a data file's 4 KiB header counts: the magic, the version, the file's number
+ * and the step (both against the index) and the zeros after them. Any one flipped is named by
+ * verify and refused by a read, as a header copied from another file or another step is. */
+static void test_ckpt_header_damage_is_caught_by_verify_and_read(void **state)
+{
+    fx_t *f = *state;
+    char path[512], err[1024], p[700], *out = NULL;
+    size_t olen;
+    int bad;
+    float x;
+    ckpt_t *ck;
+    assert_int_equal(write_ckpt(f, "c", 5, path, sizeof(path)), 0);
+    snprintf(p, sizeof(p), "%s/model.bin", path);
+    const long at[] = {0, 7, 8, 11, 12, 15, 16, 23, 24, 100, 2048, CKPT_DATA_HDR - 1};
+    for (size_t i = 0; i < sizeof(at) / sizeof(at[0]); i++) {
+        assert_int_equal(tu_flip_byte(p, at[i]), 0);
+        FILE *mem = open_memstream(&out, &olen);
+        int rc = ckpt_verify(path, mem, &bad, err, sizeof(err));
+        fclose(mem);
+        if (rc != -EBADMSG || !strstr(out, "model.bin") || !strstr(out, "header"))
+            fail_msg("byte %ld of the header flipped: verify says %d: %s", at[i], rc, out);
+        free(out);
+        assert_int_equal(ckpt_open(&ck, path, err, sizeof(err)), 0);
+        assert_int_equal(ckpt_read(ck, "lm_head.weight", 0, 1, &x, err, sizeof(err)), -EBADMSG);
+        assert_non_null(strstr(err, "header"));
+        ckpt_close(&ck);
+        assert_int_equal(tu_flip_byte(p, at[i]), 0);
+        assert_int_equal(ckpt_verify(path, NULL, &bad, err, sizeof(err)), 0);
+    }
+    /* exp_avg.bin's header in model.bin (file 1 where file 0 belongs), then step 6's */
+    static uint8_t hdr[CKPT_DATA_HDR];
+    const int64_t steps[2] = {5, 6};
+    const uint32_t files[2] = {1, 0};
+    const char *why[2] = {"file", "step"};
+    for (int k = 0; k < 2; k++) {
+        ckpt_data_header(hdr, files[k], steps[k]);
+        FILE *fp = fopen(p, "r+b");
+        assert_non_null(fp);
+        assert_int_equal(fwrite(hdr, 1, sizeof(hdr), fp), sizeof(hdr));
+        fclose(fp);
+        assert_int_equal(ckpt_verify(path, NULL, &bad, err, sizeof(err)), -EBADMSG);
+        assert_int_equal(ckpt_open(&ck, path, err, sizeof(err)), 0);
+        assert_int_equal(ckpt_read(ck, "lm_head.weight", 0, 1, &x, err, sizeof(err)), -EBADMSG);
+        if (!strstr(err, "header") || !strstr(err, why[k]))
+            fail_msg("a header of %s: %s", why[k], err);
+        ckpt_close(&ck);
+    }
+}
+
 /* Runs fn(f, arg) in a child that must be done within `secs` (a reader that opened a FIFO
  * would wait for a writer forever). Returns fn's result, or -1 when the child had to be killed. */
 static int within(double secs, int (*fn)(fx_t *, const char *), fx_t *f, const char *arg)
@@ -738,6 +787,7 @@ int main(void)
         cmocka_unit_test(test_ckpt_index_decoder_walks_a_hostile_body_before_allocating),
         cmocka_unit_test(test_ckpt_safe_names),
         cmocka_unit_test_setup_teardown(test_ckpt_verify_names_damage, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ckpt_header_damage_is_caught_by_verify_and_read, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ckpt_fifo_in_place_of_a_file_is_refused_at_once, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ckpt_latest_falls_back_past_damaged_ones, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ckpt_retain_keeps_newest_and_clears_dead_temporaries, setup, teardown),

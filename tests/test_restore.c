@@ -128,6 +128,24 @@ static void test_restore_latest_is_the_newest_that_verifies_and_none_is_a_fresh_
     assert_int_equal(atomic_load(&((staging_hdr_t *)shm_data(f->seg))->step), 4);
 }
 
+/* A flipped byte in a data file's header (outside every chunk's checksum) makes the newest
+ * checkpoint unloadable: latest falls back to the one before, a path is refused. */
+static void test_restore_refuses_a_damaged_data_file_header(void **state)
+{
+    fx_t *f = *state;
+    char path[sizeof(f->m.ckpt_load)], want[512], err[1024];
+    write_ckpt(f, &f->m, 4);
+    write_ckpt(f, &f->m, 8);
+    snprintf(want, sizeof(want), "%s/step-00000008/exp_avg_sq.bin", f->dir);
+    assert_int_equal(tu_flip_byte(want, 17), 0); /* the step's second byte */
+    assert_int_equal(load(f, "latest", path, err, NULL), 0);
+    snprintf(want, sizeof(want), "%s/step-00000004", f->dir);
+    assert_string_equal(path, want);
+    snprintf(want, sizeof(want), "%s/step-00000008", f->dir);
+    assert_int_equal(load(f, want, path, err, NULL), -EBADMSG);
+    assert_non_null(strstr(err, "not loadable"));
+}
+
 static void test_restore_refuses_a_checkpoint_of_another_model_naming_the_key(void **state)
 {
     fx_t *f = *state;
@@ -180,6 +198,7 @@ int main(void)
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_restore_latest_is_the_newest_that_verifies_and_none_is_a_fresh_start,
                                         setup, teardown),
+        cmocka_unit_test_setup_teardown(test_restore_refuses_a_damaged_data_file_header, setup, teardown),
         cmocka_unit_test_setup_teardown(test_restore_refuses_a_checkpoint_of_another_model_naming_the_key, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_restore_names_a_missing_or_corrupt_directory_once_with_why, setup,

@@ -17,8 +17,9 @@
 struct ckpt {
     char path[PATH_MAX];
     ckpt_index_t ix;
-    int *fds;        /* per file, -1 until opened */
+    int *fds;        /* per file, -1 until opened (and its header checked) */
     uint64_t *sizes; /* per file, on disk */
+    uint8_t *has_hdr;/* per file: its chunks leave room for the data file header, which it must hold */
 };
 
 /* All n bytes at off, or -ENODATA when the file ends first. */
@@ -66,7 +67,8 @@ int ckpt_open(ckpt_t **out, const char *path, char *err, size_t errlen)
     snprintf(c->path, sizeof(c->path), "%s", path);
     int rc = load_index(path, &c->ix, err, errlen);
     if (!rc && (!(c->fds = malloc((size_t)c->ix.n_files * sizeof(int))) ||
-                !(c->sizes = calloc((size_t)c->ix.n_files, sizeof(uint64_t)))))
+                !(c->sizes = calloc((size_t)c->ix.n_files, sizeof(uint64_t))) ||
+                !(c->has_hdr = calloc((size_t)c->ix.n_files, 1))))
         rc = -ENOMEM;
     if (rc) {
         free(c->fds);
@@ -74,8 +76,14 @@ int ckpt_open(ckpt_t **out, const char *path, char *err, size_t errlen)
         ckpt_close(&c);
         return rc;
     }
-    for (int f = 0; f < c->ix.n_files; f++)
+    for (int f = 0; f < c->ix.n_files; f++) {
         c->fds[f] = -1;
+        c->has_hdr[f] = c->ix.files[f].bytes >= CKPT_DATA_HDR;
+    }
+    for (int i = 0; i < c->ix.n_tensors; i++)
+        for (uint32_t k = 0; k < c->ix.tensors[i].n_chunks; k++)
+            if (c->ix.tensors[i].chunks[k].offset < CKPT_DATA_HDR)
+                c->has_hdr[c->ix.tensors[i].chunks[k].file] = 0;
     *out = c;
     return 0;
 }
@@ -91,6 +99,7 @@ void ckpt_close(ckpt_t **pc)
                 close(c->fds[f]);
     free(c->fds);
     free(c->sizes);
+    free(c->has_hdr);
     ckpt_index_free(&c->ix);
     free(c);
     *pc = NULL;
@@ -98,6 +107,27 @@ void ckpt_close(ckpt_t **pc)
 
 const ckpt_index_t *ckpt_index(const ckpt_t *c) { return &c->ix; }
 const char *ckpt_path(const ckpt_t *c) { return c->path; }
+
+/* The header of data file f (open as fd) against the index: its number and the step. */
+static int check_header(ckpt_t *c, uint32_t f, int fd, const char *p, char *err, size_t errlen)
+{
+    static _Thread_local uint8_t hdr[CKPT_DATA_HDR];
+    char why[256];
+    uint32_t file;
+    int64_t step;
+    long got = util_read_all(fd, hdr, sizeof(hdr), 0);
+    if (got < 0)
+        return util_fail(err, errlen, -EBADMSG, "%s: cannot read its header: %s", p, strerror((int)-got));
+    if (ckpt_data_header_read(hdr, (size_t)got, &file, &step, why, sizeof(why)))
+        return util_fail(err, errlen, -EBADMSG, "%s: %s", p, why);
+    if (file != f)
+        return util_fail(err, errlen, -EBADMSG, "%s: header: says file %u, but it is file %u of the index (a "
+                         "header of another data file)", p, file, f);
+    if (step != c->ix.step)
+        return util_fail(err, errlen, -EBADMSG, "%s: header: says step %" PRId64 ", the index says step %" PRId64,
+                         p, step, c->ix.step);
+    return 0;
+}
 
 static int file_fd(ckpt_t *c, uint32_t f, char *err, size_t errlen)
 {
@@ -111,6 +141,11 @@ static int file_fd(ckpt_t *c, uint32_t f, char *err, size_t errlen)
         return -EBADMSG;
     if (fd < 0)
         return util_fail(err, errlen, -EBADMSG, "%s: missing (%s)", p, strerror(-fd));
+    int rc = c->has_hdr[f] ? check_header(c, f, fd, p, err, errlen) : 0;
+    if (rc) {
+        close(fd);
+        return rc;
+    }
     c->sizes[f] = size;
     return c->fds[f] = fd;
 }

@@ -23,7 +23,8 @@
  * not fp32 adds "optimizer.master.<name>" (ckpt_master_name says which to read).
  *
  * Every reader checks what it reads: the index by its own checksum and structure (names,
- * ranges inside the files, chunks covering each tensor exactly), data by chunk checksums.
+ * ranges inside the files, chunks covering each tensor exactly), data by chunk checksums,
+ * each data file's header against the index (ckpt_data_header_read).
  * Functions return 0 or -errno and say why in err; nothing here exits. */
 #ifndef CTITAN_CKPT_H
 #define CTITAN_CKPT_H
@@ -96,8 +97,16 @@ int ckpt_index_plan(ckpt_index_t *ix, const param_table_t *tab, int64_t step, co
  * from offset CKPT_DATA_HDR on. A plan with checksums makes the writer check the bytes against
  * them instead of filling them in (the tests use this; checkpointd leaves it to the writer). */
 void ckpt_index_hash(ckpt_index_t *ix, uint32_t file, const void *data);
-/* The 4 KiB header block of a data file. */
+/* The 4 KiB header block of a data file: magic, version (uint32), the file's number in the
+ * index (uint32), the step (int64), all native-endian, then zeros. */
 void ckpt_data_header(void *block, uint32_t file, int64_t step);
+/* Parses and checks the first CKPT_DATA_HDR bytes of buf (len bytes): the magic, the version,
+ * a step >= 0, and zeros in every byte after the step, so that any damage to the header shows
+ * (no chunk checksum covers it). Returns 0 with *file and *step, or -EBADMSG with the reason in
+ * err ("header: ...", without the file's name). Never reads past len. Readers compare *file
+ * and *step with the index: a data file whose chunks all start at or past CKPT_DATA_HDR (every
+ * file of ckpt_index_plan) must begin with this header. */
+int ckpt_data_header_read(const void *buf, size_t len, uint32_t *file, int64_t *step, char *err, size_t errlen);
 
 int ckpt_index_encode(const ckpt_index_t *ix, uint8_t **buf, size_t *len); /* caller frees */
 /* Decodes and checks an index (`what` names it in errors, e.g. its path). */

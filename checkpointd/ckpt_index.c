@@ -121,6 +121,34 @@ void ckpt_data_header(void *block, uint32_t file, int64_t step)
     memcpy(b + 16, &step, 8);
 }
 
+int ckpt_data_header_read(const void *buf, size_t len, uint32_t *file, int64_t *step, char *err, size_t errlen)
+{
+    const uint8_t *b = buf;
+    uint32_t v;
+    if (len < CKPT_DATA_HDR)
+        return util_fail(err, errlen, -EBADMSG, "header: %zu bytes, shorter than the %d of a data file's header",
+                         len, CKPT_DATA_HDR);
+    if (memcmp(b, CKPT_DATA_MAGIC, 8))
+        return util_fail(err, errlen, -EBADMSG, "header: no %s magic (not a ctitan checkpoint data file, or "
+                         "corrupt)", CKPT_DATA_MAGIC);
+    memcpy(&v, b + 8, 4);
+    if (v != CKPT_VERSION)
+        return util_fail(err, errlen, -EBADMSG, "header: version %u; this build reads version %u", v, CKPT_VERSION);
+    uint32_t f;
+    int64_t s;
+    memcpy(&f, b + 12, 4);
+    memcpy(&s, b + 16, 8);
+    if (s < 0)
+        return util_fail(err, errlen, -EBADMSG, "header: step %" PRId64 " is negative (corrupt)", s);
+    for (size_t i = 24; i < CKPT_DATA_HDR; i++)
+        if (b[i])
+            return util_fail(err, errlen, -EBADMSG, "header: byte %zu is 0x%02x where the header holds zeros "
+                             "(corrupt)", i, b[i]);
+    *file = f;
+    *step = s;
+    return 0;
+}
+
 /* ---- encoding ---- */
 
 int ckpt_index_encode(const ckpt_index_t *ix, uint8_t **buf, size_t *len)

@@ -361,6 +361,37 @@ static void test_ckpt_verify_names_damage(void **state)
     assert_non_null(strstr(err, "incomplete"));
 }
 
+/* ckpt_data_header_read reads back what ckpt_data_header writes and says what is wrong with
+ * anything else, never reading past the length it is given. */
+static void test_ckpt_data_header_read_round_trips_and_names_what_is_wrong(void **state)
+{
+    (void)state;
+    static uint8_t b[CKPT_DATA_HDR + 8];
+    uint32_t file = 9;
+    int64_t step = 9;
+    char err[256];
+    ckpt_data_header(b, 2, 123456789012LL);
+    assert_int_equal(ckpt_data_header_read(b, CKPT_DATA_HDR, &file, &step, err, sizeof(err)), 0);
+    assert_int_equal(file, 2);
+    assert_int_equal(step, 123456789012LL);
+    assert_int_equal(ckpt_data_header_read(b, sizeof(b), &file, &step, NULL, 0), 0);
+    assert_int_equal(ckpt_data_header_read(b, CKPT_DATA_HDR - 1, &file, &step, err, sizeof(err)), -EBADMSG);
+    assert_non_null(strstr(err, "shorter"));
+    assert_int_equal(ckpt_data_header_read(b, 0, &file, &step, err, sizeof(err)), -EBADMSG);
+    struct { size_t at; uint8_t x; const char *why; } bad[] = {
+        {0, 'X', "magic"}, {8, 2, "version"}, {23, 0x80, "negative"}, {24, 1, "byte 24"},
+        {CKPT_DATA_HDR - 1, 0xff, "byte 4095"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        uint8_t was = b[bad[i].at];
+        b[bad[i].at] = bad[i].x;
+        assert_int_equal(ckpt_data_header_read(b, CKPT_DATA_HDR, &file, &step, err, sizeof(err)), -EBADMSG);
+        if (!strstr(err, "header: ") || !strstr(err, bad[i].why))
+            fail_msg("byte %zu: %s", bad[i].at, err);
+        b[bad[i].at] = was;
+    }
+}
+
 /* Every byte of a data file's 4 KiB header counts: the magic, the version, the file's number
  * and the step (both against the index) and the zeros after them. Any one flipped is named by
  * verify and refused by a read, as a header copied from another file or another step is. */
@@ -743,10 +774,12 @@ static void test_ckpt_writer_falls_back_where_o_direct_is_refused(void **state)
         snprintf(path, sizeof(path), "%s/%s", f->dir, sub);
         if (ckw_begin(&w, path, &plan, err, sizeof(err)))
             _exit(3);
-        for (int a = 0; a < 3; a++)
+        for (int a = 0; a < 3; a++) {
+            ckpt_data_header(hdr, (uint32_t)a, 1); /* verify checks it */
             if (ckw_write(w, (uint32_t)a, 0, hdr, sizeof(hdr), err, sizeof(err)) ||
                 ckw_write(w, (uint32_t)a, CKPT_DATA_HDR, f->arr[a], f->tab.total * sizeof(float), err, sizeof(err)))
                 _exit(4);
+        }
         if (ckw_commit(&w, path, sizeof(path), &st, err, sizeof(err)))
             _exit(5);
         int bad;
@@ -787,6 +820,7 @@ int main(void)
         cmocka_unit_test(test_ckpt_index_decoder_walks_a_hostile_body_before_allocating),
         cmocka_unit_test(test_ckpt_safe_names),
         cmocka_unit_test_setup_teardown(test_ckpt_verify_names_damage, setup, teardown),
+        cmocka_unit_test(test_ckpt_data_header_read_round_trips_and_names_what_is_wrong),
         cmocka_unit_test_setup_teardown(test_ckpt_header_damage_is_caught_by_verify_and_read, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ckpt_fifo_in_place_of_a_file_is_refused_at_once, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ckpt_latest_falls_back_past_damaged_ones, setup, teardown),

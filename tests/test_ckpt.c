@@ -233,6 +233,7 @@ static void m_file(ckpt_index_t *ix) { ix->tensors[0].chunks[0].file = 7; }
 static void m_cover(ckpt_index_t *ix) { ix->tensors[0].shape[0] += 1; }
 static void m_dtype(ckpt_index_t *ix) { snprintf(ix->tensors[0].dtype, 8, "F17"); }
 static void m_odd(ckpt_index_t *ix) { ix->tensors[0].chunks[0].length -= 2; }
+static void m_step(ckpt_index_t *ix) { ix->step = 1LL << 62; }
 
 static void test_ckpt_index_decoder_rejects_bad_indexes(void **state)
 {
@@ -245,6 +246,7 @@ static void test_ckpt_index_decoder_rejects_bad_indexes(void **state)
     expect_bad_index(f, m_cover, "its shape needs");
     expect_bad_index(f, m_dtype, "unknown dtype");
     expect_bad_index(f, m_odd, "do not fit");
+    expect_bad_index(f, m_step, "'step'");
     /* damage to the bytes: every flipped byte and every truncation is caught */
     ckpt_index_t ix;
     assert_int_equal(ckpt_index_plan(&ix, &f->tab, 1, "m", NULL, 0), 0);

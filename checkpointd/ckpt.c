@@ -58,6 +58,29 @@ static int load_index(const char *path, ckpt_index_t *ix, char *err, size_t errl
     return rc;
 }
 
+/* A directory named step-N holds the checkpoint of step N: a copy under another step's name
+ * would resume at the wrong step (and latest would take it for the newer one). */
+static int check_dir_name(const char *path, int64_t step, char *err, size_t errlen)
+{
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/')
+        n--;
+    size_t b = n;
+    while (b > 0 && path[b - 1] != '/')
+        b--;
+    char name[CKPT_FILE_MAX];
+    if (n - b >= sizeof(name))
+        return 0; /* not step-N of any step: no rule */
+    memcpy(name, path + b, n - b);
+    name[n - b] = 0;
+    int64_t named = ckpt_step_of(name);
+    if (named >= 0 && named != step)
+        return util_fail(err, errlen, -EBADMSG, "%s: bad index: it is the checkpoint of step %" PRId64 ", but the "
+                         "directory is named for step %" PRId64 " (copied or moved from another step?)", path, step,
+                         named);
+    return 0;
+}
+
 int ckpt_open(ckpt_t **out, const char *path, char *err, size_t errlen)
 {
     *out = NULL;
@@ -66,6 +89,8 @@ int ckpt_open(ckpt_t **out, const char *path, char *err, size_t errlen)
         return -ENOMEM;
     snprintf(c->path, sizeof(c->path), "%s", path);
     int rc = load_index(path, &c->ix, err, errlen);
+    if (!rc)
+        rc = check_dir_name(path, c->ix.step, err, errlen);
     if (!rc && (!(c->fds = malloc((size_t)c->ix.n_files * sizeof(int))) ||
                 !(c->sizes = calloc((size_t)c->ix.n_files, sizeof(uint64_t))) ||
                 !(c->has_hdr = calloc((size_t)c->ix.n_files, 1))))

@@ -45,6 +45,7 @@
 #define CKPT_MAX_DIMS 4
 #define CKPT_CURSOR_MAX 240             /* = LDR_CURSOR_MAX */
 #define CKPT_INDEX_MAX (256u << 20)     /* an index larger than this is refused */
+#define CKPT_STEP_MAX INT32_MAX         /* training.steps is an int: no run completes more steps */
 
 typedef struct {
     uint32_t file;        /* index into files */
@@ -86,6 +87,8 @@ typedef struct {
 int ckpt_safe_name(const char *s);
 /* "DIR/step-NNNNNNNN" (8 digits, more when the step needs them). */
 void ckpt_step_path(char *buf, size_t n, const char *dir, int64_t step);
+/* The step a directory name "step-N" is for, or -1 when the name is not of that form. */
+int64_t ckpt_step_of(const char *name);
 size_t ckpt_dtype_size(const char *dtype); /* 0 when unknown */
 
 /* The training state's index for a model: files model.bin, exp_avg.bin, exp_avg_sq.bin,
@@ -119,8 +122,9 @@ const ckpt_tensor_t *ckpt_index_find(const ckpt_index_t *ix, const char *name);
 
 typedef struct ckpt ckpt_t;
 
-/* Opens DIR/step-N (or any directory holding an index): reads and checks the index; data
- * files are opened when first read. -ENOENT: no index (an incomplete checkpoint). */
+/* Opens DIR/step-N (or any directory holding an index): reads and checks the index (in a
+ * directory named step-N, its step must be N); data files are opened when first read.
+ * -ENOENT: no index (an incomplete checkpoint); -EBADMSG: a bad one. */
 int ckpt_open(ckpt_t **out, const char *path, char *err, size_t errlen);
 void ckpt_close(ckpt_t **c);
 const ckpt_index_t *ckpt_index(const ckpt_t *c);

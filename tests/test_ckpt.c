@@ -372,16 +372,17 @@ static void test_ckpt_data_header_read_round_trips_and_names_what_is_wrong(void 
     uint32_t file = 9;
     int64_t step = 9;
     char err[256];
-    ckpt_data_header(b, 2, 123456789012LL);
+    ckpt_data_header(b, 2, CKPT_STEP_MAX);
     assert_int_equal(ckpt_data_header_read(b, CKPT_DATA_HDR, &file, &step, err, sizeof(err)), 0);
     assert_int_equal(file, 2);
-    assert_int_equal(step, 123456789012LL);
+    assert_int_equal(step, CKPT_STEP_MAX);
     assert_int_equal(ckpt_data_header_read(b, sizeof(b), &file, &step, NULL, 0), 0);
     assert_int_equal(ckpt_data_header_read(b, CKPT_DATA_HDR - 1, &file, &step, err, sizeof(err)), -EBADMSG);
     assert_non_null(strstr(err, "shorter"));
     assert_int_equal(ckpt_data_header_read(b, 0, &file, &step, err, sizeof(err)), -EBADMSG);
     struct { size_t at; uint8_t x; const char *why; } bad[] = {
-        {0, 'X', "magic"}, {8, 2, "version"}, {23, 0x80, "negative"}, {24, 1, "byte 24"},
+        {0, 'X', "magic"}, {8, 2, "version"}, {23, 0x80, "negative"}, {20, 1, "more than any run"},
+        {24, 1, "byte 24"},
         {CKPT_DATA_HDR - 1, 0xff, "byte 4095"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {

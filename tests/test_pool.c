@@ -37,6 +37,19 @@ static void test_pool_runs_every_task_once_for_any_thread_count(void **state)
     assert_int_equal(hits[4], 1);
 }
 
+/* More threads than POOL_MAX_THREADS run POOL_MAX_THREADS. */
+static void test_pool_new_caps_the_thread_count(void **state)
+{
+    static int hits[3000];
+    pool_t *p = pool_new(POOL_MAX_THREADS + 1000);
+    assert_non_null(p);
+    assert_int_equal(pool_threads(p), POOL_MAX_THREADS);
+    pool_for(p, 3000, count_task, hits);
+    for (int t = 0; t < 3000; t++)
+        assert_int_equal(hits[t], 1);
+    pool_destroy(&p);
+}
+
 /* The address space this process uses now (VmSize), in bytes. */
 static size_t vm_size(void)
 {
@@ -82,6 +95,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pool_runs_every_task_once_for_any_thread_count),
+        cmocka_unit_test(test_pool_new_caps_the_thread_count),
         cmocka_unit_test(test_pool_new_fails_cleanly_when_its_threads_cannot_start),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

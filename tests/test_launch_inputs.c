@@ -68,6 +68,45 @@ static int launch(const char *prefix, const char *job, const char *extra, char *
     return tu_run(cmd, out, outlen);
 }
 
+/* Starts `ctitan launch` in the background with its output in DIR/JOB.out; returns its pid. */
+static pid_t launch_bg(const char *job, const char *extra)
+{
+    char args[2048], line[4096], *argv[128], out[256];
+    job_args(args, sizeof(args), job, extra);
+    snprintf(line, sizeof(line), "%s %s", tu_ctitan(), args);
+    int argc = 0;
+    for (char *t = strtok(line, " "); t && argc < 127; t = strtok(NULL, " "))
+        argv[argc++] = t;
+    argv[argc] = NULL;
+    snprintf(out, sizeof(out), "%s/%s.out", g_dir, job);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* Waits until job's metrics file has reached `step`; 0 or -1 after timeout_s. */
+static int wait_step(const char *job, int step, int timeout_s)
+{
+    char need[64], path[256];
+    static char buf[1 << 20];
+    snprintf(need, sizeof(need), "{\"step\": %d,", step);
+    snprintf(path, sizeof(path), "%s/%s.jsonl", g_dir, job);
+    for (int i = 0; i < timeout_s * 100; i++) {
+        tu_read_file(path, buf, sizeof(buf));
+        if (strstr(buf, need))
+            return 0;
+        nanosleep(&(struct timespec){0, 10000000L}, NULL);
+    }
+    return -1;
+}
+
 /* Nothing of the job is left: no process carries its name, no segment. */
 static void assert_clean(const char *job)
 {
@@ -124,10 +163,54 @@ static void test_inputs_metrics_stay_json_when_the_numbers_are_not_finite(void *
     assert_clean(j);
 }
 
+/* A checkpoint folder that cannot be written (under /proc) is refused before the first step,
+ * naming checkpoint.folder, instead of a run whose every checkpoint fails. */
+static void test_inputs_unwritable_checkpoint_folder_is_refused_at_launch(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char j[32];
+    job_name(j, sizeof(j), "ckproc");
+    int rc = launch("", j, "--training.steps 4 --checkpoint.enable true --checkpoint.folder /proc/ctitan-no/ck", out,
+                    sizeof(out));
+    assert_int_not_equal(rc, 0);
+    if (!strstr(out, "checkpoint.folder") || !strstr(out, "/proc/ctitan-no/ck") || strstr(out, "step     1"))
+        fail_msg("exit status %d:\n%s", rc, out);
+    assert_clean(j);
+}
+
+/* A folder that stops being writable after the launch (a file put in its place): every
+ * checkpoint of the run fails, so the last one does, and the job must not end as a success:
+ * status 1, saying which checkpoint is missing and how many were written. */
+static void test_inputs_a_run_whose_last_checkpoint_fails_does_not_succeed(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char j[32], extra[512], ck[256], path[300];
+    job_name(j, sizeof(j), "cklost");
+    snprintf(ck, sizeof(ck), "%s/ck-%s", g_dir, j);
+    snprintf(extra, sizeof(extra), "--training.steps 3000 --checkpoint.enable true --checkpoint.interval 1000 "
+             "--checkpoint.folder %s", ck);
+    pid_t pid = launch_bg(j, extra);
+    assert_int_equal(wait_step(j, 2, 60), 0);
+    assert_int_equal(tu_rmtree(ck), 0);
+    FILE *f = fopen(ck, "w");
+    assert_non_null(f);
+    fclose(f);
+    int rc = tu_reap(pid, 300, NULL);
+    snprintf(path, sizeof(path), "%s/%s.out", g_dir, j);
+    tu_read_file(path, out, sizeof(out));
+    if (rc != 1 || !strstr(out, "step 3000") || !strstr(out, "0 of 3"))
+        fail_msg("exit status %d:\n%s", rc, out);
+    assert_clean(j);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_inputs_metrics_stay_json_when_the_numbers_are_not_finite),
+        cmocka_unit_test(test_inputs_unwritable_checkpoint_folder_is_refused_at_launch),
+        cmocka_unit_test(test_inputs_a_run_whose_last_checkpoint_fails_does_not_succeed),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -100,6 +100,7 @@ static void train(coord_t *c)
         return;
     coord_stop_all(c);
     coord_end_of_run(c, first, util_now() - t_start);
+    coord_ckpt_check_last(c);
 }
 
 /* ---- the run ---- */
@@ -207,7 +208,7 @@ static int run(coord_t *c)
 
 int coord_run(const manifest_t *given)
 {
-    coord_t c = {.sigfd = -1};
+    coord_t c = {.sigfd = -1, .ck_saved_step = -1};
     char err[1024];
     int status = 1;
     log_init("", 0, 0);

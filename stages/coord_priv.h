@@ -81,6 +81,9 @@ typedef struct {
     int ck_busy, ck_snapped, ckptd_restarts;
     int64_t ck_step;
     double ck_t0;
+    int ck_started, ck_saved;         /* this run's checkpoints: snapshots begun, SAVED ok */
+    int64_t ck_saved_step;            /* the last one written (-1: none yet) */
+    char ck_why[1152];                /* why the last one that failed did */
     int failed, interrupted;
     char why[1536];
     FILE *metrics;
@@ -176,6 +179,9 @@ int coord_resume_host(coord_t *c, char *err, size_t errlen);
 void coord_start_checkpoint(coord_t *c, int64_t done);
 /* Waits for the checkpoint in flight. Returns 0, or -1 once the job failed or was interrupted. */
 int coord_ckpt_wait(coord_t *c);
+/* After the last step: a run whose last checkpoint was not written fails (its final state is
+ * not saved), saying why and how many of its checkpoints were written. */
+void coord_ckpt_check_last(coord_t *c);
 
 /* ---- coord_nccl.c ---- */
 int coord_make_nccl_ids(coord_t *c, char *err, size_t errlen);

@@ -205,12 +205,30 @@ static void test_inputs_a_run_whose_last_checkpoint_fails_does_not_succeed(void 
     assert_clean(j);
 }
 
+/* A model whose segments cannot fit the machine (model.n_layers = 1000000: 49 GB of parameters
+ * alone) is refused before any segment is made, saying how much memory it needs and how much
+ * there is. The ulimit is a safety net for a build without the check, which would otherwise
+ * fill the machine's memory touching the segments (with it, their mmap fails instead). */
+static void test_inputs_a_model_too_large_for_the_memory_is_refused_before_any_segment(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char j[32];
+    job_name(j, sizeof(j), "huge");
+    int rc = launch("ulimit -v 16000000;", j, "--model.n_layers 1000000", out, sizeof(out));
+    if (rc != 1 || !strstr(out, "needs") || !strstr(out, "GiB of memory") || !strstr(out, "available") ||
+        strstr(out, "cannot map"))
+        fail_msg("exit status %d:\n%s", rc, out);
+    assert_clean(j);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_inputs_metrics_stay_json_when_the_numbers_are_not_finite),
         cmocka_unit_test(test_inputs_unwritable_checkpoint_folder_is_refused_at_launch),
         cmocka_unit_test(test_inputs_a_run_whose_last_checkpoint_fails_does_not_succeed),
+        cmocka_unit_test(test_inputs_a_model_too_large_for_the_memory_is_refused_before_any_segment),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -124,7 +124,7 @@ static int set_up(coord_t *c, char *err, size_t errlen)
         return rc;
     if ((rc = coord_setup_signals(c)))
         return util_fail(err, errlen, rc, "cannot set up signal handling: %s", strerror(-rc));
-    if ((rc = coord_make_segments(c, err, errlen)))
+    if ((rc = job_check_memory(&c->lay, m, err, errlen)) || (rc = coord_make_segments(c, err, errlen)))
         return rc;
     if (coord_make_table(c))
         return util_fail(err, errlen, -ENOMEM, "out of memory");

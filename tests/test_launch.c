@@ -1397,11 +1397,13 @@ static void test_launch_clears_stale_segments_but_not_a_live_job(void **state)
 }
 
 /* A coordinator that stops answering (SIGSTOP): its workers notice within the heartbeat
- * timeout and exit; resumed, it finds them gone, fails and cleans up. */
+ * timeout and exit; resumed, it finds them gone, fails and cleans up, and names the cause:
+ * itself, not running, rather than the first worker it found gone. */
 static void test_launch_workers_leave_a_stopped_coordinator(void **state)
 {
     TU_NEED_BIN();
-    char j[32];
+    static char out[1 << 16];
+    char j[32], path[256];
     job_name(j, sizeof(j), "coordstop");
     pid_t pid = launch_bg(j, "--training.steps 100000 --job.heartbeat_interval_ms 50 --job.heartbeat_timeout_ms 1000");
     assert_int_equal(wait_step(j, 2, 60), 0);
@@ -1413,6 +1415,11 @@ static void test_launch_workers_leave_a_stopped_coordinator(void **state)
     kill(pid, SIGCONT);
     assert_int_equal(left, 0);
     assert_int_equal(tu_reap(pid, 30, NULL), 1);
+    snprintf(path, sizeof(path), "%s/%s.out", g_dir, j);
+    tu_read_file(path, out, sizeof(out));
+    char *why = strstr(out, "failed: ");
+    if (!why || !strstr(why, "the coordinator itself was not running for") || !strstr(why, "gave up on it"))
+        fail_msg("%s", why ? why : out);
     assert_clean(j);
 }
 

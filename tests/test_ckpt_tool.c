@@ -724,7 +724,8 @@ static void test_verify_and_export_refuse_a_fifo_at_once(void **state)
     assert_int_equal(unlink(p), 0);
     assert_int_equal(mkfifo(p, 0644), 0);
     snprintf(st, sizeof(st), "%s/x.safetensors", fx->dir);
-    const char *args[] = {"ckpt verify %s", "ckpt export %s --safetensors %s", "ckpt export %s --safetensors %s --no-verify"};
+    const char *args[] = {"ckpt verify %s", "ckpt export %s --safetensors %s",
+                          "ckpt export %s --safetensors %s --no-verify"};
     for (int i = 0; i < 3; i++) {
         char a[1024];
         snprintf(a, sizeof(a), args[i], fx->path, st);

@@ -17,6 +17,8 @@
 #define CTITAN_COORD_PRIV_H
 
 #include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <sys/types.h>
@@ -86,6 +88,12 @@ typedef struct {
     char ck_why[1152];                /* why the last one that failed did */
     int failed, interrupted;
     char why[1536];
+    /* our own stops (coord.c): a thread notes the time while this process runs */
+    pthread_t watch;
+    int watching;
+    atomic_int watch_quit;
+    _Atomic double tick, gap_s, gap_end; /* its last note; its last gap over 0.25 s, and when */
+    double continued_at;              /* when a SIGCONT was last seen */
     FILE *metrics;
     double peak_gflops;
     double entropy;                   /* of the first training file (NaN with a custom loader) */
@@ -105,7 +113,9 @@ static inline coord_proc_t *coord_ckptd(coord_t *c)
     return c->has_ckptd ? &c->p[1 + c->n_stages + c->m->shards] : NULL;
 }
 
-/* The job fails with this reason (the first one wins: what follows is fallout). */
+/* The job fails with this reason (the first one wins: what follows is fallout). Right after
+ * the coordinator itself was stopped (SIGSTOP) for much of the heartbeat timeout, the reason is
+ * that: its workers gave up on it, and the one found gone first is only named after it. */
 void coord_fail(coord_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* "stage rank 1 replica 0", "optshard 2", ... */
 const char *coord_who(const coord_proc_t *p, char *buf, size_t n);

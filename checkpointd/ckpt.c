@@ -136,7 +136,7 @@ const char *ckpt_path(const ckpt_t *c) { return c->path; }
 /* The header of data file f (open as fd) against the index: its number and the step. */
 static int check_header(ckpt_t *c, uint32_t f, int fd, const char *p, char *err, size_t errlen)
 {
-    static _Thread_local uint8_t hdr[CKPT_DATA_HDR];
+    uint8_t hdr[CKPT_DATA_HDR];
     char why[256];
     uint32_t file;
     int64_t step;

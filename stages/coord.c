@@ -1,4 +1,5 @@
-/* The coordinator (see coord.h): coord_run's order of things, and the step loop. The other
+/* The coordinator (see coord.h): coord_run's order of things, the step loop, and coord_fail,
+ * which tells a failure that the coordinator's own stop caused (a watch thread). The other
  * concerns are in coord_*.c, listed in coord_priv.h. */
 #include "stages/coord.h"
 

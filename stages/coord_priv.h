@@ -2,7 +2,8 @@
  * only stages/coord*.c include this; everything else goes through coord.h (coord_run).
  * One concern per file, each readable without the others:
  *
- *   coord.c         coord_run: set-up, start, the step loop (one step in step()), the end
+ *   coord.c         coord_run: set-up, start, the step loop (one step in step()), the end;
+ *                   coord_fail, and the watch of the coordinator's own stops
  *   coord_setup.c   before any process starts: the endpoint, the data check, signals, segments
  *   coord_proc.c    the process table and supervision: spawn, reap, heartbeats, stop and
  *                   terminate, the host agent of job.hosts > 1

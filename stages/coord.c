@@ -285,7 +285,7 @@ static int run(coord_t *c)
 
 int coord_run(const manifest_t *given)
 {
-    coord_t c = {.sigfd = -1, .ck_saved_step = -1};
+    coord_t c = {.sigfd = -1};
     char err[1024];
     int status = 1;
     log_init("", 0, 0);

@@ -38,6 +38,7 @@ void coord_start_checkpoint(coord_t *c, int64_t done)
     c->ck_started++;
     if (ldr_seg_cursor(shm_data(c->seg_batch), done, h->cursor, &len)) {
         snprintf(c->ck_why, sizeof(c->ck_why), "no loader cursor is recorded for step %lld", (long long)done + 1);
+        c->ck_why_step = done;
         fprintf(stderr, "ctitan: %s: no checkpoint of it\n", c->ck_why);
         return;
     }
@@ -59,7 +60,6 @@ void coord_on_snapped(coord_t *c, coord_proc_t *p, const char *from, const msg_t
     /* every shard has copied its state: checkpointd takes it from here */
     msg_t save = {.type = MSG_SAVE, .step = c->ck_step};
     if (ctl_send(c->ctl, coord_ckptd(c)->id, &save)) { /* it just died: coord_reap() restarts it */
-        snprintf(c->ck_why, sizeof(c->ck_why), "checkpointd could not be reached");
         fprintf(stderr, "ctitan: cannot reach checkpointd: no checkpoint of step %lld\n", (long long)c->ck_step);
         c->ck_busy = 0;
     }
@@ -72,7 +72,7 @@ void coord_on_saved(coord_t *c, coord_proc_t *p, const char *from, const msg_t *
     c->ck_busy = 0;
     if (m->ok) {
         c->ck_saved++;
-        c->ck_saved_step = m->step;
+        c->ck_last_saved |= m->step == c->m->steps;
         double dt = util_now() - c->ck_t0;
         printf("checkpoint: step %lld saved to %s (%.1f MiB written in %.2f s, %.2f GB/s; %.2f s after the "
                "snapshot)\n", (long long)m->step, m->text ? m->text : "?", m->progress / 1048576.0, m->t_busy,
@@ -80,18 +80,20 @@ void coord_on_saved(coord_t *c, coord_proc_t *p, const char *from, const msg_t *
         fflush(stdout);
     } else {
         snprintf(c->ck_why, sizeof(c->ck_why), "%s", m->text ? m->text : "(no reason given)");
+        c->ck_why_step = m->step;
         fprintf(stderr, "ctitan: checkpoint of step %lld failed: %s (training goes on)\n", (long long)m->step,
-                c->ck_why);
+                m->text ? m->text : "(no reason given)");
     }
 }
 
 void coord_ckpt_check_last(coord_t *c)
 {
     const manifest_t *m = c->m;
-    if (!m->ckpt_enable || c->ck_saved_step == m->steps)
+    if (!m->ckpt_enable || c->ck_last_saved)
         return;
     coord_fail(c, "the checkpoint of step %d, the last, was not written (%s): the run's final state is not "
                "saved (%d of %d checkpoint%s of this run written)", m->steps,
-               c->ck_why[0] ? c->ck_why : "lost with checkpointd, see above", c->ck_saved, c->ck_started,
-               c->ck_started == 1 ? "" : "s");
+               c->ck_why_step == m->steps && c->ck_why[0] ? c->ck_why
+                                                          : "checkpointd died or could not be reached: see above",
+               c->ck_saved, c->ck_started, c->ck_started == 1 ? "" : "s");
 }

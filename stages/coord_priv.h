@@ -85,8 +85,9 @@ typedef struct {
     int64_t ck_step;
     double ck_t0;
     int ck_started, ck_saved;         /* this run's checkpoints: snapshots begun, SAVED ok */
-    int64_t ck_saved_step;            /* the last one written (-1: none yet) */
-    char ck_why[1152];                /* why the last one that failed did */
+    int ck_last_saved;                /* that of training.steps was written */
+    int64_t ck_why_step;              /* the last one that failed saying why, and why */
+    char ck_why[1152];
     int failed, interrupted;
     char why[1536];
     /* our own stops (coord.c): a thread notes the time while this process runs */

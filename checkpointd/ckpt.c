@@ -3,7 +3,6 @@
 #include "checkpointd/ckpt.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <stdio.h>
@@ -18,8 +17,9 @@
 struct ckpt {
     char path[PATH_MAX];
     ckpt_index_t ix;
-    int *fds;        /* per file, -1 until opened */
+    int *fds;        /* per file, -1 until opened (and its header checked) */
     uint64_t *sizes; /* per file, on disk */
+    uint8_t *has_hdr;/* per file: its chunks leave room for the data file header, which it must hold */
 };
 
 /* All n bytes at off, or -ENODATA when the file ends first. */
@@ -33,28 +33,52 @@ static int load_index(const char *path, ckpt_index_t *ix, char *err, size_t errl
 {
     char ip[PATH_MAX + 8];
     snprintf(ip, sizeof(ip), "%s/index", path);
-    int fd = open(ip, O_RDONLY | O_CLOEXEC);
+    size_t size;
+    int fd = util_open_regular(ip, &size, err, errlen); /* a FIFO is refused, not waited on */
+    if (fd == -EINVAL) /* not a regular file: err says so */
+        return -EBADMSG;
     if (fd < 0) {
-        int e = errno;
         struct stat st;
-        if (e == ENOENT && stat(path, &st) == 0)
+        if (fd == -ENOENT && stat(path, &st) == 0)
             return util_fail(err, errlen, -ENOENT, "%s: no index: incomplete checkpoint", path);
-        return util_fail(err, errlen, -e, "%s: %s", e == ENOENT ? path : ip, strerror(e));
+        return util_fail(err, errlen, fd, "%s: %s", fd == -ENOENT ? path : ip, strerror(-fd));
     }
-    struct stat st;
-    int rc = fstat(fd, &st) < 0 ? -errno : 0;
     uint8_t *buf = NULL;
-    if (!rc && (st.st_size < 0 || (uint64_t)st.st_size > CKPT_INDEX_MAX))
-        rc = util_fail(err, errlen, -EFBIG, "%s: %lld bytes: larger than any index", ip, (long long)st.st_size);
-    else if (!rc && !(buf = malloc((size_t)st.st_size + 1)))
+    int rc = 0;
+    if (size > CKPT_INDEX_MAX)
+        rc = util_fail(err, errlen, -EFBIG, "%s: %zu bytes: larger than any index", ip, size);
+    else if (!(buf = malloc(size + 1)))
         rc = -ENOMEM;
-    else if (!rc && (rc = read_all(fd, buf, (size_t)st.st_size, 0)))
+    else if ((rc = read_all(fd, buf, size, 0)))
         util_fail(err, errlen, rc, "%s: cannot read: %s", ip, strerror(-rc));
-    else if (!rc)
-        rc = ckpt_index_decode(buf, (size_t)st.st_size, ix, ip, err, errlen);
+    else
+        rc = ckpt_index_decode(buf, size, ix, ip, err, errlen);
     free(buf);
     close(fd);
     return rc;
+}
+
+/* A directory named step-N holds the checkpoint of step N: a copy under another step's name
+ * would resume at the wrong step (and latest would take it for the newer one). */
+static int check_dir_name(const char *path, int64_t step, char *err, size_t errlen)
+{
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/')
+        n--;
+    size_t b = n;
+    while (b > 0 && path[b - 1] != '/')
+        b--;
+    char name[CKPT_FILE_MAX];
+    if (n - b >= sizeof(name))
+        return 0; /* not step-N of any step: no rule */
+    memcpy(name, path + b, n - b);
+    name[n - b] = 0;
+    int64_t named = ckpt_step_of(name);
+    if (named >= 0 && named != step)
+        return util_fail(err, errlen, -EBADMSG, "%s: bad index: it is the checkpoint of step %" PRId64 ", but the "
+                         "directory is named for step %" PRId64 " (copied or moved from another step?)", path, step,
+                         named);
+    return 0;
 }
 
 int ckpt_open(ckpt_t **out, const char *path, char *err, size_t errlen)
@@ -65,8 +89,11 @@ int ckpt_open(ckpt_t **out, const char *path, char *err, size_t errlen)
         return -ENOMEM;
     snprintf(c->path, sizeof(c->path), "%s", path);
     int rc = load_index(path, &c->ix, err, errlen);
+    if (!rc)
+        rc = check_dir_name(path, c->ix.step, err, errlen);
     if (!rc && (!(c->fds = malloc((size_t)c->ix.n_files * sizeof(int))) ||
-                !(c->sizes = calloc((size_t)c->ix.n_files, sizeof(uint64_t)))))
+                !(c->sizes = calloc((size_t)c->ix.n_files, sizeof(uint64_t))) ||
+                !(c->has_hdr = calloc((size_t)c->ix.n_files, 1))))
         rc = -ENOMEM;
     if (rc) {
         free(c->fds);
@@ -74,8 +101,14 @@ int ckpt_open(ckpt_t **out, const char *path, char *err, size_t errlen)
         ckpt_close(&c);
         return rc;
     }
-    for (int f = 0; f < c->ix.n_files; f++)
+    for (int f = 0; f < c->ix.n_files; f++) {
         c->fds[f] = -1;
+        c->has_hdr[f] = c->ix.files[f].bytes >= CKPT_DATA_HDR;
+    }
+    for (int i = 0; i < c->ix.n_tensors; i++)
+        for (uint32_t k = 0; k < c->ix.tensors[i].n_chunks; k++)
+            if (c->ix.tensors[i].chunks[k].offset < CKPT_DATA_HDR)
+                c->has_hdr[c->ix.tensors[i].chunks[k].file] = 0;
     *out = c;
     return 0;
 }
@@ -91,6 +124,7 @@ void ckpt_close(ckpt_t **pc)
                 close(c->fds[f]);
     free(c->fds);
     free(c->sizes);
+    free(c->has_hdr);
     ckpt_index_free(&c->ix);
     free(c);
     *pc = NULL;
@@ -99,18 +133,45 @@ void ckpt_close(ckpt_t **pc)
 const ckpt_index_t *ckpt_index(const ckpt_t *c) { return &c->ix; }
 const char *ckpt_path(const ckpt_t *c) { return c->path; }
 
+/* The header of data file f (open as fd) against the index: its number and the step. */
+static int check_header(ckpt_t *c, uint32_t f, int fd, const char *p, char *err, size_t errlen)
+{
+    uint8_t hdr[CKPT_DATA_HDR];
+    char why[256];
+    uint32_t file;
+    int64_t step;
+    long got = util_read_all(fd, hdr, sizeof(hdr), 0);
+    if (got < 0)
+        return util_fail(err, errlen, -EBADMSG, "%s: cannot read its header: %s", p, strerror((int)-got));
+    if (ckpt_data_header_read(hdr, (size_t)got, &file, &step, why, sizeof(why)))
+        return util_fail(err, errlen, -EBADMSG, "%s: %s", p, why);
+    if (file != f)
+        return util_fail(err, errlen, -EBADMSG, "%s: header: says file %u, but it is file %u of the index (a "
+                         "header of another data file)", p, file, f);
+    if (step != c->ix.step)
+        return util_fail(err, errlen, -EBADMSG, "%s: header: says step %" PRId64 ", the index says step %" PRId64,
+                         p, step, c->ix.step);
+    return 0;
+}
+
 static int file_fd(ckpt_t *c, uint32_t f, char *err, size_t errlen)
 {
     if (c->fds[f] >= 0)
         return c->fds[f];
     char p[PATH_MAX + CKPT_FILE_MAX + 2];
     snprintf(p, sizeof(p), "%s/%s", c->path, c->ix.files[f].name);
-    int fd = open(p, O_RDONLY | O_CLOEXEC);
+    size_t size;
+    int fd = util_open_regular(p, &size, err, errlen); /* a FIFO is refused, not waited on */
+    if (fd == -EINVAL) /* not a regular file: err says so */
+        return -EBADMSG;
     if (fd < 0)
-        return util_fail(err, errlen, -EBADMSG, "%s: missing (%s)", p, strerror(errno));
-    struct stat st;
-    fstat(fd, &st);
-    c->sizes[f] = (uint64_t)st.st_size;
+        return util_fail(err, errlen, -EBADMSG, "%s: missing (%s)", p, strerror(-fd));
+    int rc = c->has_hdr[f] ? check_header(c, f, fd, p, err, errlen) : 0;
+    if (rc) {
+        close(fd);
+        return rc;
+    }
+    c->sizes[f] = size;
     return c->fds[f] = fd;
 }
 

@@ -23,7 +23,8 @@
  * not fp32 adds "optimizer.master.<name>" (ckpt_master_name says which to read).
  *
  * Every reader checks what it reads: the index by its own checksum and structure (names,
- * ranges inside the files, chunks covering each tensor exactly), data by chunk checksums.
+ * ranges inside the files, chunks covering each tensor exactly), data by chunk checksums,
+ * each data file's header against the index (ckpt_data_header_read).
  * Functions return 0 or -errno and say why in err; nothing here exits. */
 #ifndef CTITAN_CKPT_H
 #define CTITAN_CKPT_H
@@ -44,6 +45,7 @@
 #define CKPT_MAX_DIMS 4
 #define CKPT_CURSOR_MAX 240             /* = LDR_CURSOR_MAX */
 #define CKPT_INDEX_MAX (256u << 20)     /* an index larger than this is refused */
+#define CKPT_STEP_MAX INT32_MAX         /* training.steps is an int: no run completes more steps */
 
 typedef struct {
     uint32_t file;        /* index into files */
@@ -85,6 +87,8 @@ typedef struct {
 int ckpt_safe_name(const char *s);
 /* "DIR/step-NNNNNNNN" (8 digits, more when the step needs them). */
 void ckpt_step_path(char *buf, size_t n, const char *dir, int64_t step);
+/* The step a directory name "step-N" is for, or -1 when the name is not of that form. */
+int64_t ckpt_step_of(const char *name);
 size_t ckpt_dtype_size(const char *dtype); /* 0 when unknown */
 
 /* The training state's index for a model: files model.bin, exp_avg.bin, exp_avg_sq.bin,
@@ -96,8 +100,16 @@ int ckpt_index_plan(ckpt_index_t *ix, const param_table_t *tab, int64_t step, co
  * from offset CKPT_DATA_HDR on. A plan with checksums makes the writer check the bytes against
  * them instead of filling them in (the tests use this; checkpointd leaves it to the writer). */
 void ckpt_index_hash(ckpt_index_t *ix, uint32_t file, const void *data);
-/* The 4 KiB header block of a data file. */
+/* The 4 KiB header block of a data file: magic, version (uint32), the file's number in the
+ * index (uint32), the step (int64), all native-endian, then zeros. */
 void ckpt_data_header(void *block, uint32_t file, int64_t step);
+/* Parses and checks the first CKPT_DATA_HDR bytes of buf (len bytes): the magic, the version,
+ * a step >= 0, and zeros in every byte after the step, so that any damage to the header shows
+ * (no chunk checksum covers it). Returns 0 with *file and *step, or -EBADMSG with the reason in
+ * err ("header: ...", without the file's name). Never reads past len. Readers compare *file
+ * and *step with the index: a data file whose chunks all start at or past CKPT_DATA_HDR (every
+ * file of ckpt_index_plan) must begin with this header. */
+int ckpt_data_header_read(const void *buf, size_t len, uint32_t *file, int64_t *step, char *err, size_t errlen);
 
 int ckpt_index_encode(const ckpt_index_t *ix, uint8_t **buf, size_t *len); /* caller frees */
 /* Decodes and checks an index (`what` names it in errors, e.g. its path). */
@@ -110,8 +122,9 @@ const ckpt_tensor_t *ckpt_index_find(const ckpt_index_t *ix, const char *name);
 
 typedef struct ckpt ckpt_t;
 
-/* Opens DIR/step-N (or any directory holding an index): reads and checks the index; data
- * files are opened when first read. -ENOENT: no index (an incomplete checkpoint). */
+/* Opens DIR/step-N (or any directory holding an index): reads and checks the index (in a
+ * directory named step-N, its step must be N); data files are opened when first read.
+ * -ENOENT: no index (an incomplete checkpoint); -EBADMSG: a bad one. */
 int ckpt_open(ckpt_t **out, const char *path, char *err, size_t errlen);
 void ckpt_close(ckpt_t **c);
 const ckpt_index_t *ckpt_index(const ckpt_t *c);

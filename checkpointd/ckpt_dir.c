@@ -14,20 +14,6 @@
 
 #include "ipc/util.h"
 
-/* "step-N" -> N, or -1. */
-static int64_t step_of(const char *name)
-{
-    if (strncmp(name, "step-", 5) || !name[5])
-        return -1;
-    int64_t v = 0;
-    for (const char *p = name + 5; *p; p++) {
-        if (*p < '0' || *p > '9' || v > INT64_MAX / 10 - 10)
-            return -1;
-        v = v * 10 + (*p - '0');
-    }
-    return v;
-}
-
 static int cmp_i64(const void *a, const void *b)
 {
     int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
@@ -44,7 +30,7 @@ static int list_steps(const char *dir, int with_index, int64_t **steps)
     int n = 0, cap = 0;
     struct dirent *e;
     while ((e = readdir(d))) {
-        int64_t s = step_of(e->d_name);
+        int64_t s = ckpt_step_of(e->d_name);
         if (s < 0)
             continue;
         if (with_index) {

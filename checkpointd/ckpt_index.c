@@ -36,6 +36,19 @@ void ckpt_step_path(char *buf, size_t n, const char *dir, int64_t step)
     snprintf(buf, n, "%s/step-%08" PRId64, dir, step);
 }
 
+int64_t ckpt_step_of(const char *name)
+{
+    if (strncmp(name, "step-", 5) || !name[5])
+        return -1;
+    int64_t v = 0;
+    for (const char *p = name + 5; *p; p++) {
+        if (*p < '0' || *p > '9' || v > INT64_MAX / 10 - 10)
+            return -1;
+        v = v * 10 + (*p - '0');
+    }
+    return v;
+}
+
 size_t ckpt_dtype_size(const char *dtype)
 {
     if (!strcmp(dtype, "F32"))
@@ -119,6 +132,35 @@ void ckpt_data_header(void *block, uint32_t file, int64_t step)
     memcpy(b + 8, &v, 4);
     memcpy(b + 12, &file, 4);
     memcpy(b + 16, &step, 8);
+}
+
+int ckpt_data_header_read(const void *buf, size_t len, uint32_t *file, int64_t *step, char *err, size_t errlen)
+{
+    const uint8_t *b = buf;
+    uint32_t v;
+    if (len < CKPT_DATA_HDR)
+        return util_fail(err, errlen, -EBADMSG, "header: %zu bytes, shorter than the %d of a data file's header",
+                         len, CKPT_DATA_HDR);
+    if (memcmp(b, CKPT_DATA_MAGIC, 8))
+        return util_fail(err, errlen, -EBADMSG, "header: no %s magic (not a ctitan checkpoint data file, or "
+                         "corrupt)", CKPT_DATA_MAGIC);
+    memcpy(&v, b + 8, 4);
+    if (v != CKPT_VERSION)
+        return util_fail(err, errlen, -EBADMSG, "header: version %u; this build reads version %u", v, CKPT_VERSION);
+    uint32_t f;
+    int64_t s;
+    memcpy(&f, b + 12, 4);
+    memcpy(&s, b + 16, 8);
+    if (s < 0 || s > CKPT_STEP_MAX)
+        return util_fail(err, errlen, -EBADMSG, "header: step %" PRId64 " is %s (corrupt)", s,
+                         s < 0 ? "negative" : "more than any run's training.steps");
+    for (size_t i = 24; i < CKPT_DATA_HDR; i++)
+        if (b[i])
+            return util_fail(err, errlen, -EBADMSG, "header: byte %zu is 0x%02x where the header holds zeros "
+                             "(corrupt)", i, b[i]);
+    *file = f;
+    *step = s;
+    return 0;
 }
 
 /* ---- encoding ---- */
@@ -302,8 +344,8 @@ static int decode_body(dctx_t *d, const msgpack_object *root, ckpt_index_t *ix)
     if (root->type != MSGPACK_OBJECT_MAP)
         return bad(d, "the body is not a map");
     const msgpack_object *o;
-    if (!(o = field(root, "step")) || get_i64(o, &ix->step) || ix->step < 0)
-        return bad(d, "'step' must be a non-negative integer");
+    if (!(o = field(root, "step")) || get_i64(o, &ix->step) || ix->step < 0 || ix->step > CKPT_STEP_MAX)
+        return bad(d, "'step' must be an integer from 0 to %d (training.steps is an int)", CKPT_STEP_MAX);
     if (!(o = field(root, "created")) || get_i64(o, &ix->created))
         return bad(d, "'created' must be an integer");
     if (!(o = field(root, "manifest")) || o->type != MSGPACK_OBJECT_STR)

@@ -193,6 +193,8 @@ static int run_worker(void)
     if (d.m->ckpt_enable && d.m->ckpt_endpoint[0])
         WORKER_CHECK(d.w, rmt_client_new(&d.remote, d.m->ckpt_endpoint, d.m->ckpt_server_key,
                                          d.m->ckpt_client_key, err, sizeof(err)) == 0, "%s", err);
+    else if (d.m->ckpt_enable && ckw_check_dir(d.folder, err, sizeof(err)))
+        worker_die(d.w, "checkpoint.folder %s", err); /* before training, not at its first checkpoint */
     else if (d.m->ckpt_enable)
         ckpt_retain(d.folder, 0); /* temporary directories of writers that died */
     WORKER_CHECK(d.w, worker_ready(d.w) == 0, "cannot reach the coordinator");

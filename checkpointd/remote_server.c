@@ -17,6 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #include "checkpointd/writer.h"
@@ -43,6 +45,8 @@ typedef struct {
     char who[128];            /* "ADDR (key ABCDEFGH...)" for log lines */
     double t0, last;          /* begin, last message */
     uint64_t bytes;
+    uint64_t planned;         /* open: the bytes its plan's files hold */
+    int made_dir;             /* open: its begin created DIR/job, which goes if it is not committed */
     uint64_t seq;             /* of its last message */
     int code;                 /* failed: the answer to its commit */
     char reason[1152];
@@ -148,6 +152,16 @@ static peer_t *peer_find(srv_t *s, const void *id, size_t idlen, int *slot)
     return NULL;
 }
 
+/* After p's checkpoint ended without a commit: the job directory its begin created goes too,
+ * when nothing else is in it (an aborted upload leaves nothing in DIR). */
+static void drop_job_dir(srv_t *s, peer_t *p)
+{
+    char jobdir[PATH_MAX];
+    if (p->made_dir && snprintf(jobdir, sizeof jobdir, "%s/%s", s->dir, p->job) < (int)sizeof jobdir)
+        rmdir(jobdir); /* fails, harmlessly, if anything is in it */
+    p->made_dir = 0;
+}
+
 static void peer_free(srv_t *s, peer_t *p)
 {
     for (int i = 0; i < RMT_MAX_PEERS; i++)
@@ -155,6 +169,7 @@ static void peer_free(srv_t *s, peer_t *p)
             s->peers[i] = NULL;
     if (p->w) {
         ckw_abort(&p->w);
+        drop_job_dir(s, p);
         s->n_open--;
     }
     free(p);
@@ -165,6 +180,7 @@ static void peer_fail(srv_t *s, peer_t *p, int code, const char *reason)
 {
     if (p->w) {
         ckw_abort(&p->w);
+        drop_job_dir(s, p);
         s->n_open--;
         srv_log(s, "%s step %" PRId64 " from %s: aborted: %s", p->job, p->step, p->who, reason);
         snprintf(p->reason, sizeof p->reason, "step %" PRId64 " of job %s: %s", p->step, p->job, reason);
@@ -182,6 +198,28 @@ static void reply(srv_t *s, const void *id, size_t idlen, uint64_t seq, int code
     int rc = rmt_send(s->router, id, idlen, &h, NULL, 0, ZMQ_DONTWAIT);
     if (rc && rc != -EHOSTUNREACH) /* unreachable: it is gone, nobody to tell */
         srv_log(s, "could not answer a client (%s): %s", zmq_strerror(-rc), text);
+}
+
+/* Whether the plan's files fit what the storage holds: DIR's free space less what the other
+ * open uploads still have to write. Sets p->planned. */
+static int check_room(srv_t *s, peer_t *p, const ckpt_index_t *ix, char *err, size_t errlen)
+{
+    uint64_t need = 0, promised = 0;
+    for (int f = 0; f < ix->n_files; f++)
+        need = ix->files[f].bytes > UINT64_MAX - need ? UINT64_MAX : need + ix->files[f].bytes;
+    for (int i = 0; i < RMT_MAX_PEERS; i++)
+        if (s->peers[i] && s->peers[i] != p && s->peers[i]->w && s->peers[i]->planned > s->peers[i]->bytes)
+            promised += s->peers[i]->planned - s->peers[i]->bytes;
+    struct statvfs vfs;
+    if (statvfs(s->dir, &vfs))
+        return util_fail(err, errlen, -errno, "%s: cannot tell its free space: %s", s->dir, strerror(errno));
+    uint64_t avail = (uint64_t)vfs.f_bavail * vfs.f_frsize, room = avail > promised ? avail - promised : 0;
+    if (need > room)
+        return util_fail(err, errlen, -ENOSPC, "the plan's %d files hold %" PRIu64 " bytes, but the storage host has "
+                         "%" PRIu64 " bytes free (%" PRIu64 " of them promised to other uploads)", ix->n_files, need,
+                         avail, promised);
+    p->planned = need;
+    return 0;
 }
 
 static int begin(srv_t *s, peer_t *p, const rmt_hdr_t *h, zmq_msg_t *payload, char *err, size_t errlen)
@@ -218,14 +256,21 @@ static int begin(srv_t *s, peer_t *p, const rmt_hdr_t *h, zmq_msg_t *payload, ch
     if (!rc && (uint64_t)ix.step != h->step) /* an index's step is >= 0 */
         rc = util_fail(err, errlen, -EINVAL, "begin says step %" PRIu64 ", its index says %" PRId64, h->step,
                        ix.step);
+    if (!rc)
+        rc = check_room(s, p, &ix, err, errlen);
     char jobdir[PATH_MAX];
+    struct stat st;
     if (!rc && snprintf(jobdir, sizeof jobdir, "%s/%s", s->dir, p->job) >= (int)sizeof jobdir)
         rc = util_fail(err, errlen, -ENAMETOOLONG, "%s/%s: path too long", s->dir, p->job);
-    if (!rc)
+    if (!rc) {
+        p->made_dir = stat(jobdir, &st) != 0;
         rc = ckw_begin(&p->w, jobdir, &ix, err, errlen);
+    }
     ckpt_index_free(&ix);
-    if (rc)
+    if (rc) {
+        drop_job_dir(s, p);
         return rc;
+    }
     s->n_open++;
     p->state = P_OPEN;
     p->reason[0] = '\0';
@@ -242,6 +287,9 @@ static void commit(srv_t *s, peer_t *p, uint64_t seq)
     ckw_stats_t st = {0};
     s->n_open--;
     int rc = ckw_commit(&p->w, path, sizeof path, &st, err, sizeof err);
+    if (rc)
+        drop_job_dir(s, p);
+    p->made_dir = 0; /* committed: the directory holds a checkpoint */
     if (rc) {
         srv_log(s, "%s step %" PRId64 " from %s: commit failed: %s", p->job, p->step, p->who, err);
         reply(s, p->id, p->idlen, seq, -rc, err);

@@ -18,12 +18,14 @@
 #include <errno.h>
 #include <limits.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #include "checkpointd/ckpt.h"
 #include "ipc/util.h"
+#include "stages/ldr.h"
 #include "stages/staging.h"
 
 _Static_assert(CKPT_CURSOR_MAX <= sizeof(((staging_hdr_t *)0)->cursor), "a checkpoint's cursor fits the staging header");
@@ -87,6 +89,19 @@ out:
     return rc;
 }
 
+/* The loader cursor by stages/ldr.h's convention: a map whose "sample", when there, counts the
+ * sequences produced (below 2^63). Anything else would reach the loader as a position. */
+static int check_cursor(const ckpt_index_t *ix, const char *path, char *err, size_t errlen)
+{
+    uint64_t sample;
+    int rc = ix->cursor_len ? ldr_cursor_get(ix->cursor, ix->cursor_len, "sample", &sample) : -ENOENT;
+    if (rc == -ENOENT || (!rc && sample <= INT64_MAX))
+        return 0;
+    return util_fail(err, errlen, -EBADMSG, "checkpoint %s: its loader cursor's \"sample\" is %s: not a count of "
+                     "sequences (an unsigned integer below 2^63, stages/ldr.h)", path,
+                     rc ? "not an unsigned integer, or the cursor is not a map" : "2^63 or more");
+}
+
 /* Every tensor of the model, by name, into the staging arrays at its offset in the flat space. */
 static int read_tensors(ckpt_t *ck, const param_table_t *tab, void *staging, char *err, size_t errlen)
 {
@@ -135,6 +150,8 @@ int restore_load(const char *what, const manifest_t *m, const param_table_t *tab
     const ckpt_index_t *ix = ckpt_index(ck);
     atomic_store(&h->step, -1); /* nothing whole in the segment until the end */
     rc = check_model(ix, m, path, log, err, errlen);
+    if (!rc)
+        rc = check_cursor(ix, path, err, errlen);
     if (!rc && ix->step < m->steps) /* a run with nothing left to train needs only the step */
         rc = read_tensors(ck, tab, staging, err, errlen);
     if (!rc) {

@@ -457,6 +457,27 @@ static int hash_bytes(ckw_t *w, uint64_t off, const uint8_t *p, size_t n, char *
     return 0;
 }
 
+int ckw_check_dir(const char *dir, char *err, size_t errlen)
+{
+    char tmp[PATH_MAX], file[PATH_MAX + 16];
+    int rc = util_mkdirs(dir);
+    if (rc)
+        return util_fail(err, errlen, rc, "%s: cannot create: %s", dir, strerror(-rc));
+    if (snprintf(tmp, sizeof(tmp), "%s/.tmp-probe.%d", dir, (int)getpid()) >= (int)sizeof(tmp))
+        return util_fail(err, errlen, -ENAMETOOLONG, "%s: path too long", dir);
+    snprintf(file, sizeof(file), "%s/index", tmp);
+    ckpt_remove_dir(tmp); /* ours from an earlier start that died in between */
+    if (mkdir(tmp, 0755) < 0)
+        return util_fail(err, errlen, -errno, "%s: cannot create a directory in it: %s", dir, strerror(errno));
+    int fd = open(file, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0)
+        rc = util_fail(err, errlen, -errno, "%s: cannot create a file in it: %s", dir, strerror(errno));
+    else
+        close(fd);
+    ckpt_remove_dir(tmp);
+    return rc;
+}
+
 int ckw_begin(ckw_t **out, const char *dir, const ckpt_index_t *plan, char *err, size_t errlen)
 {
     *out = NULL;

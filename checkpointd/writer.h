@@ -36,6 +36,11 @@ typedef struct {
     double secs;          /* ckw_begin to the end of ckw_commit */
 } ckw_stats_t;
 
+/* Whether checkpoints can be written under DIR: creates it as needed, then a temporary
+ * directory in it with a file inside, and removes both (checkpointd does this as it starts,
+ * so that a folder nobody can write is an error before training, not a failed checkpoint
+ * after it). Returns 0 or -errno with "DIR: ..." in err. */
+int ckw_check_dir(const char *dir, char *err, size_t errlen);
 /* Starts DIR/.tmp-step-N.PID (creating DIR as needed). The plan is copied. */
 int ckw_begin(ckw_t **out, const char *dir, const ckpt_index_t *plan, char *err, size_t errlen);
 /* Appends n bytes to data file `file` at `offset`: files in plan order, each from offset 0

@@ -25,7 +25,8 @@ int util_fail(char *err, size_t errlen, int rc, const char *fmt, ...)
 
 int util_open_regular(const char *path, size_t *size, char *err, size_t errlen)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* non-blocking: opening a FIFO for reading would otherwise wait for a writer forever */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0)
         return util_fail(err, errlen, -errno, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
@@ -34,6 +35,8 @@ int util_open_regular(const char *path, size_t *size, char *err, size_t errlen)
         rc = util_fail(err, errlen, -errno, "%s: cannot stat: %s", path, strerror(errno));
     else if (!S_ISREG(st.st_mode))
         rc = util_fail(err, errlen, -EINVAL, "%s: not a regular file", path);
+    else if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) < 0)
+        rc = util_fail(err, errlen, -errno, "%s: cannot clear O_NONBLOCK: %s", path, strerror(errno));
     if (rc) {
         close(fd);
         return rc;

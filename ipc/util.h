@@ -10,7 +10,8 @@
 int util_fail(char *err, size_t errlen, int rc, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 /* Opens a regular file read-only; returns the descriptor (size in *size) or -errno with
- * "PATH: cannot open: ..." / "PATH: not a regular file" in err. */
+ * "PATH: cannot open: ..." / "PATH: not a regular file" (-EINVAL) in err. A FIFO or a device
+ * is refused without blocking: the open itself is non-blocking. */
 int util_open_regular(const char *path, size_t *size, char *err, size_t errlen);
 /* write(2) until all n bytes are written (EINTR, EAGAIN and short writes retried).
  * Returns 0 or -errno. */

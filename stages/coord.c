@@ -1,14 +1,18 @@
-/* The coordinator (see coord.h): coord_run's order of things, and the step loop. The other
+/* The coordinator (see coord.h): coord_run's order of things, the step loop, and coord_fail,
+ * which tells a failure that the coordinator's own stop caused (a watch thread). The other
  * concerns are in coord_*.c, listed in coord_priv.h. */
 #include "stages/coord.h"
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ipc/log.h"
@@ -17,14 +21,85 @@
 #include "stages/coord_priv.h"
 #include "stages/staging.h"
 
+/* ---- the coordinator's own stops ---- */
+
+/* Notes the time every 20 ms while this process runs: a longer gap between two notes means it
+ * did not run (stopped, or starved). Its workers leave a coordinator that does not answer for
+ * heartbeat_timeout_ms, so a failure right after such a gap is the gap's doing. */
+static void *watch_stops(void *arg)
+{
+    coord_t *c = arg;
+    double last = util_now();
+    while (!atomic_load(&c->watch_quit)) {
+        nanosleep(&(struct timespec){0, 20000000L}, NULL);
+        double now = util_now();
+        if (now - last > 0.25) {
+            atomic_store(&c->gap_s, now - last);
+            atomic_store(&c->gap_end, now);
+        }
+        atomic_store(&c->tick, now);
+        last = now;
+    }
+    return NULL;
+}
+
+/* Blocks SIGCONT (it stays pending until stopped_for looks: a stopped process is continued all
+ * the same) and starts the watch. */
+static void start_watch(coord_t *c)
+{
+    sigset_t cont;
+    sigemptyset(&cont);
+    sigaddset(&cont, SIGCONT);
+    sigprocmask(SIG_BLOCK, &cont, NULL);
+    atomic_store(&c->tick, util_now());
+    c->watching = pthread_create(&c->watch, NULL, watch_stops, c) == 0;
+}
+
+static void stop_watch(coord_t *c)
+{
+    if (!c->watching)
+        return;
+    atomic_store(&c->watch_quit, 1);
+    pthread_join(c->watch, NULL);
+    c->watching = 0;
+}
+
+/* How long this process was stopped just before now (a SIGCONT came since the last look, and
+ * the watch saw a gap or has not run since), or 0. Looked at once per step and at a failure. */
+static double stopped_for(coord_t *c)
+{
+    sigset_t cont, pending;
+    sigemptyset(&cont);
+    sigaddset(&cont, SIGCONT);
+    if (!sigpending(&pending) && sigismember(&pending, SIGCONT) &&
+        sigtimedwait(&cont, NULL, &(struct timespec){0, 0}) == SIGCONT)
+        c->continued_at = util_now();
+    double now = util_now(), limit = c->m->heartbeat_timeout_ms * 1e-3, window = 2 * limit + 1;
+    if (!(c->continued_at > 0 && now - c->continued_at < window))
+        return 0;
+    double since_tick = now - atomic_load(&c->tick); /* the watch has not run since the stop */
+    double gap = now - atomic_load(&c->gap_end) < window ? atomic_load(&c->gap_s) : 0; /* or saw it */
+    return since_tick > gap ? since_tick : gap;
+}
+
 void coord_fail(coord_t *c, const char *fmt, ...)
 {
     if (c->failed)
         return; /* the first reason is the cause; what follows is fallout */
+    char what[sizeof(c->why)];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(c->why, sizeof(c->why), fmt, ap);
+    vsnprintf(what, sizeof(what), fmt, ap);
     va_end(ap);
+    /* a worker leaves after heartbeat_timeout_ms without an answer, counted from its last one,
+     * which can precede our last look: half the timeout is already suspect */
+    double stopped = stopped_for(c);
+    if (stopped > c->m->heartbeat_timeout_ms * 0.5e-3)
+        snprintf(c->why, sizeof(c->why), "the coordinator itself was not running for %.1f s (stopped, e.g. by "
+                 "SIGSTOP; job.heartbeat_timeout_ms = %d): its workers gave up on it (found first: %.1200s)", stopped,
+                 c->m->heartbeat_timeout_ms, what);
+    else
+        snprintf(c->why, sizeof(c->why), "%s", what);
     c->failed = 1;
 }
 
@@ -67,6 +142,7 @@ static int step(coord_t *c)
 {
     const manifest_t *m = c->m;
     int first_shard = 1 + c->n_stages;
+    stopped_for(c); /* a stop between steps that did no harm is forgotten after a while */
     atomic_store(&c->hdr->step, c->step);
     double t0 = util_now();
     msg_t run = {.type = MSG_STEP, .step = c->step};
@@ -100,6 +176,7 @@ static void train(coord_t *c)
         return;
     coord_stop_all(c);
     coord_end_of_run(c, first, util_now() - t_start);
+    coord_ckpt_check_last(c);
 }
 
 /* ---- the run ---- */
@@ -123,7 +200,8 @@ static int set_up(coord_t *c, char *err, size_t errlen)
         return rc;
     if ((rc = coord_setup_signals(c)))
         return util_fail(err, errlen, rc, "cannot set up signal handling: %s", strerror(-rc));
-    if ((rc = coord_make_segments(c, err, errlen)))
+    start_watch(c); /* after the signal mask is set: the thread inherits it */
+    if ((rc = job_check_memory(&c->lay, m, err, errlen)) || (rc = coord_make_segments(c, err, errlen)))
         return rc;
     if (coord_make_table(c))
         return util_fail(err, errlen, -ENOMEM, "out of memory");
@@ -226,6 +304,7 @@ int coord_run(const manifest_t *given)
         fprintf(stderr, "launch: %s\n", err);
     else
         status = m->host_rank > 0 ? coord_agent(&c) : run(&c);
+    stop_watch(&c);
     if (c.ctl && c.sock_path[0]) /* only a socket we bound: another run of this job may own the file */
         unlink(c.sock_path);
     ctl_destroy(&c.ctl);

@@ -35,9 +35,11 @@ void coord_start_checkpoint(coord_t *c, int64_t done)
     }
     staging_hdr_t *h = shm_data(c->seg_ckpt);
     size_t len = 0;
+    c->ck_started++;
     if (ldr_seg_cursor(shm_data(c->seg_batch), done, h->cursor, &len)) {
-        fprintf(stderr, "ctitan: no loader cursor is recorded for step %lld: no checkpoint of it\n",
-                (long long)done + 1);
+        snprintf(c->ck_why, sizeof(c->ck_why), "no loader cursor is recorded for step %lld", (long long)done + 1);
+        c->ck_why_step = done;
+        fprintf(stderr, "ctitan: %s: no checkpoint of it\n", c->ck_why);
         return;
     }
     h->cursor_len = (uint32_t)len;
@@ -69,13 +71,29 @@ void coord_on_saved(coord_t *c, coord_proc_t *p, const char *from, const msg_t *
         return;
     c->ck_busy = 0;
     if (m->ok) {
+        c->ck_saved++;
+        c->ck_last_saved |= m->step == c->m->steps;
         double dt = util_now() - c->ck_t0;
         printf("checkpoint: step %lld saved to %s (%.1f MiB written in %.2f s, %.2f GB/s; %.2f s after the "
                "snapshot)\n", (long long)m->step, m->text ? m->text : "?", m->progress / 1048576.0, m->t_busy,
                m->t_busy > 0 ? m->progress / m->t_busy / 1e9 : 0.0, dt);
         fflush(stdout);
     } else {
+        snprintf(c->ck_why, sizeof(c->ck_why), "%s", m->text ? m->text : "(no reason given)");
+        c->ck_why_step = m->step;
         fprintf(stderr, "ctitan: checkpoint of step %lld failed: %s (training goes on)\n", (long long)m->step,
                 m->text ? m->text : "(no reason given)");
     }
+}
+
+void coord_ckpt_check_last(coord_t *c)
+{
+    const manifest_t *m = c->m;
+    if (!m->ckpt_enable || c->ck_last_saved)
+        return;
+    coord_fail(c, "the checkpoint of step %d, the last, was not written (%s): the run's final state is not "
+               "saved (%d of %d checkpoint%s of this run written)", m->steps,
+               c->ck_why_step == m->steps && c->ck_why[0] ? c->ck_why
+                                                          : "checkpointd died or could not be reached: see above",
+               c->ck_saved, c->ck_started, c->ck_started == 1 ? "" : "s");
 }

@@ -2,7 +2,8 @@
  * only stages/coord*.c include this; everything else goes through coord.h (coord_run).
  * One concern per file, each readable without the others:
  *
- *   coord.c         coord_run: set-up, start, the step loop (one step in step()), the end
+ *   coord.c         coord_run: set-up, start, the step loop (one step in step()), the end;
+ *                   coord_fail, and the watch of the coordinator's own stops
  *   coord_setup.c   before any process starts: the endpoint, the data check, signals, segments
  *   coord_proc.c    the process table and supervision: spawn, reap, heartbeats, stop and
  *                   terminate, the host agent of job.hosts > 1
@@ -17,6 +18,8 @@
 #define CTITAN_COORD_PRIV_H
 
 #include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <sys/types.h>
@@ -81,8 +84,18 @@ typedef struct {
     int ck_busy, ck_snapped, ckptd_restarts;
     int64_t ck_step;
     double ck_t0;
+    int ck_started, ck_saved;         /* this run's checkpoints: snapshots begun, SAVED ok */
+    int ck_last_saved;                /* that of training.steps was written */
+    int64_t ck_why_step;              /* the last one that failed saying why, and why */
+    char ck_why[1152];
     int failed, interrupted;
     char why[1536];
+    /* our own stops (coord.c): a thread notes the time while this process runs */
+    pthread_t watch;
+    int watching;
+    atomic_int watch_quit;
+    _Atomic double tick, gap_s, gap_end; /* its last note; its last gap over 0.25 s, and when */
+    double continued_at;              /* when a SIGCONT was last seen */
     FILE *metrics;
     double peak_gflops;
     double entropy;                   /* of the first training file (NaN with a custom loader) */
@@ -102,7 +115,9 @@ static inline coord_proc_t *coord_ckptd(coord_t *c)
     return c->has_ckptd ? &c->p[1 + c->n_stages + c->m->shards] : NULL;
 }
 
-/* The job fails with this reason (the first one wins: what follows is fallout). */
+/* The job fails with this reason (the first one wins: what follows is fallout). Right after
+ * the coordinator itself was stopped (SIGSTOP) for much of the heartbeat timeout, the reason is
+ * that: its workers gave up on it, and the one found gone first is only named after it. */
 void coord_fail(coord_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* "stage rank 1 replica 0", "optshard 2", ... */
 const char *coord_who(const coord_proc_t *p, char *buf, size_t n);
@@ -176,6 +191,9 @@ int coord_resume_host(coord_t *c, char *err, size_t errlen);
 void coord_start_checkpoint(coord_t *c, int64_t done);
 /* Waits for the checkpoint in flight. Returns 0, or -1 once the job failed or was interrupted. */
 int coord_ckpt_wait(coord_t *c);
+/* After the last step: a run whose last checkpoint was not written fails (its final state is
+ * not saved), saying why and how many of its checkpoints were written. */
+void coord_ckpt_check_last(coord_t *c);
 
 /* ---- coord_nccl.c ---- */
 int coord_make_nccl_ids(coord_t *c, char *err, size_t errlen);

@@ -5,6 +5,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "kernels/cpu/pool.h"
@@ -28,6 +29,20 @@ void coord_banner(coord_t *c)
     fflush(stdout);
 }
 
+/* `"key": value` after a comma; a value that is not finite is null (JSON has no NaN or
+ * infinity) and is named, with what it was, in `nf` for the record's "not_finite" field. */
+static void put_num(FILE *f, const char *key, const char *fmt, double v, char *nf, size_t nflen)
+{
+    fprintf(f, ", \"%s\": ", key);
+    if (isfinite(v)) {
+        fprintf(f, fmt, v);
+        return;
+    }
+    fputs("null", f);
+    size_t n = strlen(nf);
+    snprintf(nf + n, nflen - n, "%s\"%s\": \"%s\"", n ? ", " : "", key, isnan(v) ? "nan" : v > 0 ? "inf" : "-inf");
+}
+
 /* One JSON line of step c->step in the metrics file. */
 static void write_metrics(coord_t *c, double loss, double norm, double lr, double tps, double mfu, double t_step,
                           double ctl, double t_opt, uint64_t mem)
@@ -38,20 +53,29 @@ static void write_metrics(coord_t *c, double loss, double norm, double lr, doubl
     uint64_t sample = 0;
     int have = ldr_seg_cursor(shm_data(c->seg_batch), c->step + 1, cur, &clen) == 0 &&
                ldr_cursor_get(cur, clen, "sample", &sample) == 0;
-    fprintf(c->metrics,
-            "{\"step\": %d, \"loss\": %.17g, \"grad_norm\": %.17g, \"lr\": %.17g, \"tokens_per_s\": %.1f, "
-            "\"mfu\": %.5f, \"step_time_ms\": %.3f, \"ctl_overhead_ms\": %.3f, \"optimizer_ms\": %.3f, "
-            "\"mem_peak_bytes\": %llu",
-            (int)c->step + 1, loss, norm, lr, tps, mfu, t_step * 1e3, ctl * 1e3, t_opt * 1e3, (unsigned long long)mem);
+    char nf[256] = "";
+    FILE *f = c->metrics;
+    fprintf(f, "{\"step\": %d", (int)c->step + 1);
+    put_num(f, "loss", "%.17g", loss, nf, sizeof(nf));
+    put_num(f, "grad_norm", "%.17g", norm, nf, sizeof(nf));
+    put_num(f, "lr", "%.17g", lr, nf, sizeof(nf));
+    put_num(f, "tokens_per_s", "%.1f", tps, nf, sizeof(nf));
+    put_num(f, "mfu", "%.5f", mfu, nf, sizeof(nf));
+    put_num(f, "step_time_ms", "%.3f", t_step * 1e3, nf, sizeof(nf));
+    put_num(f, "ctl_overhead_ms", "%.3f", ctl * 1e3, nf, sizeof(nf));
+    put_num(f, "optimizer_ms", "%.3f", t_opt * 1e3, nf, sizeof(nf));
+    fprintf(f, ", \"mem_peak_bytes\": %llu", (unsigned long long)mem);
     if (have)
-        fprintf(c->metrics, ", \"loader_sample\": %llu", (unsigned long long)sample);
-    fprintf(c->metrics, ", \"stage_ms\": [");
+        fprintf(f, ", \"loader_sample\": %llu", (unsigned long long)sample);
+    if (nf[0])
+        fprintf(f, ", \"not_finite\": {%s}", nf);
+    fprintf(f, ", \"stage_ms\": [");
     for (int s = 0; s < m->pp; s++) {
         const msg_t *r = &coord_stage(c, s, 0)->reply;
-        fprintf(c->metrics, "%s[%.4f, %.4f, %.4f]", s ? ", " : "", r->t_f * 1e3, r->t_b * 1e3, r->t_w * 1e3);
+        fprintf(f, "%s[%.4f, %.4f, %.4f]", s ? ", " : "", r->t_f * 1e3, r->t_b * 1e3, r->t_w * 1e3);
     }
-    fprintf(c->metrics, "]}\n");
-    fflush(c->metrics);
+    fprintf(f, "]}\n");
+    fflush(f);
 }
 
 void coord_report_step(coord_t *c, double norm, double t_step, double t_reduce, double t_update)

@@ -4,12 +4,17 @@
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "ipc/ring.h"
 #include "ipc/util.h"
 #include "kernels/params.h"
+#include "stages/devdir.h"
+#include "stages/ldr_seg.h"
+#include "stages/staging.h"
 
 static size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
 
@@ -97,6 +102,52 @@ int job_act_create(shm_seg_t **out, const char *job, const job_layout_t *l, char
                                       l->act_slot, 0)))
                     util_fail(err, errlen, rc, "act segment: cannot format its rings: %s", strerror(-rc));
     return rc;
+}
+
+/* A field of /proc/meminfo in bytes, or -1. */
+static double meminfo(const char *key)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    double v = -1;
+    size_t n = strlen(key);
+    while (f && fgets(line, sizeof(line), f))
+        if (!strncmp(line, key, n) && line[n] == ':') {
+            v = strtod(line + n + 1, NULL) * 1024; /* kB */
+            break;
+        }
+    if (f)
+        fclose(f);
+    return v;
+}
+
+int job_check_memory(const job_layout_t *l, const manifest_t *m, char *err, size_t errlen)
+{
+    const double G = 1073741824.0;
+    int seqs = m->local_batch_size / m->microbatches;
+    double params = (double)job_params_bytes(l), grads = l->gpu_shards ? 0 : params;
+    double staging = m->ckpt_enable || m->ckpt_load[0] ? (double)staging_bytes(l->total) : 0;
+    double other = (double)job_seg_bytes(l) + (m->pp > 1 && !l->nccl ? (double)job_act_bytes(l) : 0) +
+                   (l->gpu ? (double)devdir_bytes(l) : 0) + (double)ldr_seg_bytes(m->dp, m->prefetch, seqs, m->seq_len);
+    double shm = params + grads + staging + other;
+    double state = !l->gpu_shards && m->host_rank == 0 ? 12.0 * (double)l->total : 0;
+    double avail = meminfo("MemAvailable"), swap = meminfo("SwapFree"), shm_free = -1;
+    struct statvfs vfs;
+    if (statvfs("/dev/shm", &vfs) == 0)
+        shm_free = (double)vfs.f_bavail * (double)vfs.f_frsize;
+    if (avail >= 0 && swap > 0)
+        avail += swap;
+    if ((avail < 0 || shm + state <= avail) && (shm_free < 0 || shm <= shm_free))
+        return 0;
+    char have[128] = "", dev_shm[96] = "";
+    if (avail >= 0)
+        snprintf(have, sizeof(have), "%.1f GiB are available (MemAvailable + SwapFree)", avail / G);
+    if (shm_free >= 0)
+        snprintf(dev_shm, sizeof(dev_shm), "%s/dev/shm has %.1f GiB free", have[0] ? " and " : "", shm_free / G);
+    return util_fail(err, errlen, -ENOMEM, "the job needs at least %.1f GiB of memory on this host (shared segments "
+                     "%.1f GiB: params %.1f, grads %.1f, staging %.1f, the rest %.2f; optimizer state %.1f GiB) but "
+                     "%s%s: a smaller model, fewer replicas or a larger machine", (shm + state) / G, shm / G,
+                     params / G, grads / G, staging / G, other / G, state / G, have, dev_shm);
 }
 
 uint64_t job_proc_start(pid_t pid)

@@ -93,6 +93,14 @@ int job_shard_range(const job_layout_t *l, const manifest_t *m, int k, size_t *b
  * act_in on rank 0, is all zeros there). */
 enum { JOB_NCCL_ACT_IN, JOB_NCCL_GRAD_OUT, JOB_NCCL_ACT_OUT, JOB_NCCL_GRAD_IN, JOB_NCCL_DP, JOB_NCCL_COMMS };
 
+/* Whether the job fits this host's memory, before any segment is made: its segments here (job,
+ * params, grads, act, dev, batch, the staging segment with checkpoint enable or load) must fit
+ * the free space of /dev/shm, and they with the CPU optimizer shards' own state (12 bytes a
+ * parameter: master weights and two moments) the memory available (MemAvailable + SwapFree).
+ * A lower bound: activations come on top. Returns 0 or -ENOMEM saying how much is needed, of
+ * what, and how much there is. */
+int job_check_memory(const job_layout_t *l, const manifest_t *m, char *err, size_t errlen);
+
 /* Start time of a process (clock ticks since boot), 0 if it is gone. */
 uint64_t job_proc_start(pid_t pid);
 /* Whether the coordinator recorded in h still runs (same PID and start time). */

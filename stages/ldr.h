@@ -27,8 +27,9 @@
  * first step the job still needs.
  *
  * Cursors. The cursor is your loader's position as a msgpack map of at most LDR_CURSOR_MAX
- * bytes; the key "sample" (an unsigned integer: sequences produced so far, counted in the
- * order above) is the convention every ctitan loader follows, so loaders can replace each
+ * bytes; the key "sample" (an unsigned integer below 2^63: sequences produced so far, counted
+ * in the order above; checkpointd refuses a checkpoint whose cursor breaks this) is the
+ * convention every ctitan loader follows, so loaders can replace each
  * other. The library records the cursor at every step boundary in shared memory (not over
  * the network, so it survives a kill -9). When a loader dies, the coordinator restarts it
  * from the cursor of the first step not fully delivered, and ldr_next quietly points the

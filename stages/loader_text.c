@@ -129,9 +129,13 @@ static int src_seek(text_src_t *s, ldr_t *l, uint64_t *k)
     const uint8_t *cur = ldr_cursor(l, &clen);
     uint64_t byte = 0, skip = 0;
     *k = 0;
-    if (clen && ldr_cursor_get(cur, clen, "sample", k))
-        return fail(l, "the resume cursor has no \"sample\" key");
+    int rc = clen ? ldr_cursor_get(cur, clen, "sample", k) : 0;
+    if (rc)
+        return fail(l, rc == -ENOENT ? "the resume cursor has no \"sample\" key"
+                                     : "the resume cursor's \"sample\" is not an unsigned integer (stages/ldr.h)");
     int exact = clen && !ldr_cursor_get(cur, clen, "byte", &byte) && !ldr_cursor_get(cur, clen, "skip", &skip);
+    if (!exact && *k > UINT64_MAX / T)
+        return fail(l, "the resume cursor's \"sample\" is past any text file's end");
     if (!exact)
         skip = *k * T;
     if (byte >= s->size)

@@ -98,8 +98,10 @@ int main(int argc, char **argv)
     uint64_t W = sh.first[sh.n];
     size_t clen;
     const uint8_t *cur = ldr_cursor(l, &clen);
-    if (clen && ldr_cursor_get(cur, clen, "sample", &k)) {
-        ldr_fail(l, "the resume cursor has no \"sample\" key: it comes from a loader of another kind");
+    int crc = clen ? ldr_cursor_get(cur, clen, "sample", &k) : 0;
+    if (crc) {
+        ldr_fail(l, crc == -ENOENT ? "the resume cursor has no \"sample\" key: it comes from a loader of another kind"
+                                   : "the resume cursor's \"sample\" is not an unsigned integer (stages/ldr.h)");
         goto out;
     }
     ldr_batch_t b;

@@ -12,6 +12,7 @@
 #include <strings.h>
 
 #include "ipc/util.h"
+#include "kernels/cpu/pool.h"
 #include "kernels/params.h"
 #include "stages/manifest_keys.h"
 
@@ -89,6 +90,9 @@ static int check_values(const manifest_t *m, char *err, size_t errlen)
           "optimizer.name = \"%s\": expected \"AdamW\" (the only optimizer)", m->optimizer_name);
     CHECK(m->seed <= (uint64_t)INT64_MAX, "training", "seed",
           "training.seed = %" PRIu64 " must be below 2^63 (TOML integers are signed 64-bit)", m->seed);
+    CHECK(m->threads <= POOL_MAX_THREADS, "training", "threads",
+          "training.threads = %d exceeds %d, the most threads a stage process runs (0 = CPUs / stage processes)",
+          m->threads, POOL_MAX_THREADS);
     CHECK(m->max_norm >= 0, "training", "max_norm", "training.max_norm = %g must be >= 0 (0 = no clipping)", m->max_norm);
     CHECK(m->lr >= 0, "optimizer", "lr", "optimizer.lr = %g must be >= 0", m->lr);
     CHECK(m->beta1 >= 0 && m->beta1 < 1, "optimizer", "beta1", "optimizer.beta1 = %g must be in [0, 1)", m->beta1);

@@ -233,6 +233,7 @@ static void m_file(ckpt_index_t *ix) { ix->tensors[0].chunks[0].file = 7; }
 static void m_cover(ckpt_index_t *ix) { ix->tensors[0].shape[0] += 1; }
 static void m_dtype(ckpt_index_t *ix) { snprintf(ix->tensors[0].dtype, 8, "F17"); }
 static void m_odd(ckpt_index_t *ix) { ix->tensors[0].chunks[0].length -= 2; }
+static void m_step(ckpt_index_t *ix) { ix->step = 1LL << 62; }
 
 static void test_ckpt_index_decoder_rejects_bad_indexes(void **state)
 {
@@ -245,6 +246,7 @@ static void test_ckpt_index_decoder_rejects_bad_indexes(void **state)
     expect_bad_index(f, m_cover, "its shape needs");
     expect_bad_index(f, m_dtype, "unknown dtype");
     expect_bad_index(f, m_odd, "do not fit");
+    expect_bad_index(f, m_step, "'step'");
     /* damage to the bytes: every flipped byte and every truncation is caught */
     ckpt_index_t ix;
     assert_int_equal(ckpt_index_plan(&ix, &f->tab, 1, "m", NULL, 0), 0);
@@ -359,6 +361,161 @@ static void test_ckpt_verify_names_damage(void **state)
     assert_int_equal(unlink(p), 0);
     assert_int_equal(ckpt_verify(path, NULL, &bad, err, sizeof(err)), -ENOENT);
     assert_non_null(strstr(err, "incomplete"));
+}
+
+/* ckpt_data_header_read reads back what ckpt_data_header writes and says what is wrong with
+ * anything else, never reading past the length it is given. */
+static void test_ckpt_data_header_read_round_trips_and_names_what_is_wrong(void **state)
+{
+    (void)state;
+    static uint8_t b[CKPT_DATA_HDR + 8];
+    uint32_t file = 9;
+    int64_t step = 9;
+    char err[256];
+    ckpt_data_header(b, 2, CKPT_STEP_MAX);
+    assert_int_equal(ckpt_data_header_read(b, CKPT_DATA_HDR, &file, &step, err, sizeof(err)), 0);
+    assert_int_equal(file, 2);
+    assert_int_equal(step, CKPT_STEP_MAX);
+    assert_int_equal(ckpt_data_header_read(b, sizeof(b), &file, &step, NULL, 0), 0);
+    assert_int_equal(ckpt_data_header_read(b, CKPT_DATA_HDR - 1, &file, &step, err, sizeof(err)), -EBADMSG);
+    assert_non_null(strstr(err, "shorter"));
+    assert_int_equal(ckpt_data_header_read(b, 0, &file, &step, err, sizeof(err)), -EBADMSG);
+    struct { size_t at; uint8_t x; const char *why; } bad[] = {
+        {0, 'X', "magic"}, {8, 2, "version"}, {23, 0x80, "negative"}, {20, 1, "more than any run"},
+        {24, 1, "byte 24"},
+        {CKPT_DATA_HDR - 1, 0xff, "byte 4095"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        uint8_t was = b[bad[i].at];
+        b[bad[i].at] = bad[i].x;
+        assert_int_equal(ckpt_data_header_read(b, CKPT_DATA_HDR, &file, &step, err, sizeof(err)), -EBADMSG);
+        if (!strstr(err, "header: ") || !strstr(err, bad[i].why))
+            fail_msg("byte %zu: %s", bad[i].at, err);
+        b[bad[i].at] = was;
+    }
+}
+
+/* Every byte of a data file's 4 KiB header counts: the magic, the version, the file's number
+ * and the step (both against the index) and the zeros after them. Any one flipped is named by
+ * verify and refused by a read, as a header copied from another file or another step is. */
+static void test_ckpt_header_damage_is_caught_by_verify_and_read(void **state)
+{
+    fx_t *f = *state;
+    char path[512], err[1024], p[700], *out = NULL;
+    size_t olen;
+    int bad;
+    float x;
+    ckpt_t *ck;
+    assert_int_equal(write_ckpt(f, "c", 5, path, sizeof(path)), 0);
+    snprintf(p, sizeof(p), "%s/model.bin", path);
+    const long at[] = {0, 7, 8, 11, 12, 15, 16, 23, 24, 100, 2048, CKPT_DATA_HDR - 1};
+    for (size_t i = 0; i < sizeof(at) / sizeof(at[0]); i++) {
+        assert_int_equal(tu_flip_byte(p, at[i]), 0);
+        FILE *mem = open_memstream(&out, &olen);
+        int rc = ckpt_verify(path, mem, &bad, err, sizeof(err));
+        fclose(mem);
+        if (rc != -EBADMSG || !strstr(out, "model.bin") || !strstr(out, "header"))
+            fail_msg("byte %ld of the header flipped: verify says %d: %s", at[i], rc, out);
+        free(out);
+        assert_int_equal(ckpt_open(&ck, path, err, sizeof(err)), 0);
+        assert_int_equal(ckpt_read(ck, "lm_head.weight", 0, 1, &x, err, sizeof(err)), -EBADMSG);
+        assert_non_null(strstr(err, "header"));
+        ckpt_close(&ck);
+        assert_int_equal(tu_flip_byte(p, at[i]), 0);
+        assert_int_equal(ckpt_verify(path, NULL, &bad, err, sizeof(err)), 0);
+    }
+    /* exp_avg.bin's header in model.bin (file 1 where file 0 belongs), then step 6's */
+    static uint8_t hdr[CKPT_DATA_HDR];
+    const int64_t steps[2] = {5, 6};
+    const uint32_t files[2] = {1, 0};
+    const char *why[2] = {"file", "step"};
+    for (int k = 0; k < 2; k++) {
+        ckpt_data_header(hdr, files[k], steps[k]);
+        FILE *fp = fopen(p, "r+b");
+        assert_non_null(fp);
+        assert_int_equal(fwrite(hdr, 1, sizeof(hdr), fp), sizeof(hdr));
+        fclose(fp);
+        assert_int_equal(ckpt_verify(path, NULL, &bad, err, sizeof(err)), -EBADMSG);
+        assert_int_equal(ckpt_open(&ck, path, err, sizeof(err)), 0);
+        assert_int_equal(ckpt_read(ck, "lm_head.weight", 0, 1, &x, err, sizeof(err)), -EBADMSG);
+        if (!strstr(err, "header") || !strstr(err, why[k]))
+            fail_msg("a header of %s: %s", why[k], err);
+        ckpt_close(&ck);
+    }
+}
+
+/* Runs fn(f, arg) in a child that must be done within `secs` (a reader that opened a FIFO
+ * would wait for a writer forever). Returns fn's result, or -1 when the child had to be killed. */
+static int within(double secs, int (*fn)(fx_t *, const char *), fx_t *f, const char *arg)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0)
+        _exit(fn(f, arg));
+    return tu_reap(pid, secs, NULL);
+}
+
+/* verify and read of a checkpoint whose model.bin is a FIFO: 0 when both refuse it, naming it */
+static int fifo_data(fx_t *f, const char *path)
+{
+    char err[1024], *out = NULL;
+    size_t olen;
+    int bad;
+    FILE *mem = open_memstream(&out, &olen);
+    int rc = ckpt_verify(path, mem, &bad, err, sizeof(err));
+    fclose(mem);
+    if (rc != -EBADMSG || !strstr(out, "model.bin: not a regular file"))
+        return 1;
+    ckpt_t *ck;
+    float x;
+    if (ckpt_open(&ck, path, err, sizeof(err)))
+        return 2;
+    rc = ckpt_read(ck, "lm_head.weight", 0, 1, &x, err, sizeof(err));
+    ckpt_close(&ck);
+    return rc == -EBADMSG && strstr(err, "model.bin: not a regular file") ? 0 : 3;
+}
+
+/* open and verify of a checkpoint whose index is a FIFO */
+static int fifo_index(fx_t *f, const char *path)
+{
+    char err[1024] = "";
+    ckpt_t *ck;
+    int bad;
+    if (ckpt_open(&ck, path, err, sizeof(err)) == 0 || !strstr(err, "index: not a regular file"))
+        return 1;
+    return ckpt_verify(path, NULL, &bad, err, sizeof(err)) && strstr(err, "not a regular file") ? 0 : 2;
+}
+
+/* latest past both: the good one below them */
+static int fifo_latest(fx_t *f, const char *dir)
+{
+    char err[1024], got[512], want[512];
+    if (ckpt_find_latest(dir, got, sizeof(got), NULL, err, sizeof(err)))
+        return 1;
+    snprintf(want, sizeof(want), "%s/step-00000004", dir);
+    return strcmp(got, want) ? 2 : 0;
+}
+
+/* A FIFO in place of a data file or the index is refused at once (it is not a regular file),
+ * never waited on: verify, read and latest all finish. */
+static void test_ckpt_fifo_in_place_of_a_file_is_refused_at_once(void **state)
+{
+    fx_t *f = *state;
+    char path[512], p[700], dir[300];
+    snprintf(dir, sizeof(dir), "%s/c", f->dir);
+    for (int s = 4; s <= 8; s += 2)
+        assert_int_equal(write_ckpt(f, "c", s, path, sizeof(path)), 0);
+    snprintf(p, sizeof(p), "%s/step-00000006/model.bin", dir);
+    assert_int_equal(unlink(p), 0);
+    assert_int_equal(mkfifo(p, 0644), 0);
+    snprintf(p, sizeof(p), "%s/step-00000008/index", dir);
+    assert_int_equal(unlink(p), 0);
+    assert_int_equal(mkfifo(p, 0644), 0);
+    snprintf(p, sizeof(p), "%s/step-00000006", dir);
+    assert_int_equal(within(5, fifo_data, f, p), 0);
+    snprintf(p, sizeof(p), "%s/step-00000008", dir);
+    assert_int_equal(within(5, fifo_index, f, p), 0);
+    assert_int_equal(within(5, fifo_latest, f, dir), 0);
 }
 
 static void test_ckpt_latest_falls_back_past_damaged_ones(void **state)
@@ -620,10 +777,12 @@ static void test_ckpt_writer_falls_back_where_o_direct_is_refused(void **state)
         snprintf(path, sizeof(path), "%s/%s", f->dir, sub);
         if (ckw_begin(&w, path, &plan, err, sizeof(err)))
             _exit(3);
-        for (int a = 0; a < 3; a++)
+        for (int a = 0; a < 3; a++) {
+            ckpt_data_header(hdr, (uint32_t)a, 1); /* verify checks it */
             if (ckw_write(w, (uint32_t)a, 0, hdr, sizeof(hdr), err, sizeof(err)) ||
                 ckw_write(w, (uint32_t)a, CKPT_DATA_HDR, f->arr[a], f->tab.total * sizeof(float), err, sizeof(err)))
                 _exit(4);
+        }
         if (ckw_commit(&w, path, sizeof(path), &st, err, sizeof(err)))
             _exit(5);
         int bad;
@@ -664,6 +823,9 @@ int main(void)
         cmocka_unit_test(test_ckpt_index_decoder_walks_a_hostile_body_before_allocating),
         cmocka_unit_test(test_ckpt_safe_names),
         cmocka_unit_test_setup_teardown(test_ckpt_verify_names_damage, setup, teardown),
+        cmocka_unit_test(test_ckpt_data_header_read_round_trips_and_names_what_is_wrong),
+        cmocka_unit_test_setup_teardown(test_ckpt_header_damage_is_caught_by_verify_and_read, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ckpt_fifo_in_place_of_a_file_is_refused_at_once, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ckpt_latest_falls_back_past_damaged_ones, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ckpt_retain_keeps_newest_and_clears_dead_temporaries, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ckpt_same_step_again_replaces_it, setup, teardown),

@@ -695,6 +695,47 @@ static void test_verify_calls_a_checkpoint_without_index_incomplete(void **state
     assert_non_null(strstr(out, "nowhere"));
 }
 
+/* A flipped byte in model.bin's header: export refuses it even with --no-verify (every data
+ * file read is checked), and writes nothing. */
+static void test_export_refuses_a_damaged_header_even_without_verify(void **state)
+{
+    fx_t *fx = *state;
+    TU_NEED_BIN();
+    char p[512], out[8192], st[256];
+    snprintf(p, sizeof(p), "%s/model.bin", fx->path);
+    assert_int_equal(tu_flip_byte(p, 3), 0); /* the magic */
+    snprintf(st, sizeof(st), "%s/x.safetensors", fx->dir);
+    assert_int_equal(run_bin(out, sizeof(out), "ckpt verify %s", fx->path), 1);
+    assert_non_null(strstr(out, "model.bin"));
+    assert_non_null(strstr(out, "header"));
+    assert_int_equal(run_bin(out, sizeof(out), "ckpt export %s --safetensors %s --no-verify", fx->path, st), 1);
+    assert_non_null(strstr(out, "header"));
+    assert_int_not_equal(access(st, F_OK), 0);
+}
+
+/* A FIFO in place of model.bin: `ckpt verify` and `ckpt export` (with and without its own
+ * verification) name it and exit 1 at once instead of waiting for a writer (timeout's 124). */
+static void test_verify_and_export_refuse_a_fifo_at_once(void **state)
+{
+    fx_t *fx = *state;
+    TU_NEED_BIN();
+    char p[512], out[8192], st[256], cmd[PATH_MAX + 1100];
+    snprintf(p, sizeof(p), "%s/model.bin", fx->path);
+    assert_int_equal(unlink(p), 0);
+    assert_int_equal(mkfifo(p, 0644), 0);
+    snprintf(st, sizeof(st), "%s/x.safetensors", fx->dir);
+    const char *args[] = {"ckpt verify %s", "ckpt export %s --safetensors %s",
+                          "ckpt export %s --safetensors %s --no-verify"};
+    for (int i = 0; i < 3; i++) {
+        char a[1024];
+        snprintf(a, sizeof(a), args[i], fx->path, st);
+        snprintf(cmd, sizeof(cmd), "timeout 10 %s %s 2>&1", tu_ctitan(), a);
+        assert_int_equal(tu_run(cmd, out, sizeof(out)), 1);
+        assert_non_null(strstr(out, "model.bin: not a regular file"));
+    }
+    assert_int_not_equal(access(st, F_OK), 0);
+}
+
 static void test_ls_lists_checkpoints_and_marks_leftovers(void **state)
 {
     fx_t *fx = *state;
@@ -842,6 +883,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_verify_names_the_tensor_and_file_of_a_flipped_byte, setup, teardown),
         cmocka_unit_test_setup_teardown(test_verify_names_a_truncated_model_bin, setup, teardown),
         cmocka_unit_test_setup_teardown(test_verify_calls_a_checkpoint_without_index_incomplete, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_export_refuses_a_damaged_header_even_without_verify, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_verify_and_export_refuse_a_fifo_at_once, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ls_lists_checkpoints_and_marks_leftovers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_usage_errors_exit_2_and_help_exits_0, setup, teardown),
         cmocka_unit_test_setup_teardown(test_keygen_writes_a_key_pair_and_never_overwrites_one, setup, teardown),

@@ -728,6 +728,19 @@ static void test_manifest_validate_rejects_bad_values(void **state)
     }
 }
 
+/* A thread count no machine runs (100000 started threads for minutes without a step) is
+ * refused, naming the key and the limit; the limit itself is valid. */
+static void test_manifest_validate_caps_the_thread_count(void **state)
+{
+    manifest_t m;
+    manifest_defaults(&m);
+    validate_fails(&m, "training.threads", "100000", "--training.threads: ",
+                   "training.threads = 100000 exceeds 1024");
+    validate_fails(&m, "training.threads", "1025", "--training.threads: ", "exceeds 1024");
+    override_ok(&m, "training.threads", "1024");
+    validate_ok(&m);
+}
+
 static void test_manifest_validate_errors_name_the_origin(void **state)
 {
     manifest_t m;
@@ -1181,6 +1194,7 @@ int main(void)
         cmocka_unit_test(test_manifest_optshard_device_and_data_plane),
         cmocka_unit_test(test_manifest_validate_rejects_bad_values),
         cmocka_unit_test(test_manifest_cuda_needs_a_head_dimension_the_kernels_take),
+        cmocka_unit_test(test_manifest_validate_caps_the_thread_count),
         cmocka_unit_test(test_manifest_validate_errors_name_the_origin),
         cmocka_unit_test(test_manifest_validate_fills_derived_defaults),
         cmocka_unit_test(test_manifest_stage_pieces_follow_split_points),

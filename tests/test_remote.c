@@ -807,6 +807,74 @@ static void test_remote_refuses_out_of_order_data_and_leaves_no_step(void **stat
     ck_free(&k);
 }
 
+/* A plan no storage host holds (a file of 2^62 bytes, as a hostile or broken client could
+ * claim) is refused at begin, saying how much it needs and how much there is, and leaves
+ * nothing in DIR. */
+static void test_remote_refuses_a_plan_larger_than_the_storage_holds(void **state)
+{
+    char err[1024], jobdir[PATH_MAX];
+    ck_t k;
+    ck_make(&k, "tiny", 7, 1);
+    uint64_t was = k.plan.files[2].bytes;
+    k.plan.files[2].bytes = 1ull << 62; /* its chunks still fit: a valid index */
+    rmt_client_t *c = client(g_srv.endpoint, g_key[SRV_PUB], g_key[GOOD_KEY]);
+    int rc = rmt_client_begin(c, "huge", 0, &k.plan, T_MS, err, sizeof(err));
+    if (rc == 0 || !strstr(err, "bytes") || !strstr(err, "free"))
+        print_error("rc %d: %s\n", rc, err);
+    assert_int_not_equal(rc, 0);
+    assert_non_null(strstr(err, "free"));
+    snprintf(jobdir, sizeof(jobdir), "%s/huge", g_srv.dir);
+    assert_int_not_equal(access(jobdir, F_OK), 0);
+    /* the connection is still good for a checkpoint that fits */
+    char path[PATH_MAX];
+    k.plan.files[2].bytes = was;
+    assert_int_equal(ck_send(c, "huge", 0, &k, 0, path, sizeof(path), err, sizeof(err)), 0);
+    ck_check(&k, path);
+    rmt_client_destroy(&c);
+    ck_free(&k);
+}
+
+/* An upload that ends without a commit (the client aborts, or its data are refused) removes
+ * what it created: its temporary directory and the job directory it made, but never a job
+ * directory that was there before it. */
+static void test_remote_an_aborted_upload_leaves_nothing_behind(void **state)
+{
+    char err[1024], path[PATH_MAX], jobdir[PATH_MAX], files[4096];
+    ck_t k;
+    ck_make(&k, "tiny", 8, 2);
+    snprintf(jobdir, sizeof(jobdir), "%s/vanish", g_srv.dir);
+    rmt_client_t *c = client(g_srv.endpoint, g_key[SRV_PUB], g_key[GOOD_KEY]);
+    assert_int_equal(rmt_client_begin(c, "vanish", 0, &k.plan, T_MS, err, sizeof(err)), 0);
+    assert_int_equal(rmt_client_write(c, 0, 0, k.file[0], 5000, err, sizeof(err)), 0);
+    rmt_client_destroy(&c); /* aborts */
+    assert_true(wait_text(g_srv.log, "vanish step 8 from", 2000));
+    assert_true(wait_text(g_srv.log, "aborted by the client", 100));
+    assert_int_not_equal(access(jobdir, F_OK), 0);
+    /* data refused: the checkpoint ends at once */
+    c = client(g_srv.endpoint, g_key[SRV_PUB], g_key[GOOD_KEY]);
+    assert_int_equal(rmt_client_begin(c, "vanish", 0, &k.plan, T_MS, err, sizeof(err)), 0);
+    assert_int_equal(rmt_client_write(c, 0, 0, k.file[0], 4096, err, sizeof(err)), 0);
+    int rc = rmt_client_write(c, 0, 8192, k.file[0], 64, err, sizeof(err)); /* a gap */
+    if (rc == 0) /* not refused yet: the refusal is the answer to the commit */
+        rc = rmt_client_commit(c, path, sizeof(path), T_MS, err, sizeof(err));
+    assert_int_equal(rc, -EINVAL);
+    assert_int_not_equal(access(jobdir, F_OK), 0);
+    /* a job directory that holds a checkpoint stays, with just that checkpoint */
+    snprintf(jobdir, sizeof(jobdir), "%s/stays", g_srv.dir);
+    assert_int_equal(ck_send(c, "stays", 0, &k, 0, path, sizeof(path), err, sizeof(err)), 0);
+    ck_t k2;
+    ck_make(&k2, "tiny", 9, 3);
+    assert_int_equal(rmt_client_begin(c, "stays", 0, &k2.plan, T_MS, err, sizeof(err)), 0);
+    assert_int_equal(rmt_client_write(c, 0, 0, k2.file[0], 5000, err, sizeof(err)), 0);
+    rmt_client_destroy(&c);
+    assert_true(wait_text(g_srv.log, "stays step 9 from", 2000));
+    listing(jobdir, files, sizeof(files));
+    assert_string_equal(files, "step-00000008\n");
+    ck_check(&k, path);
+    ck_free(&k2);
+    ck_free(&k);
+}
+
 static void test_remote_refuses_malformed_messages(void **state)
 {
     ck_t k;
@@ -985,10 +1053,11 @@ static void test_remote_server_survived_everything_and_stops_cleanly(void **stat
     ck_check(&k, path);
     rmt_client_destroy(&c);
     ck_free(&k);
-    /* nothing was ever written outside DIR: the temp root holds only what the tests made */
+    /* nothing was ever written outside DIR: the temp root holds only what the tests made, and
+     * no job directory of an upload that was never committed ("order", "raw", "vanish") */
     char files[4096];
     listing(g_srv.dir, files, sizeof(files));
-    assert_string_equal(files, "after\nja\njb\njob1\nkeeper\nnames\norder\nproper\nraw\n");
+    assert_string_equal(files, "after\nhuge\nja\njb\njob1\nkeeper\nnames\nproper\nstays\n");
     assert_int_equal(server_stop(&g_srv), 0);
     assert_true(wait_text(g_srv.log, "stopped", 100));
 }
@@ -1269,6 +1338,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_remote_refuses_an_index_whose_file_name_escapes),
         cmocka_unit_test(test_remote_tensor_names_are_only_data),
         cmocka_unit_test(test_remote_refuses_out_of_order_data_and_leaves_no_step),
+        cmocka_unit_test(test_remote_refuses_a_plan_larger_than_the_storage_holds),
+        cmocka_unit_test(test_remote_an_aborted_upload_leaves_nothing_behind),
         cmocka_unit_test(test_remote_refuses_malformed_messages),
         cmocka_unit_test(test_remote_only_begin_and_data_carry_a_payload_frame),
         cmocka_unit_test(test_remote_header_types_and_payload_frames),

@@ -62,14 +62,17 @@ static int teardown(void **state)
     return 0;
 }
 
-/* Writes step `step` of the fixture's arrays to f->dir/step-N, stored with manifest `by`. */
-static void write_ckpt(fx_t *f, const manifest_t *by, int64_t step)
+/* Writes step `step` of the fixture's arrays to f->dir/step-N, stored with manifest `by` and
+ * loader cursor cur (NULL: {"sample": 42}). */
+static void write_ckpt_cursor(fx_t *f, const manifest_t *by, int64_t step, const uint8_t *cur, size_t curlen)
 {
     char err[1024], *toml = manifest_to_toml(by);
     ckpt_index_t plan;
-    const uint8_t cur[] = {0x81, 0xa6, 's', 'a', 'm', 'p', 'l', 'e', 0x2a}; /* {"sample": 42} */
+    static const uint8_t s42[] = {0x81, 0xa6, 's', 'a', 'm', 'p', 'l', 'e', 0x2a}; /* {"sample": 42} */
+    if (!cur)
+        cur = s42, curlen = sizeof(s42);
     assert_non_null(toml);
-    assert_int_equal(ckpt_index_plan(&plan, &f->tab, step, toml, cur, sizeof(cur)), 0);
+    assert_int_equal(ckpt_index_plan(&plan, &f->tab, step, toml, cur, curlen), 0);
     ckw_t *w;
     assert_int_equal(ckw_begin(&w, f->dir, &plan, err, sizeof(err)), 0);
     static _Alignas(4096) uint8_t hdr[CKPT_DATA_HDR];
@@ -82,6 +85,43 @@ static void write_ckpt(fx_t *f, const manifest_t *by, int64_t step)
     assert_int_equal(ckw_commit(&w, NULL, 0, NULL, err, sizeof(err)), 0);
     ckpt_index_free(&plan);
     free(toml);
+}
+
+static void write_ckpt(fx_t *f, const manifest_t *by, int64_t step) { write_ckpt_cursor(f, by, step, NULL, 0); }
+
+/* Copies f->dir/step-N of `from` to f->dir/`to` claiming step `step` throughout: index and
+ * data file headers alike (a consistent checkpoint of another step, as a person or a bug
+ * could make one). */
+static void forge(fx_t *f, int64_t from, const char *to, int64_t step)
+{
+    char cmd[1024], out[256], p[700], err[1024];
+    snprintf(cmd, sizeof(cmd), "cp -r %s/step-%08lld %s/%s 2>&1", f->dir, (long long)from, f->dir, to);
+    assert_int_equal(tu_run(cmd, out, sizeof(out)), 0);
+    snprintf(p, sizeof(p), "%s/%s/index", f->dir, to);
+    FILE *fp = fopen(p, "rb");
+    assert_non_null(fp);
+    static uint8_t buf[1 << 20];
+    size_t n = fread(buf, 1, sizeof(buf), fp);
+    fclose(fp);
+    ckpt_index_t ix;
+    assert_int_equal(ckpt_index_decode(buf, n, &ix, p, err, sizeof(err)), 0);
+    ix.step = step;
+    uint8_t *enc;
+    size_t len;
+    assert_int_equal(ckpt_index_encode(&ix, &enc, &len), 0);
+    assert_non_null(fp = fopen(p, "wb"));
+    assert_int_equal(fwrite(enc, 1, len, fp), len);
+    fclose(fp);
+    free(enc);
+    static uint8_t hdr[CKPT_DATA_HDR];
+    for (int a = 0; a < ix.n_files; a++) {
+        snprintf(p, sizeof(p), "%s/%s/%s", f->dir, to, ix.files[a].name);
+        ckpt_data_header(hdr, (uint32_t)a, step);
+        assert_non_null(fp = fopen(p, "r+b"));
+        assert_int_equal(fwrite(hdr, 1, sizeof(hdr), fp), sizeof(hdr));
+        fclose(fp);
+    }
+    ckpt_index_free(&ix);
 }
 
 static int load(fx_t *f, const char *what, char *path, char *err, FILE *log)
@@ -126,6 +166,74 @@ static void test_restore_latest_is_the_newest_that_verifies_and_none_is_a_fresh_
     assert_non_null(strstr(said, "step-00000008 is not loadable"));
     free(said);
     assert_int_equal(atomic_load(&((staging_hdr_t *)shm_data(f->seg))->step), 4);
+}
+
+/* A flipped byte in a data file's header (outside every chunk's checksum) makes the newest
+ * checkpoint unloadable: latest falls back to the one before, a path is refused. */
+static void test_restore_refuses_a_damaged_data_file_header(void **state)
+{
+    fx_t *f = *state;
+    char path[sizeof(f->m.ckpt_load)], want[512], err[1024];
+    write_ckpt(f, &f->m, 4);
+    write_ckpt(f, &f->m, 8);
+    snprintf(want, sizeof(want), "%s/step-00000008/exp_avg_sq.bin", f->dir);
+    assert_int_equal(tu_flip_byte(want, 17), 0); /* the step's second byte */
+    assert_int_equal(load(f, "latest", path, err, NULL), 0);
+    snprintf(want, sizeof(want), "%s/step-00000004", f->dir);
+    assert_string_equal(path, want);
+    snprintf(want, sizeof(want), "%s/step-00000008", f->dir);
+    assert_int_equal(load(f, want, path, err, NULL), -EBADMSG);
+    assert_non_null(strstr(err, "not loadable"));
+}
+
+/* The step a checkpoint claims must be the one its directory is named for, and one a run can
+ * reach (training.steps is an int): a consistent step-6 checkpoint copied to step-00000009
+ * would resume at step 7 with the weights latest took for step 9's, and one claiming 2^62
+ * would end any run at once as done. latest passes over both; a path to either is refused. */
+static void test_restore_refuses_a_step_its_directory_does_not_name_or_no_run_reaches(void **state)
+{
+    fx_t *f = *state;
+    char path[sizeof(f->m.ckpt_load)], want[512], err[1024];
+    write_ckpt(f, &f->m, 4);
+    write_ckpt(f, &f->m, 6);
+    forge(f, 6, "step-00000009", 6);
+    assert_int_equal(load(f, "latest", path, err, NULL), 0);
+    snprintf(want, sizeof(want), "%s/step-00000006", f->dir);
+    assert_string_equal(path, want);
+    snprintf(want, sizeof(want), "%s/step-00000009", f->dir);
+    assert_int_equal(load(f, want, path, err, NULL), -EBADMSG);
+    assert_non_null(strstr(err, "not loadable"));
+    forge(f, 4, "step-4611686018427387904", 1LL << 62);
+    char *said = NULL;
+    size_t len = 0;
+    FILE *log = open_memstream(&said, &len);
+    assert_int_equal(load(f, "latest", path, err, log), 0);
+    fclose(log);
+    snprintf(want, sizeof(want), "%s/step-00000006", f->dir);
+    assert_string_equal(path, want);
+    assert_non_null(strstr(said, "step-4611686018427387904 is not loadable"));
+    assert_non_null(strstr(said, "step-00000009 is not loadable"));
+    free(said);
+    assert_int_equal(atomic_load(&((staging_hdr_t *)shm_data(f->seg))->step), 6);
+}
+
+/* The loader cursor's "sample" (stages/ldr.h) must be an unsigned integer below 2^63: 2^63 and
+ * a negative number are refused, naming the key, instead of reaching the loader. */
+static void test_restore_refuses_a_cursor_sample_out_of_range(void **state)
+{
+    fx_t *f = *state;
+    char path[sizeof(f->m.ckpt_load)], want[512], err[1024];
+    const uint8_t big[] = {0x81, 0xa6, 's', 'a', 'm', 'p', 'l', 'e', 0xcf, 0x80, 0, 0, 0, 0, 0, 0, 0}; /* 2^63 */
+    const uint8_t neg[] = {0x81, 0xa6, 's', 'a', 'm', 'p', 'l', 'e', 0xfb};                            /* -5 */
+    write_ckpt_cursor(f, &f->m, 3, big, sizeof(big));
+    write_ckpt_cursor(f, &f->m, 5, neg, sizeof(neg));
+    for (int64_t step = 3; step <= 5; step += 2) {
+        snprintf(want, sizeof(want), "%s/step-%08lld", f->dir, (long long)step);
+        assert_int_not_equal(load(f, want, path, err, NULL), 0);
+        if (!strstr(err, "\"sample\""))
+            fail_msg("step %lld: %s", (long long)step, err);
+        assert_int_equal(atomic_load(&((staging_hdr_t *)shm_data(f->seg))->step), -1);
+    }
 }
 
 static void test_restore_refuses_a_checkpoint_of_another_model_naming_the_key(void **state)
@@ -180,6 +288,10 @@ int main(void)
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_restore_latest_is_the_newest_that_verifies_and_none_is_a_fresh_start,
                                         setup, teardown),
+        cmocka_unit_test_setup_teardown(test_restore_refuses_a_damaged_data_file_header, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_restore_refuses_a_step_its_directory_does_not_name_or_no_run_reaches,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_restore_refuses_a_cursor_sample_out_of_range, setup, teardown),
         cmocka_unit_test_setup_teardown(test_restore_refuses_a_checkpoint_of_another_model_naming_the_key, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_restore_names_a_missing_or_corrupt_directory_once_with_why, setup,

@@ -166,6 +166,10 @@ int cmd_train(int argc, char **argv)
     }
     params_init(&tab, cfg, a.seed, w, 0, n);
     pool_t *pool = pool_new(a.threads);
+    if (!pool) {
+        fprintf(stderr, "train: cannot start %d threads: %s\n", a.threads, strerror(errno));
+        return 1;
+    }
     model_t *m = model_new(cfg, 0, cfg->n_layers + 2, w, g, pool);
     model_acts_t *acts = model_acts_new(m, B, T);
     lr_schedule_t sched = {.steps = a.steps, .warmup_steps = a.warmup, .decay_ratio = -1,

@@ -64,7 +64,11 @@ static int cpu_model_new(backend_model_t **out, const model_config_t *cfg, int p
     params_piece_range(&tab, p0, p1, &m->begin, &m->end);
     params_table_free(&tab);
     m->w = host_w, m->g = host_g;
-    m->pool = pool_new(threads > 0 ? threads : 1);
+    if (!(m->pool = pool_new(threads > 0 ? threads : 1))) {
+        int e = errno;
+        cpu_model_destroy(&m);
+        return fail(-e, "cannot start a pool of %d threads: %s", threads, strerror(e));
+    }
     m->model = model_new(cfg, p0, p1, host_w, host_g, m->pool);
     if (!m->model) {
         cpu_model_destroy(&m);

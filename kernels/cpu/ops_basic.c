@@ -47,9 +47,9 @@ static inline float fexp(float x)
     p = fmaf(p, r, 1.6666665459e-1f);
     p = fmaf(p, r, 5.0000001201e-1f);
     p = fmaf(p, r * r, r) + 1.0f;
-    int32_t ti, si;
+    uint32_t ti, si; /* unsigned: the same bits, and no overflow (undefined) for a NaN x */
     memcpy(&ti, &t, 4);
-    si = (ti - 0x4B400000 + 127) << 23; /* 0x4B400000 = bits of the shifter: ti - it = n */
+    si = (ti - 0x4B400000u + 127u) << 23; /* 0x4B400000 = bits of the shifter: ti - it = n */
     float scale;
     memcpy(&scale, &si, 4);
     return x < -87.3f ? 0.0f : p * scale;

@@ -2,6 +2,7 @@
  * parallel regions (two vCPUs cannot afford spinning) and pull task indices atomically. */
 #include "kernels/cpu/pool.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -59,25 +60,52 @@ static void *worker(void *arg)
     return NULL;
 }
 
+/* Stops and joins workers [1, started) of a pool being given up, then frees it. */
+static void pool_free(pool_t *p, int started, int sync_made)
+{
+    if (sync_made) {
+        pthread_mutex_lock(&p->mu);
+        p->stop = 1;
+        pthread_cond_broadcast(&p->start);
+        pthread_mutex_unlock(&p->mu);
+        for (int i = 1; i < started; i++)
+            pthread_join(p->threads[i], NULL);
+        pthread_mutex_destroy(&p->mu);
+        pthread_cond_destroy(&p->start);
+        pthread_cond_destroy(&p->done);
+    }
+    free(p->threads);
+    free(p);
+}
+
 pool_t *pool_new(int nthreads)
 {
     if (nthreads < 1)
         nthreads = 1;
+    if (nthreads > POOL_MAX_THREADS)
+        nthreads = POOL_MAX_THREADS;
     pthread_once(&blas_once, blas_single_thread);
     pool_t *p = calloc(1, sizeof(*p));
     if (!p)
         return NULL;
     p->nthreads = nthreads;
-    pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->start, NULL);
-    pthread_cond_init(&p->done, NULL);
-    p->threads = calloc((size_t)nthreads, sizeof(pthread_t));
-    for (int i = 1; i < nthreads; i++) {
-        if (pthread_create(&p->threads[i], NULL, worker, p) != 0) {
-            p->nthreads = i; /* run with what started */
-            break;
-        }
+    if (!(p->threads = calloc((size_t)nthreads, sizeof(pthread_t)))) {
+        pool_free(p, 0, 0);
+        errno = ENOMEM;
+        return NULL;
     }
+    int rc = pthread_mutex_init(&p->mu, NULL);
+    if (rc || (rc = pthread_cond_init(&p->start, NULL)) || (rc = pthread_cond_init(&p->done, NULL))) {
+        pool_free(p, 0, 0); /* none of them allocates on Linux: nothing to destroy */
+        errno = rc;
+        return NULL;
+    }
+    for (int i = 1; i < nthreads; i++)
+        if ((rc = pthread_create(&p->threads[i], NULL, worker, p)) != 0) {
+            pool_free(p, i, 1); /* all or none: a smaller pool would hide that it is smaller */
+            errno = rc;
+            return NULL;
+        }
     return p;
 }
 
@@ -86,17 +114,7 @@ void pool_destroy(pool_t **pp)
     pool_t *p = *pp;
     if (!p)
         return;
-    pthread_mutex_lock(&p->mu);
-    p->stop = 1;
-    pthread_cond_broadcast(&p->start);
-    pthread_mutex_unlock(&p->mu);
-    for (int i = 1; i < p->nthreads; i++)
-        pthread_join(p->threads[i], NULL);
-    pthread_mutex_destroy(&p->mu);
-    pthread_cond_destroy(&p->start);
-    pthread_cond_destroy(&p->done);
-    free(p->threads);
-    free(p);
+    pool_free(p, p->nthreads, 1);
     *pp = NULL;
 }
 

@@ -7,7 +7,13 @@
 typedef struct pool pool_t;
 typedef void (*pool_fn)(void *ctx, int task);
 
-/* nthreads >= 1 counts the calling thread; 1 means run everything inline.
+/* The most threads a pool runs (training.threads is checked against it): more only wake one
+ * another on each region (1024 on 2 CPUs already cost ~0.5 s a step of the tiny model). */
+#define POOL_MAX_THREADS 1024
+
+/* nthreads >= 1 counts the calling thread; 1 means run everything inline; more than
+ * POOL_MAX_THREADS runs POOL_MAX_THREADS. Returns NULL with errno set (ENOMEM, EAGAIN) when
+ * the pool or any of its threads cannot be had: never a pool smaller than asked for.
  * The first pool_new or pool_for pins OpenBLAS to one thread: the pool, not OpenBLAS,
  * splits matrix products. */
 pool_t *pool_new(int nthreads);

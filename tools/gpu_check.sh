@@ -1,0 +1,243 @@
+#!/usr/bin/env bash
+# The first contact with a GPU as one command: on the lent machine, with the build and the
+# libraries tools/gpu_carry.sh prepared, it runs in order and within a time budget: device
+# facts, every GPU test program one by one, the CPU model tests, the model on the GPU (pipeline
+# degree 1 and 2 on one GPU with GPU optimizer shards, offload, and a one-rank NCCL plane) step
+# by step against the CPU's losses, a GPU checkpoint and its resume, then the race against PyTorch
+# (tools/bench_gpu.sh). Every step has a timeout of its own and a failure never stops the next;
+# OUT/report.md is rewritten after each step and the raw logs are in OUT/logs/, so whatever was
+# reached before the lease ends is kept.
+#
+#   bash tools/gpu_check.sh [--budget SECONDS] [--rehearse] OUT
+#
+# --budget  seconds for the whole check (default 540: a lease allows 600 a command)
+# --rehearse  for a machine without a GPU (make test runs it on tests/cudasim's emulated plugin,
+#           which CTITAN_CUDA_PLUGIN names): the steps that need a real GPU say "skipped: no
+#           GPU" and the model runs in a small shape, so the check itself cannot rot.
+# CTITAN_BUILD names another build folder (default build; tests pass their own).
+# Exit status: 0 when no step failed, 1 when one did, 2 for bad usage.
+set -u
+cd "$(dirname "$0")/.."
+
+budget=540 rehearse=0 out=""
+while [ $# -gt 0 ]; do
+    case $1 in
+    --budget) budget=${2:-}; shift 2 ;;
+    --rehearse) rehearse=1; shift ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "gpu_check: unknown option $1" >&2; exit 2 ;;
+    *) out=$1; shift ;;
+    esac
+done
+case $budget in ''|*[!0-9]*) echo "gpu_check: --budget takes whole seconds, got '$budget'" >&2; exit 2 ;; esac
+[ -n "$out" ] || { echo "usage: tools/gpu_check.sh [--budget SECONDS] [--rehearse] OUT" >&2; exit 2; }
+mkdir -p "$out/logs" || exit 2
+out=$(cd "$out" && pwd)
+build=${CTITAN_BUILD:-build}
+bin=$build/bin/ctitan
+start=$(date +%s)
+failed=0 n=0
+: >"$out/.rows"
+: >"$out/.details"
+
+left() { echo $((budget - ($(date +%s) - start))); }
+
+write_report() {
+    {
+        echo "# ctitan GPU check, $(date -u '+%F %H:%M UTC')"
+        echo
+        echo "- mode: $([ $rehearse = 1 ] && echo "rehearsal without a GPU (emulated plugin: ${CTITAN_CUDA_PLUGIN:-none})" || echo "GPU")"
+        echo "- commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown); host: $(uname -n), $(nproc) CPUs"
+        echo "- budget: ${budget} s, used $(( $(date +%s) - start )) s; raw logs: logs/"
+        echo
+        echo "| # | step | result | seconds | what it says |"
+        echo "|---|---|---|---|---|"
+        cat "$out/.rows"
+        echo
+        cat "$out/.details"
+    } >"$out/report.md.tmp" && mv "$out/report.md.tmp" "$out/report.md"
+}
+
+# row NAME RESULT SECONDS TEXT: one line of the table (RESULT ok, FAILED, skipped: ...).
+row() {
+    n=$((n + 1))
+    local text=${4//|/\\|}
+    printf '| %d | %s | %s | %s | %s |\n' "$n" "$1" "$2" "$3" "${text:0:300}" >>"$out/.rows"
+    case $2 in FAILED*) failed=1 ;; esac
+    write_report
+}
+
+details() { printf '%s\n' "$@" >>"$out/.details"; }
+
+# run LOG CAP CMD...: runs CMD with at most CAP seconds (less if the budget has less left),
+# output to logs/LOG; sets rc (124 on timeout) and secs. Returns 1 without running when the
+# budget is spent.
+run() {
+    local log=$1 cap=$2
+    shift 2
+    local have=$(( $(left) - 5 ))
+    [ "$have" -lt "$cap" ] && cap=$have
+    if [ "$cap" -lt 5 ]; then
+        rc=125 secs=0
+        return 1
+    fi
+    local t0=$(date +%s)
+    timeout -k 5 "$cap" "$@" >"$out/logs/$log" 2>&1
+    rc=$?
+    secs=$(( $(date +%s) - t0 ))
+    return 0
+}
+
+# The last line of a log that says what went wrong.
+why() {
+    [ -f "$out/logs/$1" ] || return 0
+    grep -aE 'error|failed|FAILED|cannot|refused|Assertion|Segmentation|not |no ' "$out/logs/$1" | tail -1 || true
+}
+
+# result LOG: ok, timed out or FAILED from rc.
+result() { case $rc in 0) echo ok ;; 124|137) echo "FAILED (timed out)" ;; *) echo "FAILED (exit $rc)" ;; esac; }
+
+# losses JSONL: the "loss" of each line of a metrics file, one per line.
+losses() { sed -nE 's/.*"loss": ([^,]*),.*/\1/p' "$1"; }
+
+# ---- 1. the machine ----
+if [ $rehearse = 1 ]; then
+    row "device facts" "skipped: no GPU" 0 "rehearsal: $(uname -sr)"
+elif run facts.log 30 sh -c 'nvidia-smi; echo; nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv; echo; (nvcc --version || /usr/local/cuda/bin/nvcc --version) 2>&1 | tail -2; echo; python3 -c "import torch; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, \"nccl\", torch.cuda.nccl.version())" 2>&1; ls -l /usr/local/cuda 2>&1 | head -1'; then
+    row "device facts" "$(result)" "$secs" "$(grep -a -A1 '^name' "$out/logs/facts.log" | tail -1)"
+    details "## Device facts" "" '```' "$(head -40 "$out/logs/facts.log")" '```' ""
+else
+    row "device facts" "skipped: out of budget" 0 ""
+fi
+
+# ---- 2. every GPU test program, one by one ----
+for t in "$build"/tests/gpu/test_*; do
+    [ -x "$t" ] || continue
+    name=$(basename "$t")
+    if [ $rehearse = 1 ]; then
+        row "$name" "skipped: no GPU" 0 "runs in make test as ${name}_sim on the emulator where one exists"
+        continue
+    fi
+    if ! run "$name.log" 120 env CMOCKA_MESSAGE_OUTPUT=stdout "$t"; then
+        row "$name" "skipped: out of budget" 0 ""
+        continue
+    fi
+    ok=$(grep -ac '^\[       OK \]' "$out/logs/$name.log")
+    bad=$(grep -a '^\[  FAILED  \]\s*test' "$out/logs/$name.log" | sort -u | wc -l)
+    skip=$(grep -a '^\[  SKIPPED \]\s*test' "$out/logs/$name.log" | sort -u | wc -l)
+    text="$ok passed, $bad failed, $skip skipped"
+    [ $rc = 0 ] || text="$text; $(why "$name.log")"
+    row "$name" "$(result)" "$secs" "$text"
+done
+
+# ---- 3. the CPU model tests (the carried build works on this machine) ----
+for t in "$build"/tests/test_model "$build"/tests/test_backend; do
+    name=$(basename "$t")
+    if ! run "$name.log" 120 env CMOCKA_MESSAGE_OUTPUT=stdout "$t"; then
+        row "$name" "skipped: out of budget" 0 ""
+        continue
+    fi
+    row "$name" "$(result)" "$secs" "$(grep -ac '^\[       OK \]' "$out/logs/$name.log") passed$([ $rc = 0 ] || echo "; $(why "$name.log")")"
+done
+
+# ---- 4. the model on the GPU against the CPU ----
+# Data: a tokenizer and token files from text every Debian machine has (no download, no python).
+data=$out/data
+texts=(README.md DESIGN.md NOTES.md BENCHMARKS.md)
+for f in /usr/share/common-licenses/*; do [ -f "$f" ] && texts+=("$f"); done
+if ! run prep.log 60 "$bin" prep --vocab 512 --out "$data" "${texts[@]}"; then
+    row "data (ctitan prep)" "skipped: out of budget" 0 ""
+elif [ $rc != 0 ]; then
+    row "data (ctitan prep)" "$(result)" "$secs" "$(why prep.log)"
+else
+    row "data (ctitan prep)" ok "$secs" "$(grep -a 'wrote' "$out/logs/prep.log" | tail -1)"
+fi
+if [ $rehearse = 1 ]; then
+    shape=(--model.dim 64 --model.n_layers 2 --model.n_heads 4 --model.n_kv_heads 2 --training.seq_len 32
+           --training.local_batch_size 4 --parallelism.pipeline_parallel_microbatches 2)
+    steps=3
+else
+    shape=(--parallelism.pipeline_parallel_microbatches 8)
+    steps=6
+fi
+common=(manifests/demo.toml --model.vocab_size 512 --model.tokenizer_path "$data/tokenizer.bin"
+        --loader.dataset_path "$data/train.bin" --validation.enable false --sample.tokens 0
+        --checkpoint.enable false --metrics.peak_tflops 1 "${shape[@]}")
+
+# job NAME LOG ARGS...: one `ctitan launch` of the model, metrics in OUT/NAME.jsonl.
+job() {
+    local name=$1 log=$2
+    shift 2
+    run "$log" 150 "$bin" launch "${common[@]}" --job.name "gpuchk$$$name" --job.dump_folder "$out/runs/$name" \
+        --metrics.file "$out/$name.jsonl" "$@"
+}
+
+details "## The model on the GPU against the CPU" "" \
+    "Losses per step (\`ctitan launch manifests/demo.toml\`, $steps steps, vocabulary 512 from \`ctitan prep\`" \
+    "on local text; GPU: bf16 with fp32 accumulation; CPU: fp32). Within 1% counts as the same." ""
+for pp in 1 2; do
+    job "cpu$pp" "cpu-pp$pp.log" --training.steps $steps --parallelism.pipeline_parallel_degree $pp || true
+done
+compare() { # LABEL NAME PP ARGS...
+    local label=$1 name=$2 pp=$3
+    shift 3
+    if ! job "$name" "$name.log" --training.steps $steps --parallelism.pipeline_parallel_degree "$pp" \
+        --job.device cuda "$@"; then
+        row "$label" "skipped: out of budget" 0 ""
+        return
+    fi
+    if [ $rc != 0 ]; then
+        row "$label" "$(result)" "$secs" "$(why "$name.log")"
+        return
+    fi
+    local cpu=$out/cpu$pp.jsonl verdict
+    if [ ! -s "$cpu" ]; then
+        row "$label" FAILED "$secs" "the CPU run to compare with did not finish (logs/cpu-pp$pp.log)"
+        return
+    fi
+    verdict=$(paste <(losses "$out/$name.jsonl") <(losses "$cpu") | awk -v steps=$steps '
+        { d = $1 - $2; if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2); if (r > worst) worst = r;
+          line = line sprintf("| %d | %s | %s | %.2e |\n", NR, $1, $2, r) }
+        END { printf "%s %d %.2e\n", (NR == steps && worst <= 0.01) ? "ok" : "FAILED", NR, worst > "/dev/stderr";
+              printf "%s", line }' 2>"$out/.verdict")
+    read -r res nsteps worst <"$out/.verdict"
+    details "### $label" "" "| step | GPU | CPU | relative difference |" "|---|---|---|---|" "$verdict" ""
+    row "$label" "$res" "$secs" "$nsteps of $steps steps, worst relative difference $worst"
+}
+compare "model pp 1, GPU shards" gpu1 1
+compare "model pp 2, GPU shards" gpu2 2
+compare "model pp 2, offload" off2 2 --optshard.device cpu
+compare "model pp 1, NCCL plane (one rank)" nccl1 1 --parallelism.data_plane nccl
+
+# ---- 5. a GPU checkpoint, and its resume (bitwise the run that did not stop) ----
+half=$((steps / 2))
+if job ckfull ckfull.log --training.steps $steps --parallelism.pipeline_parallel_degree 2 --job.device cuda \
+    --checkpoint.enable true --checkpoint.interval $half --checkpoint.keep_latest_k $steps --checkpoint.folder "$out/ckpt" && [ $rc = 0 ] &&
+   job ckresume ckresume.log --training.steps $steps --parallelism.pipeline_parallel_degree 2 --job.device cuda \
+    --checkpoint.load "$out/ckpt/step-$(printf %08d $half)" && [ $rc = 0 ]; then
+    if [ "$(losses "$out/ckfull.jsonl" | tail -n +$((half + 1)))" = "$(losses "$out/ckresume.jsonl")" ] &&
+       [ -s "$out/ckresume.jsonl" ]; then
+        row "checkpoint and resume" ok "$secs" "steps $((half + 1))-$steps resumed from step $half: bitwise the uninterrupted run"
+    else
+        row "checkpoint and resume" FAILED "$secs" "the resumed losses differ from the uninterrupted run's (see ckfull.jsonl, ckresume.jsonl)"
+    fi
+elif [ "${rc:-125}" = 125 ]; then
+    row "checkpoint and resume" "skipped: out of budget" 0 ""
+else
+    row "checkpoint and resume" "$(result)" "${secs:-0}" "$(why ckresume.log)$(why ckfull.log)"
+fi
+
+# ---- 6. the race against PyTorch ----
+if [ $rehearse = 1 ]; then
+    row "bench-gpu (ctitan vs PyTorch)" "skipped: no GPU" 0 "tools/bench_gpu.sh"
+elif run bench-gpu.log 100000 bash tools/bench_gpu.sh; then
+    row "bench-gpu (ctitan vs PyTorch)" "$(result)" "$secs" "$([ $rc = 0 ] && echo "table below" || why bench-gpu.log)"
+    details "## bench-gpu" "" "$(cat "$out/logs/bench-gpu.log")" ""
+else
+    row "bench-gpu (ctitan vs PyTorch)" "skipped: out of budget" 0 ""
+fi
+
+rm -rf "$out/runs" "$out/ckpt" "$out/.verdict"
+write_report
+echo "gpu_check: $n steps, $([ $failed = 1 ] && echo "some FAILED" || echo "none failed"); report: $out/report.md"
+exit $failed

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "ipc/argv.h"
 #include "ipc/util.h"
 #include "kernels/params.h"
 #include "stages/manifest_keys.h"
@@ -63,6 +64,16 @@ static int check_keys(const manifest_t *m, char *err, size_t errlen)
     return 0;
 }
 
+/* Whether a loader command splits into words (ipc/argv.h: no shell runs it); why not in why. */
+static int command_splits(const char *command, char *why, size_t n)
+{
+    argv_t a;
+    int rc = command[0] ? argv_split(command, &a, why, n) : 0;
+    if (command[0] && !rc)
+        argv_free(&a);
+    return rc == 0;
+}
+
 /* The checks below return on the first failure: "ORIGIN: message" for section.key. */
 #define CHECK(cond, sec, key, ...) \
     do { if (!(cond)) return fail_at(m, mkey_id(sec, key), err, errlen, __VA_ARGS__); } while (0)
@@ -110,6 +121,8 @@ static int check_values(const manifest_t *m, char *err, size_t errlen)
           (int)m->schedule, mkey_sched_list(list, sizeof(list)));
     CHECK(!m->val_enable || m->val_dataset_path[0], "validation", "enable",
           "validation.enable is true but validation.dataset_path is empty");
+    char why[256];
+    CHECK(command_splits(m->command, why, sizeof(why)), "loader", "command", "loader.command: %s", why);
     return 0;
 }
 
@@ -234,6 +247,9 @@ static int check_placement(const manifest_t *m, char *err, size_t errlen)
     CHECK(m->hosts == 1 || (!strncmp(m->endpoint, "tcp://", 6) && !strchr(m->endpoint, '*')), "job", "endpoint",
           "job.hosts = %d: job.endpoint must be tcp://HOST:PORT of the coordinator (host_rank 0), the same on "
           "every host", m->hosts);
+    CHECK(m->hosts == 1 || m->job_keys[0], "job", "keys",
+          "job.hosts = %d: job.keys must name the folder of the hosts' control-plane keys (host<K>.key and "
+          "host<K>.pub for K = 0 .. %d, from `ctitan ckpt keygen`)", m->hosts, m->hosts - 1);
     CHECK(m->hosts == 1 || !m->ckpt_enable, "checkpoint", "enable",
           "checkpoint.enable with job.hosts = %d: checkpoints across hosts are not built yet", m->hosts);
     CHECK(m->hosts == 1 || (!m->val_enable && m->sample_tokens == 0), "validation", "enable",

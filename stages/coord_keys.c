@@ -29,6 +29,10 @@ static int host_keys(coord_t *c, char *err, size_t errlen)
 {
     char path[PATH_MAX];
     int me = c->m->host_rank, rc;
+    if (!c->m->job_keys[0])
+        return util_fail(err, errlen, -EINVAL, "job.hosts = %d: job.keys must name the folder of the hosts' "
+                         "control-plane keys (host<K>.key and host<K>.pub for K = 0 .. %d, from `ctitan ckpt keygen "
+                         "FOLDER/host<K>`)", c->m->hosts, c->m->hosts - 1);
     if ((rc = host_key_path(c, path, sizeof(path), me, "key")))
         return util_fail(err, errlen, rc, "job.keys %s: name too long", c->m->job_keys);
     if ((rc = keys_load_secret(path, &c->keys, err, errlen)))

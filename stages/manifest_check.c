@@ -247,9 +247,6 @@ static int check_placement(const manifest_t *m, char *err, size_t errlen)
     CHECK(m->hosts == 1 || (!strncmp(m->endpoint, "tcp://", 6) && !strchr(m->endpoint, '*')), "job", "endpoint",
           "job.hosts = %d: job.endpoint must be tcp://HOST:PORT of the coordinator (host_rank 0), the same on "
           "every host", m->hosts);
-    CHECK(m->hosts == 1 || m->job_keys[0], "job", "keys",
-          "job.hosts = %d: job.keys must name the folder of the hosts' control-plane keys (host<K>.key and "
-          "host<K>.pub for K = 0 .. %d, from `ctitan ckpt keygen`)", m->hosts, m->hosts - 1);
     CHECK(m->hosts == 1 || !m->ckpt_enable, "checkpoint", "enable",
           "checkpoint.enable with job.hosts = %d: checkpoints across hosts are not built yet", m->hosts);
     CHECK(m->hosts == 1 || (!m->val_enable && m->sample_tokens == 0), "validation", "enable",

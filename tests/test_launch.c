@@ -806,7 +806,7 @@ static int free_port(void)
  * coordinator's output, agent_out the agent's. */
 static void launch_two_hosts(const char *b, const char *args, char *out, size_t outlen, char *agent_out, size_t alen)
 {
-    char extra[1400], path[300], keys[256], cmd[1024];
+    char extra[1400], path[300], keys[128], cmd[2048];
     /* the hosts' control-plane keys, as an operator makes them (issue 12) */
     snprintf(keys, sizeof(keys), "%s/keys-%s", g_dir, b);
     snprintf(cmd, sizeof(cmd), "mkdir -p %s && %s ckpt keygen %s/host0 && %s ckpt keygen %s/host1 2>&1", keys,

@@ -1676,8 +1676,45 @@ static void test_launch_forged_error_does_not_end_the_job(void **state)
     assert_null(strstr(out, "pwned"));
 }
 
-/* Forged heartbeats, with the stopped stage's own pid, from "stage.R.0/hb" and the operator's
- * key: the stopped stage is still noticed within the heartbeat timeout. */
+/* The pid of launch's stage process of pipeline rank `rank` (its command line says), or 0. */
+static pid_t child_stage(pid_t parent, int rank)
+{
+    char path[300], cmd[512], want[16];
+    snprintf(want, sizeof(want), "%d", rank);
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    pid_t found = 0;
+    while (!found && (e = readdir(d))) {
+        pid_t p = atoi(e->d_name);
+        if (p <= 0)
+            continue;
+        snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)p);
+        int fd = open(path, O_RDONLY);
+        ssize_t k = fd >= 0 ? read(fd, cmd, sizeof(cmd) - 1) : -1;
+        if (fd >= 0)
+            close(fd);
+        if (k <= 0)
+            continue;
+        cmd[k] = 0;
+        /* argv: PROGRAM --rank R --replica 0, NUL-separated */
+        const char *prog = cmd, *a1 = prog + strlen(prog) + 1, *a2 = a1 < cmd + k ? a1 + strlen(a1) + 1 : a1;
+        char stat[512], name[64];
+        snprintf(path, sizeof(path), "/proc/%d/stat", (int)p);
+        tu_read_file(path, stat, sizeof(stat));
+        char *rp = strrchr(stat, ')');
+        int ppid = 0;
+        if (!rp || sscanf(stat, "%*d (%63[^)]", name) != 1 || sscanf(rp + 2, "%*c %d", &ppid) != 1)
+            continue;
+        if (ppid == parent && !strcmp(name, "ctitan-stage") && a2 < cmd + k && !strcmp(a1, "--rank") &&
+            !strcmp(a2, want))
+            found = p;
+    }
+    closedir(d);
+    return found;
+}
+
+/* Forged heartbeats, each with its stage's own pid, from "stage.R.0/x" and the operator's key:
+ * the stopped stage is still noticed within the heartbeat timeout. */
 static void test_launch_forged_heartbeats_do_not_keep_a_stopped_stage_alive(void **state)
 {
     TU_NEED_BIN();
@@ -1686,18 +1723,18 @@ static void test_launch_forged_heartbeats_do_not_keep_a_stopped_stage_alive(void
     job_name(j, sizeof(j), "hbforge");
     pid_t pid = launch_bg(j, "--training.steps 100000 --job.heartbeat_interval_ms 50 --job.heartbeat_timeout_ms 1000");
     assert_int_equal(wait_step(j, 2, 60), 0);
-    pid_t st = child_named(pid, "ctitan-stage");
-    assert_true(st > 0);
+    pid_t st[2] = {child_stage(pid, 0), child_stage(pid, 1)};
+    assert_true(st[0] > 0 && st[1] > 0);
     atk_t at[2][2];
     int n[2];
-    atk_both(at[0], &n[0], j, "stage.0.0/hb");
-    atk_both(at[1], &n[1], j, "stage.1.0/hb");
-    kill(st, SIGSTOP);
+    atk_both(at[0], &n[0], j, "stage.0.0/x");
+    atk_both(at[1], &n[1], j, "stage.1.0/x");
+    kill(st[0], SIGSTOP);
     int status = 0, ended = 0;
     for (int k = 0; k < 400 && !ended; k++) { /* 8 s of forgeries, or until the job ends */
         for (int r = 0; r < 2; r++)
             for (int i = 0; i < n[r]; i++) {
-                msg_t hb = {.type = MSG_HEARTBEAT, .rank = r, .pid = st, .progress = (uint64_t)k};
+                msg_t hb = {.type = MSG_HEARTBEAT, .rank = r, .pid = st[r], .progress = (uint64_t)k};
                 snprintf(hb.role, sizeof(hb.role), "stage");
                 atk_send(&at[r][i], &hb);
             }
@@ -1708,12 +1745,13 @@ static void test_launch_forged_heartbeats_do_not_keep_a_stopped_stage_alive(void
         atk_close_all(at[r], n[r]);
     if (!ended)
         status = tu_reap(pid, 30, NULL) << 8;
-    kill(st, SIGKILL);
+    kill(st[0], SIGKILL);
     assert_true(ended);
     assert_int_equal(WEXITSTATUS(status), 1);
     snprintf(path, sizeof(path), "%s/%s.out", g_dir, j);
     tu_read_file(path, out, sizeof(out));
     assert_non_null(strstr(out, "no heartbeat"));
+    assert_non_null(strstr(out, "stage rank 0"));
     assert_clean(j);
 }
 

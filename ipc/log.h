@@ -19,7 +19,7 @@ void log_write(log_level_t level, const char *fmt, ...) __attribute__((format(pr
  * LOG_LIMIT_BURST lines are written per LOG_LIMIT_WINDOW_S seconds, and what was held back is
  * said in one line when the next window opens or at log_limit_flush. One log_limit_t per kind
  * of event, used by one thread. */
-#define LOG_LIMIT_BURST 5
+#define LOG_LIMIT_BURST 10
 #define LOG_LIMIT_WINDOW_S 10.0
 typedef struct {
     const char *what;  /* the events, plural, for the summary line ("rejected control messages") */

@@ -95,38 +95,38 @@ int worker_keys_pipe(const worker_keys_t *k)
     return fd[0];
 }
 
-/* Our keys from the descriptor the spawner named, read once and closed (so that what this
- * process starts does not inherit them); every key checked, and the pair checked to match. */
-static int read_keys(worker_t *w, char *err, size_t errlen)
+/* Every key checked, and the pair checked to match. */
+int worker_keys_take(worker_keys_t *k, const char *who, char *err, size_t errlen)
 {
     const char *e = getenv(WORKER_ENV_KEYS);
     char *end;
     long fd = e ? strtol(e, &end, 10) : -1;
     if (!e || !*e || *end || fd < 0 || fd > 1 << 20)
-        return util_fail(err, errlen, -EINVAL, "%s: %s is not set: workers are started by `ctitan launch`", w->role,
+        return util_fail(err, errlen, -EINVAL, "%s: %s is not set: workers are started by `ctitan launch`", who,
                          WORKER_ENV_KEYS);
     char text[256] = "", pub[KEYS_Z85 + 1];
     long n = util_read_all((int)fd, text, sizeof(text) - 1, -1);
     close((int)fd);
     unsetenv(WORKER_ENV_KEYS);
     if (n < 0)
-        return util_fail(err, errlen, (int)n, "%s: cannot read its keys from descriptor %ld: %s", w->role, fd,
+        return util_fail(err, errlen, (int)n, "%s: cannot read its keys from descriptor %ld: %s", who, fd,
                          strerror((int)-n));
     text[n] = 0;
-    char *k[3], *p = text + strlen(KEYS_MAGIC);
+    char *key[3], *p = text + strlen(KEYS_MAGIC);
     int ok = !strncmp(text, KEYS_MAGIC, strlen(KEYS_MAGIC));
     for (int i = 0; i < 3 && ok; i++) {
-        k[i] = p;
+        key[i] = p;
         ok = (p = strchr(p, '\n')) != NULL;
         if (ok)
             *p++ = 0;
-        ok = ok && keys_is_z85(k[i]);
+        ok = ok && keys_is_z85(key[i]);
     }
-    if (!ok || keys_public(k[2], pub) || strcmp(pub, k[1]))
-        return util_fail(err, errlen, -EINVAL, "%s: descriptor %ld does not hold a worker's keys", w->role, fd);
-    snprintf(w->keys.server, sizeof(w->keys.server), "%s", k[0]);
-    snprintf(w->keys.me.pub, sizeof(w->keys.me.pub), "%s", k[1]);
-    snprintf(w->keys.me.sec, sizeof(w->keys.me.sec), "%s", k[2]);
+    if (!ok || keys_public(key[2], pub) || strcmp(pub, key[1]))
+        return util_fail(err, errlen, -EINVAL, "%s: descriptor %ld does not hold a worker's keys", who, fd);
+    snprintf(k->server, sizeof(k->server), "%s", key[0]);
+    snprintf(k->me.pub, sizeof(k->me.pub), "%s", key[1]);
+    snprintf(k->me.sec, sizeof(k->me.sec), "%s", key[2]);
+    memset(text, 0, sizeof(text));
     return 0;
 }
 
@@ -147,7 +147,7 @@ int worker_open(worker_t **out, const char *role, int rank, int replica, char *e
     snprintf(w->endpoint, sizeof(w->endpoint), "%s", ep);
     snprintf(w->job, sizeof(w->job), "%s", job);
     snprintf(w->id, sizeof(w->id), "%s.%d.%d", role, rank, replica);
-    int rc = read_keys(w, err, errlen);
+    int rc = worker_keys_take(&w->keys, role, err, errlen);
     if (!rc)
         rc = ctl_client_new(&w->ctl, ep, w->id, w->keys.server, &w->keys.me, err, errlen);
     if (rc)

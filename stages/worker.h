@@ -33,6 +33,9 @@ typedef struct {
 /* For the spawner: a pipe holding k, its write end already closed. Returns the read end
  * (close-on-exec: the child clears the flag and names it in CTITAN_KEYS_FD) or -errno. */
 int worker_keys_pipe(const worker_keys_t *k);
+/* The keys the spawner handed over (worker_open takes them): read once from the descriptor
+ * CTITAN_KEYS_FD names, which is closed and unset, so what this process starts inherits none. */
+int worker_keys_take(worker_keys_t *k, const char *who, char *err, size_t errlen);
 
 typedef struct worker worker_t;
 

@@ -28,11 +28,13 @@
 #include <zmq.h>
 
 #include "checkpointd/ckpt.h"
+#include "ipc/ctl.h"
 #include "ipc/msg.h"
 #include "ipc/shm.h"
 #include "stages/job.h"
 #include "tests/testutil.h"
 #include "stages/tokfile.h"
+#include "stages/worker.h"
 
 #define MAX_STEPS 4096
 
@@ -1873,8 +1875,125 @@ static void test_launch_a_flood_of_bad_messages_is_logged_at_a_bounded_rate(void
     assert_true(rejected >= 2400);
 }
 
-int main(void)
+/* ---- insiders: a worker's own key, of the wrong role or at the wrong time ---- */
+
+/* Run as a worker the coordinator started, through a wrapper script in a copy of build/bin
+ * (CTITAN_TEST_EVIL lists the messages, argv[1..] is the real program): sends each message
+ * with the worker's own key, on a socket of its own, before the real program starts with the
+ * same keys. No cmocka here: the exit status is the real program's. */
+static int evil_main(char **argv)
 {
+    worker_keys_t k;
+    ctl_t *c = NULL;
+    char err[256];
+    if (worker_keys_take(&k, "evil", err, sizeof(err)) ||
+        ctl_client_new(&c, getenv(WORKER_ENV_ENDPOINT), "evil", k.server, &k.me, err, sizeof(err))) {
+        fprintf(stderr, "evil: %s\n", err);
+        return 1;
+    }
+    char list[256];
+    snprintf(list, sizeof(list), "%s", getenv("CTITAN_TEST_EVIL"));
+    for (char *t = strtok(list, ","); t; t = strtok(NULL, ",")) {
+        msg_t m = {.pid = getpid(), .step = 0, .ok = 1, .text = "evil", .text_len = 4};
+        snprintf(m.role, sizeof(m.role), "evil");
+        for (int i = 1; i < MSG_TYPE_END; i++)
+            if (!strcmp(msg_type_name((msg_type_t)i), t))
+                m.type = (msg_type_t)i;
+        msg_set_data(&m, "build/bin/ctitan-loader", 24);
+        ctl_send(c, NULL, &m);
+        free(m.data);
+    }
+    sleep_ms(300);
+    ctl_destroy(&c); /* its linger delivers them */
+    int fd = worker_keys_pipe(&k);
+    char num[16];
+    snprintf(num, sizeof(num), "%d", fd);
+    fcntl(fd, F_SETFD, 0);
+    setenv(WORKER_ENV_KEYS, num, 1);
+    unsetenv("CTITAN_TEST_EVIL");
+    execv(argv[1], argv + 1);
+    fprintf(stderr, "evil: cannot run %s: %s\n", argv[1], strerror(errno));
+    return 127;
+}
+
+/* A copy of build/bin whose checkpointd, loader and stage first send, with their own keys,
+ * what their role may not send or what nobody expects yet (issue 12's table): a checkpointd's
+ * saved for a checkpoint not being written, its loaded with no load asked for, a step_done;
+ * a loader's swap_argv, status, step_done and a ready before its hello; a stage's step_done
+ * before any step. Each is rejected with one line naming the sender's key and why; the job,
+ * its checkpoints and its losses are those of a run without them. */
+static void test_launch_workers_keys_are_bound_to_their_role_and_to_what_is_expected(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char a[32], b[32], bin[300], real[400], cmd[4096], args[2048], self[400];
+    job_name(a, sizeof(a), "inref");
+    job_name(b, sizeof(b), "insider");
+    char resolved[PATH_MAX];
+    assert_non_null(realpath(tu_ctitan(), resolved));
+    assert_true(strlen(resolved) < sizeof(real));
+    snprintf(real, sizeof(real), "%s", resolved);
+    *strrchr(real, '/') = 0;
+    ssize_t k = readlink("/proc/self/exe", self, sizeof(self) - 1); /* this program: the wrappers run it */
+    assert_true(k > 0);
+    self[k] = 0;
+    snprintf(bin, sizeof(bin), "%s/evilbin-%s", g_dir, b);
+    static const struct {
+        const char *prog, *evil;
+    } w[] = {{"checkpointd", "saved,loaded,step_done"},
+             {"ctitan-loader", "swap_argv,status,step_done,ready"},
+             {"ctitan-stage", "step_done"},
+             {"ctitan-optshard", NULL},
+             {"ctitan-loader-text", NULL}};
+    snprintf(cmd, sizeof(cmd), "mkdir -p %s && cp %s/ctitan %s/", bin, real, bin);
+    assert_int_equal(tu_run(cmd, out, sizeof(out)), 0);
+    for (size_t i = 0; i < sizeof(w) / sizeof(w[0]); i++) {
+        char path[400];
+        snprintf(path, sizeof(path), "%s/%s", bin, w[i].prog);
+        if (!w[i].evil) {
+            snprintf(cmd, sizeof(cmd), "%s/%s", real, w[i].prog);
+            assert_int_equal(symlink(cmd, path), 0);
+            continue;
+        }
+        FILE *f = fopen(path, "w");
+        fprintf(f, "#!/bin/sh\nCTITAN_TEST_EVIL=%s exec %s %s/%s \"$@\"\n", w[i].evil, self, real, w[i].prog);
+        fclose(f);
+        chmod(path, 0755);
+    }
+    const char *extra = "--checkpoint.enable true --checkpoint.interval 4";
+    launch_ok(a, extra, out, sizeof(out));
+    base_args(args, sizeof(args), b);
+    snprintf(cmd, sizeof(cmd), "%s/ctitan %s %s 2>&1", bin, args, extra);
+    int rc = tu_run(cmd, out, sizeof(out));
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+    static const char *const want[] = {
+        "saved from checkpointd.0.0@", "no checkpoint of that step is being written",
+        "loaded from checkpointd.0.0@", "no checkpoint is being loaded",
+        "step_done from checkpointd.0.0@", "a checkpointd does not send it",
+        "swap_argv from loader.0.0@", "status from loader.0.0@", "step_done from loader.0.0@",
+        "a loader does not send it", "ready from loader.0.0@", "ready before hello",
+        "step_done from stage.0.0@", "step_done from stage.1.0@", "no round is waiting for it from this process",
+    };
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+        if (!strstr(out, want[i]))
+            fail_msg("no \"%s\" in:\n%s", want[i], out);
+    char *first = strstr(out, "saved from checkpointd");
+    assert_null(strstr(first + 1, "saved from checkpointd")); /* logged once */
+    assert_same_losses(a, b, 12);
+    char dir[256];
+    ckpt_dir(dir, sizeof(dir), b);
+    int64_t *steps;
+    assert_int_equal(ckpt_list(dir, &steps), 3);
+    free(steps);
+    assert_clean(b);
+}
+
+int main(int argc, char **argv)
+{
+    if (getenv("CTITAN_TEST_EVIL") && argc > 1) /* a wrapper of the insider test */
+        return evil_main(argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_launch_losses_bitwise_equal_for_pipeline_degree_1_2_4),
         cmocka_unit_test(test_launch_losses_bitwise_equal_for_1_and_3_optimizer_shards),
@@ -1918,6 +2037,7 @@ int main(void)
         cmocka_unit_test(test_launch_a_claimed_route_is_not_taken_over),
         cmocka_unit_test(test_launch_forged_saved_does_not_tear_a_checkpoint),
         cmocka_unit_test(test_launch_a_flood_of_bad_messages_is_logged_at_a_bounded_rate),
+        cmocka_unit_test(test_launch_workers_keys_are_bound_to_their_role_and_to_what_is_expected),
     };
     if (getenv("CTITAN_TEST_ONLY")) /* a pattern: run only the tests it matches ("*forged*") */
         cmocka_set_test_filter(getenv("CTITAN_TEST_ONLY"));

@@ -132,7 +132,7 @@ int argv_split(const char *line, argv_t *out, char *err, size_t errlen)
     if (!s)
         return util_fail(err, errlen, -ENOMEM, "out of memory");
     int rc = 0;
-    for (size_t i = 0; line[i] && !rc; i++)
+    for (size_t i = 0; !rc && line[i]; i++) /* after an error i may be past the end */
         rc = plain(s, line, &i, err, errlen);
     if (!rc)
         rc = end_word(s, err, errlen);

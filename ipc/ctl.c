@@ -196,18 +196,21 @@ static int ipc_check_path(const char *endpoint, char *err, size_t errlen)
  * public key); the answer: version, request id, status code and text, user id, metadata. */
 static void zap_answer(ctl_t *c, log_limit_t *lim)
 {
-    zmq_msg_t f[8];
+    zmq_msg_t f[8]; /* the first 8 frames; a longer request is malformed anyway */
     int n = 0;
-    for (bool more = true; more; n++) {
-        zmq_msg_t *dst = &f[n < 8 ? n : 7];
-        if (n >= 8) zmq_msg_close(dst);
-        zmq_msg_init(dst);
-        if (zmq_msg_recv(dst, c->zap, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(dst);
-            for (int i = 0; i < n && i < 8; i++) zmq_msg_close(&f[i]);
-            return;
+    for (bool more = true; more;) {
+        zmq_msg_t part;
+        zmq_msg_init(&part);
+        if (zmq_msg_recv(&part, c->zap, ZMQ_DONTWAIT) < 0) { /* only libzmq asks: never seen */
+            zmq_msg_close(&part);
+            break;
         }
-        more = zmq_msg_more(dst);
+        more = zmq_msg_more(&part);
+        if (n < 8) {
+            zmq_msg_init(&f[n]);
+            zmq_msg_move(&f[n++], &part);
+        }
+        zmq_msg_close(&part);
     }
     char user[CTL_USER_MAX] = "", key[KEYS_Z85 + 1] = "?", addr[64] = "?";
     const char *status = "400", *text = "key not allowed";
@@ -228,15 +231,18 @@ static void zap_answer(ctl_t *c, log_limit_t *lim)
     }
     if (*status != '2') {
         atomic_fetch_add(&c->refused_keys, 1);
-        log_limited(lim, LOG_WARN, "control plane: refused a connection from %s: %s", addr,
-                    curve ? "its key is not one of this job's" : "not a CURVE handshake");
+        if (curve)
+            log_limited(lim, LOG_WARN, "control plane: refused a connection from %s: key %.8s... is not one of this "
+                        "job's", addr, key);
+        else
+            log_limited(lim, LOG_WARN, "control plane: refused a connection from %s: not a CURVE handshake", addr);
     }
     const void *rf[6] = {"1.0", n >= 2 ? zmq_msg_data(&f[1]) : "", status, text, user, ""};
     size_t rn[6] = {3, n >= 2 ? zmq_msg_size(&f[1]) : 0, 3, strlen(text), strlen(user), 0};
     for (int i = 0; i < 6; i++)
         if (zmq_send(c->zap, rf[i], rn[i], i < 5 ? ZMQ_SNDMORE : 0) < 0)
             break;
-    for (int i = 0; i < n && i < 8; i++)
+    for (int i = 0; i < n; i++)
         zmq_msg_close(&f[i]);
 }
 

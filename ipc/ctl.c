@@ -308,11 +308,11 @@ static int start_guard(ctl_t *c, char *err, size_t errlen)
     return 0;
 }
 
-int ctl_server_new(ctl_t **out, const char *endpoint, const char *server_sec, char *err, size_t errlen)
+int ctl_server_new(ctl_t **out, const char *server_sec, char *err, size_t errlen)
 {
     *out = NULL;
     if (!server_sec || !keys_is_z85(server_sec))
-        return util_fail(err, errlen, -EINVAL, "cannot bind %s: the server's secret key is not a CURVE key", endpoint);
+        return util_fail(err, errlen, -EINVAL, "cannot make a ROUTER: the server's secret key is not a CURVE key");
     ctl_t *c = NULL;
     int rc = ctl_alloc(&c, ZMQ_ROUTER, err, errlen);
     if (rc) return rc;
@@ -320,24 +320,29 @@ int ctl_server_new(ctl_t **out, const char *endpoint, const char *server_sec, ch
         (rc = zmq_setsockopt(c->sock, ZMQ_CURVE_SECRETKEY, server_sec, KEYS_Z85) ? -errno : 0) ||
         (rc = zmq_setsockopt(c->sock, ZMQ_ZAP_DOMAIN, "ctitan-ctl", 10) ? -errno : 0) ||
         (rc = setopt_common(c, 0))) {
-        rc = util_fail(err, errlen, rc, "cannot set up a ROUTER for %s: %s", endpoint, zmq_strerror(-rc));
+        rc = util_fail(err, errlen, rc, "cannot set up a ROUTER: %s", zmq_strerror(-rc));
         goto out;
     }
-    if ((rc = start_guard(c, err, errlen)))
-        goto out;
-    if (strncmp(endpoint, "ipc://", 6) == 0 && (rc = ipc_check_path(endpoint, err, errlen)))
-        goto out;
-    if (zmq_bind(c->sock, endpoint) != 0) {
-        rc = util_fail(err, errlen, -errno, "cannot bind %s: %s", endpoint, zmq_strerror(errno));
-        goto out;
-    }
-    size_t n = sizeof c->endpoint;
-    if (zmq_getsockopt(c->sock, ZMQ_LAST_ENDPOINT, c->endpoint, &n) != 0)
-        snprintf(c->endpoint, sizeof c->endpoint, "%s", endpoint);
+    rc = start_guard(c, err, errlen);
 out:
     if (rc) ctl_destroy(&c);
     *out = c;
     return rc;
+}
+
+int ctl_bind(ctl_t *c, const char *endpoint, char *err, size_t errlen)
+{
+    int rc;
+    if (!c->server)
+        return util_fail(err, errlen, -EINVAL, "cannot bind %s: not a server", endpoint);
+    if (strncmp(endpoint, "ipc://", 6) == 0 && (rc = ipc_check_path(endpoint, err, errlen)))
+        return rc;
+    if (zmq_bind(c->sock, endpoint) != 0)
+        return util_fail(err, errlen, -errno, "cannot bind %s: %s", endpoint, zmq_strerror(errno));
+    size_t n = sizeof c->endpoint;
+    if (zmq_getsockopt(c->sock, ZMQ_LAST_ENDPOINT, c->endpoint, &n) != 0)
+        snprintf(c->endpoint, sizeof c->endpoint, "%s", endpoint);
+    return 0;
 }
 
 int ctl_allow(ctl_t *c, const char *pub, const char *user)

@@ -36,10 +36,13 @@ typedef struct {
     char user[CTL_USER_MAX];
 } ctl_peer_t;
 
-/* ROUTER bound to endpoint (for ipc://PATH a stale socket file is replaced) with secret key
- * server_sec (Z85), admitting no client until ctl_allow. Routing to an unknown peer is an
- * error (-EHOSTUNREACH). The server has a ZeroMQ context and a ZAP thread of its own. */
-int ctl_server_new(ctl_t **out, const char *endpoint, const char *server_sec, char *err, size_t errlen);
+/* ROUTER with secret key server_sec (Z85), admitting no client until ctl_allow; the server
+ * has a ZeroMQ context and a ZAP thread of its own. It is bound by ctl_bind, once the keys it
+ * must admit are allowed: ZeroMQ never retries a client refused at its handshake. Routing to
+ * an unknown peer is an error (-EHOSTUNREACH). */
+int ctl_server_new(ctl_t **out, const char *server_sec, char *err, size_t errlen);
+/* Binds the server to endpoint (for ipc://PATH a stale socket file is replaced). */
+int ctl_bind(ctl_t *c, const char *endpoint, char *err, size_t errlen);
 /* Admits connections with client key pub (Z85) from now on; their messages carry user. A key
  * allowed again gets the new user. Returns 0, -EINVAL (not a key, user empty or too long),
  * -ENOMEM. */

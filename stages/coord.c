@@ -144,8 +144,8 @@ static int set_up(coord_t *c, char *err, size_t errlen)
     }
     if (c->lay.nccl && (rc = coord_make_nccl_ids(c, err, errlen)))
         return rc;
-    if ((rc = ctl_server_new(&c->ctl, c->endpoint, c->keys.sec, err, errlen)) ||
-        (rc = coord_keys_admit(c, err, errlen)))
+    if ((rc = ctl_server_new(&c->ctl, c->keys.sec, err, errlen)) || (rc = coord_keys_admit(c, err, errlen)) ||
+        (rc = ctl_bind(c->ctl, c->endpoint, err, errlen)))
         return rc;
     /* tcp://HOST:* binds a free port: workers and `ctitan loader swap` need the real one */
     snprintf(c->endpoint, sizeof(c->endpoint), "%s", ctl_endpoint(c->ctl));

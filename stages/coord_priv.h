@@ -191,7 +191,8 @@ const char *coord_on_saved(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, 
 /* This host's keys: the coordinator's fresh pair, or from job.keys across hosts; on host 0 the
  * run folder with the operator's fresh key. Before the control socket exists. */
 int coord_keys_setup(coord_t *c, char *err, size_t errlen);
-/* Host 0, once the control socket exists: admits the operator's key, and the hosts'. */
+/* Host 0, once the control socket exists and before it is bound (ZeroMQ never retries a
+ * refused client): admits the operator's key, and the hosts'. */
 int coord_keys_admit(coord_t *c, char *err, size_t errlen);
 /* The keys process p starts with: on host 0 a fresh pair, bound to "<id>@<start>" (the
  * previous start's revoked); on host k the host's pair. Returns 0 or -errno. */

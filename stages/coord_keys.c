@@ -64,7 +64,7 @@ static int make_run_dir(coord_t *c, char *err, size_t errlen)
                          "remove it", path);
     if (chmod(path, 0700) != 0)
         return util_fail(err, errlen, -errno, "%s: cannot make it private: %s", path, strerror(errno));
-    snprintf(c->run_dir, sizeof(c->run_dir), "%s/run", abs);
+    snprintf(c->run_dir, sizeof(c->run_dir), "%.990s/run", abs); /* fits: checked above */
     const char *files[] = {"operator.key", "coordinator.pub"};
     for (int i = 0; i < 2; i++) {
         snprintf(path, sizeof(path), "%s/%s", c->run_dir, files[i]);

@@ -14,6 +14,25 @@ void log_set_step(int64_t step);
 int log_enabled(log_level_t level);
 void log_write(log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Lines about events a peer can cause at will (rejected messages, refused connections) come
+ * under a budget, so that a flood cannot flood the log: every event is counted, at most
+ * LOG_LIMIT_BURST lines are written per LOG_LIMIT_WINDOW_S seconds, and what was held back is
+ * said in one line when the next window opens or at log_limit_flush. One log_limit_t per kind
+ * of event, used by one thread. */
+#define LOG_LIMIT_BURST 10
+#define LOG_LIMIT_WINDOW_S 10.0
+typedef struct {
+    const char *what;  /* the events, plural, for the summary line ("rejected control messages") */
+    double window;     /* when the current window opened */
+    int lines;         /* written in it */
+    uint64_t held;     /* counted, not written, since the last summary */
+    uint64_t total;    /* every event */
+} log_limit_t;
+/* Counts one event and writes its line if the budget allows. */
+void log_limited(log_limit_t *l, log_level_t level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Says how many events were held back, if any (at the end of a run). */
+void log_limit_flush(log_limit_t *l, log_level_t level);
+
 #define LOG(level, ...) do { if (log_enabled(level)) log_write(level, __VA_ARGS__); } while (0)
 #define LOG_E(...) LOG(LOG_ERROR, __VA_ARGS__)
 #define LOG_W(...) LOG(LOG_WARN, __VA_ARGS__)

@@ -64,6 +64,7 @@ static const codec_type_t types[MSG_TYPE_END] = {
     [MSG_NCCL]      = {"nccl",      B(F_DATA), 0},
     [MSG_LOAD]      = {"load",      B(F_TEXT), 0},
     [MSG_LOADED]    = {"loaded",    B(F_OK) | B(F_STEP) | B(F_TEXT) | B(F_DATA), 0},
+    [MSG_SWAP_ARGV] = {"swap_argv", B(F_DATA), 0},
 };
 
 static const codec_proto_t proto = {

@@ -34,7 +34,8 @@ typedef enum {
     MSG_HEARTBEAT,   /* worker -> coord: role, rank, replica, pid, progress (a counter) */
     MSG_ERROR,       /* worker -> coord: role, rank, replica, pid, text (the reason) */
     MSG_STOP,        /* coord -> worker: exit cleanly now */
-    MSG_SWAP,        /* cli -> coord: text (new loader command) */
+    MSG_SWAP,        /* cli -> coord: text (a loader command for a shell). Retired by issue 12:
+                      * refused, since no message may make the coordinator run a shell */
     MSG_REPLY,       /* coord -> cli: ok, text (what happened) */
     MSG_STATUS,      /* cli -> coord: (no fields) */
     MSG_SNAPSHOT,    /* coord -> optshard: step (copy state into the staging segment) */
@@ -52,6 +53,8 @@ typedef enum {
                       * after it), text (the directory loaded; "" for "latest" when there is
                       * none, a fresh start; or why it cannot load), data (the loader cursor of
                       * the next step) */
+    MSG_SWAP_ARGV,   /* operator -> coord: data, the new loader's argument vector, each word
+                      * NUL-terminated, back to back (ipc/argv.h); exec'ed as is, no shell */
     MSG_TYPE_END     /* append new types above this */
 } msg_type_t;
 
@@ -59,7 +62,8 @@ typedef enum {
  * table in msg.c, mirroring the comments above. */
 typedef struct {
     msg_type_t type;
-    char role[MSG_ROLE_MAX];   /* "role": "loader", "stage", "optshard", "cli" */
+    char role[MSG_ROLE_MAX];   /* "role": "loader", "stage", "optshard", "checkpointd" (what a
+                                * worker says it is; the coordinator goes by its key) */
     int32_t rank;              /* "rank": pipeline rank or shard index, >= 0 */
     int32_t replica;           /* "replica": data-parallel replica, >= 0 */
     int64_t pid;               /* "pid" */

@@ -190,13 +190,22 @@ static int set_up(coord_t *c, char *err, size_t errlen)
         return util_fail(err, errlen, -errno, "cannot find my own executable: %s", strerror(errno));
     c->bin_dir[n] = 0;
     *strrchr(c->bin_dir, '/') = 0;
-    snprintf(c->loader_cmd, sizeof(c->loader_cmd), "%s", m->command);
     int rc;
+    argv_t cmd;
+    if (m->command[0]) { /* manifest_validate checked that it splits */
+        if ((rc = argv_split(m->command, &cmd, err, errlen)))
+            return rc;
+        rc = argv_pack(&cmd, c->loader_argv, &c->loader_argv_len);
+        argv_free(&cmd);
+        if (rc)
+            return util_fail(err, errlen, rc, "loader.command is too long");
+    }
     if (!(c->toml = manifest_to_toml(m)) || job_layout(&c->lay, m))
         return util_fail(err, errlen, -ENOMEM, "out of memory");
     if ((rc = util_mkdirs(m->dump_folder)))
         return util_fail(err, errlen, rc, "job.dump_folder %s: cannot create: %s", m->dump_folder, strerror(-rc));
-    if ((rc = coord_resolve_endpoint(c, err, errlen)) || (rc = coord_check_data(c, err, errlen)))
+    if ((rc = coord_resolve_endpoint(c, err, errlen)) || (rc = coord_check_data(c, err, errlen)) ||
+        (rc = coord_keys_setup(c, err, errlen)))
         return rc;
     if ((rc = coord_setup_signals(c)))
         return util_fail(err, errlen, rc, "cannot set up signal handling: %s", strerror(-rc));
@@ -213,7 +222,8 @@ static int set_up(coord_t *c, char *err, size_t errlen)
     }
     if (c->lay.nccl && (rc = coord_make_nccl_ids(c, err, errlen)))
         return rc;
-    if ((rc = ctl_server_new(&c->ctl, c->endpoint, err, errlen)))
+    if ((rc = ctl_server_new(&c->ctl, c->keys.sec, err, errlen)) || (rc = coord_keys_admit(c, err, errlen)) ||
+        (rc = ctl_bind(c->ctl, c->endpoint, err, errlen)))
         return rc;
     /* tcp://HOST:* binds a free port: workers and `ctitan loader swap` need the real one */
     snprintf(c->endpoint, sizeof(c->endpoint), "%s", ctl_endpoint(c->ctl));
@@ -283,9 +293,22 @@ static int run(coord_t *c)
     return 0;
 }
 
+/* What the control plane refused during the run, if anything: peers may cause it at will, so
+ * the log had only a bounded number of lines about it. */
+static void report_rejections(coord_t *c)
+{
+    uint64_t keys, handshakes;
+    log_limit_flush(&c->rejected, LOG_WARN);
+    ctl_refusals(c->ctl, &keys, &handshakes);
+    if (c->rejected.total || keys || handshakes)
+        LOG_W("the control plane rejected %llu messages and refused %llu connections (%llu keys not the job's, "
+              "%llu failed handshakes)", (unsigned long long)c->rejected.total,
+              (unsigned long long)(keys + handshakes), (unsigned long long)keys, (unsigned long long)handshakes);
+}
+
 int coord_run(const manifest_t *given)
 {
-    coord_t c = {.sigfd = -1};
+    coord_t c = {.sigfd = -1, .rejected = {.what = "rejected control messages"}};
     char err[1024];
     int status = 1;
     log_init("", 0, 0);
@@ -307,7 +330,10 @@ int coord_run(const manifest_t *given)
     stop_watch(&c);
     if (c.ctl && c.sock_path[0]) /* only a socket we bound: another run of this job may own the file */
         unlink(c.sock_path);
+    if (c.ctl)
+        report_rejections(&c);
     ctl_destroy(&c.ctl);
+    coord_keys_remove(&c);
     coord_remove_segments(&c);
     if (c.metrics)
         fclose(c.metrics);

@@ -47,29 +47,44 @@ void coord_start_checkpoint(coord_t *c, int64_t done)
     c->ck_busy = 1;
     c->ck_step = done;
     c->ck_snapped = 0;
+    c->ck_saving = 0;
+    for (int k = 0; k < c->m->shards; k++)
+        coord_shard(c, k)->snapped = 0;
     c->ck_t0 = util_now();
     msg_t snap = {.type = MSG_SNAPSHOT, .step = done};
     for (int k = 0; k < c->m->shards; k++)
         coord_send(c, coord_shard(c, k), &snap);
 }
 
-void coord_on_snapped(coord_t *c, coord_proc_t *p, const char *from, const msg_t *m)
+/* A shard has copied its slice of the checkpoint in flight; once all have, checkpointd writes it. */
+const char *coord_on_snapped(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m)
 {
-    if (!c->ck_busy || m->step != c->ck_step || ++c->ck_snapped != c->m->shards)
-        return;
+    if (!c->ck_busy || c->ck_saving || m->step != c->ck_step)
+        return "no snapshot of that step is being taken";
+    if (p->snapped)
+        return "this shard said snapped already";
+    p->snapped = 1;
+    if (++c->ck_snapped != c->m->shards)
+        return NULL;
     /* every shard has copied its state: checkpointd takes it from here */
     msg_t save = {.type = MSG_SAVE, .step = c->ck_step};
-    if (ctl_send(c->ctl, coord_ckptd(c)->id, &save)) { /* it just died: coord_reap() restarts it */
+    coord_proc_t *d = coord_ckptd(c);
+    if (!d->route[0] || ctl_send(c->ctl, d->route, &save)) { /* it just died: coord_reap() restarts it */
         fprintf(stderr, "ctitan: cannot reach checkpointd: no checkpoint of step %lld\n", (long long)c->ck_step);
         c->ck_busy = 0;
+        return NULL;
     }
+    c->ck_saving = 1;
+    return NULL;
 }
 
-void coord_on_saved(coord_t *c, coord_proc_t *p, const char *from, const msg_t *m)
+/* Only the answer to the SAVE in flight ends a checkpoint: until then checkpointd reads the
+ * staging segment, which no new snapshot may touch. */
+const char *coord_on_saved(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m)
 {
-    if (!c->ck_busy || m->step != c->ck_step)
-        return;
-    c->ck_busy = 0;
+    if (!c->ck_saving || m->step != c->ck_step)
+        return "no checkpoint of that step is being written";
+    c->ck_busy = c->ck_saving = 0;
     if (m->ok) {
         c->ck_saved++;
         c->ck_last_saved |= m->step == c->m->steps;
@@ -84,6 +99,7 @@ void coord_on_saved(coord_t *c, coord_proc_t *p, const char *from, const msg_t *
         fprintf(stderr, "ctitan: checkpoint of step %lld failed: %s (training goes on)\n", (long long)m->step,
                 m->text ? m->text : "(no reason given)");
     }
+    return NULL;
 }
 
 void coord_ckpt_check_last(coord_t *c)

@@ -1,35 +1,53 @@
 /* The coordinator's control plane (see coord_priv.h): the event pump that waits on the ROUTER
- * socket and the signal fd, reaps and checks heartbeats between messages, and dispatches
- * each message to the handler of its type; round trips of one step's commands. */
+ * socket and the signal fd, reaps and checks heartbeats between messages; who may send what
+ * and when (the table `rules` and each handler's state check: DESIGN.md "Trust"), one handler
+ * per message type; round trips of one step's commands. A message the rules refuse is
+ * counted and logged at a bounded rate, never acted on. */
 #include "stages/coord_priv.h"
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include <zmq.h>
 
-#include "ipc/log.h"
+#include "ipc/codec.h"
 #include "ipc/util.h"
 
-typedef void (*handler_t)(coord_t *c, coord_proc_t *p, const char *from, const msg_t *m);
+typedef const char *(*handler_t)(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m);
 
-static coord_proc_t *find_proc(coord_t *c, const char *from)
+/* The process whose key sent a message: one key per process start, bound to "<id>@<start>";
+ * on another host the host's key vouches for the processes it runs, named by the routing id
+ * ("stage.2.0#..." or "stage.2.0/hb#..."). NULL when none; *old is set when the key was an
+ * earlier start's of a process (what a replaced loader left in the queue). */
+static coord_proc_t *sender(coord_t *c, const ctl_peer_t *from, int *old)
 {
-    size_t n = strcspn(from, "/"); /* "stage.1.0/hb" is the heartbeat socket of stage.1.0 */
-    for (int i = 0; i < c->np; i++)
-        if (strlen(c->p[i].id) == n && !strncmp(c->p[i].id, from, n))
+    *old = 0;
+    if (!strncmp(from->user, "host.", 5)) {
+        int h = atoi(from->user + 5);
+        size_t n = strcspn(from->route, "/#");
+        for (int i = 0; i < c->np; i++)
+            if (c->p[i].remote && c->p[i].host == h && strlen(c->p[i].id) == n &&
+                !strncmp(c->p[i].id, from->route, n))
+                return &c->p[i];
+        return NULL;
+    }
+    for (int i = 0; i < c->np; i++) {
+        if (c->p[i].user[0] && !strcmp(c->p[i].user, from->user))
             return &c->p[i];
+        *old |= c->p[i].old_user[0] && !strcmp(c->p[i].old_user, from->user);
+    }
     return NULL;
 }
 
 void coord_send(coord_t *c, coord_proc_t *p, msg_t *m)
 {
     char name[64];
-    int rc = ctl_send(c->ctl, p->id, m);
+    int rc = p->route[0] ? ctl_send(c->ctl, p->route, m) : -EHOSTUNREACH;
     if (rc)
         coord_fail(c, "cannot send %s to %s: %s", msg_type_name(m->type), coord_who(p, name, sizeof(name)),
-                   strerror(-rc));
+                   p->route[0] ? strerror(-rc) : "it has not said hello");
 }
 
 void coord_reply_cli(coord_t *c, const char *to, int ok, const char *fmt, ...)
@@ -41,42 +59,63 @@ void coord_reply_cli(coord_t *c, const char *to, int ok, const char *fmt, ...)
     va_end(ap);
     msg_t m = {.type = MSG_REPLY, .ok = ok, .text = text, .text_len = strlen(text)};
     if (ctl_send(c->ctl, to, &m))
-        LOG_W("cannot answer %s (gone?): %s", to, text);
+        LOG_W("cannot answer the operator (gone?): %s", text);
 }
 
 /* ---- one handler per message type ---- */
 
-static void on_status(coord_t *c, coord_proc_t *p, const char *from, const msg_t *m)
+static const char *on_status(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m)
 {
-    coord_reply_cli(c, from, 1, "job %s: step %lld of %d, loader pid %d", c->m->name, (long long)c->step + 1,
+    coord_reply_cli(c, from->route, 1, "job %s: step %lld of %d, loader pid %d", c->m->name, (long long)c->step + 1,
                     c->m->steps, (int)coord_loader(c)->pid);
+    return NULL;
 }
 
-static void on_hello(coord_t *c, coord_proc_t *p, const char *from, const msg_t *m)
+/* The swap of before issue 12 carried a command for a shell: answered, never run. */
+static const char *on_shell_swap(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m)
 {
+    coord_reply_cli(c, from->route, 0, "swap: refused: a loader command is an argument vector (swap_argv), never "
+                    "a shell command; use this version's `ctitan loader swap`");
+    return NULL;
+}
+
+static const char *on_hello(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m)
+{
+    if (p->hello)
+        return "it said hello already";
+    p->hello = 1;
+    snprintf(p->route, sizeof(p->route), "%s", from->route); /* where its commands go from now on */
     msg_t cfg = {.type = MSG_CONFIG, .step = c->step, .text = c->toml, .text_len = strlen(c->toml)};
     coord_send(c, p, &cfg);
     if (c->nccl_ids && p->role == COORD_STAGE)
         coord_send_nccl_ids(c, p);
+    return NULL;
 }
 
-static void on_ready(coord_t *c, coord_proc_t *p, const char *from, const msg_t *m)
+static const char *on_ready(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m)
 {
     char name[64];
+    if (!p->hello)
+        return "ready before hello";
+    if (p->ready)
+        return "it is ready already";
     p->ready = 1;
     LOG_D("%s is ready (pid %d)", coord_who(p, name, sizeof(name)), (int)p->pid);
+    return NULL;
 }
 
-/* Answered on the heartbeat socket: the worker's view of our health. */
-static void on_heartbeat(coord_t *c, coord_proc_t *p, const char *from, const msg_t *m)
+/* Answered on the socket it came from (the worker's heartbeat thread): the worker's view of
+ * our health. */
+static const char *on_heartbeat(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m)
 {
     msg_t hb = {.type = MSG_HEARTBEAT, .rank = 0, .replica = 0, .pid = getpid()};
     snprintf(hb.role, sizeof(hb.role), "coordinator");
-    if (ctl_send(c->ctl, from, &hb))
-        LOG_D("cannot answer the heartbeat of %s", from);
+    if (ctl_send(c->ctl, from->route, &hb))
+        LOG_D("cannot answer the heartbeat of %s", p->id);
+    return NULL;
 }
 
-static void on_error(coord_t *c, coord_proc_t *p, const char *from, const msg_t *m)
+static const char *on_error(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m)
 {
     char name[64];
     if (p->role == COORD_LOADER && c->trial) {
@@ -85,66 +124,113 @@ static void on_error(coord_t *c, coord_proc_t *p, const char *from, const msg_t 
     } else {
         coord_fail(c, "%s: %s", coord_who(p, name, sizeof(name)), m->text ? m->text : "(no reason given)");
     }
+    return NULL;
 }
 
-/* STEP_DONE, REDUCED, UPDATED: a reply of the round in progress. */
-static void on_reply(coord_t *c, coord_proc_t *p, const char *from, const msg_t *m)
+/* STEP_DONE, REDUCED, UPDATED: the reply p owes in the round in progress, once. */
+static const char *on_reply(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m)
 {
-    if (m->step == c->step) {
-        p->got = 1;
-        p->reply = *m;
-        p->reply.text = NULL;
-        p->reply.data = NULL;
-    }
+    if (p->await != m->type)
+        return "no round is waiting for it from this process";
+    if (m->step != c->step)
+        return "not the step in progress";
+    p->await = 0;
+    p->got = 1;
+    p->reply = *m;
+    p->reply.text = NULL;
+    p->reply.data = NULL;
+    return NULL;
 }
 
-/* From the `ctitan` command (no process of the job). */
-static const handler_t cli_handlers[MSG_TYPE_END] = {
-    [MSG_SWAP] = coord_on_swap,
-    [MSG_STATUS] = on_status,
+/* ---- who may send what ---- */
+
+#define ROLE(r) (1u << (r))
+#define WORKERS (ROLE(COORD_LOADER) | ROLE(COORD_STAGE) | ROLE(COORD_OPTSHARD) | ROLE(COORD_CKPTD))
+#define OPERATOR (1u << 8)
+
+/* Each type a worker or the operator may send, its handler and who may send it (the state in
+ * which it is expected is the handler's to check). Types missing here (the coordinator's own
+ * commands: config, step, reduce, update, stop, reply, snapshot, save, nccl, load) are
+ * accepted from nobody. */
+static const struct {
+    handler_t fn;
+    unsigned who;
+} rules[MSG_TYPE_END] = {
+    [MSG_HELLO] = {on_hello, WORKERS},
+    [MSG_READY] = {on_ready, WORKERS},
+    [MSG_HEARTBEAT] = {on_heartbeat, WORKERS},
+    [MSG_ERROR] = {on_error, WORKERS},
+    [MSG_STEP_DONE] = {on_reply, ROLE(COORD_STAGE)},
+    [MSG_REDUCED] = {on_reply, ROLE(COORD_OPTSHARD)},
+    [MSG_UPDATED] = {on_reply, ROLE(COORD_OPTSHARD)},
+    [MSG_SNAPPED] = {coord_on_snapped, ROLE(COORD_OPTSHARD)},
+    [MSG_SAVED] = {coord_on_saved, ROLE(COORD_CKPTD)},
+    [MSG_LOADED] = {coord_on_loaded, ROLE(COORD_CKPTD)},
+    [MSG_SWAP] = {on_shell_swap, OPERATOR},
+    [MSG_SWAP_ARGV] = {coord_on_swap, OPERATOR},
+    [MSG_STATUS] = {on_status, OPERATOR},
 };
 
-/* From the job's processes. */
-static const handler_t proc_handlers[MSG_TYPE_END] = {
-    [MSG_HELLO] = on_hello,
-    [MSG_READY] = on_ready,
-    [MSG_HEARTBEAT] = on_heartbeat,
-    [MSG_ERROR] = on_error,
-    [MSG_STEP_DONE] = on_reply,
-    [MSG_REDUCED] = on_reply,
-    [MSG_UPDATED] = on_reply,
-    [MSG_SNAPPED] = coord_on_snapped,
-    [MSG_SAVED] = coord_on_saved,
-    [MSG_LOADED] = coord_on_loaded,
-};
+static const char *role_names[] = {"loader", "stage", "optimizer shard", "checkpointd"};
 
-static void on_message(coord_t *c, const char *from, const msg_t *m)
+static void reject(coord_t *c, const ctl_peer_t *from, const char *type, const char *why)
 {
-    if ((unsigned)m->type >= MSG_TYPE_END) /* the decoder lets none through; the tables end there */
+    char route[CODEC_PRINTABLE];
+    codec_printable(from->route, strlen(from->route), route);
+    log_limited(&c->rejected, LOG_WARN, "rejected a control message: %s from %s (route '%s'): %s", type,
+                from->user[0] ? from->user : "?", route, why);
+}
+
+/* Whether p may send m on that connection now; NULL if so, else why not. */
+static const char *check_sender(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m, char *buf,
+                                size_t n)
+{
+    if (!(rules[m->type].who & ROLE(p->role))) {
+        snprintf(buf, n, "a %s does not send it", role_names[p->role]);
+        return buf;
+    }
+    /* the messages that name a pid must name the process's (remote ones learn it from hello) */
+    int has_pid = m->type == MSG_HELLO || m->type == MSG_READY || m->type == MSG_HEARTBEAT || m->type == MSG_ERROR;
+    if (has_pid && m->pid != p->pid) {
+        snprintf(buf, n, "it claims pid %lld, the process is pid %d", (long long)m->pid, (int)p->pid);
+        return buf;
+    }
+    if (p->hello && m->type != MSG_HEARTBEAT && strcmp(from->route, p->route))
+        return "not from the socket it said hello on";
+    return NULL;
+}
+
+static void on_message(coord_t *c, const ctl_peer_t *from, const msg_t *m)
+{
+    if ((unsigned)m->type >= MSG_TYPE_END) /* the decoder lets none through; the table ends there */
         return;
-    if (cli_handlers[m->type]) {
-        cli_handlers[m->type](c, NULL, from, m);
+    const char *type = msg_type_name(m->type), *why;
+    char buf[128];
+    if (!strcmp(from->user, COORD_OPERATOR)) {
+        why = rules[m->type].who & OPERATOR ? rules[m->type].fn(c, NULL, from, m) : "the operator does not send it";
+        if (why)
+            reject(c, from, type, why);
         return;
     }
-    coord_proc_t *p = find_proc(c, from);
-    if (p && p->remote && p->pid == 0 && m->type == MSG_HELLO) { /* started by its host's agent */
+    int old;
+    coord_proc_t *p = sender(c, from, &old);
+    if (p && p->remote && p->pid == 0 && m->type == MSG_HELLO && !p->hello) { /* started by its host's agent */
         p->pid = (pid_t)m->pid;
         p->ready = p->got = 0;
         p->started = util_now();
     }
-    /* messages that name their sender's pid are dropped when it is not the running
-     * process: leftovers of a loader that was replaced */
-    int has_pid = m->type == MSG_HELLO || m->type == MSG_READY || m->type == MSG_HEARTBEAT || m->type == MSG_ERROR;
-    if (!p || p->pid == 0 || (has_pid && m->pid != p->pid)) {
-        LOG_D("ignoring %s from %s (pid %lld): not a running process of this job", msg_type_name(m->type),
-              from, (long long)m->pid);
+    if (old || (p && p->pid == 0)) { /* what a process that ended left in the queue */
+        LOG_D("ignoring %s from %s: not a running process of this job", type, from->user);
         return;
     }
-    p->last_hb = util_now();
-    if (proc_handlers[m->type])
-        proc_handlers[m->type](c, p, from, m);
+    if (!p)
+        why = "not a process of this job";
+    else if (!(why = check_sender(c, p, from, m, buf, sizeof(buf))))
+        why = rules[m->type].fn(c, p, from, m);
+    if (why)
+        reject(c, from, type, why);
     else
-        LOG_W("ignoring unexpected %s from %s", msg_type_name(m->type), from);
+        p->last_hb = util_now(); /* only what was taken counts as a sign of life */
 }
 
 /* ---- waiting ---- */
@@ -153,18 +239,19 @@ static void on_message(coord_t *c, const char *from, const msg_t *m)
 static void receive_all(coord_t *c)
 {
     for (;;) {
-        char from[CTL_ID_MAX], err[256];
+        ctl_peer_t from;
+        char err[256];
         msg_t m;
-        int rc = ctl_recv(c->ctl, 0, from, &m, err, sizeof(err));
+        int rc = ctl_recv(c->ctl, 0, &from, &m, err, sizeof(err));
         if (rc == -EAGAIN)
             break;
         if (rc == -EBADMSG) {
-            LOG_W("rejected a control message: %s", err);
+            reject(c, &from, "a message", err);
             continue;
         }
         if (rc)
             break;
-        on_message(c, from, &m);
+        on_message(c, &from, &m);
         msg_clear(&m);
     }
 }
@@ -205,10 +292,11 @@ void coord_drain_errors(coord_t *c, double secs)
         zmq_pollitem_t item = {.socket = ctl_socket(c->ctl), .events = ZMQ_POLLIN};
         if (zmq_poll(&item, 1, 10) <= 0)
             continue;
-        char from[CTL_ID_MAX], err[256];
+        ctl_peer_t from;
+        char err[256];
         msg_t m;
-        while (!c->failed && ctl_recv(c->ctl, 0, from, &m, err, sizeof(err)) == 0) {
-            on_message(c, from, &m);
+        while (!c->failed && ctl_recv(c->ctl, 0, &from, &m, err, sizeof(err)) == 0) {
+            on_message(c, &from, &m);
             msg_clear(&m);
         }
     }
@@ -241,8 +329,10 @@ static int span_got(coord_t *c, void *arg)
 
 int coord_round_trip(coord_t *c, int first, int count, msg_t *m)
 {
+    msg_type_t reply = m->type == MSG_STEP ? MSG_STEP_DONE : m->type == MSG_REDUCE ? MSG_REDUCED : MSG_UPDATED;
     for (int i = first; i < first + count; i++) {
         c->p[i].got = 0;
+        c->p[i].await = reply;
         coord_send(c, &c->p[i], m);
     }
     span_t s = {first, count};

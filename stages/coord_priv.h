@@ -7,7 +7,10 @@
  *   coord_setup.c   before any process starts: the endpoint, the data check, signals, segments
  *   coord_proc.c    the process table and supervision: spawn, reap, heartbeats, stop and
  *                   terminate, the host agent of job.hosts > 1
- *   coord_ctl.c     the control plane: the event pump, round trips, one handler per message
+ *   coord_ctl.c     the control plane: the event pump, round trips, who may send what and
+ *                   when (the authorization table), one handler per message
+ *   coord_keys.c    the job's keys: the coordinator's, the operator's (in the run folder),
+ *                   each process start's, the hosts' (job.keys)
  *   coord_swap.c    `ctitan loader swap`, carried out at a step boundary
  *   coord_resume.c  checkpoint.load: the LOAD exchange with checkpointd before the others start
  *   coord_ckpt.c    checkpoints during the run: SNAPSHOT to the shards, SAVE to checkpointd
@@ -24,15 +27,20 @@
 #include <stdio.h>
 #include <sys/types.h>
 
+#include "ipc/argv.h"
 #include "ipc/ctl.h"
+#include "ipc/keys.h"
+#include "ipc/log.h"
 #include "ipc/msg.h"
 #include "ipc/shm.h"
 #include "kernels/cuda/cuda_plugin.h"
 #include "stages/job.h"
 #include "stages/ldr.h"
 #include "stages/manifest.h"
+#include "stages/worker.h"
 
 #define COORD_STARTUP_TIMEOUT_S 120.0
+#define COORD_OPERATOR "operator"    /* the user of the operator's key (`ctitan loader swap`, `status`) */
 #define COORD_STOP_GRACE_S 5.0
 
 typedef enum { COORD_LOADER, COORD_STAGE, COORD_OPTSHARD, COORD_CKPTD } coord_role_t;
@@ -42,8 +50,16 @@ typedef struct {
     int rank, replica;
     char id[CTL_ID_MAX];
     pid_t pid;            /* 0 when not running */
+    char user[CTL_USER_MAX];     /* the identity its key carries: "<id>@<start>" (one key per start);
+                                  * "" on another host, whose key vouches for all its processes */
+    char old_user[CTL_USER_MAX]; /* its previous start's: leftovers from it are ignored quietly */
+    char pub[KEYS_Z85 + 1];      /* its key (revoked when it exits) */
+    char route[CTL_ROUTE_MAX];   /* its command socket, bound at its hello ("" before) */
+    int hello;            /* said HELLO since it was (re)started */
     int ready;            /* said READY since it was (re)started */
+    msg_type_t await;     /* the reply it owes in the current round (0: none) */
     int got;              /* replied in the current round */
+    int snapped;          /* answered the SNAPSHOT of the checkpoint in flight */
     int expect_exit;      /* told to stop: its exit is no failure (and it is not started again) */
     int host;             /* job.host_rank of the host it runs on */
     int remote;           /* on another host (its agent started it): pid from its hello, never signalled
@@ -62,19 +78,29 @@ typedef struct {
     int segs_made;                    /* this run created the job's segments */
     ctl_t *ctl;
     char endpoint[256], sock_path[PATH_MAX];
+    /* keys (coord_keys.c) */
+    keys_pair_t keys;                 /* host 0: the coordinator's; host k > 0: its workers' (job.keys) */
+    char server_pub[KEYS_Z85 + 1];    /* the coordinator's public key, which every worker trusts */
+    char run_dir[1000];               /* host 0: the 0700 folder of the operator's key ("" before it exists) */
+    int starts;                       /* process starts so far: start k's key is bound to "<id>@k" */
+    log_limit_t rejected;             /* control messages rejected (the pump counts and logs them) */
     int sigfd;
     char bin_dir[PATH_MAX];
     coord_proc_t *p;                  /* [0] loader, then pp*dp stages, then the shards, then
                                        * checkpointd (checkpoint enable or load), then the other
                                        * hosts' loaders (coord_make_table) */
     int np, n_stages, has_ckptd;
-    char loader_cmd[1024];            /* "" = the built-in loader */
+    uint8_t loader_argv[ARGV_MAX_BYTES]; /* the loader command, packed (ipc/argv.h); none: built-in */
+    size_t loader_argv_len;
     int loader_restarts;
     int swap_pending, trial, trial_failed;
-    char swap_cmd[1024], swap_from[CTL_ID_MAX], trial_why[1024];
+    uint8_t swap_argv[ARGV_MAX_BYTES]; /* the swap asked for, packed */
+    size_t swap_argv_len;
+    char swap_from[CTL_ROUTE_MAX], trial_why[1024];
     int64_t step;
     /* checkpoint.load: the LOAD exchange (coord_resume.c) */
     int loading;                      /* checkpointd started for a LOAD, LOADED not yet here */
+    int load_sent;                    /* ... and LOAD was sent to it */
     int load_ok;
     char load_text[1536];             /* LOADED's text: the directory, "" (none there), or why not */
     int64_t load_step;
@@ -82,6 +108,7 @@ typedef struct {
     uint32_t resume_cursor_len;
     /* checkpoints: at most one in flight, from SNAPSHOT to SAVED (coord_ckpt.c) */
     int ck_busy, ck_snapped, ckptd_restarts;
+    int ck_saving;                    /* SAVE sent: checkpointd writes it, SAVED is expected */
     int64_t ck_step;
     double ck_t0;
     int ck_started, ck_saved;         /* this run's checkpoints: snapshots begun, SAVED ok */
@@ -167,11 +194,28 @@ int coord_all_ready(coord_t *c, void *arg);       /* every process not told to s
 int coord_proc_gone(coord_t *c, void *proc);
 int coord_proc_ready(coord_t *c, void *proc);
 
-/* Message handlers of the other files (coord_ctl.c dispatches; p is NULL for the CLI's). */
-void coord_on_swap(coord_t *c, coord_proc_t *p, const char *from, const msg_t *m);
-void coord_on_loaded(coord_t *c, coord_proc_t *p, const char *from, const msg_t *m);
-void coord_on_snapped(coord_t *c, coord_proc_t *p, const char *from, const msg_t *m);
-void coord_on_saved(coord_t *c, coord_proc_t *p, const char *from, const msg_t *m);
+/* Message handlers of the other files. coord_ctl.c dispatches after checking the sender's
+ * role (p is NULL for the operator's); each handler checks that the message is expected now
+ * and returns NULL once it took it, or why not (the pump counts and logs the rejection). */
+const char *coord_on_swap(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m);
+const char *coord_on_loaded(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m);
+const char *coord_on_snapped(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m);
+const char *coord_on_saved(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m);
+
+/* ---- coord_keys.c ---- */
+/* This host's keys: the coordinator's fresh pair, or from job.keys across hosts; on host 0 the
+ * run folder with the operator's fresh key. Before the control socket exists. */
+int coord_keys_setup(coord_t *c, char *err, size_t errlen);
+/* Host 0, once the control socket exists and before it is bound (ZeroMQ never retries a
+ * refused client): admits the operator's key, and the hosts'. */
+int coord_keys_admit(coord_t *c, char *err, size_t errlen);
+/* The keys process p starts with: on host 0 a fresh pair, bound to "<id>@<start>" (the
+ * previous start's revoked); on host k the host's pair. Returns 0 or -errno. */
+int coord_keys_for(coord_t *c, coord_proc_t *p, worker_keys_t *k);
+/* p has exited: its key admits nobody any more. */
+void coord_keys_revoke(coord_t *c, coord_proc_t *p);
+/* The end of the run: the run folder and the operator's key go. */
+void coord_keys_remove(coord_t *c);
 
 /* ---- coord_swap.c ---- */
 /* Replaces the loader at the boundary after step c->step (stages and shards are idle). */

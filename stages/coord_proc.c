@@ -5,6 +5,7 @@
 #include "stages/coord_priv.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,8 +80,10 @@ int coord_make_table(coord_t *c)
     return 0;
 }
 
-/* In the child: its own process group and death signal, then the role's program. */
-static _Noreturn void exec_worker(coord_t *c, coord_proc_t *p, pid_t parent)
+/* In the child: its own process group and death signal, its keys' descriptor (keys_fd, kept
+ * across exec), then the role's program; a loader command is exec'ed as the argument vector
+ * it is (cmd), never through a shell. */
+static _Noreturn void exec_worker(coord_t *c, coord_proc_t *p, pid_t parent, int keys_fd, char *const *cmd)
 {
     sigset_t none;
     sigemptyset(&none);
@@ -92,19 +95,20 @@ static _Noreturn void exec_worker(coord_t *c, coord_proc_t *p, pid_t parent)
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent)
         _exit(1);
-    char host[16];
+    char host[16], fd[16];
     snprintf(host, sizeof(host), "%d", c->m->host_rank);
+    snprintf(fd, sizeof(fd), "%d", keys_fd);
+    fcntl(keys_fd, F_SETFD, 0);
     setenv("CTITAN_ENDPOINT", c->endpoint, 1);
     setenv("CTITAN_JOB", c->job, 1);
     setenv("CTITAN_HOST", host, 1);
+    setenv(WORKER_ENV_KEYS, fd, 1);
     char exe[PATH_MAX + 32], a1[16], a2[16];
     snprintf(a1, sizeof(a1), "%d", p->rank);
     snprintf(a2, sizeof(a2), "%d", p->replica);
-    if (p->role == COORD_LOADER && c->loader_cmd[0]) {
-        char cmd[1100];
-        snprintf(cmd, sizeof(cmd), "exec %s", c->loader_cmd);
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        snprintf(exe, sizeof(exe), "/bin/sh");
+    if (cmd) {
+        execvp(cmd[0], cmd);
+        snprintf(exe, sizeof(exe), "%s", cmd[0]);
     } else {
         snprintf(exe, sizeof(exe), "%s/ctitan-%s", c->bin_dir, role_name[p->role]);
         if (p->role == COORD_CKPTD) {
@@ -123,16 +127,37 @@ static _Noreturn void exec_worker(coord_t *c, coord_proc_t *p, pid_t parent)
 
 void coord_spawn(coord_t *c, coord_proc_t *p)
 {
+    char name[64], err[256] = "";
+    worker_keys_t k;
+    argv_t cmd = {0};
+    int rc = coord_keys_for(c, p, &k), fd = -1;
+    if (rc || (fd = worker_keys_pipe(&k)) < 0) {
+        coord_fail(c, "cannot make the keys of %s: %s", coord_who(p, name, sizeof(name)), strerror(rc ? -rc : -fd));
+        return;
+    }
+    memset(&k, 0, sizeof(k));
+    if (p->role == COORD_LOADER && c->loader_argv_len &&
+        argv_unpack(c->loader_argv, c->loader_argv_len, &cmd, err, sizeof(err))) {
+        close(fd);
+        coord_fail(c, "the loader command: %s", err);
+        return;
+    }
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0) {
         coord_fail(c, "cannot fork: %s", strerror(errno));
+        close(fd);
+        argv_free(&cmd);
         return;
     }
     if (pid == 0)
-        exec_worker(c, p, parent);
+        exec_worker(c, p, parent, fd, cmd.argv);
+    close(fd);
+    argv_free(&cmd);
     p->pid = pid;
-    p->ready = p->got = p->expect_exit = 0;
+    p->ready = p->got = p->expect_exit = p->hello = p->snapped = 0;
+    p->await = 0;
+    p->route[0] = '\0';
     p->started = p->last_hb = util_now();
 }
 
@@ -160,7 +185,7 @@ static void restart_ckptd(coord_t *c, const char *how)
     if (c->ck_busy) {
         fprintf(stderr, "ctitan: checkpointd %s while writing the checkpoint of step %lld: that checkpoint is "
                 "lost, training goes on\n", how, (long long)c->ck_step);
-        c->ck_busy = 0;
+        c->ck_busy = c->ck_saving = 0;
     }
     if (++c->ckptd_restarts > MAX_CKPTD_RESTARTS) {
         coord_fail(c, "checkpointd %s, and it has been restarted %d times already", how, MAX_CKPTD_RESTARTS);
@@ -186,6 +211,7 @@ void coord_reap(coord_t *c)
         int was_ready = p->ready;
         p->pid = 0;
         p->ready = 0;
+        coord_keys_revoke(c, p);
         if (p->expect_exit || c->failed || c->interrupted)
             continue;
         if (p->role == COORD_LOADER && c->trial) {
@@ -263,8 +289,10 @@ static void wait_children(coord_t *c, double secs)
         pid_t pid = waitpid(-1, &st, WNOHANG);
         if (pid > 0) {
             for (int i = 0; i < c->np; i++)
-                if (c->p[i].pid == pid && !c->p[i].remote)
+                if (c->p[i].pid == pid && !c->p[i].remote) {
                     c->p[i].pid = 0;
+                    coord_keys_revoke(c, &c->p[i]);
+                }
         } else {
             nanosleep(&(struct timespec){0, 10000000L}, NULL);
         }
@@ -285,7 +313,8 @@ void coord_stop_all(coord_t *c)
     for (int i = 0; i < c->np; i++)
         if (c->p[i].pid > 0) {
             c->p[i].expect_exit = 1;
-            ctl_send(c->ctl, c->p[i].id, &stop);
+            if (c->p[i].route[0]) /* one that never said hello gets signals instead */
+                ctl_send(c->ctl, c->p[i].route, &stop);
         }
     wait_children(c, COORD_STOP_GRACE_S);
     coord_terminate_all(c, 1.0);
@@ -298,7 +327,8 @@ void coord_stop_proc(coord_t *c, coord_proc_t *p)
         return;
     p->expect_exit = 1;
     msg_t stop = {.type = MSG_STOP};
-    ctl_send(c->ctl, p->id, &stop);
+    if (p->route[0])
+        ctl_send(c->ctl, p->route, &stop);
     if (coord_pump(c, coord_proc_gone, p, COORD_STOP_GRACE_S) == -ETIMEDOUT && p->pid) {
         LOG_W("%s (pid %d) did not stop in %.0f s: killing it", coord_who(p, name, sizeof(name)), (int)p->pid,
               COORD_STOP_GRACE_S);

@@ -19,13 +19,11 @@
 #include "ipc/util.h"
 #include "stages/staging.h"
 
-void coord_on_loaded(coord_t *c, coord_proc_t *p, const char *from, const msg_t *m)
+const char *coord_on_loaded(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m)
 {
-    if (!c->loading || p->role != COORD_CKPTD) {
-        LOG_W("ignoring an unexpected loaded from %s", from);
-        return;
-    }
-    c->loading = 0;
+    if (!c->loading || !c->load_sent)
+        return "no checkpoint is being loaded";
+    c->loading = c->load_sent = 0;
     c->load_ok = m->ok;
     snprintf(c->load_text, sizeof(c->load_text), "%s", m->text ? m->text : "");
     c->load_step = m->step;
@@ -33,11 +31,12 @@ void coord_on_loaded(coord_t *c, coord_proc_t *p, const char *from, const msg_t 
         c->load_ok = 0;
         snprintf(c->load_text, sizeof(c->load_text), "checkpointd: a loader cursor of %zu bytes (at most %zu)",
                  m->data_len, sizeof(c->resume_cursor));
-        return;
+        return NULL;
     }
     if (m->data_len)
         memcpy(c->resume_cursor, m->data, m->data_len);
     c->resume_cursor_len = (uint32_t)m->data_len;
+    return NULL;
 }
 
 static int loaded(coord_t *c, void *arg) { return !c->loading; }
@@ -55,6 +54,7 @@ static int exchange(coord_t *c)
         return -1;
     msg_t load = {.type = MSG_LOAD, .text = c->m->ckpt_load, .text_len = strlen(c->m->ckpt_load)};
     coord_send(c, d, &load);
+    c->load_sent = 1;
     return coord_pump(c, loaded, NULL, 1e9) ? -1 : 0;
 }
 

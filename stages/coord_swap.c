@@ -1,7 +1,8 @@
-/* `ctitan loader swap` (see coord_priv.h): the request is taken at any time and carried out
- * at the next step boundary, when the stages and shards are idle: the old loader stops, the
- * rings are emptied, the new one starts from the boundary's cursor; if it does not become
- * ready, the old one comes back. */
+/* `ctitan loader swap` (see coord_priv.h): the request, from the operator alone (coord_ctl.c),
+ * is taken at any time and carried out at the next step boundary, when the stages and shards
+ * are idle: the old loader stops, the rings are emptied, the new one starts from the
+ * boundary's cursor; if it does not become ready, the old one comes back. The command is an
+ * argument vector (ipc/argv.h), exec'ed as it is: no shell ever sees it. */
 #include "stages/coord_priv.h"
 
 #include <errno.h>
@@ -11,18 +12,34 @@
 #include "ipc/log.h"
 #include "stages/ldr_seg.h"
 
-void coord_on_swap(coord_t *c, coord_proc_t *p, const char *from, const msg_t *m)
+const char *coord_on_swap(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m)
 {
+    argv_t a;
+    char err[256], shown[512];
     if (c->swap_pending) {
-        coord_reply_cli(c, from, 0, "a loader swap is already pending");
-    } else if (!m->text || !m->text[0] || strlen(m->text) >= sizeof(c->swap_cmd)) {
-        coord_reply_cli(c, from, 0, "swap: the command is empty or too long");
+        coord_reply_cli(c, from->route, 0, "a loader swap is already pending");
+    } else if (argv_unpack(m->data, m->data_len, &a, err, sizeof(err))) {
+        coord_reply_cli(c, from->route, 0, "swap: %s", err);
     } else {
         c->swap_pending = 1;
-        snprintf(c->swap_cmd, sizeof(c->swap_cmd), "%s", m->text);
-        snprintf(c->swap_from, sizeof(c->swap_from), "%s", from);
-        LOG_I("loader swap requested by %s: '%s' (at the end of step %lld)", from, m->text, (long long)c->step + 1);
+        argv_pack(&a, c->swap_argv, &c->swap_argv_len); /* fits: unpack checked the size */
+        snprintf(c->swap_from, sizeof(c->swap_from), "%s", from->route);
+        LOG_I("loader swap requested by the operator: %s (at the end of step %lld)",
+              argv_show(&a, shown, sizeof(shown)), (long long)c->step + 1);
+        argv_free(&a);
     }
+    return NULL;
+}
+
+/* The loader command, for messages ("the built-in loader" when there is none). */
+static const char *loader_shown(coord_t *c, char *buf, size_t n)
+{
+    argv_t a;
+    if (!c->loader_argv_len || argv_unpack(c->loader_argv, c->loader_argv_len, &a, NULL, 0))
+        return snprintf(buf, n, "the built-in loader"), buf;
+    argv_show(&a, buf, n);
+    argv_free(&a);
+    return buf;
 }
 
 static int loader_settled(coord_t *c, void *arg) { return coord_loader(c)->ready || c->trial_failed; }
@@ -39,14 +56,17 @@ void coord_do_swap(coord_t *c)
     coord_stop_proc(c, L);
     if (c->failed || c->interrupted)
         return;
-    char old[sizeof(c->loader_cmd)];
-    snprintf(old, sizeof(old), "%s", c->loader_cmd);
+    uint8_t old[sizeof(c->loader_argv)];
+    size_t old_len = c->loader_argv_len;
+    memcpy(old, c->loader_argv, old_len);
+    char shown[512];
     for (int attempt = 0; attempt < 2; attempt++) {
         if (ldr_seg_prepare_swap(shm_data(c->seg_batch), next)) {
             coord_fail(c, "loader swap: no loader cursor recorded for step %lld", (long long)next);
             return;
         }
-        snprintf(c->loader_cmd, sizeof(c->loader_cmd), "%s", attempt == 0 ? c->swap_cmd : old);
+        c->loader_argv_len = attempt == 0 ? c->swap_argv_len : old_len;
+        memcpy(c->loader_argv, attempt == 0 ? c->swap_argv : old, c->loader_argv_len);
         c->trial = attempt == 0;
         c->trial_failed = 0;
         coord_spawn(c, L);
@@ -54,9 +74,10 @@ void coord_do_swap(coord_t *c)
         c->trial = 0;
         if (rc == 0 && L->ready) {
             if (attempt == 0) {
-                LOG_I("loader swapped after step %lld: '%s' (pid %d)", (long long)next, c->loader_cmd, (int)L->pid);
-                coord_reply_cli(c, c->swap_from, 1, "loader swapped after step %lld: '%s' (pid %d)",
-                                (long long)next, c->loader_cmd, (int)L->pid);
+                loader_shown(c, shown, sizeof(shown));
+                LOG_I("loader swapped after step %lld: %s (pid %d)", (long long)next, shown, (int)L->pid);
+                coord_reply_cli(c, c->swap_from, 1, "loader swapped after step %lld: %s (pid %d)", (long long)next,
+                                shown, (int)L->pid);
             }
             return;
         }

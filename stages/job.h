@@ -24,7 +24,7 @@
 #include "stages/manifest.h"
 
 #define JOB_MAGIC 0x31424f4a4e544943ULL /* "CITNJOB1" */
-#define JOB_VERSION 1u
+#define JOB_VERSION 2u
 #define JOB_HDR_BYTES 4096
 
 typedef struct {
@@ -35,7 +35,10 @@ typedef struct {
     char endpoint[256];         /* control endpoint, for `ctitan loader swap --job` */
     _Atomic int64_t step;       /* step in progress */
     uint64_t n_blocks;          /* norm partials that follow the header */
+    char ctl_key[48];           /* the coordinator's public key (Z85): what `ctitan` trusts */
+    char run_dir[1024];         /* the coordinator's run folder, with the operator's key */
 } job_hdr_t;
+_Static_assert(sizeof(job_hdr_t) <= JOB_HDR_BYTES, "the job header fits its page");
 
 typedef struct {
     int dp, pp, M, mb, T, D;

@@ -5,7 +5,7 @@
  * in the file, "--section.key" for an override, and says what was expected.
  *
  * Sections and keys (defaults in manifest_defaults; README.md lists them for users):
- *   [job]          name, dump_folder, description, endpoint, device, hosts, host_rank,
+ *   [job]          name, dump_folder, description, endpoint, device, hosts, host_rank, keys,
  *                  heartbeat_interval_ms, heartbeat_timeout_ms
  *   [model]        name, flavor, tokenizer_path, and any model_config_t key
  *                  (dim, n_layers, n_heads, n_kv_heads, vocab_size, multiple_of,
@@ -45,6 +45,9 @@ typedef struct {
     int hosts;                   /* 1: hosts the job spans (`ctitan launch` runs on each) */
     int host_rank;               /* 0: this host; 0 runs the coordinator, the others are agents that
                                   * start their host's processes (whole replicas: dp % hosts == 0) */
+    char job_keys[MANIFEST_PATH_MAX]; /* "": the control plane's keys are made at launch (one host);
+                                  * job.hosts > 1: a folder of host<K>.key (this host's secret key)
+                                  * and host<K>.pub, from `ctitan ckpt keygen` */
     int heartbeat_interval_ms;   /* 100 */
     int heartbeat_timeout_ms;    /* 3000: a peer silent this long is dead or hung */
 
@@ -91,7 +94,8 @@ typedef struct {
     char dataset_path[MANIFEST_PATH_MAX]; /* token file (ctitan or llm.c) for the built-in loader */
     int shuffle;                 /* false: sequential windows; true: seeded shuffle per epoch */
     int prefetch;                /* 4: microbatches buffered per replica ring */
-    char command[1024];          /* "" = built-in loader; else a shell command using stages/ldr.h */
+    char command[1024];          /* "" = built-in loader; else a program on stages/ldr.h and its
+                                  * arguments, split into words without a shell (ipc/argv.h) */
 
     /* [optshard] */
     int shards;                  /* 1: optimizer-state shard processes */

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "ipc/argv.h"
 #include "ipc/util.h"
 #include "kernels/cpu/pool.h"
 #include "kernels/params.h"
@@ -64,6 +65,16 @@ static int check_keys(const manifest_t *m, char *err, size_t errlen)
     return 0;
 }
 
+/* Whether a loader command splits into words (ipc/argv.h: no shell runs it); why not in why. */
+static int command_splits(const char *command, char *why, size_t n)
+{
+    argv_t a;
+    int rc = command[0] ? argv_split(command, &a, why, n) : 0;
+    if (command[0] && !rc)
+        argv_free(&a);
+    return rc == 0;
+}
+
 /* The checks below return on the first failure: "ORIGIN: message" for section.key. */
 #define CHECK(cond, sec, key, ...) \
     do { if (!(cond)) return fail_at(m, mkey_id(sec, key), err, errlen, __VA_ARGS__); } while (0)
@@ -114,6 +125,8 @@ static int check_values(const manifest_t *m, char *err, size_t errlen)
           (int)m->schedule, mkey_sched_list(list, sizeof(list)));
     CHECK(!m->val_enable || m->val_dataset_path[0], "validation", "enable",
           "validation.enable is true but validation.dataset_path is empty");
+    char why[256];
+    CHECK(command_splits(m->command, why, sizeof(why)), "loader", "command", "loader.command: %s", why);
     return 0;
 }
 

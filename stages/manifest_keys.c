@@ -23,6 +23,7 @@ const mkey_t mkey_table[] = {
     KSTR("job", "device", device),
     KINT("job", "hosts", hosts, 1),
     KINT("job", "host_rank", host_rank, 0),
+    KSTR("job", "keys", job_keys),
     KINT("job", "heartbeat_interval_ms", heartbeat_interval_ms, 1),
     KINT("job", "heartbeat_timeout_ms", heartbeat_timeout_ms, 1),
     KSTR("model", "name", model_name),

@@ -2,6 +2,7 @@
 #include "stages/worker.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -15,8 +16,11 @@
 #include "ipc/log.h"
 #include "ipc/util.h"
 
+#define KEYS_MAGIC "ctitan-keys 1\n"
+
 struct worker {
     ctl_t *ctl;
+    worker_keys_t keys;
     char id[CTL_ID_MAX];
     char role[MSG_ROLE_MAX];
     int rank, replica;
@@ -46,7 +50,7 @@ static void *heartbeat_main(void *arg)
     char id[CTL_ID_MAX + 4], err[256];
     snprintf(id, sizeof(id), "%s/hb", w->id);
     ctl_t *c = NULL;
-    if (ctl_client_new(&c, w->endpoint, id, err, sizeof(err))) {
+    if (ctl_client_new(&c, w->endpoint, id, w->keys.server, &w->keys.me, err, sizeof(err))) {
         LOG_E("heartbeat: %s", err);
         return NULL;
     }
@@ -75,6 +79,57 @@ static void *heartbeat_main(void *arg)
     return NULL;
 }
 
+int worker_keys_pipe(const worker_keys_t *k)
+{
+    char text[256];
+    int n = snprintf(text, sizeof(text), "%s%s\n%s\n%s\n", KEYS_MAGIC, k->server, k->me.pub, k->me.sec);
+    int fd[2];
+    if (pipe2(fd, O_CLOEXEC))
+        return -errno;
+    int rc = util_write_all(fd[1], text, (size_t)n); /* a pipe holds far more than these bytes */
+    close(fd[1]);
+    if (rc) {
+        close(fd[0]);
+        return rc;
+    }
+    return fd[0];
+}
+
+/* Every key checked, and the pair checked to match. */
+int worker_keys_take(worker_keys_t *k, const char *who, char *err, size_t errlen)
+{
+    const char *e = getenv(WORKER_ENV_KEYS);
+    char *end;
+    long fd = e ? strtol(e, &end, 10) : -1;
+    if (!e || !*e || *end || fd < 0 || fd > 1 << 20)
+        return util_fail(err, errlen, -EINVAL, "%s: %s is not set: workers are started by `ctitan launch`", who,
+                         WORKER_ENV_KEYS);
+    char text[256] = "", pub[KEYS_Z85 + 1];
+    long n = util_read_all((int)fd, text, sizeof(text) - 1, -1);
+    close((int)fd);
+    unsetenv(WORKER_ENV_KEYS);
+    if (n < 0)
+        return util_fail(err, errlen, (int)n, "%s: cannot read its keys from descriptor %ld: %s", who, fd,
+                         strerror((int)-n));
+    text[n] = 0;
+    char *key[3], *p = text + strlen(KEYS_MAGIC);
+    int ok = !strncmp(text, KEYS_MAGIC, strlen(KEYS_MAGIC));
+    for (int i = 0; i < 3 && ok; i++) {
+        key[i] = p;
+        ok = (p = strchr(p, '\n')) != NULL;
+        if (ok)
+            *p++ = 0;
+        ok = ok && keys_is_z85(key[i]);
+    }
+    if (!ok || keys_public(key[2], pub) || strcmp(pub, key[1]))
+        return util_fail(err, errlen, -EINVAL, "%s: descriptor %ld does not hold a worker's keys", who, fd);
+    snprintf(k->server, sizeof(k->server), "%s", key[0]);
+    snprintf(k->me.pub, sizeof(k->me.pub), "%s", key[1]);
+    snprintf(k->me.sec, sizeof(k->me.sec), "%s", key[2]);
+    memset(text, 0, sizeof(text));
+    return 0;
+}
+
 int worker_open(worker_t **out, const char *role, int rank, int replica, char *err, size_t errlen)
 {
     log_init(role, rank, replica);
@@ -92,7 +147,9 @@ int worker_open(worker_t **out, const char *role, int rank, int replica, char *e
     snprintf(w->endpoint, sizeof(w->endpoint), "%s", ep);
     snprintf(w->job, sizeof(w->job), "%s", job);
     snprintf(w->id, sizeof(w->id), "%s.%d.%d", role, rank, replica);
-    int rc = ctl_client_new(&w->ctl, ep, w->id, err, errlen);
+    int rc = worker_keys_take(&w->keys, role, err, errlen);
+    if (!rc)
+        rc = ctl_client_new(&w->ctl, ep, w->id, w->keys.server, &w->keys.me, err, errlen);
     if (rc)
         goto fail;
     msg_t hello = {.type = MSG_HELLO};
@@ -153,6 +210,7 @@ void worker_close(worker_t **pw)
     if (w->hb_started)
         pthread_join(w->hb, NULL);
     ctl_destroy(&w->ctl);
+    memset(&w->keys, 0, sizeof(w->keys));
     free(w);
     *pw = NULL;
 }

@@ -1,5 +1,6 @@
-/* What every worker process (stage, optshard, loader) does with the coordinator: connect
- * a DEALER named role.rank.replica to CTITAN_ENDPOINT, say hello, receive the resolved
+/* What every worker process (stage, optshard, loader, checkpointd) does with the coordinator:
+ * take its keys from the descriptor CTITAN_KEYS_FD names (never from a command line), connect a
+ * CURVE DEALER named role.rank.replica to CTITAN_ENDPOINT, say hello, receive the resolved
  * manifest and the first step, say ready, take commands, and send heartbeats from a thread
  * of its own every job.heartbeat_interval_ms (with a progress counter the main thread bumps),
  * so a stopped or wedged process is noticed even while its main thread is busy. The
@@ -11,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ipc/keys.h"
 #include "ipc/msg.h"
 #include "stages/manifest.h"
 
@@ -18,6 +20,22 @@
 #define WORKER_ENV_ENDPOINT "CTITAN_ENDPOINT"
 #define WORKER_ENV_JOB "CTITAN_JOB"
 #define WORKER_ENV_HOST "CTITAN_HOST" /* job.host_rank of the host the worker runs on */
+#define WORKER_ENV_KEYS "CTITAN_KEYS_FD" /* the descriptor that holds its keys (worker_keys_pipe) */
+
+/* What a worker needs to join the control plane: the coordinator's public key, which it trusts,
+ * and its own key pair, which the coordinator's ZAP handler binds to its role, rank and replica
+ * (on another host: the host's key pair, from the operator's key files). */
+typedef struct {
+    char server[KEYS_Z85 + 1];
+    keys_pair_t me;
+} worker_keys_t;
+
+/* For the spawner: a pipe holding k, its write end already closed. Returns the read end
+ * (close-on-exec: the child clears the flag and names it in CTITAN_KEYS_FD) or -errno. */
+int worker_keys_pipe(const worker_keys_t *k);
+/* The keys the spawner handed over (worker_open takes them): read once from the descriptor
+ * CTITAN_KEYS_FD names, which is closed and unset, so what this process starts inherits none. */
+int worker_keys_take(worker_keys_t *k, const char *who, char *err, size_t errlen);
 
 typedef struct worker worker_t;
 

@@ -50,6 +50,7 @@ static const struct {
     {MSG_NCCL, "nccl", "data"},
     {MSG_LOAD, "load", "text"},
     {MSG_LOADED, "loaded", "ok step text data"},
+    {MSG_SWAP_ARGV, "swap_argv", "data"},
 };
 #define NTYPES (sizeof ttab / sizeof ttab[0])
 

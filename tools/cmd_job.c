@@ -1,5 +1,7 @@
 /* Commands that talk to a running job's coordinator, found through the job's shared segment
- * (it records the control endpoint):
+ * (it records the control endpoint, the coordinator's public key and its run folder). They
+ * are heard only as the job's operator: with the key in the run folder that only the job's
+ * owner can read (DESIGN.md "Trust").
  *   ctitan loader swap --job NAME --cmd "..."   replace the loader at the next step boundary
  *   ctitan status --job NAME                    where the job is */
 #include <errno.h>
@@ -8,7 +10,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "ipc/argv.h"
 #include "ipc/ctl.h"
+#include "ipc/keys.h"
 #include "ipc/shm.h"
 #include "stages/job.h"
 #include "tools/cmds.h"
@@ -29,11 +33,27 @@ static int ask(const char *what, const char *job, msg_t *req, int timeout_s)
         fprintf(stderr, "%s: job '%s' is not running (its coordinator is gone)\n", what, job);
         return 1;
     }
+    if (h.version != JOB_VERSION) {
+        fprintf(stderr, "%s: job '%s' runs another version of ctitan (job segment version %u, this one reads %u)\n",
+                what, job, h.version, JOB_VERSION);
+        return 1;
+    }
     h.endpoint[sizeof(h.endpoint) - 1] = 0;
-    char id[CTL_ID_MAX];
+    h.ctl_key[sizeof(h.ctl_key) - 1] = 0;
+    h.run_dir[sizeof(h.run_dir) - 1] = 0;
+    char id[CTL_ID_MAX], path[sizeof(h.run_dir) + 32];
     snprintf(id, sizeof(id), "cli.%d.0", (int)getpid());
+    snprintf(path, sizeof(path), "%s/operator.key", h.run_dir);
+    keys_pair_t op;
+    if (keys_load_secret(path, &op, err, sizeof(err))) {
+        fprintf(stderr, "%s: only the job's operator may ask, and the operator's key is out of reach: %s\n", what,
+                err);
+        return 1;
+    }
     ctl_t *c = NULL;
-    if (ctl_client_new(&c, h.endpoint, id, err, sizeof(err))) {
+    int made = ctl_client_new(&c, h.endpoint, id, h.ctl_key, &op, err, sizeof(err));
+    memset(&op, 0, sizeof(op));
+    if (made) {
         fprintf(stderr, "%s: %s\n", what, err);
         return 1;
     }
@@ -58,10 +78,12 @@ static int ask(const char *what, const char *job, msg_t *req, int timeout_s)
 
 static void usage_swap(FILE *f)
 {
-    fprintf(f, "usage: ctitan loader swap --job NAME --cmd \"COMMAND\" [--timeout SECONDS (300)]\n"
-               "Replaces the running loader of job NAME at the next step boundary with COMMAND\n"
-               "(run as `sh -c \"exec COMMAND\"`, a program built on stages/ldr.h); it resumes from\n"
-               "the loader cursor of that boundary. Exits 0 once the new loader runs.\n");
+    fprintf(f, "usage: ctitan loader swap --job NAME --cmd \"PROGRAM ARGS...\" [--timeout SECONDS (300)]\n"
+               "Replaces the running loader of job NAME at the next step boundary with PROGRAM (built on\n"
+               "stages/ldr.h); it resumes from the loader cursor of that boundary. The command is split\n"
+               "into words as a shell would, with '...' and \"...\" quoting, but no shell runs it: pipes,\n"
+               "redirections, variables and globs are refused. Only the job's owner may swap (the\n"
+               "operator key in the job's run folder). Exits 0 once the new loader runs.\n");
 }
 
 int cmd_loader(int argc, char **argv)
@@ -94,9 +116,19 @@ int cmd_loader(int argc, char **argv)
         fprintf(stderr, "loader swap: --job NAME and a non-empty --cmd are required\n");
         return 2;
     }
-    msg_t m = {.type = MSG_SWAP};
-    if (msg_set_text(&m, cmd)) {
-        fprintf(stderr, "loader swap: out of memory\n");
+    argv_t a;
+    char err[256];
+    uint8_t packed[ARGV_MAX_BYTES];
+    size_t len = 0;
+    if (argv_split(cmd, &a, err, sizeof(err))) {
+        fprintf(stderr, "loader swap: --cmd: %s\n", err);
+        return 2;
+    }
+    int rc = argv_pack(&a, packed, &len);
+    argv_free(&a);
+    msg_t m = {.type = MSG_SWAP_ARGV};
+    if (rc || msg_set_data(&m, packed, len)) {
+        fprintf(stderr, "loader swap: %s\n", rc ? "the command is too long" : "out of memory");
         return 1;
     }
     int status = ask("loader swap", job, &m, timeout);

@@ -88,9 +88,14 @@ run() {
     return 0
 }
 
-# The last line of a log that says what went wrong.
+# The line of a log that says what went wrong: the first error a process
+# logged (the cause, before the coordinator's account of who stopped), else
+# the last line that reads like a failure (tests, tools).
 why() {
     [ -f "$out/logs/$1" ] || return 0
+    local first
+    first=$(grep -a '^\[[^]]*\] E ' "$out/logs/$1" | head -1)
+    if [ -n "$first" ]; then printf '%s\n' "$first"; return 0; fi
     grep -aE 'error|failed|FAILED|cannot|refused|Assertion|Segmentation|not |no ' "$out/logs/$1" | tail -1 || true
 }
 

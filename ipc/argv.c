@@ -194,7 +194,8 @@ const char *argv_show(const argv_t *a, char *buf, size_t n)
     for (int i = 0; i < a->argc && k + 1 < n; i++) {
         const char *w = a->argv[i];
         bool bare = *w && strspn(w, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_./:=,+@%-") ==
-                              strlen(w);
+                              strlen(w) &&
+                    !(i == 0 && strchr(w, '=')); /* a first word with '=' reads as an assignment */
         if (i)
             buf[k++] = ' ';
         if (!bare)

@@ -112,7 +112,8 @@ static void test_argv_packed_form_round_trips_and_is_checked(void **state)
 static void test_argv_shown_form_splits_back_to_the_same_words(void **state)
 {
     const char *lines[] = {"prog plain --k=v", "prog 'it'\\''s' \"a b\" ''", "prog 'a|b' 'x*y' '$HOME'",
-                           "/usr/bin/python3 -c 'print(\"[x]\")'"};
+                           "/usr/bin/python3 -c 'print(\"[x]\")'",
+                           "'pyt=9' a=b" /* a program named like an assignment (found by fuzz_argv) */};
     for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++) {
         argv_t a, b;
         char err[256], shown[512];

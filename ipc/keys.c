@@ -50,9 +50,16 @@ int keys_load(const char *path, uint8_t (*keys)[32], char (*z85)[KEYS_Z85 + 1], 
               char *err, size_t errlen)
 {
     *n = 0;
-    FILE *f = fopen(path, "re");
-    if (!f)
-        return util_fail(err, errlen, -errno, "%s: cannot open: %s", path, strerror(errno));
+    size_t size;
+    int fd = util_open_regular(path, &size, err, errlen); /* a FIFO is refused, never waited on */
+    if (fd < 0)
+        return fd;
+    FILE *f = fdopen(fd, "r");
+    if (!f) {
+        int e = errno;
+        close(fd);
+        return util_fail(err, errlen, -e, "%s: cannot open: %s", path, strerror(e));
+    }
     char *line = NULL;
     size_t cap = 0;
     ssize_t len;

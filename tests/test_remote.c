@@ -22,6 +22,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -492,6 +493,26 @@ static void test_remote_key_files_are_checked_with_file_and_line(void **state)
     snprintf(path, sizeof(path), "%s/missing.key", g_dir);
     assert_int_equal(rmt_key_load(path, key, err, sizeof(err)), -ENOENT);
     assert_non_null(strstr(err, path));
+    /* a FIFO (0600, so a secret key's mode check passes too) is refused at once, never read
+     * until a writer comes: in a child, so that a wait shows as a failure and not a hang */
+    snprintf(path, sizeof(path), "%s/fifo.key", g_dir);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int rc = rmt_key_load(path, key, err, sizeof(err));
+        _exit(rc == -EINVAL && strstr(err, "not a regular file") && strstr(err, path) ? 0 : 1);
+    }
+    int status = -1;
+    for (int i = 0; i < 500 && waitpid(pid, &status, WNOHANG) == 0; i++)
+        usleep(10 * 1000);
+    if (waitpid(pid, &status, WNOHANG) == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        fail_msg("reading a FIFO as a key file still waited after 5 s");
+    }
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    assert_int_equal(unlink(path), 0);
 }
 
 static void test_remote_serve_refuses_to_start_with_bad_keys_or_endpoint(void **state)

@@ -10,6 +10,7 @@
 
 #include "checkpointd/ckpt.h"
 #include "checkpointd/remote_int.h"
+#include "ipc/argv.h"
 #include "ipc/msg.h"
 #include "kernels/config.h"
 #include "kernels/params.h"
@@ -123,6 +124,7 @@ static void ckpt_seeds(void)
     uint8_t cursor[3] = {0x81, 0xa1, 's'};
     ckpt_index_t ix;
     CHECK(ckpt_index_plan(&ix, &tab, 17, "[job]\nname = \"t\"\n", cursor, sizeof(cursor)) == 0);
+    ix.created = 1764000000; /* a fixed time: the corpus does not change from run to run */
     float *arr = calloc(tab.total, sizeof(float));
     CHECK(arr);
     for (size_t i = 0; i < tab.total; i++)
@@ -138,6 +140,7 @@ static void ckpt_seeds(void)
     free(buf);
     ckpt_index_free(&ix);
     CHECK(ckpt_index_plan(&ix, &tab, 0, "", NULL, 0) == 0);
+    ix.created = 1764000000;
     CHECK(ckpt_index_encode(&ix, &buf, &n) == 0);
     put("ckpt_index", "step-0-no-cursor-body", 0, buf + 24, n - 24 - 8);
     free(buf);
@@ -205,6 +208,46 @@ static void tok_seeds(const char *prep)
     free(b);
 }
 
+/* argv: lines a user writes as `[loader] command` (mode 0), and the packed words of a swap
+ * (mode 1) that argv_pack makes of them */
+static void argv_seeds(void)
+{
+    const char *lines[] = {
+        "build/bin/ctitan-loader",
+        "python3 -u loader.py --data 'my corpus/train.bin' --seed=7",
+        "prog \"a \\\"quoted\\\" word\" plain\\ space ''",
+        "prog 'a|b' '$HOME' '*.bin' \"x > y\"",
+    };
+    for (int i = 0; i < 4; i++) {
+        char name[32], err[256];
+        snprintf(name, sizeof(name), "line-%d", i);
+        put("argv", name, 0, lines[i], strlen(lines[i]));
+        argv_t a;
+        CHECK(argv_split(lines[i], &a, err, sizeof(err)) == 0);
+        static uint8_t packed[ARGV_MAX_BYTES];
+        size_t n;
+        CHECK(argv_pack(&a, packed, &n) == 0);
+        snprintf(name, sizeof(name), "packed-%d", i);
+        put("argv", name, 1, packed, n);
+        argv_free(&a);
+    }
+}
+
+/* key files as `ctitan ckpt keygen` and the coordinator write them, and an allow file of two
+ * keys with comments (fixed keys: the corpus does not change from run to run) */
+static void keys_seeds(void)
+{
+    const char *pub = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7";
+    const char *two = "# the hosts that may write here\n"
+                      "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7   # host0\n"
+                      "\n"
+                      "Yne@$w-vo<fVvi]a<NY6T1ed:M$fCG*[IaLV{hID # host1\n";
+    char text[128];
+    snprintf(text, sizeof(text), "%s\n", pub);
+    put("keys", "one.pub", -1, text, strlen(text));
+    put("keys", "allow.pub", -1, two, strlen(two));
+}
+
 static void remote_seeds(void)
 {
     const char *text = "/srv/ckpt/demo/step-00000017";
@@ -236,5 +279,7 @@ int main(int argc, char **argv)
     ckpt_seeds();
     tok_seeds(argv[2]);
     remote_seeds();
+    argv_seeds();
+    keys_seeds();
     return 0;
 }

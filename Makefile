@@ -222,9 +222,8 @@ test-asan: asan
 # make fuzz [FUZZ_TIME=s]: each target in turn for FUZZ_TIME seconds (new inputs kept in
 # build/fuzz/corpus/NAME, crashes as build/fuzz/crash-NAME-*); make test-fuzz: each for
 # FUZZ_CI_TIME seconds from its corpus, the regression run make test does.
-# ckpt_header (ckpt_data_header_read) joins FUZZ_TARGETS once checkpointd/ckpt.h has that reader.
 FUZZ_BUILD   := build/fuzz
-FUZZ_TARGETS := msg toml manifest ckpt_index tokfile tokenizer remote
+FUZZ_TARGETS := msg toml manifest ckpt_index ckpt_header tokfile tokenizer remote argv keys
 FUZZ_SAN     := -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize=vptr,function \
                 -fno-sanitize-recover=all -fno-omit-frame-pointer
 FUZZ_TIME    ?= 60

@@ -209,7 +209,7 @@ test: all
 ASAN_BUILD := build/asan
 ASAN_CC    := clang-14
 ASAN_CXX   := clang++-14
-ASAN_SAN   := -fsanitize=address,undefined -fno-sanitize=vptr,function -fno-sanitize-recover=all -fno-omit-frame-pointer
+ASAN_SAN   := -Wno-pass-failed -fsanitize=address,undefined -fno-sanitize=vptr,function -fno-sanitize-recover=all -fno-omit-frame-pointer
 ASAN_ENV   := ASAN_OPTIONS=halt_on_error=1:detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 ASAN_TESTS := $(TESTS:$(BUILD)/%=$(ASAN_BUILD)/%)
 asan:
@@ -219,14 +219,16 @@ test-asan: asan
 
 # Fuzzing (tests/fuzz/): one libFuzzer harness per decoder of outside input, built by clang with
 # libFuzzer's coverage, ASan and UBSan into build/fuzz; seed corpora in tests/fuzz/corpus/NAME/.
-# make fuzz [FUZZ_TIME=s]: each target in turn for FUZZ_TIME seconds (new inputs kept in
+# make fuzz [FUZZ_TIME=s] [FUZZ_RUNS=n]: each target in turn for FUZZ_TIME seconds or FUZZ_RUNS
+# executions, whichever comes first (new inputs kept in
 # build/fuzz/corpus/NAME, crashes as build/fuzz/crash-NAME-*); make test-fuzz: each for
 # FUZZ_CI_TIME seconds from its corpus, the regression run make test does.
 FUZZ_BUILD   := build/fuzz
 FUZZ_TARGETS := msg toml manifest ckpt_index ckpt_header tokfile tokenizer remote argv keys
-FUZZ_SAN     := -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize=vptr,function \
+FUZZ_SAN     := -Wno-pass-failed -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize=vptr,function \
                 -fno-sanitize-recover=all -fno-omit-frame-pointer
 FUZZ_TIME    ?= 60
+FUZZ_RUNS    ?= -1
 FUZZ_CI_TIME ?= 3
 FUZZ_RUN     := -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
 $(BUILD)/bin/fuzz_%: $(BUILD)/obj/tests/fuzz/fuzz_%.o $(BUILD)/libctitan.a
@@ -236,8 +238,8 @@ fuzz-bins: $(FUZZ_TARGETS:%=$(BUILD)/bin/fuzz_%) ; @:
 fuzzers:
 	@$(MAKE) --no-print-directory CUDA=0 BUILD=$(FUZZ_BUILD) CC=$(ASAN_CC) CXX=$(ASAN_CXX) SAN="$(FUZZ_SAN)" fuzz-bins
 fuzz: fuzzers
-	@for t in $(FUZZ_TARGETS); do mkdir -p $(FUZZ_BUILD)/corpus/$$t; echo "fuzz: $$t for $(FUZZ_TIME) s"; \
-	  $(FUZZ_BUILD)/bin/fuzz_$$t $(FUZZ_RUN) -max_total_time=$(FUZZ_TIME) -artifact_prefix=$(FUZZ_BUILD)/crash-$$t- \
+	@for t in $(FUZZ_TARGETS); do mkdir -p $(FUZZ_BUILD)/corpus/$$t; echo "fuzz: $$t for $(FUZZ_TIME) s or $(FUZZ_RUNS) runs"; \
+	  $(FUZZ_BUILD)/bin/fuzz_$$t $(FUZZ_RUN) -max_total_time=$(FUZZ_TIME) -runs=$(FUZZ_RUNS) -artifact_prefix=$(FUZZ_BUILD)/crash-$$t- \
 	    $(FUZZ_BUILD)/corpus/$$t tests/fuzz/corpus/$$t || exit 1; done
 test-fuzz: fuzzers
 	@for t in $(FUZZ_TARGETS); do d=$(FUZZ_BUILD)/ci/$$t; rm -rf $$d; mkdir -p $$d; \

@@ -210,7 +210,12 @@ static void test_inputs_a_run_whose_last_checkpoint_fails_does_not_succeed(void 
  * there is. The ulimit is a safety net for a build without the check, which would otherwise
  * fill the machine's memory touching the segments (with it, their mmap fails instead); not in
  * an ASan build, which reserves terabytes of address space for itself. */
-#ifdef __SANITIZE_ADDRESS__
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer) /* clang's way; gcc (and clang >= 17) define the macro below */
+#define ASAN_BUILD 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(ASAN_BUILD)
 #define MEMORY_NET ""
 #else
 #define MEMORY_NET "ulimit -v 16000000;"

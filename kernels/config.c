@@ -92,7 +92,8 @@ int config_validate(model_config_t *c, char *err, size_t errlen)
 {
 #define FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); return -EINVAL; } while (0)
     if (c->dim <= 0) FAIL("model.dim must be > 0 (got %d)", c->dim);
-    if (c->n_layers <= 0) FAIL("model.n_layers must be > 0 (got %d)", c->n_layers);
+    if (c->n_layers <= 0 || c->n_layers > CONFIG_MAX_LAYERS)
+        FAIL("model.n_layers must be between 1 and %d (got %d)", CONFIG_MAX_LAYERS, c->n_layers);
     if (c->n_heads <= 0) FAIL("model.n_heads must be > 0 (got %d)", c->n_heads);
     if (c->n_kv_heads == 0)
         c->n_kv_heads = c->n_heads;

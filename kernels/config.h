@@ -5,6 +5,10 @@
 
 #include <stddef.h>
 
+/* The most layers a model may have: every process builds a table of 9 tensors a layer (112
+ * bytes each), whatever the layers' size; the deepest Llama has 126. */
+#define CONFIG_MAX_LAYERS 4096
+
 typedef struct {
     int dim;
     int n_layers;

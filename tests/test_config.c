@@ -69,6 +69,11 @@ static void test_config_rejects_odd_head_dim_and_nonpositive_fields(void **state
     expect_invalid(c, "must be even");
     c = valid(), c.n_layers = 0;
     expect_invalid(c, "model.n_layers");
+    /* the parameter table of 20 million small layers took 20 GB (found by fuzz_manifest) */
+    c = valid(), c.n_layers = CONFIG_MAX_LAYERS + 1;
+    expect_invalid(c, "model.n_layers must be between 1 and 4096 (got 4097)");
+    c = valid(), c.n_layers = CONFIG_MAX_LAYERS;
+    assert_int_equal(config_validate(&c, (char[256]){0}, 256), 0);
     c = valid(), c.norm_eps = 0;
     expect_invalid(c, "model.norm_eps");
     c = valid(), c.vocab_size = 1;

@@ -205,7 +205,7 @@ static void test_inputs_a_run_whose_last_checkpoint_fails_does_not_succeed(void 
     assert_clean(j);
 }
 
-/* A model whose segments cannot fit the machine (model.n_layers = 1000000: 49 GB of parameters
+/* A model whose segments cannot fit the machine (4096 layers of dim 2048: 824 GB of parameters
  * alone) is refused before any segment is made, saying how much memory it needs and how much
  * there is. The ulimit is a safety net for a build without the check, which would otherwise
  * fill the machine's memory touching the segments (with it, their mmap fails instead); not in
@@ -226,7 +226,7 @@ static void test_inputs_a_model_too_large_for_the_memory_is_refused_before_any_s
     static char out[1 << 16];
     char j[32];
     job_name(j, sizeof(j), "huge");
-    int rc = launch(MEMORY_NET, j, "--model.n_layers 1000000", out, sizeof(out));
+    int rc = launch(MEMORY_NET, j, "--model.n_layers 4096 --model.dim 2048", out, sizeof(out));
     if (rc != 1 || !strstr(out, "needs") || !strstr(out, "GiB of memory") || !strstr(out, "available") ||
         strstr(out, "cannot map"))
         fail_msg("exit status %d:\n%s", rc, out);

@@ -259,9 +259,9 @@ static void report(sup_t *s, const failure_t *f, int wait_ms)
     else
         snprintf(whence, sizeof(whence), "no checkpoint of this run: starting again from step 0");
     printf("restart %d (%d of job.max_restarts = %d in a row after step %lld): %s; %s, %lld step%s lost, %.1f s; "
-           "relaunching in %.1f s\n",
+           "relaunching in %d ms\n",
            s->restarts, s->in_a_row, m->max_restarts, (long long)f->resume, f->line, whence,
-           (long long)f->lost_steps, f->lost_steps == 1 ? "" : "s", f->lost_s, wait_ms * 1e-3);
+           (long long)f->lost_steps, f->lost_steps == 1 ? "" : "s", f->lost_s, wait_ms);
     fflush(stdout);
     FILE *fp = m->metrics_file[0] ? fopen(m->metrics_file, "a") : NULL;
     if (m->metrics_file[0] && !fp) {
@@ -292,19 +292,17 @@ static int backoff(sup_t *s, int ms)
     return s->stop_sig;
 }
 
-/* No restart: says why where the coordinator has not. Returns the exit status, 1. */
+/* No restart: says why, where the coordinator has not. Returns the exit status, 1. */
 static int give_up(sup_t *s, const failure_t *f, int64_t from)
 {
     const manifest_t *m = s->given;
-    if (!s->stepped && m->max_restarts > 0)
-        fprintf(stderr, "ctitan: job %s: not restarted: it failed before completing a step (%s)\n", m->name,
-                f->reason);
-    else if (m->max_restarts > 0)
+    if (s->stepped && m->max_restarts > 0)
         fprintf(stderr, "ctitan: job %s: giving up after %d restart%s in a row after step %lld (job.max_restarts = %d): "
                 "it failed at step %lld again: %s\n", m->name, s->in_a_row, s->in_a_row == 1 ? "" : "s",
                 (long long)from, m->max_restarts, (long long)s->out->last_step + 1, f->line);
     else if (!s->out->failed) /* the coordinator itself died: nobody else said it */
-        fprintf(stderr, "ctitan: job %s failed: %s (job.max_restarts = 0: not restarted)\n", m->name, f->reason);
+        fprintf(stderr, "ctitan: job %s failed: %s (not restarted: %s)\n", m->name, f->reason,
+                s->stepped ? "job.max_restarts = 0" : "no step was completed");
     return 1;
 }
 
@@ -324,10 +322,10 @@ static int plan_restart(sup_t *s, int st)
     if (!n)
         return give_up(s, &f, from);
     int wait_ms = sup_backoff_ms(s->given->restart_backoff_ms, n);
+    count_losses(s, &f, wait_ms * 1e-3);
     s->restarts++;
     s->in_a_row = n;
     s->from = f.resume;
-    count_losses(s, &f, wait_ms * 1e-3);
     report(s, &f, wait_ms);
     snprintf(s->sup.last_restart, sizeof(s->sup.last_restart), "%.500s", f.reason);
     if (backoff(s, wait_ms))
@@ -385,6 +383,7 @@ int sup_run(const manifest_t *m)
             fprintf(stderr, "launch: cannot start the coordinator: %s\n", strerror(-st));
             break;
         }
+        read_signals(s); /* a stop that came while the group was reaped */
         status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
         if (status == 0 || s->stop_sig || (WIFEXITED(st) && status != 1))
             break; /* done, stopped, or a status no restart changes */

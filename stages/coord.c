@@ -351,8 +351,9 @@ int coord_run(const manifest_t *given, const coord_super_t *sup)
     if (set_up(&c, err, sizeof(err))) {
         fprintf(stderr, "launch: %s\n", err);
         coord_note_failure(&c, err);
-    } else
+    } else {
         status = m->host_rank > 0 ? coord_agent(&c) : run(&c);
+    }
     stop_watch(&c);
     if (c.ctl && c.sock_path[0]) /* only a socket we bound: another run of this job may own the file */
         unlink(c.sock_path);

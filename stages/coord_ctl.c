@@ -47,7 +47,7 @@ void coord_send(coord_t *c, coord_proc_t *p, msg_t *m)
     int rc = p->route[0] ? ctl_send(c->ctl, p->route, m) : -EHOSTUNREACH;
     if (rc)
         coord_fail_proc(c, p, "cannot send %s to %s: %s", msg_type_name(m->type), coord_who(p, name, sizeof(name)),
-                   p->route[0] ? strerror(-rc) : "it has not said hello");
+                        p->route[0] ? strerror(-rc) : "it has not said hello");
 }
 
 void coord_reply_cli(coord_t *c, const char *to, int ok, const char *fmt, ...)

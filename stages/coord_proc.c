@@ -237,7 +237,7 @@ void coord_reap(coord_t *c)
                 p->pid = 0;
             }
             coord_fail_proc(c, p, "%s (pid %d) %s%s", coord_who(p, name, sizeof(name)), (int)pid, how,
-                       was_ready ? "" : " before it was ready");
+                            was_ready ? "" : " before it was ready");
         }
     }
 }
@@ -253,7 +253,7 @@ void coord_check_heartbeats(coord_t *c)
         if (!p->ready) {
             if (now - p->started > COORD_STARTUP_TIMEOUT_S)
                 coord_fail_proc(c, p, "%s (pid %d) did not become ready in %.0f s", coord_who(p, name, sizeof(name)),
-                           (int)p->pid, COORD_STARTUP_TIMEOUT_S);
+                                (int)p->pid, COORD_STARTUP_TIMEOUT_S);
         } else if (now - p->last_hb <= limit) {
             continue;
         } else if ((p->role == COORD_LOADER || (p->role == COORD_CKPTD && !c->loading)) && !p->remote) {
@@ -264,7 +264,7 @@ void coord_check_heartbeats(coord_t *c)
             p->last_hb = now;
         } else {
             coord_fail_proc(c, p, "%s (pid %d): no heartbeat for %.1f s (hung, stopped or dead)",
-                       coord_who(p, name, sizeof(name)), (int)p->pid, now - p->last_hb);
+                            coord_who(p, name, sizeof(name)), (int)p->pid, now - p->last_hb);
         }
     }
 }

@@ -130,6 +130,19 @@ static int wait_step(const char *job, int step, int timeout_s)
     return -1;
 }
 
+/* Waits until job's output says `needle`; 0 or -1 after timeout_s. */
+static int wait_output(const char *job, const char *needle, int timeout_s)
+{
+    static char buf[1 << 20];
+    for (int i = 0; i < timeout_s * 100; i++) {
+        read_out(job, buf, sizeof(buf));
+        if (strstr(buf, needle))
+            return 0;
+        sleep_ms(10);
+    }
+    return -1;
+}
+
 /* Waits until a step follows restart record `n` in job's metrics file; 0 or -1 after timeout_s. */
 static int wait_resumed(const char *job, int n, int timeout_s)
 {
@@ -242,13 +255,13 @@ static void parse_metrics(const char *job, metrics_t *mt)
     fclose(f);
 }
 
-/* The integer after `"key": ` in a record, or -1. */
-static long long field(const char *record, const char *key)
+/* The number after `"key": ` in a record, or -1. */
+static double field(const char *record, const char *key)
 {
     char k[64];
     snprintf(k, sizeof(k), "\"%s\": ", key);
     const char *p = strstr(record, k);
-    return p ? atoll(p + strlen(k)) : -1;
+    return p ? atof(p + strlen(k)) : -1;
 }
 
 /* Job `job` was restarted once and finished: its steps before the restart record run from 1,
@@ -350,10 +363,15 @@ static void test_restart_killed_stage_resumes_from_the_newest_checkpoint_bitwise
     assert_clean(ref, NULL, 0);
 }
 
-/* kill -9 of the coordinator itself: its workers die with it (parent-death signal), the
- * supervisor reaps them, removes the segments, socket and key it left, and relaunches; the same
- * outcome, blamed on the coordinator. Says how long the restart took, from the kill to the
- * first step after the resume (no wait before it: job.restart_backoff_ms = 0). */
+/* Checkpoints at steps 200 and 400 only. */
+#define CKPT200_ARGS "--training.steps 400 --checkpoint.enable true --checkpoint.interval 200 --job.restart_backoff_ms 0"
+
+/* kill -9 of the coordinator itself, once the checkpoint of step 200 is saved: its workers die
+ * with it (parent-death signal), the supervisor reaps them, removes the segments, socket and key
+ * it left, and relaunches from step 200; the same outcome, blamed on the coordinator. The time
+ * lost counts from the end of step 200, not from the run's start (over half of the time before
+ * the kill). Says how long the restart took, from the kill to the first step after the resume
+ * (no wait before it: job.restart_backoff_ms = 0). */
 static void test_restart_killed_coordinator_resumes_from_the_newest_checkpoint_bitwise(void **state)
 {
     TU_NEED_BIN();
@@ -361,17 +379,18 @@ static void test_restart_killed_coordinator_resumes_from_the_newest_checkpoint_b
     char j[32], ref[32], path[300];
     job_name(j, sizeof(j), "coord");
     job_name(ref, sizeof(ref), "coordref");
-    int rc = launch("", ref, CKPT_ARGS, out, sizeof(out));
+    int rc = launch("", ref, CKPT200_ARGS, out, sizeof(out));
     if (rc)
         fail_msg("the reference run: status %d:\n%s", rc, out);
-    pid_t pid = launch_bg(j, CKPT_ARGS);
-    assert_int_equal(wait_step(j, KILL_AFTER, 60), 0);
+    double t_launch = util_now();
+    pid_t pid = launch_bg(j, CKPT200_ARGS);
+    assert_int_equal(wait_output(j, "checkpoint: step 200 saved", 60), 0);
     pid_t coord[2] = {tu_descendant_named(pid, "ctitan-coord"), 0};
     assert_true(coord[0] > 0);
-    double t0 = util_now();
+    double t_kill = util_now();
     kill(coord[0], SIGKILL);
     rc = wait_resumed(j, 1, 60);
-    double took = util_now() - t0;
+    double took = util_now() - t_kill;
     coord[1] = tu_descendant_named(pid, "ctitan-coord"); /* the relaunched one, if it still runs */
     assert_int_equal(rc, 0);
     print_message("the coordinator killed -9: first step after the resume %.3f s later\n", took);
@@ -379,12 +398,15 @@ static void test_restart_killed_coordinator_resumes_from_the_newest_checkpoint_b
     read_out(j, out, sizeof(out));
     if (rc)
         fail_msg("status %d:\n%s", rc, out);
-    int resume = assert_resumed_bitwise(j, ref, 400);
-    assert_true(resume >= KILL_AFTER - 6);
+    assert_int_equal(assert_resumed_bitwise(j, ref, 400), 200);
     static metrics_t mt;
     parse_metrics(j, &mt);
     assert_non_null(strstr(mt.restart[0], "\"role\": \"coordinator\", \"rank\": 0"));
     assert_non_null(strstr(mt.restart[0], "the coordinator was killed by signal 9"));
+    double lost = field(mt.restart[0], "time_lost_s");
+    if (!(lost >= 0 && lost < (t_kill - t_launch) / 2))
+        fail_msg("time_lost_s %.3f, %.3f s from the launch to the kill", lost, t_kill - t_launch);
+    assert_true(field(mt.restart[0], "steps_lost") >= 0);
     assert_int_equal(count(out, "\nrestart "), 1);
     assert_non_null(strstr(out, "the coordinator was killed by signal 9"));
     /* the run folder's operator key went with the relaunch's own clean-up */
@@ -452,7 +474,8 @@ static void test_restart_status_shows_the_restarts_and_ctrl_c_ends_without_one(v
     assert_true(coord[1] > 0 && coord[1] != coord[0]);
     snprintf(cmd, sizeof(cmd), "%s status --job %s 2>&1", tu_ctitan(), j);
     int rc = tu_run(cmd, out, sizeof(out));
-    if (rc || !strstr(out, "restarts so far: 1 (last: stage rank 0 replica 0 (pid") || !strstr(out, "killed by signal 9"))
+    if (rc || !strstr(out, "restarts so far: 1 (last: stage rank 0 replica 0 (pid") ||
+        !strstr(out, "killed by signal 9"))
         fail_msg("status %d: %s", rc, out);
     kill(pid, SIGINT);
     assert_int_equal(tu_reap(pid, 30, NULL), 130);

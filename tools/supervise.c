@@ -162,10 +162,15 @@ static void remember_saved(sup_t *s)
             known |= s->saved[i] == step;
         if (!o->ck[k].saved || known)
             continue;
-        int at = s->n_saved < SUP_SAVED_MAX ? s->n_saved++ : 0;
-        for (int i = 0; i < s->n_saved; i++) /* full: the oldest makes room */
-            at = s->n_saved == SUP_SAVED_MAX && s->saved[i] < s->saved[at] ? i : at;
-        s->saved[at] = step;
+        if (s->n_saved < SUP_SAVED_MAX) {
+            s->saved[s->n_saved++] = step;
+            continue;
+        }
+        int oldest = 0; /* full: the oldest makes room */
+        for (int i = 1; i < s->n_saved; i++)
+            oldest = s->saved[i] < s->saved[oldest] ? i : oldest;
+        if (step > s->saved[oldest])
+            s->saved[oldest] = step;
     }
 }
 
@@ -297,8 +302,8 @@ static int give_up(sup_t *s, const failure_t *f, int64_t from)
 {
     const manifest_t *m = s->given;
     if (s->stepped && m->max_restarts > 0)
-        fprintf(stderr, "ctitan: job %s: giving up after %d restart%s in a row after step %lld (job.max_restarts = %d): "
-                "it failed at step %lld again: %s\n", m->name, s->in_a_row, s->in_a_row == 1 ? "" : "s",
+        fprintf(stderr, "ctitan: job %s: giving up after %d restart%s in a row after step %lld "
+                "(job.max_restarts = %d): it failed at step %lld again: %s\n", m->name, s->in_a_row, s->in_a_row == 1 ? "" : "s",
                 (long long)from, m->max_restarts, (long long)s->out->last_step + 1, f->line);
     else if (!s->out->failed) /* the coordinator itself died: nobody else said it */
         fprintf(stderr, "ctitan: job %s failed: %s (not restarted: %s)\n", m->name, f->reason,

@@ -416,6 +416,33 @@ static void test_restart_killed_coordinator_resumes_from_the_newest_checkpoint_b
     assert_clean(ref, NULL, 0);
 }
 
+/* job.max_restarts = 0 and a kill -9 of the coordinator: no restart, status 1 with the reason,
+ * and the supervisor removes what the coordinator left (its segments, control socket and
+ * operator key: nothing else would until the next launch of the job). */
+static void test_restart_a_killed_coordinator_is_cleaned_up_and_not_restarted_with_max_restarts_0(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char j[32], path[300];
+    job_name(j, sizeof(j), "norestart");
+    pid_t pid = launch_bg(j, "--training.steps 1000000 --job.max_restarts 0");
+    assert_int_equal(wait_step(j, 3, 60), 0);
+    pid_t coord = tu_descendant_named(pid, "ctitan-coord");
+    assert_true(coord > 0);
+    kill(coord, SIGKILL);
+    int rc = tu_reap(pid, 30, NULL);
+    read_out(j, out, sizeof(out));
+    if (rc != 1 || strstr(out, "\nrestart ") || !strstr(out, "the coordinator was killed by signal 9 (Killed) (not "
+                                                           "restarted: job.max_restarts = 0)") ||
+        !strstr(out, "removed the shared-memory segments, control socket and operator key"))
+        fail_msg("status %d:\n%s", rc, out);
+    snprintf(path, sizeof(path), "%s/runs/%s/run/operator.key", g_dir, j);
+    assert_int_not_equal(access(path, F_OK), 0);
+    snprintf(path, sizeof(path), "%s/runs/%s/ctl.sock", g_dir, j);
+    assert_int_not_equal(access(path, F_OK), 0);
+    assert_clean(j, &coord, 1);
+}
+
 /* A stage that fails at step 5 in every run (CTITAN_TEST_FAIL_AT_STEP), with no checkpoint to
  * get past it: two restarts from step 0 (job.max_restarts = 2, waits of 50 then 100 ms), then
  * the launch gives up with status 1, saying the limit, the step and the reason. */
@@ -491,6 +518,7 @@ int main(void)
         cmocka_unit_test(test_restart_policy_counts_restarts_in_a_row_from_the_same_step),
         cmocka_unit_test(test_restart_killed_stage_resumes_from_the_newest_checkpoint_bitwise),
         cmocka_unit_test(test_restart_killed_coordinator_resumes_from_the_newest_checkpoint_bitwise),
+        cmocka_unit_test(test_restart_a_killed_coordinator_is_cleaned_up_and_not_restarted_with_max_restarts_0),
         cmocka_unit_test(test_restart_a_failure_at_the_same_step_stops_after_max_restarts),
         cmocka_unit_test(test_restart_a_failure_before_the_first_step_is_not_restarted),
         cmocka_unit_test(test_restart_status_shows_the_restarts_and_ctrl_c_ends_without_one),

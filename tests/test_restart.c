@@ -24,7 +24,7 @@
 #include "tests/testutil.h"
 #include "tools/supervise.h"
 
-#define MAX_STEPS 1024
+#define MAX_STEPS 4096
 
 static char g_dir[64]; /* temp dir: data/ from ctitan prep, runs/, metrics files */
 
@@ -149,12 +149,12 @@ static int wait_resumed(const char *job, int n, int timeout_s)
     static char buf[1 << 20];
     char need[64];
     snprintf(need, sizeof(need), "{\"restart\": %d,", n);
-    for (int i = 0; i < timeout_s * 1000; i++) {
+    for (int i = 0; i < timeout_s * 200; i++) {
         read_metrics(job, buf, sizeof(buf));
         const char *r = strstr(buf, need);
         if (r && strstr(r, "\n{\"step\": "))
             return 0;
-        sleep_ms(1);
+        sleep_ms(5);
     }
     return -1;
 }
@@ -363,14 +363,14 @@ static void test_restart_killed_stage_resumes_from_the_newest_checkpoint_bitwise
     assert_clean(ref, NULL, 0);
 }
 
-/* Checkpoints at steps 250 and 500 only. */
-#define CKPT250_ARGS "--training.steps 500 --checkpoint.enable true --checkpoint.interval 250 --job.restart_backoff_ms 0"
+/* Checkpoints every 250 steps: the one of 250 is saved a few hundred ms after its step (checkpointd
+ * runs at SCHED_IDLE beside two busy stages), far from the end. */
+#define CKPT250_ARGS "--training.steps 1000 --checkpoint.enable true --checkpoint.interval 250 --job.restart_backoff_ms 0"
 
 /* kill -9 of the coordinator itself, once the checkpoint of step 250 is saved: its workers die
  * with it (parent-death signal), the supervisor reaps them, removes the segments, socket and key
  * it left, and relaunches from step 250; the same outcome, blamed on the coordinator. The time
- * lost counts from the end of step 250, not from the run's start (the 250 steps before it are
- * well over a third of the time before the kill). Says how long the restart took, from the kill to the first step after the resume
+ * lost counts from the end of step 250, not from the run's start. Says how long the restart took, from the kill to the first step after the resume
  * (no wait before it: job.restart_backoff_ms = 0). */
 static void test_restart_killed_coordinator_resumes_from_the_newest_checkpoint_bitwise(void **state)
 {
@@ -382,15 +382,16 @@ static void test_restart_killed_coordinator_resumes_from_the_newest_checkpoint_b
     int rc = launch("", ref, CKPT250_ARGS, out, sizeof(out));
     if (rc)
         fail_msg("the reference run: status %d:\n%s", rc, out);
-    double t_launch = util_now();
     pid_t pid = launch_bg(j, CKPT250_ARGS);
+    assert_int_equal(wait_step(j, 250, 60), 0);
+    double t_250 = util_now(); /* step 250 ended at most a poll before */
     assert_int_equal(wait_output(j, "checkpoint: step 250 saved", 60), 0);
     pid_t coord[2] = {tu_descendant_named(pid, "ctitan-coord"), 0};
     assert_true(coord[0] > 0);
     double t_kill = util_now();
     kill(coord[0], SIGKILL);
     rc = wait_resumed(j, 1, 60);
-    double took = util_now() - t_kill;
+    double t_resumed = util_now(), took = t_resumed - t_kill;
     coord[1] = tu_descendant_named(pid, "ctitan-coord"); /* the relaunched one, if it still runs */
     assert_int_equal(rc, 0);
     print_message("the coordinator killed -9: first step after the resume %.3f s later\n", took);
@@ -398,15 +399,17 @@ static void test_restart_killed_coordinator_resumes_from_the_newest_checkpoint_b
     read_out(j, out, sizeof(out));
     if (rc)
         fail_msg("status %d:\n%s", rc, out);
-    assert_int_equal(assert_resumed_bitwise(j, ref, 500), 250);
+    int resume = assert_resumed_bitwise(j, ref, 1000);
+    assert_true(resume == 250 || resume == 500); /* 500: this test was held up for a while before its kill */
     static metrics_t mt;
     parse_metrics(j, &mt);
     assert_non_null(strstr(mt.restart[0], "\"role\": \"coordinator\", \"rank\": 0"));
     assert_non_null(strstr(mt.restart[0], "the coordinator was killed by signal 9"));
     double lost = field(mt.restart[0], "time_lost_s");
-    print_message("time lost %.3f s; %.3f s from the launch to the kill\n", lost, t_kill - t_launch);
-    if (!(lost >= 0 && lost < (t_kill - t_launch) * 2 / 3))
-        fail_msg("time_lost_s %.3f, %.3f s from the launch to the kill", lost, t_kill - t_launch);
+    print_message("time lost %.3f s; %.3f s from step 250 to the resumed step\n", lost, t_resumed - t_250);
+    if (!(lost >= 0 && (resume != 250 || lost < t_resumed - t_250 + 0.05))) /* from the run's start: 0.3 s more */
+        fail_msg("time_lost_s %.3f, but step 250 ended %.3f s before the first resumed step", lost,
+                 t_resumed - t_250);
     assert_true(field(mt.restart[0], "steps_lost") >= 0);
     assert_int_equal(count(out, "\nrestart "), 1);
     assert_non_null(strstr(out, "the coordinator was killed by signal 9"));

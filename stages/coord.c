@@ -82,25 +82,41 @@ static double stopped_for(coord_t *c)
     return since_tick > gap ? since_tick : gap;
 }
 
-void coord_fail(coord_t *c, const char *fmt, ...)
+static void vfail(coord_t *c, const coord_proc_t *p, const char *fmt, va_list ap)
 {
     if (c->failed)
         return; /* the first reason is the cause; what follows is fallout */
     char what[sizeof(c->why)];
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(what, sizeof(what), fmt, ap);
-    va_end(ap);
+    c->culprit = p;
     /* a worker leaves after heartbeat_timeout_ms without an answer, counted from its last one,
      * which can precede our last look: half the timeout is already suspect */
     double stopped = stopped_for(c);
-    if (stopped > c->m->heartbeat_timeout_ms * 0.5e-3)
+    if (stopped > c->m->heartbeat_timeout_ms * 0.5e-3) {
         snprintf(c->why, sizeof(c->why), "the coordinator itself was not running for %.1f s (stopped, e.g. by "
                  "SIGSTOP; job.heartbeat_timeout_ms = %d): its workers gave up on it (found first: %.1200s)", stopped,
                  c->m->heartbeat_timeout_ms, what);
-    else
+        c->culprit = NULL;
+    } else {
         snprintf(c->why, sizeof(c->why), "%s", what);
+    }
     c->failed = 1;
+}
+
+void coord_fail(coord_t *c, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vfail(c, NULL, fmt, ap);
+    va_end(ap);
+}
+
+void coord_fail_proc(coord_t *c, const coord_proc_t *p, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vfail(c, p, fmt, ap);
+    va_end(ap);
 }
 
 /* ---- the step loop ---- */
@@ -157,6 +173,7 @@ static int step(coord_t *c)
         return -1;
     double t_update = shards_busy(c);
     coord_report_step(c, norm, util_now() - t0, t_reduce, t_update);
+    coord_note_step(c);
     int64_t done = c->step + 1;
     if (m->ckpt_enable && (done % m->ckpt_interval == 0 || done == m->steps))
         coord_start_checkpoint(c, done);
@@ -239,7 +256,9 @@ static int start(coord_t *c, char *err, size_t errlen)
     int rc = coord_make_batch(c, err, errlen);
     if (rc)
         return rc;
-    if (m->metrics_file[0] && !(c->metrics = fopen(m->metrics_file, "w")))
+    /* a supervisor's relaunch appends: the file keeps the failed run's steps and the restart */
+    const char *mode = c->sup && c->sup->append_metrics ? "a" : "w";
+    if (m->metrics_file[0] && !(c->metrics = fopen(m->metrics_file, mode)))
         return util_fail(err, errlen, -errno, "metrics.file %s: cannot open: %s", m->metrics_file, strerror(errno));
     c->peak_gflops = m->peak_tflops > 0 ? m->peak_tflops * 1e3
                                         : peak_sgemm_gflops((int)sysconf(_SC_NPROCESSORS_ONLN), 1024, NULL, NULL);
@@ -264,6 +283,8 @@ static int run(coord_t *c)
     const manifest_t *m = c->m;
     char err[1024] = "";
     int rc = coord_resume(c, err, sizeof(err));
+    if (!rc)
+        coord_note_start(c);
     if (!rc && c->step >= m->steps) {
         printf("launch: the checkpoint is at step %lld and training.steps = %d: nothing left to train\n",
                (long long)c->step, m->steps);
@@ -276,6 +297,7 @@ static int run(coord_t *c)
         train(c);
     if (c->failed) {
         fprintf(stderr, "ctitan: job %s failed: %s\n", m->name, c->why);
+        coord_note_failure(c, c->why);
         coord_terminate_all(c, 2.0);
         return 1;
     }
@@ -287,6 +309,7 @@ static int run(coord_t *c)
     }
     if (rc) { /* before training: checkpointd's reason, or the set-up's */
         fprintf(stderr, "launch: %s\n", err);
+        coord_note_failure(c, err);
         coord_stop_all(c);
         return 1;
     }
@@ -306,9 +329,10 @@ static void report_rejections(coord_t *c)
               (unsigned long long)(keys + handshakes), (unsigned long long)keys, (unsigned long long)handshakes);
 }
 
-int coord_run(const manifest_t *given)
+int coord_run(const manifest_t *given, const coord_super_t *sup)
 {
-    coord_t c = {.sigfd = -1, .rejected = {.what = "rejected control messages"}};
+    coord_t c = {.sigfd = -1, .rejected = {.what = "rejected control messages"}, .sup = sup,
+                 .out = sup ? sup->out : NULL};
     char err[1024];
     int status = 1;
     log_init("", 0, 0);
@@ -323,10 +347,13 @@ int coord_run(const manifest_t *given)
         snprintf(c.job, sizeof(c.job), "%s-h%d", m->name, m->host_rank);
     else
         snprintf(c.job, sizeof(c.job), "%s", m->name);
-    if (set_up(&c, err, sizeof(err)))
+    coord_note_start(&c);
+    if (set_up(&c, err, sizeof(err))) {
         fprintf(stderr, "launch: %s\n", err);
-    else
+        coord_note_failure(&c, err);
+    } else {
         status = m->host_rank > 0 ? coord_agent(&c) : run(&c);
+    }
     stop_watch(&c);
     if (c.ctl && c.sock_path[0]) /* only a socket we bound: another run of this job may own the file */
         unlink(c.sock_path);

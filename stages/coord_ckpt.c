@@ -30,7 +30,7 @@ void coord_start_checkpoint(coord_t *c, int64_t done)
                 (long long)c->ck_step);
     }
     if (coord_pump(c, coord_proc_ready, coord_ckptd(c), COORD_STARTUP_TIMEOUT_S)) { /* a restarted checkpointd */
-        coord_fail(c, "checkpointd did not become ready in %.0f s", COORD_STARTUP_TIMEOUT_S);
+        coord_fail_proc(c, coord_ckptd(c), "checkpointd did not become ready in %.0f s", COORD_STARTUP_TIMEOUT_S);
         return;
     }
     staging_hdr_t *h = shm_data(c->seg_ckpt);
@@ -46,6 +46,7 @@ void coord_start_checkpoint(coord_t *c, int64_t done)
     atomic_store(&h->step, done);
     c->ck_busy = 1;
     c->ck_step = done;
+    coord_note_checkpoint(c, done);
     c->ck_snapped = 0;
     c->ck_saving = 0;
     for (int k = 0; k < c->m->shards; k++)
@@ -87,6 +88,7 @@ const char *coord_on_saved(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, 
     c->ck_busy = c->ck_saving = 0;
     if (m->ok) {
         c->ck_saved++;
+        coord_note_saved(c, m->step);
         c->ck_last_saved |= m->step == c->m->steps;
         double dt = util_now() - c->ck_t0;
         printf("checkpoint: step %lld saved to %s (%.1f MiB written in %.2f s, %.2f GB/s; %.2f s after the "

@@ -46,8 +46,8 @@ void coord_send(coord_t *c, coord_proc_t *p, msg_t *m)
     char name[64];
     int rc = p->route[0] ? ctl_send(c->ctl, p->route, m) : -EHOSTUNREACH;
     if (rc)
-        coord_fail(c, "cannot send %s to %s: %s", msg_type_name(m->type), coord_who(p, name, sizeof(name)),
-                   p->route[0] ? strerror(-rc) : "it has not said hello");
+        coord_fail_proc(c, p, "cannot send %s to %s: %s", msg_type_name(m->type), coord_who(p, name, sizeof(name)),
+                        p->route[0] ? strerror(-rc) : "it has not said hello");
 }
 
 void coord_reply_cli(coord_t *c, const char *to, int ok, const char *fmt, ...)
@@ -66,8 +66,14 @@ void coord_reply_cli(coord_t *c, const char *to, int ok, const char *fmt, ...)
 
 static const char *on_status(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m)
 {
-    coord_reply_cli(c, from->route, 1, "job %s: step %lld of %d, loader pid %d", c->m->name, (long long)c->step + 1,
-                    c->m->steps, (int)coord_loader(c)->pid);
+    char restarts[400] = "";
+    if (c->sup && c->sup->restarts)
+        snprintf(restarts, sizeof(restarts), "; restarts so far: %d (last: %.300s)", c->sup->restarts,
+                 c->sup->last_restart);
+    else if (c->sup)
+        snprintf(restarts, sizeof(restarts), "; restarts so far: 0");
+    coord_reply_cli(c, from->route, 1, "job %s: step %lld of %d, loader pid %d%s", c->m->name, (long long)c->step + 1,
+                    c->m->steps, (int)coord_loader(c)->pid, restarts);
     return NULL;
 }
 
@@ -122,7 +128,7 @@ static const char *on_error(coord_t *c, coord_proc_t *p, const ctl_peer_t *from,
         snprintf(c->trial_why, sizeof(c->trial_why), "the new loader failed: %s", m->text ? m->text : "");
         c->trial_failed = 1;
     } else {
-        coord_fail(c, "%s: %s", coord_who(p, name, sizeof(name)), m->text ? m->text : "(no reason given)");
+        coord_fail_proc(c, p, "%s: %s", coord_who(p, name, sizeof(name)), m->text ? m->text : "(no reason given)");
     }
     return NULL;
 }

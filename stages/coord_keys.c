@@ -149,16 +149,21 @@ void coord_keys_revoke(coord_t *c, coord_proc_t *p)
     p->pub[0] = '\0';
 }
 
+void coord_keys_remove_dir(const char *run_dir)
+{
+    char path[PATH_MAX];
+    const char *files[] = {"operator.key", "coordinator.pub"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof(path), "%.4000s/%s", run_dir, files[i]);
+        unlink(path);
+    }
+    rmdir(run_dir);
+}
+
 void coord_keys_remove(coord_t *c)
 {
     if (!c->run_dir[0])
         return;
-    char path[sizeof(c->run_dir) + 32];
-    const char *files[] = {"operator.key", "coordinator.pub"};
-    for (int i = 0; i < 2; i++) {
-        snprintf(path, sizeof(path), "%s/%s", c->run_dir, files[i]);
-        unlink(path);
-    }
-    rmdir(c->run_dir);
+    coord_keys_remove_dir(c->run_dir);
     memset(&c->keys, 0, sizeof(c->keys));
 }

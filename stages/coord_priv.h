@@ -16,7 +16,9 @@
  *   coord_ckpt.c    checkpoints during the run: SNAPSHOT to the shards, SAVE to checkpointd
  *   coord_nccl.c    the NCCL data plane's communicator ids
  *   coord_report.c  the progress line and metrics of each step; the end-of-run validation
- *                   and sample (stages/evaluate.h holds the math) */
+ *                   and sample (stages/evaluate.h holds the math)
+ *   coord_outcome.c what a supervised run tells its supervisor (coord.h coord_outcome_t): how
+ *                   far it got, its checkpoints, why it failed; the leftovers of a dead one */
 #ifndef CTITAN_COORD_PRIV_H
 #define CTITAN_COORD_PRIV_H
 
@@ -34,6 +36,7 @@
 #include "ipc/msg.h"
 #include "ipc/shm.h"
 #include "kernels/cuda/cuda_plugin.h"
+#include "stages/coord.h"
 #include "stages/job.h"
 #include "stages/ldr.h"
 #include "stages/manifest.h"
@@ -70,6 +73,8 @@ typedef struct {
 
 typedef struct {
     manifest_t *m;                    /* ours (coord_run's copy): checkpoint.load gets resolved */
+    const coord_super_t *sup;         /* under a supervisor (tools/supervise.h), or NULL */
+    coord_outcome_t *out;             /* sup's outcome, or NULL */
     job_layout_t lay;
     char *toml;                       /* the resolved manifest every worker gets */
     char job[96];                     /* this host's segment names: job.name, "-h<k>" on host k > 0 */
@@ -117,6 +122,7 @@ typedef struct {
     char ck_why[1152];
     int failed, interrupted;
     char why[1536];
+    const coord_proc_t *culprit;      /* the process the failure is blamed on (NULL: the coordinator's own) */
     /* our own stops (coord.c): a thread notes the time while this process runs */
     pthread_t watch;
     int watching;
@@ -146,8 +152,12 @@ static inline coord_proc_t *coord_ckptd(coord_t *c)
  * the coordinator itself was stopped (SIGSTOP) for much of the heartbeat timeout, the reason is
  * that: its workers gave up on it, and the one found gone first is only named after it. */
 void coord_fail(coord_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The same, blaming process p (the supervisor's restart record names its role and rank). */
+void coord_fail_proc(coord_t *c, const coord_proc_t *p, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* "stage rank 1 replica 0", "optshard 2", ... */
 const char *coord_who(const coord_proc_t *p, char *buf, size_t n);
+/* "loader", "stage", "optshard", "checkpointd" */
+const char *coord_role_name(coord_role_t role);
 
 /* ---- coord_setup.c ---- */
 int coord_resolve_endpoint(coord_t *c, char *err, size_t errlen);
@@ -216,6 +226,8 @@ int coord_keys_for(coord_t *c, coord_proc_t *p, worker_keys_t *k);
 void coord_keys_revoke(coord_t *c, coord_proc_t *p);
 /* The end of the run: the run folder and the operator's key go. */
 void coord_keys_remove(coord_t *c);
+/* The same for the run folder of a coordinator that is gone (coord_remove_leftovers). */
+void coord_keys_remove_dir(const char *run_dir);
 
 /* ---- coord_swap.c ---- */
 /* Replaces the loader at the boundary after step c->step (stages and shards are idle). */
@@ -251,5 +263,16 @@ void coord_banner(coord_t *c);
 void coord_report_step(coord_t *c, double norm, double t_step, double t_reduce, double t_update);
 /* "done: ...", the validation loss and a sample, from replica 0's final weights. */
 void coord_end_of_run(coord_t *c, int64_t first, double secs);
+
+/* ---- coord_outcome.c (each does nothing without a supervisor) ---- */
+/* Training starts after step c->step (the resumed checkpoint's). */
+void coord_note_start(coord_t *c);
+/* Step c->step has ended. */
+void coord_note_step(coord_t *c);
+/* A checkpoint of `done` steps begins (its step has just ended), and later: it was saved. */
+void coord_note_checkpoint(coord_t *c, int64_t done);
+void coord_note_saved(coord_t *c, int64_t step);
+/* The run fails with this reason, blamed on c->culprit (NULL: the coordinator). */
+void coord_note_failure(coord_t *c, const char *why);
 
 #endif

@@ -24,6 +24,8 @@
 
 static const char *role_name[] = {"loader", "stage", "optshard", "checkpointd"};
 
+const char *coord_role_name(coord_role_t role) { return role_name[role]; }
+
 const char *coord_who(const coord_proc_t *p, char *buf, size_t n)
 {
     if (p->role == COORD_LOADER)
@@ -89,9 +91,13 @@ static _Noreturn void exec_worker(coord_t *c, coord_proc_t *p, pid_t parent, int
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
     signal(SIGPIPE, SIG_DFL);
-    /* own process group: a Ctrl-C reaches only the coordinator, which stops the job in
-     * order; the death signal ends the worker if the coordinator itself is killed */
-    setpgid(0, 0);
+    /* a Ctrl-C must reach only the coordinator, which stops the job in order: unsupervised, each
+     * worker takes a process group of its own; under a supervisor the coordinator's group is
+     * not the terminal's already, and the worker stays in it, so the supervisor's kill of the
+     * group reaches every process of the job. The death signal ends the worker if the
+     * coordinator itself is killed. */
+    if (!c->sup)
+        setpgid(0, 0);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent)
         _exit(1);
@@ -132,14 +138,15 @@ void coord_spawn(coord_t *c, coord_proc_t *p)
     argv_t cmd = {0};
     int rc = coord_keys_for(c, p, &k), fd = -1;
     if (rc || (fd = worker_keys_pipe(&k)) < 0) {
-        coord_fail(c, "cannot make the keys of %s: %s", coord_who(p, name, sizeof(name)), strerror(rc ? -rc : -fd));
+        coord_fail_proc(c, p, "cannot make the keys of %s: %s", coord_who(p, name, sizeof(name)),
+                        strerror(rc ? -rc : -fd));
         return;
     }
     memset(&k, 0, sizeof(k));
     if (p->role == COORD_LOADER && c->loader_argv_len &&
         argv_unpack(c->loader_argv, c->loader_argv_len, &cmd, err, sizeof(err))) {
         close(fd);
-        coord_fail(c, "the loader command: %s", err);
+        coord_fail_proc(c, p, "the loader command: %s", err);
         return;
     }
     pid_t parent = getpid();
@@ -165,12 +172,12 @@ static void restart_loader(coord_t *c, const char *how)
 {
     coord_proc_t *L = coord_loader(c);
     if (++c->loader_restarts > MAX_LOADER_RESTARTS) {
-        coord_fail(c, "loader %s, and it has been restarted %d times already", how, MAX_LOADER_RESTARTS);
+        coord_fail_proc(c, L, "loader %s, and it has been restarted %d times already", how, MAX_LOADER_RESTARTS);
         return;
     }
     int64_t from;
     if (ldr_seg_prepare_restart(shm_data(c->seg_batch), &from)) {
-        coord_fail(c, "loader %s, and no cursor is recorded for the step it must resume at", how);
+        coord_fail_proc(c, L, "loader %s, and no cursor is recorded for the step it must resume at", how);
         return;
     }
     coord_spawn(c, L);
@@ -188,7 +195,7 @@ static void restart_ckptd(coord_t *c, const char *how)
         c->ck_busy = c->ck_saving = 0;
     }
     if (++c->ckptd_restarts > MAX_CKPTD_RESTARTS) {
-        coord_fail(c, "checkpointd %s, and it has been restarted %d times already", how, MAX_CKPTD_RESTARTS);
+        coord_fail_proc(c, d, "checkpointd %s, and it has been restarted %d times already", how, MAX_CKPTD_RESTARTS);
         return;
     }
     coord_spawn(c, d);
@@ -229,8 +236,8 @@ void coord_reap(coord_t *c)
                 coord_drain_errors(c, 0.5);
                 p->pid = 0;
             }
-            coord_fail(c, "%s (pid %d) %s%s", coord_who(p, name, sizeof(name)), (int)pid, how,
-                       was_ready ? "" : " before it was ready");
+            coord_fail_proc(c, p, "%s (pid %d) %s%s", coord_who(p, name, sizeof(name)), (int)pid, how,
+                            was_ready ? "" : " before it was ready");
         }
     }
 }
@@ -245,8 +252,8 @@ void coord_check_heartbeats(coord_t *c)
             continue;
         if (!p->ready) {
             if (now - p->started > COORD_STARTUP_TIMEOUT_S)
-                coord_fail(c, "%s (pid %d) did not become ready in %.0f s", coord_who(p, name, sizeof(name)),
-                           (int)p->pid, COORD_STARTUP_TIMEOUT_S);
+                coord_fail_proc(c, p, "%s (pid %d) did not become ready in %.0f s", coord_who(p, name, sizeof(name)),
+                                (int)p->pid, COORD_STARTUP_TIMEOUT_S);
         } else if (now - p->last_hb <= limit) {
             continue;
         } else if ((p->role == COORD_LOADER || (p->role == COORD_CKPTD && !c->loading)) && !p->remote) {
@@ -256,8 +263,8 @@ void coord_check_heartbeats(coord_t *c)
             kill(p->pid, SIGKILL);
             p->last_hb = now;
         } else {
-            coord_fail(c, "%s (pid %d): no heartbeat for %.1f s (hung, stopped or dead)",
-                       coord_who(p, name, sizeof(name)), (int)p->pid, now - p->last_hb);
+            coord_fail_proc(c, p, "%s (pid %d): no heartbeat for %.1f s (hung, stopped or dead)",
+                            coord_who(p, name, sizeof(name)), (int)p->pid, now - p->last_hb);
         }
     }
 }

@@ -49,7 +49,7 @@ static int exchange(coord_t *c)
     c->loading = 1; /* from its start on: a checkpointd lost now fails the job (coord_reap) */
     coord_spawn(c, d);
     if (coord_pump(c, coord_proc_ready, d, COORD_STARTUP_TIMEOUT_S) == -ETIMEDOUT)
-        coord_fail(c, "checkpointd did not become ready in %.0f s", COORD_STARTUP_TIMEOUT_S);
+        coord_fail_proc(c, coord_ckptd(c), "checkpointd did not become ready in %.0f s", COORD_STARTUP_TIMEOUT_S);
     if (c->failed || c->interrupted)
         return -1;
     msg_t load = {.type = MSG_LOAD, .text = c->m->ckpt_load, .text_len = strlen(c->m->ckpt_load)};

@@ -62,7 +62,7 @@ void coord_do_swap(coord_t *c)
     char shown[512];
     for (int attempt = 0; attempt < 2; attempt++) {
         if (ldr_seg_prepare_swap(shm_data(c->seg_batch), next)) {
-            coord_fail(c, "loader swap: no loader cursor recorded for step %lld", (long long)next);
+            coord_fail_proc(c, L, "loader swap: no loader cursor recorded for step %lld", (long long)next);
             return;
         }
         c->loader_argv_len = attempt == 0 ? c->swap_argv_len : old_len;
@@ -84,7 +84,7 @@ void coord_do_swap(coord_t *c)
         if (c->failed || c->interrupted)
             return;
         if (attempt == 1) {
-            coord_fail(c, "loader swap failed and the previous loader did not come back either");
+            coord_fail_proc(c, L, "loader swap failed and the previous loader did not come back either");
             return;
         }
         if (rc == -ETIMEDOUT)

@@ -150,7 +150,8 @@ int job_check_memory(const job_layout_t *l, const manifest_t *m, char *err, size
                      params / G, grads / G, staging / G, other / G, state / G, have, dev_shm);
 }
 
-uint64_t job_proc_start(pid_t pid)
+/* The state (field 3) and start time (field 22) of process pid from /proc; 0 when gone. */
+static int proc_stat(pid_t pid, char *state, uint64_t *start)
 {
     char path[64], buf[1024];
     snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
@@ -162,21 +163,31 @@ uint64_t job_proc_start(pid_t pid)
     buf[n] = 0;
     /* the command name (field 2) may hold spaces and parentheses: count from the last ')' */
     char *p = strrchr(buf, ')');
-    if (!p)
-        return 0;
-    unsigned long long start = 0;
+    unsigned long long st = 0;
     /* fields 3..22 follow: state, then 18 numbers, then starttime */
-    if (sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
-               &start) != 1)
+    if (!p || sscanf(p + 2, "%c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu", state,
+                     &st) != 2)
         return 0;
-    return start;
+    *start = st;
+    return 1;
+}
+
+uint64_t job_proc_start(pid_t pid)
+{
+    char state;
+    uint64_t start;
+    return proc_stat(pid, &state, &start) ? start : 0;
 }
 
 int job_owner_alive(const job_hdr_t *h)
 {
+    char state;
+    uint64_t start;
     if (h->owner_pid <= 0)
         return 0;
     if (kill((pid_t)h->owner_pid, 0) < 0 && errno == ESRCH)
         return 0;
-    return job_proc_start((pid_t)h->owner_pid) == h->owner_start;
+    /* a zombie is gone too: an orphaned coordinator (its supervisor killed) waits for init to reap it */
+    return proc_stat((pid_t)h->owner_pid, &state, &start) && start == h->owner_start && state != 'Z' &&
+           state != 'X';
 }

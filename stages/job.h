@@ -106,7 +106,7 @@ int job_check_memory(const job_layout_t *l, const manifest_t *m, char *err, size
 
 /* Start time of a process (clock ticks since boot), 0 if it is gone. */
 uint64_t job_proc_start(pid_t pid);
-/* Whether the coordinator recorded in h still runs (same PID and start time). */
+/* Whether the coordinator recorded in h still runs (same PID and start time, not a zombie). */
 int job_owner_alive(const job_hdr_t *h);
 
 #endif

@@ -22,6 +22,8 @@ void manifest_defaults(manifest_t *m)
     m->hosts = 1;
     m->heartbeat_interval_ms = 100;
     m->heartbeat_timeout_ms = 3000;
+    m->max_restarts = 3;
+    m->restart_backoff_ms = 1000;
     strcpy(m->model_name, "llama3");
     strcpy(m->flavor, "debugmodel");
     config_preset(m->flavor, &m->model);

@@ -6,7 +6,7 @@
  *
  * Sections and keys (defaults in manifest_defaults; README.md lists them for users):
  *   [job]          name, dump_folder, description, endpoint, device, hosts, host_rank, keys,
- *                  heartbeat_interval_ms, heartbeat_timeout_ms
+ *                  heartbeat_interval_ms, heartbeat_timeout_ms, max_restarts, restart_backoff_ms
  *   [model]        name, flavor, tokenizer_path, and any model_config_t key
  *                  (dim, n_layers, n_heads, n_kv_heads, vocab_size, multiple_of,
  *                   ffn_dim_multiplier, norm_eps, rope_theta, max_seq_len) over the flavor
@@ -34,6 +34,8 @@
 
 #define MANIFEST_MAX_PP 64
 #define MANIFEST_PATH_MAX 512
+#define MANIFEST_MAX_RESTARTS 1000     /* job.max_restarts */
+#define MANIFEST_MAX_BACKOFF_MS 30000  /* job.restart_backoff_ms, and the doubled wait's cap */
 
 typedef struct {
     /* [job] */
@@ -50,6 +52,10 @@ typedef struct {
                                   * and host<K>.pub, from `ctitan ckpt keygen` */
     int heartbeat_interval_ms;   /* 100 */
     int heartbeat_timeout_ms;    /* 3000: a peer silent this long is dead or hung */
+    int max_restarts;            /* 3 (0..1000): `ctitan launch` relaunches a failed job from its newest
+                                  * checkpoint this many times in a row from the same step; 0 = never */
+    int restart_backoff_ms;      /* 1000 (0..30000): the wait before a restart, doubled per restart in a
+                                  * row from the same step, at most 30 s */
 
     /* [model] */
     char model_name[32];         /* "llama3" (the only family) */

@@ -92,6 +92,12 @@ static int check_values(const manifest_t *m, char *err, size_t errlen)
           "job.heartbeat_timeout_ms = %d must exceed job.heartbeat_interval_ms = %d (%s)",
           m->heartbeat_timeout_ms, m->heartbeat_interval_ms,
           mkey_origin(m, mkey_id("job", "heartbeat_interval_ms"), o2, sizeof(o2)));
+    CHECK(m->max_restarts <= MANIFEST_MAX_RESTARTS, "job", "max_restarts",
+          "job.max_restarts = %d must be in 0..%d (0: a failed job is not restarted)", m->max_restarts,
+          MANIFEST_MAX_RESTARTS);
+    CHECK(m->restart_backoff_ms <= MANIFEST_MAX_BACKOFF_MS, "job", "restart_backoff_ms",
+          "job.restart_backoff_ms = %d must be in 0..%d (the wait doubles per restart up to %d ms anyway)",
+          m->restart_backoff_ms, MANIFEST_MAX_BACKOFF_MS, MANIFEST_MAX_BACKOFF_MS);
     CHECK(!strcmp(m->model_name, "llama3"), "model", "name",
           "model.name = \"%s\": expected \"llama3\" (the only model family)", m->model_name);
     model_config_t preset;

@@ -328,6 +328,16 @@ static void run_step(stage_t *st, int64_t step)
     WORKER_CHECK(st->w, worker_send(st->w, &m) == 0, "cannot reach the coordinator");
 }
 
+/* Test hook (NOTES.md "Test hooks"): CTITAN_TEST_FAIL_AT_STEP=N fails stage rank
+ * CTITAN_TEST_FAIL_RANK (0 when unset) of replica 0 as step N (1-based) begins, in every run of
+ * the job: a failure that repeats at the same step, which no restart can fix. */
+static void test_fail_hook(stage_t *st, int64_t step)
+{
+    const char *at = getenv("CTITAN_TEST_FAIL_AT_STEP"), *rank = getenv("CTITAN_TEST_FAIL_RANK");
+    if (at && st->replica == 0 && st->rank == (rank ? atoi(rank) : 0) && step + 1 == atoll(at))
+        worker_die(st->w, "CTITAN_TEST_FAIL_AT_STEP=%s: failing at step %lld on purpose", at, (long long)step + 1);
+}
+
 static void usage(void) { fprintf(stderr, "usage: ctitan-stage --rank S --replica R (started by `ctitan launch`)\n"); }
 
 int main(int argc, char **argv)
@@ -362,8 +372,10 @@ int main(int argc, char **argv)
         msg_clear(&m);
         if (type == MSG_STOP)
             break;
-        if (type == MSG_STEP)
+        if (type == MSG_STEP) {
+            test_fail_hook(&st, step);
             run_step(&st, step);
+        }
     }
     for (int i = 0; i < st.nacts; i++)
         st.be->acts_destroy(&st.acts[i]);

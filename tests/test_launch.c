@@ -177,28 +177,9 @@ static void assert_clean(const char *job)
     assert_int_equal(job_segments(job), 0);
 }
 
-/* The pid of launch's child running `comm` (its /proc comm name), or 0. */
-static pid_t child_named(pid_t parent, const char *comm)
-{
-    char path[300], buf[512];
-    DIR *d = opendir("/proc");
-    struct dirent *e;
-    pid_t found = 0;
-    while (!found && (e = readdir(d))) {
-        if (e->d_name[0] < '1' || e->d_name[0] > '9')
-            continue;
-        snprintf(path, sizeof(path), "/proc/%s/stat", e->d_name);
-        tu_read_file(path, buf, sizeof(buf));
-        char *rp = strrchr(buf, ')'), name[64];
-        int ppid;
-        if (!rp || sscanf(buf, "%*d (%63[^)]", name) != 1 || sscanf(rp + 2, "%*c %d", &ppid) != 1)
-            continue;
-        if (ppid == parent && !strcmp(name, comm))
-            found = atoi(e->d_name);
-    }
-    closedir(d);
-    return found;
-}
+/* The pid of launch's process running `comm` (its /proc comm name: "ctitan-coord", the
+ * coordinator under its supervisor, or one of the coordinator's workers), or 0. */
+static pid_t child_named(pid_t parent, const char *comm) { return tu_descendant_named(parent, comm); }
 
 /* Waits until job's metrics file has reached `step`; 0 or -1 after timeout_s. */
 static int wait_step(const char *job, int step, int timeout_s)
@@ -1470,7 +1451,7 @@ static void test_launch_killed_stage_fails_the_job_naming_it(void **state)
     char j[32], path[256];
     static char out[1 << 16];
     job_name(j, sizeof(j), "stagekill");
-    pid_t pid = launch_bg(j, "--training.steps 100000");
+    pid_t pid = launch_bg(j, "--training.steps 100000 --job.max_restarts 0"); /* test_restart: with restarts */
     assert_int_equal(wait_step(j, 2, 60), 0);
     pid_t st = child_named(pid, "ctitan-stage");
     assert_true(st > 0);
@@ -1489,7 +1470,8 @@ static void test_launch_stopped_stage_is_noticed_by_heartbeat(void **state)
     char j[32], path[256];
     static char out[1 << 16];
     job_name(j, sizeof(j), "stagestop");
-    pid_t pid = launch_bg(j, "--training.steps 100000 --job.heartbeat_interval_ms 50 --job.heartbeat_timeout_ms 1000");
+    pid_t pid = launch_bg(j, "--training.steps 100000 --job.heartbeat_interval_ms 50 --job.heartbeat_timeout_ms 1000 "
+                          "--job.max_restarts 0");
     assert_int_equal(wait_step(j, 2, 60), 0);
     pid_t st = child_named(pid, "ctitan-stage");
     assert_true(st > 0);
@@ -1558,8 +1540,9 @@ static void test_launch_clears_stale_segments_but_not_a_live_job(void **state)
     static char out[1 << 16];
     char j[32], err[256];
     job_name(j, sizeof(j), "stale");
-    /* a coordinator killed outright: its workers die with it (parent-death signal), its
-     * segments stay behind */
+    /* a launch killed outright (its supervisor): the coordinator and its workers die with it
+     * (parent-death signals), its segments stay behind; the coordinator, orphaned, is a zombie
+     * until init reaps it, and counts as gone */
     pid_t pid = launch_bg(j, "--training.steps 100000");
     assert_int_equal(wait_step(j, 2, 60), 0);
     kill(pid, SIGKILL);
@@ -1587,21 +1570,25 @@ static void test_launch_clears_stale_segments_but_not_a_live_job(void **state)
 
 /* A coordinator that stops answering (SIGSTOP): its workers notice within the heartbeat
  * timeout and exit; resumed, it finds them gone, fails and cleans up, and names the cause:
- * itself, not running, rather than the first worker it found gone. */
+ * itself, not running, rather than the first worker it found gone (no restart: the job's
+ * failure is what is checked). */
 static void test_launch_workers_leave_a_stopped_coordinator(void **state)
 {
     TU_NEED_BIN();
     static char out[1 << 16];
     char j[32], path[256];
     job_name(j, sizeof(j), "coordstop");
-    pid_t pid = launch_bg(j, "--training.steps 100000 --job.heartbeat_interval_ms 50 --job.heartbeat_timeout_ms 1000");
+    pid_t pid = launch_bg(j, "--training.steps 100000 --job.heartbeat_interval_ms 50 --job.heartbeat_timeout_ms 1000 "
+                          "--job.max_restarts 0");
     assert_int_equal(wait_step(j, 2, 60), 0);
     assert_true(job_procs(j) >= 5);
-    kill(pid, SIGSTOP);
+    pid_t coord = child_named(pid, "ctitan-coord");
+    assert_true(coord > 0);
+    kill(coord, SIGSTOP);
     int left = 1;
     for (int i = 0; i < 1000 && (left = job_procs(j)) > 0; i++) /* well under 10 s */
         sleep_ms(10);
-    kill(pid, SIGCONT);
+    kill(coord, SIGCONT);
     assert_int_equal(left, 0);
     assert_int_equal(tu_reap(pid, 30, NULL), 1);
     snprintf(path, sizeof(path), "%s/%s.out", g_dir, j);
@@ -1709,41 +1696,7 @@ static void test_launch_forged_error_does_not_end_the_job(void **state)
 }
 
 /* The pid of launch's stage process of pipeline rank `rank` (its command line says), or 0. */
-static pid_t child_stage(pid_t parent, int rank)
-{
-    char path[300], cmd[512], want[16];
-    snprintf(want, sizeof(want), "%d", rank);
-    DIR *d = opendir("/proc");
-    struct dirent *e;
-    pid_t found = 0;
-    while (!found && (e = readdir(d))) {
-        pid_t p = atoi(e->d_name);
-        if (p <= 0)
-            continue;
-        snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)p);
-        int fd = open(path, O_RDONLY);
-        ssize_t k = fd >= 0 ? read(fd, cmd, sizeof(cmd) - 1) : -1;
-        if (fd >= 0)
-            close(fd);
-        if (k <= 0)
-            continue;
-        cmd[k] = 0;
-        /* argv: PROGRAM --rank R --replica 0, NUL-separated */
-        const char *prog = cmd, *a1 = prog + strlen(prog) + 1, *a2 = a1 < cmd + k ? a1 + strlen(a1) + 1 : a1;
-        char stat[512], name[64];
-        snprintf(path, sizeof(path), "/proc/%d/stat", (int)p);
-        tu_read_file(path, stat, sizeof(stat));
-        char *rp = strrchr(stat, ')');
-        int ppid = 0;
-        if (!rp || sscanf(stat, "%*d (%63[^)]", name) != 1 || sscanf(rp + 2, "%*c %d", &ppid) != 1)
-            continue;
-        if (ppid == parent && !strcmp(name, "ctitan-stage") && a2 < cmd + k && !strcmp(a1, "--rank") &&
-            !strcmp(a2, want))
-            found = p;
-    }
-    closedir(d);
-    return found;
-}
+static pid_t child_stage(pid_t parent, int rank) { return tu_stage_pid(parent, rank); }
 
 /* Forged heartbeats, each with its stage's own pid, from "stage.R.0/x" and the operator's key:
  * the stopped stage is still noticed within the heartbeat timeout. */
@@ -1753,7 +1706,8 @@ static void test_launch_forged_heartbeats_do_not_keep_a_stopped_stage_alive(void
     static char out[1 << 16];
     char j[32], path[300];
     job_name(j, sizeof(j), "hbforge");
-    pid_t pid = launch_bg(j, "--training.steps 100000 --job.heartbeat_interval_ms 50 --job.heartbeat_timeout_ms 1000");
+    pid_t pid = launch_bg(j, "--training.steps 100000 --job.heartbeat_interval_ms 50 --job.heartbeat_timeout_ms 1000 "
+                          "--job.max_restarts 0");
     assert_int_equal(wait_step(j, 2, 60), 0);
     pid_t st[2] = {child_stage(pid, 0), child_stage(pid, 1)};
     assert_true(st[0] > 0 && st[1] > 0);

@@ -190,7 +190,7 @@ static void test_inputs_a_run_whose_last_checkpoint_fails_does_not_succeed(void 
     job_name(j, sizeof(j), "cklost");
     snprintf(ck, sizeof(ck), "%s/ck-%s", g_dir, j);
     snprintf(extra, sizeof(extra), "--training.steps 3000 --metrics.log_freq 1000 --checkpoint.enable true "
-             "--checkpoint.interval 1000 --checkpoint.folder %s", ck);
+             "--checkpoint.interval 1000 --checkpoint.folder %s --job.max_restarts 0", ck); /* the failure itself */
     pid_t pid = launch_bg(j, extra);
     assert_int_equal(wait_step(j, 2, 60), 0);
     assert_int_equal(tu_rmtree(ck), 0);

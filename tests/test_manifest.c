@@ -169,7 +169,7 @@ static void assert_same_manifest(const manifest_t *a, const manifest_t *b)
 #define I(f) assert_true(a->f == b->f)
 #define D(f) assert_memory_equal(&a->f, &b->f, sizeof(double))
     S(name); S(dump_folder); S(description); S(endpoint); S(device);
-    I(heartbeat_interval_ms); I(heartbeat_timeout_ms);
+    I(heartbeat_interval_ms); I(heartbeat_timeout_ms); I(max_restarts); I(restart_backoff_ms);
     S(model_name); S(flavor); S(tokenizer_path);
     I(model.dim); I(model.n_layers); I(model.n_heads); I(model.n_kv_heads); I(model.vocab_size);
     I(model.multiple_of); D(model.ffn_dim_multiplier); D(model.norm_eps); D(model.rope_theta);
@@ -202,6 +202,8 @@ static void test_manifest_defaults_validate(void **state)
     assert_int_equal(m.schedule, SCHED_1F1B);
     assert_int_equal(m.lr_sched.warmup_steps, 200);
     assert_true(m.lr_sched.decay_ratio == -1);
+    assert_int_equal(m.max_restarts, 3);
+    assert_int_equal(m.restart_backoff_ms, 1000);
     validate_ok(&m);
     assert_string_equal(m.dump_folder, "runs/ctitan");
     assert_int_equal(m.lr_sched.steps, 10);
@@ -679,6 +681,10 @@ static void test_manifest_validate_rejects_bad_values(void **state)
         {"job.device", "tpu", "job.device = \"tpu\": expected \"cpu\""},
         {"job.heartbeat_interval_ms", "0", "job.heartbeat_interval_ms = 0 must be >= 1"},
         {"job.heartbeat_timeout_ms", "100", "must exceed job.heartbeat_interval_ms = 100 (default)"},
+        {"job.max_restarts", "-1", "job.max_restarts = -1 must be >= 0"},
+        {"job.max_restarts", "1001", "job.max_restarts = 1001 must be in 0..1000"},
+        {"job.restart_backoff_ms", "-5", "job.restart_backoff_ms = -5 must be >= 0"},
+        {"job.restart_backoff_ms", "30001", "job.restart_backoff_ms = 30001 must be in 0..30000"},
         {"model.name", "gpt", "expected \"llama3\""},
         {"model.dim", "250", "model.dim (250) is not divisible by model.n_heads (16)"},
         {"model.n_layers", "0", "model.n_layers must be between 1 and 4096 (got 0)"},
@@ -721,7 +727,9 @@ static void test_manifest_validate_rejects_bad_values(void **state)
     const char *good[][2] = {{"lr_scheduler.decay_ratio", "-1"}, {"lr_scheduler.decay_ratio", "0"},
                              {"lr_scheduler.decay_ratio", "1"}, {"optimizer.name", "adamw"},
                              {"optimizer.beta1", "0"}, {"training.max_norm", "0"},
-                             {"optimizer.lr", "0"}, {"sample.tokens", "0"}, {"training.seq_len", "2"}};
+                             {"optimizer.lr", "0"}, {"sample.tokens", "0"}, {"training.seq_len", "2"},
+                             {"job.max_restarts", "0"}, {"job.max_restarts", "1000"},
+                             {"job.restart_backoff_ms", "0"}, {"job.restart_backoff_ms", "30000"}};
     for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
         manifest_t g = m;
         override_ok(&g, good[i][0], good[i][1]);

@@ -4,6 +4,7 @@
 #ifndef CTITAN_TESTUTIL_H
 #define CTITAN_TESTUTIL_H
 
+#include <dirent.h>
 #include <errno.h>
 #include <ftw.h>
 #include <math.h>
@@ -218,6 +219,76 @@ static inline int tu_run(const char *cmd, char *out, size_t outlen)
     out[n] = 0;
     int st = pclose(f);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* The parent of process pid and its command name (/proc/PID/stat), or 0 when it is gone. */
+static inline pid_t tu_proc_parent(pid_t pid, char *comm, size_t n)
+{
+    char path[64], buf[512], name[64];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    size_t k = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+    if (f)
+        fclose(f);
+    buf[k] = 0;
+    char *rp = strrchr(buf, ')');
+    int ppid;
+    if (!rp || sscanf(buf, "%*d (%63[^)]", name) != 1 || sscanf(rp + 2, "%*c %d", &ppid) != 1)
+        return 0;
+    snprintf(comm, n, "%s", name);
+    return ppid;
+}
+
+/* A process named `comm` (its /proc comm) that `ancestor` started: its child or its child's
+ * child (`ctitan launch` on one host is a supervisor whose child, "ctitan-coord", starts the
+ * workers); 0 when there is none. */
+static inline pid_t tu_descendant_named(pid_t ancestor, const char *comm)
+{
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    pid_t found = 0;
+    while (d && !found && (e = readdir(d))) {
+        pid_t pid = atoi(e->d_name), ppid;
+        char name[64], pname[64];
+        if (pid <= 0 || !(ppid = tu_proc_parent(pid, name, sizeof(name))) || strcmp(name, comm))
+            continue;
+        if (ppid == ancestor || tu_proc_parent(ppid, pname, sizeof(pname)) == ancestor)
+            found = pid;
+    }
+    if (d)
+        closedir(d);
+    return found;
+}
+
+/* The stage of pipeline rank `rank`, replica 0, that `ancestor` started (as above; its command
+ * line says which), or 0. */
+static inline pid_t tu_stage_pid(pid_t ancestor, int rank)
+{
+    char want[64];
+    int wl = snprintf(want, sizeof(want), "--rank%c%d%c--replica%c0", 0, rank, 0, 0) + 1;
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    pid_t found = 0;
+    while (d && !found && (e = readdir(d))) {
+        pid_t pid = atoi(e->d_name), ppid;
+        char name[64], pname[64], path[64], cmd[512];
+        if (pid <= 0 || !(ppid = tu_proc_parent(pid, name, sizeof(name))) || strcmp(name, "ctitan-stage"))
+            continue;
+        if (ppid != ancestor && tu_proc_parent(ppid, pname, sizeof(pname)) != ancestor)
+            continue;
+        snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
+        FILE *f = fopen(path, "r");
+        size_t k = f ? fread(cmd, 1, sizeof(cmd), f) : 0;
+        if (f)
+            fclose(f);
+        /* argv: PROGRAM --rank R --replica 0, NUL-separated */
+        size_t prog = strnlen(cmd, k) + 1;
+        if (prog + (size_t)wl <= k && !memcmp(cmd + prog, want, (size_t)wl))
+            found = pid;
+    }
+    if (d)
+        closedir(d);
+    return found;
 }
 
 /* Waits (sleeping on a pidfd, not polling) up to timeout_s for child pid, kills it if it is

@@ -58,7 +58,7 @@ run() { # label flavor dim layers heads kv vocab seq batch pp microbatches
       --job.device cuda --model.flavor "$flavor" --model.tokenizer_path "" --model.vocab_size "$vocab" \
       --training.steps "$steps" --training.seq_len "$seq" --training.local_batch_size "$batch" \
       --parallelism.pipeline_parallel_degree "$pp" --parallelism.pipeline_parallel_microbatches "$mb" \
-      --checkpoint.enable false --validation.enable false --sample.tokens 0 \
+      --checkpoint.enable false --validation.enable false --sample.tokens 0 --job.max_restarts 0 \
       --loader.dataset_path "$dir/tokens.bin" --metrics.file "$m" --metrics.peak_tflops "$peak" \
       > "$dir/launch.out" 2>&1; then
     echo "| $label | $pp | ${batch}x$seq | failed: $(tail -1 "$dir/launch.out") | | | | | |"

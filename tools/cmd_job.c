@@ -3,7 +3,7 @@
  * are heard only as the job's operator: with the key in the run folder that only the job's
  * owner can read (DESIGN.md "Trust").
  *   ctitan loader swap --job NAME --cmd "..."   replace the loader at the next step boundary
- *   ctitan status --job NAME                    where the job is */
+ *   ctitan status --job NAME                    where the job is, and its restarts so far */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -143,6 +143,7 @@ int cmd_status(int argc, char **argv)
         return ask("status", argv[2], &m, 10);
     }
     int help = argc == 2 && !strcmp(argv[1], "--help");
-    fprintf(help ? stdout : stderr, "usage: ctitan status --job NAME\nSays which step a running job is at.\n");
+    fprintf(help ? stdout : stderr, "usage: ctitan status --job NAME\nSays which step a running job is at, and how "
+            "many times it was restarted (with the last restart's reason).\n");
     return help ? 0 : 2;
 }

@@ -1,5 +1,6 @@
 /* `ctitan launch MANIFEST [--section.key value ...]`: resolves the manifest with its
- * overrides and runs the job as its coordinator (stages/coord.h). */
+ * overrides and runs the job: on one host under the supervisor that restarts a failed job
+ * (tools/supervise.h), across hosts as its coordinator or a host's agent (stages/coord.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,6 +8,7 @@
 #include "tools/cmds.h"
 #include "stages/coord.h"
 #include "stages/manifest.h"
+#include "tools/supervise.h"
 
 static void usage(FILE *f)
 {
@@ -18,7 +20,9 @@ static void usage(FILE *f)
             "(--key=value works too). Sections and keys: see README.md.\n"
             "Across hosts: run it on every host with --job.hosts N --job.host_rank K (under srun with\n"
             "one task per node, SLURM_STEP_NUM_NODES and SLURM_NODEID give them) and the same\n"
-            "--job.endpoint tcp://HOST0:PORT; host 0 coordinates.\n");
+            "--job.endpoint tcp://HOST0:PORT; host 0 coordinates.\n"
+            "On one host a failed job is relaunched from its newest checkpoint, at most\n"
+            "--job.max_restarts times in a row from the same step (default 3; 0: never).\n");
 }
 
 int cmd_launch(int argc, char **argv)
@@ -68,5 +72,7 @@ int cmd_launch(int argc, char **argv)
         fprintf(stderr, "launch: %s\n", err);
         return 2;
     }
-    return coord_run(&m);
+    if (m.hosts == 1)
+        return sup_run(&m);
+    return coord_run(&m, NULL); /* across hosts: no supervisor yet (NOTES.md) */
 }

@@ -14,7 +14,7 @@ static const struct {
     {"prep", cmd_prep, "train a byte-level BPE tokenizer and write token shards"},
     {"launch", cmd_launch, "run a training job from a manifest: loader, pipeline stages, optimizer shards"},
     {"loader", cmd_loader, "loader swap --job NAME --cmd CMD: replace a running job's loader"},
-    {"status", cmd_status, "status --job NAME: which step a running job is at"},
+    {"status", cmd_status, "status --job NAME: which step a running job is at, its restarts"},
     {"train", cmd_train, "train in one process on token shards (the single-process reference)"},
     {"bench", cmd_bench, "measure the kernels and the training step"},
     {"ckpt", cmd_ckpt, "checkpoints: ls DIR, verify PATH, export PATH --safetensors OUT, keygen PREFIX"},

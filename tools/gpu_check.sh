@@ -167,7 +167,7 @@ else
 fi
 common=(manifests/demo.toml --model.vocab_size 512 --model.tokenizer_path "$data/tokenizer.bin"
         --loader.dataset_path "$data/train.bin" --validation.enable false --sample.tokens 0
-        --checkpoint.enable false --metrics.peak_tflops 1 "${shape[@]}")
+        --checkpoint.enable false --metrics.peak_tflops 1 --job.max_restarts 0 "${shape[@]}")  # a failure is reported, not retried
 
 # job NAME LOG ARGS...: one `ctitan launch` of the model, metrics in OUT/NAME.jsonl.
 job() {

@@ -1,0 +1,533 @@
+/* `ctitan launch`'s supervisor (tools/supervise.h, issue 13) with real processes and real
+ * kill -9: a job whose stage or coordinator is killed is relaunched from its newest checkpoint
+ * and ends as if nothing happened (the losses after the resume bitwise those of an undisturbed
+ * run, compared as the %.17g strings of the metrics files), with one restart record; a failure
+ * that repeats at the same step stops after job.max_restarts; `ctitan status` shows the
+ * restarts and Ctrl-C still stops everything without one. After every job no process, process
+ * group or segment of it is left. Also the restart policy itself. (test_launch holds the jobs
+ * that run with job.max_restarts = 0.) */
+#include <dirent.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "ipc/shm.h"
+#include "ipc/util.h"
+#include "tests/testutil.h"
+#include "tools/supervise.h"
+
+#define MAX_STEPS 4096
+
+static char g_dir[64]; /* temp dir: data/ from ctitan prep, runs/, metrics files */
+
+static void sleep_ms(int ms) { nanosleep(&(struct timespec){ms / 1000, (ms % 1000) * 1000000L}, NULL); }
+
+static int setup(void **state)
+{
+    if (access(tu_ctitan(), X_OK))
+        return 0; /* each test skips */
+    snprintf(g_dir, sizeof(g_dir), "/tmp/ctitan-restart-XXXXXX");
+    if (!mkdtemp(g_dir))
+        return -1;
+    char path[256], cmd[1024], out[8192];
+    snprintf(path, sizeof(path), "%s/corpus.txt", g_dir);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return -1;
+    for (int i = 0; i < 20000; i++)
+        fprintf(f, "w%d%s", (i * 5) % 53, i % 7 == 6 ? ".\n" : " ");
+    fclose(f);
+    snprintf(cmd, sizeof(cmd), "%s prep --vocab 300 --out %s/data %s 2>&1", tu_ctitan(), g_dir, path);
+    return tu_run(cmd, out, sizeof(out)) == 0 ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    if (g_dir[0])
+        tu_rmtree(g_dir);
+    return 0;
+}
+
+static void job_name(char *buf, size_t n, const char *what) { snprintf(buf, n, "r%d%s", (int)getpid(), what); }
+
+/* The arguments of a test run of job `job` (the tiny manifest, its own dump folder and metrics
+ * file, quiet progress), then `extra`. */
+static void job_args(char *buf, size_t n, const char *job, const char *extra)
+{
+    snprintf(buf, n,
+             "launch manifests/tiny.toml --job.name %s --job.dump_folder %s/runs/%s "
+             "--loader.dataset_path %s/data/train.bin --metrics.file %s/%s.jsonl --metrics.peak_tflops 1 "
+             "--metrics.log_freq 100000 %s",
+             job, g_dir, job, g_dir, g_dir, job, extra);
+}
+
+/* Runs `ctitan launch` to its end (env: variables for it, or ""); returns its exit status. */
+static int launch(const char *env, const char *job, const char *extra, char *out, size_t outlen)
+{
+    char args[2048], cmd[4096];
+    job_args(args, sizeof(args), job, extra);
+    snprintf(cmd, sizeof(cmd), "%s timeout 120 %s %s 2>&1", env, tu_ctitan(), args);
+    return tu_run(cmd, out, outlen);
+}
+
+/* Starts `ctitan launch` in the background with its output in DIR/JOB.out; returns its pid. */
+static pid_t launch_bg(const char *job, const char *extra)
+{
+    char args[2048], line[4096], *argv[128], out[256];
+    job_args(args, sizeof(args), job, extra);
+    snprintf(line, sizeof(line), "%s %s", tu_ctitan(), args);
+    int argc = 0;
+    for (char *t = strtok(line, " "); t && argc < 127; t = strtok(NULL, " "))
+        argv[argc++] = t;
+    argv[argc] = NULL;
+    snprintf(out, sizeof(out), "%s/%s.out", g_dir, job);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+static void read_out(const char *job, char *buf, size_t n)
+{
+    char path[256];
+    snprintf(path, sizeof(path), "%s/%s.out", g_dir, job);
+    tu_read_file(path, buf, n);
+}
+
+static void read_metrics(const char *job, char *buf, size_t n)
+{
+    char path[256];
+    snprintf(path, sizeof(path), "%s/%s.jsonl", g_dir, job);
+    tu_read_file(path, buf, n);
+}
+
+/* Waits until job's metrics file has reached `step`; 0 or -1 after timeout_s. */
+static int wait_step(const char *job, int step, int timeout_s)
+{
+    static char buf[1 << 20];
+    char need[64];
+    snprintf(need, sizeof(need), "{\"step\": %d,", step);
+    for (int i = 0; i < timeout_s * 100; i++) {
+        read_metrics(job, buf, sizeof(buf));
+        if (strstr(buf, need))
+            return 0;
+        sleep_ms(10);
+    }
+    return -1;
+}
+
+/* Waits until job's output says `needle`; 0 or -1 after timeout_s. */
+static int wait_output(const char *job, const char *needle, int timeout_s)
+{
+    static char buf[1 << 20];
+    for (int i = 0; i < timeout_s * 100; i++) {
+        read_out(job, buf, sizeof(buf));
+        if (strstr(buf, needle))
+            return 0;
+        sleep_ms(10);
+    }
+    return -1;
+}
+
+/* Waits until a step follows restart record `n` in job's metrics file; 0 or -1 after timeout_s. */
+static int wait_resumed(const char *job, int n, int timeout_s)
+{
+    static char buf[1 << 20];
+    char need[64];
+    snprintf(need, sizeof(need), "{\"restart\": %d,", n);
+    for (int i = 0; i < timeout_s * 200; i++) {
+        read_metrics(job, buf, sizeof(buf));
+        const char *r = strstr(buf, need);
+        if (r && strstr(r, "\n{\"step\": "))
+            return 0;
+        sleep_ms(5);
+    }
+    return -1;
+}
+
+/* How often `needle` occurs in s. */
+static int count(const char *s, const char *needle)
+{
+    int n = 0;
+    for (const char *p = s; (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    return n;
+}
+
+/* ---- leftovers ---- */
+
+/* Processes whose environment names the job (workers carry CTITAN_JOB). */
+static int job_procs(const char *job)
+{
+    char want[128], path[300], env[16384];
+    int wl = snprintf(want, sizeof(want), "CTITAN_JOB=%s", job) + 1, n = 0;
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        snprintf(path, sizeof(path), "/proc/%s/environ", e->d_name);
+        int fd = e->d_name[0] >= '1' && e->d_name[0] <= '9' ? open(path, O_RDONLY) : -1;
+        if (fd < 0)
+            continue;
+        ssize_t k = read(fd, env, sizeof(env));
+        close(fd);
+        for (ssize_t i = 0; i + wl <= k; i += (ssize_t)strlen(env + i) + 1)
+            n += !memcmp(env + i, want, (size_t)wl);
+    }
+    closedir(d);
+    return n;
+}
+
+/* Processes in process group pgid. */
+static int group_procs(pid_t pgid)
+{
+    char path[300], buf[512];
+    int n = 0;
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] < '1' || e->d_name[0] > '9')
+            continue;
+        snprintf(path, sizeof(path), "/proc/%s/stat", e->d_name);
+        tu_read_file(path, buf, sizeof(buf));
+        char *rp = strrchr(buf, ')');
+        int pgrp;
+        n += rp && sscanf(rp + 2, "%*c %*d %d", &pgrp) == 1 && pgrp == pgid;
+    }
+    closedir(d);
+    return n;
+}
+
+/* Nothing of the job is left: no worker, nobody in the coordinators' process groups, no segment. */
+static void assert_clean(const char *job, const pid_t *groups, int n)
+{
+    char names[64][SHM_NAME_MAX];
+    assert_int_equal(job_procs(job), 0);
+    for (int i = 0; i < n; i++)
+        if (group_procs(groups[i])) {
+            print_error("process group %d of job %s still has processes\n", (int)groups[i], job);
+            fail();
+        }
+    assert_int_equal(shm_list(job, names, 64), 0);
+}
+
+/* ---- metrics ---- */
+
+typedef struct {
+    int n;                        /* steps */
+    int step[MAX_STEPS];
+    char loss[MAX_STEPS][40];
+    int restarts;                 /* restart records */
+    int restart_at[8];            /* each one's position among the steps (steps before it) */
+    char restart[8][1024];        /* and its line */
+} metrics_t;
+
+/* Job's metrics file: every step line in order, and where the restart records fall. */
+static void parse_metrics(const char *job, metrics_t *mt)
+{
+    char path[256], line[4096];
+    snprintf(path, sizeof(path), "%s/%s.jsonl", g_dir, job);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    memset(mt, 0, sizeof(*mt));
+    while (fgets(line, sizeof(line), f)) {
+        char *p = strstr(line, "\"loss\": ");
+        if (!strncmp(line, "{\"restart\": ", 12) && mt->restarts < 8) {
+            mt->restart_at[mt->restarts] = mt->n;
+            snprintf(mt->restart[mt->restarts++], sizeof(mt->restart[0]), "%.1000s", line);
+        } else if (p && mt->n < MAX_STEPS && sscanf(line, "{\"step\": %d", &mt->step[mt->n]) == 1) {
+            sscanf(p + 8, "%39[^,]", mt->loss[mt->n++]);
+        }
+    }
+    fclose(f);
+}
+
+/* The number after `"key": ` in a record, or -1. */
+static double field(const char *record, const char *key)
+{
+    char k[64];
+    snprintf(k, sizeof(k), "\"%s\": ", key);
+    const char *p = strstr(record, k);
+    return p ? atof(p + strlen(k)) : -1;
+}
+
+/* Job `job` was restarted once and finished: its steps before the restart record run from 1,
+ * its steps after it from the record's resume_step + 1 to the end, and every loss equals the
+ * undisturbed run `ref`'s of the same step. Returns the resume step. */
+static int assert_resumed_bitwise(const char *job, const char *ref, int steps)
+{
+    static metrics_t a, b;
+    parse_metrics(ref, &a);
+    parse_metrics(job, &b);
+    assert_int_equal(a.n, steps);
+    assert_int_equal(a.restarts, 0);
+    assert_int_equal(b.restarts, 1);
+    int resume = (int)field(b.restart[0], "resume_step"), before = b.restart_at[0];
+    assert_true(resume >= 0 && resume <= before);
+    assert_int_equal(b.n, before + steps - resume);
+    for (int i = 0; i < b.n; i++) {
+        int want = i < before ? i + 1 : resume + 1 + (i - before);
+        assert_int_equal(b.step[i], want);
+        if (strcmp(b.loss[i], a.loss[want - 1])) {
+            print_error("step %d (%s the restart): %s has loss %s, the undisturbed %s has %s\n", want,
+                        i < before ? "before" : "after", job, b.loss[i], ref, a.loss[want - 1]);
+            fail();
+        }
+    }
+    return resume;
+}
+
+/* ---- the restart policy ---- */
+
+static void test_restart_policy_counts_restarts_in_a_row_from_the_same_step(void **state)
+{
+    /* the first failure: from step 0, nothing newer saved */
+    assert_int_equal(sup_restart_number(0, 0, 0, 3), 1);
+    assert_int_equal(sup_restart_number(1, 0, 0, 3), 2);
+    assert_int_equal(sup_restart_number(2, 0, 0, 3), 3);
+    assert_int_equal(sup_restart_number(3, 0, 0, 3), 0); /* the limit */
+    /* a newer checkpoint is progress: the count starts again */
+    assert_int_equal(sup_restart_number(3, 100, 150, 3), 1);
+    /* an older one (the newest did not verify) is none */
+    assert_int_equal(sup_restart_number(1, 100, 50, 3), 2);
+    /* 0: never */
+    assert_int_equal(sup_restart_number(0, 0, 0, 0), 0);
+    assert_int_equal(sup_restart_number(0, 0, 10, 0), 0);
+    /* the wait doubles in a row, up to 30 s */
+    assert_int_equal(sup_backoff_ms(1000, 1), 1000);
+    assert_int_equal(sup_backoff_ms(1000, 2), 2000);
+    assert_int_equal(sup_backoff_ms(1000, 5), 16000);
+    assert_int_equal(sup_backoff_ms(1000, 6), 30000);
+    assert_int_equal(sup_backoff_ms(1000, 1000), 30000);
+    assert_int_equal(sup_backoff_ms(0, 7), 0);
+    assert_int_equal(sup_backoff_ms(30000, 1), 30000);
+}
+
+/* ---- jobs ---- */
+
+/* Checkpoints every 5 steps, 400 steps (about a second here), no wait before a restart. */
+#define CKPT_ARGS "--training.steps 400 --checkpoint.enable true --checkpoint.interval 5 --job.restart_backoff_ms 0"
+#define KILL_AFTER 21 /* the checkpoint of step 15 is saved by then (that of 20 waited for it) */
+
+/* kill -9 of a stage mid-run: the coordinator fails the job naming it, the supervisor relaunches
+ * it from the newest checkpoint, and the job ends with status 0 and the losses of a run nobody
+ * disturbed. Says how long the restart took, from the kill to the first step after the resume. */
+static void test_restart_killed_stage_resumes_from_the_newest_checkpoint_bitwise(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char j[32], ref[32];
+    job_name(j, sizeof(j), "stage");
+    job_name(ref, sizeof(ref), "stageref");
+    int rc = launch("", ref, CKPT_ARGS, out, sizeof(out));
+    if (rc)
+        fail_msg("the reference run: status %d:\n%s", rc, out);
+    pid_t pid = launch_bg(j, CKPT_ARGS);
+    assert_int_equal(wait_step(j, KILL_AFTER, 60), 0);
+    pid_t coord = tu_descendant_named(pid, "ctitan-coord"), st = tu_stage_pid(pid, 1);
+    assert_true(coord > 0 && st > 0);
+    double t0 = util_now();
+    kill(st, SIGKILL);
+    assert_int_equal(wait_resumed(j, 1, 60), 0);
+    print_message("a stage killed -9: first step after the resume %.3f s later\n", util_now() - t0);
+    rc = tu_reap(pid, 60, NULL);
+    read_out(j, out, sizeof(out));
+    if (rc)
+        fail_msg("status %d:\n%s", rc, out);
+    int resume = assert_resumed_bitwise(j, ref, 400);
+    assert_true(resume >= KILL_AFTER - 6);
+    static metrics_t mt;
+    parse_metrics(j, &mt);
+    assert_non_null(strstr(mt.restart[0], "\"role\": \"stage\", \"rank\": 1, \"replica\": 0"));
+    assert_non_null(strstr(mt.restart[0], "killed by signal 9"));
+    assert_true(field(mt.restart[0], "time_lost_s") >= 0);
+    /* one line on the progress output says it */
+    assert_int_equal(count(out, "\nrestart "), 1);
+    assert_non_null(strstr(out, "restart 1 (1 of job.max_restarts = 3 in a row"));
+    assert_non_null(strstr(out, "stage rank 1 replica 0"));
+    assert_true(kill(st, 0) < 0);
+    assert_clean(j, &coord, 1);
+    assert_clean(ref, NULL, 0);
+}
+
+/* Checkpoints every 250 steps: the one of 250 is saved a few hundred ms after its step (checkpointd
+ * runs at SCHED_IDLE beside two busy stages), far from the end. */
+#define CKPT250_ARGS "--training.steps 1000 --checkpoint.enable true --checkpoint.interval 250 --job.restart_backoff_ms 0"
+
+/* kill -9 of the coordinator itself, once the checkpoint of step 250 is saved: its workers die
+ * with it (parent-death signal), the supervisor reaps them, removes the segments, socket and key
+ * it left, and relaunches from step 250; the same outcome, blamed on the coordinator. The time
+ * lost counts from the end of step 250, not from the run's start. Says how long the restart took, from the kill to the first step after the resume
+ * (no wait before it: job.restart_backoff_ms = 0). */
+static void test_restart_killed_coordinator_resumes_from_the_newest_checkpoint_bitwise(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char j[32], ref[32], path[300];
+    job_name(j, sizeof(j), "coord");
+    job_name(ref, sizeof(ref), "coordref");
+    int rc = launch("", ref, CKPT250_ARGS, out, sizeof(out));
+    if (rc)
+        fail_msg("the reference run: status %d:\n%s", rc, out);
+    pid_t pid = launch_bg(j, CKPT250_ARGS);
+    assert_int_equal(wait_step(j, 250, 60), 0);
+    double t_250 = util_now(); /* step 250 ended at most a poll before */
+    assert_int_equal(wait_output(j, "checkpoint: step 250 saved", 60), 0);
+    pid_t coord[2] = {tu_descendant_named(pid, "ctitan-coord"), 0};
+    assert_true(coord[0] > 0);
+    double t_kill = util_now();
+    kill(coord[0], SIGKILL);
+    rc = wait_resumed(j, 1, 60);
+    double t_resumed = util_now(), took = t_resumed - t_kill;
+    coord[1] = tu_descendant_named(pid, "ctitan-coord"); /* the relaunched one, if it still runs */
+    assert_int_equal(rc, 0);
+    print_message("the coordinator killed -9: first step after the resume %.3f s later\n", took);
+    rc = tu_reap(pid, 60, NULL);
+    read_out(j, out, sizeof(out));
+    if (rc)
+        fail_msg("status %d:\n%s", rc, out);
+    int resume = assert_resumed_bitwise(j, ref, 1000);
+    assert_true(resume == 250 || resume == 500); /* 500: this test was held up for a while before its kill */
+    static metrics_t mt;
+    parse_metrics(j, &mt);
+    assert_non_null(strstr(mt.restart[0], "\"role\": \"coordinator\", \"rank\": 0"));
+    assert_non_null(strstr(mt.restart[0], "the coordinator was killed by signal 9"));
+    double lost = field(mt.restart[0], "time_lost_s");
+    print_message("time lost %.3f s; %.3f s from step 250 to the resumed step\n", lost, t_resumed - t_250);
+    if (!(lost >= 0 && (resume != 250 || lost < t_resumed - t_250 + 0.05))) /* from the run's start: 0.3 s more */
+        fail_msg("time_lost_s %.3f, but step 250 ended %.3f s before the first resumed step", lost,
+                 t_resumed - t_250);
+    assert_true(field(mt.restart[0], "steps_lost") >= 0);
+    assert_int_equal(count(out, "\nrestart "), 1);
+    assert_non_null(strstr(out, "the coordinator was killed by signal 9"));
+    /* the run folder's operator key went with the relaunch's own clean-up */
+    snprintf(path, sizeof(path), "%s/runs/%s/run/operator.key", g_dir, j);
+    assert_int_not_equal(access(path, F_OK), 0);
+    assert_clean(j, coord, coord[1] ? 2 : 1);
+    assert_clean(ref, NULL, 0);
+}
+
+/* job.max_restarts = 0 and a kill -9 of the coordinator: no restart, status 1 with the reason,
+ * and the supervisor removes what the coordinator left (its segments, control socket and
+ * operator key: nothing else would until the next launch of the job). */
+static void test_restart_a_killed_coordinator_is_cleaned_up_and_not_restarted_with_max_restarts_0(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char j[32], path[300];
+    job_name(j, sizeof(j), "norestart");
+    pid_t pid = launch_bg(j, "--training.steps 1000000 --job.max_restarts 0");
+    assert_int_equal(wait_step(j, 3, 60), 0);
+    pid_t coord = tu_descendant_named(pid, "ctitan-coord");
+    assert_true(coord > 0);
+    kill(coord, SIGKILL);
+    int rc = tu_reap(pid, 30, NULL);
+    read_out(j, out, sizeof(out));
+    if (rc != 1 || strstr(out, "\nrestart ") || !strstr(out, "the coordinator was killed by signal 9 (Killed) (not "
+                                                           "restarted: job.max_restarts = 0)") ||
+        !strstr(out, "removed the shared-memory segments, control socket and operator key"))
+        fail_msg("status %d:\n%s", rc, out);
+    snprintf(path, sizeof(path), "%s/runs/%s/run/operator.key", g_dir, j);
+    assert_int_not_equal(access(path, F_OK), 0);
+    snprintf(path, sizeof(path), "%s/runs/%s/ctl.sock", g_dir, j);
+    assert_int_not_equal(access(path, F_OK), 0);
+    assert_clean(j, &coord, 1);
+}
+
+/* A stage that fails at step 5 in every run (CTITAN_TEST_FAIL_AT_STEP), with no checkpoint to
+ * get past it: two restarts from step 0 (job.max_restarts = 2, waits of 50 then 100 ms), then
+ * the launch gives up with status 1, saying the limit, the step and the reason. */
+static void test_restart_a_failure_at_the_same_step_stops_after_max_restarts(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16], metrics[1 << 16];
+    char j[32];
+    job_name(j, sizeof(j), "again");
+    int rc = launch("CTITAN_TEST_FAIL_AT_STEP=5 CTITAN_TEST_FAIL_RANK=1", j,
+                    "--training.steps 30 --job.max_restarts 2 --job.restart_backoff_ms 50", out, sizeof(out));
+    if (rc != 1 || count(out, "\nrestart ") != 2 || !strstr(out, "restart 2 (2 of job.max_restarts = 2 in a row") ||
+        !strstr(out, "giving up after 2 restarts in a row after step 0 (job.max_restarts = 2): it failed at step 5 "
+                     "again") || !strstr(out, "stage rank 1 replica 0: CTITAN_TEST_FAIL_AT_STEP=5"))
+        fail_msg("status %d:\n%s", rc, out);
+    assert_non_null(strstr(out, "relaunching in 50 ms"));
+    assert_non_null(strstr(out, "relaunching in 100 ms")); /* doubled: the second in a row */
+    read_metrics(j, metrics, sizeof(metrics));
+    assert_int_equal(count(metrics, "{\"restart\": "), 2);
+    assert_int_equal(count(metrics, "{\"step\": 4,"), 3); /* each run got as far */
+    assert_int_equal(count(metrics, "{\"step\": 5,"), 0);
+    assert_non_null(strstr(metrics, "{\"restart\": 2, \"role\": \"stage\", \"rank\": 1"));
+    assert_clean(j, NULL, 0);
+}
+
+/* A job that cannot start (its data is missing) is not restarted: one run, its reason once. */
+static void test_restart_a_failure_before_the_first_step_is_not_restarted(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char j[32], extra[512];
+    job_name(j, sizeof(j), "nodata");
+    snprintf(extra, sizeof(extra), "--loader.dataset_path %s/missing.bin", g_dir);
+    int rc = launch("", j, extra, out, sizeof(out));
+    if (rc != 1 || count(out, "missing.bin") != 1 || strstr(out, "\nrestart ") || strstr(out, "not restarted"))
+        fail_msg("status %d:\n%s", rc, out);
+    assert_clean(j, NULL, 0);
+}
+
+/* While a restarted job runs, `ctitan status` says how many restarts there were and the last
+ * one's reason; Ctrl-C then stops every process with status 130, and is never followed by a
+ * restart. */
+static void test_restart_status_shows_the_restarts_and_ctrl_c_ends_without_one(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char j[32], cmd[512];
+    job_name(j, sizeof(j), "status");
+    pid_t pid = launch_bg(j, "--training.steps 1000000 --job.restart_backoff_ms 0");
+    assert_int_equal(wait_step(j, 3, 60), 0);
+    pid_t coord[2] = {tu_descendant_named(pid, "ctitan-coord"), 0}, st = tu_stage_pid(pid, 0);
+    assert_true(coord[0] > 0 && st > 0);
+    kill(st, SIGKILL);
+    assert_int_equal(wait_resumed(j, 1, 60), 0);
+    coord[1] = tu_descendant_named(pid, "ctitan-coord");
+    assert_true(coord[1] > 0 && coord[1] != coord[0]);
+    snprintf(cmd, sizeof(cmd), "%s status --job %s 2>&1", tu_ctitan(), j);
+    int rc = tu_run(cmd, out, sizeof(out));
+    if (rc || !strstr(out, "restarts so far: 1 (last: stage rank 0 replica 0 (pid") ||
+        !strstr(out, "killed by signal 9"))
+        fail_msg("status %d: %s", rc, out);
+    kill(pid, SIGINT);
+    assert_int_equal(tu_reap(pid, 30, NULL), 130);
+    read_out(j, out, sizeof(out));
+    assert_int_equal(count(out, "\nrestart "), 1);
+    assert_non_null(strstr(out, "interrupted by Interrupt"));
+    assert_clean(j, coord, 2);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_restart_policy_counts_restarts_in_a_row_from_the_same_step),
+        cmocka_unit_test(test_restart_killed_stage_resumes_from_the_newest_checkpoint_bitwise),
+        cmocka_unit_test(test_restart_killed_coordinator_resumes_from_the_newest_checkpoint_bitwise),
+        cmocka_unit_test(test_restart_a_killed_coordinator_is_cleaned_up_and_not_restarted_with_max_restarts_0),
+        cmocka_unit_test(test_restart_a_failure_at_the_same_step_stops_after_max_restarts),
+        cmocka_unit_test(test_restart_a_failure_before_the_first_step_is_not_restarted),
+        cmocka_unit_test(test_restart_status_shows_the_restarts_and_ctrl_c_ends_without_one),
+    };
+    if (getenv("CTITAN_TEST_ONLY")) /* a pattern: run only the tests it matches ("*status*") */
+        cmocka_set_test_filter(getenv("CTITAN_TEST_ONLY"));
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -3,8 +3,6 @@
  * for the machine. Each must end in an error message naming what is wrong, or in output that
  * is still valid, never in a crash, a hang or a success that is not one. (test_launch holds
  * the jobs of honest inputs.) */
-#include <dirent.h>
-#include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,115 +15,17 @@
 #include <cmocka.h>
 
 #include "ipc/shm.h"
-#include "tests/testutil.h"
+#include "tests/testjob.h"
 
-static char g_dir[64]; /* temp dir: data/ from ctitan prep, runs/, metrics files */
-
-static int setup(void **state)
-{
-    if (access(tu_ctitan(), X_OK))
-        return 0; /* each test skips */
-    snprintf(g_dir, sizeof(g_dir), "/tmp/ctitan-inputs-XXXXXX");
-    if (!mkdtemp(g_dir))
-        return -1;
-    char path[256], cmd[1024], out[8192];
-    snprintf(path, sizeof(path), "%s/corpus.txt", g_dir);
-    FILE *f = fopen(path, "w");
-    if (!f)
-        return -1;
-    for (int i = 0; i < 20000; i++)
-        fprintf(f, "w%d%s", (i * 7) % 61, i % 9 == 8 ? ".\n" : " ");
-    fclose(f);
-    snprintf(cmd, sizeof(cmd), "%s prep --vocab 300 --out %s/data %s 2>&1", tu_ctitan(), g_dir, path);
-    return tu_run(cmd, out, sizeof(out)) == 0 ? 0 : -1;
-}
-
-static int teardown(void **state)
-{
-    if (g_dir[0])
-        tu_rmtree(g_dir);
-    return 0;
-}
-
-static void job_name(char *buf, size_t n, const char *what) { snprintf(buf, n, "i%d%s", (int)getpid(), what); }
-
-/* The arguments of a test run of job `job` (the tiny manifest, its own dump folder and
- * metrics file), then `extra`. */
-static void job_args(char *buf, size_t n, const char *job, const char *extra)
-{
-    snprintf(buf, n,
-             "launch manifests/tiny.toml --job.name %s --job.dump_folder %s/runs/%s "
-             "--loader.dataset_path %s/data/train.bin --metrics.file %s/%s.jsonl --metrics.peak_tflops 1 %s",
-             job, g_dir, job, g_dir, g_dir, job, extra);
-}
-
-/* Runs `ctitan launch` (prefix: e.g. a ulimit) and returns its exit status, output in out. */
-static int launch(const char *prefix, const char *job, const char *extra, char *out, size_t outlen)
-{
-    char args[2048], cmd[4096];
-    job_args(args, sizeof(args), job, extra);
-    snprintf(cmd, sizeof(cmd), "%s timeout 300 %s %s 2>&1", prefix, tu_ctitan(), args);
-    return tu_run(cmd, out, outlen);
-}
-
-/* Starts `ctitan launch` in the background with its output in DIR/JOB.out; returns its pid. */
-static pid_t launch_bg(const char *job, const char *extra)
-{
-    char args[2048], line[4096], *argv[128], out[256];
-    job_args(args, sizeof(args), job, extra);
-    snprintf(line, sizeof(line), "%s %s", tu_ctitan(), args);
-    int argc = 0;
-    for (char *t = strtok(line, " "); t && argc < 127; t = strtok(NULL, " "))
-        argv[argc++] = t;
-    argv[argc] = NULL;
-    snprintf(out, sizeof(out), "%s/%s.out", g_dir, job);
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    return pid;
-}
-
-/* Waits until job's metrics file has reached `step`; 0 or -1 after timeout_s. */
-static int wait_step(const char *job, int step, int timeout_s)
-{
-    char need[64], path[256];
-    static char buf[1 << 20];
-    snprintf(need, sizeof(need), "{\"step\": %d,", step);
-    snprintf(path, sizeof(path), "%s/%s.jsonl", g_dir, job);
-    for (int i = 0; i < timeout_s * 100; i++) {
-        tu_read_file(path, buf, sizeof(buf));
-        if (strstr(buf, need))
-            return 0;
-        nanosleep(&(struct timespec){0, 10000000L}, NULL);
-    }
-    return -1;
-}
+static int setup(void **state) { return tj_setup("inputs"); }
+static int teardown(void **state) { return tj_teardown(); }
 
 /* Nothing of the job is left: no process carries its name, no segment. */
 static void assert_clean(const char *job)
 {
-    char names[64][SHM_NAME_MAX], want[128], path[300], env[16384];
+    char names[64][SHM_NAME_MAX];
+    assert_int_equal(tj_job_procs(job), 0);
     assert_int_equal(shm_list(job, names, 64), 0);
-    int wl = snprintf(want, sizeof(want), "CTITAN_JOB=%s", job) + 1;
-    DIR *d = opendir("/proc");
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        snprintf(path, sizeof(path), "/proc/%s/environ", e->d_name);
-        int fd = e->d_name[0] >= '1' && e->d_name[0] <= '9' ? open(path, O_RDONLY) : -1;
-        if (fd < 0)
-            continue;
-        ssize_t k = read(fd, env, sizeof(env));
-        close(fd);
-        for (ssize_t i = 0; i + wl <= k; i += (ssize_t)strlen(env + i) + 1)
-            assert_false(!memcmp(env + i, want, (size_t)wl));
-    }
-    closedir(d);
 }
 
 /* A run whose loss and gradient norm become NaN (lr 1e38) keeps writing a metrics file that
@@ -136,12 +36,13 @@ static void test_inputs_metrics_stay_json_when_the_numbers_are_not_finite(void *
     TU_NEED_BIN();
     static char out[1 << 16];
     char j[32], path[256], cmd[1024];
-    job_name(j, sizeof(j), "nan");
-    int rc = launch("", j, "--training.steps 4 --optimizer.lr 1e38 --lr_scheduler.warmup_steps 0", out, sizeof(out));
+    tj_name(j, sizeof(j), 'i', "nan");
+    int rc = tj_launch("", 300, j, "--training.steps 4 --optimizer.lr 1e38 --lr_scheduler.warmup_steps 0", out,
+                       sizeof(out));
     if (rc)
         print_error("%s\n", out);
     assert_int_equal(rc, 0);
-    snprintf(path, sizeof(path), "%s/%s.jsonl", g_dir, j);
+    snprintf(path, sizeof(path), "%s/%s.jsonl", tj_dir, j);
     tu_read_file(path, out, sizeof(out));
     assert_non_null(strstr(out, "\"step\": 4,"));
     assert_null(strstr(out, "nan,"));
@@ -170,9 +71,9 @@ static void test_inputs_unwritable_checkpoint_folder_is_refused_at_launch(void *
     TU_NEED_BIN();
     static char out[1 << 16];
     char j[32];
-    job_name(j, sizeof(j), "ckproc");
-    int rc = launch("", j, "--training.steps 4 --checkpoint.enable true --checkpoint.folder /proc/ctitan-no/ck", out,
-                    sizeof(out));
+    tj_name(j, sizeof(j), 'i', "ckproc");
+    int rc = tj_launch("", 300, j, "--training.steps 4 --checkpoint.enable true --checkpoint.folder /proc/ctitan-no/ck",
+                       out, sizeof(out));
     assert_int_not_equal(rc, 0);
     if (!strstr(out, "checkpoint.folder") || !strstr(out, "/proc/ctitan-no/ck") || strstr(out, "step     1"))
         fail_msg("exit status %d:\n%s", rc, out);
@@ -187,18 +88,18 @@ static void test_inputs_a_run_whose_last_checkpoint_fails_does_not_succeed(void 
     TU_NEED_BIN();
     static char out[1 << 16];
     char j[32], extra[512], ck[256], path[300];
-    job_name(j, sizeof(j), "cklost");
-    snprintf(ck, sizeof(ck), "%s/ck-%s", g_dir, j);
+    tj_name(j, sizeof(j), 'i', "cklost");
+    snprintf(ck, sizeof(ck), "%s/ck-%s", tj_dir, j);
     snprintf(extra, sizeof(extra), "--training.steps 3000 --metrics.log_freq 1000 --checkpoint.enable true "
              "--checkpoint.interval 1000 --checkpoint.folder %s --job.max_restarts 0", ck); /* the failure itself */
-    pid_t pid = launch_bg(j, extra);
-    assert_int_equal(wait_step(j, 2, 60), 0);
+    pid_t pid = tj_launch_bg(j, extra);
+    assert_int_equal(tj_wait_step(j, 2, 60), 0);
     assert_int_equal(tu_rmtree(ck), 0);
     FILE *f = fopen(ck, "w");
     assert_non_null(f);
     fclose(f);
     int rc = tu_reap(pid, 300, NULL);
-    snprintf(path, sizeof(path), "%s/%s.out", g_dir, j);
+    snprintf(path, sizeof(path), "%s/%s.out", tj_dir, j);
     tu_read_file(path, out, sizeof(out));
     if (rc != 1 || !strstr(out, "step 3000") || !strstr(out, "0 of 3"))
         fail_msg("exit status %d:\n%s", rc, out);
@@ -225,8 +126,8 @@ static void test_inputs_a_model_too_large_for_the_memory_is_refused_before_any_s
     TU_NEED_BIN();
     static char out[1 << 16];
     char j[32];
-    job_name(j, sizeof(j), "huge");
-    int rc = launch(MEMORY_NET, j, "--model.n_layers 4096 --model.dim 2048", out, sizeof(out));
+    tj_name(j, sizeof(j), 'i', "huge");
+    int rc = tj_launch(MEMORY_NET, 300, j, "--model.n_layers 4096 --model.dim 2048", out, sizeof(out));
     if (rc != 1 || !strstr(out, "needs") || !strstr(out, "GiB of memory") || !strstr(out, "available") ||
         strstr(out, "cannot map"))
         fail_msg("exit status %d:\n%s", rc, out);

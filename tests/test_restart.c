@@ -21,113 +21,34 @@
 
 #include "ipc/shm.h"
 #include "ipc/util.h"
-#include "tests/testutil.h"
+#include "tests/testjob.h"
 #include "tools/supervise.h"
 
 #define MAX_STEPS 4096
 
-static char g_dir[64]; /* temp dir: data/ from ctitan prep, runs/, metrics files */
-
 static void sleep_ms(int ms) { nanosleep(&(struct timespec){ms / 1000, (ms % 1000) * 1000000L}, NULL); }
 
-static int setup(void **state)
-{
-    if (access(tu_ctitan(), X_OK))
-        return 0; /* each test skips */
-    snprintf(g_dir, sizeof(g_dir), "/tmp/ctitan-restart-XXXXXX");
-    if (!mkdtemp(g_dir))
-        return -1;
-    char path[256], cmd[1024], out[8192];
-    snprintf(path, sizeof(path), "%s/corpus.txt", g_dir);
-    FILE *f = fopen(path, "w");
-    if (!f)
-        return -1;
-    for (int i = 0; i < 20000; i++)
-        fprintf(f, "w%d%s", (i * 5) % 53, i % 7 == 6 ? ".\n" : " ");
-    fclose(f);
-    snprintf(cmd, sizeof(cmd), "%s prep --vocab 300 --out %s/data %s 2>&1", tu_ctitan(), g_dir, path);
-    return tu_run(cmd, out, sizeof(out)) == 0 ? 0 : -1;
-}
+static int setup(void **state) { return tj_setup("restart"); }
+static int teardown(void **state) { return tj_teardown(); }
 
-static int teardown(void **state)
-{
-    if (g_dir[0])
-        tu_rmtree(g_dir);
-    return 0;
-}
+static void job_name(char *buf, size_t n, const char *what) { tj_name(buf, n, 'r', what); }
 
-static void job_name(char *buf, size_t n, const char *what) { snprintf(buf, n, "r%d%s", (int)getpid(), what); }
-
-/* The arguments of a test run of job `job` (the tiny manifest, its own dump folder and metrics
- * file, quiet progress), then `extra`. */
-static void job_args(char *buf, size_t n, const char *job, const char *extra)
-{
-    snprintf(buf, n,
-             "launch manifests/tiny.toml --job.name %s --job.dump_folder %s/runs/%s "
-             "--loader.dataset_path %s/data/train.bin --metrics.file %s/%s.jsonl --metrics.peak_tflops 1 "
-             "--metrics.log_freq 100000 %s",
-             job, g_dir, job, g_dir, g_dir, job, extra);
-}
+#define QUIET "--metrics.log_freq 100000 " /* no progress lines but the restarts' */
 
 /* Runs `ctitan launch` to its end (env: variables for it, or ""); returns its exit status. */
 static int launch(const char *env, const char *job, const char *extra, char *out, size_t outlen)
 {
-    char args[2048], cmd[4096];
-    job_args(args, sizeof(args), job, extra);
-    snprintf(cmd, sizeof(cmd), "%s timeout 120 %s %s 2>&1", env, tu_ctitan(), args);
-    return tu_run(cmd, out, outlen);
+    char args[2048];
+    snprintf(args, sizeof(args), QUIET "%s", extra);
+    return tj_launch(env, 120, job, args, out, outlen);
 }
 
-/* Starts `ctitan launch` in the background with its output in DIR/JOB.out; returns its pid. */
+/* Starts it in the background, output in DIR/JOB.out; returns its pid. */
 static pid_t launch_bg(const char *job, const char *extra)
 {
-    char args[2048], line[4096], *argv[128], out[256];
-    job_args(args, sizeof(args), job, extra);
-    snprintf(line, sizeof(line), "%s %s", tu_ctitan(), args);
-    int argc = 0;
-    for (char *t = strtok(line, " "); t && argc < 127; t = strtok(NULL, " "))
-        argv[argc++] = t;
-    argv[argc] = NULL;
-    snprintf(out, sizeof(out), "%s/%s.out", g_dir, job);
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    return pid;
-}
-
-static void read_out(const char *job, char *buf, size_t n)
-{
-    char path[256];
-    snprintf(path, sizeof(path), "%s/%s.out", g_dir, job);
-    tu_read_file(path, buf, n);
-}
-
-static void read_metrics(const char *job, char *buf, size_t n)
-{
-    char path[256];
-    snprintf(path, sizeof(path), "%s/%s.jsonl", g_dir, job);
-    tu_read_file(path, buf, n);
-}
-
-/* Waits until job's metrics file has reached `step`; 0 or -1 after timeout_s. */
-static int wait_step(const char *job, int step, int timeout_s)
-{
-    static char buf[1 << 20];
-    char need[64];
-    snprintf(need, sizeof(need), "{\"step\": %d,", step);
-    for (int i = 0; i < timeout_s * 100; i++) {
-        read_metrics(job, buf, sizeof(buf));
-        if (strstr(buf, need))
-            return 0;
-        sleep_ms(10);
-    }
-    return -1;
+    char args[2048];
+    snprintf(args, sizeof(args), QUIET "%s", extra);
+    return tj_launch_bg(job, args);
 }
 
 /* Waits until job's output says `needle`; 0 or -1 after timeout_s. */
@@ -135,7 +56,7 @@ static int wait_output(const char *job, const char *needle, int timeout_s)
 {
     static char buf[1 << 20];
     for (int i = 0; i < timeout_s * 100; i++) {
-        read_out(job, buf, sizeof(buf));
+        tj_read_out(job, buf, sizeof(buf));
         if (strstr(buf, needle))
             return 0;
         sleep_ms(10);
@@ -150,7 +71,7 @@ static int wait_resumed(const char *job, int n, int timeout_s)
     char need[64];
     snprintf(need, sizeof(need), "{\"restart\": %d,", n);
     for (int i = 0; i < timeout_s * 200; i++) {
-        read_metrics(job, buf, sizeof(buf));
+        tj_read_metrics(job, buf, sizeof(buf));
         const char *r = strstr(buf, need);
         if (r && strstr(r, "\n{\"step\": "))
             return 0;
@@ -169,27 +90,6 @@ static int count(const char *s, const char *needle)
 }
 
 /* ---- leftovers ---- */
-
-/* Processes whose environment names the job (workers carry CTITAN_JOB). */
-static int job_procs(const char *job)
-{
-    char want[128], path[300], env[16384];
-    int wl = snprintf(want, sizeof(want), "CTITAN_JOB=%s", job) + 1, n = 0;
-    DIR *d = opendir("/proc");
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        snprintf(path, sizeof(path), "/proc/%s/environ", e->d_name);
-        int fd = e->d_name[0] >= '1' && e->d_name[0] <= '9' ? open(path, O_RDONLY) : -1;
-        if (fd < 0)
-            continue;
-        ssize_t k = read(fd, env, sizeof(env));
-        close(fd);
-        for (ssize_t i = 0; i + wl <= k; i += (ssize_t)strlen(env + i) + 1)
-            n += !memcmp(env + i, want, (size_t)wl);
-    }
-    closedir(d);
-    return n;
-}
 
 /* Processes in process group pgid. */
 static int group_procs(pid_t pgid)
@@ -215,7 +115,7 @@ static int group_procs(pid_t pgid)
 static void assert_clean(const char *job, const pid_t *groups, int n)
 {
     char names[64][SHM_NAME_MAX];
-    assert_int_equal(job_procs(job), 0);
+    assert_int_equal(tj_job_procs(job), 0);
     for (int i = 0; i < n; i++)
         if (group_procs(groups[i])) {
             print_error("process group %d of job %s still has processes\n", (int)groups[i], job);
@@ -239,7 +139,7 @@ typedef struct {
 static void parse_metrics(const char *job, metrics_t *mt)
 {
     char path[256], line[4096];
-    snprintf(path, sizeof(path), "%s/%s.jsonl", g_dir, job);
+    snprintf(path, sizeof(path), "%s/%s.jsonl", tj_dir, job);
     FILE *f = fopen(path, "r");
     assert_non_null(f);
     memset(mt, 0, sizeof(*mt));
@@ -336,7 +236,7 @@ static void test_restart_killed_stage_resumes_from_the_newest_checkpoint_bitwise
     if (rc)
         fail_msg("the reference run: status %d:\n%s", rc, out);
     pid_t pid = launch_bg(j, CKPT_ARGS);
-    assert_int_equal(wait_step(j, KILL_AFTER, 60), 0);
+    assert_int_equal(tj_wait_step(j, KILL_AFTER, 60), 0);
     pid_t coord = tu_descendant_named(pid, "ctitan-coord"), st = tu_stage_pid(pid, 1);
     assert_true(coord > 0 && st > 0);
     double t0 = util_now();
@@ -344,7 +244,7 @@ static void test_restart_killed_stage_resumes_from_the_newest_checkpoint_bitwise
     assert_int_equal(wait_resumed(j, 1, 60), 0);
     print_message("a stage killed -9: first step after the resume %.3f s later\n", util_now() - t0);
     rc = tu_reap(pid, 60, NULL);
-    read_out(j, out, sizeof(out));
+    tj_read_out(j, out, sizeof(out));
     if (rc)
         fail_msg("status %d:\n%s", rc, out);
     int resume = assert_resumed_bitwise(j, ref, 400);
@@ -383,7 +283,7 @@ static void test_restart_killed_coordinator_resumes_from_the_newest_checkpoint_b
     if (rc)
         fail_msg("the reference run: status %d:\n%s", rc, out);
     pid_t pid = launch_bg(j, CKPT250_ARGS);
-    assert_int_equal(wait_step(j, 250, 60), 0);
+    assert_int_equal(tj_wait_step(j, 250, 60), 0);
     double t_250 = util_now(); /* step 250 ended at most a poll before */
     assert_int_equal(wait_output(j, "checkpoint: step 250 saved", 60), 0);
     pid_t coord[2] = {tu_descendant_named(pid, "ctitan-coord"), 0};
@@ -396,7 +296,7 @@ static void test_restart_killed_coordinator_resumes_from_the_newest_checkpoint_b
     assert_int_equal(rc, 0);
     print_message("the coordinator killed -9: first step after the resume %.3f s later\n", took);
     rc = tu_reap(pid, 60, NULL);
-    read_out(j, out, sizeof(out));
+    tj_read_out(j, out, sizeof(out));
     if (rc)
         fail_msg("status %d:\n%s", rc, out);
     int resume = assert_resumed_bitwise(j, ref, 1000);
@@ -414,7 +314,7 @@ static void test_restart_killed_coordinator_resumes_from_the_newest_checkpoint_b
     assert_int_equal(count(out, "\nrestart "), 1);
     assert_non_null(strstr(out, "the coordinator was killed by signal 9"));
     /* the run folder's operator key went with the relaunch's own clean-up */
-    snprintf(path, sizeof(path), "%s/runs/%s/run/operator.key", g_dir, j);
+    snprintf(path, sizeof(path), "%s/runs/%s/run/operator.key", tj_dir, j);
     assert_int_not_equal(access(path, F_OK), 0);
     assert_clean(j, coord, coord[1] ? 2 : 1);
     assert_clean(ref, NULL, 0);
@@ -430,19 +330,19 @@ static void test_restart_a_killed_coordinator_is_cleaned_up_and_not_restarted_wi
     char j[32], path[300];
     job_name(j, sizeof(j), "norestart");
     pid_t pid = launch_bg(j, "--training.steps 1000000 --job.max_restarts 0");
-    assert_int_equal(wait_step(j, 3, 60), 0);
+    assert_int_equal(tj_wait_step(j, 3, 60), 0);
     pid_t coord = tu_descendant_named(pid, "ctitan-coord");
     assert_true(coord > 0);
     kill(coord, SIGKILL);
     int rc = tu_reap(pid, 30, NULL);
-    read_out(j, out, sizeof(out));
+    tj_read_out(j, out, sizeof(out));
     if (rc != 1 || strstr(out, "\nrestart ") || !strstr(out, "the coordinator was killed by signal 9 (Killed) (not "
                                                            "restarted: job.max_restarts = 0)") ||
         !strstr(out, "removed the shared-memory segments, control socket and operator key"))
         fail_msg("status %d:\n%s", rc, out);
-    snprintf(path, sizeof(path), "%s/runs/%s/run/operator.key", g_dir, j);
+    snprintf(path, sizeof(path), "%s/runs/%s/run/operator.key", tj_dir, j);
     assert_int_not_equal(access(path, F_OK), 0);
-    snprintf(path, sizeof(path), "%s/runs/%s/ctl.sock", g_dir, j);
+    snprintf(path, sizeof(path), "%s/runs/%s/ctl.sock", tj_dir, j);
     assert_int_not_equal(access(path, F_OK), 0);
     assert_clean(j, &coord, 1);
 }
@@ -464,7 +364,7 @@ static void test_restart_a_failure_at_the_same_step_stops_after_max_restarts(voi
         fail_msg("status %d:\n%s", rc, out);
     assert_non_null(strstr(out, "relaunching in 50 ms"));
     assert_non_null(strstr(out, "relaunching in 100 ms")); /* doubled: the second in a row */
-    read_metrics(j, metrics, sizeof(metrics));
+    tj_read_metrics(j, metrics, sizeof(metrics));
     assert_int_equal(count(metrics, "{\"restart\": "), 2);
     assert_int_equal(count(metrics, "{\"step\": 4,"), 3); /* each run got as far */
     assert_int_equal(count(metrics, "{\"step\": 5,"), 0);
@@ -479,7 +379,7 @@ static void test_restart_a_failure_before_the_first_step_is_not_restarted(void *
     static char out[1 << 16];
     char j[32], extra[512];
     job_name(j, sizeof(j), "nodata");
-    snprintf(extra, sizeof(extra), "--loader.dataset_path %s/missing.bin", g_dir);
+    snprintf(extra, sizeof(extra), "--loader.dataset_path %s/missing.bin", tj_dir);
     int rc = launch("", j, extra, out, sizeof(out));
     if (rc != 1 || count(out, "missing.bin") != 1 || strstr(out, "\nrestart ") || strstr(out, "not restarted"))
         fail_msg("status %d:\n%s", rc, out);
@@ -496,7 +396,7 @@ static void test_restart_status_shows_the_restarts_and_ctrl_c_ends_without_one(v
     char j[32], cmd[512];
     job_name(j, sizeof(j), "status");
     pid_t pid = launch_bg(j, "--training.steps 1000000 --job.restart_backoff_ms 0");
-    assert_int_equal(wait_step(j, 3, 60), 0);
+    assert_int_equal(tj_wait_step(j, 3, 60), 0);
     pid_t coord[2] = {tu_descendant_named(pid, "ctitan-coord"), 0}, st = tu_stage_pid(pid, 0);
     assert_true(coord[0] > 0 && st > 0);
     kill(st, SIGKILL);
@@ -510,7 +410,7 @@ static void test_restart_status_shows_the_restarts_and_ctrl_c_ends_without_one(v
         fail_msg("status %d: %s", rc, out);
     kill(pid, SIGINT);
     assert_int_equal(tu_reap(pid, 30, NULL), 130);
-    read_out(j, out, sizeof(out));
+    tj_read_out(j, out, sizeof(out));
     assert_int_equal(count(out, "\nrestart "), 1);
     assert_non_null(strstr(out, "interrupted by Interrupt"));
     assert_clean(j, coord, 2);

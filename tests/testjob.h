@@ -1,0 +1,149 @@
+/* What the test programs that run whole jobs share (test_launch_inputs, test_restart): one temp
+ * folder per program holding data/ (`ctitan prep` of a generated corpus), runs/, and each job's
+ * metrics (JOB.jsonl) and output (JOB.out); jobs of manifests/tiny.toml started in the
+ * foreground or the background; waiting on a job's metrics; the processes a job left.
+ * Header-only (static functions, one copy per program) like testutil.h; include cmocka first. */
+#ifndef CTITAN_TESTJOB_H
+#define CTITAN_TESTJOB_H
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tests/testutil.h"
+
+static char tj_dir[64]; /* the program's temp folder ("" when the programs are not built) */
+
+/* cmocka group set-up: the temp folder /tmp/ctitan-TAG-XXXXXX and its data/. Without a built
+ * ctitan it does nothing and each test skips (TU_NEED_BIN). */
+static inline int tj_setup(const char *tag)
+{
+    if (access(tu_ctitan(), X_OK))
+        return 0;
+    snprintf(tj_dir, sizeof(tj_dir), "/tmp/ctitan-%s-XXXXXX", tag);
+    if (!mkdtemp(tj_dir))
+        return -1;
+    char path[256], cmd[1024], out[8192];
+    snprintf(path, sizeof(path), "%s/corpus.txt", tj_dir);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return -1;
+    for (int i = 0; i < 20000; i++)
+        fprintf(f, "w%d%s", (i * 7) % 61, i % 9 == 8 ? ".\n" : " ");
+    fclose(f);
+    snprintf(cmd, sizeof(cmd), "%s prep --vocab 300 --out %s/data %s 2>&1", tu_ctitan(), tj_dir, path);
+    return tu_run(cmd, out, sizeof(out)) == 0 ? 0 : -1;
+}
+
+static inline int tj_teardown(void)
+{
+    if (tj_dir[0])
+        tu_rmtree(tj_dir);
+    return 0;
+}
+
+/* A job name of this program's run: TAG, the pid, then what. */
+static inline void tj_name(char *buf, size_t n, char tag, const char *what)
+{
+    snprintf(buf, n, "%c%d%s", tag, (int)getpid(), what);
+}
+
+/* The arguments of a run of job `job` (the tiny manifest, its own dump folder and metrics
+ * file), then `extra`. */
+static inline void tj_args(char *buf, size_t n, const char *job, const char *extra)
+{
+    snprintf(buf, n,
+             "launch manifests/tiny.toml --job.name %s --job.dump_folder %s/runs/%s "
+             "--loader.dataset_path %s/data/train.bin --metrics.file %s/%s.jsonl --metrics.peak_tflops 1 %s",
+             job, tj_dir, job, tj_dir, tj_dir, job, extra);
+}
+
+/* Runs `ctitan launch` to its end under `timeout timeout_s` (prefix: e.g. variables or a
+ * ulimit, or ""); returns its exit status, its output in out. */
+static inline int tj_launch(const char *prefix, int timeout_s, const char *job, const char *extra, char *out,
+                            size_t outlen)
+{
+    char args[4096], cmd[8192];
+    tj_args(args, sizeof(args), job, extra);
+    snprintf(cmd, sizeof(cmd), "%s timeout %d %s %s 2>&1", prefix, timeout_s, tu_ctitan(), args);
+    return tu_run(cmd, out, outlen);
+}
+
+/* Starts `ctitan launch` in the background with its output in DIR/JOB.out; returns its pid. */
+static inline pid_t tj_launch_bg(const char *job, const char *extra)
+{
+    char args[4096], line[8192], *argv[128], out[256];
+    tj_args(args, sizeof(args), job, extra);
+    snprintf(line, sizeof(line), "%s %s", tu_ctitan(), args);
+    int argc = 0;
+    for (char *t = strtok(line, " "); t && argc < 127; t = strtok(NULL, " "))
+        argv[argc++] = t;
+    argv[argc] = NULL;
+    snprintf(out, sizeof(out), "%s/%s.out", tj_dir, job);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* Job's output (of tj_launch_bg) and metrics file. */
+static inline void tj_read_out(const char *job, char *buf, size_t n)
+{
+    char path[256];
+    snprintf(path, sizeof(path), "%s/%s.out", tj_dir, job);
+    tu_read_file(path, buf, n);
+}
+
+static inline void tj_read_metrics(const char *job, char *buf, size_t n)
+{
+    char path[256];
+    snprintf(path, sizeof(path), "%s/%s.jsonl", tj_dir, job);
+    tu_read_file(path, buf, n);
+}
+
+/* Waits until job's metrics file has reached `step`; 0 or -1 after timeout_s. */
+static inline int tj_wait_step(const char *job, int step, int timeout_s)
+{
+    static char buf[1 << 20];
+    char need[64];
+    snprintf(need, sizeof(need), "{\"step\": %d,", step);
+    for (int i = 0; i < timeout_s * 100; i++) {
+        tj_read_metrics(job, buf, sizeof(buf));
+        if (strstr(buf, need))
+            return 0;
+        nanosleep(&(struct timespec){0, 10000000L}, NULL);
+    }
+    return -1;
+}
+
+/* Processes whose environment names the job (workers carry CTITAN_JOB). */
+static inline int tj_job_procs(const char *job)
+{
+    char want[128], path[300], env[16384];
+    int wl = snprintf(want, sizeof(want), "CTITAN_JOB=%s", job) + 1, n = 0;
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        snprintf(path, sizeof(path), "/proc/%s/environ", e->d_name);
+        int fd = e->d_name[0] >= '1' && e->d_name[0] <= '9' ? open(path, O_RDONLY) : -1;
+        if (fd < 0)
+            continue;
+        ssize_t k = read(fd, env, sizeof(env));
+        close(fd);
+        for (ssize_t i = 0; i + wl <= k; i += (ssize_t)strlen(env + i) + 1)
+            n += !memcmp(env + i, want, (size_t)wl);
+    }
+    closedir(d);
+    return n;
+}
+
+#endif

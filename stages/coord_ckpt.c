@@ -48,7 +48,7 @@ void coord_start_checkpoint(coord_t *c, int64_t done)
     c->ck_step = done;
     coord_note_checkpoint(c, done);
     c->ck_snapped = 0;
-    c->ck_saving = 0;
+    c->ck_saving = c->ck_save_due = 0;
     for (int k = 0; k < c->m->shards; k++)
         coord_shard(c, k)->snapped = 0;
     c->ck_t0 = util_now();
@@ -68,15 +68,24 @@ const char *coord_on_snapped(coord_t *c, coord_proc_t *p, const ctl_peer_t *from
     if (++c->ck_snapped != c->m->shards)
         return NULL;
     /* every shard has copied its state: checkpointd takes it from here */
-    msg_t save = {.type = MSG_SAVE, .step = c->ck_step};
-    coord_proc_t *d = coord_ckptd(c);
-    if (!d->route[0] || ctl_send(c->ctl, d->route, &save)) { /* it just died: coord_reap() restarts it */
-        fprintf(stderr, "ctitan: cannot reach checkpointd: no checkpoint of step %lld\n", (long long)c->ck_step);
-        c->ck_busy = 0;
-        return NULL;
-    }
-    c->ck_saving = 1;
+    c->ck_save_due = 1;
+    coord_ckpt_save(c);
     return NULL;
+}
+
+/* Hands the whole snapshot in the staging segment to checkpointd (SAVE), now if it is ready,
+ * else when it says ready: a checkpointd restarted while it wrote, or before it took the
+ * snapshot, writes the same snapshot again, which nothing touches until SAVED. */
+void coord_ckpt_save(coord_t *c)
+{
+    coord_proc_t *d = coord_ckptd(c);
+    if (!c->ck_save_due || !d->ready)
+        return;
+    msg_t save = {.type = MSG_SAVE, .step = c->ck_step};
+    if (ctl_send(c->ctl, d->route, &save)) /* it just died: coord_reap() restarts it, and SAVE waits */
+        return;
+    c->ck_save_due = 0;
+    c->ck_saving = 1;
 }
 
 /* Only the answer to the SAVE in flight ends a checkpoint: until then checkpointd reads the

@@ -107,6 +107,8 @@ static const char *on_ready(coord_t *c, coord_proc_t *p, const ctl_peer_t *from,
         return "it is ready already";
     p->ready = 1;
     LOG_D("%s is ready (pid %d)", coord_who(p, name, sizeof(name)), (int)p->pid);
+    if (p->role == COORD_CKPTD)
+        coord_ckpt_save(c); /* a checkpoint its predecessor did not finish */
     return NULL;
 }
 

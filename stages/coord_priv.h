@@ -114,6 +114,8 @@ typedef struct {
     /* checkpoints: at most one in flight, from SNAPSHOT to SAVED (coord_ckpt.c) */
     int ck_busy, ck_snapped, ckptd_restarts;
     int ck_saving;                    /* SAVE sent: checkpointd writes it, SAVED is expected */
+    int ck_save_due;                  /* the snapshot is whole but no checkpointd took it yet (a new
+                                       * one not ready): SAVE goes when it is */
     int64_t ck_step;
     double ck_t0;
     int ck_started, ck_saved;         /* this run's checkpoints: snapshots begun, SAVED ok */
@@ -247,6 +249,9 @@ int coord_resume_host(coord_t *c, char *err, size_t errlen);
 void coord_start_checkpoint(coord_t *c, int64_t done);
 /* Waits for the checkpoint in flight. Returns 0, or -1 once the job failed or was interrupted. */
 int coord_ckpt_wait(coord_t *c);
+/* Sends SAVE for the whole snapshot when one is due and checkpointd is ready (it is called
+ * again when a restarted checkpointd says ready). */
+void coord_ckpt_save(coord_t *c);
 /* After the last step: a run whose last checkpoint was not written fails (its final state is
  * not saved), saying why and how many of its checkpoints were written. */
 void coord_ckpt_check_last(coord_t *c);

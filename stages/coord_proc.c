@@ -184,15 +184,17 @@ static void restart_loader(coord_t *c, const char *how)
     LOG_W("loader %s; restarted (pid %d) from the cursor of step %lld", how, (int)L->pid, (long long)from);
 }
 
-/* checkpointd died or was killed for hanging: the checkpoint it was writing is lost (its
- * temporary directory never becomes a checkpoint); training goes on with a new daemon. */
+/* checkpointd died or was killed for hanging: its temporary directory never becomes a
+ * checkpoint, and the new daemon writes the checkpoint in flight again from the staging
+ * segment (coord_ckpt_save, once it is ready); training goes on meanwhile. */
 static void restart_ckptd(coord_t *c, const char *how)
 {
     coord_proc_t *d = coord_ckptd(c);
-    if (c->ck_busy) {
-        fprintf(stderr, "ctitan: checkpointd %s while writing the checkpoint of step %lld: that checkpoint is "
-                "lost, training goes on\n", how, (long long)c->ck_step);
-        c->ck_busy = c->ck_saving = 0;
+    if (c->ck_saving) {
+        fprintf(stderr, "ctitan: checkpointd %s while writing the checkpoint of step %lld: a new checkpointd "
+                "writes it again, training goes on\n", how, (long long)c->ck_step);
+        c->ck_saving = 0;
+        c->ck_save_due = 1;
     }
     if (++c->ckptd_restarts > MAX_CKPTD_RESTARTS) {
         coord_fail_proc(c, d, "checkpointd %s, and it has been restarted %d times already", how, MAX_CKPTD_RESTARTS);

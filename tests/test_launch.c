@@ -380,7 +380,10 @@ static void test_launch_checkpoint_due_while_one_is_written_waits_and_says_so(vo
     assert_same_losses(ref, a, 12);
 }
 
-static void test_launch_checkpointd_killed_mid_write_is_restarted(void **state)
+/* checkpointd killed while it writes step 4: a new one writes step 4 again from the staging
+ * segment (no checkpoint lost, issue 13), the killed one's temporary directory never becomes a
+ * checkpoint, and training goes on bitwise. */
+static void test_launch_checkpointd_killed_mid_write_is_restarted_and_rewrites_it(void **state)
 {
     TU_NEED_BIN();
     static char out[1 << 16];
@@ -417,13 +420,16 @@ static void test_launch_checkpointd_killed_mid_write_is_restarted(void **state)
     if (!WIFEXITED(st) || WEXITSTATUS(st))
         print_error("%s\n", out);
     assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-    assert_non_null(strstr(out, "while writing the checkpoint of step 4: that checkpoint is lost"));
+    assert_non_null(strstr(out, "while writing the checkpoint of step 4: a new checkpointd writes it again"));
+    assert_non_null(strstr(out, "checkpoint: step 4 saved to"));
     assert_non_null(strstr(out, "checkpoint: step 8 saved to"));
-    /* step 4 never became a checkpoint, its temporary directory is gone, 8 and 12 verify */
+    /* the killed writer's temporary directory never became a checkpoint and is gone; step 4,
+     * written again from the staging segment, 8 and 12 verify */
     int64_t *steps;
-    assert_int_equal(ckpt_list(dir, &steps), 2);
-    assert_int_equal(steps[0], 8);
-    assert_int_equal(steps[1], 12);
+    assert_int_equal(ckpt_list(dir, &steps), 3);
+    assert_int_equal(steps[0], 4);
+    assert_int_equal(steps[1], 8);
+    assert_int_equal(steps[2], 12);
     free(steps);
     DIR *dd = opendir(dir);
     struct dirent *e;
@@ -434,9 +440,17 @@ static void test_launch_checkpointd_killed_mid_write_is_restarted(void **state)
     int bad;
     snprintf(p8, sizeof(p8), "%s/step-00000008", dir);
     assert_int_equal(ckpt_verify(p8, NULL, &bad, err, sizeof(err)), 0);
+    snprintf(p8, sizeof(p8), "%s/step-00000004", dir);
+    assert_int_equal(ckpt_verify(p8, NULL, &bad, err, sizeof(err)), 0);
     /* and training never noticed */
     assert_same_losses(ref, a, 12);
     assert_clean(a);
+    /* the rewritten step 4 is the real one: a run resumed from it goes on as the reference */
+    char b[32], extra[400];
+    job_name(b, sizeof(b), "ckkb");
+    snprintf(extra, sizeof(extra), "--checkpoint.load %s/step-00000004", dir);
+    assert_int_equal(launch(b, extra, out, sizeof(out)), 0);
+    assert_resumed_losses(ref, b, 4, 12);
 }
 
 /* Starts `checkpointd --listen` on a free loopback port; returns its pid and the endpoint. */
@@ -2001,7 +2015,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_launch_latest_falls_back_past_a_corrupt_checkpoint),
         cmocka_unit_test(test_launch_keeps_the_latest_k_checkpoints),
         cmocka_unit_test(test_launch_checkpoint_due_while_one_is_written_waits_and_says_so),
-        cmocka_unit_test(test_launch_checkpointd_killed_mid_write_is_restarted),
+        cmocka_unit_test(test_launch_checkpointd_killed_mid_write_is_restarted_and_rewrites_it),
         cmocka_unit_test(test_launch_streams_checkpoints_to_a_remote_checkpointd),
         cmocka_unit_test(test_launch_rejects_bad_checkpoint_keys),
         cmocka_unit_test(test_launch_missing_checkpoint_is_named_once_with_the_reason),

@@ -18,6 +18,9 @@
 
 #include "ipc/util.h"
 
+/* What a run leaves in its run folder, removed at its end (and before it starts). */
+static const char *const run_files[] = {"operator.key", "coordinator.pub"};
+
 static int host_key_path(const coord_t *c, char *buf, size_t n, int host, const char *ext)
 {
     int k = snprintf(buf, n, "%s/host%d.%s", c->m->job_keys, host, ext);
@@ -65,9 +68,8 @@ static int make_run_dir(coord_t *c, char *err, size_t errlen)
     if (chmod(path, 0700) != 0)
         return util_fail(err, errlen, -errno, "%s: cannot make it private: %s", path, strerror(errno));
     snprintf(c->run_dir, sizeof(c->run_dir), "%.990s/run", abs); /* fits: checked above */
-    const char *files[] = {"operator.key", "coordinator.pub"};
     for (int i = 0; i < 2; i++) {
-        snprintf(path, sizeof(path), "%s/%s", c->run_dir, files[i]);
+        snprintf(path, sizeof(path), "%s/%s", c->run_dir, run_files[i]);
         if (unlink(path) != 0 && errno != ENOENT)
             return util_fail(err, errlen, -errno, "%s: cannot remove the earlier run's: %s", path, strerror(errno));
     }
@@ -152,9 +154,8 @@ void coord_keys_revoke(coord_t *c, coord_proc_t *p)
 void coord_keys_remove_dir(const char *run_dir)
 {
     char path[PATH_MAX];
-    const char *files[] = {"operator.key", "coordinator.pub"};
     for (int i = 0; i < 2; i++) {
-        snprintf(path, sizeof(path), "%.4000s/%s", run_dir, files[i]);
+        snprintf(path, sizeof(path), "%.4000s/%s", run_dir, run_files[i]);
         unlink(path);
     }
     rmdir(run_dir);

@@ -86,9 +86,11 @@ typedef struct {
     /* out[b] = sum over block b = [b*block, (b+1)*block) of x[0, n) of x[i]^2 as double, in a
      * fixed order (the same bits for the same block wherever it sits) */
     int (*block_sumsq)(double *out, const float *x, size_t n, size_t block, void *stream);
-    /* AdamW as torch.optim.AdamW (ops_adamw) */
-    int (*adamw)(float *w, const float *g, float *m, float *v, size_t n, float lr, float beta1, float beta2,
-                 float eps, float wd, int step, void *stream);
+    /* AdamW as torch.optim.AdamW (ops_adamw_to): reads w0, m0, v0, writes w, m, v (the same
+     * arrays: in place; otherwise the sources are left untouched, and must not overlap the
+     * outputs) */
+    int (*adamw)(float *w, float *m, float *v, const float *w0, const float *m0, const float *v0, const float *g,
+                 size_t n, float lr, float beta1, float beta2, float eps, float wd, int step, void *stream);
     /* w[i] = x[i] in the backend's weight dtype (a copy on the CPU, bf16 round to nearest even
      * on CUDA) */
     int (*to_weights)(void *w, const float *x, size_t n, void *stream);

@@ -33,9 +33,12 @@ const cuda_plugin_t *cuda_plugin_load(char *err, size_t errlen)
     const cuda_plugin_t *(*get)(void);
     *(void **)&get = dlsym(so, "ctitan_cuda_plugin");
     const cuda_plugin_t *t = get ? get() : NULL;
-    if (!t || t->version < CUDA_PLUGIN_VERSION) {
-        snprintf(err, errlen, "%s: %s (rebuild it with `make`)", path,
-                 !t ? "no ctitan_cuda_plugin table" : "an older CUDA backend than this program");
+    if (!t || t->version != CUDA_PLUGIN_VERSION) {
+        if (!t)
+            snprintf(err, errlen, "%s: no ctitan_cuda_plugin table (rebuild it with `make`)", path);
+        else
+            snprintf(err, errlen, "%s: a CUDA backend of table version %d, this program's is %d (rebuild it with "
+                     "`make`)", path, t->version, CUDA_PLUGIN_VERSION);
         dlclose(so);
         return NULL;
     }

@@ -332,7 +332,8 @@ static double update(shard_t *sh, int64_t step, double scale)
         int decay = m->decay_embed_and_norms || params_is_decayed(p->kind);
         size_t o = b - sh->begin;
         float wd = decay ? (float)m->weight_decay : 0.0f;
-        BE_CHECK(sh, be->adamw(sh->state.master + o, g + o, sh->state.m1 + o, sh->state.m2 + o, e - b, (float)lr,
+        BE_CHECK(sh, be->adamw(sh->state.master + o, sh->state.m1 + o, sh->state.m2 + o, /* in place */
+                               sh->state.master + o, sh->state.m1 + o, sh->state.m2 + o, g + o, e - b, (float)lr,
                                (float)m->beta1, (float)m->beta2, (float)m->eps, wd, (int)step + 1, sh->stream),
                  "AdamW: %s", BE_WHY(sh));
     }

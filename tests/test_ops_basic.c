@@ -1,7 +1,8 @@
 /* Tests for the non-attention ops (kernels/cpu/ops_basic.c against kernels/ref/ref_basic.c):
  * fast fp32 vs double reference on awkward and multi-task sizes, finite differences of every
  * reference backward (and of the fast rmsnorm/matmul/swiglu backwards), bitwise determinism
- * across pool sizes, and AdamW pinned to hand-computed values. */
+ * across pool sizes, and AdamW pinned to hand-computed values and the same out of place as in
+ * place. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -328,6 +329,55 @@ static void test_adamw_matches_hand_computed_steps(void **state)
     assert_true(fabs(pf - 0.93471135424) < 1e-6);
     /* 0.999f is 0.99900001287, so 1 - beta2 in fp32 is 1.3e-5 off in relative terms */
     assert_true(fabs(mf + 0.055) < 1e-7 && fabs(vf - 0.00124975) < 1e-7);
+}
+
+/* Two banks of state, as a crash-consistent optimizer keeps them: each step reads one bank
+ * and writes the other. Every output must be the in-place run's, bit for bit (the outputs
+ * start as NaN, so an element left unwritten shows), and the bank read must stay as it was.
+ * Sizes with a short last block and a short last task; no pool and a pool of 3. */
+static void test_adamw_out_of_place_is_in_place_bitwise_and_keeps_the_sources(void **state)
+{
+    (void)state;
+    pool_t *pools[] = {NULL, pool_new(3)};
+    const size_t ns[] = {1, 255, 16384 * 2 + 77};
+    for (int pi = 0; pi < 2; pi++)
+        for (int k = 0; k < 3; k++) {
+            const size_t n = ns[k], bytes = n * sizeof(float);
+            float *ip = fbuf(n), *im = fbuf(n), *iv = fbuf(n), *g = fbuf(n), *saved = fbuf(3 * n);
+            float *bank[2][3];
+            for (int b = 0; b < 2; b++)
+                for (int j = 0; j < 3; j++)
+                    bank[b][j] = fbuf(n);
+            tu_fill(NULL, ip, n, 420, 1.0);
+            tu_fill(NULL, im, n, 421, 0.1);
+            tu_fill(NULL, iv, n, 422, 0.1);
+            for (size_t i = 0; i < n; i++) {
+                iv[i] *= iv[i]; /* second moments are >= 0 */
+                for (int j = 0; j < 3; j++)
+                    bank[1][j][i] = NAN;
+            }
+            memcpy(bank[0][0], ip, bytes), memcpy(bank[0][1], im, bytes), memcpy(bank[0][2], iv, bytes);
+            for (int step = 1; step <= 4; step++) {
+                float *const *src = bank[(step - 1) % 2], *const *dst = bank[step % 2];
+                tu_fill(NULL, g, n, 430 + step, step % 2 ? 0.1 : 2.0);
+                const float wd = step == 3 ? 0.0f : 0.1f;
+                for (int j = 0; j < 3; j++)
+                    memcpy(saved + j * n, src[j], bytes);
+                ops_adamw(pools[pi], ip, g, im, iv, n, 3e-3f, 0.9f, 0.95f, 1e-8f, wd, step);
+                ops_adamw_to(pools[pi], dst[0], dst[1], dst[2], src[0], src[1], src[2], g, n, 3e-3f, 0.9f, 0.95f,
+                             1e-8f, wd, step);
+                assert_memory_equal(dst[0], ip, bytes);
+                assert_memory_equal(dst[1], im, bytes);
+                assert_memory_equal(dst[2], iv, bytes);
+                for (int j = 0; j < 3; j++)
+                    assert_memory_equal(src[j], saved + j * n, bytes);
+            }
+            for (int b = 0; b < 2; b++)
+                for (int j = 0; j < 3; j++)
+                    free(bank[b][j]);
+            free(ip), free(im), free(iv), free(g), free(saved);
+        }
+    pool_destroy(&pools[1]);
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -757,6 +807,7 @@ int main(void)
         cmocka_unit_test(test_xent_matches_ref_and_allows_alias),
         cmocka_unit_test(test_adamw_several_steps_match_ref),
         cmocka_unit_test(test_adamw_matches_hand_computed_steps),
+        cmocka_unit_test(test_adamw_out_of_place_is_in_place_bitwise_and_keeps_the_sources),
         cmocka_unit_test(test_embed_bwd_ref_matches_finite_differences),
         cmocka_unit_test(test_rmsnorm_bwd_ref_matches_finite_differences),
         cmocka_unit_test(test_matmul_bwd_ref_matches_finite_differences),

@@ -440,7 +440,7 @@ void ops_xent(pool_t *p, float *dlogits, float *loss, const float *logits, const
 
 struct adamw_ctx {
     float *param, *m, *v;
-    const float *grad;
+    const float *param0, *m0, *v0, *grad;
     size_t n;
     float decay, beta1, beta2, step_size, bc2_sqrt, eps;
 };
@@ -465,7 +465,9 @@ static void sqrt_array(float *y, const float *x, int n)
 }
 
 /* Same arithmetic as torch's single-tensor AdamW: p *= 1 - lr*wd; m lerps towards g;
- * v = v*b2 + (1-b2) g g; p += -step_size * m / (sqrt(v)/sqrt(bc2) + eps). */
+ * v = v*b2 + (1-b2) g g; p += -step_size * m / (sqrt(v)/sqrt(bc2) + eps). Element i reads
+ * only element i of the sources before writing element i of the outputs, so in place (the
+ * same arrays) gives the same bits as out of place. */
 static void adamw_task(void *c, int t)
 {
     const struct adamw_ctx *a = c;
@@ -476,24 +478,31 @@ static void adamw_task(void *c, int t)
     for (size_t b0 = i0; b0 < i1; b0 += ADAMW_BLOCK) {
         int nb = (int)(i1 - b0 < ADAMW_BLOCK ? i1 - b0 : ADAMW_BLOCK);
         float *p = a->param + b0, *m = a->m + b0, *v = a->v + b0;
-        const float *g = a->grad + b0;
+        const float *p0 = a->param0 + b0, *m0 = a->m0 + b0, *v0 = a->v0 + b0, *g = a->grad + b0;
 #pragma omp simd
         for (int i = 0; i < nb; i++) {
-            m[i] = m[i] + w1 * (g[i] - m[i]);
-            v[i] = v[i] * b2 + w2 * g[i] * g[i];
+            m[i] = m0[i] + w1 * (g[i] - m0[i]);
+            v[i] = v0[i] * b2 + w2 * g[i] * g[i];
         }
         sqrt_array(den, v, nb);
 #pragma omp simd
         for (int i = 0; i < nb; i++)
-            p[i] = p[i] * decay - ss * (m[i] / (den[i] / bc2s + eps));
+            p[i] = p0[i] * decay - ss * (m[i] / (den[i] / bc2s + eps));
     }
+}
+
+void ops_adamw_to(pool_t *p, float *param, float *m, float *v, const float *param0, const float *m0,
+                  const float *v0, const float *grad, size_t n, float lr, float beta1, float beta2, float eps,
+                  float wd, int step)
+{
+    double bc1 = 1.0 - pow(beta1, step), bc2 = 1.0 - pow(beta2, step);
+    struct adamw_ctx a = {param, m, v, param0, m0, v0, grad, n, (float)(1.0 - (double)lr * wd), beta1, beta2,
+                          (float)(lr / bc1), (float)sqrt(bc2), eps};
+    pool_for(p, ceil_div((long)n, ADAMW_ELEMS), adamw_task, &a);
 }
 
 void ops_adamw(pool_t *p, float *param, const float *grad, float *m, float *v, size_t n, float lr,
                float beta1, float beta2, float eps, float wd, int step)
 {
-    double bc1 = 1.0 - pow(beta1, step), bc2 = 1.0 - pow(beta2, step);
-    struct adamw_ctx a = {param, m, v, grad, n, (float)(1.0 - (double)lr * wd), beta1, beta2,
-                          (float)(lr / bc1), (float)sqrt(bc2), eps};
-    pool_for(p, ceil_div((long)n, ADAMW_ELEMS), adamw_task, &a);
+    ops_adamw_to(p, param, m, v, param, m, v, grad, n, lr, beta1, beta2, eps, wd, step);
 }

@@ -5,8 +5,10 @@
  * vector work, as the CPU's) and, after it, the CUDA-only calls of the GPU data planes
  * (stages/plane_ipc.c, plane_nccl.c): IPC memory and events, and NCCL.
  *
- * version counts layouts: fields are only ever appended to a layout; version 4 began this
- * one (the model and the optimizer's calls moved into the backend table). */
+ * version counts layouts, and the loader takes only its own: version 4 moved the model and
+ * the optimizer's calls into the backend table, version 5 gave the backend's adamw separate
+ * sources and outputs (a changed signature, not an appended field, so a plugin of another
+ * version is refused whichever is newer). */
 #ifndef CTITAN_CUDA_PLUGIN_H
 #define CTITAN_CUDA_PLUGIN_H
 
@@ -14,7 +16,7 @@
 #include "kernels/cuda/cuda_dev.h"
 #include "kernels/cuda/cuda_nccl.h"
 
-#define CUDA_PLUGIN_VERSION 4
+#define CUDA_PLUGIN_VERSION 5
 
 typedef struct {
     int version;

@@ -1,4 +1,5 @@
-/* GPU AdamW against the double reference; skipped with a message where there is no GPU. */
+/* GPU AdamW against the double reference, and out of place the same bits as in place;
+ * skipped with a message where there is no GPU. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -31,20 +32,75 @@ static void test_cuda_adamw_matches_reference_over_steps(void **state)
     for (int step = 1; step <= 5; step++) {
         tu_fill(gd, g, n, 100 + step, 0.1);
         cuda_copy_to_device(dg, g, n * 4);
-        assert_int_equal(cuda_adamw(dp, dg, dm, dv, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, NULL), 0);
+        assert_int_equal(cuda_adamw(dp, dm, dv, dp, dm, dv, dg, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, NULL), 0);
         ref_adamw(pd, gd, md, vd, n, 1e-3, 0.9, 0.95, 1e-8, 0.1, step);
     }
     assert_int_equal(cuda_copy_to_host(out, dp, n * 4), 0);
     assert_int_equal(tu_compare("adamw param", out, pd, n, 1e-6, 1e-5), 0);
-    assert_int_equal(cuda_adamw(dp, dg, dm, dv, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0, NULL), -22);
+    assert_int_equal(cuda_adamw(dp, dm, dv, dp, dm, dv, dg, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0, NULL), -22);
     cuda_free(dp), cuda_free(dg), cuda_free(dm), cuda_free(dv);
     free(p), free(g), free(out), free(pd), free(gd), free(md), free(vd), free(zero);
+}
+
+/* Two banks of state on the device, each step reading one and writing the other: the bits of
+ * the in-place run, the bank read left as it was (the outputs start as NaN, so an element
+ * left unwritten shows). */
+static void test_cuda_adamw_out_of_place_is_in_place_bitwise(void **state)
+{
+    if (cuda_device_count() == 0) {
+        print_message("no CUDA device: skipping (%s)\n", cuda_last_error());
+        skip();
+    }
+    const size_t n = 16384 * 2 + 77, bytes = n * sizeof(float);
+    float *h = malloc(bytes), *nan = malloc(bytes), *got = malloc(bytes), *want = malloc(bytes);
+    float *saved = malloc(3 * bytes);
+    float *in[3], *bank[2][3], *dg; /* in place: p, m, v; banks of p, m, v */
+    assert_int_equal(cuda_alloc((void **)&dg, bytes), 0);
+    for (size_t i = 0; i < n; i++)
+        nan[i] = NAN;
+    for (int j = 0; j < 3; j++) {
+        tu_fill(NULL, h, n, 500 + j, j ? 0.1 : 1.0);
+        if (j == 2)
+            for (size_t i = 0; i < n; i++)
+                h[i] *= h[i]; /* second moments are >= 0 */
+        assert_int_equal(cuda_alloc((void **)&in[j], bytes), 0);
+        assert_int_equal(cuda_alloc((void **)&bank[0][j], bytes), 0);
+        assert_int_equal(cuda_alloc((void **)&bank[1][j], bytes), 0);
+        assert_int_equal(cuda_copy_to_device(in[j], h, bytes), 0);
+        assert_int_equal(cuda_copy_to_device(bank[0][j], h, bytes), 0);
+        assert_int_equal(cuda_copy_to_device(bank[1][j], nan, bytes), 0);
+    }
+    for (int step = 1; step <= 4; step++) {
+        float *const *src = bank[(step - 1) % 2], *const *dst = bank[step % 2];
+        tu_fill(NULL, h, n, 510 + step, step % 2 ? 0.1 : 2.0);
+        assert_int_equal(cuda_copy_to_device(dg, h, bytes), 0);
+        for (int j = 0; j < 3; j++)
+            assert_int_equal(cuda_copy_to_host(saved + j * n, src[j], bytes), 0);
+        assert_int_equal(cuda_adamw(in[0], in[1], in[2], in[0], in[1], in[2], dg, n, 1e-3f, 0.9f, 0.95f, 1e-8f,
+                                    0.1f, step, NULL),
+                         0);
+        assert_int_equal(cuda_adamw(dst[0], dst[1], dst[2], src[0], src[1], src[2], dg, n, 1e-3f, 0.9f, 0.95f,
+                                    1e-8f, 0.1f, step, NULL),
+                         0);
+        for (int j = 0; j < 3; j++) {
+            assert_int_equal(cuda_copy_to_host(got, dst[j], bytes), 0);
+            assert_int_equal(cuda_copy_to_host(want, in[j], bytes), 0);
+            assert_memory_equal(got, want, bytes);
+            assert_int_equal(cuda_copy_to_host(got, src[j], bytes), 0);
+            assert_memory_equal(got, saved + j * n, bytes);
+        }
+    }
+    for (int j = 0; j < 3; j++)
+        cuda_free(in[j]), cuda_free(bank[0][j]), cuda_free(bank[1][j]);
+    cuda_free(dg);
+    free(h), free(nan), free(got), free(want), free(saved);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cuda_adamw_matches_reference_over_steps),
+        cmocka_unit_test(test_cuda_adamw_out_of_place_is_in_place_bitwise),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -165,11 +165,12 @@ $(BUILD)/bin/checkpointd: $(BUILD)/obj/checkpointd/main.o $(BUILD)/libctitan.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
-# build/bin/ctitan-<role> from its main (ROLE_PROGS)
+# build/bin/ctitan-<role> from its main (ROLE_PROGS); -rdynamic names the functions in the
+# stack a worker dumps on SIGABRT (the step watchdog)
 define role_prog
 $(BUILD)/bin/ctitan-$(word 1,$(subst :, ,$(1))): $(BUILD)/obj/stages/$(word 2,$(subst :, ,$(1))).o $(BUILD)/libctitan.a
 	@mkdir -p $$(dir $$@)
-	$$(CC) $$(CFLAGS) -o $$@ $$^ $$(LDLIBS)
+	$$(CC) $$(CFLAGS) -rdynamic -o $$@ $$^ $$(LDLIBS)
 endef
 $(foreach p,$(ROLE_PROGS),$(eval $(call role_prog,$(p))))
 

@@ -55,6 +55,8 @@ typedef enum {
                       * the next step) */
     MSG_SWAP_ARGV,   /* operator -> coord: data, the new loader's argument vector, each word
                       * NUL-terminated, back to back (ipc/argv.h); exec'ed as is, no shell */
+    MSG_ABORTED,     /* stage -> coord: step (it left the step unfinished: its rings were closed
+                      * because another stage of the job died; the step is redone) */
     MSG_TYPE_END     /* append new types above this */
 } msg_type_t;
 

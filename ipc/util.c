@@ -68,6 +68,20 @@ int util_write_all(int fd, const void *buf, size_t n)
     return 0;
 }
 
+void util_json_string(FILE *fp, const char *s)
+{
+    fputc('"', fp);
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+        if (*c == '"' || *c == '\\')
+            fprintf(fp, "\\%c", *c);
+        else if (*c < 0x20 || *c == 0x7f)
+            fprintf(fp, "\\u%04x", *c);
+        else
+            fputc(*c, fp);
+    }
+    fputc('"', fp);
+}
+
 long util_read_all(int fd, void *buf, size_t n, long long off)
 {
     char *p = buf;

@@ -5,6 +5,7 @@
 #define CTITAN_UTIL_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 /* Formats the message into err (when err and errlen are set) and returns rc. */
 int util_fail(char *err, size_t errlen, int rc, const char *fmt, ...)
@@ -20,6 +21,8 @@ int util_write_all(int fd, const void *buf, size_t n);
  * file (EINTR, EAGAIN and short reads retried). Returns the bytes read (< n only at end of
  * file) or -errno. */
 long util_read_all(int fd, void *buf, size_t n, long long off);
+/* Writes s to fp as a JSON string: quoted, '"' and '\\' escaped, control characters as \u00XX. */
+void util_json_string(FILE *fp, const char *s);
 /* mkdir -p with mode 0755. Returns 0 or -errno. */
 int util_mkdirs(const char *path);
 /* fsync of a directory (after a rename into it). Returns 0 or -errno. */

@@ -160,7 +160,7 @@ static int step(coord_t *c)
     int first_shard = 1 + c->n_stages;
     stopped_for(c); /* a stop between steps that did no harm is forgotten after a while */
     atomic_store(&c->hdr->step, c->step);
-    double t0 = util_now();
+    double t0 = c->round_t0 = util_now();
     msg_t run = {.type = MSG_STEP, .step = c->step};
     if (coord_round_trip(c, 1, c->n_stages, &run))
         return -1;
@@ -172,6 +172,7 @@ static int step(coord_t *c)
     if (coord_round_trip(c, first_shard, m->shards, &update))
         return -1;
     double t_update = shards_busy(c);
+    coord_note_step_time(c, util_now() - t0);
     coord_report_step(c, norm, util_now() - t0, t_reduce, t_update);
     coord_note_step(c);
     int64_t done = c->step + 1;
@@ -186,11 +187,13 @@ static void train(coord_t *c)
 {
     double t_start = util_now();
     int64_t first = c->step;
+    c->training = 1;
     for (; c->step < c->m->steps; c->step++)
         if (step(c))
             return;
     if (coord_ckpt_wait(c)) /* the last checkpoint */
         return;
+    c->training = 0;
     coord_stop_all(c);
     coord_end_of_run(c, first, util_now() - t_start);
     coord_ckpt_check_last(c);
@@ -219,6 +222,8 @@ static int set_up(coord_t *c, char *err, size_t errlen)
     }
     if (!(c->toml = manifest_to_toml(m)) || job_layout(&c->lay, m))
         return util_fail(err, errlen, -ENOMEM, "out of memory");
+    /* in-place recovery: the weights and the shards' state live in this host's segments (CPU) */
+    c->recover = !c->lay.gpu && !c->lay.gpu_shards && c->lay.hosts == 1;
     if ((rc = util_mkdirs(m->dump_folder)))
         return util_fail(err, errlen, rc, "job.dump_folder %s: cannot create: %s", m->dump_folder, strerror(-rc));
     if ((rc = coord_resolve_endpoint(c, err, errlen)) || (rc = coord_check_data(c, err, errlen)) ||
@@ -332,7 +337,7 @@ static void report_rejections(coord_t *c)
 int coord_run(const manifest_t *given, const coord_super_t *sup)
 {
     coord_t c = {.sigfd = -1, .rejected = {.what = "rejected control messages"}, .sup = sup,
-                 .out = sup ? sup->out : NULL};
+                 .out = sup ? sup->out : NULL, .recover_step = -1};
     char err[1024];
     int status = 1;
     log_init("", 0, 0);

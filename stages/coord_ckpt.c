@@ -10,9 +10,16 @@
 #include "stages/ldr_seg.h"
 #include "stages/staging.h"
 
-static int ckpt_idle(coord_t *c, void *arg) { return !c->ck_busy; }
+static int ckpt_idle(coord_t *c, void *arg) { return !c->ck_busy || c->n_lost; }
 
-int coord_ckpt_wait(coord_t *c) { return coord_pump(c, ckpt_idle, NULL, 1e9); }
+int coord_ckpt_wait(coord_t *c)
+{
+    int rc;
+    while (!(rc = coord_pump(c, ckpt_idle, NULL, 1e9)) && c->n_lost) /* a shard that owed its snapshot */
+        if (coord_recover(c))
+            return -1;
+    return rc;
+}
 
 /* After `done` steps: the shards copy their state into the staging segment while the next
  * step runs (they are idle until its REDUCE, which they take only after the copy), then

@@ -72,6 +72,10 @@ static const char *on_status(coord_t *c, coord_proc_t *p, const ctl_peer_t *from
                  c->sup->last_restart);
     else if (c->sup)
         snprintf(restarts, sizeof(restarts), "; restarts so far: 0");
+    size_t n = strlen(restarts);
+    if (c->recoveries)
+        snprintf(restarts + n, sizeof(restarts) - n, "; in-place recoveries: %d (last: %.200s)", c->recoveries,
+                 c->last_recovery);
     coord_reply_cli(c, from->route, 1, "job %s: step %lld of %d, loader pid %d%s", c->m->name, (long long)c->step + 1,
                     c->m->steps, (int)coord_loader(c)->pid, restarts);
     return NULL;
@@ -116,6 +120,10 @@ static const char *on_ready(coord_t *c, coord_proc_t *p, const ctl_peer_t *from,
  * our health. */
 static const char *on_heartbeat(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m)
 {
+    if (m->progress != p->progress) { /* the step watchdog's sign of progress */
+        p->progress = m->progress;
+        p->progress_at = util_now();
+    }
     msg_t hb = {.type = MSG_HEARTBEAT, .rank = 0, .replica = 0, .pid = getpid()};
     snprintf(hb.role, sizeof(hb.role), "coordinator");
     if (ctl_send(c->ctl, from->route, &hb))
@@ -177,6 +185,7 @@ static const struct {
     [MSG_SWAP] = {on_shell_swap, OPERATOR},
     [MSG_SWAP_ARGV] = {coord_on_swap, OPERATOR},
     [MSG_STATUS] = {on_status, OPERATOR},
+    [MSG_ABORTED] = {coord_on_aborted, ROLE(COORD_STAGE)},
 };
 
 static const char *role_names[] = {"loader", "stage", "optimizer shard", "checkpointd"};
@@ -287,6 +296,7 @@ int coord_pump(coord_t *c, int (*cond)(coord_t *, void *), void *arg, double tim
         }
         receive_all(c);
         coord_check_heartbeats(c);
+        coord_watchdog(c);
     }
 }
 
@@ -326,9 +336,12 @@ typedef struct {
     int first, count;
 } span_t;
 
+/* Every process of the span replied, or one of the job's was lost (coord_recover). */
 static int span_got(coord_t *c, void *arg)
 {
     span_t *s = arg;
+    if (c->n_lost)
+        return 1;
     for (int i = s->first; i < s->first + s->count; i++)
         if (!c->p[i].got)
             return 0;
@@ -338,11 +351,21 @@ static int span_got(coord_t *c, void *arg)
 int coord_round_trip(coord_t *c, int first, int count, msg_t *m)
 {
     msg_type_t reply = m->type == MSG_STEP ? MSG_STEP_DONE : m->type == MSG_REDUCE ? MSG_REDUCED : MSG_UPDATED;
+    span_t s = {first, count};
+    if (c->n_lost && coord_recover(c)) /* lost between rounds */
+        return -1;
+    c->round = *m;
+    double now = util_now();
     for (int i = first; i < first + count; i++) {
-        c->p[i].got = 0;
+        c->p[i].got = c->p[i].aborted = 0;
         c->p[i].await = reply;
+        c->p[i].progress_at = now;
         coord_send(c, &c->p[i], m);
     }
-    span_t s = {first, count};
-    return coord_pump(c, span_got, &s, 1e9);
+    int rc;
+    while (!(rc = coord_pump(c, span_got, &s, 1e9)) && c->n_lost)
+        if (coord_recover(c))
+            return -1;
+    c->round.type = 0;
+    return rc;
 }

@@ -7,6 +7,8 @@
  *   coord_setup.c   before any process starts: the endpoint, the data check, signals, segments
  *   coord_proc.c    the process table and supervision: spawn, reap, heartbeats, stop and
  *                   terminate, the host agent of job.hosts > 1
+ *   coord_recover.c in-place recovery: a stage or optimizer shard that died (or hung: the
+ *                   step watchdog) replaced alone, the step redone when a stage died in it
  *   coord_ctl.c     the control plane: the event pump, round trips, who may send what and
  *                   when (the authorization table), one handler per message
  *   coord_keys.c    the job's keys: the coordinator's, the operator's (in the run folder),
@@ -45,6 +47,8 @@
 #define COORD_STARTUP_TIMEOUT_S 120.0
 #define COORD_OPERATOR "operator"    /* the user of the operator's key (`ctitan loader swap`, `status`) */
 #define COORD_STOP_GRACE_S 5.0
+#define COORD_STEP_TIMES 32          /* step times the watchdog's median is taken over */
+#define COORD_ABORT_GRACE_S 2.0      /* after the watchdog's SIGABRT (a stack dump), SIGKILL */
 
 typedef enum { COORD_LOADER, COORD_STAGE, COORD_OPTSHARD, COORD_CKPTD } coord_role_t;
 
@@ -69,6 +73,12 @@ typedef struct {
                            * or reaped here, supervised by heartbeats only */
     double started, last_hb;
     msg_t reply;          /* numbers of the last reply (never its text) */
+    int lost;             /* died during training: a replacement is due (coord_recover.c) */
+    int aborted;          /* a stage: left the step in progress unfinished (ABORTED) */
+    uint64_t progress;    /* its heartbeats' counter, */
+    double progress_at;   /* and when it last moved (the step watchdog) */
+    double abort_sent;    /* the watchdog sent SIGABRT then (0: not) */
+    double hb_killed;     /* killed after this many seconds without a heartbeat (0: not) */
 } coord_proc_t;
 
 typedef struct {
@@ -78,7 +88,7 @@ typedef struct {
     job_layout_t lay;
     char *toml;                       /* the resolved manifest every worker gets */
     char job[96];                     /* this host's segment names: job.name, "-h<k>" on host k > 0 */
-    shm_seg_t *seg_job, *seg_params, *seg_grads, *seg_act, *seg_batch, *seg_ckpt, *seg_dev;
+    shm_seg_t *seg_job, *seg_params, *seg_grads, *seg_act, *seg_batch, *seg_ckpt, *seg_dev, *seg_opt;
     job_hdr_t *hdr;
     int segs_made;                    /* this run created the job's segments */
     ctl_t *ctl;
@@ -122,6 +132,22 @@ typedef struct {
     int ck_last_saved;                /* that of training.steps was written */
     int64_t ck_why_step;              /* the last one that failed saying why, and why */
     char ck_why[1152];
+    /* in-place recovery (coord_recover.c) */
+    int recover;                      /* a dead stage or shard is replaced alone (CPU jobs, one host) */
+    int training;                     /* the step loop runs */
+    int n_lost;                       /* processes lost and not replaced yet */
+    int redo;                         /* a stage died inside the STEP round: the step runs again */
+    double lost_at;                   /* when the first of them was found dead */
+    char lost_why[512];               /* what happened to it */
+    const coord_proc_t *lost_first;
+    int recoveries;                   /* this run's */
+    int64_t recover_step;             /* the step of the last recovery, */
+    int recover_tries;                /* and how many it has had */
+    char last_recovery[600];
+    msg_t round;                      /* the round in flight (type 0: none): what a replacement gets again */
+    double round_t0;                  /* when its step began */
+    double step_times[COORD_STEP_TIMES]; /* the last steps' times, for the watchdog's bound */
+    int n_step_times;
     int failed, interrupted;
     char why[1536];
     const coord_proc_t *culprit;      /* the process the failure is blamed on (NULL: the coordinator's own) */
@@ -189,6 +215,23 @@ void coord_stop_all(coord_t *c);
 void coord_terminate_all(coord_t *c, double grace);
 /* job.host_rank > 0: starts this host's processes and follows them. Returns the exit status. */
 int coord_agent(coord_t *c);
+
+/* ---- coord_recover.c ---- */
+/* Whether p, dead or hung now, is replaced alone rather than failing the job. */
+int coord_can_recover(const coord_t *c, const coord_proc_t *p);
+/* p died (`how`): it is replaced before the round in flight can end (coord_recover). */
+void coord_lost(coord_t *c, coord_proc_t *p, const char *how);
+/* Replaces every lost process; with a stage lost inside the STEP round, every stage leaves the
+ * step, the rings, gradients and loader go back to its start, and the step is sent again; a
+ * shard gets the round it owed again. Returns 0, or -1 once the job failed or was interrupted. */
+int coord_recover(coord_t *c);
+/* The step watchdog (each pump): a process that owes a reply and made no progress for the
+ * bound is stack-dumped (SIGABRT), then killed; its death is a loss like any other. */
+void coord_watchdog(coord_t *c);
+/* A step's time, for the watchdog's bound. */
+void coord_note_step_time(coord_t *c, double secs);
+/* ABORTED from a stage: it left the step in progress. */
+const char *coord_on_aborted(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m);
 
 /* ---- coord_ctl.c ---- */
 /* Handles events until cond(c, arg) holds. Returns 0, -1 once the job failed or was

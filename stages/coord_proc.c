@@ -162,10 +162,12 @@ void coord_spawn(coord_t *c, coord_proc_t *p)
     close(fd);
     argv_free(&cmd);
     p->pid = pid;
-    p->ready = p->got = p->expect_exit = p->hello = p->snapped = 0;
+    p->ready = p->got = p->expect_exit = p->hello = p->snapped = p->aborted = 0;
     p->await = 0;
+    p->abort_sent = p->hb_killed = 0;
+    p->progress = 0;
     p->route[0] = '\0';
-    p->started = p->last_hb = util_now();
+    p->started = p->last_hb = p->progress_at = util_now();
 }
 
 static void restart_loader(coord_t *c, const char *how)
@@ -215,8 +217,15 @@ void coord_reap(coord_t *c)
                 p = &c->p[i];
         if (!p)
             continue;
-        char how[128], name[64];
+        char how[256], name[64];
         describe_exit(st, how, sizeof(how));
+        if (p->abort_sent > 0) { /* the step watchdog's doing */
+            char what[160];
+            snprintf(what, sizeof(what), "%.159s", how);
+            snprintf(how, sizeof(how), "hung (the step watchdog dumped its stack and stopped it: it %s)", what);
+        } else if (p->hb_killed > 0) {
+            snprintf(how, sizeof(how), "sent no heartbeat for %.1f s (stopped or hung) and was killed", p->hb_killed);
+        }
         int was_ready = p->ready;
         p->pid = 0;
         p->ready = 0;
@@ -229,9 +238,13 @@ void coord_reap(coord_t *c)
         } else if (p->role == COORD_CKPTD && !c->loading) { /* a LOAD only it can answer fails the job */
             restart_ckptd(c, how);
         } else if (p->role == COORD_LOADER && was_ready) {
-            char what[160];
+            char what[320];
             snprintf(what, sizeof(what), "(pid %d) %s", (int)pid, how);
             restart_loader(c, what);
+        } else if (WIFSIGNALED(st) && coord_can_recover(c, p)) { /* an exit with a status said why */
+            char what[320];
+            snprintf(what, sizeof(what), "(pid %d) %s", (int)pid, how);
+            coord_lost(c, p, what);
         } else {
             if (WIFEXITED(st) && WEXITSTATUS(st) != 0) { /* it may have said why just before */
                 p->pid = pid;
@@ -258,11 +271,14 @@ void coord_check_heartbeats(coord_t *c)
                                 (int)p->pid, COORD_STARTUP_TIMEOUT_S);
         } else if (now - p->last_hb <= limit) {
             continue;
-        } else if ((p->role == COORD_LOADER || (p->role == COORD_CKPTD && !c->loading)) && !p->remote) {
-            /* a hung loader or checkpointd is replaced like a dead one: kill it, reap() restarts it */
+        } else if (((p->role == COORD_LOADER || (p->role == COORD_CKPTD && !c->loading)) && !p->remote) ||
+                   coord_can_recover(c, p)) {
+            /* a hung (or stopped) loader, checkpointd, stage or shard is replaced like a dead one: kill
+             * it, reap() replaces it */
             LOG_W("%s (pid %d): no heartbeat for %.1f s: killing it to restart it", coord_who(p, name, sizeof(name)),
                   (int)p->pid, now - p->last_hb);
             kill(p->pid, SIGKILL);
+            p->hb_killed = now - p->last_hb;
             p->last_hb = now;
         } else {
             coord_fail_proc(c, p, "%s (pid %d): no heartbeat for %.1f s (hung, stopped or dead)",

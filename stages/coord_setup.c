@@ -138,7 +138,9 @@ int coord_make_segments(coord_t *c, char *err, size_t errlen)
     if ((rc = shm_create(&c->seg_params, c->job, "params", job_params_bytes(l), err, errlen)) ||
         (!l->gpu_shards && (rc = shm_create(&c->seg_grads, c->job, "grads", job_params_bytes(l), err, errlen))) ||
         (l->gpu && (rc = shm_create(&c->seg_dev, c->job, DEVDIR_SEG, devdir_bytes(l), err, errlen))) ||
-        (m->pp > 1 && !l->nccl && (rc = job_act_create(&c->seg_act, c->job, l, err, errlen))))
+        (m->pp > 1 && !l->nccl && (rc = job_act_create(&c->seg_act, c->job, l, err, errlen))) ||
+        (!l->gpu_shards && m->host_rank == 0 &&
+         (rc = job_optstate_create(&c->seg_opt, c->job, l, m->shards, err, errlen))))
         return rc;
     /* checkpointd loads into it too (coord_resume.c) */
     if (m->ckpt_enable || m->ckpt_load[0])
@@ -155,7 +157,7 @@ int coord_make_batch(coord_t *c, char *err, size_t errlen)
 void coord_remove_segments(coord_t *c)
 {
     shm_seg_t **segs[] = {&c->seg_job,   &c->seg_params, &c->seg_grads, &c->seg_act,
-                          &c->seg_batch, &c->seg_ckpt,   &c->seg_dev};
+                          &c->seg_batch, &c->seg_ckpt,   &c->seg_dev,   &c->seg_opt};
     for (size_t i = 0; i < sizeof(segs) / sizeof(segs[0]); i++)
         shm_detach(segs[i]);
     if (c->segs_made)

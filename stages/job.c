@@ -104,6 +104,37 @@ int job_act_create(shm_seg_t **out, const char *job, const job_layout_t *l, char
     return rc;
 }
 
+size_t job_optstate_bytes(const job_layout_t *l, int shards)
+{
+    return l->gpu_shards ? 0 : job_optstate_hdr_bytes(shards) + 6 * l->stride * sizeof(float);
+}
+
+int job_optstate_create(shm_seg_t **out, const char *job, const job_layout_t *l, int shards, char *err,
+                        size_t errlen)
+{
+    int rc = shm_create(out, job, JOB_OPTSTATE_SEG, job_optstate_bytes(l, shards), err, errlen);
+    if (rc)
+        return rc;
+    void *mem = shm_data(*out);
+    *(job_optstate_hdr_t *)mem = (job_optstate_hdr_t){.magic = JOB_OPTSTATE_MAGIC, .version = JOB_OPTSTATE_VERSION,
+                                                      .shards = (uint32_t)shards, .total = l->total,
+                                                      .stride = l->stride};
+    for (int k = 0; k < shards; k++)
+        atomic_store(&job_optstate_rec(mem, k)->done, -1);
+    return 0;
+}
+
+int job_optstate_check(const void *mem, const job_layout_t *l, int shards, char *err, size_t errlen)
+{
+    const job_optstate_hdr_t *h = mem;
+    if (h->magic != JOB_OPTSTATE_MAGIC || h->version != JOB_OPTSTATE_VERSION || h->shards != (uint32_t)shards ||
+        h->total != l->total || h->stride != l->stride)
+        return util_fail(err, errlen, -EINVAL, "the optstate segment is not this job's (%u shards of %llu "
+                         "parameters; the job has %d of %zu)", h->shards, (unsigned long long)h->total, shards,
+                         l->total);
+    return 0;
+}
+
 /* A field of /proc/meminfo in bytes, or -1. */
 static double meminfo(const char *key)
 {
@@ -129,25 +160,26 @@ int job_check_memory(const job_layout_t *l, const manifest_t *m, char *err, size
     double staging = m->ckpt_enable || m->ckpt_load[0] ? (double)staging_bytes(l->total) : 0;
     double other = (double)job_seg_bytes(l) + (m->pp > 1 && !l->nccl ? (double)job_act_bytes(l) : 0) +
                    (l->gpu ? (double)devdir_bytes(l) : 0) + (double)ldr_seg_bytes(m->dp, m->prefetch, seqs, m->seq_len);
-    double shm = params + grads + staging + other;
-    double state = !l->gpu_shards && m->host_rank == 0 ? 12.0 * (double)l->total : 0;
+    /* the CPU shards' state: two banks of master weights and moments (job_optstate_bytes) */
+    double state = m->host_rank == 0 ? (double)job_optstate_bytes(l, m->shards) : 0;
+    double shm = params + grads + staging + other + state;
     double avail = meminfo("MemAvailable"), swap = meminfo("SwapFree"), shm_free = -1;
     struct statvfs vfs;
     if (statvfs("/dev/shm", &vfs) == 0)
         shm_free = (double)vfs.f_bavail * (double)vfs.f_frsize;
     if (avail >= 0 && swap > 0)
         avail += swap;
-    if ((avail < 0 || shm + state <= avail) && (shm_free < 0 || shm <= shm_free))
+    if ((avail < 0 || shm <= avail) && (shm_free < 0 || shm <= shm_free))
         return 0;
     char have[128] = "", dev_shm[96] = "";
     if (avail >= 0)
         snprintf(have, sizeof(have), "%.1f GiB are available (MemAvailable + SwapFree)", avail / G);
     if (shm_free >= 0)
         snprintf(dev_shm, sizeof(dev_shm), "%s/dev/shm has %.1f GiB free", have[0] ? " and " : "", shm_free / G);
-    return util_fail(err, errlen, -ENOMEM, "the job needs at least %.1f GiB of memory on this host (shared segments "
-                     "%.1f GiB: params %.1f, grads %.1f, staging %.1f, the rest %.2f; optimizer state %.1f GiB) but "
-                     "%s%s: a smaller model, fewer replicas or a larger machine", (shm + state) / G, shm / G,
-                     params / G, grads / G, staging / G, other / G, state / G, have, dev_shm);
+    return util_fail(err, errlen, -ENOMEM, "the job needs at least %.1f GiB of memory on this host in shared "
+                     "segments (params %.1f GiB, grads %.1f, optimizer state %.1f, staging %.1f, the rest %.2f) but "
+                     "%s%s: a smaller model, fewer replicas or a larger machine", shm / G, params / G, grads / G,
+                     state / G, staging / G, other / G, have, dev_shm);
 }
 
 /* The state (field 3) and start time (field 22) of process pid from /proc; 0 when gone. */

@@ -11,7 +11,11 @@
  *   ctitan.<job>.act     per replica and pipeline boundary b (stage b -> b+1): an activation
  *                        ring (forward) and a gradient ring (backward), M slots each
  *   ctitan.<job>.batch   the loader's segment (stages/ldr_seg.h)
- *   ctitan.<job>.dev     with job.device = "cuda": the CUDA IPC handles (stages/devdir.h) */
+ *   ctitan.<job>.dev     with job.device = "cuda": the CUDA IPC handles (stages/devdir.h)
+ *   ctitan.<job>.optstate with CPU optimizer shards: their state, where a replacement shard
+ *                        takes it over (DESIGN.md "Recovery"): a header, per shard a commit
+ *                        record, then two banks of [fp32 master weights, first moments,
+ *                        second moments] over the flat space (stride floats each) */
 #ifndef CTITAN_JOB_H
 #define CTITAN_JOB_H
 
@@ -96,10 +100,52 @@ int job_shard_range(const job_layout_t *l, const manifest_t *m, int k, size_t *b
  * act_in on rank 0, is all zeros there). */
 enum { JOB_NCCL_ACT_IN, JOB_NCCL_GRAD_OUT, JOB_NCCL_ACT_OUT, JOB_NCCL_GRAD_IN, JOB_NCCL_DP, JOB_NCCL_COMMS };
 
+/* ---- ctitan.<job>.optstate ---- */
+#define JOB_OPTSTATE_SEG "optstate"
+#define JOB_OPTSTATE_MAGIC 0x3154534f4e544943ULL /* "CITNOST1" */
+#define JOB_OPTSTATE_VERSION 1u
+
+typedef struct {
+    uint64_t magic;
+    uint32_t version, shards;
+    uint64_t total, stride;
+} job_optstate_hdr_t;
+
+/* Shard k's commit record: its slice of bank done % 2 holds the state after `done` steps,
+ * whole (-1: not yet made; the shard's first start makes it). An update of step s reads bank
+ * s % 2, writes bank (s + 1) % 2, and only then sets done = s + 1, so a shard killed at any
+ * moment leaves one whole bank behind. */
+typedef struct {
+    _Atomic int64_t done;
+    char pad[56];
+} job_optstate_rec_t;
+
+/* Bytes of the segment for CPU optimizer shards (0 with GPU shards: their state is on the GPU). */
+size_t job_optstate_bytes(const job_layout_t *l, int shards);
+/* Creates ctitan.<job>.optstate, every record at -1. Returns 0 or -errno with err. */
+int job_optstate_create(shm_seg_t **out, const char *job, const job_layout_t *l, int shards, char *err,
+                        size_t errlen);
+/* Checks the header of an attached segment against the layout. Returns 0 or -EINVAL with err. */
+int job_optstate_check(const void *mem, const job_layout_t *l, int shards, char *err, size_t errlen);
+static inline size_t job_optstate_hdr_bytes(int shards)
+{
+    return (sizeof(job_optstate_hdr_t) + (size_t)shards * sizeof(job_optstate_rec_t) + 4095) / 4096 * 4096;
+}
+static inline job_optstate_rec_t *job_optstate_rec(void *mem, int k)
+{
+    return (job_optstate_rec_t *)((char *)mem + sizeof(job_optstate_hdr_t)) + k;
+}
+/* Array a (0 master, 1 first moments, 2 second moments) of bank b over the flat space. */
+static inline float *job_optstate_array(void *mem, int b, int a)
+{
+    const job_optstate_hdr_t *h = mem;
+    return (float *)((char *)mem + job_optstate_hdr_bytes((int)h->shards)) + (size_t)(b * 3 + a) * h->stride;
+}
+
 /* Whether the job fits this host's memory, before any segment is made: its segments here (job,
- * params, grads, act, dev, batch, the staging segment with checkpoint enable or load) must fit
- * the free space of /dev/shm, and they with the CPU optimizer shards' own state (12 bytes a
- * parameter: master weights and two moments) the memory available (MemAvailable + SwapFree).
+ * params, grads, act, dev, batch, optstate (24 bytes a parameter with CPU optimizer shards: two
+ * banks of master weights and two moments), the staging segment with checkpoint enable or
+ * load) must fit the free space of /dev/shm and the memory available (MemAvailable + SwapFree).
  * A lower bound: activations come on top. Returns 0 or -ENOMEM saying how much is needed, of
  * what, and how much there is. */
 int job_check_memory(const job_layout_t *l, const manifest_t *m, char *err, size_t errlen);

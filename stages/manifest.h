@@ -6,7 +6,8 @@
  *
  * Sections and keys (defaults in manifest_defaults; README.md lists them for users):
  *   [job]          name, dump_folder, description, endpoint, device, hosts, host_rank, keys,
- *                  heartbeat_interval_ms, heartbeat_timeout_ms, max_restarts, restart_backoff_ms
+ *                  heartbeat_interval_ms, heartbeat_timeout_ms, max_restarts, restart_backoff_ms,
+ *                  watchdog_s
  *   [model]        name, flavor, tokenizer_path, and any model_config_t key
  *                  (dim, n_layers, n_heads, n_kv_heads, vocab_size, multiple_of,
  *                   ffn_dim_multiplier, norm_eps, rope_theta, max_seq_len) over the flavor
@@ -56,6 +57,9 @@ typedef struct {
                                   * checkpoint this many times in a row from the same step; 0 = never */
     int restart_backoff_ms;      /* 1000 (0..30000): the wait before a restart, doubled per restart in a
                                   * row from the same step, at most 30 s */
+    double watchdog_s;           /* 0 (automatic: 10 x the median step time + 10 s, 120 s before 3
+                                  * steps): a stage or shard that owes a reply and makes no progress
+                                  * this long is stack-dumped, killed and replaced */
 
     /* [model] */
     char model_name[32];         /* "llama3" (the only family) */

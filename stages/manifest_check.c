@@ -110,6 +110,8 @@ static int check_values(const manifest_t *m, char *err, size_t errlen)
     CHECK(m->threads <= POOL_MAX_THREADS, "training", "threads",
           "training.threads = %d exceeds %d, the most threads a stage process runs (0 = CPUs / stage processes)",
           m->threads, POOL_MAX_THREADS);
+    CHECK(m->watchdog_s >= 0 && m->watchdog_s <= 86400, "job", "watchdog_s",
+          "job.watchdog_s = %g must be in 0..86400 (0: 10 x the median step time + 10 s)", m->watchdog_s);
     CHECK(m->max_norm >= 0, "training", "max_norm", "training.max_norm = %g must be >= 0 (0 = no clipping)", m->max_norm);
     CHECK(m->lr >= 0, "optimizer", "lr", "optimizer.lr = %g must be >= 0", m->lr);
     CHECK(m->beta1 >= 0 && m->beta1 < 1, "optimizer", "beta1", "optimizer.beta1 = %g must be in [0, 1)", m->beta1);

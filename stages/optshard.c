@@ -6,13 +6,20 @@
  * weights into every replica's parameters, then clears those gradients. Block boundaries do
  * not depend on K, so any shard count gives the same bits.
  *
- * Where: the state and the vector work are the backend's (kernels/backend.h). [optshard]
- * device = "cpu" keeps them in this process's memory and works on the fp32 params/grads
- * segments (the CPU job, and offload mode for GPU stages); "cuda" keeps them on the GPU and
- * works directly on the stages' device buffers, mapped through the CUDA IPC handles they
+ * Where: the vector work is the backend's (kernels/backend.h). [optshard] device = "cpu"
+ * keeps the state in the job's optstate segment (stages/job.h) and works on the fp32
+ * params/grads segments (the CPU job, and offload mode for GPU stages); "cuda" keeps it on the
+ * GPU and works directly on the stages' device buffers, mapped through the CUDA IPC handles they
  * publish (stages/devdir.h), the new weights written as bf16 in place. Either way set-up
  * makes one list of where each replica holds which part of the slice, and the steps only
- * walk it. */
+ * walk it.
+ *
+ * Surviving a kill (CPU, DESIGN.md "Recovery"): the optstate segment holds two banks; an
+ * update reads one and writes the other (out-of-place AdamW, the same bits), then commits
+ * (the shard's record says which bank is whole), then publishes the weights and clears the
+ * gradients. A replacement started after a kill takes the committed bank over, and whatever
+ * round the coordinator sends it again comes out the same: REDUCE only reads the gradients,
+ * which stay whole until the commit; an UPDATE already committed only publishes again. */
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -48,18 +55,25 @@ typedef struct {
     param_table_t tab;
     int rank;
     size_t begin, end, n;        /* slice [begin, end) of the flat space */
-    float *master;               /* (n) host: the initial or loaded fp32 master weights, */
-    float *m1, *m2;              /* AdamW moments; NULL once they are in `state` */
+    float *master;               /* (n) GPU shards: the initial or loaded fp32 master weights on the */
+    float *m1, *m2;              /* host, and AdamW moments; NULL once they are in `state` */
     const backend_t *be;
     int device;
     void *stream, *copy_stream;  /* updates; snapshots (the copier thread) */
     struct {                     /* in the backend's memory, one allocation (mem) */
         void *mem;
-        float *master, *m1, *m2; /* (n) each */
+        float *master, *m1, *m2; /* (n) each: GPU shards only */
         float *g;                /* (n) the replicas' summed gradient, or in place: the one part */
         double *norm;            /* (blocks of the slice) squared norms */
     } state;
-    int in_place;                /* one replica holds the whole slice in one part: no copy to sum */
+    struct {                     /* bank b: the state after a number of steps = b (mod 2); the two */
+        float *master, *m1, *m2; /* banks of the optstate segment, or both state.master... (GPU) */
+    } bank[2];
+    int64_t done;                /* steps the state holds: it is bank[done % 2] */
+    _Atomic int64_t *commit;     /* CPU: this shard's record in the optstate segment (job.h) */
+    int64_t reduced;             /* step whose summed gradient state.g holds (-1: none yet) */
+    int in_place;                /* one replica holds the whole slice in one part: no copy to sum
+                                  * (GPU shards only: a CPU shard's sum must survive its kill) */
     double *hnorm;               /* the block norms on the host */
     double *norm_out;            /* where they go in the job segment (NULL: see reduce) */
     part_t *part;                /* replicas in order, each one's parts in flat order */
@@ -67,7 +81,7 @@ typedef struct {
     const cuda_plugin_t *cu;     /* GPU: the stage buffers mapped through CUDA IPC, */
     void **mapped;               /* to ipc_close */
     int nmapped;
-    shm_seg_t *job, *params, *grads, *staging, *dev; /* staging: with [checkpoint] enable */
+    shm_seg_t *job, *params, *grads, *staging, *dev, *opt; /* staging: with [checkpoint] enable */
     float *final_w;              /* replica 0 of params: where the run's final fp32 weights go */
     /* the snapshot copier: a thread at idle CPU priority (see snapshot()) */
     pthread_t copier;
@@ -89,11 +103,11 @@ static int overlap(const shard_t *sh, const param_info_t *p, size_t *b, size_t *
     return *b < *e;
 }
 
-/* Copies this shard's slice of the master weights and moments out of the staging segment,
- * where checkpointd loaded checkpoint.load before this process started (checkpointd/restore.c):
- * it holds the whole flat space, so any shard count, pipeline or data-parallel degree takes
- * its slice of it. */
-static void load(shard_t *sh)
+/* Copies this shard's slice of the master weights and moments out of the staging segment
+ * into dst, where checkpointd loaded checkpoint.load before this process started
+ * (checkpointd/restore.c): it holds the whole flat space, so any shard count, pipeline or
+ * data-parallel degree takes its slice of it. */
+static void load(shard_t *sh, float *const dst[3])
 {
     char err[256];
     shm_seg_t *seg = NULL;
@@ -102,7 +116,6 @@ static void load(shard_t *sh)
     WORKER_CHECK(sh->w, h->magic == STAGING_MAGIC && h->version == STAGING_VERSION && h->total == sh->lay.total &&
                  atomic_load(&h->step) >= 0, "the staging segment holds no checkpoint of this model (%zu parameters)",
                  sh->lay.total);
-    float *dst[STAGING_ARRAYS] = {sh->master, sh->m1, sh->m2};
     for (int a = 0; a < STAGING_ARRAYS; a++)
         memcpy(dst[a], staging_array(h, a) + sh->begin, sh->n * sizeof(float));
     LOG_I("slice [%zu, %zu) loaded from %s (step %lld)", sh->begin, sh->end, sh->man->ckpt_load,
@@ -130,7 +143,8 @@ static void *copier_main(void *arg)
             break;
         pthread_mutex_unlock(&sh->mu);
         void *seg = shm_data(sh->staging);
-        const float *src[3] = {sh->state.master, sh->state.m1, sh->state.m2};
+        int b = (int)(sh->done % 2); /* the main thread waits: done holds still */
+        const float *src[3] = {sh->bank[b].master, sh->bank[b].m1, sh->bank[b].m2};
         for (int a = 0; a < 3; a++)
             BE_CHECK(sh, sh->be->copy(staging_array(seg, a) + sh->begin, src[a], sh->n * sizeof(float),
                                       sh->copy_stream), "snapshot: %s", BE_WHY(sh));
@@ -201,21 +215,27 @@ static void parts_from_stages(shard_t *sh)
         }
 }
 
-/* The state in the backend's memory: the host arrays (initialised or loaded) copied there
- * and freed. */
+/* The working memory in the backend's: the summed gradient (unless in place) and the block
+ * norms; GPU shards also keep the state there: the host arrays (initialised or loaded) are
+ * copied in and freed, and both banks name that one copy (updated in place). */
 static void move_state(shard_t *sh)
 {
     const backend_t *be = sh->be;
-    sh->in_place = sh->nparts == 1 && sh->part[0].lo == sh->begin && sh->part[0].hi == sh->end;
+    int gpu = sh->lay.gpu_shards, arrays = gpu ? 3 : 0;
+    sh->in_place = gpu && sh->nparts == 1 && sh->part[0].lo == sh->begin && sh->part[0].hi == sh->end;
     size_t n = sh->n ? sh->n : 1, nb = blocks(sh) ? blocks(sh) : 1;
-    size_t fbytes = ((sh->in_place ? 3 : 4) * n * sizeof(float) + 63) / 64 * 64;
+    size_t fbytes = ((arrays + !sh->in_place) * n * sizeof(float) + 63) / 64 * 64;
     BE_CHECK(sh, be->alloc(&sh->state.mem, fbytes + nb * sizeof(double)), "%s memory for %zu parameters: %s",
              be->name, sh->n, BE_WHY(sh));
     float *f = sh->state.mem;
-    sh->state.master = f, sh->state.m1 = f + n, sh->state.m2 = f + 2 * n;
-    sh->state.g = sh->in_place ? sh->part[0].g : f + 3 * n;
+    sh->state.g = sh->in_place ? sh->part[0].g : f + arrays * n;
     sh->state.norm = (double *)((char *)sh->state.mem + fbytes);
     WORKER_CHECK(sh->w, sh->hnorm = calloc(nb, sizeof(double)), "out of memory");
+    if (!gpu)
+        return;
+    sh->state.master = f, sh->state.m1 = f + n, sh->state.m2 = f + 2 * n;
+    for (int b = 0; b < 2; b++)
+        sh->bank[b].master = sh->state.master, sh->bank[b].m1 = sh->state.m1, sh->bank[b].m2 = sh->state.m2;
     const float *host[3] = {sh->master, sh->m1, sh->m2};
     float *to[3] = {sh->state.master, sh->state.m1, sh->state.m2};
     for (int a = 0; a < 3; a++)
@@ -230,13 +250,54 @@ static void move_state(shard_t *sh)
 static void publish(shard_t *sh)
 {
     const backend_t *be = sh->be;
+    const float *master = sh->bank[sh->done % 2].master;
     for (int i = 0; i < sh->nparts; i++) {
         const part_t *q = &sh->part[i];
-        BE_CHECK(sh, be->to_weights(q->w, sh->state.master + (q->lo - sh->begin), q->hi - q->lo, sh->stream),
+        BE_CHECK(sh, be->to_weights(q->w, master + (q->lo - sh->begin), q->hi - q->lo, sh->stream),
                  "weights: %s", BE_WHY(sh));
         BE_CHECK(sh, be->zero(q->g, (q->hi - q->lo) * sizeof(float), sh->stream), "gradients: %s", BE_WHY(sh));
     }
     BE_CHECK(sh, be->stream_sync(sh->stream), "weights: %s", BE_WHY(sh));
+}
+
+/* The state at the first step: the checkpoint's (checkpoint.load) or the initial weights
+ * with zero moments, into dst. */
+static void make_state(shard_t *sh, float *const dst[3])
+{
+    memset(dst[1], 0, sh->n * sizeof(float));
+    memset(dst[2], 0, sh->n * sizeof(float));
+    if (sh->man->ckpt_load[0])
+        load(sh, dst);
+    else
+        params_init(&sh->tab, &sh->man->model, sh->man->seed, dst[0], sh->begin, sh->end);
+}
+
+/* CPU shards: the banks in the optstate segment. Returns 1 when this process replaces a shard
+ * that was killed (its record is committed): it takes the state over as the record says; else
+ * it makes the state of the first step in that step's bank (committed once published). */
+static int state_in_segment(shard_t *sh)
+{
+    char err[256];
+    WORKER_CHECK(sh->w, shm_attach(&sh->opt, worker_job(sh->w), JOB_OPTSTATE_SEG, err, sizeof(err)) == 0, "%s", err);
+    void *mem = shm_data(sh->opt);
+    WORKER_CHECK(sh->w, job_optstate_check(mem, &sh->lay, sh->man->shards, err, sizeof(err)) == 0, "%s", err);
+    for (int b = 0; b < 2; b++) {
+        sh->bank[b].master = job_optstate_array(mem, b, 0) + sh->begin;
+        sh->bank[b].m1 = job_optstate_array(mem, b, 1) + sh->begin;
+        sh->bank[b].m2 = job_optstate_array(mem, b, 2) + sh->begin;
+    }
+    sh->commit = &job_optstate_rec(mem, sh->rank)->done;
+    int64_t done = atomic_load(sh->commit);
+    if (done >= 0) {
+        sh->done = done;
+        LOG_I("slice [%zu, %zu): taking over the state after step %lld from the optstate segment", sh->begin,
+              sh->end, (long long)done);
+        return 1;
+    }
+    sh->done = worker_first_step(sh->w);
+    int b = (int)(sh->done % 2);
+    make_state(sh, (float *const[3]){sh->bank[b].master, sh->bank[b].m1, sh->bank[b].m2});
+    return 0;
 }
 
 static void setup(shard_t *sh)
@@ -247,23 +308,26 @@ static void setup(shard_t *sh)
                  "out of memory");
     WORKER_CHECK(sh->w, job_shard_range(&sh->lay, m, sh->rank, &sh->begin, &sh->end) == 0, "out of memory");
     sh->n = sh->end - sh->begin;
-    size_t bytes = (sh->n ? sh->n : 1) * sizeof(float);
-    float *all = malloc(3 * bytes); /* one allocation: master, m1, m2 */
-    WORKER_CHECK(sh->w, all, "out of memory for %zu parameters", sh->n);
-    sh->master = all;
-    sh->m1 = (float *)((char *)all + bytes);
-    sh->m2 = (float *)((char *)all + 2 * bytes);
-    memset(sh->m1, 0, 2 * bytes);
+    sh->reduced = -1;
     const char *job = worker_job(sh->w);
     WORKER_CHECK(sh->w, shm_attach(&sh->job, job, "job", err, sizeof(err)) == 0, "%s", err);
     WORKER_CHECK(sh->w, shm_attach(&sh->params, job, "params", err, sizeof(err)) == 0, "%s", err);
     sh->final_w = shm_data(sh->params);
     if (!sh->lay.nccl) /* NCCL slices do not start at block boundaries: see reduce */
         sh->norm_out = job_norm_blocks(shm_data(sh->job)) + sh->begin / MANIFEST_BLOCK;
-    if (m->ckpt_load[0])
-        load(sh);
-    else
-        params_init(&sh->tab, &m->model, m->seed, sh->master, sh->begin, sh->end);
+    int took_over = 0;
+    if (sh->lay.gpu_shards) {
+        size_t bytes = (sh->n ? sh->n : 1) * sizeof(float);
+        float *all = malloc(3 * bytes); /* one allocation: master, m1, m2 */
+        WORKER_CHECK(sh->w, all, "out of memory for %zu parameters", sh->n);
+        sh->master = all;
+        sh->m1 = (float *)((char *)all + bytes);
+        sh->m2 = (float *)((char *)all + 2 * bytes);
+        sh->done = worker_first_step(sh->w);
+        make_state(sh, (float *const[3]){sh->master, sh->m1, sh->m2});
+    } else {
+        took_over = state_in_segment(sh);
+    }
 
     const char *device = sh->lay.gpu_shards ? "cuda" : "cpu";
     WORKER_CHECK(sh->w, sh->be = backend_load(device, err, sizeof(err)), "optshard.device = \"%s\": %s", device, err);
@@ -277,7 +341,11 @@ static void setup(shard_t *sh)
     else
         parts_from_segments(sh);
     move_state(sh);
-    publish(sh);
+    if (!took_over) { /* a replacement leaves the stages' weights alone: a step may be running */
+        publish(sh);
+        if (sh->commit)
+            atomic_store(sh->commit, sh->done);
+    }
 
     if (m->ckpt_enable) {
         WORKER_CHECK(sh->w, shm_attach(&sh->staging, job, STAGING_SEG, err, sizeof(err)) == 0, "%s", err);
@@ -293,7 +361,7 @@ static void setup(shard_t *sh)
  * that), the block norms to the job segment. Returns the slice's squared norm. With NCCL the
  * slices do not start at block boundaries, so the coordinator sums the shards' norms instead
  * (in shard order) and the block norms stay here. */
-static double reduce(shard_t *sh)
+static double reduce(shard_t *sh, int64_t step)
 {
     const backend_t *be = sh->be;
     float *sum = sh->state.g;
@@ -313,17 +381,30 @@ static double reduce(shard_t *sh)
         sq += sh->hnorm[b];
     if (sh->norm_out)
         memcpy(sh->norm_out, sh->hnorm, nb * sizeof(double));
+    sh->reduced = step;
     return sq;
 }
 
+/* UPDATE of step `step` (0-based): AdamW from bank step % 2 into the other, the commit, then
+ * the new weights to every replica. */
 static double update(shard_t *sh, int64_t step, double scale)
 {
     const manifest_t *m = sh->man;
     const backend_t *be = sh->be;
+    double lr = m->lr * lr_factor(&m->lr_sched, (int)step);
+    if (sh->commit && atomic_load(sh->commit) == step + 1) { /* committed by the shard this one replaces */
+        sh->done = step + 1;
+        publish(sh);
+        return lr;
+    }
+    WORKER_CHECK(sh->w, sh->done == step, "UPDATE of step %lld, but the state is that after step %lld",
+                 (long long)step + 1, (long long)sh->done);
+    if (sh->reduced != step) /* a replacement: the gradients stay whole until the commit */
+        reduce(sh, step);
     float *g = sh->state.g;
     if (scale != 1.0)
         BE_CHECK(sh, be->f32_scale(g, (float)scale, sh->n, sh->stream), "clip: %s", BE_WHY(sh));
-    double lr = m->lr * lr_factor(&m->lr_sched, (int)step);
+    int from = (int)(step % 2), to = 1 - from;
     for (int t = 0; t < sh->tab.n; t++) {
         const param_info_t *p = &sh->tab.t[t];
         size_t b, e;
@@ -332,11 +413,17 @@ static double update(shard_t *sh, int64_t step, double scale)
         int decay = m->decay_embed_and_norms || params_is_decayed(p->kind);
         size_t o = b - sh->begin;
         float wd = decay ? (float)m->weight_decay : 0.0f;
-        BE_CHECK(sh, be->adamw(sh->state.master + o, sh->state.m1 + o, sh->state.m2 + o, /* in place */
-                               sh->state.master + o, sh->state.m1 + o, sh->state.m2 + o, g + o, e - b, (float)lr,
-                               (float)m->beta1, (float)m->beta2, (float)m->eps, wd, (int)step + 1, sh->stream),
-                 "AdamW: %s", BE_WHY(sh));
+        BE_CHECK(sh, be->adamw(sh->bank[to].master + o, sh->bank[to].m1 + o, sh->bank[to].m2 + o,
+                               sh->bank[from].master + o, sh->bank[from].m1 + o, sh->bank[from].m2 + o, g + o, e - b,
+                               (float)lr, (float)m->beta1, (float)m->beta2, (float)m->eps, wd, (int)step + 1,
+                               sh->stream), "AdamW: %s", BE_WHY(sh));
+        worker_test_point(sh->w, "adamw", step);
     }
+    BE_CHECK(sh, be->stream_sync(sh->stream), "AdamW: %s", BE_WHY(sh));
+    sh->done = step + 1;
+    if (sh->commit)
+        atomic_store(sh->commit, sh->done);
+    worker_test_point(sh->w, "committed", step);
     publish(sh);
     return lr;
 }
@@ -347,8 +434,8 @@ static double update(shard_t *sh, int64_t step, double scale)
 static void finish(shard_t *sh)
 {
     const backend_t *be = sh->be;
-    BE_CHECK(sh, be->copy(sh->final_w + sh->begin, sh->state.master, sh->n * sizeof(float), sh->stream), "%s",
-             BE_WHY(sh));
+    BE_CHECK(sh, be->copy(sh->final_w + sh->begin, sh->bank[sh->done % 2].master, sh->n * sizeof(float),
+                          sh->stream), "%s", BE_WHY(sh));
     BE_CHECK(sh, be->stream_sync(sh->stream), "final weights: %s", BE_WHY(sh));
     for (int i = 0; i < sh->nmapped; i++)
         sh->cu->ipc_close(sh->mapped[i]);
@@ -388,7 +475,8 @@ int main(int argc, char **argv)
             msg_clear(&m);
             break;
         } else if (m.type == MSG_REDUCE) {
-            reply.grad_norm = reduce(&sh);
+            worker_test_point(sh.w, "reduce", m.step);
+            reply.grad_norm = reduce(&sh, m.step);
             reply.type = MSG_REDUCED;
         } else if (m.type == MSG_SNAPSHOT) {
             WORKER_CHECK(sh.w, sh.staging, "snapshot without a staging segment (checkpoint.enable is false)");
@@ -396,6 +484,7 @@ int main(int argc, char **argv)
             reply.type = MSG_SNAPPED;
         } else if (m.type == MSG_UPDATE) {
             reply.lr = update(&sh, m.step, m.scale);
+            worker_test_point(sh.w, "updated", m.step);
             reply.type = MSG_UPDATED;
         }
         msg_clear(&m);
@@ -420,6 +509,7 @@ int main(int argc, char **argv)
     shm_detach(&sh.grads);
     shm_detach(&sh.staging);
     shm_detach(&sh.dev);
+    shm_detach(&sh.opt);
     worker_close(&sh.w);
     return 0;
 }

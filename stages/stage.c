@@ -11,7 +11,12 @@
  * the backend's memory. With [optshard] device = "cuda" the optimizer shards map this stage's
  * device weights and gradients through its device directory entry (stages/devdir.h) and update
  * them in place; with "cpu" (offload) the backend uploads the shared fp32 weights at the start of
- * each step and writes the step's gradients back at its end. */
+ * each step and writes the step's gradients back at its end.
+ *
+ * When another stage of the job dies mid-step, the coordinator closes the rings (ring_close):
+ * a wait on one returns -ECANCELED, and this stage leaves the step (ABORTED) and waits for the
+ * step to be sent again, once the coordinator has reset the rings and gradients (DESIGN.md
+ * "Recovery"). */
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -53,6 +58,7 @@ typedef struct {
     float dscale;                /* 1 / tokens in the global batch */
     double t_op[3], t_wait;
     int n_op[3];
+    int aborted;                 /* a ring was closed: this step is left unfinished */
 } stage_t;
 
 /* A backend call that must succeed (BE_WHY: its reason), and a data-plane one. */
@@ -206,12 +212,25 @@ static void acts_free(stage_t *st, int mb)
             st->acts_mb[i] = -1;
 }
 
-/* The next slot of a loader ring, which must carry (step, mb). */
+/* Whether a data-plane call's rc says the coordinator closed the rings (sets st->aborted). */
+static int closed(stage_t *st, int rc)
+{
+    if (rc == -ECANCELED)
+        st->aborted = 1;
+    return rc == -ECANCELED;
+}
+
+/* The next slot of a loader ring, which must carry (step, mb); NULL once the ring is closed. */
 static void *take(stage_t *st, ring_t *r, int64_t step, int mb)
 {
     void *p;
     char err[256];
-    WORKER_CHECK(st->w, plane_ring_take(r, step, mb, &p, &st->t_wait, err, sizeof(err)) == 0, "%s", err);
+    worker_waiting(st->w, 1);
+    int rc = plane_ring_take(r, step, mb, &p, &st->t_wait, err, sizeof(err));
+    worker_waiting(st->w, 0);
+    if (closed(st, rc))
+        return NULL;
+    WORKER_CHECK(st->w, rc == 0, "%s", err);
     return p;
 }
 
@@ -226,18 +245,29 @@ static void check_ids(stage_t *st, const int32_t *ids, const char *what, int64_t
                      what, ids[i], (long long)step, mb, i, V);
 }
 
-/* The slot of link l that carries (step, mb) in, or a free one for it out. */
+/* The slot of link l that carries (step, mb) in, or a free one for it out; NULL once the
+ * ring is closed. */
 static void *recv_slot(stage_t *st, plane_link_t l, int64_t step, int mb)
 {
     void *slot;
-    PLANE_CHECK(st, plane_recv(st->plane, l, step, mb, &slot));
+    worker_waiting(st->w, 1);
+    int rc = plane_recv(st->plane, l, step, mb, &slot);
+    worker_waiting(st->w, 0);
+    if (closed(st, rc))
+        return NULL;
+    PLANE_CHECK(st, rc);
     return slot;
 }
 
 static void *reserve_slot(stage_t *st, plane_link_t l, int64_t step, int mb)
 {
     void *slot;
-    PLANE_CHECK(st, plane_reserve(st->plane, l, step, mb, &slot));
+    worker_waiting(st->w, 1);
+    int rc = plane_reserve(st->plane, l, step, mb, &slot);
+    worker_waiting(st->w, 0);
+    if (closed(st, rc))
+        return NULL;
+    PLANE_CHECK(st, rc);
     return slot;
 }
 
@@ -246,14 +276,14 @@ static double forward(stage_t *st, int64_t step, int mb)
     int a = acts_for(st, mb, 1);
     const int32_t *tok = NULL, *tgt = NULL;
     void *x_in = NULL, *x_out = NULL;
+    if (st->first ? !(tok = take(st, st->tok_in, step, mb)) : !(x_in = recv_slot(st, PLANE_ACT_IN, step, mb)))
+        return 0;
     if (st->first)
-        check_ids(st, tok = take(st, st->tok_in, step, mb), "token", step, mb);
-    else
-        x_in = recv_slot(st, PLANE_ACT_IN, step, mb);
+        check_ids(st, tok, "token", step, mb);
+    if (st->last ? !(tgt = take(st, st->tgt_in, step, mb)) : !(x_out = reserve_slot(st, PLANE_ACT_OUT, step, mb)))
+        return 0;
     if (st->last)
-        check_ids(st, tgt = take(st, st->tgt_in, step, mb), "target", step, mb);
-    else
-        x_out = reserve_slot(st, PLANE_ACT_OUT, step, mb);
+        check_ids(st, tgt, "target", step, mb);
     double t0 = util_now(), loss = 0;
     BE_CHECK(st, st->be->forward(st->model, st->acts[a], tok, x_in, tgt, st->dscale, x_out, &loss), "%s forward: %s",
              st->be->name, BE_WHY(st));
@@ -273,8 +303,10 @@ static double forward(stage_t *st, int64_t step, int mb)
 static void backward_b(stage_t *st, int64_t step, int mb)
 {
     int a = acts_for(st, mb, 0);
-    void *dy = st->last ? NULL : recv_slot(st, PLANE_GRAD_IN, step, mb);
-    void *dx = st->first ? NULL : reserve_slot(st, PLANE_GRAD_OUT, step, mb);
+    void *dy = NULL, *dx = NULL;
+    if ((!st->last && !(dy = recv_slot(st, PLANE_GRAD_IN, step, mb))) ||
+        (!st->first && !(dx = reserve_slot(st, PLANE_GRAD_OUT, step, mb))))
+        return;
     double t0 = util_now();
     BE_CHECK(st, st->be->backward_b(st->model, st->acts[a], dy, dx), "%s backward: %s", st->be->name, BE_WHY(st));
     st->t_op[SCHED_B] += util_now() - t0;
@@ -305,7 +337,11 @@ static void run_step(stage_t *st, int64_t step)
     BE_CHECK(st, st->be->step_begin(st->model), "%s weights: %s", st->be->name, BE_WHY(st));
     PLANE_CHECK(st, plane_step_begin(st->plane));
     const sched_action_t *a = st->sched.a[st->rank];
-    for (int i = 0; i < st->sched.n[st->rank]; i++) {
+    int n = st->sched.n[st->rank];
+    st->aborted = 0;
+    for (int i = 0; i < n && !st->aborted; i++) {
+        if (i == n / 2)
+            worker_test_point(st->w, "mid", step);
         switch (a[i].op) {
         case SCHED_F: loss += forward(st, step, a[i].mb); break; /* microbatch order: fixed sum */
         case SCHED_B: backward_b(st, step, a[i].mb); break;
@@ -313,6 +349,15 @@ static void run_step(stage_t *st, int64_t step)
         }
         worker_progress(st->w);
     }
+    if (st->aborted) { /* the coordinator resets rings and gradients, then sends the step again */
+        for (int i = 0; i < st->nacts; i++)
+            st->acts_mb[i] = -1;
+        LOG_I("step %lld left unfinished: the rings were closed for a recovery", (long long)step + 1);
+        msg_t m = {.type = MSG_ABORTED, .step = step};
+        WORKER_CHECK(st->w, worker_send(st->w, &m) == 0, "cannot reach the coordinator");
+        return;
+    }
+    worker_test_point(st->w, "end", step);
     PLANE_CHECK(st, plane_step_end(st->plane));
     BE_CHECK(st, st->be->step_end(st->model), "%s step: %s", st->be->name, BE_WHY(st));
     size_t used;
@@ -374,6 +419,7 @@ int main(int argc, char **argv)
             break;
         if (type == MSG_STEP) {
             test_fail_hook(&st, step);
+            worker_test_point(st.w, "begin", step);
             run_step(&st, step);
         }
     }

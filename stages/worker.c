@@ -2,8 +2,11 @@
 #include "stages/worker.h"
 
 #include <errno.h>
+#include <execinfo.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -27,7 +30,9 @@ struct worker {
     char endpoint[256];
     char job[64];
     manifest_t man;
+    int64_t first_step;
     _Atomic uint64_t progress;
+    _Atomic int waiting;         /* the main thread waits on a peer (worker_waiting) */
     _Atomic int quit;
     pthread_t hb;
     int hb_started;
@@ -48,6 +53,10 @@ static void *heartbeat_main(void *arg)
 {
     worker_t *w = arg;
     char id[CTL_ID_MAX + 4], err[256];
+    sigset_t abrt; /* the watchdog's SIGABRT is for the main thread's stack (dump_stack) */
+    sigemptyset(&abrt);
+    sigaddset(&abrt, SIGABRT);
+    pthread_sigmask(SIG_BLOCK, &abrt, NULL);
     snprintf(id, sizeof(id), "%s/hb", w->id);
     ctl_t *c = NULL;
     if (ctl_client_new(&c, w->endpoint, id, w->keys.server, &w->keys.me, err, sizeof(err))) {
@@ -57,6 +66,8 @@ static void *heartbeat_main(void *arg)
     double interval = w->man.heartbeat_interval_ms * 1e-3, limit = w->man.heartbeat_timeout_ms * 1e-3;
     double last_answer = util_now();
     while (!atomic_load(&w->quit)) {
+        if (atomic_load(&w->waiting)) /* blocked on a peer is not wedged: the watchdog looks for the one */
+            atomic_fetch_add(&w->progress, 1);
         msg_t m = {.type = MSG_HEARTBEAT, .progress = atomic_load(&w->progress)};
         fill_who(w, &m);
         ctl_send(c, NULL, &m);
@@ -77,6 +88,20 @@ static void *heartbeat_main(void *arg)
     }
     ctl_destroy(&c);
     return NULL;
+}
+
+/* SIGABRT (the coordinator's step watchdog, or abort()): the main thread's stack to standard
+ * error, then the default action. backtrace() was called once at start, so it does not load
+ * libgcc from here. */
+static void dump_stack(int sig)
+{
+    void *frames[64];
+    static const char head[] = "ctitan: SIGABRT: the stack of the main thread:\n";
+    ssize_t rc = write(2, head, sizeof(head) - 1);
+    (void)rc;
+    backtrace_symbols_fd(frames, backtrace(frames, 64), 2);
+    signal(sig, SIG_DFL);
+    raise(sig);
 }
 
 int worker_keys_pipe(const worker_keys_t *k)
@@ -187,11 +212,15 @@ int worker_open(worker_t **out, const char *role, int rank, int replica, char *e
         if (!rc)
             rc = manifest_validate(&w->man, err, errlen);
         log_set_step(m.step); /* the first step this worker takes part in */
+        w->first_step = m.step;
         msg_clear(&m);
         if (rc)
             goto fail;
         break;
     }
+    void *frame;
+    backtrace(&frame, 1);
+    signal(SIGABRT, dump_stack);
     if (pthread_create(&w->hb, NULL, heartbeat_main, w) == 0)
         w->hb_started = 1;
     *out = w;
@@ -216,6 +245,46 @@ void worker_close(worker_t **pw)
 }
 
 const manifest_t *worker_manifest(const worker_t *w) { return &w->man; }
+int64_t worker_first_step(const worker_t *w) { return w->first_step; }
+
+/* Whether the list in environment variable `var` names `want`, and this is the first process to
+ * reach it when CTITAN_TEST_DIE_ONCE names a folder (a file per point there). */
+static int test_point_hit(const char *var, const char *want)
+{
+    const char *at = getenv(var), *once = getenv("CTITAN_TEST_DIE_ONCE");
+    char list[1024], flag[PATH_MAX];
+    if (!at)
+        return 0;
+    snprintf(list, sizeof(list), "%s", at);
+    for (char *save = NULL, *item = strtok_r(list, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        if (strcmp(item, want))
+            continue;
+        if (!once || snprintf(flag, sizeof(flag), "%s/%s:%s", once, var, want) >= (int)sizeof(flag))
+            return 1;
+        int fd = open(flag, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0600);
+        if (fd < 0)
+            return 0; /* a process reached it once already */
+        close(fd);
+        return 1;
+    }
+    return 0;
+}
+
+void worker_test_point(worker_t *w, const char *point, int64_t step)
+{
+    char want[128];
+    snprintf(want, sizeof(want), "%s:%s:%lld", w->id, point, (long long)step + 1);
+    if (test_point_hit("CTITAN_TEST_DIE_AT", want)) {
+        LOG_W("CTITAN_TEST_DIE_AT: killing myself with SIGKILL at %s", want);
+        raise(SIGKILL);
+    }
+    if (test_point_hit("CTITAN_TEST_HANG_AT", want)) {
+        LOG_W("CTITAN_TEST_HANG_AT: the main thread hangs at %s (heartbeats go on)", want);
+        for (;;)
+            pause();
+    }
+}
+
 const char *worker_job(const worker_t *w) { return w->job; }
 
 int worker_send(worker_t *w, const msg_t *m) { return ctl_send(w->ctl, NULL, m); }
@@ -252,6 +321,8 @@ int worker_ready(worker_t *w)
     fill_who(w, &m);
     return ctl_send(w->ctl, NULL, &m);
 }
+
+void worker_waiting(worker_t *w, int on) { atomic_store(&w->waiting, on); }
 
 void worker_progress(worker_t *w) { atomic_fetch_add(&w->progress, 1); }
 

@@ -46,6 +46,8 @@ void worker_close(worker_t **w);
 
 const manifest_t *worker_manifest(const worker_t *w);
 const char *worker_job(const worker_t *w);
+/* The step the config named: the first this worker takes part in (steps done before it). */
+int64_t worker_first_step(const worker_t *w);
 
 int worker_send(worker_t *w, const msg_t *m);
 /* Next command (fields role/rank/replica are filled in for the caller's convenience).
@@ -57,8 +59,20 @@ void worker_command(worker_t *w, msg_t *m);
 int worker_ready(worker_t *w);
 /* Bumps the progress counter the heartbeats carry. */
 void worker_progress(worker_t *w);
+/* The main thread waits on a peer (on) or works (off): while it waits the heartbeats count as
+ * progress, so the coordinator's step watchdog blames the peer that wedged, not the ones that
+ * wait on it. A SIGABRT dumps the main thread's stack to standard error (worker_open installs
+ * the handler). */
+void worker_waiting(worker_t *w, int on);
 /* Reports an error to the coordinator (role, rank, replica, reason). */
 void worker_report(worker_t *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Test hook (NOTES.md "Test hooks"): a worker dies by SIGKILL at a named point of a step
+ * (1-based in the variable) when CTITAN_TEST_DIE_AT lists "<role>.<rank>.<replica>:<point>:<step>"
+ * (comma-separated), or its main thread hangs there (its heartbeats go on) when
+ * CTITAN_TEST_HANG_AT does; with CTITAN_TEST_DIE_ONCE naming a folder, only the first process
+ * to reach the point is hit (a file per point there), so its replacement goes on. */
+void worker_test_point(worker_t *w, const char *point, int64_t step);
 
 /* For process mains: report, log and exit(1). w may be NULL (before the connection). */
 _Noreturn void worker_die(worker_t *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

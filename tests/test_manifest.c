@@ -169,7 +169,7 @@ static void assert_same_manifest(const manifest_t *a, const manifest_t *b)
 #define I(f) assert_true(a->f == b->f)
 #define D(f) assert_memory_equal(&a->f, &b->f, sizeof(double))
     S(name); S(dump_folder); S(description); S(endpoint); S(device);
-    I(heartbeat_interval_ms); I(heartbeat_timeout_ms); I(max_restarts); I(restart_backoff_ms);
+    I(heartbeat_interval_ms); I(heartbeat_timeout_ms); I(max_restarts); I(restart_backoff_ms); D(watchdog_s);
     S(model_name); S(flavor); S(tokenizer_path);
     I(model.dim); I(model.n_layers); I(model.n_heads); I(model.n_kv_heads); I(model.vocab_size);
     I(model.multiple_of); D(model.ffn_dim_multiplier); D(model.norm_eps); D(model.rope_theta);

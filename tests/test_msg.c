@@ -51,6 +51,7 @@ static const struct {
     {MSG_LOAD, "load", "text"},
     {MSG_LOADED, "loaded", "ok step text data"},
     {MSG_SWAP_ARGV, "swap_argv", "data"},
+    {MSG_ABORTED, "aborted", "step"},
 };
 #define NTYPES (sizeof ttab / sizeof ttab[0])
 

@@ -237,20 +237,6 @@ static void count_losses(sup_t *s, failure_t *f, double wait_s)
     f->lost_s = util_now() + wait_s - since;
 }
 
-static void put_json_string(FILE *fp, const char *str)
-{
-    fputc('"', fp);
-    for (const unsigned char *c = (const unsigned char *)str; *c; c++) {
-        if (*c == '"' || *c == '\\')
-            fprintf(fp, "\\%c", *c);
-        else if (*c < 0x20 || *c == 0x7f)
-            fprintf(fp, "\\u%04x", *c);
-        else
-            fputc(*c, fp);
-    }
-    fputc('"', fp);
-}
-
 /* The restart's line on the progress output and its record in metrics.file. */
 static void report(sup_t *s, const failure_t *f, int wait_ms)
 {
@@ -276,10 +262,10 @@ static void report(sup_t *s, const failure_t *f, int wait_ms)
     }
     if (!fp)
         return;
-    fprintf(fp, "{\"restart\": %d, \"role\": ", s->restarts);
-    put_json_string(fp, f->role);
+    fprintf(fp, "{\"restart\": %d, \"scope\": \"job\", \"role\": ", s->restarts);
+    util_json_string(fp, f->role);
     fprintf(fp, ", \"rank\": %d, \"replica\": %d, \"reason\": ", f->rank, f->replica);
-    put_json_string(fp, f->reason);
+    util_json_string(fp, f->reason);
     fprintf(fp, ", \"resume_step\": %lld, \"steps_lost\": %lld, \"time_lost_s\": %.3f}\n", (long long)f->resume,
             (long long)f->lost_steps, f->lost_s);
     fclose(fp);

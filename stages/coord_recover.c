@@ -154,7 +154,7 @@ static void resend(coord_t *c, int redo, const int *replaced, int n)
 
 /* One line on the progress output, a record in the metrics file. */
 static void report(coord_t *c, const coord_proc_t *first, const char *why, double t_dead, double t_round, int redo,
-                   const int *replaced, int n)
+                   int again, const int *replaced, int n)
 {
     double now = util_now(), lost = redo ? now - t_round : now - t_dead;
     char pids[256] = "";
@@ -163,23 +163,32 @@ static void report(coord_t *c, const coord_proc_t *first, const char *why, doubl
                       (int)c->p[replaced[j]].pid);
     c->recoveries++;
     snprintf(c->last_recovery, sizeof(c->last_recovery), "%.560s", why);
-    printf("recovered %d (in place, at step %lld): %s; replaced: %s in %.2f s%s\n", c->recoveries,
-           (long long)c->step + 1, why, pids, now - t_dead,
-           redo ? ", the step redone by every stage" : "");
+    char more[96] = "";
+    if (again)
+        snprintf(more, sizeof(more), " (%d more lost during the recovery)", again);
+    printf("recovered %d (in place, at step %lld): %s; replaced: %s in %.2f s%s%s\n", c->recoveries,
+           (long long)c->step + 1, why, pids, now - t_dead, more, redo ? ", the step redone by every stage" : "");
     fflush(stdout);
     if (!c->metrics)
         return;
     fprintf(c->metrics, "{\"restart\": %d, \"scope\": \"process\", \"role\": \"%s\", \"rank\": %d, \"replica\": %d, "
             "\"reason\": ", c->recoveries, coord_role_name(first->role), first->rank, first->replica);
     util_json_string(c->metrics, why);
-    fprintf(c->metrics, ", \"step\": %lld, \"redone\": %s, \"replaced\": %d, \"recovery_s\": %.3f, "
-            "\"time_lost_s\": %.3f}\n", (long long)c->step + 1, redo ? "true" : "false", n, now - t_dead, lost);
+    fprintf(c->metrics, ", \"step\": %lld, \"redone\": %s, \"replaced\": %d, \"lost_during\": %d, "
+            "\"recovery_s\": %.3f, \"time_lost_s\": %.3f}\n", (long long)c->step + 1, redo ? "true" : "false", n,
+            again, now - t_dead, lost);
     fflush(c->metrics);
 }
 
 int coord_recover(coord_t *c)
 {
+    char why[sizeof(c->lost_why)]; /* the first loss names the recovery; the others during it are counted */
+    snprintf(why, sizeof(why), "%s", c->lost_why);
+    const coord_proc_t *first = c->lost_first;
+    double t_dead = c->lost_at;
+    int again = -1;
     while (c->n_lost && !c->failed && !c->interrupted) {
+        again++;
         if (c->step != c->recover_step) {
             c->recover_step = c->step;
             c->recover_tries = 0;
@@ -193,10 +202,6 @@ int coord_recover(coord_t *c)
         int redo = c->redo && c->round.type == MSG_STEP;
         if (redo && stop_step(c))
             return -1;
-        char why[sizeof(c->lost_why)];
-        snprintf(why, sizeof(why), "%s", c->lost_why);
-        const coord_proc_t *first = c->lost_first;
-        double t_dead = c->lost_at;
         int replaced[c->np], n = 0;
         c->n_lost = 0;
         c->redo = 0;
@@ -217,7 +222,7 @@ int coord_recover(coord_t *c)
             continue;
         }
         resend(c, redo, replaced, n);
-        report(c, first, why, t_dead, c->round_t0, redo, replaced, n);
+        report(c, first, why, t_dead, c->round_t0, redo, again, replaced, n);
     }
     return c->failed || c->interrupted ? -1 : 0;
 }

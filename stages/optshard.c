@@ -464,6 +464,7 @@ int main(int argc, char **argv)
     }
     sh.man = worker_manifest(sh.w);
     WORKER_CHECK(sh.w, sh.rank < sh.man->shards, "shard %d of %d does not exist", sh.rank, sh.man->shards);
+    worker_test_point(sh.w, "setup", worker_first_step(sh.w));
     setup(&sh);
     WORKER_CHECK(sh.w, worker_ready(sh.w) == 0, "cannot reach the coordinator");
     for (;;) {
@@ -480,6 +481,9 @@ int main(int argc, char **argv)
             reply.type = MSG_REDUCED;
         } else if (m.type == MSG_SNAPSHOT) {
             WORKER_CHECK(sh.w, sh.staging, "snapshot without a staging segment (checkpoint.enable is false)");
+            WORKER_CHECK(sh.w, sh.done == m.step, "SNAPSHOT of step %lld, but the state is that after step %lld",
+                         (long long)m.step, (long long)sh.done);
+            worker_test_point(sh.w, "snapshot", m.step - 1);
             snapshot(&sh);
             reply.type = MSG_SNAPPED;
         } else if (m.type == MSG_UPDATE) {

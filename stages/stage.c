@@ -407,6 +407,7 @@ int main(int argc, char **argv)
                  st.man->pp, st.man->dp);
     st.first = st.rank == 0;
     st.last = st.rank == st.man->pp - 1;
+    worker_test_point(st.w, "setup", worker_first_step(st.w));
     setup(&st);
     WORKER_CHECK(st.w, worker_ready(st.w) == 0, "cannot reach the coordinator");
     for (;;) {

@@ -193,7 +193,11 @@ int coord_recover(coord_t *c)
             c->recover_step = c->step;
             c->recover_tries = 0;
         }
-        if (++c->recover_tries > c->m->max_restarts) {
+        if (++c->recover_tries > c->m->max_restarts && !c->m->max_restarts) {
+            coord_fail_proc(c, c->lost_first, "%s; not replaced: job.max_restarts = 0", c->lost_why);
+            return -1;
+        }
+        if (c->recover_tries > c->m->max_restarts) {
             coord_fail_proc(c, c->lost_first, "%s; not replaced: %d in-place recoveries at step %lld already "
                             "(job.max_restarts = %d)", c->lost_why, c->recover_tries - 1, (long long)c->step + 1,
                             c->m->max_restarts);

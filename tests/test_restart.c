@@ -1,11 +1,12 @@
 /* `ctitan launch`'s supervisor (tools/supervise.h, issue 13) with real processes and real
- * kill -9: a job whose stage or coordinator is killed is relaunched from its newest checkpoint
+ * kill -9: a job whose coordinator is killed is relaunched from its newest checkpoint
  * and ends as if nothing happened (the losses after the resume bitwise those of an undisturbed
  * run, compared as the %.17g strings of the metrics files), with one restart record; a failure
  * that repeats at the same step stops after job.max_restarts; `ctitan status` shows the
  * restarts and Ctrl-C still stops everything without one. After every job no process, process
  * group or segment of it is left. Also the restart policy itself. (test_launch holds the jobs
- * that run with job.max_restarts = 0.) */
+ * that run with job.max_restarts = 0; a stage or shard that dies is replaced in place:
+ * test_recover.) */
 #include <dirent.h>
 #include <fcntl.h>
 #include <setjmp.h>
@@ -218,51 +219,6 @@ static void test_restart_policy_counts_restarts_in_a_row_from_the_same_step(void
 
 /* ---- jobs ---- */
 
-/* Checkpoints every 5 steps, 400 steps (about a second here), no wait before a restart. */
-#define CKPT_ARGS "--training.steps 400 --checkpoint.enable true --checkpoint.interval 5 --job.restart_backoff_ms 0"
-#define KILL_AFTER 21 /* the checkpoint of step 15 is saved by then (that of 20 waited for it) */
-
-/* kill -9 of a stage mid-run: the coordinator fails the job naming it, the supervisor relaunches
- * it from the newest checkpoint, and the job ends with status 0 and the losses of a run nobody
- * disturbed. Says how long the restart took, from the kill to the first step after the resume. */
-static void test_restart_killed_stage_resumes_from_the_newest_checkpoint_bitwise(void **state)
-{
-    TU_NEED_BIN();
-    static char out[1 << 16];
-    char j[32], ref[32];
-    job_name(j, sizeof(j), "stage");
-    job_name(ref, sizeof(ref), "stageref");
-    int rc = launch("", ref, CKPT_ARGS, out, sizeof(out));
-    if (rc)
-        fail_msg("the reference run: status %d:\n%s", rc, out);
-    pid_t pid = launch_bg(j, CKPT_ARGS);
-    assert_int_equal(tj_wait_step(j, KILL_AFTER, 60), 0);
-    pid_t coord = tu_descendant_named(pid, "ctitan-coord"), st = tu_stage_pid(pid, 1);
-    assert_true(coord > 0 && st > 0);
-    double t0 = util_now();
-    kill(st, SIGKILL);
-    assert_int_equal(wait_resumed(j, 1, 60), 0);
-    print_message("a stage killed -9: first step after the resume %.3f s later\n", util_now() - t0);
-    rc = tu_reap(pid, 60, NULL);
-    tj_read_out(j, out, sizeof(out));
-    if (rc)
-        fail_msg("status %d:\n%s", rc, out);
-    int resume = assert_resumed_bitwise(j, ref, 400);
-    assert_true(resume >= KILL_AFTER - 6);
-    static metrics_t mt;
-    parse_metrics(j, &mt);
-    assert_non_null(strstr(mt.restart[0], "\"role\": \"stage\", \"rank\": 1, \"replica\": 0"));
-    assert_non_null(strstr(mt.restart[0], "killed by signal 9"));
-    assert_true(field(mt.restart[0], "time_lost_s") >= 0);
-    /* one line on the progress output says it */
-    assert_int_equal(count(out, "\nrestart "), 1);
-    assert_non_null(strstr(out, "restart 1 (1 of job.max_restarts = 3 in a row"));
-    assert_non_null(strstr(out, "stage rank 1 replica 0"));
-    assert_true(kill(st, 0) < 0);
-    assert_clean(j, &coord, 1);
-    assert_clean(ref, NULL, 0);
-}
-
 /* Checkpoints every 250 steps: the one of 250 is saved a few hundred ms after its step (checkpointd
  * runs at SCHED_IDLE beside two busy stages), far from the end. */
 #define CKPT250_ARGS "--training.steps 1000 --checkpoint.enable true --checkpoint.interval 250 --job.restart_backoff_ms 0"
@@ -368,7 +324,7 @@ static void test_restart_a_failure_at_the_same_step_stops_after_max_restarts(voi
     assert_int_equal(count(metrics, "{\"restart\": "), 2);
     assert_int_equal(count(metrics, "{\"step\": 4,"), 3); /* each run got as far */
     assert_int_equal(count(metrics, "{\"step\": 5,"), 0);
-    assert_non_null(strstr(metrics, "{\"restart\": 2, \"role\": \"stage\", \"rank\": 1"));
+    assert_non_null(strstr(metrics, "{\"restart\": 2, \"scope\": \"job\", \"role\": \"stage\", \"rank\": 1"));
     assert_clean(j, NULL, 0);
 }
 
@@ -387,8 +343,8 @@ static void test_restart_a_failure_before_the_first_step_is_not_restarted(void *
 }
 
 /* While a restarted job runs, `ctitan status` says how many restarts there were and the last
- * one's reason; Ctrl-C then stops every process with status 130, and is never followed by a
- * restart. */
+ * one's reason, and the in-place recoveries (a stage killed after the relaunch); Ctrl-C then stops
+ * every process with status 130, and is never followed by a restart. */
 static void test_restart_status_shows_the_restarts_and_ctrl_c_ends_without_one(void **state)
 {
     TU_NEED_BIN();
@@ -397,16 +353,20 @@ static void test_restart_status_shows_the_restarts_and_ctrl_c_ends_without_one(v
     job_name(j, sizeof(j), "status");
     pid_t pid = launch_bg(j, "--training.steps 1000000 --job.restart_backoff_ms 0");
     assert_int_equal(tj_wait_step(j, 3, 60), 0);
-    pid_t coord[2] = {tu_descendant_named(pid, "ctitan-coord"), 0}, st = tu_stage_pid(pid, 0);
-    assert_true(coord[0] > 0 && st > 0);
-    kill(st, SIGKILL);
+    pid_t coord[2] = {tu_descendant_named(pid, "ctitan-coord"), 0};
+    assert_true(coord[0] > 0);
+    kill(coord[0], SIGKILL);
     assert_int_equal(wait_resumed(j, 1, 60), 0);
     coord[1] = tu_descendant_named(pid, "ctitan-coord");
     assert_true(coord[1] > 0 && coord[1] != coord[0]);
+    pid_t st = tu_stage_pid(pid, 0);
+    assert_true(st > 0);
+    kill(st, SIGKILL);
+    assert_int_equal(wait_output(j, "recovered 1 (in place", 60), 0);
     snprintf(cmd, sizeof(cmd), "%s status --job %s 2>&1", tu_ctitan(), j);
     int rc = tu_run(cmd, out, sizeof(out));
-    if (rc || !strstr(out, "restarts so far: 1 (last: stage rank 0 replica 0 (pid") ||
-        !strstr(out, "killed by signal 9"))
+    if (rc || !strstr(out, "restarts so far: 1 (last: the coordinator was killed by signal 9") ||
+        !strstr(out, "in-place recoveries: 1 (last: stage rank 0 replica 0 (pid"))
         fail_msg("status %d: %s", rc, out);
     kill(pid, SIGINT);
     assert_int_equal(tu_reap(pid, 30, NULL), 130);
@@ -420,7 +380,6 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_restart_policy_counts_restarts_in_a_row_from_the_same_step),
-        cmocka_unit_test(test_restart_killed_stage_resumes_from_the_newest_checkpoint_bitwise),
         cmocka_unit_test(test_restart_killed_coordinator_resumes_from_the_newest_checkpoint_bitwise),
         cmocka_unit_test(test_restart_a_killed_coordinator_is_cleaned_up_and_not_restarted_with_max_restarts_0),
         cmocka_unit_test(test_restart_a_failure_at_the_same_step_stops_after_max_restarts),

@@ -1,0 +1,404 @@
+/* In-place recovery (issue 13, stages/coord_recover.c) with real processes: a stage or an
+ * optimizer shard killed -9 at named points of a step (CTITAN_TEST_DIE_AT) or at seeded random
+ * moments, stopped (SIGSTOP), or wedged (CTITAN_TEST_HANG_AT: the step watchdog), is replaced
+ * alone and the job ends with every step's loss bitwise that of an undisturbed run (each step
+ * once in the metrics: a redone step is reported once), its checkpoints byte for byte the
+ * same, one "recovered" line and one restart record (scope "process") per recovery, and
+ * nothing of it left behind. Also: two losses in one step, a loss during a recovery, and a
+ * crash that repeats at the same step, which stops after job.max_restarts. */
+#include <dirent.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "ipc/shm.h"
+#include "ipc/util.h"
+#include "tests/testjob.h"
+
+#define MAX_STEPS 4096
+
+static void sleep_ms(int ms) { nanosleep(&(struct timespec){ms / 1000, (ms % 1000) * 1000000L}, NULL); }
+
+static int setup(void **state) { return tj_setup("recover"); }
+static int teardown(void **state) { return tj_teardown(); }
+
+static void job_name(char *buf, size_t n, const char *what) { tj_name(buf, n, 'v', what); }
+
+#define QUIET "--metrics.log_freq 100000 "
+
+/* Runs job to its end with the test points `die` and `hang` (each may be ""), each hit once (a
+ * fresh CTITAN_TEST_DIE_ONCE folder); returns the exit status, the output in out. */
+static int run_job(const char *job, const char *die, const char *hang, const char *extra, char *out, size_t outlen)
+{
+    char env[1024], once[128], args[2048];
+    snprintf(once, sizeof(once), "%s/once-%s", tj_dir, job);
+    assert_int_equal(mkdir(once, 0700), 0);
+    snprintf(env, sizeof(env), "CTITAN_TEST_DIE_ONCE=%s CTITAN_TEST_DIE_AT=%s CTITAN_TEST_HANG_AT=%s", once, die, hang);
+    snprintf(args, sizeof(args), QUIET "%s", extra);
+    return tj_launch(env, 120, job, args, out, outlen);
+}
+
+/* How often `needle` occurs in s. */
+static int count(const char *s, const char *needle)
+{
+    int n = 0;
+    for (const char *p = s; (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    return n;
+}
+
+/* ---- metrics ---- */
+
+typedef struct {
+    int n;
+    int step[MAX_STEPS];
+    char loss[MAX_STEPS][40];
+    int restarts;
+    char restart[16][1024];
+} metrics_t;
+
+static void parse_metrics(const char *job, metrics_t *mt)
+{
+    char path[256], line[4096];
+    snprintf(path, sizeof(path), "%s/%s.jsonl", tj_dir, job);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    memset(mt, 0, sizeof(*mt));
+    while (fgets(line, sizeof(line), f)) {
+        char *p = strstr(line, "\"loss\": ");
+        if (!strncmp(line, "{\"restart\": ", 12) && mt->restarts < 16)
+            snprintf(mt->restart[mt->restarts++], sizeof(mt->restart[0]), "%.1000s", line);
+        else if (p && mt->n < MAX_STEPS && sscanf(line, "{\"step\": %d", &mt->step[mt->n]) == 1)
+            sscanf(p + 8, "%39[^,]", mt->loss[mt->n++]);
+    }
+    fclose(f);
+}
+
+/* job ran steps 1..steps once each, every loss the undisturbed `ref`'s, with `recoveries`
+ * restart records, each of scope "process". Returns the records (static). */
+static const metrics_t *assert_same_losses(const char *job, const char *ref, int steps, int recoveries)
+{
+    static metrics_t a, b;
+    parse_metrics(ref, &a);
+    parse_metrics(job, &b);
+    assert_int_equal(a.n, steps);
+    assert_int_equal(b.n, steps);
+    for (int i = 0; i < steps; i++) {
+        assert_int_equal(b.step[i], i + 1);
+        if (strcmp(a.loss[i], b.loss[i]))
+            fail_msg("step %d: %s has loss %s, the undisturbed %s %s", i + 1, job, b.loss[i], ref, a.loss[i]);
+    }
+    if (b.restarts != recoveries)
+        fail_msg("%s: %d restart records, expected %d", job, b.restarts, recoveries);
+    for (int i = 0; i < b.restarts; i++)
+        assert_non_null(strstr(b.restart[i], "\"scope\": \"process\""));
+    return &b;
+}
+
+/* The undisturbed run of these arguments (made once per argument string). */
+static const char *reference(const char *extra)
+{
+    static char refs[8][2048], names[8][32];
+    static char out[1 << 16];
+    for (int i = 0; i < 8; i++) {
+        if (!strcmp(refs[i], extra) && names[i][0])
+            return names[i];
+        if (!names[i][0]) {
+            char what[16];
+            snprintf(what, sizeof(what), "ref%d", i);
+            job_name(names[i], sizeof(names[i]), what);
+            snprintf(refs[i], sizeof(refs[i]), "%s", extra);
+            int rc = run_job(names[i], "", "", extra, out, sizeof(out));
+            if (rc)
+                fail_msg("the reference run: status %d:\n%s", rc, out);
+            return names[i];
+        }
+    }
+    fail_msg("too many references");
+    return NULL;
+}
+
+/* Nothing of the job is left: no process, no segment. */
+static void assert_clean(const char *job)
+{
+    char names[64][SHM_NAME_MAX];
+    assert_int_equal(tj_job_procs(job), 0);
+    assert_int_equal(shm_list(job, names, 64), 0);
+}
+
+/* The files of checkpoint `step` of job and ref are the same bytes. */
+static void assert_same_checkpoint(const char *job, const char *ref, int step)
+{
+    static const char *files[] = {"model.bin", "exp_avg.bin", "exp_avg_sq.bin"};
+    static char a[1 << 21], b[1 << 21];
+    for (int i = 0; i < 3; i++) {
+        char pa[512], pb[512];
+        snprintf(pa, sizeof(pa), "%s/runs/%s/checkpoint/step-%08d/%s", tj_dir, job, step, files[i]);
+        snprintf(pb, sizeof(pb), "%s/runs/%s/checkpoint/step-%08d/%s", tj_dir, ref, step, files[i]);
+        FILE *fa = fopen(pa, "rb"), *fb = fopen(pb, "rb");
+        if (!fa || !fb)
+            fail_msg("%s or %s is missing", pa, pb);
+        size_t na = fread(a, 1, sizeof(a), fa), nb = fread(b, 1, sizeof(b), fb);
+        fclose(fa);
+        fclose(fb);
+        if (na != nb || memcmp(a, b, na))
+            fail_msg("%s differs from %s", pa, pb);
+    }
+}
+
+/* ---- named points ---- */
+
+#define STEPS20 "--training.steps 20"
+
+/* A stage killed -9 as a step begins, in its middle and at its end, on either rank: each time a
+ * new stage takes its place, every stage redoes the step, and the losses stay bitwise. */
+static void test_recover_a_stage_killed_at_points_of_a_step_is_replaced_bitwise(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char j[32];
+    job_name(j, sizeof(j), "stage");
+    const char *ref = reference(STEPS20);
+    int rc = run_job(j, "stage.0.0:begin:3,stage.1.0:mid:6,stage.1.0:end:9,stage.0.0:mid:12", "", STEPS20, out,
+                     sizeof(out));
+    if (rc || count(out, "\nrecovered ") != 4)
+        fail_msg("status %d:\n%s", rc, out);
+    const metrics_t *mt = assert_same_losses(j, ref, 20, 4);
+    assert_non_null(strstr(mt->restart[0], "\"role\": \"stage\", \"rank\": 0, \"replica\": 0"));
+    assert_non_null(strstr(mt->restart[1], "\"role\": \"stage\", \"rank\": 1, \"replica\": 0"));
+    assert_non_null(strstr(mt->restart[1], "\"step\": 6, \"redone\": true"));
+    assert_non_null(strstr(mt->restart[0], "killed by signal 9"));
+    assert_non_null(strstr(out, "recovered 2 (in place, at step 6): stage rank 1 replica 0 (pid "));
+    assert_non_null(strstr(out, "the step redone by every stage"));
+    assert_null(strstr(out, "\nrestart ")); /* no relaunch of the job */
+    assert_clean(j);
+}
+
+/* An optimizer shard killed -9 in REDUCE, in the middle of AdamW, right after its commit, after
+ * its update and before its snapshot: its replacement takes the state over from the optstate
+ * segment; losses and checkpoints are the same bytes. */
+static void test_recover_a_shard_killed_at_points_of_its_rounds_keeps_its_state_bitwise(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char j[32];
+    job_name(j, sizeof(j), "shard");
+    const char *args = STEPS20 " --checkpoint.enable true --checkpoint.interval 5";
+    const char *ref = reference(args);
+    int rc = run_job(j, "optshard.0.0:reduce:3,optshard.1.0:adamw:5,optshard.0.0:committed:8,"
+                     "optshard.1.0:updated:11,optshard.1.0:snapshot:15", "", args, out, sizeof(out));
+    if (rc || count(out, "\nrecovered ") != 5)
+        fail_msg("status %d:\n%s", rc, out);
+    const metrics_t *mt = assert_same_losses(j, ref, 20, 5);
+    assert_non_null(strstr(mt->restart[1], "\"role\": \"optshard\", \"rank\": 1"));
+    assert_non_null(strstr(mt->restart[1], "\"redone\": false"));
+    for (int s = 5; s <= 20; s += 5)
+        assert_same_checkpoint(j, ref, s);
+    assert_clean(j);
+}
+
+/* Two losses in one step (both stages as it begins, and a shard in its REDUCE), and losses during
+ * a recovery (the replacement itself killed while it sets up): one recovery each, counted. */
+static void test_recover_two_losses_in_a_step_and_a_loss_during_a_recovery(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char j[32];
+    job_name(j, sizeof(j), "two");
+    const char *ref = reference(STEPS20);
+    int rc = run_job(j, "stage.0.0:begin:4,stage.1.0:begin:4,optshard.0.0:reduce:4,stage.1.0:mid:8,"
+                     "stage.1.0:setup:8,optshard.1.0:adamw:12,optshard.1.0:setup:12", "", STEPS20, out, sizeof(out));
+    if (rc)
+        fail_msg("status %d:\n%s", rc, out);
+    const metrics_t *mt = assert_same_losses(j, ref, 20, count(out, "\nrecovered "));
+    assert_true(mt->restarts >= 3);
+    assert_non_null(strstr(out, "(1 more lost during the recovery), the step redone by every stage"));
+    assert_non_null(strstr(out, "optshard 1 (pid "));
+    assert_int_equal(count(out, "(1 more lost during the recovery)"), 2);
+    assert_clean(j);
+}
+
+/* A stage that dies at the same point every time (no CTITAN_TEST_DIE_ONCE): after job.max_restarts
+ * in-place tries at that step the job fails, the supervisor relaunches it, which fails the same
+ * way, and the launch gives up with status 1 and the reason. */
+static void test_recover_a_crash_that_repeats_stops_after_max_restarts(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char j[32];
+    job_name(j, sizeof(j), "repeat");
+    int rc = tj_launch("CTITAN_TEST_DIE_AT=stage.1.0:mid:4", 120, j,
+                       QUIET STEPS20 " --job.max_restarts 1 --job.restart_backoff_ms 0", out, sizeof(out));
+    if (rc != 1 || !strstr(out, "not replaced: 1 in-place recoveries at step 4 already (job.max_restarts = 1)") ||
+        !strstr(out, "giving up after 1 restart"))
+        fail_msg("status %d:\n%s", rc, out);
+    assert_int_equal(count(out, "\nrestart 1 "), 1);
+    assert_clean(j);
+}
+
+/* ---- hangs ---- */
+
+/* A stage and a shard stopped with SIGSTOP mid-run: after job.heartbeat_timeout_ms without a
+ * heartbeat each is killed and replaced; the losses stay bitwise. */
+static void test_recover_a_stopped_stage_or_shard_is_killed_and_replaced(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char j[32];
+    job_name(j, sizeof(j), "stop");
+    const char *args = "--training.steps 3000 --job.heartbeat_timeout_ms 1000";
+    const char *ref = reference(args);
+    char full[512];
+    snprintf(full, sizeof(full), QUIET "%s", args);
+    pid_t pid = tj_launch_bg(j, full);
+    assert_int_equal(tj_wait_step(j, 200, 60), 0);
+    pid_t st = tu_stage_pid(pid, 1);
+    assert_true(st > 0);
+    kill(st, SIGSTOP);
+    for (int i = 0; i < 1000 && !strstr(out, "recovered 1 "); i++, sleep_ms(10))
+        tj_read_out(j, out, sizeof(out));
+    pid_t sh = tu_descendant_named(pid, "ctitan-optshard");
+    assert_true(sh > 0);
+    kill(sh, SIGSTOP);
+    int rc = tu_reap(pid, 60, NULL);
+    tj_read_out(j, out, sizeof(out));
+    if (rc || count(out, "\nrecovered ") != 2)
+        fail_msg("status %d:\n%s", rc, out);
+    assert_non_null(strstr(out, "stage rank 1 replica 0 (pid "));
+    assert_int_equal(count(out, "(stopped or hung) and was killed; replaced: "), 2);
+    assert_same_losses(j, ref, 3000, 2);
+    assert_true(kill(st, 0) < 0 && kill(sh, 0) < 0);
+    assert_clean(j);
+}
+
+/* A main thread that hangs while its heartbeats go on (CTITAN_TEST_HANG_AT): the step watchdog
+ * (job.watchdog_s) dumps its stack to the log, kills it and replaces it, a stage and a shard;
+ * the stages waiting on the hung one are not blamed. */
+static void test_recover_the_watchdog_dumps_and_replaces_a_wedged_stage_or_shard(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char j[32];
+    job_name(j, sizeof(j), "hang");
+    const char *ref = reference(STEPS20);
+    int rc = run_job(j, "", "stage.0.0:mid:6,optshard.1.0:adamw:9", STEPS20 " --job.watchdog_s 1", out, sizeof(out));
+    if (rc || count(out, "\nrecovered ") != 2)
+        fail_msg("status %d:\n%s", rc, out);
+    assert_int_equal(count(out, "dumping its stack (SIGABRT), then replacing it"), 2);
+    assert_int_equal(count(out, "ctitan: SIGABRT: the stack of the main thread:"), 2);
+    assert_non_null(strstr(out, "(worker_test_point+")); /* the functions are named (-rdynamic) */
+    assert_non_null(strstr(out, "stage rank 0 replica 0 (pid "));
+    assert_null(strstr(out, "stage rank 1 replica 0 (pid ")); /* it only waited */
+    assert_non_null(strstr(out, "hung (the step watchdog dumped its stack and stopped it"));
+    assert_same_losses(j, ref, 20, 2);
+    assert_clean(j);
+}
+
+/* ---- kill -9 at random moments ---- */
+
+/* The worker of `comm` ("ctitan-stage", "ctitan-optshard", ...) with `--rank rank` that the launch
+ * `ancestor` runs (any rank: -1), or 0. */
+static pid_t worker_pid(pid_t ancestor, const char *comm, int rank)
+{
+    if (!strcmp(comm, "ctitan-stage"))
+        return tu_stage_pid(ancestor, rank);
+    if (rank < 0)
+        return tu_descendant_named(ancestor, comm);
+    char want[32];
+    int wl = snprintf(want, sizeof(want), "--rank%c%d", 0, rank) + 1;
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    pid_t found = 0;
+    while (d && !found && (e = readdir(d))) {
+        pid_t pid = atoi(e->d_name), ppid;
+        char name[64], pname[64], path[64], cmd[512];
+        if (pid <= 0 || !(ppid = tu_proc_parent(pid, name, sizeof(name))) || strcmp(name, comm))
+            continue;
+        if (ppid != ancestor && tu_proc_parent(ppid, pname, sizeof(pname)) != ancestor)
+            continue;
+        snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
+        FILE *f = fopen(path, "r");
+        size_t k = f ? fread(cmd, 1, sizeof(cmd), f) : 0;
+        if (f)
+            fclose(f);
+        size_t prog = strnlen(cmd, k) + 1;
+        if (prog + (size_t)wl <= k && !memcmp(cmd + prog, want, (size_t)wl))
+            found = pid;
+    }
+    if (d)
+        closedir(d);
+    return found;
+}
+
+/* kill -9 of a random role (two stages, two shards, the loader, checkpointd) at random moments
+ * of a 3000-step run with a checkpoint every 500 steps (the seed is printed; CTITAN_TEST_SEED
+ * picks one): the job ends with status 0, the losses and every checkpoint as undisturbed. */
+static void test_recover_kill_9_of_random_roles_at_random_moments_is_bitwise(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char j[32];
+    job_name(j, sizeof(j), "random");
+    const char *args = "--training.steps 3000 --checkpoint.enable true --checkpoint.interval 500";
+    const char *ref = reference(args);
+    unsigned seed = getenv("CTITAN_TEST_SEED") ? (unsigned)atoi(getenv("CTITAN_TEST_SEED")) : (unsigned)time(NULL);
+    print_message("seed %u (CTITAN_TEST_SEED)\n", seed);
+    srand(seed);
+    static const struct {
+        const char *comm;
+        int rank;
+    } roles[] = {{"ctitan-stage", 0}, {"ctitan-stage", 1}, {"ctitan-optshard", 0},
+                 {"ctitan-optshard", 1}, {"ctitan-loader", -1}, {"checkpointd", -1}};
+    char full[512];
+    snprintf(full, sizeof(full), QUIET "%s", args);
+    pid_t pid = tj_launch_bg(j, full);
+    assert_int_equal(tj_wait_step(j, 50, 60), 0);
+    int kills = 0, stage_or_shard = 0;
+    for (int k = 0; k < 6; k++) {
+        sleep_ms(100 + rand() % 400);
+        int r = rand() % 6;
+        pid_t victim = worker_pid(pid, roles[r].comm, roles[r].rank);
+        if (victim <= 0)
+            continue; /* between its death and its replacement, or the run ended */
+        kill(victim, SIGKILL);
+        print_message("kill -9 %s rank %d (pid %d)\n", roles[r].comm, roles[r].rank, (int)victim);
+        kills++;
+        stage_or_shard += r < 4;
+    }
+    int rc = tu_reap(pid, 90, NULL);
+    tj_read_out(j, out, sizeof(out));
+    if (rc)
+        fail_msg("status %d:\n%s", rc, out);
+    assert_true(kills >= 3);
+    const metrics_t *mt = assert_same_losses(j, ref, 3000, count(out, "\nrecovered "));
+    assert_true(mt->restarts <= stage_or_shard);
+    for (int s = 500; s <= 3000; s += 500)
+        assert_same_checkpoint(j, ref, s);
+    assert_null(strstr(out, "\nrestart "));
+    assert_clean(j);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_recover_a_stage_killed_at_points_of_a_step_is_replaced_bitwise),
+        cmocka_unit_test(test_recover_a_shard_killed_at_points_of_its_rounds_keeps_its_state_bitwise),
+        cmocka_unit_test(test_recover_two_losses_in_a_step_and_a_loss_during_a_recovery),
+        cmocka_unit_test(test_recover_a_crash_that_repeats_stops_after_max_restarts),
+        cmocka_unit_test(test_recover_a_stopped_stage_or_shard_is_killed_and_replaced),
+        cmocka_unit_test(test_recover_the_watchdog_dumps_and_replaces_a_wedged_stage_or_shard),
+        cmocka_unit_test(test_recover_kill_9_of_random_roles_at_random_moments_is_bitwise),
+    };
+    if (getenv("CTITAN_TEST_ONLY")) /* a pattern: run only the tests it matches ("*watchdog*") */
+        cmocka_set_test_filter(getenv("CTITAN_TEST_ONLY"));
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

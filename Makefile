@@ -64,7 +64,7 @@ ifeq ($(CUDA),1)
 ALL += $(GPU_TESTS) $(CUDA_SO)
 endif
 
-.PHONY: all test test-asan asan fuzzers fuzz-bins fuzz test-fuzz fuzz-seeds test-gpu bench bench-gpu demo clean deps
+.PHONY: all test test-asan asan fuzzers fuzz-bins fuzz test-fuzz fuzz-seeds test-gpu bench bench-gpu bench-recover demo clean deps
 all: $(ALL)
 
 # Installs missing Debian packages (as root) before anything compiles.
@@ -268,6 +268,10 @@ bench-gpu: all
 DEMO_BINS := $(BUILD)/bin/ctitan $(ROLE_BINS) $(BUILD)/bin/checkpointd $(if $(filter 1,$(CUDA)),$(CUDA_SO))
 demo: $(DEMO_BINS)
 	bash tools/demo.sh $(ARGS)
+
+# recovery (issue 13): the demo undisturbed and with a kill -9 every 20 steps (tools/bench_recover.sh)
+bench-recover: $(DEMO_BINS)
+	bash tools/bench_recover.sh
 
 clean:
 	rm -rf $(BUILD)

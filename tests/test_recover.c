@@ -24,8 +24,6 @@
 #include "ipc/util.h"
 #include "tests/testjob.h"
 
-#define MAX_STEPS 4096
-
 static void sleep_ms(int ms) { nanosleep(&(struct timespec){ms / 1000, (ms % 1000) * 1000000L}, NULL); }
 
 static int setup(void **state) { return tj_setup("recover"); }
@@ -58,38 +56,13 @@ static int count(const char *s, const char *needle)
 
 /* ---- metrics ---- */
 
-typedef struct {
-    int n;
-    int step[MAX_STEPS];
-    char loss[MAX_STEPS][40];
-    int restarts;
-    char restart[16][1024];
-} metrics_t;
-
-static void parse_metrics(const char *job, metrics_t *mt)
-{
-    char path[256], line[4096];
-    snprintf(path, sizeof(path), "%s/%s.jsonl", tj_dir, job);
-    FILE *f = fopen(path, "r");
-    assert_non_null(f);
-    memset(mt, 0, sizeof(*mt));
-    while (fgets(line, sizeof(line), f)) {
-        char *p = strstr(line, "\"loss\": ");
-        if (!strncmp(line, "{\"restart\": ", 12) && mt->restarts < 16)
-            snprintf(mt->restart[mt->restarts++], sizeof(mt->restart[0]), "%.1000s", line);
-        else if (p && mt->n < MAX_STEPS && sscanf(line, "{\"step\": %d", &mt->step[mt->n]) == 1)
-            sscanf(p + 8, "%39[^,]", mt->loss[mt->n++]);
-    }
-    fclose(f);
-}
-
 /* job ran steps 1..steps once each, every loss the undisturbed `ref`'s, with `recoveries`
  * restart records, each of scope "process". Returns the records (static). */
-static const metrics_t *assert_same_losses(const char *job, const char *ref, int steps, int recoveries)
+static const tj_metrics_t *assert_same_losses(const char *job, const char *ref, int steps, int recoveries)
 {
-    static metrics_t a, b;
-    parse_metrics(ref, &a);
-    parse_metrics(job, &b);
+    static tj_metrics_t a, b;
+    tj_parse_metrics(ref, &a);
+    tj_parse_metrics(job, &b);
     assert_int_equal(a.n, steps);
     assert_int_equal(b.n, steps);
     for (int i = 0; i < steps; i++) {
@@ -172,7 +145,7 @@ static void test_recover_a_stage_killed_at_points_of_a_step_is_replaced_bitwise(
                      sizeof(out));
     if (rc || count(out, "\nrecovered ") != 4)
         fail_msg("status %d:\n%s", rc, out);
-    const metrics_t *mt = assert_same_losses(j, ref, 20, 4);
+    const tj_metrics_t *mt = assert_same_losses(j, ref, 20, 4);
     assert_non_null(strstr(mt->restart[0], "\"role\": \"stage\", \"rank\": 0, \"replica\": 0"));
     assert_non_null(strstr(mt->restart[1], "\"role\": \"stage\", \"rank\": 1, \"replica\": 0"));
     assert_non_null(strstr(mt->restart[1], "\"step\": 6, \"redone\": true"));
@@ -198,7 +171,7 @@ static void test_recover_a_shard_killed_at_points_of_its_rounds_keeps_its_state_
                      "optshard.1.0:updated:11,optshard.1.0:snapshot:15", "", args, out, sizeof(out));
     if (rc || count(out, "\nrecovered ") != 5)
         fail_msg("status %d:\n%s", rc, out);
-    const metrics_t *mt = assert_same_losses(j, ref, 20, 5);
+    const tj_metrics_t *mt = assert_same_losses(j, ref, 20, 5);
     assert_non_null(strstr(mt->restart[1], "\"role\": \"optshard\", \"rank\": 1"));
     assert_non_null(strstr(mt->restart[1], "\"redone\": false"));
     for (int s = 5; s <= 20; s += 5)
@@ -219,7 +192,7 @@ static void test_recover_two_losses_in_a_step_and_a_loss_during_a_recovery(void 
                      "stage.1.0:setup:8,optshard.1.0:adamw:12,optshard.1.0:setup:12", "", STEPS20, out, sizeof(out));
     if (rc)
         fail_msg("status %d:\n%s", rc, out);
-    const metrics_t *mt = assert_same_losses(j, ref, 20, count(out, "\nrecovered "));
+    const tj_metrics_t *mt = assert_same_losses(j, ref, 20, count(out, "\nrecovered "));
     assert_true(mt->restarts >= 3);
     assert_non_null(strstr(out, "(1 more lost during the recovery), the step redone by every stage"));
     assert_non_null(strstr(out, "optshard 1 (pid "));
@@ -306,37 +279,14 @@ static void test_recover_the_watchdog_dumps_and_replaces_a_wedged_stage_or_shard
 /* ---- kill -9 at random moments ---- */
 
 /* The worker of `comm` ("ctitan-stage", "ctitan-optshard", ...) with `--rank rank` that the launch
- * `ancestor` runs (any rank: -1), or 0. */
+ * `ancestor` runs (any: rank -1), or 0. */
 static pid_t worker_pid(pid_t ancestor, const char *comm, int rank)
 {
-    if (!strcmp(comm, "ctitan-stage"))
-        return tu_stage_pid(ancestor, rank);
     if (rank < 0)
         return tu_descendant_named(ancestor, comm);
     char want[32];
     int wl = snprintf(want, sizeof(want), "--rank%c%d", 0, rank) + 1;
-    DIR *d = opendir("/proc");
-    struct dirent *e;
-    pid_t found = 0;
-    while (d && !found && (e = readdir(d))) {
-        pid_t pid = atoi(e->d_name), ppid;
-        char name[64], pname[64], path[64], cmd[512];
-        if (pid <= 0 || !(ppid = tu_proc_parent(pid, name, sizeof(name))) || strcmp(name, comm))
-            continue;
-        if (ppid != ancestor && tu_proc_parent(ppid, pname, sizeof(pname)) != ancestor)
-            continue;
-        snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
-        FILE *f = fopen(path, "r");
-        size_t k = f ? fread(cmd, 1, sizeof(cmd), f) : 0;
-        if (f)
-            fclose(f);
-        size_t prog = strnlen(cmd, k) + 1;
-        if (prog + (size_t)wl <= k && !memcmp(cmd + prog, want, (size_t)wl))
-            found = pid;
-    }
-    if (d)
-        closedir(d);
-    return found;
+    return tu_worker_pid(ancestor, comm, want, (size_t)wl);
 }
 
 /* kill -9 of a random role (two stages, two shards, the loader, checkpointd) at random moments
@@ -379,7 +329,7 @@ static void test_recover_kill_9_of_random_roles_at_random_moments_is_bitwise(voi
     if (rc)
         fail_msg("status %d:\n%s", rc, out);
     assert_true(kills >= 3);
-    const metrics_t *mt = assert_same_losses(j, ref, 3000, count(out, "\nrecovered "));
+    const tj_metrics_t *mt = assert_same_losses(j, ref, 3000, count(out, "\nrecovered "));
     assert_true(mt->restarts <= stage_or_shard);
     for (int s = 500; s <= 3000; s += 500)
         assert_same_checkpoint(j, ref, s);

@@ -25,8 +25,6 @@
 #include "tests/testjob.h"
 #include "tools/supervise.h"
 
-#define MAX_STEPS 4096
-
 static void sleep_ms(int ms) { nanosleep(&(struct timespec){ms / 1000, (ms % 1000) * 1000000L}, NULL); }
 
 static int setup(void **state) { return tj_setup("restart"); }
@@ -127,35 +125,6 @@ static void assert_clean(const char *job, const pid_t *groups, int n)
 
 /* ---- metrics ---- */
 
-typedef struct {
-    int n;                        /* steps */
-    int step[MAX_STEPS];
-    char loss[MAX_STEPS][40];
-    int restarts;                 /* restart records */
-    int restart_at[8];            /* each one's position among the steps (steps before it) */
-    char restart[8][1024];        /* and its line */
-} metrics_t;
-
-/* Job's metrics file: every step line in order, and where the restart records fall. */
-static void parse_metrics(const char *job, metrics_t *mt)
-{
-    char path[256], line[4096];
-    snprintf(path, sizeof(path), "%s/%s.jsonl", tj_dir, job);
-    FILE *f = fopen(path, "r");
-    assert_non_null(f);
-    memset(mt, 0, sizeof(*mt));
-    while (fgets(line, sizeof(line), f)) {
-        char *p = strstr(line, "\"loss\": ");
-        if (!strncmp(line, "{\"restart\": ", 12) && mt->restarts < 8) {
-            mt->restart_at[mt->restarts] = mt->n;
-            snprintf(mt->restart[mt->restarts++], sizeof(mt->restart[0]), "%.1000s", line);
-        } else if (p && mt->n < MAX_STEPS && sscanf(line, "{\"step\": %d", &mt->step[mt->n]) == 1) {
-            sscanf(p + 8, "%39[^,]", mt->loss[mt->n++]);
-        }
-    }
-    fclose(f);
-}
-
 /* The number after `"key": ` in a record, or -1. */
 static double field(const char *record, const char *key)
 {
@@ -170,9 +139,9 @@ static double field(const char *record, const char *key)
  * undisturbed run `ref`'s of the same step. Returns the resume step. */
 static int assert_resumed_bitwise(const char *job, const char *ref, int steps)
 {
-    static metrics_t a, b;
-    parse_metrics(ref, &a);
-    parse_metrics(job, &b);
+    static tj_metrics_t a, b;
+    tj_parse_metrics(ref, &a);
+    tj_parse_metrics(job, &b);
     assert_int_equal(a.n, steps);
     assert_int_equal(a.restarts, 0);
     assert_int_equal(b.restarts, 1);
@@ -257,8 +226,8 @@ static void test_restart_killed_coordinator_resumes_from_the_newest_checkpoint_b
         fail_msg("status %d:\n%s", rc, out);
     int resume = assert_resumed_bitwise(j, ref, 1000);
     assert_true(resume == 250 || resume == 500); /* 500: this test was held up for a while before its kill */
-    static metrics_t mt;
-    parse_metrics(j, &mt);
+    static tj_metrics_t mt;
+    tj_parse_metrics(j, &mt);
     assert_non_null(strstr(mt.restart[0], "\"role\": \"coordinator\", \"rank\": 0"));
     assert_non_null(strstr(mt.restart[0], "the coordinator was killed by signal 9"));
     double lost = field(mt.restart[0], "time_lost_s");

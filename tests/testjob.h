@@ -1,7 +1,8 @@
-/* What the test programs that run whole jobs share (test_launch_inputs, test_restart): one temp
- * folder per program holding data/ (`ctitan prep` of a generated corpus), runs/, and each job's
- * metrics (JOB.jsonl) and output (JOB.out); jobs of manifests/tiny.toml started in the
- * foreground or the background; waiting on a job's metrics; the processes a job left.
+/* What the test programs that run whole jobs share (test_launch_inputs, test_restart,
+ * test_recover): one temp folder per program holding data/ (`ctitan prep` of a generated
+ * corpus), runs/, and each job's metrics (JOB.jsonl) and output (JOB.out); jobs of
+ * manifests/tiny.toml started in the foreground or the background; waiting on a job's metrics
+ * and reading them (steps, losses, restart records); the processes a job left.
  * Header-only (static functions, one copy per program) like testutil.h; include cmocka first. */
 #ifndef CTITAN_TESTJOB_H
 #define CTITAN_TESTJOB_H
@@ -123,6 +124,38 @@ static inline int tj_wait_step(const char *job, int step, int timeout_s)
         nanosleep(&(struct timespec){0, 10000000L}, NULL);
     }
     return -1;
+}
+
+#define TJ_MAX_STEPS 4096
+#define TJ_MAX_RESTARTS 16
+
+/* A job's metrics file: every step line in order, and the restart records among them. */
+typedef struct {
+    int n;                                 /* steps */
+    int step[TJ_MAX_STEPS];
+    char loss[TJ_MAX_STEPS][40];           /* as written (%.17g) */
+    int restarts;                          /* restart records */
+    int restart_at[TJ_MAX_RESTARTS];       /* each one's position among the steps (steps before it) */
+    char restart[TJ_MAX_RESTARTS][1024];   /* and its line */
+} tj_metrics_t;
+
+static inline void tj_parse_metrics(const char *job, tj_metrics_t *mt)
+{
+    char path[256], line[4096];
+    snprintf(path, sizeof(path), "%s/%s.jsonl", tj_dir, job);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    memset(mt, 0, sizeof(*mt));
+    while (fgets(line, sizeof(line), f)) {
+        char *p = strstr(line, "\"loss\": ");
+        if (!strncmp(line, "{\"restart\": ", 12) && mt->restarts < TJ_MAX_RESTARTS) {
+            mt->restart_at[mt->restarts] = mt->n;
+            snprintf(mt->restart[mt->restarts++], sizeof(mt->restart[0]), "%.1000s", line);
+        } else if (p && mt->n < TJ_MAX_STEPS && sscanf(line, "{\"step\": %d", &mt->step[mt->n]) == 1) {
+            sscanf(p + 8, "%39[^,]", mt->loss[mt->n++]);
+        }
+    }
+    fclose(f);
 }
 
 /* Processes whose environment names the job (workers carry CTITAN_JOB). */

@@ -260,19 +260,18 @@ static inline pid_t tu_descendant_named(pid_t ancestor, const char *comm)
     return found;
 }
 
-/* The stage of pipeline rank `rank`, replica 0, that `ancestor` started (as above; its command
- * line says which), or 0. */
-static inline pid_t tu_stage_pid(pid_t ancestor, int rank)
+/* A worker named `comm` that `ancestor` started (as above) whose arguments begin with `args`
+ * (NUL-separated, as /proc/PID/cmdline has them, e.g. "--rank\0" "1"; length alen with its
+ * last NUL), or 0. */
+static inline pid_t tu_worker_pid(pid_t ancestor, const char *comm, const char *args, size_t alen)
 {
-    char want[64];
-    int wl = snprintf(want, sizeof(want), "--rank%c%d%c--replica%c0", 0, rank, 0, 0) + 1;
     DIR *d = opendir("/proc");
     struct dirent *e;
     pid_t found = 0;
     while (d && !found && (e = readdir(d))) {
         pid_t pid = atoi(e->d_name), ppid;
         char name[64], pname[64], path[64], cmd[512];
-        if (pid <= 0 || !(ppid = tu_proc_parent(pid, name, sizeof(name))) || strcmp(name, "ctitan-stage"))
+        if (pid <= 0 || !(ppid = tu_proc_parent(pid, name, sizeof(name))) || strcmp(name, comm))
             continue;
         if (ppid != ancestor && tu_proc_parent(ppid, pname, sizeof(pname)) != ancestor)
             continue;
@@ -281,14 +280,21 @@ static inline pid_t tu_stage_pid(pid_t ancestor, int rank)
         size_t k = f ? fread(cmd, 1, sizeof(cmd), f) : 0;
         if (f)
             fclose(f);
-        /* argv: PROGRAM --rank R --replica 0, NUL-separated */
-        size_t prog = strnlen(cmd, k) + 1;
-        if (prog + (size_t)wl <= k && !memcmp(cmd + prog, want, (size_t)wl))
+        size_t prog = strnlen(cmd, k) + 1; /* argv[0], then the arguments */
+        if (prog + alen <= k && !memcmp(cmd + prog, args, alen))
             found = pid;
     }
     if (d)
         closedir(d);
     return found;
+}
+
+/* The stage of pipeline rank `rank`, replica 0, that `ancestor` started, or 0. */
+static inline pid_t tu_stage_pid(pid_t ancestor, int rank)
+{
+    char want[64];
+    int wl = snprintf(want, sizeof(want), "--rank%c%d%c--replica%c0", 0, rank, 0, 0) + 1;
+    return tu_worker_pid(ancestor, "ctitan-stage", want, (size_t)wl);
 }
 
 /* Waits (sleeping on a pidfd, not polling) up to timeout_s for child pid, kills it if it is

@@ -45,6 +45,9 @@ static int run_job(const char *job, const char *die, const char *hang, const cha
     return tj_launch(env, 120, job, args, out, outlen);
 }
 
+/* Fails with the job's whole output (print_error: fail_msg would cut it). */
+#define FAIL_WITH(out, ...) do { print_error("%s\n", out); fail_msg(__VA_ARGS__); } while (0)
+
 /* How often `needle` occurs in s. */
 static int count(const char *s, const char *needle)
 {
@@ -143,8 +146,8 @@ static void test_recover_a_stage_killed_at_points_of_a_step_is_replaced_bitwise(
     const char *ref = reference(STEPS20);
     int rc = run_job(j, "stage.0.0:begin:3,stage.1.0:mid:6,stage.1.0:end:9,stage.0.0:mid:12", "", STEPS20, out,
                      sizeof(out));
-    if (rc || count(out, "\nrecovered ") != 4)
-        fail_msg("status %d:\n%s", rc, out);
+    if (rc || count(out, "(in place, at step ") != 4)
+        FAIL_WITH(out, "status %d, %d recoveries", rc, count(out, "(in place, at step "));
     const tj_metrics_t *mt = assert_same_losses(j, ref, 20, 4);
     assert_non_null(strstr(mt->restart[0], "\"role\": \"stage\", \"rank\": 0, \"replica\": 0"));
     assert_non_null(strstr(mt->restart[1], "\"role\": \"stage\", \"rank\": 1, \"replica\": 0"));
@@ -169,8 +172,8 @@ static void test_recover_a_shard_killed_at_points_of_its_rounds_keeps_its_state_
     const char *ref = reference(args);
     int rc = run_job(j, "optshard.0.0:reduce:3,optshard.1.0:adamw:5,optshard.0.0:committed:8,"
                      "optshard.1.0:updated:11,optshard.1.0:snapshot:15", "", args, out, sizeof(out));
-    if (rc || count(out, "\nrecovered ") != 5)
-        fail_msg("status %d:\n%s", rc, out);
+    if (rc || count(out, "(in place, at step ") != 5)
+        FAIL_WITH(out, "status %d, %d recoveries", rc, count(out, "(in place, at step "));
     const tj_metrics_t *mt = assert_same_losses(j, ref, 20, 5);
     assert_non_null(strstr(mt->restart[1], "\"role\": \"optshard\", \"rank\": 1"));
     assert_non_null(strstr(mt->restart[1], "\"redone\": false"));
@@ -191,8 +194,8 @@ static void test_recover_two_losses_in_a_step_and_a_loss_during_a_recovery(void 
     int rc = run_job(j, "stage.0.0:begin:4,stage.1.0:begin:4,optshard.0.0:reduce:4,stage.1.0:mid:8,"
                      "stage.1.0:setup:8,optshard.1.0:adamw:12,optshard.1.0:setup:12", "", STEPS20, out, sizeof(out));
     if (rc)
-        fail_msg("status %d:\n%s", rc, out);
-    const tj_metrics_t *mt = assert_same_losses(j, ref, 20, count(out, "\nrecovered "));
+        FAIL_WITH(out, "status %d", rc);
+    const tj_metrics_t *mt = assert_same_losses(j, ref, 20, count(out, "(in place, at step "));
     assert_true(mt->restarts >= 3);
     assert_non_null(strstr(out, "(1 more lost during the recovery), the step redone by every stage"));
     assert_non_null(strstr(out, "optshard 1 (pid "));
@@ -213,7 +216,7 @@ static void test_recover_a_crash_that_repeats_stops_after_max_restarts(void **st
                        QUIET STEPS20 " --job.max_restarts 1 --job.restart_backoff_ms 0", out, sizeof(out));
     if (rc != 1 || !strstr(out, "not replaced: 1 in-place recoveries at step 4 already (job.max_restarts = 1)") ||
         !strstr(out, "giving up after 1 restart"))
-        fail_msg("status %d:\n%s", rc, out);
+        FAIL_WITH(out, "status %d", rc);
     assert_int_equal(count(out, "\nrestart 1 "), 1);
     assert_clean(j);
 }
@@ -244,8 +247,8 @@ static void test_recover_a_stopped_stage_or_shard_is_killed_and_replaced(void **
     kill(sh, SIGSTOP);
     int rc = tu_reap(pid, 60, NULL);
     tj_read_out(j, out, sizeof(out));
-    if (rc || count(out, "\nrecovered ") != 2)
-        fail_msg("status %d:\n%s", rc, out);
+    if (rc || count(out, "(in place, at step ") != 2)
+        FAIL_WITH(out, "status %d, %d recoveries", rc, count(out, "(in place, at step "));
     assert_non_null(strstr(out, "stage rank 1 replica 0 (pid "));
     assert_int_equal(count(out, "(stopped or hung) and was killed; replaced: "), 2);
     assert_same_losses(j, ref, 3000, 2);
@@ -264,8 +267,8 @@ static void test_recover_the_watchdog_dumps_and_replaces_a_wedged_stage_or_shard
     job_name(j, sizeof(j), "hang");
     const char *ref = reference(STEPS20);
     int rc = run_job(j, "", "stage.0.0:mid:6,optshard.1.0:adamw:9", STEPS20 " --job.watchdog_s 1", out, sizeof(out));
-    if (rc || count(out, "\nrecovered ") != 2)
-        fail_msg("status %d:\n%s", rc, out);
+    if (rc || count(out, "(in place, at step ") != 2)
+        FAIL_WITH(out, "status %d, %d recoveries", rc, count(out, "(in place, at step "));
     assert_int_equal(count(out, "dumping its stack (SIGABRT), then replacing it"), 2);
     assert_int_equal(count(out, "ctitan: SIGABRT: the stack of the main thread:"), 2);
     assert_non_null(strstr(out, "(worker_test_point+")); /* the functions are named (-rdynamic) */
@@ -327,9 +330,9 @@ static void test_recover_kill_9_of_random_roles_at_random_moments_is_bitwise(voi
     int rc = tu_reap(pid, 90, NULL);
     tj_read_out(j, out, sizeof(out));
     if (rc)
-        fail_msg("status %d:\n%s", rc, out);
+        FAIL_WITH(out, "status %d", rc);
     assert_true(kills >= 3);
-    const tj_metrics_t *mt = assert_same_losses(j, ref, 3000, count(out, "\nrecovered "));
+    const tj_metrics_t *mt = assert_same_losses(j, ref, 3000, count(out, "(in place, at step "));
     assert_true(mt->restarts <= stage_or_shard);
     for (int s = 500; s <= 3000; s += 500)
         assert_same_checkpoint(j, ref, s);

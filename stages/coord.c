@@ -171,9 +171,9 @@ static int step(coord_t *c)
     msg_t update = {.type = MSG_UPDATE, .step = c->step, .grad_norm = norm, .scale = clip_scale(m, norm)};
     if (coord_round_trip(c, first_shard, m->shards, &update))
         return -1;
-    double t_update = shards_busy(c);
-    coord_note_step_time(c, util_now() - t0);
-    coord_report_step(c, norm, util_now() - t0, t_reduce, t_update);
+    double t_update = shards_busy(c), t_step = util_now() - t0;
+    coord_note_step_time(c, t_step);
+    coord_report_step(c, norm, t_step, t_reduce, t_update);
     coord_note_step(c);
     int64_t done = c->step + 1;
     if (m->ckpt_enable && (done % m->ckpt_interval == 0 || done == m->steps))
@@ -337,7 +337,7 @@ static void report_rejections(coord_t *c)
 int coord_run(const manifest_t *given, const coord_super_t *sup)
 {
     coord_t c = {.sigfd = -1, .rejected = {.what = "rejected control messages"}, .sup = sup,
-                 .out = sup ? sup->out : NULL, .recover_step = -1};
+                 .out = sup ? sup->out : NULL};
     char err[1024];
     int status = 1;
     log_init("", 0, 0);

@@ -7,8 +7,9 @@
  *   REDUCE -> every optshard ... REDUCED   (norm partials in the job segment)
  *   UPDATE -> every optshard ... UPDATED   (with the clip factor of the global norm)
  * Between rounds it reacts to whatever else happens: heartbeats, a process exiting (the
- * loader is restarted from its cursor; anything else fails the job), errors, Ctrl-C, and
- * `ctitan loader swap` requests, which it carries out at the next step boundary.
+ * loader and checkpointd are restarted; on a CPU job a stage or shard is replaced in place,
+ * coord_recover.c; anything else fails the job), errors, Ctrl-C, and `ctitan loader swap`
+ * requests, which it carries out at the next step boundary.
  *
  * On one host the coordinator runs under a supervisor (tools/supervise.h), which relaunches a
  * failed job from its newest checkpoint: the run tells it how far it got and why it failed in

@@ -357,7 +357,7 @@ int coord_round_trip(coord_t *c, int first, int count, msg_t *m)
     c->round = *m;
     double now = util_now();
     for (int i = first; i < first + count; i++) {
-        c->p[i].got = c->p[i].aborted = 0;
+        c->p[i].got = 0;
         c->p[i].await = reply;
         c->p[i].progress_at = now;
         coord_send(c, &c->p[i], m);

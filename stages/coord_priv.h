@@ -74,7 +74,6 @@ typedef struct {
     double started, last_hb;
     msg_t reply;          /* numbers of the last reply (never its text) */
     int lost;             /* died during training: a replacement is due (coord_recover.c) */
-    int aborted;          /* a stage: left the step in progress unfinished (ABORTED) */
     uint64_t progress;    /* its heartbeats' counter, */
     double progress_at;   /* and when it last moved (the step watchdog) */
     double abort_sent;    /* the watchdog sent SIGABRT then (0: not) */
@@ -146,8 +145,9 @@ typedef struct {
     char last_recovery[600];
     msg_t round;                      /* the round in flight (type 0: none): what a replacement gets again */
     double round_t0;                  /* when its step began */
-    double step_times[COORD_STEP_TIMES]; /* the last steps' times, for the watchdog's bound */
+    double step_times[COORD_STEP_TIMES]; /* the last steps' times, */
     int n_step_times;
+    double watchdog_auto_s;           /* and the step watchdog's bound from them (0: too few yet) */
     int failed, interrupted;
     char why[1536];
     const coord_proc_t *culprit;      /* the process the failure is blamed on (NULL: the coordinator's own) */
@@ -228,7 +228,7 @@ int coord_recover(coord_t *c);
 /* The step watchdog (each pump): a process that owes a reply and made no progress for the
  * bound is stack-dumped (SIGABRT), then killed; its death is a loss like any other. */
 void coord_watchdog(coord_t *c);
-/* A step's time, for the watchdog's bound. */
+/* A step's time, for the watchdog's automatic bound. */
 void coord_note_step_time(coord_t *c, double secs);
 /* ABORTED from a stage: it left the step in progress. */
 const char *coord_on_aborted(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m);

@@ -162,7 +162,7 @@ void coord_spawn(coord_t *c, coord_proc_t *p)
     close(fd);
     argv_free(&cmd);
     p->pid = pid;
-    p->ready = p->got = p->expect_exit = p->hello = p->snapped = p->aborted = 0;
+    p->ready = p->got = p->expect_exit = p->hello = p->snapped = 0;
     p->await = 0;
     p->abort_sent = p->hb_killed = 0;
     p->progress = 0;
@@ -217,15 +217,15 @@ void coord_reap(coord_t *c)
                 p = &c->p[i];
         if (!p)
             continue;
-        char how[256], name[64];
-        describe_exit(st, how, sizeof(how));
-        if (p->abort_sent > 0) { /* the step watchdog's doing */
-            char what[160];
-            snprintf(what, sizeof(what), "%.159s", how);
-            snprintf(how, sizeof(how), "hung (the step watchdog dumped its stack and stopped it: it %s)", what);
-        } else if (p->hb_killed > 0) {
+        char exited[128], how[256], what[320], name[64];
+        describe_exit(st, exited, sizeof(exited));
+        if (p->abort_sent > 0) /* the step watchdog's doing */
+            snprintf(how, sizeof(how), "hung (the step watchdog dumped its stack and stopped it: it %s)", exited);
+        else if (p->hb_killed > 0)
             snprintf(how, sizeof(how), "sent no heartbeat for %.1f s (stopped or hung) and was killed", p->hb_killed);
-        }
+        else
+            snprintf(how, sizeof(how), "%s", exited);
+        snprintf(what, sizeof(what), "(pid %d) %s", (int)pid, how);
         int was_ready = p->ready;
         p->pid = 0;
         p->ready = 0;
@@ -238,12 +238,8 @@ void coord_reap(coord_t *c)
         } else if (p->role == COORD_CKPTD && !c->loading) { /* a LOAD only it can answer fails the job */
             restart_ckptd(c, how);
         } else if (p->role == COORD_LOADER && was_ready) {
-            char what[320];
-            snprintf(what, sizeof(what), "(pid %d) %s", (int)pid, how);
             restart_loader(c, what);
         } else if (WIFSIGNALED(st) && coord_can_recover(c, p)) { /* an exit with a status said why */
-            char what[320];
-            snprintf(what, sizeof(what), "(pid %d) %s", (int)pid, how);
             coord_lost(c, p, what);
         } else {
             if (WIFEXITED(st) && WEXITSTATUS(st) != 0) { /* it may have said why just before */
@@ -251,7 +247,7 @@ void coord_reap(coord_t *c)
                 coord_drain_errors(c, 0.5);
                 p->pid = 0;
             }
-            coord_fail_proc(c, p, "%s (pid %d) %s%s", coord_who(p, name, sizeof(name)), (int)pid, how,
+            coord_fail_proc(c, p, "%s %s%s", coord_who(p, name, sizeof(name)), what,
                             was_ready ? "" : " before it was ready");
         }
     }

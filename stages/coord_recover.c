@@ -39,7 +39,6 @@ void coord_lost(coord_t *c, coord_proc_t *p, const char *how)
     if (p->role == COORD_STAGE && p->await == MSG_STEP_DONE)
         c->redo = 1; /* its part of the step in progress is gone */
     p->await = 0;
-    p->abort_sent = 0;
     LOG_W("%s %s: replacing it", name, how);
 }
 
@@ -131,7 +130,7 @@ static void resend(coord_t *c, int redo, const int *replaced, int n)
     if (redo)
         for (int i = 1; i <= c->n_stages; i++) {
             coord_proc_t *s = &c->p[i];
-            s->got = s->aborted = 0;
+            s->got = 0;
             s->await = MSG_STEP_DONE;
             s->progress_at = now;
             coord_send(c, s, &c->round);
@@ -193,14 +192,13 @@ int coord_recover(coord_t *c)
             c->recover_step = c->step;
             c->recover_tries = 0;
         }
-        if (++c->recover_tries > c->m->max_restarts && !c->m->max_restarts) {
-            coord_fail_proc(c, c->lost_first, "%s; not replaced: job.max_restarts = 0", c->lost_why);
-            return -1;
-        }
-        if (c->recover_tries > c->m->max_restarts) {
-            coord_fail_proc(c, c->lost_first, "%s; not replaced: %d in-place recoveries at step %lld already "
-                            "(job.max_restarts = %d)", c->lost_why, c->recover_tries - 1, (long long)c->step + 1,
-                            c->m->max_restarts);
+        if (++c->recover_tries > c->m->max_restarts) {
+            if (!c->m->max_restarts)
+                coord_fail_proc(c, c->lost_first, "%s; not replaced: job.max_restarts = 0", c->lost_why);
+            else
+                coord_fail_proc(c, c->lost_first, "%s; not replaced: %d in-place recoveries at step %lld already "
+                                "(job.max_restarts = %d)", c->lost_why, c->m->max_restarts, (long long)c->step + 1,
+                                c->m->max_restarts);
             return -1;
         }
         int redo = c->redo && c->round.type == MSG_STEP;
@@ -237,14 +235,11 @@ const char *coord_on_aborted(coord_t *c, coord_proc_t *p, const ctl_peer_t *from
 {
     if (p->await != MSG_STEP_DONE || m->step != c->step)
         return "no step in progress waits for this stage";
-    p->await = 0;
-    p->aborted = 1;
+    p->await = 0; /* it is out of the step (step_left) */
     return NULL;
 }
 
 /* ---- the step watchdog ---- */
-
-void coord_note_step_time(coord_t *c, double secs) { c->step_times[c->n_step_times++ % COORD_STEP_TIMES] = secs; }
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -252,25 +247,24 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* job.watchdog_s, or 10 x the median of the last steps' times + 10 s (120 s before 3 steps). */
-static double watchdog_bound(coord_t *c)
+/* 10 x the median of the last steps' times + 10 s, once a step (not at each look); 0 before 3. */
+void coord_note_step_time(coord_t *c, double secs)
 {
-    if (c->m->watchdog_s > 0)
-        return c->m->watchdog_s;
+    c->step_times[c->n_step_times++ % COORD_STEP_TIMES] = secs;
     int n = c->n_step_times < COORD_STEP_TIMES ? c->n_step_times : COORD_STEP_TIMES;
-    if (n < 3)
-        return COORD_STARTUP_TIMEOUT_S;
     double t[COORD_STEP_TIMES];
     memcpy(t, c->step_times, (size_t)n * sizeof(double));
     qsort(t, (size_t)n, sizeof(double), cmp_double);
-    return 10 * t[n / 2] + 10;
+    c->watchdog_auto_s = n < 3 ? 0 : 10 * t[n / 2] + 10;
 }
 
 void coord_watchdog(coord_t *c)
 {
     if (!c->training)
         return;
-    double now = util_now(), bound = -1;
+    /* job.watchdog_s, or from the step times, or 120 s before 3 steps */
+    double now = util_now(), bound = c->m->watchdog_s > 0 ? c->m->watchdog_s
+                                     : c->watchdog_auto_s > 0 ? c->watchdog_auto_s : COORD_STARTUP_TIMEOUT_S;
     char name[64];
     for (int i = 0; i < c->np && !c->failed; i++) {
         coord_proc_t *p = &c->p[i];
@@ -283,8 +277,6 @@ void coord_watchdog(coord_t *c)
             }
             continue;
         }
-        if (bound < 0)
-            bound = watchdog_bound(c);
         if (now - p->progress_at <= bound)
             continue;
         coord_who(p, name, sizeof(name));

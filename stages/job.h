@@ -25,6 +25,7 @@
 #include <sys/types.h>
 
 #include "ipc/shm.h"
+#include "ipc/util.h"
 #include "stages/manifest.h"
 
 #define JOB_MAGIC 0x31424f4a4e544943ULL /* "CITNJOB1" */
@@ -129,7 +130,7 @@ int job_optstate_create(shm_seg_t **out, const char *job, const job_layout_t *l,
 int job_optstate_check(const void *mem, const job_layout_t *l, int shards, char *err, size_t errlen);
 static inline size_t job_optstate_hdr_bytes(int shards)
 {
-    return (sizeof(job_optstate_hdr_t) + (size_t)shards * sizeof(job_optstate_rec_t) + 4095) / 4096 * 4096;
+    return util_round_page(sizeof(job_optstate_hdr_t) + (size_t)shards * sizeof(job_optstate_rec_t));
 }
 static inline job_optstate_rec_t *job_optstate_rec(void *mem, int k)
 {

@@ -33,6 +33,7 @@ struct worker {
     int64_t first_step;
     _Atomic uint64_t progress;
     _Atomic int waiting;         /* the main thread waits on a peer (worker_waiting) */
+    const char *die_at, *hang_at;/* the test points (worker_test_point), read once */
     _Atomic int quit;
     pthread_t hb;
     int hb_started;
@@ -218,6 +219,8 @@ int worker_open(worker_t **out, const char *role, int rank, int replica, char *e
             goto fail;
         break;
     }
+    w->die_at = getenv("CTITAN_TEST_DIE_AT");
+    w->hang_at = getenv("CTITAN_TEST_HANG_AT");
     void *frame;
     backtrace(&frame, 1);
     signal(SIGABRT, dump_stack);
@@ -247,11 +250,11 @@ void worker_close(worker_t **pw)
 const manifest_t *worker_manifest(const worker_t *w) { return &w->man; }
 int64_t worker_first_step(const worker_t *w) { return w->first_step; }
 
-/* Whether the list in environment variable `var` names `want`, and this is the first process to
- * reach it when CTITAN_TEST_DIE_ONCE names a folder (a file per point there). */
-static int test_point_hit(const char *var, const char *want)
+/* Whether the list `at` (of environment variable `var`) names `want`, and this is the first
+ * process to reach it when CTITAN_TEST_DIE_ONCE names a folder (a file per point there). */
+static int test_point_hit(const char *var, const char *at, const char *want)
 {
-    const char *at = getenv(var), *once = getenv("CTITAN_TEST_DIE_ONCE");
+    const char *once = getenv("CTITAN_TEST_DIE_ONCE");
     char list[1024], flag[PATH_MAX];
     if (!at)
         return 0;
@@ -272,13 +275,15 @@ static int test_point_hit(const char *var, const char *want)
 
 void worker_test_point(worker_t *w, const char *point, int64_t step)
 {
+    if (!w->die_at && !w->hang_at) /* the usual case, on the per-step path: nothing to look at */
+        return;
     char want[128];
     snprintf(want, sizeof(want), "%s:%s:%lld", w->id, point, (long long)step + 1);
-    if (test_point_hit("CTITAN_TEST_DIE_AT", want)) {
+    if (test_point_hit("CTITAN_TEST_DIE_AT", w->die_at, want)) {
         LOG_W("CTITAN_TEST_DIE_AT: killing myself with SIGKILL at %s", want);
         raise(SIGKILL);
     }
-    if (test_point_hit("CTITAN_TEST_HANG_AT", want)) {
+    if (test_point_hit("CTITAN_TEST_HANG_AT", w->hang_at, want)) {
         LOG_W("CTITAN_TEST_HANG_AT: the main thread hangs at %s (heartbeats go on)", want);
         for (;;)
             pause();

@@ -289,8 +289,9 @@ static int give_up(sup_t *s, const failure_t *f, int64_t from)
     const manifest_t *m = s->given;
     if (s->stepped && m->max_restarts > 0)
         fprintf(stderr, "ctitan: job %s: giving up after %d restart%s in a row after step %lld "
-                "(job.max_restarts = %d): it failed at step %lld again: %s\n", m->name, s->in_a_row, s->in_a_row == 1 ? "" : "s",
-                (long long)from, m->max_restarts, (long long)s->out->last_step + 1, f->line);
+                "(job.max_restarts = %d): it failed at step %lld again: %s\n", m->name, s->in_a_row,
+                s->in_a_row == 1 ? "" : "s", (long long)from, m->max_restarts, (long long)s->out->last_step + 1,
+                f->line);
     else if (!s->out->failed) /* the coordinator itself died: nobody else said it */
         fprintf(stderr, "ctitan: job %s failed: %s (not restarted: %s)\n", m->name, f->reason,
                 s->stepped ? "job.max_restarts = 0" : "no step was completed");

@@ -88,9 +88,10 @@ typedef struct {
     int (*block_sumsq)(double *out, const float *x, size_t n, size_t block, void *stream);
     /* AdamW as torch.optim.AdamW (ops_adamw_to): reads w0, m0, v0, writes w, m, v (the same
      * arrays: in place; otherwise the sources are left untouched, and must not overlap the
-     * outputs) */
+     * outputs); the gradient is g * gscale rounded to float (the clip factor; g is only read) */
     int (*adamw)(float *w, float *m, float *v, const float *w0, const float *m0, const float *v0, const float *g,
-                 size_t n, float lr, float beta1, float beta2, float eps, float wd, int step, void *stream);
+                 float gscale, size_t n, float lr, float beta1, float beta2, float eps, float wd, int step,
+                 void *stream);
     /* w[i] = x[i] in the backend's weight dtype (a copy on the CPU, bf16 round to nearest even
      * on CUDA) */
     int (*to_weights)(void *w, const float *x, size_t n, void *stream);

@@ -73,11 +73,13 @@ void ops_xent(pool_t *p, float *dlogits, float *loss, const float *logits, const
 /* AdamW as torch.optim.AdamW: p -= lr*wd*p; m,v moments; bias-corrected step (step >= 1).
  * Reads param0, m0, v0 and writes param, m, v: each output either is its source (in place)
  * or overlaps no source, and then the sources are left untouched (an optimizer that keeps
- * two banks of state). The same bits either way. */
+ * two banks of state). The same bits either way. The gradient is grad[i] * gscale, rounded to
+ * float as a scaled copy would hold it (the clip factor, applied without writing the gradient:
+ * 1 for none), so grad is only read. */
 void ops_adamw_to(pool_t *p, float *param, float *m, float *v, const float *param0, const float *m0,
-                  const float *v0, const float *grad, size_t n, float lr, float beta1, float beta2, float eps,
-                  float wd, int step);
-/* ops_adamw_to in place. */
+                  const float *v0, const float *grad, float gscale, size_t n, float lr, float beta1, float beta2,
+                  float eps, float wd, int step);
+/* ops_adamw_to in place, gradient unscaled. */
 void ops_adamw(pool_t *p, float *param, const float *grad, float *m, float *v, size_t n, float lr,
                float beta1, float beta2, float eps, float wd, int step);
 

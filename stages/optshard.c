@@ -18,8 +18,9 @@
  * update reads one and writes the other (out-of-place AdamW, the same bits), then commits
  * (the shard's record says which bank is whole), then publishes the weights and clears the
  * gradients. A replacement started after a kill takes the committed bank over, and whatever
- * round the coordinator sends it again comes out the same: REDUCE only reads the gradients,
- * which stay whole until the commit; an UPDATE already committed only publishes again. */
+ * round the coordinator sends it again comes out the same: REDUCE and UPDATE only read the
+ * gradients (the clip factor is applied inside AdamW), which stay whole until the commit; an
+ * UPDATE already committed only publishes again. */
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -72,8 +73,7 @@ typedef struct {
     int64_t done;                /* steps the state holds: it is bank[done % 2] */
     _Atomic int64_t *commit;     /* CPU: this shard's record in the optstate segment (job.h) */
     int64_t reduced;             /* step whose summed gradient state.g holds (-1: none yet) */
-    int in_place;                /* one replica holds the whole slice in one part: no copy to sum
-                                  * (GPU shards only: a CPU shard's sum must survive its kill) */
+    int in_place;                /* one replica holds the whole slice in one part: no copy to sum */
     double *hnorm;               /* the block norms on the host */
     double *norm_out;            /* where they go in the job segment (NULL: see reduce) */
     part_t *part;                /* replicas in order, each one's parts in flat order */
@@ -222,7 +222,7 @@ static void move_state(shard_t *sh)
 {
     const backend_t *be = sh->be;
     int gpu = sh->lay.gpu_shards, arrays = gpu ? 3 : 0;
-    sh->in_place = gpu && sh->nparts == 1 && sh->part[0].lo == sh->begin && sh->part[0].hi == sh->end;
+    sh->in_place = sh->nparts == 1 && sh->part[0].lo == sh->begin && sh->part[0].hi == sh->end;
     size_t n = sh->n ? sh->n : 1, nb = blocks(sh) ? blocks(sh) : 1;
     size_t fbytes = ((arrays + !sh->in_place) * n * sizeof(float) + 63) / 64 * 64;
     BE_CHECK(sh, be->alloc(&sh->state.mem, fbytes + nb * sizeof(double)), "%s memory for %zu parameters: %s",
@@ -403,9 +403,7 @@ static double update(shard_t *sh, int64_t step, double scale)
                  (long long)step + 1, (long long)sh->done);
     if (sh->reduced != step) /* a replacement: the gradients stay whole until the commit */
         reduce(sh, step);
-    float *g = sh->state.g;
-    if (scale != 1.0)
-        BE_CHECK(sh, be->f32_scale(g, (float)scale, sh->n, sh->stream), "clip: %s", BE_WHY(sh));
+    const float *g = sh->state.g; /* only read: clipped inside AdamW, whole for a replacement */
     int from = (int)(step % 2), to = 1 - from;
     for (int t = 0; t < sh->tab.n; t++) {
         const param_info_t *p = &sh->tab.t[t];
@@ -416,9 +414,9 @@ static double update(shard_t *sh, int64_t step, double scale)
         size_t o = b - sh->begin;
         float wd = decay ? (float)m->weight_decay : 0.0f;
         BE_CHECK(sh, be->adamw(sh->bank[to].master + o, sh->bank[to].m1 + o, sh->bank[to].m2 + o,
-                               sh->bank[from].master + o, sh->bank[from].m1 + o, sh->bank[from].m2 + o, g + o, e - b,
-                               (float)lr, (float)m->beta1, (float)m->beta2, (float)m->eps, wd, (int)step + 1,
-                               sh->stream), "AdamW: %s", BE_WHY(sh));
+                               sh->bank[from].master + o, sh->bank[from].m1 + o, sh->bank[from].m2 + o, g + o,
+                               (float)scale, e - b, (float)lr, (float)m->beta1, (float)m->beta2, (float)m->eps, wd,
+                               (int)step + 1, sh->stream), "AdamW: %s", BE_WHY(sh));
         worker_test_point(sh->w, "adamw", step);
     }
     BE_CHECK(sh, be->stream_sync(sh->stream), "AdamW: %s", BE_WHY(sh));

@@ -77,7 +77,7 @@ static void test_backend_cpu_vector_ops_are_the_plain_loops_bitwise(void **state
     memcpy(w2, w, N * sizeof(float));
     memcpy(m2, m, N * sizeof(float));
     ops_adamw(NULL, w2, y, m2, v2, N, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 7);
-    assert_int_equal(be->adamw(w, m, v, w, m, v, y, N, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 7, s), 0);
+    assert_int_equal(be->adamw(w, m, v, w, m, v, y, 1.0f, N, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 7, s), 0);
     assert_memory_equal(w, w2, N * sizeof(float));
     assert_memory_equal(m, m2, N * sizeof(float));
     assert_memory_equal(v, v2, N * sizeof(float));
@@ -100,18 +100,21 @@ static void test_backend_cpu_vector_ops_are_the_plain_loops_bitwise(void **state
 }
 
 /* The table's AdamW out of place (two banks of state, each step reading one and writing the
- * other) gives the in-place bits and leaves the bank it read as it was; the outputs start as
+ * other) with the clip factor as gscale gives the bits of f32_scale on the gradient then AdamW
+ * in place, and leaves the bank it read and the gradient as they were; the outputs start as
  * NaN, so an element left unwritten shows. A size with short last blocks and tasks. */
-static void test_backend_cpu_adamw_out_of_place_is_in_place_bitwise(void **state)
+static void test_backend_cpu_adamw_out_of_place_with_clip_is_scale_then_in_place_bitwise(void **state)
 {
     const backend_t *be = backend_cpu();
     const size_t n = 16384 * 2 + 77, bytes = n * sizeof(float);
     float *w = malloc(bytes), *m = malloc(bytes), *v = malloc(bytes), *g = malloc(bytes), *saved = malloc(3 * bytes);
+    float *scaled = malloc(bytes), *g_was = malloc(bytes);
+    const float clip[] = {0.37f, 1.0f, 0.81f};
     float *bank[2][3];
     for (int b = 0; b < 2; b++)
         for (int j = 0; j < 3; j++)
             assert_non_null(bank[b][j] = malloc(bytes));
-    assert_true(w && m && v && g && saved);
+    assert_true(w && m && v && g && saved && scaled && g_was);
     tu_fill(NULL, w, n, 20, 0.5);
     tu_fill(NULL, m, n, 21, 0.1);
     tu_fill(NULL, v, n, 22, 0.1);
@@ -126,10 +129,14 @@ static void test_backend_cpu_adamw_out_of_place_is_in_place_bitwise(void **state
         tu_fill(NULL, g, n, 30 + step, 0.3);
         for (int j = 0; j < 3; j++)
             memcpy(saved + j * n, src[j], bytes);
-        assert_int_equal(be->adamw(w, m, v, w, m, v, g, n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, step, NULL), 0);
-        assert_int_equal(be->adamw(dst[0], dst[1], dst[2], src[0], src[1], src[2], g, n, 3e-4f, 0.9f, 0.95f, 1e-8f,
-                                   0.1f, step, NULL),
+        memcpy(scaled, g, bytes);
+        memcpy(g_was, g, bytes);
+        assert_int_equal(be->f32_scale(scaled, clip[step - 1], n, NULL), 0);
+        assert_int_equal(be->adamw(w, m, v, w, m, v, scaled, 1.0f, n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, step, NULL), 0);
+        assert_int_equal(be->adamw(dst[0], dst[1], dst[2], src[0], src[1], src[2], g, clip[step - 1], n, 3e-4f, 0.9f,
+                                   0.95f, 1e-8f, 0.1f, step, NULL),
                          0);
+        assert_memory_equal(g, g_was, bytes);
         assert_memory_equal(dst[0], w, bytes);
         assert_memory_equal(dst[1], m, bytes);
         assert_memory_equal(dst[2], v, bytes);
@@ -139,7 +146,7 @@ static void test_backend_cpu_adamw_out_of_place_is_in_place_bitwise(void **state
     for (int b = 0; b < 2; b++)
         for (int j = 0; j < 3; j++)
             free(bank[b][j]);
-    free(w), free(m), free(v), free(g), free(saved);
+    free(w), free(m), free(v), free(g), free(saved), free(scaled), free(g_was);
 }
 
 /* A two-piece split of the tiny model, run through the table and through model.h directly:
@@ -266,16 +273,16 @@ static void test_backend_cuda_emulated_vector_ops_agree_with_the_cpu(void **stat
     assert_memory_equal(back, y, bytes);
     assert_int_equal(tu_compare_d("block norms", norm, ref, 3, 0, 1e-12), 0);
 
-    assert_int_equal(gpu->adamw(dw, dm, dv, dw, dm, dv, dy, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, s), 0);
-    cpu->adamw(w, m, v, w, m, v, y, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, NULL);
+    assert_int_equal(gpu->adamw(dw, dm, dv, dw, dm, dv, dy, 1.0f, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, s), 0);
+    cpu->adamw(w, m, v, w, m, v, y, 1.0f, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, NULL);
     assert_int_equal(gpu->copy(back, dw, bytes, s), 0);
     assert_int_equal(gpu->stream_sync(s), 0);
     double *wd = malloc(N * sizeof(double));
     tu_to_double(wd, w, N);
     assert_int_equal(tu_compare("AdamW", back, wd, N, 1e-7, 1e-6), 0);
 
-    /* Out of place, from the CPU's state on both: a second bank written, the first left as
-     * it was. The GPU's outputs start as NaN, so an element left unwritten shows. */
+    /* Out of place with a clip factor, from the CPU's state on both: a second bank written, the
+     * first left as it was. The GPU's outputs start as NaN, so an element left unwritten shows. */
     float *w2 = malloc(bytes), *m2 = malloc(bytes), *v2 = malloc(bytes), *nan = malloc(bytes);
     float *dw2, *dm2, *dv2;
     float **dev2[] = {&dw2, &dm2, &dv2};
@@ -288,8 +295,8 @@ static void test_backend_cuda_emulated_vector_ops_agree_with_the_cpu(void **stat
     const float *src[] = {w, m, v}, *dsrc[] = {dw, dm, dv}, *dout[] = {dw2, dm2, dv2}, *out[] = {w2, m2, v2};
     for (int i = 0; i < 3; i++)
         assert_int_equal(gpu->copy((void *)dsrc[i], src[i], bytes, s), 0);
-    assert_int_equal(gpu->adamw(dw2, dm2, dv2, dw, dm, dv, dy, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 2, s), 0);
-    assert_int_equal(cpu->adamw(w2, m2, v2, w, m, v, y, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 2, NULL), 0);
+    assert_int_equal(gpu->adamw(dw2, dm2, dv2, dw, dm, dv, dy, 0.6f, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 2, s), 0);
+    assert_int_equal(cpu->adamw(w2, m2, v2, w, m, v, y, 0.6f, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 2, NULL), 0);
     const char *what[] = {"AdamW out of place: w", "AdamW out of place: m", "AdamW out of place: v"};
     for (int i = 0; i < 3; i++) {
         assert_int_equal(gpu->copy(back, dout[i], bytes, s), 0);
@@ -323,7 +330,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_backend_load_picks_cpu_and_refuses_other_devices),
         cmocka_unit_test(test_backend_cpu_vector_ops_are_the_plain_loops_bitwise),
-        cmocka_unit_test(test_backend_cpu_adamw_out_of_place_is_in_place_bitwise),
+        cmocka_unit_test(test_backend_cpu_adamw_out_of_place_with_clip_is_scale_then_in_place_bitwise),
         cmocka_unit_test(test_backend_cpu_model_is_model_c_bitwise),
         cmocka_unit_test(test_backend_cuda_emulated_vector_ops_agree_with_the_cpu),
     };

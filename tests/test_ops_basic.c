@@ -332,9 +332,10 @@ static void test_adamw_matches_hand_computed_steps(void **state)
 }
 
 /* Two banks of state, as a crash-consistent optimizer keeps them: each step reads one bank
- * and writes the other. Every output must be the in-place run's, bit for bit (the outputs
- * start as NaN, so an element left unwritten shows), and the bank read must stay as it was.
- * Sizes with a short last block and a short last task; no pool and a pool of 3. */
+ * and writes the other, with a clip factor (gscale) on the unscaled gradient. Every output
+ * must be the in-place run's on a gradient scaled beforehand, bit for bit (the outputs start
+ * as NaN, so an element left unwritten shows), and the bank read and the gradient must stay
+ * as they were. Sizes with a short last block and a short last task; no pool and a pool of 3. */
 static void test_adamw_out_of_place_is_in_place_bitwise_and_keeps_the_sources(void **state)
 {
     (void)state;
@@ -344,6 +345,7 @@ static void test_adamw_out_of_place_is_in_place_bitwise_and_keeps_the_sources(vo
         for (int k = 0; k < 3; k++) {
             const size_t n = ns[k], bytes = n * sizeof(float);
             float *ip = fbuf(n), *im = fbuf(n), *iv = fbuf(n), *g = fbuf(n), *saved = fbuf(3 * n);
+            float *scaled = fbuf(n), *g_was = fbuf(n);
             float *bank[2][3];
             for (int b = 0; b < 2; b++)
                 for (int j = 0; j < 3; j++)
@@ -360,12 +362,16 @@ static void test_adamw_out_of_place_is_in_place_bitwise_and_keeps_the_sources(vo
             for (int step = 1; step <= 4; step++) {
                 float *const *src = bank[(step - 1) % 2], *const *dst = bank[step % 2];
                 tu_fill(NULL, g, n, 430 + step, step % 2 ? 0.1 : 2.0);
-                const float wd = step == 3 ? 0.0f : 0.1f;
+                const float wd = step == 3 ? 0.0f : 0.1f, clip = step == 2 ? 1.0f : 0.4f + 0.1f * step;
                 for (int j = 0; j < 3; j++)
                     memcpy(saved + j * n, src[j], bytes);
-                ops_adamw(pools[pi], ip, g, im, iv, n, 3e-3f, 0.9f, 0.95f, 1e-8f, wd, step);
-                ops_adamw_to(pools[pi], dst[0], dst[1], dst[2], src[0], src[1], src[2], g, n, 3e-3f, 0.9f, 0.95f,
-                             1e-8f, wd, step);
+                for (size_t i = 0; i < n; i++)
+                    scaled[i] = g[i] * clip;
+                memcpy(g_was, g, bytes);
+                ops_adamw(pools[pi], ip, scaled, im, iv, n, 3e-3f, 0.9f, 0.95f, 1e-8f, wd, step);
+                ops_adamw_to(pools[pi], dst[0], dst[1], dst[2], src[0], src[1], src[2], g, clip, n, 3e-3f, 0.9f,
+                             0.95f, 1e-8f, wd, step);
+                assert_memory_equal(g, g_was, bytes);
                 assert_memory_equal(dst[0], ip, bytes);
                 assert_memory_equal(dst[1], im, bytes);
                 assert_memory_equal(dst[2], iv, bytes);
@@ -375,7 +381,7 @@ static void test_adamw_out_of_place_is_in_place_bitwise_and_keeps_the_sources(vo
             for (int b = 0; b < 2; b++)
                 for (int j = 0; j < 3; j++)
                     free(bank[b][j]);
-            free(ip), free(im), free(iv), free(g), free(saved);
+            free(ip), free(im), free(iv), free(g), free(saved), free(scaled), free(g_was);
         }
     pool_destroy(&pools[1]);
 }

@@ -442,7 +442,7 @@ struct adamw_ctx {
     float *param, *m, *v;
     const float *param0, *m0, *v0, *grad;
     size_t n;
-    float decay, beta1, beta2, step_size, bc2_sqrt, eps;
+    float gscale, decay, beta1, beta2, step_size, bc2_sqrt, eps;
 };
 
 #define ADAMW_ELEMS 16384
@@ -467,13 +467,14 @@ static void sqrt_array(float *y, const float *x, int n)
 /* Same arithmetic as torch's single-tensor AdamW: p *= 1 - lr*wd; m lerps towards g;
  * v = v*b2 + (1-b2) g g; p += -step_size * m / (sqrt(v)/sqrt(bc2) + eps). Element i reads
  * only element i of the sources before writing element i of the outputs, so in place (the
- * same arrays) gives the same bits as out of place. */
+ * same arrays) gives the same bits as out of place. g = grad * gscale is a statement of its
+ * own: rounded to float before use (no contraction into what follows), as a stored one. */
 static void adamw_task(void *c, int t)
 {
     const struct adamw_ctx *a = c;
     size_t i0 = (size_t)t * ADAMW_ELEMS, i1 = i0 + ADAMW_ELEMS < a->n ? i0 + ADAMW_ELEMS : a->n;
     const float decay = a->decay, w1 = 1.0f - a->beta1, b2 = a->beta2, w2 = 1.0f - a->beta2;
-    const float ss = a->step_size, bc2s = a->bc2_sqrt, eps = a->eps;
+    const float ss = a->step_size, bc2s = a->bc2_sqrt, eps = a->eps, gs = a->gscale;
     float den[ADAMW_BLOCK];
     for (size_t b0 = i0; b0 < i1; b0 += ADAMW_BLOCK) {
         int nb = (int)(i1 - b0 < ADAMW_BLOCK ? i1 - b0 : ADAMW_BLOCK);
@@ -481,8 +482,9 @@ static void adamw_task(void *c, int t)
         const float *p0 = a->param0 + b0, *m0 = a->m0 + b0, *v0 = a->v0 + b0, *g = a->grad + b0;
 #pragma omp simd
         for (int i = 0; i < nb; i++) {
-            m[i] = m0[i] + w1 * (g[i] - m0[i]);
-            v[i] = v0[i] * b2 + w2 * g[i] * g[i];
+            const float gi = g[i] * gs;
+            m[i] = m0[i] + w1 * (gi - m0[i]);
+            v[i] = v0[i] * b2 + w2 * gi * gi;
         }
         sqrt_array(den, v, nb);
 #pragma omp simd
@@ -492,17 +494,17 @@ static void adamw_task(void *c, int t)
 }
 
 void ops_adamw_to(pool_t *p, float *param, float *m, float *v, const float *param0, const float *m0,
-                  const float *v0, const float *grad, size_t n, float lr, float beta1, float beta2, float eps,
-                  float wd, int step)
+                  const float *v0, const float *grad, float gscale, size_t n, float lr, float beta1, float beta2,
+                  float eps, float wd, int step)
 {
     double bc1 = 1.0 - pow(beta1, step), bc2 = 1.0 - pow(beta2, step);
-    struct adamw_ctx a = {param, m, v, param0, m0, v0, grad, n, (float)(1.0 - (double)lr * wd), beta1, beta2,
-                          (float)(lr / bc1), (float)sqrt(bc2), eps};
+    struct adamw_ctx a = {param, m, v, param0, m0, v0, grad, n, gscale, (float)(1.0 - (double)lr * wd), beta1,
+                          beta2, (float)(lr / bc1), (float)sqrt(bc2), eps};
     pool_for(p, ceil_div((long)n, ADAMW_ELEMS), adamw_task, &a);
 }
 
 void ops_adamw(pool_t *p, float *param, const float *grad, float *m, float *v, size_t n, float lr,
                float beta1, float beta2, float eps, float wd, int step)
 {
-    ops_adamw_to(p, param, m, v, param, m, v, grad, n, lr, beta1, beta2, eps, wd, step);
+    ops_adamw_to(p, param, m, v, param, m, v, grad, 1.0f, n, lr, beta1, beta2, eps, wd, step);
 }

@@ -20,14 +20,15 @@ extern "C" int cuda_device_count(void)
 }
 
 // Element i reads only element i of p0, m0, v0 before it writes p, m, v, so in place and out
-// of place give the same bits.
+// of place give the same bits. The gradient g * gs is rounded on its own (__fmul_rn: never
+// fused into what follows), the same float cuda_f32_scale would have stored.
 __global__ void adamw_kernel(float *p, float *m, float *v, const float *p0, const float *m0, const float *v0,
-                             const float *g, size_t n, float lr, float b1, float b2, float eps, float wd,
-                             float bc1, float bc2)
+                             const float *g, float gs, size_t n, float lr, float b1, float b2, float eps,
+                             float wd, float bc1, float bc2)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
-        float gi = g[i], p0i = p0[i];
+        float gi = __fmul_rn(g[i], gs), p0i = p0[i];
         float pi = p0i - lr * wd * p0i;
         float mi = b1 * m0[i] + (1.0f - b1) * gi;
         float vi = b2 * v0[i] + (1.0f - b2) * gi * gi;
@@ -38,8 +39,8 @@ __global__ void adamw_kernel(float *p, float *m, float *v, const float *p0, cons
 }
 
 extern "C" int cuda_adamw(float *param, float *m, float *v, const float *param0, const float *m0,
-                          const float *v0, const float *grad, size_t n, float lr, float beta1, float beta2,
-                          float eps, float wd, int step, void *stream)
+                          const float *v0, const float *grad, float gscale, size_t n, float lr, float beta1,
+                          float beta2, float eps, float wd, int step, void *stream)
 {
     if (step < 1 || !param || !m || !v || !param0 || !m0 || !v0 || !grad) {
         return cuda_err(-EINVAL, "cuda_adamw: bad arguments (step %d)", step);
@@ -50,8 +51,8 @@ extern "C" int cuda_adamw(float *param, float *m, float *v, const float *param0,
     size_t blocks = (n + 255) / 256;
     if (blocks > 65535 * 8)
         blocks = 65535 * 8;
-    adamw_kernel<<<(unsigned)blocks, 256, 0, (cudaStream_t)stream>>>(param, m, v, param0, m0, v0, grad, n, lr,
-                                                                      beta1, beta2, eps, wd, bc1, bc2);
+    adamw_kernel<<<(unsigned)blocks, 256, 0, (cudaStream_t)stream>>>(param, m, v, param0, m0, v0, grad, gscale, n,
+                                                                      lr, beta1, beta2, eps, wd, bc1, bc2);
     return cuda_err_status(cudaGetLastError(), "cuda_adamw launch");
 }
 

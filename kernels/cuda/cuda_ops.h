@@ -17,10 +17,11 @@ const char *cuda_last_error(void);
 
 /* AdamW over fp32 device arrays, as torch.optim.AdamW (see ops_adamw_to): reads param0, m0,
  * v0 and writes param, m, v (the same arrays: in place; otherwise the sources are left
- * untouched). stream may be NULL. */
+ * untouched); the gradient is grad * gscale rounded to float (grad is only read). stream may
+ * be NULL. */
 int cuda_adamw(float *param, float *m, float *v, const float *param0, const float *m0, const float *v0,
-               const float *grad, size_t n, float lr, float beta1, float beta2, float eps, float wd, int step,
-               void *stream);
+               const float *grad, float gscale, size_t n, float lr, float beta1, float beta2, float eps, float wd,
+               int step, void *stream);
 
 /* Plain device memory helpers for tests and host code. */
 int cuda_alloc(void **p, size_t bytes);

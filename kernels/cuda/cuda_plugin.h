@@ -16,7 +16,7 @@
 #include "kernels/cuda/cuda_dev.h"
 #include "kernels/cuda/cuda_nccl.h"
 
-#define CUDA_PLUGIN_VERSION 5
+#define CUDA_PLUGIN_VERSION 6
 
 typedef struct {
     int version;

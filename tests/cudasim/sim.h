@@ -39,6 +39,7 @@ inline __nv_bfloat16 __float2bfloat16(float f) {
     if ((u & 0x7fffffffu) > 0x7f800000u) return {(uint16_t)((u >> 16) | 0x40)};
     u += 0x7fffu + ((u >> 16) & 1); return {(uint16_t)(u >> 16)};
 }
+inline float __fmul_rn(float a, float b) { return a * b; } /* one product, rounded: never fused */
 inline float __bfloat162float(__nv_bfloat16 h) { uint32_t u = (uint32_t)h.x << 16; float f; memcpy(&f, &u, 4); return f; }
 
 /* CUDA threads are fibers (ucontext) on the calling OS thread: a block's fibers run in turn

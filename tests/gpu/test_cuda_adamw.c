@@ -32,19 +32,21 @@ static void test_cuda_adamw_matches_reference_over_steps(void **state)
     for (int step = 1; step <= 5; step++) {
         tu_fill(gd, g, n, 100 + step, 0.1);
         cuda_copy_to_device(dg, g, n * 4);
-        assert_int_equal(cuda_adamw(dp, dm, dv, dp, dm, dv, dg, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, NULL), 0);
+        assert_int_equal(cuda_adamw(dp, dm, dv, dp, dm, dv, dg, 1.0f, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, NULL),
+                         0);
         ref_adamw(pd, gd, md, vd, n, 1e-3, 0.9, 0.95, 1e-8, 0.1, step);
     }
     assert_int_equal(cuda_copy_to_host(out, dp, n * 4), 0);
     assert_int_equal(tu_compare("adamw param", out, pd, n, 1e-6, 1e-5), 0);
-    assert_int_equal(cuda_adamw(dp, dm, dv, dp, dm, dv, dg, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0, NULL), -22);
+    assert_int_equal(cuda_adamw(dp, dm, dv, dp, dm, dv, dg, 1.0f, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0, NULL), -22);
     cuda_free(dp), cuda_free(dg), cuda_free(dm), cuda_free(dv);
     free(p), free(g), free(out), free(pd), free(gd), free(md), free(vd), free(zero);
 }
 
-/* Two banks of state on the device, each step reading one and writing the other: the bits of
- * the in-place run, the bank read left as it was (the outputs start as NaN, so an element
- * left unwritten shows). */
+/* Two banks of state on the device, each step reading one and writing the other with a clip
+ * factor (gscale) on the unscaled gradient: the bits of the in-place run on a gradient scaled
+ * beforehand (on the host: the same float product), the bank read left as it was (the outputs
+ * start as NaN, so an element left unwritten shows). */
 static void test_cuda_adamw_out_of_place_is_in_place_bitwise(void **state)
 {
     if (cuda_device_count() == 0) {
@@ -54,8 +56,9 @@ static void test_cuda_adamw_out_of_place_is_in_place_bitwise(void **state)
     const size_t n = 16384 * 2 + 77, bytes = n * sizeof(float);
     float *h = malloc(bytes), *nan = malloc(bytes), *got = malloc(bytes), *want = malloc(bytes);
     float *saved = malloc(3 * bytes);
-    float *in[3], *bank[2][3], *dg; /* in place: p, m, v; banks of p, m, v */
+    float *in[3], *bank[2][3], *dg, *dscaled; /* in place: p, m, v; banks of p, m, v */
     assert_int_equal(cuda_alloc((void **)&dg, bytes), 0);
+    assert_int_equal(cuda_alloc((void **)&dscaled, bytes), 0);
     for (size_t i = 0; i < n; i++)
         nan[i] = NAN;
     for (int j = 0; j < 3; j++) {
@@ -74,12 +77,16 @@ static void test_cuda_adamw_out_of_place_is_in_place_bitwise(void **state)
         float *const *src = bank[(step - 1) % 2], *const *dst = bank[step % 2];
         tu_fill(NULL, h, n, 510 + step, step % 2 ? 0.1 : 2.0);
         assert_int_equal(cuda_copy_to_device(dg, h, bytes), 0);
+        const float clip = step == 2 ? 1.0f : 0.4f + 0.1f * step;
+        for (size_t i = 0; i < n; i++)
+            h[i] *= clip;
+        assert_int_equal(cuda_copy_to_device(dscaled, h, bytes), 0);
         for (int j = 0; j < 3; j++)
             assert_int_equal(cuda_copy_to_host(saved + j * n, src[j], bytes), 0);
-        assert_int_equal(cuda_adamw(in[0], in[1], in[2], in[0], in[1], in[2], dg, n, 1e-3f, 0.9f, 0.95f, 1e-8f,
-                                    0.1f, step, NULL),
+        assert_int_equal(cuda_adamw(in[0], in[1], in[2], in[0], in[1], in[2], dscaled, 1.0f, n, 1e-3f, 0.9f, 0.95f,
+                                    1e-8f, 0.1f, step, NULL),
                          0);
-        assert_int_equal(cuda_adamw(dst[0], dst[1], dst[2], src[0], src[1], src[2], dg, n, 1e-3f, 0.9f, 0.95f,
+        assert_int_equal(cuda_adamw(dst[0], dst[1], dst[2], src[0], src[1], src[2], dg, clip, n, 1e-3f, 0.9f, 0.95f,
                                     1e-8f, 0.1f, step, NULL),
                          0);
         for (int j = 0; j < 3; j++) {
@@ -93,6 +100,7 @@ static void test_cuda_adamw_out_of_place_is_in_place_bitwise(void **state)
     for (int j = 0; j < 3; j++)
         cuda_free(in[j]), cuda_free(bank[0][j]), cuda_free(bank[1][j]);
     cuda_free(dg);
+    cuda_free(dscaled);
     free(h), free(nan), free(got), free(want), free(saved);
 }
 

@@ -81,8 +81,6 @@ typedef struct {
     int (*zero)(void *dst, size_t bytes, void *stream);
     /* y[i] += x[i] */
     int (*f32_add)(float *y, const float *x, size_t n, void *stream);
-    /* y[i] *= s */
-    int (*f32_scale)(float *y, float s, size_t n, void *stream);
     /* out[b] = sum over block b = [b*block, (b+1)*block) of x[0, n) of x[i]^2 as double, in a
      * fixed order (the same bits for the same block wherever it sits) */
     int (*block_sumsq)(double *out, const float *x, size_t n, size_t block, void *stream);

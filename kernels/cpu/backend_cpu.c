@@ -185,13 +185,6 @@ static int cpu_f32_add(float *y, const float *x, size_t n, void *stream)
     return 0;
 }
 
-static int cpu_f32_scale(float *y, float s, size_t n, void *stream)
-{
-    for (size_t i = 0; i < n; i++)
-        y[i] *= s;
-    return 0;
-}
-
 static int cpu_block_sumsq(double *out, const float *x, size_t n, size_t block, void *stream)
 {
     if (!block)
@@ -242,7 +235,6 @@ static const backend_t table = {
     .copy = cpu_copy,
     .zero = cpu_zero,
     .f32_add = cpu_f32_add,
-    .f32_scale = cpu_f32_scale,
     .block_sumsq = cpu_block_sumsq,
     .adamw = cpu_adamw,
     .to_weights = cpu_to_weights,

@@ -21,7 +21,7 @@ extern "C" int cuda_device_count(void)
 
 // Element i reads only element i of p0, m0, v0 before it writes p, m, v, so in place and out
 // of place give the same bits. The gradient g * gs is rounded on its own (__fmul_rn: never
-// fused into what follows), the same float cuda_f32_scale would have stored.
+// fused into what follows), the same float a scaled copy of the gradient would hold.
 __global__ void adamw_kernel(float *p, float *m, float *v, const float *p0, const float *m0, const float *v0,
                              const float *g, float gs, size_t n, float lr, float b1, float b2, float eps,
                              float wd, float bc1, float bc2)

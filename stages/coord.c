@@ -152,32 +152,33 @@ static double clip_scale(const manifest_t *m, double norm)
 
 /* One training step, three rounds: forward and backward on every stage, the shards sum the
  * replicas' gradients, then update with the clip factor of the global norm; then what the
- * step's end brings (a checkpoint, a loader swap). Returns 0, or -1 once the job failed or
- * was interrupted. */
+ * step's end brings (a checkpoint, a loader swap). Returns 0, COORD_REWOUND (a GPU job went
+ * back to step c->step: coord_rewind.c), or -1 once the job failed or was interrupted. */
 static int step(coord_t *c)
 {
     const manifest_t *m = c->m;
-    int first_shard = 1 + c->n_stages;
+    int first_shard = 1 + c->n_stages, rc;
     stopped_for(c); /* a stop between steps that did no harm is forgotten after a while */
     atomic_store(&c->hdr->step, c->step);
     double t0 = c->round_t0 = util_now();
     msg_t run = {.type = MSG_STEP, .step = c->step};
-    if (coord_round_trip(c, 1, c->n_stages, &run))
-        return -1;
+    if ((rc = coord_round_trip(c, 1, c->n_stages, &run)))
+        return rc;
     msg_t reduce = {.type = MSG_REDUCE, .step = c->step};
-    if (coord_round_trip(c, first_shard, m->shards, &reduce))
-        return -1;
+    if ((rc = coord_round_trip(c, first_shard, m->shards, &reduce)))
+        return rc;
     double t_reduce = shards_busy(c), norm = grad_norm(c);
     msg_t update = {.type = MSG_UPDATE, .step = c->step, .grad_norm = norm, .scale = clip_scale(m, norm)};
-    if (coord_round_trip(c, first_shard, m->shards, &update))
-        return -1;
+    if ((rc = coord_round_trip(c, first_shard, m->shards, &update)))
+        return rc;
     double t_update = shards_busy(c), t_step = util_now() - t0;
     coord_note_step_time(c, t_step);
     coord_report_step(c, norm, t_step, t_reduce, t_update);
     coord_note_step(c);
     int64_t done = c->step + 1;
-    if (m->ckpt_enable && (done % m->ckpt_interval == 0 || done == m->steps))
-        coord_start_checkpoint(c, done);
+    if (m->ckpt_enable && (done % m->ckpt_interval == 0 || done == m->steps) &&
+        (rc = coord_start_checkpoint(c, done)))
+        return rc;
     if (c->swap_pending)
         coord_do_swap(c);
     return c->failed || c->interrupted ? -1 : 0;
@@ -187,12 +188,20 @@ static void train(coord_t *c)
 {
     double t_start = util_now();
     int64_t first = c->step;
+    int rc;
     c->training = 1;
-    for (; c->step < c->m->steps; c->step++)
-        if (step(c))
+    c->train_t0 = c->snap_at = t_start; /* a rewind to the first step loses everything since now */
+    for (;;) {
+        if (c->step < c->m->steps)
+            rc = step(c);
+        else if (!(rc = coord_ckpt_wait(c))) /* the last checkpoint */
+            break;
+        if (rc < 0)
             return;
-    if (coord_ckpt_wait(c)) /* the last checkpoint */
-        return;
+        if (rc == 0)
+            c->step++;
+        /* else COORD_REWOUND: the job went back to c->step */
+    }
     c->training = 0;
     coord_stop_all(c);
     coord_end_of_run(c, first, util_now() - t_start);
@@ -222,8 +231,10 @@ static int set_up(coord_t *c, char *err, size_t errlen)
     }
     if (!(c->toml = manifest_to_toml(m)) || job_layout(&c->lay, m))
         return util_fail(err, errlen, -ENOMEM, "out of memory");
-    /* in-place recovery: the weights and the shards' state live in this host's segments (CPU) */
+    /* in-place recovery: the weights and the shards' state live in this host's segments (CPU);
+     * on the GPU they live in the processes, and a loss rewinds the job (coord_rewind.c) */
     c->recover = !c->lay.gpu && !c->lay.gpu_shards && c->lay.hosts == 1;
+    c->rewind = !c->recover && c->lay.hosts == 1;
     if ((rc = util_mkdirs(m->dump_folder)))
         return util_fail(err, errlen, rc, "job.dump_folder %s: cannot create: %s", m->dump_folder, strerror(-rc));
     if ((rc = coord_resolve_endpoint(c, err, errlen)) || (rc = coord_check_data(c, err, errlen)) ||
@@ -288,8 +299,15 @@ static int run(coord_t *c)
     const manifest_t *m = c->m;
     char err[1024] = "";
     int rc = coord_resume(c, err, sizeof(err));
-    if (!rc)
+    if (!rc) {
         coord_note_start(c);
+        c->first_step = c->step;
+        c->fresh = !m->ckpt_load[0];
+        snprintf(c->start_load, sizeof(c->start_load), "%s", m->ckpt_load);
+        /* a resumed checkpoint stays whole in the staging segment until the first snapshot */
+        c->snap_step = !c->fresh && m->ckpt_enable ? c->step : -1;
+        c->snaps = c->snap_step >= 0;
+    }
     if (!rc && c->step >= m->steps) {
         printf("launch: the checkpoint is at step %lld and training.steps = %d: nothing left to train\n",
                (long long)c->step, m->steps);

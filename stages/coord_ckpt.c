@@ -16,8 +16,8 @@ int coord_ckpt_wait(coord_t *c)
 {
     int rc;
     while (!(rc = coord_pump(c, ckpt_idle, NULL, 1e9)) && c->n_lost) /* a shard that owed its snapshot */
-        if (coord_recover(c))
-            return -1;
+        if ((rc = coord_recover(c)))
+            break;
     return rc;
 }
 
@@ -25,20 +25,21 @@ int coord_ckpt_wait(coord_t *c)
  * step runs (they are idle until its REDUCE, which they take only after the copy), then
  * checkpointd writes it. One snapshot at a time: if the previous one is still being written
  * training waits for it, and says so. */
-void coord_start_checkpoint(coord_t *c, int64_t done)
+int coord_start_checkpoint(coord_t *c, int64_t done)
 {
     if (c->ck_busy) {
         double t0 = util_now();
         fprintf(stderr, "ctitan: the checkpoint of step %lld is still being written at step %lld: waiting for it "
                 "(checkpoint.interval is too short for this storage)\n", (long long)c->ck_step, (long long)done);
-        if (coord_ckpt_wait(c))
-            return;
+        int rc = coord_ckpt_wait(c);
+        if (rc)
+            return rc;
         fprintf(stderr, "ctitan: waited %.2f s for the checkpoint of step %lld\n", util_now() - t0,
                 (long long)c->ck_step);
     }
     if (coord_pump(c, coord_proc_ready, coord_ckptd(c), COORD_STARTUP_TIMEOUT_S)) { /* a restarted checkpointd */
         coord_fail_proc(c, coord_ckptd(c), "checkpointd did not become ready in %.0f s", COORD_STARTUP_TIMEOUT_S);
-        return;
+        return -1;
     }
     staging_hdr_t *h = shm_data(c->seg_ckpt);
     size_t len = 0;
@@ -47,9 +48,10 @@ void coord_start_checkpoint(coord_t *c, int64_t done)
         snprintf(c->ck_why, sizeof(c->ck_why), "no loader cursor is recorded for step %lld", (long long)done + 1);
         c->ck_why_step = done;
         fprintf(stderr, "ctitan: %s: no checkpoint of it\n", c->ck_why);
-        return;
+        return 0;
     }
     h->cursor_len = (uint32_t)len;
+    coord_rewind_point(c, -1); /* the staging segment is overwritten from now on */
     atomic_store(&h->step, done);
     c->ck_busy = 1;
     c->ck_step = done;
@@ -62,6 +64,7 @@ void coord_start_checkpoint(coord_t *c, int64_t done)
     msg_t snap = {.type = MSG_SNAPSHOT, .step = done};
     for (int k = 0; k < c->m->shards; k++)
         coord_send(c, coord_shard(c, k), &snap);
+    return 0;
 }
 
 /* A shard has copied its slice of the checkpoint in flight; once all have, checkpointd writes it. */
@@ -75,6 +78,7 @@ const char *coord_on_snapped(coord_t *c, coord_proc_t *p, const ctl_peer_t *from
     if (++c->ck_snapped != c->m->shards)
         return NULL;
     /* every shard has copied its state: checkpointd takes it from here */
+    coord_rewind_point(c, c->ck_step);
     c->ck_save_due = 1;
     coord_ckpt_save(c);
     return NULL;

@@ -352,8 +352,9 @@ int coord_round_trip(coord_t *c, int first, int count, msg_t *m)
 {
     msg_type_t reply = m->type == MSG_STEP ? MSG_STEP_DONE : m->type == MSG_REDUCE ? MSG_REDUCED : MSG_UPDATED;
     span_t s = {first, count};
-    if (c->n_lost && coord_recover(c)) /* lost between rounds */
-        return -1;
+    int rc;
+    if (c->n_lost && (rc = coord_recover(c))) /* lost between rounds */
+        return rc;
     c->round = *m;
     double now = util_now();
     for (int i = first; i < first + count; i++) {
@@ -362,10 +363,9 @@ int coord_round_trip(coord_t *c, int first, int count, msg_t *m)
         c->p[i].progress_at = now;
         coord_send(c, &c->p[i], m);
     }
-    int rc;
     while (!(rc = coord_pump(c, span_got, &s, 1e9)) && c->n_lost)
-        if (coord_recover(c))
-            return -1;
+        if ((rc = coord_recover(c)))
+            break;
     c->round.type = 0;
     return rc;
 }

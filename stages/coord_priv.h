@@ -9,6 +9,8 @@
  *                   terminate, the host agent of job.hosts > 1
  *   coord_recover.c in-place recovery: a stage or optimizer shard that died (or hung: the
  *                   step watchdog) replaced alone, the step redone when a stage died in it
+ *   coord_rewind.c  the same on GPU jobs: every stage and shard started again from the
+ *                   newest in-memory snapshot, the steps since then run again
  *   coord_ctl.c     the control plane: the event pump, round trips, who may send what and
  *                   when (the authorization table), one handler per message
  *   coord_keys.c    the job's keys: the coordinator's, the operator's (in the run folder),
@@ -36,6 +38,7 @@
 #include "ipc/keys.h"
 #include "ipc/log.h"
 #include "ipc/msg.h"
+#include "ipc/ring.h"
 #include "ipc/shm.h"
 #include "kernels/cuda/cuda_plugin.h"
 #include "stages/coord.h"
@@ -49,6 +52,7 @@
 #define COORD_STOP_GRACE_S 5.0
 #define COORD_STEP_TIMES 32          /* step times the watchdog's median is taken over */
 #define COORD_ABORT_GRACE_S 2.0      /* after the watchdog's SIGABRT (a stack dump), SIGKILL */
+#define COORD_REWOUND 1              /* returned up to the step loop: the job went back to c->step */
 
 typedef enum { COORD_LOADER, COORD_STAGE, COORD_OPTSHARD, COORD_CKPTD } coord_role_t;
 
@@ -133,6 +137,14 @@ typedef struct {
     char ck_why[1152];
     /* in-place recovery (coord_recover.c) */
     int recover;                      /* a dead stage or shard is replaced alone (CPU jobs, one host) */
+    int rewind;                       /* ... or rewinds the job to its newest snapshot (GPU jobs, one host) */
+    int64_t first_step;               /* the run's: after the checkpoint it resumed, or 0 */
+    int fresh;                        /* the run started from the initial weights (no checkpoint.load) */
+    int64_t snap_step;                /* the staging segment holds the whole state after this step (-1: no) */
+    double snap_at;                   /* when that step ended */
+    int snaps;                        /* snapshots made whole in this run */
+    double train_t0;                  /* when the step loop began */
+    char start_load[sizeof(((manifest_t *)0)->ckpt_load)]; /* checkpoint.load as the run resolved it */
     int training;                     /* the step loop runs */
     int n_lost;                       /* processes lost and not replaced yet */
     int redo;                         /* a stage died inside the STEP round: the step runs again */
@@ -171,6 +183,8 @@ static inline coord_proc_t *coord_stage(coord_t *c, int rank, int replica)
     return &c->p[1 + replica * c->m->pp + rank];
 }
 static inline coord_proc_t *coord_shard(coord_t *c, int k) { return &c->p[1 + c->n_stages + k]; }
+/* The processes a GPU job's rewind starts again: the loader, the stages, the shards. */
+static inline int coord_n_workers(const coord_t *c) { return 1 + c->n_stages + c->m->shards; }
 static inline coord_proc_t *coord_ckptd(coord_t *c)
 {
     return c->has_ckptd ? &c->p[1 + c->n_stages + c->m->shards] : NULL;
@@ -223,8 +237,22 @@ int coord_can_recover(const coord_t *c, const coord_proc_t *p);
 void coord_lost(coord_t *c, coord_proc_t *p, const char *how);
 /* Replaces every lost process; with a stage lost inside the STEP round, every stage leaves the
  * step, the rings, gradients and loader go back to its start, and the step is sent again; a
- * shard gets the round it owed again. Returns 0, or -1 once the job failed or was interrupted. */
+ * shard gets the round it owed again. On a GPU job (c->rewind) the job is rewound instead
+ * (coord_rewind). Returns 0, COORD_REWOUND (c->step is now the step to run next: the round in
+ * flight is void), or -1 once the job failed or was interrupted. */
 int coord_recover(coord_t *c);
+/* fn on every ring between this host's stages (the act segment's), and the loader's too. */
+void coord_each_ring(coord_t *c, void (*fn)(ring_t *r), int loader);
+
+/* ---- coord_rewind.c ---- */
+/* GPU jobs: every stage, shard and the loader killed and started again from the staging
+ * segment's whole snapshot (c->snap_step), or from the run's first step when it started from
+ * the initial weights. Sets c->step. Returns 0 once all are ready, 0 with c->n_lost set when
+ * one was lost meanwhile (rewind again), or -1 (the job failed: no snapshot to go back to). */
+int coord_rewind(coord_t *c);
+/* The staging segment's snapshot of `step` is whole (every shard copied its slice), or is
+ * being overwritten (step -1). */
+void coord_rewind_point(coord_t *c, int64_t step);
 /* The step watchdog (each pump): a process that owes a reply and made no progress for the
  * bound is stack-dumped (SIGABRT), then killed; its death is a loss like any other. */
 void coord_watchdog(coord_t *c);
@@ -242,7 +270,8 @@ int coord_pump(coord_t *c, int (*cond)(coord_t *, void *), void *arg, double tim
 void coord_drain_errors(coord_t *c, double secs);
 void coord_send(coord_t *c, coord_proc_t *p, msg_t *m);
 void coord_reply_cli(coord_t *c, const char *to, int ok, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-/* Sends m to procs [first, first+count) and waits for each one's reply to this step. */
+/* Sends m to procs [first, first+count) and waits for each one's reply to this step. Returns
+ * 0, COORD_REWOUND (coord_recover), or -1. */
 int coord_round_trip(coord_t *c, int first, int count, msg_t *m);
 /* pump conditions */
 int coord_all_ready(coord_t *c, void *arg);       /* every process not told to stop */
@@ -288,9 +317,11 @@ int coord_resume(coord_t *c, char *err, size_t errlen);
 int coord_resume_host(coord_t *c, char *err, size_t errlen);
 
 /* ---- coord_ckpt.c ---- */
-/* After `done` steps: a snapshot to the staging segment, then checkpointd writes it. */
-void coord_start_checkpoint(coord_t *c, int64_t done);
-/* Waits for the checkpoint in flight. Returns 0, or -1 once the job failed or was interrupted. */
+/* After `done` steps: a snapshot to the staging segment, then checkpointd writes it. Returns
+ * 0, COORD_REWOUND (waiting for the previous one, the job was rewound: none is taken) or -1. */
+int coord_start_checkpoint(coord_t *c, int64_t done);
+/* Waits for the checkpoint in flight. Returns 0, COORD_REWOUND, or -1 once the job failed or
+ * was interrupted. */
 int coord_ckpt_wait(coord_t *c);
 /* Sends SAVE for the whole snapshot when one is due and checkpointd is ready (it is called
  * again when a restarted checkpointd says ready). */

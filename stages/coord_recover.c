@@ -21,7 +21,7 @@
 
 int coord_can_recover(const coord_t *c, const coord_proc_t *p)
 {
-    return c->recover && c->training && !p->remote && !c->failed && !c->interrupted &&
+    return (c->recover || c->rewind) && c->training && !p->remote && !c->failed && !c->interrupted &&
            (p->role == COORD_STAGE || p->role == COORD_OPTSHARD);
 }
 
@@ -44,8 +44,7 @@ void coord_lost(coord_t *c, coord_proc_t *p, const char *how)
 
 /* ---- the rings ---- */
 
-/* fn on every ring of this host's data plane between stages, and the loader's too. */
-static void each_ring(coord_t *c, void (*fn)(ring_t *r), int loader)
+void coord_each_ring(coord_t *c, void (*fn)(ring_t *r), int loader)
 {
     const job_layout_t *l = &c->lay;
     ring_t *r;
@@ -92,7 +91,7 @@ static int stop_step(coord_t *c)
         L->expect_exit = 1;
         kill(L->pid, SIGKILL);
     }
-    each_ring(c, ring_close, 1);
+    coord_each_ring(c, ring_close, 1);
     double limit = 2 * c->m->heartbeat_timeout_ms * 1e-3 + 10;
     int rc = coord_pump(c, step_left, NULL, limit);
     if (rc == -ETIMEDOUT)
@@ -101,7 +100,7 @@ static int stop_step(coord_t *c)
     if (rc)
         return -1;
     memset(shm_data(c->seg_grads), 0, job_params_bytes(&c->lay));
-    each_ring(c, reset, 0);
+    coord_each_ring(c, reset, 0);
     if (ldr_seg_prepare_swap(shm_data(c->seg_batch), c->step)) { /* resets the loader's rings too */
         coord_fail(c, "recovery: no loader cursor is recorded for step %lld", (long long)c->step + 1);
         return -1;
@@ -151,31 +150,45 @@ static void resend(coord_t *c, int redo, const int *replaced, int n)
     }
 }
 
-/* One line on the progress output, a record in the metrics file. */
+/* One line on the progress output, a record in the metrics file. `back_to`: the step a GPU job
+ * was rewound to (-1: replaced in place); the time lost then is all since that step ended. */
 static void report(coord_t *c, const coord_proc_t *first, const char *why, double t_dead, double t_round, int redo,
-                   int again, const int *replaced, int n)
+                   int again, const int *replaced, int n, int64_t at, int64_t back_to)
 {
-    double now = util_now(), lost = redo ? now - t_round : now - t_dead;
-    char pids[256] = "";
-    for (int j = 0, k = 0; j < n; j++)
-        k += snprintf(pids + k, sizeof(pids) - (size_t)k, "%s%s (pid %d)", j ? ", " : "", c->p[replaced[j]].id,
-                      (int)c->p[replaced[j]].pid);
+    double now = util_now(), lost = back_to >= 0 ? now - c->snap_at : redo ? now - t_round : now - t_dead;
+    char what[640] = "", more[96] = "";
+    if (back_to >= 0) {
+        snprintf(what, sizeof(what), "every stage and optimizer shard started again from %s",
+                 c->m->ckpt_load[0] ? c->m->ckpt_load : "the initial weights");
+    } else {
+        int k = snprintf(what, sizeof(what), "replaced: ");
+        for (int j = 0; j < n; j++)
+            k += snprintf(what + k, sizeof(what) - (size_t)k, "%s%s (pid %d)", j ? ", " : "", c->p[replaced[j]].id,
+                          (int)c->p[replaced[j]].pid);
+    }
     c->recoveries++;
     snprintf(c->last_recovery, sizeof(c->last_recovery), "%.560s", why);
-    char more[96] = "";
     if (again)
         snprintf(more, sizeof(more), " (%d more lost during the recovery)", again);
-    printf("recovered %d (in place, at step %lld): %s; replaced: %s in %.2f s%s%s\n", c->recoveries,
-           (long long)c->step + 1, why, pids, now - t_dead, more, redo ? ", the step redone by every stage" : "");
+    if (back_to >= 0)
+        printf("recovered %d (rewound, at step %lld): %s; %s in %.2f s%s: steps %lld to %lld run again\n",
+               c->recoveries, (long long)at + 1, why, what, now - t_dead, more, (long long)back_to + 1,
+               (long long)at + 1);
+    else
+        printf("recovered %d (in place, at step %lld): %s; %s in %.2f s%s%s\n", c->recoveries, (long long)at + 1,
+               why, what, now - t_dead, more, redo ? ", the step redone by every stage" : "");
     fflush(stdout);
     if (!c->metrics)
         return;
-    fprintf(c->metrics, "{\"restart\": %d, \"scope\": \"process\", \"role\": \"%s\", \"rank\": %d, \"replica\": %d, "
-            "\"reason\": ", c->recoveries, coord_role_name(first->role), first->rank, first->replica);
+    fprintf(c->metrics, "{\"restart\": %d, \"scope\": \"%s\", \"role\": \"%s\", \"rank\": %d, \"replica\": %d, "
+            "\"reason\": ", c->recoveries, back_to >= 0 ? "rewind" : "process", coord_role_name(first->role),
+            first->rank, first->replica);
     util_json_string(c->metrics, why);
+    if (back_to >= 0)
+        fprintf(c->metrics, ", \"rewound_to\": %lld", (long long)back_to);
     fprintf(c->metrics, ", \"step\": %lld, \"redone\": %s, \"replaced\": %d, \"lost_during\": %d, "
-            "\"recovery_s\": %.3f, \"time_lost_s\": %.3f}\n", (long long)c->step + 1, redo ? "true" : "false", n,
-            again, now - t_dead, lost);
+            "\"recovery_s\": %.3f, \"time_lost_s\": %.3f}\n", (long long)at + 1, redo || back_to >= 0 ? "true" : "false",
+            n, again, now - t_dead, lost);
     fflush(c->metrics);
 }
 
@@ -185,7 +198,8 @@ int coord_recover(coord_t *c)
     snprintf(why, sizeof(why), "%s", c->lost_why);
     const coord_proc_t *first = c->lost_first;
     double t_dead = c->lost_at;
-    int again = -1;
+    int64_t at = c->step;
+    int again = -1, rewound = 0;
     while (c->n_lost && !c->failed && !c->interrupted) {
         again++;
         if (c->step != c->recover_step) {
@@ -200,6 +214,14 @@ int coord_recover(coord_t *c)
                                 "(job.max_restarts = %d)", c->lost_why, c->m->max_restarts, (long long)c->step + 1,
                                 c->m->max_restarts);
             return -1;
+        }
+        if (c->rewind) { /* GPU: every stage and shard again, from the newest snapshot */
+            if (coord_rewind(c))
+                return -1;
+            rewound = 1;
+            if (!c->n_lost)
+                report(c, first, why, t_dead, c->round_t0, 0, again, NULL, coord_n_workers(c), at, c->step);
+            continue;
         }
         int redo = c->redo && c->round.type == MSG_STEP;
         if (redo && stop_step(c))
@@ -224,9 +246,9 @@ int coord_recover(coord_t *c)
             continue;
         }
         resend(c, redo, replaced, n);
-        report(c, first, why, t_dead, c->round_t0, redo, again, replaced, n);
+        report(c, first, why, t_dead, c->round_t0, redo, again, replaced, n, at, -1);
     }
-    return c->failed || c->interrupted ? -1 : 0;
+    return c->failed || c->interrupted ? -1 : rewound ? COORD_REWOUND : 0;
 }
 
 /* ---- ABORTED ---- */

@@ -5,7 +5,9 @@
  * once in the metrics: a redone step is reported once), its checkpoints byte for byte the
  * same, one "recovered" line and one restart record (scope "process") per recovery, and
  * nothing of it left behind. Also: two losses in one step, a loss during a recovery, and a
- * crash that repeats at the same step, which stops after job.max_restarts. */
+ * crash that repeats at the same step, which stops after job.max_restarts. GPU jobs, on the
+ * emulated CUDA backend (tests/cudasim), rewind to their newest snapshot instead
+ * (stages/coord_rewind.c): the steps since run again, with the same losses. */
 #include <dirent.h>
 #include <fcntl.h>
 #include <setjmp.h>
@@ -279,6 +281,145 @@ static void test_recover_the_watchdog_dumps_and_replaces_a_wedged_stage_or_shard
     assert_clean(j);
 }
 
+/* ---- GPU jobs: rewinding (on the emulated CUDA backend) ---- */
+
+/* CTITAN_CUDA_PLUGIN at the emulator for the jobs of this test (0), or 1 when it is not built
+ * (the test skips). */
+static int use_sim_plugin(void)
+{
+    char so[512];
+    snprintf(so, sizeof(so), "%s", tu_ctitan());
+    *strrchr(so, '/') = 0;
+    strcat(so, "/../lib/libctitan_cuda_sim.so");
+    if (access(so, R_OK)) {
+        print_message("%s not built: skipping\n", so);
+        return 1;
+    }
+    setenv("CTITAN_CUDA_PLUGIN", so, 1);
+    return 0;
+}
+
+/* A rewound job reports the steps it ran again twice: every step record of job has the loss
+ * of the undisturbed ref at that step, each of steps 1..steps is there, the last is `steps`,
+ * and there are `rewinds` restart records of scope `scope`. Returns the records (static). */
+static const tj_metrics_t *assert_losses_by_step(const char *job, const char *ref, int steps, int rewinds,
+                                                 const char *scope)
+{
+    static tj_metrics_t a, b;
+    tj_parse_metrics(ref, &a);
+    tj_parse_metrics(job, &b);
+    assert_int_equal(a.n, steps);
+    int seen[TJ_MAX_STEPS] = {0};
+    for (int i = 0; i < b.n; i++) {
+        int s = b.step[i];
+        assert_true(s >= 1 && s <= steps);
+        if (strcmp(a.loss[s - 1], b.loss[i]))
+            fail_msg("step %d: %s has loss %s, the undisturbed %s %s", s, job, b.loss[i], ref, a.loss[s - 1]);
+        seen[s - 1] = 1;
+    }
+    for (int s = 1; s <= steps; s++)
+        if (!seen[s - 1])
+            fail_msg("%s never reported step %d", job, s);
+    assert_int_equal(b.step[b.n - 1], steps);
+    if (b.restarts != rewinds)
+        fail_msg("%s: %d restart records, expected %d", job, b.restarts, rewinds);
+    for (int i = 0; i < b.restarts; i++)
+        if (!strstr(b.restart[i], scope))
+            fail_msg("%s: restart record %d is not %s: %s", job, i, scope, b.restart[i]);
+    return &b;
+}
+
+#define GPU_SHAPE "--model.dim 32 --model.n_heads 2 --model.n_kv_heads 1 --job.device cuda "
+
+/* A GPU job (device rings through CUDA IPC, shards on the GPU) whose stage or shard is killed
+ * rewinds: every stage and shard starts again from the newest whole snapshot (the checkpoint's
+ * in the staging segment), or from the initial weights before the first, and the steps since
+ * run again with the same losses; the checkpoints are the same bytes. */
+static void test_recover_a_gpu_job_rewinds_to_its_newest_snapshot_bitwise(void **state)
+{
+    TU_NEED_BIN();
+    if (use_sim_plugin())
+        skip();
+    static char out[1 << 16];
+    char j[32];
+    job_name(j, sizeof(j), "gpu");
+    const char *args = GPU_SHAPE "--training.steps 8 --checkpoint.enable true --checkpoint.interval 3";
+    const char *ref = reference(args);
+    int rc = run_job(j, "stage.0.0:begin:2,stage.1.0:mid:5,optshard.0.0:adamw:7", "", args, out, sizeof(out));
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    if (rc || count(out, "(rewound, at step ") != 3)
+        FAIL_WITH(out, "status %d, %d rewinds", rc, count(out, "(rewound, at step "));
+    const tj_metrics_t *mt = assert_losses_by_step(j, ref, 8, 3, "\"scope\": \"rewind\"");
+    assert_non_null(strstr(mt->restart[0], "\"role\": \"stage\", \"rank\": 0, \"replica\": 0"));
+    assert_non_null(strstr(mt->restart[0], "\"rewound_to\": 0, \"step\": 2"));
+    assert_non_null(strstr(mt->restart[1], "\"rewound_to\": 3, \"step\": 5"));
+    assert_non_null(strstr(mt->restart[2], "\"role\": \"optshard\", \"rank\": 0"));
+    assert_non_null(strstr(mt->restart[2], "\"rewound_to\": 6, \"step\": 7"));
+    assert_non_null(strstr(out, "started again from the initial weights in "));
+    assert_non_null(strstr(out, "started again from the in-memory snapshot of step 3 (the staging segment) in "));
+    assert_non_null(strstr(out, ": steps 7 to 7 run again"));
+    for (int s = 3; s <= 6; s += 3)
+        assert_same_checkpoint(j, ref, s);
+    assert_same_checkpoint(j, ref, 8);
+    assert_null(strstr(out, "\nrestart ")); /* no relaunch of the job */
+    assert_clean(j);
+}
+
+/* The NCCL data plane (data parallel 2 x pipeline 2: its communicators die with any rank, so
+ * they are made again) and offload mode (GPU stages, CPU shards in the optstate segment) rewind
+ * the same way. */
+static void test_recover_gpu_jobs_on_the_nccl_plane_and_in_offload_mode_rewind_bitwise(void **state)
+{
+    TU_NEED_BIN();
+    if (use_sim_plugin())
+        skip();
+    static char out[1 << 16];
+    char j[32], k[32];
+    job_name(j, sizeof(j), "nccl");
+    job_name(k, sizeof(k), "offload");
+    const char *nccl = GPU_SHAPE "--training.steps 4 --checkpoint.enable true --checkpoint.interval 2 "
+                                 "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_plane nccl";
+    const char *offload = GPU_SHAPE "--training.steps 4 --checkpoint.enable true --checkpoint.interval 2 "
+                                    "--optshard.device cpu";
+    const char *ref_nccl = reference(nccl), *ref_offload = reference(offload);
+    int rc = run_job(j, "optshard.3.0:reduce:3", "", nccl, out, sizeof(out));
+    if (rc || count(out, "(rewound, at step 3)") != 1)
+        FAIL_WITH(out, "status %d", rc);
+    assert_losses_by_step(j, ref_nccl, 4, 1, "\"rewound_to\": 2, \"step\": 3");
+    assert_clean(j);
+    rc = run_job(k, "stage.1.0:end:3", "", offload, out, sizeof(out));
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    if (rc || count(out, "(rewound, at step 3)") != 1)
+        FAIL_WITH(out, "status %d", rc);
+    assert_losses_by_step(k, ref_offload, 4, 1, "\"rewound_to\": 2, \"step\": 3");
+    assert_same_checkpoint(k, ref_offload, 4);
+    assert_clean(k);
+}
+
+/* A GPU shard lost while it copies its snapshot leaves no whole snapshot in memory (the new one
+ * was overwriting the last): the job fails, saying so, and the supervisor relaunches it from
+ * the newest checkpoint on disk; the losses stay those of the undisturbed run. */
+static void test_recover_a_gpu_job_without_a_whole_snapshot_is_relaunched_from_disk(void **state)
+{
+    TU_NEED_BIN();
+    if (use_sim_plugin())
+        skip();
+    static char out[1 << 16];
+    char j[32];
+    job_name(j, sizeof(j), "gpudisk");
+    const char *args = GPU_SHAPE "--training.steps 6 --checkpoint.enable true --checkpoint.interval 2 "
+                                 "--job.restart_backoff_ms 0";
+    const char *ref = reference(args);
+    int rc = run_job(j, "optshard.1.0:snapshot:4", "", args, out, sizeof(out));
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    if (rc || !strstr(out, "and the snapshot of step 4 was overwriting it: not recovered in place") ||
+        count(out, "\nrestart 1 ") != 1)
+        FAIL_WITH(out, "status %d", rc);
+    assert_losses_by_step(j, ref, 6, 1, "\"scope\": \"job\"");
+    assert_same_checkpoint(j, ref, 6);
+    assert_clean(j);
+}
+
 /* ---- kill -9 at random moments ---- */
 
 /* The worker of `comm` ("ctitan-stage", "ctitan-optshard", ...) with `--rank rank` that the launch
@@ -350,6 +491,9 @@ int main(void)
         cmocka_unit_test(test_recover_a_stopped_stage_or_shard_is_killed_and_replaced),
         cmocka_unit_test(test_recover_the_watchdog_dumps_and_replaces_a_wedged_stage_or_shard),
         cmocka_unit_test(test_recover_kill_9_of_random_roles_at_random_moments_is_bitwise),
+        cmocka_unit_test(test_recover_a_gpu_job_rewinds_to_its_newest_snapshot_bitwise),
+        cmocka_unit_test(test_recover_gpu_jobs_on_the_nccl_plane_and_in_offload_mode_rewind_bitwise),
+        cmocka_unit_test(test_recover_a_gpu_job_without_a_whole_snapshot_is_relaunched_from_disk),
     };
     if (getenv("CTITAN_TEST_ONLY")) /* a pattern: run only the tests it matches ("*watchdog*") */
         cmocka_set_test_filter(getenv("CTITAN_TEST_ONLY"));

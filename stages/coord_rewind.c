@@ -1,0 +1,151 @@
+/* Recovery of GPU jobs by rewinding (see coord_priv.h; DESIGN.md "Recovery"). A GPU stage's
+ * weights and a GPU shard's master weights and moments are device memory that its process
+ * owns and that dies with it, and the device rings and NCCL communicators of its neighbours
+ * point into it. So on a GPU job a lost stage or shard takes every stage and shard with it:
+ * all are started again, as at a resume, from the newest whole snapshot in the staging segment
+ * (the checkpoints' snapshots, no disk read), or from the initial weights when the run started
+ * from them and no snapshot is whole, and the steps since then run again. The same bits as an
+ * undisturbed run: the state is the snapshot's, and each step after it is a function of that
+ * state and the loader's cursor. */
+#include "stages/coord_priv.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ipc/util.h"
+#include "stages/devdir.h"
+#include "stages/ldr_seg.h"
+#include "stages/staging.h"
+
+void coord_rewind_point(coord_t *c, int64_t step)
+{
+    c->snap_step = step;
+    if (step >= 0) {
+        c->snap_at = c->ck_t0;
+        c->snaps++;
+    }
+}
+
+static int workers_gone(coord_t *c, void *arg)
+{
+    for (int i = 0; i < coord_n_workers(c); i++)
+        if (c->p[i].pid)
+            return 0;
+    return 1;
+}
+
+static int ready_or_lost(coord_t *c, void *arg) { return c->n_lost || coord_all_ready(c, NULL); }
+
+static void reset(ring_t *r) { ring_reset(r, 0); }
+
+/* Where the state of step `to` comes from: 1 the staging segment, 0 the initial weights; -1
+ * when there is none (the job failed, saying why). */
+static int source(coord_t *c, int64_t *to)
+{
+    if (c->snap_step >= 0) {
+        staging_hdr_t *h = shm_data(c->seg_ckpt);
+        if (atomic_load(&h->step) != c->snap_step || h->cursor_len > sizeof(c->resume_cursor)) {
+            coord_fail(c, "rewind: the staging segment holds step %lld, not the snapshot of step %lld",
+                       (long long)atomic_load(&h->step), (long long)c->snap_step);
+            return -1;
+        }
+        *to = c->snap_step;
+        return 1;
+    }
+    if (c->fresh && !c->snaps) {
+        *to = c->first_step;
+        c->snap_at = c->train_t0;
+        return 0;
+    }
+    if (c->ck_busy)
+        coord_fail_proc(c, c->lost_first, "%s; a GPU job goes back to its newest whole snapshot, and the snapshot "
+                        "of step %lld was overwriting it: not recovered in place", c->lost_why, (long long)c->ck_step);
+    else
+        coord_fail_proc(c, c->lost_first, "%s; a GPU job goes back to its newest whole snapshot, and it has none "
+                        "(checkpoint.enable = false, resumed from %s): not recovered in place", c->lost_why,
+                        c->start_load);
+    return -1;
+}
+
+/* Everything the stages and shards share, as at the start of step `to`. */
+static int reset_state(coord_t *c, int64_t to, int from_staging)
+{
+    manifest_t *m = c->m;
+    char err[512];
+    if (c->ck_busy && !c->ck_saving && !c->ck_save_due) { /* its shards are gone: taken again when its step is */
+        fprintf(stderr, "ctitan: the snapshot of step %lld was being taken: dropped\n", (long long)c->ck_step);
+        c->ck_busy = 0;
+    }
+    if (c->seg_grads)
+        memset(shm_data(c->seg_grads), 0, job_params_bytes(&c->lay));
+    coord_each_ring(c, reset, 0);
+    if (c->seg_dev) /* the new stages publish their device buffers there */
+        memset(shm_data(c->seg_dev), 0, devdir_bytes(&c->lay));
+    for (int k = 0; c->seg_opt && k < m->shards; k++) /* CPU shards make their state anew */
+        atomic_store(&job_optstate_rec(shm_data(c->seg_opt), k)->done, -1);
+    free(c->nccl_ids); /* the old communicators died with their ranks */
+    c->nccl_ids = NULL;
+    if (c->lay.nccl && coord_make_nccl_ids(c, err, sizeof(err))) {
+        coord_fail(c, "rewind: %s", err);
+        return -1;
+    }
+    c->step = to;
+    if (from_staging) {
+        staging_hdr_t *h = shm_data(c->seg_ckpt);
+        memcpy(c->resume_cursor, h->cursor, h->cursor_len);
+        c->resume_cursor_len = h->cursor_len;
+        snprintf(m->ckpt_load, sizeof(m->ckpt_load), "the in-memory snapshot of step %lld (the staging segment)",
+                 (long long)to);
+    } else {
+        c->resume_cursor_len = 0;
+        m->ckpt_load[0] = '\0';
+    }
+    shm_detach(&c->seg_batch);
+    shm_unlink_name(c->job, LDR_SEG_NAME);
+    char *toml = manifest_to_toml(m); /* the shards read checkpoint.load: the staging segment, or none */
+    if (!toml) {
+        coord_fail(c, "rewind: out of memory");
+        return -1;
+    }
+    free(c->toml);
+    c->toml = toml;
+    if (coord_make_batch(c, err, sizeof(err))) {
+        coord_fail(c, "rewind: %s", err);
+        return -1;
+    }
+    return 0;
+}
+
+int coord_rewind(coord_t *c)
+{
+    int64_t to;
+    int from = source(c, &to);
+    if (from < 0)
+        return -1;
+    for (int i = 0; i < coord_n_workers(c); i++) {
+        coord_proc_t *p = &c->p[i];
+        p->lost = 0;
+        if (p->pid) {
+            p->expect_exit = 1;
+            kill(p->pid, SIGKILL);
+        }
+    }
+    c->n_lost = 0;
+    c->redo = 0;
+    c->round.type = 0;
+    int rc = coord_pump(c, workers_gone, NULL, COORD_STARTUP_TIMEOUT_S);
+    if (rc == -ETIMEDOUT)
+        coord_fail(c, "rewind: the stages and shards did not exit in %.0f s of SIGKILL", COORD_STARTUP_TIMEOUT_S);
+    if (rc || reset_state(c, to, from))
+        return -1;
+    for (int i = 0; i < coord_n_workers(c) && !c->failed; i++)
+        coord_spawn(c, &c->p[i]);
+    rc = coord_pump(c, ready_or_lost, NULL, COORD_STARTUP_TIMEOUT_S);
+    if (rc == -ETIMEDOUT)
+        coord_fail(c, "rewind: the restarted processes did not become ready in %.0f s", COORD_STARTUP_TIMEOUT_S);
+    return rc ? -1 : 0;
+}

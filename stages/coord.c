@@ -176,9 +176,12 @@ static int step(coord_t *c)
     coord_report_step(c, norm, t_step, t_reduce, t_update);
     coord_note_step(c);
     int64_t done = c->step + 1;
-    if (m->ckpt_enable && (done % m->ckpt_interval == 0 || done == m->steps) &&
-        (rc = coord_start_checkpoint(c, done)))
-        return rc;
+    if (m->ckpt_enable && (done % m->ckpt_interval == 0 || done == m->steps)) {
+        if ((rc = coord_start_checkpoint(c, done)))
+            return rc;
+    } else if (m->snapshot_interval > 0 && done % m->snapshot_interval == 0 && !c->ck_busy) {
+        coord_start_snapshot(c, done); /* in memory only; none while a checkpoint is written */
+    }
     if (c->swap_pending)
         coord_do_swap(c);
     return c->failed || c->interrupted ? -1 : 0;
@@ -284,7 +287,7 @@ static int start(coord_t *c, char *err, size_t errlen)
             coord_spawn(c, &c->p[i]);
     if (coord_pump(c, coord_all_ready, NULL, COORD_STARTUP_TIMEOUT_S) == -ETIMEDOUT)
         coord_fail(c, "the job's processes did not all become ready in %.0f s", COORD_STARTUP_TIMEOUT_S);
-    if (c->seg_ckpt && !m->ckpt_enable && !c->failed) {
+    if (c->seg_ckpt && !manifest_snapshots(m) && !c->failed) {
         /* the shards have their slices: a run that writes no checkpoint frees the 12 bytes a
          * parameter the staging segment holds */
         shm_detach(&c->seg_ckpt);
@@ -305,7 +308,7 @@ static int run(coord_t *c)
         c->fresh = !m->ckpt_load[0];
         snprintf(c->start_load, sizeof(c->start_load), "%s", m->ckpt_load);
         /* a resumed checkpoint stays whole in the staging segment until the first snapshot */
-        c->snap_step = !c->fresh && m->ckpt_enable ? c->step : -1;
+        c->snap_step = !c->fresh && manifest_snapshots(m) ? c->step : -1;
         c->snaps = c->snap_step >= 0;
     }
     if (!rc && c->step >= m->steps) {

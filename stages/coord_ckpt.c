@@ -21,41 +21,23 @@ int coord_ckpt_wait(coord_t *c)
     return rc;
 }
 
-/* After `done` steps: the shards copy their state into the staging segment while the next
- * step runs (they are idle until its REDUCE, which they take only after the copy), then
- * checkpointd writes it. One snapshot at a time: if the previous one is still being written
- * training waits for it, and says so. */
-int coord_start_checkpoint(coord_t *c, int64_t done)
+/* SNAPSHOT of `done` steps to the shards (the staging segment is overwritten from now on).
+ * Returns 0, or -1 with c->ck_why when no loader cursor is recorded for the next step. */
+static int snapshot(coord_t *c, int64_t done, int memory)
 {
-    if (c->ck_busy) {
-        double t0 = util_now();
-        fprintf(stderr, "ctitan: the checkpoint of step %lld is still being written at step %lld: waiting for it "
-                "(checkpoint.interval is too short for this storage)\n", (long long)c->ck_step, (long long)done);
-        int rc = coord_ckpt_wait(c);
-        if (rc)
-            return rc;
-        fprintf(stderr, "ctitan: waited %.2f s for the checkpoint of step %lld\n", util_now() - t0,
-                (long long)c->ck_step);
-    }
-    if (coord_pump(c, coord_proc_ready, coord_ckptd(c), COORD_STARTUP_TIMEOUT_S)) { /* a restarted checkpointd */
-        coord_fail_proc(c, coord_ckptd(c), "checkpointd did not become ready in %.0f s", COORD_STARTUP_TIMEOUT_S);
-        return -1;
-    }
     staging_hdr_t *h = shm_data(c->seg_ckpt);
     size_t len = 0;
-    c->ck_started++;
     if (ldr_seg_cursor(shm_data(c->seg_batch), done, h->cursor, &len)) {
         snprintf(c->ck_why, sizeof(c->ck_why), "no loader cursor is recorded for step %lld", (long long)done + 1);
         c->ck_why_step = done;
-        fprintf(stderr, "ctitan: %s: no checkpoint of it\n", c->ck_why);
-        return 0;
+        return -1;
     }
     h->cursor_len = (uint32_t)len;
-    coord_rewind_point(c, -1); /* the staging segment is overwritten from now on */
+    coord_rewind_point(c, -1);
     atomic_store(&h->step, done);
     c->ck_busy = 1;
+    c->ck_memory = memory;
     c->ck_step = done;
-    coord_note_checkpoint(c, done);
     c->ck_snapped = 0;
     c->ck_saving = c->ck_save_due = 0;
     for (int k = 0; k < c->m->shards; k++)
@@ -65,6 +47,43 @@ int coord_start_checkpoint(coord_t *c, int64_t done)
     for (int k = 0; k < c->m->shards; k++)
         coord_send(c, coord_shard(c, k), &snap);
     return 0;
+}
+
+/* After `done` steps: the shards copy their state into the staging segment while the next
+ * step runs (they are idle until its REDUCE, which they take only after the copy), then
+ * checkpointd writes it. One snapshot at a time: if the previous one is still being written
+ * training waits for it, and says so. */
+int coord_start_checkpoint(coord_t *c, int64_t done)
+{
+    int rc;
+    if (c->ck_busy && c->ck_memory && (rc = coord_ckpt_wait(c))) /* an in-memory one: a copy, soon done */
+        return rc;
+    if (c->ck_busy) {
+        double t0 = util_now();
+        fprintf(stderr, "ctitan: the checkpoint of step %lld is still being written at step %lld: waiting for it "
+                "(checkpoint.interval is too short for this storage)\n", (long long)c->ck_step, (long long)done);
+        if ((rc = coord_ckpt_wait(c)))
+            return rc;
+        fprintf(stderr, "ctitan: waited %.2f s for the checkpoint of step %lld\n", util_now() - t0,
+                (long long)c->ck_step);
+    }
+    if (coord_pump(c, coord_proc_ready, coord_ckptd(c), COORD_STARTUP_TIMEOUT_S)) { /* a restarted checkpointd */
+        coord_fail_proc(c, coord_ckptd(c), "checkpointd did not become ready in %.0f s", COORD_STARTUP_TIMEOUT_S);
+        return -1;
+    }
+    c->ck_started++;
+    if (snapshot(c, done, 0)) {
+        fprintf(stderr, "ctitan: %s: no checkpoint of it\n", c->ck_why);
+        return 0;
+    }
+    coord_note_checkpoint(c, done);
+    return 0;
+}
+
+void coord_start_snapshot(coord_t *c, int64_t done)
+{
+    if (snapshot(c, done, 1))
+        fprintf(stderr, "ctitan: %s: no in-memory snapshot of it\n", c->ck_why);
 }
 
 /* A shard has copied its slice of the checkpoint in flight; once all have, checkpointd writes it. */
@@ -79,6 +98,10 @@ const char *coord_on_snapped(coord_t *c, coord_proc_t *p, const ctl_peer_t *from
         return NULL;
     /* every shard has copied its state: checkpointd takes it from here */
     coord_rewind_point(c, c->ck_step);
+    if (c->ck_memory) { /* nothing to write */
+        c->ck_busy = 0;
+        return NULL;
+    }
     c->ck_save_due = 1;
     coord_ckpt_save(c);
     return NULL;

@@ -126,6 +126,7 @@ typedef struct {
     uint32_t resume_cursor_len;
     /* checkpoints: at most one in flight, from SNAPSHOT to SAVED (coord_ckpt.c) */
     int ck_busy, ck_snapped, ckptd_restarts;
+    int ck_memory;                    /* the snapshot in flight is in memory only (snapshot_interval) */
     int ck_saving;                    /* SAVE sent: checkpointd writes it, SAVED is expected */
     int ck_save_due;                  /* the snapshot is whole but no checkpointd took it yet (a new
                                        * one not ready): SAVE goes when it is */
@@ -320,6 +321,9 @@ int coord_resume_host(coord_t *c, char *err, size_t errlen);
 /* After `done` steps: a snapshot to the staging segment, then checkpointd writes it. Returns
  * 0, COORD_REWOUND (waiting for the previous one, the job was rewound: none is taken) or -1. */
 int coord_start_checkpoint(coord_t *c, int64_t done);
+/* After `done` steps, none in flight: an in-memory snapshot only (checkpoint.snapshot_interval),
+ * what a GPU job rewinds to. */
+void coord_start_snapshot(coord_t *c, int64_t done);
 /* Waits for the checkpoint in flight. Returns 0, COORD_REWOUND, or -1 once the job failed or
  * was interrupted. */
 int coord_ckpt_wait(coord_t *c);

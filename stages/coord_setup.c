@@ -143,7 +143,7 @@ int coord_make_segments(coord_t *c, char *err, size_t errlen)
          (rc = job_optstate_create(&c->seg_opt, c->job, l, m->shards, err, errlen))))
         return rc;
     /* checkpointd loads into it too (coord_resume.c) */
-    if (m->ckpt_enable || m->ckpt_load[0])
+    if (manifest_snapshots(m) || m->ckpt_load[0])
         rc = staging_create(&c->seg_ckpt, c->job, l->total, err, errlen);
     return rc;
 }

@@ -115,6 +115,8 @@ typedef struct {
     /* [checkpoint] (torchtitan's names where it has them) */
     int ckpt_enable;             /* false: write checkpoints */
     int ckpt_interval;           /* 500: every `interval` steps, and at the last step */
+    int snapshot_interval;       /* 0: a GPU job also copies its state into the staging segment every
+                                  * this many steps, in memory only: what a rewind goes back to */
     char ckpt_folder[MANIFEST_PATH_MAX]; /* "checkpoint": under dump_folder unless absolute */
     int ckpt_keep;               /* keep_latest_k, 10: older checkpoints are removed; 0 = keep all */
     char ckpt_load[MANIFEST_PATH_MAX]; /* "": start fresh; "latest": the newest checkpoint of the
@@ -179,6 +181,10 @@ char *manifest_to_toml(const manifest_t *m);
 
 /* Where checkpoints go: checkpoint.folder, under job.dump_folder when relative. */
 void manifest_ckpt_folder(const manifest_t *m, char *buf, size_t n);
+
+/* Whether the shards copy their state into the staging segment during the run: for
+ * checkpoints, or for the in-memory snapshots alone (checkpoint.snapshot_interval). */
+static inline int manifest_snapshots(const manifest_t *m) { return m->ckpt_enable || m->snapshot_interval > 0; }
 
 /* Flat-parameter granularity of optimizer shards (floats): shard boundaries and the
  * gradient-norm partial sums fall on multiples of it, so the clip and every update are

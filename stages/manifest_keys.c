@@ -65,6 +65,7 @@ const mkey_t mkey_table[] = {
     KSTR("optshard", "device", shard_device),
     KBOOL("checkpoint", "enable", ckpt_enable),
     KINT("checkpoint", "interval", ckpt_interval, 1),
+    KINT("checkpoint", "snapshot_interval", snapshot_interval, 0),
     KSTR("checkpoint", "folder", ckpt_folder),
     KINT("checkpoint", "keep_latest_k", ckpt_keep, 0),
     KSTR("checkpoint", "load", ckpt_load),

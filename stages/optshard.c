@@ -347,7 +347,7 @@ static void setup(shard_t *sh)
             atomic_store(sh->commit, sh->done);
     }
 
-    if (m->ckpt_enable) {
+    if (manifest_snapshots(m)) {
         WORKER_CHECK(sh->w, shm_attach(&sh->staging, job, STAGING_SEG, err, sizeof(err)) == 0, "%s", err);
         pthread_mutex_init(&sh->mu, NULL);
         pthread_cond_init(&sh->cv, NULL);
@@ -480,7 +480,7 @@ int main(int argc, char **argv)
             reply.grad_norm = reduce(&sh, m.step);
             reply.type = MSG_REDUCED;
         } else if (m.type == MSG_SNAPSHOT) {
-            WORKER_CHECK(sh.w, sh.staging, "snapshot without a staging segment (checkpoint.enable is false)");
+            WORKER_CHECK(sh.w, sh.staging, "snapshot without a staging segment (checkpoint.enable is false, no snapshot_interval)");
             WORKER_CHECK(sh.w, !sh.commit || sh.done == m.step,
                          "SNAPSHOT of step %lld, but the state is that after step %lld", (long long)m.step,
                          (long long)sh.done);

@@ -366,7 +366,8 @@ static void test_recover_a_gpu_job_rewinds_to_its_newest_snapshot_bitwise(void *
 }
 
 /* The NCCL data plane (data parallel 2 x pipeline 2: its communicators die with any rank, so
- * they are made again) and offload mode (GPU stages, CPU shards in the optstate segment) rewind
+ * they are made again), here with in-memory snapshots only (checkpoint.snapshot_interval, no
+ * checkpoint written), and offload mode (GPU stages, CPU shards in the optstate segment) rewind
  * the same way. */
 static void test_recover_gpu_jobs_on_the_nccl_plane_and_in_offload_mode_rewind_bitwise(void **state)
 {
@@ -377,13 +378,13 @@ static void test_recover_gpu_jobs_on_the_nccl_plane_and_in_offload_mode_rewind_b
     char j[32], k[32];
     job_name(j, sizeof(j), "nccl");
     job_name(k, sizeof(k), "offload");
-    const char *nccl = GPU_SHAPE "--training.steps 4 --checkpoint.enable true --checkpoint.interval 2 "
+    const char *nccl = GPU_SHAPE "--training.steps 4 --checkpoint.snapshot_interval 2 "
                                  "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_plane nccl";
     const char *offload = GPU_SHAPE "--training.steps 4 --checkpoint.enable true --checkpoint.interval 2 "
                                     "--optshard.device cpu";
     const char *ref_nccl = reference(nccl), *ref_offload = reference(offload);
     int rc = run_job(j, "optshard.3.0:reduce:3", "", nccl, out, sizeof(out));
-    if (rc || count(out, "(rewound, at step 3)") != 1)
+    if (rc || count(out, "(rewound, at step 3)") != 1 || !strstr(out, "from the in-memory snapshot of step 2 ("))
         FAIL_WITH(out, "status %d", rc);
     assert_losses_by_step(j, ref_nccl, 4, 1, "\"rewound_to\": 2, \"step\": 3");
     assert_clean(j);

@@ -19,7 +19,8 @@
  *   [lr_scheduler] warmup_steps, decay_ratio, decay_type, min_lr_factor
  *   [loader]       dataset_path, shuffle, prefetch, command
  *   [optshard]     shards, device
- *   [checkpoint]   enable, interval, folder, keep_latest_k, load, endpoint, server_key, client_key
+ *   [checkpoint]   enable, interval, snapshot_interval, folder, keep_latest_k, load, endpoint,
+ *                  server_key, client_key
  *   [metrics]      log_freq, file, peak_tflops
  *   [validation]   enable, dataset_path, steps
  *   [sample]       tokens, temperature */

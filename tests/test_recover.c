@@ -329,7 +329,10 @@ static const tj_metrics_t *assert_losses_by_step(const char *job, const char *re
     return &b;
 }
 
-#define GPU_SHAPE "--model.dim 32 --model.n_heads 2 --model.n_kv_heads 1 --job.device cuda "
+#define GPU_SHAPE "--model.dim 32 --model.n_heads 2 --model.n_kv_heads 1 --training.seq_len 16 " \
+                  "--training.local_batch_size 2 --job.device cuda "
+/* 7 steps, a checkpoint every 3 (and of the last) */
+#define GPU_CKPT GPU_SHAPE "--training.steps 7 --checkpoint.enable true --checkpoint.interval 3 --job.restart_backoff_ms 0"
 
 /* A GPU job (device rings through CUDA IPC, shards on the GPU) whose stage or shard is killed
  * rewinds: every stage and shard starts again from the newest whole snapshot (the checkpoint's
@@ -343,13 +346,12 @@ static void test_recover_a_gpu_job_rewinds_to_its_newest_snapshot_bitwise(void *
     static char out[1 << 16];
     char j[32];
     job_name(j, sizeof(j), "gpu");
-    const char *args = GPU_SHAPE "--training.steps 8 --checkpoint.enable true --checkpoint.interval 3";
-    const char *ref = reference(args);
-    int rc = run_job(j, "stage.0.0:begin:2,stage.1.0:mid:5,optshard.0.0:adamw:7", "", args, out, sizeof(out));
+    const char *ref = reference(GPU_CKPT);
+    int rc = run_job(j, "stage.0.0:begin:2,stage.1.0:mid:5,optshard.0.0:adamw:7", "", GPU_CKPT, out, sizeof(out));
     unsetenv("CTITAN_CUDA_PLUGIN");
     if (rc || count(out, "(rewound, at step ") != 3)
         FAIL_WITH(out, "status %d, %d rewinds", rc, count(out, "(rewound, at step "));
-    const tj_metrics_t *mt = assert_losses_by_step(j, ref, 8, 3, "\"scope\": \"rewind\"");
+    const tj_metrics_t *mt = assert_losses_by_step(j, ref, 7, 3, "\"scope\": \"rewind\"");
     assert_non_null(strstr(mt->restart[0], "\"role\": \"stage\", \"rank\": 0, \"replica\": 0"));
     assert_non_null(strstr(mt->restart[0], "\"rewound_to\": 0, \"step\": 2"));
     assert_non_null(strstr(mt->restart[1], "\"rewound_to\": 3, \"step\": 5"));
@@ -360,7 +362,7 @@ static void test_recover_a_gpu_job_rewinds_to_its_newest_snapshot_bitwise(void *
     assert_non_null(strstr(out, ": steps 7 to 7 run again"));
     for (int s = 3; s <= 6; s += 3)
         assert_same_checkpoint(j, ref, s);
-    assert_same_checkpoint(j, ref, 8);
+    assert_same_checkpoint(j, ref, 7);
     assert_null(strstr(out, "\nrestart ")); /* no relaunch of the job */
     assert_clean(j);
 }
@@ -378,22 +380,22 @@ static void test_recover_gpu_jobs_on_the_nccl_plane_and_in_offload_mode_rewind_b
     char j[32], k[32];
     job_name(j, sizeof(j), "nccl");
     job_name(k, sizeof(k), "offload");
-    const char *nccl = GPU_SHAPE "--training.steps 4 --checkpoint.snapshot_interval 2 "
+    const char *nccl = GPU_SHAPE "--training.steps 3 --checkpoint.snapshot_interval 2 "
                                  "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_plane nccl";
-    const char *offload = GPU_SHAPE "--training.steps 4 --checkpoint.enable true --checkpoint.interval 2 "
+    const char *offload = GPU_SHAPE "--training.steps 3 --checkpoint.enable true --checkpoint.interval 2 "
                                     "--optshard.device cpu";
     const char *ref_nccl = reference(nccl), *ref_offload = reference(offload);
     int rc = run_job(j, "optshard.3.0:reduce:3", "", nccl, out, sizeof(out));
     if (rc || count(out, "(rewound, at step 3)") != 1 || !strstr(out, "from the in-memory snapshot of step 2 ("))
         FAIL_WITH(out, "status %d", rc);
-    assert_losses_by_step(j, ref_nccl, 4, 1, "\"rewound_to\": 2, \"step\": 3");
+    assert_losses_by_step(j, ref_nccl, 3, 1, "\"rewound_to\": 2, \"step\": 3");
     assert_clean(j);
     rc = run_job(k, "stage.1.0:end:3", "", offload, out, sizeof(out));
     unsetenv("CTITAN_CUDA_PLUGIN");
     if (rc || count(out, "(rewound, at step 3)") != 1)
         FAIL_WITH(out, "status %d", rc);
-    assert_losses_by_step(k, ref_offload, 4, 1, "\"rewound_to\": 2, \"step\": 3");
-    assert_same_checkpoint(k, ref_offload, 4);
+    assert_losses_by_step(k, ref_offload, 3, 1, "\"rewound_to\": 2, \"step\": 3");
+    assert_same_checkpoint(k, ref_offload, 3);
     assert_clean(k);
 }
 
@@ -408,16 +410,15 @@ static void test_recover_a_gpu_job_without_a_whole_snapshot_is_relaunched_from_d
     static char out[1 << 16];
     char j[32];
     job_name(j, sizeof(j), "gpudisk");
-    const char *args = GPU_SHAPE "--training.steps 6 --checkpoint.enable true --checkpoint.interval 2 "
-                                 "--job.restart_backoff_ms 0";
-    const char *ref = reference(args);
-    int rc = run_job(j, "optshard.1.0:snapshot:4", "", args, out, sizeof(out));
+    const char *ref = reference(GPU_CKPT);
+    int rc = run_job(j, "optshard.1.0:snapshot:6", "", GPU_CKPT, out, sizeof(out));
     unsetenv("CTITAN_CUDA_PLUGIN");
-    if (rc || !strstr(out, "and the snapshot of step 4 was overwriting it: not recovered in place") ||
+    if (rc || !strstr(out, "and the snapshot of step 6 was overwriting it: not recovered in place") ||
         count(out, "\nrestart 1 ") != 1)
         FAIL_WITH(out, "status %d", rc);
-    assert_losses_by_step(j, ref, 6, 1, "\"scope\": \"job\"");
+    assert_losses_by_step(j, ref, 7, 1, "\"scope\": \"job\"");
     assert_same_checkpoint(j, ref, 6);
+    assert_same_checkpoint(j, ref, 7);
     assert_clean(j);
 }
 

@@ -187,8 +187,8 @@ static void report(coord_t *c, const coord_proc_t *first, const char *why, doubl
     if (back_to >= 0)
         fprintf(c->metrics, ", \"rewound_to\": %lld", (long long)back_to);
     fprintf(c->metrics, ", \"step\": %lld, \"redone\": %s, \"replaced\": %d, \"lost_during\": %d, "
-            "\"recovery_s\": %.3f, \"time_lost_s\": %.3f}\n", (long long)at + 1, redo || back_to >= 0 ? "true" : "false",
-            n, again, now - t_dead, lost);
+            "\"recovery_s\": %.3f, \"time_lost_s\": %.3f}\n", (long long)at + 1,
+            redo || back_to >= 0 ? "true" : "false", n, again, now - t_dead, lost);
     fflush(c->metrics);
 }
 

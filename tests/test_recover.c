@@ -332,7 +332,8 @@ static const tj_metrics_t *assert_losses_by_step(const char *job, const char *re
 #define GPU_SHAPE "--model.dim 32 --model.n_heads 2 --model.n_kv_heads 1 --training.seq_len 16 " \
                   "--training.local_batch_size 2 --job.device cuda "
 /* 7 steps, a checkpoint every 3 (and of the last) */
-#define GPU_CKPT GPU_SHAPE "--training.steps 7 --checkpoint.enable true --checkpoint.interval 3 --job.restart_backoff_ms 0"
+#define GPU_CKPT \
+    GPU_SHAPE "--training.steps 7 --checkpoint.enable true --checkpoint.interval 3 --job.restart_backoff_ms 0"
 
 /* A GPU job (device rings through CUDA IPC, shards on the GPU) whose stage or shard is killed
  * rewinds: every stage and shard starts again from the newest whole snapshot (the checkpoint's

@@ -480,7 +480,8 @@ int main(int argc, char **argv)
             reply.grad_norm = reduce(&sh, m.step);
             reply.type = MSG_REDUCED;
         } else if (m.type == MSG_SNAPSHOT) {
-            WORKER_CHECK(sh.w, sh.staging, "snapshot without a staging segment (checkpoint.enable is false, no snapshot_interval)");
+            WORKER_CHECK(sh.w, sh.staging, "snapshot without a staging segment (checkpoint.enable is false, and "
+                         "no snapshot_interval)");
             WORKER_CHECK(sh.w, !sh.commit || sh.done == m.step,
                          "SNAPSHOT of step %lld, but the state is that after step %lld", (long long)m.step,
                          (long long)sh.done);

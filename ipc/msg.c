@@ -66,6 +66,8 @@ static const codec_type_t types[MSG_TYPE_END] = {
     [MSG_LOADED]    = {"loaded",    B(F_OK) | B(F_STEP) | B(F_TEXT) | B(F_DATA), 0},
     [MSG_SWAP_ARGV] = {"swap_argv", B(F_DATA), 0},
     [MSG_ABORTED]   = {"aborted",   B(F_STEP), 0},
+    [MSG_REWIND]    = {"rewind",    B(F_STEP) | B(F_OK) | B(F_DATA), 0},
+    [MSG_LOST]      = {"lost",      WHO | B(F_PID) | B(F_TEXT), 0},
 };
 
 static const codec_proto_t proto = {

@@ -57,6 +57,11 @@ typedef enum {
                       * NUL-terminated, back to back (ipc/argv.h); exec'ed as is, no shell */
     MSG_ABORTED,     /* stage -> coord: step (it left the step unfinished: its rings were closed
                       * because another stage of the job died; the step is redone) */
+    MSG_REWIND,      /* coord -> a host's agent (job.hosts > 1): step, ok (from the staging
+                      * segment's snapshot of that step; false: the initial weights), data (the
+                      * loader cursor of the next step): restart every worker of the host there */
+    MSG_LOST,        /* agent -> coord: role, rank, replica, pid, text: a worker of its host died
+                      * (how, in text); the agent's own hello is a HELLO with role "agent" */
     MSG_TYPE_END     /* append new types above this */
 } msg_type_t;
 

@@ -235,9 +235,10 @@ static int set_up(coord_t *c, char *err, size_t errlen)
     if (!(c->toml = manifest_to_toml(m)) || job_layout(&c->lay, m))
         return util_fail(err, errlen, -ENOMEM, "out of memory");
     /* in-place recovery: the weights and the shards' state live in this host's segments (CPU);
-     * on the GPU they live in the processes, and a loss rewinds the job (coord_rewind.c) */
+     * on the GPU (and so across hosts) they live in the processes, and a loss rewinds the job,
+     * every host's agent taking part (coord_rewind.c, coord_agent.c) */
     c->recover = !c->lay.gpu && !c->lay.gpu_shards && c->lay.hosts == 1;
-    c->rewind = !c->recover && c->lay.hosts == 1;
+    c->rewind = !c->recover;
     if ((rc = util_mkdirs(m->dump_folder)))
         return util_fail(err, errlen, rc, "job.dump_folder %s: cannot create: %s", m->dump_folder, strerror(-rc));
     if ((rc = coord_resolve_endpoint(c, err, errlen)) || (rc = coord_check_data(c, err, errlen)) ||
@@ -393,6 +394,7 @@ int coord_run(const manifest_t *given, const coord_super_t *sup)
     if (c.sigfd >= 0)
         close(c.sigfd);
     free(c.p);
+    free(c.agents);
     free(c.toml);
     free(c.nccl_ids);
     free(m);

@@ -229,6 +229,11 @@ static void on_message(coord_t *c, const ctl_peer_t *from, const msg_t *m)
             reject(c, from, type, why);
         return;
     }
+    if (!strncmp(from->user, "host.", 5) && !strncmp(from->route, "agent.", 6)) { /* another host's agent */
+        if ((why = coord_on_agent(c, atoi(from->user + 5), from, m)))
+            reject(c, from, type, why);
+        return;
+    }
     int old;
     coord_proc_t *p = sender(c, from, &old);
     if (p && p->remote && p->pid == 0 && m->type == MSG_HELLO && !p->hello) { /* started by its host's agent */

@@ -6,7 +6,9 @@
  *                   coord_fail, and the watch of the coordinator's own stops
  *   coord_setup.c   before any process starts: the endpoint, the data check, signals, segments
  *   coord_proc.c    the process table and supervision: spawn, reap, heartbeats, stop and
- *                   terminate, the host agent of job.hosts > 1
+ *                   terminate
+ *   coord_agent.c   job.hosts > 1: the agent of host k > 0 (its workers started, a death told
+ *                   to the coordinator, REWIND carried out) and host 0's side of it
  *   coord_recover.c in-place recovery: a stage or optimizer shard that died (or hung: the
  *                   step watchdog) replaced alone, the step redone when a stage died in it
  *   coord_rewind.c  the same on GPU jobs: every stage and shard started again from the
@@ -84,6 +86,11 @@ typedef struct {
     double hb_killed;     /* killed after this many seconds without a heartbeat (0: not) */
 } coord_proc_t;
 
+/* Another host's agent, as host 0 knows it (job.hosts > 1). */
+typedef struct {
+    char route[CTL_ROUTE_MAX];        /* its socket, from its hello ("" before): where REWIND goes */
+} coord_agent_t;
+
 typedef struct {
     manifest_t *m;                    /* ours (coord_run's copy): checkpoint.load gets resolved */
     const coord_super_t *sup;         /* under a supervisor (tools/supervise.h), or NULL */
@@ -108,6 +115,8 @@ typedef struct {
                                        * checkpointd (checkpoint enable or load), then the other
                                        * hosts' loaders (coord_make_table) */
     int np, n_stages, has_ckptd;
+    coord_agent_t *agents;            /* host 0 of job.hosts > 1: [h] the agent of host h > 0 */
+    ctl_t *up;                        /* host k > 0: the agent's connection to the coordinator */
     uint8_t loader_argv[ARGV_MAX_BYTES]; /* the loader command, packed (ipc/argv.h); none: built-in */
     size_t loader_argv_len;
     int loader_restarts;
@@ -184,8 +193,8 @@ static inline coord_proc_t *coord_stage(coord_t *c, int rank, int replica)
     return &c->p[1 + replica * c->m->pp + rank];
 }
 static inline coord_proc_t *coord_shard(coord_t *c, int k) { return &c->p[1 + c->n_stages + k]; }
-/* The processes a GPU job's rewind starts again: the loader, the stages, the shards. */
-static inline int coord_n_workers(const coord_t *c) { return 1 + c->n_stages + c->m->shards; }
+/* The processes a GPU job's rewind starts again: all but checkpointd, on every host. */
+static inline int coord_n_workers(const coord_t *c) { return c->np - c->has_ckptd; }
 static inline coord_proc_t *coord_ckptd(coord_t *c)
 {
     return c->has_ckptd ? &c->p[1 + c->n_stages + c->m->shards] : NULL;
@@ -228,8 +237,18 @@ void coord_stop_proc(coord_t *c, coord_proc_t *p);
 void coord_stop_all(coord_t *c);
 /* SIGTERM to whoever still runs, `grace` seconds, then SIGKILL; reaps them all. */
 void coord_terminate_all(coord_t *c, double grace);
-/* job.host_rank > 0: starts this host's processes and follows them. Returns the exit status. */
+/* "exited with status 1", "was killed by signal 9 (Killed)", ... */
+const char *coord_describe_exit(int st, char *buf, size_t n);
+/* No child of this process runs. */
+int coord_none_running(coord_t *c);
+
+/* ---- coord_agent.c ---- */
+/* job.host_rank > 0: starts this host's processes, follows them, tells the coordinator of a
+ * lost one, and carries out its REWIND. Returns the exit status. */
 int coord_agent(coord_t *c);
+/* A message from host h's agent (its key is the host's, its route "agent.<h>..."): its HELLO
+ * (where REWIND goes), LOST (a worker of its host died). Returns NULL or why it is refused. */
+const char *coord_on_agent(coord_t *c, int h, const ctl_peer_t *from, const msg_t *m);
 
 /* ---- coord_recover.c ---- */
 /* Whether p, dead or hung now, is replaced alone rather than failing the job. */
@@ -251,6 +270,12 @@ void coord_each_ring(coord_t *c, void (*fn)(ring_t *r), int loader);
  * the initial weights. Sets c->step. Returns 0 once all are ready, 0 with c->n_lost set when
  * one was lost meanwhile (rewind again), or -1 (the job failed: no snapshot to go back to). */
 int coord_rewind(coord_t *c);
+/* This host's segments as at the start of step `to` (host 0 and every agent): gradients, act
+ * rings, device directory and commit records cleared, the loader segment made again at
+ * `cursor`, and with from_staging the staging header set to the step. Sets c->step. Returns 0
+ * or -errno with err. */
+int coord_rewind_segments(coord_t *c, int64_t to, int from_staging, const uint8_t *cursor, size_t len, char *err,
+                          size_t errlen);
 /* The staging segment's snapshot of `step` is whole (every shard copied its slice), or is
  * being overwritten (step -1). */
 void coord_rewind_point(coord_t *c, int64_t step);

@@ -1,7 +1,6 @@
 /* The coordinator's process table and its supervision (see coord_priv.h): who runs where,
  * starting a worker, reaping it (the loader and checkpointd are restarted, anything else
- * fails the job), heartbeats, stopping, and the agent that starts a host's processes when
- * the job spans hosts. */
+ * fails the job), heartbeats, stopping. */
 #include "stages/coord_priv.h"
 
 #include <errno.h>
@@ -39,7 +38,7 @@ const char *coord_who(const coord_proc_t *p, char *buf, size_t n)
     return buf;
 }
 
-static const char *describe_exit(int st, char *buf, size_t n)
+const char *coord_describe_exit(int st, char *buf, size_t n)
 {
     if (WIFEXITED(st))
         snprintf(buf, n, "exited with status %d", WEXITSTATUS(st));
@@ -61,6 +60,8 @@ int coord_make_table(coord_t *c)
     c->has_ckptd = m->ckpt_enable || m->ckpt_load[0];
     c->np = 1 + c->n_stages + m->shards + c->has_ckptd + (m->hosts - 1);
     if (!(c->p = calloc((size_t)c->np, sizeof(coord_proc_t))))
+        return -ENOMEM;
+    if (m->hosts > 1 && m->host_rank == 0 && !(c->agents = calloc((size_t)m->hosts, sizeof(coord_agent_t))))
         return -ENOMEM;
     c->p[0] = (coord_proc_t){.role = COORD_LOADER, .rank = m->host_rank, .host = m->host_rank};
     for (int r = 0; r < m->dp; r++)
@@ -218,7 +219,7 @@ void coord_reap(coord_t *c)
         if (!p)
             continue;
         char exited[128], how[256], what[320], name[64];
-        describe_exit(st, exited, sizeof(exited));
+        coord_describe_exit(st, exited, sizeof(exited));
         if (p->abort_sent > 0) /* the step watchdog's doing */
             snprintf(how, sizeof(how), "hung (the step watchdog dumped its stack and stopped it: it %s)", exited);
         else if (p->hb_killed > 0)
@@ -259,7 +260,7 @@ void coord_check_heartbeats(coord_t *c)
     char name[64];
     for (int i = 0; i < c->np && !c->failed; i++) {
         coord_proc_t *p = &c->p[i];
-        if (p->pid == 0 || p->expect_exit)
+        if (p->pid == 0 || p->expect_exit || p->lost)
             continue;
         if (!p->ready) {
             if (now - p->started > COORD_STARTUP_TIMEOUT_S)
@@ -267,6 +268,12 @@ void coord_check_heartbeats(coord_t *c)
                                 (int)p->pid, COORD_STARTUP_TIMEOUT_S);
         } else if (now - p->last_hb <= limit) {
             continue;
+        } else if (p->remote && coord_can_recover(c, p)) { /* its agent kills it at the rewind */
+            char how[128];
+            snprintf(how, sizeof(how), "(pid %d) on host %d sent no heartbeat for %.1f s", (int)p->pid, p->host,
+                     now - p->last_hb);
+            p->pid = 0;
+            coord_lost(c, p, how);
         } else if (((p->role == COORD_LOADER || (p->role == COORD_CKPTD && !c->loading)) && !p->remote) ||
                    coord_can_recover(c, p)) {
             /* a hung (or stopped) loader, checkpointd, stage or shard is replaced like a dead one: kill
@@ -293,7 +300,7 @@ static void kill_all(coord_t *c, int sig)
             kill(c->p[i].pid, sig);
 }
 
-static int none_running(coord_t *c)
+int coord_none_running(coord_t *c)
 {
     for (int i = 0; i < c->np; i++)
         if (local_child(&c->p[i]))
@@ -305,7 +312,7 @@ static int none_running(coord_t *c)
 static void wait_children(coord_t *c, double secs)
 {
     double deadline = util_now() + secs;
-    while (!none_running(c) && util_now() < deadline) {
+    while (!coord_none_running(c) && util_now() < deadline) {
         int st;
         pid_t pid = waitpid(-1, &st, WNOHANG);
         if (pid > 0) {
@@ -356,52 +363,4 @@ void coord_stop_proc(coord_t *c, coord_proc_t *p)
         kill(p->pid, SIGKILL);
         coord_pump(c, coord_proc_gone, p, COORD_STOP_GRACE_S);
     }
-}
-
-/* job.host_rank > 0: starts this host's processes against the coordinator's endpoint and
- * waits for them; their supervision is the coordinator's (heartbeats), so an agent only
- * follows them: the first to fail ends the others after the heartbeat timeout. Returns the
- * exit status. */
-int coord_agent(coord_t *c)
-{
-    const manifest_t *m = c->m;
-    if (c->step >= m->steps) { /* the coordinator says so too, and stops */
-        printf("launch: host %d: the checkpoint is at step %lld: nothing left to train\n", m->host_rank,
-               (long long)c->step);
-        return 0;
-    }
-    int n = 0;
-    for (int i = 0; i < c->np; i++)
-        if (!c->p[i].remote) {
-            coord_spawn(c, &c->p[i]);
-            n++;
-        }
-    printf("launch: host %d of %d: %d processes of job %s, coordinator at %s\n", m->host_rank, m->hosts, n, m->name,
-           c->endpoint);
-    fflush(stdout);
-    int status = 0;
-    double failed_at = 0;
-    while (!none_running(c)) {
-        coord_read_signals(c);
-        int st;
-        pid_t pid;
-        while ((pid = waitpid(-1, &st, WNOHANG)) > 0)
-            for (int i = 0; i < c->np; i++)
-                if (c->p[i].pid == pid && !c->p[i].remote) {
-                    c->p[i].pid = 0;
-                    if (!WIFEXITED(st) || WEXITSTATUS(st)) {
-                        char how[128], name[64];
-                        fprintf(stderr, "launch: host %d: %s %s\n", m->host_rank,
-                                coord_who(&c->p[i], name, sizeof(name)), describe_exit(st, how, sizeof(how)));
-                        status = 1;
-                        failed_at = failed_at > 0 ? failed_at : util_now();
-                    }
-                }
-        if (c->interrupted || (failed_at > 0 && util_now() - failed_at > m->heartbeat_timeout_ms * 2e-3)) {
-            coord_terminate_all(c, 2.0);
-            break;
-        }
-        nanosleep(&(struct timespec){0, 20000000L}, NULL);
-    }
-    return c->interrupted ? 128 + c->interrupted : status;
 }

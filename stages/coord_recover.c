@@ -21,8 +21,11 @@
 
 int coord_can_recover(const coord_t *c, const coord_proc_t *p)
 {
-    return (c->recover || c->rewind) && c->training && !p->remote && !c->failed && !c->interrupted &&
-           (p->role == COORD_STAGE || p->role == COORD_OPTSHARD);
+    if (!c->training || c->failed || c->interrupted)
+        return 0;
+    if (p->remote) /* its agent restarts it, and every other process, at a rewind */
+        return c->rewind && p->role != COORD_CKPTD;
+    return (c->recover || c->rewind) && (p->role == COORD_STAGE || p->role == COORD_OPTSHARD);
 }
 
 void coord_lost(coord_t *c, coord_proc_t *p, const char *how)

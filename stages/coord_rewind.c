@@ -32,8 +32,8 @@ void coord_rewind_point(coord_t *c, int64_t step)
 
 static int workers_gone(coord_t *c, void *arg)
 {
-    for (int i = 0; i < coord_n_workers(c); i++)
-        if (c->p[i].pid)
+    for (int i = 0; i < c->np; i++)
+        if (c->p[i].pid && !c->p[i].remote && c->p[i].role != COORD_CKPTD)
             return 0;
     return 1;
 }
@@ -71,14 +71,21 @@ static int source(coord_t *c, int64_t *to)
     return -1;
 }
 
-/* Everything the stages and shards share, as at the start of step `to`. */
-static int reset_state(coord_t *c, int64_t to, int from_staging)
+int coord_rewind_segments(coord_t *c, int64_t to, int from_staging, const uint8_t *cursor, size_t len, char *err,
+                          size_t errlen)
 {
-    manifest_t *m = c->m;
-    char err[512];
-    if (c->ck_busy && !c->ck_saving && !c->ck_save_due) { /* its shards are gone: taken again when its step is */
-        fprintf(stderr, "ctitan: the snapshot of step %lld was being taken: dropped\n", (long long)c->ck_step);
-        c->ck_busy = 0;
+    const manifest_t *m = c->m;
+    if (len > sizeof(c->resume_cursor))
+        return util_fail(err, errlen, -EINVAL, "a loader cursor of %zu bytes (at most %zu)", len,
+                         sizeof(c->resume_cursor));
+    if (from_staging) { /* the shards load from it: its header names the step (an agent's had none) */
+        if (!c->seg_ckpt)
+            return util_fail(err, errlen, -ENOENT, "no staging segment on this host to rewind to step %lld from",
+                             (long long)to);
+        staging_hdr_t *h = shm_data(c->seg_ckpt);
+        memcpy(h->cursor, cursor, len);
+        h->cursor_len = (uint32_t)len;
+        atomic_store(&h->step, to);
     }
     if (c->seg_grads)
         memset(shm_data(c->seg_grads), 0, job_params_bytes(&c->lay));
@@ -87,25 +94,34 @@ static int reset_state(coord_t *c, int64_t to, int from_staging)
         memset(shm_data(c->seg_dev), 0, devdir_bytes(&c->lay));
     for (int k = 0; c->seg_opt && k < m->shards; k++) /* CPU shards make their state anew */
         atomic_store(&job_optstate_rec(shm_data(c->seg_opt), k)->done, -1);
+    c->step = to;
+    memmove(c->resume_cursor, cursor, len);
+    c->resume_cursor_len = (uint32_t)len;
+    shm_detach(&c->seg_batch);
+    shm_unlink_name(c->job, LDR_SEG_NAME);
+    return coord_make_batch(c, err, errlen);
+}
+
+/* Host 0's part: the checkpoint in flight, the NCCL ids, checkpoint.load, then the segments. */
+static int reset_state(coord_t *c, int64_t to, int from_staging)
+{
+    manifest_t *m = c->m;
+    char err[512];
+    if (c->ck_busy && !c->ck_saving && !c->ck_save_due) { /* its shards are gone: taken again when its step is */
+        fprintf(stderr, "ctitan: the snapshot of step %lld was being taken: dropped\n", (long long)c->ck_step);
+        c->ck_busy = 0;
+    }
     free(c->nccl_ids); /* the old communicators died with their ranks */
     c->nccl_ids = NULL;
     if (c->lay.nccl && coord_make_nccl_ids(c, err, sizeof(err))) {
         coord_fail(c, "rewind: %s", err);
         return -1;
     }
-    c->step = to;
-    if (from_staging) {
-        staging_hdr_t *h = shm_data(c->seg_ckpt);
-        memcpy(c->resume_cursor, h->cursor, h->cursor_len);
-        c->resume_cursor_len = h->cursor_len;
+    if (from_staging)
         snprintf(m->ckpt_load, sizeof(m->ckpt_load), "the in-memory snapshot of step %lld (the staging segment)",
                  (long long)to);
-    } else {
-        c->resume_cursor_len = 0;
+    else
         m->ckpt_load[0] = '\0';
-    }
-    shm_detach(&c->seg_batch);
-    shm_unlink_name(c->job, LDR_SEG_NAME);
     char *toml = manifest_to_toml(m); /* the shards read checkpoint.load: the staging segment, or none */
     if (!toml) {
         coord_fail(c, "rewind: out of memory");
@@ -113,12 +129,27 @@ static int reset_state(coord_t *c, int64_t to, int from_staging)
     }
     free(c->toml);
     c->toml = toml;
-    if (coord_make_batch(c, err, sizeof(err))) {
+    staging_hdr_t *h = from_staging ? shm_data(c->seg_ckpt) : NULL;
+    uint8_t cursor[sizeof(h->cursor)];
+    size_t len = h ? h->cursor_len : 0;
+    if (h)
+        memcpy(cursor, h->cursor, len);
+    if (coord_rewind_segments(c, to, from_staging, cursor, len, err, sizeof(err))) {
         coord_fail(c, "rewind: %s", err);
         return -1;
     }
+    msg_t rw = {.type = MSG_REWIND, .step = to, .ok = from_staging, .data = cursor, .data_len = len};
+    for (int h = 1; c->agents && h < m->hosts; h++) /* the other hosts do the same */
+        if (ctl_send(c->ctl, c->agents[h].route, &rw)) {
+            coord_fail(c, "rewind: cannot reach host %d's agent", h);
+            return -1;
+        }
     return 0;
 }
+
+/* Every process but checkpointd, on every host; those of other hosts are their agents' to
+ * kill and start, and are forgotten here until they say hello again. */
+static int rewound(const coord_proc_t *p) { return p->role != COORD_CKPTD; }
 
 int coord_rewind(coord_t *c)
 {
@@ -126,10 +157,22 @@ int coord_rewind(coord_t *c)
     int from = source(c, &to);
     if (from < 0)
         return -1;
-    for (int i = 0; i < coord_n_workers(c); i++) {
+    for (int h = 1; c->agents && h < c->m->hosts; h++)
+        if (!c->agents[h].route[0]) {
+            coord_fail_proc(c, c->lost_first, "%s; host %d's agent never connected: not recovered", c->lost_why, h);
+            return -1;
+        }
+    for (int i = 0; i < c->np; i++) {
         coord_proc_t *p = &c->p[i];
+        if (!rewound(p))
+            continue;
         p->lost = 0;
-        if (p->pid) {
+        if (p->remote) {
+            p->pid = 0;
+            p->hello = p->ready = p->got = 0;
+            p->await = 0;
+            p->route[0] = '\0';
+        } else if (p->pid) {
             p->expect_exit = 1;
             kill(p->pid, SIGKILL);
         }
@@ -142,8 +185,9 @@ int coord_rewind(coord_t *c)
         coord_fail(c, "rewind: the stages and shards did not exit in %.0f s of SIGKILL", COORD_STARTUP_TIMEOUT_S);
     if (rc || reset_state(c, to, from))
         return -1;
-    for (int i = 0; i < coord_n_workers(c) && !c->failed; i++)
-        coord_spawn(c, &c->p[i]);
+    for (int i = 0; i < c->np && !c->failed; i++)
+        if (rewound(&c->p[i]) && !c->p[i].remote)
+            coord_spawn(c, &c->p[i]);
     rc = coord_pump(c, ready_or_lost, NULL, COORD_STARTUP_TIMEOUT_S);
     if (rc == -ETIMEDOUT)
         coord_fail(c, "rewind: the restarted processes did not become ready in %.0f s", COORD_STARTUP_TIMEOUT_S);

@@ -259,10 +259,9 @@ static int check_placement(const manifest_t *m, char *err, size_t errlen)
     CHECK(m->hosts == 1 || (!strncmp(m->endpoint, "tcp://", 6) && !strchr(m->endpoint, '*')), "job", "endpoint",
           "job.hosts = %d: job.endpoint must be tcp://HOST:PORT of the coordinator (host_rank 0), the same on "
           "every host", m->hosts);
-    CHECK(m->snapshot_interval == 0 || (!strcmp(m->device, "cuda") && m->hosts == 1), "checkpoint",
-          "snapshot_interval", "checkpoint.snapshot_interval = %d: in-memory snapshots are what a GPU job on one host "
-          "rewinds to (job.device = \"cuda\", job.hosts = 1); a CPU job recovers in place without them",
-          m->snapshot_interval);
+    CHECK(m->snapshot_interval == 0 || !strcmp(m->device, "cuda"), "checkpoint", "snapshot_interval",
+          "checkpoint.snapshot_interval = %d: in-memory snapshots are what a GPU job rewinds to (job.device = "
+          "\"cuda\"); a CPU job recovers in place without them", m->snapshot_interval);
     CHECK(m->hosts == 1 || !m->ckpt_enable, "checkpoint", "enable",
           "checkpoint.enable with job.hosts = %d: checkpoints across hosts are not built yet", m->hosts);
     CHECK(m->hosts == 1 || (!m->val_enable && m->sample_tokens == 0), "validation", "enable",

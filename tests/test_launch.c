@@ -792,18 +792,6 @@ static void test_launch_cuda_nccl_data_plane_on_the_emulated_backend(void **stat
     assert_clean(c);
 }
 
-/* A free TCP port on loopback (bound and released: another process could take it, unlikely). */
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof(a);
-    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 /* Job b on two "hosts" of this machine (host 1's segments carry the suffix -h1): host 1's
  * agent in the background, placed by SLURM_STEP_NUM_NODES / SLURM_NODEID as under srun, and
  * the coordinator (host_rank 0) here, on a free loopback port; both must succeed. out gets the
@@ -816,7 +804,9 @@ static void launch_two_hosts(const char *b, const char *args, char *out, size_t 
     snprintf(cmd, sizeof(cmd), "mkdir -p %s && %s ckpt keygen %s/host0 && %s ckpt keygen %s/host1 2>&1", keys,
              tu_ctitan(), keys, tu_ctitan(), keys);
     assert_int_equal(tu_run(cmd, out, outlen), 0);
-    snprintf(extra, sizeof(extra), "%s --job.hosts 2 --job.endpoint tcp://127.0.0.1:%d --job.keys %s", args, free_port(),
+    int port = tu_free_port();
+    assert_true(port > 0);
+    snprintf(extra, sizeof(extra), "%s --job.hosts 2 --job.endpoint tcp://127.0.0.1:%d --job.keys %s", args, port,
              keys);
     setenv("SLURM_STEP_NUM_NODES", "2", 1);
     setenv("SLURM_NODEID", "1", 1);

@@ -52,6 +52,8 @@ static const struct {
     {MSG_LOADED, "loaded", "ok step text data"},
     {MSG_SWAP_ARGV, "swap_argv", "data"},
     {MSG_ABORTED, "aborted", "step"},
+    {MSG_REWIND, "rewind", "step ok data"},
+    {MSG_LOST, "lost", "role rank replica pid text"},
 };
 #define NTYPES (sizeof ttab / sizeof ttab[0])
 

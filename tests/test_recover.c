@@ -47,8 +47,8 @@ static int run_job(const char *job, const char *die, const char *hang, const cha
     return tj_launch(env, 120, job, args, out, outlen);
 }
 
-/* Fails with the job's whole output (print_error: fail_msg would cut it). */
-#define FAIL_WITH(out, ...) do { print_error("%s\n", out); fail_msg(__VA_ARGS__); } while (0)
+/* Fails with the job's whole output (cmocka's print_error and fail_msg cut at 1 KiB). */
+#define FAIL_WITH(out, ...) do { fputs(out, stderr); fputc('\n', stderr); fail_msg(__VA_ARGS__); } while (0)
 
 /* How often `needle` occurs in s. */
 static int count(const char *s, const char *needle)
@@ -331,6 +331,10 @@ static const tj_metrics_t *assert_losses_by_step(const char *job, const char *re
 
 #define GPU_SHAPE "--model.dim 32 --model.n_heads 2 --model.n_kv_heads 1 --training.seq_len 16 " \
                   "--training.local_batch_size 2 --job.device cuda "
+/* data parallel 2 on the NCCL plane, 3 steps, an in-memory snapshot every 2 */
+#define GPU_NCCL \
+    GPU_SHAPE "--training.steps 3 --checkpoint.snapshot_interval 2 --parallelism.data_parallel_replicate_degree 2 " \
+              "--parallelism.data_plane nccl"
 /* 7 steps, a checkpoint every 3 (and of the last) */
 #define GPU_CKPT \
     GPU_SHAPE "--training.steps 7 --checkpoint.enable true --checkpoint.interval 3 --job.restart_backoff_ms 0"
@@ -381,8 +385,7 @@ static void test_recover_gpu_jobs_on_the_nccl_plane_and_in_offload_mode_rewind_b
     char j[32], k[32];
     job_name(j, sizeof(j), "nccl");
     job_name(k, sizeof(k), "offload");
-    const char *nccl = GPU_SHAPE "--training.steps 3 --checkpoint.snapshot_interval 2 "
-                                 "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_plane nccl";
+    const char *nccl = GPU_NCCL;
     const char *offload = GPU_SHAPE "--training.steps 3 --checkpoint.enable true --checkpoint.interval 2 "
                                     "--optshard.device cpu";
     const char *ref_nccl = reference(nccl), *ref_offload = reference(offload);
@@ -421,6 +424,54 @@ static void test_recover_a_gpu_job_without_a_whole_snapshot_is_relaunched_from_d
     assert_same_checkpoint(j, ref, 6);
     assert_same_checkpoint(j, ref, 7);
     assert_clean(j);
+}
+
+/* Across hosts (two "hosts" on this machine, as in test_launch: host 1's agent in the
+ * background, placed as under srun, its segments named -h1): a stage of host 1 killed. Its
+ * agent tells the coordinator (LOST), which rewinds the job on both hosts to the in-memory
+ * snapshot: host 1's agent restarts its processes there. The losses stay those of the same job
+ * on one host, and neither host leaves anything behind. */
+static void test_recover_a_stage_lost_on_another_host_is_restarted_by_its_agent(void **state)
+{
+    TU_NEED_BIN();
+    if (use_sim_plugin())
+        skip();
+    static char out[1 << 16], agent_out[1 << 16];
+    char j[32], jh1[40], keys[128], cmd[1024], once[128], extra[2048];
+    job_name(j, sizeof(j), "hosts");
+    snprintf(jh1, sizeof(jh1), "%s-h1", j);
+    const char *ref = reference(GPU_NCCL);
+    snprintf(keys, sizeof(keys), "%s/keys-%s", tj_dir, j); /* the hosts' keys, as an operator makes them */
+    snprintf(cmd, sizeof(cmd), "mkdir -p %s && %s ckpt keygen %s/host0 && %s ckpt keygen %s/host1 2>&1", keys,
+             tu_ctitan(), keys, tu_ctitan(), keys);
+    assert_int_equal(tu_run(cmd, out, sizeof(out)), 0);
+    int port = tu_free_port();
+    assert_true(port > 0);
+    snprintf(extra, sizeof(extra), QUIET GPU_NCCL " --job.hosts 2 --job.endpoint tcp://127.0.0.1:%d --job.keys %s",
+             port, keys);
+    snprintf(once, sizeof(once), "%s/once-%s", tj_dir, j);
+    assert_int_equal(mkdir(once, 0700), 0);
+    setenv("CTITAN_TEST_DIE_ONCE", once, 1);
+    setenv("CTITAN_TEST_DIE_AT", "stage.1.1:mid:3", 1); /* replica 1 runs on host 1 */
+    setenv("SLURM_STEP_NUM_NODES", "2", 1);
+    setenv("SLURM_NODEID", "1", 1);
+    pid_t agent = tj_launch_bg(j, extra);
+    unsetenv("SLURM_STEP_NUM_NODES");
+    unsetenv("SLURM_NODEID");
+    int rc = tj_launch("", 120, j, extra, out, sizeof(out));
+    int arc = tu_reap(agent, 60, NULL);
+    unsetenv("CTITAN_TEST_DIE_ONCE");
+    unsetenv("CTITAN_TEST_DIE_AT");
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    tj_read_out(j, agent_out, sizeof(agent_out));
+    if (rc || count(out, "(rewound, at step 3): stage rank 1 replica 1 (pid ") != 1)
+        FAIL_WITH(out, "status %d", rc);
+    if (arc || !strstr(agent_out, "launch: host 1: the job was rewound to step 2: its processes started again"))
+        FAIL_WITH(agent_out, "the agent: status %d", arc);
+    assert_non_null(strstr(out, "was killed by signal 9 (Killed) on host 1; every stage and optimizer shard"));
+    assert_losses_by_step(j, ref, 3, 1, "\"rewound_to\": 2, \"step\": 3");
+    assert_clean(j);
+    assert_clean(jh1);
 }
 
 /* ---- kill -9 at random moments ---- */
@@ -497,6 +548,7 @@ int main(void)
         cmocka_unit_test(test_recover_a_gpu_job_rewinds_to_its_newest_snapshot_bitwise),
         cmocka_unit_test(test_recover_gpu_jobs_on_the_nccl_plane_and_in_offload_mode_rewind_bitwise),
         cmocka_unit_test(test_recover_a_gpu_job_without_a_whole_snapshot_is_relaunched_from_disk),
+        cmocka_unit_test(test_recover_a_stage_lost_on_another_host_is_restarted_by_its_agent),
     };
     if (getenv("CTITAN_TEST_ONLY")) /* a pattern: run only the tests it matches ("*watchdog*") */
         cmocka_set_test_filter(getenv("CTITAN_TEST_ONLY"));

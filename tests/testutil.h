@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <ftw.h>
 #include <math.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdint.h>
@@ -15,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -321,6 +323,19 @@ static inline int tu_reap(pid_t pid, double timeout_s, struct rusage *ru)
     if (timed_out)
         return -1;
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* A free TCP port on loopback (bound and released: another process could take it, unlikely),
+ * or -1. */
+static inline int tu_free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(a);
+    int ok = fd >= 0 && !bind(fd, (struct sockaddr *)&a, sizeof(a)) && !getsockname(fd, (struct sockaddr *)&a, &len);
+    if (fd >= 0)
+        close(fd);
+    return ok ? ntohs(a.sin_port) : -1;
 }
 
 #endif

@@ -137,7 +137,7 @@ typedef struct {
 
     /* [sample] */
     int sample_tokens;           /* 0 = no sample at the end */
-    double sample_temperature;   /* 0.8 */
+    double sample_temperature;   /* 0.8; 0 = greedy (argmax) */
 
     char path[MANIFEST_PATH_MAX]; /* the file it was read from ("" for defaults only) */
     int origin_line[128];         /* internal: where each key came from (for messages) */

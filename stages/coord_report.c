@@ -105,6 +105,23 @@ void coord_report_step(coord_t *c, double norm, double t_step, double t_reduce, 
                       t_reduce + t_update, mem);
 }
 
+/* The validation loss's record in the metrics file, after the last step's: the loss in full
+ * (the printed line has 4 decimals), the batches and tokens it is the mean over. */
+static void write_validation(coord_t *c, double loss, int batches)
+{
+    const manifest_t *m = c->m;
+    char nf[64] = "";
+    FILE *f = c->metrics;
+    fprintf(f, "{\"step\": %d", m->steps);
+    put_num(f, "val_loss", "%.17g", loss, nf, sizeof(nf));
+    fprintf(f, ", \"val_batches\": %d, \"val_tokens\": %lld", batches,
+            (long long)batches * m->local_batch_size * m->seq_len);
+    if (nf[0])
+        fprintf(f, ", \"not_finite\": {%s}", nf);
+    fprintf(f, "}\n");
+    fflush(f);
+}
+
 /* The sample's prompt comes from held-out text, else from the training data. */
 static void sample(coord_t *c, float *w, pool_t *pool, tokfile_t *val)
 {
@@ -136,6 +153,8 @@ void coord_end_of_run(coord_t *c, int64_t first, double secs)
         int used;
         double vl = eval_loss(&m->model, w, pool, val, m->local_batch_size, m->seq_len, m->val_steps, &used);
         printf("; validation loss %.4f over %d batches", vl, used);
+        if (c->metrics)
+            write_validation(c, vl, used);
     }
     if (!isnan(c->entropy))
         printf("; training data unigram entropy %.4f", c->entropy);

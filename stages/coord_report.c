@@ -11,6 +11,7 @@
 #include "kernels/cpu/pool.h"
 #include "stages/evaluate.h"
 #include "stages/ldr_seg.h"
+#include "stages/peak_cache.h"
 #include "stages/tokenizer.h"
 #include "stages/tokfile.h"
 
@@ -20,10 +21,17 @@ void coord_banner(coord_t *c)
     int n = 0; /* a checkpointd that only loaded has stopped */
     for (int i = 0; i < c->np; i++)
         n += !c->p[i].expect_exit;
+    peak_cache_t peak;
+    char from[PATH_MAX + 512];
+    c->peak_gflops = peak_cache_get(m->peak_tflops * 1e3, (int)sysconf(_SC_NPROCESSORS_ONLN), NULL, &peak);
+    if (peak.warning[0])
+        fprintf(stderr, "launch: warning: %s\n", peak.warning);
+    peak_cache_describe(&peak, from, sizeof(from));
     printf("launch: job %s: %s %s, %.2fM parameters; pipeline %d (%s, %d microbatches of %dx%d), data parallel %d, "
-           "%d optimizer shards; %d processes; MFU against %.0f GFLOP/s\n",
+           "%d optimizer shards; %d processes\n",
            m->name, m->model_name, m->flavor, c->lay.total / 1e6, m->pp, sched_kind_name(m->schedule),
-           m->microbatches, c->lay.mb, m->seq_len, m->dp, m->shards, n, c->peak_gflops);
+           m->microbatches, c->lay.mb, m->seq_len, m->dp, m->shards, n);
+    printf("launch: MFU against %.0f GFLOP/s, %s\n", c->peak_gflops, from);
     if (!isnan(c->entropy))
         printf("launch: data %s, unigram entropy %.4f nats/token (first file)\n", m->dataset_path, c->entropy);
     fflush(stdout);

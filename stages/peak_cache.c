@@ -97,19 +97,14 @@ int peak_cache_path(const peak_cache_key_t *k, char *path, size_t n)
         return (size_t)snprintf(path, n, "%s", own) < n ? 0 : -ENAMETOOLONG;
     /* one file per key: machines sharing a home folder, or runs with another OPENBLAS_CORETYPE,
      * keep their own peaks */
-    XXH64_state_t *h = XXH64_createState();
-    if (!h)
-        return -ENOMEM;
-    XXH64_reset(h, 0);
     peak_cache_entry_t e = {.key = *k};
-    char v[256];
+    char v[256], text[1024]; /* the key's lines: < 500 bytes */
+    size_t used = 0;
     for (int i = 0; i < NKEY; i++) {
         put_field(v, sizeof(v), &e, i);
-        XXH64_update(h, fields[i].name, strlen(fields[i].name));
-        XXH64_update(h, v, strlen(v) + 1);
+        used += (size_t)snprintf(text + used, sizeof(text) - used, "%s %s\n", fields[i].name, v);
     }
-    unsigned long long d = XXH64_digest(h);
-    XXH64_freeState(h);
+    unsigned long long d = XXH64(text, used, 0);
     int len;
     if (xdg && xdg[0] == '/') /* the XDG spec: a relative path is to be ignored */
         len = snprintf(path, n, "%s/ctitan/peak-%016llx", xdg, d);

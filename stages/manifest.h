@@ -128,7 +128,7 @@ typedef struct {
     /* [metrics] */
     int log_freq;                /* 1: a progress line every log_freq steps */
     char metrics_file[MANIFEST_PATH_MAX]; /* "": one JSON object per step when set */
-    double peak_tflops;          /* 0 = measure the sgemm peak at launch; MFU is against it */
+    double peak_tflops;          /* 0 = the sgemm peak measured once per machine (peak_cache.h); MFU's divisor */
 
     /* [validation] */
     int val_enable;              /* false */

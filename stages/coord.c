@@ -17,7 +17,6 @@
 
 #include "ipc/log.h"
 #include "ipc/util.h"
-#include "kernels/cpu/peak.h"
 #include "stages/coord_priv.h"
 #include "stages/staging.h"
 
@@ -269,7 +268,8 @@ static int set_up(coord_t *c, char *err, size_t errlen)
 }
 
 /* Once the first step and its loader cursor are known: the loader segment, the metrics file,
- * the banner, then every process not started yet; waits until all are ready. */
+ * the banner (with the peak, measured before any process computes), then every process not
+ * started yet; waits until all are ready. */
 static int start(coord_t *c, char *err, size_t errlen)
 {
     const manifest_t *m = c->m;
@@ -280,8 +280,6 @@ static int start(coord_t *c, char *err, size_t errlen)
     const char *mode = c->sup && c->sup->append_metrics ? "a" : "w";
     if (m->metrics_file[0] && !(c->metrics = fopen(m->metrics_file, mode)))
         return util_fail(err, errlen, -errno, "metrics.file %s: cannot open: %s", m->metrics_file, strerror(errno));
-    c->peak_gflops = m->peak_tflops > 0 ? m->peak_tflops * 1e3
-                                        : peak_sgemm_gflops((int)sysconf(_SC_NPROCESSORS_ONLN), 1024, NULL, NULL);
     coord_banner(c);
     for (int i = 0; i < c->np && !c->failed; i++)
         if (!c->p[i].remote && !c->p[i].pid && !c->p[i].expect_exit)

@@ -365,7 +365,8 @@ int coord_make_nccl_ids(coord_t *c, char *err, size_t errlen);
 void coord_send_nccl_ids(coord_t *c, coord_proc_t *p);
 
 /* ---- coord_report.c ---- */
-/* "launch: job ...": the model, the topology, the processes, the data. */
+/* "launch: job ...": the model, the topology, the processes, the data; and the peak MFU is
+ * against (c->peak_gflops: metrics.peak_tflops, else stages/peak_cache.h's) and where it is from. */
 void coord_banner(coord_t *c);
 /* The progress line and the metrics record of step c->step. */
 void coord_report_step(coord_t *c, double norm, double t_step, double t_reduce, double t_update);

@@ -11,6 +11,7 @@
 #include "kernels/cpu/pool.h"
 #include "stages/evaluate.h"
 #include "stages/ldr_seg.h"
+#include "stages/peak_cache.h"
 #include "stages/tokenizer.h"
 #include "stages/tokfile.h"
 
@@ -20,10 +21,17 @@ void coord_banner(coord_t *c)
     int n = 0; /* a checkpointd that only loaded has stopped */
     for (int i = 0; i < c->np; i++)
         n += !c->p[i].expect_exit;
+    peak_cache_t peak;
+    char from[PATH_MAX + 512];
+    c->peak_gflops = peak_cache_get(m->peak_tflops * 1e3, (int)sysconf(_SC_NPROCESSORS_ONLN), NULL, &peak);
+    if (peak.warning[0])
+        fprintf(stderr, "launch: warning: %s\n", peak.warning);
+    peak_cache_describe(&peak, from, sizeof(from));
     printf("launch: job %s: %s %s, %.2fM parameters; pipeline %d (%s, %d microbatches of %dx%d), data parallel %d, "
-           "%d optimizer shards; %d processes; MFU against %.0f GFLOP/s\n",
+           "%d optimizer shards; %d processes\n",
            m->name, m->model_name, m->flavor, c->lay.total / 1e6, m->pp, sched_kind_name(m->schedule),
-           m->microbatches, c->lay.mb, m->seq_len, m->dp, m->shards, n, c->peak_gflops);
+           m->microbatches, c->lay.mb, m->seq_len, m->dp, m->shards, n);
+    printf("launch: MFU against %.0f GFLOP/s, %s\n", c->peak_gflops, from);
     if (!isnan(c->entropy))
         printf("launch: data %s, unigram entropy %.4f nats/token (first file)\n", m->dataset_path, c->entropy);
     fflush(stdout);
@@ -105,6 +113,23 @@ void coord_report_step(coord_t *c, double norm, double t_step, double t_reduce, 
                       t_reduce + t_update, mem);
 }
 
+/* The validation loss's record in the metrics file, after the last step's: the loss in full
+ * (the printed line has 4 decimals), the batches and tokens it is the mean over. */
+static void write_validation(coord_t *c, double loss, int batches)
+{
+    const manifest_t *m = c->m;
+    char nf[64] = "";
+    FILE *f = c->metrics;
+    fprintf(f, "{\"step\": %d", m->steps);
+    put_num(f, "val_loss", "%.17g", loss, nf, sizeof(nf));
+    fprintf(f, ", \"val_batches\": %d, \"val_tokens\": %lld", batches,
+            (long long)batches * m->local_batch_size * m->seq_len);
+    if (nf[0])
+        fprintf(f, ", \"not_finite\": {%s}", nf);
+    fprintf(f, "}\n");
+    fflush(f);
+}
+
 /* The sample's prompt comes from held-out text, else from the training data. */
 static void sample(coord_t *c, float *w, pool_t *pool, tokfile_t *val)
 {
@@ -136,6 +161,8 @@ void coord_end_of_run(coord_t *c, int64_t first, double secs)
         int used;
         double vl = eval_loss(&m->model, w, pool, val, m->local_batch_size, m->seq_len, m->val_steps, &used);
         printf("; validation loss %.4f over %d batches", vl, used);
+        if (c->metrics)
+            write_validation(c, vl, used);
     }
     if (!isnan(c->entropy))
         printf("; training data unigram entropy %.4f", c->entropy);

@@ -44,24 +44,40 @@ double eval_loss(const model_config_t *cfg, float *w, pool_t *pool, const tokfil
     return vb ? sum / vb : NAN;
 }
 
-int eval_sample(const model_config_t *cfg, float *w, pool_t *pool, tok_t *tok, const tokfile_t *prompt_src,
-                int ntokens, double temperature, uint64_t seed, FILE *out)
+/* The next token from one position's V logits: the first highest at temperature 0, else a
+ * draw from softmax(lg / temperature) with the generator state *s. p is scratch of V doubles. */
+static int pick_token(const float *lg, int V, double temperature, unsigned long long *s, double *p)
 {
-    int T = cfg->max_seq_len < 128 ? cfg->max_seq_len : 128, prompt = 8, len = ntokens + prompt;
-    if (tokfile_count(prompt_src) < (size_t)prompt)
+    int best = 0;
+    for (int v = 1; v < V; v++)
+        if (lg[v] > lg[best]) /* strictly: a tie keeps the lower id */
+            best = v;
+    if (temperature == 0)
+        return best;
+    double mx = lg[best], sum = 0;
+    for (int v = 0; v < V; v++)
+        sum += p[v] = exp((lg[v] - mx) / temperature);
+    *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
+    double r = (double)(*s >> 11) * 0x1.0p-53 * sum;
+    for (int v = 0; v < V; v++)
+        if ((r -= p[v]) < 0)
+            return v;
+    return V - 1;
+}
+
+int eval_generate(const model_config_t *cfg, float *w, pool_t *pool, uint32_t *seq, int prompt, int len,
+                  int vocab_limit, double temperature, uint64_t seed)
+{
+    if (!(temperature >= 0) || prompt < 1)
         return -EINVAL;
+    int T = cfg->max_seq_len < 128 ? cfg->max_seq_len : 128;
     model_t *m = model_new(cfg, 0, cfg->n_layers + 2, w, NULL, pool);
     model_acts_t *acts = m ? model_acts_new(m, 1, T) : NULL;
     int32_t *ctx = calloc((size_t)T, sizeof(int32_t));
-    uint32_t *seq = calloc((size_t)len, sizeof(uint32_t));
     double *p = malloc((size_t)cfg->vocab_size * sizeof(double));
     int rc = -ENOMEM;
-    if (!acts || !ctx || !seq || !p)
+    if (!acts || !ctx || !p)
         goto out;
-    int32_t first[8];
-    tokfile_read(prompt_src, 0, prompt, first);
-    for (int i = 0; i < prompt; i++)
-        seq[i] = (uint32_t)first[i];
     unsigned long long s = seed * 2654435761ULL + 12345;
     for (int n = prompt; n < len; n++) {
         int start = n > T ? n - T : 0, used = n - start;
@@ -69,34 +85,41 @@ int eval_sample(const model_config_t *cfg, float *w, pool_t *pool, tok_t *tok, c
             ctx[i] = i < used ? (int32_t)seq[start + i] : 0;
         model_forward(m, acts, ctx, NULL, NULL, 0, NULL);
         const float *lg = model_logits(acts) + (size_t)(used - 1) * cfg->vocab_size;
-        double mx = -1e30, sum = 0;
-        for (int v = 0; v < cfg->vocab_size; v++)
-            mx = lg[v] > mx ? lg[v] : mx;
-        for (int v = 0; v < cfg->vocab_size; v++)
-            sum += p[v] = exp((lg[v] - mx) / temperature);
-        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-        double r = (double)(s >> 11) * 0x1.0p-53 * sum;
-        int pick = cfg->vocab_size - 1;
-        for (int v = 0; v < cfg->vocab_size; v++)
-            if ((r -= p[v]) < 0) {
-                pick = v;
-                break;
-            }
-        seq[n] = (uint32_t)(pick < tok_vocab_size(tok) ? pick : 0);
+        int pick = pick_token(lg, cfg->vocab_size, temperature, &s, p);
+        seq[n] = (uint32_t)(pick < vocab_limit ? pick : 0);
     }
+    rc = 0;
+out:
+    free(ctx), free(p);
+    model_acts_destroy(&acts);
+    model_destroy(&m);
+    return rc;
+}
+
+int eval_sample(const model_config_t *cfg, float *w, pool_t *pool, tok_t *tok, const tokfile_t *prompt_src,
+                int ntokens, double temperature, uint64_t seed, FILE *out)
+{
+    int prompt = 8, len = ntokens + prompt;
+    if (tokfile_count(prompt_src) < (size_t)prompt)
+        return -EINVAL;
+    uint32_t *seq = calloc((size_t)len, sizeof(uint32_t));
+    if (!seq)
+        return -ENOMEM;
+    int32_t first[8];
+    tokfile_read(prompt_src, 0, prompt, first);
+    for (int i = 0; i < prompt; i++)
+        seq[i] = (uint32_t)first[i];
+    int rc = eval_generate(cfg, w, pool, seq, prompt, len, tok_vocab_size(tok), temperature, seed);
     uint8_t *text;
     size_t nb;
-    rc = tok_decode(tok, seq, (size_t)len, &text, &nb);
-    if (rc == 0) {
-        fprintf(out, "\n--- sample (prompt: the first %d validation tokens) ---\n", prompt);
+    if (rc == 0 && (rc = tok_decode(tok, seq, (size_t)len, &text, &nb)) == 0) {
+        fprintf(out, "\n--- sample (prompt: the first %d validation tokens%s) ---\n", prompt,
+                temperature == 0 ? ", greedy" : "");
         fwrite(text, 1, nb, out);
         fprintf(out, "\n---\n");
         free(text);
     }
-out:
-    free(ctx), free(seq), free(p);
-    model_acts_destroy(&acts);
-    model_destroy(&m);
+    free(seq);
     return rc;
 }
 

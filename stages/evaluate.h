@@ -23,8 +23,17 @@ void eval_next_batch(const tokfile_t *tf, size_t *cursor, int B, int T, int32_t 
 double eval_loss(const model_config_t *cfg, float *w, pool_t *pool, const tokfile_t *tf, int B, int T,
                  int batches, int *used);
 
-/* Writes a sample of `ntokens` tokens after a prompt of the first 8 tokens of prompt_src,
- * with temperature sampling from a seeded generator, to out. Returns 0 or -errno. */
+/* Continues seq[0, prompt) to seq[0, len) with the whole model (weights w), seeing at most the
+ * last min(max_seq_len, 128) tokens. temperature > 0 samples from softmax(logits / temperature)
+ * with a generator seeded by seed; temperature 0 is greedy: the highest logit, the lowest token
+ * id among equal ones. A token at or above vocab_limit (a model vocabulary padded past the
+ * tokenizer's) becomes 0. Returns 0, -EINVAL (temperature < 0 or not a number, prompt < 1) or
+ * -ENOMEM. */
+int eval_generate(const model_config_t *cfg, float *w, pool_t *pool, uint32_t *seq, int prompt, int len,
+                  int vocab_limit, double temperature, uint64_t seed);
+
+/* Writes a sample of `ntokens` tokens after a prompt of the first 8 tokens of prompt_src
+ * (eval_generate: temperature 0 is greedy) to out. Returns 0 or -errno. */
 int eval_sample(const model_config_t *cfg, float *w, pool_t *pool, tok_t *tok, const tokfile_t *prompt_src,
                 int ntokens, double temperature, uint64_t seed, FILE *out);
 

@@ -131,7 +131,7 @@ typedef struct {
     /* [metrics] */
     int log_freq;                /* 1: a progress line every log_freq steps */
     char metrics_file[MANIFEST_PATH_MAX]; /* "": one JSON object per step when set */
-    double peak_tflops;          /* 0 = measure the sgemm peak at launch; MFU is against it */
+    double peak_tflops;          /* 0 = the sgemm peak measured once per machine (peak_cache.h); MFU's divisor */
 
     /* [validation] */
     int val_enable;              /* false */
@@ -140,7 +140,7 @@ typedef struct {
 
     /* [sample] */
     int sample_tokens;           /* 0 = no sample at the end */
-    double sample_temperature;   /* 0.8 */
+    double sample_temperature;   /* 0.8; 0 = greedy (argmax) */
 
     char path[MANIFEST_PATH_MAX]; /* the file it was read from ("" for defaults only) */
     int origin_line[128];         /* internal: where each key came from (for messages) */

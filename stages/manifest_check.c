@@ -126,8 +126,10 @@ static int check_values(const manifest_t *m, char *err, size_t errlen)
           "lr_scheduler.decay_type: invalid value %d", (int)m->lr_sched.decay_type);
     CHECK(m->lr_sched.lr_min >= 0 && m->lr_sched.lr_min <= 1, "lr_scheduler", "min_lr_factor",
           "lr_scheduler.min_lr_factor = %g must be in [0, 1]", m->lr_sched.lr_min);
-    CHECK(m->peak_tflops >= 0, "metrics", "peak_tflops", "metrics.peak_tflops = %g must be >= 0 (0 = measure)", m->peak_tflops);
-    CHECK(m->sample_temperature > 0, "sample", "temperature", "sample.temperature = %g must be > 0", m->sample_temperature);
+    CHECK(m->peak_tflops >= 0, "metrics", "peak_tflops",
+          "metrics.peak_tflops = %g must be >= 0 (0 = the cached sgemm peak)", m->peak_tflops);
+    CHECK(m->sample_temperature >= 0, "sample", "temperature", "sample.temperature = %g must be >= 0 (0 = greedy)",
+          m->sample_temperature);
     CHECK(strcmp(sched_kind_name(m->schedule), "?"), "parallelism", "pipeline_parallel_schedule",
           "parallelism.pipeline_parallel_schedule: invalid value %d (expected one of %s)",
           (int)m->schedule, mkey_sched_list(list, sizeof(list)));

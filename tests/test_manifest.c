@@ -727,7 +727,8 @@ static void test_manifest_validate_rejects_bad_values(void **state)
         {"validation.steps", "0", "validation.steps = 0 must be >= 1"},
         {"validation.enable", "true", "validation.dataset_path is empty"},
         {"sample.tokens", "-1", "sample.tokens = -1 must be >= 0"},
-        {"sample.temperature", "0", "sample.temperature = 0 must be > 0"},
+        {"sample.temperature", "-1", "sample.temperature = -1 must be >= 0 (0 = greedy)"},
+        {"sample.temperature", "-1e-300", "must be >= 0"},
     };
     manifest_t m;
     manifest_defaults(&m);
@@ -742,7 +743,8 @@ static void test_manifest_validate_rejects_bad_values(void **state)
                              {"optimizer.beta1", "0"}, {"training.max_norm", "0"},
                              {"optimizer.lr", "0"}, {"sample.tokens", "0"}, {"training.seq_len", "2"},
                              {"job.max_restarts", "0"}, {"job.max_restarts", "1000"},
-                             {"job.restart_backoff_ms", "0"}, {"job.restart_backoff_ms", "30000"}};
+                             {"job.restart_backoff_ms", "0"}, {"job.restart_backoff_ms", "30000"},
+                             {"sample.temperature", "0"}};
     for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
         manifest_t g = m;
         override_ok(&g, good[i][0], good[i][1]);

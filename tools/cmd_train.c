@@ -37,7 +37,7 @@ static void usage(FILE *f)
             "  --steps N (300)  --batch B (8)  --seq T (256)  --threads N (all CPUs)\n"
             "  --lr X (8e-4)  --warmup N (steps/10)  --decay linear|sqrt|cosine (cosine)\n"
             "  --min-lr-factor X (0.1)  --weight-decay X (0.1)  --clip X (1.0)  --seed N (0)\n"
-            "  --sample N (200 tokens, 0 = none)  --temperature X (0.8)\n");
+            "  --sample N (200 tokens, 0 = none)  --temperature X (0.8; 0 = greedy)\n");
 }
 
 static int parse_args(int argc, char **argv, train_args_t *a)
@@ -76,7 +76,7 @@ static int parse_args(int argc, char **argv, train_args_t *a)
         NUM("--steps", steps, 1) NUM("--batch", batch, 1) NUM("--seq", seq, 2)
         NUM("--threads", threads, 1) NUM("--sample", sample, 0) NUM("--warmup", warmup, 0)
         NUM("--lr", lr, 0) NUM("--weight-decay", wd, 0) NUM("--clip", clip, 0)
-        NUM("--min-lr-factor", min_lr, 0) NUM("--temperature", temperature, 1e-6)
+        NUM("--min-lr-factor", min_lr, 0) NUM("--temperature", temperature, 0)
         NUM("--seed", seed, 0)
         else if (!strcmp(k, "--decay")) {
             if (lr_decay_parse(v, &a->decay)) {

@@ -1,0 +1,153 @@
+/* What a trainer does with finished weights (stages/evaluate.h): generation, greedy at
+ * temperature 0 (each token the argmax of its logits, the lowest id among equal ones),
+ * sampled above it, and refused below it. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/model.h"
+#include "stages/evaluate.h"
+#include "tests/testutil.h"
+
+#define PROMPT 8
+#define LEN 40 /* past the window of 16: the context slides */
+
+typedef struct {
+    model_config_t cfg;
+    param_table_t tab;
+    float *w; /* (total) */
+    pool_t *pool;
+    uint32_t seq[LEN];
+} fixture_t;
+
+static int setup(void **state)
+{
+    fixture_t *f = calloc(1, sizeof(*f));
+    char err[256];
+    config_preset("tiny", &f->cfg); /* dim 16, 2 layers, vocab 32 */
+    f->cfg.max_seq_len = 16;
+    assert_int_equal(config_validate(&f->cfg, err, sizeof(err)), 0);
+    assert_int_equal(params_table_init(&f->tab, &f->cfg), 0);
+    f->w = malloc(f->tab.total * sizeof(float));
+    params_init(&f->tab, &f->cfg, 7, f->w, 0, f->tab.total);
+    f->pool = pool_new(2);
+    uint64_t s = 3;
+    for (int i = 0; i < PROMPT; i++)
+        f->seq[i] = (uint32_t)(tu_next(&s) % (uint64_t)f->cfg.vocab_size);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture_t *f = *state;
+    pool_destroy(&f->pool);
+    params_table_free(&f->tab);
+    free(f->w);
+    free(f);
+    return 0;
+}
+
+/* The continuation the model gives seq[0, PROMPT) at this temperature, into out. */
+static void generate(fixture_t *f, double temperature, uint64_t seed, uint32_t *out)
+{
+    memcpy(out, f->seq, PROMPT * sizeof(uint32_t));
+    assert_int_equal(eval_generate(&f->cfg, f->w, f->pool, out, PROMPT, LEN, f->cfg.vocab_size, temperature, seed),
+                     0);
+}
+
+/* Greedy decoding is the argmax of the logits at every position, computed here on our own:
+ * the model run on the last 16 tokens (zeros after them), the first highest logit of the last
+ * one. The seed does not matter and two runs agree. */
+static void test_evaluate_greedy_is_the_argmax_of_the_logits(void **state)
+{
+    fixture_t *f = *state;
+    uint32_t a[LEN], b[LEN];
+    generate(f, 0, 1, a);
+    generate(f, 0, 99, b);
+    assert_memory_equal(a, b, sizeof(a));
+    int T = f->cfg.max_seq_len, V = f->cfg.vocab_size, distinct = 0;
+    model_t *m = model_new(&f->cfg, 0, f->cfg.n_layers + 2, f->w, NULL, f->pool);
+    model_acts_t *acts = model_acts_new(m, 1, T);
+    int32_t ctx[16];
+    for (int n = PROMPT; n < LEN; n++) {
+        int start = n > T ? n - T : 0, used = n - start;
+        memset(ctx, 0, sizeof(ctx));
+        for (int i = 0; i < used; i++)
+            ctx[i] = (int32_t)a[start + i];
+        model_forward(m, acts, ctx, NULL, NULL, 0, NULL);
+        const float *lg = model_logits(acts) + (size_t)(used - 1) * V;
+        int want = 0;
+        for (int v = 0; v < V; v++)
+            if (lg[v] > lg[want])
+                want = v;
+        if (a[n] != (uint32_t)want)
+            fail_msg("token %d: greedy gave %u, the argmax of its logits is %d", n, a[n], want);
+        distinct += n == PROMPT || a[n] != a[n - 1];
+    }
+    model_acts_destroy(&acts);
+    model_destroy(&m);
+    assert_true(distinct > 1); /* not a constant the model happens to prefer everywhere */
+}
+
+/* Logits that are all equal (lm_head zeroed) give token 0 at every step; sampling them at
+ * temperature 1 does not (a uniform draw over 32 tokens, 32 times). */
+static void test_evaluate_greedy_ties_go_to_the_lowest_token_id(void **state)
+{
+    fixture_t *f = *state;
+    const param_info_t *head = &f->tab.t[params_find(&f->tab, PARAM_OUTPUT, -1)];
+    float *saved = malloc(head->numel * sizeof(float));
+    memcpy(saved, f->w + head->offset, head->numel * sizeof(float));
+    memset(f->w + head->offset, 0, head->numel * sizeof(float));
+    uint32_t a[LEN], b[LEN];
+    generate(f, 0, 1, a);
+    generate(f, 1.0, 1, b);
+    memcpy(f->w + head->offset, saved, head->numel * sizeof(float));
+    free(saved);
+    int nonzero = 0;
+    for (int n = PROMPT; n < LEN; n++) {
+        assert_int_equal(a[n], 0);
+        nonzero += b[n] != 0;
+    }
+    assert_true(nonzero > 0);
+}
+
+/* Above 0 the temperature samples: the seed decides and is reproducible, and a hot enough
+ * draw leaves the argmax path. */
+static void test_evaluate_positive_temperature_samples_from_the_seed(void **state)
+{
+    fixture_t *f = *state;
+    uint32_t g[LEN], a[LEN], b[LEN], c[LEN];
+    generate(f, 0, 1, g);
+    generate(f, 50.0, 1, a);
+    generate(f, 50.0, 1, b);
+    generate(f, 50.0, 2, c);
+    assert_memory_equal(a, b, sizeof(a));
+    assert_memory_not_equal(a, c, sizeof(a));
+    assert_memory_not_equal(a, g, sizeof(a));
+}
+
+static void test_evaluate_negative_temperature_is_refused(void **state)
+{
+    fixture_t *f = *state;
+    uint32_t a[LEN];
+    memcpy(a, f->seq, sizeof(a));
+    assert_int_equal(eval_generate(&f->cfg, f->w, f->pool, a, PROMPT, LEN, f->cfg.vocab_size, -1.0, 1), -EINVAL);
+    assert_int_equal(eval_generate(&f->cfg, f->w, f->pool, a, PROMPT, LEN, f->cfg.vocab_size, NAN, 1), -EINVAL);
+    assert_memory_equal(a, f->seq, sizeof(a)); /* nothing written */
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_evaluate_greedy_is_the_argmax_of_the_logits),
+        cmocka_unit_test(test_evaluate_greedy_ties_go_to_the_lowest_token_id),
+        cmocka_unit_test(test_evaluate_positive_temperature_samples_from_the_seed),
+        cmocka_unit_test(test_evaluate_negative_temperature_is_refused),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -84,7 +84,9 @@ static void test_gpu_check_rehearsal_runs_every_step_in_order(void **state)
     static char report[1 << 16];
     char env[300], path[400];
     need_sim(env, sizeof(env));
-    assert_int_equal(check(env, "--rehearse --budget 300", "ok", report, sizeof(report)), 0);
+    char args[600];
+    snprintf(args, sizeof(args), "--rehearse --budget 300 --export %s/export", g_dir);
+    assert_int_equal(check(env, args, "ok", report, sizeof(report)), 0);
     ASSERT_ROW(report, "device facts", "skipped: no GPU");
     ASSERT_ROW(report, "test_model", "| ok |");
     ASSERT_ROW(report, "test_backend", "| ok |");
@@ -106,6 +108,20 @@ static void test_gpu_check_rehearsal_runs_every_step_in_order(void **state)
     assert_non_null(strstr(report, "| step | GPU | CPU | relative difference |"));
     snprintf(path, sizeof(path), "%s/ok/logs/gpu2.log", g_dir);
     assert_int_equal(access(path, R_OK), 0);
+    /* --export: the same report and one archive of the logs and metrics, and nothing else (the
+     * device tool brings back 8 files) */
+    static char exported[1 << 16];
+    snprintf(path, sizeof(path), "%s/export/report.md", g_dir);
+    tu_read_file(path, exported, sizeof(exported));
+    assert_true(exported[0] != 0);
+    assert_string_equal(exported, report);
+    char cmd[1024], out[4096];
+    snprintf(cmd, sizeof(cmd), "ls -A %s/export && tar tzf %s/export/raw.tgz", g_dir, g_dir);
+    assert_int_equal(tu_run(cmd, out, sizeof(out)), 0);
+    assert_true(strncmp(out, "raw.tgz\nreport.md\n./", 20) == 0);
+    assert_non_null(strstr(out, "./logs/gpu2.log\n"));
+    assert_non_null(strstr(out, "./gpu1.jsonl\n"));
+    assert_null(strstr(out, "./data/"));
 }
 
 /* A step that fails says why and the steps after it still run; the status says one failed. */

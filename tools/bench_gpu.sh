@@ -69,7 +69,7 @@ run() { # label flavor dim layers heads kv vocab seq batch pp microbatches
   mfu=$(median "$m" mfu)
   mem=$(python3 -c 'import json,sys; print(max(json.loads(l)["mem_peak_bytes"] for l in open(sys.argv[1])))' "$m")
   torch=$(python3 tools/torch_llama.py bench --dim "$dim" --n-layers "$layers" --n-heads "$heads" \
-          --n-kv-heads "$kv" --vocab "$vocab" --seq "$seq" --batch "$batch" --steps 10)
+          --n-kv-heads "$kv" --vocab "$vocab" --seq "$seq" --batch "$batch" --steps 10 2>"$dir/torch.err")
   python3 -c "
 import json, sys
 t, m, mem = map(float, sys.argv[1:4]); p = json.loads(sys.argv[4])

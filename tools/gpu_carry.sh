@@ -39,4 +39,4 @@ printf 'carry: ['
 sep=""
 for p in "${paths[@]}"; do printf '%s"%s"' "$sep" "$p"; sep=", "; done
 printf ']\n'
-echo 'command: . .gpu-deps/env.sh && bash tools/gpu_check.sh "$OUT/gpu-check"'
+echo 'command: . .gpu-deps/env.sh && bash tools/gpu_check.sh --export "$OUT" /tmp/gpu-check'

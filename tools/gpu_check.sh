@@ -8,9 +8,12 @@
 # OUT/report.md is rewritten after each step and the raw logs are in OUT/logs/, so whatever was
 # reached before the lease ends is kept.
 #
-#   bash tools/gpu_check.sh [--budget SECONDS] [--rehearse] OUT
+#   bash tools/gpu_check.sh [--budget SECONDS] [--rehearse] [--export DIR] OUT
 #
 # --budget  seconds for the whole check (default 540: a lease allows 600 a command)
+# --export  after every step, also DIR/report.md and DIR/raw.tgz (the logs and metrics files,
+#           without the data and runs): two files, because the device tool brings back at
+#           most 8 files from its $OUT (OUT itself holds ~30).
 # --rehearse  for a machine without a GPU (make test runs it on tests/cudasim's emulated plugin,
 #           which CTITAN_CUDA_PLUGIN names): the steps that need a real GPU say "skipped: no
 #           GPU" and the model runs in a small shape, so the check itself cannot rot.
@@ -19,19 +22,21 @@
 set -u
 cd "$(dirname "$0")/.."
 
-budget=540 rehearse=0 out=""
+budget=540 rehearse=0 out="" export=""
 while [ $# -gt 0 ]; do
     case $1 in
     --budget) budget=${2:-}; shift 2 ;;
     --rehearse) rehearse=1; shift ;;
+    --export) export=${2:-}; [ -n "$export" ] || { echo "gpu_check: --export takes a folder" >&2; exit 2; }; shift 2 ;;
     -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "gpu_check: unknown option $1" >&2; exit 2 ;;
     *) out=$1; shift ;;
     esac
 done
 case $budget in ''|*[!0-9]*) echo "gpu_check: --budget takes whole seconds, got '$budget'" >&2; exit 2 ;; esac
-[ -n "$out" ] || { echo "usage: tools/gpu_check.sh [--budget SECONDS] [--rehearse] OUT" >&2; exit 2; }
+[ -n "$out" ] || { echo "usage: tools/gpu_check.sh [--budget SECONDS] [--rehearse] [--export DIR] OUT" >&2; exit 2; }
 mkdir -p "$out/logs" || exit 2
+if [ -n "$export" ]; then mkdir -p "$export" && export=$(cd "$export" && pwd) || exit 2; fi
 out=$(cd "$out" && pwd)
 build=${CTITAN_BUILD:-build}
 bin=$build/bin/ctitan
@@ -56,6 +61,11 @@ write_report() {
         echo
         cat "$out/.details"
     } >"$out/report.md.tmp" && mv "$out/report.md.tmp" "$out/report.md"
+    if [ -n "$export" ]; then
+        cp "$out/report.md" "$export/.report.md" && mv "$export/.report.md" "$export/report.md"
+        tar czf "$export/.raw.tgz" -C "$out" --exclude=./data --exclude=./runs --exclude=./ckpt . 2>/dev/null &&
+            mv "$export/.raw.tgz" "$export/raw.tgz"
+    fi
 }
 
 # row NAME RESULT SECONDS TEXT: one line of the table (RESULT ok, FAILED, skipped: ...).

@@ -233,7 +233,7 @@ def cmd_bench(args):
     peak = torch.cuda.max_memory_allocated() if dev == "cuda" else 0
     print(json.dumps({"device": dev, "compiled": compiled, "torch": torch.__version__,
                       "tokens_per_s": args.batch * args.seq / dt, "step_ms": dt * 1e3,
-                      "peak_bytes": peak, "loss": float(loss)}))
+                      "peak_bytes": peak, "loss": float(loss.detach())}))
 
 
 def main():

@@ -31,11 +31,22 @@ const uint32_t HANDLE_MAGIC = 0x4d495343; /* "CSIM" */
 
 static cudaError_t alloc(void **p, size_t b, bool pinned);
 
+cudaError_t sim_owner_check()
+{
+    static std::atomic<pid_t> owner{0};
+    pid_t me = getpid(), none = 0;
+    if (owner.compare_exchange_strong(none, me) || none == me)
+        return cudaSuccess;
+    return cudaErrorInitializationError;
+}
+
 cudaError_t cudaMalloc(void **p, size_t b) { return alloc(p, b, false); }
 cudaError_t cudaMallocHost(void **p, size_t b) { return alloc(p, b, true); }
 
 static cudaError_t alloc(void **p, size_t b, bool pinned)
 {
+    if (cudaError_t e = sim_owner_check())
+        return e;
     size_t bytes = b ? b : 1;
     int fd = memfd_create("cudasim", MFD_CLOEXEC);
     if (fd < 0)
@@ -107,6 +118,8 @@ void *sim_map_other(int pid, int fd, size_t bytes)
 
 cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned)
 {
+    if (cudaError_t e_ = sim_owner_check())
+        return e_;
     SimHandle s;
     memcpy(&s, h.reserved, sizeof(s));
     if (s.magic != HANDLE_MAGIC || s.pid == getpid()) /* CUDA refuses a process's own handles too */
@@ -193,6 +206,8 @@ void sim_enqueue(cudaStream_t st, std::function<void()> fn, bool device)
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *out, unsigned)
 {
+    if (cudaError_t e_ = sim_owner_check())
+        return e_;
     Stream *s = new Stream;
     s->th = std::thread(stream_main, s);
     std::lock_guard<std::mutex> g(streams_mu);
@@ -255,6 +270,8 @@ const double WAIT_LIMIT_S = 300;
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned)
 {
+    if (cudaError_t e_ = sim_owner_check())
+        return e_;
     int fd = memfd_create("cudasim-event", MFD_CLOEXEC);
     void *m = fd < 0 || ftruncate(fd, 4096) ? MAP_FAILED : mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (m == MAP_FAILED) {

@@ -64,7 +64,7 @@ inline float __shfl_xor_sync(unsigned, float v, int o) {
 
 typedef int cudaError_t; typedef void *cudaStream_t; typedef void *cudaEvent_t;
 enum { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2, cudaErrorInsufficientDriver = 35,
-       cudaErrorInvalidDevice = 101, cudaErrorNoDevice = 100, cudaErrorMapBufferObjectFailed = 205 };
+       cudaErrorInitializationError = 3, cudaErrorInvalidDevice = 101, cudaErrorNoDevice = 100, cudaErrorMapBufferObjectFailed = 205 };
 /* The runtime calls the CUDA code makes, on host memory. Device memory is a memfd mapping
  * (sim.cpp), which is what lets CUDA IPC work between real processes: a handle names the
  * exporter's pid and descriptor, and cudaIpcOpenMemHandle maps /proc/PID/fd/FD.
@@ -88,7 +88,16 @@ struct cudaIpcEventHandle_t { char reserved[64]; };
  * takes one rank per device as NCCL does). */
 inline cudaError_t cudaGetDeviceCount(int *n) { *n = 4; return 0; }
 inline int &sim_device() { static thread_local int d = 0; return d; }
-inline cudaError_t cudaSetDevice(int d) { return d >= 0 && d < 4 ? (sim_device() = d, cudaSuccess) : cudaErrorInvalidDevice; }
+/* CUDA belongs to the process that set it up: a child forked after that gets
+ * cudaErrorInitializationError (real CUDA fails or hangs it) from the calls that set up a device,
+ * memory, streams and events. 0 where this process may use it. */
+cudaError_t sim_owner_check();
+inline cudaError_t cudaSetDevice(int d)
+{
+    if (cudaError_t e = sim_owner_check())
+        return e;
+    return d >= 0 && d < 4 ? (sim_device() = d, cudaSuccess) : cudaErrorInvalidDevice;
+}
 cudaError_t cudaMemGetInfo(size_t *f, size_t *t); /* an 80 GiB device used by this process alone */
 /* Maps bytes of another process's memfd (its descriptor fd, through /proc/PID/fd); NULL if not. */
 void *sim_map_other(int pid, int fd, size_t bytes);

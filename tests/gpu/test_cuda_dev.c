@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <cmocka.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -69,6 +70,9 @@ static void test_cuda_dev_kernels_match_plain_loops(void **state)
     free(x), free(y), free(got), free(xd), free(yd), free(b);
 }
 
+#define IPC_CHILD "--ipc-child" /* argv[1] of the IPC test's child: this program run again */
+#define IPC_FLOATS ((size_t)1 << 20)
+
 /* The child: maps the parent's buffer, orders its stream after the parent's event, doubles
  * the buffer, records its own event for the parent. Exit status: 0 ok, else the failing step. */
 static int child(int rfd, int wfd, size_t n)
@@ -100,14 +104,25 @@ static int child(int rfd, int wfd, size_t n)
 static void test_cuda_dev_ipc_shares_memory_and_events_between_processes(void **state)
 {
     NEED_GPU();
-    size_t n = 1 << 20;
+    size_t n = IPC_FLOATS;
     int to_child[2], to_parent[2];
     assert_int_equal(pipe(to_child), 0);
     assert_int_equal(pipe(to_parent), 0);
-    pid_t pid = fork(); /* before this process touches CUDA: a forked child cannot use it after */
+    /* The child runs this program afresh: the test before this one (and NEED_GPU) set up CUDA
+     * here, and a child that is only forked cannot use CUDA after its parent did (real CUDA
+     * hangs or fails it; the emulator fails it). */
+    pid_t pid = fork();
     assert_true(pid >= 0);
-    if (pid == 0)
-        _exit(child(to_child[0], to_parent[1], n));
+    if (pid == 0) {
+        char rfd[16], wfd[16];
+        snprintf(rfd, sizeof(rfd), "%d", to_child[0]);
+        snprintf(wfd, sizeof(wfd), "%d", to_parent[1]);
+        execl("/proc/self/exe", "test_cuda_dev", IPC_CHILD, rfd, wfd, (char *)NULL);
+        _exit(100);
+    }
+    /* Only the child writes to_parent: a child that fails reads as end of file, not a hang. */
+    close(to_parent[1]);
+    close(to_child[0]);
     float *h = malloc(n * 4), *dbuf;
     for (size_t i = 0; i < n; i++)
         h[i] = (float)(i + 1);
@@ -122,7 +137,12 @@ static void test_cuda_dev_ipc_shares_memory_and_events_between_processes(void **
     assert_int_equal(cuda_event_record(filled, s), 0);
     assert_int_equal(write(to_child[1], &mh, sizeof(mh)), (ssize_t)sizeof(mh));
     assert_int_equal(write(to_child[1], &fh, sizeof(fh)), (ssize_t)sizeof(fh));
-    assert_int_equal(read(to_parent[0], &dh, sizeof(dh)), (ssize_t)sizeof(dh));
+    if (read(to_parent[0], &dh, sizeof(dh)) != (ssize_t)sizeof(dh)) {
+        int status = 0;
+        waitpid(pid, &status, 0);
+        fail_msg("the child stopped before it sent its event (exit status %d: the failing step)",
+                 WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    }
     assert_int_equal(cuda_ipc_event_open(&done, &dh), 0);
     assert_int_equal(cuda_stream_wait(s, done), 0);
     memset(h, 0, n * 4);
@@ -144,11 +164,13 @@ static void test_cuda_dev_ipc_shares_memory_and_events_between_processes(void **
     cuda_free(dbuf);
     cuda_stream_free(s);
     free(h);
-    close(to_child[0]), close(to_child[1]), close(to_parent[0]), close(to_parent[1]);
+    close(to_child[1]), close(to_parent[0]);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc == 4 && strcmp(argv[1], IPC_CHILD) == 0)
+        return child(atoi(argv[2]), atoi(argv[3]), IPC_FLOATS);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cuda_dev_kernels_match_plain_loops),
         cmocka_unit_test(test_cuda_dev_ipc_shares_memory_and_events_between_processes),

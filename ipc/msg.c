@@ -68,6 +68,10 @@ static const codec_type_t types[MSG_TYPE_END] = {
     [MSG_ABORTED]   = {"aborted",   B(F_STEP), 0},
     [MSG_REWIND]    = {"rewind",    B(F_STEP) | B(F_OK) | B(F_DATA), 0},
     [MSG_LOST]      = {"lost",      WHO | B(F_PID) | B(F_TEXT), 0},
+    [MSG_SAVE_PART] = {"save_part", B(F_STEP) | B(F_TEXT), 0},
+    [MSG_WRITTEN]   = {"written",   B(F_STEP) | B(F_OK) | B(F_TEXT) | B(F_T_BUSY) | B(F_PROGRESS), 0},
+    [MSG_COMMIT]    = {"commit",    B(F_STEP) | B(F_OK) | B(F_TEXT), 0},
+    [MSG_START]     = {"start",     B(F_STEP) | B(F_OK) | B(F_TEXT) | B(F_DATA), 0},
 };
 
 static const codec_proto_t proto = {

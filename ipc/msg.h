@@ -61,7 +61,21 @@ typedef enum {
                       * segment's snapshot of that step; false: the initial weights), data (the
                       * loader cursor of the next step): restart every worker of the host there */
     MSG_LOST,        /* agent -> coord: role, rank, replica, pid, text: a worker of its host died
-                      * (how, in text); the agent's own hello is a HELLO with role "agent" */
+                      * (how, in text); the agent's own hello is a HELLO with role "agent", its
+                      * heartbeats HEARTBEATs with role "agent" (the coordinator answers each) */
+    MSG_SAVE_PART,   /* coord -> checkpointd (host 0) and -> a host's agent (job.hosts > 1): step,
+                      * text (the temporary directory's name in checkpoint.folder, every host's):
+                      * write this host's part of the staged snapshot there */
+    MSG_WRITTEN,     /* checkpointd (host 0) or a host's agent -> coord: step, ok, text (why
+                      * not; "" when ok), t_busy (seconds writing), progress (bytes written):
+                      * the host's part is written and synced */
+    MSG_COMMIT,      /* coord -> checkpointd (host 0): step, ok (false: every part is given up),
+                      * text (the temporary directory): the index over every host's part, then
+                      * the rename; answered by SAVED */
+    MSG_START,       /* coord -> a host's agent (job.hosts > 1), answering its hello: step (the
+                      * steps done), ok (resumed from a checkpoint), text (its directory, "" for
+                      * the initial weights), data (the loader cursor of the next step): load it
+                      * and start the host's workers */
     MSG_TYPE_END     /* append new types above this */
 } msg_type_t;
 

@@ -54,6 +54,10 @@ static const struct {
     {MSG_ABORTED, "aborted", "step"},
     {MSG_REWIND, "rewind", "step ok data"},
     {MSG_LOST, "lost", "role rank replica pid text"},
+    {MSG_SAVE_PART, "save_part", "step text"},
+    {MSG_WRITTEN, "written", "step ok text t_busy progress"},
+    {MSG_COMMIT, "commit", "step ok text"},
+    {MSG_START, "start", "step ok text data"},
 };
 #define NTYPES (sizeof ttab / sizeof ttab[0])
 

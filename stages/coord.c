@@ -250,11 +250,9 @@ static int set_up(coord_t *c, char *err, size_t errlen)
         return rc;
     if (coord_make_table(c))
         return util_fail(err, errlen, -ENOMEM, "out of memory");
-    if (m->host_rank > 0) { /* an agent: the coordinator's endpoint, this host's checkpoint, the loader */
+    if (m->host_rank > 0) { /* an agent: the rest comes with the coordinator's START (coord_agent.c) */
         snprintf(c->hdr->endpoint, sizeof(c->hdr->endpoint), "%s", c->endpoint);
-        if ((rc = coord_resume_host(c, err, errlen)))
-            return rc;
-        return coord_make_batch(c, err, errlen);
+        return 0;
     }
     if (c->lay.nccl && (rc = coord_make_nccl_ids(c, err, errlen)))
         return rc;
@@ -281,6 +279,18 @@ static int start(coord_t *c, char *err, size_t errlen)
     if (m->metrics_file[0] && !(c->metrics = fopen(m->metrics_file, mode)))
         return util_fail(err, errlen, -errno, "metrics.file %s: cannot open: %s", m->metrics_file, strerror(errno));
     coord_banner(c);
+    if (c->agents) { /* every other host first: its stages are NCCL peers of ours */
+        coord_start_agents(c);
+        if (coord_pump(c, coord_agents_started, NULL, m->host_timeout_s) == -ETIMEDOUT) {
+            char missing[256] = "";
+            for (int h = 1; h < m->hosts && strlen(missing) < sizeof(missing) - 16; h++)
+                if (!c->agents[h].started)
+                    snprintf(missing + strlen(missing), sizeof(missing) - strlen(missing), "%s%d",
+                             missing[0] ? ", " : "", h);
+            coord_fail(c, "the agent of host %s did not connect to %s in %d s (job.host_timeout_s): start `ctitan "
+                       "launch` there with the same manifest", missing, c->endpoint, m->host_timeout_s);
+        }
+    }
     for (int i = 0; i < c->np && !c->failed; i++)
         if (!c->p[i].remote && !c->p[i].pid && !c->p[i].expect_exit)
             coord_spawn(c, &c->p[i]);
@@ -306,6 +316,8 @@ static int run(coord_t *c)
         c->first_step = c->step;
         c->fresh = !m->ckpt_load[0];
         snprintf(c->start_load, sizeof(c->start_load), "%s", m->ckpt_load);
+        memcpy(c->start_cursor, c->resume_cursor, c->resume_cursor_len);
+        c->start_cursor_len = c->resume_cursor_len;
         /* a resumed checkpoint stays whole in the staging segment until the first snapshot */
         c->snap_step = !c->fresh && manifest_snapshots(m) ? c->step : -1;
         c->snaps = c->snap_step >= 0;

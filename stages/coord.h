@@ -44,7 +44,7 @@ typedef struct {
     char why[1536];
 } coord_outcome_t;
 
-/* How a supervised run is run (coord_run's second argument; NULL: unsupervised, as across hosts). */
+/* How a supervised run is run (coord_run's second argument; NULL: unsupervised, as another host's agent). */
 typedef struct {
     coord_outcome_t *out;         /* shared with the supervisor; the run fills it */
     int restarts;                 /* restarts of this job so far (`ctitan status` shows them) */

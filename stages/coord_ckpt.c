@@ -1,10 +1,15 @@
 /* Checkpoints during the run (see coord_priv.h): after a checkpoint step the optimizer shards
  * copy their state into the staging segment while the next step runs (SNAPSHOT ... SNAPPED),
- * then checkpointd writes it (SAVE ... SAVED). At most one in flight. */
+ * then checkpointd writes it (SAVE ... SAVED). At most one in flight. Across hosts each host's
+ * shards copy into their host's staging segment, every host writes its part of the checkpoint
+ * into one temporary directory of the shared checkpoint.folder (SAVE_PART ... WRITTEN: host 0's
+ * checkpointd, the agents' `checkpointd --save-part`), and once all are written host 0's
+ * checkpointd writes the index over them and renames it into place (COMMIT ... SAVED). */
 #include "stages/coord_priv.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "ipc/util.h"
 #include "stages/ldr_seg.h"
@@ -110,11 +115,37 @@ const char *coord_on_snapped(coord_t *c, coord_proc_t *p, const ctl_peer_t *from
 /* Hands the whole snapshot in the staging segment to checkpointd (SAVE), now if it is ready,
  * else when it says ready: a checkpointd restarted while it wrote, or before it took the
  * snapshot, writes the same snapshot again, which nothing touches until SAVED. */
+/* SAVE_PART to every host's writer: a new temporary directory per attempt, named for this
+ * checkpointd (its retention removes the directory of one that died), so that a part written
+ * for an earlier attempt is never taken for this one's. */
+static void save_parts(coord_t *c, coord_proc_t *d)
+{
+    snprintf(c->ck_tmp, sizeof(c->ck_tmp), ".tmp-step-%08lld.%d", (long long)c->ck_step, (int)d->pid);
+    msg_t part = {.type = MSG_SAVE_PART, .step = c->ck_step, .text = c->ck_tmp, .text_len = strlen(c->ck_tmp)};
+    if (ctl_send(c->ctl, d->route, &part)) /* it just died: coord_reap() restarts it, and SAVE waits */
+        return;
+    c->ck_n_written = c->ck_written0 = c->ck_committing = 0;
+    c->ck_part_bytes = 0;
+    c->ck_part_busy = 0;
+    c->ck_part_why[0] = '\0';
+    for (int h = 1; h < c->m->hosts; h++) {
+        c->agents[h].written = 0;
+        if (ctl_send(c->ctl, c->agents[h].route, &part))
+            coord_fail(c, "cannot send SAVE_PART to host %d's agent", h);
+    }
+    c->ck_save_due = 0;
+    c->ck_saving = 1;
+}
+
 void coord_ckpt_save(coord_t *c)
 {
     coord_proc_t *d = coord_ckptd(c);
     if (!c->ck_save_due || !d->ready)
         return;
+    if (c->m->hosts > 1) {
+        save_parts(c, d);
+        return;
+    }
     msg_t save = {.type = MSG_SAVE, .step = c->ck_step};
     if (ctl_send(c->ctl, d->route, &save)) /* it just died: coord_reap() restarts it, and SAVE waits */
         return;
@@ -122,27 +153,62 @@ void coord_ckpt_save(coord_t *c)
     c->ck_saving = 1;
 }
 
+const char *coord_on_written(coord_t *c, int host, const msg_t *m)
+{
+    size_t n = strlen(c->ck_tmp);
+    const char *text = m->text ? m->text : "";
+    if (c->ck_save_due && m->step == c->ck_step)
+        return NULL; /* an attempt whose checkpointd died: the next one is due */
+    if (!c->ck_saving || c->ck_committing || m->step != c->ck_step || c->m->hosts == 1)
+        return "no part of that checkpoint is being written";
+    if (strncmp(text, c->ck_tmp, n) || (text[n] && text[n] != ':'))
+        return NULL; /* an attempt before this one (its checkpointd died): gone with its directory */
+    int *done = host ? &c->agents[host].written : &c->ck_written0;
+    if (*done)
+        return "this host's part is written already";
+    *done = 1;
+    c->ck_n_written++;
+    c->ck_part_bytes += m->progress;
+    c->ck_part_busy = m->t_busy > c->ck_part_busy ? m->t_busy : c->ck_part_busy;
+    if (!m->ok && !c->ck_part_why[0])
+        snprintf(c->ck_part_why, sizeof(c->ck_part_why), "host %d: %.700s", host,
+                 text[n] == ':' ? text + n + 2 : "no reason given");
+    if (c->ck_n_written < c->m->hosts)
+        return NULL;
+    /* every part is in: the index over them (or, with one failed, nothing) */
+    msg_t commit = {.type = MSG_COMMIT, .step = c->ck_step, .ok = !c->ck_part_why[0], .text = c->ck_tmp,
+                    .text_len = n};
+    if (ctl_send(c->ctl, coord_ckptd(c)->route, &commit) == 0)
+        c->ck_committing = 1; /* else it just died: restart_ckptd() makes it an attempt again */
+    return NULL;
+}
+
 /* Only the answer to the SAVE in flight ends a checkpoint: until then checkpointd reads the
  * staging segment, which no new snapshot may touch. */
 const char *coord_on_saved(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m)
 {
-    if (!c->ck_saving || m->step != c->ck_step)
+    int parts = c->m->hosts > 1;
+    if (!c->ck_saving || m->step != c->ck_step || (parts && !c->ck_committing))
         return "no checkpoint of that step is being written";
-    c->ck_busy = c->ck_saving = 0;
+    c->ck_busy = c->ck_saving = c->ck_committing = 0;
+    /* across hosts: what every part wrote, in the longest part's time */
+    double bytes = parts ? (double)c->ck_part_bytes : (double)m->progress, secs = parts ? c->ck_part_busy : m->t_busy;
     if (m->ok) {
         c->ck_saved++;
         coord_note_saved(c, m->step);
         c->ck_last_saved |= m->step == c->m->steps;
         double dt = util_now() - c->ck_t0;
         printf("checkpoint: step %lld saved to %s (%.1f MiB written in %.2f s, %.2f GB/s; %.2f s after the "
-               "snapshot)\n", (long long)m->step, m->text ? m->text : "?", m->progress / 1048576.0, m->t_busy,
-               m->t_busy > 0 ? m->progress / m->t_busy / 1e9 : 0.0, dt);
+               "snapshot)\n", (long long)m->step, m->text ? m->text : "?", bytes / 1048576.0, secs,
+               secs > 0 ? bytes / secs / 1e9 : 0.0, dt);
         fflush(stdout);
     } else {
-        snprintf(c->ck_why, sizeof(c->ck_why), "%s", m->text ? m->text : "(no reason given)");
+        /* a part that failed says why; checkpointd then only gave the checkpoint up */
+        snprintf(c->ck_why, sizeof(c->ck_why), "%s",
+                 c->ck_part_why[0] ? c->ck_part_why : m->text ? m->text : "(no reason given)");
         c->ck_why_step = m->step;
         fprintf(stderr, "ctitan: checkpoint of step %lld failed: %s (training goes on)\n", (long long)m->step,
-                m->text ? m->text : "(no reason given)");
+                c->ck_why);
     }
     return NULL;
 }

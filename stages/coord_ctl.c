@@ -158,6 +158,12 @@ static const char *on_reply(coord_t *c, coord_proc_t *p, const ctl_peer_t *from,
     return NULL;
 }
 
+/* Host 0's part of a checkpoint across hosts (the agents' come through coord_on_agent). */
+static const char *on_written(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m)
+{
+    return coord_on_written(c, 0, m);
+}
+
 /* ---- who may send what ---- */
 
 #define ROLE(r) (1u << (r))
@@ -181,6 +187,7 @@ static const struct {
     [MSG_UPDATED] = {on_reply, ROLE(COORD_OPTSHARD)},
     [MSG_SNAPPED] = {coord_on_snapped, ROLE(COORD_OPTSHARD)},
     [MSG_SAVED] = {coord_on_saved, ROLE(COORD_CKPTD)},
+    [MSG_WRITTEN] = {on_written, ROLE(COORD_CKPTD)},
     [MSG_LOADED] = {coord_on_loaded, ROLE(COORD_CKPTD)},
     [MSG_SWAP] = {on_shell_swap, OPERATOR},
     [MSG_SWAP_ARGV] = {coord_on_swap, OPERATOR},
@@ -301,6 +308,7 @@ int coord_pump(coord_t *c, int (*cond)(coord_t *, void *), void *arg, double tim
         }
         receive_all(c);
         coord_check_heartbeats(c);
+        coord_check_agents(c);
         coord_watchdog(c);
     }
 }

@@ -88,7 +88,12 @@ typedef struct {
 
 /* Another host's agent, as host 0 knows it (job.hosts > 1). */
 typedef struct {
-    char route[CTL_ROUTE_MAX];        /* its socket, from its hello ("" before): where REWIND goes */
+    char route[CTL_ROUTE_MAX];        /* its socket, from its hello ("" before): where START, REWIND
+                                       * and SAVE_PART go */
+    int64_t pid;                      /* its pid, from its hello */
+    double last_hb;                   /* when it was last heard from (hello, heartbeat, any message) */
+    int started;                      /* START was sent to it in this run */
+    int written;                      /* its part of the checkpoint in flight is written (WRITTEN) */
 } coord_agent_t;
 
 typedef struct {
@@ -143,6 +148,14 @@ typedef struct {
     double ck_t0;
     int ck_started, ck_saved;         /* this run's checkpoints: snapshots begun, SAVED ok */
     int ck_last_saved;                /* that of training.steps was written */
+    /* across hosts (job.hosts > 1) a checkpoint is written in parts, one per host, into one
+     * temporary directory of checkpoint.folder, then committed by this host's checkpointd */
+    char ck_tmp[64];                  /* that directory's name for the attempt in flight */
+    int ck_n_written, ck_written0;    /* parts written (WRITTEN), and whether this host's is */
+    int ck_committing;                /* COMMIT sent: SAVED is expected */
+    uint64_t ck_part_bytes;           /* what the parts wrote, */
+    double ck_part_busy;              /* and the longest part's time */
+    char ck_part_why[800];            /* the first part that failed and why ("" none) */
     int64_t ck_why_step;              /* the last one that failed saying why, and why */
     char ck_why[1152];
     /* in-place recovery (coord_recover.c) */
@@ -155,6 +168,9 @@ typedef struct {
     int snaps;                        /* snapshots made whole in this run */
     double train_t0;                  /* when the step loop began */
     char start_load[sizeof(((manifest_t *)0)->ckpt_load)]; /* checkpoint.load as the run resolved it */
+    uint8_t start_cursor[LDR_CURSOR_MAX]; /* the loader cursor the run started at (START to the agents) */
+    uint32_t start_cursor_len;
+    int agents_go;                    /* the run knows where it starts: START to every agent that says hello */
     int training;                     /* the step loop runs */
     int n_lost;                       /* processes lost and not replaced yet */
     int redo;                         /* a stage died inside the STEP round: the step runs again */
@@ -243,12 +259,25 @@ const char *coord_describe_exit(int st, char *buf, size_t n);
 int coord_none_running(coord_t *c);
 
 /* ---- coord_agent.c ---- */
-/* job.host_rank > 0: starts this host's processes, follows them, tells the coordinator of a
- * lost one, and carries out its REWIND. Returns the exit status. */
+/* job.host_rank > 0: connects to the coordinator and waits for its START, starts this host's
+ * processes, follows them, tells the coordinator of a lost one, carries out its REWIND and
+ * writes this host's part of each checkpoint (SAVE_PART); when the coordinator is lost (its
+ * heartbeat answers stop, or another one answers) it stops them and waits for a coordinator
+ * again, job.host_timeout_s at most. Returns the exit status. */
 int coord_agent(coord_t *c);
 /* A message from host h's agent (its key is the host's, its route "agent.<h>..."): its HELLO
- * (where REWIND goes), LOST (a worker of its host died). Returns NULL or why it is refused. */
+ * (where START, REWIND and SAVE_PART go), HEARTBEAT (answered), LOST (a worker of its host
+ * died), WRITTEN (its part of a checkpoint). Returns NULL or why it is refused. */
 const char *coord_on_agent(coord_t *c, int h, const ctl_peer_t *from, const msg_t *m);
+/* START to every agent connected and not started yet: where the run starts (c->step, the
+ * checkpoint it resumed). Called once the run knows it, and again for an agent that says hello
+ * later. */
+void coord_start_agents(coord_t *c);
+/* Pump condition: every other host's agent has been sent START. */
+int coord_agents_started(coord_t *c, void *arg);
+/* An agent silent for job.heartbeat_timeout_ms (its host died, or is cut off) fails the job;
+ * each pump. */
+void coord_check_agents(coord_t *c);
 
 /* ---- coord_recover.c ---- */
 /* Whether p, dead or hung now, is replaced alone rather than failing the job. */
@@ -338,9 +367,10 @@ void coord_do_swap(coord_t *c);
  * job failed or was interrupted meanwhile, or -errno with checkpointd's reason in err. */
 int coord_resume(coord_t *c, char *err, size_t errlen);
 /* The same on a host's agent (job.hosts > 1), which has no control socket for a LOADED: a
- * checkpointd that loads this host's staging segment once and exits (`--load`). Returns 0
- * (c->step is the first step) or -errno with the reason in err. */
-int coord_resume_host(coord_t *c, char *err, size_t errlen);
+ * checkpointd that loads checkpoint directory `dir` into this host's staging segment once and
+ * exits (`--load`); its step must be `step`. Returns 0 (the staging header holds the step and
+ * the cursor) or -errno with the reason in err. */
+int coord_resume_host(coord_t *c, const char *dir, int64_t step, char *err, size_t errlen);
 
 /* ---- coord_ckpt.c ---- */
 /* After `done` steps: a snapshot to the staging segment, then checkpointd writes it. Returns
@@ -353,8 +383,13 @@ void coord_start_snapshot(coord_t *c, int64_t done);
  * was interrupted. */
 int coord_ckpt_wait(coord_t *c);
 /* Sends SAVE for the whole snapshot when one is due and checkpointd is ready (it is called
- * again when a restarted checkpointd says ready). */
+ * again when a restarted checkpointd says ready); across hosts SAVE_PART to checkpointd and
+ * every agent, each writing its host's part into one temporary directory, a new one per
+ * attempt. */
 void coord_ckpt_save(coord_t *c);
+/* WRITTEN from host `host`'s writer (0: checkpointd, else the agent): once every host's part of
+ * the attempt in flight is written, COMMIT (or, when one failed, the whole checkpoint given up). */
+const char *coord_on_written(coord_t *c, int host, const msg_t *m);
 /* After the last step: a run whose last checkpoint was not written fails (its final state is
  * not saved), saying why and how many of its checkpoints were written. */
 void coord_ckpt_check_last(coord_t *c);

@@ -87,9 +87,9 @@ int coord_resume(coord_t *c, char *err, size_t errlen)
     return c->failed || c->interrupted ? -1 : 0;
 }
 
-/* Runs `checkpointd --job JOB --load WHAT` with the resolved manifest on its standard input
+/* Runs `checkpointd --job JOB --load DIR` with the resolved manifest on its standard input
  * and waits for it. Returns its wait status, or -errno. */
-static int load_once(coord_t *c)
+static int load_once(coord_t *c, const char *dir)
 {
     int in[2];
     if (pipe2(in, O_CLOEXEC))
@@ -109,7 +109,7 @@ static int load_once(coord_t *c)
         dup2(in[0], 0);
         char exe[PATH_MAX + 32];
         snprintf(exe, sizeof(exe), "%s/checkpointd", c->bin_dir);
-        execl(exe, exe, "--job", c->job, "--load", c->m->ckpt_load, (char *)NULL);
+        execl(exe, exe, "--job", c->job, "--load", dir, (char *)NULL);
         fprintf(stderr, "ctitan: cannot run %s: %s\n", exe, strerror(errno));
         _exit(127);
     }
@@ -123,30 +123,27 @@ static int load_once(coord_t *c)
     return st;
 }
 
-int coord_resume_host(coord_t *c, char *err, size_t errlen)
+int coord_resume_host(coord_t *c, const char *dir, int64_t step, char *err, size_t errlen)
 {
     const manifest_t *m = c->m;
-    if (!m->ckpt_load[0])
-        return 0;
-    int st = load_once(c);
+    if (!c->seg_ckpt)
+        return util_fail(err, errlen, -ENOENT, "host %d: no staging segment to load %s into (checkpoint.enable "
+                         "and checkpoint.load are off in this host's manifest)", m->host_rank, dir);
+    int st = load_once(c, dir);
     if (st < 0)
-        return util_fail(err, errlen, st, "host %d: cannot run checkpointd to load %s: %s", m->host_rank,
-                         m->ckpt_load, strerror(-st));
+        return util_fail(err, errlen, st, "host %d: cannot run checkpointd to load %s: %s", m->host_rank, dir,
+                         strerror(-st));
     if (!WIFEXITED(st) || WEXITSTATUS(st))
         return util_fail(err, errlen, -EIO, "host %d: checkpointd could not load %s (its reason is above)",
-                         m->host_rank, m->ckpt_load);
+                         m->host_rank, dir);
     staging_hdr_t *h = shm_data(c->seg_ckpt);
-    int64_t step = atomic_load(&h->step);
-    if (step < 0) {
-        printf("launch: host %d: no checkpoint to load: starting from step 0\n", m->host_rank);
-        return 0;
-    }
+    if (atomic_load(&h->step) != step)
+        return util_fail(err, errlen, -EBADMSG, "host %d: %s holds step %lld; the coordinator resumed after step %lld",
+                         m->host_rank, dir, (long long)atomic_load(&h->step), (long long)step);
     if (h->cursor_len > sizeof(c->resume_cursor))
         return util_fail(err, errlen, -EBADMSG, "host %d: the staging segment holds a loader cursor of %u bytes (at "
                          "most %zu)", m->host_rank, h->cursor_len, sizeof(c->resume_cursor));
-    c->step = step;
-    memcpy(c->resume_cursor, h->cursor, h->cursor_len);
-    c->resume_cursor_len = h->cursor_len;
     printf("launch: host %d: checkpoint of step %lld loaded\n", m->host_rank, (long long)step);
+    fflush(stdout);
     return 0;
 }

@@ -58,6 +58,9 @@ typedef struct {
                                   * checkpoint this many times in a row from the same step; 0 = never */
     int restart_backoff_ms;      /* 1000 (0..30000): the wait before a restart, doubled per restart in a
                                   * row from the same step, at most 30 s */
+    int host_timeout_s;          /* 600 (1..86400), job.hosts > 1: how long a coordinator waits for every
+                                  * host's agent as a run starts (a relaunch, a host started again),
+                                  * and an agent waits for a coordinator to come back */
     double watchdog_s;           /* 0 (automatic: 10 x the median step time + 10 s, 120 s before 3
                                   * steps): a stage or shard that owes a reply and makes no progress
                                   * this long is stack-dumped, killed and replaced */

@@ -110,6 +110,8 @@ static int check_values(const manifest_t *m, char *err, size_t errlen)
     CHECK(m->threads <= POOL_MAX_THREADS, "training", "threads",
           "training.threads = %d exceeds %d, the most threads a stage process runs (0 = CPUs / stage processes)",
           m->threads, POOL_MAX_THREADS);
+    CHECK(m->host_timeout_s <= 86400, "job", "host_timeout_s", "job.host_timeout_s = %d must be in 1..86400",
+          m->host_timeout_s);
     CHECK(m->watchdog_s >= 0 && m->watchdog_s <= 86400, "job", "watchdog_s",
           "job.watchdog_s = %g must be in 0..86400 (0: 10 x the median step time + 10 s)", m->watchdog_s);
     CHECK(m->max_norm >= 0, "training", "max_norm", "training.max_norm = %g must be >= 0 (0 = no clipping)", m->max_norm);
@@ -226,6 +228,10 @@ static int check_checkpoint(const manifest_t *m, char *err, size_t errlen)
     CHECK(!m->ckpt_endpoint[0] || !strncmp(m->ckpt_endpoint, "tcp://", 6), "checkpoint", "endpoint",
           "checkpoint.endpoint = \"%s\": expected \"\" (write locally) or tcp://HOST:PORT of a remote "
           "checkpointd", m->ckpt_endpoint);
+    CHECK(m->hosts == 1 || !m->ckpt_enable || !m->ckpt_endpoint[0], "checkpoint", "endpoint",
+          "checkpoint.endpoint with job.hosts = %d: a remote checkpointd across hosts is not built; every host "
+          "writes its part into checkpoint.folder, which must be one folder every host sees (a shared mount)",
+          m->hosts);
     CHECK(!m->ckpt_endpoint[0] || m->ckpt_server_key[0], "checkpoint", "endpoint",
           "checkpoint.endpoint is remote: checkpoint.server_key (the checkpointd's public key file) is needed");
     CHECK(!m->ckpt_endpoint[0] || m->ckpt_client_key[0], "checkpoint", "endpoint",
@@ -264,8 +270,6 @@ static int check_placement(const manifest_t *m, char *err, size_t errlen)
     CHECK(m->snapshot_interval == 0 || !strcmp(m->device, "cuda"), "checkpoint", "snapshot_interval",
           "checkpoint.snapshot_interval = %d: in-memory snapshots are what a GPU job rewinds to (job.device = "
           "\"cuda\"); a CPU job recovers in place without them", m->snapshot_interval);
-    CHECK(m->hosts == 1 || !m->ckpt_enable, "checkpoint", "enable",
-          "checkpoint.enable with job.hosts = %d: checkpoints across hosts are not built yet", m->hosts);
     CHECK(m->hosts == 1 || (!m->val_enable && m->sample_tokens == 0), "validation", "enable",
           "job.hosts = %d: the end-of-run validation and sample need every optimizer shard on the coordinator's "
           "host; set validation.enable = false and sample.tokens = 0", m->hosts);

@@ -28,6 +28,7 @@ const mkey_t mkey_table[] = {
     KINT("job", "heartbeat_timeout_ms", heartbeat_timeout_ms, 1),
     KINT("job", "max_restarts", max_restarts, 0),
     KINT("job", "restart_backoff_ms", restart_backoff_ms, 0),
+    KINT("job", "host_timeout_s", host_timeout_s, 1),
     KDBL("job", "watchdog_s", watchdog_s),
     KSTR("model", "name", model_name),
     {"model", "flavor", MKEY_FLAVOR, FLD(flavor), 0, 0},

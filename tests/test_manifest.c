@@ -650,7 +650,8 @@ static void test_manifest_optshard_device_and_data_plane(void **state)
     assert_int_equal(manifest_override(m, "checkpoint.snapshot_interval", "-1", err, sizeof(err)), 0);
     assert_int_equal(manifest_validate(m, err, sizeof(err)), -EINVAL);
     assert_non_null(strstr(err, "checkpoint.snapshot_interval = -1 must be >= 0"));
-    /* across hosts: the NCCL plane, whole replicas per host, a TCP endpoint, no checkpoints */
+    /* across hosts: the NCCL plane, whole replicas per host, a TCP endpoint, checkpoints in a
+     * shared folder (no remote checkpointd) */
     static const struct {
         const char *key, *value, *needle;
     } hosts[] = {
@@ -658,7 +659,10 @@ static void test_manifest_optshard_device_and_data_plane(void **state)
         {"job.endpoint", "ipc:///tmp/x.sock", "job.endpoint must be tcp://HOST:PORT"},
         {"job.endpoint", "tcp://127.0.0.1:*", "job.endpoint must be tcp://HOST:PORT"},
         {"job.host_rank", "3", "job.host_rank = 3: the job has job.hosts = 3"},
-        {"checkpoint.enable", "true", "checkpoints across hosts are not built yet"},
+        {"checkpoint.endpoint", "tcp://store:5555", "checkpoint.endpoint with job.hosts = 3: a remote checkpointd "
+                                                    "across hosts is not built"},
+        {"job.host_timeout_s", "0", "job.host_timeout_s = 0 must be >= 1"},
+        {"job.host_timeout_s", "86401", "job.host_timeout_s = 86401 must be in 1..86400"},
         {"validation.enable", "true", "set validation.enable = false"},
     };
     for (size_t i = 0; i < sizeof(hosts) / sizeof(hosts[0]); i++) {
@@ -666,15 +670,16 @@ static void test_manifest_optshard_device_and_data_plane(void **state)
         const char *kv[][2] = {{"parallelism.data_plane", "nccl"}, {"job.device", "cuda"},
                                {"parallelism.data_parallel_replicate_degree", "3"}, {"job.hosts", "3"},
                                {"job.endpoint", "tcp://10.0.0.1:29500"}, {"validation.dataset_path", "v.bin"},
-                               {hosts[i].key, hosts[i].value}};
+                               {"checkpoint.enable", "true"}, {hosts[i].key, hosts[i].value}};
         for (size_t k = 0; k < sizeof(kv) / sizeof(kv[0]); k++)
             assert_int_equal(manifest_override(m, kv[k][0], kv[k][1], err, sizeof(err)), 0);
         assert_int_equal(manifest_validate(m, err, sizeof(err)), -EINVAL);
         if (!strstr(err, hosts[i].needle))
             fail_msg("%s = %s: got '%s'", hosts[i].key, hosts[i].value, err);
     }
-    manifest_defaults(m); /* 3 hosts need a multiple of 3 replicas; with 6, valid */
+    manifest_defaults(m); /* 3 hosts need a multiple of 3 replicas; with 6, valid (checkpoints too) */
     const char *ok[][2] = {{"parallelism.data_plane", "nccl"}, {"job.device", "cuda"}, {"job.hosts", "3"},
+                           {"checkpoint.enable", "true"}, {"checkpoint.interval", "5"},
                            {"parallelism.data_parallel_replicate_degree", "4"}, {"job.endpoint", "tcp://h0:29500"}};
     for (size_t k = 0; k < sizeof(ok) / sizeof(ok[0]); k++)
         assert_int_equal(manifest_override(m, ok[k][0], ok[k][1], err, sizeof(err)), 0);

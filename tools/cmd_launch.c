@@ -1,6 +1,6 @@
 /* `ctitan launch MANIFEST [--section.key value ...]`: resolves the manifest with its
- * overrides and runs the job: on one host under the supervisor that restarts a failed job
- * (tools/supervise.h), across hosts as its coordinator or a host's agent (stages/coord.h). */
+ * overrides and runs the job: host 0's coordinator under the supervisor that restarts a failed
+ * job (tools/supervise.h), on one host or many; another host's agent (stages/coord.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,8 +21,9 @@ static void usage(FILE *f)
             "Across hosts: run it on every host with --job.hosts N --job.host_rank K (under srun with\n"
             "one task per node, SLURM_STEP_NUM_NODES and SLURM_NODEID give them) and the same\n"
             "--job.endpoint tcp://HOST0:PORT; host 0 coordinates.\n"
-            "On one host a failed job is relaunched from its newest checkpoint, at most\n"
-            "--job.max_restarts times in a row from the same step (default 3; 0: never).\n");
+            "A failed job is relaunched from its newest checkpoint, at most --job.max_restarts\n"
+            "times in a row from the same step (default 3; 0: never); across hosts the other\n"
+            "hosts wait for it (--job.host_timeout_s, default 600).\n");
 }
 
 int cmd_launch(int argc, char **argv)
@@ -72,7 +73,9 @@ int cmd_launch(int argc, char **argv)
         fprintf(stderr, "launch: %s\n", err);
         return 2;
     }
-    if (m.hosts == 1)
+    /* host 0 (the coordinator) under the supervisor, on one host or many; another host's agent
+     * outlives a coordinator it loses and waits for the next (stages/coord_agent.c) */
+    if (m.host_rank == 0)
         return sup_run(&m);
-    return coord_run(&m, NULL); /* across hosts: no supervisor yet (NOTES.md) */
+    return coord_run(&m, NULL);
 }

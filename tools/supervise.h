@@ -1,11 +1,12 @@
-/* The supervisor of `ctitan launch` on one host (issue 13; torchrun's --max-restarts is the
- * model). It runs the coordinator (stages/coord.h) in a child with a process group of its own,
+/* The supervisor of `ctitan launch` on host 0, of one host or many (issue 13; torchrun's
+ * --max-restarts is the model). It runs the coordinator (stages/coord.h) in a child with a process group of its own,
  * which every process of the job shares, and passes SIGINT, SIGTERM and SIGHUP on to it. When
  * the job fails (the coordinator exits 1, or dies of a signal) it kills what is left of the
  * group, removes what the coordinator could not (segments, control socket, operator key), and
  * relaunches the job from its newest complete checkpoint, after a doubling wait; at most
  * job.max_restarts times in a row from the same step. Each restart is one line on the progress
- * output and one record in metrics.file. */
+ * output and one record in metrics.file. Across hosts the other hosts' agents outlive the
+ * coordinator they lose and join the relaunched one (stages/coord_agent.c). */
 #ifndef CTITAN_SUPERVISE_H
 #define CTITAN_SUPERVISE_H
 
@@ -13,7 +14,7 @@
 
 #include "stages/manifest.h"
 
-/* Runs job m (validated; job.hosts == 1) to its end under supervision. Returns the exit
+/* Runs job m (validated; job.host_rank 0) to its end under supervision. Returns the exit
  * status: 0 done; 1 failed and not restarted (no step ever completed, job.max_restarts
  * reached, or a supervisor error: each said on stderr); the coordinator's own status
  * otherwise (128 + signal after SIGINT, SIGTERM or SIGHUP, which are never followed by a

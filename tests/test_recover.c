@@ -47,17 +47,12 @@ static int run_job(const char *job, const char *die, const char *hang, const cha
     return tj_launch(env, 120, job, args, out, outlen);
 }
 
-/* Fails with the job's whole output (cmocka's print_error and fail_msg cut at 1 KiB). */
-#define FAIL_WITH(out, ...) do { fputs(out, stderr); fputc('\n', stderr); fail_msg(__VA_ARGS__); } while (0)
-
-/* How often `needle` occurs in s. */
-static int count(const char *s, const char *needle)
-{
-    int n = 0;
-    for (const char *p = s; (p = strstr(p, needle)); p += strlen(needle))
-        n++;
-    return n;
-}
+/* testjob.h's, by their names here */
+#define FAIL_WITH TJ_FAIL_WITH
+#define count tj_count
+#define assert_clean tj_assert_clean
+#define use_sim_plugin tj_use_sim_plugin
+#define assert_losses_by_step tj_assert_losses_by_step
 
 /* ---- metrics ---- */
 
@@ -103,14 +98,6 @@ static const char *reference(const char *extra)
     }
     fail_msg("too many references");
     return NULL;
-}
-
-/* Nothing of the job is left: no process, no segment. */
-static void assert_clean(const char *job)
-{
-    char names[64][SHM_NAME_MAX];
-    assert_int_equal(tj_job_procs(job), 0);
-    assert_int_equal(shm_list(job, names, 64), 0);
 }
 
 /* The files of checkpoint `step` of job and ref are the same bytes. */
@@ -283,52 +270,6 @@ static void test_recover_the_watchdog_dumps_and_replaces_a_wedged_stage_or_shard
 
 /* ---- GPU jobs: rewinding (on the emulated CUDA backend) ---- */
 
-/* CTITAN_CUDA_PLUGIN at the emulator for the jobs of this test (0), or 1 when it is not built
- * (the test skips). */
-static int use_sim_plugin(void)
-{
-    char so[512];
-    snprintf(so, sizeof(so), "%s", tu_ctitan());
-    *strrchr(so, '/') = 0;
-    strcat(so, "/../lib/libctitan_cuda_sim.so");
-    if (access(so, R_OK)) {
-        print_message("%s not built: skipping\n", so);
-        return 1;
-    }
-    setenv("CTITAN_CUDA_PLUGIN", so, 1);
-    return 0;
-}
-
-/* A rewound job reports the steps it ran again twice: every step record of job has the loss
- * of the undisturbed ref at that step, each of steps 1..steps is there, the last is `steps`,
- * and there are `rewinds` restart records of scope `scope`. Returns the records (static). */
-static const tj_metrics_t *assert_losses_by_step(const char *job, const char *ref, int steps, int rewinds,
-                                                 const char *scope)
-{
-    static tj_metrics_t a, b;
-    tj_parse_metrics(ref, &a);
-    tj_parse_metrics(job, &b);
-    assert_int_equal(a.n, steps);
-    int seen[TJ_MAX_STEPS] = {0};
-    for (int i = 0; i < b.n; i++) {
-        int s = b.step[i];
-        assert_true(s >= 1 && s <= steps);
-        if (strcmp(a.loss[s - 1], b.loss[i]))
-            fail_msg("step %d: %s has loss %s, the undisturbed %s %s", s, job, b.loss[i], ref, a.loss[s - 1]);
-        seen[s - 1] = 1;
-    }
-    for (int s = 1; s <= steps; s++)
-        if (!seen[s - 1])
-            fail_msg("%s never reported step %d", job, s);
-    assert_int_equal(b.step[b.n - 1], steps);
-    if (b.restarts != rewinds)
-        fail_msg("%s: %d restart records, expected %d", job, b.restarts, rewinds);
-    for (int i = 0; i < b.restarts; i++)
-        if (!strstr(b.restart[i], scope))
-            fail_msg("%s: restart record %d is not %s: %s", job, i, scope, b.restart[i]);
-    return &b;
-}
-
 #define GPU_SHAPE "--model.dim 32 --model.n_heads 2 --model.n_kv_heads 1 --training.seq_len 16 " \
                   "--training.local_batch_size 2 --job.device cuda "
 /* data parallel 2 on the NCCL plane, 3 steps, an in-memory snapshot every 2 */
@@ -426,54 +367,6 @@ static void test_recover_a_gpu_job_without_a_whole_snapshot_is_relaunched_from_d
     assert_clean(j);
 }
 
-/* Across hosts (two "hosts" on this machine, as in test_launch: host 1's agent in the
- * background, placed as under srun, its segments named -h1): a stage of host 1 killed. Its
- * agent tells the coordinator (LOST), which rewinds the job on both hosts to the in-memory
- * snapshot: host 1's agent restarts its processes there. The losses stay those of the same job
- * on one host, and neither host leaves anything behind. */
-static void test_recover_a_stage_lost_on_another_host_is_restarted_by_its_agent(void **state)
-{
-    TU_NEED_BIN();
-    if (use_sim_plugin())
-        skip();
-    static char out[1 << 16], agent_out[1 << 16];
-    char j[32], jh1[40], keys[128], cmd[1024], once[128], extra[2048];
-    job_name(j, sizeof(j), "hosts");
-    snprintf(jh1, sizeof(jh1), "%s-h1", j);
-    const char *ref = reference(GPU_NCCL);
-    snprintf(keys, sizeof(keys), "%s/keys-%s", tj_dir, j); /* the hosts' keys, as an operator makes them */
-    snprintf(cmd, sizeof(cmd), "mkdir -p %s && %s ckpt keygen %s/host0 && %s ckpt keygen %s/host1 2>&1", keys,
-             tu_ctitan(), keys, tu_ctitan(), keys);
-    assert_int_equal(tu_run(cmd, out, sizeof(out)), 0);
-    int port = tu_free_port();
-    assert_true(port > 0);
-    snprintf(extra, sizeof(extra), QUIET GPU_NCCL " --job.hosts 2 --job.endpoint tcp://127.0.0.1:%d --job.keys %s",
-             port, keys);
-    snprintf(once, sizeof(once), "%s/once-%s", tj_dir, j);
-    assert_int_equal(mkdir(once, 0700), 0);
-    setenv("CTITAN_TEST_DIE_ONCE", once, 1);
-    setenv("CTITAN_TEST_DIE_AT", "stage.1.1:mid:3", 1); /* replica 1 runs on host 1 */
-    setenv("SLURM_STEP_NUM_NODES", "2", 1);
-    setenv("SLURM_NODEID", "1", 1);
-    pid_t agent = tj_launch_bg(j, extra);
-    unsetenv("SLURM_STEP_NUM_NODES");
-    unsetenv("SLURM_NODEID");
-    int rc = tj_launch("", 120, j, extra, out, sizeof(out));
-    int arc = tu_reap(agent, 60, NULL);
-    unsetenv("CTITAN_TEST_DIE_ONCE");
-    unsetenv("CTITAN_TEST_DIE_AT");
-    unsetenv("CTITAN_CUDA_PLUGIN");
-    tj_read_out(j, agent_out, sizeof(agent_out));
-    if (rc || count(out, "(rewound, at step 3): stage rank 1 replica 1 (pid ") != 1)
-        FAIL_WITH(out, "status %d", rc);
-    if (arc || !strstr(agent_out, "launch: host 1: the job was rewound to step 2: its processes started again"))
-        FAIL_WITH(agent_out, "the agent: status %d", arc);
-    assert_non_null(strstr(out, "was killed by signal 9 (Killed) on host 1; every stage and optimizer shard"));
-    assert_losses_by_step(j, ref, 3, 1, "\"rewound_to\": 2, \"step\": 3");
-    assert_clean(j);
-    assert_clean(jh1);
-}
-
 /* ---- kill -9 at random moments ---- */
 
 /* The worker of `comm` ("ctitan-stage", "ctitan-optshard", ...) with `--rank rank` that the launch
@@ -548,7 +441,6 @@ int main(void)
         cmocka_unit_test(test_recover_a_gpu_job_rewinds_to_its_newest_snapshot_bitwise),
         cmocka_unit_test(test_recover_gpu_jobs_on_the_nccl_plane_and_in_offload_mode_rewind_bitwise),
         cmocka_unit_test(test_recover_a_gpu_job_without_a_whole_snapshot_is_relaunched_from_disk),
-        cmocka_unit_test(test_recover_a_stage_lost_on_another_host_is_restarted_by_its_agent),
     };
     if (getenv("CTITAN_TEST_ONLY")) /* a pattern: run only the tests it matches ("*watchdog*") */
         cmocka_set_test_filter(getenv("CTITAN_TEST_ONLY"));

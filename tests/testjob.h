@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ipc/shm.h"
 #include "tests/testutil.h"
 
 static char tj_dir[64]; /* the program's temp folder ("" when the programs are not built) */
@@ -73,8 +74,9 @@ static inline int tj_launch(const char *prefix, int timeout_s, const char *job, 
     return tu_run(cmd, out, outlen);
 }
 
-/* Starts `ctitan launch` in the background with its output in DIR/JOB.out; returns its pid. */
-static inline pid_t tj_launch_bg(const char *job, const char *extra)
+/* Starts `ctitan launch` in the background with its output in DIR/OUT.out (two "hosts" of one
+ * job each have their own); returns its pid. */
+static inline pid_t tj_launch_bg_to(const char *job, const char *out_name, const char *extra)
 {
     char args[4096], line[8192], *argv[128], out[256];
     tj_args(args, sizeof(args), job, extra);
@@ -83,7 +85,7 @@ static inline pid_t tj_launch_bg(const char *job, const char *extra)
     for (char *t = strtok(line, " "); t && argc < 127; t = strtok(NULL, " "))
         argv[argc++] = t;
     argv[argc] = NULL;
-    snprintf(out, sizeof(out), "%s/%s.out", tj_dir, job);
+    snprintf(out, sizeof(out), "%s/%s.out", tj_dir, out_name);
     fflush(NULL);
     pid_t pid = fork();
     if (pid == 0) {
@@ -95,6 +97,9 @@ static inline pid_t tj_launch_bg(const char *job, const char *extra)
     }
     return pid;
 }
+
+/* Starts `ctitan launch` in the background with its output in DIR/JOB.out; returns its pid. */
+static inline pid_t tj_launch_bg(const char *job, const char *extra) { return tj_launch_bg_to(job, job, extra); }
 
 /* Job's output (of tj_launch_bg) and metrics file. */
 static inline void tj_read_out(const char *job, char *buf, size_t n)
@@ -177,6 +182,73 @@ static inline int tj_job_procs(const char *job)
     }
     closedir(d);
     return n;
+}
+
+/* Fails with the job's whole output (cmocka's print_error and fail_msg cut at 1 KiB). */
+#define TJ_FAIL_WITH(out, ...) do { fputs(out, stderr); fputc('\n', stderr); fail_msg(__VA_ARGS__); } while (0)
+
+/* How often `needle` occurs in s. */
+static inline int tj_count(const char *s, const char *needle)
+{
+    int n = 0;
+    for (const char *p = s; (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    return n;
+}
+
+/* Nothing of the job is left: no process, no segment. */
+static inline void tj_assert_clean(const char *job)
+{
+    char names[64][SHM_NAME_MAX];
+    assert_int_equal(tj_job_procs(job), 0);
+    assert_int_equal(shm_list(job, names, 64), 0);
+}
+
+/* CTITAN_CUDA_PLUGIN at the emulator for the jobs of this test (0), or 1 when it is not built
+ * (the test skips). */
+static inline int tj_use_sim_plugin(void)
+{
+    char so[512];
+    snprintf(so, sizeof(so), "%s", tu_ctitan());
+    *strrchr(so, '/') = 0;
+    strcat(so, "/../lib/libctitan_cuda_sim.so");
+    if (access(so, R_OK)) {
+        print_message("%s not built: skipping\n", so);
+        return 1;
+    }
+    setenv("CTITAN_CUDA_PLUGIN", so, 1);
+    return 0;
+}
+
+/* A job that went back (a rewind, a relaunch) reports the steps it ran again twice: every step
+ * record of job has the loss of the undisturbed ref at that step, each of steps 1..steps is
+ * there, the last is `steps`, and there are `restarts` restart records, each containing
+ * `scope`. Returns the records (static). */
+static inline const tj_metrics_t *tj_assert_losses_by_step(const char *job, const char *ref, int steps, int restarts,
+                                                           const char *scope)
+{
+    static tj_metrics_t a, b;
+    tj_parse_metrics(ref, &a);
+    tj_parse_metrics(job, &b);
+    assert_int_equal(a.n, steps);
+    int seen[TJ_MAX_STEPS] = {0};
+    for (int i = 0; i < b.n; i++) {
+        int s = b.step[i];
+        assert_true(s >= 1 && s <= steps);
+        if (strcmp(a.loss[s - 1], b.loss[i]))
+            fail_msg("step %d: %s has loss %s, the undisturbed %s %s", s, job, b.loss[i], ref, a.loss[s - 1]);
+        seen[s - 1] = 1;
+    }
+    for (int s = 1; s <= steps; s++)
+        if (!seen[s - 1])
+            fail_msg("%s never reported step %d", job, s);
+    assert_int_equal(b.step[b.n - 1], steps);
+    if (b.restarts != restarts)
+        fail_msg("%s: %d restart records, expected %d", job, b.restarts, restarts);
+    for (int i = 0; i < b.restarts; i++)
+        if (!strstr(b.restart[i], scope))
+            fail_msg("%s: restart record %d is not %s: %s", job, i, scope, b.restart[i]);
+    return &b;
 }
 
 #endif

@@ -1,0 +1,291 @@
+/* Jobs across hosts (issue 13: stages/coord_agent.c, tools/supervise.c) with real processes:
+ * two "hosts" on this machine, as in test_launch (host 1's `ctitan launch` placed as under
+ * srun, its segments named -h1, both on the emulated CUDA backend with the NCCL plane, loopback
+ * TCP), each test's ending compared with the same job run on one host: every step's loss the
+ * same bits, and nothing of either host left behind. A worker of host 1 lost rewinds the job
+ * on both hosts; the coordinator killed -9 is relaunched by host 0's supervisor and host 1's
+ * agent joins the new one; host 1 lost outright fails the run, whose relaunch waits for host 1
+ * to be started again, or gives up after job.host_timeout_s when it never is. */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "ipc/util.h"
+#include "tests/testjob.h"
+
+static int setup(void **state) { return tj_setup("hosts"); }
+static int teardown(void **state) { return tj_teardown(); }
+
+static void job_name(char *buf, size_t n, const char *what) { tj_name(buf, n, 'h', what); }
+
+#define QUIET "--metrics.log_freq 100000 "
+#define GPU_SHAPE "--model.dim 32 --model.n_heads 2 --model.n_kv_heads 1 --training.seq_len 16 " \
+                  "--training.local_batch_size 2 --job.device cuda "
+/* data parallel 2 on the NCCL plane (one replica per host), no wait before a relaunch */
+#define DP2 GPU_SHAPE "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_plane nccl " \
+                      "--job.restart_backoff_ms 0 "
+/* 3 steps, an in-memory snapshot every 2 */
+#define SNAP3 DP2 "--training.steps 3 --checkpoint.snapshot_interval 2"
+/* 12 steps, long enough to be killed in the middle */
+#define STEPS12 DP2 "--training.steps 12"
+
+/* A two-host job of `base`: its name, the hosts' keys (as an operator makes them), a free
+ * loopback port; the arguments of both hosts in extra (host 1's launch also gets SLURM_NODEID). */
+typedef struct {
+    char j[32], jh1[40], extra[2048];
+} hosts_t;
+
+static void two_hosts(hosts_t *h, const char *what, const char *base)
+{
+    char keys[128], cmd[1024], out[4096];
+    job_name(h->j, sizeof(h->j), what);
+    snprintf(h->jh1, sizeof(h->jh1), "%s-h1", h->j);
+    snprintf(keys, sizeof(keys), "%s/keys-%s", tj_dir, h->j);
+    snprintf(cmd, sizeof(cmd), "mkdir -p %s && %s ckpt keygen %s/host0 && %s ckpt keygen %s/host1 2>&1", keys,
+             tu_ctitan(), keys, tu_ctitan(), keys);
+    assert_int_equal(tu_run(cmd, out, sizeof(out)), 0);
+    int port = tu_free_port();
+    assert_true(port > 0);
+    snprintf(h->extra, sizeof(h->extra), QUIET "%s --job.hosts 2 --job.endpoint tcp://127.0.0.1:%d --job.keys %s", base,
+             port, keys);
+}
+
+/* Host 1's launch of the job in the background, its output in DIR/<job>-h1.out. */
+static pid_t start_host1(const hosts_t *h, const char *more)
+{
+    char extra[2200];
+    snprintf(extra, sizeof(extra), "%s %s", h->extra, more);
+    setenv("SLURM_STEP_NUM_NODES", "2", 1);
+    setenv("SLURM_NODEID", "1", 1);
+    pid_t pid = tj_launch_bg_to(h->j, h->jh1, extra);
+    unsetenv("SLURM_STEP_NUM_NODES");
+    unsetenv("SLURM_NODEID");
+    assert_true(pid > 0);
+    return pid;
+}
+
+/* The same job on one host, run to its end (once per argument string). */
+static const char *reference(const char *base)
+{
+    static char bases[4][1024], names[4][32];
+    static char out[1 << 16];
+    for (int i = 0; i < 4; i++) {
+        if (names[i][0] && !strcmp(bases[i], base))
+            return names[i];
+        if (!names[i][0]) {
+            char what[16], extra[1200];
+            snprintf(what, sizeof(what), "ref%d", i);
+            job_name(names[i], sizeof(names[i]), what);
+            snprintf(bases[i], sizeof(bases[i]), "%s", base);
+            snprintf(extra, sizeof(extra), QUIET "%s", base);
+            int rc = tj_launch("", 120, names[i], extra, out, sizeof(out));
+            if (rc)
+                TJ_FAIL_WITH(out, "the reference run: status %d", rc);
+            return names[i];
+        }
+    }
+    fail_msg("too many references");
+    return NULL;
+}
+
+/* Waits until `file` (under the temp folder) contains `needle`; 0 or -1 after timeout_s. */
+static int wait_text(const char *file, const char *needle, int timeout_s)
+{
+    static char buf[1 << 17];
+    char path[256];
+    snprintf(path, sizeof(path), "%s/%s", tj_dir, file);
+    for (int i = 0; i < timeout_s * 100; i++) {
+        tu_read_file(path, buf, sizeof(buf));
+        if (strstr(buf, needle))
+            return 0;
+        nanosleep(&(struct timespec){0, 10000000L}, NULL);
+    }
+    return -1;
+}
+
+/* A stage of host 1 killed: its agent tells the coordinator (LOST), which rewinds the job on
+ * both hosts to the in-memory snapshot; host 1's agent restarts its processes there. */
+static void test_hosts_a_stage_lost_on_another_host_is_restarted_by_its_agent(void **state)
+{
+    TU_NEED_BIN();
+    if (tj_use_sim_plugin())
+        skip();
+    static char out[1 << 16], agent_out[1 << 16];
+    char once[128];
+    hosts_t h;
+    const char *ref = reference(SNAP3);
+    two_hosts(&h, "stage", SNAP3);
+    snprintf(once, sizeof(once), "%s/once-%s", tj_dir, h.j);
+    assert_int_equal(mkdir(once, 0700), 0);
+    setenv("CTITAN_TEST_DIE_ONCE", once, 1);
+    setenv("CTITAN_TEST_DIE_AT", "stage.1.1:mid:3", 1); /* replica 1 runs on host 1 */
+    pid_t agent = start_host1(&h, "");
+    int rc = tj_launch("", 120, h.j, h.extra, out, sizeof(out));
+    int arc = tu_reap(agent, 60, NULL);
+    unsetenv("CTITAN_TEST_DIE_ONCE");
+    unsetenv("CTITAN_TEST_DIE_AT");
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    tj_read_out(h.jh1, agent_out, sizeof(agent_out));
+    if (rc || tj_count(out, "(rewound, at step 3): stage rank 1 replica 1 (pid ") != 1)
+        TJ_FAIL_WITH(out, "status %d", rc);
+    if (arc || !strstr(agent_out, "launch: host 1: the job was rewound to step 2: its processes started again"))
+        TJ_FAIL_WITH(agent_out, "the agent: status %d", arc);
+    assert_non_null(strstr(out, "was killed by signal 9 (Killed) on host 1; every stage and optimizer shard"));
+    tj_assert_losses_by_step(h.j, ref, 3, 1, "\"rewound_to\": 2, \"step\": 3");
+    tj_assert_clean(h.j);
+    tj_assert_clean(h.jh1);
+}
+
+/* kill -9 of host 0's coordinator at step 4: its workers die with it, the supervisor relaunches
+ * the job (no checkpoint: from step 0), and host 1's agent, which sees another coordinator
+ * answer (or none), stops its processes and starts them again at the new run's START. */
+static void test_hosts_a_killed_coordinator_is_relaunched_and_the_other_host_joins_it(void **state)
+{
+    TU_NEED_BIN();
+    if (tj_use_sim_plugin())
+        skip();
+    static char out[1 << 16], agent_out[1 << 16];
+    hosts_t h;
+    const char *ref = reference(STEPS12);
+    two_hosts(&h, "coord", STEPS12);
+    pid_t agent = start_host1(&h, "");
+    pid_t host0 = tj_launch_bg(h.j, h.extra);
+    assert_int_equal(tj_wait_step(h.j, 4, 60), 0);
+    pid_t coord = tu_descendant_named(host0, "ctitan-coord");
+    assert_true(coord > 0);
+    kill(coord, SIGKILL);
+    int rc = tu_reap(host0, 120, NULL), arc = tu_reap(agent, 60, NULL);
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    tj_read_out(h.j, out, sizeof(out));
+    tj_read_out(h.jh1, agent_out, sizeof(agent_out));
+    if (rc || tj_count(out, "\nrestart 1 (1 of job.max_restarts = 3 in a row after step 0): the coordinator was "
+                            "killed by signal 9 (Killed); no checkpoint of this run: starting again from step 0") != 1)
+        TJ_FAIL_WITH(out, "host 0: status %d", rc);
+    if (arc || tj_count(agent_out, "processes of job") != 2 ||
+        (!strstr(agent_out, "launch: host 1: another coordinator (pid ") &&
+         !strstr(agent_out, "launch: host 1: the coordinator has not answered for ")))
+        TJ_FAIL_WITH(agent_out, "host 1: status %d", arc);
+    tj_assert_losses_by_step(h.j, ref, 12, 1, "\"scope\": \"job\"");
+    tj_assert_clean(h.j);
+    tj_assert_clean(h.jh1);
+}
+
+/* Host 1 lost outright (its launch killed -9, its workers with it by their parent-death
+ * signal) at step 4: host 0 hears nothing from its agent for job.heartbeat_timeout_ms and fails
+ * the run, naming the host; the relaunch waits for host 1, which is started again, and the job
+ * ends as on one host. */
+static void test_hosts_a_lost_host_started_again_rejoins_the_relaunched_job(void **state)
+{
+    TU_NEED_BIN();
+    if (tj_use_sim_plugin())
+        skip();
+    static char out[1 << 16], agent_out[1 << 16];
+    hosts_t h;
+    const char *ref = reference(STEPS12);
+    two_hosts(&h, "lost", STEPS12);
+    pid_t agent = start_host1(&h, "");
+    pid_t host0 = tj_launch_bg(h.j, h.extra);
+    assert_int_equal(tj_wait_step(h.j, 4, 60), 0);
+    kill(agent, SIGKILL);
+    assert_true(tu_reap(agent, 30, NULL) == 128 + SIGKILL);
+    char file[64];
+    snprintf(file, sizeof(file), "%s.out", h.j);
+    if (wait_text(file, "\nrestart 1 ", 60)) {
+        tj_read_out(h.j, out, sizeof(out));
+        TJ_FAIL_WITH(out, "no relaunch after host 1 was lost");
+    }
+    agent = start_host1(&h, ""); /* the operator (or the scheduler) starts it again */
+    int rc = tu_reap(host0, 120, NULL), arc = tu_reap(agent, 60, NULL);
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    tj_read_out(h.j, out, sizeof(out));
+    tj_read_out(h.jh1, agent_out, sizeof(agent_out));
+    if (rc || !strstr(out, "host 1's agent (pid ") || !strstr(out, "has not been heard from for ") ||
+        !strstr(out, "the host is lost or cut off"))
+        TJ_FAIL_WITH(out, "host 0: status %d", rc);
+    if (arc)
+        TJ_FAIL_WITH(agent_out, "host 1 started again: status %d", arc);
+    const tj_metrics_t *mt = tj_assert_losses_by_step(h.j, ref, 12, 1, "\"scope\": \"job\"");
+    assert_non_null(strstr(mt->restart[0], "\"role\": \"coordinator\""));
+    assert_non_null(strstr(mt->restart[0], "host 1's agent"));
+    tj_assert_clean(h.j);
+    tj_assert_clean(h.jh1);
+}
+
+/* Host 1 lost and never started again: each relaunch waits job.host_timeout_s (2 s) for it and
+ * fails saying so; after job.max_restarts (1) the launch gives up with status 1 and the reason. */
+static void test_hosts_a_host_that_never_comes_back_ends_the_job_after_max_restarts(void **state)
+{
+    TU_NEED_BIN();
+    if (tj_use_sim_plugin())
+        skip();
+    static char out[1 << 16];
+    hosts_t h;
+    two_hosts(&h, "gone", STEPS12 " --job.host_timeout_s 2 --job.max_restarts 1");
+    pid_t agent = start_host1(&h, "");
+    pid_t host0 = tj_launch_bg(h.j, h.extra);
+    assert_int_equal(tj_wait_step(h.j, 4, 60), 0);
+    kill(agent, SIGKILL);
+    assert_true(tu_reap(agent, 30, NULL) == 128 + SIGKILL);
+    int rc = tu_reap(host0, 120, NULL);
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    tj_read_out(h.j, out, sizeof(out));
+    if (rc != 1 || tj_count(out, "\nrestart ") != 1 ||
+        !strstr(out, "the agent of host 1 did not connect to tcp://127.0.0.1:") ||
+        !strstr(out, "in 2 s (job.host_timeout_s)") || !strstr(out, "giving up after 1 restart in a row"))
+        TJ_FAIL_WITH(out, "host 0: status %d", rc);
+    tj_assert_clean(h.j);
+    assert_int_equal(tj_job_procs(h.jh1), 0); /* host 1 died outright: its segments are the next launch's */
+    shm_remove_all(h.jh1);
+}
+
+/* Host 0 lost outright (its launch killed -9: the coordinator and its workers die with it):
+ * host 1's agent stops its processes, waits job.host_timeout_s (2 s) for a coordinator, then
+ * gives up with status 1, saying so, and leaves nothing behind. */
+static void test_hosts_an_agent_without_a_coordinator_gives_up_after_host_timeout(void **state)
+{
+    TU_NEED_BIN();
+    if (tj_use_sim_plugin())
+        skip();
+    static char agent_out[1 << 16];
+    hosts_t h;
+    two_hosts(&h, "nocoord", STEPS12 " --job.host_timeout_s 2");
+    pid_t agent = start_host1(&h, "");
+    pid_t host0 = tj_launch_bg(h.j, h.extra);
+    assert_int_equal(tj_wait_step(h.j, 4, 60), 0);
+    kill(host0, SIGKILL);
+    tu_reap(host0, 30, NULL);
+    double t0 = util_now();
+    int arc = tu_reap(agent, 60, NULL);
+    double waited = util_now() - t0;
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    tj_read_out(h.jh1, agent_out, sizeof(agent_out));
+    if (arc != 1 || !strstr(agent_out, "its processes stopped; waiting up to 2 s (job.host_timeout_s)") ||
+        !strstr(agent_out, "started the job in 2 s (job.host_timeout_s): giving up"))
+        TJ_FAIL_WITH(agent_out, "host 1: status %d", arc);
+    print_message("host 1 gave up %.1f s after host 0 was killed\n", waited);
+    tj_assert_clean(h.jh1);
+    assert_int_equal(tj_job_procs(h.j), 0); /* host 0 died outright: its segments are the next launch's */
+    shm_remove_all(h.j);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_hosts_a_stage_lost_on_another_host_is_restarted_by_its_agent),
+        cmocka_unit_test(test_hosts_a_killed_coordinator_is_relaunched_and_the_other_host_joins_it),
+        cmocka_unit_test(test_hosts_a_lost_host_started_again_rejoins_the_relaunched_job),
+        cmocka_unit_test(test_hosts_a_host_that_never_comes_back_ends_the_job_after_max_restarts),
+        cmocka_unit_test(test_hosts_an_agent_without_a_coordinator_gives_up_after_host_timeout),
+    };
+    if (getenv("CTITAN_TEST_ONLY")) /* a pattern: run only the tests it matches ("*lost*") */
+        cmocka_set_test_filter(getenv("CTITAN_TEST_ONLY"));
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -182,8 +182,9 @@ static void connect_up(coord_t *c, agent_t *a)
     }
 }
 
-static void say(agent_t *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void say(agent_t *a, const char *fmt, ...)
+/* A line of the progress output, at once (the tests and an operator read it as it comes). */
+static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void say(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -230,7 +231,7 @@ static void lose_coordinator(coord_t *c, agent_t *a, const char *why)
     a->ended_ok = 0;
     a->coord_pid = 0;
     a->deadline = util_now() + c->m->host_timeout_s;
-    say(a, "launch: host %d: %s: its processes stopped; waiting up to %d s (job.host_timeout_s) for the coordinator "
+    say("launch: host %d: %s: its processes stopped; waiting up to %d s (job.host_timeout_s) for the coordinator "
         "at %s", c->m->host_rank, why, c->m->host_timeout_s, c->endpoint);
     connect_up(c, a);
 }
@@ -259,7 +260,7 @@ static int start_host(coord_t *c, agent_t *a, const msg_t *m)
     a->failed = a->ended_ok = 0;
     a->coord_pid = 0;
     a->last_answer = util_now();
-    say(a, "launch: host %d of %d: %d processes of job %s from step %lld (%s), coordinator at %s", c->m->host_rank,
+    say("launch: host %d of %d: %d processes of job %s from step %lld (%s), coordinator at %s", c->m->host_rank,
         c->m->hosts, n, c->m->name, (long long)m->step + 1, from ? m->text : "the initial weights", c->endpoint);
     return 0;
 }
@@ -271,15 +272,15 @@ static void rewind_host(coord_t *c, agent_t *a, const msg_t *m)
     char err[512];
     kill_workers(c);
     if (coord_rewind_segments(c, m->step, m->ok, m->data, m->data_len, err, sizeof(err))) {
-        lose_coordinator(c, a, "cannot rewind");
         fprintf(stderr, "launch: host %d: cannot rewind to step %lld: %s\n", c->m->host_rank, (long long)m->step,
                 err);
-        return; /* the coordinator fails the job when these processes do not come back */
+        lose_coordinator(c, a, "it could not rewind"); /* the job fails without this host's processes */
+        return;
     }
     for (int i = 0; i < c->np; i++)
         if (!c->p[i].remote)
             coord_spawn(c, &c->p[i]);
-    say(a, "launch: host %d: the job was rewound to step %lld: its processes started again", c->m->host_rank,
+    say("launch: host %d: the job was rewound to step %lld: its processes started again", c->m->host_rank,
         (long long)m->step);
 }
 
@@ -439,7 +440,7 @@ int coord_agent(coord_t *c)
     agent_t a = {.part_out = -1, .deadline = util_now() + m->host_timeout_s};
     double beat = m->heartbeat_interval_ms * 1e-3, limit = m->heartbeat_timeout_ms * 1e-3;
     int status = 1;
-    say(&a, "launch: host %d of %d: job %s, waiting for the coordinator at %s", m->host_rank, m->hosts, m->name,
+    say("launch: host %d of %d: job %s, waiting for the coordinator at %s", m->host_rank, m->hosts, m->name,
         c->endpoint);
     connect_up(c, &a);
     for (;;) {

@@ -17,12 +17,15 @@
 #include <cmocka.h>
 
 #include "checkpointd/ckpt.h"
+#include "checkpointd/restore.h"
 #include "checkpointd/writer.h"
+#include "ipc/ctl.h"
 #include "ipc/shm.h"
 #include "kernels/params.h"
 #include "stages/job.h"
 #include "stages/manifest.h"
 #include "stages/staging.h"
+#include "stages/worker.h"
 #include "tests/testutil.h"
 
 #define STEP 7
@@ -365,10 +368,8 @@ static void test_ckpt_parts_two_processes_write_one_checkpoint(void **state)
     int parts[5] = {0, 1, 1, 0, 1};
     ckpt_part_range_t r[5];
     cut(r, f->tab.total, parts, 5);
-    ckpt_index_t plan;
-    uint8_t cur[2] = {0x90, 0x90};
-    assert_int_equal(ckpt_index_plan_parts(&plan, &f->tab, STEP, "[job]\nname = \"p\"\n", cur, sizeof(cur), 2, r, 5),
-                     0);
+    ckpt_index_t plan; /* manifest and cursor as write_whole's: the same safetensors below */
+    assert_int_equal(ckpt_index_plan_parts(&plan, &f->tab, STEP, "", NULL, 0, 2, r, 5), 0);
     pid_t pid[2];
     fflush(NULL);
     for (int k = 0; k < 2; k++)
@@ -412,9 +413,21 @@ static void test_ckpt_parts_two_processes_write_one_checkpoint(void **state)
         free(x);
         free(y);
     }
-    assert_int_equal(ia->cursor_len, 2);
     ckpt_close(&a);
     ckpt_close(&b);
+    /* `ctitan ckpt` reads it as any other: verify, and the same safetensors as the reference's */
+    if (!access(tu_ctitan(), X_OK)) {
+        char cmd[4096], out[4096], sa[600], sb_[600];
+        snprintf(cmd, sizeof(cmd), "%s ckpt verify %s 2>&1", tu_ctitan(), path);
+        if (tu_run(cmd, out, sizeof(out)))
+            fail_msg("%s", out);
+        snprintf(sa, sizeof(sa), "%s/parts.safetensors", f->dir);
+        snprintf(sb_, sizeof(sb_), "%s/whole.safetensors", f->dir);
+        snprintf(cmd, sizeof(cmd), "%s ckpt export %s --safetensors %s 2>&1 && %s ckpt export %s --safetensors %s 2>&1 "
+                 "&& cmp %s %s 2>&1", tu_ctitan(), path, sa, tu_ctitan(), whole, sb_, sa, sb_);
+        if (tu_run(cmd, out, sizeof(out)))
+            fail_msg("%s", out);
+    }
     /* committed again over it (a resumed run reaching the same step): replaced, nothing else left */
     for (int k = 0; k < 2; k++)
         assert_int_equal(write_part(f, dir, f->tmp, &plan, r, 5, k, 2, err, sizeof(err)), 0);
@@ -749,6 +762,211 @@ static void test_ckpt_parts_one_shot_writes_a_hosts_part_from_its_staging_segmen
     shm_detach(&seg);
 }
 
+/* ---- host 0's checkpointd, a worker of the job: SAVE_PART, COMMIT ---- */
+
+/* The next message of type `want` from checkpointd, answering its heartbeats meanwhile (a
+ * coordinator's part); an ERROR fails the test with its text. */
+static void expect_msg(ctl_t *srv, msg_type_t want, ctl_peer_t *from, msg_t *m)
+{
+    char err[512];
+    for (int i = 0; i < 3000; i++) {
+        int rc = ctl_recv(srv, 100, from, m, err, sizeof(err));
+        if (rc == -EAGAIN || rc == -EINTR)
+            continue;
+        if (rc)
+            fail_msg("ctl_recv: %s", err);
+        if (m->type == MSG_HEARTBEAT) {
+            msg_t hb = {.type = MSG_HEARTBEAT};
+            ctl_send(srv, from->route, &hb);
+            msg_clear(m);
+            continue;
+        }
+        if (m->type == MSG_ERROR)
+            fail_msg("checkpointd: %s", m->text);
+        if (m->type != want)
+            fail_msg("got %s, expected %s", msg_type_name(m->type), msg_type_name(want));
+        return;
+    }
+    fail_msg("no %s from checkpointd in 300 s", msg_type_name(want));
+}
+
+/* Sends a command (type, step, ok, text) and returns the answer of type `want`. */
+static void command(ctl_t *srv, const char *route, msg_type_t type, int64_t step, int ok, const char *text,
+                    msg_type_t want, msg_t *r)
+{
+    msg_t m = {.type = type, .step = step, .ok = ok};
+    if (text)
+        assert_int_equal(msg_set_text(&m, text), 0);
+    assert_int_equal(ctl_send(srv, route, &m), 0);
+    msg_clear(&m);
+    ctl_peer_t from;
+    expect_msg(srv, want, &from, r);
+    assert_int_equal(r->step, step);
+}
+
+static void test_ckpt_parts_daemon_writes_host_0s_part_and_commits_every_part(void **state)
+{
+    fx_t *f = *state;
+    char bin[256], err[1024], ep[300], path[512], tmp[64], p[700];
+    if (access(tu_program("checkpointd", bin, sizeof(bin)), X_OK)) {
+        print_message("%s not built: skipping\n", bin);
+        skip();
+    }
+    /* host 0's staging segment with the arrays of STEP */
+    shm_seg_t *seg;
+    assert_int_equal(staging_create(&seg, f->job, f->tab.total, err, sizeof(err)), 0);
+    staging_hdr_t *h = shm_data(seg);
+    for (int a = 0; a < 3; a++)
+        memcpy(staging_array(h, a), f->arr[a], f->tab.total * sizeof(float));
+    static const uint8_t s42[] = {0x81, 0xa6, 's', 'a', 'm', 'p', 'l', 'e', 0x2a}; /* {"sample": 42} */
+    h->cursor_len = sizeof(s42);
+    memcpy(h->cursor, s42, sizeof(s42));
+    atomic_store(&h->step, STEP);
+    /* a coordinator: the control socket, checkpointd's keys, the config (host 0's manifest) */
+    keys_pair_t sk, ck;
+    assert_int_equal(keys_pair_new(&sk, err, sizeof(err)), 0);
+    assert_int_equal(keys_pair_new(&ck, err, sizeof(err)), 0);
+    ctl_t *srv;
+    snprintf(ep, sizeof(ep), "ipc://%s/ctl.sock", f->dir);
+    assert_int_equal(ctl_server_new(&srv, sk.sec, err, sizeof(err)), 0);
+    assert_int_equal(ctl_allow(srv, ck.pub, "checkpointd.0.0"), 0);
+    assert_int_equal(ctl_bind(srv, ep, err, sizeof(err)), 0);
+    worker_keys_t wk = {.me = ck};
+    snprintf(wk.server, sizeof(wk.server), "%s", sk.pub);
+    int kfd = worker_keys_pipe(&wk);
+    assert_true(kfd >= 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        char fd[16];
+        snprintf(fd, sizeof(fd), "%d", kfd);
+        fcntl(kfd, F_SETFD, 0);
+        setenv(WORKER_ENV_ENDPOINT, ep, 1);
+        setenv(WORKER_ENV_JOB, f->job, 1);
+        setenv(WORKER_ENV_KEYS, fd, 1);
+        setenv("CTITAN_LOG", "warn", 1);
+        execl(bin, bin, "--job", f->job, (char *)NULL);
+        _exit(127);
+    }
+    close(kfd);
+    ctl_peer_t from;
+    msg_t m, r;
+    expect_msg(srv, MSG_HELLO, &from, &m);
+    msg_clear(&m);
+    manifest_t *m0 = malloc(sizeof(*m0));
+    *m0 = f->m;
+    m0->host_rank = 0;
+    char *toml = manifest_to_toml(m0);
+    msg_t cfg = {.type = MSG_CONFIG, .step = 0};
+    assert_int_equal(msg_set_text(&cfg, toml), 0);
+    assert_int_equal(ctl_send(srv, from.route, &cfg), 0);
+    msg_clear(&cfg);
+    free(toml);
+    expect_msg(srv, MSG_READY, &from, &m);
+    msg_clear(&m);
+    /* the parts of the job's split; the temporary directory named for checkpointd's PID */
+    job_layout_t l;
+    job_range_t *jr;
+    int n;
+    assert_int_equal(job_layout(&l, m0), 0);
+    assert_int_equal(job_host_parts(&l, m0, &jr, &n), 0);
+    ckpt_part_range_t rg[8];
+    uint64_t owned0 = 0;
+    for (int i = 0; i < n; i++) {
+        rg[i] = (ckpt_part_range_t){jr[i].begin, jr[i].end, jr[i].host};
+        owned0 += jr[i].host == 0 ? jr[i].end - jr[i].begin : 0;
+    }
+    free(jr);
+    ckpt_index_t plan;
+    assert_int_equal(ckpt_index_plan_parts(&plan, &f->tab, STEP, "", NULL, 0, 2, rg, n), 0);
+    snprintf(tmp, sizeof(tmp), ".tmp-step-%08d.%d", STEP, (int)pid);
+    /* SAVE is not how a job across hosts checkpoints */
+    command(srv, from.route, MSG_SAVE, STEP, 0, NULL, MSG_SAVED, &r);
+    assert_false(r.ok);
+    assert_non_null(strstr(r.text, "job.hosts = 2: a checkpoint across hosts is written in parts"));
+    msg_clear(&r);
+    /* SAVE_PART: host 0's part; host 1's here; COMMIT: step-N, every tensor as staged */
+    command(srv, from.route, MSG_SAVE_PART, STEP, 0, tmp, MSG_WRITTEN, &r);
+    if (!r.ok)
+        fail_msg("%s", r.text);
+    assert_string_equal(r.text, "");
+    assert_int_equal(r.progress, 3 * (CKPT_DATA_HDR + 4 * owned0));
+    msg_clear(&r);
+    assert_int_equal(write_part(f, f->dir, tmp, &plan, rg, n, 1, 2, err, sizeof(err)), 0);
+    command(srv, from.route, MSG_COMMIT, STEP, 1, tmp, MSG_SAVED, &r);
+    if (!r.ok)
+        fail_msg("%s", r.text);
+    snprintf(path, sizeof(path), "%s/step-%08d", f->dir, STEP);
+    assert_string_equal(r.text, path);
+    assert_int_equal(r.progress, 3 * (2 * CKPT_DATA_HDR + 4 * (uint64_t)f->tab.total));
+    msg_clear(&r);
+    expect_arrays(f, path);
+    /* a run of one host, one stage, resumes from it: every array as staged, the step, the cursor */
+    manifest_t *one = malloc(sizeof(*one));
+    const char *kv[][2] = {{"model.flavor", "tiny"}, {"model.dim", "64"}, {"training.seq_len", "16"},
+                           {"checkpoint.folder", f->dir}};
+    manifest_defaults(one);
+    for (size_t k = 0; k < sizeof(kv) / sizeof(kv[0]); k++)
+        assert_int_equal(manifest_override(one, kv[k][0], kv[k][1], err, sizeof(err)), 0);
+    if (manifest_validate(one, err, sizeof(err)))
+        fail_msg("%s", err);
+    char rjob[96], got[512];
+    shm_seg_t *rseg;
+    snprintf(rjob, sizeof(rjob), "%s-r", f->job);
+    assert_int_equal(staging_create(&rseg, rjob, f->tab.total, err, sizeof(err)), 0);
+    staging_hdr_t *rh = shm_data(rseg);
+    if (restore_load("latest", one, &f->tab, rh, stderr, got, sizeof(got), err, sizeof(err)))
+        fail_msg("%s", err);
+    assert_string_equal(got, path);
+    assert_int_equal(atomic_load(&rh->step), STEP);
+    assert_int_equal(rh->cursor_len, sizeof(s42));
+    assert_memory_equal(rh->cursor, s42, sizeof(s42));
+    for (int a = 0; a < 3; a++)
+        assert_memory_equal(staging_array(rh, a), f->arr[a], f->tab.total * sizeof(float));
+    shm_detach(&rseg);
+    shm_remove_all(rjob);
+    free(one);
+    /* a commit with host 1's part missing: SAVED says which, nothing changes */
+    command(srv, from.route, MSG_SAVE_PART, STEP, 0, tmp, MSG_WRITTEN, &r);
+    assert_true(r.ok);
+    msg_clear(&r);
+    command(srv, from.route, MSG_COMMIT, STEP, 1, tmp, MSG_SAVED, &r);
+    assert_false(r.ok);
+    if (!strstr(r.text, "part-1.xxh: missing: part 1 of 2 was not written"))
+        fail_msg("%s", r.text);
+    msg_clear(&r);
+    snprintf(p, sizeof(p), "%s/%s", f->dir, tmp);
+    assert_int_equal(access(p, F_OK), -1);
+    /* given up: the parts go, SAVED says so */
+    command(srv, from.route, MSG_SAVE_PART, STEP, 0, tmp, MSG_WRITTEN, &r);
+    assert_true(r.ok);
+    msg_clear(&r);
+    assert_int_equal(write_part(f, f->dir, tmp, &plan, rg, n, 1, 2, err, sizeof(err)), 0);
+    command(srv, from.route, MSG_COMMIT, STEP, 0, tmp, MSG_SAVED, &r);
+    assert_false(r.ok);
+    if (!strstr(r.text, "the checkpoint of step 7 was given up"))
+        fail_msg("%s", r.text);
+    msg_clear(&r);
+    assert_int_equal(access(p, F_OK), -1);
+    /* a SAVE_PART for a step the staging segment does not hold, and a name of the wrong form */
+    command(srv, from.route, MSG_SAVE_PART, STEP + 1, 0, tmp, MSG_WRITTEN, &r);
+    assert_false(r.ok);
+    assert_non_null(strstr(r.text, "the staging segment holds step 7, not 8"));
+    msg_clear(&r);
+    command(srv, from.route, MSG_SAVE_PART, STEP, 0, "../../x", MSG_WRITTEN, &r);
+    assert_false(r.ok);
+    assert_non_null(strstr(r.text, "is not the name of a temporary directory"));
+    msg_clear(&r);
+    expect_arrays(f, path); /* still the first one */
+    msg_t stop = {.type = MSG_STOP};
+    assert_int_equal(ctl_send(srv, from.route, &stop), 0);
+    assert_int_equal(tu_reap(pid, 30, NULL), 0);
+    ctl_destroy(&srv);
+    ckpt_index_free(&plan);
+    shm_detach(&seg);
+    free(m0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -761,6 +979,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_ckpt_parts_writer_keeps_to_its_name_and_its_files, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ckpt_parts_one_shot_writes_a_hosts_part_from_its_staging_segment, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_ckpt_parts_daemon_writes_host_0s_part_and_commits_every_part, setup,
                                         teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -351,10 +351,11 @@ static int run_worker(void)
             uint64_t bytes = 0;
             double t0 = util_now();
             int rc;
+            const char *tmp = m.text ? m.text : ""; /* the decoder requires it; "" is refused as a name */
             if (m.type == MSG_SAVE_PART)
-                rc = save_part(&d, m.step, m.text, d.m->host_rank, &bytes, err, sizeof(err));
+                rc = save_part(&d, m.step, tmp, d.m->host_rank, &bytes, err, sizeof(err));
             else if (m.type == MSG_COMMIT)
-                rc = commit(&d, m.step, m.ok, m.text, path, sizeof(path), &bytes, err, sizeof(err));
+                rc = commit(&d, m.step, m.ok, tmp, path, sizeof(path), &bytes, err, sizeof(err));
             else if (d.n_parts > 1)
                 rc = util_fail(err, sizeof(err), -EINVAL, "job.hosts = %d: a checkpoint across hosts is written in "
                                "parts (SAVE_PART, COMMIT), not by SAVE", d.n_parts);

@@ -131,6 +131,7 @@ static void write_whole(fx_t *f, const char *dir, char *path, size_t pathlen)
     char err[1024];
     ckpt_index_t plan;
     assert_int_equal(ckpt_index_plan(&plan, &f->tab, STEP, "", NULL, 0), 0);
+    plan.created = 1764000000; /* as the parts' plan of the same arrays: the same export */
     ckw_t *w;
     assert_int_equal(ckw_begin(&w, dir, &plan, err, sizeof(err)), 0);
     static _Alignas(4096) uint8_t hdr[CKPT_DATA_HDR];
@@ -368,8 +369,9 @@ static void test_ckpt_parts_two_processes_write_one_checkpoint(void **state)
     int parts[5] = {0, 1, 1, 0, 1};
     ckpt_part_range_t r[5];
     cut(r, f->tab.total, parts, 5);
-    ckpt_index_t plan; /* manifest and cursor as write_whole's: the same safetensors below */
+    ckpt_index_t plan; /* manifest, cursor and time as write_whole's: the same safetensors below */
     assert_int_equal(ckpt_index_plan_parts(&plan, &f->tab, STEP, "", NULL, 0, 2, r, 5), 0);
+    plan.created = 1764000000;
     pid_t pid[2];
     fflush(NULL);
     for (int k = 0; k < 2; k++)

@@ -10,6 +10,15 @@
  *     exp_avg_sq.bin          of kernels/params.h, AdamW's first and second moments)
  *     index                   magic "CTCKIDX1", version, msgpack body, XXH64 of all before
  *
+ * A checkpoint written in parts (one part per host of a job across hosts, each host writing
+ * the ranges of the flat space its optimizer shards own: ckpt_index_plan_parts) has instead
+ * three data files per part K, model.hK.bin, exp_avg.hK.bin and exp_avg_sq.hK.bin: the same
+ * header, then part K's ranges back to back in flat order. Its index is an ordinary one (a
+ * tensor's chunks point into the file of the part that owns them), so every reader reads it
+ * as it reads any checkpoint, on any number of hosts. While it is written each part leaves
+ * part-K.xxh in the temporary directory (ckpt_part_sums_t: the XXH3 of each of its chunks),
+ * from which the host that commits writes the index; the committed directory has none.
+ *
  * The index names every tensor (name, dtype, global shape) and where each chunk of it lives
  * (file, offset, length, XXH3-64 of the bytes); chunks are at most CKPT_CHUNK_BYTES. It also
  * holds the step, the loader cursor at the start of the next step, and the manifest (TOML)
@@ -46,6 +55,8 @@
 #define CKPT_CURSOR_MAX 240             /* = LDR_CURSOR_MAX */
 #define CKPT_INDEX_MAX (256u << 20)     /* an index larger than this is refused */
 #define CKPT_STEP_MAX INT32_MAX         /* training.steps is an int: no run completes more steps */
+#define CKPT_PARTS_MAX 1365             /* parts of one checkpoint: 3 files each, in an index's 4096 */
+#define CKPT_SUMS_MAGIC "CTCKSUM1"      /* a part's checksum file */
 
 typedef struct {
     uint32_t file;        /* index into files */
@@ -96,6 +107,46 @@ size_t ckpt_dtype_size(const char *dtype); /* 0 when unknown */
  * with chunk offsets filled in and checksums 0 (the writer takes them from the bytes it writes). */
 int ckpt_index_plan(ckpt_index_t *ix, const param_table_t *tab, int64_t step, const char *manifest,
                     const void *cursor, size_t cursor_len);
+/* A range [begin, end) of the flat space (in floats) and the part that writes it. */
+typedef struct {
+    uint64_t begin, end;
+    int part;
+} ckpt_part_range_t;
+/* The index of a checkpoint written in n_parts parts, ranges saying which part owns what (in
+ * order, tiling [0, tab->total) exactly; -EINVAL otherwise). n_parts == 1 is ckpt_index_plan's
+ * plan exactly. n_parts > 1: 3 * n_parts files, part-major: file 3K + a is array a (model,
+ * exp_avg, exp_avg_sq) of part K, "model.hK.bin" etc., CKPT_DATA_HDR + 4 * (floats K owns)
+ * bytes (a part that owns nothing has its three files, header only). Every tensor's chunks are
+ * in element order, at most CKPT_CHUNK_BYTES, split where the owning part changes, each in its
+ * owner's file. Checksums 0, as ckpt_index_plan's. */
+int ckpt_index_plan_parts(ckpt_index_t *ix, const param_table_t *tab, int64_t step, const char *manifest,
+                          const void *cursor, size_t cursor_len, int n_parts, const ckpt_part_range_t *ranges,
+                          int n_ranges);
+/* The part data file `file` of such a plan belongs to. */
+static inline int ckpt_part_of_file(uint32_t file, int n_parts) { return n_parts > 1 ? (int)(file / 3) : 0; }
+
+/* A part's checksum file, "part-K.xxh" in the temporary directory (checkpointd/writer.h):
+ *   magic "CTCKSUM1", version (uint32), 4 zero bytes, step (int64), part (uint32), n_parts
+ *   (uint32), count (uint64), count XXH3-64s, XXH64 of everything before it; native-endian.
+ * The checksums are those of the part's chunks in plan order: tensor by tensor, each tensor's
+ * chunks in order, only the chunks that lie in the part's files. */
+typedef struct {
+    int64_t step;
+    uint32_t part, n_parts;
+    uint64_t count;
+    uint64_t *xxh;        /* count checksums (owned) */
+} ckpt_part_sums_t;
+void ckpt_part_sums_name(char *buf, size_t n, int part); /* "part-K.xxh" */
+size_t ckpt_part_sums_bytes(uint64_t count);              /* the file's size for count checksums */
+int ckpt_part_sums_encode(const ckpt_part_sums_t *ps, uint8_t **buf, size_t *len); /* caller frees */
+/* Decodes and checks the bytes of a part's checksum file (`what` names it in errors): the
+ * magic, the version, the zero bytes, the step (0..CKPT_STEP_MAX), part < n_parts <=
+ * CKPT_PARTS_MAX, count against the length, the trailing XXH64. Returns 0 or -EBADMSG with
+ * "WHAT: bad part checksum file: ..." in err (-ENOMEM). Never reads past len. */
+int ckpt_part_sums_decode(const void *buf, size_t len, ckpt_part_sums_t *ps, const char *what, char *err,
+                          size_t errlen);
+void ckpt_part_sums_free(ckpt_part_sums_t *ps);
+
 /* Fills every chunk checksum of file `file` from its payload: `data` holds the file's bytes
  * from offset CKPT_DATA_HDR on. A plan with checksums makes the writer check the bytes against
  * them instead of filling them in (the tests use this; checkpointd leaves it to the writer). */

@@ -61,10 +61,13 @@ size_t ckpt_dtype_size(const char *dtype)
 /* ---- plan ---- */
 
 static const char *const file_names[3] = {"model.bin", "exp_avg.bin", "exp_avg_sq.bin"};
+static const char *const part_stems[3] = {"model", "exp_avg", "exp_avg_sq"};
 static const char *const prefixes[3] = {"", "optimizer.exp_avg.", "optimizer.exp_avg_sq."};
 
-int ckpt_index_plan(ckpt_index_t *ix, const param_table_t *tab, int64_t step, const char *manifest,
-                    const void *cursor, size_t cursor_len)
+/* What every plan has: step, time, manifest, cursor, room for n_files files and a weight and two
+ * moment tensors per parameter, each with its name, dtype and shape (chunks left to the caller). */
+static int plan_head(ckpt_index_t *ix, const param_table_t *tab, int64_t step, const char *manifest,
+                     const void *cursor, size_t cursor_len, int n_files)
 {
     memset(ix, 0, sizeof(*ix));
     if (cursor_len > CKPT_CURSOR_MAX)
@@ -72,7 +75,7 @@ int ckpt_index_plan(ckpt_index_t *ix, const param_table_t *tab, int64_t step, co
     ix->step = step;
     ix->created = (int64_t)time(NULL);
     ix->manifest = strdup(manifest ? manifest : "");
-    ix->files = calloc(3, sizeof(ckpt_file_t));
+    ix->files = calloc((size_t)n_files, sizeof(ckpt_file_t));
     ix->tensors = calloc(3 * (size_t)tab->n, sizeof(ckpt_tensor_t));
     if (!ix->manifest || !ix->files || !ix->tensors) {
         ckpt_index_free(ix);
@@ -81,11 +84,7 @@ int ckpt_index_plan(ckpt_index_t *ix, const param_table_t *tab, int64_t step, co
     if (cursor_len)
         memcpy(ix->cursor, cursor, cursor_len);
     ix->cursor_len = (uint32_t)cursor_len;
-    ix->n_files = 3;
-    for (int f = 0; f < 3; f++) {
-        snprintf(ix->files[f].name, CKPT_FILE_MAX, "%s", file_names[f]);
-        ix->files[f].bytes = CKPT_DATA_HDR + (uint64_t)tab->total * sizeof(float);
-    }
+    ix->n_files = n_files;
     for (int f = 0; f < 3; f++)
         for (int i = 0; i < tab->n; i++) {
             const param_info_t *p = &tab->t[i];
@@ -96,6 +95,24 @@ int ckpt_index_plan(ckpt_index_t *ix, const param_table_t *tab, int64_t step, co
             for (int d = 0; d < p->ndim; d++)
                 t->shape[d] = p->shape[d];
             t->numel = p->numel;
+        }
+    return 0;
+}
+
+int ckpt_index_plan(ckpt_index_t *ix, const param_table_t *tab, int64_t step, const char *manifest,
+                    const void *cursor, size_t cursor_len)
+{
+    int rc = plan_head(ix, tab, step, manifest, cursor, cursor_len, 3);
+    if (rc)
+        return rc;
+    for (int f = 0; f < 3; f++) {
+        snprintf(ix->files[f].name, CKPT_FILE_MAX, "%s", file_names[f]);
+        ix->files[f].bytes = CKPT_DATA_HDR + (uint64_t)tab->total * sizeof(float);
+    }
+    for (int f = 0; f < 3; f++)
+        for (int i = 0; i < tab->n; i++) {
+            const param_info_t *p = &tab->t[i];
+            ckpt_tensor_t *t = &ix->tensors[f * tab->n + i];
             uint64_t bytes = (uint64_t)p->numel * sizeof(float);
             t->n_chunks = (uint32_t)((bytes + CKPT_CHUNK_BYTES - 1) / CKPT_CHUNK_BYTES);
             t->chunks = calloc(t->n_chunks ? t->n_chunks : 1, sizeof(ckpt_chunk_t));
@@ -111,6 +128,90 @@ int ckpt_index_plan(ckpt_index_t *ix, const param_table_t *tab, int64_t step, co
             }
         }
     return 0;
+}
+
+/* The chunks of elements [tb, te) of array a in a plan in parts: runs of ranges of one part are
+ * contiguous in that part's files (its ranges lie back to back there), so a chunk ends at
+ * CKPT_CHUNK_BYTES, at the tensor's end, or where the owner changes. at[i]: the byte offset of
+ * range i in its part's files. With out NULL, only counts them. */
+static uint32_t part_chunks(const ckpt_part_range_t *r, int n_ranges, const uint64_t *at, int n_parts, int a,
+                            uint64_t tb, uint64_t te, ckpt_chunk_t *out)
+{
+    const uint64_t step = CKPT_CHUNK_BYTES / sizeof(float);
+    int lo = 0, hi = n_ranges - 1; /* the range holding tb: the last with begin <= tb */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (r[mid].begin <= tb)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    uint32_t n = 0;
+    for (int i = lo; i < n_ranges && r[i].begin < te;) {
+        int j = i; /* the run of ranges of i's part */
+        while (j + 1 < n_ranges && r[j + 1].part == r[i].part)
+            j++;
+        uint64_t b = tb > r[i].begin ? tb : r[i].begin, e = te < r[j].end ? te : r[j].end;
+        uint32_t file = (uint32_t)(n_parts > 1 ? 3 * r[i].part + a : a);
+        for (uint64_t x = b; x < e; x += step, n++)
+            if (out)
+                out[n] = (ckpt_chunk_t){.file = file, .offset = at[i] + (x - r[i].begin) * sizeof(float),
+                                        .length = (e - x < step ? e - x : step) * sizeof(float)};
+        i = j + 1;
+    }
+    return n;
+}
+
+int ckpt_index_plan_parts(ckpt_index_t *ix, const param_table_t *tab, int64_t step, const char *manifest,
+                          const void *cursor, size_t cursor_len, int n_parts, const ckpt_part_range_t *ranges,
+                          int n_ranges)
+{
+    memset(ix, 0, sizeof(*ix));
+    if (n_parts < 1 || n_parts > CKPT_PARTS_MAX || n_ranges < 1)
+        return -EINVAL;
+    uint64_t end = 0;
+    for (int i = 0; i < n_ranges; i++) {
+        if (ranges[i].begin != end || ranges[i].end <= ranges[i].begin || ranges[i].part < 0 ||
+            ranges[i].part >= n_parts)
+            return -EINVAL;
+        end = ranges[i].end;
+    }
+    if (end != tab->total)
+        return -EINVAL;
+    uint64_t *at = malloc((size_t)n_ranges * sizeof(uint64_t)), *owned = calloc((size_t)n_parts, sizeof(uint64_t));
+    int rc = at && owned ? plan_head(ix, tab, step, manifest, cursor, cursor_len, 3 * n_parts) : -ENOMEM;
+    if (rc)
+        goto out;
+    for (int i = 0; i < n_ranges; i++) {
+        at[i] = CKPT_DATA_HDR + owned[ranges[i].part] * sizeof(float);
+        owned[ranges[i].part] += ranges[i].end - ranges[i].begin;
+    }
+    for (int k = 0; k < n_parts; k++)
+        for (int a = 0; a < 3; a++) {
+            ckpt_file_t *f = &ix->files[3 * k + a];
+            if (n_parts == 1)
+                snprintf(f->name, CKPT_FILE_MAX, "%s", file_names[a]);
+            else
+                snprintf(f->name, CKPT_FILE_MAX, "%s.h%d.bin", part_stems[a], k);
+            f->bytes = CKPT_DATA_HDR + owned[k] * sizeof(float);
+        }
+    for (int a = 0; a < 3; a++)
+        for (int i = 0; i < tab->n; i++) {
+            const param_info_t *p = &tab->t[i];
+            ckpt_tensor_t *t = &ix->tensors[a * tab->n + i];
+            uint64_t tb = p->offset, te = p->offset + p->numel;
+            t->n_chunks = part_chunks(ranges, n_ranges, at, n_parts, a, tb, te, NULL);
+            if (!(t->chunks = calloc(t->n_chunks ? t->n_chunks : 1, sizeof(ckpt_chunk_t)))) {
+                ckpt_index_free(ix);
+                rc = -ENOMEM;
+                goto out;
+            }
+            part_chunks(ranges, n_ranges, at, n_parts, a, tb, te, t->chunks);
+        }
+out:
+    free(at);
+    free(owned);
+    return rc;
 }
 
 void ckpt_index_hash(ckpt_index_t *ix, uint32_t file, const void *data)

@@ -379,7 +379,9 @@ struct ckw {
     int tmpfd;
     ckpt_index_t plan;
     uw_t *uw;
-    int file;            /* data file being written, -1 before the first */
+    int part, n_parts;   /* ckw_begin_part's part of n_parts; -1 for a whole checkpoint */
+    int first, end;      /* the data files this writer writes: [first, end) of the plan's */
+    int file;            /* data file being written, first - 1 before the first */
     double t0;
     uint64_t bytes;
     /* checksums of the current file's chunks, in offset order, as its bytes go by */
@@ -478,14 +480,66 @@ int ckw_check_dir(const char *dir, char *err, size_t errlen)
     return rc;
 }
 
-int ckw_begin(ckw_t **out, const char *dir, const ckpt_index_t *plan, char *err, size_t errlen)
+/* Whether name is .tmp-step-NNNNNNNN.PID for `step` (a PID of 1 to 10 digits, no leading 0):
+ * the one form ckpt_retain knows (it removes such a directory once no process has the PID), and
+ * so a name that cannot point outside the folder. */
+static int check_tmp_name(const char *name, int64_t step, char *err, size_t errlen)
+{
+    char want[48];
+    size_t n = (size_t)snprintf(want, sizeof(want), ".tmp-step-%08" PRId64 ".", step), k = strnlen(name, 64);
+    int ok = k > n && k - n <= 10 && !strncmp(name, want, n) && name[n] != '0';
+    for (size_t i = n; ok && i < k; i++)
+        ok = name[i] >= '0' && name[i] <= '9';
+    if (!ok || strtoll(name + n, NULL, 10) > INT_MAX)
+        return util_fail(err, errlen, -EINVAL, "'%.64s' is not the name of a temporary directory of step %" PRId64
+                         " (%sPID, PID that of the committing checkpointd)", name, step, want);
+    return 0;
+}
+
+/* Removes this part's files from the temporary directory, its checksum file first (the mark of a
+ * part written whole). Returns 0 or -errno with err. */
+static int remove_part_files(ckw_t *w, char *err, size_t errlen)
+{
+    char name[CKPT_FILE_MAX];
+    ckpt_part_sums_name(name, sizeof(name), w->part);
+    if (unlinkat(w->tmpfd, name, 0) < 0 && errno != ENOENT)
+        return util_fail(err, errlen, -errno, "%s/%s: cannot remove: %s", w->tmp, name, strerror(errno));
+    for (int f = w->first; f < w->end; f++)
+        if (unlinkat(w->tmpfd, w->plan.files[f].name, 0) < 0 && errno != ENOENT)
+            return util_fail(err, errlen, -errno, "%s/%s: cannot remove: %s", w->tmp, w->plan.files[f].name,
+                             strerror(errno));
+    return 0;
+}
+
+/* What a failed or abandoned writer leaves: nothing of a whole checkpoint; of a part, the other
+ * parts' files (the directory is theirs too). */
+static void discard(ckw_t *w)
+{
+    if (w->part < 0 && w->tmp[0])
+        ckpt_remove_dir(w->tmp);
+    else if (w->part >= 0 && w->tmpfd >= 0)
+        remove_part_files(w, NULL, 0);
+}
+
+/* ckw_begin (part -1) and ckw_begin_part. */
+static int begin(ckw_t **out, const char *dir, const char *tmp_name, const ckpt_index_t *plan, int part, int n_parts,
+                 char *err, size_t errlen)
 {
     *out = NULL;
+    if (part >= 0) {
+        int rc = check_tmp_name(tmp_name, plan->step, err, errlen);
+        if (rc)
+            return rc;
+        if (n_parts < 1 || part >= n_parts || plan->n_files != 3 * n_parts)
+            return util_fail(err, errlen, -EINVAL, "part %d of %d: the plan has %d data files, not 3 for each part",
+                             part, n_parts, plan->n_files);
+    }
     ckw_t *w = calloc(1, sizeof(*w));
     if (!w)
         return -ENOMEM;
     w->tmpfd = -1;
-    w->file = -1;
+    w->part = part;
+    w->n_parts = n_parts;
     w->t0 = util_now();
     snprintf(w->dir, sizeof(w->dir), "%s", dir);
     int rc;
@@ -513,26 +567,52 @@ int ckw_begin(ckw_t **out, const char *dir, const ckpt_index_t *plan, char *err,
         util_fail(err, errlen, rc, "%s: cannot create: %s", dir, strerror(-rc));
         goto out;
     }
-    snprintf(w->tmp, sizeof(w->tmp), "%s/.tmp-step-%08" PRId64 ".%d", dir, plan->step, (int)getpid());
+    w->first = part >= 0 ? 3 * part : 0;
+    w->end = part >= 0 ? 3 * part + 3 : w->plan.n_files;
+    w->file = w->first - 1;
     ckpt_step_path(w->final, sizeof(w->final), dir, plan->step);
-    ckpt_remove_dir(w->tmp); /* ours from an attempt that failed */
-    if (mkdir(w->tmp, 0755) < 0) {
-        rc = util_fail(err, errlen, -errno, "%s: cannot create: %s", w->tmp, strerror(errno));
-        goto out;
+    if (part < 0) {
+        snprintf(w->tmp, sizeof(w->tmp), "%s/.tmp-step-%08" PRId64 ".%d", dir, plan->step, (int)getpid());
+        ckpt_remove_dir(w->tmp); /* ours from an attempt that failed */
+        if (mkdir(w->tmp, 0755) < 0) {
+            rc = util_fail(err, errlen, -errno, "%s: cannot create: %s", w->tmp, strerror(errno));
+            goto out;
+        }
+    } else {
+        snprintf(w->tmp, sizeof(w->tmp), "%s/%s", dir, tmp_name);
+        /* the first part to begin creates it; the others' files stay */
+        if (mkdir(w->tmp, 0755) < 0 && errno != EEXIST) {
+            rc = util_fail(err, errlen, -errno, "%s: cannot create: %s", w->tmp, strerror(errno));
+            goto out;
+        }
     }
-    if ((w->tmpfd = open(w->tmp, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
+    if ((w->tmpfd = open(w->tmp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0) {
         rc = util_fail(err, errlen, -errno, "%s: %s", w->tmp, strerror(errno));
         goto out;
     }
+    if (part >= 0 && (rc = remove_part_files(w, err, errlen))) /* an earlier attempt at this part */
+        goto out;
     if ((rc = uw_get(&w->uw, err, errlen)))
         goto out;
     *out = w;
     return 0;
 out:
-    if (w->tmp[0])
-        ckpt_remove_dir(w->tmp);
+    discard(w);
     ckw_free(w);
     return rc;
+}
+
+int ckw_begin(ckw_t **out, const char *dir, const ckpt_index_t *plan, char *err, size_t errlen)
+{
+    return begin(out, dir, NULL, plan, -1, 1, err, errlen);
+}
+
+int ckw_begin_part(ckw_t **out, const char *dir, const char *tmp_name, const ckpt_index_t *plan, int part,
+                   int n_parts, char *err, size_t errlen)
+{
+    if (part < 0)
+        return util_fail(err, errlen, -EINVAL, "part %d: parts are numbered from 0", part);
+    return begin(out, dir, tmp_name, plan, part, n_parts, err, errlen);
 }
 
 /* Ends the current file: all of its bytes given, every chunk in it checksummed. */
@@ -552,10 +632,13 @@ int ckw_write(ckw_t *w, uint32_t file, uint64_t offset, const void *data, size_t
 {
     int rc;
     if ((int)file != w->file) {
-        if ((int)file != w->file + 1 || file >= (uint32_t)w->plan.n_files)
+        if (w->part >= 0 && (file < (uint32_t)w->first || file >= (uint32_t)w->end))
+            return util_fail(err, errlen, -EINVAL, "data for file %u: part %d writes files %d to %d", file, w->part,
+                             w->first, w->end - 1);
+        if ((int)file != w->file + 1 || file >= (uint32_t)w->end)
             return util_fail(err, errlen, -EINVAL, "data for file %u after file %d: files come in order", file,
                              w->file);
-        if (w->file >= 0 && (rc = end_file(w, err, errlen)))
+        if (w->file >= w->first && (rc = end_file(w, err, errlen)))
             return rc;
         w->file = (int)file;
         char shown[PATH_MAX + 128];
@@ -581,26 +664,64 @@ void ckw_abort(ckw_t **pw)
         return;
     uw_put(w->uw); /* finishes and closes what is in flight before the files go */
     w->uw = NULL;
-    ckpt_remove_dir(w->tmp);
+    discard(w);
     ckw_free(w);
     *pw = NULL;
 }
 
-static int write_index(ckw_t *w, char *err, size_t errlen)
+/* A small file written whole into the temporary directory and synced (the index, a part's
+ * checksum file). */
+static int write_small(int dirfd, const char *tmp, const char *name, const uint8_t *buf, size_t len, char *err,
+                       size_t errlen)
 {
-    uint8_t *buf;
-    size_t len;
-    int rc = ckpt_index_encode(&w->plan, &buf, &len);
-    if (rc)
-        return util_fail(err, errlen, rc, "out of memory");
-    int fd = openat(w->tmpfd, "index", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    rc = fd < 0 ? -errno : util_write_all(fd, buf, len);
+    int fd = openat(dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    int rc = fd < 0 ? -errno : util_write_all(fd, buf, len);
     if (!rc && fsync(fd) < 0)
         rc = -errno;
     if (fd >= 0 && close(fd) < 0 && !rc)
         rc = -errno;
+    return rc ? util_fail(err, errlen, rc, "%s/%s: %s", tmp, name, strerror(-rc)) : 0;
+}
+
+/* The end of every commit, once the data files are synced: the index written and synced last
+ * into the temporary directory tmp (open as tmpfd), tmp synced, renamed to final (exchanged
+ * when final exists: replaced atomically, the old one then under the temporary name), dir
+ * synced. */
+static int publish(int tmpfd, const char *tmp, const char *dir, const char *final, const ckpt_index_t *ix, char *err,
+                   size_t errlen)
+{
+    uint8_t *buf;
+    size_t len;
+    int rc = ckpt_index_encode(ix, &buf, &len);
+    if (rc)
+        return util_fail(err, errlen, rc, "out of memory");
+    rc = write_small(tmpfd, tmp, "index", buf, len, err, errlen);
     free(buf);
-    return rc ? util_fail(err, errlen, rc, "%s/index: %s", w->tmp, strerror(-rc)) : 0;
+    if (!rc && fsync(tmpfd) < 0)
+        rc = util_fail(err, errlen, -errno, "%s: fsync: %s", tmp, strerror(errno));
+    if (!rc) {
+        struct stat sb;
+        if (stat(final, &sb) == 0) {
+            if (renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_EXCHANGE) < 0)
+                rc = util_fail(err, errlen, -errno, "%s: cannot replace: %s", final, strerror(errno));
+        } else if (rename(tmp, final) < 0) {
+            rc = util_fail(err, errlen, -errno, "%s -> %s: %s", tmp, final, strerror(errno));
+        }
+    }
+    if (!rc && (rc = util_fsync_dir(dir)))
+        util_fail(err, errlen, rc, "%s: fsync: %s", dir, strerror(-rc));
+    return rc;
+}
+
+/* Every file of the writer, in order, to its size: the last one ended, all synced. */
+static int end_files(ckw_t *w, char *err, size_t errlen)
+{
+    int rc;
+    if (w->file != w->end - 1)
+        rc = util_fail(err, errlen, -EINVAL, "%s: no data was sent for it", w->plan.files[w->file + 1].name);
+    else
+        rc = end_file(w, err, errlen);
+    return rc ? rc : sync_files(w->uw, err, errlen);
 }
 
 int ckw_commit(ckw_t **pw, char *path, size_t pathlen, ckw_stats_t *st, char *err, size_t errlen)
@@ -608,29 +729,12 @@ int ckw_commit(ckw_t **pw, char *path, size_t pathlen, ckw_stats_t *st, char *er
     ckw_t *w = *pw;
     *pw = NULL;
     int rc = 0;
-    /* every file, in order, to its size */
-    if (w->file != w->plan.n_files - 1)
-        rc = util_fail(err, errlen, -EINVAL, "%s: no data was sent for it", w->plan.files[w->file + 1].name);
-    else
-        rc = end_file(w, err, errlen);
+    if (w->part >= 0)
+        rc = util_fail(err, errlen, -EINVAL, "part %d: a part's writer ends with ckw_commit_part", w->part);
     if (!rc)
-        rc = sync_files(w->uw, err, errlen);
+        rc = end_files(w, err, errlen);
     if (!rc)
-        rc = write_index(w, err, errlen);
-    if (!rc && fsync(w->tmpfd) < 0)
-        rc = util_fail(err, errlen, -errno, "%s: fsync: %s", w->tmp, strerror(errno));
-    if (!rc) {
-        struct stat sb;
-        if (stat(w->final, &sb) == 0) {
-            /* replaced atomically; the old one ends up under the temporary name */
-            if (renameat2(AT_FDCWD, w->tmp, AT_FDCWD, w->final, RENAME_EXCHANGE) < 0)
-                rc = util_fail(err, errlen, -errno, "%s: cannot replace: %s", w->final, strerror(errno));
-        } else if (rename(w->tmp, w->final) < 0) {
-            rc = util_fail(err, errlen, -errno, "%s -> %s: %s", w->tmp, w->final, strerror(errno));
-        }
-    }
-    if (!rc && (rc = util_fsync_dir(w->dir)))
-        util_fail(err, errlen, rc, "%s: fsync: %s", w->dir, strerror(-rc));
+        rc = publish(w->tmpfd, w->tmp, w->dir, w->final, &w->plan, err, errlen);
     if (st)
         *st = (ckw_stats_t){.direct = w->uw->all_direct, .fixed = w->uw->fixed, .bytes = w->bytes,
                             .secs = util_now() - w->t0};
@@ -638,8 +742,220 @@ int ckw_commit(ckw_t **pw, char *path, size_t pathlen, ckw_stats_t *st, char *er
         snprintf(path, pathlen, "%s", w->final);
     uw_put(w->uw); /* in flight and open files finished before they are removed */
     w->uw = NULL;
-    ckpt_remove_dir(w->tmp); /* on failure the partial one; after an exchange the old one */
+    if (w->part < 0)
+        ckpt_remove_dir(w->tmp); /* on failure the partial one; after an exchange the old one */
+    else
+        discard(w);
     ckw_free(w);
+    return rc;
+}
+
+/* ---- checkpoints in parts ---- */
+
+/* How many chunks of ix lie in the files of `part`. */
+static uint64_t part_chunk_count(const ckpt_index_t *ix, int part, int n_parts)
+{
+    uint64_t n = 0;
+    for (int i = 0; i < ix->n_tensors; i++)
+        for (uint32_t c = 0; c < ix->tensors[i].n_chunks; c++)
+            n += ckpt_part_of_file(ix->tensors[i].chunks[c].file, n_parts) == part;
+    return n;
+}
+
+int ckw_commit_part(ckw_t **pw, ckw_stats_t *st, char *err, size_t errlen)
+{
+    ckw_t *w = *pw;
+    *pw = NULL;
+    int rc = 0;
+    ckpt_part_sums_t ps = {.step = w->plan.step, .part = (uint32_t)w->part, .n_parts = (uint32_t)w->n_parts};
+    uint8_t *buf = NULL;
+    size_t len;
+    if (w->part < 0)
+        rc = util_fail(err, errlen, -EINVAL, "a whole checkpoint's writer ends with ckw_commit");
+    if (!rc)
+        rc = end_files(w, err, errlen);
+    if (!rc) {
+        ps.count = part_chunk_count(&w->plan, w->part, w->n_parts);
+        if (!(ps.xxh = malloc(ps.count ? (size_t)ps.count * 8 : 1)))
+            rc = util_fail(err, errlen, -ENOMEM, "out of memory");
+    }
+    if (!rc) { /* filled in as the bytes went by (hash_bytes) */
+        uint64_t j = 0;
+        for (int i = 0; i < w->plan.n_tensors; i++)
+            for (uint32_t c = 0; c < w->plan.tensors[i].n_chunks; c++)
+                if (ckpt_part_of_file(w->plan.tensors[i].chunks[c].file, w->n_parts) == w->part)
+                    ps.xxh[j++] = w->plan.tensors[i].chunks[c].xxh;
+        if ((rc = ckpt_part_sums_encode(&ps, &buf, &len)))
+            util_fail(err, errlen, rc, "out of memory");
+    }
+    char name[CKPT_FILE_MAX];
+    ckpt_part_sums_name(name, sizeof(name), w->part);
+    if (!rc)
+        rc = write_small(w->tmpfd, w->tmp, name, buf, len, err, errlen);
+    if (!rc && fsync(w->tmpfd) < 0)
+        rc = util_fail(err, errlen, -errno, "%s: fsync: %s", w->tmp, strerror(errno));
+    if (st)
+        *st = (ckw_stats_t){.direct = w->uw->all_direct, .fixed = w->uw->fixed, .bytes = w->bytes,
+                            .secs = util_now() - w->t0};
+    free(buf);
+    free(ps.xxh);
+    uw_put(w->uw);
+    w->uw = NULL;
+    if (rc)
+        discard(w);
+    ckw_free(w);
+    return rc;
+}
+
+/* Part K's checksum file in the temporary directory, checked whole against the plan; its
+ * checksums go into ix's chunks of part K's files. */
+static int take_part_sums(const char *tmp, ckpt_index_t *ix, int part, int n_parts, char *err, size_t errlen)
+{
+    char path[PATH_MAX + 128], name[CKPT_FILE_MAX];
+    ckpt_part_sums_name(name, sizeof(name), part);
+    snprintf(path, sizeof(path), "%s/%s", tmp, name);
+    uint64_t want = part_chunk_count(ix, part, n_parts);
+    size_t size, need = ckpt_part_sums_bytes(want);
+    int fd = util_open_regular(path, &size, err, errlen);
+    if (fd == -ENOENT)
+        return util_fail(err, errlen, -ENOENT, "%s: missing: part %d of %d was not written (or not to its end)",
+                         path, part, n_parts);
+    if (fd < 0)
+        return fd;
+    uint8_t *buf = NULL;
+    ckpt_part_sums_t ps = {0};
+    int rc = 0;
+    long got = 0;
+    if (size > need + 4096) /* far from any version of it: not read into memory */
+        rc = util_fail(err, errlen, -EBADMSG, "%s: %zu bytes; part %d's checksum file is %zu", path, size, part, need);
+    else if (!(buf = malloc(size ? size : 1)))
+        rc = util_fail(err, errlen, -ENOMEM, "out of memory");
+    else if ((got = util_read_all(fd, buf, size, 0)) < 0)
+        rc = util_fail(err, errlen, (int)got, "%s: cannot read: %s", path, strerror((int)-got));
+    else
+        rc = ckpt_part_sums_decode(buf, (size_t)got, &ps, path, err, errlen);
+    close(fd);
+    free(buf);
+    if (!rc && ps.step != ix->step)
+        rc = util_fail(err, errlen, -EBADMSG, "%s: part %u of step %" PRId64 ", but this checkpoint is step %" PRId64
+                       " (left from another checkpoint?)", path, ps.part, ps.step, ix->step);
+    else if (!rc && (ps.part != (uint32_t)part || ps.n_parts != (uint32_t)n_parts))
+        rc = util_fail(err, errlen, -EBADMSG, "%s: says part %u of %u, its name and the plan part %d of %d", path,
+                       ps.part, ps.n_parts, part, n_parts);
+    else if (!rc && ps.count != want)
+        rc = util_fail(err, errlen, -EBADMSG, "%s: %" PRIu64 " checksums, but part %d's files hold %" PRIu64 " chunks "
+                       "in the plan (written from another plan?)", path, ps.count, part, want);
+    if (!rc) {
+        uint64_t j = 0;
+        for (int i = 0; i < ix->n_tensors; i++)
+            for (uint32_t c = 0; c < ix->tensors[i].n_chunks; c++)
+                if (ckpt_part_of_file(ix->tensors[i].chunks[c].file, n_parts) == part)
+                    ix->tensors[i].chunks[c].xxh = ps.xxh[j++];
+    }
+    ckpt_part_sums_free(&ps);
+    return rc;
+}
+
+/* Data file f of the plan in the temporary directory: a regular file of the plan's size, whose
+ * header names it and the step (the data itself is checked by every reader, chunk by chunk). */
+static int check_data_file(int tmpfd, const char *tmp, const ckpt_index_t *ix, int f, char *err, size_t errlen)
+{
+    const ckpt_file_t *cf = &ix->files[f];
+    struct stat sb;
+    if (fstatat(tmpfd, cf->name, &sb, AT_SYMLINK_NOFOLLOW) < 0)
+        return util_fail(err, errlen, -errno, "%s/%s: %s", tmp, cf->name,
+                         errno == ENOENT ? "missing (though its part's checksum file is there)" : strerror(errno));
+    if (!S_ISREG(sb.st_mode))
+        return util_fail(err, errlen, -EBADMSG, "%s/%s: not a regular file", tmp, cf->name);
+    if ((uint64_t)sb.st_size != cf->bytes)
+        return util_fail(err, errlen, -EBADMSG, "%s/%s: %lld bytes, the plan says %" PRIu64, tmp, cf->name,
+                         (long long)sb.st_size, cf->bytes);
+    if (cf->bytes < CKPT_DATA_HDR)
+        return 0;
+    uint8_t hdr[CKPT_DATA_HDR];
+    char why[256];
+    uint32_t file;
+    int64_t step;
+    int fd = openat(tmpfd, cf->name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    long got = fd < 0 ? -errno : util_read_all(fd, hdr, sizeof(hdr), 0);
+    if (fd >= 0)
+        close(fd);
+    if (got < 0)
+        return util_fail(err, errlen, (int)got, "%s/%s: cannot read: %s", tmp, cf->name, strerror((int)-got));
+    if (ckpt_data_header_read(hdr, (size_t)got, &file, &step, why, sizeof(why)))
+        return util_fail(err, errlen, -EBADMSG, "%s/%s: %s", tmp, cf->name, why);
+    if (file != (uint32_t)f || step != ix->step)
+        return util_fail(err, errlen, -EBADMSG, "%s/%s: header: file %u of step %" PRId64 ", the plan's is file %d "
+                         "of step %" PRId64, tmp, cf->name, file, step, f, ix->step);
+    return 0;
+}
+
+int ckw_commit_parts(const char *dir, const char *tmp_name, const ckpt_index_t *plan, int n_parts, char *path,
+                     size_t pathlen, ckw_stats_t *st, char *err, size_t errlen)
+{
+    double t0 = util_now();
+    int rc = check_tmp_name(tmp_name, plan->step, err, errlen);
+    if (rc)
+        return rc;
+    if (n_parts < 1 || plan->n_files != 3 * n_parts)
+        return util_fail(err, errlen, -EINVAL, "%d parts: the plan has %d data files, not 3 for each part", n_parts,
+                         plan->n_files);
+    char tmp[PATH_MAX + 64], final[PATH_MAX + 32];
+    snprintf(tmp, sizeof(tmp), "%s/%s", dir, tmp_name);
+    ckpt_step_path(final, sizeof(final), dir, plan->step);
+    ckpt_index_t ix = {0};
+    uint8_t *enc = NULL;
+    size_t enc_len;
+    /* a copy to fill in, as ckw_begin's */
+    if ((rc = ckpt_index_encode(plan, &enc, &enc_len)) == 0)
+        rc = ckpt_index_decode(enc, enc_len, &ix, "checkpoint plan", err, errlen);
+    free(enc);
+    if (rc)
+        return rc == -ENOMEM ? util_fail(err, errlen, rc, "out of memory") : rc;
+    int tmpfd = open(tmp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (tmpfd < 0)
+        rc = util_fail(err, errlen, -errno, "%s: %s", tmp, errno == ENOENT ? "missing: no part was written" :
+                       strerror(errno));
+    for (int k = 0; k < n_parts && !rc; k++)
+        rc = take_part_sums(tmp, &ix, k, n_parts, err, errlen);
+    uint64_t bytes = 0;
+    for (int f = 0; f < ix.n_files && !rc; f++) {
+        rc = check_data_file(tmpfd, tmp, &ix, f, err, errlen);
+        bytes += ix.files[f].bytes;
+    }
+    for (int k = 0; k < n_parts && !rc; k++) { /* a committed checkpoint holds only the index and data */
+        char name[CKPT_FILE_MAX];
+        ckpt_part_sums_name(name, sizeof(name), k);
+        if (unlinkat(tmpfd, name, 0) < 0)
+            rc = util_fail(err, errlen, -errno, "%s/%s: cannot remove: %s", tmp, name, strerror(errno));
+    }
+    if (!rc)
+        rc = publish(tmpfd, tmp, dir, final, &ix, err, errlen);
+    if (st)
+        *st = (ckw_stats_t){.bytes = rc ? 0 : bytes, .secs = util_now() - t0};
+    if (!rc && path)
+        snprintf(path, pathlen, "%s", final);
+    if (tmpfd >= 0) {
+        close(tmpfd);
+        ckpt_remove_dir(tmp); /* on failure every part; after an exchange the old checkpoint */
+    }
+    ckpt_index_free(&ix);
+    return rc;
+}
+
+int ckw_abort_parts(const char *dir, const char *tmp_name, int64_t step, char *err, size_t errlen)
+{
+    int rc = check_tmp_name(tmp_name, step, err, errlen);
+    if (rc)
+        return rc;
+    char tmp[PATH_MAX + 64];
+    snprintf(tmp, sizeof(tmp), "%s/%s", dir, tmp_name);
+    int fd = open(tmp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC); /* a directory, not a link to one */
+    if (fd < 0)
+        return errno == ENOENT ? 0 : util_fail(err, errlen, -errno, "%s: %s", tmp, strerror(errno));
+    close(fd);
+    if ((rc = ckpt_remove_dir(tmp)))
+        util_fail(err, errlen, rc, "%s: cannot remove: %s", tmp, strerror(-rc));
     return rc;
 }
 

@@ -50,8 +50,54 @@ int ckw_write(ckw_t *w, uint32_t file, uint64_t offset, const void *data, size_t
  * NULL) receives DIR/step-N. Consumes w whether it succeeds or not (on failure the
  * temporary directory is removed). */
 int ckw_commit(ckw_t **w, char *path, size_t pathlen, ckw_stats_t *st, char *err, size_t errlen);
-/* Gives up: removes the temporary directory. */
+/* Gives up: removes the temporary directory (a part's writer: only its part's files). */
 void ckw_abort(ckw_t **w);
+
+/* ---- a checkpoint written in parts (ckpt_index_plan_parts), one per host ----
+ *
+ * Every part writes into one temporary directory of a folder every host sees, DIR/tmp_name,
+ * where tmp_name is .tmp-step-NNNNNNNN.PID for the plan's step and PID that of the checkpointd
+ * that will commit (host 0's), so that ckpt_retain's rule (a temporary directory whose PID is
+ * gone is removed; run where that PID lives) covers it; any other name (one with '/', another
+ * step's) is refused with -EINVAL. Each part's writer writes only its part's three data files
+ * and its checksum file part-K.xxh; the committing host then checks them all and writes the
+ * index over them:
+ *
+ *   part K: data files fsynced -> part-K.xxh written and fsynced -> the directory fsynced
+ *   commit: every part-K.xxh and data file checked -> part-K.xxh removed -> index written and
+ *           fsynced -> the directory fsynced -> renamed to DIR/step-N (exchanged when it
+ *           exists) -> DIR fsynced
+ *
+ * A part's checksum file is its completion mark: a part without one (its writer died) is
+ * missing. Nothing that fails leaves a step-N. */
+
+/* Begins part `part` of n_parts (the plan's files are 3 per part) in DIR/tmp_name: creates
+ * DIR and the directory as needed (the first part to begin does; one that exists is kept, the
+ * other parts' files in it too), removes this part's own files from an earlier attempt, then
+ * takes the part's data files through ckw_write, file numbers the plan's (3 * part to 3 * part
+ * + 2, in order). ckw_commit does not end such a writer (-EINVAL); ckw_abort removes only this
+ * part's files. */
+int ckw_begin_part(ckw_t **out, const char *dir, const char *tmp_name, const ckpt_index_t *plan, int part,
+                   int n_parts, char *err, size_t errlen);
+/* Ends a part: checks every one of its files got its size, syncs them, writes and syncs
+ * part-K.xxh (the XXH3 of each chunk in the part's files, in plan order) and syncs the
+ * directory. No index, no rename. Consumes w whether it succeeds or not (on failure the part's
+ * files are removed). */
+int ckw_commit_part(ckw_t **w, ckw_stats_t *st, char *err, size_t errlen);
+/* Commits a checkpoint whose n_parts parts are written in DIR/tmp_name (the plan every part was
+ * written from, checksums left 0): reads every part's checksum file and checks it whole (magic,
+ * version, step, part, n_parts, its count against the plan's chunks in that part's files, its
+ * trailing checksum), checks every data file has the plan's size and its header (file number,
+ * step), fills the plan's checksums from them, removes the checksum files, writes the index,
+ * renames as ckw_commit does. path (may be NULL) receives DIR/step-N; st->bytes the data bytes
+ * of all parts, st->secs the commit's time. On failure err names the file and what is wrong, and
+ * the temporary directory is removed with every part in it (so no step-N, and nothing left for
+ * a later ckpt_retain); a tmp_name of the wrong form is refused before anything is touched. */
+int ckw_commit_parts(const char *dir, const char *tmp_name, const ckpt_index_t *plan, int n_parts, char *path,
+                     size_t pathlen, ckw_stats_t *st, char *err, size_t errlen);
+/* Gives a checkpoint in parts up: removes DIR/tmp_name (checked as above; a missing one is no
+ * error). Returns 0 or -errno with err. */
+int ckw_abort_parts(const char *dir, const char *tmp_name, int64_t step, char *err, size_t errlen);
 
 /* The raw rate to compare against (bench): writes `bytes` to PATH sequentially through the
  * same io_uring path (O_DIRECT when possible, fsync included). Returns 0 and the seconds. */

@@ -76,6 +76,53 @@ int job_shard_range(const job_layout_t *l, const manifest_t *m, int k, size_t *b
     return 0;
 }
 
+int job_host_parts(const job_layout_t *l, const manifest_t *m, job_range_t **out, int *n)
+{
+    *out = NULL;
+    *n = 0;
+    int shards = l->hosts > 1 ? m->shards : 1;
+    job_range_t *r = malloc((size_t)shards * sizeof(*r));
+    if (!r)
+        return -ENOMEM;
+    if (l->hosts <= 1) {
+        r[0] = (job_range_t){0, l->total, 0};
+        *out = r;
+        *n = 1;
+        return 0;
+    }
+    /* across hosts the data plane is NCCL: shard k = s * dp + r is replica r's chunk of stage s,
+     * so shards in order of k are in flat order (empty ones where a stage has fewer floats than
+     * replicas) */
+    int k_n = 0;
+    size_t at = 0;
+    for (int k = 0; k < shards; k++) {
+        size_t b, e;
+        if (job_shard_range(l, m, k, &b, &e)) {
+            free(r);
+            return -ENOMEM;
+        }
+        if (b == e)
+            continue;
+        if (b != at) {
+            free(r);
+            return -EINVAL;
+        }
+        int host = job_host_of(l, k % l->dp);
+        if (k_n && r[k_n - 1].host == host)
+            r[k_n - 1].end = e;
+        else
+            r[k_n++] = (job_range_t){b, e, host};
+        at = e;
+    }
+    if (at != l->total) {
+        free(r);
+        return -EINVAL;
+    }
+    *out = r;
+    *n = k_n;
+    return 0;
+}
+
 size_t job_act_off(const job_layout_t *l, int replica, int boundary, int grad)
 {
     return (((size_t)replica * (l->pp - 1) + boundary) * 2 + (grad ? 1 : 0)) * l->act_ring;

@@ -96,6 +96,20 @@ size_t job_dp_chunk(const job_layout_t *l, size_t n);
  * or -ENOMEM. */
 int job_shard_range(const job_layout_t *l, const manifest_t *m, int k, size_t *b, size_t *e);
 
+/* A range [begin, end) of the flat space and the host whose optimizer shards own it. */
+typedef struct {
+    size_t begin, end;
+    int host;
+} job_range_t;
+/* Which host owns what: the ranges of the flat space, in order, each the union of adjacent
+ * shards of one host (job_shard_range; shard k runs on host job_host_of(l, k % dp)), merged
+ * where neighbours have the same host; together exactly [0, total), without overlap. With
+ * hosts == 1, one range of host 0. A host's staging segment holds valid data only in its
+ * ranges: they are its part of a checkpoint across hosts (checkpointd). *out is malloc'ed
+ * (caller frees), *n its length. Returns 0 or -ENOMEM (-EINVAL: shards that do not tile the
+ * space, which cannot happen for a validated manifest). */
+int job_host_parts(const job_layout_t *l, const manifest_t *m, job_range_t **out, int *n);
+
 /* The NCCL data plane's communicators of one stage, in the order MSG_NCCL carries their
  * ncclUniqueIds (CUDA_NCCL_ID_BYTES each; a communicator the stage does not join, such as
  * act_in on rank 0, is all zeros there). */

@@ -146,6 +146,29 @@ static void ckpt_seeds(void)
     put("ckpt_index", "step-0-no-cursor-body", 0, buf + 24, n - 24 - 8);
     free(buf);
     ckpt_index_free(&ix);
+    /* a part's checksum file of that model in 2 parts (the chunks of part 1's files), and an
+     * empty one (a part that owns nothing) */
+    uint64_t t3 = tab.total / 3;
+    ckpt_part_range_t r[3] = {{0, t3, 0}, {t3, 2 * t3, 1}, {2 * t3, tab.total, 0}};
+    CHECK(ckpt_index_plan_parts(&ix, &tab, 17, "", NULL, 0, 2, r, 3) == 0);
+    uint64_t sums[512];
+    ckpt_part_sums_t ps = {.step = 17, .part = 1, .n_parts = 2, .xxh = sums};
+    for (int i = 0; i < ix.n_tensors; i++)
+        for (uint32_t c = 0; c < ix.tensors[i].n_chunks; c++)
+            if (ckpt_part_of_file(ix.tensors[i].chunks[c].file, 2) == 1 && ps.count < 512) {
+                sums[ps.count] = 0x9e3779b97f4a7c15ULL * (ps.count + 1); /* fixed: the corpus never changes */
+                ps.count++;
+            }
+    ckpt_index_free(&ix);
+    /* the harness appends the trailing checksum itself (mode 0) or takes the whole file (mode 1) */
+    CHECK(ckpt_part_sums_encode(&ps, &buf, &n) == 0);
+    put("ckpt_sums", "tiny-1-layer-part-1-body", 0, buf, n - 8);
+    put("ckpt_sums", "tiny-1-layer-part-1-whole", 1, buf, n);
+    free(buf);
+    ps = (ckpt_part_sums_t){.step = 0, .part = 2, .n_parts = 3};
+    CHECK(ckpt_part_sums_encode(&ps, &buf, &n) == 0);
+    put("ckpt_sums", "empty-part-2-body", 0, buf, n - 8);
+    free(buf);
     free(arr);
     params_table_free(&tab);
     static uint8_t block[CKPT_DATA_HDR];

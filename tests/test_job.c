@@ -1,0 +1,124 @@
+/* The job layout (stages/job.h) as plain functions of a manifest: which host owns which ranges
+ * of the flat space across hosts (job_host_parts), the split a checkpoint in parts follows. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "stages/job.h"
+#include "stages/manifest.h"
+
+/* A validated manifest of pp stages and dp replicas on `hosts` hosts (the NCCL plane on the
+ * GPU, as across hosts it must be). */
+static void topology(manifest_t *m, int pp, int dp, int hosts)
+{
+    char err[512], v[3][16];
+    snprintf(v[0], sizeof(v[0]), "%d", pp);
+    snprintf(v[1], sizeof(v[1]), "%d", dp);
+    snprintf(v[2], sizeof(v[2]), "%d", hosts);
+    const char *kv[][2] = {{"parallelism.data_plane", "nccl"}, {"job.device", "cuda"},
+                           {"parallelism.pipeline_parallel_degree", v[0]},
+                           {"parallelism.data_parallel_replicate_degree", v[1]}, {"job.hosts", v[2]},
+                           {"job.endpoint", "tcp://10.0.0.1:29500"}};
+    manifest_defaults(m);
+    for (size_t k = 0; k < sizeof(kv) / sizeof(kv[0]); k++)
+        if (manifest_override(m, kv[k][0], kv[k][1], err, sizeof(err)))
+            fail_msg("%s = %s: %s", kv[k][0], kv[k][1], err);
+    if (manifest_validate(m, err, sizeof(err)))
+        fail_msg("pp %d dp %d hosts %d: %s", pp, dp, hosts, err);
+}
+
+static void test_job_host_parts_of_one_host_is_the_whole_space(void **state)
+{
+    (void)state;
+    manifest_t *m = malloc(sizeof(*m));
+    char err[512];
+    manifest_defaults(m);
+    assert_int_equal(manifest_override(m, "parallelism.pipeline_parallel_degree", "2", err, sizeof(err)), 0);
+    assert_int_equal(manifest_validate(m, err, sizeof(err)), 0);
+    job_layout_t l;
+    assert_int_equal(job_layout(&l, m), 0);
+    job_range_t *r;
+    int n;
+    assert_int_equal(job_host_parts(&l, m, &r, &n), 0);
+    assert_int_equal(n, 1);
+    assert_true(r[0].begin == 0 && r[0].end == l.total && r[0].host == 0);
+    free(r);
+    topology(m, 2, 2, 1); /* the NCCL plane on one host: still one part */
+    assert_int_equal(job_layout(&l, m), 0);
+    assert_int_equal(job_host_parts(&l, m, &r, &n), 0);
+    assert_int_equal(n, 1);
+    assert_true(r[0].begin == 0 && r[0].end == l.total && r[0].host == 0);
+    free(r);
+    free(m);
+}
+
+/* For each topology: the ranges are sorted, tile [0, total) without overlap, merged (no two
+ * neighbours of one host), and every float's host is the host of the one shard that holds it,
+ * so each host's ranges are exactly the union of its shards' ranges. */
+static void test_job_host_parts_are_each_hosts_shards_and_tile_the_space(void **state)
+{
+    (void)state;
+    static const int topo[][3] = {{1, 2, 2}, {2, 2, 2}, {1, 4, 2}, {2, 4, 2}, {3, 6, 3}, {2, 6, 2},
+                                  {4, 4, 4}, {8, 2, 2}, {3, 3, 3}, {2, 8, 4}};
+    manifest_t *m = malloc(sizeof(*m));
+    for (size_t t = 0; t < sizeof(topo) / sizeof(topo[0]); t++) {
+        int pp = topo[t][0], dp = topo[t][1], hosts = topo[t][2];
+        topology(m, pp, dp, hosts);
+        job_layout_t l;
+        assert_int_equal(job_layout(&l, m), 0);
+        assert_int_equal(m->shards, pp * dp);
+        signed char *owner = malloc(l.total);
+        memset(owner, -1, l.total);
+        for (int k = 0; k < m->shards; k++) {
+            size_t b, e;
+            assert_int_equal(job_shard_range(&l, m, k, &b, &e), 0);
+            for (size_t i = b; i < e; i++) {
+                if (owner[i] >= 0)
+                    fail_msg("pp %d dp %d hosts %d: float %zu in two shards", pp, dp, hosts, i);
+                owner[i] = (signed char)job_host_of(&l, k % dp);
+            }
+        }
+        job_range_t *r;
+        int n;
+        assert_int_equal(job_host_parts(&l, m, &r, &n), 0);
+        /* each stage's replicas in host order, so hosts * pp ranges: none merges across stages */
+        if (n != hosts * pp)
+            fail_msg("pp %d dp %d hosts %d: %d ranges, expected %d", pp, dp, hosts, n, hosts * pp);
+        size_t at = 0;
+        int seen[8] = {0};
+        for (int i = 0; i < n; i++) {
+            if (r[i].begin != at || r[i].end <= r[i].begin || r[i].host < 0 || r[i].host >= hosts)
+                fail_msg("pp %d dp %d hosts %d: range %d [%zu, %zu) of host %d after %zu", pp, dp, hosts, i,
+                         r[i].begin, r[i].end, r[i].host, at);
+            if (i && r[i].host == r[i - 1].host)
+                fail_msg("pp %d dp %d hosts %d: ranges %d and %d of host %d not merged", pp, dp, hosts, i - 1, i,
+                         r[i].host);
+            for (size_t x = r[i].begin; x < r[i].end; x++)
+                if (owner[x] != r[i].host)
+                    fail_msg("pp %d dp %d hosts %d: float %zu is in host %d's range, its shard is host %d's", pp,
+                             dp, hosts, x, r[i].host, owner[x]);
+            seen[r[i].host] = 1;
+            at = r[i].end;
+        }
+        assert_int_equal(at, l.total);
+        for (int h = 0; h < hosts; h++)
+            assert_true(seen[h]);
+        free(r);
+        free(owner);
+    }
+    free(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_job_host_parts_of_one_host_is_the_whole_space),
+        cmocka_unit_test(test_job_host_parts_are_each_hosts_shards_and_tile_the_space),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

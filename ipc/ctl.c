@@ -160,6 +160,8 @@ static int setopt_common(ctl_t *c, int linger_ms)
     return setopt_int(c, ZMQ_LINGER, linger_ms);
 }
 
+int ctl_linger(ctl_t *c, int ms) { return setopt_int(c, ZMQ_LINGER, ms); }
+
 /* For ipc://PATH: libzmq unlinks whatever is at PATH before binding. We only let it replace
  * a dead socket file: not a live server's (two coordinators on one path) nor a regular file. */
 static int ipc_check_path(const char *endpoint, char *err, size_t errlen)

@@ -59,6 +59,9 @@ void ctl_refusals(ctl_t *c, uint64_t *keys, uint64_t *handshakes);
 int ctl_client_new(ctl_t **out, const char *endpoint, const char *id, const char *server_pub, const keys_pair_t *me,
                    char *err, size_t errlen);
 void ctl_destroy(ctl_t **c);
+/* How long ctl_destroy lets unsent messages go out (ZMQ_LINGER; a server's is 0): a last word
+ * that must arrive (the coordinator's STOP to the other hosts). Returns 0 or -errno. */
+int ctl_linger(ctl_t *c, int ms);
 
 /* Sends m; on a server, to route `to` (a ctl_peer_t's route); clients pass NULL. */
 int ctl_send(ctl_t *c, const char *to, const msg_t *m);

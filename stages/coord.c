@@ -390,6 +390,8 @@ int coord_run(const manifest_t *given, const coord_super_t *sup)
         coord_note_failure(&c, err);
     } else {
         status = m->host_rank > 0 ? coord_agent(&c) : run(&c);
+        if (c.agents && status != 1) /* done, or stopped: the other hosts end too (a failure waits for a relaunch) */
+            coord_stop_agents(&c);
     }
     stop_watch(&c);
     if (c.ctl && c.sock_path[0]) /* only a socket we bound: another run of this job may own the file */

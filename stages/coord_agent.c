@@ -73,6 +73,15 @@ int coord_agents_started(coord_t *c, void *arg)
     return 1;
 }
 
+void coord_stop_agents(coord_t *c)
+{
+    msg_t stop = {.type = MSG_STOP};
+    for (int h = 1; h < c->m->hosts; h++)
+        if (c->agents[h].route[0])
+            ctl_send(c->ctl, c->agents[h].route, &stop);
+    ctl_linger(c->ctl, 2000);
+}
+
 void coord_check_agents(coord_t *c)
 {
     double now = util_now(), limit = c->m->heartbeat_timeout_ms * 1e-3;
@@ -150,7 +159,7 @@ const char *coord_on_agent(coord_t *c, int h, const ctl_peer_t *from, const msg_
 
 typedef struct {
     int running;              /* START carried out: this host's workers run (or ran) */
-    int ended_ok;             /* workers that exited with status 0 (told to stop: the job's end) */
+    double stopped;           /* the coordinator said STOP then (the job ended): exit once they have */
     int failed;               /* a worker of this host failed (the job fails: a relaunch may follow) */
     double failed_at;
     double last_answer;       /* the coordinator's last heartbeat answer, */
@@ -228,7 +237,6 @@ static void lose_coordinator(coord_t *c, agent_t *a, const char *why)
     kill_workers(c);
     stop_part(a);
     a->running = a->failed = 0;
-    a->ended_ok = 0;
     a->coord_pid = 0;
     a->deadline = util_now() + c->m->host_timeout_s;
     say("launch: host %d: %s: its processes stopped; waiting up to %d s (job.host_timeout_s) for the coordinator "
@@ -257,7 +265,7 @@ static int start_host(coord_t *c, agent_t *a, const msg_t *m)
             n++;
         }
     a->running = 1;
-    a->failed = a->ended_ok = 0;
+    a->failed = 0;
     a->coord_pid = 0;
     a->last_answer = util_now();
     say("launch: host %d of %d: %d processes of job %s from step %lld (%s), coordinator at %s", c->m->host_rank,
@@ -328,6 +336,9 @@ static void start_part(coord_t *c, agent_t *a)
 static void save_part(coord_t *c, agent_t *a, const msg_t *m)
 {
     stop_part(a); /* an earlier attempt's: its directory is gone with the checkpointd that named it */
+    if (c->seg_ckpt) /* every shard of every host has copied its slice: this host's snapshot of the step
+                      * is whole (host 0 keeps the loader cursor, which goes into the index) */
+        atomic_store(&((staging_hdr_t *)shm_data(c->seg_ckpt))->step, m->step);
     a->part_step = m->step;
     snprintf(a->part_tmp, sizeof(a->part_tmp), "%s", m->text ? m->text : "");
     a->part_tries = 0;
@@ -389,10 +400,8 @@ static void reap(coord_t *c, agent_t *a)
             if (p->pid != pid || p->remote)
                 continue;
             p->pid = 0;
-            if (WIFEXITED(st) && !WEXITSTATUS(st)) {
-                a->ended_ok++;
-                continue;
-            }
+            if (WIFEXITED(st) && !WEXITSTATUS(st))
+                continue; /* told to stop */
             char how[128], name[64];
             coord_describe_exit(st, how, sizeof(how));
             fprintf(stderr, "launch: host %d: %s %s\n", c->m->host_rank, coord_who(p, name, sizeof(name)), how);
@@ -430,6 +439,8 @@ static int on_command(coord_t *c, agent_t *a, const msg_t *m)
         rewind_host(c, a, m);
     } else if (m->type == MSG_SAVE_PART && a->running) {
         save_part(c, a, m);
+    } else if (m->type == MSG_STOP) {
+        a->stopped = util_now();
     }
     return 0;
 }
@@ -451,9 +462,14 @@ int coord_agent(coord_t *c)
         }
         reap(c, &a);
         double now = util_now();
-        if (a.running && coord_none_running(c) && !a.failed && a.ended_ok) { /* the coordinator stopped them */
-            status = 0;
-            break;
+        if (a.stopped > 0) { /* the job ended: its workers were told to stop too */
+            if (coord_none_running(c) || now - a.stopped > COORD_STOP_GRACE_S) {
+                say("launch: host %d: the job has ended", m->host_rank);
+                status = 0;
+                break;
+            }
+            nanosleep(&(struct timespec){0, 20000000L}, NULL);
+            continue;
         }
         if (a.running && now - a.last_answer > limit) {
             char why[128];

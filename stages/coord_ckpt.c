@@ -161,8 +161,14 @@ const char *coord_on_written(coord_t *c, int host, const msg_t *m)
         return NULL; /* an attempt whose checkpointd died: the next one is due */
     if (!c->ck_saving || c->ck_committing || m->step != c->ck_step || c->m->hosts == 1)
         return "no part of that checkpoint is being written";
-    if (strncmp(text, c->ck_tmp, n) || (text[n] && text[n] != ':'))
-        return NULL; /* an attempt before this one (its checkpointd died): gone with its directory */
+    /* an agent's names its attempt's directory, then ": why" when it failed (host 0's checkpointd
+     * says only why: it cannot outlive its attempt, and what a dead one left is dropped) */
+    const char *why = text;
+    if (host > 0) {
+        if (strncmp(text, c->ck_tmp, n) || (text[n] && text[n] != ':'))
+            return NULL; /* an attempt before this one (its checkpointd died): gone with its directory */
+        why = text[n] == ':' ? text + n + 1 + (text[n + 1] == ' ') : "";
+    }
     int *done = host ? &c->agents[host].written : &c->ck_written0;
     if (*done)
         return "this host's part is written already";
@@ -171,8 +177,7 @@ const char *coord_on_written(coord_t *c, int host, const msg_t *m)
     c->ck_part_bytes += m->progress;
     c->ck_part_busy = m->t_busy > c->ck_part_busy ? m->t_busy : c->ck_part_busy;
     if (!m->ok && !c->ck_part_why[0])
-        snprintf(c->ck_part_why, sizeof(c->ck_part_why), "host %d: %.700s", host,
-                 text[n] == ':' ? text + n + 2 : "no reason given");
+        snprintf(c->ck_part_why, sizeof(c->ck_part_why), "host %d: %.700s", host, why[0] ? why : "no reason given");
     if (c->ck_n_written < c->m->hosts)
         return NULL;
     /* every part is in: the index over them (or, with one failed, nothing) */

@@ -275,6 +275,9 @@ const char *coord_on_agent(coord_t *c, int h, const ctl_peer_t *from, const msg_
 void coord_start_agents(coord_t *c);
 /* Pump condition: every other host's agent has been sent START. */
 int coord_agents_started(coord_t *c, void *arg);
+/* The job has ended (done, or stopped by a signal): STOP to every agent, which ends its host's
+ * part; sent so that it goes out before the socket closes. */
+void coord_stop_agents(coord_t *c);
 /* An agent silent for job.heartbeat_timeout_ms (its host died, or is cut off) fails the job;
  * each pump. */
 void coord_check_agents(coord_t *c);

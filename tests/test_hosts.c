@@ -18,6 +18,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "checkpointd/ckpt.h"
 #include "ipc/util.h"
 #include "tests/testjob.h"
 
@@ -36,6 +37,10 @@ static void job_name(char *buf, size_t n, const char *what) { tj_name(buf, n, 'h
 #define SNAP3 DP2 "--training.steps 3 --checkpoint.snapshot_interval 2"
 /* 12 steps, long enough to be killed in the middle */
 #define STEPS12 DP2 "--training.steps 12"
+/* checkpoints of steps 3, 6 and 7 */
+#define CK7 DP2 "--training.steps 7 --checkpoint.enable true --checkpoint.interval 3"
+/* checkpoints every 3 steps of 12 */
+#define CK12 DP2 "--training.steps 12 --checkpoint.enable true --checkpoint.interval 3"
 
 /* A two-host job of `base`: its name, the hosts' keys (as an operator makes them), a free
  * loopback port; the arguments of both hosts in extra (host 1's launch also gets SLURM_NODEID). */
@@ -109,6 +114,40 @@ static int wait_text(const char *file, const char *needle, int timeout_s)
         nanosleep(&(struct timespec){0, 10000000L}, NULL);
     }
     return -1;
+}
+
+/* DIR/runs/JOB/checkpoint/step-N */
+static void ckpt_dir(char *buf, size_t n, const char *job, int step)
+{
+    char folder[256];
+    snprintf(folder, sizeof(folder), "%s/runs/%s/checkpoint", tj_dir, job);
+    ckpt_step_path(buf, n, folder, step);
+}
+
+/* Checkpoints a and b hold the same tensors, bit for bit (their files may be laid out
+ * differently: one part per host, or one). */
+static void assert_same_tensors(const char *a, const char *b)
+{
+    ckpt_t *ca = NULL, *cb = NULL;
+    char err[512];
+    if (ckpt_open(&ca, a, err, sizeof(err)) || ckpt_open(&cb, b, err, sizeof(err)))
+        fail_msg("%s", err);
+    const ckpt_index_t *ia = ckpt_index(ca), *ib = ckpt_index(cb);
+    assert_int_equal(ia->n_tensors, ib->n_tensors);
+    assert_int_equal(ia->step, ib->step);
+    for (int i = 0; i < ia->n_tensors; i++) {
+        const ckpt_tensor_t *t = &ia->tensors[i];
+        size_t bytes = t->numel * ckpt_dtype_size(t->dtype);
+        uint8_t *x = malloc(bytes ? bytes : 1), *y = malloc(bytes ? bytes : 1);
+        if (ckpt_read(ca, t->name, 0, t->numel, x, err, sizeof(err)) ||
+            ckpt_read(cb, t->name, 0, t->numel, y, err, sizeof(err)))
+            fail_msg("%s", err);
+        if (memcmp(x, y, bytes))
+            fail_msg("%s differs between %s and %s", t->name, a, b);
+        free(x), free(y);
+    }
+    ckpt_close(&ca);
+    ckpt_close(&cb);
 }
 
 /* A stage of host 1 killed: its agent tells the coordinator (LOST), which rewinds the job on
@@ -276,6 +315,148 @@ static void test_hosts_an_agent_without_a_coordinator_gives_up_after_host_timeou
     shm_remove_all(h.j);
 }
 
+/* Checkpoints across hosts: every host writes its part (its shards' slices) into one temporary
+ * directory of the folder both see, host 0 commits the index over them. Each checkpoint is
+ * whole (ctitan ckpt verify), holds the same tensors as the one-host job's, and a one-host run
+ * resumes from it with the same losses. */
+static void test_hosts_checkpoints_are_written_in_parts_and_resume_on_one_host(void **state)
+{
+    TU_NEED_BIN();
+    if (tj_use_sim_plugin())
+        skip();
+    static char out[1 << 16], agent_out[1 << 16];
+    char cmd[2048], path[512], ref_path[512], names[16][64], r1[32], extra[2400];
+    hosts_t h;
+    const char *ref = reference(CK7);
+    two_hosts(&h, "ckpt", CK7);
+    pid_t agent = start_host1(&h, "");
+    int rc = tj_launch("", 120, h.j, h.extra, out, sizeof(out)), arc = tu_reap(agent, 60, NULL);
+    tj_read_out(h.jh1, agent_out, sizeof(agent_out));
+    if (rc || !strstr(out, "checkpoint: step 3 saved to ") || !strstr(out, "checkpoint: step 6 saved to ") ||
+        !strstr(out, "checkpoint: step 7 saved to "))
+        TJ_FAIL_WITH(out, "host 0: status %d", rc);
+    if (arc)
+        TJ_FAIL_WITH(agent_out, "host 1: status %d", arc);
+    tj_assert_losses_by_step(h.j, ref, 7, 0, "");
+    for (int step = 3; step <= 7; step += step == 6 ? 1 : 3) {
+        ckpt_dir(path, sizeof(path), h.j, step);
+        ckpt_dir(ref_path, sizeof(ref_path), ref, step);
+        snprintf(cmd, sizeof(cmd), "%s ckpt verify %s 2>&1 && ls %s", tu_ctitan(), path, path);
+        if (tu_run(cmd, out, sizeof(out)))
+            TJ_FAIL_WITH(out, "%s does not verify", path);
+        /* one data file per array and host, the index; no part checksums left */
+        int n = 0;
+        for (char *t = strtok(strstr(out, "exp_avg") ? strstr(out, "exp_avg") : out, "\n"); t && n < 16;
+             t = strtok(NULL, "\n"))
+            snprintf(names[n++], sizeof(names[0]), "%s", t);
+        assert_int_equal(n, 7);
+        assert_string_equal(names[0], "exp_avg.h0.bin");
+        assert_string_equal(names[1], "exp_avg.h1.bin");
+        assert_string_equal(names[4], "index");
+        assert_string_equal(names[5], "model.h0.bin");
+        assert_string_equal(names[6], "model.h1.bin");
+        assert_same_tensors(path, ref_path);
+    }
+    /* a one-host run from the two hosts' checkpoint of step 6: step 7 as the reference */
+    job_name(r1, sizeof(r1), "ckone");
+    ckpt_dir(path, sizeof(path), h.j, 6);
+    snprintf(extra, sizeof(extra), QUIET CK7 " --checkpoint.load %s", path);
+    rc = tj_launch("", 120, r1, extra, out, sizeof(out));
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    if (rc || !strstr(out, "checkpoint: resuming from "))
+        TJ_FAIL_WITH(out, "the one-host resume: status %d", rc);
+    static tj_metrics_t a, b;
+    tj_parse_metrics(ref, &a);
+    tj_parse_metrics(r1, &b);
+    assert_int_equal(b.n, 1);
+    assert_int_equal(b.step[0], 7);
+    assert_string_equal(b.loss[0], a.loss[6]);
+    tj_assert_clean(h.j);
+    tj_assert_clean(h.jh1);
+    tj_assert_clean(r1);
+}
+
+/* kill -9 of host 0's coordinator once the checkpoint of step 6 is saved: the relaunch resumes
+ * from the newest checkpoint (6, or 9 when the kill came late), and host 1's agent loads the
+ * same directory (START names it) before it starts its processes again. */
+static void test_hosts_a_killed_coordinator_resumes_every_host_from_the_newest_checkpoint(void **state)
+{
+    TU_NEED_BIN();
+    if (tj_use_sim_plugin())
+        skip();
+    static char out[1 << 16], agent_out[1 << 16];
+    char file[64];
+    hosts_t h;
+    const char *ref = reference(CK12);
+    two_hosts(&h, "ckcoord", CK12);
+    pid_t agent = start_host1(&h, "");
+    pid_t host0 = tj_launch_bg(h.j, h.extra);
+    snprintf(file, sizeof(file), "%s.out", h.j);
+    assert_int_equal(wait_text(file, "checkpoint: step 6 saved", 60), 0);
+    pid_t coord = tu_descendant_named(host0, "ctitan-coord");
+    assert_true(coord > 0);
+    kill(coord, SIGKILL);
+    int rc = tu_reap(host0, 120, NULL), arc = tu_reap(agent, 60, NULL);
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    tj_read_out(h.j, out, sizeof(out));
+    tj_read_out(h.jh1, agent_out, sizeof(agent_out));
+    const char *resumed = strstr(out, "killed by signal 9 (Killed); resuming after step ");
+    if (rc || tj_count(out, "\nrestart ") != 1 || !resumed)
+        TJ_FAIL_WITH(out, "host 0: status %d", rc);
+    int from = atoi(resumed + strlen("killed by signal 9 (Killed); resuming after step "));
+    assert_true(from == 6 || from == 9);
+    char want[160];
+    snprintf(want, sizeof(want), "launch: host 1: checkpoint of step %d loaded", from);
+    if (arc || !strstr(agent_out, want))
+        TJ_FAIL_WITH(agent_out, "host 1: status %d", arc);
+    const tj_metrics_t *mt = tj_assert_losses_by_step(h.j, ref, 12, 1, "\"scope\": \"job\"");
+    char resume[64];
+    snprintf(resume, sizeof(resume), "\"resume_step\": %d", from);
+    assert_non_null(strstr(mt->restart[0], resume));
+    tj_assert_clean(h.j);
+    tj_assert_clean(h.jh1);
+}
+
+/* A part's writer killed as it writes (host 1's checkpointd --save-part, slowed by
+ * CTITAN_TEST_CKPT_DELAY_MS): its agent writes the part again, and the checkpoint is whole. */
+static void test_hosts_a_part_writer_killed_mid_write_writes_its_part_again(void **state)
+{
+    TU_NEED_BIN();
+    if (tj_use_sim_plugin())
+        skip();
+    static char out[1 << 16], agent_out[1 << 16];
+    char path[512], ref_path[512];
+    hosts_t h;
+    const char *ref = reference(CK7);
+    two_hosts(&h, "ckpart", CK7);
+    setenv("CTITAN_TEST_CKPT_DELAY_MS", "400", 1); /* host 1's writer only: a pause after each file */
+    pid_t agent = start_host1(&h, "");
+    unsetenv("CTITAN_TEST_CKPT_DELAY_MS");
+    pid_t host0 = tj_launch_bg(h.j, h.extra), writer = 0;
+    for (int i = 0; i < 6000 && !writer; i++) {
+        writer = tu_descendant_named(agent, "checkpointd");
+        nanosleep(&(struct timespec){0, 10000000L}, NULL);
+    }
+    assert_true(writer > 0);
+    nanosleep(&(struct timespec){0, 200000000L}, NULL); /* inside its first file */
+    kill(writer, SIGKILL);
+    int rc = tu_reap(host0, 120, NULL), arc = tu_reap(agent, 60, NULL);
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    tj_read_out(h.j, out, sizeof(out));
+    tj_read_out(h.jh1, agent_out, sizeof(agent_out));
+    if (rc || !strstr(out, "checkpoint: step 3 saved to ") || strstr(out, "failed"))
+        TJ_FAIL_WITH(out, "host 0: status %d", rc);
+    if (arc || !strstr(agent_out, "launch: host 1: the writer of its part of the checkpoint of step 3 was killed by "
+                                  "signal 9 (Killed): writing it again"))
+        TJ_FAIL_WITH(agent_out, "host 1: status %d", arc);
+    tj_assert_losses_by_step(h.j, ref, 7, 0, "");
+    ckpt_dir(path, sizeof(path), h.j, 3);
+    ckpt_dir(ref_path, sizeof(ref_path), ref, 3);
+    assert_same_tensors(path, ref_path);
+    tj_assert_clean(h.j);
+    tj_assert_clean(h.jh1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -284,6 +465,9 @@ int main(void)
         cmocka_unit_test(test_hosts_a_lost_host_started_again_rejoins_the_relaunched_job),
         cmocka_unit_test(test_hosts_a_host_that_never_comes_back_ends_the_job_after_max_restarts),
         cmocka_unit_test(test_hosts_an_agent_without_a_coordinator_gives_up_after_host_timeout),
+        cmocka_unit_test(test_hosts_checkpoints_are_written_in_parts_and_resume_on_one_host),
+        cmocka_unit_test(test_hosts_a_killed_coordinator_resumes_every_host_from_the_newest_checkpoint),
+        cmocka_unit_test(test_hosts_a_part_writer_killed_mid_write_writes_its_part_again),
     };
     if (getenv("CTITAN_TEST_ONLY")) /* a pattern: run only the tests it matches ("*lost*") */
         cmocka_set_test_filter(getenv("CTITAN_TEST_ONLY"));

@@ -818,8 +818,9 @@ static int take_part_sums(const char *tmp, ckpt_index_t *ix, int part, int n_par
     size_t size, need = ckpt_part_sums_bytes(want);
     int fd = util_open_regular(path, &size, err, errlen);
     if (fd == -ENOENT)
-        return util_fail(err, errlen, -ENOENT, "%s: missing: part %d of %d was not written (or not to its end)",
-                         path, part, n_parts);
+        return util_fail(err, errlen, -ENOENT, "%s: missing: part %d of %d was not written (or not to its end, "
+                         "or not here: every host must see checkpoint.folder as one shared folder)", path, part,
+                         n_parts);
     if (fd < 0)
         return fd;
     uint8_t *buf = NULL;

@@ -141,7 +141,8 @@ static int reset_state(coord_t *c, int64_t to, int from_staging)
     msg_t rw = {.type = MSG_REWIND, .step = to, .ok = from_staging, .data = cursor, .data_len = len};
     for (int h = 1; c->agents && h < m->hosts; h++) /* the other hosts do the same */
         if (ctl_send(c->ctl, c->agents[h].route, &rw)) {
-            coord_fail(c, "rewind: cannot reach host %d's agent", h);
+            coord_fail(c, "rewind: host %d's agent (pid %lld) cannot be reached: the host is lost or cut off, and its "
+                       "processes with it", h, (long long)c->agents[h].pid);
             return -1;
         }
     return 0;

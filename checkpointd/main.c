@@ -379,11 +379,6 @@ static int run_worker(void)
     return 0;
 }
 
-/* checkpointd --job NAME --load WHAT: LOAD without a coordinator to answer, for the agent of
- * a host other than the coordinator's (job.hosts > 1), which has no control socket of its
- * own: the job's resolved manifest comes on standard input, WHAT goes into NAME's staging
- * segment (its header then holds the step and the cursor, or step -1 for a fresh start), and
- * the exit status says whether it worked (the reason on stderr). */
 /* The one-shot modes' manifest: the job's resolved TOML on standard input, parsed and
  * validated into *m (malloc'ed), its text in *toml (malloc'ed), and the model's table. */
 static int read_manifest(manifest_t **m, char **toml, param_table_t *tab, char *err, size_t errlen)
@@ -407,6 +402,11 @@ static int read_manifest(manifest_t **m, char **toml, param_table_t *tab, char *
     return rc;
 }
 
+/* checkpointd --job NAME --load WHAT: LOAD without a coordinator to answer, for the agent of
+ * a host other than the coordinator's (job.hosts > 1), which has no control socket of its
+ * own: the job's resolved manifest comes on standard input, WHAT goes into NAME's staging
+ * segment (its header then holds the step and the cursor, or step -1 for a fresh start), and
+ * the exit status says whether it worked (the reason on stderr). */
 static int run_load(const char *job, const char *what)
 {
     char err[1024], path[PATH_MAX] = "";

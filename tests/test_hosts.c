@@ -6,6 +6,7 @@
  * on both hosts; the coordinator killed -9 is relaunched by host 0's supervisor and host 1's
  * agent joins the new one; host 1 lost outright fails the run, whose relaunch waits for host 1
  * to be started again, or gives up after job.host_timeout_s when it never is. */
+#include <dirent.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -457,6 +458,59 @@ static void test_hosts_a_part_writer_killed_mid_write_writes_its_part_again(void
     tj_assert_clean(h.jh1);
 }
 
+/* Host 0's checkpointd killed while it writes its part (slowed by CTITAN_TEST_CKPT_DELAY_MS on
+ * host 0 only): the coordinator starts another, and the checkpoint is written again, every
+ * host's part, into a directory named for the new one; whatever the first attempt's parts
+ * said is dropped, and the checkpoint holds the one-host job's tensors. */
+static void test_hosts_checkpointd_killed_mid_part_writes_the_checkpoint_again(void **state)
+{
+    TU_NEED_BIN();
+    if (tj_use_sim_plugin())
+        skip();
+    static char out[1 << 16], agent_out[1 << 16];
+    char path[512], ref_path[512];
+    hosts_t h;
+    const char *ref = reference(CK7);
+    two_hosts(&h, "ckd0", CK7);
+    pid_t agent = start_host1(&h, "");
+    setenv("CTITAN_TEST_CKPT_DELAY_MS", "400", 1); /* host 0's checkpointd only */
+    pid_t host0 = tj_launch_bg(h.j, h.extra), ckptd = 0;
+    unsetenv("CTITAN_TEST_CKPT_DELAY_MS");
+    char folder[300];
+    snprintf(folder, sizeof(folder), "%s/runs/%s/checkpoint", tj_dir, h.j);
+    for (int i = 0; i < 6000 && !ckptd; i++) { /* part 0 of step 3 being written (for 1.2 s) */
+        DIR *d = opendir(folder);
+        struct dirent *e;
+        while (d && (e = readdir(d)) && !ckptd)
+            if (!strncmp(e->d_name, ".tmp-step-00000003.", 19))
+                ckptd = atoi(e->d_name + 19); /* the directory is named for its checkpointd */
+        if (d)
+            closedir(d);
+        nanosleep(&(struct timespec){0, 10000000L}, NULL);
+    }
+    assert_true(ckptd > 0);
+    assert_int_equal(tu_descendant_named(host0, "checkpointd"), ckptd);
+    kill(ckptd, SIGKILL);
+    int rc = tu_reap(host0, 120, NULL), arc = tu_reap(agent, 60, NULL);
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    tj_read_out(h.j, out, sizeof(out));
+    tj_read_out(h.jh1, agent_out, sizeof(agent_out));
+    if (rc || !strstr(out, "checkpointd was killed by signal 9 (Killed) while writing the checkpoint of step 3: a new "
+                           "checkpointd writes it again") ||
+        !strstr(out, "checkpoint: step 3 saved to ") || strstr(out, "checkpoint of step 3 failed"))
+        TJ_FAIL_WITH(out, "host 0: status %d", rc);
+    if (arc)
+        TJ_FAIL_WITH(agent_out, "host 1: status %d", arc);
+    tj_assert_losses_by_step(h.j, ref, 7, 0, "");
+    for (int step = 3; step <= 7; step += step == 6 ? 1 : 3) {
+        ckpt_dir(path, sizeof(path), h.j, step);
+        ckpt_dir(ref_path, sizeof(ref_path), ref, step);
+        assert_same_tensors(path, ref_path);
+    }
+    tj_assert_clean(h.j);
+    tj_assert_clean(h.jh1);
+}
+
 /* checkpoint.folder not one folder for both hosts (host 1 writes its part elsewhere): every
  * checkpoint fails naming the missing part and the shared folder it needs, and the run fails
  * at its end (its last checkpoint not written); with job.max_restarts 0 nothing relaunches it,
@@ -496,6 +550,7 @@ int main(void)
         cmocka_unit_test(test_hosts_checkpoints_are_written_in_parts_and_resume_on_one_host),
         cmocka_unit_test(test_hosts_a_killed_coordinator_resumes_every_host_from_the_newest_checkpoint),
         cmocka_unit_test(test_hosts_a_part_writer_killed_mid_write_writes_its_part_again),
+        cmocka_unit_test(test_hosts_checkpointd_killed_mid_part_writes_the_checkpoint_again),
         cmocka_unit_test(test_hosts_a_checkpoint_folder_not_shared_fails_saying_so),
     };
     if (getenv("CTITAN_TEST_ONLY")) /* a pattern: run only the tests it matches ("*lost*") */

@@ -52,7 +52,7 @@ void coord_each_ring(coord_t *c, void (*fn)(ring_t *r), int loader)
     const job_layout_t *l = &c->lay;
     ring_t *r;
     for (int rep = 0; c->seg_act && rep < l->dp; rep++)
-        for (int b = 0; b < l->pp - 1; b++)
+        for (int b = 0; b < l->S - 1; b++)
             for (int g = 0; g < 2; g++)
                 if (!ring_attach(&r, (char *)shm_data(c->seg_act) + job_act_off(l, rep, b, g), l->act_ring, "act",
                                  NULL, 0)) {

@@ -91,8 +91,11 @@ void coord_report_step(coord_t *c, double norm, double t_step, double t_reduce, 
     const manifest_t *m = c->m;
     double loss = 0, t_stages = 0;
     uint64_t mem = 0; /* the largest stage's (on a GPU: the device's use, every process on it) */
+    /* replica order, a fixed sum: in each replica one rank holds the last virtual stage (the
+     * last rank, or rank 0 of a V placement) and the others report 0, which adds nothing */
     for (int r = 0; r < m->dp; r++)
-        loss += coord_stage(c, m->pp - 1, r)->reply.loss; /* replica order: a fixed sum */
+        for (int s = 0; s < m->pp; s++)
+            loss += coord_stage(c, s, r)->reply.loss;
     for (int i = 1; i <= c->n_stages; i++) {
         double t = c->p[i].reply.t_busy + c->p[i].reply.t_wait;
         t_stages = t > t_stages ? t : t_stages;

@@ -25,7 +25,8 @@ int job_layout(job_layout_t *l, const manifest_t *m)
         return -ENOMEM;
     *l = (job_layout_t){.dp = m->dp, .pp = m->pp, .M = m->microbatches,
                         .mb = m->local_batch_size / m->microbatches, .T = m->seq_len,
-                        .D = m->model.dim, .total = tab.total};
+                        .D = m->model.dim, .total = tab.total, .vs = manifest_vstages(m)};
+    l->S = l->pp * l->vs;
     params_table_free(&tab);
     l->stride = round_up(l->total, 1024);
     l->n_blocks = (l->total + MANIFEST_BLOCK - 1) / MANIFEST_BLOCK;
@@ -46,7 +47,7 @@ size_t job_params_bytes(const job_layout_t *l)
     return (size_t)(l->gpu_shards ? 1 : l->dp) * l->stride * sizeof(float);
 }
 
-size_t job_act_bytes(const job_layout_t *l) { return l->nccl ? 0 : (size_t)l->dp * (l->pp - 1) * 2 * l->act_ring; }
+size_t job_act_bytes(const job_layout_t *l) { return l->nccl ? 0 : (size_t)l->dp * (l->S - 1) * 2 * l->act_ring; }
 
 int job_stage_range(const manifest_t *m, int s, size_t *b, size_t *e)
 {
@@ -125,7 +126,7 @@ int job_host_parts(const job_layout_t *l, const manifest_t *m, job_range_t **out
 
 size_t job_act_off(const job_layout_t *l, int replica, int boundary, int grad)
 {
-    return (((size_t)replica * (l->pp - 1) + boundary) * 2 + (grad ? 1 : 0)) * l->act_ring;
+    return (((size_t)replica * (l->S - 1) + boundary) * 2 + (grad ? 1 : 0)) * l->act_ring;
 }
 
 int job_seg_create(shm_seg_t **out, const char *job, const job_layout_t *l, char *err, size_t errlen)
@@ -143,7 +144,7 @@ int job_act_create(shm_seg_t **out, const char *job, const job_layout_t *l, char
 {
     int rc = shm_create(out, job, "act", job_act_bytes(l), err, errlen);
     for (int r = 0; r < l->dp && !rc; r++)
-        for (int b = 0; b < l->pp - 1 && !rc; b++)
+        for (int b = 0; b < l->S - 1 && !rc; b++)
             for (int g = 0; g < 2 && !rc; g++)
                 if ((rc = ring_format((char *)shm_data(*out) + job_act_off(l, r, b, g), l->act_ring, (uint32_t)l->M,
                                       l->act_slot, 0)))
@@ -205,7 +206,7 @@ int job_check_memory(const job_layout_t *l, const manifest_t *m, char *err, size
     int seqs = m->local_batch_size / m->microbatches;
     double params = (double)job_params_bytes(l), grads = l->gpu_shards ? 0 : params;
     double staging = manifest_snapshots(m) || m->ckpt_load[0] ? (double)staging_bytes(l->total) : 0;
-    double other = (double)job_seg_bytes(l) + (m->pp > 1 && !l->nccl ? (double)job_act_bytes(l) : 0) +
+    double other = (double)job_seg_bytes(l) + (l->S > 1 && !l->nccl ? (double)job_act_bytes(l) : 0) +
                    (l->gpu ? (double)devdir_bytes(l) : 0) + (double)ldr_seg_bytes(m->dp, m->prefetch, seqs, m->seq_len);
     /* the CPU shards' state: two banks of master weights and moments (job_optstate_bytes) */
     double state = m->host_rank == 0 ? (double)job_optstate_bytes(l, m->shards) : 0;

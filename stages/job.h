@@ -8,8 +8,9 @@
  *                        GPU optimizer shards only replica 0, written at the end of the run
  *   ctitan.<job>.grads   dp replicas of the flat fp32 gradients, same layout (none with GPU
  *                        optimizer shards)
- *   ctitan.<job>.act     per replica and pipeline boundary b (stage b -> b+1): an activation
- *                        ring (forward) and a gradient ring (backward), M slots each
+ *   ctitan.<job>.act     per replica and pipeline boundary b (virtual stage b -> b+1, of pp x
+ *                        vs): an activation ring (forward) and a gradient ring (backward), M
+ *                        slots each (both ends may be one process: a rank's two chunks)
  *   ctitan.<job>.batch   the loader's segment (stages/ldr_seg.h)
  *   ctitan.<job>.dev     with job.device = "cuda": the CUDA IPC handles (stages/devdir.h)
  *   ctitan.<job>.optstate with CPU optimizer shards: their state, where a replacement shard
@@ -47,6 +48,7 @@ _Static_assert(sizeof(job_hdr_t) <= JOB_HDR_BYTES, "the job header fits its page
 
 typedef struct {
     int dp, pp, M, mb, T, D;
+    int vs, S;          /* virtual stages per rank (manifest_vstages), and in all: pp x vs */
     size_t total;       /* floats in the flat parameter space */
     size_t stride;      /* floats between replicas in params/grads: total rounded up to 4 KiB */
     size_t n_blocks;    /* MANIFEST_BLOCK blocks of the flat space */
@@ -64,14 +66,14 @@ typedef struct {
 int job_layout(job_layout_t *l, const manifest_t *m);
 size_t job_seg_bytes(const job_layout_t *l);     /* ctitan.<job>.job */
 size_t job_params_bytes(const job_layout_t *l);  /* params, and grads alike (no grads with gpu_shards) */
-size_t job_act_bytes(const job_layout_t *l);     /* act (0 when pp == 1) */
-/* Offset in the act segment of the ring from stage b to b+1 (grad = 0) or back (grad = 1). */
+size_t job_act_bytes(const job_layout_t *l);     /* act (0 with one virtual stage in all) */
+/* Offset in the act segment of the ring from virtual stage b to b+1 (grad = 0) or back (grad = 1). */
 size_t job_act_off(const job_layout_t *l, int replica, int boundary, int grad);
 
 /* Creates ctitan.<job>.job with its header: this process is the owner, no step yet. Returns
  * 0 or -errno with err (-EEXIST: the segment exists). The caller owns *out. */
 int job_seg_create(shm_seg_t **out, const char *job, const job_layout_t *l, char *err, size_t errlen);
-/* Creates ctitan.<job>.act (pp > 1 on the shm or CUDA IPC data plane, not NCCL) with every
+/* Creates ctitan.<job>.act (S > 1 on the shm or CUDA IPC data plane, not NCCL) with every
  * activation and gradient ring formatted empty (M slots, from step 0). Returns 0 or -errno. */
 int job_act_create(shm_seg_t **out, const char *job, const job_layout_t *l, char *err, size_t errlen);
 

@@ -174,9 +174,21 @@ static void balanced_split(const size_t *w, int P, int k, int *start, size_t *pr
     start[k] = P;
 }
 
+int manifest_vstages(const manifest_t *m)
+{
+    if (m->layers_per_stage > 0 && m->pp > 0)
+        return m->model.n_layers / m->layers_per_stage / m->pp;
+    return 1;
+}
+
 int manifest_stage_pieces(const manifest_t *m, int stage, int *p0, int *p1)
 {
-    int P = m->model.n_layers + 2, pp = m->pp;
+    int P = m->model.n_layers + 2, pp = m->pp * manifest_vstages(m), L = m->layers_per_stage;
+    if (L > 0) { /* layers [stage * L, (stage + 1) * L), piece = layer + 1 */
+        *p0 = stage == 0 ? 0 : stage * L + 1;
+        *p1 = stage == pp - 1 ? P : (stage + 1) * L + 1;
+        return 0;
+    }
     if (m->n_split_points > 0) {
         *p0 = stage == 0 ? 0 : m->split_points[stage - 1] + 1;
         *p1 = stage == pp - 1 ? P : m->split_points[stage] + 1;

@@ -14,6 +14,7 @@
  *   [training]     steps, local_batch_size, seq_len, seed, max_norm, threads
  *   [parallelism]  pipeline_parallel_degree, pipeline_parallel_schedule,
  *                  pipeline_parallel_microbatches, pipeline_parallel_split_points,
+ *                  pipeline_parallel_layers_per_stage,
  *                  data_parallel_replicate_degree, data_plane
  *   [optimizer]    name, lr, beta1, beta2, eps, weight_decay, decay_embed_and_norms
  *   [lr_scheduler] warmup_steps, decay_ratio, decay_type, min_lr_factor
@@ -84,7 +85,12 @@ typedef struct {
     sched_kind_t schedule;       /* pipeline_parallel_schedule, "1F1B" */
     int microbatches;            /* pipeline_parallel_microbatches, 1; divides local_batch_size */
     int n_split_points;          /* pipeline_parallel_split_points = ["layers.3", ...]: */
-    int split_points[MANIFEST_MAX_PP]; /* stage s+1 starts at layer split_points[s]; empty = balanced */
+    int split_points[MANIFEST_MAX_PP]; /* virtual stage s+1 starts at layer split_points[s]; empty =
+                                  * balanced (pp x stages per rank - 1 of them) */
+    int layers_per_stage;        /* pipeline_parallel_layers_per_stage, 0: layers per virtual stage (the
+                                  * embedding joins the first, the head the last); it sets the stages per
+                                  * rank, n_layers / layers_per_stage / pp; 0 = the schedule's default
+                                  * (manifest_vstages) */
     int dp;                      /* data_parallel_replicate_degree, 1 */
     char data_plane[16];         /* "ipc": CUDA IPC rings on one host, GPU shards summing replicas;
                                   * "nccl": NCCL send/recv between neighbours, reduce-scatter and
@@ -197,11 +203,18 @@ static inline int manifest_snapshots(const manifest_t *m) { return m->ckpt_enabl
 /* The largest manifest file (or manifest text on standard input) read. */
 #define MANIFEST_MAX_BYTES (1 << 20)
 
-/* Pieces [*p0, *p1) held by pipeline rank `stage` of a validated manifest: from the split
- * points (piece = layer + 1), or balanced: the contiguous split of the pieces' parameter
- * counts that minimises the largest stage (ties: the earliest such split). Returns 0 or
- * -ENOMEM (never a different split: every process must find the same one). */
+/* Pieces [*p0, *p1) of virtual stage `stage` (0 .. pp x manifest_vstages - 1; with one stage per
+ * rank, the rank) of a validated manifest: layers_per_stage layers each (the embedding with the
+ * first, the norm and head with the last), or from the split points (piece = layer + 1), or
+ * balanced: the contiguous split of the pieces' parameter counts that minimises the largest
+ * stage (ties: the earliest such split). Returns 0 or -ENOMEM (never a different split: every
+ * process must find the same one). */
 int manifest_stage_pieces(const manifest_t *m, int stage, int *p0, int *p1);
+/* Virtual stages per pipeline rank: n_layers / layers_per_stage / pp when layers_per_stage is
+ * given, else the schedule's default (1 for GPipe and 1F1B). The pipeline then has pp x this
+ * virtual stages, which manifest_stage_pieces numbers 0 .. pp x this - 1 in model order (which
+ * rank holds which is the schedule's placement: stages/schedule.h). */
+int manifest_vstages(const manifest_t *m);
 
 /* Flat range [*begin, *end) of optimizer shard k of K over `total` floats: contiguous,
  * boundaries on multiples of MANIFEST_BLOCK, sizes differing by at most one block. */

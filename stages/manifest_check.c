@@ -194,13 +194,33 @@ static int check_topology(const manifest_t *m, char *err, size_t errlen)
     CHECK(m->pp <= MANIFEST_MAX_PP, "parallelism", "pipeline_parallel_degree",
           "parallelism.pipeline_parallel_degree = %d exceeds the most supported, %d", m->pp,
           MANIFEST_MAX_PP);
-    const char *sps = "pipeline_parallel_split_points";
+    const char *sps = "pipeline_parallel_split_points", *lps = "pipeline_parallel_layers_per_stage";
+    int L = m->layers_per_stage;
+    CHECK(L == 0 || c->n_layers % L == 0, "parallelism", lps,
+          "parallelism.%s = %d does not divide model.n_layers = %d", lps, L, c->n_layers);
+    CHECK(L == 0 || (c->n_layers / L) % m->pp == 0, "parallelism", lps,
+          "parallelism.%s = %d makes %d virtual stages (model.n_layers = %d), not a multiple of "
+          "pipeline_parallel_degree = %d", lps, L, c->n_layers / (L ? L : 1), c->n_layers, m->pp);
+    CHECK(L == 0 || !m->n_split_points, "parallelism", lps,
+          "parallelism.%s and pipeline_parallel_split_points both say where stages begin: give one", lps);
+    int v = manifest_vstages(m), S = m->pp * v;
+    CHECK(S <= pieces && S <= MANIFEST_MAX_PP, "parallelism", "pipeline_parallel_degree",
+          "parallelism.pipeline_parallel_degree = %d with %d virtual stages per rank makes %d stages: more than "
+          "the %d pipeline pieces of the model (embedding, %d layers, head) or the most supported, %d", m->pp, v, S,
+          pieces, c->n_layers, MANIFEST_MAX_PP);
+    CHECK(v == 1 || strcmp(m->device, "cuda"), "parallelism", lps,
+          "%d virtual stages per pipeline rank (%s): not built for job.device = \"cuda\" (its device rings and "
+          "optimizer shards are one per stage process); use one stage per rank there", v,
+          L ? "pipeline_parallel_layers_per_stage" : "the schedule's default");
     CHECK(m->n_split_points >= 0 && m->n_split_points < MANIFEST_MAX_PP, "parallelism", sps,
           "parallelism.%s: invalid count %d", sps, m->n_split_points);
-    CHECK(!m->n_split_points || m->n_split_points == m->pp - 1, "parallelism", sps,
-          "parallelism.%s has %d entries but pipeline_parallel_degree = %d (%s) needs %d "
-          "(or none for a balanced split)", sps, m->n_split_points, m->pp,
-          mkey_origin(m, mkey_id("parallelism", "pipeline_parallel_degree"), o2, sizeof(o2)), m->pp - 1);
+    char per_rank[48] = "";
+    if (v > 1)
+        snprintf(per_rank, sizeof(per_rank), " with %d virtual stages per rank", v);
+    CHECK(!m->n_split_points || m->n_split_points == S - 1, "parallelism", sps,
+          "parallelism.%s has %d entries but pipeline_parallel_degree = %d (%s)%s needs %d (or none for a balanced "
+          "split)", sps, m->n_split_points, m->pp,
+          mkey_origin(m, mkey_id("parallelism", "pipeline_parallel_degree"), o2, sizeof(o2)), per_rank, S - 1);
     for (int i = 0; i < m->n_split_points; i++) {
         int s = m->split_points[i];
         CHECK(s >= 1 && s <= c->n_layers, "parallelism", sps,
@@ -210,6 +230,15 @@ static int check_topology(const manifest_t *m, char *err, size_t errlen)
               "parallelism.%s: layers.%d does not come after layers.%d (split points must increase)",
               sps, s, m->split_points[i - 1]);
     }
+    /* the schedule's own rules for this degree, stages per rank and microbatch count, in its words */
+    sched_t sched;
+    char why[512];
+    int built = sched_build(&sched, m->pp, v, m->microbatches, m->schedule, why, sizeof(why));
+    sched_free(&sched);
+    CHECK(built == 0, "parallelism", "pipeline_parallel_schedule",
+          "parallelism.pipeline_parallel_schedule = \"%s\" with pipeline_parallel_degree = %d, %d virtual stage%s "
+          "per rank and %d microbatches: %s", sched_kind_name(m->schedule), m->pp, v, v == 1 ? "" : "s",
+          m->microbatches, why);
     param_table_t tab;
     if (params_table_init(&tab, c))
         return util_fail(err, errlen, -ENOMEM, "out of memory building the parameter table");

@@ -45,6 +45,7 @@ const mkey_t mkey_table[] = {
     {"parallelism", "pipeline_parallel_schedule", MKEY_SCHED, FLD(schedule), 0, 0},
     KINT("parallelism", "pipeline_parallel_microbatches", microbatches, 1),
     {"parallelism", "pipeline_parallel_split_points", MKEY_SPLITS, FLD(split_points), 0, 0},
+    KINT("parallelism", "pipeline_parallel_layers_per_stage", layers_per_stage, 0),
     KINT("parallelism", "data_parallel_replicate_degree", dp, 1),
     KSTR("parallelism", "data_plane", data_plane),
     KSTR("optimizer", "name", optimizer_name),

@@ -71,7 +71,10 @@ static plane_end_t *end_of(plane_t *p, plane_link_t l)
 {
     if ((unsigned)l < PLANE_LINKS && p->end[l])
         return p->end[l];
-    plane_fail(p, -EINVAL, "stage %d of replica %d has no link %s", p->cfg.rank, p->cfg.replica,
+    char where[48] = "";
+    if (p->cfg.lay->vs > 1)
+        snprintf(where, sizeof(where), " (virtual stage %d)", p->cfg.vstage);
+    plane_fail(p, -EINVAL, "stage %d%s of replica %d has no link %s", p->cfg.rank, where, p->cfg.replica,
                (unsigned)l < PLANE_LINKS ? link_names[l] : "?");
     return NULL;
 }

@@ -41,6 +41,10 @@ typedef struct {
     const job_layout_t *lay;
     const char *job;          /* the job's segments */
     int replica, rank;        /* rank 0 has no act_in / grad_out, rank pp - 1 no act_out / grad_in */
+    int vstage;               /* shm: the virtual stage whose links these are (a rank with several
+                               * chunks has a plane per chunk; virtual stage 0 has no act_in /
+                               * grad_out, lay->S - 1 no act_out / grad_in); the device transports
+                               * take one stage per rank (vstage = rank) */
     const cuda_plugin_t *cu;  /* ipc, nccl */
     void *stream;             /* ipc, nccl: the model's stream (backend_t.model_stream) */
 } plane_cfg_t;

@@ -60,10 +60,10 @@ static int add_end(plane_t *p, plane_link_t l, int boundary, int grad)
 int plane_shm_new(plane_t **out, const plane_cfg_t *c, char *err, size_t errlen)
 {
     plane_t *p = *out = plane_alloc(c, NULL);
-    int rc = p ? 0 : -ENOMEM, r = c->rank;
-    if (!rc && r > 0 && !(rc = add_end(p, PLANE_ACT_IN, r - 1, 0)))
-        rc = add_end(p, PLANE_GRAD_OUT, r - 1, 1);
-    if (!rc && r < c->lay->pp - 1 && !(rc = add_end(p, PLANE_ACT_OUT, r, 0)))
-        rc = add_end(p, PLANE_GRAD_IN, r, 1);
+    int rc = p ? 0 : -ENOMEM, v = c->vstage;
+    if (!rc && v > 0 && !(rc = add_end(p, PLANE_ACT_IN, v - 1, 0)))
+        rc = add_end(p, PLANE_GRAD_OUT, v - 1, 1);
+    if (!rc && v < c->lay->S - 1 && !(rc = add_end(p, PLANE_ACT_OUT, v, 0)))
+        rc = add_end(p, PLANE_GRAD_IN, v, 1);
     return rc ? plane_abort(out, rc, err, errlen) : 0;
 }

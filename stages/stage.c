@@ -1,8 +1,10 @@
 /* ctitan-stage: pipeline rank `--rank` of data-parallel replica `--replica`. Holds the
- * pieces of the model its rank owns, runs the schedule's action list every step: forwards
- * take tokens (rank 0) or activations from the previous rank and write their output straight
- * into a slot to the next rank; backwards do the same with gradients in the other direction;
- * the last rank computes the loss. Gradients accumulate where the optimizer shards read them.
+ * pieces of the model its rank owns, as one chunk per virtual stage of the rank (one, or
+ * several for interleaved and V schedules: stages/schedule.h places them), and runs the
+ * schedule's action list every step, each action on its chunk: forwards take tokens (virtual
+ * stage 0) or activations from the previous virtual stage and write their output straight into
+ * a slot to the next; backwards do the same with gradients in the other direction; the last
+ * virtual stage computes the loss. Gradients accumulate where the optimizer shards read them.
  *
  * Two seams, both chosen at set-up: the backend (kernels/backend.h, [job] device: the CPU
  * model computing on the shared params/grads segments, or the CUDA plugin's, so CPU jobs never
@@ -38,20 +40,26 @@
 #include "stages/schedule.h"
 #include "stages/worker.h"
 
+/* One virtual stage of the rank: its pieces of the model, its links, its activations. */
+typedef struct {
+    int vstage, first, last;     /* virtual stage (of lay.S); it holds the embedding / the head */
+    backend_model_t *model;
+    plane_t *plane;              /* links to virtual stages vstage - 1 and vstage + 1 */
+    ring_t *tok_in, *tgt_in;     /* from the loader (first / last) */
+    backend_acts_t **acts;       /* (peak kept) */
+    int *acts_mb;                /* microbatch each holds, -1 free */
+    int nacts;
+} chunk_t;
+
 typedef struct {
     worker_t *w;
     const manifest_t *man;
     job_layout_t lay;
-    int rank, replica, first, last;
+    int rank, replica;
     shm_seg_t *params, *grads, *batch, *dev;
-    ring_t *tok_in, *tgt_in;     /* from the loader (rank 0 / last rank) */
     const backend_t *be;
-    backend_model_t *model;
-    plane_t *plane;
+    chunk_t *chunk;              /* (lay.vs), in the schedule's chunk order */
     sched_t sched;
-    backend_acts_t **acts;       /* (peak in flight) */
-    int *acts_mb;                /* microbatch each holds, -1 free */
-    int nacts;
     int device;
     size_t mem_peak;             /* the backend's memory in use (GPU: by every process on the device;
                                   * CPU: this process's peak resident set), highest seen at a step's end */
@@ -61,10 +69,13 @@ typedef struct {
     int aborted;                 /* a ring was closed: this step is left unfinished */
 } stage_t;
 
-/* A backend call that must succeed (BE_WHY: its reason), and a data-plane one. */
+/* The virtual stage of chunk c on rank r (loop placement). */
+static int sched_vstage(const sched_t *s, int r, int c) { return c * s->pp + r; }
+
+/* A backend call that must succeed (BE_WHY: its reason), and a data-plane one of chunk k. */
 #define BE_CHECK(st, call, ...) WORKER_CHECK((st)->w, (call) == 0, __VA_ARGS__)
 #define BE_WHY(st) (st)->be->last_error()
-#define PLANE_CHECK(st, call) WORKER_CHECK((st)->w, (call) == 0, "%s", plane_error((st)->plane))
+#define PLANE_CHECK(st, k, call) WORKER_CHECK((st)->w, (call) == 0, "%s", plane_error((k)->plane))
 
 static void attach_batch(stage_t *st, ring_t **r, int targets)
 {
@@ -86,14 +97,15 @@ static const cuda_nccl_id_t *nccl_ids(stage_t *st, msg_t *m)
 }
 
 /* This stage's device directory entry: its range of the flat space, its device and, for GPU
- * optimizer shards, the handles of its weights and gradients. Not marked ready here. */
-static devdir_stage_t *publish(stage_t *st, const cuda_plugin_t *cu, void **w, float **g, size_t *n)
+ * optimizer shards, the handles of its weights and gradients. Not marked ready here. (A GPU job
+ * has one virtual stage per rank: its one chunk.) */
+static devdir_stage_t *publish(stage_t *st, chunk_t *k, const cuda_plugin_t *cu, void **w, float **g, size_t *n)
 {
     char err[256];
     WORKER_CHECK(st->w, shm_attach(&st->dev, worker_job(st->w), DEVDIR_SEG, err, sizeof(err)) == 0, "%s", err);
     devdir_stage_t *e = devdir_stage(shm_data(st->dev), &st->lay, st->replica, st->rank);
     size_t begin, end;
-    st->be->model_buffers(st->model, w, g, &begin, &end);
+    st->be->model_buffers(k->model, w, g, &begin, &end);
     e->begin = begin, e->end = end, e->device = st->device, e->pid = (int32_t)getpid();
     if (st->lay.gpu_shards) {
         WORKER_CHECK(st->w, cu->ipc_export(*w, &e->w) == 0, "exporting the weights: %s", cu->last_error());
@@ -103,26 +115,27 @@ static devdir_stage_t *publish(stage_t *st, const cuda_plugin_t *cu, void **w, f
     return e;
 }
 
-/* The data plane: the act segment's rings on the CPU; on the GPU this stage's directory entry,
- * then its IPC rings or NCCL links. */
-static void setup_plane(stage_t *st)
+/* Chunk k's data plane: the act segment's rings on the CPU; on the GPU this stage's directory
+ * entry, then its IPC rings or NCCL links. */
+static void setup_plane(stage_t *st, chunk_t *k)
 {
     char err[512];
-    plane_cfg_t c = {.lay = &st->lay, .job = worker_job(st->w), .replica = st->replica, .rank = st->rank};
+    plane_cfg_t c = {.lay = &st->lay, .job = worker_job(st->w), .replica = st->replica, .rank = st->rank,
+                     .vstage = k->vstage};
     int rc;
     if (!st->lay.gpu) {
-        rc = plane_shm_new(&st->plane, &c, err, sizeof(err));
+        rc = plane_shm_new(&k->plane, &c, err, sizeof(err));
         WORKER_CHECK(st->w, rc == 0, "%s", err);
         return;
     }
     WORKER_CHECK(st->w, c.cu = cuda_plugin_load(err, sizeof(err)), "job.device = \"cuda\": %s", err);
-    c.stream = st->be->model_stream(st->model);
+    c.stream = st->be->model_stream(k->model);
     void *w;
     float *g;
     size_t n;
-    devdir_stage_t *e = publish(st, c.cu, &w, &g, &n);
+    devdir_stage_t *e = publish(st, k, c.cu, &w, &g, &n);
     if (!st->lay.nccl) {
-        rc = plane_ipc_new(&st->plane, &c, shm_data(st->dev), err, sizeof(err));
+        rc = plane_ipc_new(&k->plane, &c, shm_data(st->dev), err, sizeof(err));
         WORKER_CHECK(st->w, rc == 0, "%s", err);
         return;
     }
@@ -133,9 +146,44 @@ static void setup_plane(stage_t *st)
                  c.cu->device_count(), st->lay.pp * st->lay.dp);
     atomic_store(&e->ready, 1); /* the optimizer shards only need the buffers */
     msg_t m;
-    rc = plane_nccl_new(&st->plane, &c, nccl_ids(st, &m), w, g, n, err, sizeof(err));
+    rc = plane_nccl_new(&k->plane, &c, nccl_ids(st, &m), w, g, n, err, sizeof(err));
     msg_clear(&m);
     WORKER_CHECK(st->w, rc == 0, "%s", err);
+}
+
+/* Chunk k (virtual stage k->vstage): its model on its pieces' range of the shared weights and
+ * gradients (or the device's), its loader rings, its links, its activation buffers. */
+static void setup_chunk(stage_t *st, chunk_t *k, int c, int threads)
+{
+    const manifest_t *m = st->man;
+    if (k->first)
+        attach_batch(st, &k->tok_in, 0);
+    if (k->last)
+        attach_batch(st, &k->tgt_in, 1);
+    int p0, p1;
+    WORKER_CHECK(st->w, manifest_stage_pieces(m, k->vstage, &p0, &p1) == 0, "out of memory");
+    param_table_t tab;
+    WORKER_CHECK(st->w, params_table_init(&tab, &m->model) == 0, "out of memory");
+    size_t begin, end;
+    params_piece_range(&tab, p0, p1, &begin, &end);
+    params_table_free(&tab);
+    size_t base = (size_t)st->replica * st->lay.stride + begin;
+    float *host_w = st->params ? (float *)shm_data(st->params) + base : NULL;
+    float *host_g = st->grads ? (float *)shm_data(st->grads) + base : NULL;
+    BE_CHECK(st, st->be->model_new(&k->model, &m->model, p0, p1, host_w, host_g, threads),
+             "%s model of pieces [%d, %d): %s", st->be->name, p0, p1, BE_WHY(st));
+    setup_plane(st, k);
+    k->nacts = sched_peak_in_flight(&st->sched, st->rank);
+    k->acts = calloc((size_t)k->nacts, sizeof(*k->acts));
+    k->acts_mb = malloc((size_t)k->nacts * sizeof(int));
+    WORKER_CHECK(st->w, k->acts && k->acts_mb, "out of memory");
+    for (int i = 0; i < k->nacts; i++) {
+        BE_CHECK(st, st->be->acts_new(&k->acts[i], k->model, st->lay.mb, st->lay.T),
+                 "%s activations of %d microbatches: %s", st->be->name, k->nacts, BE_WHY(st));
+        k->acts_mb[i] = -1;
+    }
+    LOG_D("chunk %d: virtual stage %d of %d, pieces [%d, %d) (%zu parameters), %d activation buffers", c,
+          k->vstage, st->lay.S, p0, p1, end - begin, k->nacts);
 }
 
 static void setup(stage_t *st)
@@ -148,68 +196,54 @@ static void setup(stage_t *st)
         WORKER_CHECK(st->w, shm_attach(&st->params, job, "params", err, sizeof(err)) == 0, "%s", err);
         WORKER_CHECK(st->w, shm_attach(&st->grads, job, "grads", err, sizeof(err)) == 0, "%s", err);
     }
-    if (st->first || st->last)
+    WORKER_CHECK(st->w, sched_build(&st->sched, m->pp, st->lay.vs, m->microbatches, m->schedule, err,
+                                    sizeof(err)) == 0, "%s", err);
+    WORKER_CHECK(st->w, st->chunk = calloc((size_t)st->lay.vs, sizeof(chunk_t)), "out of memory");
+    int loader = 0;
+    for (int c = 0; c < st->lay.vs; c++) {
+        chunk_t *k = &st->chunk[c];
+        k->vstage = sched_vstage(&st->sched, st->rank, c);
+        k->first = k->vstage == 0;
+        k->last = k->vstage == st->lay.S - 1;
+        loader |= k->first || k->last;
+    }
+    if (loader)
         WORKER_CHECK(st->w, shm_attach(&st->batch, job, LDR_SEG_NAME, err, sizeof(err)) == 0, "%s", err);
-    if (st->first)
-        attach_batch(st, &st->tok_in, 0);
-    if (st->last)
-        attach_batch(st, &st->tgt_in, 1);
-    int p0, p1;
-    WORKER_CHECK(st->w, manifest_stage_pieces(m, st->rank, &p0, &p1) == 0, "out of memory");
-    param_table_t tab;
-    WORKER_CHECK(st->w, params_table_init(&tab, &m->model) == 0, "out of memory");
-    size_t begin, end;
-    params_piece_range(&tab, p0, p1, &begin, &end);
-    params_table_free(&tab);
-    size_t base = (size_t)st->replica * st->lay.stride + begin;
     int threads = m->threads;
     if (threads <= 0) {
         long cpus = sysconf(_SC_NPROCESSORS_ONLN);
         threads = (int)(cpus / (m->pp * m->dp));
         threads = threads < 1 ? 1 : threads;
     }
-    float *host_w = st->params ? (float *)shm_data(st->params) + base : NULL;
-    float *host_g = st->grads ? (float *)shm_data(st->grads) + base : NULL;
     WORKER_CHECK(st->w, st->be = backend_load(m->device, err, sizeof(err)), "job.device = \"%s\": %s", m->device,
                  err);
     int ordinal = job_local_ordinal(&st->lay, st->replica, st->rank);
     BE_CHECK(st, st->be->dev_select(ordinal, &st->device), "%s", BE_WHY(st));
-    BE_CHECK(st, st->be->model_new(&st->model, &m->model, p0, p1, host_w, host_g, threads),
-             "%s model of pieces [%d, %d): %s", st->be->name, p0, p1, BE_WHY(st));
-    setup_plane(st);
-    WORKER_CHECK(st->w, sched_build(&st->sched, m->pp, 1, m->microbatches, m->schedule, err, sizeof(err)) == 0,
-                 "%s", err);
-    st->nacts = sched_peak_in_flight(&st->sched, st->rank);
-    st->acts = calloc((size_t)st->nacts, sizeof(*st->acts));
-    st->acts_mb = malloc((size_t)st->nacts * sizeof(int));
-    WORKER_CHECK(st->w, st->acts && st->acts_mb, "out of memory");
-    for (int i = 0; i < st->nacts; i++) {
-        BE_CHECK(st, st->be->acts_new(&st->acts[i], st->model, st->lay.mb, st->lay.T),
-                 "%s activations of %d microbatches: %s", st->be->name, st->nacts, BE_WHY(st));
-        st->acts_mb[i] = -1;
-    }
+    for (int c = 0; c < st->lay.vs; c++)
+        setup_chunk(st, &st->chunk[c], c, threads);
     st->dscale = 1.0f / (float)((double)m->dp * m->local_batch_size * m->seq_len);
-    LOG_D("pieces [%d, %d) (%zu parameters), %d threads, schedule %s, %d activation buffers", p0, p1,
-          end - begin, threads, sched_kind_name(m->schedule), st->nacts);
+    LOG_D("%d chunk%s, %d threads, schedule %s", st->lay.vs, st->lay.vs == 1 ? "" : "s", threads,
+          sched_kind_name(m->schedule));
 }
 
-/* Index of the activation buffer holding microbatch mb (take: a free one, now mb's). */
-static int acts_for(stage_t *st, int mb, int take)
+/* Index of chunk k's activation buffer holding microbatch mb (take: a free one, now mb's). */
+static int acts_for(stage_t *st, chunk_t *k, int mb, int take)
 {
-    for (int i = 0; i < st->nacts; i++)
-        if (st->acts_mb[i] == (take ? -1 : mb)) {
+    for (int i = 0; i < k->nacts; i++)
+        if (k->acts_mb[i] == (take ? -1 : mb)) {
             if (take)
-                st->acts_mb[i] = mb;
+                k->acts_mb[i] = mb;
             return i;
         }
-    worker_die(st->w, "schedule bug: no activation buffer %s microbatch %d", take ? "free for" : "holds", mb);
+    worker_die(st->w, "schedule bug: no activation buffer of virtual stage %d %s microbatch %d", k->vstage,
+               take ? "free for" : "holds", mb);
 }
 
-static void acts_free(stage_t *st, int mb)
+static void acts_free(chunk_t *k, int mb)
 {
-    for (int i = 0; i < st->nacts; i++)
-        if (st->acts_mb[i] == mb)
-            st->acts_mb[i] = -1;
+    for (int i = 0; i < k->nacts; i++)
+        if (k->acts_mb[i] == mb)
+            k->acts_mb[i] = -1;
 }
 
 /* Whether a data-plane call's rc says the coordinator closed the rings (sets st->aborted). */
@@ -245,87 +279,87 @@ static void check_ids(stage_t *st, const int32_t *ids, const char *what, int64_t
                      what, ids[i], (long long)step, mb, i, V);
 }
 
-/* The slot of link l that carries (step, mb) in, or a free one for it out; NULL once the
- * ring is closed. */
-static void *recv_slot(stage_t *st, plane_link_t l, int64_t step, int mb)
+/* The slot of chunk k's link l that carries (step, mb) in, or a free one for it out; NULL once
+ * the ring is closed. */
+static void *recv_slot(stage_t *st, chunk_t *k, plane_link_t l, int64_t step, int mb)
 {
     void *slot;
     worker_waiting(st->w, 1);
-    int rc = plane_recv(st->plane, l, step, mb, &slot);
+    int rc = plane_recv(k->plane, l, step, mb, &slot);
     worker_waiting(st->w, 0);
     if (closed(st, rc))
         return NULL;
-    PLANE_CHECK(st, rc);
+    PLANE_CHECK(st, k, rc);
     return slot;
 }
 
-static void *reserve_slot(stage_t *st, plane_link_t l, int64_t step, int mb)
+static void *reserve_slot(stage_t *st, chunk_t *k, plane_link_t l, int64_t step, int mb)
 {
     void *slot;
     worker_waiting(st->w, 1);
-    int rc = plane_reserve(st->plane, l, step, mb, &slot);
+    int rc = plane_reserve(k->plane, l, step, mb, &slot);
     worker_waiting(st->w, 0);
     if (closed(st, rc))
         return NULL;
-    PLANE_CHECK(st, rc);
+    PLANE_CHECK(st, k, rc);
     return slot;
 }
 
-static double forward(stage_t *st, int64_t step, int mb)
+static double forward(stage_t *st, chunk_t *k, int64_t step, int mb)
 {
-    int a = acts_for(st, mb, 1);
+    int a = acts_for(st, k, mb, 1);
     const int32_t *tok = NULL, *tgt = NULL;
     void *x_in = NULL, *x_out = NULL;
-    if (st->first ? !(tok = take(st, st->tok_in, step, mb)) : !(x_in = recv_slot(st, PLANE_ACT_IN, step, mb)))
+    if (k->first ? !(tok = take(st, k->tok_in, step, mb)) : !(x_in = recv_slot(st, k, PLANE_ACT_IN, step, mb)))
         return 0;
-    if (st->first)
+    if (k->first)
         check_ids(st, tok, "token", step, mb);
-    if (st->last ? !(tgt = take(st, st->tgt_in, step, mb)) : !(x_out = reserve_slot(st, PLANE_ACT_OUT, step, mb)))
+    if (k->last ? !(tgt = take(st, k->tgt_in, step, mb)) : !(x_out = reserve_slot(st, k, PLANE_ACT_OUT, step, mb)))
         return 0;
-    if (st->last)
+    if (k->last)
         check_ids(st, tgt, "target", step, mb);
     double t0 = util_now(), loss = 0;
-    BE_CHECK(st, st->be->forward(st->model, st->acts[a], tok, x_in, tgt, st->dscale, x_out, &loss), "%s forward: %s",
+    BE_CHECK(st, st->be->forward(k->model, k->acts[a], tok, x_in, tgt, st->dscale, x_out, &loss), "%s forward: %s",
              st->be->name, BE_WHY(st));
     st->t_op[SCHED_F] += util_now() - t0;
     st->n_op[SCHED_F]++;
-    if (st->first)
-        ring_release(st->tok_in);
+    if (k->first)
+        ring_release(k->tok_in);
     else
-        PLANE_CHECK(st, plane_done(st->plane, PLANE_ACT_IN));
-    if (st->last)
-        ring_release(st->tgt_in);
+        PLANE_CHECK(st, k, plane_done(k->plane, PLANE_ACT_IN));
+    if (k->last)
+        ring_release(k->tgt_in);
     else
-        PLANE_CHECK(st, plane_send(st->plane, PLANE_ACT_OUT));
+        PLANE_CHECK(st, k, plane_send(k->plane, PLANE_ACT_OUT));
     return loss;
 }
 
-static void backward_b(stage_t *st, int64_t step, int mb)
+static void backward_b(stage_t *st, chunk_t *k, int64_t step, int mb)
 {
-    int a = acts_for(st, mb, 0);
+    int a = acts_for(st, k, mb, 0);
     void *dy = NULL, *dx = NULL;
-    if ((!st->last && !(dy = recv_slot(st, PLANE_GRAD_IN, step, mb))) ||
-        (!st->first && !(dx = reserve_slot(st, PLANE_GRAD_OUT, step, mb))))
+    if ((!k->last && !(dy = recv_slot(st, k, PLANE_GRAD_IN, step, mb))) ||
+        (!k->first && !(dx = reserve_slot(st, k, PLANE_GRAD_OUT, step, mb))))
         return;
     double t0 = util_now();
-    BE_CHECK(st, st->be->backward_b(st->model, st->acts[a], dy, dx), "%s backward: %s", st->be->name, BE_WHY(st));
+    BE_CHECK(st, st->be->backward_b(k->model, k->acts[a], dy, dx), "%s backward: %s", st->be->name, BE_WHY(st));
     st->t_op[SCHED_B] += util_now() - t0;
     st->n_op[SCHED_B]++;
     if (dy)
-        PLANE_CHECK(st, plane_done(st->plane, PLANE_GRAD_IN));
+        PLANE_CHECK(st, k, plane_done(k->plane, PLANE_GRAD_IN));
     if (dx)
-        PLANE_CHECK(st, plane_send(st->plane, PLANE_GRAD_OUT));
+        PLANE_CHECK(st, k, plane_send(k->plane, PLANE_GRAD_OUT));
 }
 
-static void backward_w(stage_t *st, int mb)
+static void backward_w(stage_t *st, chunk_t *k, int mb)
 {
     double t0 = util_now();
-    int a = acts_for(st, mb, 0);
-    BE_CHECK(st, st->be->backward_w(st->model, st->acts[a]), "%s weight gradients: %s", st->be->name,
+    int a = acts_for(st, k, mb, 0);
+    BE_CHECK(st, st->be->backward_w(k->model, k->acts[a]), "%s weight gradients: %s", st->be->name,
              BE_WHY(st));
     st->t_op[SCHED_W] += util_now() - t0;
     st->n_op[SCHED_W]++;
-    acts_free(st, mb);
+    acts_free(k, mb);
 }
 
 static void run_step(stage_t *st, int64_t step)
@@ -334,36 +368,44 @@ static void run_step(stage_t *st, int64_t step)
     memset(st->n_op, 0, sizeof(st->n_op));
     st->t_wait = 0;
     double loss = 0, t0 = util_now();
-    BE_CHECK(st, st->be->step_begin(st->model), "%s weights: %s", st->be->name, BE_WHY(st));
-    PLANE_CHECK(st, plane_step_begin(st->plane));
+    for (int c = 0; c < st->lay.vs; c++) {
+        chunk_t *k = &st->chunk[c];
+        BE_CHECK(st, st->be->step_begin(k->model), "%s weights: %s", st->be->name, BE_WHY(st));
+        PLANE_CHECK(st, k, plane_step_begin(k->plane));
+    }
     const sched_action_t *a = st->sched.a[st->rank];
     int n = st->sched.n[st->rank];
     st->aborted = 0;
     for (int i = 0; i < n && !st->aborted; i++) {
         if (i == n / 2)
             worker_test_point(st->w, "mid", step);
+        chunk_t *k = &st->chunk[a[i].chunk];
         switch (a[i].op) {
-        case SCHED_F: loss += forward(st, step, a[i].mb); break; /* microbatch order: fixed sum */
-        case SCHED_B: backward_b(st, step, a[i].mb); break;
-        case SCHED_W: backward_w(st, a[i].mb); break;
+        case SCHED_F: loss += forward(st, k, step, a[i].mb); break; /* microbatch order: fixed sum */
+        case SCHED_B: backward_b(st, k, step, a[i].mb); break;
+        case SCHED_W: backward_w(st, k, a[i].mb); break;
         }
         worker_progress(st->w);
     }
     if (st->aborted) { /* the coordinator resets rings and gradients, then sends the step again */
-        for (int i = 0; i < st->nacts; i++)
-            st->acts_mb[i] = -1;
+        for (int c = 0; c < st->lay.vs; c++)
+            for (int i = 0; i < st->chunk[c].nacts; i++)
+                st->chunk[c].acts_mb[i] = -1;
         LOG_I("step %lld left unfinished: the rings were closed for a recovery", (long long)step + 1);
         msg_t m = {.type = MSG_ABORTED, .step = step};
         WORKER_CHECK(st->w, worker_send(st->w, &m) == 0, "cannot reach the coordinator");
         return;
     }
     worker_test_point(st->w, "end", step);
-    PLANE_CHECK(st, plane_step_end(st->plane));
-    BE_CHECK(st, st->be->step_end(st->model), "%s step: %s", st->be->name, BE_WHY(st));
+    for (int c = 0; c < st->lay.vs; c++) {
+        chunk_t *k = &st->chunk[c];
+        PLANE_CHECK(st, k, plane_step_end(k->plane));
+        BE_CHECK(st, st->be->step_end(k->model), "%s step: %s", st->be->name, BE_WHY(st));
+        st->t_wait += plane_waited(k->plane);
+    }
     size_t used;
     if (st->be->mem_used(&used) == 0 && used > st->mem_peak)
         st->mem_peak = used;
-    st->t_wait += plane_waited(st->plane);
     double total = util_now() - t0;
     msg_t m = {.type = MSG_STEP_DONE, .step = step, .loss = loss, .t_wait = st->t_wait,
                .t_busy = total - st->t_wait, .mem = st->mem_peak};
@@ -405,8 +447,6 @@ int main(int argc, char **argv)
     WORKER_CHECK(st.w, st.rank < st.man->pp && st.replica < st.man->dp,
                  "rank %d replica %d is outside the topology (pp %d, dp %d)", st.rank, st.replica,
                  st.man->pp, st.man->dp);
-    st.first = st.rank == 0;
-    st.last = st.rank == st.man->pp - 1;
     worker_test_point(st.w, "setup", worker_first_step(st.w));
     setup(&st);
     WORKER_CHECK(st.w, worker_ready(st.w) == 0, "cannot reach the coordinator");
@@ -424,16 +464,20 @@ int main(int argc, char **argv)
             run_step(&st, step);
         }
     }
-    for (int i = 0; i < st.nacts; i++)
-        st.be->acts_destroy(&st.acts[i]);
-    plane_destroy(&st.plane);
-    if (st.model)
-        st.be->model_destroy(&st.model);
-    free(st.acts);
-    free(st.acts_mb);
+    for (int c = 0; st.chunk && c < st.lay.vs; c++) {
+        chunk_t *k = &st.chunk[c];
+        for (int i = 0; i < k->nacts; i++)
+            st.be->acts_destroy(&k->acts[i]);
+        plane_destroy(&k->plane);
+        if (k->model)
+            st.be->model_destroy(&k->model);
+        free(k->acts);
+        free(k->acts_mb);
+        ring_detach(&k->tok_in);
+        ring_detach(&k->tgt_in);
+    }
+    free(st.chunk);
     sched_free(&st.sched);
-    ring_detach(&st.tok_in);
-    ring_detach(&st.tgt_in);
     shm_detach(&st.params);
     shm_detach(&st.grads);
     shm_detach(&st.batch);

@@ -40,7 +40,7 @@ static void make_segments(int gpu)
     char err[256];
     snprintf(job, sizeof(job), "p%d", (int)getpid());
     size_t slot = FLOATS * sizeof(float);
-    lay = (job_layout_t){.dp = 1, .pp = 2, .M = SLOTS, .hosts = 1, .gpu = gpu, .gpu_shards = gpu,
+    lay = (job_layout_t){.dp = 1, .pp = 2, .vs = 1, .S = 2, .M = SLOTS, .hosts = 1, .gpu = gpu, .gpu_shards = gpu,
                          .act_slot = gpu ? 0 : slot, .dev_slot = slot};
     lay.act_ring = ring_bytes(SLOTS, lay.act_slot);
     assert_int_equal(shm_create(&act, job, "act", job_act_bytes(&lay), err, sizeof(err)), 0);
@@ -101,7 +101,7 @@ static plane_t *shm_plane(int rank)
 {
     char err[256];
     plane_t *p;
-    plane_cfg_t c = {.lay = &lay, .job = job, .replica = 0, .rank = rank};
+    plane_cfg_t c = {.lay = &lay, .job = job, .replica = 0, .rank = rank, .vstage = rank};
     if (plane_shm_new(&p, &c, err, sizeof(err)))
         fail_msg("%s", err);
     return p;

@@ -81,16 +81,18 @@ int sched_kind_check(sched_kind_t kind, int pp, int vstages, int microbatches, c
         return util_fail(err, errlen, -EINVAL, "unknown schedule kind %d", (int)kind);
     const char *name = kind_name[kind];
     if (pp < 1)
-        return util_fail(err, errlen, -EINVAL, "%s: pipeline degree must be >= 1, got %d", name, pp);
+        return util_fail(err, errlen, -EINVAL, "%s: pipeline degree must be >= 1, got %d", name,
+                    pp);
     if (microbatches < 1)
         return util_fail(err, errlen, -EINVAL, "%s: microbatches must be >= 1, got %d", name,
                     microbatches);
     if (lo == hi && vstages != lo)
-        return util_fail(err, errlen, -EINVAL, "%s needs exactly %d virtual stage%s per rank, got %d",
-                    name, lo, lo == 1 ? "" : "s", vstages);
+        return util_fail(err, errlen, -EINVAL,
+                    "%s needs exactly %d virtual stage%s per rank, got %d", name, lo,
+                    lo == 1 ? "" : "s", vstages);
     if (vstages < lo || vstages > hi)
-        return util_fail(err, errlen, -EINVAL, "%s needs %d to %d virtual stages per rank, got %d%s",
-                    name, lo, hi, vstages,
+        return util_fail(err, errlen, -EINVAL,
+                    "%s needs %d to %d virtual stages per rank, got %d%s", name, lo, hi, vstages,
                     kind == SCHED_INTERLEAVED_1F1B && vstages == 1 ? " (with 1 it is 1F1B)" : "");
     if (kind == SCHED_INTERLEAVED_1F1B || kind == SCHED_INTERLEAVED_ZB) {
         /* PyTorch's rule (its "flexible" interleaving): microbatches go in rounds of equal size,
@@ -332,8 +334,12 @@ int sched_build(sched_t *out, int pp, int vstages, int microbatches, sched_kind_
         switch (kind) {
         case SCHED_GPIPE: emit_gpipe(a, &k, microbatches); break;
         case SCHED_1F1B: emit_1f1b(a, &k, pp, r, microbatches); break;
-        case SCHED_INTERLEAVED_1F1B: emit_interleaved(a, &k, pp, vstages, r, microbatches, 0); break;
-        case SCHED_INTERLEAVED_ZB: emit_interleaved(a, &k, pp, vstages, r, microbatches, 1); break;
+        case SCHED_INTERLEAVED_1F1B:
+            emit_interleaved(a, &k, pp, vstages, r, microbatches, 0);
+            break;
+        case SCHED_INTERLEAVED_ZB:
+            emit_interleaved(a, &k, pp, vstages, r, microbatches, 1);
+            break;
         case SCHED_ZBV: emit_zbv(a, &k, pp, r, microbatches); break;
         case SCHED_DUALPIPEV: emit_dualpipev(a, &k, pp, r, microbatches); break;
         }
@@ -517,9 +523,9 @@ static int check_order(const sched_t *s, const int *pos, char *err, size_t errle
                 const int *p = &pos[slot(s, v, mb, 0)], *q = &pos[slot(s, v, mb - 1, 0)];
                 if (p[SCHED_W] < q[SCHED_W])
                     return util_fail(err, errlen, -EINVAL,
-                                "rank %d: %s at action %d comes before %s at action %d: a chunk's W "
-                                "actions must run in microbatch order (its weight gradients are "
-                                "summed in that order)",
+                                "rank %d: %s at action %d comes before %s at action %d: a "
+                                "chunk's W actions must run in microbatch order (its weight "
+                                "gradients are summed in that order)",
                                 r, action_str(b1, sizeof(b1), s, SCHED_W, c, mb), p[SCHED_W],
                                 action_str(b2, sizeof(b2), s, SCHED_W, c, mb - 1), q[SCHED_W]);
                 if (v == last && p[SCHED_F] < q[SCHED_F])
@@ -563,8 +569,8 @@ static int scratch_alloc(const sched_t *s, scratch_t *sc, size_t *nslots)
 
 static int check_header(const sched_t *s, char *err, size_t errlen)
 {
-    if (!s || s->pp < 1 || s->vstages < 1 || s->vstages > SCHED_MAX_VSTAGES || s->microbatches < 1 ||
-        !s->n || !s->a)
+    if (!s || s->pp < 1 || s->vstages < 1 || s->vstages > SCHED_MAX_VSTAGES ||
+        s->microbatches < 1 || !s->n || !s->a)
         return util_fail(err, errlen, -EINVAL,
                     "bad schedule shape: pp %d, vstages %d, microbatches %d (or no lists)",
                     s ? s->pp : 0, s ? s->vstages : 0, s ? s->microbatches : 0);

@@ -36,10 +36,10 @@
 typedef enum {
     SCHED_GPIPE = 0, /* all forwards, then all backwards (microbatch order) */
     SCHED_1F1B = 1,  /* warmup of pp-1-rank forwards, then one forward one backward, then cooldown */
-    SCHED_INTERLEAVED_1F1B = 2, /* Megatron's interleaved 1F1B over vstages >= 2 loop chunks */
-    SCHED_INTERLEAVED_ZB = 3,   /* ZB-H1 on loop chunks (vstages >= 1): W deferred rank microbatches */
+    SCHED_INTERLEAVED_1F1B = 2, /* Megatron's interleaved 1F1B, vstages >= 2 loop chunks */
+    SCHED_INTERLEAVED_ZB = 3,   /* ZB-H1 on loop chunks (vstages >= 1): rank r defers r Ws */
     SCHED_ZBV = 4,              /* ZB-V: V placement, W fills the cooldown */
-    SCHED_DUALPIPEV = 5,        /* DeepSeek's DualPipe cut to a V, as PyTorch's ScheduleDualPipeV */
+    SCHED_DUALPIPEV = 5,        /* DeepSeek's DualPipe cut to a V (PyTorch's ScheduleDualPipeV) */
     /* appended later, never renumbered */
 } sched_kind_t;
 

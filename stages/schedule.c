@@ -1,6 +1,6 @@
 /* Pipeline schedule generator, checker and simulator (see schedule.h). The builder makes the
  * per-rank lists the stage processes execute; the checker and simulator share one engine that
- * runs the lists in order against the cross-rank dependencies. */
+ * runs the lists in order against the dependencies between virtual stages. */
 #include "stages/schedule.h"
 
 #include <errno.h>
@@ -59,8 +59,9 @@ int sched_kind_vstages(sched_kind_t kind, int *min, int *max, int *dflt)
     switch (kind) {
     case SCHED_GPIPE:
     case SCHED_1F1B: lo = hi = d = 1; break;
-    /* With one chunk per rank Interleaved1F1B would be 1F1B holding twice its warmup's
-     * activations; PyTorch runs it, ctitan says to name 1F1B instead. */
+    /* Where ctitan differs from PyTorch: with one chunk per rank Interleaved1F1B is 1F1B with a
+     * warmup twice as long (the same bubble, more activations kept); PyTorch runs it, ctitan
+     * refuses it and says to name 1F1B. */
     case SCHED_INTERLEAVED_1F1B: lo = 2, hi = SCHED_MAX_VSTAGES, d = 2; break;
     case SCHED_INTERLEAVED_ZB: lo = 1, hi = SCHED_MAX_VSTAGES, d = 2; break; /* 1: ZB-H1 */
     case SCHED_ZBV:
@@ -105,8 +106,9 @@ int sched_kind_check(sched_kind_t kind, int pp, int vstages, int microbatches, c
                         "microbatches / pipeline degree %d, rounded down)",
                         name, microbatches, rounds, pp);
     }
-    /* PyTorch's own bound: DualPipeV's steady part needs every virtual stage busy. ZB-V
-     * accepts fewer (it drops the missing microbatches from the full order). */
+    /* PyTorch's bound: with fewer microbatches than virtual stages DualPipeV's order would run
+     * microbatches that do not exist (its main part runs m - 2 pp + rank + 1 rounds). ZB-V
+     * accepts any m (it drops the missing microbatches from the full order). */
     if (kind == SCHED_DUALPIPEV && microbatches < 2 * pp)
         return util_fail(err, errlen, -EINVAL,
                     "DualPipeV: microbatches (%d) must be at least the virtual stages, 2 x the "
@@ -115,8 +117,8 @@ int sched_kind_check(sched_kind_t kind, int pp, int vstages, int microbatches, c
     long long per_rank = 3LL * vstages * microbatches;
     if (per_rank > SCHED_MAX_ACTIONS || (long long)pp * per_rank > SCHED_MAX_ACTIONS)
         return util_fail(err, errlen, -EINVAL,
-                    "schedule too large: pp %d x %lld actions per rank exceeds %d actions", pp,
-                    per_rank, SCHED_MAX_ACTIONS);
+                    "%s: schedule too large: pp %d x %lld actions per rank exceeds %d actions",
+                    name, pp, per_rank, SCHED_MAX_ACTIONS);
     return 0;
 }
 
@@ -178,10 +180,11 @@ static void put_next_w(sched_action_t *a, int *k, int *scan)
  * ZB-H1 variant (ScheduleInterleavedZeroBubble). Microbatches go through the chunks in rounds
  * of `per`: forward op i runs chunk (i / per) % v, backward op j (counted from the first) runs
  * chunk v - 1 - (j / per) % v, each chunk's microbatches in order. A warmup of forwards fills
- * the pipeline up to the last chunk's first backward; zb needs one forward per hop less
- * because only B, not W, travels back. Then one F and one B at a time, then the remaining Bs.
- * Without zb each W follows its B; with zb rank r holds its Ws back r backwards, which fills
- * the bubbles of ranks that wait longer for their first backward, and flushes them at the end. */
+ * the pipeline up to the last chunk's first backward (v - 1 rounds, then two forwards per hop to
+ * the last rank, or one with zb, as in plain 1F1B), then one F and one B at a time, then the
+ * remaining Bs. Without zb each W follows its B. With zb rank r holds its Ws back r backwards:
+ * its Bs, which the ranks before it wait for, run that much earlier, and the held Ws run at the
+ * end, while the last Bs travel on to rank 0. */
 static void emit_interleaved(sched_action_t *a, int *k, int pp, int v, int rank, int m, int zb)
 {
     int rounds = m / pp > 1 ? m / pp : 1, per = m / rounds, total = v * m;
@@ -217,9 +220,9 @@ static void put_counted(sched_action_t *a, int *k, int op, int chunk, int *count
  * runs down the V, chunk 1 back up; rank r: 2 (pp - r) - 1 forwards of chunk 0, r pairs of
  * chunk-1 and chunk-0 forwards, pp - r rounds of F B W on chunk 1, then F B W on chunk 0 and on
  * chunk 1 in turn until every forward ran, then the cooldown: r pairs of Bs with their Ws held
- * back, pp - r chunk-0 Bs each followed by one held-back chunk-0 W, then the held-back Ws. The
- * order is built for max(2 pp - 1, m) microbatches (the fewest that fill the V) and the
- * microbatches beyond m dropped, as PyTorch does. */
+ * back, pp - r chunk-0 Bs each followed by the oldest held-back chunk-0 W, then the rest of
+ * the held-back Ws, chunk 1's first. The order is built for max(2 pp - 1, m) microbatches (the
+ * fewest that fill the V) and the microbatches beyond m dropped, as PyTorch does. */
 static void emit_zbv(sched_action_t *a, int *k, int pp, int rank, int m)
 {
     int n = m > 2 * pp - 1 ? m : 2 * pp - 1, f[2] = {0, 0}, b[2] = {0, 0}, w[2] = {0, 0};
@@ -265,27 +268,27 @@ static void emit_zbv(sched_action_t *a, int *k, int pp, int rank, int m)
 static void emit_dualpipev(sched_action_t *a, int *k, int pp, int rank, int m)
 {
     int f[2] = {0, 0}, b[2] = {0, 0}, held = 0, scan = 0;
-#define F(c) put(a, k, SCHED_F, c, f[c]++)
-#define BW(c) do { put(a, k, SCHED_B, c, b[c]); put(a, k, SCHED_W, c, b[c]++); } while (0)
-    for (int i = 0; i < 2 * (pp - rank - 1); i++) F(0);
+#define PUT_F(c) put(a, k, SCHED_F, c, f[c]++)
+#define PUT_BW(c) do { put(a, k, SCHED_B, c, b[c]); put(a, k, SCHED_W, c, b[c]++); } while (0)
+    for (int i = 0; i < 2 * (pp - rank - 1); i++) PUT_F(0);
     for (int i = 0; i <= rank; i++) {
-        F(0);
-        F(1);
+        PUT_F(0);
+        PUT_F(1);
     }
     for (int i = 0; i < pp - rank - 1; i++) {
-        BW(1);
-        F(1);
+        PUT_BW(1);
+        PUT_F(1);
     }
     for (int i = 0; i < m - 2 * pp + rank + 1; i++) {
-        F(0);
-        BW(1);
-        F(1);
-        BW(0);
+        PUT_F(0);
+        PUT_BW(1);
+        PUT_F(1);
+        PUT_BW(0);
     }
     for (int i = 0; i < pp - rank - 1; i++) {
-        BW(1);
-        F(1);
-        BW(0);
+        PUT_BW(1);
+        PUT_F(1);
+        PUT_BW(0);
     }
     /* From here on a B holds its W back: put_next_w finds them from `scan` on, in B order. */
     for (int i = 0; i <= rank; i++) {
@@ -295,7 +298,7 @@ static void emit_dualpipev(sched_action_t *a, int *k, int pp, int rank, int m)
                 scan = *k;
             }
             if (held) put(a, k, SCHED_B, c, b[c]++);
-            else BW(c);
+            else PUT_BW(c);
         }
     }
     for (int i = 0; i < pp - rank - 1; i++) {
@@ -303,9 +306,10 @@ static void emit_dualpipev(sched_action_t *a, int *k, int pp, int rank, int m)
         put(a, k, SCHED_B, 0, b[0]++);
     }
     for (int i = 0; i <= rank; i++) put_next_w(a, k, &scan);
-#undef F
-#undef BW
+#undef PUT_F
+#undef PUT_BW
 }
+
 int sched_build(sched_t *out, int pp, int vstages, int microbatches, sched_kind_t kind, char *err,
                 size_t errlen)
 {

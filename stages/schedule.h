@@ -1,15 +1,28 @@
 /* Pipeline schedules as data: a pure function (pipeline degree, virtual stages per rank,
  * microbatches, kind) -> one list of actions per pipeline rank. Stage processes execute
- * their list in order; nothing else knows the schedule. The bench simulates a list with
- * measured per-action times to predict the ideal step time, and renders it as a timeline.
+ * their list in order, one model chunk per virtual stage; nothing else knows the schedule. The
+ * bench simulates a list with measured per-action times to predict the ideal step time, and
+ * renders it as a timeline.
  *
- * Actions: F(mb) forward; B(mb) input-gradient backward; W(mb) weight-gradient backward.
- * GPipe and 1F1B emit W(mb) right after B(mb) (a plain backward); zero-bubble kinds will
- * move W later. `chunk` is the virtual stage on the rank (always 0 until interleaved kinds
- * land): rank s, chunk c holds virtual stage v = c * pp + s of pp * vstages in all.
+ * Actions: F(chunk, mb) forward; B(chunk, mb) input-gradient backward (what the previous
+ * virtual stage waits for); W(chunk, mb) weight-gradient backward. GPipe, 1F1B and
+ * Interleaved1F1B emit W right after its B (a plain backward); the zero-bubble kinds move W
+ * later, into what would be bubbles, at the price of keeping that microbatch's activations
+ * until its W (sched_peak_acts).
  *
- * Dependencies between ranks: F(v, mb) needs F(v-1, mb); B(v, mb) needs B(v+1, mb), and
- * on the last virtual stage its own F(v, mb); W(v, mb) needs B(v, mb). */
+ * Placement: the model is cut into pp * vstages virtual stages, in order; `chunk` is the
+ * virtual stage's index on its rank. Loop (GPipe, 1F1B, Interleaved*): rank s, chunk c holds
+ * virtual stage c * pp + s. V (ZBVZeroBubble, DualPipeV; vstages = 2): rank s holds virtual
+ * stage s as chunk 0 and 2 pp - 1 - s as chunk 1, so rank 0 holds the first and the last, and
+ * the middle hand-off (pp - 1 to pp) stays inside rank pp - 1.
+ *
+ * Dependencies between virtual stages: F(k, mb) needs F(k-1, mb); B(k, mb) needs B(k+1, mb),
+ * and on the last virtual stage its own F(k, mb); W(k, mb) needs B(k, mb).
+ *
+ * Ordering rule (what keeps losses bitwise equal across kinds and chunk counts): on every
+ * rank, each chunk's W actions run in increasing microbatch order (its weight gradients are
+ * summed in that order), and the last virtual stage's F actions run in increasing microbatch
+ * order (the loss is summed in that order). Every built list obeys it; sched_check verifies it. */
 #ifndef CTITAN_SCHEDULE_H
 #define CTITAN_SCHEDULE_H
 
@@ -17,13 +30,25 @@
 #include <stdint.h>
 #include <stdio.h>
 
+/* Most virtual stages per rank: sched_action_t.chunk is one byte. */
+#define SCHED_MAX_VSTAGES 256
+
 typedef enum {
     SCHED_GPIPE = 0, /* all forwards, then all backwards (microbatch order) */
     SCHED_1F1B = 1,  /* warmup of pp-1-rank forwards, then one forward one backward, then cooldown */
-    /* appended later, never renumbered: interleaved 1F1B, ZB-H1 */
+    SCHED_INTERLEAVED_1F1B = 2, /* Megatron's interleaved 1F1B, vstages >= 2 loop chunks */
+    SCHED_INTERLEAVED_ZB = 3,   /* ZB-H1 on loop chunks (vstages >= 1): rank r defers r Ws */
+    SCHED_ZBV = 4,              /* ZB-V: V placement, W fills the cooldown */
+    SCHED_DUALPIPEV = 5,        /* DeepSeek's DualPipe cut to a V (PyTorch's ScheduleDualPipeV) */
+    /* appended later, never renumbered */
 } sched_kind_t;
 
 typedef enum { SCHED_F = 0, SCHED_B = 1, SCHED_W = 2 } sched_op_t;
+
+typedef enum {
+    SCHED_LOOP = 0, /* rank s, chunk c: virtual stage c * pp + s */
+    SCHED_V = 1,    /* vstages = 2; rank s, chunk 0: virtual stage s; chunk 1: 2 pp - 1 - s */
+} sched_placement_t;
 
 typedef struct {
     uint8_t op;     /* sched_op_t */
@@ -34,39 +59,80 @@ typedef struct {
 
 typedef struct {
     sched_kind_t kind;
+    sched_placement_t placement;
     int pp, vstages, microbatches;
     int *n;               /* (pp) actions on each rank */
     sched_action_t **a;   /* (pp) a[rank][i], i < n[rank]; one allocation, owned */
 } sched_t;
 
-/* Parses a torchtitan schedule name, case-insensitively: "GPipe", "1F1B". Returns 0 or -EINVAL. */
+/* Parses a torchtitan schedule name, case-insensitively: "GPipe", "1F1B", "Interleaved1F1B",
+ * "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV". Returns 0 or -EINVAL. */
 int sched_kind_parse(const char *name, sched_kind_t *out);
-const char *sched_kind_name(sched_kind_t kind);
+const char *sched_kind_name(sched_kind_t kind); /* "?" for a value that is no kind */
 
-/* Builds the action lists. pp >= 1, microbatches >= 1, vstages == 1 for GPipe and 1F1B.
- * Returns 0, or -EINVAL with a reason in err (e.g. "1F1B needs vstages = 1, got 2"). */
+/* What a kind needs, without building: its placement (SCHED_LOOP or SCHED_V, or -EINVAL for no
+ * kind), and the virtual stages per rank it accepts (min .. max) and uses when the manifest
+ * names none (dflt: torchtitan's, 1 for single-stage kinds and 2 for the others). Any out
+ * pointer may be NULL. Returns 0 or -EINVAL. */
+int sched_kind_placement(sched_kind_t kind);
+int sched_kind_vstages(sched_kind_t kind, int *min, int *max, int *dflt);
+
+/* The rules sched_build applies, without building: 0, or -EINVAL with a message that names the
+ * schedule and the rule (e.g. "ZBVZeroBubble needs exactly 2 virtual stages per rank, got 3").
+ * Per kind (pp >= 1 and microbatches >= 1 for all):
+ *   GPipe, 1F1B             vstages 1
+ *   Interleaved1F1B         vstages 2 .. SCHED_MAX_VSTAGES; microbatches a multiple of the
+ *                           rounds, max(1, microbatches / pp) (PyTorch's rule)
+ *   InterleavedZeroBubble   vstages 1 .. SCHED_MAX_VSTAGES; microbatches as Interleaved1F1B
+ *   ZBVZeroBubble           vstages 2; any microbatches
+ *   DualPipeV               vstages 2; microbatches >= 2 pp (the virtual stages) */
+int sched_kind_check(sched_kind_t kind, int pp, int vstages, int microbatches, char *err,
+                     size_t errlen);
+
+/* Builds the action lists under sched_kind_check's rules. Returns 0, or -EINVAL with the
+ * reason in err. */
 int sched_build(sched_t *out, int pp, int vstages, int microbatches, sched_kind_t kind, char *err,
                 size_t errlen);
 void sched_free(sched_t *s);
 
-/* Checks a schedule: every (chunk, mb) has exactly one F, B and W on each rank, in that order,
- * and executing every rank's list in order with unbounded buffers between ranks completes
- * (the dependencies above are satisfiable, no deadlock). Returns 0 or -EINVAL with the first
- * violation in err. */
+/* The placement: the virtual stage that rank `rank` runs as chunk `chunk`, and the rank (and in
+ * *chunk, when not NULL, the chunk) that runs virtual stage `vstage`. -EINVAL out of range. */
+int sched_vstage(const sched_t *s, int rank, int chunk);
+int sched_rank_of(const sched_t *s, int vstage, int *chunk);
+
+/* Checks a schedule: every (chunk, mb) has exactly one F, B and W on each rank, in that order;
+ * executing every rank's list in order with unbounded buffers between ranks completes (the
+ * dependencies above are satisfiable, no deadlock); and the ordering rule above holds.
+ * Returns 0 or -EINVAL with the first violation in err. */
 int sched_check(const sched_t *s, char *err, size_t errlen);
 
-/* Most microbatches in flight (F done, B not yet done) at any point on rank `rank`:
- * what the rank must keep activations for. */
+/* Most microbatches in flight (F done, B not yet done) at any point on rank `rank`, over all its
+ * chunks. */
 int sched_peak_in_flight(const sched_t *s, int rank);
 
-/* Simulates the lists with t[rank][op] seconds per action (op = SCHED_F, SCHED_B, SCHED_W)
- * and `comm` seconds for every hand-off between ranks; a rank runs its next action as soon
- * as its dependencies are done. Returns the makespan (the ideal step time). When start is
- * not NULL, start[rank][i] receives the start time of action i (caller sizes it n[rank]). */
+/* Most microbatches whose activations chunk `chunk` of rank `rank` must keep at any point (F
+ * done, W not yet done: W needs the layer inputs), or with chunk = -1 the most summed over the
+ * rank's chunks at any one point. What the runtime sizes its activation storage from; with W
+ * right after B it equals the in-flight count. -EINVAL out of range. */
+int sched_peak_acts(const sched_t *s, int rank, int chunk);
+
+/* Simulates the lists with t[rank][op] seconds per action (op = SCHED_F, SCHED_B, SCHED_W; the
+ * same for every chunk of a rank) and `comm` seconds for every hand-off between ranks (none
+ * between chunks of one rank); a rank runs its next action as soon as its dependencies are done.
+ * Returns the makespan (the ideal step time), or a negative -errno for a list that fails
+ * sched_check. When start is not NULL, start[rank][i] receives the start time of action i
+ * (caller sizes it n[rank]). */
 double sched_simulate(const sched_t *s, const double (*t)[3], double comm, double **start);
 
-/* Draws the simulated timeline as text, one row per rank, `width` columns for the makespan:
- * F actions as the microbatch digit, B as a letter (a = 0, b = 1, ...), W as 'w', idle '.'. */
+/* The bubble fraction of that simulation: 1 - (busy time summed over ranks) / (pp x makespan),
+ * the share of the ranks' time spent idle; 0 when the makespan is 0, a negative -errno for a
+ * list that fails sched_check. */
+double sched_bubble(const sched_t *s, const double (*t)[3], double comm);
+
+/* Draws the simulated timeline as text, `width` columns for the makespan, idle as '.': F
+ * actions as the microbatch digit, B as a letter (a = 0, b = 1, ...), W as 'w'. With one chunk
+ * per rank, one row per rank; with more, each rank's row is followed by a row that shows the
+ * chunk (a digit) of the action above it. */
 void sched_render(const sched_t *s, const double (*t)[3], int width, FILE *f);
 
 #endif

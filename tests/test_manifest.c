@@ -464,7 +464,8 @@ static void test_manifest_override_errors_name_the_flag(void **state)
     override_fails(&m, "loader.shuffle", "yes", "--loader.shuffle: expected true or false, got 'yes'");
     override_fails(&m, "training.seed", "-3", "--training.seed: -3 must be >= 0");
     override_fails(&m, "parallelism.pipeline_parallel_schedule", "zb",
-                   "--parallelism.pipeline_parallel_schedule: unknown schedule 'zb' (expected one of GPipe, 1F1B)");
+                   "--parallelism.pipeline_parallel_schedule: unknown schedule 'zb' (expected one of GPipe, 1F1B, "
+                   "Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV)");
     override_fails(&m, "lr_scheduler.decay_type", "Cosine", "--lr_scheduler.decay_type: unknown decay type");
     override_fails(&m, "model.flavor", "huge", "--model.flavor: unknown flavor 'huge'");
     override_fails(&m, "parallelism.pipeline_parallel_split_points", "layers.2,layers.x",

@@ -27,9 +27,12 @@ void coord_banner(coord_t *c)
     if (peak.warning[0])
         fprintf(stderr, "launch: warning: %s\n", peak.warning);
     peak_cache_describe(&peak, from, sizeof(from));
-    printf("launch: job %s: %s %s, %.2fM parameters; pipeline %d (%s, %d microbatches of %dx%d), data parallel %d, "
+    char chunks[48] = "";
+    if (c->lay.vs > 1)
+        snprintf(chunks, sizeof(chunks), ", %d virtual stages per rank", c->lay.vs);
+    printf("launch: job %s: %s %s, %.2fM parameters; pipeline %d (%s%s, %d microbatches of %dx%d), data parallel %d, "
            "%d optimizer shards; %d processes\n",
-           m->name, m->model_name, m->flavor, c->lay.total / 1e6, m->pp, sched_kind_name(m->schedule),
+           m->name, m->model_name, m->flavor, c->lay.total / 1e6, m->pp, sched_kind_name(m->schedule), chunks,
            m->microbatches, c->lay.mb, m->seq_len, m->dp, m->shards, n);
     printf("launch: MFU against %.0f GFLOP/s, %s\n", c->peak_gflops, from);
     if (!isnan(c->entropy))

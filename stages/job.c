@@ -207,7 +207,7 @@ int job_check_memory(const job_layout_t *l, const manifest_t *m, char *err, size
     double params = (double)job_params_bytes(l), grads = l->gpu_shards ? 0 : params;
     double staging = manifest_snapshots(m) || m->ckpt_load[0] ? (double)staging_bytes(l->total) : 0;
     double other = (double)job_seg_bytes(l) + (l->S > 1 && !l->nccl ? (double)job_act_bytes(l) : 0) +
-                   (l->gpu ? (double)devdir_bytes(l) : 0) + (double)ldr_seg_bytes(m->dp, m->prefetch, seqs, m->seq_len);
+                   (l->gpu ? (double)devdir_bytes(l) : 0) + (double)ldr_seg_bytes(m->dp, manifest_loader_slots(m), seqs, m->seq_len);
     /* the CPU shards' state: two banks of master weights and moments (job_optstate_bytes) */
     double state = m->host_rank == 0 ? (double)job_optstate_bytes(l, m->shards) : 0;
     double shm = params + grads + staging + other + state;

@@ -99,9 +99,10 @@ int ldr_seg_create(shm_seg_t **out, const char *job, const manifest_t *m, int64_
                        .first_step = first_step, .steps = m->steps, .replica0 = m->host_rank * per_host,
                        .replicas = per_host};
     snprintf(info.dataset_path, sizeof(info.dataset_path), "%s", m->dataset_path);
-    size_t bytes = ldr_seg_bytes(m->dp, m->prefetch, seqs, m->seq_len);
+    int slots = manifest_loader_slots(m);
+    size_t bytes = ldr_seg_bytes(m->dp, slots, seqs, m->seq_len);
     int rc = shm_create(out, job, LDR_SEG_NAME, bytes, err, errlen);
-    if (!rc && (rc = ldr_seg_format(shm_data(*out), bytes, &info, m->prefetch, cursor, cursor_len)))
+    if (!rc && (rc = ldr_seg_format(shm_data(*out), bytes, &info, slots, cursor, cursor_len)))
         util_fail(err, errlen, rc, "loader segment: cannot format it: %s", strerror(-rc));
     return rc;
 }

@@ -178,7 +178,14 @@ int manifest_vstages(const manifest_t *m)
 {
     if (m->layers_per_stage > 0 && m->pp > 0)
         return m->model.n_layers / m->layers_per_stage / m->pp;
-    return 1;
+    int lo, hi, dflt;
+    return sched_kind_vstages(m->schedule, &lo, &hi, &dflt) ? 1 : dflt;
+}
+
+int manifest_loader_slots(const manifest_t *m)
+{
+    int shared = m->pp == 1 || sched_kind_placement(m->schedule) == SCHED_V;
+    return shared && m->microbatches > m->prefetch ? m->microbatches : m->prefetch;
 }
 
 int manifest_stage_pieces(const manifest_t *m, int stage, int *p0, int *p1)

@@ -211,10 +211,16 @@ static inline int manifest_snapshots(const manifest_t *m) { return m->ckpt_enabl
  * process must find the same one). */
 int manifest_stage_pieces(const manifest_t *m, int stage, int *p0, int *p1);
 /* Virtual stages per pipeline rank: n_layers / layers_per_stage / pp when layers_per_stage is
- * given, else the schedule's default (1 for GPipe and 1F1B). The pipeline then has pp x this
+ * given, else the schedule's default (sched_kind_vstages: 1 for GPipe and 1F1B, 2 for the
+ * interleaved and V kinds). The pipeline then has pp x this
  * virtual stages, which manifest_stage_pieces numbers 0 .. pp x this - 1 in model order (which
  * rank holds which is the schedule's placement: stages/schedule.h). */
 int manifest_vstages(const manifest_t *m);
+/* Slots of each loader ring: loader.prefetch, or a whole step's microbatches when one rank
+ * takes both the tokens and the targets (a V placement, or pp 1): the loader fills a step's
+ * token and target slots in turn, and that rank takes a step's tokens before its first
+ * targets, so fewer slots would leave both waiting on each other. */
+int manifest_loader_slots(const manifest_t *m);
 
 /* Flat range [*begin, *end) of optimizer shard k of K over `total` floats: contiguous,
  * boundaries on multiples of MANIFEST_BLOCK, sizes differing by at most one block. */

@@ -209,9 +209,11 @@ static int check_topology(const manifest_t *m, char *err, size_t errlen)
           "the %d pipeline pieces of the model (embedding, %d layers, head) or the most supported, %d", m->pp, v, S,
           pieces, c->n_layers, MANIFEST_MAX_PP);
     CHECK(v == 1 || strcmp(m->device, "cuda"), "parallelism", lps,
-          "%d virtual stages per pipeline rank (%s): not built for job.device = \"cuda\" (its device rings and "
-          "optimizer shards are one per stage process); use one stage per rank there", v,
-          L ? "pipeline_parallel_layers_per_stage" : "the schedule's default");
+          "%d virtual stages per pipeline rank (%s, schedule %s): not built for job.device = \"cuda\" (its device "
+          "rings and optimizer shards are one per stage process); use one stage per rank there (GPipe, 1F1B, or "
+          "InterleavedZeroBubble with pipeline_parallel_layers_per_stage = model.n_layers / "
+          "pipeline_parallel_degree)", v, L ? "pipeline_parallel_layers_per_stage" : "the schedule's default",
+          sched_kind_name(m->schedule));
     CHECK(m->n_split_points >= 0 && m->n_split_points < MANIFEST_MAX_PP, "parallelism", sps,
           "parallelism.%s: invalid count %d", sps, m->n_split_points);
     char per_rank[48] = "";
@@ -231,11 +233,9 @@ static int check_topology(const manifest_t *m, char *err, size_t errlen)
               sps, s, m->split_points[i - 1]);
     }
     /* the schedule's own rules for this degree, stages per rank and microbatch count, in its words */
-    sched_t sched;
     char why[512];
-    int built = sched_build(&sched, m->pp, v, m->microbatches, m->schedule, why, sizeof(why));
-    sched_free(&sched);
-    CHECK(built == 0, "parallelism", "pipeline_parallel_schedule",
+    CHECK(sched_kind_check(m->schedule, m->pp, v, m->microbatches, why, sizeof(why)) == 0, "parallelism",
+          "pipeline_parallel_schedule",
           "parallelism.pipeline_parallel_schedule = \"%s\" with pipeline_parallel_degree = %d, %d virtual stage%s "
           "per rank and %d microbatches: %s", sched_kind_name(m->schedule), m->pp, v, v == 1 ? "" : "s",
           m->microbatches, why);

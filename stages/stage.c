@@ -46,7 +46,7 @@ typedef struct {
     backend_model_t *model;
     plane_t *plane;              /* links to virtual stages vstage - 1 and vstage + 1 */
     ring_t *tok_in, *tgt_in;     /* from the loader (first / last) */
-    backend_acts_t **acts;       /* (peak kept) */
+    backend_acts_t **acts;       /* (sched_peak_acts of the chunk) */
     int *acts_mb;                /* microbatch each holds, -1 free */
     int nacts;
 } chunk_t;
@@ -68,9 +68,6 @@ typedef struct {
     int n_op[3];
     int aborted;                 /* a ring was closed: this step is left unfinished */
 } stage_t;
-
-/* The virtual stage of chunk c on rank r (loop placement). */
-static int sched_vstage(const sched_t *s, int r, int c) { return c * s->pp + r; }
 
 /* A backend call that must succeed (BE_WHY: its reason), and a data-plane one of chunk k. */
 #define BE_CHECK(st, call, ...) WORKER_CHECK((st)->w, (call) == 0, __VA_ARGS__)
@@ -173,7 +170,7 @@ static void setup_chunk(stage_t *st, chunk_t *k, int c, int threads)
     BE_CHECK(st, st->be->model_new(&k->model, &m->model, p0, p1, host_w, host_g, threads),
              "%s model of pieces [%d, %d): %s", st->be->name, p0, p1, BE_WHY(st));
     setup_plane(st, k);
-    k->nacts = sched_peak_in_flight(&st->sched, st->rank);
+    k->nacts = sched_peak_acts(&st->sched, st->rank, c); /* forward done, its weight gradients not yet */
     k->acts = calloc((size_t)k->nacts, sizeof(*k->acts));
     k->acts_mb = malloc((size_t)k->nacts * sizeof(int));
     WORKER_CHECK(st->w, k->acts && k->acts_mb, "out of memory");

@@ -279,10 +279,10 @@ static int start(coord_t *c, char *err, size_t errlen)
     const char *mode = c->sup && c->sup->append_metrics ? "a" : "w";
     if (m->metrics_file[0] && !(c->metrics = fopen(m->metrics_file, mode)))
         return util_fail(err, errlen, -errno, "metrics.file %s: cannot open: %s", m->metrics_file, strerror(errno));
-    if (m->tb_enable) { /* a new file each run: a relaunch's sorts after the failed run's */
+    if (m->tb_enable) { /* a new file each run, whose steps TensorBoard shows over earlier files' */
         char dir[PATH_MAX], why[PATH_MAX + 256];
         manifest_tb_folder(m, dir, sizeof(dir));
-        if ((rc = tb_open(&c->tb, dir, why, sizeof(why))))
+        if ((rc = tb_open(&c->tb, dir, c->step + 1, why, sizeof(why))))
             return util_fail(err, errlen, rc, "metrics.save_tb_folder: %s", why);
     }
     coord_banner(c);

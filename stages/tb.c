@@ -4,6 +4,7 @@
  * Castagnoli CRC, with SSE4.2 and PCLMUL code). */
 #include "stages/tb.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -117,6 +118,26 @@ void tb_close(tb_t **p)
     *p = NULL;
 }
 
+/* The largest <unix time> in the names of dir's event files, or -1. */
+static long long newest_file_time(const char *dir)
+{
+    long long newest = -1;
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        const char *p = e->d_name + strlen(TB_FILE_PREFIX);
+        char *end;
+        if (strncmp(e->d_name, TB_FILE_PREFIX, strlen(TB_FILE_PREFIX)) || *p < '0' || *p > '9')
+            continue;
+        long long t = strtoll(p, &end, 10);
+        if (*end == '.' && t > newest)
+            newest = t;
+    }
+    if (d)
+        closedir(d);
+    return newest;
+}
+
 /* A new file of the TensorFlow name in dir: the first free last number. */
 static int create_file(tb_t *tb, const char *dir, long long now, char *err, size_t errlen)
 {
@@ -139,7 +160,7 @@ static int create_file(tb_t *tb, const char *dir, long long now, char *err, size
                      TB_MAX_TRIES);
 }
 
-int tb_open(tb_t **out, const char *dir, char *err, size_t errlen)
+int tb_open(tb_t **out, const char *dir, int64_t first_step, char *err, size_t errlen)
 {
     *out = NULL;
     tb_t *tb = calloc(1, sizeof(*tb));
@@ -151,19 +172,35 @@ int tb_open(tb_t **out, const char *dir, char *err, size_t errlen)
         tb_close(&tb);
         return util_fail(err, errlen, rc, "%s: cannot create the folder: %s", dir, strerror(-rc));
     }
+    /* TensorBoard reads a folder's files in name order, and a file whose steps go back drops
+     * the later steps it has read: a new file must sort after the folder's others. One opened
+     * in the same second as the newest (a relaunch without backoff) waits for the next second;
+     * a name further ahead (another machine's clock) is left as it is. */
     double now = tb_now();
+    long long newest = newest_file_time(dir);
+    while (newest == (long long)now) {
+        long ns = (long)(((double)(newest + 1) - now) * 1e9) + 1000;
+        nanosleep(&(struct timespec){ns / 1000000000L, ns % 1000000000L}, NULL);
+        now = tb_now();
+    }
     if ((rc = create_file(tb, dir, (long long)now, err, errlen))) {
         tb_close(&tb);
         return rc;
     }
-    Tensorboard__Event ev = TENSORBOARD__EVENT__INIT;
+    Tensorboard__Event ev = TENSORBOARD__EVENT__INIT, start = TENSORBOARD__EVENT__INIT;
     ev.wall_time = now;
     ev.what_case = TENSORBOARD__EVENT__WHAT_FILE_VERSION;
     ev.file_version = TB_FILE_VERSION;
-    if ((rc = put_event(tb, &ev)) || (rc = tb_flush(tb, err, errlen))) {
+    Tensorboard__SessionLog log = TENSORBOARD__SESSION_LOG__INIT;
+    log.status = TENSORBOARD__SESSION_LOG__SESSION_STATUS__START;
+    start.wall_time = now;
+    start.step = first_step;
+    start.what_case = TENSORBOARD__EVENT__WHAT_SESSION_LOG;
+    start.session_log = &log;
+    if ((rc = put_event(tb, &ev)) || (rc = put_event(tb, &start)) || (rc = tb_flush(tb, err, errlen))) {
         if (rc == -ENOMEM)
             util_fail(err, errlen, rc, "%s: out of memory", tb->path);
-        unlink(tb->path); /* not even the version record: no event file */
+        unlink(tb->path); /* without its first records: no event file */
         tb_close(&tb);
         return rc;
     }

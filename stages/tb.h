@@ -16,11 +16,15 @@ typedef struct tb tb_t;
 
 /* Creates dir (mkdir -p) and a new event file in it,
  * DIR/events.out.tfevents.<unix time>.<hostname>.<pid>.0 (the last number counts up while the
- * name is taken), and writes its first record (file_version, the wall time) through to the
- * file. Every open makes a new file: TensorBoard reads all of a folder's files, in name
- * order. Returns 0 and the writer in *out (the caller's: tb_close), or -errno with
- * "DIR: ..." or "FILE: ..." and the reason in err. */
-int tb_open(tb_t **out, const char *dir, char *err, size_t errlen);
+ * name is taken), and writes its first records through to the file: the file_version, then a
+ * SessionLog START at first_step, the first step the run will write. Every open makes a new
+ * file: TensorBoard reads all of a folder's files, in name order (so the name sorts after
+ * every event file of the folder: an open in the same second as the newest waits up to a
+ * second for the next), and at a START drops what it has read from that step on, so a
+ * relaunched or resumed run's steps replace those its failed run had written. Returns 0 and
+ * the writer in *out (the caller's: tb_close), or -errno with "DIR: ..." or "FILE: ..." and
+ * the reason in err. */
+int tb_open(tb_t **out, const char *dir, int64_t first_step, char *err, size_t errlen);
 
 /* The event file's path. */
 const char *tb_path(const tb_t *tb);

@@ -616,14 +616,27 @@ static void test_tb_a_relaunch_writes_a_second_file_after_the_first(void **state
     tj_assert_clean(j);
 }
 
-/* TensorBoard's own reader (EventAccumulator, tools/check_tb.py) over a relaunched run's folder
- * shows the metrics file's numbers: every tag at each step once, the relaunch's values where
- * it redid steps. Skipped without the tensorboard package. */
+/* tools/check_tb.py over job's event folder and the metrics file of `metrics_job`: its exit
+ * status, its output in res. */
+static int check_tb(const char *script, const char *job, const char *metrics_job, char *res, size_t n)
+{
+    char cmd[3 * PATH_MAX];
+    snprintf(cmd, sizeof(cmd), "python3 %s %s/runs/%s/tb %s/%s.jsonl 2>&1", script, tj_dir, job, tj_dir, metrics_job);
+    int rc = tu_run(cmd, res, n);
+    print_message("%s", res);
+    return rc;
+}
+
+/* TensorBoard's own reader (EventAccumulator, tools/check_tb.py) shows the metrics file's
+ * numbers: over a relaunched run's folder every tag at each step once, the relaunch's values
+ * where it redid steps; over a run whose numbers are NaN, NaN where the metrics file has null.
+ * The checker does see a difference: one number changed in a copy of the metrics file. Skipped
+ * without the tensorboard package. */
 static void test_tb_tensorboard_reads_the_metrics_files_numbers(void **state)
 {
     TU_NEED_BIN();
     static char res[1 << 16];
-    char j[32], names[4][PATH_MAX], cmd[3 * PATH_MAX], script[PATH_MAX + 64] = "tools/check_tb.py", exe[PATH_MAX];
+    char j[32], nan[32], names[4][PATH_MAX], script[PATH_MAX + 64] = "tools/check_tb.py", exe[PATH_MAX];
     double t0, t1;
     if (tu_run("python3 -c 'import tensorboard' 2>&1", res, sizeof(res))) {
         print_message("python3 cannot import tensorboard: skipping TensorBoard's reader "
@@ -639,12 +652,30 @@ static void test_tb_tensorboard_reads_the_metrics_files_numbers(void **state)
     assert_int_equal(access(script, R_OK), 0);
     tj_name(j, sizeof(j), 't', "board");
     assert_int_equal(relaunched_run(j, names, 4, &t0, &t1), 2);
-    snprintf(cmd, sizeof(cmd), "python3 %s %s/runs/%s/tb %s/%s.jsonl 2>&1", script, tj_dir, j, tj_dir, j);
-    int rc = tu_run(cmd, res, sizeof(res));
-    print_message("%s", res);
-    assert_int_equal(rc, 0);
+    assert_int_equal(check_tb(script, j, j, res, sizeof(res)), 0);
     assert_non_null(strstr(res, "check_tb: 17 tags, "));
     tj_assert_clean(j);
+
+    tj_name(nan, sizeof(nan), 't', "bnan");
+    int rc = tj_launch("", 300, nan,
+                       "--training.steps 4 --optimizer.lr 1e38 --lr_scheduler.warmup_steps 0 "
+                       "--metrics.enable_tensorboard true",
+                       res, sizeof(res));
+    if (rc)
+        TJ_FAIL_WITH(res, "status %d", rc);
+    assert_int_equal(check_tb(script, nan, nan, res, sizeof(res)), 0);
+    assert_non_null(strstr(res, "check_tb: 16 tags, 64 values")); /* no val_loss */
+    char path[PATH_MAX], *at;
+    tj_read_metrics(nan, res, sizeof(res));
+    assert_non_null(at = strstr(res, "\"loader_sample\": 8,")); /* step 2's: 4 sequences a step */
+    at[17] = '9';
+    snprintf(path, sizeof(path), "%s/changed.jsonl", tj_dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(res, f);
+    fclose(f);
+    assert_int_equal(check_tb(script, nan, "changed", res, sizeof(res)), 1);
+    assert_non_null(strstr(res, "check_tb: loader_sample at step 2: TensorBoard has 8.0, the metrics file 9.0"));
 }
 
 int main(void)

@@ -172,10 +172,10 @@ int tb_open(tb_t **out, const char *dir, int64_t first_step, char *err, size_t e
         tb_close(&tb);
         return util_fail(err, errlen, rc, "%s: cannot create the folder: %s", dir, strerror(-rc));
     }
-    /* TensorBoard reads a folder's files in name order, and a file whose steps go back drops
-     * the later steps it has read: a new file must sort after the folder's others. One opened
-     * in the same second as the newest (a relaunch without backoff) waits for the next second;
-     * a name further ahead (another machine's clock) is left as it is. */
+    /* TensorBoard reads a folder's files in name order and at our START drops the steps it has
+     * read from that step on: a new file must sort after the folder's others. One opened in the
+     * same second as the newest (a relaunch without backoff) waits for the next second; a name
+     * further ahead (another machine's clock) is left as it is. */
     double now = tb_now();
     long long newest = newest_file_time(dir);
     while (newest == (long long)now) {

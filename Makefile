@@ -9,8 +9,9 @@ OPT     ?= -O3 -march=native
 # sets them for its own tree, build/asan); empty in a normal build.
 SAN     ?=
 CFLAGS  := -std=c11 $(OPT) $(SAN) -g -fopenmp-simd -Wall -Wextra -Wno-unused-parameter \
-           -D_GNU_SOURCE -I. -I/usr/include/x86_64-linux-gnu/openblas-pthread $(EXTRA_CFLAGS)
-LDLIBS  := -lopenblas -lzmq -lmsgpackc -luring -lxxhash -lpthread -lm
+           -D_GNU_SOURCE -I. -I$(BUILD)/gen -I/usr/include/x86_64-linux-gnu/openblas-pthread $(EXTRA_CFLAGS)
+# protobuf-c and ISA-L (its CRC32C): the TensorBoard event files (stages/tb.c)
+LDLIBS  := -lopenblas -lzmq -lmsgpackc -luring -lxxhash -lprotobuf-c -lisal -lpthread -lm
 TESTLIBS := -lcmocka
 
 NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
@@ -29,6 +30,12 @@ CKPTD_MAIN := checkpointd/main.c
 LIB_SRCS  := $(filter-out tools/ctitan.c tools/cmd_%.c $(ROLE_MAINS) $(CKPTD_MAIN), \
                $(wildcard kernels/*.c kernels/cpu/*.c kernels/ref/*.c ipc/*.c stages/*.c checkpointd/*.c tools/*.c))
 LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o)
+# Protocol buffers: protoc-c writes each stages/NAME.proto's C code into $(BUILD)/gen/stages/
+# (generated, never committed), compiled into the library; sources include it as
+# "stages/NAME.pb-c.h" (-I$(BUILD)/gen).
+PROTO_SRCS := $(wildcard stages/*.proto)
+PB_HDRS    := $(PROTO_SRCS:%.proto=$(BUILD)/gen/%.pb-c.h)
+PB_OBJS    := $(PROTO_SRCS:%.proto=$(BUILD)/obj/gen/%.pb-c.o)
 CTITAN_SRCS := tools/ctitan.c $(wildcard tools/cmd_*.c)
 CTITAN_OBJS := $(CTITAN_SRCS:%.c=$(BUILD)/obj/%.o)
 TEST_SRCS := $(wildcard tests/test_*.c)
@@ -74,7 +81,17 @@ $(DEPS_STAMP): tools/deps.sh
 	@touch $@
 deps: $(DEPS_STAMP)
 
-$(BUILD)/obj/%.o: %.c | $(DEPS_STAMP)
+# Every object waits for the generated headers: a first build has no .d files to say which
+# sources include them.
+$(BUILD)/obj/%.o: %.c | $(DEPS_STAMP) $(PB_HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/gen/%.pb-c.c $(BUILD)/gen/%.pb-c.h: %.proto | $(DEPS_STAMP)
+	@mkdir -p $(BUILD)/gen
+	protoc-c --c_out=$(BUILD)/gen $<
+
+$(BUILD)/obj/gen/%.o: $(BUILD)/gen/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
@@ -82,7 +99,7 @@ $(BUILD)/obj/%.o: %.cu | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/libctitan.a: $(LIB_OBJS)
+$(BUILD)/libctitan.a: $(LIB_OBJS) $(PB_OBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 

@@ -265,9 +265,10 @@ static int set_up(coord_t *c, char *err, size_t errlen)
     return 0;
 }
 
-/* Once the first step and its loader cursor are known: the loader segment, the metrics file,
- * the banner (with the peak, measured before any process computes), then every process not
- * started yet; waits until all are ready. */
+/* Once the first step and its loader cursor are known: the loader segment, the metrics file
+ * and the TensorBoard event file (a path that cannot be written fails the launch now, not
+ * after training), the banner (with the peak, measured before any process computes), then
+ * every process not started yet; waits until all are ready. */
 static int start(coord_t *c, char *err, size_t errlen)
 {
     const manifest_t *m = c->m;
@@ -278,6 +279,12 @@ static int start(coord_t *c, char *err, size_t errlen)
     const char *mode = c->sup && c->sup->append_metrics ? "a" : "w";
     if (m->metrics_file[0] && !(c->metrics = fopen(m->metrics_file, mode)))
         return util_fail(err, errlen, -errno, "metrics.file %s: cannot open: %s", m->metrics_file, strerror(errno));
+    if (m->tb_enable) { /* a new file each run, whose steps TensorBoard shows over earlier files' */
+        char dir[PATH_MAX], why[PATH_MAX + 256];
+        manifest_tb_folder(m, dir, sizeof(dir));
+        if ((rc = tb_open(&c->tb, dir, c->step + 1, why, sizeof(why))))
+            return util_fail(err, errlen, rc, "metrics.save_tb_folder: %s", why);
+    }
     coord_banner(c);
     if (c->agents) { /* every other host first: its stages are NCCL peers of ours */
         coord_start_agents(c);
@@ -403,6 +410,7 @@ int coord_run(const manifest_t *given, const coord_super_t *sup)
     coord_remove_segments(&c);
     if (c.metrics)
         fclose(c.metrics);
+    tb_close(&c.tb);
     if (c.sigfd >= 0)
         close(c.sigfd);
     free(c.p);

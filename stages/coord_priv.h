@@ -47,6 +47,7 @@
 #include "stages/job.h"
 #include "stages/ldr.h"
 #include "stages/manifest.h"
+#include "stages/tb.h"
 #include "stages/worker.h"
 
 #define COORD_STARTUP_TIMEOUT_S 120.0
@@ -196,6 +197,7 @@ typedef struct {
     _Atomic double tick, gap_s, gap_end; /* its last note; its last gap over 0.25 s, and when */
     double continued_at;              /* when a SIGCONT was last seen */
     FILE *metrics;
+    tb_t *tb;                         /* metrics.enable_tensorboard: the event file */
     double peak_gflops;
     double entropy;                   /* of the first training file (NaN with a custom loader) */
     cuda_nccl_id_t *nccl_ids;         /* data_plane "nccl": per replica and boundary an activation and a

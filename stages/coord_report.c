@@ -1,6 +1,7 @@
 /* What the coordinator tells the user (see coord_priv.h): the launch banner, one progress line
- * and one metrics record per step, and at the end the validation loss and a sample from the
- * final weights (stages/evaluate.h holds the math). */
+ * and one metrics record per step (and its scalars as TensorBoard events, stages/tb.h), and at
+ * the end the validation loss and a sample from the final weights (stages/evaluate.h holds the
+ * math). */
 #include "stages/coord_priv.h"
 
 #include <math.h>
@@ -35,6 +36,11 @@ void coord_banner(coord_t *c)
            m->name, m->model_name, m->flavor, c->lay.total / 1e6, m->pp, sched_kind_name(m->schedule), chunks,
            m->microbatches, c->lay.mb, m->seq_len, m->dp, m->shards, n);
     printf("launch: MFU against %.0f GFLOP/s, %s\n", c->peak_gflops, from);
+    if (c->tb) {
+        char dir[PATH_MAX];
+        manifest_tb_folder(m, dir, sizeof(dir));
+        printf("launch: TensorBoard events in %s (tensorboard --logdir %s)\n", tb_path(c->tb), dir);
+    }
     if (!isnan(c->entropy))
         printf("launch: data %s, unigram entropy %.4f nats/token (first file)\n", m->dataset_path, c->entropy);
     fflush(stdout);
@@ -54,16 +60,23 @@ static void put_num(FILE *f, const char *key, const char *fmt, double v, char *n
     snprintf(nf + n, nflen - n, "%s\"%s\": \"%s\"", n ? ", " : "", key, isnan(v) ? "nan" : v > 0 ? "inf" : "-inf");
 }
 
+/* Whether the loader's cursor after step c->step holds a sample count (the built-in loader's
+ * does, a custom loader's may not), and the count in *sample. */
+static int loader_sample(coord_t *c, uint64_t *sample)
+{
+    uint8_t cur[LDR_CURSOR_MAX];
+    size_t clen;
+    return ldr_seg_cursor(shm_data(c->seg_batch), c->step + 1, cur, &clen) == 0 &&
+           ldr_cursor_get(cur, clen, "sample", sample) == 0;
+}
+
 /* One JSON line of step c->step in the metrics file. */
 static void write_metrics(coord_t *c, double loss, double norm, double lr, double tps, double mfu, double t_step,
                           double ctl, double t_opt, uint64_t mem)
 {
     const manifest_t *m = c->m;
-    uint8_t cur[LDR_CURSOR_MAX];
-    size_t clen;
     uint64_t sample = 0;
-    int have = ldr_seg_cursor(shm_data(c->seg_batch), c->step + 1, cur, &clen) == 0 &&
-               ldr_cursor_get(cur, clen, "sample", &sample) == 0;
+    int have = loader_sample(c, &sample);
     char nf[256] = "";
     FILE *f = c->metrics;
     fprintf(f, "{\"step\": %d", (int)c->step + 1);
@@ -87,6 +100,49 @@ static void write_metrics(coord_t *c, double loss, double norm, double lr, doubl
     }
     fprintf(f, "]}\n");
     fflush(f);
+}
+
+/* The events written since the last flush go to the file; a file that cannot be written is
+ * said once and given up (the run goes on, as with a full disk under the metrics file). */
+static void flush_events(coord_t *c)
+{
+    char err[PATH_MAX + 256];
+    if (tb_flush(c->tb, err, sizeof(err))) {
+        fprintf(stderr, "launch: warning: %s: no more TensorBoard events in this run\n", err);
+        tb_close(&c->tb);
+    }
+}
+
+/* The numbers of step c->step's metrics record as TensorBoard scalars, tagged with the
+ * record's names, except memory in GiB (as the progress line) and each stage's F/B/W times as
+ * stage_ms/S/f, /b, /w (one chart group); a value that is not finite is written as it is
+ * (TensorBoard shows NaN and infinity). Flushed: one write per step. */
+static void write_events(coord_t *c, double loss, double norm, double lr, double tps, double mfu, double t_step,
+                         double ctl, double t_opt, uint64_t mem)
+{
+    const manifest_t *m = c->m;
+    int64_t step = c->step + 1;
+    double now = tb_now();
+    const struct { const char *tag; double v; } s[] = {
+        {"loss", loss}, {"grad_norm", norm}, {"lr", lr}, {"tokens_per_s", tps}, {"mfu", mfu},
+        {"step_time_ms", t_step * 1e3}, {"ctl_overhead_ms", ctl * 1e3}, {"optimizer_ms", t_opt * 1e3},
+        {"mem_peak_gib", mem / 1073741824.0},
+    };
+    for (size_t i = 0; i < sizeof(s) / sizeof(s[0]); i++)
+        tb_scalar(c->tb, s[i].tag, step, s[i].v, now); /* a failure is tb_flush's too */
+    uint64_t sample;
+    if (loader_sample(c, &sample))
+        tb_scalar(c->tb, "loader_sample", step, (double)sample, now);
+    for (int r = 0; r < m->pp; r++) {
+        const msg_t *rep = &coord_stage(c, r, 0)->reply;
+        const double t[3] = {rep->t_f, rep->t_b, rep->t_w};
+        for (int k = 0; k < 3; k++) {
+            char tag[64];
+            snprintf(tag, sizeof(tag), "stage_ms/%d/%c", r, "fbw"[k]);
+            tb_scalar(c->tb, tag, step, t[k] * 1e3, now);
+        }
+    }
+    flush_events(c);
 }
 
 void coord_report_step(coord_t *c, double norm, double t_step, double t_reduce, double t_update)
@@ -114,9 +170,11 @@ void coord_report_step(coord_t *c, double norm, double t_step, double t_reduce, 
                step, loss, norm, lr, tps, 100 * mfu, t_step * 1e3, mem / 1073741824.0);
         fflush(stdout);
     }
+    double ctl = t_step - t_stages - t_reduce - t_update;
     if (c->metrics)
-        write_metrics(c, loss, norm, lr, tps, mfu, t_step, t_step - t_stages - t_reduce - t_update,
-                      t_reduce + t_update, mem);
+        write_metrics(c, loss, norm, lr, tps, mfu, t_step, ctl, t_reduce + t_update, mem);
+    if (c->tb)
+        write_events(c, loss, norm, lr, tps, mfu, t_step, ctl, t_reduce + t_update, mem);
 }
 
 /* The validation loss's record in the metrics file, after the last step's: the loss in full
@@ -169,6 +227,10 @@ void coord_end_of_run(coord_t *c, int64_t first, double secs)
         printf("; validation loss %.4f over %d batches", vl, used);
         if (c->metrics)
             write_validation(c, vl, used);
+        if (c->tb) { /* at the last step, as in the metrics file */
+            tb_scalar(c->tb, "val_loss", m->steps, vl, tb_now());
+            flush_events(c);
+        }
     }
     if (!isnan(c->entropy))
         printf("; training data unigram entropy %.4f", c->entropy);

@@ -51,6 +51,7 @@ void manifest_defaults(manifest_t *m)
     snprintf(m->ckpt_folder, sizeof(m->ckpt_folder), "checkpoint");
     m->ckpt_keep = 10;
     m->log_freq = 1;
+    snprintf(m->tb_folder, sizeof(m->tb_folder), "tb");
     m->val_steps = 8;
     m->sample_temperature = 0.8;
 }
@@ -235,6 +236,14 @@ void manifest_ckpt_folder(const manifest_t *m, char *buf, size_t n)
         snprintf(buf, n, "%s", m->ckpt_folder);
     else
         snprintf(buf, n, "%s/%s", m->dump_folder, m->ckpt_folder);
+}
+
+void manifest_tb_folder(const manifest_t *m, char *buf, size_t n)
+{
+    if (m->tb_folder[0] == '/')
+        snprintf(buf, n, "%s", m->tb_folder);
+    else
+        snprintf(buf, n, "%s/%s", m->dump_folder, m->tb_folder);
 }
 
 void manifest_shard_range(size_t total, int shards, int k, size_t *begin, size_t *end)

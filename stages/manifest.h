@@ -22,7 +22,7 @@
  *   [optshard]     shards, device
  *   [checkpoint]   enable, interval, snapshot_interval, folder, keep_latest_k, load, endpoint,
  *                  server_key, client_key
- *   [metrics]      log_freq, file, peak_tflops
+ *   [metrics]      log_freq, file, peak_tflops, enable_tensorboard, save_tb_folder
  *   [validation]   enable, dataset_path, steps
  *   [sample]       tokens, temperature */
 #ifndef CTITAN_MANIFEST_H
@@ -141,6 +141,8 @@ typedef struct {
     int log_freq;                /* 1: a progress line every log_freq steps */
     char metrics_file[MANIFEST_PATH_MAX]; /* "": one JSON object per step when set */
     double peak_tflops;          /* 0 = the sgemm peak measured once per machine (peak_cache.h); MFU's divisor */
+    int tb_enable;               /* enable_tensorboard, false: TensorBoard event files of each step (stages/tb.h) */
+    char tb_folder[MANIFEST_PATH_MAX]; /* save_tb_folder, "tb": under dump_folder unless absolute */
 
     /* [validation] */
     int val_enable;              /* false */
@@ -191,6 +193,9 @@ char *manifest_to_toml(const manifest_t *m);
 
 /* Where checkpoints go: checkpoint.folder, under job.dump_folder when relative. */
 void manifest_ckpt_folder(const manifest_t *m, char *buf, size_t n);
+/* Where TensorBoard event files go: metrics.save_tb_folder, under job.dump_folder when relative
+ * (torchtitan's place for them). */
+void manifest_tb_folder(const manifest_t *m, char *buf, size_t n);
 
 /* Whether the shards copy their state into the staging segment during the run: for
  * checkpoints, or for the in-memory snapshots alone (checkpoint.snapshot_interval). */

@@ -130,6 +130,8 @@ static int check_values(const manifest_t *m, char *err, size_t errlen)
           "lr_scheduler.min_lr_factor = %g must be in [0, 1]", m->lr_sched.lr_min);
     CHECK(m->peak_tflops >= 0, "metrics", "peak_tflops",
           "metrics.peak_tflops = %g must be >= 0 (0 = the cached sgemm peak)", m->peak_tflops);
+    CHECK(m->tb_folder[0], "metrics", "save_tb_folder",
+          "metrics.save_tb_folder must not be empty (\"tb\": under job.dump_folder)");
     CHECK(m->sample_temperature >= 0, "sample", "temperature", "sample.temperature = %g must be >= 0 (0 = greedy)",
           m->sample_temperature);
     CHECK(strcmp(sched_kind_name(m->schedule), "?"), "parallelism", "pipeline_parallel_schedule",

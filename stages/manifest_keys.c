@@ -77,6 +77,8 @@ const mkey_t mkey_table[] = {
     KINT("metrics", "log_freq", log_freq, 1),
     KSTR("metrics", "file", metrics_file),
     KDBL("metrics", "peak_tflops", peak_tflops),
+    KBOOL("metrics", "enable_tensorboard", tb_enable),
+    KSTR("metrics", "save_tb_folder", tb_folder),
     KBOOL("validation", "enable", val_enable),
     KSTR("validation", "dataset_path", val_dataset_path),
     KINT("validation", "steps", val_steps, 1),

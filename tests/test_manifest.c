@@ -184,7 +184,7 @@ static void assert_same_manifest(const manifest_t *a, const manifest_t *b)
     D(lr_sched.lr_min);
     S(dataset_path); I(shuffle); I(prefetch); S(command);
     I(shards);
-    I(log_freq); S(metrics_file); D(peak_tflops);
+    I(log_freq); S(metrics_file); D(peak_tflops); I(tb_enable); S(tb_folder);
     I(val_enable); S(val_dataset_path); I(val_steps);
     I(sample_tokens); D(sample_temperature);
 #undef S
@@ -730,6 +730,7 @@ static void test_manifest_validate_rejects_bad_values(void **state)
         {"loader.prefetch", "0", "loader.prefetch = 0 must be >= 1"},
         {"metrics.log_freq", "0", "metrics.log_freq = 0 must be >= 1"},
         {"metrics.peak_tflops", "-1", "must be >= 0"},
+        {"metrics.save_tb_folder", "", "metrics.save_tb_folder must not be empty (\"tb\": under job.dump_folder)"},
         {"validation.steps", "0", "validation.steps = 0 must be >= 1"},
         {"validation.enable", "true", "validation.dataset_path is empty"},
         {"sample.tokens", "-1", "sample.tokens = -1 must be >= 0"},
@@ -756,6 +757,46 @@ static void test_manifest_validate_rejects_bad_values(void **state)
         override_ok(&g, good[i][0], good[i][1]);
         validate_ok(&g);
     }
+}
+
+/* [metrics] enable_tensorboard and save_tb_folder, torchtitan's names and defaults (false,
+ * "tb" under job.dump_folder; an absolute folder as it is): parsed, overridden, checked with
+ * errors naming the key's origin, and named in the resolved TOML. */
+static void test_manifest_tensorboard_keys_take_torchtitans_names(void **state)
+{
+    manifest_t m;
+    char dir[MANIFEST_PATH_MAX + 8];
+    manifest_defaults(&m);
+    assert_int_equal(m.tb_enable, 0);
+    assert_string_equal(m.tb_folder, "tb");
+    validate_ok(&m);
+    manifest_tb_folder(&m, dir, sizeof(dir));
+    assert_string_equal(dir, "runs/ctitan/tb");
+
+    parse_ok(&m, "[job]\ndump_folder = \"/data/exp\"\n"
+                 "[metrics]\nenable_tensorboard = true\nsave_tb_folder = \"board/a\"\n");
+    assert_int_equal(m.tb_enable, 1);
+    validate_ok(&m);
+    manifest_tb_folder(&m, dir, sizeof(dir));
+    assert_string_equal(dir, "/data/exp/board/a");
+    char *text = manifest_to_toml(&m);
+    assert_non_null(text);
+    must_contain(text, "[metrics]\n");
+    must_contain(text, "enable_tensorboard = true\n");
+    must_contain(text, "save_tb_folder = \"board/a\"\n");
+    free(text);
+    override_ok(&m, "metrics.save_tb_folder", "/var/tb");
+    override_ok(&m, "metrics.enable_tensorboard", "false");
+    assert_int_equal(m.tb_enable, 0);
+    manifest_tb_folder(&m, dir, sizeof(dir));
+    assert_string_equal(dir, "/var/tb");
+
+    parse_fails("[metrics]\nenable_tensorboard = \"yes\"\n", 2, "metrics.enable_tensorboard: expected a boolean", NULL);
+    parse_fails("[metrics]\n\nsave_tb_folder = 5\n", 3, "metrics.save_tb_folder: expected a string", NULL);
+    override_fails(&m, "metrics.enable_tensorboard", "1",
+                   "--metrics.enable_tensorboard: expected a boolean (true or false)");
+    parse_ok(&m, "[metrics]\nenable_tensorboard = true\nsave_tb_folder = ''\n");
+    validate_fails(&m, NULL, NULL, "m.toml:3: ", "metrics.save_tb_folder must not be empty");
 }
 
 /* A thread count no machine runs (100000 started threads for minutes without a step) is
@@ -1223,6 +1264,7 @@ int main(void)
         cmocka_unit_test(test_manifest_validate_rejects_bad_job_name),
         cmocka_unit_test(test_manifest_optshard_device_and_data_plane),
         cmocka_unit_test(test_manifest_validate_rejects_bad_values),
+        cmocka_unit_test(test_manifest_tensorboard_keys_take_torchtitans_names),
         cmocka_unit_test(test_manifest_cuda_needs_a_head_dimension_the_kernels_take),
         cmocka_unit_test(test_manifest_validate_caps_the_thread_count),
         cmocka_unit_test(test_manifest_validate_errors_name_the_origin),

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Collects the Debian runtime libraries that ctitan's built programs load and a bare CUDA machine
-# lacks (ZeroMQ, msgpack-c, liburing, OpenBLAS, xxHash, cmocka and what they load in turn) as
-# .debs unpacked into .gpu-deps/root, a folder carried with a GPU run; prints LD_LIBRARY_PATH.
+# lacks (ZeroMQ, msgpack-c, liburing, OpenBLAS, xxHash, protobuf-c, ISA-L, cmocka and what they
+# load in turn) as .debs unpacked into .gpu-deps/root, a folder carried with a GPU run; prints
+# LD_LIBRARY_PATH.
 #
 # Run here, on the build machine (Debian 12, apt works), after `make`:
 #   bash tools/gpu_deps.sh [BUILD_DIR]          (default: build)
@@ -44,7 +45,7 @@ done < <(for p in "${progs[@]}"; do ldd "$p" 2>/dev/null || true; done |
            awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u)
 mapfile -t pkgs < <(printf '%s\n' "${!pkgset[@]}" | sort)
 [ ${#pkgs[@]} -gt 0 ] || die "ldd found no libraries to carry (is $build built?)"
-for want in libzmq5 libmsgpackc2 liburing2 libopenblas0-pthread libxxhash0; do
+for want in libzmq5 libmsgpackc2 liburing2 libopenblas0-pthread libxxhash0 libprotobuf-c1 libisal2; do
   [[ " ${pkgs[*]} " == *" $want "* ]] || die "expected $want among the programs' libraries; got: ${pkgs[*]}"
 done
 

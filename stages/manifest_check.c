@@ -210,7 +210,7 @@ static int check_topology(const manifest_t *m, char *err, size_t errlen)
           "parallelism.pipeline_parallel_degree = %d with %d virtual stages per rank makes %d stages: more than "
           "the %d pipeline pieces of the model (embedding, %d layers, head) or the most supported, %d", m->pp, v, S,
           pieces, c->n_layers, MANIFEST_MAX_PP);
-    CHECK(v == 1 || strcmp(m->device, "cuda"), "parallelism", lps,
+    CHECK(v == 1 || strcmp(m->device, "cuda"), "parallelism", L ? lps : "pipeline_parallel_schedule",
           "%d virtual stages per pipeline rank (%s, schedule %s): not built for job.device = \"cuda\" (its device "
           "rings and optimizer shards are one per stage process); use one stage per rank there (GPipe, 1F1B, or "
           "InterleavedZeroBubble with pipeline_parallel_layers_per_stage = model.n_layers / "

@@ -175,7 +175,7 @@ static void assert_same_manifest(const manifest_t *a, const manifest_t *b)
     I(model.multiple_of); D(model.ffn_dim_multiplier); D(model.norm_eps); D(model.rope_theta);
     I(model.max_seq_len);
     I(steps); I(local_batch_size); I(seq_len); I(seed); D(max_norm); I(threads);
-    I(pp); I(schedule); I(microbatches); I(n_split_points); I(dp);
+    I(pp); I(schedule); I(microbatches); I(n_split_points); I(dp); I(layers_per_stage); I(host_timeout_s);
     for (int i = 0; i < a->n_split_points; i++)
         I(split_points[i]);
     S(optimizer_name); D(lr); D(beta1); D(beta2); D(eps); D(weight_decay);
@@ -541,6 +541,67 @@ static void test_manifest_validate_rejects_bad_split_points(void **state)
     validate_fails(&f, NULL, NULL, "m.toml:3: ", "has 2 entries but pipeline_parallel_degree = 2 (m.toml:2) needs 1");
     override_ok(&m, "parallelism.pipeline_parallel_split_points", "layers.1,layers.6");
     validate_ok(&m);
+}
+
+/* Virtual stages: layers per stage must split the layers into a multiple of the degree, not
+ * with split points too, not on the GPU; each schedule's own rules come in its words; the
+ * stages per rank default to the schedule's. */
+static void test_manifest_virtual_stages_and_the_schedules_rules(void **state)
+{
+    manifest_t m;
+    manifest_defaults(&m); /* debugmodel: 6 layers */
+    override_ok(&m, "parallelism.pipeline_parallel_degree", "3");
+    const char *lps = "parallelism.pipeline_parallel_layers_per_stage";
+    validate_fails(&m, lps, "4", "--parallelism.pipeline_parallel_layers_per_stage: ",
+                   "parallelism.pipeline_parallel_layers_per_stage = 4 does not divide model.n_layers = 6");
+    validate_fails(&m, lps, "3", "--", "= 3 makes 2 virtual stages (model.n_layers = 6), not a multiple of "
+                   "pipeline_parallel_degree = 3");
+    manifest_t both = m;
+    override_ok(&both, "parallelism.pipeline_parallel_split_points", "layers.2,layers.4");
+    validate_fails(&both, lps, "2", "--", "and pipeline_parallel_split_points both say where stages begin");
+    manifest_t ok = m;
+    override_ok(&ok, lps, "2");
+    validate_ok(&ok);
+    assert_int_equal(manifest_vstages(&ok), 1);
+    override_ok(&ok, lps, "1");
+    override_ok(&ok, "parallelism.pipeline_parallel_schedule", "Interleaved1F1B");
+    override_ok(&ok, "parallelism.pipeline_parallel_microbatches", "3");
+    override_ok(&ok, "training.local_batch_size", "6");
+    validate_ok(&ok);
+    assert_int_equal(manifest_vstages(&ok), 2);
+    int p0, p1;
+    assert_int_equal(manifest_stage_pieces(&ok, 0, &p0, &p1), 0); /* the embedding and layer 0 */
+    assert_int_equal(p0, 0);
+    assert_int_equal(p1, 2);
+    assert_int_equal(manifest_stage_pieces(&ok, 5, &p0, &p1), 0); /* layer 5, the norm and head */
+    assert_int_equal(p0, 6);
+    assert_int_equal(p1, 8);
+    /* 1F1B takes one stage per rank; V schedules two; DualPipeV at least 2 x pp microbatches */
+    override_ok(&ok, "parallelism.pipeline_parallel_schedule", "1F1B");
+    validate_fails(&ok, NULL, NULL, "--parallelism.pipeline_parallel_schedule: ",
+                   "= \"1F1B\" with pipeline_parallel_degree = 3, 2 virtual stages per rank and 3 microbatches: 1F1B "
+                   "needs exactly 1 virtual stage per rank, got 2");
+    manifest_t dv = m;
+    override_ok(&dv, "parallelism.pipeline_parallel_schedule", "DualPipeV");
+    validate_fails(&dv, NULL, NULL, "--parallelism.pipeline_parallel_schedule: ", "DualPipeV");
+    override_ok(&dv, "parallelism.pipeline_parallel_microbatches", "6");
+    override_ok(&dv, "training.local_batch_size", "6");
+    override_ok(&dv, "model.n_layers", "4"); /* 6 pieces for 6 virtual stages */
+    validate_ok(&dv);
+    assert_int_equal(manifest_vstages(&dv), 2);
+    override_ok(&dv, "model.n_layers", "3");
+    validate_fails(&dv, NULL, NULL, "--parallelism.pipeline_parallel_degree: ",
+                   "= 3 with 2 virtual stages per rank makes 6 stages: more than the 5 pipeline pieces");
+    /* the GPU path runs one stage per rank */
+    manifest_t gpu = m;
+    override_ok(&gpu, "job.device", "cuda");
+    override_ok(&gpu, "parallelism.pipeline_parallel_schedule", "ZBVZeroBubble");
+    validate_fails(&gpu, NULL, NULL, "--parallelism.pipeline_parallel_schedule: ", "2 virtual stages per pipeline "
+                   "rank (the schedule's default, schedule "
+                   "ZBVZeroBubble): not built for job.device = \"cuda\"");
+    override_ok(&gpu, "parallelism.pipeline_parallel_schedule", "InterleavedZeroBubble");
+    override_ok(&gpu, lps, "2"); /* ZB-H1: one stage per rank */
+    validate_ok(&gpu);
 }
 
 static size_t model_total(const model_config_t *c)
@@ -1260,6 +1321,7 @@ int main(void)
         cmocka_unit_test(test_manifest_validate_rejects_pp_beyond_pieces),
         cmocka_unit_test(test_manifest_validate_rejects_microbatches_not_dividing_batch),
         cmocka_unit_test(test_manifest_validate_rejects_bad_split_points),
+        cmocka_unit_test(test_manifest_virtual_stages_and_the_schedules_rules),
         cmocka_unit_test(test_manifest_validate_rejects_too_many_shards),
         cmocka_unit_test(test_manifest_validate_rejects_bad_job_name),
         cmocka_unit_test(test_manifest_optshard_device_and_data_plane),

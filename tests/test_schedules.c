@@ -1,0 +1,160 @@
+/* Every pipeline schedule run by real processes (issue 14): stage processes holding one chunk
+ * per virtual stage (loop or V placement, stages/schedule.h) on the shared-memory rings, each
+ * run of tests/testjob.h's tiny manifest with 8 layers. The losses are bitwise those of 1F1B
+ * with one stage per rank for every schedule, pipeline degree and stages per rank (weight
+ * gradients summed in microbatch order everywhere); a stage killed in the middle of an
+ * interleaved step is replaced and the step redone, bitwise; a checkpoint written under one
+ * schedule resumes under another. The generators' own rules are tests/test_schedule.c's. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <cmocka.h>
+
+#include "tests/testjob.h"
+
+static int setup(void **state) { return tj_setup("scheds"); }
+static int teardown(void **state) { return tj_teardown(); }
+
+static void job_name(char *buf, size_t n, const char *what) { tj_name(buf, n, 'p', what); }
+
+/* 8 layers (10 pieces: up to 4 ranks x 2 virtual stages), 8 microbatches of one sequence */
+#define BASE "--metrics.log_freq 100000 --model.n_layers 8 --training.local_batch_size 8 " \
+             "--parallelism.pipeline_parallel_microbatches 8 "
+
+/* Runs `what` with BASE, `steps` steps and `extra`; fails with its output unless it ends well.
+ * job receives its name. */
+static void run(char *job, size_t n, const char *what, int steps, const char *extra)
+{
+    static char out[1 << 16];
+    char args[1024];
+    job_name(job, n, what);
+    snprintf(args, sizeof(args), BASE "--training.steps %d %s", steps, extra);
+    int rc = tj_launch("", 180, job, args, out, sizeof(out));
+    if (rc)
+        TJ_FAIL_WITH(out, "%s: status %d", what, rc);
+    tj_assert_clean(job);
+}
+
+/* job's losses are ref's, step by step, bit for bit. */
+static void assert_same_losses(const char *job, const char *ref, int steps)
+{
+    static tj_metrics_t a, b;
+    tj_parse_metrics(ref, &a);
+    tj_parse_metrics(job, &b);
+    assert_int_equal(a.n, steps);
+    assert_int_equal(b.n, steps);
+    for (int i = 0; i < steps; i++)
+        if (strcmp(a.loss[i], b.loss[i]))
+            fail_msg("step %d: %s has loss %s, %s has %s", i + 1, job, b.loss[i], ref, a.loss[i]);
+}
+
+static void test_schedules_every_schedule_and_chunk_count_gives_1f1bs_losses(void **state)
+{
+    TU_NEED_BIN();
+    static const struct {
+        const char *what, *args;
+    } runs[] = {
+        {"gpipe2", "--parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule GPipe"},
+        {"il2", "--parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule Interleaved1F1B"},
+        {"il2v4", "--parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule Interleaved1F1B "
+                  "--parallelism.pipeline_parallel_layers_per_stage 1"},
+        {"zbh1", "--parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule "
+                 "InterleavedZeroBubble --parallelism.pipeline_parallel_layers_per_stage 4"},
+        {"izb2", "--parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule "
+                 "InterleavedZeroBubble"},
+        {"zbv2", "--parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule ZBVZeroBubble"},
+        {"dpv2", "--parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule DualPipeV"},
+        {"zbv4", "--parallelism.pipeline_parallel_degree 4 --parallelism.pipeline_parallel_schedule ZBVZeroBubble"},
+        {"dpv4", "--parallelism.pipeline_parallel_degree 4 --parallelism.pipeline_parallel_schedule DualPipeV"},
+        {"il1", "--parallelism.pipeline_parallel_degree 1 --parallelism.pipeline_parallel_schedule Interleaved1F1B"},
+    };
+    char ref[32], j[32];
+    run(ref, sizeof(ref), "ref", 3, "--parallelism.pipeline_parallel_degree 2");
+    for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+        run(j, sizeof(j), runs[i].what, 3, runs[i].args);
+        assert_same_losses(j, ref, 3);
+    }
+}
+
+/* The banner says how many virtual stages each rank holds; one stage per rank says nothing. */
+static void test_schedules_the_banner_names_the_stages_per_rank(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char j[32], args[512];
+    job_name(j, sizeof(j), "banner");
+    snprintf(args, sizeof(args), BASE "--training.steps 1 --parallelism.pipeline_parallel_schedule ZBVZeroBubble");
+    assert_int_equal(tj_launch("", 120, j, args, out, sizeof(out)), 0);
+    assert_non_null(strstr(out, "pipeline 2 (ZBVZeroBubble, 2 virtual stages per rank, 8 microbatches of 1x32)"));
+    tj_assert_clean(j);
+}
+
+/* A stage killed -9 in the middle of an interleaved step (rank 1 holds virtual stages 1 and 3):
+ * replaced, every ring of every virtual boundary reset, the step redone, the same losses. */
+static void test_schedules_a_stage_killed_mid_step_of_an_interleaved_schedule_is_replaced_bitwise(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char ref[32], j[32], once[128], args[1024];
+    const char *il = "--parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule Interleaved1F1B";
+    run(ref, sizeof(ref), "killref", 4, il);
+    job_name(j, sizeof(j), "kill");
+    snprintf(once, sizeof(once), "%s/once-%s", tj_dir, j);
+    assert_int_equal(mkdir(once, 0700), 0);
+    char env[300];
+    snprintf(env, sizeof(env), "CTITAN_TEST_DIE_ONCE=%s CTITAN_TEST_DIE_AT=stage.1.0:mid:3", once);
+    snprintf(args, sizeof(args), BASE "--training.steps 4 %s", il);
+    int rc = tj_launch(env, 180, j, args, out, sizeof(out));
+    if (rc || tj_count(out, "recovered 1 (in place, at step 3): stage rank 1 replica 0 (pid ") != 1 ||
+        !strstr(out, "the step redone by every stage"))
+        TJ_FAIL_WITH(out, "status %d", rc);
+    assert_same_losses(j, ref, 4);
+    tj_assert_clean(j);
+}
+
+/* A checkpoint written under ZBVZeroBubble on 2 ranks resumes under Interleaved1F1B on 1 rank,
+ * and under 1F1B on 4: the state is the flat parameter space, whoever held which layers. */
+static void test_schedules_a_checkpoint_resumes_under_another_schedule_bitwise(void **state)
+{
+    TU_NEED_BIN();
+    char ref[32], a[32], b[32], c[32], args[1024];
+    run(ref, sizeof(ref), "ckref", 4, "--parallelism.pipeline_parallel_degree 2");
+    run(a, sizeof(a), "ckzbv", 2,
+        "--parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule ZBVZeroBubble "
+        "--checkpoint.enable true --checkpoint.interval 2");
+    snprintf(args, sizeof(args), "--parallelism.pipeline_parallel_degree 1 --parallelism.pipeline_parallel_schedule "
+             "Interleaved1F1B --checkpoint.load %s/runs/%s/checkpoint/step-00000002", tj_dir, a);
+    run(b, sizeof(b), "ckil", 4, args);
+    snprintf(args, sizeof(args), "--parallelism.pipeline_parallel_degree 4 --checkpoint.load "
+             "%s/runs/%s/checkpoint/step-00000002", tj_dir, a);
+    run(c, sizeof(c), "ck1f", 4, args);
+    static tj_metrics_t r, x, y;
+    tj_parse_metrics(ref, &r);
+    tj_parse_metrics(b, &x);
+    tj_parse_metrics(c, &y);
+    assert_int_equal(x.n, 2);
+    assert_int_equal(y.n, 2);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(x.step[i], 3 + i);
+        assert_string_equal(x.loss[i], r.loss[2 + i]);
+        assert_string_equal(y.loss[i], r.loss[2 + i]);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_schedules_every_schedule_and_chunk_count_gives_1f1bs_losses),
+        cmocka_unit_test(test_schedules_the_banner_names_the_stages_per_rank),
+        cmocka_unit_test(test_schedules_a_stage_killed_mid_step_of_an_interleaved_schedule_is_replaced_bitwise),
+        cmocka_unit_test(test_schedules_a_checkpoint_resumes_under_another_schedule_bitwise),
+    };
+    if (getenv("CTITAN_TEST_ONLY")) /* a pattern: run only the tests it matches ("*killed*") */
+        cmocka_set_test_filter(getenv("CTITAN_TEST_ONLY"));
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -72,6 +72,7 @@ static const codec_type_t types[MSG_TYPE_END] = {
     [MSG_WRITTEN]   = {"written",   B(F_STEP) | B(F_OK) | B(F_TEXT) | B(F_T_BUSY) | B(F_PROGRESS), 0},
     [MSG_COMMIT]    = {"commit",    B(F_STEP) | B(F_OK) | B(F_TEXT), 0},
     [MSG_START]     = {"start",     B(F_STEP) | B(F_OK) | B(F_TEXT) | B(F_DATA), 0},
+    [MSG_TRACE]     = {"trace",     B(F_STEP) | B(F_DATA), 0},
 };
 
 static const codec_proto_t proto = {

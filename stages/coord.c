@@ -163,13 +163,17 @@ static int step(coord_t *c)
     msg_t run = {.type = MSG_STEP, .step = c->step};
     if ((rc = coord_round_trip(c, 1, c->n_stages, &run)))
         return rc;
+    double t1 = util_now();
+    coord_trace_round(c, "stages", 1, c->n_stages, t0, t1);
     msg_t reduce = {.type = MSG_REDUCE, .step = c->step};
     if ((rc = coord_round_trip(c, first_shard, m->shards, &reduce)))
         return rc;
-    double t_reduce = shards_busy(c), norm = grad_norm(c);
+    double t2 = util_now(), t_reduce = shards_busy(c), norm = grad_norm(c);
+    coord_trace_round(c, "reduce", first_shard, m->shards, t1, t2);
     msg_t update = {.type = MSG_UPDATE, .step = c->step, .grad_norm = norm, .scale = clip_scale(m, norm)};
     if ((rc = coord_round_trip(c, first_shard, m->shards, &update)))
         return rc;
+    coord_trace_round(c, "update", first_shard, m->shards, t2, util_now());
     double t_update = shards_busy(c), t_step = util_now() - t0;
     coord_note_step_time(c, t_step);
     coord_report_step(c, norm, t_step, t_reduce, t_update);
@@ -233,6 +237,8 @@ static int set_up(coord_t *c, char *err, size_t errlen)
     }
     if (!(c->toml = manifest_to_toml(m)) || job_layout(&c->lay, m))
         return util_fail(err, errlen, -ENOMEM, "out of memory");
+    if ((rc = sched_build(&c->sched, m->pp, c->lay.vs, m->microbatches, m->schedule, err, errlen)))
+        return rc; /* cannot happen: the manifest was checked against the schedule's rules */
     /* in-place recovery: the weights and the shards' state live in this host's segments (CPU);
      * on the GPU (and so across hosts) they live in the processes, and a loss rewinds the job,
      * every host's agent taking part (coord_rewind.c, coord_agent.c) */
@@ -285,6 +291,9 @@ static int start(coord_t *c, char *err, size_t errlen)
         if ((rc = tb_open(&c->tb, dir, c->step + 1, why, sizeof(why))))
             return util_fail(err, errlen, rc, "metrics.save_tb_folder: %s", why);
     }
+    char why[PATH_MAX + 256];
+    if ((rc = coord_trace_open(c, why, sizeof(why))))
+        return util_fail(err, errlen, rc, "profiling.trace_file: %s", why);
     coord_banner(c);
     if (c->agents) { /* every other host first: its stages are NCCL peers of ours */
         coord_start_agents(c);
@@ -411,6 +420,8 @@ int coord_run(const manifest_t *given, const coord_super_t *sup)
     if (c.metrics)
         fclose(c.metrics);
     tb_close(&c.tb);
+    coord_trace_close(&c);
+    sched_free(&c.sched);
     if (c.sigfd >= 0)
         close(c.sigfd);
     free(c.p);

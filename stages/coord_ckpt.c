@@ -99,6 +99,7 @@ const char *coord_on_snapped(coord_t *c, coord_proc_t *p, const ctl_peer_t *from
     if (p->snapped)
         return "this shard said snapped already";
     p->snapped = 1;
+    coord_trace_work(c, p, "snapshot", m->t_busy);
     if (++c->ck_snapped != c->m->shards)
         return NULL;
     /* every shard has copied its state: checkpointd takes it from here */
@@ -198,6 +199,7 @@ const char *coord_on_saved(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, 
     c->ck_busy = c->ck_saving = c->ck_committing = 0;
     /* across hosts: what every part wrote, in the longest part's time */
     double bytes = parts ? (double)c->ck_part_bytes : (double)m->progress, secs = parts ? c->ck_part_busy : m->t_busy;
+    coord_trace_work(c, p, "save", m->t_busy);
     if (m->ok) {
         c->ck_saved++;
         coord_note_saved(c, m->step);

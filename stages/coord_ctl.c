@@ -152,6 +152,7 @@ static const char *on_reply(coord_t *c, coord_proc_t *p, const ctl_peer_t *from,
         return "not the step in progress";
     p->await = 0;
     p->got = 1;
+    p->replied_at = util_now();
     p->reply = *m;
     p->reply.text = NULL;
     p->reply.data = NULL;
@@ -188,6 +189,7 @@ static const struct {
     [MSG_SNAPPED] = {coord_on_snapped, ROLE(COORD_OPTSHARD)},
     [MSG_SAVED] = {coord_on_saved, ROLE(COORD_CKPTD)},
     [MSG_WRITTEN] = {on_written, ROLE(COORD_CKPTD)},
+    [MSG_TRACE] = {coord_on_trace, ROLE(COORD_STAGE)},
     [MSG_LOADED] = {coord_on_loaded, ROLE(COORD_CKPTD)},
     [MSG_SWAP] = {on_shell_swap, OPERATOR},
     [MSG_SWAP_ARGV] = {coord_on_swap, OPERATOR},

@@ -23,6 +23,7 @@
  *   coord_nccl.c    the NCCL data plane's communicator ids
  *   coord_report.c  the progress line and metrics of each step; the end-of-run validation
  *                   and sample (stages/evaluate.h holds the math)
+ *   coord_trace.c   [profiling] trace_file: the run's timeline (stages/trace.h)
  *   coord_outcome.c what a supervised run tells its supervisor (coord.h coord_outcome_t): how
  *                   far it got, its checkpoints, why it failed; the leftovers of a dead one */
 #ifndef CTITAN_COORD_PRIV_H
@@ -47,7 +48,9 @@
 #include "stages/job.h"
 #include "stages/ldr.h"
 #include "stages/manifest.h"
+#include "stages/schedule.h"
 #include "stages/tb.h"
+#include "stages/trace.h"
 #include "stages/worker.h"
 
 #define COORD_STARTUP_TIMEOUT_S 120.0
@@ -79,6 +82,8 @@ typedef struct {
     int remote;           /* on another host (its agent started it): pid from its hello, never signalled
                            * or reaped here, supervised by heartbeats only */
     double started, last_hb;
+    double replied_at;    /* when its last reply of a round came (the trace's end of its work) */
+    int64_t traced_pid;   /* the pid whose trace track is named (0: none yet) */
     msg_t reply;          /* numbers of the last reply (never its text) */
     int lost;             /* died during training: a replacement is due (coord_recover.c) */
     uint64_t progress;    /* its heartbeats' counter, */
@@ -197,6 +202,8 @@ typedef struct {
     _Atomic double tick, gap_s, gap_end; /* its last note; its last gap over 0.25 s, and when */
     double continued_at;              /* when a SIGCONT was last seen */
     FILE *metrics;
+    sched_t sched;                    /* the stages' schedule: the ideal step and bubble, the trace's ideal track */
+    trace_t *trace;                   /* [profiling] trace_file, or NULL */
     tb_t *tb;                         /* metrics.enable_tensorboard: the event file */
     double peak_gflops;
     double entropy;                   /* of the first training file (NaN with a custom loader) */
@@ -412,6 +419,22 @@ void coord_banner(coord_t *c);
 void coord_report_step(coord_t *c, double norm, double t_step, double t_reduce, double t_update);
 /* "done: ...", the validation loss and a sample, from replica 0's final weights. */
 void coord_end_of_run(coord_t *c, int64_t first, double secs);
+
+/* ---- coord_trace.c (each does nothing without [profiling] trace_file) ---- */
+/* Opens the trace file (a relaunch appends to its run before). Returns 0 or -errno with err. */
+int coord_trace_open(coord_t *c, char *err, size_t errlen);
+/* MSG_TRACE from stage p: its step's actions and waits, on its track. */
+const char *coord_on_trace(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m);
+/* A round of processes [first, first + count) that ran from t0 to t1: a slice on the
+ * coordinator's track, and each process's work (its reply's t_busy, ending when it came). */
+void coord_trace_round(coord_t *c, const char *name, int first, int count, double t0, double t1);
+/* Process p's work of `busy` seconds that ended now (a snapshot, a checkpoint's write). */
+void coord_trace_work(coord_t *c, coord_proc_t *p, const char *name, double busy);
+/* After step c->step: the schedule's ideal placement with the step's measured action times
+ * (t[rank] = F, B, W seconds), on every stage's second track from the step's start; flushed (a
+ * failure is said once, and the trace given up). */
+void coord_trace_step(coord_t *c, const double (*t)[3]);
+void coord_trace_close(coord_t *c);
 
 /* ---- coord_outcome.c (each does nothing without a supervisor) ---- */
 /* Training starts after step c->step (the resumed checkpoint's). */

@@ -70,9 +70,31 @@ static int loader_sample(coord_t *c, uint64_t *sample)
            ldr_cursor_get(cur, clen, "sample", sample) == 0;
 }
 
+/* The pipeline's idle share of step c->step, measured and ideal: each stage's time outside its
+ * actions over its step (stage_t's run, waits included), the mean over the stages; and the
+ * schedule simulated with replica 0's measured action times (sched_bubble: 1 - busy /
+ * (ranks x makespan)), which t[rank] receives. */
+static void bubbles(coord_t *c, double (*t)[3], double *measured, double *ideal)
+{
+    const manifest_t *m = c->m;
+    int per = c->lay.vs * m->microbatches; /* each of F, B, W per rank and step */
+    double sum = 0;
+    for (int i = 1; i <= c->n_stages; i++) {
+        const msg_t *r = &c->p[i].reply;
+        double span = r->t_busy + r->t_wait, busy = per * (r->t_f + r->t_b + r->t_w);
+        sum += span > 0 ? 1 - busy / span : 0;
+    }
+    *measured = sum / c->n_stages;
+    for (int s = 0; s < m->pp; s++) {
+        const msg_t *r = &coord_stage(c, s, 0)->reply;
+        t[s][SCHED_F] = r->t_f, t[s][SCHED_B] = r->t_b, t[s][SCHED_W] = r->t_w;
+    }
+    *ideal = sched_bubble(&c->sched, (const double (*)[3])t, 0);
+}
+
 /* One JSON line of step c->step in the metrics file. */
 static void write_metrics(coord_t *c, double loss, double norm, double lr, double tps, double mfu, double t_step,
-                          double ctl, double t_opt, uint64_t mem)
+                          double ctl, double t_opt, uint64_t mem, double bubble, double bubble_ideal)
 {
     const manifest_t *m = c->m;
     uint64_t sample = 0;
@@ -88,6 +110,8 @@ static void write_metrics(coord_t *c, double loss, double norm, double lr, doubl
     put_num(f, "step_time_ms", "%.3f", t_step * 1e3, nf, sizeof(nf));
     put_num(f, "ctl_overhead_ms", "%.3f", ctl * 1e3, nf, sizeof(nf));
     put_num(f, "optimizer_ms", "%.3f", t_opt * 1e3, nf, sizeof(nf));
+    put_num(f, "bubble", "%.5f", bubble, nf, sizeof(nf));
+    put_num(f, "bubble_ideal", "%.5f", bubble_ideal, nf, sizeof(nf));
     fprintf(f, ", \"mem_peak_bytes\": %llu", (unsigned long long)mem);
     if (have)
         fprintf(f, ", \"loader_sample\": %llu", (unsigned long long)sample);
@@ -118,7 +142,7 @@ static void flush_events(coord_t *c)
  * stage_ms/S/f, /b, /w (one chart group); a value that is not finite is written as it is
  * (TensorBoard shows NaN and infinity). Flushed: one write per step. */
 static void write_events(coord_t *c, double loss, double norm, double lr, double tps, double mfu, double t_step,
-                         double ctl, double t_opt, uint64_t mem)
+                         double ctl, double t_opt, uint64_t mem, double bubble, double bubble_ideal)
 {
     const manifest_t *m = c->m;
     int64_t step = c->step + 1;
@@ -126,7 +150,7 @@ static void write_events(coord_t *c, double loss, double norm, double lr, double
     const struct { const char *tag; double v; } s[] = {
         {"loss", loss}, {"grad_norm", norm}, {"lr", lr}, {"tokens_per_s", tps}, {"mfu", mfu},
         {"step_time_ms", t_step * 1e3}, {"ctl_overhead_ms", ctl * 1e3}, {"optimizer_ms", t_opt * 1e3},
-        {"mem_peak_gib", mem / 1073741824.0},
+        {"bubble", bubble}, {"bubble_ideal", bubble_ideal}, {"mem_peak_gib", mem / 1073741824.0},
     };
     for (size_t i = 0; i < sizeof(s) / sizeof(s[0]); i++)
         tb_scalar(c->tb, s[i].tag, step, s[i].v, now); /* a failure is tb_flush's too */
@@ -170,11 +194,13 @@ void coord_report_step(coord_t *c, double norm, double t_step, double t_reduce, 
                step, loss, norm, lr, tps, 100 * mfu, t_step * 1e3, mem / 1073741824.0);
         fflush(stdout);
     }
-    double ctl = t_step - t_stages - t_reduce - t_update;
+    double ctl = t_step - t_stages - t_reduce - t_update, bubble, bubble_ideal, t[MANIFEST_MAX_PP][3];
+    bubbles(c, t, &bubble, &bubble_ideal);
     if (c->metrics)
-        write_metrics(c, loss, norm, lr, tps, mfu, t_step, ctl, t_reduce + t_update, mem);
+        write_metrics(c, loss, norm, lr, tps, mfu, t_step, ctl, t_reduce + t_update, mem, bubble, bubble_ideal);
     if (c->tb)
-        write_events(c, loss, norm, lr, tps, mfu, t_step, ctl, t_reduce + t_update, mem);
+        write_events(c, loss, norm, lr, tps, mfu, t_step, ctl, t_reduce + t_update, mem, bubble, bubble_ideal);
+    coord_trace_step(c, (const double (*)[3])t);
 }
 
 /* The validation loss's record in the metrics file, after the last step's: the loss in full

@@ -23,6 +23,7 @@
  *   [checkpoint]   enable, interval, snapshot_interval, folder, keep_latest_k, load, endpoint,
  *                  server_key, client_key
  *   [metrics]      log_freq, file, peak_tflops, enable_tensorboard, save_tb_folder
+ *   [profiling]    trace_file
  *   [validation]   enable, dataset_path, steps
  *   [sample]       tokens, temperature */
 #ifndef CTITAN_MANIFEST_H
@@ -143,6 +144,10 @@ typedef struct {
     double peak_tflops;          /* 0 = the sgemm peak measured once per machine (peak_cache.h); MFU's divisor */
     int tb_enable;               /* enable_tensorboard, false: TensorBoard event files of each step (stages/tb.h) */
     char tb_folder[MANIFEST_PATH_MAX]; /* save_tb_folder, "tb": under dump_folder unless absolute */
+
+    /* [profiling] */
+    char trace_file[MANIFEST_PATH_MAX]; /* "": a timeline of every action of every step (stages/trace.h),
+                                  * Chrome trace-event JSON for Perfetto and chrome://tracing */
 
     /* [validation] */
     int val_enable;              /* false */

@@ -79,6 +79,7 @@ const mkey_t mkey_table[] = {
     KDBL("metrics", "peak_tflops", peak_tflops),
     KBOOL("metrics", "enable_tensorboard", tb_enable),
     KSTR("metrics", "save_tb_folder", tb_folder),
+    KSTR("profiling", "trace_file", trace_file),
     KBOOL("validation", "enable", val_enable),
     KSTR("validation", "dataset_path", val_dataset_path),
     KINT("validation", "steps", val_steps, 1),

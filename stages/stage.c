@@ -38,6 +38,7 @@
 #include "stages/ldr_seg.h"
 #include "stages/plane.h"
 #include "stages/schedule.h"
+#include "stages/trace.h"
 #include "stages/worker.h"
 
 /* One virtual stage of the rank: its pieces of the model, its links, its activations. */
@@ -67,6 +68,10 @@ typedef struct {
     double t_op[3], t_wait;
     int n_op[3];
     int aborted;                 /* a ring was closed: this step is left unfinished */
+    /* [profiling] trace_file: this step's intervals, sent to the coordinator (MSG_TRACE) */
+    trace_rec_t *recs;           /* NULL when not tracing */
+    int nrecs;
+    int cur_chunk, cur_mb;       /* of the action in progress (for its waits) */
 } stage_t;
 
 /* A backend call that must succeed (BE_WHY: its reason), and a data-plane one of chunk k. */
@@ -219,6 +224,8 @@ static void setup(stage_t *st)
     for (int c = 0; c < st->lay.vs; c++)
         setup_chunk(st, &st->chunk[c], c, threads);
     st->dscale = 1.0f / (float)((double)m->dp * m->local_batch_size * m->seq_len);
+    if (m->trace_file[0])
+        WORKER_CHECK(st->w, st->recs = malloc(TRACE_RECS_MAX * sizeof(trace_rec_t)), "out of memory");
     LOG_D("%d chunk%s, %d threads, schedule %s", st->lay.vs, st->lay.vs == 1 ? "" : "s", threads,
           sched_kind_name(m->schedule));
 }
@@ -243,6 +250,17 @@ static void acts_free(chunk_t *k, int mb)
             k->acts_mb[i] = -1;
 }
 
+#define TRACE_MIN_WAIT_S 20e-6 /* shorter waits are no wait (the ring's slot was there) */
+
+/* One interval of the step for the trace (nothing when not tracing; past TRACE_RECS_MAX, dropped). */
+static void note(stage_t *st, int op, double t0, double t1)
+{
+    if (!st->recs || st->nrecs >= TRACE_RECS_MAX || (op == TRACE_WAIT && t1 - t0 < TRACE_MIN_WAIT_S))
+        return;
+    st->recs[st->nrecs++] = (trace_rec_t){.op = (uint8_t)op, .chunk = (uint8_t)st->cur_chunk, .mb = st->cur_mb,
+                                          .t0 = t0, .t1 = t1};
+}
+
 /* Whether a data-plane call's rc says the coordinator closed the rings (sets st->aborted). */
 static int closed(stage_t *st, int rc)
 {
@@ -256,9 +274,12 @@ static void *take(stage_t *st, ring_t *r, int64_t step, int mb)
 {
     void *p;
     char err[256];
+    double t0 = util_now(), waited = st->t_wait;
     worker_waiting(st->w, 1);
     int rc = plane_ring_take(r, step, mb, &p, &st->t_wait, err, sizeof(err));
     worker_waiting(st->w, 0);
+    if (st->t_wait > waited)
+        note(st, TRACE_WAIT, t0, util_now());
     if (closed(st, rc))
         return NULL;
     WORKER_CHECK(st->w, rc == 0, "%s", err);
@@ -281,9 +302,11 @@ static void check_ids(stage_t *st, const int32_t *ids, const char *what, int64_t
 static void *recv_slot(stage_t *st, chunk_t *k, plane_link_t l, int64_t step, int mb)
 {
     void *slot;
+    double t0 = util_now();
     worker_waiting(st->w, 1);
     int rc = plane_recv(k->plane, l, step, mb, &slot);
     worker_waiting(st->w, 0);
+    note(st, TRACE_WAIT, t0, util_now());
     if (closed(st, rc))
         return NULL;
     PLANE_CHECK(st, k, rc);
@@ -293,9 +316,11 @@ static void *recv_slot(stage_t *st, chunk_t *k, plane_link_t l, int64_t step, in
 static void *reserve_slot(stage_t *st, chunk_t *k, plane_link_t l, int64_t step, int mb)
 {
     void *slot;
+    double t0 = util_now();
     worker_waiting(st->w, 1);
     int rc = plane_reserve(k->plane, l, step, mb, &slot);
     worker_waiting(st->w, 0);
+    note(st, TRACE_WAIT, t0, util_now());
     if (closed(st, rc))
         return NULL;
     PLANE_CHECK(st, k, rc);
@@ -373,15 +398,19 @@ static void run_step(stage_t *st, int64_t step)
     const sched_action_t *a = st->sched.a[st->rank];
     int n = st->sched.n[st->rank];
     st->aborted = 0;
+    st->nrecs = 0;
     for (int i = 0; i < n && !st->aborted; i++) {
         if (i == n / 2)
             worker_test_point(st->w, "mid", step);
         chunk_t *k = &st->chunk[a[i].chunk];
+        double ta = util_now();
+        st->cur_chunk = a[i].chunk, st->cur_mb = a[i].mb;
         switch (a[i].op) {
         case SCHED_F: loss += forward(st, k, step, a[i].mb); break; /* microbatch order: fixed sum */
         case SCHED_B: backward_b(st, k, step, a[i].mb); break;
         case SCHED_W: backward_w(st, k, a[i].mb); break;
         }
+        note(st, a[i].op, ta, util_now());
         worker_progress(st->w);
     }
     if (st->aborted) { /* the coordinator resets rings and gradients, then sends the step again */
@@ -404,6 +433,11 @@ static void run_step(stage_t *st, int64_t step)
     if (st->be->mem_used(&used) == 0 && used > st->mem_peak)
         st->mem_peak = used;
     double total = util_now() - t0;
+    if (st->recs) { /* the step's timeline, before the reply that ends the round */
+        msg_t tr = {.type = MSG_TRACE, .step = step, .data = (uint8_t *)st->recs,
+                    .data_len = (size_t)st->nrecs * sizeof(trace_rec_t)};
+        WORKER_CHECK(st->w, worker_send(st->w, &tr) == 0, "cannot reach the coordinator");
+    }
     msg_t m = {.type = MSG_STEP_DONE, .step = step, .loss = loss, .t_wait = st->t_wait,
                .t_busy = total - st->t_wait, .mem = st->mem_peak};
     m.t_f = st->n_op[SCHED_F] ? st->t_op[SCHED_F] / st->n_op[SCHED_F] : 0;
@@ -474,6 +508,7 @@ int main(int argc, char **argv)
         ring_detach(&k->tgt_in);
     }
     free(st.chunk);
+    free(st.recs);
     sched_free(&st.sched);
     shm_detach(&st.params);
     shm_detach(&st.grads);

@@ -184,7 +184,7 @@ static void assert_same_manifest(const manifest_t *a, const manifest_t *b)
     D(lr_sched.lr_min);
     S(dataset_path); I(shuffle); I(prefetch); S(command);
     I(shards);
-    I(log_freq); S(metrics_file); D(peak_tflops); I(tb_enable); S(tb_folder);
+    I(log_freq); S(metrics_file); D(peak_tflops); I(tb_enable); S(tb_folder); S(trace_file);
     I(val_enable); S(val_dataset_path); I(val_steps);
     I(sample_tokens); D(sample_temperature);
 #undef S

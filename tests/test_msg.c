@@ -58,6 +58,7 @@ static const struct {
     {MSG_WRITTEN, "written", "step ok text t_busy progress"},
     {MSG_COMMIT, "commit", "step ok text"},
     {MSG_START, "start", "step ok text data"},
+    {MSG_TRACE, "trace", "step data"},
 };
 #define NTYPES (sizeof ttab / sizeof ttab[0])
 

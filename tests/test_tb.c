@@ -492,8 +492,9 @@ static void test_tb_a_run_writes_every_number_of_its_metrics_records(void **stat
     assert_int_equal(nl, 7);
     const ev_t *e = after_start(ev, n, 1, t0, t1);
     assert_events_are_the_records(e, n - 2, lines, nl, t0, t1, 0);
-    /* 9 numbers, the loader's sample count and 3 times for each of 2 stages per step */
-    assert_int_equal(n, 2 + 6 * 16 + 1);
+    /* 11 numbers (the bubble measured and ideal among them), the loader's sample count and 3
+     * times for each of 2 stages per step */
+    assert_int_equal(n, 2 + 6 * 18 + 1);
     assert_string_equal(ev[n - 1].tag, "val_loss");
     assert_int_equal(ev[n - 1].step, 6);
     assert_string_equal(e[0].tag, "loss");
@@ -653,7 +654,7 @@ static void test_tb_tensorboard_reads_the_metrics_files_numbers(void **state)
     tj_name(j, sizeof(j), 't', "board");
     assert_int_equal(relaunched_run(j, names, 4, &t0, &t1), 2);
     assert_int_equal(check_tb(script, j, j, res, sizeof(res)), 0);
-    assert_non_null(strstr(res, "check_tb: 17 tags, "));
+    assert_non_null(strstr(res, "check_tb: 19 tags, "));
     tj_assert_clean(j);
 
     tj_name(nan, sizeof(nan), 't', "bnan");
@@ -664,7 +665,7 @@ static void test_tb_tensorboard_reads_the_metrics_files_numbers(void **state)
     if (rc)
         TJ_FAIL_WITH(res, "status %d", rc);
     assert_int_equal(check_tb(script, nan, nan, res, sizeof(res)), 0);
-    assert_non_null(strstr(res, "check_tb: 16 tags, 64 values")); /* no val_loss */
+    assert_non_null(strstr(res, "check_tb: 18 tags, 72 values")); /* no val_loss */
     char path[PATH_MAX], *at;
     tj_read_metrics(nan, res, sizeof(res));
     assert_non_null(at = strstr(res, "\"loader_sample\": 8,")); /* step 2's: 4 sequences a step */

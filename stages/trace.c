@@ -1,0 +1,139 @@
+/* The run's timeline file (see trace.h). */
+#include "stages/trace.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ipc/util.h"
+
+struct trace {
+    FILE *f;
+    char path[4096];
+    double t0;
+    int events;  /* written since the opening bracket (0: no comma before the next) */
+    int failed;  /* errno of the first failure (0: none) */
+};
+
+/* The end of a file a run before this one wrote: without its closing bracket if it has one
+ * (a run that ended), as it is if it was cut short; *events says whether anything follows "[". */
+static int reopen(trace_t *t, char *err, size_t errlen)
+{
+    if (!(t->f = fopen(t->path, "r+")))
+        return util_fail(err, errlen, -errno, "%s: cannot open: %s", t->path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(t->f), &st) || fseek(t->f, 0, SEEK_END))
+        return util_fail(err, errlen, -errno, "%s: %s", t->path, strerror(errno));
+    long size = (long)st.st_size, keep = size;
+    char tail[4] = "";
+    if (size >= 2 && !fseek(t->f, size - 2, SEEK_SET) && fread(tail, 1, 2, t->f) == 2 && !strncmp(tail, "]\n", 2))
+        keep = size - 2;
+    if (keep != size && ftruncate(fileno(t->f), keep))
+        return util_fail(err, errlen, -errno, "%s: cannot take off its closing bracket: %s", t->path, strerror(errno));
+    if (fseek(t->f, keep, SEEK_SET))
+        return util_fail(err, errlen, -errno, "%s: %s", t->path, strerror(errno));
+    if (keep == 0 && fputs("[\n", t->f) < 0)
+        return util_fail(err, errlen, -EIO, "%s: cannot write", t->path);
+    t->events = keep > 2;
+    return 0;
+}
+
+int trace_open(trace_t **out, const char *path, int append, double t0, char *err, size_t errlen)
+{
+    *out = NULL;
+    trace_t *t = calloc(1, sizeof(*t));
+    if (!t)
+        return util_fail(err, errlen, -ENOMEM, "out of memory");
+    snprintf(t->path, sizeof(t->path), "%s", path);
+    t->t0 = t0;
+    int rc = 0;
+    if (append && access(path, F_OK) == 0)
+        rc = reopen(t, err, errlen);
+    else if (!(t->f = fopen(path, "w")) || fputs("[\n", t->f) < 0)
+        rc = util_fail(err, errlen, -errno ? -errno : -EIO, "%s: cannot create: %s", path, strerror(errno));
+    if (!rc && fflush(t->f))
+        rc = util_fail(err, errlen, -errno, "%s: cannot write: %s", path, strerror(errno));
+    if (rc) {
+        if (t->f)
+            fclose(t->f);
+        free(t);
+        return rc;
+    }
+    *out = t;
+    return 0;
+}
+
+/* The comma between events. */
+static void next(trace_t *t)
+{
+    if (t->events++)
+        fputs(",\n", t->f);
+}
+
+/* s as a JSON string's contents (names are ours: quotes and backslashes are all to mind). */
+static void put_str(FILE *f, const char *s)
+{
+    for (; *s; s++)
+        if (*s == '"' || *s == '\\')
+            fprintf(f, "\\%c", *s);
+        else if ((unsigned char)*s >= 0x20)
+            fputc(*s, f);
+}
+
+void trace_process(trace_t *t, int64_t pid, const char *name, int sort)
+{
+    if (!t)
+        return;
+    next(t);
+    fprintf(t->f, "{\"ph\": \"M\", \"name\": \"process_name\", \"pid\": %lld, \"tid\": 0, \"args\": {\"name\": \"",
+            (long long)pid);
+    put_str(t->f, name);
+    fputs("\"}}", t->f);
+    next(t);
+    fprintf(t->f, "{\"ph\": \"M\", \"name\": \"process_sort_index\", \"pid\": %lld, \"tid\": 0, \"args\": "
+            "{\"sort_index\": %d}}", (long long)pid, sort);
+    static const char *const threads[] = {"actions", "ideal (simulated)"};
+    for (int i = 0; i < 2; i++) {
+        next(t);
+        fprintf(t->f, "{\"ph\": \"M\", \"name\": \"thread_name\", \"pid\": %lld, \"tid\": %d, \"args\": "
+                "{\"name\": \"%s\"}}", (long long)pid, i + 1, threads[i]);
+    }
+}
+
+void trace_span(trace_t *t, int64_t pid, int tid, const char *name, const char *cat, double t0, double t1,
+                const char *args)
+{
+    if (!t)
+        return;
+    next(t);
+    fprintf(t->f, "{\"ph\": \"X\", \"name\": \"");
+    put_str(t->f, name);
+    fprintf(t->f, "\", \"cat\": \"%s\", \"pid\": %lld, \"tid\": %d, \"ts\": %.3f, \"dur\": %.3f", cat,
+            (long long)pid, tid, (t0 - t->t0) * 1e6, (t1 > t0 ? t1 - t0 : 0) * 1e6);
+    if (args)
+        fprintf(t->f, ", \"args\": {%s}", args);
+    fputc('}', t->f);
+}
+
+int trace_flush(trace_t *t, char *err, size_t errlen)
+{
+    if (!t->failed && (ferror(t->f) || fflush(t->f)))
+        t->failed = errno ? errno : EIO;
+    if (t->failed)
+        return util_fail(err, errlen, -t->failed, "%s: cannot write: %s", t->path, strerror(t->failed));
+    return 0;
+}
+
+void trace_close(trace_t **pt)
+{
+    trace_t *t = *pt;
+    if (!t)
+        return;
+    fputs("\n]\n", t->f);
+    fclose(t->f);
+    free(t);
+    *pt = NULL;
+}

@@ -1,0 +1,60 @@
+/* A timeline of a run (issue 14, `[profiling] trace_file`): a Chrome trace-event file in the
+ * JSON array format, which Perfetto (ui.perfetto.dev) and chrome://tracing open. The
+ * coordinator writes it as steps end, one process track per job process:
+ *
+ *   stage R (replica P)   track "actions": every F, B and W of every step at the times the
+ *                         stage measured (one CLOCK_MONOTONIC for every process of a host), the
+ *                         waits on its rings and the loader's inside them; track "ideal": the
+ *                         schedule simulated with the step's measured action times, from the
+ *                         step's start (stages/schedule.h sched_simulate)
+ *   coordinator           each step, and its REDUCE and UPDATE rounds
+ *   optshard K            its reduce, update and snapshot work (as long as it said it took,
+ *                         ending when its reply came)
+ *   checkpointd           each checkpoint's write
+ *
+ * Times are microseconds from the run's start. The closing bracket is written when the run
+ * ends; a file cut short (a killed coordinator) still opens, as the format allows, and a
+ * supervisor's relaunch appends its run to the same file. Stages send their records
+ * (trace_rec_t) in MSG_TRACE before their STEP_DONE. */
+#ifndef CTITAN_TRACE_H
+#define CTITAN_TRACE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define TRACE_WAIT 3 /* a record's op beside SCHED_F, SCHED_B, SCHED_W: the stage waited */
+#define TRACE_RECS_MAX 16384 /* records of one stage's step (MSG_TRACE's data) */
+
+/* One interval of a stage's step, as MSG_TRACE carries it (native byte order: both ends are
+ * one host's processes). */
+typedef struct {
+    uint8_t op;     /* SCHED_F, SCHED_B, SCHED_W, or TRACE_WAIT */
+    uint8_t chunk;  /* the virtual stage's chunk on its rank */
+    uint16_t pad;
+    int32_t mb;     /* microbatch (-1 for a wait outside an action) */
+    double t0, t1;  /* util_now() */
+} trace_rec_t;
+
+typedef struct trace trace_t;
+
+/* Opens path for the run that starts at util_now() time t0: a new file, or (append, a
+ * relaunch) the end of the one a run before this one wrote, its closing bracket taken off.
+ * Returns 0, or -errno with "PATH: ..." and the reason in err. */
+int trace_open(trace_t **out, const char *path, int append, double t0, char *err, size_t errlen);
+
+/* Names process `pid`'s track (once per pid; `sort` orders the tracks) and its two threads. */
+void trace_process(trace_t *t, int64_t pid, const char *name, int sort);
+
+/* A slice [t0, t1] (util_now() times) on thread `tid` (1 actions, 2 ideal) of process pid:
+ * its name, its category, and `args` (a JSON object's members, e.g. "\"step\": 3", or NULL). */
+void trace_span(trace_t *t, int64_t pid, int tid, const char *name, const char *cat, double t0, double t1,
+                const char *args);
+
+/* Writes what is buffered to the file. Returns 0, or -errno with "PATH: ..." in err; after a
+ * failure the writer stays failed (each later call says so again). */
+int trace_flush(trace_t *t, char *err, size_t errlen);
+
+/* The closing bracket, then closes the file and frees *t (NULL: nothing); *t = NULL. */
+void trace_close(trace_t **t);
+
+#endif

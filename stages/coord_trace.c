@@ -110,6 +110,8 @@ void coord_trace_step(coord_t *c, const double (*t)[3])
     int ok = start != NULL;
     for (int r = 0; ok && r < s->pp; r++)
         ok = (start[r] = malloc((size_t)s->n[r] * sizeof(double))) != NULL;
+    char args[48];
+    snprintf(args, sizeof(args), "\"step\": %lld", (long long)c->step + 1);
     if (ok && sched_simulate(s, t, 0, start) >= 0)
         for (int rep = 0; rep < c->m->dp; rep++)
             for (int r = 0; r < s->pp; r++) {
@@ -122,7 +124,7 @@ void coord_trace_step(coord_t *c, const double (*t)[3])
                     char name[32];
                     double b = c->round_t0 + start[r][i];
                     trace_span(c->trace, p->pid, 2, action_name(c, a->op, a->chunk, a->mb, name, sizeof(name)),
-                               "ideal", b, b + t[r][a->op], NULL);
+                               "ideal", b, b + t[r][a->op], args);
                 }
             }
     for (int r = 0; start && r < s->pp; r++)

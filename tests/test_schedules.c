@@ -12,9 +12,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <cmocka.h>
 
+#include "stages/schedule.h"
 #include "tests/testjob.h"
 
 static int setup(void **state) { return tj_setup("scheds"); }
@@ -146,6 +148,160 @@ static void test_schedules_a_checkpoint_resumes_under_another_schedule_bitwise(v
     }
 }
 
+/* ---- the timeline ---- */
+
+typedef struct {
+    char name[32], cat[16];
+    long long pid;
+    int tid, step;
+    double ts, dur;
+} ev_t;
+
+#define MAX_EV 20000
+
+/* The trace's slices (one per line, as stages/trace.c writes them) and its stage tracks:
+ * pids[replica * pp + rank]. Returns the number of slices. */
+static int read_trace(const char *path, ev_t *ev, long long *pids, int pp)
+{
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char line[1024];
+    int n = 0;
+    while (fgets(line, sizeof(line), f)) {
+        int r, rep;
+        long long pid;
+        char *name = strstr(line, "\"name\": \"process_name\"");
+        if (name && sscanf(line, "{\"ph\": \"M\", \"name\": \"process_name\", \"pid\": %lld", &pid) == 1 &&
+            strstr(line, "stage rank ") &&
+            sscanf(strstr(line, "stage rank "), "stage rank %d replica %d", &r, &rep) == 2)
+            pids[rep * pp + r] = pid;
+        ev_t e = {.step = -1};
+        if (n < MAX_EV && sscanf(line, "{\"ph\": \"X\", \"name\": \"%31[^\"]\", \"cat\": \"%15[^\"]\", \"pid\": %lld, "
+                                 "\"tid\": %d, \"ts\": %lf, \"dur\": %lf", e.name, e.cat, &e.pid, &e.tid, &e.ts,
+                                 &e.dur) == 6) {
+            char *st = strstr(line, "\"step\": ");
+            if (st)
+                e.step = atoi(st + 8);
+            ev[n++] = e;
+        }
+    }
+    fclose(f);
+    return n;
+}
+
+/* A ZBVZeroBubble job traced: the file is a JSON array; on every stage's track each step's
+ * actions are the schedule's list for its rank, in order and one after another, every wait
+ * lies inside an action, and the ideal track has the same actions; the coordinator's three
+ * rounds per step are there; each step's record has the bubble, measured and ideal. */
+static void test_schedules_the_trace_holds_every_action_in_the_schedules_order(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16], text[1 << 20];
+    static ev_t ev[MAX_EV];
+    char j[32], args[1024], path[256];
+    job_name(j, sizeof(j), "trace");
+    snprintf(path, sizeof(path), "%s/%s.trace.json", tj_dir, j);
+    snprintf(args, sizeof(args), BASE "--training.steps 3 --parallelism.pipeline_parallel_schedule ZBVZeroBubble "
+             "--profiling.trace_file %s", path);
+    int rc = tj_launch("", 180, j, args, out, sizeof(out));
+    if (rc)
+        TJ_FAIL_WITH(out, "status %d", rc);
+    tu_read_file(path, text, sizeof(text));
+    assert_true(!strncmp(text, "[\n", 2));
+    assert_non_null(strstr(text + strlen(text) - 3, "\n]\n"));
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "python3 -c 'import json, sys; e = json.load(open(sys.argv[1])); print(len(e))' %s 2>&1",
+             path);
+    if (tu_run("command -v python3 >/dev/null", out, sizeof(out)) == 0) /* a JSON reader agrees */
+        assert_int_equal(tu_run(cmd, out, sizeof(out)), 0);
+    long long pids[2] = {0, 0};
+    int n = read_trace(path, ev, pids, 2);
+    assert_true(pids[0] > 0 && pids[1] > 0);
+    sched_t s;
+    char err[256];
+    assert_int_equal(sched_build(&s, 2, 2, 8, SCHED_ZBV, err, sizeof(err)), 0);
+    int rounds = 0;
+    for (int i = 0; i < n; i++)
+        rounds += !strcmp(ev[i].cat, "round");
+    assert_int_equal(rounds, 3 * 3);
+    for (int r = 0; r < 2; r++)
+        for (int step = 1; step <= 3; step++) {
+            int k = 0, ideal = 0;
+            double end = 0;
+            for (int i = 0; i < n; i++) {
+                if (ev[i].pid != pids[r] || ev[i].step != step)
+                    continue;
+                if (ev[i].tid == 2) {
+                    ideal++;
+                    continue;
+                }
+                if (!strcmp(ev[i].cat, "wait")) { /* inside an action of the same stage */
+                    int inside = 0;
+                    for (int a = 0; a < n && !inside; a++)
+                        inside = ev[a].pid == ev[i].pid && ev[a].tid == 1 && strcmp(ev[a].cat, "wait") &&
+                                 strcmp(ev[a].cat, "round") && ev[a].ts <= ev[i].ts + 1 &&
+                                 ev[i].ts + ev[i].dur <= ev[a].ts + ev[a].dur + 1;
+                    if (!inside)
+                        fail_msg("stage %d step %d: a wait at %.3f us lies in no action", r, step, ev[i].ts);
+                    continue;
+                }
+                assert_true(k < s.n[r]);
+                const sched_action_t *a = &s.a[r][k++];
+                char want[32];
+                snprintf(want, sizeof(want), "%c%d c%d", "FBW"[a->op], a->mb, a->chunk);
+                if (strcmp(ev[i].name, want))
+                    fail_msg("stage %d step %d action %d: %s, the schedule says %s", r, step, k - 1, ev[i].name, want);
+                assert_true(ev[i].ts >= end - 1); /* one after another (1 us of rounding) */
+                end = ev[i].ts + ev[i].dur;
+            }
+            assert_int_equal(k, s.n[r]);
+            assert_int_equal(ideal, s.n[r]);
+        }
+    sched_free(&s);
+    static tj_metrics_t mt;
+    tj_parse_metrics(j, &mt);
+    assert_int_equal(mt.n, 3);
+    tj_read_metrics(j, text, sizeof(text));
+    for (const char *p = text; (p = strstr(p, "\"bubble\": ")); p++) {
+        double b = atof(p + 10), i = atof(strstr(p, "\"bubble_ideal\": ") + 16);
+        assert_true(b >= 0 && b < 1 && i >= 0 && i < 1);
+    }
+    assert_int_equal(tj_count(text, "\"bubble_ideal\": "), 3);
+    tj_assert_clean(j);
+}
+
+/* A coordinator killed -9 mid-run: the relaunch appends its run to the same trace file, which
+ * still ends as a JSON array. */
+static void test_schedules_a_relaunch_appends_to_the_trace(void **state)
+{
+    TU_NEED_BIN();
+    static char text[1 << 21];
+    char j[32], args[1024], path[256];
+    job_name(j, sizeof(j), "trrelaunch");
+    snprintf(path, sizeof(path), "%s/%s.trace.json", tj_dir, j);
+    snprintf(args, sizeof(args), BASE "--training.steps 40 --job.restart_backoff_ms 0 --profiling.trace_file %s",
+             path);
+    pid_t pid = tj_launch_bg(j, args);
+    assert_int_equal(tj_wait_step(j, 3, 60), 0);
+    pid_t coord = tu_descendant_named(pid, "ctitan-coord");
+    assert_true(coord > 0);
+    kill(coord, SIGKILL);
+    int rc = tu_reap(pid, 120, NULL);
+    tj_read_out(j, text, sizeof(text));
+    if (rc || !strstr(text, "\nrestart 1 "))
+        TJ_FAIL_WITH(text, "status %d", rc);
+    tu_read_file(path, text, sizeof(text));
+    assert_true(!strncmp(text, "[\n", 2));
+    assert_non_null(strstr(text + strlen(text) - 3, "\n]\n"));
+    assert_true(tj_count(text, "\"name\": \"coordinator\"") == 2); /* both runs' tracks */
+    assert_true(tj_count(text, "\"name\": \"update\", \"cat\": \"round\"") > 40); /* steps 1.. twice over */
+    char cmd[512], out[256];
+    snprintf(cmd, sizeof(cmd), "python3 -c 'import json, sys; json.load(open(sys.argv[1]))' %s 2>&1", path);
+    if (tu_run("command -v python3 >/dev/null", out, sizeof(out)) == 0)
+        assert_int_equal(tu_run(cmd, out, sizeof(out)), 0);
+    tj_assert_clean(j);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -153,6 +309,8 @@ int main(void)
         cmocka_unit_test(test_schedules_the_banner_names_the_stages_per_rank),
         cmocka_unit_test(test_schedules_a_stage_killed_mid_step_of_an_interleaved_schedule_is_replaced_bitwise),
         cmocka_unit_test(test_schedules_a_checkpoint_resumes_under_another_schedule_bitwise),
+        cmocka_unit_test(test_schedules_the_trace_holds_every_action_in_the_schedules_order),
+        cmocka_unit_test(test_schedules_a_relaunch_appends_to_the_trace),
     };
     if (getenv("CTITAN_TEST_ONLY")) /* a pattern: run only the tests it matches ("*killed*") */
         cmocka_set_test_filter(getenv("CTITAN_TEST_ONLY"));

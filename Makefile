@@ -71,7 +71,7 @@ ifeq ($(CUDA),1)
 ALL += $(GPU_TESTS) $(CUDA_SO)
 endif
 
-.PHONY: all test test-asan asan fuzzers fuzz-bins fuzz test-fuzz fuzz-seeds test-gpu bench bench-gpu bench-recover demo clean deps
+.PHONY: all test test-asan asan fuzzers fuzz-bins fuzz test-fuzz fuzz-seeds test-gpu bench bench-gpu bench-recover bench-schedules demo clean deps
 all: $(ALL)
 
 # Installs missing Debian packages (as root) before anything compiles.
@@ -277,6 +277,7 @@ test-gpu: all
 bench: $(BUILD)/bin/ctitan
 	$(BUILD)/bin/ctitan bench
 
+
 # ctitan on one GPU against PyTorch (tools/bench_gpu.sh); says so and stops without a GPU.
 bench-gpu: all
 	bash tools/bench_gpu.sh
@@ -289,6 +290,10 @@ demo: $(DEMO_BINS)
 # recovery (issue 13): the demo undisturbed and with a kill -9 every 20 steps (tools/bench_recover.sh)
 bench-recover: $(DEMO_BINS)
 	bash tools/bench_recover.sh
+
+# every pipeline schedule at pp 1, 2 and 4 (the schedules section of make bench alone)
+bench-schedules: $(DEMO_BINS)
+	$(BUILD)/bin/ctitan bench --schedules
 
 clean:
 	rm -rf $(BUILD)

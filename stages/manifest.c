@@ -175,6 +175,78 @@ static void balanced_split(const size_t *w, int P, int k, int *start, size_t *pr
     start[k] = P;
 }
 
+size_t manifest_piece_cost(const manifest_t *m, const param_table_t *tab, int piece)
+{
+    size_t b, e;
+    params_piece_range(tab, piece, piece + 1, &b, &e);
+    if (piece == 0) /* the embedding: a lookup */
+        return 0;
+    if (piece == m->model.n_layers + 1) /* the norm and the head */
+        return e - b;
+    return (e - b) + (size_t)m->seq_len * m->model.dim; /* a layer: causal attention's half of 2 T D */
+}
+
+#define RANK_SPLITS_MAX 2000000 /* splits tried one by one for several stages per rank; more: per stage */
+
+/* The rank that holds virtual stage v of S (as sched_vstage places them: loop or V). */
+static int rank_of(const manifest_t *m, int v, int S)
+{
+    if (sched_kind_placement(m->schedule) == SCHED_V)
+        return v < m->pp ? v : S - 1 - v;
+    return v % m->pp;
+}
+
+/* Binomial C(n, k), saturating at limit + 1. */
+static double splits(int n, int k, double limit)
+{
+    double c = 1;
+    for (int i = 1; i <= k && c <= limit; i++)
+        c = c * (n - k + i) / i;
+    return c;
+}
+
+/* Several virtual stages per rank: the contiguous split of w[0, P) into S stages whose largest
+ * rank (the sum of its stages' costs) is least, then whose largest stage is, then the earliest,
+ * found by trying every split (at most RANK_SPLITS_MAX of them; returns -1 beyond). */
+static int rank_balanced_split(const manifest_t *m, const size_t *w, int P, int S, int *best)
+{
+    if (splits(P - 1, S - 1, RANK_SPLITS_MAX) > RANK_SPLITS_MAX)
+        return -1;
+    size_t pre[MANIFEST_MAX_PP * 4 + 3], rank[MANIFEST_MAX_PP], best_rank = SIZE_MAX, best_stage = SIZE_MAX;
+    int start[MANIFEST_MAX_PP + 1];
+    if (P + 1 > (int)(sizeof(pre) / sizeof(pre[0])))
+        return -1;
+    pre[0] = 0;
+    for (int i = 0; i < P; i++)
+        pre[i + 1] = pre[i] + w[i];
+    for (int s = 0; s < S; s++)
+        start[s] = s;
+    start[S] = P;
+    for (;;) {
+        size_t worst_rank = 0, worst_stage = 0;
+        memset(rank, 0, sizeof(size_t) * (size_t)m->pp);
+        for (int s = 0; s < S; s++) {
+            size_t c = pre[start[s + 1]] - pre[start[s]];
+            worst_stage = c > worst_stage ? c : worst_stage;
+            size_t *r = &rank[rank_of(m, s, S)];
+            *r += c;
+            worst_rank = *r > worst_rank ? *r : worst_rank;
+        }
+        if (worst_rank < best_rank || (worst_rank == best_rank && worst_stage < best_stage)) {
+            best_rank = worst_rank, best_stage = worst_stage;
+            memcpy(best, start, sizeof(int) * (size_t)(S + 1));
+        }
+        int s = S - 1; /* the next starts 1 .. S-1 in lexicographic order */
+        while (s >= 1 && start[s] == P - (S - s))
+            s--;
+        if (s < 1)
+            return 0;
+        start[s]++;
+        for (int t = s + 1; t < S; t++)
+            start[t] = start[t - 1] + 1;
+    }
+}
+
 int manifest_vstages(const manifest_t *m)
 {
     if (m->layers_per_stage > 0 && m->pp > 0)
@@ -215,13 +287,11 @@ int manifest_stage_pieces(const manifest_t *m, int stage, int *p0, int *p1)
     param_table_t tab;
     int rc = w && need && !params_table_init(&tab, &m->model) ? 0 : -ENOMEM;
     if (!rc) {
-        for (int i = 0; i < P; i++) {
-            size_t b, e;
-            params_piece_range(&tab, i, i + 1, &b, &e);
-            w[i] = e - b;
-        }
+        for (int i = 0; i < P; i++)
+            w[i] = manifest_piece_cost(m, &tab, i);
         params_table_free(&tab);
-        balanced_split(w, P, k, start, w + P, need);
+        if (k == m->pp || rank_balanced_split(m, w, P, k, start)) /* one stage per rank: the ranks' own */
+            balanced_split(w, P, k, start, w + P, need);
         *p0 = start[stage];
         *p1 = start[stage + 1];
     }

@@ -34,6 +34,7 @@
 
 #include "kernels/config.h"
 #include "kernels/lr.h"
+#include "kernels/params.h"
 #include "stages/schedule.h"
 
 #define MANIFEST_MAX_PP 64
@@ -216,10 +217,18 @@ static inline int manifest_snapshots(const manifest_t *m) { return m->ckpt_enabl
 /* Pieces [*p0, *p1) of virtual stage `stage` (0 .. pp x manifest_vstages - 1; with one stage per
  * rank, the rank) of a validated manifest: layers_per_stage layers each (the embedding with the
  * first, the norm and head with the last), or from the split points (piece = layer + 1), or
- * balanced: the contiguous split of the pieces' parameter counts that minimises the largest
- * stage (ties: the earliest such split). Returns 0 or -ENOMEM (never a different split: every
- * process must find the same one). */
+ * balanced by compute (manifest_piece_cost): with one stage per rank the contiguous split that
+ * minimises the largest stage (ties: the earliest such split); with several, the split whose
+ * busiest rank (its stages together, as the schedule places them) is least, then its largest
+ * stage, then the earliest, tried one by one up to 2,000,000 splits, past which each stage is
+ * balanced on its own. Returns 0 or -ENOMEM (never a different split: every process must find
+ * the same one). */
 int manifest_stage_pieces(const manifest_t *m, int stage, int *p0, int *p1);
+/* What the balanced split weighs piece i by: multiply-adds per token of its forward (the
+ * embedding is a lookup: 0; a layer its weights plus causal attention's T x D; the head its
+ * weights): compute, not parameters, which would put the embedding's many cheap ones on a par
+ * with a layer. */
+size_t manifest_piece_cost(const manifest_t *m, const param_table_t *tab, int piece);
 /* Virtual stages per pipeline rank: n_layers / layers_per_stage / pp when layers_per_stage is
  * given, else the schedule's default (sched_kind_vstages: 1 for GPipe and 1F1B, 2 for the
  * interleaved and V kinds). The pipeline then has pp x this

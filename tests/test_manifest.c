@@ -988,11 +988,8 @@ static void test_manifest_stage_pieces_balanced_matches_brute_force(void **state
         param_table_t tab;
         assert_int_equal(params_table_init(&tab, &m.model), 0);
         size_t w[64];
-        for (int i = 0; i < P; i++) {
-            size_t b, e;
-            params_piece_range(&tab, i, i + 1, &b, &e);
-            w[i] = e - b;
-        }
+        for (int i = 0; i < P; i++)
+            w[i] = manifest_piece_cost(&m, &tab, i);
         params_table_free(&tab);
         for (int pp = 1; pp <= P; pp++) {
             char v[16];
@@ -1009,6 +1006,94 @@ static void test_manifest_stage_pieces_balanced_matches_brute_force(void **state
                              s, p0, p1, want[s], want[s + 1]);
             }
         }
+    }
+}
+
+/* The compute the balanced split weighs: nothing for the embedding, a layer's weights and its
+ * attention's T x D, the head's weights. */
+static void test_manifest_piece_costs_are_compute_not_parameters(void **state)
+{
+    manifest_t m;
+    parse_ok(&m, "[model]\nflavor = \"debugmodel\"\n[training]\nseq_len = 128\n");
+    validate_ok(&m);
+    param_table_t tab;
+    assert_int_equal(params_table_init(&tab, &m.model), 0);
+    size_t b, e;
+    assert_int_equal(manifest_piece_cost(&m, &tab, 0), 0);
+    params_piece_range(&tab, 1, 2, &b, &e);
+    assert_int_equal(manifest_piece_cost(&m, &tab, 1), e - b + 128 * 256);
+    params_piece_range(&tab, 7, 8, &b, &e);
+    assert_int_equal(manifest_piece_cost(&m, &tab, 7), e - b);
+    params_table_free(&tab);
+}
+
+/* Several stages per rank: the split's busiest rank (its stages together, as the schedule
+ * places them) is the least any contiguous split has, found by trying them all here too. */
+static void test_manifest_stage_pieces_balance_ranks_of_several_stages(void **state)
+{
+    static const struct {
+        const char *schedule;
+        int pp, layers;
+    } cases[] = {{"ZBVZeroBubble", 2, 6}, {"DualPipeV", 2, 9}, {"Interleaved1F1B", 2, 6}, {"ZBVZeroBubble", 3, 10},
+                 {"Interleaved1F1B", 3, 12}};
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        manifest_t m;
+        char text[512];
+        snprintf(text, sizeof(text), "[model]\nflavor = \"debugmodel\"\nn_layers = %d\n[training]\nlocal_batch_size = "
+                 "12\n[parallelism]\npipeline_parallel_degree = %d\npipeline_parallel_schedule = \"%s\"\n"
+                 "pipeline_parallel_microbatches = 12\n", cases[c].layers, cases[c].pp, cases[c].schedule);
+        parse_ok(&m, text);
+        validate_ok(&m);
+        int pp = m.pp, S = pp * manifest_vstages(&m), P = m.model.n_layers + 2, V = !strcmp(cases[c].schedule, "ZBVZeroBubble") ||
+                                                                        !strcmp(cases[c].schedule, "DualPipeV");
+        param_table_t tab;
+        assert_int_equal(params_table_init(&tab, &m.model), 0);
+        size_t w[64], rank[8];
+        for (int i = 0; i < P; i++)
+            w[i] = manifest_piece_cost(&m, &tab, i);
+        params_table_free(&tab);
+        /* the split found */
+        memset(rank, 0, sizeof(rank));
+        int prev = 0;
+        for (int s = 0; s < S; s++) {
+            int p0, p1;
+            assert_int_equal(manifest_stage_pieces(&m, s, &p0, &p1), 0);
+            assert_int_equal(p0, prev);
+            assert_true(p1 > p0);
+            prev = p1;
+            for (int i = p0; i < p1; i++)
+                rank[V ? (s < pp ? s : S - 1 - s) : s % pp] += w[i];
+        }
+        assert_int_equal(prev, P);
+        size_t got = 0, least = SIZE_MAX;
+        for (int r = 0; r < pp; r++)
+            got = rank[r] > got ? rank[r] : got;
+        /* every contiguous split: S - 1 cuts among P - 1 gaps */
+        int start[16];
+        for (int s = 0; s < S; s++)
+            start[s] = s;
+        start[S] = P;
+        for (;;) {
+            memset(rank, 0, sizeof(rank));
+            size_t worst = 0;
+            for (int s = 0; s < S; s++)
+                for (int i = start[s]; i < start[s + 1]; i++)
+                    rank[V ? (s < pp ? s : S - 1 - s) : s % pp] += w[i];
+            for (int r = 0; r < pp; r++)
+                worst = rank[r] > worst ? rank[r] : worst;
+            least = worst < least ? worst : least;
+            int s = S - 1;
+            while (s >= 1 && start[s] == P - (S - s))
+                s--;
+            if (s < 1)
+                break;
+            start[s]++;
+            for (int t = s + 1; t < S; t++)
+                start[t] = start[t - 1] + 1;
+        }
+        if (got != least)
+            fail_msg("%s pp %d, %d layers: the busiest rank costs %zu, the best split's %zu", cases[c].schedule, pp,
+                     cases[c].layers, got, least);
     }
 }
 
@@ -1333,6 +1418,8 @@ int main(void)
         cmocka_unit_test(test_manifest_validate_fills_derived_defaults),
         cmocka_unit_test(test_manifest_stage_pieces_follow_split_points),
         cmocka_unit_test(test_manifest_stage_pieces_balanced_matches_brute_force),
+        cmocka_unit_test(test_manifest_piece_costs_are_compute_not_parameters),
+        cmocka_unit_test(test_manifest_stage_pieces_balance_ranks_of_several_stages),
         cmocka_unit_test(test_manifest_stage_pieces_cover_all_pieces_contiguously),
         cmocka_unit_test(test_manifest_shard_ranges_cover_aligned_balanced),
         cmocka_unit_test(test_manifest_round_trips_through_toml),

@@ -20,6 +20,7 @@
 typedef struct {
     int n;
     double step[MAX_STEPS], ctl[MAX_STEPS], opt[MAX_STEPS], mfu[MAX_STEPS], tps[MAX_STEPS];
+    double bubble[MAX_STEPS], mem[MAX_STEPS];
     double act[MAX_PP][3][MAX_STEPS]; /* per rank: F, B, W ms */
 } runs_t;
 
@@ -62,6 +63,8 @@ static int read_metrics(const char *path, int pp, runs_t *r)
         r->opt[i] = field(line, "\"optimizer_ms\": ");
         r->mfu[i] = field(line, "\"mfu\": ");
         r->tps[i] = field(line, "\"tokens_per_s\": ");
+        r->bubble[i] = field(line, "\"bubble\": ");
+        r->mem[i] = field(line, "\"mem_peak_bytes\": ");
         const char *p = strstr(line, "\"stage_ms\": [");
         for (int s = 0; p && s < pp; s++) {
             p = strchr(p + (s ? 1 : 13), '[');
@@ -202,6 +205,99 @@ int bench_pipeline(double peak_gflops, int quick)
                    "**%.2f ms** (median of 59), of which %.2f ms is outside any process's own work.\n\n",
                    median(r.step, r.n), median(r.ctl, r.n));
     }
+    char cmd[PATH_MAX + 16];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    (void)!system(cmd);
+    return rc ? -1 : 0;
+}
+
+/* One row of the schedules table: the job of (kind, pp, M) with the kind's default stages per
+ * rank, against its own ideal (the schedule simulated with the stages' measured action times,
+ * plus the optimizer rounds) and, for the bubble, against the same schedule with equal action
+ * times (its theory). *step_ms and *bubble receive the row's medians. A combination the
+ * schedule refuses is a row that says why. */
+static int schedule_row(const char *exe, const char *dir, sched_kind_t kind, int pp, int M, int steps,
+                        double peak_gflops, double *step_ms, double *bubble)
+{
+    int lo, hi, v;
+    char err[256], extra[512];
+    *step_ms = *bubble = 0;
+    sched_kind_vstages(kind, &lo, &hi, &v);
+    if (sched_kind_check(kind, pp, v, M, err, sizeof(err))) {
+        printf("| %s | %d | %d | %d | refused: %s | | | | | | | |\n", sched_kind_name(kind), pp, M, v, err);
+        return 0;
+    }
+    snprintf(extra, sizeof(extra),
+             "--training.steps %d --parallelism.pipeline_parallel_degree %d --parallelism.pipeline_parallel_microbatches "
+             "%d --parallelism.pipeline_parallel_schedule %s --metrics.peak_tflops %g",
+             steps, pp, M, sched_kind_name(kind), peak_gflops * 1e-3);
+    runs_t r;
+    if (run_job(exe, dir, extra, pp, &r))
+        return -1;
+    double t[MAX_PP][3], eq[MAX_PP][3];
+    for (int s = 0; s < pp; s++)
+        for (int op = 0; op < 3; op++) {
+            t[s][op] = median(r.act[s][op], r.n) * 1e-3;
+            eq[s][op] = 1;
+        }
+    sched_t sc;
+    if (sched_build(&sc, pp, v, M, kind, err, sizeof(err)))
+        return -1;
+    double opt = median(r.opt, r.n), ideal = sched_simulate(&sc, (const double (*)[3])t, 0, NULL) * 1e3 + opt;
+    double theory = sched_bubble(&sc, (const double (*)[3])eq, 0), simulated = sched_bubble(&sc, (const double (*)[3])t, 0);
+    int acts = 0;
+    for (int s = 0; s < pp; s++)
+        acts = sched_peak_acts(&sc, s, -1) > acts ? sched_peak_acts(&sc, s, -1) : acts;
+    sched_free(&sc);
+    *step_ms = median(r.step, r.n);
+    *bubble = median(r.bubble, r.n);
+    printf("| %s | %d | %d | %d | %.0f | %.0f | %.3f | %.1f%% | %.1f%% | %.1f%% | %d | %.0f |\n",
+           sched_kind_name(kind), pp, M, v, *step_ms, ideal, *step_ms / ideal, 100 * *bubble, 100 * simulated,
+           100 * theory, acts, median(r.mem, r.n) / 1048576.0);
+    fflush(stdout);
+    return 0;
+}
+
+int bench_schedules(double peak_gflops, int quick)
+{
+    char dir[] = "/tmp/ctitan-bench-XXXXXX", exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (n <= 0 || !mkdtemp(dir))
+        return -1;
+    exe[n] = 0;
+    int rc = write_inputs(dir), steps = quick ? 4 : 8;
+    static const sched_kind_t kinds[] = {SCHED_GPIPE, SCHED_1F1B, SCHED_INTERLEAVED_1F1B, SCHED_INTERLEAVED_ZB,
+                                         SCHED_ZBV, SCHED_DUALPIPEV};
+    printf("## pipeline schedules (`ctitan launch`, debugmodel 6.2M, 8 x 256 tokens per step, each schedule's "
+           "default virtual stages per rank, 2 optimizer shards, on %ld CPUs)\n\n", sysconf(_SC_NPROCESSORS_ONLN));
+    printf("Ideal: the schedule's action lists simulated with the action times its stages measured in the same "
+           "job (medians over steps 2..%d), plus the optimizer rounds. Bubble: the stages' idle share of their "
+           "step, measured (the metrics' `bubble`), simulated with the measured times, and in theory (equal F, B "
+           "and W times). Kept: the most microbatches a rank keeps the activations of (forward done, weight "
+           "gradients not yet: sched_peak_acts, over its chunks). RSS: the largest stage process's peak resident "
+           "set, activations, weights and gradients together.\n\n", steps);
+    printf("| schedule | pp | microbatches | stages per rank | step ms | ideal ms | measured / ideal | bubble "
+           "measured | bubble simulated | bubble theory | kept | RSS MiB |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    double pp1[9] = {0}, best[9] = {0}, f1b[9] = {0}, zb_bubble[9] = {0}, f1b_bubble[9] = {0}, step, bubble;
+    const char *best_name[9] = {0};
+    for (int M = 1; M <= 8 && !rc; M *= 2)
+        rc = schedule_row(exe, dir, SCHED_1F1B, 1, M, steps, peak_gflops, &pp1[M], &bubble);
+    for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]) && !rc; k++)
+        for (int M = 1; M <= 8 && !rc; M *= 2) {
+            rc = schedule_row(exe, dir, kinds[k], 2, M, steps, peak_gflops, &step, &bubble);
+            if (kinds[k] == SCHED_1F1B)
+                f1b[M] = step, f1b_bubble[M] = bubble;
+            int zero_bubble = kinds[k] == SCHED_INTERLEAVED_ZB || kinds[k] == SCHED_ZBV || kinds[k] == SCHED_DUALPIPEV;
+            if (zero_bubble && step > 0 && (best[M] == 0 || step < best[M]))
+                best[M] = step, zb_bubble[M] = bubble, best_name[M] = sched_kind_name(kinds[k]);
+        }
+    for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]) && !rc && !quick; k++) /* 4 ranks on these CPUs */
+        rc = schedule_row(exe, dir, kinds[k], 4, 8, steps, peak_gflops, &step, &bubble);
+    if (!rc && best[8] > 0 && pp1[8] > 0 && f1b[8] > 0)
+        printf("\nAt 8 microbatches, pp 2: the best zero-bubble schedule (%s) takes %.3f x pp 1's step time "
+               "(1F1B: %.3f x), and its measured bubble is %.0f%% of 1F1B's.\n\n", best_name[8], best[8] / pp1[8],
+               f1b[8] / pp1[8], f1b_bubble[8] > 0 ? 100 * zb_bubble[8] / f1b_bubble[8] : 0.0);
     char cmd[PATH_MAX + 16];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
     (void)!system(cmd);

@@ -52,6 +52,7 @@ typedef struct {
     int threads;
     int quick;
     int ckpt_only;        /* --checkpoints: only the checkpoint section */
+    int sched_only;       /* --schedules: only the schedules section */
     double peak;          /* GFLOP/s */
 } bench_t;
 
@@ -208,6 +209,8 @@ int cmd_bench(int argc, char **argv)
             b.quick = 1;
         } else if (!strcmp(argv[i], "--checkpoints")) {
             b.ckpt_only = 1;
+        } else if (!strcmp(argv[i], "--schedules")) {
+            b.sched_only = 1;
         } else if (!strcmp(argv[i], "--gpu-peak")) {
             return gpu_peak();
         } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
@@ -217,11 +220,12 @@ int cmd_bench(int argc, char **argv)
                 return 2;
             }
         } else if (!strcmp(argv[i], "--help")) {
-            printf("usage: ctitan bench [--threads N] [--quick] [--checkpoints] | --gpu-peak\n"
+            printf("usage: ctitan bench [--threads N] [--quick] [--checkpoints | --schedules] | --gpu-peak\n"
                    "Prints the sgemm peak, per-op rates, the training step of the demo and\n"
-                   "GPT-2-small-sized models, the process pipeline and checkpoints as markdown tables\n"
-                   "(--checkpoints: only the checkpoint section). --gpu-peak prints the GPU's measured\n"
-                   "bf16 matrix-product rate in TFLOP/s (make bench-gpu: tools/bench_gpu.sh).\n");
+                   "GPT-2-small-sized models, the process pipeline, every pipeline schedule and\n"
+                   "checkpoints as markdown tables (--checkpoints, --schedules: only that section).\n"
+                   "--gpu-peak prints the GPU's measured bf16 matrix-product rate in TFLOP/s (make\n"
+                   "bench-gpu: tools/bench_gpu.sh).\n");
             return 0;
         } else {
             fprintf(stderr, "bench: unknown argument '%s' (try --help)\n", argv[i]);
@@ -236,6 +240,8 @@ int cmd_bench(int argc, char **argv)
     if (b.ckpt_only)
         return bench_ckpt(b.quick) ? 1 : 0;
     measure_peak(&b);
+    if (b.sched_only)
+        return bench_schedules(b.peak, b.quick) ? 1 : 0;
     bench_ops(&b);
     printf("## training step (forward + backward B + backward W + AdamW, fp32, one process)\n\n");
     printf("MFU = model FLOPs (6 x matmul params incl. lm_head + 12 x layers x dim x seq, per token) / step time / sgemm peak above.\n\n");
@@ -245,5 +251,5 @@ int cmd_bench(int argc, char **argv)
     bench_step(&b, "gpt2s", "GPT-2-small-sized Llama", b.quick ? 2 : 4, 256);
     printf("\n");
     int rc = bench_pipeline(b.peak, b.quick);
-    return rc || bench_ckpt(b.quick) ? 1 : 0;
+    return rc || bench_schedules(b.peak, b.quick) || bench_ckpt(b.quick) ? 1 : 0;
 }

@@ -173,6 +173,21 @@ static int host_parts(ckd_t *d, char *err, size_t errlen)
     return 0;
 }
 
+/* The plan of a checkpoint in parts of the staged snapshot of `step` (the staging header must
+ * hold that step), the same on every host. Returns 0 or -errno with err. */
+static int plan_parts(ckd_t *d, int64_t step, ckpt_index_t *plan, char *err, size_t errlen)
+{
+    staging_hdr_t *h = shm_data(d->seg);
+    if (d->n_parts < 2)
+        return util_fail(err, errlen, -EINVAL, "job.hosts = 1: a checkpoint of one host is written whole (SAVE)");
+    if (atomic_load(&h->step) != step)
+        return util_fail(err, errlen, -EINVAL, "the staging segment holds step %" PRId64 ", not %" PRId64,
+                         (int64_t)atomic_load(&h->step), step);
+    int rc = ckpt_index_plan_parts(plan, &d->tab, step, d->toml, h->cursor, h->cursor_len, d->n_parts, d->ranges,
+                                   d->n_ranges);
+    return rc ? util_fail(err, errlen, rc, "cannot plan the checkpoint: %s", strerror(-rc)) : 0;
+}
+
 /* Writes part `part` of the staged snapshot of `step` into checkpoint.folder/tmp_name: each
  * array's header, then the part's ranges of it in flat order, through ckw_begin_part and
  * ckw_commit_part. *bytes: what it wrote. */
@@ -181,16 +196,10 @@ static int save_part(ckd_t *d, int64_t step, const char *tmp_name, int part, uin
 {
     staging_hdr_t *h = shm_data(d->seg);
     *bytes = 0;
-    if (d->n_parts < 2)
-        return util_fail(err, errlen, -EINVAL, "job.hosts = 1: a checkpoint of one host is written whole (SAVE)");
-    if (atomic_load(&h->step) != step)
-        return util_fail(err, errlen, -EINVAL, "the staging segment holds step %" PRId64 ", not %" PRId64,
-                         (int64_t)atomic_load(&h->step), step);
     ckpt_index_t plan;
-    int rc = ckpt_index_plan_parts(&plan, &d->tab, step, d->toml, h->cursor, h->cursor_len, d->n_parts, d->ranges,
-                                   d->n_ranges);
+    int rc = plan_parts(d, step, &plan, err, errlen);
     if (rc)
-        return util_fail(err, errlen, rc, "cannot plan the checkpoint: %s", strerror(-rc));
+        return rc;
     ckw_t *w = NULL;
     ckw_stats_t st;
     if ((rc = ckw_begin_part(&w, d->folder, tmp_name, &plan, part, d->n_parts, err, errlen)))
@@ -236,7 +245,6 @@ out:
 static int commit(ckd_t *d, int64_t step, int ok, const char *tmp_name, char *path, size_t pathlen, uint64_t *bytes,
                   char *err, size_t errlen)
 {
-    staging_hdr_t *h = shm_data(d->seg);
     *bytes = 0;
     if (!ok) {
         char why[1024] = "";
@@ -244,16 +252,10 @@ static int commit(ckd_t *d, int64_t step, int ok, const char *tmp_name, char *pa
         return util_fail(err, errlen, -ECANCELED, "the checkpoint of step %" PRId64 " was given up (not every host "
                          "wrote its part)%s%s", step, rc ? "; and its parts are not removed: " : "", why);
     }
-    if (d->n_parts < 2)
-        return util_fail(err, errlen, -EINVAL, "job.hosts = 1: a checkpoint of one host is written whole (SAVE)");
-    if (atomic_load(&h->step) != step)
-        return util_fail(err, errlen, -EINVAL, "the staging segment holds step %" PRId64 ", not %" PRId64,
-                         (int64_t)atomic_load(&h->step), step);
     ckpt_index_t plan;
-    int rc = ckpt_index_plan_parts(&plan, &d->tab, step, d->toml, h->cursor, h->cursor_len, d->n_parts, d->ranges,
-                                   d->n_ranges);
+    int rc = plan_parts(d, step, &plan, err, errlen);
     if (rc)
-        return util_fail(err, errlen, rc, "cannot plan the checkpoint: %s", strerror(-rc));
+        return rc;
     ckw_stats_t st;
     if (!(rc = ckw_commit_parts(d->folder, tmp_name, &plan, d->n_parts, path, pathlen, &st, err, errlen))) {
         *bytes = st.bytes;

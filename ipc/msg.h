@@ -76,8 +76,9 @@ typedef enum {
                       * steps done), ok (resumed from a checkpoint), text (its directory, "" for
                       * the initial weights), data (the loader cursor of the next step): load it
                       * and start the host's workers */
-    MSG_TRACE,       /* stage -> coord, before its STEP_DONE with [profiling] trace_file: step, data
-                      * (its step's intervals, stages/trace.h trace_rec_t, back to back) */
+    MSG_TRACE,       /* stage -> coord, before its STEP_DONE with [profiling] trace_file, and loader
+                      * -> coord as a step's last slot is filled: step, data (the step's
+                      * intervals, stages/trace.h trace_rec_t, back to back) */
     MSG_TYPE_END     /* append new types above this */
 } msg_type_t;
 

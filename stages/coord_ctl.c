@@ -189,7 +189,7 @@ static const struct {
     [MSG_SNAPPED] = {coord_on_snapped, ROLE(COORD_OPTSHARD)},
     [MSG_SAVED] = {coord_on_saved, ROLE(COORD_CKPTD)},
     [MSG_WRITTEN] = {on_written, ROLE(COORD_CKPTD)},
-    [MSG_TRACE] = {coord_on_trace, ROLE(COORD_STAGE)},
+    [MSG_TRACE] = {coord_on_trace, ROLE(COORD_STAGE) | ROLE(COORD_LOADER)},
     [MSG_LOADED] = {coord_on_loaded, ROLE(COORD_CKPTD)},
     [MSG_SWAP] = {on_shell_swap, OPERATOR},
     [MSG_SWAP_ARGV] = {coord_on_swap, OPERATOR},

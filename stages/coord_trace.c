@@ -54,23 +54,31 @@ static const char *action_name(coord_t *c, int op, int chunk, int mb, char *buf,
 
 const char *coord_on_trace(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m)
 {
-    static const char *const cats[] = {"F", "B", "W", "wait"}; /* by op: SCHED_F, _B, _W, TRACE_WAIT */
+    static const char *const cats[] = {"F", "B", "W", "wait", "fill"}; /* by op: SCHED_F, _B, _W, TRACE_WAIT, _FILL */
     if (!c->trace)
         return "no trace is being written";
-    if (p->await != MSG_STEP_DONE || m->step != c->step)
+    if (p->remote)
+        return NULL; /* only this host's processes have tracks */
+    if (p->role == COORD_STAGE && (p->await != MSG_STEP_DONE || m->step != c->step))
         return "not the step in progress";
+    if (p->role == COORD_LOADER && (m->step < c->step || m->step > c->step + 64)) /* it runs ahead */
+        return "not a step the loader can be filling";
     if (m->data_len % sizeof(trace_rec_t) || m->data_len / sizeof(trace_rec_t) > TRACE_RECS_MAX)
         return "not a whole number of trace records, or too many";
     track(c, p);
     const trace_rec_t *r = (const trace_rec_t *)m->data;
     size_t n = m->data_len / sizeof(trace_rec_t);
     for (size_t i = 0; i < n; i++) {
-        if (r[i].op > TRACE_WAIT || r[i].chunk >= c->lay.vs || !(r[i].t1 >= r[i].t0))
+        if (r[i].op > (p->role == COORD_LOADER ? TRACE_FILL : TRACE_WAIT) || r[i].chunk >= c->lay.vs ||
+            !(r[i].t1 >= r[i].t0))
             return "a trace record out of range";
         char name[32], args[96];
+        if (r[i].op == TRACE_FILL)
+            snprintf(name, sizeof(name), "fill r%d mb%d", r[i].pad, r[i].mb);
         snprintf(args, sizeof(args), "\"step\": %lld, \"mb\": %d, \"chunk\": %d", (long long)m->step + 1, r[i].mb,
                  r[i].chunk);
-        trace_span(c->trace, p->pid, 1, action_name(c, r[i].op, r[i].chunk, r[i].mb, name, sizeof(name)),
+        trace_span(c->trace, p->pid, 1,
+                   r[i].op == TRACE_FILL ? name : action_name(c, r[i].op, r[i].chunk, r[i].mb, name, sizeof(name)),
                    cats[r[i].op], r[i].t0, r[i].t1, args);
     }
     return NULL;

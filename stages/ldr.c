@@ -9,6 +9,7 @@
 
 #include "ipc/shm.h"
 #include "stages/ldr_seg.h"
+#include "stages/trace.h"
 #include "stages/worker.h"
 #include "ipc/util.h"
 
@@ -202,7 +203,21 @@ struct ldr {
     int pending;          /* ldr_next handed out a slot not yet committed */
     int ready;            /* READY sent: the loader's own set-up worked */
     int stopped;
+    /* [profiling] trace_file: this step's fills (and waits for free slots), sent as the
+     * step's last slot is committed (MSG_TRACE) */
+    trace_rec_t *recs;    /* NULL when not tracing */
+    int nrecs;
+    double fill_t0;       /* when ldr_next handed out the slot in hand */
 };
+
+/* One interval for the trace (nothing when not tracing). */
+static void note(ldr_t *l, int op, double t0, double t1)
+{
+    if (!l->recs || l->nrecs >= TRACE_RECS_MAX)
+        return;
+    l->recs[l->nrecs++] = (trace_rec_t){.op = (uint8_t)op, .pad = (uint16_t)l->replica, .mb = l->mb, .t0 = t0,
+                                        .t1 = t1};
+}
 
 static int fail_open(ldr_t *l, int rc)
 {
@@ -222,6 +237,8 @@ int ldr_open(ldr_t **out, char *err, size_t errlen)
     rc = shm_attach(&l->seg, worker_job(l->w), LDR_SEG_NAME, err, errlen);
     if (rc)
         return fail_open(l, rc);
+    if (worker_manifest(l->w)->trace_file[0] && !(l->recs = malloc(TRACE_RECS_MAX * sizeof(trace_rec_t))))
+        return fail_open(l, util_fail(err, errlen, -ENOMEM, "out of memory"));
     l->mem = shm_data(l->seg);
     ldr_seg_hdr_t *h = l->mem;
     if ((rc = check_hdr(h, err, errlen)))
@@ -256,6 +273,7 @@ void ldr_close(ldr_t **pl)
     ldr_t *l = *pl;
     if (!l)
         return;
+    free(l->recs);
     if (l->rings)
         for (int i = 0; i < 2 * l->info.dp; i++)
             ring_detach(&l->rings[i]);
@@ -299,11 +317,14 @@ static int slot_for(ldr_t *l, int i, int32_t **out)
         *out = l->scratch;
         return 0;
     }
+    double t0 = util_now();
     for (;;) {
         void *p;
         int rc = ring_reserve(l->rings[i], 100, &p);
         if (rc == 0) {
             *out = p;
+            if (util_now() - t0 > 20e-6) /* the ring was full: the stages had not taken enough */
+                note(l, TRACE_WAIT, t0, util_now());
             return 0;
         }
         if (rc != -ETIMEDOUT || poll_control(l, 0))
@@ -334,6 +355,7 @@ int ldr_next(ldr_t *l, ldr_batch_t *b)
     if (slot_for(l, 2 * r, &b->tokens) || slot_for(l, 2 * r + 1, &b->targets))
         return -ECANCELED;
     l->pending = 1;
+    l->fill_t0 = util_now();
     return 0;
 }
 
@@ -357,6 +379,14 @@ int ldr_commit(ldr_t *l, const void *cursor, size_t len)
     memcpy(l->cursor, cursor, len);
     l->cursor_len = len;
     l->pending = 0;
+    note(l, TRACE_FILL, l->fill_t0, util_now());
+    if (last_of_step && l->recs) {
+        msg_t tr = {.type = MSG_TRACE, .step = l->step, .data = (uint8_t *)l->recs,
+                    .data_len = (size_t)l->nrecs * sizeof(trace_rec_t)};
+        if (worker_send(l->w, &tr))
+            return -ECANCELED;
+        l->nrecs = 0;
+    }
     worker_progress(l->w);
     if (++l->mb == l->info.microbatches) {
         l->mb = 0;

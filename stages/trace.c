@@ -18,21 +18,53 @@ struct trace {
     int failed;  /* errno of the first failure (0: none) */
 };
 
+/* Whether line [p, p + n) is a whole event: its braces close (outside strings). */
+static int whole_event(const char *p, size_t n)
+{
+    int depth = 0, quoted = 0, seen = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (quoted) {
+            if (p[i] == '\\')
+                i++;
+            else if (p[i] == '"')
+                quoted = 0;
+        } else if (p[i] == '"') {
+            quoted = 1;
+        } else if (p[i] == '{') {
+            depth++, seen = 1;
+        } else if (p[i] == '}') {
+            depth--;
+        }
+    }
+    return seen && depth == 0 && !quoted;
+}
+
 /* The end of a file a run before this one wrote: without its closing bracket if it has one
- * (a run that ended), as it is if it was cut short; *events says whether anything follows "[". */
+ * (a run that ended), without a last event cut short if it was killed in the middle of one
+ * (and the comma before it); *events says whether anything follows "[". */
 static int reopen(trace_t *t, char *err, size_t errlen)
 {
     if (!(t->f = fopen(t->path, "r+")))
         return util_fail(err, errlen, -errno, "%s: cannot open: %s", t->path, strerror(errno));
     struct stat st;
-    if (fstat(fileno(t->f), &st) || fseek(t->f, 0, SEEK_END))
+    if (fstat(fileno(t->f), &st))
         return util_fail(err, errlen, -errno, "%s: %s", t->path, strerror(errno));
-    long size = (long)st.st_size, keep = size;
-    char tail[4] = "";
-    if (size >= 2 && !fseek(t->f, size - 2, SEEK_SET) && fread(tail, 1, 2, t->f) == 2 && !strncmp(tail, "]\n", 2))
+    long size = (long)st.st_size, keep = size, tail_from = size > 65536 ? size - 65536 : 0;
+    char *tail = malloc((size_t)(size - tail_from) + 1);
+    if (!tail)
+        return util_fail(err, errlen, -ENOMEM, "out of memory");
+    size_t n = fseek(t->f, tail_from, SEEK_SET) ? 0 : fread(tail, 1, (size_t)(size - tail_from), t->f);
+    tail[n] = 0;
+    if (n >= 2 && !strcmp(tail + n - 2, "]\n")) {
         keep = size - 2;
+    } else if (n > 0) { /* the last line: an event, or what a kill left of one */
+        char *nl = strrchr(tail, '\n');
+        if (nl && !whole_event(nl + 1, strlen(nl + 1)))
+            keep = tail_from + (nl - tail) - (nl > tail && nl[-1] == ',' ? 1 : 0);
+    }
+    free(tail);
     if (keep != size && ftruncate(fileno(t->f), keep))
-        return util_fail(err, errlen, -errno, "%s: cannot take off its closing bracket: %s", t->path, strerror(errno));
+        return util_fail(err, errlen, -errno, "%s: cannot take off its end: %s", t->path, strerror(errno));
     if (fseek(t->f, keep, SEEK_SET))
         return util_fail(err, errlen, -errno, "%s: %s", t->path, strerror(errno));
     if (keep == 0 && fputs("[\n", t->f) < 0)

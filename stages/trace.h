@@ -7,6 +7,8 @@
  *                         waits on its rings and the loader's inside them; track "ideal": the
  *                         schedule simulated with the step's measured action times, from the
  *                         step's start (stages/schedule.h sched_simulate)
+ *   loader                each microbatch's fill of its token and target slots, and its
+ *                         waits for a free slot (rings full: the stages behind)
  *   coordinator           each step, and its REDUCE and UPDATE rounds
  *   optshard K            its reduce, update and snapshot work (as long as it said it took,
  *                         ending when its reply came)
@@ -15,22 +17,24 @@
  * Times are microseconds from the run's start. The closing bracket is written when the run
  * ends; a file cut short (a killed coordinator) still opens, as the format allows, and a
  * supervisor's relaunch appends its run to the same file. Stages send their records
- * (trace_rec_t) in MSG_TRACE before their STEP_DONE. */
+ * (trace_rec_t) in MSG_TRACE before their STEP_DONE, the loader its step's as the step's last
+ * slot is filled (it runs ahead of the stages). */
 #ifndef CTITAN_TRACE_H
 #define CTITAN_TRACE_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#define TRACE_WAIT 3 /* a record's op beside SCHED_F, SCHED_B, SCHED_W: the stage waited */
+#define TRACE_WAIT 3 /* a record's op beside SCHED_F, SCHED_B, SCHED_W: the stage (or loader) waited */
+#define TRACE_FILL 4 /* the loader filled a microbatch's token and target slots */
 #define TRACE_RECS_MAX 16384 /* records of one stage's step (MSG_TRACE's data) */
 
 /* One interval of a stage's step, as MSG_TRACE carries it (native byte order: both ends are
  * one host's processes). */
 typedef struct {
-    uint8_t op;     /* SCHED_F, SCHED_B, SCHED_W, or TRACE_WAIT */
-    uint8_t chunk;  /* the virtual stage's chunk on its rank */
-    uint16_t pad;
+    uint8_t op;     /* SCHED_F, SCHED_B, SCHED_W, TRACE_WAIT or TRACE_FILL */
+    uint8_t chunk;  /* the virtual stage's chunk on its rank (a stage's) */
+    uint16_t pad;   /* the replica (the loader's), else 0 */
     int32_t mb;     /* microbatch (-1 for a wait outside an action) */
     double t0, t1;  /* util_now() */
 } trace_rec_t;

@@ -36,12 +36,12 @@ static void job_name(char *buf, size_t n, const char *what) { tj_name(buf, n, 'h
                       "--job.restart_backoff_ms 0 "
 /* 3 steps, an in-memory snapshot every 2 */
 #define SNAP3 DP2 "--training.steps 3 --checkpoint.snapshot_interval 2"
-/* 12 steps, long enough to be killed in the middle */
-#define STEPS12 DP2 "--training.steps 12"
+/* 8 steps, long enough to be killed in the middle */
+#define STEPS8 DP2 "--training.steps 8"
 /* checkpoints of steps 3, 6 and 7 */
 #define CK7 DP2 "--training.steps 7 --checkpoint.enable true --checkpoint.interval 3"
-/* checkpoints every 3 steps of 12 */
-#define CK12 DP2 "--training.steps 12 --checkpoint.enable true --checkpoint.interval 3"
+/* checkpoints every 3 steps of 9 */
+#define CK9 DP2 "--training.steps 9 --checkpoint.enable true --checkpoint.interval 3"
 
 /* A two-host job of `base`: its name, the hosts' keys (as an operator makes them), a free
  * loopback port; the arguments of both hosts in extra (host 1's launch also gets SLURM_NODEID). */
@@ -76,6 +76,16 @@ static pid_t start_host1(const hosts_t *h, const char *more)
     unsetenv("SLURM_NODEID");
     assert_true(pid > 0);
     return pid;
+}
+
+/* Both hosts of h started (host 1 in the background, then host 0), once host 0's job has
+ * reached step 3: a moment in the middle of a run for a test to break something. */
+static void start_both(const hosts_t *h, pid_t *host1, pid_t *host0)
+{
+    *host1 = start_host1(h, "");
+    *host0 = tj_launch_bg(h->j, h->extra);
+    assert_true(*host0 > 0);
+    assert_int_equal(tj_wait_step(h->j, 3, 60), 0);
 }
 
 /* The same job on one host, run to its end (once per argument string). */
@@ -184,7 +194,7 @@ static void test_hosts_a_stage_lost_on_another_host_is_restarted_by_its_agent(vo
     tj_assert_clean(h.jh1);
 }
 
-/* kill -9 of host 0's coordinator at step 4: its workers die with it, the supervisor relaunches
+/* kill -9 of host 0's coordinator at step 3: its workers die with it, the supervisor relaunches
  * the job (no checkpoint: from step 0), and host 1's agent, which sees another coordinator
  * answer (or none), stops its processes and starts them again at the new run's START. */
 static void test_hosts_a_killed_coordinator_is_relaunched_and_the_other_host_joins_it(void **state)
@@ -194,11 +204,10 @@ static void test_hosts_a_killed_coordinator_is_relaunched_and_the_other_host_joi
         skip();
     static char out[1 << 16], agent_out[1 << 16];
     hosts_t h;
-    const char *ref = reference(STEPS12);
-    two_hosts(&h, "coord", STEPS12);
-    pid_t agent = start_host1(&h, "");
-    pid_t host0 = tj_launch_bg(h.j, h.extra);
-    assert_int_equal(tj_wait_step(h.j, 4, 60), 0);
+    const char *ref = reference(STEPS8);
+    two_hosts(&h, "coord", STEPS8);
+    pid_t agent, host0;
+    start_both(&h, &agent, &host0);
     pid_t coord = tu_descendant_named(host0, "ctitan-coord");
     assert_true(coord > 0);
     kill(coord, SIGKILL);
@@ -213,13 +222,13 @@ static void test_hosts_a_killed_coordinator_is_relaunched_and_the_other_host_joi
         (!strstr(agent_out, "launch: host 1: another coordinator (pid ") &&
          !strstr(agent_out, "launch: host 1: the coordinator has not answered for ")))
         TJ_FAIL_WITH(agent_out, "host 1: status %d", arc);
-    tj_assert_losses_by_step(h.j, ref, 12, 1, "\"scope\": \"job\"");
+    tj_assert_losses_by_step(h.j, ref, 8, 1, "\"scope\": \"job\"");
     tj_assert_clean(h.j);
     tj_assert_clean(h.jh1);
 }
 
 /* Host 1 lost outright (its launch killed -9, its workers with it by their parent-death
- * signal) at step 4: host 0 hears nothing from its agent (or its workers) for
+ * signal) at step 3: host 0 hears nothing from its agent (or its workers) for
  * job.heartbeat_timeout_ms and fails the run, naming the host; the relaunch waits for host 1, which is started again, and the job
  * ends as on one host. */
 static void test_hosts_a_lost_host_started_again_rejoins_the_relaunched_job(void **state)
@@ -229,11 +238,10 @@ static void test_hosts_a_lost_host_started_again_rejoins_the_relaunched_job(void
         skip();
     static char out[1 << 16], agent_out[1 << 16];
     hosts_t h;
-    const char *ref = reference(STEPS12);
-    two_hosts(&h, "lost", STEPS12);
-    pid_t agent = start_host1(&h, "");
-    pid_t host0 = tj_launch_bg(h.j, h.extra);
-    assert_int_equal(tj_wait_step(h.j, 4, 60), 0);
+    const char *ref = reference(STEPS8);
+    two_hosts(&h, "lost", STEPS8);
+    pid_t agent, host0;
+    start_both(&h, &agent, &host0);
     kill(agent, SIGKILL);
     assert_true(tu_reap(agent, 30, NULL) == 128 + SIGKILL);
     char file[64];
@@ -252,7 +260,7 @@ static void test_hosts_a_lost_host_started_again_rejoins_the_relaunched_job(void
         TJ_FAIL_WITH(out, "host 0: status %d", rc);
     if (arc)
         TJ_FAIL_WITH(agent_out, "host 1 started again: status %d", arc);
-    const tj_metrics_t *mt = tj_assert_losses_by_step(h.j, ref, 12, 1, "\"scope\": \"job\"");
+    const tj_metrics_t *mt = tj_assert_losses_by_step(h.j, ref, 8, 1, "\"scope\": \"job\"");
     assert_non_null(strstr(mt->restart[0], "\"role\": \"coordinator\""));
     assert_non_null(strstr(mt->restart[0], "host 1's agent"));
     tj_assert_clean(h.j);
@@ -268,10 +276,9 @@ static void test_hosts_a_host_that_never_comes_back_ends_the_job_after_max_resta
         skip();
     static char out[1 << 16];
     hosts_t h;
-    two_hosts(&h, "gone", STEPS12 " --job.host_timeout_s 2 --job.max_restarts 1");
-    pid_t agent = start_host1(&h, "");
-    pid_t host0 = tj_launch_bg(h.j, h.extra);
-    assert_int_equal(tj_wait_step(h.j, 4, 60), 0);
+    two_hosts(&h, "gone", STEPS8 " --job.host_timeout_s 2 --job.max_restarts 1");
+    pid_t agent, host0;
+    start_both(&h, &agent, &host0);
     kill(agent, SIGKILL);
     assert_true(tu_reap(agent, 30, NULL) == 128 + SIGKILL);
     int rc = tu_reap(host0, 120, NULL);
@@ -296,10 +303,9 @@ static void test_hosts_an_agent_without_a_coordinator_gives_up_after_host_timeou
         skip();
     static char agent_out[1 << 16];
     hosts_t h;
-    two_hosts(&h, "nocoord", STEPS12 " --job.host_timeout_s 2");
-    pid_t agent = start_host1(&h, "");
-    pid_t host0 = tj_launch_bg(h.j, h.extra);
-    assert_int_equal(tj_wait_step(h.j, 4, 60), 0);
+    two_hosts(&h, "nocoord", STEPS8 " --job.host_timeout_s 2");
+    pid_t agent, host0;
+    start_both(&h, &agent, &host0);
     kill(host0, SIGKILL);
     tu_reap(host0, 30, NULL);
     double t0 = util_now();
@@ -388,8 +394,8 @@ static void test_hosts_a_killed_coordinator_resumes_every_host_from_the_newest_c
     static char out[1 << 16], agent_out[1 << 16];
     char file[64];
     hosts_t h;
-    const char *ref = reference(CK12);
-    two_hosts(&h, "ckcoord", CK12);
+    const char *ref = reference(CK9);
+    two_hosts(&h, "ckcoord", CK9);
     pid_t agent = start_host1(&h, "");
     pid_t host0 = tj_launch_bg(h.j, h.extra);
     snprintf(file, sizeof(file), "%s.out", h.j);
@@ -410,7 +416,7 @@ static void test_hosts_a_killed_coordinator_resumes_every_host_from_the_newest_c
     snprintf(want, sizeof(want), "launch: host 1: checkpoint of step %d loaded", from);
     if (arc || !strstr(agent_out, want))
         TJ_FAIL_WITH(agent_out, "host 1: status %d", arc);
-    const tj_metrics_t *mt = tj_assert_losses_by_step(h.j, ref, 12, 1, "\"scope\": \"job\"");
+    const tj_metrics_t *mt = tj_assert_losses_by_step(h.j, ref, 9, 1, "\"scope\": \"job\"");
     char resume[64];
     snprintf(resume, sizeof(resume), "\"resume_step\": %d", from);
     assert_non_null(strstr(mt->restart[0], resume));

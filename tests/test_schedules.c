@@ -192,7 +192,8 @@ static int read_trace(const char *path, ev_t *ev, long long *pids, int pp)
 /* A ZBVZeroBubble job traced: the file is a JSON array; on every stage's track each step's
  * actions are the schedule's list for its rank, in order and one after another, every wait
  * lies inside an action, and the ideal track has the same actions; the coordinator's three
- * rounds per step are there; each step's record has the bubble, measured and ideal. */
+ * rounds per step and the loader's fill of each microbatch are there; each step's record has
+ * the bubble, measured and ideal. */
 static void test_schedules_the_trace_holds_every_action_in_the_schedules_order(void **state)
 {
     TU_NEED_BIN();
@@ -220,10 +221,13 @@ static void test_schedules_the_trace_holds_every_action_in_the_schedules_order(v
     sched_t s;
     char err[256];
     assert_int_equal(sched_build(&s, 2, 2, 8, SCHED_ZBV, err, sizeof(err)), 0);
-    int rounds = 0;
-    for (int i = 0; i < n; i++)
+    int rounds = 0, fills = 0;
+    for (int i = 0; i < n; i++) {
         rounds += !strcmp(ev[i].cat, "round");
+        fills += !strcmp(ev[i].cat, "fill") && ev[i].step >= 1 && ev[i].step <= 3;
+    }
     assert_int_equal(rounds, 3 * 3);
+    assert_int_equal(fills, 3 * 8); /* the loader's fill of every microbatch of every step */
     for (int r = 0; r < 2; r++)
         for (int step = 1; step <= 3; step++) {
             int k = 0, ideal = 0;

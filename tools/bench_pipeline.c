@@ -129,14 +129,28 @@ static int write_inputs(const char *dir)
     return 0;
 }
 
-int bench_pipeline(double peak_gflops, int quick)
+/* A temporary folder dir (its template, "/tmp/ctitan-bench-XXXXXX") with the bench's manifest
+ * and tokens, and this program's path in exe. Returns 0 or -1. */
+static int bench_dir(char *dir, char *exe, size_t exelen)
 {
-    char dir[] = "/tmp/ctitan-bench-XXXXXX", exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    ssize_t n = readlink("/proc/self/exe", exe, exelen - 1);
     if (n <= 0 || !mkdtemp(dir))
         return -1;
     exe[n] = 0;
-    int rc = write_inputs(dir), steps = quick ? 4 : 8;
+    return write_inputs(dir);
+}
+
+static void remove_dir(const char *dir)
+{
+    char cmd[PATH_MAX + 16];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    (void)!system(cmd);
+}
+
+int bench_pipeline(double peak_gflops, int quick)
+{
+    char dir[] = "/tmp/ctitan-bench-XXXXXX", exe[PATH_MAX];
+    int rc = bench_dir(dir, exe, sizeof(exe)), steps = quick ? 4 : 8;
     sched_t shown = {0};
     double shown_t[MAX_PP][3];
     printf("## process pipeline (`ctitan launch`, debugmodel 6.2M, 8 x 256 tokens per step, 1F1B, "
@@ -205,9 +219,7 @@ int bench_pipeline(double peak_gflops, int quick)
                    "**%.2f ms** (median of 59), of which %.2f ms is outside any process's own work.\n\n",
                    median(r.step, r.n), median(r.ctl, r.n));
     }
-    char cmd[PATH_MAX + 16];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    (void)!system(cmd);
+    remove_dir(dir);
     return rc ? -1 : 0;
 }
 
@@ -261,11 +273,7 @@ static int schedule_row(const char *exe, const char *dir, sched_kind_t kind, int
 int bench_schedules(double peak_gflops, int quick)
 {
     char dir[] = "/tmp/ctitan-bench-XXXXXX", exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    if (n <= 0 || !mkdtemp(dir))
-        return -1;
-    exe[n] = 0;
-    int rc = write_inputs(dir), steps = quick ? 4 : 8;
+    int rc = bench_dir(dir, exe, sizeof(exe)), steps = quick ? 4 : 8;
     static const sched_kind_t kinds[] = {SCHED_GPIPE, SCHED_1F1B, SCHED_INTERLEAVED_1F1B, SCHED_INTERLEAVED_ZB,
                                          SCHED_ZBV, SCHED_DUALPIPEV};
     printf("## pipeline schedules (`ctitan launch`, debugmodel 6.2M, 8 x 256 tokens per step, each schedule's "
@@ -298,8 +306,6 @@ int bench_schedules(double peak_gflops, int quick)
         printf("\nAt 8 microbatches, pp 2: the best zero-bubble schedule (%s) takes %.3f x pp 1's step time "
                "(1F1B: %.3f x), and its measured bubble is %.0f%% of 1F1B's.\n\n", best_name[8], best[8] / pp1[8],
                f1b[8] / pp1[8], f1b_bubble[8] > 0 ? 100 * zb_bubble[8] / f1b_bubble[8] : 0.0);
-    char cmd[PATH_MAX + 16];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    (void)!system(cmd);
+    remove_dir(dir);
     return rc ? -1 : 0;
 }

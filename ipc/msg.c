@@ -73,6 +73,8 @@ static const codec_type_t types[MSG_TYPE_END] = {
     [MSG_COMMIT]    = {"commit",    B(F_STEP) | B(F_OK) | B(F_TEXT), 0},
     [MSG_START]     = {"start",     B(F_STEP) | B(F_OK) | B(F_TEXT) | B(F_DATA), 0},
     [MSG_TRACE]     = {"trace",     B(F_STEP) | B(F_DATA), 0},
+    [MSG_REMAP]     = {"remap",     B(F_STEP), 0},
+    [MSG_REMAPPED]  = {"remapped",  B(F_STEP) | B(F_T_BUSY), 0},
 };
 
 static const codec_proto_t proto = {

@@ -79,6 +79,9 @@ typedef enum {
     MSG_TRACE,       /* stage -> coord, before its STEP_DONE with [profiling] trace_file, and loader
                       * -> coord as a step's last slot is filled: step, data (the step's
                       * intervals, stages/trace.h trace_rec_t, back to back) */
+    MSG_REMAP,       /* coord -> optshard (GPU shards): step: the stages were started again; map
+                      * their device buffers anew and write the master weights into them */
+    MSG_REMAPPED,    /* optshard -> coord: step, t_busy: done */
     MSG_TYPE_END     /* append new types above this */
 } msg_type_t;
 

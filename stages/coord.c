@@ -161,6 +161,7 @@ static int step(coord_t *c)
     atomic_store(&c->hdr->step, c->step);
     double t0 = c->round_t0 = util_now();
     msg_t run = {.type = MSG_STEP, .step = c->step};
+    c->grads_held = c->lay.gpu_shards; /* until the update: a stage lost takes its part of them */
     if ((rc = coord_round_trip(c, 1, c->n_stages, &run)))
         return rc;
     double t1 = util_now();
@@ -173,6 +174,7 @@ static int step(coord_t *c)
     msg_t update = {.type = MSG_UPDATE, .step = c->step, .grad_norm = norm, .scale = clip_scale(m, norm)};
     if ((rc = coord_round_trip(c, first_shard, m->shards, &update)))
         return rc;
+    c->grads_held = 0;
     coord_trace_round(c, "update", first_shard, m->shards, t2, util_now());
     double t_update = shards_busy(c), t_step = util_now() - t0;
     coord_note_step_time(c, t_step);
@@ -241,9 +243,11 @@ static int set_up(coord_t *c, char *err, size_t errlen)
         return rc; /* cannot happen: the manifest was checked against the schedule's rules */
     /* in-place recovery: the weights and the shards' state live in this host's segments (CPU);
      * on the GPU (and so across hosts) they live in the processes, and a loss rewinds the job,
-     * every host's agent taking part (coord_rewind.c, coord_agent.c) */
+     * every host's agent taking part (coord_rewind.c, coord_agent.c), but for a stage on one
+     * host's IPC plane: the shards keep the state, the stages are started again (coord_recover.c) */
     c->recover = !c->lay.gpu && !c->lay.gpu_shards && c->lay.hosts == 1;
     c->rewind = !c->recover;
+    c->restage = c->lay.gpu && !c->lay.nccl && c->lay.hosts == 1;
     if ((rc = util_mkdirs(m->dump_folder)))
         return util_fail(err, errlen, rc, "job.dump_folder %s: cannot create: %s", m->dump_folder, strerror(-rc));
     if ((rc = coord_resolve_endpoint(c, err, errlen)) || (rc = coord_check_data(c, err, errlen)) ||

@@ -173,7 +173,7 @@ static const char *on_written(coord_t *c, coord_proc_t *p, const ctl_peer_t *fro
 
 /* Each type a worker or the operator may send, its handler and who may send it (the state in
  * which it is expected is the handler's to check). Types missing here (the coordinator's own
- * commands: config, step, reduce, update, stop, reply, snapshot, save, nccl, load) are
+ * commands: config, step, reduce, update, stop, reply, snapshot, save, nccl, load, remap) are
  * accepted from nobody. */
 static const struct {
     handler_t fn;
@@ -195,6 +195,7 @@ static const struct {
     [MSG_SWAP_ARGV] = {coord_on_swap, OPERATOR},
     [MSG_STATUS] = {on_status, OPERATOR},
     [MSG_ABORTED] = {coord_on_aborted, ROLE(COORD_STAGE)},
+    [MSG_REMAPPED] = {coord_on_remapped, ROLE(COORD_OPTSHARD)},
 };
 
 static const char *role_names[] = {"loader", "stage", "optimizer shard", "checkpointd"};

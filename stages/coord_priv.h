@@ -10,7 +10,8 @@
  *   coord_agent.c   job.hosts > 1: the agent of host k > 0 (its workers started, a death told
  *                   to the coordinator, REWIND carried out) and host 0's side of it
  *   coord_recover.c in-place recovery: a stage or optimizer shard that died (or hung: the
- *                   step watchdog) replaced alone, the step redone when a stage died in it
+ *                   step watchdog) replaced alone, the step redone when a stage died in it;
+ *                   on the GPU a lost stage replaced with every stage, the shards kept
  *   coord_rewind.c  the same on GPU jobs: every stage and shard started again from the
  *                   newest in-memory snapshot, the steps since then run again
  *   coord_ctl.c     the control plane: the event pump, round trips, who may send what and
@@ -77,6 +78,7 @@ typedef struct {
     msg_type_t await;     /* the reply it owes in the current round (0: none) */
     int got;              /* replied in the current round */
     int snapped;          /* answered the SNAPSHOT of the checkpoint in flight */
+    int remap_due;        /* a GPU shard sent REMAP, REMAPPED not back yet (coord_recover.c) */
     int expect_exit;      /* told to stop: its exit is no failure (and it is not started again) */
     int host;             /* job.host_rank of the host it runs on */
     int remote;           /* on another host (its agent started it): pid from its hello, never signalled
@@ -167,6 +169,10 @@ typedef struct {
     /* in-place recovery (coord_recover.c) */
     int recover;                      /* a dead stage or shard is replaced alone (CPU jobs, one host) */
     int rewind;                       /* ... or rewinds the job to its newest snapshot (GPU jobs, one host) */
+    int restage;                      /* GPU jobs on one host's IPC plane: a lost stage is replaced with
+                                       * every stage, the shards kept (coord_recover.c) */
+    int grads_held;                   /* GPU shards: this step's gradients are in the stages' device
+                                       * memory only (from STEP until the UPDATE round ends) */
     int64_t first_step;               /* the run's: after the checkpoint it resumed, or 0 */
     int fresh;                        /* the run started from the initial weights (no checkpoint.load) */
     int64_t snap_step;                /* the staging segment holds the whole state after this step (-1: no) */
@@ -298,10 +304,14 @@ int coord_can_recover(const coord_t *c, const coord_proc_t *p);
 void coord_lost(coord_t *c, coord_proc_t *p, const char *how);
 /* Replaces every lost process; with a stage lost inside the STEP round, every stage leaves the
  * step, the rings, gradients and loader go back to its start, and the step is sent again; a
- * shard gets the round it owed again. On a GPU job (c->rewind) the job is rewound instead
- * (coord_rewind). Returns 0, COORD_REWOUND (c->step is now the step to run next: the round in
- * flight is void), or -1 once the job failed or was interrupted. */
+ * shard gets the round it owed again. A GPU job on one host's IPC plane (c->restage) replaces a
+ * lost stage with every stage, the shards keeping their state (GPU shards map the new ones
+ * and write their weights: REMAP); other losses of a GPU job rewind it (coord_rewind).
+ * Returns 0, COORD_REWOUND (c->step is now the step to run next: the round in flight is void),
+ * or -1 once the job failed or was interrupted. */
 int coord_recover(coord_t *c);
+/* REMAPPED from a GPU shard: it mapped the restarted stages and wrote their weights. */
+const char *coord_on_remapped(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m);
 /* fn on every ring between this host's stages (the act segment's), and the loader's too. */
 void coord_each_ring(coord_t *c, void (*fn)(ring_t *r), int loader);
 

@@ -163,7 +163,7 @@ void coord_spawn(coord_t *c, coord_proc_t *p)
     close(fd);
     argv_free(&cmd);
     p->pid = pid;
-    p->ready = p->got = p->expect_exit = p->hello = p->snapped = 0;
+    p->ready = p->got = p->expect_exit = p->hello = p->snapped = p->remap_due = 0;
     p->await = 0;
     p->abort_sent = p->hb_killed = 0;
     p->progress = 0;

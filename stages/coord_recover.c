@@ -6,7 +6,16 @@
  * takes the step with it: every stage leaves the step (the rings are closed), the gradients
  * and rings go back to the step's start, the loader starts again from the step's cursor, and
  * the step is sent again: the same bits as an undisturbed run. A shard gets again the round it
- * owed (and a snapshot it owed); its rounds are idempotent (stages/optshard.c). */
+ * owed (and a snapshot it owed); its rounds are idempotent (stages/optshard.c).
+ *
+ * A GPU job on one host's IPC plane replaces a lost stage with every stage (restage): its
+ * neighbours' device rings and events are mapped into the dead process, whose memory CUDA
+ * frees, so they are made anew by new processes; the shards keep their state (GPU shards their
+ * fp32 masters, mapping the new stages' buffers and writing the weights into them on REMAP;
+ * CPU shards, offload mode, the optstate segment, and are themselves replaced alone). The step
+ * is redone when the stages held a part of it: the STEP round, and with GPU shards until the
+ * update (the gradients are device memory of the stages). A GPU shard lost, or a stage while
+ * GPU shards read the stages' memory (REDUCE, UPDATE), rewinds the job (coord_rewind.c). */
 #include "stages/coord_priv.h"
 
 #include <errno.h>
@@ -17,6 +26,7 @@
 
 #include "ipc/ring.h"
 #include "ipc/util.h"
+#include "stages/devdir.h"
 #include "stages/ldr_seg.h"
 
 int coord_can_recover(const coord_t *c, const coord_proc_t *p)
@@ -111,6 +121,116 @@ static int stop_step(coord_t *c)
     return 0;
 }
 
+/* ---- GPU stages: all of them again ---- */
+
+static int stages_gone(coord_t *c, void *redo)
+{
+    if (*(int *)redo && coord_loader(c)->pid)
+        return 0;
+    for (int i = 1; i <= c->n_stages; i++)
+        if (c->p[i].pid)
+            return 0;
+    return 1;
+}
+
+/* Every stage killed and marked for replacement, and with `redo` the loader; once they are gone,
+ * the act rings and the device directory cleared and, with redo, the gradients (offload: the
+ * grads segment; GPU shards: they died with the stages) and the loader's resume point back at
+ * the step's start. Returns 0 or -1 (the job failed). */
+static int stop_stages(coord_t *c, int redo)
+{
+    coord_proc_t *L = coord_loader(c);
+    if (redo && L->pid) {
+        L->expect_exit = 1;
+        kill(L->pid, SIGKILL);
+    }
+    for (int i = 1; i <= c->n_stages; i++) {
+        coord_proc_t *p = &c->p[i];
+        if (p->pid) {
+            p->expect_exit = 1;
+            kill(p->pid, SIGKILL);
+        }
+        p->lost = 1;
+        p->await = 0;
+    }
+    int rc = coord_pump(c, stages_gone, &redo, COORD_STARTUP_TIMEOUT_S);
+    if (rc == -ETIMEDOUT)
+        coord_fail(c, "recovery: the stages did not exit in %.0f s of SIGKILL", COORD_STARTUP_TIMEOUT_S);
+    if (rc)
+        return -1;
+    coord_each_ring(c, reset, 0);
+    memset(shm_data(c->seg_dev), 0, devdir_bytes(&c->lay)); /* the new stages publish there */
+    if (!redo)
+        return 0;
+    if (c->seg_grads)
+        memset(shm_data(c->seg_grads), 0, job_params_bytes(&c->lay));
+    if (ldr_seg_prepare_swap(shm_data(c->seg_batch), c->step)) {
+        coord_fail(c, "recovery: no loader cursor is recorded for step %lld", (long long)c->step + 1);
+        return -1;
+    }
+    return 0;
+}
+
+static int remapped_or_lost(coord_t *c, void *arg)
+{
+    if (c->n_lost)
+        return 1;
+    for (int k = 0; k < c->m->shards; k++)
+        if (coord_shard(c, k)->remap_due)
+            return 0;
+    return 1;
+}
+
+/* GPU shards: REMAP to each (after any round it is in: commands come in order), and its answer. */
+static int remap(coord_t *c)
+{
+    msg_t rm = {.type = MSG_REMAP, .step = c->step};
+    for (int k = 0; k < c->m->shards; k++) {
+        coord_proc_t *p = coord_shard(c, k);
+        p->remap_due = 1;
+        coord_send(c, p, &rm);
+    }
+    int rc = coord_pump(c, remapped_or_lost, NULL, COORD_STARTUP_TIMEOUT_S);
+    if (rc == -ETIMEDOUT)
+        coord_fail(c, "recovery: the optimizer shards did not map the new stages in %.0f s", COORD_STARTUP_TIMEOUT_S);
+    return rc ? -1 : 0;
+}
+
+const char *coord_on_remapped(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m)
+{
+    if (!p->remap_due)
+        return "no remap was asked of it";
+    if (m->step != c->step)
+        return "not the step in progress";
+    p->remap_due = 0;
+    return NULL;
+}
+
+enum { ALONE, STAGES, REWIND };
+
+/* How the lost processes come back: each alone (CPU jobs; CPU shards of an offload job), with
+ * every stage (a GPU stage), or by a rewind (a GPU shard; a stage while GPU shards read the
+ * stages' memory; across hosts). */
+static int plan(const coord_t *c)
+{
+    if (c->recover)
+        return ALONE;
+    int stages = 0, shards_read = c->round.type == MSG_REDUCE || c->round.type == MSG_UPDATE;
+    for (int i = 0; i < c->np; i++) {
+        const coord_proc_t *p = &c->p[i];
+        if (!p->lost)
+            continue;
+        if (p->role == COORD_OPTSHARD && !c->lay.gpu_shards && c->lay.hosts == 1)
+            continue;
+        if (p->role == COORD_STAGE && c->restage && !(c->lay.gpu_shards && shards_read)) {
+            stages = 1;
+            continue;
+        }
+        return REWIND;
+    }
+    return stages ? STAGES : ALONE;
+}
+
 /* ---- replacing ---- */
 
 static int ready_or_lost(coord_t *c, void *arg) { return c->n_lost || coord_all_ready(c, NULL); }
@@ -154,7 +274,8 @@ static void resend(coord_t *c, int redo, const int *replaced, int n)
 }
 
 /* One line on the progress output, a record in the metrics file. `back_to`: the step a GPU job
- * was rewound to (-1: replaced in place); the time lost then is all since that step ended. */
+ * was rewound to (the time lost then is all since that step ended); -1: replaced in place; -2:
+ * in place, every stage started again (a GPU stage lost). */
 static void report(coord_t *c, const coord_proc_t *first, const char *why, double t_dead, double t_round, int redo,
                    int again, const int *replaced, int n, int64_t at, int64_t back_to)
 {
@@ -178,14 +299,15 @@ static void report(coord_t *c, const coord_proc_t *first, const char *why, doubl
                c->recoveries, (long long)at + 1, why, what, now - t_dead, more, (long long)back_to + 1,
                (long long)at + 1);
     else
-        printf("recovered %d (in place, at step %lld): %s; %s in %.2f s%s%s\n", c->recoveries, (long long)at + 1,
-               why, what, now - t_dead, more, redo ? ", the step redone by every stage" : "");
+        printf("recovered %d (%s, at step %lld): %s; %s in %.2f s%s%s\n", c->recoveries,
+               back_to == -2 ? "every stage started again" : "in place", (long long)at + 1, why, what, now - t_dead,
+               more, redo ? ", the step redone by every stage" : "");
     fflush(stdout);
     if (!c->metrics)
         return;
     fprintf(c->metrics, "{\"restart\": %d, \"scope\": \"%s\", \"role\": \"%s\", \"rank\": %d, \"replica\": %d, "
-            "\"reason\": ", c->recoveries, back_to >= 0 ? "rewind" : "process", coord_role_name(first->role),
-            first->rank, first->replica);
+            "\"reason\": ", c->recoveries, back_to >= 0 ? "rewind" : back_to == -2 ? "stages" : "process",
+            coord_role_name(first->role), first->rank, first->replica);
     util_json_string(c->metrics, why);
     if (back_to >= 0)
         fprintf(c->metrics, ", \"rewound_to\": %lld", (long long)back_to);
@@ -218,7 +340,8 @@ int coord_recover(coord_t *c)
                                 c->m->max_restarts);
             return -1;
         }
-        if (c->rewind) { /* GPU: every stage and shard again, from the newest snapshot */
+        int how = plan(c);
+        if (how == REWIND) { /* GPU: every stage and shard again, from the newest snapshot */
             if (coord_rewind(c))
                 return -1;
             rewound = 1;
@@ -226,9 +349,18 @@ int coord_recover(coord_t *c)
                 report(c, first, why, t_dead, c->round_t0, 0, again, NULL, coord_n_workers(c), at, c->step);
             continue;
         }
-        int redo = c->redo && c->round.type == MSG_STEP;
-        if (redo && stop_step(c))
+        int redo = c->redo && c->round.type == MSG_STEP, step_again = 0;
+        if (how == STAGES) {
+            redo = c->round.type == MSG_STEP || c->grads_held;
+            step_again = redo && c->round.type != MSG_STEP; /* between its rounds: the step loop's */
+            int lost = c->n_lost;
+            if (stop_stages(c, redo))
+                return -1;
+            if (c->n_lost > lost) /* another one died meanwhile: planned again */
+                continue;
+        } else if (redo && stop_step(c)) {
             return -1;
+        }
         int replaced[c->np], n = 0;
         c->n_lost = 0;
         c->redo = 0;
@@ -244,12 +376,15 @@ int coord_recover(coord_t *c)
             coord_fail(c, "recovery: the replacements did not become ready in %.0f s", COORD_STARTUP_TIMEOUT_S);
         if (rc)
             return -1;
+        if (!c->n_lost && how == STAGES && c->lay.gpu_shards && remap(c))
+            return -1;
         if (c->n_lost) { /* one died during the recovery: again, counted */
             c->redo |= redo;
             continue;
         }
-        resend(c, redo, replaced, n);
-        report(c, first, why, t_dead, c->round_t0, redo, again, replaced, n, at, -1);
+        resend(c, redo && !step_again, replaced, n);
+        report(c, first, why, t_dead, c->round_t0, redo, again, replaced, n, at, how == STAGES ? -2 : -1);
+        rewound |= step_again;
     }
     return c->failed || c->interrupted ? -1 : rewound ? COORD_REWOUND : 0;
 }

@@ -181,6 +181,7 @@ int coord_rewind(coord_t *c)
     c->n_lost = 0;
     c->redo = 0;
     c->round.type = 0;
+    c->grads_held = 0;
     int rc = coord_pump(c, workers_gone, NULL, COORD_STARTUP_TIMEOUT_S);
     if (rc == -ETIMEDOUT)
         coord_fail(c, "rewind: the stages and shards did not exit in %.0f s of SIGKILL", COORD_STARTUP_TIMEOUT_S);

@@ -260,6 +260,24 @@ static void publish(shard_t *sh)
     BE_CHECK(sh, be->stream_sync(sh->stream), "weights: %s", BE_WHY(sh));
 }
 
+/* REMAP (GPU shards): the stages were started again (a stage was lost: DESIGN.md "Recovery").
+ * The old mappings go, the new stages' buffers are mapped, and the master weights written
+ * into them: the weights the stages had, bit for bit. */
+static void remap(shard_t *sh)
+{
+    for (int i = 0; i < sh->nmapped; i++)
+        sh->cu->ipc_close(sh->mapped[i]);
+    free(sh->part);
+    free(sh->mapped);
+    sh->part = NULL;
+    sh->mapped = NULL;
+    sh->nparts = sh->nmapped = 0;
+    parts_from_stages(sh);
+    if (sh->in_place) /* the same layout: the one part is again the whole slice */
+        sh->state.g = sh->part[0].g;
+    publish(sh);
+}
+
 /* The state at the first step: the checkpoint's (checkpoint.load) or the initial weights
  * with zero moments, into dst. */
 static void make_state(shard_t *sh, float *const dst[3])
@@ -488,6 +506,11 @@ int main(int argc, char **argv)
             worker_test_point(sh.w, "snapshot", m.step - 1);
             snapshot(&sh);
             reply.type = MSG_SNAPPED;
+        } else if (m.type == MSG_REMAP) {
+            WORKER_CHECK(sh.w, sh.lay.gpu_shards, "REMAP to a shard on the CPU (its weights are the params segment)");
+            worker_test_point(sh.w, "remap", m.step);
+            remap(&sh);
+            reply.type = MSG_REMAPPED;
         } else if (m.type == MSG_UPDATE) {
             reply.lr = update(&sh, m.step, m.scale);
             worker_test_point(sh.w, "updated", m.step);

@@ -444,6 +444,7 @@ static void run_step(stage_t *st, int64_t step)
     m.t_b = st->n_op[SCHED_B] ? st->t_op[SCHED_B] / st->n_op[SCHED_B] : 0;
     m.t_w = st->n_op[SCHED_W] ? st->t_op[SCHED_W] / st->n_op[SCHED_W] : 0;
     WORKER_CHECK(st->w, worker_send(st->w, &m) == 0, "cannot reach the coordinator");
+    worker_test_point(st->w, "done", step);
 }
 
 /* Test hook (NOTES.md "Test hooks"): CTITAN_TEST_FAIL_AT_STEP=N fails stage rank

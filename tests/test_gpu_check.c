@@ -96,6 +96,8 @@ static void test_gpu_check_rehearsal_runs_every_step_in_order(void **state)
     ASSERT_ROW(report, "model pp 2, offload", "| ok |");
     ASSERT_ROW(report, "model pp 1, NCCL plane (one rank)", "| ok |");
     ASSERT_ROW(report, "checkpoint and resume", "bitwise the uninterrupted run");
+    ASSERT_ROW(report, "recovery (stage, shard killed)", "3 recoveries (");
+    ASSERT_ROW(report, "recovery (stage, shard killed)", "every loss bitwise the undisturbed run's");
     ASSERT_ROW(report, "bench-gpu (ctitan vs PyTorch)", "skipped: no GPU");
     char gpu_tests[256];
     tu_built("tests", "gpu", gpu_tests, sizeof(gpu_tests));
@@ -104,7 +106,8 @@ static void test_gpu_check_rehearsal_runs_every_step_in_order(void **state)
     /* the order of the steps, and the per-step losses against the CPU */
     assert_true(strstr(report, "| device facts |") < strstr(report, "| test_model |"));
     assert_true(strstr(report, "| test_model |") < strstr(report, "| model pp 1, GPU shards |"));
-    assert_true(strstr(report, "| checkpoint and resume |") < strstr(report, "| bench-gpu"));
+    assert_true(strstr(report, "| checkpoint and resume |") < strstr(report, "| recovery (stage, shard killed) |"));
+    assert_true(strstr(report, "| recovery (stage, shard killed) |") < strstr(report, "| bench-gpu"));
     assert_non_null(strstr(report, "| step | GPU | CPU | relative difference |"));
     snprintf(path, sizeof(path), "%s/ok/logs/gpu2.log", g_dir);
     assert_int_equal(access(path, R_OK), 0);
@@ -137,6 +140,7 @@ static void test_gpu_check_failures_do_not_stop_the_check(void **state)
     ASSERT_ROW(report, "model pp 1, GPU shards", "no-such-plugin.so");
     ASSERT_ROW(report, "model pp 2, offload", "FAILED");
     ASSERT_ROW(report, "checkpoint and resume", "FAILED");
+    ASSERT_ROW(report, "recovery (stage, shard killed)", "skipped: no undisturbed pp 2 run");
     ASSERT_ROW(report, "bench-gpu (ctitan vs PyTorch)", "skipped: no GPU");
 }
 

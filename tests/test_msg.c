@@ -59,6 +59,8 @@ static const struct {
     {MSG_COMMIT, "commit", "step ok text"},
     {MSG_START, "start", "step ok text data"},
     {MSG_TRACE, "trace", "step data"},
+    {MSG_REMAP, "remap", "step"},
+    {MSG_REMAPPED, "remapped", "step t_busy"},
 };
 #define NTYPES (sizeof ttab / sizeof ttab[0])
 

@@ -280,11 +280,13 @@ static void test_recover_the_watchdog_dumps_and_replaces_a_wedged_stage_or_shard
 #define GPU_CKPT \
     GPU_SHAPE "--training.steps 7 --checkpoint.enable true --checkpoint.interval 3 --job.restart_backoff_ms 0"
 
-/* A GPU job (device rings through CUDA IPC, shards on the GPU) whose stage or shard is killed
- * rewinds: every stage and shard starts again from the newest whole snapshot (the checkpoint's
- * in the staging segment), or from the initial weights before the first, and the steps since
- * run again with the same losses; the checkpoints are the same bytes. */
-static void test_recover_a_gpu_job_rewinds_to_its_newest_snapshot_bitwise(void **state)
+/* A GPU job (device rings through CUDA IPC, shards on the GPU) whose stage is killed starts
+ * every stage again, the shards keeping their state: they map the new stages' buffers and write
+ * the master weights into them (REMAP), and the step is redone, with the same losses; once a
+ * replacement dies while it sets up (counted, recovered again). A GPU shard killed rewinds the
+ * job: every stage and shard starts again from the newest whole snapshot (the checkpoint's in
+ * the staging segment) and the steps since run again. The checkpoints are the same bytes. */
+static void test_recover_a_gpu_stage_is_replaced_with_its_peers_and_a_gpu_shard_rewinds(void **state)
 {
     TU_NEED_BIN();
     if (use_sim_plugin())
@@ -293,18 +295,20 @@ static void test_recover_a_gpu_job_rewinds_to_its_newest_snapshot_bitwise(void *
     char j[32];
     job_name(j, sizeof(j), "gpu");
     const char *ref = reference(GPU_CKPT);
-    int rc = run_job(j, "stage.0.0:begin:2,stage.1.0:mid:5,optshard.0.0:adamw:7", "", GPU_CKPT, out, sizeof(out));
+    int rc = run_job(j, "stage.0.0:begin:2,stage.1.0:mid:5,stage.0.0:setup:5,optshard.0.0:adamw:7", "", GPU_CKPT,
+                     out, sizeof(out));
     unsetenv("CTITAN_CUDA_PLUGIN");
-    if (rc || count(out, "(rewound, at step ") != 3)
-        FAIL_WITH(out, "status %d, %d rewinds", rc, count(out, "(rewound, at step "));
-    const tj_metrics_t *mt = assert_losses_by_step(j, ref, 7, 3, "\"scope\": \"rewind\"");
-    assert_non_null(strstr(mt->restart[0], "\"role\": \"stage\", \"rank\": 0, \"replica\": 0"));
-    assert_non_null(strstr(mt->restart[0], "\"rewound_to\": 0, \"step\": 2"));
-    assert_non_null(strstr(mt->restart[1], "\"rewound_to\": 3, \"step\": 5"));
-    assert_non_null(strstr(mt->restart[2], "\"role\": \"optshard\", \"rank\": 0"));
+    if (rc || count(out, "(every stage started again, at step ") != 2 || count(out, "(rewound, at step ") != 1)
+        FAIL_WITH(out, "status %d", rc);
+    const tj_metrics_t *mt = assert_losses_by_step(j, ref, 7, 3, "\"scope\": \"");
+    assert_non_null(strstr(mt->restart[0], "\"scope\": \"stages\", \"role\": \"stage\", \"rank\": 0, \"replica\": 0"));
+    assert_non_null(strstr(mt->restart[0], "\"step\": 2, \"redone\": true, \"replaced\": 2, \"lost_during\": 0"));
+    assert_non_null(strstr(mt->restart[1], "\"scope\": \"stages\", \"role\": \"stage\", \"rank\": 1"));
+    assert_non_null(strstr(mt->restart[1], "\"step\": 5, \"redone\": true, \"replaced\": 2, \"lost_during\": 1"));
+    assert_non_null(strstr(mt->restart[2], "\"scope\": \"rewind\", \"role\": \"optshard\", \"rank\": 0"));
     assert_non_null(strstr(mt->restart[2], "\"rewound_to\": 6, \"step\": 7"));
-    assert_non_null(strstr(out, "started again from the initial weights in "));
-    assert_non_null(strstr(out, "started again from the in-memory snapshot of step 3 (the staging segment) in "));
+    assert_non_null(strstr(out, "(every stage started again, at step 2): stage rank 0 replica 0 (pid "));
+    assert_non_null(strstr(out, "the step redone by every stage"));
     assert_non_null(strstr(out, ": steps 7 to 7 run again"));
     for (int s = 3; s <= 6; s += 3)
         assert_same_checkpoint(j, ref, s);
@@ -313,11 +317,37 @@ static void test_recover_a_gpu_job_rewinds_to_its_newest_snapshot_bitwise(void *
     assert_clean(j);
 }
 
+/* Before the first snapshot a GPU shard's loss rewinds the job to the initial weights; a stage
+ * lost right after its reply (in the step's round, between rounds, or while the shards reduce:
+ * then a rewind, since GPU shards read the stages' gradients) is recovered the same way. */
+static void test_recover_a_gpu_job_rewinds_to_the_initial_weights_and_a_stage_lost_after_its_reply(void **state)
+{
+    TU_NEED_BIN();
+    if (use_sim_plugin())
+        skip();
+    static char out[1 << 16];
+    char j[32];
+    job_name(j, sizeof(j), "gpu0");
+    const char *ref = reference(GPU_CKPT);
+    int rc = run_job(j, "optshard.1.0:reduce:2,stage.1.0:done:4,stage.0.0:done:5", "", GPU_CKPT, out, sizeof(out));
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    int stages = count(out, "(every stage started again, at step "), rewinds = count(out, "(rewound, at step ");
+    if (rc || stages + rewinds != 3 || !strstr(out, "started again from the initial weights in "))
+        FAIL_WITH(out, "status %d", rc);
+    const tj_metrics_t *mt = assert_losses_by_step(j, ref, 7, 3, "\"scope\": \"");
+    assert_non_null(strstr(mt->restart[0], "\"rewound_to\": 0, \"step\": 2"));
+    assert_non_null(strstr(mt->restart[1], "\"step\": 4, \"redone\": true"));
+    assert_non_null(strstr(mt->restart[2], "\"step\": 5, \"redone\": true"));
+    assert_same_checkpoint(j, ref, 3);
+    assert_same_checkpoint(j, ref, 6);
+    assert_clean(j);
+}
+
 /* The NCCL data plane (data parallel 2 x pipeline 2: its communicators die with any rank, so
- * they are made again), here with in-memory snapshots only (checkpoint.snapshot_interval, no
- * checkpoint written), and offload mode (GPU stages, CPU shards in the optstate segment) rewind
- * the same way. */
-static void test_recover_gpu_jobs_on_the_nccl_plane_and_in_offload_mode_rewind_bitwise(void **state)
+ * they are made again) rewinds, here with in-memory snapshots only (checkpoint.snapshot_interval,
+ * no checkpoint written). Offload mode (GPU stages, CPU shards in the optstate segment) recovers
+ * in place: a shard alone, a stage with every stage, the step redone. */
+static void test_recover_gpu_jobs_on_the_nccl_plane_rewind_and_in_offload_mode_recover_in_place(void **state)
 {
     TU_NEED_BIN();
     if (use_sim_plugin())
@@ -335,11 +365,16 @@ static void test_recover_gpu_jobs_on_the_nccl_plane_and_in_offload_mode_rewind_b
         FAIL_WITH(out, "status %d", rc);
     assert_losses_by_step(j, ref_nccl, 3, 1, "\"rewound_to\": 2, \"step\": 3");
     assert_clean(j);
-    rc = run_job(k, "stage.1.0:end:3", "", offload, out, sizeof(out));
+    rc = run_job(k, "optshard.1.0:adamw:2,stage.1.0:end:3", "", offload, out, sizeof(out));
     unsetenv("CTITAN_CUDA_PLUGIN");
-    if (rc || count(out, "(rewound, at step 3)") != 1)
+    if (rc || count(out, "(in place, at step 2): optshard 1 (pid ") != 1 ||
+        count(out, "(every stage started again, at step 3): stage rank 1 replica 0 (pid ") != 1)
         FAIL_WITH(out, "status %d", rc);
-    assert_losses_by_step(k, ref_offload, 3, 1, "\"rewound_to\": 2, \"step\": 3");
+    const tj_metrics_t *mt = assert_losses_by_step(k, ref_offload, 3, 2, "\"redone\": ");
+    assert_non_null(strstr(mt->restart[0], "\"scope\": \"process\", \"role\": \"optshard\""));
+    assert_non_null(strstr(mt->restart[1], "\"scope\": \"stages\", \"role\": \"stage\""));
+    assert_non_null(strstr(mt->restart[1], "\"step\": 3, \"redone\": true"));
+    assert_same_checkpoint(k, ref_offload, 2);
     assert_same_checkpoint(k, ref_offload, 3);
     assert_clean(k);
 }
@@ -438,8 +473,9 @@ int main(void)
         cmocka_unit_test(test_recover_a_stopped_stage_or_shard_is_killed_and_replaced),
         cmocka_unit_test(test_recover_the_watchdog_dumps_and_replaces_a_wedged_stage_or_shard),
         cmocka_unit_test(test_recover_kill_9_of_random_roles_at_random_moments_is_bitwise),
-        cmocka_unit_test(test_recover_a_gpu_job_rewinds_to_its_newest_snapshot_bitwise),
-        cmocka_unit_test(test_recover_gpu_jobs_on_the_nccl_plane_and_in_offload_mode_rewind_bitwise),
+        cmocka_unit_test(test_recover_a_gpu_stage_is_replaced_with_its_peers_and_a_gpu_shard_rewinds),
+        cmocka_unit_test(test_recover_a_gpu_job_rewinds_to_the_initial_weights_and_a_stage_lost_after_its_reply),
+        cmocka_unit_test(test_recover_gpu_jobs_on_the_nccl_plane_rewind_and_in_offload_mode_recover_in_place),
         cmocka_unit_test(test_recover_a_gpu_job_without_a_whole_snapshot_is_relaunched_from_disk),
     };
     if (getenv("CTITAN_TEST_ONLY")) /* a pattern: run only the tests it matches ("*watchdog*") */

@@ -242,7 +242,35 @@ else
     row "checkpoint and resume" "$(result)" "${secs:-0}" "$(why ckresume.log)$(why ckfull.log)"
 fi
 
-# ---- 6. the race against PyTorch ----
+# ---- 6. recovery: a GPU stage killed (every stage started again, the shards keep the state), then a
+# GPU shard (a rewind to the in-memory snapshot); each step's loss bitwise the undisturbed pp 2 run's ----
+mkdir -p "$out/once"
+if [ ! -s "$out/gpu2.jsonl" ]; then
+    row "recovery (stage, shard killed)" "skipped: no undisturbed pp 2 run to compare with" 0 ""
+elif run recover.log 150 env CTITAN_TEST_DIE_ONCE="$out/once" \
+        CTITAN_TEST_DIE_AT=stage.1.0:mid:2,stage.0.0:begin:$((half + 1)),optshard.0.0:adamw:$steps \
+        "$bin" launch "${common[@]}" --job.name "gpuchk$$rec" --job.dump_folder "$out/runs/rec" \
+        --metrics.file "$out/rec.jsonl" --training.steps $steps --parallelism.pipeline_parallel_degree 2 \
+        --job.device cuda --job.max_restarts 3 --checkpoint.snapshot_interval 2; then
+    if [ $rc != 0 ]; then
+        row "recovery (stage, shard killed)" "$(result)" "$secs" "$(why recover.log)"
+    else
+        bystep() { sed -nE 's/^\{"step": ([0-9]+),.*"loss": ([^,]*),.*/\1 \2/p' "$1"; }
+        differ=$(awk 'NR == FNR { ref[$1] = $2; next } { n++; if (ref[$1] != $2) bad++ } END { print n + 0, bad + 0 }' \
+                 <(bystep "$out/gpu2.jsonl") <(bystep "$out/rec.jsonl"))
+        read -r nrec nbad <<<"$differ"
+        lines=$(grep -a '^recovered ' "$out/logs/recover.log" | sed -E 's/:.*( in [0-9.]+ s).*/\1/' | paste -sd ';' - | sed 's/;/; /g')
+        if [ "$nbad" = 0 ] && [ "$nrec" -ge "$steps" ] && [ "$(grep -ac '^recovered ' "$out/logs/recover.log")" = 3 ]; then
+            row "recovery (stage, shard killed)" ok "$secs" "3 recoveries ($lines); $nrec step records, every loss bitwise the undisturbed run's"
+        else
+            row "recovery (stage, shard killed)" FAILED "$secs" "$nbad of $nrec step losses differ from gpu2.jsonl; recoveries: $lines"
+        fi
+    fi
+else
+    row "recovery (stage, shard killed)" "skipped: out of budget" 0 ""
+fi
+
+# ---- 7. the race against PyTorch ----
 if [ $rehearse = 1 ]; then
     row "bench-gpu (ctitan vs PyTorch)" "skipped: no GPU" 0 "tools/bench_gpu.sh"
 elif run bench-gpu.log 100000 bash tools/bench_gpu.sh; then
@@ -252,7 +280,7 @@ else
     row "bench-gpu (ctitan vs PyTorch)" "skipped: out of budget" 0 ""
 fi
 
-rm -rf "$out/runs" "$out/ckpt" "$out/.verdict"
+rm -rf "$out/runs" "$out/ckpt" "$out/once" "$out/.verdict"
 write_report
 echo "gpu_check: $n steps, $([ $failed = 1 ] && echo "some FAILED" || echo "none failed"); report: $out/report.md"
 exit $failed

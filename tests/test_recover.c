@@ -283,9 +283,10 @@ static void test_recover_the_watchdog_dumps_and_replaces_a_wedged_stage_or_shard
 /* A GPU job (device rings through CUDA IPC, shards on the GPU) whose stage is killed starts
  * every stage again, the shards keeping their state: they map the new stages' buffers and write
  * the master weights into them (REMAP), and the step is redone, with the same losses; once a
- * replacement dies while it sets up (counted, recovered again). A GPU shard killed rewinds the
- * job: every stage and shard starts again from the newest whole snapshot (the checkpoint's in
- * the staging segment) and the steps since run again. The checkpoints are the same bytes. */
+ * replacement dies while it sets up (counted, recovered again). A GPU shard killed, also while
+ * it maps the new stages, rewinds the job: every stage and shard starts again from the newest
+ * whole snapshot (the checkpoint's in the staging segment) and the steps since run again. The
+ * checkpoints are the same bytes. */
 static void test_recover_a_gpu_stage_is_replaced_with_its_peers_and_a_gpu_shard_rewinds(void **state)
 {
     TU_NEED_BIN();
@@ -295,18 +296,21 @@ static void test_recover_a_gpu_stage_is_replaced_with_its_peers_and_a_gpu_shard_
     char j[32];
     job_name(j, sizeof(j), "gpu");
     const char *ref = reference(GPU_CKPT);
-    int rc = run_job(j, "stage.0.0:begin:2,stage.1.0:mid:5,stage.0.0:setup:5,optshard.0.0:adamw:7", "", GPU_CKPT,
-                     out, sizeof(out));
+    int rc = run_job(j, "stage.0.0:begin:2,stage.1.0:begin:4,optshard.1.0:remap:4,stage.1.0:mid:5,stage.0.0:setup:5,"
+                     "optshard.0.0:adamw:7", "", GPU_CKPT, out, sizeof(out));
     unsetenv("CTITAN_CUDA_PLUGIN");
-    if (rc || count(out, "(every stage started again, at step ") != 2 || count(out, "(rewound, at step ") != 1)
+    if (rc || count(out, "(every stage started again, at step ") != 2 || count(out, "(rewound, at step ") != 2)
         FAIL_WITH(out, "status %d", rc);
-    const tj_metrics_t *mt = assert_losses_by_step(j, ref, 7, 3, "\"scope\": \"");
+    const tj_metrics_t *mt = assert_losses_by_step(j, ref, 7, 4, "\"scope\": \"");
     assert_non_null(strstr(mt->restart[0], "\"scope\": \"stages\", \"role\": \"stage\", \"rank\": 0, \"replica\": 0"));
     assert_non_null(strstr(mt->restart[0], "\"step\": 2, \"redone\": true, \"replaced\": 2, \"lost_during\": 0"));
-    assert_non_null(strstr(mt->restart[1], "\"scope\": \"stages\", \"role\": \"stage\", \"rank\": 1"));
-    assert_non_null(strstr(mt->restart[1], "\"step\": 5, \"redone\": true, \"replaced\": 2, \"lost_during\": 1"));
-    assert_non_null(strstr(mt->restart[2], "\"scope\": \"rewind\", \"role\": \"optshard\", \"rank\": 0"));
-    assert_non_null(strstr(mt->restart[2], "\"rewound_to\": 6, \"step\": 7"));
+    assert_non_null(strstr(mt->restart[1], "\"scope\": \"rewind\", \"role\": \"stage\", \"rank\": 1"));
+    assert_non_null(strstr(mt->restart[1], "\"rewound_to\": 3, \"step\": 4, \"redone\": true"));
+    assert_non_null(strstr(mt->restart[1], "\"lost_during\": 1"));
+    assert_non_null(strstr(mt->restart[2], "\"scope\": \"stages\", \"role\": \"stage\", \"rank\": 1"));
+    assert_non_null(strstr(mt->restart[2], "\"step\": 5, \"redone\": true, \"replaced\": 2, \"lost_during\": 1"));
+    assert_non_null(strstr(mt->restart[3], "\"scope\": \"rewind\", \"role\": \"optshard\", \"rank\": 0"));
+    assert_non_null(strstr(mt->restart[3], "\"rewound_to\": 6, \"step\": 7"));
     assert_non_null(strstr(out, "(every stage started again, at step 2): stage rank 0 replica 0 (pid "));
     assert_non_null(strstr(out, "the step redone by every stage"));
     assert_non_null(strstr(out, ": steps 7 to 7 run again"));

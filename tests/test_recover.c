@@ -350,7 +350,8 @@ static void test_recover_a_gpu_job_rewinds_to_the_initial_weights_and_a_stage_lo
 /* The NCCL data plane (data parallel 2 x pipeline 2: its communicators die with any rank, so
  * they are made again) rewinds, here with in-memory snapshots only (checkpoint.snapshot_interval,
  * no checkpoint written). Offload mode (GPU stages, CPU shards in the optstate segment) recovers
- * in place: a shard alone, a stage with every stage, the step redone. */
+ * in place: a shard alone, a stage with every stage, the step redone; and so does data parallel
+ * 2 on the IPC plane with GPU shards (all four stages started again, mapped by the shards). */
 static void test_recover_gpu_jobs_on_the_nccl_plane_rewind_and_in_offload_mode_recover_in_place(void **state)
 {
     TU_NEED_BIN();
@@ -370,7 +371,6 @@ static void test_recover_gpu_jobs_on_the_nccl_plane_rewind_and_in_offload_mode_r
     assert_losses_by_step(j, ref_nccl, 3, 1, "\"rewound_to\": 2, \"step\": 3");
     assert_clean(j);
     rc = run_job(k, "optshard.1.0:adamw:2,stage.1.0:end:3", "", offload, out, sizeof(out));
-    unsetenv("CTITAN_CUDA_PLUGIN");
     if (rc || count(out, "(in place, at step 2): optshard 1 (pid ") != 1 ||
         count(out, "(every stage started again, at step 3): stage rank 1 replica 0 (pid ") != 1)
         FAIL_WITH(out, "status %d", rc);
@@ -380,6 +380,16 @@ static void test_recover_gpu_jobs_on_the_nccl_plane_rewind_and_in_offload_mode_r
     assert_non_null(strstr(mt->restart[1], "\"step\": 3, \"redone\": true"));
     assert_same_checkpoint(k, ref_offload, 2);
     assert_same_checkpoint(k, ref_offload, 3);
+    assert_clean(k);
+    /* data parallel 2 on the IPC plane: the shards sum both replicas' stages, and map all four anew */
+    const char *dp2 = GPU_SHAPE "--training.steps 3 --parallelism.data_parallel_replicate_degree 2";
+    const char *ref_dp2 = reference(dp2);
+    job_name(k, sizeof(k), "ipcdp2");
+    rc = run_job(k, "stage.0.1:mid:2", "", dp2, out, sizeof(out));
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    if (rc || count(out, "(every stage started again, at step 2): stage rank 0 replica 1 (pid ") != 1)
+        FAIL_WITH(out, "status %d", rc);
+    mt = assert_losses_by_step(k, ref_dp2, 3, 1, "\"replaced\": 4, ");
     assert_clean(k);
 }
 

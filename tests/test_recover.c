@@ -321,6 +321,43 @@ static void test_recover_a_gpu_stage_is_replaced_with_its_peers_and_a_gpu_shard_
     assert_clean(j);
 }
 
+/* A GPU stage stopped (SIGSTOP: killed after the heartbeat timeout) and one wedged (its main
+ * thread hangs, heartbeats go on: the step watchdog) are replaced with every stage; bitwise. */
+static void test_recover_a_stopped_or_wedged_gpu_stage_is_replaced_with_its_peers(void **state)
+{
+    TU_NEED_BIN();
+    if (use_sim_plugin())
+        skip();
+    static char out[1 << 16];
+    char j[32], full[512];
+    job_name(j, sizeof(j), "gpustop");
+    const char *args = GPU_SHAPE "--training.steps 12 --job.heartbeat_timeout_ms 1000 --job.watchdog_s 3";
+    const char *ref = reference(args);
+    char once[128];
+    snprintf(once, sizeof(once), "%s/once-%s", tj_dir, j);
+    assert_int_equal(mkdir(once, 0700), 0);
+    setenv("CTITAN_TEST_DIE_ONCE", once, 1);
+    setenv("CTITAN_TEST_HANG_AT", "stage.0.0:mid:9", 1);
+    snprintf(full, sizeof(full), QUIET "%s", args);
+    pid_t pid = tj_launch_bg(j, full);
+    unsetenv("CTITAN_TEST_DIE_ONCE");
+    unsetenv("CTITAN_TEST_HANG_AT");
+    assert_int_equal(tj_wait_step(j, 3, 60), 0);
+    pid_t st = tu_stage_pid(pid, 1);
+    assert_true(st > 0);
+    kill(st, SIGSTOP);
+    int rc = tu_reap(pid, 120, NULL);
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    tj_read_out(j, out, sizeof(out));
+    if (rc || count(out, "(every stage started again, at step ") != 2)
+        FAIL_WITH(out, "status %d", rc);
+    assert_non_null(strstr(out, "(stopped or hung) and was killed; replaced: "));
+    assert_non_null(strstr(out, "hung (the step watchdog dumped its stack and stopped it"));
+    assert_losses_by_step(j, ref, 12, 2, "\"scope\": \"stages\"");
+    assert_true(kill(st, 0) < 0);
+    assert_clean(j);
+}
+
 /* Before the first snapshot a GPU shard's loss rewinds the job to the initial weights; a stage
  * lost right after its reply (in the step's round, between rounds, or while the shards reduce:
  * then a rewind, since GPU shards read the stages' gradients) is recovered the same way. */
@@ -489,6 +526,7 @@ int main(void)
         cmocka_unit_test(test_recover_kill_9_of_random_roles_at_random_moments_is_bitwise),
         cmocka_unit_test(test_recover_a_gpu_stage_is_replaced_with_its_peers_and_a_gpu_shard_rewinds),
         cmocka_unit_test(test_recover_a_gpu_job_rewinds_to_the_initial_weights_and_a_stage_lost_after_its_reply),
+        cmocka_unit_test(test_recover_a_stopped_or_wedged_gpu_stage_is_replaced_with_its_peers),
         cmocka_unit_test(test_recover_gpu_jobs_on_the_nccl_plane_rewind_and_in_offload_mode_recover_in_place),
         cmocka_unit_test(test_recover_a_gpu_job_without_a_whole_snapshot_is_relaunched_from_disk),
     };

@@ -1,6 +1,7 @@
 /* [profiling] trace_file (see coord_priv.h; stages/trace.h the file): each stage's actions and
  * waits as it measured them (MSG_TRACE), the schedule's ideal placement beside them, the
- * coordinator's rounds, the optimizer shards' and checkpointd's work. */
+ * coordinator's rounds, the optimizer shards' and checkpointd's work; the processes of other
+ * hosts too, on tracks named with their host, their times moved onto this host's clock. */
 #include "stages/coord_priv.h"
 
 #include <stdio.h>
@@ -24,20 +25,31 @@ int coord_trace_open(coord_t *c, char *err, size_t errlen)
     return 0;
 }
 
+/* p's track: its pid, or for a process of another host (whose pids may be this host's too)
+ * the host in the bits above it. */
+static int64_t track_id(const coord_proc_t *p)
+{
+    return p->remote ? (int64_t)p->host << 32 | (uint32_t)p->pid : (int64_t)p->pid;
+}
+
 /* Names p's track the first time its pid (a replacement's too) appears. */
-static void track(coord_t *c, coord_proc_t *p)
+static int64_t track(coord_t *c, coord_proc_t *p)
 {
     if (p->traced_pid == p->pid)
-        return;
-    char name[64], who[80];
+        return track_id(p);
+    char name[64], who[96];
     coord_who(p, name, sizeof(name));
-    snprintf(who, sizeof(who), "%s (pid %d)", name, (int)p->pid);
+    if (p->remote)
+        snprintf(who, sizeof(who), "%s (host %d, pid %d)", name, p->host, (int)p->pid);
+    else
+        snprintf(who, sizeof(who), "%s (pid %d)", name, (int)p->pid);
     /* stages first, in replica then rank order, then the shards, the loader, checkpointd */
     int sort = 1 + (int)(p - c->p);
     if (p->role == COORD_STAGE)
         sort = 1 + p->replica * c->m->pp + p->rank;
-    trace_process(c->trace, p->pid, who, sort);
+    trace_process(c->trace, track_id(p), who, sort);
     p->traced_pid = p->pid;
+    return track_id(p);
 }
 
 /* "F3", "B3 c1" (a chunk other than the only one), for an action's slice. */
@@ -57,17 +69,22 @@ const char *coord_on_trace(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, 
     static const char *const cats[] = {"F", "B", "W", "wait", "fill"}; /* by op: SCHED_F, _B, _W, TRACE_WAIT, _FILL */
     if (!c->trace)
         return "no trace is being written";
-    if (p->remote)
-        return NULL; /* only this host's processes have tracks */
     if (p->role == COORD_STAGE && (p->await != MSG_STEP_DONE || m->step != c->step))
         return "not the step in progress";
     if (p->role == COORD_LOADER && (m->step < c->step || m->step > c->step + 64)) /* it runs ahead */
         return "not a step the loader can be filling";
     if (m->data_len % sizeof(trace_rec_t) || m->data_len / sizeof(trace_rec_t) > TRACE_RECS_MAX)
         return "not a whole number of trace records, or too many";
-    track(c, p);
     const trace_rec_t *r = (const trace_rec_t *)m->data;
     size_t n = m->data_len / sizeof(trace_rec_t);
+    if (!n || r[n - 1].op != TRACE_SENT || !(r[n - 1].t0 == r[n - 1].t0))
+        return "no sending time as its last record";
+    /* another host's clock onto ours: its records end by the time it sent them, which we take
+     * as now (this host's own share one clock) */
+    double shift = p->remote ? util_now() - r[--n].t0 : 0;
+    if (!p->remote)
+        n--;
+    int64_t id = track(c, p);
     for (size_t i = 0; i < n; i++) {
         if (r[i].op > (p->role == COORD_LOADER ? TRACE_FILL : TRACE_WAIT) || r[i].chunk >= c->lay.vs ||
             !(r[i].t1 >= r[i].t0))
@@ -77,9 +94,9 @@ const char *coord_on_trace(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, 
             snprintf(name, sizeof(name), "fill r%d mb%d", r[i].pad, r[i].mb);
         snprintf(args, sizeof(args), "\"step\": %lld, \"mb\": %d, \"chunk\": %d", (long long)m->step + 1, r[i].mb,
                  r[i].chunk);
-        trace_span(c->trace, p->pid, 1,
+        trace_span(c->trace, id, 1,
                    r[i].op == TRACE_FILL ? name : action_name(c, r[i].op, r[i].chunk, r[i].mb, name, sizeof(name)),
-                   cats[r[i].op], r[i].t0, r[i].t1, args);
+                   cats[r[i].op], r[i].t0 + shift, r[i].t1 + shift, args);
     }
     return NULL;
 }
@@ -93,20 +110,18 @@ void coord_trace_round(coord_t *c, const char *name, int first, int count, doubl
     trace_span(c->trace, getpid(), 1, name, "round", t0, t1, args);
     for (int i = first; i < first + count; i++) {
         coord_proc_t *p = &c->p[i];
-        if (p->remote || !p->pid || p->role == COORD_STAGE) /* stages say their own */
+        if (!p->pid || p->role == COORD_STAGE) /* stages say their own */
             continue;
-        track(c, p);
-        trace_span(c->trace, p->pid, 1, name, "work", p->replied_at - p->reply.t_busy, p->replied_at, args);
+        trace_span(c->trace, track(c, p), 1, name, "work", p->replied_at - p->reply.t_busy, p->replied_at, args);
     }
 }
 
 void coord_trace_work(coord_t *c, coord_proc_t *p, const char *name, double busy)
 {
-    if (!c->trace || p->remote || !p->pid)
+    if (!c->trace || !p->pid)
         return;
-    track(c, p);
     double now = util_now();
-    trace_span(c->trace, p->pid, 1, name, "work", now - busy, now, NULL);
+    trace_span(c->trace, track(c, p), 1, name, "work", now - busy, now, NULL);
 }
 
 void coord_trace_step(coord_t *c, const double (*t)[3])
@@ -124,14 +139,14 @@ void coord_trace_step(coord_t *c, const double (*t)[3])
         for (int rep = 0; rep < c->m->dp; rep++)
             for (int r = 0; r < s->pp; r++) {
                 coord_proc_t *p = coord_stage(c, r, rep);
-                if (p->remote || !p->pid)
+                if (!p->pid)
                     continue;
-                track(c, p);
+                int64_t id = track(c, p);
                 for (int i = 0; i < s->n[r]; i++) {
                     const sched_action_t *a = &s->a[r][i];
                     char name[32];
                     double b = c->round_t0 + start[r][i];
-                    trace_span(c->trace, p->pid, 2, action_name(c, a->op, a->chunk, a->mb, name, sizeof(name)),
+                    trace_span(c->trace, id, 2, action_name(c, a->op, a->chunk, a->mb, name, sizeof(name)),
                                "ideal", b, b + t[r][a->op], args);
                 }
             }

@@ -213,7 +213,7 @@ struct ldr {
 /* One interval for the trace (nothing when not tracing). */
 static void note(ldr_t *l, int op, double t0, double t1)
 {
-    if (!l->recs || l->nrecs >= TRACE_RECS_MAX)
+    if (!l->recs || l->nrecs >= TRACE_RECS_MAX - 1) /* (the last place is TRACE_SENT's) */
         return;
     l->recs[l->nrecs++] = (trace_rec_t){.op = (uint8_t)op, .pad = (uint16_t)l->replica, .mb = l->mb, .t0 = t0,
                                         .t1 = t1};
@@ -382,7 +382,7 @@ int ldr_commit(ldr_t *l, const void *cursor, size_t len)
     note(l, TRACE_FILL, l->fill_t0, util_now());
     if (last_of_step && l->recs) {
         msg_t tr = {.type = MSG_TRACE, .step = l->step, .data = (uint8_t *)l->recs,
-                    .data_len = (size_t)l->nrecs * sizeof(trace_rec_t)};
+                    .data_len = (size_t)trace_seal(l->recs, l->nrecs) * sizeof(trace_rec_t)};
         if (worker_send(l->w, &tr))
             return -ECANCELED;
         l->nrecs = 0;

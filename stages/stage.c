@@ -255,7 +255,7 @@ static void acts_free(chunk_t *k, int mb)
 /* One interval of the step for the trace (nothing when not tracing; past TRACE_RECS_MAX, dropped). */
 static void note(stage_t *st, int op, double t0, double t1)
 {
-    if (!st->recs || st->nrecs >= TRACE_RECS_MAX || (op == TRACE_WAIT && t1 - t0 < TRACE_MIN_WAIT_S))
+    if (!st->recs || st->nrecs >= TRACE_RECS_MAX - 1 || (op == TRACE_WAIT && t1 - t0 < TRACE_MIN_WAIT_S))
         return;
     st->recs[st->nrecs++] = (trace_rec_t){.op = (uint8_t)op, .chunk = (uint8_t)st->cur_chunk, .mb = st->cur_mb,
                                           .t0 = t0, .t1 = t1};
@@ -435,7 +435,7 @@ static void run_step(stage_t *st, int64_t step)
     double total = util_now() - t0;
     if (st->recs) { /* the step's timeline, before the reply that ends the round */
         msg_t tr = {.type = MSG_TRACE, .step = step, .data = (uint8_t *)st->recs,
-                    .data_len = (size_t)st->nrecs * sizeof(trace_rec_t)};
+                    .data_len = (size_t)trace_seal(st->recs, st->nrecs) * sizeof(trace_rec_t)};
         WORKER_CHECK(st->w, worker_send(st->w, &tr) == 0, "cannot reach the coordinator");
     }
     msg_t m = {.type = MSG_STEP_DONE, .step = step, .loss = loss, .t_wait = st->t_wait,

@@ -3,7 +3,8 @@
  * coordinator writes it as steps end, one process track per job process:
  *
  *   stage R (replica P)   track "actions": every F, B and W of every step at the times the
- *                         stage measured (one CLOCK_MONOTONIC for every process of a host), the
+ *                         stage measured (one CLOCK_MONOTONIC for every process of a host;
+ *                         another host's moved onto the coordinator's: TRACE_SENT), the
  *                         waits on its rings and the loader's inside them; track "ideal": the
  *                         schedule simulated with the step's measured action times, from the
  *                         step's start (stages/schedule.h sched_simulate)
@@ -27,10 +28,12 @@
 
 #define TRACE_WAIT 3 /* a record's op beside SCHED_F, SCHED_B, SCHED_W: the stage (or loader) waited */
 #define TRACE_FILL 4 /* the loader filled a microbatch's token and target slots */
-#define TRACE_RECS_MAX 16384 /* records of one stage's step (MSG_TRACE's data) */
+#define TRACE_SENT 5 /* a message's last record: the sender's clock (t0 = t1) as it sent it */
+#define TRACE_RECS_MAX 16384 /* records of one stage's step (MSG_TRACE's data), TRACE_SENT's included */
 
-/* One interval of a stage's step, as MSG_TRACE carries it (native byte order: both ends are
- * one host's processes). */
+/* One interval of a stage's step, as MSG_TRACE carries it (native byte order: a job's hosts
+ * run one build). Another host's clock is not this one's: the coordinator moves its records
+ * by its receipt time less TRACE_SENT's (so they may be late by the network's latency). */
 typedef struct {
     uint8_t op;     /* SCHED_F, SCHED_B, SCHED_W, TRACE_WAIT or TRACE_FILL */
     uint8_t chunk;  /* the virtual stage's chunk on its rank (a stage's) */
@@ -53,6 +56,10 @@ void trace_process(trace_t *t, int64_t pid, const char *name, int sort);
  * its name, its category, and `args` (a JSON object's members, e.g. "\"step\": 3", or NULL). */
 void trace_span(trace_t *t, int64_t pid, int tid, const char *name, const char *cat, double t0, double t1,
                 const char *args);
+
+/* Appends the TRACE_SENT record (util_now() now) to the n records (n < TRACE_RECS_MAX: the
+ * callers keep one place for it) and returns how many to send. */
+int trace_seal(trace_rec_t *recs, int n);
 
 /* Writes what is buffered to the file. Returns 0, or -errno with "PATH: ..." in err; after a
  * failure the writer stays failed (each later call says so again). */

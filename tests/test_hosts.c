@@ -161,8 +161,23 @@ static void assert_same_tensors(const char *a, const char *b)
     ckpt_close(&cb);
 }
 
+/* The pid of the track named `name...` in trace text t (its process_name record), or -1. */
+static long long track_pid(const char *t, const char *name)
+{
+    char want[160];
+    snprintf(want, sizeof(want), "\"args\": {\"name\": \"%s", name);
+    const char *at = strstr(t, want);
+    if (!at)
+        return -1;
+    while (at > t && strncmp(at, "\"pid\": ", 7))
+        at--;
+    return atoll(at + 7);
+}
+
 /* A stage of host 1 killed: its agent tells the coordinator (LOST), which rewinds the job on
- * both hosts to the in-memory snapshot; host 1's agent restarts its processes there. */
+ * both hosts to the in-memory snapshot; host 1's agent restarts its processes there. The
+ * timeline (profiling.trace_file) has host 1's stages too, on tracks named with their host,
+ * their actions and the ideal ones inside the steps' rounds. */
 static void test_hosts_a_stage_lost_on_another_host_is_restarted_by_its_agent(void **state)
 {
     TU_NEED_BIN();
@@ -178,11 +193,37 @@ static void test_hosts_a_stage_lost_on_another_host_is_restarted_by_its_agent(vo
     setenv("CTITAN_TEST_DIE_ONCE", once, 1);
     setenv("CTITAN_TEST_DIE_AT", "stage.1.1:mid:3", 1); /* replica 1 runs on host 1 */
     pid_t agent = start_host1(&h, "");
-    int rc = tj_launch("", 120, h.j, h.extra, out, sizeof(out));
+    char extra[2400], trace[256];
+    snprintf(trace, sizeof(trace), "%s/%s-trace.json", tj_dir, h.j);
+    snprintf(extra, sizeof(extra), "%s --profiling.trace_file %s", h.extra, trace);
+    int rc = tj_launch("", 120, h.j, extra, out, sizeof(out));
     int arc = tu_reap(agent, 60, NULL);
     unsetenv("CTITAN_TEST_DIE_ONCE");
     unsetenv("CTITAN_TEST_DIE_AT");
     unsetenv("CTITAN_CUDA_PLUGIN");
+    static char tr[1 << 20];
+    tu_read_file(trace, tr, sizeof(tr));
+    long long remote = track_pid(tr, "stage rank 0 replica 1 (host 1, pid "), local = track_pid(tr, "stage rank 0 "
+                                                                                                    "replica 0 (pid ");
+    if (remote < (1LL << 32) || local <= 0 || local >= (1LL << 32))
+        fail_msg("tracks: host 1's stage %lld, host 0's %lld, in:\n%.3000s", remote, local, tr);
+    char span[128];
+    for (int tid = 1; tid <= 2; tid++) { /* its actions, and the ideal ones */
+        snprintf(span, sizeof(span), "\"name\": \"F0\", \"cat\": \"%s\", \"pid\": %lld, \"tid\": %d, \"ts\": ",
+                 tid == 1 ? "F" : "ideal", remote, tid);
+        const char *at = strstr(tr, span);
+        if (!at)
+            fail_msg("no %s in the trace", span);
+        double ts = atof(at + strlen(span));
+        assert_true(ts > 0 && ts < 120e6); /* on the run's clock: microseconds since it began */
+    }
+    /* the killed stage and its replacement: a track each */
+    assert_int_equal(tj_count(tr, "\"args\": {\"name\": \"stage rank 1 replica 1 (host 1, pid "), 2);
+    char cmd[400], said[256];
+    snprintf(cmd, sizeof(cmd), "command -v python3 >/dev/null || exit 0; python3 -c 'import json, sys; "
+             "json.load(open(sys.argv[1]))' %s 2>&1", trace);
+    if (tu_run(cmd, said, sizeof(said))) /* one JSON array, where python3 can say */
+        fail_msg("%s: %s", trace, said);
     tj_read_out(h.jh1, agent_out, sizeof(agent_out));
     if (rc || tj_count(out, "(rewound, at step 3): stage rank 1 replica 1 (pid ") != 1)
         TJ_FAIL_WITH(out, "status %d", rc);

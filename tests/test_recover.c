@@ -80,9 +80,9 @@ static const tj_metrics_t *assert_same_losses(const char *job, const char *ref, 
 /* The undisturbed run of these arguments (made once per argument string). */
 static const char *reference(const char *extra)
 {
-    static char refs[8][2048], names[8][32];
+    static char refs[16][2048], names[16][32];
     static char out[1 << 16];
-    for (int i = 0; i < 8; i++) {
+    for (int i = 0; i < 16; i++) {
         if (!strcmp(refs[i], extra) && names[i][0])
             return names[i];
         if (!names[i][0]) {

@@ -331,18 +331,18 @@ static void test_recover_a_stopped_or_wedged_gpu_stage_is_replaced_with_its_peer
     static char out[1 << 16];
     char j[32], full[512];
     job_name(j, sizeof(j), "gpustop");
-    const char *args = GPU_SHAPE "--training.steps 12 --job.heartbeat_timeout_ms 1000 --job.watchdog_s 3";
+    const char *args = GPU_SHAPE "--training.steps 8 --job.heartbeat_timeout_ms 1000 --job.watchdog_s 3";
     const char *ref = reference(args);
     char once[128];
     snprintf(once, sizeof(once), "%s/once-%s", tj_dir, j);
     assert_int_equal(mkdir(once, 0700), 0);
     setenv("CTITAN_TEST_DIE_ONCE", once, 1);
-    setenv("CTITAN_TEST_HANG_AT", "stage.0.0:mid:9", 1);
+    setenv("CTITAN_TEST_HANG_AT", "stage.0.0:mid:7", 1);
     snprintf(full, sizeof(full), QUIET "%s", args);
     pid_t pid = tj_launch_bg(j, full);
     unsetenv("CTITAN_TEST_DIE_ONCE");
     unsetenv("CTITAN_TEST_HANG_AT");
-    assert_int_equal(tj_wait_step(j, 3, 60), 0);
+    assert_int_equal(tj_wait_step(j, 2, 60), 0);
     pid_t st = tu_stage_pid(pid, 1);
     assert_true(st > 0);
     kill(st, SIGSTOP);
@@ -353,7 +353,7 @@ static void test_recover_a_stopped_or_wedged_gpu_stage_is_replaced_with_its_peer
         FAIL_WITH(out, "status %d", rc);
     assert_non_null(strstr(out, "(stopped or hung) and was killed; replaced: "));
     assert_non_null(strstr(out, "hung (the step watchdog dumped its stack and stopped it"));
-    assert_losses_by_step(j, ref, 12, 2, "\"scope\": \"stages\"");
+    assert_losses_by_step(j, ref, 8, 2, "\"scope\": \"stages\"");
     assert_true(kill(st, 0) < 0);
     assert_clean(j);
 }

@@ -287,7 +287,6 @@ test-gpu: all
 bench: $(BUILD)/bin/ctitan
 	$(BUILD)/bin/ctitan bench
 
-
 # ctitan on one GPU against PyTorch (tools/bench_gpu.sh); says so and stops without a GPU.
 bench-gpu: all
 	bash tools/bench_gpu.sh

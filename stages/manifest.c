@@ -188,14 +188,6 @@ size_t manifest_piece_cost(const manifest_t *m, const param_table_t *tab, int pi
 
 #define RANK_SPLITS_MAX 2000000 /* splits tried one by one for several stages per rank; more: per stage */
 
-/* The rank that holds virtual stage v of S (as sched_vstage places them: loop or V). */
-static int rank_of(const manifest_t *m, int v, int S)
-{
-    if (sched_kind_placement(m->schedule) == SCHED_V)
-        return v < m->pp ? v : S - 1 - v;
-    return v % m->pp;
-}
-
 /* Binomial C(n, k), saturating at limit + 1. */
 static double splits(int n, int k, double limit)
 {
@@ -214,6 +206,7 @@ static int rank_balanced_split(const manifest_t *m, const size_t *w, int P, int 
         return -1;
     size_t pre[MANIFEST_MAX_PP * 4 + 3], rank[MANIFEST_MAX_PP], best_rank = SIZE_MAX, best_stage = SIZE_MAX;
     int start[MANIFEST_MAX_PP + 1];
+    sched_placement_t placement = (sched_placement_t)sched_kind_placement(m->schedule); /* a checked kind */
     if (P + 1 > (int)(sizeof(pre) / sizeof(pre[0])))
         return -1;
     pre[0] = 0;
@@ -228,7 +221,7 @@ static int rank_balanced_split(const manifest_t *m, const size_t *w, int P, int 
         for (int s = 0; s < S; s++) {
             size_t c = pre[start[s + 1]] - pre[start[s]];
             worst_stage = c > worst_stage ? c : worst_stage;
-            size_t *r = &rank[rank_of(m, s, S)];
+            size_t *r = &rank[sched_placement_rank(placement, m->pp, s, NULL)];
             *r += c;
             worst_rank = *r > worst_rank ? *r : worst_rank;
         }
@@ -300,21 +293,18 @@ int manifest_stage_pieces(const manifest_t *m, int stage, int *p0, int *p1)
     return rc;
 }
 
-void manifest_ckpt_folder(const manifest_t *m, char *buf, size_t n)
+/* path, under job.dump_folder unless absolute. */
+static void under_dump(const manifest_t *m, const char *path, char *buf, size_t n)
 {
-    if (m->ckpt_folder[0] == '/')
-        snprintf(buf, n, "%s", m->ckpt_folder);
+    if (path[0] == '/')
+        snprintf(buf, n, "%s", path);
     else
-        snprintf(buf, n, "%s/%s", m->dump_folder, m->ckpt_folder);
+        snprintf(buf, n, "%s/%s", m->dump_folder, path);
 }
 
-void manifest_tb_folder(const manifest_t *m, char *buf, size_t n)
-{
-    if (m->tb_folder[0] == '/')
-        snprintf(buf, n, "%s", m->tb_folder);
-    else
-        snprintf(buf, n, "%s/%s", m->dump_folder, m->tb_folder);
-}
+void manifest_ckpt_folder(const manifest_t *m, char *buf, size_t n) { under_dump(m, m->ckpt_folder, buf, n); }
+
+void manifest_tb_folder(const manifest_t *m, char *buf, size_t n) { under_dump(m, m->tb_folder, buf, n); }
 
 void manifest_shard_range(size_t total, int shards, int k, size_t *begin, size_t *end)
 {

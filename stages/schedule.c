@@ -370,13 +370,15 @@ static int vstage_of(const sched_t *s, int rank, int chunk)
     return chunk * s->pp + rank;
 }
 
-static int owner(const sched_t *s, int v, int *chunk)
+int sched_placement_rank(sched_placement_t placement, int pp, int vstage, int *chunk)
 {
-    int c = v / s->pp, r = v % s->pp;
-    if (s->placement == SCHED_V && c) r = 2 * s->pp - 1 - v;
+    int c = vstage / pp, r = vstage % pp;
+    if (placement == SCHED_V && c) r = 2 * pp - 1 - vstage;
     if (chunk) *chunk = c;
     return r;
 }
+
+static int owner(const sched_t *s, int v, int *chunk) { return sched_placement_rank(s->placement, s->pp, v, chunk); }
 
 static size_t slot(const sched_t *s, int v, int mb, int op)
 {
@@ -646,32 +648,26 @@ int sched_check(const sched_t *s, char *err, size_t errlen)
     return rc;
 }
 
-int sched_peak_in_flight(const sched_t *s, int rank)
-{
-    if (!s || !s->n || !s->a || rank < 0 || rank >= s->pp) return -EINVAL;
-    /* Activations are held per (chunk, mb): a count suffices because each B closes one F. */
-    int live = 0, peak = 0;
-    for (int i = 0; i < s->n[rank]; i++) {
-        if (s->a[rank][i].op == SCHED_F && ++live > peak) peak = live;
-        else if (s->a[rank][i].op == SCHED_B) live--;
-    }
-    return peak;
-}
-
-int sched_peak_acts(const sched_t *s, int rank, int chunk)
+/* The most (chunk, mb) pairs of rank `rank` (of chunk `chunk`, or -1: all) open at once, each
+ * opened by its F and closed by its `closer` action: a count suffices, since each closer closes
+ * one F of its chunk. */
+static int peak_open(const sched_t *s, int rank, int chunk, int closer)
 {
     if (!s || !s->n || !s->a || rank < 0 || rank >= s->pp || chunk < -1 || chunk >= s->vstages)
         return -EINVAL;
-    /* As above, a count suffices: each W closes one F of its chunk. */
     int live = 0, peak = 0;
     for (int i = 0; i < s->n[rank]; i++) {
         const sched_action_t *a = &s->a[rank][i];
         if (chunk >= 0 && a->chunk != chunk) continue;
         if (a->op == SCHED_F && ++live > peak) peak = live;
-        else if (a->op == SCHED_W) live--;
+        else if (a->op == closer) live--;
     }
     return peak;
 }
+
+int sched_peak_in_flight(const sched_t *s, int rank) { return peak_open(s, rank, -1, SCHED_B); }
+
+int sched_peak_acts(const sched_t *s, int rank, int chunk) { return peak_open(s, rank, chunk, SCHED_W); }
 
 /* ---- simulation and rendering ---------------------------------------------------------------- */
 

@@ -99,6 +99,9 @@ void sched_free(sched_t *s);
  * *chunk, when not NULL, the chunk) that runs virtual stage `vstage`. -EINVAL out of range. */
 int sched_vstage(const sched_t *s, int rank, int chunk);
 int sched_rank_of(const sched_t *s, int vstage, int *chunk);
+/* The same without a built schedule: the rank (and chunk) of virtual stage `vstage` under
+ * `placement` with pp ranks; the caller keeps vstage in range. */
+int sched_placement_rank(sched_placement_t placement, int pp, int vstage, int *chunk);
 
 /* Checks a schedule: every (chunk, mb) has exactly one F, B and W on each rank, in that order;
  * executing every rank's list in order with unbounded buffers between ranks completes (the

@@ -73,22 +73,17 @@ const char *coord_on_trace(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, 
         return "not the step in progress";
     if (p->role == COORD_LOADER && (m->step < c->step || m->step > c->step + 64)) /* it runs ahead */
         return "not a step the loader can be filling";
-    if (m->data_len % sizeof(trace_rec_t) || m->data_len / sizeof(trace_rec_t) > TRACE_RECS_MAX)
-        return "not a whole number of trace records, or too many";
+    static char why[160]; /* the reply is read before the next message */
+    int n = trace_recs_check(m->data, m->data_len, p->role == COORD_LOADER ? TRACE_FILL : TRACE_WAIT, c->lay.vs,
+                             why, sizeof(why));
+    if (n < 0)
+        return why;
     const trace_rec_t *r = (const trace_rec_t *)m->data;
-    size_t n = m->data_len / sizeof(trace_rec_t);
-    if (!n || r[n - 1].op != TRACE_SENT || !(r[n - 1].t0 == r[n - 1].t0))
-        return "no sending time as its last record";
     /* another host's clock onto ours: its records end by the time it sent them, which we take
      * as now (this host's own share one clock) */
-    double shift = p->remote ? util_now() - r[--n].t0 : 0;
-    if (!p->remote)
-        n--;
+    double shift = p->remote ? util_now() - r[n].t0 : 0;
     int64_t id = track(c, p);
-    for (size_t i = 0; i < n; i++) {
-        if (r[i].op > (p->role == COORD_LOADER ? TRACE_FILL : TRACE_WAIT) || r[i].chunk >= c->lay.vs ||
-            !(r[i].t1 >= r[i].t0))
-            return "a trace record out of range";
+    for (int i = 0; i < n; i++) {
         char name[32], args[96];
         if (r[i].op == TRACE_FILL)
             snprintf(name, sizeof(name), "fill r%d mb%d", r[i].pad, r[i].mb);

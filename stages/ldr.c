@@ -210,13 +210,11 @@ struct ldr {
     double fill_t0;       /* when ldr_next handed out the slot in hand */
 };
 
-/* One interval for the trace (nothing when not tracing). */
+/* One interval for the trace (trace_note: none when not tracing). */
 static void note(ldr_t *l, int op, double t0, double t1)
 {
-    if (!l->recs || l->nrecs >= TRACE_RECS_MAX - 1) /* (the last place is TRACE_SENT's) */
-        return;
-    l->recs[l->nrecs++] = (trace_rec_t){.op = (uint8_t)op, .pad = (uint16_t)l->replica, .mb = l->mb, .t0 = t0,
-                                        .t1 = t1};
+    trace_note(l->recs, &l->nrecs, (trace_rec_t){.op = (uint8_t)op, .pad = (uint16_t)l->replica, .mb = l->mb,
+                                                .t0 = t0, .t1 = t1});
 }
 
 static int fail_open(ldr_t *l, int rc)
@@ -323,8 +321,7 @@ static int slot_for(ldr_t *l, int i, int32_t **out)
         int rc = ring_reserve(l->rings[i], 100, &p);
         if (rc == 0) {
             *out = p;
-            if (util_now() - t0 > 20e-6) /* the ring was full: the stages had not taken enough */
-                note(l, TRACE_WAIT, t0, util_now());
+            note(l, TRACE_WAIT, t0, util_now()); /* a wait: the ring was full, the stages behind */
             return 0;
         }
         if (rc != -ETIMEDOUT || poll_control(l, 0))

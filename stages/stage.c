@@ -250,15 +250,11 @@ static void acts_free(chunk_t *k, int mb)
             k->acts_mb[i] = -1;
 }
 
-#define TRACE_MIN_WAIT_S 20e-6 /* shorter waits are no wait (the ring's slot was there) */
-
-/* One interval of the step for the trace (nothing when not tracing; past TRACE_RECS_MAX, dropped). */
+/* One interval of the action in progress for the trace (trace_note: none when not tracing). */
 static void note(stage_t *st, int op, double t0, double t1)
 {
-    if (!st->recs || st->nrecs >= TRACE_RECS_MAX - 1 || (op == TRACE_WAIT && t1 - t0 < TRACE_MIN_WAIT_S))
-        return;
-    st->recs[st->nrecs++] = (trace_rec_t){.op = (uint8_t)op, .chunk = (uint8_t)st->cur_chunk, .mb = st->cur_mb,
-                                          .t0 = t0, .t1 = t1};
+    trace_note(st->recs, &st->nrecs, (trace_rec_t){.op = (uint8_t)op, .chunk = (uint8_t)st->cur_chunk,
+                                                  .mb = st->cur_mb, .t0 = t0, .t1 = t1});
 }
 
 /* Whether a data-plane call's rc says the coordinator closed the rings (sets st->aborted). */
@@ -274,12 +270,11 @@ static void *take(stage_t *st, ring_t *r, int64_t step, int mb)
 {
     void *p;
     char err[256];
-    double t0 = util_now(), waited = st->t_wait;
+    double t0 = util_now();
     worker_waiting(st->w, 1);
     int rc = plane_ring_take(r, step, mb, &p, &st->t_wait, err, sizeof(err));
     worker_waiting(st->w, 0);
-    if (st->t_wait > waited)
-        note(st, TRACE_WAIT, t0, util_now());
+    note(st, TRACE_WAIT, t0, util_now());
     if (closed(st, rc))
         return NULL;
     WORKER_CHECK(st->w, rc == 0, "%s", err);

@@ -2,6 +2,7 @@
 #include "stages/trace.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -175,4 +176,28 @@ int trace_seal(trace_rec_t *recs, int n)
     double now = util_now();
     recs[n] = (trace_rec_t){.op = TRACE_SENT, .mb = -1, .t0 = now, .t1 = now};
     return n + 1;
+}
+
+void trace_note(trace_rec_t *recs, int *n, trace_rec_t r)
+{
+    if (!recs || *n >= TRACE_RECS_MAX - 1 || (r.op == TRACE_WAIT && r.t1 - r.t0 < TRACE_MIN_WAIT_S))
+        return;
+    recs[(*n)++] = r;
+}
+
+int trace_recs_check(const void *data, size_t len, int max_op, int chunks, char *err, size_t errlen)
+{
+    if (len % sizeof(trace_rec_t) || len / sizeof(trace_rec_t) > TRACE_RECS_MAX)
+        return util_fail(err, errlen, -EINVAL, "%zu bytes: not a whole number of trace records, or more than %d",
+                         len, TRACE_RECS_MAX);
+    const trace_rec_t *r = data;
+    size_t n = len / sizeof(trace_rec_t);
+    if (!n || r[n - 1].op != TRACE_SENT || !isfinite(r[n - 1].t0))
+        return util_fail(err, errlen, -EINVAL, "no sending time as its last record");
+    for (size_t i = 0; i + 1 < n; i++)
+        if (r[i].op > max_op || r[i].chunk >= chunks || !isfinite(r[i].t0) || !isfinite(r[i].t1) ||
+            !(r[i].t1 >= r[i].t0))
+            return util_fail(err, errlen, -EINVAL, "trace record %zu out of range (op %d, chunk %d, times %g to %g)",
+                             i, r[i].op, r[i].chunk, r[i].t0, r[i].t1);
+    return (int)(n - 1);
 }

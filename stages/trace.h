@@ -57,9 +57,21 @@ void trace_process(trace_t *t, int64_t pid, const char *name, int sort);
 void trace_span(trace_t *t, int64_t pid, int tid, const char *name, const char *cat, double t0, double t1,
                 const char *args);
 
-/* Appends the TRACE_SENT record (util_now() now) to the n records (n < TRACE_RECS_MAX: the
- * callers keep one place for it) and returns how many to send. */
+#define TRACE_MIN_WAIT_S 20e-6 /* a shorter wait is no wait (the slot was there): not recorded */
+
+/* Appends r to the *n records of recs (room for TRACE_RECS_MAX): nothing when recs is NULL (not
+ * tracing), when only TRACE_SENT's place is left, or for a wait shorter than TRACE_MIN_WAIT_S. */
+void trace_note(trace_rec_t *recs, int *n, trace_rec_t r);
+
+/* Appends the TRACE_SENT record (util_now() now) to the n records (n < TRACE_RECS_MAX:
+ * trace_note keeps its place) and returns how many to send. */
 int trace_seal(trace_rec_t *recs, int n);
+
+/* Checks a MSG_TRACE payload (`len` bytes from another process): whole records, at most
+ * TRACE_RECS_MAX, every op up to max_op (TRACE_WAIT from a stage, TRACE_FILL from a loader) and
+ * chunk below `chunks`, finite times with t1 >= t0, and TRACE_SENT (finite) last and only
+ * there. Returns how many records come before TRACE_SENT, or -EINVAL with why in err. */
+int trace_recs_check(const void *data, size_t len, int max_op, int chunks, char *err, size_t errlen);
 
 /* Writes what is buffered to the file. Returns 0, or -errno with "PATH: ..." in err; after a
  * failure the writer stays failed (each later call says so again). */

@@ -2,7 +2,10 @@
  * appends to, whether the run before it ended (its closing bracket taken off) or was killed in
  * the middle of an event (that event dropped); names with quotes stay JSON; a path that cannot
  * be written is named. Each file is checked by python3's json module where there is one, and
- * always by its brackets and braces. */
+ * always by its brackets and braces. Also the records a process sends (MSG_TRACE): what it
+ * keeps (trace_note, trace_seal) and what the coordinator accepts (trace_recs_check). */
+#include <errno.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -125,12 +128,69 @@ static void test_trace_an_unwritable_path_is_named(void **state)
     assert_non_null(strstr(err, "cannot create"));
 }
 
+/* A process keeps its waits of TRACE_MIN_WAIT_S or more and every action, at most
+ * TRACE_RECS_MAX - 1 of them, so that trace_seal's sending time always has its place; nothing
+ * when it is not tracing. */
+static void test_trace_note_keeps_waits_and_room_for_the_sending_time(void **state)
+{
+    static trace_rec_t recs[TRACE_RECS_MAX];
+    int n = 0;
+    trace_note(NULL, &n, (trace_rec_t){.op = 0, .t0 = 0, .t1 = 1});
+    assert_int_equal(n, 0);
+    trace_note(recs, &n, (trace_rec_t){.op = TRACE_WAIT, .t0 = 1, .t1 = 1 + TRACE_MIN_WAIT_S / 2});
+    assert_int_equal(n, 0);
+    trace_note(recs, &n, (trace_rec_t){.op = TRACE_WAIT, .t0 = 1, .t1 = 1 + 2 * TRACE_MIN_WAIT_S});
+    trace_note(recs, &n, (trace_rec_t){.op = 0, .t0 = 2, .t1 = 2}); /* an action, however short */
+    assert_int_equal(n, 2);
+    for (int i = 0; i < 2 * TRACE_RECS_MAX; i++)
+        trace_note(recs, &n, (trace_rec_t){.op = 1, .t0 = 3, .t1 = 4});
+    assert_int_equal(n, TRACE_RECS_MAX - 1);
+    assert_int_equal(trace_seal(recs, n), TRACE_RECS_MAX);
+    assert_int_equal(recs[n].op, TRACE_SENT);
+    assert_true(recs[n].t0 > 0 && recs[n].t0 == recs[n].t1);
+}
+
+/* What another process sends is checked before any of it is written: whole records, the sending
+ * time last, ops and chunks in range, finite times that do not run backwards (an infinite one
+ * made the file invalid JSON: "ts": inf). */
+static void test_trace_records_from_another_process_are_checked(void **state)
+{
+    trace_rec_t r[4] = {{.op = 0, .chunk = 1, .mb = 0, .t0 = 1, .t1 = 2}, {.op = TRACE_WAIT, .mb = -1, .t0 = 2,
+                        .t1 = 3}};
+    char err[160];
+    int n = trace_seal(r, 2);
+    assert_int_equal(trace_recs_check(r, n * sizeof(r[0]), TRACE_WAIT, 2, err, sizeof(err)), 2);
+    assert_int_equal(trace_recs_check(r, n * sizeof(r[0]) - 1, TRACE_WAIT, 2, err, sizeof(err)), -EINVAL);
+    assert_non_null(strstr(err, "not a whole number of trace records"));
+    assert_int_equal(trace_recs_check(r, 2 * sizeof(r[0]), TRACE_WAIT, 2, err, sizeof(err)), -EINVAL);
+    assert_string_equal(err, "no sending time as its last record");
+    assert_int_equal(trace_recs_check(r, 0, TRACE_WAIT, 2, err, sizeof(err)), -EINVAL);
+    assert_int_equal(trace_recs_check(r, n * sizeof(r[0]), TRACE_WAIT, 1, err, sizeof(err)), -EINVAL); /* chunk 1 */
+    assert_non_null(strstr(err, "trace record 0 out of range (op 0, chunk 1"));
+    r[1].op = TRACE_FILL; /* a loader's op, from a stage */
+    assert_int_equal(trace_recs_check(r, n * sizeof(r[0]), TRACE_WAIT, 2, err, sizeof(err)), -EINVAL);
+    assert_int_equal(trace_recs_check(r, n * sizeof(r[0]), TRACE_FILL, 2, err, sizeof(err)), 2);
+    r[1].op = TRACE_SENT; /* only last */
+    assert_int_equal(trace_recs_check(r, n * sizeof(r[0]), TRACE_FILL, 2, err, sizeof(err)), -EINVAL);
+    r[1].op = TRACE_WAIT;
+    const double bad[][2] = {{1, INFINITY}, {-INFINITY, 1}, {NAN, 1}, {3, 2}};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        r[0].t0 = bad[i][0], r[0].t1 = bad[i][1];
+        assert_int_equal(trace_recs_check(r, n * sizeof(r[0]), TRACE_WAIT, 2, err, sizeof(err)), -EINVAL);
+    }
+    r[0].t0 = 1, r[0].t1 = 2;
+    r[2].t0 = INFINITY;
+    assert_int_equal(trace_recs_check(r, n * sizeof(r[0]), TRACE_WAIT, 2, err, sizeof(err)), -EINVAL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_trace_runs_append_to_one_json_array),
         cmocka_unit_test(test_trace_a_torn_last_event_is_dropped_before_appending),
         cmocka_unit_test(test_trace_an_unwritable_path_is_named),
+        cmocka_unit_test(test_trace_note_keeps_waits_and_room_for_the_sending_time),
+        cmocka_unit_test(test_trace_records_from_another_process_are_checked),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -246,7 +246,6 @@ static int set_up(coord_t *c, char *err, size_t errlen)
      * every host's agent taking part (coord_rewind.c, coord_agent.c), but for a stage on one
      * host's IPC plane: the shards keep the state, the stages are started again (coord_recover.c) */
     c->recover = !c->lay.gpu && !c->lay.gpu_shards && c->lay.hosts == 1;
-    c->rewind = !c->recover;
     c->restage = c->lay.gpu && !c->lay.nccl && c->lay.hosts == 1;
     if ((rc = util_mkdirs(m->dump_folder)))
         return util_fail(err, errlen, rc, "job.dump_folder %s: cannot create: %s", m->dump_folder, strerror(-rc));

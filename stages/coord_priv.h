@@ -167,8 +167,8 @@ typedef struct {
     int64_t ck_why_step;              /* the last one that failed saying why, and why */
     char ck_why[1152];
     /* in-place recovery (coord_recover.c) */
-    int recover;                      /* a dead stage or shard is replaced alone (CPU jobs, one host) */
-    int rewind;                       /* ... or rewinds the job to its newest snapshot (GPU jobs, one host) */
+    int recover;                      /* a dead stage or shard is replaced alone (CPU jobs, one host); else
+                                       * the job rewinds to its newest snapshot (but see restage) */
     int restage;                      /* GPU jobs on one host's IPC plane: a lost stage is replaced with
                                        * every stage, the shards kept (coord_recover.c) */
     int grads_held;                   /* GPU shards: this step's gradients are in the stages' device

@@ -34,8 +34,8 @@ int coord_can_recover(const coord_t *c, const coord_proc_t *p)
     if (!c->training || c->failed || c->interrupted)
         return 0;
     if (p->remote) /* its agent restarts it, and every other process, at a rewind */
-        return c->rewind && p->role != COORD_CKPTD;
-    return (c->recover || c->rewind) && (p->role == COORD_STAGE || p->role == COORD_OPTSHARD);
+        return p->role != COORD_CKPTD;
+    return p->role == COORD_STAGE || p->role == COORD_OPTSHARD; /* in place, with its peers or by a rewind: plan() */
 }
 
 void coord_lost(coord_t *c, coord_proc_t *p, const char *how)

@@ -161,6 +161,15 @@ static void assert_same_tensors(const char *a, const char *b)
     ckpt_close(&cb);
 }
 
+/* Checkpoint `step` of job holds ref's tensors, bit for bit. */
+static void assert_same_step(const char *job, const char *ref, int step)
+{
+    char a[512], b[512];
+    ckpt_dir(a, sizeof(a), job, step);
+    ckpt_dir(b, sizeof(b), ref, step);
+    assert_same_tensors(a, b);
+}
+
 /* The pid of the track named `name...` in trace text t (its process_name record), or -1. */
 static long long track_pid(const char *t, const char *name)
 {
@@ -188,9 +197,7 @@ static void test_hosts_a_stage_lost_on_another_host_is_restarted_by_its_agent(vo
     hosts_t h;
     const char *ref = reference(SNAP3);
     two_hosts(&h, "stage", SNAP3);
-    snprintf(once, sizeof(once), "%s/once-%s", tj_dir, h.j);
-    assert_int_equal(mkdir(once, 0700), 0);
-    setenv("CTITAN_TEST_DIE_ONCE", once, 1);
+    setenv("CTITAN_TEST_DIE_ONCE", tj_once_dir(once, sizeof(once), h.j), 1);
     setenv("CTITAN_TEST_DIE_AT", "stage.1.1:mid:3", 1); /* replica 1 runs on host 1 */
     pid_t agent = start_host1(&h, "");
     char extra[2400], trace[256];
@@ -473,7 +480,6 @@ static void test_hosts_a_part_writer_killed_mid_write_writes_its_part_again(void
     if (tj_use_sim_plugin())
         skip();
     static char out[1 << 16], agent_out[1 << 16];
-    char path[512], ref_path[512];
     hosts_t h;
     const char *ref = reference(CK7);
     two_hosts(&h, "ckpart", CK7);
@@ -498,9 +504,7 @@ static void test_hosts_a_part_writer_killed_mid_write_writes_its_part_again(void
                                   "signal 9 (Killed): writing it again"))
         TJ_FAIL_WITH(agent_out, "host 1: status %d", arc);
     tj_assert_losses_by_step(h.j, ref, 7, 0, "");
-    ckpt_dir(path, sizeof(path), h.j, 3);
-    ckpt_dir(ref_path, sizeof(ref_path), ref, 3);
-    assert_same_tensors(path, ref_path);
+    assert_same_step(h.j, ref, 3);
     tj_assert_clean(h.j);
     tj_assert_clean(h.jh1);
 }
@@ -515,7 +519,6 @@ static void test_hosts_checkpointd_killed_mid_part_writes_the_checkpoint_again(v
     if (tj_use_sim_plugin())
         skip();
     static char out[1 << 16], agent_out[1 << 16];
-    char path[512], ref_path[512];
     hosts_t h;
     const char *ref = reference(CK7);
     two_hosts(&h, "ckd0", CK7);
@@ -549,11 +552,8 @@ static void test_hosts_checkpointd_killed_mid_part_writes_the_checkpoint_again(v
     if (arc)
         TJ_FAIL_WITH(agent_out, "host 1: status %d", arc);
     tj_assert_losses_by_step(h.j, ref, 7, 0, "");
-    for (int step = 3; step <= 7; step += step == 6 ? 1 : 3) {
-        ckpt_dir(path, sizeof(path), h.j, step);
-        ckpt_dir(ref_path, sizeof(ref_path), ref, step);
-        assert_same_tensors(path, ref_path);
-    }
+    for (int step = 3; step <= 7; step += step == 6 ? 1 : 3)
+        assert_same_step(h.j, ref, step);
     tj_assert_clean(h.j);
     tj_assert_clean(h.jh1);
 }

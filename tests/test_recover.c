@@ -40,9 +40,8 @@ static void job_name(char *buf, size_t n, const char *what) { tj_name(buf, n, 'v
 static int run_job(const char *job, const char *die, const char *hang, const char *extra, char *out, size_t outlen)
 {
     char env[1024], once[128], args[2048];
-    snprintf(once, sizeof(once), "%s/once-%s", tj_dir, job);
-    assert_int_equal(mkdir(once, 0700), 0);
-    snprintf(env, sizeof(env), "CTITAN_TEST_DIE_ONCE=%s CTITAN_TEST_DIE_AT=%s CTITAN_TEST_HANG_AT=%s", once, die, hang);
+    snprintf(env, sizeof(env), "CTITAN_TEST_DIE_ONCE=%s CTITAN_TEST_DIE_AT=%s CTITAN_TEST_HANG_AT=%s",
+             tj_once_dir(once, sizeof(once), job), die, hang);
     snprintf(args, sizeof(args), QUIET "%s", extra);
     return tj_launch(env, 120, job, args, out, outlen);
 }
@@ -334,9 +333,7 @@ static void test_recover_a_stopped_or_wedged_gpu_stage_is_replaced_with_its_peer
     const char *args = GPU_SHAPE "--training.steps 8 --job.heartbeat_timeout_ms 1000 --job.watchdog_s 3";
     const char *ref = reference(args);
     char once[128];
-    snprintf(once, sizeof(once), "%s/once-%s", tj_dir, j);
-    assert_int_equal(mkdir(once, 0700), 0);
-    setenv("CTITAN_TEST_DIE_ONCE", once, 1);
+    setenv("CTITAN_TEST_DIE_ONCE", tj_once_dir(once, sizeof(once), j), 1);
     setenv("CTITAN_TEST_HANG_AT", "stage.0.0:mid:7", 1);
     snprintf(full, sizeof(full), QUIET "%s", args);
     pid_t pid = tj_launch_bg(j, full);

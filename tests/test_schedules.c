@@ -106,10 +106,9 @@ static void test_schedules_a_stage_killed_mid_step_of_an_interleaved_schedule_is
     const char *il = "--parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule Interleaved1F1B";
     run(ref, sizeof(ref), "killref", 4, il);
     job_name(j, sizeof(j), "kill");
-    snprintf(once, sizeof(once), "%s/once-%s", tj_dir, j);
-    assert_int_equal(mkdir(once, 0700), 0);
     char env[300];
-    snprintf(env, sizeof(env), "CTITAN_TEST_DIE_ONCE=%s CTITAN_TEST_DIE_AT=stage.1.0:mid:3", once);
+    snprintf(env, sizeof(env), "CTITAN_TEST_DIE_ONCE=%s CTITAN_TEST_DIE_AT=stage.1.0:mid:3",
+             tj_once_dir(once, sizeof(once), j));
     snprintf(args, sizeof(args), BASE "--training.steps 4 %s", il);
     int rc = tj_launch(env, 180, j, args, out, sizeof(out));
     if (rc || tj_count(out, "recovered 1 (in place, at step 3): stage rank 1 replica 0 (pid ") != 1 ||

@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -100,6 +101,15 @@ static inline pid_t tj_launch_bg_to(const char *job, const char *out_name, const
 
 /* Starts `ctitan launch` in the background with its output in DIR/JOB.out; returns its pid. */
 static inline pid_t tj_launch_bg(const char *job, const char *extra) { return tj_launch_bg_to(job, job, extra); }
+
+/* DIR/once-JOB, a new folder for CTITAN_TEST_DIE_ONCE (each test point then hits only the first
+ * process that reaches it, so its replacement goes on): its path in buf, returned. */
+static inline const char *tj_once_dir(char *buf, size_t n, const char *job)
+{
+    snprintf(buf, n, "%s/once-%s", tj_dir, job);
+    assert_int_equal(mkdir(buf, 0700), 0);
+    return buf;
+}
 
 /* Job's output (of tj_launch_bg) and metrics file. */
 static inline void tj_read_out(const char *job, char *buf, size_t n)

@@ -10,7 +10,7 @@ OPT     ?= -O3 -march=native
 SAN     ?=
 CFLAGS  := -std=c11 $(OPT) $(SAN) -g -fopenmp-simd -Wall -Wextra -Wno-unused-parameter \
            -D_GNU_SOURCE -I. -I$(BUILD)/gen -I/usr/include/x86_64-linux-gnu/openblas-pthread $(EXTRA_CFLAGS)
-# protobuf-c and ISA-L (its CRC32C): the TensorBoard event files (stages/tb.c)
+# protobuf-c and ISA-L (its CRC32C): the TensorBoard event files (stages/report/tb.c)
 LDLIBS  := -lopenblas -lzmq -lmsgpackc -luring -lxxhash -lprotobuf-c -lisal -lpthread -lm
 TESTLIBS := -lcmocka
 
@@ -19,24 +19,25 @@ CUDA    ?= $(if $(NVCC),1,0)
 CUDA_HOME ?= /usr/local/cuda
 NVFLAGS := -O3 -std=c++17 -I. -Xcompiler -fPIC -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 
-# Programs: `ctitan` (tools/ctitan.c + tools/cmd_*.c) and one executable per role, each a
-# single main in stages/: build/bin/ctitan-<role> from stages/<main>.c.
+# Programs: `ctitan` (everything in tools/: tools/ctitan.c, the subcommands tools/cmd_*.c and
+# the benches they run) and one executable per role, each a single main in stages/roles/:
+# build/bin/ctitan-<role> from stages/roles/<main>.c.
 ROLE_PROGS := stage:stage optshard:optshard loader:loader_tokfile loader-text:loader_text
-ROLE_MAINS := $(foreach p,$(ROLE_PROGS),stages/$(word 2,$(subst :, ,$(p))).c)
+ROLE_MAINS := $(foreach p,$(ROLE_PROGS),stages/roles/$(word 2,$(subst :, ,$(p))).c)
 ROLE_BINS  := $(foreach p,$(ROLE_PROGS),$(BUILD)/bin/ctitan-$(word 1,$(subst :, ,$(p))))
-# Library code: every .c under these folders except program mains.
-# The checkpoint daemon: checkpointd/main.c -> build/bin/checkpointd.
+# Library code: every .c under these folders except program mains (tools/ is the ctitan
+# command's alone). The checkpoint daemon: checkpointd/main.c -> build/bin/checkpointd.
 CKPTD_MAIN := checkpointd/main.c
-LIB_SRCS  := $(filter-out tools/ctitan.c tools/cmd_%.c $(ROLE_MAINS) $(CKPTD_MAIN), \
-               $(wildcard kernels/*.c kernels/cpu/*.c kernels/ref/*.c ipc/*.c stages/*.c checkpointd/*.c tools/*.c))
+LIB_SRCS  := $(filter-out $(ROLE_MAINS) $(CKPTD_MAIN), \
+               $(wildcard kernels/*.c kernels/cpu/*.c kernels/ref/*.c ipc/*.c stages/*/*.c checkpointd/*.c))
 LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o)
-# Protocol buffers: protoc-c writes each stages/NAME.proto's C code into $(BUILD)/gen/stages/
+# Protocol buffers: protoc-c writes each stages/DIR/NAME.proto's C code into $(BUILD)/gen/stages/DIR/
 # (generated, never committed), compiled into the library; sources include it as
-# "stages/NAME.pb-c.h" (-I$(BUILD)/gen).
-PROTO_SRCS := $(wildcard stages/*.proto)
+# "stages/DIR/NAME.pb-c.h" (-I$(BUILD)/gen).
+PROTO_SRCS := $(wildcard stages/*/*.proto)
 PB_HDRS    := $(PROTO_SRCS:%.proto=$(BUILD)/gen/%.pb-c.h)
 PB_OBJS    := $(PROTO_SRCS:%.proto=$(BUILD)/obj/gen/%.pb-c.o)
-CTITAN_SRCS := tools/ctitan.c $(wildcard tools/cmd_*.c)
+CTITAN_SRCS := $(wildcard tools/*.c)
 CTITAN_OBJS := $(CTITAN_SRCS:%.c=$(BUILD)/obj/%.o)
 TEST_SRCS := $(wildcard tests/test_*.c)
 TESTS     := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
@@ -185,7 +186,7 @@ $(BUILD)/bin/checkpointd: $(BUILD)/obj/checkpointd/main.o $(BUILD)/libctitan.a
 # build/bin/ctitan-<role> from its main (ROLE_PROGS); -rdynamic names the functions in the
 # stack a worker dumps on SIGABRT (the step watchdog)
 define role_prog
-$(BUILD)/bin/ctitan-$(word 1,$(subst :, ,$(1))): $(BUILD)/obj/stages/$(word 2,$(subst :, ,$(1))).o $(BUILD)/libctitan.a
+$(BUILD)/bin/ctitan-$(word 1,$(subst :, ,$(1))): $(BUILD)/obj/stages/roles/$(word 2,$(subst :, ,$(1))).o $(BUILD)/libctitan.a
 	@mkdir -p $$(dir $$@)
 	$$(CC) $$(CFLAGS) -rdynamic -o $$@ $$^ $$(LDLIBS)
 endef

@@ -5,7 +5,7 @@
  *                               it reads checkpoint.load into the staging segment
  *                               (checkpointd/restore.h) and answers LOADED. On SAVE it reads
  *                               the staging segment the optimizer shards filled
- *                               (stages/staging.h), checksums it, and writes
+ *                               (stages/job/staging.h), checksums it, and writes
  *                               checkpoint.folder/step-N (checkpointd/writer.h), or streams it
  *                               to the remote checkpointd at checkpoint.endpoint; then answers
  *                               SAVED. Training does not wait for it. Across hosts (job.hosts >
@@ -48,9 +48,9 @@
 #include "ipc/shm.h"
 #include "ipc/util.h"
 #include "kernels/params.h"
-#include "stages/job.h"
-#include "stages/staging.h"
-#include "stages/worker.h"
+#include "stages/job/job.h"
+#include "stages/job/staging.h"
+#include "stages/runtime/worker.h"
 
 #define PIECE (64u << 20) /* bytes handed to the writer at a time */
 

@@ -25,8 +25,8 @@
 
 #include "checkpointd/ckpt.h"
 #include "ipc/util.h"
-#include "stages/ldr.h"
-#include "stages/staging.h"
+#include "stages/runtime/ldr.h"
+#include "stages/job/staging.h"
 
 _Static_assert(CKPT_CURSOR_MAX <= sizeof(((staging_hdr_t *)0)->cursor), "a checkpoint's cursor fits the staging header");
 
@@ -89,7 +89,7 @@ out:
     return rc;
 }
 
-/* The loader cursor by stages/ldr.h's convention: a map whose "sample", when there, counts the
+/* The loader cursor by stages/runtime/ldr.h's convention: a map whose "sample", when there, counts the
  * sequences produced (below 2^63). Anything else would reach the loader as a position. */
 static int check_cursor(const ckpt_index_t *ix, const char *path, char *err, size_t errlen)
 {
@@ -98,7 +98,7 @@ static int check_cursor(const ckpt_index_t *ix, const char *path, char *err, siz
     if (rc == -ENOENT || (!rc && sample <= INT64_MAX))
         return 0;
     return util_fail(err, errlen, -EBADMSG, "checkpoint %s: its loader cursor's \"sample\" is %s: not a count of "
-                     "sequences (an unsigned integer below 2^63, stages/ldr.h)", path,
+                     "sequences (an unsigned integer below 2^63, stages/runtime/ldr.h)", path,
                      rc ? "not an unsigned integer, or the cursor is not a map" : "2^63 or more");
 }
 

@@ -1,4 +1,4 @@
-/* Loading a checkpoint into the staging segment (stages/staging.h): checkpointd does it on
+/* Loading a checkpoint into the staging segment (stages/job/staging.h): checkpointd does it on
  * MSG_LOAD, before the optimizer shards start, which then copy their slices out of the
  * staging segment. The mirror of a save (checkpointd/main.c, writer.h): see restore.c.
  * Returns 0 or -errno with the reason in err; nothing here exits. */
@@ -9,14 +9,14 @@
 #include <stdio.h>
 
 #include "kernels/params.h"
-#include "stages/manifest.h"
+#include "stages/job/manifest.h"
 
 /* Loads checkpoint `what` for the run of manifest m (its model, its checkpoint.folder):
  *   "latest"   the newest checkpoint of the folder that verifies; each newer one that does
  *              not is reported on `log` with why; none at all is a fresh start (0, path "")
  *   else       that directory, which must exist and verify (its problems go to `log`)
  * then checks that it was written for m's model (else -EINVAL naming the first key that
- * differs) and that its loader cursor keeps stages/ldr.h's convention (else -EBADMSG), and
+ * differs) and that its loader cursor keeps stages/runtime/ldr.h's convention (else -EBADMSG), and
  * reads every tensor by name into `staging` (mapped, formatted for tab->total floats):
  * weights, exp_avg and exp_avg_sq in the flat order of tab, so any topology takes its slices
  * from it. Last it sets the header's cursor and step (steps the checkpoint

@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "checkpointd/ckpt.h"
-#include "stages/toml.h"
+#include "stages/job/toml.h"
 #include "ipc/util.h"
 
 #define ST_OPT_PREFIX "optimizer."

@@ -1,6 +1,6 @@
 /* CURVE keys (ZeroMQ's Curve25519) as 40-character Z85 text: fresh pairs, and key files in the
  * one form every ctitan key takes: `ctitan ckpt keygen`'s PREFIX.key (a secret key, mode 0600)
- * and PREFIX.pub, the job's run folder (stages/coord_keys.c), remote checkpointd's allow file.
+ * and PREFIX.pub, the job's run folder (stages/coord/coord_keys.c), remote checkpointd's allow file.
  * A file holds one key per line, '#' comments allowed on their own line or after a key.
  * Used by the control plane (ipc/ctl.h), the coordinator and remote checkpointd (checkpointd/
  * remote.h). Functions return 0 or -errno and say why in err; nothing here exits. */

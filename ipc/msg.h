@@ -45,7 +45,7 @@ typedef enum {
                       * (seconds writing), progress (bytes written) */
     MSG_NCCL,        /* coord -> stage, right after config with the NCCL data plane: data, the
                       * ncclUniqueIds of the communicators the stage joins, back to back in the
-                      * order stages/job.h names (JOB_NCCL_*) */
+                      * order stages/job/job.h names (JOB_NCCL_*) */
     MSG_LOAD,        /* coord -> checkpointd: text ("latest" or a checkpoint directory): read
                       * it into the staging segment, where the optimizer shards take their
                       * slices of weights and moments */
@@ -78,7 +78,7 @@ typedef enum {
                       * and start the host's workers */
     MSG_TRACE,       /* stage -> coord, before its STEP_DONE with [profiling] trace_file, and loader
                       * -> coord as a step's last slot is filled: step, data (the step's
-                      * intervals, stages/trace.h trace_rec_t, back to back) */
+                      * intervals, stages/runtime/trace.h trace_rec_t, back to back) */
     MSG_REMAP,       /* coord -> optshard (GPU shards): step: the stages were started again; map
                       * their device buffers anew and write the master weights into them */
     MSG_REMAPPED,    /* optshard -> coord: step, t_busy: done */

@@ -22,10 +22,10 @@
 #include "ipc/ctl.h"
 #include "ipc/shm.h"
 #include "kernels/params.h"
-#include "stages/job.h"
-#include "stages/manifest.h"
-#include "stages/staging.h"
-#include "stages/worker.h"
+#include "stages/job/job.h"
+#include "stages/job/manifest.h"
+#include "stages/job/staging.h"
+#include "stages/runtime/worker.h"
 #include "tests/testutil.h"
 
 #define STEP 7

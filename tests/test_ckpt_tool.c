@@ -21,7 +21,7 @@
 #include "checkpointd/writer.h"
 #include "kernels/params.h"
 #include "tests/testutil.h"
-#include "stages/manifest.h"
+#include "stages/job/manifest.h"
 #include "checkpointd/safetensors.h"
 
 #define STEP 5

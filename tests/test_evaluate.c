@@ -1,4 +1,4 @@
-/* What a trainer does with finished weights (stages/evaluate.h): generation, greedy at
+/* What a trainer does with finished weights (stages/report/evaluate.h): generation, greedy at
  * temperature 0 (each token the argmax of its logits, the lowest id among equal ones),
  * sampled above it, and refused below it. */
 #include <setjmp.h>
@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "kernels/cpu/model.h"
-#include "stages/evaluate.h"
+#include "stages/report/evaluate.h"
 #include "tests/testutil.h"
 
 #define PROMPT 8

@@ -1,4 +1,4 @@
-/* The job layout (stages/job.h) as plain functions of a manifest: which host owns which ranges
+/* The job layout (stages/job/job.h) as plain functions of a manifest: which host owns which ranges
  * of the flat space across hosts (job_host_parts), the split a checkpoint in parts follows. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "stages/job.h"
-#include "stages/manifest.h"
+#include "stages/job/job.h"
+#include "stages/job/manifest.h"
 
 /* A validated manifest of pp stages and dp replicas on `hosts` hosts (the NCCL plane on the
  * GPU, as across hosts it must be). */

@@ -31,10 +31,10 @@
 #include "ipc/ctl.h"
 #include "ipc/msg.h"
 #include "ipc/shm.h"
-#include "stages/job.h"
+#include "stages/job/job.h"
 #include "tests/testutil.h"
-#include "stages/tokfile.h"
-#include "stages/worker.h"
+#include "stages/data/tokfile.h"
+#include "stages/runtime/worker.h"
 
 #define MAX_STEPS 4096
 

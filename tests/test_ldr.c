@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "stages/ldr.h"
-#include "stages/ldr_seg.h"
+#include "stages/runtime/ldr.h"
+#include "stages/job/ldr_seg.h"
 
 static void test_ldr_shuffle_is_a_permutation_for_every_size(void **state)
 {

@@ -15,7 +15,7 @@
 
 #include "kernels/params.h"
 #include "tests/testutil.h"
-#include "stages/manifest.h"
+#include "stages/job/manifest.h"
 
 static const char full_text[] =
     "# a realistic manifest, every section\n"                    /* 1 */

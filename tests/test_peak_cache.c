@@ -1,4 +1,4 @@
-/* The cached sgemm peak (stages/peak_cache.h) with real files in a temp folder and a stand-in
+/* The cached sgemm peak (stages/report/peak_cache.h) with real files in a temp folder and a stand-in
  * measurement that counts its calls: measured once, then read back; given by the manifest,
  * never touched; a bad, foreign or unwritable cache passed over with a warning naming the
  * file, never a failure. (test_report runs the real measurement inside a launch.) */
@@ -15,7 +15,7 @@
 
 #include <cblas.h>
 
-#include "stages/peak_cache.h"
+#include "stages/report/peak_cache.h"
 #include "tests/testutil.h"
 
 static char g_dir[64];

@@ -1,4 +1,4 @@
-/* The data plane (stages/plane.h) between real stage processes: the shm transport carries
+/* The data plane (stages/runtime/plane.h) between real stage processes: the shm transport carries
  * activations forward and gradients back, each slot with its (step, microbatch) tags and
  * bytes, in order, round the rings many times; it refuses a slot with other tags and a link
  * the stage does not have, and counts the host's waits. On the emulated CUDA plugin the IPC
@@ -21,8 +21,8 @@
 #include "ipc/shm.h"
 #include "ipc/util.h"
 #include "kernels/cuda_plugin.h"
-#include "stages/devdir.h"
-#include "stages/plane.h"
+#include "stages/job/devdir.h"
+#include "stages/runtime/plane.h"
 #include "tests/testutil.h"
 
 #define SLOTS 3      /* slots per ring = microbatches */

@@ -1,4 +1,4 @@
-/* Tests of `ctitan prep` (tools/prep.c): argument parsing, the default corpus listing, a full
+/* Tests of `ctitan prep` (stages/data/prep.c): argument parsing, the default corpus listing, a full
  * run on small temp files whose outputs must decode back to the input, and failures that must
  * leave no partial output. The built binary's exit codes are checked when it exists. */
 #include <dirent.h>
@@ -21,9 +21,9 @@
 #include <cmocka.h>
 
 #include "tests/testutil.h"
-#include "tools/prep.h"
-#include "stages/tokenizer.h"
-#include "stages/tokfile.h"
+#include "stages/data/prep.h"
+#include "stages/data/tokenizer.h"
+#include "stages/data/tokfile.h"
 
 extern char **environ;
 

@@ -1,4 +1,4 @@
-/* In-place recovery (issue 13, stages/coord_recover.c) with real processes: a stage or an
+/* In-place recovery (issue 13, stages/coord/coord_recover.c) with real processes: a stage or an
  * optimizer shard killed -9 at named points of a step (CTITAN_TEST_DIE_AT) or at seeded random
  * moments, stopped (SIGSTOP), or wedged (CTITAN_TEST_HANG_AT: the step watchdog), is replaced
  * alone and the job ends with every step's loss bitwise that of an undisturbed run (each step
@@ -7,7 +7,7 @@
  * nothing of it left behind. Also: two losses in one step, a loss during a recovery, and a
  * crash that repeats at the same step, which stops after job.max_restarts. GPU jobs, on the
  * emulated CUDA backend (tests/cudasim), rewind to their newest snapshot instead
- * (stages/coord_rewind.c): the steps since run again, with the same losses. */
+ * (stages/coord/coord_rewind.c): the steps since run again, with the same losses. */
 #include <dirent.h>
 #include <fcntl.h>
 #include <setjmp.h>

@@ -1,5 +1,5 @@
 /* What a whole job (`ctitan launch`, real processes and files) tells the user, issue 14's
- * "training you can watch" (stages/coord_report.c): the peak MFU is measured against and
+ * "training you can watch" (stages/coord/coord_report.c): the peak MFU is measured against and
  * where it came from (measured once into the cache, read from it at the next launch, or given
  * by metrics.peak_tflops), and the validation loss in the metrics file at full precision
  * beside the printed short form. */
@@ -15,7 +15,7 @@
 
 #include "ipc/util.h"
 #include "kernels/config.h"
-#include "stages/peak_cache.h"
+#include "stages/report/peak_cache.h"
 #include "tests/testjob.h"
 
 static int setup(void **state) { return tj_setup("report"); }

@@ -16,8 +16,8 @@
 #include "checkpointd/restore.h"
 #include "checkpointd/writer.h"
 #include "ipc/shm.h"
-#include "stages/ldr.h"
-#include "stages/staging.h"
+#include "stages/runtime/ldr.h"
+#include "stages/job/staging.h"
 #include "tests/testutil.h"
 
 typedef struct {
@@ -217,7 +217,7 @@ static void test_restore_refuses_a_step_its_directory_does_not_name_or_no_run_re
     assert_int_equal(atomic_load(&((staging_hdr_t *)shm_data(f->seg))->step), 6);
 }
 
-/* The loader cursor's "sample" (stages/ldr.h) must be an unsigned integer below 2^63: 2^63 and
+/* The loader cursor's "sample" (stages/runtime/ldr.h) must be an unsigned integer below 2^63: 2^63 and
  * a negative number are refused, naming the key, instead of reaching the loader. */
 static void test_restore_refuses_a_cursor_sample_out_of_range(void **state)
 {

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "stages/schedule.h"
+#include "stages/job/schedule.h"
 
 #define MAXR 8
 #define MAXA 96

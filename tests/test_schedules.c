@@ -1,5 +1,5 @@
 /* Every pipeline schedule run by real processes (issue 14): stage processes holding one chunk
- * per virtual stage (loop or V placement, stages/schedule.h) on the shared-memory rings, each
+ * per virtual stage (loop or V placement, stages/job/schedule.h) on the shared-memory rings, each
  * run of tests/testjob.h's tiny manifest with 8 layers. The losses are bitwise those of 1F1B
  * with one stage per rank for every schedule, pipeline degree and stages per rank (weight
  * gradients summed in microbatch order everywhere); a stage killed in the middle of an
@@ -16,7 +16,7 @@
 #include <sys/stat.h>
 #include <cmocka.h>
 
-#include "stages/schedule.h"
+#include "stages/job/schedule.h"
 #include "tests/testjob.h"
 
 static int setup(void **state) { return tj_setup("scheds"); }
@@ -158,7 +158,7 @@ typedef struct {
 
 #define MAX_EV 20000
 
-/* The trace's slices (one per line, as stages/trace.c writes them) and its stage tracks:
+/* The trace's slices (one per line, as stages/runtime/trace.c writes them) and its stage tracks:
  * pids[replica * pp + rank]. Returns the number of slices. */
 static int read_trace(const char *path, ev_t *ev, long long *pids, int pp)
 {

@@ -1,4 +1,4 @@
-/* TensorBoard event files (stages/tb.h, `[metrics] enable_tensorboard`): the writer alone, and
+/* TensorBoard event files (stages/report/tb.h, `[metrics] enable_tensorboard`): the writer alone, and
  * whole jobs whose event files are read back by the test's own reader (TFRecord framing, both
  * masked CRC32Cs by a bitwise CRC of its own, protobuf-c's unpacking) and compared with the
  * metrics file's records, number by number; a relaunched run's second file; a folder that cannot
@@ -20,8 +20,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "stages/tb.h"
-#include "stages/tb_event.pb-c.h"
+#include "stages/report/tb.h"
+#include "stages/report/tb_event.pb-c.h"
 #include "tests/testjob.h"
 
 static int setup(void **state) { return tj_setup("tb"); }

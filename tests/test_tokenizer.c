@@ -1,4 +1,4 @@
-/* Tests of the byte-level BPE tokenizer (stages/tokenizer.c): the pre-split, training against a
+/* Tests of the byte-level BPE tokenizer (stages/data/tokenizer.c): the pre-split, training against a
  * naive reference, determinism, compression, exact round trips of arbitrary bytes, and the
  * tokenizer.bin format with its corruption checks. */
 #include <errno.h>
@@ -18,7 +18,7 @@
 #include <xxhash.h>
 
 #include "tests/testutil.h"
-#include "stages/tokenizer.h"
+#include "stages/data/tokenizer.h"
 
 /* ---- helpers ---- */
 

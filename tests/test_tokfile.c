@@ -1,4 +1,4 @@
-/* Tests of token shard files (stages/tokfile.c): round trips in both dtypes, reading llm.c's
+/* Tests of token shard files (stages/data/tokfile.c): round trips in both dtypes, reading llm.c's
  * files, and one error per kind of bad input, each naming the file and the problem. */
 #include <dirent.h>
 #include <errno.h>
@@ -16,7 +16,7 @@
 #include <cmocka.h>
 
 #include "tests/testutil.h"
-#include "stages/tokfile.h"
+#include "stages/data/tokfile.h"
 
 typedef struct {
     char *dir;

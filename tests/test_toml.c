@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "tests/testutil.h"
-#include "stages/toml.h"
+#include "stages/job/toml.h"
 
 static toml_doc_t parse_ok(const char *text)
 {

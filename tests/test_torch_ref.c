@@ -18,7 +18,7 @@
 #include "kernels/cpu/model.h"
 #include "kernels/params.h"
 #include "tests/testutil.h"
-#include "stages/manifest.h"
+#include "stages/job/manifest.h"
 #include "checkpointd/safetensors.h"
 
 /* A python3 that imports torch, or NULL. */

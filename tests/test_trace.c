@@ -1,4 +1,4 @@
-/* The timeline file's writer (stages/trace.c): a JSON array of trace events that a relaunch
+/* The timeline file's writer (stages/runtime/trace.c): a JSON array of trace events that a relaunch
  * appends to, whether the run before it ended (its closing bracket taken off) or was killed in
  * the middle of an event (that event dropped); names with quotes stay JSON; a path that cannot
  * be written is named. Each file is checked by python3's json module where there is one, and
@@ -15,7 +15,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 
-#include "stages/trace.h"
+#include "stages/runtime/trace.h"
 #include "tests/testutil.h"
 
 static char dir[64];

@@ -10,8 +10,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "stages/schedule.h"
-#include "stages/tokfile.h"
+#include "stages/job/schedule.h"
+#include "stages/data/tokfile.h"
 #include "ipc/util.h"
 
 #define MAX_PP 8

@@ -1,28 +1,46 @@
 #!/usr/bin/env bash
 # The house's floors, checked from the includes: a file may include its own folder and the
-# folders below it, never one above (README.md "Layout"). make test runs this.
-#   floor 0: kernels/ and ipc/ (independent of each other)
-#   floor 1: stages/     (the roles: job description, segments, worker runtime, coordinator)
-#   floor 2: checkpointd/ (the checkpoint format and its daemon, a worker on stages/)
-#   floor 3: tools/      (the ctitan command)
+# folders on floors below it, never one above or beside (README.md "Layout"). make test runs
+# this. A folder is a top-level folder, or one of stages/'s sub-folders:
+#   floor 0: kernels/ ipc/                       (the math; the transports and control messages)
+#   floor 1: stages/job/ stages/data/            (the job description and segment layouts; data formats)
+#   floor 2: stages/runtime/ stages/report/      (the worker runtime and data plane; what a run reports)
+#   floor 3: checkpointd/                        (the checkpoint format and its daemon, a worker)
+#   floor 4: stages/coord/ stages/roles/         (the coordinator and its supervisor; the role processes)
+#   floor 5: tools/                              (the ctitan command)
 set -u
 cd "$(dirname "$0")/.."
 floor() {
     case $1 in
-    kernels|ipc) echo 0 ;;
-    stages) echo 1 ;;
-    checkpointd) echo 2 ;;
-    tools) echo 3 ;;
+    kernels | ipc) echo 0 ;;
+    stages/job | stages/data) echo 1 ;;
+    stages/runtime | stages/report) echo 2 ;;
+    checkpointd) echo 3 ;;
+    stages/coord | stages/roles) echo 4 ;;
+    tools) echo 5 ;;
     *) echo -1 ;;
+    esac
+}
+# the folder a path is in, as the floors name it
+folder() {
+    case $1 in
+    stages/*/*) local rest=${1#stages/}; echo "stages/${rest%%/*}" ;;
+    */*) echo "${1%%/*}" ;;
+    *) echo "" ;;
     esac
 }
 bad=0 n=0
 while IFS= read -r f; do
-    top=${f%%/*}
+    top=$(folder "$f")
     mine=$(floor "$top")
+    if [ "$mine" -lt 0 ]; then
+        echo "layers: $f is in no floor's folder ($top)"
+        bad=$((bad + 1))
+        continue
+    fi
     while IFS= read -r inc; do
         n=$((n + 1))
-        dir=${inc%%/*}
+        dir=$(folder "$inc")
         theirs=$(floor "$dir")
         [ "$theirs" -lt 0 ] && continue
         if [ "$theirs" -gt "$mine" ] || { [ "$theirs" -eq "$mine" ] && [ "$dir" != "$top" ]; }; then

@@ -14,7 +14,7 @@
 #include "ipc/ctl.h"
 #include "ipc/keys.h"
 #include "ipc/shm.h"
-#include "stages/job.h"
+#include "stages/job/job.h"
 #include "tools/cmds.h"
 
 /* Sends req to job's coordinator and prints its reply (stdout if ok, else stderr).
@@ -80,7 +80,7 @@ static void usage_swap(FILE *f)
 {
     fprintf(f, "usage: ctitan loader swap --job NAME --cmd \"PROGRAM ARGS...\" [--timeout SECONDS (300)]\n"
                "Replaces the running loader of job NAME at the next step boundary with PROGRAM (built on\n"
-               "stages/ldr.h); it resumes from the loader cursor of that boundary. The command is split\n"
+               "stages/runtime/ldr.h); it resumes from the loader cursor of that boundary. The command is split\n"
                "into words as a shell would, with '...' and \"...\" quoting, but no shell runs it: pipes,\n"
                "redirections, variables and globs are refused. Only the job's owner may swap (the\n"
                "operator key in the job's run folder). Exits 0 once the new loader runs.\n");

@@ -1,14 +1,14 @@
 /* `ctitan launch MANIFEST [--section.key value ...]`: resolves the manifest with its
  * overrides and runs the job: host 0's coordinator under the supervisor that restarts a failed
- * job (tools/supervise.h), on one host or many; another host's agent (stages/coord.h). */
+ * job (stages/coord/supervise.h), on one host or many; another host's agent (stages/coord/coord.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "tools/cmds.h"
-#include "stages/coord.h"
-#include "stages/manifest.h"
-#include "tools/supervise.h"
+#include "stages/coord/coord.h"
+#include "stages/job/manifest.h"
+#include "stages/coord/supervise.h"
 
 static void usage(FILE *f)
 {
@@ -74,7 +74,7 @@ int cmd_launch(int argc, char **argv)
         return 2;
     }
     /* host 0 (the coordinator) under the supervisor, on one host or many; another host's agent
-     * outlives a coordinator it loses and waits for the next (stages/coord_agent.c) */
+     * outlives a coordinator it loses and waits for the next (stages/coord/coord_agent.c) */
     if (m.host_rank == 0)
         return sup_run(&m);
     return coord_run(&m, NULL);

@@ -1,10 +1,10 @@
 /* `ctitan prep`: train the tokenizer on a text corpus and write the token shards the loader
- * reads. Argument parsing and the work live in tools/prep.c; this prints the summary. */
+ * reads. Argument parsing and the work live in stages/data/prep.c; this prints the summary. */
 #include <math.h>
 #include <stdio.h>
 
 #include "tools/cmds.h"
-#include "tools/prep.h"
+#include "stages/data/prep.h"
 
 int cmd_prep(int argc, char **argv)
 {

@@ -13,9 +13,9 @@
 #include "kernels/cpu/model.h"
 #include "kernels/ops.h"
 #include "tools/cmds.h"
-#include "stages/evaluate.h"
-#include "stages/tokenizer.h"
-#include "stages/tokfile.h"
+#include "stages/report/evaluate.h"
+#include "stages/data/tokenizer.h"
+#include "stages/data/tokfile.h"
 #include "ipc/util.h"
 
 typedef struct {

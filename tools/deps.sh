@@ -5,7 +5,7 @@ set -eu
 # clang-14 and libclang-rt-14-dev: the sanitizer build and the fuzz harnesses that make test
 # runs (make test-asan, make test-fuzz); the second holds libFuzzer and the sanitizer runtimes.
 # libprotobuf-c-dev, protobuf-c-compiler (protoc-c) and libisal-dev (ISA-L: its CRC32C): the
-# TensorBoard event files (stages/tb.c, stages/tb_event.proto).
+# TensorBoard event files (stages/report/tb.c, stages/report/tb_event.proto).
 pkgs=(build-essential pkg-config libzmq3-dev libmsgpack-dev liburing-dev libcmocka-dev
       libopenblas-dev libxxhash-dev fortunes clang-14 libclang-rt-14-dev
       libprotobuf-c-dev protobuf-c-compiler libisal-dev)

@@ -11,7 +11,7 @@ double peak_sgemm_gflops(int threads, int n, double *native, double *pooled);
 
 /* The same with the median of `runs` timed runs each way (after one warm-up) instead of the
  * best of 3: less at the mercy of one lucky or unlucky run, for a peak that is measured once
- * and kept (stages/peak_cache.h). */
+ * and kept (stages/report/peak_cache.h). */
 double peak_sgemm_median_gflops(int threads, int n, int runs, double *native, double *pooled);
 
 #endif

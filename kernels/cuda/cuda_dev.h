@@ -4,7 +4,7 @@
  * the per-block squared norms of the clip, fp32 -> bf16 weights).
  *
  * A handle is the 64 opaque bytes of cudaIpcMemHandle_t / cudaIpcEventHandle_t, so it can
- * sit in a shared-memory segment (stages/devdir.h). Memory is exported from its base pointer;
+ * sit in a shared-memory segment (stages/job/devdir.h). Memory is exported from its base pointer;
  * a process cannot open its own handles (CUDA's rule). Events are made with
  * cudaEventDisableTiming | cudaEventInterprocess: one process records, the other makes its
  * stream wait, and the host ring header orders the two calls.

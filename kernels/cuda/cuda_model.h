@@ -52,7 +52,7 @@ int cuda_model_backward_b(cuda_model_t *m, cuda_model_acts_t *a, const float *dy
  * (queued; cuda_model_take_grads or cuda_model_sync waits for it). */
 int cuda_model_backward_w(cuda_model_t *m, cuda_model_acts_t *a);
 
-/* The GPU data plane (stages/stage.c without host hand-offs): the same two calls with device
+/* The GPU data plane (stages/roles/stage.c without host hand-offs): the same two calls with device
  * bf16 hand-offs x_in, x_out, dy, dx ((B*T, dim) each, e.g. CUDA IPC ring slots). They only
  * queue work on the model's stream (the head's forward waits for its loss): order other
  * streams and processes after them with an event recorded on cuda_model_stream(). */

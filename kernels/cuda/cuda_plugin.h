@@ -3,7 +3,7 @@
  * (kernels/cuda_plugin.h) only when the manifest asks for the GPU, so CPU jobs never load the
  * CUDA libraries. It holds the CUDA backend (kernels/backend.h: the model and the optimizer's
  * vector work, as the CPU's) and, after it, the CUDA-only calls of the GPU data planes
- * (stages/plane_ipc.c, plane_nccl.c): IPC memory and events, and NCCL.
+ * (stages/runtime/plane_ipc.c, plane_nccl.c): IPC memory and events, and NCCL.
  *
  * version counts layouts, and the loader takes only its own: version 4 moved the model and
  * the optimizer's calls into the backend table, version 5 gave the backend's adamw separate

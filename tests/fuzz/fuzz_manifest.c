@@ -1,9 +1,9 @@
-/* libFuzzer harness: the job manifest (stages/manifest.h): manifest_parse of a TOML text over
+/* libFuzzer harness: the job manifest (stages/job/manifest.h): manifest_parse of a TOML text over
  * the defaults, manifest_validate, and for a valid one the resolved text every worker gets
  * (manifest_to_toml), which must parse and validate to the same text again. */
 #include <string.h>
 
-#include "stages/manifest.h"
+#include "stages/job/manifest.h"
 #include "tests/fuzz/fuzz.h"
 
 static manifest_t m, m2; /* large: static, one input at a time */

@@ -1,10 +1,10 @@
-/* libFuzzer harness: the sgemm peak's cache file (stages/peak_cache.h peak_cache_read) on the
+/* libFuzzer harness: the sgemm peak's cache file (stages/report/peak_cache.h peak_cache_read) on the
  * bytes of a memfd. An accepted file's entry has a positive finite peak, the higher of its
  * two, and comes back the same, bit for bit, from the text peak_cache_write would write. */
 #include <math.h>
 #include <string.h>
 
-#include "stages/peak_cache.h"
+#include "stages/report/peak_cache.h"
 #include "tests/fuzz/fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

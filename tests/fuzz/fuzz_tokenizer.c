@@ -1,11 +1,11 @@
-/* libFuzzer harness: the tokenizer file reader (stages/tokenizer.h tok_load), on the bytes of a
+/* libFuzzer harness: the tokenizer file reader (stages/data/tokenizer.h tok_load), on the bytes of a
  * memfd. The first byte picks the form: even, the harness writes the merge table's XXH64 into
  * the header (offset 24) so that mutations get past the checksum; odd, the rest is read as it
  * is. A loaded tokenizer must encode and decode the input's own bytes back to themselves. */
 #include <string.h>
 #include <xxhash.h>
 
-#include "stages/tokenizer.h"
+#include "stages/data/tokenizer.h"
 #include "tests/fuzz/fuzz.h"
 
 static void load_checked(const uint8_t *file, size_t size)

@@ -1,7 +1,7 @@
-/* libFuzzer harness: the token file reader (stages/tokfile.h tokfile_open), ctitan's format and
+/* libFuzzer harness: the token file reader (stages/data/tokfile.h tokfile_open), ctitan's format and
  * llm.c's, on the bytes of a memfd. An opened file's tokens must all be readable and, when a
  * vocabulary was given or recorded, below it. */
-#include "stages/tokfile.h"
+#include "stages/data/tokfile.h"
 #include "tests/fuzz/fuzz.h"
 
 static void open_checked(const char *path, size_t size, int vocab)

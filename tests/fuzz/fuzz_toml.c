@@ -1,8 +1,8 @@
-/* libFuzzer harness: the TOML reader under the manifest (stages/toml.h), both ways it is
+/* libFuzzer harness: the TOML reader under the manifest (stages/job/toml.h), both ways it is
  * called: a whole file (toml_parse) and one command-line override value (toml_parse_value). */
 #include <string.h>
 
-#include "stages/toml.h"
+#include "stages/job/toml.h"
 #include "tests/fuzz/fuzz.h"
 
 /* Every array's items are there and every string is NUL-terminated UTF-8 of its own length. */

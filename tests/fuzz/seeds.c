@@ -14,10 +14,10 @@
 #include "ipc/msg.h"
 #include "kernels/config.h"
 #include "kernels/params.h"
-#include "stages/manifest.h"
-#include "stages/peak_cache.h"
-#include "stages/tokenizer.h"
-#include "stages/tokfile.h"
+#include "stages/job/manifest.h"
+#include "stages/report/peak_cache.h"
+#include "stages/data/tokenizer.h"
+#include "stages/data/tokfile.h"
 
 static const char *g_dir;
 

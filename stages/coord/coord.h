@@ -1,0 +1,67 @@
+/* The coordinator of `ctitan launch`: owns the resolved manifest, the job's shared segments,
+ * the control ROUTER and the step clock; starts, supervises and stops every process of the
+ * job. With checkpoint.load, checkpointd first loads the checkpoint into the staging segment
+ * (LOAD ... LOADED) and the run starts after its step. One training step is three rounds over
+ * the control plane:
+ *   STEP -> every stage      ... STEP_DONE (loss from the last ranks, per-action times)
+ *   REDUCE -> every optshard ... REDUCED   (norm partials in the job segment)
+ *   UPDATE -> every optshard ... UPDATED   (with the clip factor of the global norm)
+ * Between rounds it reacts to whatever else happens: heartbeats, a process exiting (the
+ * loader and checkpointd are restarted; on a CPU job a stage or shard is replaced in place,
+ * coord_recover.c; anything else fails the job), errors, Ctrl-C, and `ctitan loader swap`
+ * requests, which it carries out at the next step boundary.
+ *
+ * On one host the coordinator runs under a supervisor (stages/coord/supervise.h), which relaunches a
+ * failed job from its newest checkpoint: the run tells it how far it got and why it failed in
+ * a coord_outcome_t in memory the two share, so the supervisor knows even after a kill -9. */
+#ifndef CTITAN_COORD_H
+#define CTITAN_COORD_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "stages/job/manifest.h"
+
+#define COORD_OUT_CKPTS 64 /* the newest checkpoints an outcome remembers */
+
+/* What a run leaves for its supervisor, written as it goes (MAP_SHARED memory the supervisor
+ * made before the fork, read once the run is over). Times are util_now()'s (CLOCK_MONOTONIC). */
+typedef struct {
+    int64_t first_step;           /* steps completed when training started (the resumed checkpoint's) */
+    int64_t last_step;            /* steps completed so far (first_step until a step of this run ends) */
+    double last_step_at;          /* when the last one ended (0: none yet) */
+    int steps_run;                /* steps this run completed */
+    struct {
+        int64_t step;             /* a checkpoint of this run: steps completed */
+        double done_at;           /* when that step ended (its snapshot began) */
+        int saved;                /* checkpointd said SAVED (it is complete on disk) */
+    } ck[COORD_OUT_CKPTS];        /* ring: checkpoint i is ck[i % COORD_OUT_CKPTS] */
+    int n_ck;
+    int failed;                   /* the run failed (exit 1) for the reason below */
+    char role[16];                /* "stage", "optshard", "loader", "checkpointd", or "coordinator"
+                                   * (its own reason: set-up, a checkpoint, itself stopped) */
+    int rank, replica;
+    char why[1536];
+} coord_outcome_t;
+
+/* How a supervised run is run (coord_run's second argument; NULL: unsupervised, as another host's agent). */
+typedef struct {
+    coord_outcome_t *out;         /* shared with the supervisor; the run fills it */
+    int restarts;                 /* restarts of this job so far (`ctitan status` shows them) */
+    char last_restart[512];       /* the last one's reason */
+    int append_metrics;           /* a relaunch: metrics.file is appended to, not truncated */
+} coord_super_t;
+
+/* Runs the job to the end. Returns the process exit status: 0 done, 1 failed (the reason,
+ * naming the role, rank and replica, is printed), 128 + signal when interrupted. With sup, the
+ * job's workers stay in this process's process group (the supervisor's kill of the group
+ * reaches them all) and the outcome is written to sup->out. */
+int coord_run(const manifest_t *m, const coord_super_t *sup);
+
+/* After a coordinator of job `job` (this host's segment name) died without cleaning up: if the
+ * job segment says `owner` made it, removes the operator's key from the run folder, the ipc://
+ * control socket file and every segment of the job. Returns the number of segments removed
+ * (0: nothing of `owner`'s was left) or -errno. */
+int coord_remove_leftovers(const char *job, pid_t owner);
+
+#endif

@@ -1,0 +1,454 @@
+/* In-place recovery (see coord_priv.h; DESIGN.md "Recovery"). A stage or optimizer shard that
+ * dies during training, is killed for missing heartbeats (stopped), or is stopped by the step
+ * watchdog (a main thread that makes no progress) is replaced alone: the others keep running
+ * and keep their state. The weights live in the params segment and the shards' state in the
+ * optstate segment, so a replacement only attaches to them. A stage lost inside the STEP round
+ * takes the step with it: every stage leaves the step (the rings are closed), the gradients
+ * and rings go back to the step's start, the loader starts again from the step's cursor, and
+ * the step is sent again: the same bits as an undisturbed run. A shard gets again the round it
+ * owed (and a snapshot it owed); its rounds are idempotent (stages/roles/optshard.c).
+ *
+ * A GPU job on one host's IPC plane replaces a lost stage with every stage (restage): its
+ * neighbours' device rings and events are mapped into the dead process, whose memory CUDA
+ * frees, so they are made anew by new processes; the shards keep their state (GPU shards their
+ * fp32 masters, mapping the new stages' buffers and writing the weights into them on REMAP;
+ * CPU shards, offload mode, the optstate segment, and are themselves replaced alone). The step
+ * is redone when the stages held a part of it: the STEP round, and with GPU shards until the
+ * update (the gradients are device memory of the stages). A GPU shard lost, or a stage while
+ * GPU shards read the stages' memory (REDUCE, UPDATE), rewinds the job (coord_rewind.c). */
+#include "stages/coord/coord_priv.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ipc/ring.h"
+#include "ipc/util.h"
+#include "stages/job/devdir.h"
+#include "stages/job/ldr_seg.h"
+
+int coord_can_recover(const coord_t *c, const coord_proc_t *p)
+{
+    if (!c->training || c->failed || c->interrupted)
+        return 0;
+    if (p->remote) /* its agent restarts it, and every other process, at a rewind */
+        return p->role != COORD_CKPTD;
+    return p->role == COORD_STAGE || p->role == COORD_OPTSHARD; /* in place, with its peers or by a rewind: plan() */
+}
+
+void coord_lost(coord_t *c, coord_proc_t *p, const char *how)
+{
+    char name[64];
+    coord_who(p, name, sizeof(name));
+    if (!c->n_lost) {
+        c->lost_at = util_now();
+        c->lost_first = p;
+        snprintf(c->lost_why, sizeof(c->lost_why), "%s %s", name, how);
+    }
+    c->n_lost++;
+    p->lost = 1;
+    if (p->role == COORD_STAGE && p->await == MSG_STEP_DONE)
+        c->redo = 1; /* its part of the step in progress is gone */
+    p->await = 0;
+    LOG_W("%s %s: replacing it", name, how);
+}
+
+/* ---- the rings ---- */
+
+void coord_each_ring(coord_t *c, void (*fn)(ring_t *r), int loader)
+{
+    const job_layout_t *l = &c->lay;
+    ring_t *r;
+    for (int rep = 0; c->seg_act && rep < l->dp; rep++)
+        for (int b = 0; b < l->S - 1; b++)
+            for (int g = 0; g < 2; g++)
+                if (!ring_attach(&r, (char *)shm_data(c->seg_act) + job_act_off(l, rep, b, g), l->act_ring, "act",
+                                 NULL, 0)) {
+                    fn(r);
+                    ring_detach(&r);
+                }
+    for (int i = 0; loader && i < 2 * l->dp; i++)
+        if (!ldr_seg_ring(shm_data(c->seg_batch), i, &r, NULL, 0)) {
+            fn(r);
+            ring_detach(&r);
+        }
+}
+
+static void reset(ring_t *r) { ring_reset(r, 0); }
+
+/* ---- leaving the step ---- */
+
+/* Every stage has left the step (replied, aborted or lost) and the loader is gone. */
+static int step_left(coord_t *c, void *arg)
+{
+    if (coord_loader(c)->pid)
+        return 0;
+    for (int r = 0; r < c->m->dp; r++)
+        for (int s = 0; s < c->m->pp; s++) {
+            const coord_proc_t *p = coord_stage(c, s, r);
+            if (!p->lost && p->await == MSG_STEP_DONE)
+                return 0;
+        }
+    return 1;
+}
+
+/* The loader killed and every ring closed: a stage waiting on one leaves the step (ABORTED),
+ * one that had all it needed finishes it (STEP_DONE). Then the gradients, the rings and the
+ * loader's resume point go back to the step's start. Returns 0 or -1 (the job failed). */
+static int stop_step(coord_t *c)
+{
+    coord_proc_t *L = coord_loader(c);
+    if (L->pid) {
+        L->expect_exit = 1;
+        kill(L->pid, SIGKILL);
+    }
+    coord_each_ring(c, ring_close, 1);
+    double limit = 2 * c->m->heartbeat_timeout_ms * 1e-3 + 10;
+    int rc = coord_pump(c, step_left, NULL, limit);
+    if (rc == -ETIMEDOUT)
+        coord_fail(c, "recovery: the stages did not leave step %lld within %.0f s of closing the rings",
+                   (long long)c->step + 1, limit);
+    if (rc)
+        return -1;
+    memset(shm_data(c->seg_grads), 0, job_params_bytes(&c->lay));
+    coord_each_ring(c, reset, 0);
+    if (ldr_seg_prepare_swap(shm_data(c->seg_batch), c->step)) { /* resets the loader's rings too */
+        coord_fail(c, "recovery: no loader cursor is recorded for step %lld", (long long)c->step + 1);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- GPU stages: all of them again ---- */
+
+static int stages_gone(coord_t *c, void *redo)
+{
+    if (*(int *)redo && coord_loader(c)->pid)
+        return 0;
+    for (int i = 1; i <= c->n_stages; i++)
+        if (c->p[i].pid)
+            return 0;
+    return 1;
+}
+
+/* Every stage killed and marked for replacement, and with `redo` the loader; once they are gone,
+ * the act rings and the device directory cleared and, with redo, the gradients (offload: the
+ * grads segment; GPU shards: they died with the stages) and the loader's resume point back at
+ * the step's start. Returns 0 or -1 (the job failed). */
+static int stop_stages(coord_t *c, int redo)
+{
+    coord_proc_t *L = coord_loader(c);
+    if (redo && L->pid) {
+        L->expect_exit = 1;
+        kill(L->pid, SIGKILL);
+    }
+    for (int i = 1; i <= c->n_stages; i++) {
+        coord_proc_t *p = &c->p[i];
+        if (p->pid) {
+            p->expect_exit = 1;
+            kill(p->pid, SIGKILL);
+        }
+        p->lost = 1;
+        p->await = 0;
+    }
+    int rc = coord_pump(c, stages_gone, &redo, COORD_STARTUP_TIMEOUT_S);
+    if (rc == -ETIMEDOUT)
+        coord_fail(c, "recovery: the stages did not exit in %.0f s of SIGKILL", COORD_STARTUP_TIMEOUT_S);
+    if (rc)
+        return -1;
+    coord_each_ring(c, reset, 0);
+    memset(shm_data(c->seg_dev), 0, devdir_bytes(&c->lay)); /* the new stages publish there */
+    if (!redo)
+        return 0;
+    if (c->seg_grads)
+        memset(shm_data(c->seg_grads), 0, job_params_bytes(&c->lay));
+    if (ldr_seg_prepare_swap(shm_data(c->seg_batch), c->step)) {
+        coord_fail(c, "recovery: no loader cursor is recorded for step %lld", (long long)c->step + 1);
+        return -1;
+    }
+    return 0;
+}
+
+static int remapped_or_lost(coord_t *c, void *arg)
+{
+    if (c->n_lost)
+        return 1;
+    for (int k = 0; k < c->m->shards; k++)
+        if (coord_shard(c, k)->remap_due)
+            return 0;
+    return 1;
+}
+
+/* GPU shards: REMAP to each (after any round it is in: commands come in order), and its answer. */
+static int remap(coord_t *c)
+{
+    msg_t rm = {.type = MSG_REMAP, .step = c->step};
+    for (int k = 0; k < c->m->shards; k++) {
+        coord_proc_t *p = coord_shard(c, k);
+        p->remap_due = 1;
+        coord_send(c, p, &rm);
+    }
+    int rc = coord_pump(c, remapped_or_lost, NULL, COORD_STARTUP_TIMEOUT_S);
+    if (rc == -ETIMEDOUT)
+        coord_fail(c, "recovery: the optimizer shards did not map the new stages in %.0f s", COORD_STARTUP_TIMEOUT_S);
+    return rc ? -1 : 0;
+}
+
+const char *coord_on_remapped(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m)
+{
+    if (!p->remap_due)
+        return "no remap was asked of it";
+    if (m->step != c->step)
+        return "not the step in progress";
+    p->remap_due = 0;
+    return NULL;
+}
+
+enum { ALONE, STAGES, REWIND };
+
+/* How the lost processes come back: each alone (CPU jobs; CPU shards of an offload job), with
+ * every stage (a GPU stage), or by a rewind (a GPU shard; a stage while GPU shards read the
+ * stages' memory; across hosts). */
+static int plan(const coord_t *c)
+{
+    if (c->recover)
+        return ALONE;
+    int stages = 0, shards_read = c->round.type == MSG_REDUCE || c->round.type == MSG_UPDATE;
+    for (int i = 0; i < c->np; i++) {
+        const coord_proc_t *p = &c->p[i];
+        if (!p->lost)
+            continue;
+        if (p->role == COORD_OPTSHARD && !c->lay.gpu_shards && c->lay.hosts == 1)
+            continue;
+        if (p->role == COORD_STAGE && c->restage && !(c->lay.gpu_shards && shards_read)) {
+            stages = 1;
+            continue;
+        }
+        return REWIND;
+    }
+    return stages ? STAGES : ALONE;
+}
+
+/* ---- replacing ---- */
+
+static int ready_or_lost(coord_t *c, void *arg) { return c->n_lost || coord_all_ready(c, NULL); }
+
+/* A new process for p, which keeps what its predecessor had answered in the round in flight. */
+static void replace(coord_t *c, coord_proc_t *p)
+{
+    int got = p->got, snapped = p->snapped;
+    p->lost = 0;
+    coord_spawn(c, p);
+    p->got = got;
+    p->snapped = snapped;
+}
+
+/* What the replacements (and, for a step redone, every stage) are owed. */
+static void resend(coord_t *c, int redo, const int *replaced, int n)
+{
+    double now = util_now();
+    if (redo)
+        for (int i = 1; i <= c->n_stages; i++) {
+            coord_proc_t *s = &c->p[i];
+            s->got = 0;
+            s->await = MSG_STEP_DONE;
+            s->progress_at = now;
+            coord_send(c, s, &c->round);
+        }
+    for (int j = 0; j < n; j++) {
+        coord_proc_t *p = &c->p[replaced[j]];
+        if (p->role != COORD_OPTSHARD)
+            continue;
+        if (c->ck_busy && !c->ck_saving && !c->ck_save_due && !p->snapped) { /* commands come in order */
+            msg_t snap = {.type = MSG_SNAPSHOT, .step = c->ck_step};
+            coord_send(c, p, &snap);
+        }
+        if ((c->round.type == MSG_REDUCE || c->round.type == MSG_UPDATE) && !p->got) {
+            p->await = c->round.type == MSG_REDUCE ? MSG_REDUCED : MSG_UPDATED;
+            p->progress_at = now;
+            coord_send(c, p, &c->round);
+        }
+    }
+}
+
+/* One line on the progress output, a record in the metrics file. `back_to`: the step a GPU job
+ * was rewound to (the time lost then is all since that step ended); -1: replaced in place; -2:
+ * in place, every stage started again (a GPU stage lost). */
+static void report(coord_t *c, const coord_proc_t *first, const char *why, double t_dead, double t_round, int redo,
+                   int again, const int *replaced, int n, int64_t at, int64_t back_to)
+{
+    double now = util_now(), lost = back_to >= 0 ? now - c->snap_at : redo ? now - t_round : now - t_dead;
+    char what[640] = "", more[96] = "";
+    if (back_to >= 0) {
+        snprintf(what, sizeof(what), "every stage and optimizer shard started again from %s",
+                 c->m->ckpt_load[0] ? c->m->ckpt_load : "the initial weights");
+    } else {
+        int k = snprintf(what, sizeof(what), "replaced: ");
+        for (int j = 0; j < n; j++)
+            k += snprintf(what + k, sizeof(what) - (size_t)k, "%s%s (pid %d)", j ? ", " : "", c->p[replaced[j]].id,
+                          (int)c->p[replaced[j]].pid);
+    }
+    c->recoveries++;
+    snprintf(c->last_recovery, sizeof(c->last_recovery), "%.560s", why);
+    if (again)
+        snprintf(more, sizeof(more), " (%d more lost during the recovery)", again);
+    if (back_to >= 0)
+        printf("recovered %d (rewound, at step %lld): %s; %s in %.2f s%s: steps %lld to %lld run again\n",
+               c->recoveries, (long long)at + 1, why, what, now - t_dead, more, (long long)back_to + 1,
+               (long long)at + 1);
+    else
+        printf("recovered %d (%s, at step %lld): %s; %s in %.2f s%s%s\n", c->recoveries,
+               back_to == -2 ? "every stage started again" : "in place", (long long)at + 1, why, what, now - t_dead,
+               more, redo ? ", the step redone by every stage" : "");
+    fflush(stdout);
+    if (!c->metrics)
+        return;
+    fprintf(c->metrics, "{\"restart\": %d, \"scope\": \"%s\", \"role\": \"%s\", \"rank\": %d, \"replica\": %d, "
+            "\"reason\": ", c->recoveries, back_to >= 0 ? "rewind" : back_to == -2 ? "stages" : "process",
+            coord_role_name(first->role), first->rank, first->replica);
+    util_json_string(c->metrics, why);
+    if (back_to >= 0)
+        fprintf(c->metrics, ", \"rewound_to\": %lld", (long long)back_to);
+    fprintf(c->metrics, ", \"step\": %lld, \"redone\": %s, \"replaced\": %d, \"lost_during\": %d, "
+            "\"recovery_s\": %.3f, \"time_lost_s\": %.3f}\n", (long long)at + 1,
+            redo || back_to >= 0 ? "true" : "false", n, again, now - t_dead, lost);
+    fflush(c->metrics);
+}
+
+int coord_recover(coord_t *c)
+{
+    char why[sizeof(c->lost_why)]; /* the first loss names the recovery; the others during it are counted */
+    snprintf(why, sizeof(why), "%s", c->lost_why);
+    const coord_proc_t *first = c->lost_first;
+    double t_dead = c->lost_at;
+    int64_t at = c->step;
+    int again = -1, rewound = 0;
+    while (c->n_lost && !c->failed && !c->interrupted) {
+        again++;
+        if (c->step != c->recover_step) {
+            c->recover_step = c->step;
+            c->recover_tries = 0;
+        }
+        if (++c->recover_tries > c->m->max_restarts) {
+            if (!c->m->max_restarts)
+                coord_fail_proc(c, c->lost_first, "%s; not replaced: job.max_restarts = 0", c->lost_why);
+            else
+                coord_fail_proc(c, c->lost_first, "%s; not replaced: %d in-place recoveries at step %lld already "
+                                "(job.max_restarts = %d)", c->lost_why, c->m->max_restarts, (long long)c->step + 1,
+                                c->m->max_restarts);
+            return -1;
+        }
+        int how = plan(c);
+        if (how == REWIND) { /* GPU: every stage and shard again, from the newest snapshot */
+            if (coord_rewind(c))
+                return -1;
+            rewound = 1;
+            if (!c->n_lost)
+                report(c, first, why, t_dead, c->round_t0, 0, again, NULL, coord_n_workers(c), at, c->step);
+            continue;
+        }
+        int redo = c->redo && c->round.type == MSG_STEP, step_again = 0;
+        if (how == STAGES) {
+            redo = c->round.type == MSG_STEP || c->grads_held;
+            step_again = redo && c->round.type != MSG_STEP; /* between its rounds: the step loop's */
+            int lost = c->n_lost;
+            if (stop_stages(c, redo))
+                return -1;
+            if (c->n_lost > lost) /* another one died meanwhile: planned again */
+                continue;
+        } else if (redo && stop_step(c)) {
+            return -1;
+        }
+        int replaced[c->np], n = 0;
+        c->n_lost = 0;
+        c->redo = 0;
+        for (int i = 0; i < c->np; i++)
+            if (c->p[i].lost) {
+                replace(c, &c->p[i]);
+                replaced[n++] = i;
+            }
+        if (redo)
+            coord_spawn(c, coord_loader(c)); /* from the step's cursor (stop_step) */
+        int rc = coord_pump(c, ready_or_lost, NULL, COORD_STARTUP_TIMEOUT_S);
+        if (rc == -ETIMEDOUT)
+            coord_fail(c, "recovery: the replacements did not become ready in %.0f s", COORD_STARTUP_TIMEOUT_S);
+        if (rc)
+            return -1;
+        if (!c->n_lost && how == STAGES && c->lay.gpu_shards && remap(c))
+            return -1;
+        if (c->n_lost) { /* one died during the recovery: again, counted */
+            c->redo |= redo;
+            continue;
+        }
+        resend(c, redo && !step_again, replaced, n);
+        report(c, first, why, t_dead, c->round_t0, redo, again, replaced, n, at, how == STAGES ? -2 : -1);
+        rewound |= step_again;
+    }
+    return c->failed || c->interrupted ? -1 : rewound ? COORD_REWOUND : 0;
+}
+
+/* ---- ABORTED ---- */
+
+const char *coord_on_aborted(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m)
+{
+    if (p->await != MSG_STEP_DONE || m->step != c->step)
+        return "no step in progress waits for this stage";
+    p->await = 0; /* it is out of the step (step_left) */
+    return NULL;
+}
+
+/* ---- the step watchdog ---- */
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* 10 x the median of the last steps' times + 10 s, once a step (not at each look); 0 before 3. */
+void coord_note_step_time(coord_t *c, double secs)
+{
+    c->step_times[c->n_step_times++ % COORD_STEP_TIMES] = secs;
+    int n = c->n_step_times < COORD_STEP_TIMES ? c->n_step_times : COORD_STEP_TIMES;
+    double t[COORD_STEP_TIMES];
+    memcpy(t, c->step_times, (size_t)n * sizeof(double));
+    qsort(t, (size_t)n, sizeof(double), cmp_double);
+    c->watchdog_auto_s = n < 3 ? 0 : 10 * t[n / 2] + 10;
+}
+
+void coord_watchdog(coord_t *c)
+{
+    if (!c->training)
+        return;
+    /* job.watchdog_s, or from the step times, or 120 s before 3 steps */
+    double now = util_now(), bound = c->m->watchdog_s > 0 ? c->m->watchdog_s
+                                     : c->watchdog_auto_s > 0 ? c->watchdog_auto_s : COORD_STARTUP_TIMEOUT_S;
+    char name[64];
+    for (int i = 0; i < c->np && !c->failed; i++) {
+        coord_proc_t *p = &c->p[i];
+        if (!p->pid || p->remote || !p->await || !p->ready)
+            continue;
+        if (p->abort_sent > 0) { /* still there after its stack dump */
+            if (now - p->abort_sent > COORD_ABORT_GRACE_S) {
+                kill(p->pid, SIGKILL);
+                p->abort_sent = now;
+            }
+            continue;
+        }
+        if (now - p->progress_at <= bound)
+            continue;
+        coord_who(p, name, sizeof(name));
+        if (!coord_can_recover(c, p)) {
+            coord_fail_proc(c, p, "%s (pid %d) made no progress for %.1f s in step %lld (the step watchdog's bound: "
+                            "%.1f s): hung", name, (int)p->pid, now - p->progress_at, (long long)c->step + 1, bound);
+            continue;
+        }
+        fprintf(stderr, "ctitan: %s (pid %d) made no progress for %.1f s in step %lld (the step watchdog's bound: "
+                "%.1f s): dumping its stack (SIGABRT), then replacing it\n", name, (int)p->pid, now - p->progress_at,
+                (long long)c->step + 1, bound);
+        kill(p->pid, SIGABRT);
+        p->abort_sent = now;
+    }
+}

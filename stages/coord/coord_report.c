@@ -1,0 +1,269 @@
+/* What the coordinator tells the user (see coord_priv.h): the launch banner, one progress line
+ * and one metrics record per step (and its scalars as TensorBoard events, stages/report/tb.h), and at
+ * the end the validation loss and a sample from the final weights (stages/report/evaluate.h holds the
+ * math). */
+#include "stages/coord/coord_priv.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kernels/cpu/pool.h"
+#include "stages/report/evaluate.h"
+#include "stages/job/ldr_seg.h"
+#include "stages/report/peak_cache.h"
+#include "stages/data/tokenizer.h"
+#include "stages/data/tokfile.h"
+
+void coord_banner(coord_t *c)
+{
+    const manifest_t *m = c->m;
+    int n = 0; /* a checkpointd that only loaded has stopped */
+    for (int i = 0; i < c->np; i++)
+        n += !c->p[i].expect_exit;
+    peak_cache_t peak;
+    char from[PATH_MAX + 512];
+    c->peak_gflops = peak_cache_get(m->peak_tflops * 1e3, (int)sysconf(_SC_NPROCESSORS_ONLN), NULL, &peak);
+    if (peak.warning[0])
+        fprintf(stderr, "launch: warning: %s\n", peak.warning);
+    peak_cache_describe(&peak, from, sizeof(from));
+    char chunks[48] = "";
+    if (c->lay.vs > 1)
+        snprintf(chunks, sizeof(chunks), ", %d virtual stages per rank", c->lay.vs);
+    printf("launch: job %s: %s %s, %.2fM parameters; pipeline %d (%s%s, %d microbatches of %dx%d), data parallel %d, "
+           "%d optimizer shards; %d processes\n",
+           m->name, m->model_name, m->flavor, c->lay.total / 1e6, m->pp, sched_kind_name(m->schedule), chunks,
+           m->microbatches, c->lay.mb, m->seq_len, m->dp, m->shards, n);
+    printf("launch: MFU against %.0f GFLOP/s, %s\n", c->peak_gflops, from);
+    if (c->tb) {
+        char dir[PATH_MAX];
+        manifest_tb_folder(m, dir, sizeof(dir));
+        printf("launch: TensorBoard events in %s (tensorboard --logdir %s)\n", tb_path(c->tb), dir);
+    }
+    if (!isnan(c->entropy))
+        printf("launch: data %s, unigram entropy %.4f nats/token (first file)\n", m->dataset_path, c->entropy);
+    fflush(stdout);
+}
+
+/* `"key": value` after a comma; a value that is not finite is null (JSON has no NaN or
+ * infinity) and is named, with what it was, in `nf` for the record's "not_finite" field. */
+static void put_num(FILE *f, const char *key, const char *fmt, double v, char *nf, size_t nflen)
+{
+    fprintf(f, ", \"%s\": ", key);
+    if (isfinite(v)) {
+        fprintf(f, fmt, v);
+        return;
+    }
+    fputs("null", f);
+    size_t n = strlen(nf);
+    snprintf(nf + n, nflen - n, "%s\"%s\": \"%s\"", n ? ", " : "", key, isnan(v) ? "nan" : v > 0 ? "inf" : "-inf");
+}
+
+/* Whether the loader's cursor after step c->step holds a sample count (the built-in loader's
+ * does, a custom loader's may not), and the count in *sample. */
+static int loader_sample(coord_t *c, uint64_t *sample)
+{
+    uint8_t cur[LDR_CURSOR_MAX];
+    size_t clen;
+    return ldr_seg_cursor(shm_data(c->seg_batch), c->step + 1, cur, &clen) == 0 &&
+           ldr_cursor_get(cur, clen, "sample", sample) == 0;
+}
+
+/* The pipeline's idle share of step c->step, measured and ideal: each stage's time outside its
+ * actions over its step (stage_t's run, waits included), the mean over the stages; and the
+ * schedule simulated with replica 0's measured action times (sched_bubble: 1 - busy /
+ * (ranks x makespan)), which t[rank] receives. */
+static void bubbles(coord_t *c, double (*t)[3], double *measured, double *ideal)
+{
+    const manifest_t *m = c->m;
+    int per = c->lay.vs * m->microbatches; /* each of F, B, W per rank and step */
+    double sum = 0;
+    for (int i = 1; i <= c->n_stages; i++) {
+        const msg_t *r = &c->p[i].reply;
+        double span = r->t_busy + r->t_wait, busy = per * (r->t_f + r->t_b + r->t_w);
+        sum += span > 0 ? 1 - busy / span : 0;
+    }
+    *measured = sum / c->n_stages;
+    for (int s = 0; s < m->pp; s++) {
+        const msg_t *r = &coord_stage(c, s, 0)->reply;
+        t[s][SCHED_F] = r->t_f, t[s][SCHED_B] = r->t_b, t[s][SCHED_W] = r->t_w;
+    }
+    *ideal = sched_bubble(&c->sched, (const double (*)[3])t, 0);
+}
+
+/* One JSON line of step c->step in the metrics file. */
+static void write_metrics(coord_t *c, double loss, double norm, double lr, double tps, double mfu, double t_step,
+                          double ctl, double t_opt, uint64_t mem, double bubble, double bubble_ideal)
+{
+    const manifest_t *m = c->m;
+    uint64_t sample = 0;
+    int have = loader_sample(c, &sample);
+    char nf[256] = "";
+    FILE *f = c->metrics;
+    fprintf(f, "{\"step\": %d", (int)c->step + 1);
+    put_num(f, "loss", "%.17g", loss, nf, sizeof(nf));
+    put_num(f, "grad_norm", "%.17g", norm, nf, sizeof(nf));
+    put_num(f, "lr", "%.17g", lr, nf, sizeof(nf));
+    put_num(f, "tokens_per_s", "%.1f", tps, nf, sizeof(nf));
+    put_num(f, "mfu", "%.5f", mfu, nf, sizeof(nf));
+    put_num(f, "step_time_ms", "%.3f", t_step * 1e3, nf, sizeof(nf));
+    put_num(f, "ctl_overhead_ms", "%.3f", ctl * 1e3, nf, sizeof(nf));
+    put_num(f, "optimizer_ms", "%.3f", t_opt * 1e3, nf, sizeof(nf));
+    put_num(f, "bubble", "%.5f", bubble, nf, sizeof(nf));
+    put_num(f, "bubble_ideal", "%.5f", bubble_ideal, nf, sizeof(nf));
+    fprintf(f, ", \"mem_peak_bytes\": %llu", (unsigned long long)mem);
+    if (have)
+        fprintf(f, ", \"loader_sample\": %llu", (unsigned long long)sample);
+    if (nf[0])
+        fprintf(f, ", \"not_finite\": {%s}", nf);
+    fprintf(f, ", \"stage_ms\": [");
+    for (int s = 0; s < m->pp; s++) {
+        const msg_t *r = &coord_stage(c, s, 0)->reply;
+        fprintf(f, "%s[%.4f, %.4f, %.4f]", s ? ", " : "", r->t_f * 1e3, r->t_b * 1e3, r->t_w * 1e3);
+    }
+    fprintf(f, "]}\n");
+    fflush(f);
+}
+
+/* The events written since the last flush go to the file; a file that cannot be written is
+ * said once and given up (the run goes on, as with a full disk under the metrics file). */
+static void flush_events(coord_t *c)
+{
+    char err[PATH_MAX + 256];
+    if (tb_flush(c->tb, err, sizeof(err))) {
+        fprintf(stderr, "launch: warning: %s: no more TensorBoard events in this run\n", err);
+        tb_close(&c->tb);
+    }
+}
+
+/* The numbers of step c->step's metrics record as TensorBoard scalars, tagged with the
+ * record's names, except memory in GiB (as the progress line) and each stage's F/B/W times as
+ * stage_ms/S/f, /b, /w (one chart group); a value that is not finite is written as it is
+ * (TensorBoard shows NaN and infinity). Flushed: one write per step. */
+static void write_events(coord_t *c, double loss, double norm, double lr, double tps, double mfu, double t_step,
+                         double ctl, double t_opt, uint64_t mem, double bubble, double bubble_ideal)
+{
+    const manifest_t *m = c->m;
+    int64_t step = c->step + 1;
+    double now = tb_now();
+    const struct { const char *tag; double v; } s[] = {
+        {"loss", loss}, {"grad_norm", norm}, {"lr", lr}, {"tokens_per_s", tps}, {"mfu", mfu},
+        {"step_time_ms", t_step * 1e3}, {"ctl_overhead_ms", ctl * 1e3}, {"optimizer_ms", t_opt * 1e3},
+        {"bubble", bubble}, {"bubble_ideal", bubble_ideal}, {"mem_peak_gib", mem / 1073741824.0},
+    };
+    for (size_t i = 0; i < sizeof(s) / sizeof(s[0]); i++)
+        tb_scalar(c->tb, s[i].tag, step, s[i].v, now); /* a failure is tb_flush's too */
+    uint64_t sample;
+    if (loader_sample(c, &sample))
+        tb_scalar(c->tb, "loader_sample", step, (double)sample, now);
+    for (int r = 0; r < m->pp; r++) {
+        const msg_t *rep = &coord_stage(c, r, 0)->reply;
+        const double t[3] = {rep->t_f, rep->t_b, rep->t_w};
+        for (int k = 0; k < 3; k++) {
+            char tag[64];
+            snprintf(tag, sizeof(tag), "stage_ms/%d/%c", r, "fbw"[k]);
+            tb_scalar(c->tb, tag, step, t[k] * 1e3, now);
+        }
+    }
+    flush_events(c);
+}
+
+void coord_report_step(coord_t *c, double norm, double t_step, double t_reduce, double t_update)
+{
+    const manifest_t *m = c->m;
+    double loss = 0, t_stages = 0;
+    uint64_t mem = 0; /* the largest stage's (on a GPU: the device's use, every process on it) */
+    /* replica order, a fixed sum: in each replica one rank holds the last virtual stage (the
+     * last rank, or rank 0 of a V placement) and the others report 0, which adds nothing */
+    for (int r = 0; r < m->dp; r++)
+        for (int s = 0; s < m->pp; s++)
+            loss += coord_stage(c, s, r)->reply.loss;
+    for (int i = 1; i <= c->n_stages; i++) {
+        double t = c->p[i].reply.t_busy + c->p[i].reply.t_wait;
+        t_stages = t > t_stages ? t : t_stages;
+        mem = c->p[i].reply.mem > mem ? c->p[i].reply.mem : mem;
+    }
+    double tokens = (double)m->dp * m->local_batch_size * m->seq_len;
+    loss /= tokens;
+    double lr = coord_shard(c, 0)->reply.lr, tps = tokens / t_step;
+    double mfu = config_flops_per_token(&m->model, m->seq_len) * tps / (c->peak_gflops * 1e9);
+    int step = (int)c->step + 1;
+    if (step % m->log_freq == 0 || step == m->steps || step == 1) {
+        printf("step %5d  loss %7.4f  grad_norm %7.3f  lr %.2e  tokens/s %7.0f  mfu %5.2f%%  %6.0f ms  mem %.2f GiB\n",
+               step, loss, norm, lr, tps, 100 * mfu, t_step * 1e3, mem / 1073741824.0);
+        fflush(stdout);
+    }
+    double ctl = t_step - t_stages - t_reduce - t_update, bubble, bubble_ideal, t[MANIFEST_MAX_PP][3];
+    bubbles(c, t, &bubble, &bubble_ideal);
+    if (c->metrics)
+        write_metrics(c, loss, norm, lr, tps, mfu, t_step, ctl, t_reduce + t_update, mem, bubble, bubble_ideal);
+    if (c->tb)
+        write_events(c, loss, norm, lr, tps, mfu, t_step, ctl, t_reduce + t_update, mem, bubble, bubble_ideal);
+    coord_trace_step(c, (const double (*)[3])t);
+}
+
+/* The validation loss's record in the metrics file, after the last step's: the loss in full
+ * (the printed line has 4 decimals), the batches and tokens it is the mean over. */
+static void write_validation(coord_t *c, double loss, int batches)
+{
+    const manifest_t *m = c->m;
+    char nf[64] = "";
+    FILE *f = c->metrics;
+    fprintf(f, "{\"step\": %d", m->steps);
+    put_num(f, "val_loss", "%.17g", loss, nf, sizeof(nf));
+    fprintf(f, ", \"val_batches\": %d, \"val_tokens\": %lld", batches,
+            (long long)batches * m->local_batch_size * m->seq_len);
+    if (nf[0])
+        fprintf(f, ", \"not_finite\": {%s}", nf);
+    fprintf(f, "}\n");
+    fflush(f);
+}
+
+/* The sample's prompt comes from held-out text, else from the training data. */
+static void sample(coord_t *c, float *w, pool_t *pool, tokfile_t *val)
+{
+    const manifest_t *m = c->m;
+    tok_t *tok = NULL;
+    tokfile_t *src = val;
+    char err[512];
+    if (!src && c->first_file[0])
+        tokfile_open(&src, c->first_file, m->model.vocab_size, NULL, 0);
+    if (src && tok_load(&tok, m->tokenizer_path, err, sizeof(err)) == 0)
+        eval_sample(&m->model, w, pool, tok, src, m->sample_tokens, m->sample_temperature, m->seed, stdout);
+    tok_destroy(&tok);
+    if (src != val)
+        tokfile_close(&src);
+}
+
+void coord_end_of_run(coord_t *c, int64_t first, double secs)
+{
+    const manifest_t *m = c->m;
+    float *w = shm_data(c->seg_params); /* replica 0 */
+    pool_t *pool = pool_new((int)sysconf(_SC_NPROCESSORS_ONLN));
+    tokfile_t *val = NULL;
+    char err[512];
+    if (first > 0)
+        printf("done: steps %lld to %d in %.1f s", (long long)first + 1, m->steps, secs);
+    else
+        printf("done: %d steps in %.1f s", m->steps, secs);
+    if (m->val_enable && tokfile_open(&val, m->val_dataset_path, m->model.vocab_size, err, sizeof(err)) == 0) {
+        int used;
+        double vl = eval_loss(&m->model, w, pool, val, m->local_batch_size, m->seq_len, m->val_steps, &used);
+        printf("; validation loss %.4f over %d batches", vl, used);
+        if (c->metrics)
+            write_validation(c, vl, used);
+        if (c->tb) { /* at the last step, as in the metrics file */
+            tb_scalar(c->tb, "val_loss", m->steps, vl, tb_now());
+            flush_events(c);
+        }
+    }
+    if (!isnan(c->entropy))
+        printf("; training data unigram entropy %.4f", c->entropy);
+    printf("\n");
+    if (m->sample_tokens > 0 && m->tokenizer_path[0])
+        sample(c, w, pool, val);
+    tokfile_close(&val);
+    pool_destroy(&pool);
+    fflush(stdout);
+}

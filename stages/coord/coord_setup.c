@@ -1,0 +1,165 @@
+/* The coordinator's set-up before any process starts (see coord_priv.h): the control
+ * endpoint, a check of the data files, signal handling, and the job's shared segments (each
+ * formatted by the module that owns its layout: job.h, staging.h, ldr_seg.h). */
+#include "stages/coord/coord_priv.h"
+
+#include <errno.h>
+#include <glob.h>
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include "ipc/log.h"
+#include "ipc/util.h"
+#include "stages/job/devdir.h"
+#include "stages/report/evaluate.h"
+#include "stages/job/ldr_seg.h"
+#include "stages/job/staging.h"
+#include "stages/data/tokenizer.h"
+#include "stages/data/tokfile.h"
+
+int coord_resolve_endpoint(coord_t *c, char *err, size_t errlen)
+{
+    const manifest_t *m = c->m;
+    if (m->endpoint[0]) {
+        snprintf(c->endpoint, sizeof(c->endpoint), "%s", m->endpoint);
+        return 0;
+    }
+    char abs[PATH_MAX];
+    if (!realpath(m->dump_folder, abs))
+        return util_fail(err, errlen, -errno, "job.dump_folder %s: %s", m->dump_folder, strerror(errno));
+    int n = snprintf(c->sock_path, sizeof(c->sock_path), "%s/ctl.sock", abs);
+    if (n >= 100) /* sun_path holds 108 bytes */
+        return util_fail(err, errlen, -ENAMETOOLONG,
+                         "control socket path %s is too long for a Unix socket: set job.endpoint "
+                         "(e.g. ipc:///tmp/%s.sock) or a shorter job.dump_folder", c->sock_path, m->name);
+    snprintf(c->endpoint, sizeof(c->endpoint), "ipc://%.200s", c->sock_path); /* < 100 bytes, checked */
+    return 0;
+}
+
+/* Checks the data before any process starts, so a wrong path is one clear error: the
+ * dataset pattern must match, and its first file must be a valid token file (the loader
+ * checks the others as it opens them). */
+int coord_check_data(coord_t *c, char *err, size_t errlen)
+{
+    const manifest_t *m = c->m;
+    tokfile_t *tf = NULL;
+    int rc = 0;
+    c->entropy = NAN;
+    if (!m->command[0]) {
+        glob_t g;
+        if (glob(m->dataset_path, GLOB_ERR, NULL, &g)) {
+            globfree(&g);
+            return util_fail(err, errlen, -ENOENT, "loader.dataset_path %s: no such file", m->dataset_path);
+        }
+        snprintf(c->first_file, sizeof(c->first_file), "%s", g.gl_pathv[0]);
+        rc = tokfile_open(&tf, c->first_file, m->model.vocab_size, err, errlen);
+        if (!rc)
+            c->entropy = eval_unigram_entropy(tf, (size_t)1 << 24);
+        tokfile_close(&tf);
+        globfree(&g);
+        if (rc)
+            return rc;
+    }
+    if (m->val_enable) {
+        if ((rc = tokfile_open(&tf, m->val_dataset_path, m->model.vocab_size, err, errlen)))
+            return rc;
+        tokfile_close(&tf);
+    }
+    if (m->sample_tokens > 0 && m->tokenizer_path[0]) {
+        tok_t *tok = NULL;
+        if ((rc = tok_load(&tok, m->tokenizer_path, err, errlen)))
+            return rc;
+        if (tok_vocab_size(tok) > m->model.vocab_size)
+            rc = util_fail(err, errlen, -EINVAL, "%s has %d tokens but model.vocab_size is %d", m->tokenizer_path,
+                           tok_vocab_size(tok), m->model.vocab_size);
+        tok_destroy(&tok);
+    }
+    return rc;
+}
+
+int coord_setup_signals(coord_t *c)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGCHLD);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGHUP);
+    if (sigprocmask(SIG_BLOCK, &set, NULL) < 0)
+        return -errno;
+    signal(SIGPIPE, SIG_IGN);
+    c->sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+    return c->sigfd < 0 ? -errno : 0;
+}
+
+void coord_read_signals(coord_t *c)
+{
+    struct signalfd_siginfo si;
+    while (read(c->sigfd, &si, sizeof(si)) == sizeof(si))
+        if (si.ssi_signo == SIGINT || si.ssi_signo == SIGTERM || si.ssi_signo == SIGHUP)
+            c->interrupted = (int)si.ssi_signo;
+}
+
+/* Segments of this job name left by an earlier run: refused while their coordinator runs,
+ * removed when it is gone. */
+static int clear_stale(coord_t *c, char *err, size_t errlen)
+{
+    char names[256][SHM_NAME_MAX];
+    if (shm_list(c->job, names, 256) <= 0)
+        return 0;
+    shm_seg_t *old = NULL;
+    if (shm_attach(&old, c->job, "job", NULL, 0) == 0) {
+        job_hdr_t h = *(job_hdr_t *)shm_data(old);
+        shm_detach(&old);
+        if (h.magic == JOB_MAGIC && job_owner_alive(&h))
+            return util_fail(err, errlen, -EBUSY,
+                             "job '%s' is already running (coordinator pid %lld): stop it or set job.name", c->job,
+                             (long long)h.owner_pid);
+    }
+    int removed = shm_remove_all(c->job);
+    LOG_W("removed %d stale shared-memory segments of job '%s' left by an earlier run that did not "
+          "shut down", removed, c->job);
+    return 0;
+}
+
+int coord_make_segments(coord_t *c, char *err, size_t errlen)
+{
+    const manifest_t *m = c->m;
+    const job_layout_t *l = &c->lay;
+    int rc = clear_stale(c, err, errlen);
+    if (rc || (rc = job_seg_create(&c->seg_job, c->job, l, err, errlen)))
+        return rc;
+    c->segs_made = 1;
+    c->hdr = shm_data(c->seg_job);
+    if ((rc = shm_create(&c->seg_params, c->job, "params", job_params_bytes(l), err, errlen)) ||
+        (!l->gpu_shards && (rc = shm_create(&c->seg_grads, c->job, "grads", job_params_bytes(l), err, errlen))) ||
+        (l->gpu && (rc = shm_create(&c->seg_dev, c->job, DEVDIR_SEG, devdir_bytes(l), err, errlen))) ||
+        (l->S > 1 && !l->nccl && (rc = job_act_create(&c->seg_act, c->job, l, err, errlen))) ||
+        (!l->gpu_shards && m->host_rank == 0 &&
+         (rc = job_optstate_create(&c->seg_opt, c->job, l, m->shards, err, errlen))))
+        return rc;
+    /* checkpointd loads into it too (coord_resume.c) */
+    if (manifest_snapshots(m) || m->ckpt_load[0])
+        rc = staging_create(&c->seg_ckpt, c->job, l->total, err, errlen);
+    return rc;
+}
+
+int coord_make_batch(coord_t *c, char *err, size_t errlen)
+{
+    return ldr_seg_create(&c->seg_batch, c->job, c->m, c->step, c->resume_cursor, c->resume_cursor_len, err,
+                          errlen);
+}
+
+void coord_remove_segments(coord_t *c)
+{
+    shm_seg_t **segs[] = {&c->seg_job,   &c->seg_params, &c->seg_grads, &c->seg_act,
+                          &c->seg_batch, &c->seg_ckpt,   &c->seg_dev,   &c->seg_opt};
+    for (size_t i = 0; i < sizeof(segs) / sizeof(segs[0]); i++)
+        shm_detach(segs[i]);
+    if (c->segs_made)
+        shm_remove_all(c->job);
+}

@@ -1,0 +1,48 @@
+/* The GPU data plane's directory: the shared segment ctitan.<job>.dev (created by the
+ * coordinator when job.device = "cuda") where each stage process publishes the CUDA IPC
+ * handles of its device buffers, so its pipeline neighbours and the optimizer shards can map
+ * them. One entry per stage (replica r, rank s), at devdir_stage(seg, l, r, s):
+ *
+ *   devdir_stage_t   ready flag (set last), device, pid, the stage's range [begin, end) of
+ *                    the flat space and the handles of its weights (bf16) and gradients (fp32)
+ *   ring act         its outgoing activation ring (to rank s+1; unused on the last rank):
+ *                    the handle of M slots of act_slot bytes (bf16 [mb*T, dim]) and 2 x M
+ *                    interprocess events: written[i] (recorded by the producer after
+ *                    filling slot i) and read[i] (recorded by the consumer once it copied it)
+ *   ring grad        its outgoing gradient ring (to rank s-1; unused on rank 0), the same
+ *
+ * The rings are the IPC data plane's (stages/runtime/plane_ipc.c), which orders them with the act
+ * segment's shm rings of the same boundaries (job.h), whose slots then carry no payload. */
+#ifndef CTITAN_DEVDIR_H
+#define CTITAN_DEVDIR_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/cuda/cuda_dev.h"
+#include "stages/job/job.h"
+
+#define DEVDIR_SEG "dev"
+
+typedef struct {
+    _Atomic uint32_t ready;  /* 1 once every field and both rings are filled */
+    int32_t device, pid, pad;
+    uint64_t begin, end;     /* the stage's range of the flat parameter space */
+    cuda_ipc_mem_t w, g;     /* (end - begin) bf16 weights, (end - begin) fp32 gradients */
+} devdir_stage_t;
+
+typedef struct {
+    cuda_ipc_mem_t *slots;              /* M slots of l->dev_slot bytes */
+    cuda_ipc_event_t *written, *read;   /* (M) each */
+} devdir_ring_t;
+
+size_t devdir_bytes(const job_layout_t *l);
+devdir_stage_t *devdir_stage(void *seg, const job_layout_t *l, int replica, int rank);
+/* The entry of stage (replica, rank) once its owner has filled it (polled every ms while the
+ * stage sets up); NULL after timeout_ms. */
+devdir_stage_t *devdir_wait(void *seg, const job_layout_t *l, int replica, int rank, int timeout_ms);
+/* The stage's outgoing ring: activations (grad = 0) or gradients (grad = 1). */
+devdir_ring_t devdir_ring(devdir_stage_t *e, const job_layout_t *l, int grad);
+
+#endif

@@ -1,0 +1,175 @@
+/* Where every shared buffer of a running job lives. The coordinator creates the segments;
+ * workers attach them; offsets come from the resolved manifest alone, so every process
+ * computes the same layout.
+ *
+ *   ctitan.<job>.job     job_hdr_t (owner, endpoint, step), then the gradient-norm partials:
+ *                        one double per MANIFEST_BLOCK floats of the flat space
+ *   ctitan.<job>.params  dp replicas of the flat fp32 parameters (stride floats apart); with
+ *                        GPU optimizer shards only replica 0, written at the end of the run
+ *   ctitan.<job>.grads   dp replicas of the flat fp32 gradients, same layout (none with GPU
+ *                        optimizer shards)
+ *   ctitan.<job>.act     per replica and pipeline boundary b (virtual stage b -> b+1, of pp x
+ *                        vs): an activation ring (forward) and a gradient ring (backward), M
+ *                        slots each (both ends may be one process: a rank's two chunks)
+ *   ctitan.<job>.batch   the loader's segment (stages/job/ldr_seg.h)
+ *   ctitan.<job>.dev     with job.device = "cuda": the CUDA IPC handles (stages/job/devdir.h)
+ *   ctitan.<job>.optstate with CPU optimizer shards: their state, where a replacement shard
+ *                        takes it over (DESIGN.md "Recovery"): a header, per shard a commit
+ *                        record, then two banks of [fp32 master weights, first moments,
+ *                        second moments] over the flat space (stride floats each) */
+#ifndef CTITAN_JOB_H
+#define CTITAN_JOB_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "ipc/shm.h"
+#include "ipc/util.h"
+#include "stages/job/manifest.h"
+
+#define JOB_MAGIC 0x31424f4a4e544943ULL /* "CITNJOB1" */
+#define JOB_VERSION 2u
+#define JOB_HDR_BYTES 4096
+
+typedef struct {
+    uint64_t magic;
+    uint32_t version, pad;
+    int64_t owner_pid;          /* the coordinator */
+    uint64_t owner_start;       /* its start time (/proc/PID/stat field 22), against PID reuse */
+    char endpoint[256];         /* control endpoint, for `ctitan loader swap --job` */
+    _Atomic int64_t step;       /* step in progress */
+    uint64_t n_blocks;          /* norm partials that follow the header */
+    char ctl_key[48];           /* the coordinator's public key (Z85): what `ctitan` trusts */
+    char run_dir[1024];         /* the coordinator's run folder, with the operator's key */
+} job_hdr_t;
+_Static_assert(sizeof(job_hdr_t) <= JOB_HDR_BYTES, "the job header fits its page");
+
+typedef struct {
+    int dp, pp, M, mb, T, D;
+    int vs, S;          /* virtual stages per rank (manifest_vstages), and in all: pp x vs */
+    size_t total;       /* floats in the flat parameter space */
+    size_t stride;      /* floats between replicas in params/grads: total rounded up to 4 KiB */
+    size_t n_blocks;    /* MANIFEST_BLOCK blocks of the flat space */
+    size_t act_slot;    /* bytes of one activation hand-off: mb * T * D floats (0 with gpu: the
+                         * payload is in the device ring, the host ring only orders it) */
+    size_t act_ring;    /* bytes of one activation or gradient ring */
+    int gpu;            /* job.device = "cuda": device rings (stages/job/devdir.h) */
+    int gpu_shards;     /* optshard.device = "cuda": no host copies of weights and gradients */
+    size_t dev_slot;    /* bytes of one device hand-off: mb * T * D bf16 */
+    int nccl;           /* parallelism.data_plane = "nccl" (no act segment; shards = dp x pp) */
+    int hosts;          /* job.hosts: host h runs replicas [h * dp / hosts, (h + 1) * dp / hosts) */
+} job_layout_t;
+
+/* Fills the layout from a validated manifest. Returns 0 or -ENOMEM. */
+int job_layout(job_layout_t *l, const manifest_t *m);
+size_t job_seg_bytes(const job_layout_t *l);     /* ctitan.<job>.job */
+size_t job_params_bytes(const job_layout_t *l);  /* params, and grads alike (no grads with gpu_shards) */
+size_t job_act_bytes(const job_layout_t *l);     /* act (0 with one virtual stage in all) */
+/* Offset in the act segment of the ring from virtual stage b to b+1 (grad = 0) or back (grad = 1). */
+size_t job_act_off(const job_layout_t *l, int replica, int boundary, int grad);
+
+/* Creates ctitan.<job>.job with its header: this process is the owner, no step yet. Returns
+ * 0 or -errno with err (-EEXIST: the segment exists). The caller owns *out. */
+int job_seg_create(shm_seg_t **out, const char *job, const job_layout_t *l, char *err, size_t errlen);
+/* Creates ctitan.<job>.act (S > 1 on the shm or CUDA IPC data plane, not NCCL) with every
+ * activation and gradient ring formatted empty (M slots, from step 0). Returns 0 or -errno. */
+int job_act_create(shm_seg_t **out, const char *job, const job_layout_t *l, char *err, size_t errlen);
+
+/* The gradient-norm partials after the header. */
+static inline double *job_norm_blocks(job_hdr_t *h) { return (double *)((char *)h + JOB_HDR_BYTES); }
+
+/* The host that runs replica r (its stages, its NCCL shards, a loader for it). */
+static inline int job_host_of(const job_layout_t *l, int replica) { return replica / (l->dp / l->hosts); }
+/* Device ordinal of stage (replica, rank) among its host's stage processes. */
+static inline int job_local_ordinal(const job_layout_t *l, int replica, int rank)
+{
+    return (replica % (l->dp / l->hosts)) * l->pp + rank;
+}
+/* Stage s's range [*b, *e) of the flat space. Returns 0 or -ENOMEM. */
+int job_stage_range(const manifest_t *m, int s, size_t *b, size_t *e);
+/* Elements of each replica's chunk of a stage range of n elements for the NCCL reduce-scatter
+ * and all-gather: ceil(n / dp) (the stage's buffers have room for dp of them: CUDA_MODEL_SLACK). */
+size_t job_dp_chunk(const job_layout_t *l, size_t n);
+/* Optimizer shard k's slice [*b, *e) of the flat space: MANIFEST_BLOCK-aligned cuts
+ * (manifest_shard_range) on the IPC data plane; with NCCL, shard k = s * dp + r is replica r's
+ * chunk of stage s's range, which the reduce-scatter sums into that replica's stage. Returns 0
+ * or -ENOMEM. */
+int job_shard_range(const job_layout_t *l, const manifest_t *m, int k, size_t *b, size_t *e);
+
+/* A range [begin, end) of the flat space and the host whose optimizer shards own it. */
+typedef struct {
+    size_t begin, end;
+    int host;
+} job_range_t;
+/* Which host owns what: the ranges of the flat space, in order, each the union of adjacent
+ * shards of one host (job_shard_range; shard k runs on host job_host_of(l, k % dp)), merged
+ * where neighbours have the same host; together exactly [0, total), without overlap. With
+ * hosts == 1, one range of host 0. A host's staging segment holds valid data only in its
+ * ranges: they are its part of a checkpoint across hosts (checkpointd). *out is malloc'ed
+ * (caller frees), *n its length. Returns 0 or -ENOMEM (-EINVAL: shards that do not tile the
+ * space, which cannot happen for a validated manifest). */
+int job_host_parts(const job_layout_t *l, const manifest_t *m, job_range_t **out, int *n);
+
+/* The NCCL data plane's communicators of one stage, in the order MSG_NCCL carries their
+ * ncclUniqueIds (CUDA_NCCL_ID_BYTES each; a communicator the stage does not join, such as
+ * act_in on rank 0, is all zeros there). */
+enum { JOB_NCCL_ACT_IN, JOB_NCCL_GRAD_OUT, JOB_NCCL_ACT_OUT, JOB_NCCL_GRAD_IN, JOB_NCCL_DP, JOB_NCCL_COMMS };
+
+/* ---- ctitan.<job>.optstate ---- */
+#define JOB_OPTSTATE_SEG "optstate"
+#define JOB_OPTSTATE_MAGIC 0x3154534f4e544943ULL /* "CITNOST1" */
+#define JOB_OPTSTATE_VERSION 1u
+
+typedef struct {
+    uint64_t magic;
+    uint32_t version, shards;
+    uint64_t total, stride;
+} job_optstate_hdr_t;
+
+/* Shard k's commit record: its slice of bank done % 2 holds the state after `done` steps,
+ * whole (-1: not yet made; the shard's first start makes it). An update of step s reads bank
+ * s % 2, writes bank (s + 1) % 2, and only then sets done = s + 1, so a shard killed at any
+ * moment leaves one whole bank behind. */
+typedef struct {
+    _Atomic int64_t done;
+    char pad[56];
+} job_optstate_rec_t;
+
+/* Bytes of the segment for CPU optimizer shards (0 with GPU shards: their state is on the GPU). */
+size_t job_optstate_bytes(const job_layout_t *l, int shards);
+/* Creates ctitan.<job>.optstate, every record at -1. Returns 0 or -errno with err. */
+int job_optstate_create(shm_seg_t **out, const char *job, const job_layout_t *l, int shards, char *err,
+                        size_t errlen);
+/* Checks the header of an attached segment against the layout. Returns 0 or -EINVAL with err. */
+int job_optstate_check(const void *mem, const job_layout_t *l, int shards, char *err, size_t errlen);
+static inline size_t job_optstate_hdr_bytes(int shards)
+{
+    return util_round_page(sizeof(job_optstate_hdr_t) + (size_t)shards * sizeof(job_optstate_rec_t));
+}
+static inline job_optstate_rec_t *job_optstate_rec(void *mem, int k)
+{
+    return (job_optstate_rec_t *)((char *)mem + sizeof(job_optstate_hdr_t)) + k;
+}
+/* Array a (0 master, 1 first moments, 2 second moments) of bank b over the flat space. */
+static inline float *job_optstate_array(void *mem, int b, int a)
+{
+    const job_optstate_hdr_t *h = mem;
+    return (float *)((char *)mem + job_optstate_hdr_bytes((int)h->shards)) + (size_t)(b * 3 + a) * h->stride;
+}
+
+/* Whether the job fits this host's memory, before any segment is made: its segments here (job,
+ * params, grads, act, dev, batch, optstate (24 bytes a parameter with CPU optimizer shards: two
+ * banks of master weights and two moments), the staging segment with checkpoint enable or
+ * load) must fit the free space of /dev/shm and the memory available (MemAvailable + SwapFree).
+ * A lower bound: activations come on top. Returns 0 or -ENOMEM saying how much is needed, of
+ * what, and how much there is. */
+int job_check_memory(const job_layout_t *l, const manifest_t *m, char *err, size_t errlen);
+
+/* Start time of a process (clock ticks since boot), 0 if it is gone. */
+uint64_t job_proc_start(pid_t pid);
+/* Whether the coordinator recorded in h still runs (same PID and start time, not a zombie). */
+int job_owner_alive(const job_hdr_t *h);
+
+#endif

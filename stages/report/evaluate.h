@@ -1,0 +1,44 @@
+/* What a trainer does with finished weights: the loss over held-out token windows, a text
+ * sample, and the corpus's unigram entropy to judge the loss against. Used by `ctitan train`
+ * and by the coordinator of `ctitan launch` at the end of a run. */
+#ifndef CTITAN_EVALUATE_H
+#define CTITAN_EVALUATE_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "kernels/config.h"
+#include "kernels/cpu/pool.h"
+#include "stages/data/tokenizer.h"
+#include "stages/data/tokfile.h"
+
+/* Fills [B, T] inputs and next-token targets from consecutive windows starting at *cursor
+ * (a token index), wrapping to the start of the file when a window would pass its end.
+ * window is scratch of T+1 ints. */
+void eval_next_batch(const tokfile_t *tf, size_t *cursor, int B, int T, int32_t *tok, int32_t *tgt,
+                     int32_t *window);
+
+/* Mean per-token loss of the whole model with weights w over up to `batches` [B, T] batches
+ * from the start of tf; *used gets the batches evaluated (NaN when none fit). */
+double eval_loss(const model_config_t *cfg, float *w, pool_t *pool, const tokfile_t *tf, int B, int T,
+                 int batches, int *used);
+
+/* Continues seq[0, prompt) to seq[0, len) with the whole model (weights w), seeing at most the
+ * last min(max_seq_len, 128) tokens. temperature > 0 samples from softmax(logits / temperature)
+ * with a generator seeded by seed; temperature 0 is greedy: the highest logit, the lowest token
+ * id among equal ones. A token at or above vocab_limit (a model vocabulary padded past the
+ * tokenizer's) becomes 0. Returns 0, -EINVAL (temperature < 0 or not a number, prompt < 1) or
+ * -ENOMEM. */
+int eval_generate(const model_config_t *cfg, float *w, pool_t *pool, uint32_t *seq, int prompt, int len,
+                  int vocab_limit, double temperature, uint64_t seed);
+
+/* Writes a sample of `ntokens` tokens after a prompt of the first 8 tokens of prompt_src
+ * (eval_generate: temperature 0 is greedy) to out. Returns 0 or -errno. */
+int eval_sample(const model_config_t *cfg, float *w, pool_t *pool, tok_t *tok, const tokfile_t *prompt_src,
+                int ntokens, double temperature, uint64_t seed, FILE *out);
+
+/* Entropy in nats of the token distribution of the first max_tokens tokens of tf (what a
+ * model knowing only token frequencies would score). */
+double eval_unigram_entropy(const tokfile_t *tf, size_t max_tokens);
+
+#endif

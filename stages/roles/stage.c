@@ -1,0 +1,515 @@
+/* ctitan-stage: pipeline rank `--rank` of data-parallel replica `--replica`. Holds the
+ * pieces of the model its rank owns, as one chunk per virtual stage of the rank (one, or
+ * several for interleaved and V schedules: stages/job/schedule.h places them), and runs the
+ * schedule's action list every step, each action on its chunk: forwards take tokens (virtual
+ * stage 0) or activations from the previous virtual stage and write their output straight into
+ * a slot to the next; backwards do the same with gradients in the other direction; the last
+ * virtual stage computes the loss. Gradients accumulate where the optimizer shards read them.
+ *
+ * Two seams, both chosen at set-up: the backend (kernels/backend.h, [job] device: the CPU
+ * model computing on the shared params/grads segments, or the CUDA plugin's, so CPU jobs never
+ * load the CUDA libraries) does the math and holds the weights; the data plane (stages/runtime/plane.h:
+ * the act segment's shm rings, CUDA IPC device rings or NCCL links) carries the hand-offs in
+ * the backend's memory. With [optshard] device = "cuda" the optimizer shards map this stage's
+ * device weights and gradients through its device directory entry (stages/job/devdir.h) and update
+ * them in place; with "cpu" (offload) the backend uploads the shared fp32 weights at the start of
+ * each step and writes the step's gradients back at its end.
+ *
+ * When another stage of the job dies mid-step, the coordinator closes the rings (ring_close):
+ * a wait on one returns -ECANCELED, and this stage leaves the step (ABORTED) and waits for the
+ * step to be sent again, once the coordinator has reset the rings and gradients (DESIGN.md
+ * "Recovery"). */
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ipc/log.h"
+#include "ipc/ring.h"
+#include "ipc/shm.h"
+#include "ipc/util.h"
+#include "kernels/backend.h"
+#include "kernels/cuda_plugin.h"
+#include "kernels/params.h"
+#include "stages/job/devdir.h"
+#include "stages/job/job.h"
+#include "stages/job/ldr_seg.h"
+#include "stages/runtime/plane.h"
+#include "stages/job/schedule.h"
+#include "stages/runtime/trace.h"
+#include "stages/runtime/worker.h"
+
+/* One virtual stage of the rank: its pieces of the model, its links, its activations. */
+typedef struct {
+    int vstage, first, last;     /* virtual stage (of lay.S); it holds the embedding / the head */
+    backend_model_t *model;
+    plane_t *plane;              /* links to virtual stages vstage - 1 and vstage + 1 */
+    ring_t *tok_in, *tgt_in;     /* from the loader (first / last) */
+    backend_acts_t **acts;       /* (sched_peak_acts of the chunk) */
+    int *acts_mb;                /* microbatch each holds, -1 free */
+    int nacts;
+} chunk_t;
+
+typedef struct {
+    worker_t *w;
+    const manifest_t *man;
+    job_layout_t lay;
+    int rank, replica;
+    shm_seg_t *params, *grads, *batch, *dev;
+    const backend_t *be;
+    chunk_t *chunk;              /* (lay.vs), in the schedule's chunk order */
+    sched_t sched;
+    int device;
+    size_t mem_peak;             /* the backend's memory in use (GPU: by every process on the device;
+                                  * CPU: this process's peak resident set), highest seen at a step's end */
+    float dscale;                /* 1 / tokens in the global batch */
+    double t_op[3], t_wait;
+    int n_op[3];
+    int aborted;                 /* a ring was closed: this step is left unfinished */
+    /* [profiling] trace_file: this step's intervals, sent to the coordinator (MSG_TRACE) */
+    trace_rec_t *recs;           /* NULL when not tracing */
+    int nrecs;
+    int cur_chunk, cur_mb;       /* of the action in progress (for its waits) */
+} stage_t;
+
+/* A backend call that must succeed (BE_WHY: its reason), and a data-plane one of chunk k. */
+#define BE_CHECK(st, call, ...) WORKER_CHECK((st)->w, (call) == 0, __VA_ARGS__)
+#define BE_WHY(st) (st)->be->last_error()
+#define PLANE_CHECK(st, k, call) WORKER_CHECK((st)->w, (call) == 0, "%s", plane_error((k)->plane))
+
+static void attach_batch(stage_t *st, ring_t **r, int targets)
+{
+    char err[256];
+    int rc = ldr_seg_ring(shm_data(st->batch), 2 * st->replica + targets, r, err, sizeof(err));
+    WORKER_CHECK(st->w, rc == 0, "%s", err);
+}
+
+/* The coordinator's NCCL communicator ids, which come right after the config (msg_clear m). */
+static const cuda_nccl_id_t *nccl_ids(stage_t *st, msg_t *m)
+{
+    worker_command(st->w, m);
+    WORKER_CHECK(st->w, m->type == MSG_NCCL, "expected the NCCL ids from the coordinator, got %s",
+                 msg_type_name(m->type) ? msg_type_name(m->type) : "?");
+    WORKER_CHECK(st->w, m->data_len == JOB_NCCL_COMMS * sizeof(cuda_nccl_id_t),
+                 "nccl message from the coordinator: %zu bytes of ids, expected %zu", m->data_len,
+                 JOB_NCCL_COMMS * sizeof(cuda_nccl_id_t));
+    return (const cuda_nccl_id_t *)m->data;
+}
+
+/* This stage's device directory entry: its range of the flat space, its device and, for GPU
+ * optimizer shards, the handles of its weights and gradients. Not marked ready here. (A GPU job
+ * has one virtual stage per rank: its one chunk.) */
+static devdir_stage_t *publish(stage_t *st, chunk_t *k, const cuda_plugin_t *cu, void **w, float **g, size_t *n)
+{
+    char err[256];
+    WORKER_CHECK(st->w, shm_attach(&st->dev, worker_job(st->w), DEVDIR_SEG, err, sizeof(err)) == 0, "%s", err);
+    devdir_stage_t *e = devdir_stage(shm_data(st->dev), &st->lay, st->replica, st->rank);
+    size_t begin, end;
+    st->be->model_buffers(k->model, w, g, &begin, &end);
+    e->begin = begin, e->end = end, e->device = st->device, e->pid = (int32_t)getpid();
+    if (st->lay.gpu_shards) {
+        WORKER_CHECK(st->w, cu->ipc_export(*w, &e->w) == 0, "exporting the weights: %s", cu->last_error());
+        WORKER_CHECK(st->w, cu->ipc_export(*g, &e->g) == 0, "exporting the gradients: %s", cu->last_error());
+    }
+    *n = end - begin;
+    return e;
+}
+
+/* Chunk k's data plane: the act segment's rings on the CPU; on the GPU this stage's directory
+ * entry, then its IPC rings or NCCL links. */
+static void setup_plane(stage_t *st, chunk_t *k)
+{
+    char err[512];
+    plane_cfg_t c = {.lay = &st->lay, .job = worker_job(st->w), .replica = st->replica, .rank = st->rank,
+                     .vstage = k->vstage};
+    int rc;
+    if (!st->lay.gpu) {
+        rc = plane_shm_new(&k->plane, &c, err, sizeof(err));
+        WORKER_CHECK(st->w, rc == 0, "%s", err);
+        return;
+    }
+    WORKER_CHECK(st->w, c.cu = cuda_plugin_load(err, sizeof(err)), "job.device = \"cuda\": %s", err);
+    c.stream = st->be->model_stream(k->model);
+    void *w;
+    float *g;
+    size_t n;
+    devdir_stage_t *e = publish(st, k, c.cu, &w, &g, &n);
+    if (!st->lay.nccl) {
+        rc = plane_ipc_new(&k->plane, &c, shm_data(st->dev), err, sizeof(err));
+        WORKER_CHECK(st->w, rc == 0, "%s", err);
+        return;
+    }
+    int ordinal = job_local_ordinal(&st->lay, st->replica, st->rank);
+    WORKER_CHECK(st->w, st->device == ordinal,
+                 "parallelism.data_plane = \"nccl\" needs a GPU per stage process (NCCL refuses two ranks on one "
+                 "device), and this host has %d for %d stage processes: use data_plane = \"ipc\" to share GPUs",
+                 c.cu->device_count(), st->lay.pp * st->lay.dp);
+    atomic_store(&e->ready, 1); /* the optimizer shards only need the buffers */
+    msg_t m;
+    rc = plane_nccl_new(&k->plane, &c, nccl_ids(st, &m), w, g, n, err, sizeof(err));
+    msg_clear(&m);
+    WORKER_CHECK(st->w, rc == 0, "%s", err);
+}
+
+/* Chunk k (virtual stage k->vstage): its model on its pieces' range of the shared weights and
+ * gradients (or the device's), its loader rings, its links, its activation buffers. */
+static void setup_chunk(stage_t *st, chunk_t *k, int c, int threads)
+{
+    const manifest_t *m = st->man;
+    if (k->first)
+        attach_batch(st, &k->tok_in, 0);
+    if (k->last)
+        attach_batch(st, &k->tgt_in, 1);
+    int p0, p1;
+    WORKER_CHECK(st->w, manifest_stage_pieces(m, k->vstage, &p0, &p1) == 0, "out of memory");
+    param_table_t tab;
+    WORKER_CHECK(st->w, params_table_init(&tab, &m->model) == 0, "out of memory");
+    size_t begin, end;
+    params_piece_range(&tab, p0, p1, &begin, &end);
+    params_table_free(&tab);
+    size_t base = (size_t)st->replica * st->lay.stride + begin;
+    float *host_w = st->params ? (float *)shm_data(st->params) + base : NULL;
+    float *host_g = st->grads ? (float *)shm_data(st->grads) + base : NULL;
+    BE_CHECK(st, st->be->model_new(&k->model, &m->model, p0, p1, host_w, host_g, threads),
+             "%s model of pieces [%d, %d): %s", st->be->name, p0, p1, BE_WHY(st));
+    setup_plane(st, k);
+    k->nacts = sched_peak_acts(&st->sched, st->rank, c); /* forward done, its weight gradients not yet */
+    k->acts = calloc((size_t)k->nacts, sizeof(*k->acts));
+    k->acts_mb = malloc((size_t)k->nacts * sizeof(int));
+    WORKER_CHECK(st->w, k->acts && k->acts_mb, "out of memory");
+    for (int i = 0; i < k->nacts; i++) {
+        BE_CHECK(st, st->be->acts_new(&k->acts[i], k->model, st->lay.mb, st->lay.T),
+                 "%s activations of %d microbatches: %s", st->be->name, k->nacts, BE_WHY(st));
+        k->acts_mb[i] = -1;
+    }
+    LOG_D("chunk %d: virtual stage %d of %d, pieces [%d, %d) (%zu parameters), %d activation buffers", c,
+          k->vstage, st->lay.S, p0, p1, end - begin, k->nacts);
+}
+
+static void setup(stage_t *st)
+{
+    const manifest_t *m = st->man;
+    char err[512];
+    WORKER_CHECK(st->w, job_layout(&st->lay, m) == 0, "out of memory");
+    const char *job = worker_job(st->w);
+    if (!st->lay.gpu_shards) { /* the CPU model computes on them; offload moves weights and gradients */
+        WORKER_CHECK(st->w, shm_attach(&st->params, job, "params", err, sizeof(err)) == 0, "%s", err);
+        WORKER_CHECK(st->w, shm_attach(&st->grads, job, "grads", err, sizeof(err)) == 0, "%s", err);
+    }
+    WORKER_CHECK(st->w, sched_build(&st->sched, m->pp, st->lay.vs, m->microbatches, m->schedule, err,
+                                    sizeof(err)) == 0, "%s", err);
+    WORKER_CHECK(st->w, st->chunk = calloc((size_t)st->lay.vs, sizeof(chunk_t)), "out of memory");
+    int loader = 0;
+    for (int c = 0; c < st->lay.vs; c++) {
+        chunk_t *k = &st->chunk[c];
+        k->vstage = sched_vstage(&st->sched, st->rank, c);
+        k->first = k->vstage == 0;
+        k->last = k->vstage == st->lay.S - 1;
+        loader |= k->first || k->last;
+    }
+    if (loader)
+        WORKER_CHECK(st->w, shm_attach(&st->batch, job, LDR_SEG_NAME, err, sizeof(err)) == 0, "%s", err);
+    int threads = m->threads;
+    if (threads <= 0) {
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = (int)(cpus / (m->pp * m->dp));
+        threads = threads < 1 ? 1 : threads;
+    }
+    WORKER_CHECK(st->w, st->be = backend_load(m->device, err, sizeof(err)), "job.device = \"%s\": %s", m->device,
+                 err);
+    int ordinal = job_local_ordinal(&st->lay, st->replica, st->rank);
+    BE_CHECK(st, st->be->dev_select(ordinal, &st->device), "%s", BE_WHY(st));
+    for (int c = 0; c < st->lay.vs; c++)
+        setup_chunk(st, &st->chunk[c], c, threads);
+    st->dscale = 1.0f / (float)((double)m->dp * m->local_batch_size * m->seq_len);
+    if (m->trace_file[0])
+        WORKER_CHECK(st->w, st->recs = malloc(TRACE_RECS_MAX * sizeof(trace_rec_t)), "out of memory");
+    LOG_D("%d chunk%s, %d threads, schedule %s", st->lay.vs, st->lay.vs == 1 ? "" : "s", threads,
+          sched_kind_name(m->schedule));
+}
+
+/* Index of chunk k's activation buffer holding microbatch mb (take: a free one, now mb's). */
+static int acts_for(stage_t *st, chunk_t *k, int mb, int take)
+{
+    for (int i = 0; i < k->nacts; i++)
+        if (k->acts_mb[i] == (take ? -1 : mb)) {
+            if (take)
+                k->acts_mb[i] = mb;
+            return i;
+        }
+    worker_die(st->w, "schedule bug: no activation buffer of virtual stage %d %s microbatch %d", k->vstage,
+               take ? "free for" : "holds", mb);
+}
+
+static void acts_free(chunk_t *k, int mb)
+{
+    for (int i = 0; i < k->nacts; i++)
+        if (k->acts_mb[i] == mb)
+            k->acts_mb[i] = -1;
+}
+
+/* One interval of the action in progress for the trace (trace_note: none when not tracing). */
+static void note(stage_t *st, int op, double t0, double t1)
+{
+    trace_note(st->recs, &st->nrecs, (trace_rec_t){.op = (uint8_t)op, .chunk = (uint8_t)st->cur_chunk,
+                                                  .mb = st->cur_mb, .t0 = t0, .t1 = t1});
+}
+
+/* Whether a data-plane call's rc says the coordinator closed the rings (sets st->aborted). */
+static int closed(stage_t *st, int rc)
+{
+    if (rc == -ECANCELED)
+        st->aborted = 1;
+    return rc == -ECANCELED;
+}
+
+/* The next slot of a loader ring, which must carry (step, mb); NULL once the ring is closed. */
+static void *take(stage_t *st, ring_t *r, int64_t step, int mb)
+{
+    void *p;
+    char err[256];
+    double t0 = util_now();
+    worker_waiting(st->w, 1);
+    int rc = plane_ring_take(r, step, mb, &p, &st->t_wait, err, sizeof(err));
+    worker_waiting(st->w, 0);
+    note(st, TRACE_WAIT, t0, util_now());
+    if (closed(st, rc))
+        return NULL;
+    WORKER_CHECK(st->w, rc == 0, "%s", err);
+    return p;
+}
+
+/* Token ids from a loader are checked before they index the embedding: a bad loader must
+ * fail the job with a reason, not read outside the table. */
+static void check_ids(stage_t *st, const int32_t *ids, const char *what, int64_t step, int mb)
+{
+    int n = st->lay.mb * st->lay.T, V = st->man->model.vocab_size;
+    for (int i = 0; i < n; i++)
+        WORKER_CHECK(st->w, ids[i] >= 0 && ids[i] < V,
+                     "the loader sent %s id %d at step %lld microbatch %d position %d: not in [0, %d)",
+                     what, ids[i], (long long)step, mb, i, V);
+}
+
+/* The slot of chunk k's link l that carries (step, mb) in, or a free one for it out; NULL once
+ * the ring is closed. */
+static void *recv_slot(stage_t *st, chunk_t *k, plane_link_t l, int64_t step, int mb)
+{
+    void *slot;
+    double t0 = util_now();
+    worker_waiting(st->w, 1);
+    int rc = plane_recv(k->plane, l, step, mb, &slot);
+    worker_waiting(st->w, 0);
+    note(st, TRACE_WAIT, t0, util_now());
+    if (closed(st, rc))
+        return NULL;
+    PLANE_CHECK(st, k, rc);
+    return slot;
+}
+
+static void *reserve_slot(stage_t *st, chunk_t *k, plane_link_t l, int64_t step, int mb)
+{
+    void *slot;
+    double t0 = util_now();
+    worker_waiting(st->w, 1);
+    int rc = plane_reserve(k->plane, l, step, mb, &slot);
+    worker_waiting(st->w, 0);
+    note(st, TRACE_WAIT, t0, util_now());
+    if (closed(st, rc))
+        return NULL;
+    PLANE_CHECK(st, k, rc);
+    return slot;
+}
+
+static double forward(stage_t *st, chunk_t *k, int64_t step, int mb)
+{
+    int a = acts_for(st, k, mb, 1);
+    const int32_t *tok = NULL, *tgt = NULL;
+    void *x_in = NULL, *x_out = NULL;
+    if (k->first ? !(tok = take(st, k->tok_in, step, mb)) : !(x_in = recv_slot(st, k, PLANE_ACT_IN, step, mb)))
+        return 0;
+    if (k->first)
+        check_ids(st, tok, "token", step, mb);
+    if (k->last ? !(tgt = take(st, k->tgt_in, step, mb)) : !(x_out = reserve_slot(st, k, PLANE_ACT_OUT, step, mb)))
+        return 0;
+    if (k->last)
+        check_ids(st, tgt, "target", step, mb);
+    double t0 = util_now(), loss = 0;
+    BE_CHECK(st, st->be->forward(k->model, k->acts[a], tok, x_in, tgt, st->dscale, x_out, &loss), "%s forward: %s",
+             st->be->name, BE_WHY(st));
+    st->t_op[SCHED_F] += util_now() - t0;
+    st->n_op[SCHED_F]++;
+    if (k->first)
+        ring_release(k->tok_in);
+    else
+        PLANE_CHECK(st, k, plane_done(k->plane, PLANE_ACT_IN));
+    if (k->last)
+        ring_release(k->tgt_in);
+    else
+        PLANE_CHECK(st, k, plane_send(k->plane, PLANE_ACT_OUT));
+    return loss;
+}
+
+static void backward_b(stage_t *st, chunk_t *k, int64_t step, int mb)
+{
+    int a = acts_for(st, k, mb, 0);
+    void *dy = NULL, *dx = NULL;
+    if ((!k->last && !(dy = recv_slot(st, k, PLANE_GRAD_IN, step, mb))) ||
+        (!k->first && !(dx = reserve_slot(st, k, PLANE_GRAD_OUT, step, mb))))
+        return;
+    double t0 = util_now();
+    BE_CHECK(st, st->be->backward_b(k->model, k->acts[a], dy, dx), "%s backward: %s", st->be->name, BE_WHY(st));
+    st->t_op[SCHED_B] += util_now() - t0;
+    st->n_op[SCHED_B]++;
+    if (dy)
+        PLANE_CHECK(st, k, plane_done(k->plane, PLANE_GRAD_IN));
+    if (dx)
+        PLANE_CHECK(st, k, plane_send(k->plane, PLANE_GRAD_OUT));
+}
+
+static void backward_w(stage_t *st, chunk_t *k, int mb)
+{
+    double t0 = util_now();
+    int a = acts_for(st, k, mb, 0);
+    BE_CHECK(st, st->be->backward_w(k->model, k->acts[a]), "%s weight gradients: %s", st->be->name,
+             BE_WHY(st));
+    st->t_op[SCHED_W] += util_now() - t0;
+    st->n_op[SCHED_W]++;
+    acts_free(k, mb);
+}
+
+static void run_step(stage_t *st, int64_t step)
+{
+    memset(st->t_op, 0, sizeof(st->t_op));
+    memset(st->n_op, 0, sizeof(st->n_op));
+    st->t_wait = 0;
+    double loss = 0, t0 = util_now();
+    for (int c = 0; c < st->lay.vs; c++) {
+        chunk_t *k = &st->chunk[c];
+        BE_CHECK(st, st->be->step_begin(k->model), "%s weights: %s", st->be->name, BE_WHY(st));
+        PLANE_CHECK(st, k, plane_step_begin(k->plane));
+    }
+    const sched_action_t *a = st->sched.a[st->rank];
+    int n = st->sched.n[st->rank];
+    st->aborted = 0;
+    st->nrecs = 0;
+    for (int i = 0; i < n && !st->aborted; i++) {
+        if (i == n / 2)
+            worker_test_point(st->w, "mid", step);
+        chunk_t *k = &st->chunk[a[i].chunk];
+        double ta = util_now();
+        st->cur_chunk = a[i].chunk, st->cur_mb = a[i].mb;
+        switch (a[i].op) {
+        case SCHED_F: loss += forward(st, k, step, a[i].mb); break; /* microbatch order: fixed sum */
+        case SCHED_B: backward_b(st, k, step, a[i].mb); break;
+        case SCHED_W: backward_w(st, k, a[i].mb); break;
+        }
+        note(st, a[i].op, ta, util_now());
+        worker_progress(st->w);
+    }
+    if (st->aborted) { /* the coordinator resets rings and gradients, then sends the step again */
+        for (int c = 0; c < st->lay.vs; c++)
+            for (int i = 0; i < st->chunk[c].nacts; i++)
+                st->chunk[c].acts_mb[i] = -1;
+        LOG_I("step %lld left unfinished: the rings were closed for a recovery", (long long)step + 1);
+        msg_t m = {.type = MSG_ABORTED, .step = step};
+        WORKER_CHECK(st->w, worker_send(st->w, &m) == 0, "cannot reach the coordinator");
+        return;
+    }
+    worker_test_point(st->w, "end", step);
+    for (int c = 0; c < st->lay.vs; c++) {
+        chunk_t *k = &st->chunk[c];
+        PLANE_CHECK(st, k, plane_step_end(k->plane));
+        BE_CHECK(st, st->be->step_end(k->model), "%s step: %s", st->be->name, BE_WHY(st));
+        st->t_wait += plane_waited(k->plane);
+    }
+    size_t used;
+    if (st->be->mem_used(&used) == 0 && used > st->mem_peak)
+        st->mem_peak = used;
+    double total = util_now() - t0;
+    if (st->recs) { /* the step's timeline, before the reply that ends the round */
+        msg_t tr = {.type = MSG_TRACE, .step = step, .data = (uint8_t *)st->recs,
+                    .data_len = (size_t)trace_seal(st->recs, st->nrecs) * sizeof(trace_rec_t)};
+        WORKER_CHECK(st->w, worker_send(st->w, &tr) == 0, "cannot reach the coordinator");
+    }
+    msg_t m = {.type = MSG_STEP_DONE, .step = step, .loss = loss, .t_wait = st->t_wait,
+               .t_busy = total - st->t_wait, .mem = st->mem_peak};
+    m.t_f = st->n_op[SCHED_F] ? st->t_op[SCHED_F] / st->n_op[SCHED_F] : 0;
+    m.t_b = st->n_op[SCHED_B] ? st->t_op[SCHED_B] / st->n_op[SCHED_B] : 0;
+    m.t_w = st->n_op[SCHED_W] ? st->t_op[SCHED_W] / st->n_op[SCHED_W] : 0;
+    WORKER_CHECK(st->w, worker_send(st->w, &m) == 0, "cannot reach the coordinator");
+    worker_test_point(st->w, "done", step);
+}
+
+/* Test hook (NOTES.md "Test hooks"): CTITAN_TEST_FAIL_AT_STEP=N fails stage rank
+ * CTITAN_TEST_FAIL_RANK (0 when unset) of replica 0 as step N (1-based) begins, in every run of
+ * the job: a failure that repeats at the same step, which no restart can fix. */
+static void test_fail_hook(stage_t *st, int64_t step)
+{
+    const char *at = getenv("CTITAN_TEST_FAIL_AT_STEP"), *rank = getenv("CTITAN_TEST_FAIL_RANK");
+    if (at && st->replica == 0 && st->rank == (rank ? atoi(rank) : 0) && step + 1 == atoll(at))
+        worker_die(st->w, "CTITAN_TEST_FAIL_AT_STEP=%s: failing at step %lld on purpose", at, (long long)step + 1);
+}
+
+static void usage(void) { fprintf(stderr, "usage: ctitan-stage --rank S --replica R (started by `ctitan launch`)\n"); }
+
+int main(int argc, char **argv)
+{
+    stage_t st = {.rank = -1, .replica = -1};
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--rank")) st.rank = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--replica")) st.replica = atoi(argv[i + 1]);
+    }
+    if (st.rank < 0 || st.replica < 0) {
+        usage();
+        return 2;
+    }
+    char err[512];
+    if (worker_open(&st.w, "stage", st.rank, st.replica, err, sizeof(err))) {
+        fprintf(stderr, "ctitan-stage: %s\n", err);
+        return 1;
+    }
+    st.man = worker_manifest(st.w);
+    WORKER_CHECK(st.w, st.rank < st.man->pp && st.replica < st.man->dp,
+                 "rank %d replica %d is outside the topology (pp %d, dp %d)", st.rank, st.replica,
+                 st.man->pp, st.man->dp);
+    worker_test_point(st.w, "setup", worker_first_step(st.w));
+    setup(&st);
+    WORKER_CHECK(st.w, worker_ready(st.w) == 0, "cannot reach the coordinator");
+    for (;;) {
+        msg_t m;
+        worker_command(st.w, &m);
+        msg_type_t type = m.type;
+        int64_t step = m.step;
+        msg_clear(&m);
+        if (type == MSG_STOP)
+            break;
+        if (type == MSG_STEP) {
+            test_fail_hook(&st, step);
+            worker_test_point(st.w, "begin", step);
+            run_step(&st, step);
+        }
+    }
+    for (int c = 0; st.chunk && c < st.lay.vs; c++) {
+        chunk_t *k = &st.chunk[c];
+        for (int i = 0; i < k->nacts; i++)
+            st.be->acts_destroy(&k->acts[i]);
+        plane_destroy(&k->plane);
+        if (k->model)
+            st.be->model_destroy(&k->model);
+        free(k->acts);
+        free(k->acts_mb);
+        ring_detach(&k->tok_in);
+        ring_detach(&k->tgt_in);
+    }
+    free(st.chunk);
+    free(st.recs);
+    sched_free(&st.sched);
+    shm_detach(&st.params);
+    shm_detach(&st.grads);
+    shm_detach(&st.batch);
+    shm_detach(&st.dev);
+    worker_close(&st.w);
+    return 0;
+}

@@ -1,0 +1,195 @@
+/* The GPU data plane over NCCL (plane.h "nccl"; [parallelism] data_plane = "nccl"): each link
+ * is a two-rank communicator with one neighbour whose transfers run on a stream of their own
+ * (so a send waiting for its receiver never holds up the model's stream), into or out of M
+ * device slots, one per microbatch. Two events per slot order reuse: moved[i] (recorded on
+ * the link's stream after slot i's transfer) and ready[i] (recorded on the model's stream once
+ * it has filled or read slot i). Around a step, the replicas of this pipeline rank all-gather
+ * the weights (each replica's optimizer shard updated one chunk) and reduce-scatter the
+ * gradients (replica r keeps the sum of chunk r, where its shard reads it). */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "stages/runtime/plane_link.h"
+
+typedef struct {
+    plane_end_t base;
+    cuda_nccl_t *comm;
+    int peer;                    /* the neighbour's rank in comm */
+    void *stream;
+    char *slots;                 /* device: M slots of lay.dev_slot bytes */
+    void **moved, **ready;       /* (M) */
+    int mb;                      /* the slot in hand */
+} nccl_end_t;
+
+/* The replicas of this pipeline rank. */
+typedef struct {
+    cuda_nccl_t *dp;
+    uint16_t *w;                 /* the model's weights and gradients: n elements and room for dp */
+    float *g;                    /* chunks (CUDA_MODEL_SLACK) */
+    size_t n;
+} nccl_ctx_t;
+
+#define CU(p) (p)->cfg.cu
+
+/* A CUDA or NCCL call failed: what it was for and the plugin's reason. */
+static int failed(plane_t *p, const char *what) { return plane_fail(p, -EIO, "%s: %s", what, CU(p)->last_error()); }
+
+static char *slot_of(nccl_end_t *l, int mb) { return l->slots + (size_t)mb * l->base.p->lay.dev_slot; }
+
+/* Slot mb of an incoming link, the model's stream ordered after its arrival. */
+static int end_recv(plane_end_t *e, int64_t step, int mb, void **slot)
+{
+    nccl_end_t *l = (nccl_end_t *)e;
+    plane_t *p = e->p;
+    const cuda_plugin_t *cu = CU(p);
+    l->mb = mb;
+    *slot = slot_of(l, mb);
+    if (cu->stream_wait(l->stream, l->ready[mb]) || /* its last use has read it */
+        cu->nccl_recv(l->comm, *slot, p->lay.dev_slot, l->peer, l->stream) ||
+        cu->event_record(l->moved[mb], l->stream) ||
+        (plane_event_waits() && cu->stream_wait(p->cfg.stream, l->moved[mb])))
+        return failed(p, "NCCL receive");
+    return 0;
+}
+
+/* The model's stream is done reading the slot: it may be received into again. */
+static int end_done(plane_end_t *e)
+{
+    nccl_end_t *l = (nccl_end_t *)e;
+    return CU(e->p)->event_record(l->ready[l->mb], e->p->cfg.stream) ? failed(e->p, "NCCL receive") : 0;
+}
+
+/* Slot mb of an outgoing link, once its last send has left. */
+static int end_reserve(plane_end_t *e, int64_t step, int mb, void **slot)
+{
+    nccl_end_t *l = (nccl_end_t *)e;
+    l->mb = mb;
+    *slot = slot_of(l, mb);
+    return CU(e->p)->stream_wait(e->p->cfg.stream, l->moved[mb]) ? failed(e->p, "NCCL send") : 0;
+}
+
+/* Sends the slot once the model's stream has filled it. */
+static int end_send(plane_end_t *e)
+{
+    nccl_end_t *l = (nccl_end_t *)e;
+    plane_t *p = e->p;
+    const cuda_plugin_t *cu = CU(p);
+    int mb = l->mb;
+    if (cu->event_record(l->ready[mb], p->cfg.stream) || cu->stream_wait(l->stream, l->ready[mb]) ||
+        cu->nccl_send(l->comm, slot_of(l, mb), p->lay.dev_slot, l->peer, l->stream) ||
+        cu->event_record(l->moved[mb], l->stream))
+        return failed(p, "NCCL send");
+    return 0;
+}
+
+static void end_destroy(plane_end_t *e)
+{
+    nccl_end_t *l = (nccl_end_t *)e;
+    const cuda_plugin_t *cu = CU(e->p);
+    if (l->stream)
+        cu->backend.stream_sync(l->stream);
+    for (int i = 0; l->moved && i < e->p->lay.M; i++) {
+        cu->event_free(l->moved[i]);
+        cu->event_free(l->ready[i]);
+    }
+    cu->nccl_destroy(&l->comm);
+    if (l->slots)
+        cu->backend.free(l->slots);
+    cu->backend.stream_free(l->stream);
+    free(l->moved);
+    free(l->ready);
+    free(l);
+}
+
+static const plane_end_ops_t end_ops = {end_recv, end_done, end_reserve, end_send, end_destroy};
+
+/* Link l: communicator id as `rank` of two, the neighbour being `peer`. */
+static int add_end(plane_t *p, plane_link_t l, const cuda_nccl_id_t *id, const char *name, int rank, int peer)
+{
+    const cuda_plugin_t *cu = CU(p);
+    int M = p->lay.M;
+    nccl_end_t *n = calloc(1, sizeof(*n));
+    if (!n)
+        return plane_fail(p, -ENOMEM, "out of memory");
+    n->base = (plane_end_t){.ops = &end_ops, .p = p};
+    p->end[l] = &n->base;
+    n->peer = peer;
+    if (cu->nccl_init(&n->comm, id, 2, rank))
+        return plane_fail(p, -EIO, "NCCL communicator %s: %s", name, cu->last_error());
+    if (cu->backend.stream_new(&n->stream))
+        return failed(p, name);
+    if (cu->backend.alloc((void **)&n->slots, (size_t)M * p->lay.dev_slot))
+        return plane_fail(p, -EIO, "%s slots: %s", name, cu->last_error());
+    n->moved = calloc((size_t)M, sizeof(void *));
+    n->ready = calloc((size_t)M, sizeof(void *));
+    if (!n->moved || !n->ready)
+        return plane_fail(p, -ENOMEM, "out of memory");
+    cuda_ipc_event_t unused; /* local events; the interprocess kind costs nothing more here */
+    for (int i = 0; i < M; i++)
+        if (cu->ipc_event_new(&n->moved[i], &unused) || cu->ipc_event_new(&n->ready[i], &unused))
+            return failed(p, name);
+    return 0;
+}
+
+/* Every replica's chunk of the weights, as its optimizer shard left it. */
+static int nccl_step_begin(plane_t *p)
+{
+    nccl_ctx_t *x = p->ctx;
+    size_t chunk = job_dp_chunk(&p->lay, x->n), r = (size_t)p->cfg.replica;
+    if (CU(p)->nccl_all_gather_bf16(x->dp, x->w + r * chunk, x->w, chunk, p->cfg.stream))
+        return failed(p, "all-gather of the weights");
+    return 0;
+}
+
+/* The replicas' sum of this replica's chunk, where its shard reads it, the other chunks
+ * cleared for the next step; every send of the step on its way. */
+static int nccl_step_end(plane_t *p)
+{
+    nccl_ctx_t *x = p->ctx;
+    const cuda_plugin_t *cu = CU(p);
+    size_t chunk = job_dp_chunk(&p->lay, x->n), r = (size_t)p->cfg.replica, all = chunk * (size_t)p->lay.dp;
+    if (cu->nccl_reduce_scatter_f32(x->dp, x->g, x->g + r * chunk, chunk, p->cfg.stream))
+        return failed(p, "reduce-scatter of the gradients");
+    if (cu->backend.zero(x->g, r * chunk * sizeof(float), p->cfg.stream) ||
+        cu->backend.zero(x->g + (r + 1) * chunk, (all - (r + 1) * chunk) * sizeof(float), p->cfg.stream))
+        return failed(p, "clearing the gradients");
+    plane_link_t out[] = {PLANE_ACT_OUT, PLANE_GRAD_OUT};
+    for (int i = 0; i < 2; i++)
+        if (p->end[out[i]] && cu->backend.stream_sync(((nccl_end_t *)p->end[out[i]])->stream))
+            return failed(p, "NCCL sends");
+    return 0;
+}
+
+static void nccl_ctx_destroy(plane_t *p)
+{
+    nccl_ctx_t *x = p->ctx;
+    if (!x)
+        return;
+    CU(p)->nccl_destroy(&x->dp);
+    free(x);
+    p->ctx = NULL;
+}
+
+static const plane_ops_t nccl_ops = {nccl_step_begin, nccl_step_end, nccl_ctx_destroy};
+
+/* The communicators are joined in the coordinator's order of their ids (activations and
+ * gradients of each replica's boundaries, then the replicas of each pipeline rank), so every
+ * pair of neighbours meets in the same order and no one waits for a join that waits for it.
+ * In an activation communicator the sender (rank b) is 0; in a gradient one the sender (b + 1). */
+int plane_nccl_new(plane_t **out, const plane_cfg_t *c, const cuda_nccl_id_t *ids, void *w, float *g, size_t n,
+                   char *err, size_t errlen)
+{
+    plane_t *p = *out = plane_alloc(c, &nccl_ops);
+    nccl_ctx_t *x = p ? p->ctx = calloc(1, sizeof(nccl_ctx_t)) : NULL;
+    if (!x)
+        return plane_abort(out, -ENOMEM, err, errlen);
+    *x = (nccl_ctx_t){.w = w, .g = g, .n = n};
+    int rc = 0, first = c->rank == 0, last = c->rank == c->lay->pp - 1;
+    if (!first && !(rc = add_end(p, PLANE_ACT_IN, &ids[JOB_NCCL_ACT_IN], "act_in", 1, 0))) /* boundary rank - 1 */
+        rc = add_end(p, PLANE_GRAD_OUT, &ids[JOB_NCCL_GRAD_OUT], "grad_out", 0, 1);       /* before boundary rank */
+    if (!rc && !last && !(rc = add_end(p, PLANE_ACT_OUT, &ids[JOB_NCCL_ACT_OUT], "act_out", 0, 1)))
+        rc = add_end(p, PLANE_GRAD_IN, &ids[JOB_NCCL_GRAD_IN], "grad_in", 1, 0);
+    if (!rc && c->cu->nccl_init(&x->dp, &ids[JOB_NCCL_DP], c->lay->dp, c->replica))
+        rc = plane_fail(p, -EIO, "NCCL communicator of the replicas: %s", c->cu->last_error());
+    return rc ? plane_abort(out, rc, err, errlen) : 0;
+}

@@ -1,0 +1,69 @@
+/* The CPU's data plane (plane.h "shm"): each link is one of the act segment's shared-memory
+ * rings (stages/job/job.h), M slots of [mb*T, dim] fp32. A consumer reads the producer's slot in
+ * place and a producer writes its output straight into the slot it reserved: no copies. */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "stages/runtime/plane_link.h"
+
+typedef struct {
+    plane_end_t base;
+    ring_t *ring;
+    int64_t step;                /* the tags of the reserved slot */
+    int mb;
+} shm_end_t;
+
+static int end_recv(plane_end_t *e, int64_t step, int mb, void **slot)
+{
+    shm_end_t *s = (shm_end_t *)e;
+    return plane_link_take(e->p, s->ring, step, mb, slot);
+}
+
+static int end_done(plane_end_t *e)
+{
+    ring_release(((shm_end_t *)e)->ring);
+    return 0;
+}
+
+static int end_reserve(plane_end_t *e, int64_t step, int mb, void **slot)
+{
+    shm_end_t *s = (shm_end_t *)e;
+    s->step = step, s->mb = mb;
+    return plane_link_reserve(e->p, s->ring, slot);
+}
+
+static int end_send(plane_end_t *e)
+{
+    shm_end_t *s = (shm_end_t *)e;
+    int rc = ring_commit(s->ring, (uint64_t)s->step, (uint64_t)s->mb, e->p->lay.act_slot);
+    return rc ? plane_fail(e->p, rc, "ring %s: nothing reserved to send", ring_name(s->ring)) : 0;
+}
+
+static void end_destroy(plane_end_t *e)
+{
+    ring_detach(&((shm_end_t *)e)->ring);
+    free(e);
+}
+
+static const plane_end_ops_t end_ops = {end_recv, end_done, end_reserve, end_send, end_destroy};
+
+static int add_end(plane_t *p, plane_link_t l, int boundary, int grad)
+{
+    shm_end_t *s = calloc(1, sizeof(*s));
+    if (!s)
+        return plane_fail(p, -ENOMEM, "out of memory");
+    s->base = (plane_end_t){.ops = &end_ops, .p = p};
+    p->end[l] = &s->base;
+    return plane_link_attach(p, &s->ring, boundary, grad);
+}
+
+int plane_shm_new(plane_t **out, const plane_cfg_t *c, char *err, size_t errlen)
+{
+    plane_t *p = *out = plane_alloc(c, NULL);
+    int rc = p ? 0 : -ENOMEM, v = c->vstage;
+    if (!rc && v > 0 && !(rc = add_end(p, PLANE_ACT_IN, v - 1, 0)))
+        rc = add_end(p, PLANE_GRAD_OUT, v - 1, 1);
+    if (!rc && v < c->lay->S - 1 && !(rc = add_end(p, PLANE_ACT_OUT, v, 0)))
+        rc = add_end(p, PLANE_GRAD_IN, v, 1);
+    return rc ? plane_abort(out, rc, err, errlen) : 0;
+}

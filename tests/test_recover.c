@@ -503,11 +503,12 @@ static void test_recover_kill_9_of_random_roles_at_random_moments_is_bitwise(voi
     if (rc)
         FAIL_WITH(out, "status %d", rc);
     assert_true(kills >= 3);
+    if (strstr(out, "\nrestart ")) /* the supervisor relaunched it: the output says why (seen once, 2026-11-27) */
+        FAIL_WITH(out, "the job was relaunched, not recovered in place");
     const tj_metrics_t *mt = assert_same_losses(j, ref, 3000, count(out, "(in place, at step "));
     assert_true(mt->restarts <= stage_or_shard);
     for (int s = 500; s <= 3000; s += 500)
         assert_same_checkpoint(j, ref, s);
-    assert_null(strstr(out, "\nrestart "));
     assert_clean(j);
 }
 

@@ -237,8 +237,7 @@ int ckpt_read(ckpt_t *c, const char *tensor, uint64_t first, uint64_t n, void *d
 
 const char *ckpt_master_name(const ckpt_t *c, const char *name, char *buf, size_t n)
 {
-    snprintf(buf, n, "optimizer.master.%s", name);
-    return ckpt_index_find(&c->ix, buf) ? buf : name;
+    return ckpt_index_find(&c->ix, ckpt_master_tensor(name, buf, n)) ? buf : name;
 }
 
 int ckpt_verify(const char *path, FILE *report, int *n_bad, char *err, size_t errlen)

@@ -1,19 +1,21 @@
 /* The checkpoint format: what a checkpoint of step N is on disk, and how it is read back.
  * Written by checkpointd (checkpointd/writer.h), read by checkpointd on resume (into the
- * staging segment: checkpointd/restore.h) and by `ctitan ckpt`.
+ * staging segment: checkpointd/restore.h) and by `ctitan ckpt`. Its names (directories,
+ * files, tensors) are checkpointd/ckpt_layout.h's.
  *
  *   DIR/step-NNNNNNNN/        one complete checkpoint (steps completed = N); it only ever
  *                             appears by rename from DIR/.tmp-step-NNNNNNNN.PID once every
  *                             file in it is written and synced, the index last
- *     model.bin               data files: a 4 KiB header (magic "CTCKDAT1", version, step),
- *     exp_avg.bin             then the flat fp32 array (the model's parameters in the order
- *     exp_avg_sq.bin          of kernels/params.h, AdamW's first and second moments)
+ *     model.bin, STATE.bin    data files, one per array of the training state (the fp32
+ *                             master weights, then the optimizer's state arrays, each over
+ *                             the flat space in the order of kernels/params.h): a 4 KiB header
+ *                             (magic "CTCKDAT1", version, step), then the flat fp32 array
  *     index                   magic "CTCKIDX1", version, msgpack body, XXH64 of all before
  *
  * A checkpoint written in parts (one part per host of a job across hosts, each host writing
  * the ranges of the flat space its optimizer shards own: ckpt_index_plan_parts) has instead
- * three data files per part K, model.hK.bin, exp_avg.hK.bin and exp_avg_sq.hK.bin: the same
- * header, then part K's ranges back to back in flat order. Its index is an ordinary one (a
+ * one data file per array and part K, model.hK.bin, STATE.hK.bin: the same header, then part
+ * K's ranges back to back in flat order. Its index is an ordinary one (a
  * tensor's chunks point into the file of the part that owns them), so every reader reads it
  * as it reads any checkpoint, on any number of hosts. While it is written each part leaves
  * part-K.xxh in the temporary directory (ckpt_part_sums_t: the XXH3 of each of its chunks),
@@ -27,7 +29,7 @@
  * of the step; data shuffling is a function of seed and cursor).
  *
  * Tensor names: weights under their Hugging Face Llama names ("model.embed_tokens.weight",
- * "lm_head.weight"), moments as "optimizer.exp_avg.<name>" and "optimizer.exp_avg_sq.<name>".
+ * "lm_head.weight"), the optimizer's state as "optimizer.STATE.<name>" (ckpt_layout.h).
  * On the CPU backend the weights are the fp32 master weights; a backend whose weights are
  * not fp32 adds "optimizer.master.<name>" (ckpt_master_name says which to read).
  *
@@ -42,6 +44,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "checkpointd/ckpt_layout.h"
 #include "kernels/params.h"
 
 #define CKPT_INDEX_MAGIC "CTCKIDX1"
@@ -55,7 +58,8 @@
 #define CKPT_CURSOR_MAX 240             /* = LDR_CURSOR_MAX */
 #define CKPT_INDEX_MAX (256u << 20)     /* an index larger than this is refused */
 #define CKPT_STEP_MAX INT32_MAX         /* training.steps is an int: no run completes more steps */
-#define CKPT_PARTS_MAX 1365             /* parts of one checkpoint: 3 files each, in an index's 4096 */
+#define CKPT_FILES_MAX 4096             /* data files of one checkpoint */
+#define CKPT_PARTS_MAX 1365             /* parts of one checkpoint: AdamW's 3 files each, in CKPT_FILES_MAX */
 #define CKPT_SUMS_MAGIC "CTCKSUM1"      /* a part's checksum file */
 
 typedef struct {
@@ -96,16 +100,12 @@ typedef struct {
  * not starting with '.'. The decoder checks every file name of an index with it (and so does
  * the remote server for job names) before anything becomes a path; the encoder does not. */
 int ckpt_safe_name(const char *s);
-/* "DIR/step-NNNNNNNN" (8 digits, more when the step needs them). */
-void ckpt_step_path(char *buf, size_t n, const char *dir, int64_t step);
-/* The step a directory name "step-N" is for, or -1 when the name is not of that form. */
-int64_t ckpt_step_of(const char *name);
 size_t ckpt_dtype_size(const char *dtype); /* 0 when unknown */
 
-/* The training state's index for a model: files model.bin, exp_avg.bin, exp_avg_sq.bin,
- * each CKPT_DATA_HDR + total*4 bytes, and per parameter its weight and two moment tensors
- * with chunk offsets filled in and checksums 0 (the writer takes them from the bytes it writes). */
-int ckpt_index_plan(ckpt_index_t *ix, const param_table_t *tab, int64_t step, const char *manifest,
+/* The training state's index for a model and optimizer o: one file per array (ckpt_layout.h),
+ * each CKPT_DATA_HDR + total*4 bytes, and per array and parameter a tensor (array-major) with
+ * chunk offsets filled in and checksums 0 (the writer takes them from the bytes it writes). */
+int ckpt_index_plan(ckpt_index_t *ix, const param_table_t *tab, const optim_t *o, int64_t step, const char *manifest,
                     const void *cursor, size_t cursor_len);
 /* A range [begin, end) of the flat space (in floats) and the part that writes it. */
 typedef struct {
@@ -114,16 +114,14 @@ typedef struct {
 } ckpt_part_range_t;
 /* The index of a checkpoint written in n_parts parts, ranges saying which part owns what (in
  * order, tiling [0, tab->total) exactly; -EINVAL otherwise). n_parts == 1 is ckpt_index_plan's
- * plan exactly. n_parts > 1: 3 * n_parts files, part-major: file 3K + a is array a (model,
- * exp_avg, exp_avg_sq) of part K, "model.hK.bin" etc., CKPT_DATA_HDR + 4 * (floats K owns)
- * bytes (a part that owns nothing has its three files, header only). Every tensor's chunks are
- * in element order, at most CKPT_CHUNK_BYTES, split where the owning part changes, each in its
- * owner's file. Checksums 0, as ckpt_index_plan's. */
-int ckpt_index_plan_parts(ckpt_index_t *ix, const param_table_t *tab, int64_t step, const char *manifest,
-                          const void *cursor, size_t cursor_len, int n_parts, const ckpt_part_range_t *ranges,
-                          int n_ranges);
-/* The part data file `file` of such a plan belongs to. */
-static inline int ckpt_part_of_file(uint32_t file, int n_parts) { return n_parts > 1 ? (int)(file / 3) : 0; }
+ * plan exactly. n_parts > 1: arrays x n_parts files, part-major (ckpt_file_of: array a of part
+ * K, "model.hK.bin" etc.), CKPT_DATA_HDR + 4 * (floats K owns) bytes (a part that owns nothing
+ * has its files, header only). Every tensor's chunks are in element order, at most
+ * CKPT_CHUNK_BYTES, split where the owning part changes, each in its owner's file. Checksums 0,
+ * as ckpt_index_plan's. */
+int ckpt_index_plan_parts(ckpt_index_t *ix, const param_table_t *tab, const optim_t *o, int64_t step,
+                          const char *manifest, const void *cursor, size_t cursor_len, int n_parts,
+                          const ckpt_part_range_t *ranges, int n_ranges);
 
 /* A part's checksum file, "part-K.xxh" in the temporary directory (checkpointd/writer.h):
  *   magic "CTCKSUM1", version (uint32), 4 zero bytes, step (int64), part (uint32), n_parts
@@ -136,7 +134,6 @@ typedef struct {
     uint64_t count;
     uint64_t *xxh;        /* count checksums (owned) */
 } ckpt_part_sums_t;
-void ckpt_part_sums_name(char *buf, size_t n, int part); /* "part-K.xxh" */
 size_t ckpt_part_sums_bytes(uint64_t count);              /* the file's size for count checksums */
 int ckpt_part_sums_encode(const ckpt_part_sums_t *ps, uint8_t **buf, size_t *len); /* caller frees */
 /* Decodes and checks the bytes of a part's checksum file (`what` names it in errors): the

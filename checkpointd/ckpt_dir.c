@@ -125,10 +125,10 @@ int ckpt_retain(const char *dir, int keep)
         return errno == ENOENT ? 0 : -errno;
     struct dirent *e;
     while ((e = readdir(d))) { /* .tmp-step-N.PID of writers that are gone */
-        if (strncmp(e->d_name, ".tmp-step-", 10))
+        int64_t step;
+        long pid;
+        if (!ckpt_tmp_of(e->d_name, &step, &pid))
             continue;
-        const char *dot = strrchr(e->d_name, '.');
-        long pid = dot && dot > e->d_name ? strtol(dot + 1, NULL, 10) : 0;
         if (pid > 0 && (kill((pid_t)pid, 0) == 0 || errno != ESRCH))
             continue;
         char p[PATH_MAX];

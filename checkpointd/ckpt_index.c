@@ -31,24 +31,6 @@ int ckpt_safe_name(const char *s)
     return 1;
 }
 
-void ckpt_step_path(char *buf, size_t n, const char *dir, int64_t step)
-{
-    snprintf(buf, n, "%s/step-%08" PRId64, dir, step);
-}
-
-int64_t ckpt_step_of(const char *name)
-{
-    if (strncmp(name, "step-", 5) || !name[5])
-        return -1;
-    int64_t v = 0;
-    for (const char *p = name + 5; *p; p++) {
-        if (*p < '0' || *p > '9' || v > INT64_MAX / 10 - 10)
-            return -1;
-        v = v * 10 + (*p - '0');
-    }
-    return v;
-}
-
 size_t ckpt_dtype_size(const char *dtype)
 {
     if (!strcmp(dtype, "F32"))
@@ -60,15 +42,13 @@ size_t ckpt_dtype_size(const char *dtype)
 
 /* ---- plan ---- */
 
-static const char *const file_names[3] = {"model.bin", "exp_avg.bin", "exp_avg_sq.bin"};
-static const char *const part_stems[3] = {"model", "exp_avg", "exp_avg_sq"};
-static const char *const prefixes[3] = {"", "optimizer.exp_avg.", "optimizer.exp_avg_sq."};
-
-/* What every plan has: step, time, manifest, cursor, room for n_files files and a weight and two
- * moment tensors per parameter, each with its name, dtype and shape (chunks left to the caller). */
-static int plan_head(ckpt_index_t *ix, const param_table_t *tab, int64_t step, const char *manifest,
-                     const void *cursor, size_t cursor_len, int n_files)
+/* What every plan has: step, time, manifest, cursor, room for n_files files (named for n_parts
+ * parts), and a tensor per array of the training state and parameter, each with its name, dtype
+ * and shape (chunks left to the caller). */
+static int plan_head(ckpt_index_t *ix, const param_table_t *tab, const optim_t *o, int64_t step,
+                     const char *manifest, const void *cursor, size_t cursor_len, int n_parts)
 {
+    int arrays = optim_arrays(o), n_files = ckpt_files(o, n_parts);
     memset(ix, 0, sizeof(*ix));
     if (cursor_len > CKPT_CURSOR_MAX)
         return -EINVAL;
@@ -76,7 +56,7 @@ static int plan_head(ckpt_index_t *ix, const param_table_t *tab, int64_t step, c
     ix->created = (int64_t)time(NULL);
     ix->manifest = strdup(manifest ? manifest : "");
     ix->files = calloc((size_t)n_files, sizeof(ckpt_file_t));
-    ix->tensors = calloc(3 * (size_t)tab->n, sizeof(ckpt_tensor_t));
+    ix->tensors = calloc((size_t)arrays * (size_t)tab->n, sizeof(ckpt_tensor_t));
     if (!ix->manifest || !ix->files || !ix->tensors) {
         ckpt_index_free(ix);
         return -ENOMEM;
@@ -85,11 +65,13 @@ static int plan_head(ckpt_index_t *ix, const param_table_t *tab, int64_t step, c
         memcpy(ix->cursor, cursor, cursor_len);
     ix->cursor_len = (uint32_t)cursor_len;
     ix->n_files = n_files;
-    for (int f = 0; f < 3; f++)
+    for (int f = 0; f < n_files; f++)
+        ckpt_file_name(o, (uint32_t)f, n_parts, ix->files[f].name, CKPT_FILE_MAX);
+    for (int a = 0; a < arrays; a++)
         for (int i = 0; i < tab->n; i++) {
             const param_info_t *p = &tab->t[i];
             ckpt_tensor_t *t = &ix->tensors[ix->n_tensors++];
-            snprintf(t->name, sizeof(t->name), "%s%s", prefixes[f], p->name);
+            ckpt_tensor_name(o, a, p->name, t->name, sizeof(t->name));
             snprintf(t->dtype, sizeof(t->dtype), "F32");
             t->ndim = p->ndim;
             for (int d = 0; d < p->ndim; d++)
@@ -99,17 +81,15 @@ static int plan_head(ckpt_index_t *ix, const param_table_t *tab, int64_t step, c
     return 0;
 }
 
-int ckpt_index_plan(ckpt_index_t *ix, const param_table_t *tab, int64_t step, const char *manifest,
+int ckpt_index_plan(ckpt_index_t *ix, const param_table_t *tab, const optim_t *o, int64_t step, const char *manifest,
                     const void *cursor, size_t cursor_len)
 {
-    int rc = plan_head(ix, tab, step, manifest, cursor, cursor_len, 3);
+    int rc = plan_head(ix, tab, o, step, manifest, cursor, cursor_len, 1);
     if (rc)
         return rc;
-    for (int f = 0; f < 3; f++) {
-        snprintf(ix->files[f].name, CKPT_FILE_MAX, "%s", file_names[f]);
+    for (int f = 0; f < ix->n_files; f++)
         ix->files[f].bytes = CKPT_DATA_HDR + (uint64_t)tab->total * sizeof(float);
-    }
-    for (int f = 0; f < 3; f++)
+    for (int f = 0; f < ix->n_files; f++)
         for (int i = 0; i < tab->n; i++) {
             const param_info_t *p = &tab->t[i];
             ckpt_tensor_t *t = &ix->tensors[f * tab->n + i];
@@ -134,7 +114,7 @@ int ckpt_index_plan(ckpt_index_t *ix, const param_table_t *tab, int64_t step, co
  * contiguous in that part's files (its ranges lie back to back there), so a chunk ends at
  * CKPT_CHUNK_BYTES, at the tensor's end, or where the owner changes. at[i]: the byte offset of
  * range i in its part's files. With out NULL, only counts them. */
-static uint32_t part_chunks(const ckpt_part_range_t *r, int n_ranges, const uint64_t *at, int n_parts, int a,
+static uint32_t part_chunks(const optim_t *o, const ckpt_part_range_t *r, int n_ranges, const uint64_t *at, int a,
                             uint64_t tb, uint64_t te, ckpt_chunk_t *out)
 {
     const uint64_t step = CKPT_CHUNK_BYTES / sizeof(float);
@@ -152,7 +132,7 @@ static uint32_t part_chunks(const ckpt_part_range_t *r, int n_ranges, const uint
         while (j + 1 < n_ranges && r[j + 1].part == r[i].part)
             j++;
         uint64_t b = tb > r[i].begin ? tb : r[i].begin, e = te < r[j].end ? te : r[j].end;
-        uint32_t file = (uint32_t)(n_parts > 1 ? 3 * r[i].part + a : a);
+        uint32_t file = ckpt_file_of(o, r[i].part, a);
         for (uint64_t x = b; x < e; x += step, n++)
             if (out)
                 out[n] = (ckpt_chunk_t){.file = file, .offset = at[i] + (x - r[i].begin) * sizeof(float),
@@ -162,12 +142,12 @@ static uint32_t part_chunks(const ckpt_part_range_t *r, int n_ranges, const uint
     return n;
 }
 
-int ckpt_index_plan_parts(ckpt_index_t *ix, const param_table_t *tab, int64_t step, const char *manifest,
-                          const void *cursor, size_t cursor_len, int n_parts, const ckpt_part_range_t *ranges,
-                          int n_ranges)
+int ckpt_index_plan_parts(ckpt_index_t *ix, const param_table_t *tab, const optim_t *o, int64_t step,
+                          const char *manifest, const void *cursor, size_t cursor_len, int n_parts,
+                          const ckpt_part_range_t *ranges, int n_ranges)
 {
     memset(ix, 0, sizeof(*ix));
-    if (n_parts < 1 || n_parts > CKPT_PARTS_MAX || n_ranges < 1)
+    if (n_parts < 1 || n_parts > CKPT_PARTS_MAX || ckpt_files(o, n_parts) > CKPT_FILES_MAX || n_ranges < 1)
         return -EINVAL;
     uint64_t end = 0;
     for (int i = 0; i < n_ranges; i++) {
@@ -179,7 +159,7 @@ int ckpt_index_plan_parts(ckpt_index_t *ix, const param_table_t *tab, int64_t st
     if (end != tab->total)
         return -EINVAL;
     uint64_t *at = malloc((size_t)n_ranges * sizeof(uint64_t)), *owned = calloc((size_t)n_parts, sizeof(uint64_t));
-    int rc = at && owned ? plan_head(ix, tab, step, manifest, cursor, cursor_len, 3 * n_parts) : -ENOMEM;
+    int rc = at && owned ? plan_head(ix, tab, o, step, manifest, cursor, cursor_len, n_parts) : -ENOMEM;
     if (rc)
         goto out;
     for (int i = 0; i < n_ranges; i++) {
@@ -187,26 +167,20 @@ int ckpt_index_plan_parts(ckpt_index_t *ix, const param_table_t *tab, int64_t st
         owned[ranges[i].part] += ranges[i].end - ranges[i].begin;
     }
     for (int k = 0; k < n_parts; k++)
-        for (int a = 0; a < 3; a++) {
-            ckpt_file_t *f = &ix->files[3 * k + a];
-            if (n_parts == 1)
-                snprintf(f->name, CKPT_FILE_MAX, "%s", file_names[a]);
-            else
-                snprintf(f->name, CKPT_FILE_MAX, "%s.h%d.bin", part_stems[a], k);
-            f->bytes = CKPT_DATA_HDR + owned[k] * sizeof(float);
-        }
-    for (int a = 0; a < 3; a++)
+        for (int a = 0; a < optim_arrays(o); a++)
+            ix->files[ckpt_file_of(o, k, a)].bytes = CKPT_DATA_HDR + owned[k] * sizeof(float);
+    for (int a = 0; a < optim_arrays(o); a++)
         for (int i = 0; i < tab->n; i++) {
             const param_info_t *p = &tab->t[i];
             ckpt_tensor_t *t = &ix->tensors[a * tab->n + i];
             uint64_t tb = p->offset, te = p->offset + p->numel;
-            t->n_chunks = part_chunks(ranges, n_ranges, at, n_parts, a, tb, te, NULL);
+            t->n_chunks = part_chunks(o, ranges, n_ranges, at, a, tb, te, NULL);
             if (!(t->chunks = calloc(t->n_chunks ? t->n_chunks : 1, sizeof(ckpt_chunk_t)))) {
                 ckpt_index_free(ix);
                 rc = -ENOMEM;
                 goto out;
             }
-            part_chunks(ranges, n_ranges, at, n_parts, a, tb, te, t->chunks);
+            part_chunks(o, ranges, n_ranges, at, a, tb, te, t->chunks);
         }
 out:
     free(at);
@@ -458,8 +432,8 @@ static int decode_body(dctx_t *d, const msgpack_object *root, ckpt_index_t *ix)
     memcpy(ix->cursor, o->via.bin.ptr, o->via.bin.size);
     ix->cursor_len = o->via.bin.size;
     if (!(o = field(root, "files")) || o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size < 1 ||
-        o->via.array.size > 4096)
-        return bad(d, "'files' must be an array of 1 to 4096 files");
+        o->via.array.size > CKPT_FILES_MAX)
+        return bad(d, "'files' must be an array of 1 to %d files", CKPT_FILES_MAX);
     ix->n_files = (int)o->via.array.size;
     if (!(ix->files = calloc((size_t)ix->n_files, sizeof(ckpt_file_t))))
         return -ENOMEM;

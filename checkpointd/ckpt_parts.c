@@ -15,8 +15,6 @@
 #define SUMS_HDR 40  /* magic 8, version 4, zeros 4, step 8, part 4, n_parts 4, count 8 */
 #define SUMS_TAIL 8  /* XXH64 of everything before it */
 
-void ckpt_part_sums_name(char *buf, size_t n, int part) { snprintf(buf, n, "part-%d.xxh", part); }
-
 size_t ckpt_part_sums_bytes(uint64_t count) { return SUMS_HDR + (size_t)count * 8 + SUMS_TAIL; }
 
 int ckpt_part_sums_encode(const ckpt_part_sums_t *ps, uint8_t **buf, size_t *len)

@@ -47,6 +47,7 @@
 #include "ipc/log.h"
 #include "ipc/shm.h"
 #include "ipc/util.h"
+#include "kernels/optim.h"
 #include "kernels/params.h"
 #include "stages/job/job.h"
 #include "stages/job/staging.h"
@@ -60,6 +61,7 @@ typedef struct {
     char *toml;
     char folder[PATH_MAX];
     param_table_t tab;
+    const optim_t *opt;         /* [optimizer] name: the arrays of the training state */
     shm_seg_t *seg;
     rmt_client_t *remote;
     int idle;     /* runs at SCHED_IDLE (from the first SAVE on) */
@@ -116,7 +118,7 @@ static int save(ckd_t *d, int64_t step, char *path, size_t pathlen, uint64_t *by
         return util_fail(err, errlen, -EINVAL, "the staging segment holds step %" PRId64 ", not %" PRId64,
                          (int64_t)atomic_load(&h->step), step);
     ckpt_index_t plan;
-    int rc = ckpt_index_plan(&plan, &d->tab, step, d->toml, h->cursor, h->cursor_len);
+    int rc = ckpt_index_plan(&plan, &d->tab, d->opt, step, d->toml, h->cursor, h->cursor_len);
     if (rc)
         return util_fail(err, errlen, rc, "cannot plan the checkpoint: %s", strerror(-rc));
     /* no checksums in the plan: the writer (here, or the storage host's) takes them from
@@ -126,7 +128,7 @@ static int save(ckd_t *d, int64_t step, char *path, size_t pathlen, uint64_t *by
     if ((rc = sink_begin(&s, &plan, err, errlen)))
         goto out;
     static _Alignas(4096) uint8_t block[CKPT_DATA_HDR];
-    for (int f = 0; f < STAGING_ARRAYS && !rc; f++) {
+    for (int f = 0; f < optim_arrays(d->opt) && !rc; f++) {
         ckpt_data_header(block, (uint32_t)f, step);
         rc = sink_write(&s, (uint32_t)f, 0, block, sizeof(block), err, errlen);
         const uint8_t *a = (const uint8_t *)staging_array(h, f);
@@ -183,8 +185,8 @@ static int plan_parts(ckd_t *d, int64_t step, ckpt_index_t *plan, char *err, siz
     if (atomic_load(&h->step) != step)
         return util_fail(err, errlen, -EINVAL, "the staging segment holds step %" PRId64 ", not %" PRId64,
                          (int64_t)atomic_load(&h->step), step);
-    int rc = ckpt_index_plan_parts(plan, &d->tab, step, d->toml, h->cursor, h->cursor_len, d->n_parts, d->ranges,
-                                   d->n_ranges);
+    int rc = ckpt_index_plan_parts(plan, &d->tab, d->opt, step, d->toml, h->cursor, h->cursor_len, d->n_parts,
+                                   d->ranges, d->n_ranges);
     return rc ? util_fail(err, errlen, rc, "cannot plan the checkpoint: %s", strerror(-rc)) : 0;
 }
 
@@ -205,8 +207,8 @@ static int save_part(ckd_t *d, int64_t step, const char *tmp_name, int part, uin
     if ((rc = ckw_begin_part(&w, d->folder, tmp_name, &plan, part, d->n_parts, err, errlen)))
         goto out;
     static _Alignas(4096) uint8_t block[CKPT_DATA_HDR];
-    for (int a = 0; a < STAGING_ARRAYS && !rc; a++) {
-        uint32_t f = (uint32_t)(3 * part + a); /* ckpt_index_plan_parts: part-major */
+    for (int a = 0; a < optim_arrays(d->opt) && !rc; a++) {
+        uint32_t f = ckpt_file_of(d->opt, part, a);
         const uint8_t *arr = (const uint8_t *)staging_array(h, a);
         uint64_t off = CKPT_DATA_HDR;
         ckpt_data_header(block, f, step);
@@ -320,10 +322,10 @@ static int run_worker(void)
     manifest_ckpt_folder(d.m, d.folder, sizeof(d.folder));
     WORKER_CHECK(d.w, (d.toml = manifest_to_toml(d.m)) && params_table_init(&d.tab, &d.m->model) == 0,
                  "out of memory");
+    d.opt = optim_find(d.m->optimizer_name); /* the manifest was validated */
     WORKER_CHECK(d.w, shm_attach(&d.seg, worker_job(d.w), STAGING_SEG, err, sizeof(err)) == 0, "%s", err);
-    staging_hdr_t *h = shm_data(d.seg);
-    WORKER_CHECK(d.w, h->magic == STAGING_MAGIC && h->version == STAGING_VERSION && h->total == d.tab.total,
-                 "the staging segment does not match the model (%zu parameters)", d.tab.total);
+    WORKER_CHECK(d.w, staging_check(shm_data(d.seg), d.tab.total, optim_arrays(d.opt), err, sizeof(err)) == 0, "%s",
+                 err);
     if (d.m->hosts > 1 && d.m->ckpt_enable && d.m->ckpt_endpoint[0])
         worker_die(d.w, "checkpoint.endpoint with job.hosts = %d: a remote checkpointd across hosts is not built "
                    "(every host writes its part into checkpoint.folder, a folder they all see)", d.m->hosts);
@@ -445,15 +447,13 @@ static int run_save_part(const char *job, const char *tmp_name, int64_t step)
     d.delay_ms = delay ? atoi(delay) : 0;
     int rc = read_manifest(&m, &d.toml, &d.tab, err, sizeof(err));
     d.m = m;
+    if (!rc)
+        d.opt = optim_find(m->optimizer_name);
     if (!rc && m->hosts < 2)
         rc = util_fail(err, sizeof(err), -EINVAL, "job.hosts = %d: --save-part is a host's part of a checkpoint "
                        "across hosts", m->hosts);
-    if (!rc && !(rc = shm_attach(&d.seg, job, STAGING_SEG, err, sizeof(err)))) {
-        staging_hdr_t *h = shm_data(d.seg);
-        if (h->magic != STAGING_MAGIC || h->version != STAGING_VERSION || h->total != d.tab.total)
-            rc = util_fail(err, sizeof(err), -EINVAL, "%s's staging segment does not match the model (%zu "
-                           "parameters)", job, d.tab.total);
-    }
+    if (!rc && !(rc = shm_attach(&d.seg, job, STAGING_SEG, err, sizeof(err))))
+        rc = staging_check(shm_data(d.seg), d.tab.total, optim_arrays(d.opt), err, sizeof(err));
     if (!rc) {
         manifest_ckpt_folder(m, d.folder, sizeof(d.folder));
         rc = host_parts(&d, err, sizeof(err));

@@ -25,6 +25,7 @@
 
 #include "checkpointd/ckpt.h"
 #include "ipc/util.h"
+#include "kernels/optim.h"
 #include "stages/runtime/ldr.h"
 #include "stages/job/staging.h"
 
@@ -102,25 +103,28 @@ static int check_cursor(const ckpt_index_t *ix, const char *path, char *err, siz
                      rc ? "not an unsigned integer, or the cursor is not a map" : "2^63 or more");
 }
 
-/* Every tensor of the model, by name, into the staging arrays at its offset in the flat space. */
-static int read_tensors(ckpt_t *ck, const param_table_t *tab, void *staging, char *err, size_t errlen)
+/* Every array of the training state (the master weights, then optimizer o's state), tensor by
+ * tensor by name, into the staging arrays at its offset in the flat space. */
+static int read_tensors(ckpt_t *ck, const param_table_t *tab, const optim_t *o, void *staging, char *err,
+                        size_t errlen)
 {
     const char *path = ckpt_path(ck);
     for (int t = 0; t < tab->n; t++) {
         const param_info_t *p = &tab->t[t];
-        char names[STAGING_ARRAYS][CKPT_NAME_MAX + 32], mname[CKPT_NAME_MAX + 32];
-        snprintf(names[0], sizeof(names[0]), "%s", ckpt_master_name(ck, p->name, mname, sizeof(mname)));
-        snprintf(names[1], sizeof(names[1]), "optimizer.exp_avg.%s", p->name);
-        snprintf(names[2], sizeof(names[2]), "optimizer.exp_avg_sq.%s", p->name);
-        for (int a = 0; a < STAGING_ARRAYS; a++) {
-            const ckpt_tensor_t *ct = ckpt_index_find(ckpt_index(ck), names[a]);
+        for (int a = 0; a < optim_arrays(o); a++) {
+            char name[CKPT_NAME_MAX + 32], mname[CKPT_NAME_MAX + 32];
+            if (a == 0)
+                snprintf(name, sizeof(name), "%s", ckpt_master_name(ck, p->name, mname, sizeof(mname)));
+            else
+                ckpt_tensor_name(o, a, p->name, name, sizeof(name));
+            const ckpt_tensor_t *ct = ckpt_index_find(ckpt_index(ck), name);
             if (!ct)
-                return util_fail(err, errlen, -ENOENT, "checkpoint %s has no tensor %s", path, names[a]);
+                return util_fail(err, errlen, -ENOENT, "checkpoint %s has no tensor %s", path, name);
             if (strcmp(ct->dtype, "F32") || ct->numel != p->numel)
                 return util_fail(err, errlen, -EINVAL, "checkpoint %s: tensor %s is %s with %llu elements; the model "
-                                 "needs F32 with %zu", path, names[a], ct->dtype, (unsigned long long)ct->numel,
+                                 "needs F32 with %zu", path, name, ct->dtype, (unsigned long long)ct->numel,
                                  p->numel);
-            int rc = ckpt_read(ck, names[a], 0, p->numel, staging_array(staging, a) + p->offset, err, errlen);
+            int rc = ckpt_read(ck, name, 0, p->numel, staging_array(staging, a) + p->offset, err, errlen);
             if (rc)
                 return rc;
         }
@@ -141,9 +145,11 @@ int restore_load(const char *what, const manifest_t *m, const param_table_t *tab
     memcpy(path, dir, strlen(dir) + 1);
     if (!path[0])
         return 0;
-    if (h->total != tab->total)
-        return util_fail(err, errlen, -EINVAL, "the staging segment holds %llu parameters, the model has %zu",
-                         (unsigned long long)h->total, tab->total);
+    const optim_t *o = optim_find(m->optimizer_name);
+    if (!o)
+        return util_fail(err, errlen, -EINVAL, "optimizer.name = \"%s\": no such optimizer", m->optimizer_name);
+    if ((rc = staging_check(staging, tab->total, optim_arrays(o), err, errlen)))
+        return rc;
     ckpt_t *ck;
     if ((rc = ckpt_open(&ck, path, err, errlen)))
         return rc;
@@ -153,7 +159,7 @@ int restore_load(const char *what, const manifest_t *m, const param_table_t *tab
     if (!rc)
         rc = check_cursor(ix, path, err, errlen);
     if (!rc && ix->step < m->steps) /* a run with nothing left to train needs only the step */
-        rc = read_tensors(ck, tab, staging, err, errlen);
+        rc = read_tensors(ck, tab, o, staging, err, errlen);
     if (!rc) {
         memcpy(h->cursor, ix->cursor, ix->cursor_len);
         h->cursor_len = ix->cursor_len;

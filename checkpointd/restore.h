@@ -17,8 +17,9 @@
  *   else       that directory, which must exist and verify (its problems go to `log`)
  * then checks that it was written for m's model (else -EINVAL naming the first key that
  * differs) and that its loader cursor keeps stages/runtime/ldr.h's convention (else -EBADMSG), and
- * reads every tensor by name into `staging` (mapped, formatted for tab->total floats):
- * weights, exp_avg and exp_avg_sq in the flat order of tab, so any topology takes its slices
+ * reads every tensor by name into `staging` (mapped, formatted for tab->total floats and m's
+ * optimizer): every array of the training state (the master weights, then the optimizer's
+ * state: kernels/optim.h) in the flat order of tab, so any topology takes its slices
  * from it. Last it sets the header's cursor and step (steps the checkpoint
  * completed; when that is m->steps or more, nothing is left to train and no tensor is read).
  * path gets the directory (-ENAMETOOLONG when it does not fit pathlen); notes (a stored

@@ -1,7 +1,6 @@
 /* Writes one checkpoint directory durably and atomically (checkpointd's write path, local
- * and remote alike): data files are streamed through io_uring from a few registered 4 KiB-
- * aligned buffers, with O_DIRECT where the filesystem takes it (a buffered fallback where it
- * does not, e.g. tmpfs), then
+ * and remote alike): data files are streamed through io_uring (checkpointd/uring.h: a few
+ * registered 4 KiB-aligned buffers, O_DIRECT where the filesystem takes it), then
  *
  *   fsync every data file -> write + fsync the index -> fsync the temporary directory ->
  *   rename DIR/.tmp-step-N.PID to DIR/step-N -> fsync DIR.
@@ -59,7 +58,7 @@ void ckw_abort(ckw_t **w);
  * where tmp_name is .tmp-step-NNNNNNNN.PID for the plan's step and PID that of the checkpointd
  * that will commit (host 0's), so that ckpt_retain's rule (a temporary directory whose PID is
  * gone is removed; run where that PID lives) covers it; any other name (one with '/', another
- * step's) is refused with -EINVAL. Each part's writer writes only its part's three data files
+ * step's) is refused with -EINVAL. Each part's writer writes only its part's data files
  * and its checksum file part-K.xxh; the committing host then checks them all and writes the
  * index over them:
  *
@@ -71,12 +70,12 @@ void ckw_abort(ckw_t **w);
  * A part's checksum file is its completion mark: a part without one (its writer died) is
  * missing. Nothing that fails leaves a step-N. */
 
-/* Begins part `part` of n_parts (the plan's files are 3 per part) in DIR/tmp_name: creates
- * DIR and the directory as needed (the first part to begin does; one that exists is kept, the
- * other parts' files in it too), removes this part's own files from an earlier attempt, then
- * takes the part's data files through ckw_write, file numbers the plan's (3 * part to 3 * part
- * + 2, in order). ckw_commit does not end such a writer (-EINVAL); ckw_abort removes only this
- * part's files. */
+/* Begins part `part` of n_parts (the plan has as many files for each part, part-major:
+ * checkpointd/ckpt_layout.h) in DIR/tmp_name: creates DIR and the directory as needed (the
+ * first part to begin does; one that exists is kept, the other parts' files in it too), removes
+ * this part's own files from an earlier attempt, then takes the part's data files through
+ * ckw_write, in order, file numbers the plan's (F * part to F * part + F - 1 for F files a part).
+ * ckw_commit does not end such a writer (-EINVAL); ckw_abort removes only this part's files. */
 int ckw_begin_part(ckw_t **out, const char *dir, const char *tmp_name, const ckpt_index_t *plan, int part,
                    int n_parts, char *err, size_t errlen);
 /* Ends a part: checks every one of its files got its size, syncs them, writes and syncs
@@ -98,9 +97,5 @@ int ckw_commit_parts(const char *dir, const char *tmp_name, const ckpt_index_t *
 /* Gives a checkpoint in parts up: removes DIR/tmp_name (checked as above; a missing one is no
  * error). Returns 0 or -errno with err. */
 int ckw_abort_parts(const char *dir, const char *tmp_name, int64_t step, char *err, size_t errlen);
-
-/* The raw rate to compare against (bench): writes `bytes` to PATH sequentially through the
- * same io_uring path (O_DIRECT when possible, fsync included). Returns 0 and the seconds. */
-int ckw_raw_write(const char *path, uint64_t bytes, double *secs, int *direct, char *err, size_t errlen);
 
 #endif

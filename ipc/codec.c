@@ -514,6 +514,56 @@ static int decode_object(const codec_proto_t *p, const msgpack_object *root, int
     return rc;
 }
 
+/* ---- maps of unsigned integers ---- */
+
+size_t codec_pack_u64_map(uint8_t *buf, size_t cap, int n, const char *const *keys, const uint64_t *vals)
+{
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, (size_t)n);
+    for (int i = 0; i < n; i++) {
+        codec_pack_str(&pk, keys[i]);
+        msgpack_pack_uint64(&pk, vals[i]);
+    }
+    size_t len = sb.data && sb.size <= cap ? sb.size : 0;
+    if (len)
+        memcpy(buf, sb.data, len);
+    msgpack_sbuffer_destroy(&sb);
+    return len;
+}
+
+int codec_get_u64(const void *buf, size_t len, const char *key, uint64_t *val)
+{
+    static const codec_proto_t map = {.noun = "map"}; /* for sort_keys: string keys, no key twice */
+    if (len == 0)
+        return -ENOENT;
+    if (codec_prescan(buf, len, map.noun, NULL, 0))
+        return -EINVAL;
+    msgpack_unpacked up;
+    msgpack_unpacked_init(&up);
+    size_t off = 0;
+    int rc = -EINVAL;
+    if (msgpack_unpack_next(&up, buf, len, &off) == MSGPACK_UNPACK_SUCCESS && off == len &&
+        up.data.type == MSGPACK_OBJECT_MAP) {
+        const msgpack_object_map *m = &up.data.via.map;
+        msgpack_object_kv *small[32], **sorted = m->size <= 32 ? small : malloc(m->size * sizeof *sorted);
+        if (!sorted)
+            rc = -ENOMEM;
+        else if (!sort_keys(&map, m, sorted, NULL, 0)) {
+            const msgpack_object *v = lookup(sorted, m->size, key);
+            rc = !v ? -ENOENT : v->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? 0 : -EINVAL;
+            if (!rc)
+                *val = v->via.u64;
+        }
+        if (sorted != small)
+            free(sorted);
+    }
+    msgpack_unpacked_destroy(&up);
+    return rc;
+}
+
 int codec_decode(const codec_proto_t *p, const void *buf, size_t len, int *type, void *obj, char *err,
                  size_t errlen)
 {

@@ -94,4 +94,13 @@ const char *codec_printable(const void *s, size_t n, char out[CODEC_PRINTABLE]);
 /* Packs a NUL-terminated string; msgpack-c's return code (0 = written). */
 int codec_pack_str(msgpack_packer *pk, const char *s);
 
+/* Maps of string keys (the loader cursor's convention, stages/runtime/ldr.h). Packs n keys with
+ * unsigned values into buf (cap bytes); returns the length, 0 when it does not fit. Reads one
+ * key's unsigned value from such a map (other values may be anything) behind the same guard as
+ * codec_decode: the bytes walked first, keys strings and unique. Returns 0, -ENOENT (no such
+ * key; an empty buffer has none), -EINVAL (not such a map, or the value is not an unsigned
+ * integer) or -ENOMEM. */
+size_t codec_pack_u64_map(uint8_t *buf, size_t cap, int n, const char *const *keys, const uint64_t *vals);
+int codec_get_u64(const void *buf, size_t len, const char *key, uint64_t *val);
+
 #endif

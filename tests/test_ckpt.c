@@ -15,6 +15,7 @@
 #include <xxhash.h>
 
 #include "checkpointd/ckpt.h"
+#include "checkpointd/uring.h"
 #include "checkpointd/writer.h"
 #include "kernels/params.h"
 #include "tests/testutil.h"
@@ -59,7 +60,7 @@ static int write_ckpt(fx_t *f, const char *sub, int64_t step, char *path, size_t
     snprintf(dir, sizeof(dir), "%s/%s", f->dir, sub);
     ckpt_index_t plan;
     uint8_t cur[3] = {0x81, 0xa1, 's'};
-    assert_int_equal(ckpt_index_plan(&plan, &f->tab, step, "[job]\nname = \"t\"\n", cur, sizeof(cur)), 0);
+    assert_int_equal(ckpt_index_plan(&plan, &f->tab, optim_find("AdamW"), step, "[job]\nname = \"t\"\n", cur, sizeof(cur)), 0);
     for (int a = 0; a < 3; a++)
         ckpt_index_hash(&plan, (uint32_t)a, f->arr[a]);
     ckw_t *w;
@@ -210,7 +211,7 @@ static void test_ckpt_read_slices_across_chunks(void **state)
 static void expect_bad_index(fx_t *f, void (*mutate)(ckpt_index_t *), const char *needle)
 {
     ckpt_index_t ix;
-    assert_int_equal(ckpt_index_plan(&ix, &f->tab, 1, "", NULL, 0), 0);
+    assert_int_equal(ckpt_index_plan(&ix, &f->tab, optim_find("AdamW"), 1, "", NULL, 0), 0);
     mutate(&ix);
     uint8_t *buf;
     size_t len;
@@ -249,7 +250,7 @@ static void test_ckpt_index_decoder_rejects_bad_indexes(void **state)
     expect_bad_index(f, m_step, "'step'");
     /* damage to the bytes: every flipped byte and every truncation is caught */
     ckpt_index_t ix;
-    assert_int_equal(ckpt_index_plan(&ix, &f->tab, 1, "m", NULL, 0), 0);
+    assert_int_equal(ckpt_index_plan(&ix, &f->tab, optim_find("AdamW"), 1, "m", NULL, 0), 0);
     uint8_t *buf;
     size_t len;
     assert_int_equal(ckpt_index_encode(&ix, &buf, &len), 0);
@@ -611,7 +612,7 @@ static void test_ckpt_writer_rejects_out_of_order_data(void **state)
     char dir[300], err[1024];
     snprintf(dir, sizeof(dir), "%s/c", f->dir);
     ckpt_index_t plan;
-    assert_int_equal(ckpt_index_plan(&plan, &f->tab, 2, "", NULL, 0), 0);
+    assert_int_equal(ckpt_index_plan(&plan, &f->tab, optim_find("AdamW"), 2, "", NULL, 0), 0);
     ckw_t *w;
     uint8_t hdr[CKPT_DATA_HDR] = {0};
     assert_int_equal(ckw_begin(&w, dir, &plan, err, sizeof(err)), 0);
@@ -644,7 +645,7 @@ static void test_ckpt_writer_killed_mid_write_leaves_nothing_loadable(void **sta
         ckpt_index_t plan;
         ckw_t *w;
         uint8_t hdr[CKPT_DATA_HDR] = {0};
-        if (ckpt_index_plan(&plan, &f->tab, 2, "", NULL, 0) || ckw_begin(&w, dir, &plan, err, sizeof(err)) ||
+        if (ckpt_index_plan(&plan, &f->tab, optim_find("AdamW"), 2, "", NULL, 0) || ckw_begin(&w, dir, &plan, err, sizeof(err)) ||
             ckw_write(w, 0, 0, hdr, sizeof(hdr), err, sizeof(err)) ||
             ckw_write(w, 0, CKPT_DATA_HDR, f->arr[0], f->tab.total * 2, err, sizeof(err)))
             _exit(1);
@@ -731,7 +732,7 @@ static void test_ckpt_writer_refuses_bytes_that_miss_the_plans_checksum(void **s
     char dir[300], err[1024];
     snprintf(dir, sizeof(dir), "%s/x", f->dir);
     ckpt_index_t plan;
-    assert_int_equal(ckpt_index_plan(&plan, &f->tab, 4, "", NULL, 0), 0);
+    assert_int_equal(ckpt_index_plan(&plan, &f->tab, optim_find("AdamW"), 4, "", NULL, 0), 0);
     for (int a = 0; a < 3; a++)
         ckpt_index_hash(&plan, (uint32_t)a, f->arr[a]);
     f->arr[0][5] += 1.0f; /* the bytes changed after the plan was made */
@@ -772,7 +773,7 @@ static void test_ckpt_writer_falls_back_where_o_direct_is_refused(void **state)
         ckw_t *w;
         ckw_stats_t st;
         static _Alignas(4096) uint8_t hdr[CKPT_DATA_HDR];
-        if (ckpt_index_plan(&plan, &f->tab, 1, "", NULL, 0))
+        if (ckpt_index_plan(&plan, &f->tab, optim_find("AdamW"), 1, "", NULL, 0))
             _exit(2);
         snprintf(path, sizeof(path), "%s/%s", f->dir, sub);
         if (ckw_begin(&w, path, &plan, err, sizeof(err)))
@@ -807,7 +808,7 @@ static void test_ckpt_raw_write_measures_a_real_file(void **state)
     snprintf(p, sizeof(p), "%s/raw", f->dir);
     double secs;
     int direct;
-    assert_int_equal(ckw_raw_write(p, 10u << 20 | 123, &secs, &direct, err, sizeof(err)), 0);
+    assert_int_equal(uw_raw_write(p, 10u << 20 | 123, &secs, &direct, err, sizeof(err)), 0);
     struct stat st;
     assert_int_equal(stat(p, &st), 0);
     assert_int_equal(st.st_size, 10u << 20 | 123);

@@ -130,7 +130,7 @@ static void write_whole(fx_t *f, const char *dir, char *path, size_t pathlen)
 {
     char err[1024];
     ckpt_index_t plan;
-    assert_int_equal(ckpt_index_plan(&plan, &f->tab, STEP, "", NULL, 0), 0);
+    assert_int_equal(ckpt_index_plan(&plan, &f->tab, optim_find("AdamW"), STEP, "", NULL, 0), 0);
     plan.created = 1764000000; /* as the parts' plan of the same arrays: the same export */
     ckw_t *w;
     assert_int_equal(ckw_begin(&w, dir, &plan, err, sizeof(err)), 0);
@@ -201,11 +201,11 @@ static void test_ckpt_parts_one_part_is_the_whole_plan_byte_for_byte(void **stat
         ckpt_index_t want, got;
         uint8_t *wb, *gb;
         size_t wl, gl;
-        assert_int_equal(ckpt_index_plan(&want, &tab, 12, "[job]\nname = \"x\"\n", cur, sizeof(cur)), 0);
+        assert_int_equal(ckpt_index_plan(&want, &tab, optim_find("AdamW"), 12, "[job]\nname = \"x\"\n", cur, sizeof(cur)), 0);
         want.created = 1;
         assert_int_equal(ckpt_index_encode(&want, &wb, &wl), 0);
         for (int s = 0; s < 2; s++) {
-            assert_int_equal(ckpt_index_plan_parts(&got, &tab, 12, "[job]\nname = \"x\"\n", cur, sizeof(cur), 1,
+            assert_int_equal(ckpt_index_plan_parts(&got, &tab, optim_find("AdamW"), 12, "[job]\nname = \"x\"\n", cur, sizeof(cur), 1,
                                                    sets[s], sizes[s]), 0);
             got.created = 1;
             assert_int_equal(ckpt_index_encode(&got, &gb, &gl), 0);
@@ -246,7 +246,7 @@ static void test_ckpt_parts_plan_puts_every_chunk_in_its_owners_file(void **stat
         ckpt_part_range_t r[8];
         cut(r, tab.total, cases[c].parts, R);
         ckpt_index_t ix, dec;
-        assert_int_equal(ckpt_index_plan_parts(&ix, &tab, 3, "", NULL, 0, H, r, R), 0);
+        assert_int_equal(ckpt_index_plan_parts(&ix, &tab, optim_find("AdamW"), 3, "", NULL, 0, H, r, R), 0);
         uint8_t *buf;
         size_t len;
         char err[512];
@@ -279,7 +279,7 @@ static void test_ckpt_parts_plan_puts_every_chunk_in_its_owners_file(void **stat
                 snprintf(name, sizeof(name), "%s.h%d.bin", stems[a], k);
                 assert_string_equal(ix.files[3 * k + a].name, name);
                 assert_int_equal(ix.files[3 * k + a].bytes, CKPT_DATA_HDR + owned[k] * 4);
-                assert_int_equal(ckpt_part_of_file((uint32_t)(3 * k + a), H), k);
+                assert_int_equal(ckpt_part_of_file((uint32_t)(3 * k + a), ix.n_files, H), k);
                 sum += ix.files[3 * k + a].bytes;
             }
         assert_int_equal(sum, 3 * ((uint64_t)H * CKPT_DATA_HDR + 4 * (uint64_t)tab.total));
@@ -312,14 +312,14 @@ static void test_ckpt_parts_plan_puts_every_chunk_in_its_owners_file(void **stat
         ckpt_part_range_t badr[8];
         memcpy(badr, r, sizeof(r));
         badr[1].begin += 1; /* a gap */
-        assert_int_equal(ckpt_index_plan_parts(&ix, &tab, 3, "", NULL, 0, H, badr, R), -EINVAL);
+        assert_int_equal(ckpt_index_plan_parts(&ix, &tab, optim_find("AdamW"), 3, "", NULL, 0, H, badr, R), -EINVAL);
         memcpy(badr, r, sizeof(r));
         badr[R - 1].end -= 1; /* short of the end */
-        assert_int_equal(ckpt_index_plan_parts(&ix, &tab, 3, "", NULL, 0, H, badr, R), -EINVAL);
+        assert_int_equal(ckpt_index_plan_parts(&ix, &tab, optim_find("AdamW"), 3, "", NULL, 0, H, badr, R), -EINVAL);
         memcpy(badr, r, sizeof(r));
         badr[0].part = H; /* no such part */
-        assert_int_equal(ckpt_index_plan_parts(&ix, &tab, 3, "", NULL, 0, H, badr, R), -EINVAL);
-        assert_int_equal(ckpt_index_plan_parts(&ix, &tab, 3, "", NULL, 0, CKPT_PARTS_MAX + 1, r, R), -EINVAL);
+        assert_int_equal(ckpt_index_plan_parts(&ix, &tab, optim_find("AdamW"), 3, "", NULL, 0, H, badr, R), -EINVAL);
+        assert_int_equal(ckpt_index_plan_parts(&ix, &tab, optim_find("AdamW"), 3, "", NULL, 0, CKPT_PARTS_MAX + 1, r, R), -EINVAL);
         params_table_free(&tab);
     }
 }
@@ -370,7 +370,7 @@ static void test_ckpt_parts_two_processes_write_one_checkpoint(void **state)
     ckpt_part_range_t r[5];
     cut(r, f->tab.total, parts, 5);
     ckpt_index_t plan; /* manifest, cursor and time as write_whole's: the same safetensors below */
-    assert_int_equal(ckpt_index_plan_parts(&plan, &f->tab, STEP, "", NULL, 0, 2, r, 5), 0);
+    assert_int_equal(ckpt_index_plan_parts(&plan, &f->tab, optim_find("AdamW"), STEP, "", NULL, 0, 2, r, 5), 0);
     plan.created = 1764000000;
     pid_t pid[2];
     fflush(NULL);
@@ -449,7 +449,7 @@ static void test_ckpt_parts_a_part_that_owns_nothing_still_has_its_files(void **
     ckpt_part_range_t r[3];
     cut(r, f->tab.total, parts, 3);
     ckpt_index_t plan;
-    assert_int_equal(ckpt_index_plan_parts(&plan, &f->tab, STEP, "", NULL, 0, 3, r, 3), 0);
+    assert_int_equal(ckpt_index_plan_parts(&plan, &f->tab, optim_find("AdamW"), STEP, "", NULL, 0, 3, r, 3), 0);
     for (int k = 2; k >= 0; k--) /* any order */
         assert_int_equal(write_part(f, dir, f->tmp, &plan, r, 3, k, 3, err, sizeof(err)), 0);
     if (ckw_commit_parts(dir, f->tmp, &plan, 3, path, sizeof(path), NULL, err, sizeof(err)))
@@ -500,7 +500,7 @@ static void test_ckpt_parts_commit_refuses_a_missing_or_damaged_part_by_name(voi
     ckpt_part_range_t r[4];
     cut(r, f->tab.total, parts, 4);
     ckpt_index_t plan;
-    assert_int_equal(ckpt_index_plan_parts(&plan, &f->tab, STEP, "", NULL, 0, 2, r, 4), 0);
+    assert_int_equal(ckpt_index_plan_parts(&plan, &f->tab, optim_find("AdamW"), STEP, "", NULL, 0, 2, r, 4), 0);
     char sums[700], model1[700];
     snprintf(sums, sizeof(sums), "%s/%s/part-1.xxh", dir, f->tmp);
     snprintf(model1, sizeof(model1), "%s/%s/model.h1.bin", dir, f->tmp);
@@ -603,7 +603,7 @@ static void test_ckpt_parts_writer_keeps_to_its_name_and_its_files(void **state)
     ckpt_part_range_t r[2];
     cut(r, f->tab.total, parts, 2);
     ckpt_index_t plan;
-    assert_int_equal(ckpt_index_plan_parts(&plan, &f->tab, STEP, "", NULL, 0, 2, r, 2), 0);
+    assert_int_equal(ckpt_index_plan_parts(&plan, &f->tab, optim_find("AdamW"), STEP, "", NULL, 0, 2, r, 2), 0);
     char other_step[64], no_pid[64], zero_pid[64], slash[64];
     snprintf(other_step, sizeof(other_step), ".tmp-step-%08d.%d", STEP + 1, (int)getpid());
     snprintf(no_pid, sizeof(no_pid), ".tmp-step-%08d.", STEP);
@@ -659,7 +659,7 @@ static shm_seg_t *stage_host1(fx_t *f, char *seg_job, size_t n, char *mpath, siz
     char err[512];
     shm_seg_t *seg;
     snprintf(seg_job, n, "%s-h1", f->job);
-    assert_int_equal(staging_create(&seg, seg_job, f->tab.total, err, sizeof(err)), 0);
+    assert_int_equal(staging_create(&seg, seg_job, f->tab.total, 3, err, sizeof(err)), 0);
     staging_hdr_t *h = shm_data(seg);
     for (int a = 0; a < 3; a++)
         memcpy(staging_array(h, a), f->arr[a], f->tab.total * sizeof(float));
@@ -712,7 +712,7 @@ static void test_ckpt_parts_one_shot_writes_a_hosts_part_from_its_staging_segmen
     }
     free(jr);
     ckpt_index_t plan;
-    assert_int_equal(ckpt_index_plan_parts(&plan, &f->tab, STEP, "", NULL, 0, 2, r, n), 0);
+    assert_int_equal(ckpt_index_plan_parts(&plan, &f->tab, optim_find("AdamW"), STEP, "", NULL, 0, 2, r, n), 0);
     /* the wrong step: refused, nothing written */
     assert_int_equal(run_one_shot(f, seg_job, f->tmp, STEP + 1, mpath, out, sizeof(out)), 1);
     snprintf(p, sizeof(p), "%s/err.txt", f->dir);
@@ -816,7 +816,7 @@ static void test_ckpt_parts_daemon_writes_host_0s_part_and_commits_every_part(vo
     }
     /* host 0's staging segment with the arrays of STEP */
     shm_seg_t *seg;
-    assert_int_equal(staging_create(&seg, f->job, f->tab.total, err, sizeof(err)), 0);
+    assert_int_equal(staging_create(&seg, f->job, f->tab.total, 3, err, sizeof(err)), 0);
     staging_hdr_t *h = shm_data(seg);
     for (int a = 0; a < 3; a++)
         memcpy(staging_array(h, a), f->arr[a], f->tab.total * sizeof(float));
@@ -880,7 +880,7 @@ static void test_ckpt_parts_daemon_writes_host_0s_part_and_commits_every_part(vo
     }
     free(jr);
     ckpt_index_t plan;
-    assert_int_equal(ckpt_index_plan_parts(&plan, &f->tab, STEP, "", NULL, 0, 2, rg, n), 0);
+    assert_int_equal(ckpt_index_plan_parts(&plan, &f->tab, optim_find("AdamW"), STEP, "", NULL, 0, 2, rg, n), 0);
     snprintf(tmp, sizeof(tmp), ".tmp-step-%08d.%d", STEP, (int)pid);
     /* SAVE is not how a job across hosts checkpoints */
     command(srv, from.route, MSG_SAVE, STEP, 0, NULL, MSG_SAVED, &r);
@@ -915,7 +915,7 @@ static void test_ckpt_parts_daemon_writes_host_0s_part_and_commits_every_part(vo
     char rjob[96], got[512];
     shm_seg_t *rseg;
     snprintf(rjob, sizeof(rjob), "%s-r", f->job);
-    assert_int_equal(staging_create(&rseg, rjob, f->tab.total, err, sizeof(err)), 0);
+    assert_int_equal(staging_create(&rseg, rjob, f->tab.total, 3, err, sizeof(err)), 0);
     staging_hdr_t *rh = shm_data(rseg);
     if (restore_load("latest", one, &f->tab, rh, stderr, got, sizeof(got), err, sizeof(err)))
         fail_msg("%s", err);

@@ -43,7 +43,7 @@ static int write_ckpt(fx_t *fx, const char *dir, int64_t step, const char *manif
     ckpt_index_t ix;
     char err[512], path[256];
     const uint8_t cursor[] = {0x81, 0xa6, 's', 'a', 'm', 'p', 'l', 'e', 0x07}; /* {"sample": 7} */
-    int rc = ckpt_index_plan(&ix, &fx->tab, step, manifest, cursor, sizeof(cursor));
+    int rc = ckpt_index_plan(&ix, &fx->tab, optim_find("AdamW"), step, manifest, cursor, sizeof(cursor));
     if (rc)
         return rc;
     for (uint32_t f = 0; f < 3; f++)

@@ -69,6 +69,15 @@ static void test_ldr_cursor_maps_round_trip_and_reject_bad_input(void **state)
     const uint8_t str_val[] = {0x81, 0xa6, 's', 'a', 'm', 'p', 'l', 'e', 0xa1, 'x'}; /* {"sample": "x"} */
     assert_int_equal(ldr_cursor_get(str_val, sizeof(str_val), "sample", &v), -EINVAL);
     assert_int_equal(ldr_cursor_pack(buf, 4, 2, keys, vals), 0); /* does not fit */
+    /* what a checkpoint's index may carry, read behind the codec's guard: a map that claims
+     * 2^32 - 1 entries in 5 bytes (msgpack-c alone would allocate 64 GiB for them), the same key
+     * twice, a key that is not a string */
+    const uint8_t huge[] = {0xdf, 0xff, 0xff, 0xff, 0xff};
+    assert_int_equal(ldr_cursor_get(huge, sizeof(huge), "sample", &v), -EINVAL);
+    const uint8_t twice[] = {0x82, 0xa1, 'k', 1, 0xa1, 'k', 2}; /* {"k": 1, "k": 2} */
+    assert_int_equal(ldr_cursor_get(twice, sizeof(twice), "k", &v), -EINVAL);
+    const uint8_t int_key[] = {0x82, 0x01, 1, 0xa1, 'k', 2}; /* {1: 1, "k": 2} */
+    assert_int_equal(ldr_cursor_get(int_key, sizeof(int_key), "k", &v), -EINVAL);
 }
 
 typedef struct {

@@ -191,7 +191,7 @@ static void ck_make(ck_t *k, const char *preset, int64_t step, uint64_t seed)
     assert_int_equal(config_preset(preset, &cfg), 0);
     assert_int_equal(params_table_init(&k->tab, &cfg), 0);
     uint8_t cursor[] = {0x81, 0xa6, 's', 'a', 'm', 'p', 'l', 'e', 0x2a}; /* {"sample": 42} */
-    assert_int_equal(ckpt_index_plan(&k->plan, &k->tab, step, "[model]\nflavor = \"test\"\n", cursor, sizeof(cursor)),
+    assert_int_equal(ckpt_index_plan(&k->plan, &k->tab, optim_find("AdamW"), step, "[model]\nflavor = \"test\"\n", cursor, sizeof(cursor)),
                      0);
     for (uint32_t f = 0; f < 3; f++) {
         k->file[f] = malloc(k->plan.files[f].bytes);

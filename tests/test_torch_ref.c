@@ -83,7 +83,7 @@ static void test_torch_ref_same_loss_and_gradient_norm(void **state)
     /* the weights through a real checkpoint and the export */
     char *toml = manifest_to_toml(man), ck[256], st[300], path[512];
     ckpt_index_t plan;
-    assert_int_equal(ckpt_index_plan(&plan, &tab, 1, toml, NULL, 0), 0);
+    assert_int_equal(ckpt_index_plan(&plan, &tab, optim_find("AdamW"), 1, toml, NULL, 0), 0);
     ckw_t *wr;
     static uint8_t hdr[CKPT_DATA_HDR];
     snprintf(ck, sizeof(ck), "%s/ckpt", dir);

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "checkpointd/ckpt.h"
+#include "checkpointd/uring.h"
 #include "checkpointd/writer.h"
 #include "kernels/config.h"
 #include "kernels/params.h"
@@ -37,7 +38,7 @@ static double write_ckpt(const char *dir, const param_table_t *tab, float *const
     char err[1024], path[PATH_MAX];
     double t0 = util_now();
     ckpt_index_t plan;
-    if (ckpt_index_plan(&plan, tab, step, "", NULL, 0))
+    if (ckpt_index_plan(&plan, tab, optim_find("AdamW"), step, "", NULL, 0))
         return -1;
     ckw_t *w;
     int rc = ckw_begin(&w, dir, &plan, err, sizeof(err));
@@ -91,7 +92,7 @@ static int bench_write(const char *dir, const char *flavor, const char *label)
             sync();
             sleep(2);
             if ((k + r) % 2 == 0) {
-                if (ckw_raw_write(raw_path, bytes, &raw[r], &direct, err, sizeof(err))) {
+                if (uw_raw_write(raw_path, bytes, &raw[r], &direct, err, sizeof(err))) {
                     fprintf(stderr, "bench: %s\n", err);
                     rc = -1;
                 }

@@ -159,30 +159,15 @@ typedef struct {
     char note[160];
 } row_t;
 
-/* "step-N" (digits only) -> N, ".tmp-step-N.PID" -> N and *pid; -1 for anything else. */
+/* "step-N" (digits only) -> N, ".tmp-step-N..." -> N and the writer's *pid (ckpt_layout.h); -1
+ * for anything else. */
 static int64_t parse_name(const char *name, int *temporary, long *pid)
 {
-    const char *p = name;
-    *temporary = 0;
+    int64_t step;
     *pid = 0;
-    if (!strncmp(p, ".tmp-", 5)) {
-        *temporary = 1;
-        p += 5;
-    }
-    if (strncmp(p, "step-", 5) || p[5] < '0' || p[5] > '9')
-        return -1;
-    p += 5;
-    int64_t step = 0;
-    for (; *p >= '0' && *p <= '9'; p++) {
-        if (step > (INT64_MAX - 9) / 10)
-            return -1;
-        step = step * 10 + (*p - '0');
-    }
-    if (!*temporary)
-        return *p ? -1 : step;
-    if (*p == '.') /* the writer's pid; anything else after .tmp-step-N is still a leftover */
-        *pid = strtol(p + 1, NULL, 10);
-    return step;
+    if ((*temporary = ckpt_tmp_of(name, &step, pid)))
+        return step;
+    return ckpt_step_of(name);
 }
 
 static uint64_t dir_bytes(const char *path)

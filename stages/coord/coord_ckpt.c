@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "checkpointd/ckpt_layout.h"
 #include "ipc/util.h"
 #include "stages/job/ldr_seg.h"
 #include "stages/job/staging.h"
@@ -121,7 +122,7 @@ const char *coord_on_snapped(coord_t *c, coord_proc_t *p, const ctl_peer_t *from
  * for an earlier attempt is never taken for this one's. */
 static void save_parts(coord_t *c, coord_proc_t *d)
 {
-    snprintf(c->ck_tmp, sizeof(c->ck_tmp), ".tmp-step-%08lld.%d", (long long)c->ck_step, (int)d->pid);
+    ckpt_tmp_name(c->ck_tmp, sizeof(c->ck_tmp), c->ck_step, (int)d->pid);
     msg_t part = {.type = MSG_SAVE_PART, .step = c->ck_step, .text = c->ck_tmp, .text_len = strlen(c->ck_tmp)};
     if (ctl_send(c->ctl, d->route, &part)) /* it just died: coord_reap() restarts it, and SAVE waits */
         return;

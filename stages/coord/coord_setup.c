@@ -144,7 +144,7 @@ int coord_make_segments(coord_t *c, char *err, size_t errlen)
         return rc;
     /* checkpointd loads into it too (coord_resume.c) */
     if (manifest_snapshots(m) || m->ckpt_load[0])
-        rc = staging_create(&c->seg_ckpt, c->job, l->total, err, errlen);
+        rc = staging_create(&c->seg_ckpt, c->job, l->total, l->arrays, err, errlen);
     return rc;
 }
 

@@ -37,6 +37,9 @@ int job_layout(job_layout_t *l, const manifest_t *m)
     l->nccl = !strcmp(m->data_plane, "nccl");
     l->hosts = m->hosts > 0 ? m->hosts : 1;
     l->act_ring = ring_bytes((uint32_t)l->M, l->act_slot);
+    if (!(l->opt = optim_find(m->optimizer_name)))
+        return -EINVAL; /* cannot happen: the manifest was checked */
+    l->arrays = optim_arrays(l->opt);
     return 0;
 }
 
@@ -154,7 +157,7 @@ int job_act_create(shm_seg_t **out, const char *job, const job_layout_t *l, char
 
 size_t job_optstate_bytes(const job_layout_t *l, int shards)
 {
-    return l->gpu_shards ? 0 : job_optstate_hdr_bytes(shards) + 6 * l->stride * sizeof(float);
+    return l->gpu_shards ? 0 : job_optstate_hdr_bytes(shards) + 2 * (size_t)l->arrays * l->stride * sizeof(float);
 }
 
 int job_optstate_create(shm_seg_t **out, const char *job, const job_layout_t *l, int shards, char *err,
@@ -166,7 +169,7 @@ int job_optstate_create(shm_seg_t **out, const char *job, const job_layout_t *l,
     void *mem = shm_data(*out);
     *(job_optstate_hdr_t *)mem = (job_optstate_hdr_t){.magic = JOB_OPTSTATE_MAGIC, .version = JOB_OPTSTATE_VERSION,
                                                       .shards = (uint32_t)shards, .total = l->total,
-                                                      .stride = l->stride};
+                                                      .stride = l->stride, .arrays = (uint32_t)l->arrays};
     for (int k = 0; k < shards; k++)
         atomic_store(&job_optstate_rec(mem, k)->done, -1);
     return 0;
@@ -176,7 +179,7 @@ int job_optstate_check(const void *mem, const job_layout_t *l, int shards, char 
 {
     const job_optstate_hdr_t *h = mem;
     if (h->magic != JOB_OPTSTATE_MAGIC || h->version != JOB_OPTSTATE_VERSION || h->shards != (uint32_t)shards ||
-        h->total != l->total || h->stride != l->stride)
+        h->total != l->total || h->stride != l->stride || h->arrays != (uint32_t)l->arrays)
         return util_fail(err, errlen, -EINVAL, "the optstate segment is not this job's (%u shards of %llu "
                          "parameters; the job has %d of %zu)", h->shards, (unsigned long long)h->total, shards,
                          l->total);
@@ -205,10 +208,10 @@ int job_check_memory(const job_layout_t *l, const manifest_t *m, char *err, size
     const double G = 1073741824.0;
     int seqs = m->local_batch_size / m->microbatches;
     double params = (double)job_params_bytes(l), grads = l->gpu_shards ? 0 : params;
-    double staging = manifest_snapshots(m) || m->ckpt_load[0] ? (double)staging_bytes(l->total) : 0;
+    double staging = manifest_snapshots(m) || m->ckpt_load[0] ? (double)staging_bytes(l->total, l->arrays) : 0;
     double other = (double)job_seg_bytes(l) + (l->S > 1 && !l->nccl ? (double)job_act_bytes(l) : 0) +
                    (l->gpu ? (double)devdir_bytes(l) : 0) + (double)ldr_seg_bytes(m->dp, manifest_loader_slots(m), seqs, m->seq_len);
-    /* the CPU shards' state: two banks of master weights and moments (job_optstate_bytes) */
+    /* the CPU shards' state: two banks of the training state (job_optstate_bytes) */
     double state = m->host_rank == 0 ? (double)job_optstate_bytes(l, m->shards) : 0;
     double shm = params + grads + staging + other + state;
     double avail = meminfo("MemAvailable"), swap = meminfo("SwapFree"), shm_free = -1;

@@ -15,8 +15,9 @@
  *   ctitan.<job>.dev     with job.device = "cuda": the CUDA IPC handles (stages/job/devdir.h)
  *   ctitan.<job>.optstate with CPU optimizer shards: their state, where a replacement shard
  *                        takes it over (DESIGN.md "Recovery"): a header, per shard a commit
- *                        record, then two banks of [fp32 master weights, first moments,
- *                        second moments] over the flat space (stride floats each) */
+ *                        record, then two banks of the training state's arrays (the fp32
+ *                        master weights and the optimizer's state: kernels/optim.h) over the
+ *                        flat space (stride floats each) */
 #ifndef CTITAN_JOB_H
 #define CTITAN_JOB_H
 
@@ -27,6 +28,7 @@
 
 #include "ipc/shm.h"
 #include "ipc/util.h"
+#include "kernels/optim.h"
 #include "stages/job/manifest.h"
 
 #define JOB_MAGIC 0x31424f4a4e544943ULL /* "CITNJOB1" */
@@ -60,9 +62,12 @@ typedef struct {
     size_t dev_slot;    /* bytes of one device hand-off: mb * T * D bf16 */
     int nccl;           /* parallelism.data_plane = "nccl" (no act segment; shards = dp x pp) */
     int hosts;          /* job.hosts: host h runs replicas [h * dp / hosts, (h + 1) * dp / hosts) */
+    const optim_t *opt; /* [optimizer] name's row */
+    int arrays;         /* the training state's arrays per parameter (optim_arrays) */
 } job_layout_t;
 
-/* Fills the layout from a validated manifest. Returns 0 or -ENOMEM. */
+/* Fills the layout from a validated manifest. Returns 0, -ENOMEM, or -EINVAL for an optimizer
+ * kernels/optim.h does not know (a manifest that was not validated). */
 int job_layout(job_layout_t *l, const manifest_t *m);
 size_t job_seg_bytes(const job_layout_t *l);     /* ctitan.<job>.job */
 size_t job_params_bytes(const job_layout_t *l);  /* params, and grads alike (no grads with gpu_shards) */
@@ -120,12 +125,13 @@ enum { JOB_NCCL_ACT_IN, JOB_NCCL_GRAD_OUT, JOB_NCCL_ACT_OUT, JOB_NCCL_GRAD_IN, J
 /* ---- ctitan.<job>.optstate ---- */
 #define JOB_OPTSTATE_SEG "optstate"
 #define JOB_OPTSTATE_MAGIC 0x3154534f4e544943ULL /* "CITNOST1" */
-#define JOB_OPTSTATE_VERSION 1u
+#define JOB_OPTSTATE_VERSION 2u
 
 typedef struct {
     uint64_t magic;
     uint32_t version, shards;
     uint64_t total, stride;
+    uint32_t arrays, pad;       /* arrays per bank (optim_arrays) */
 } job_optstate_hdr_t;
 
 /* Shard k's commit record: its slice of bank done % 2 holds the state after `done` steps,
@@ -152,16 +158,16 @@ static inline job_optstate_rec_t *job_optstate_rec(void *mem, int k)
 {
     return (job_optstate_rec_t *)((char *)mem + sizeof(job_optstate_hdr_t)) + k;
 }
-/* Array a (0 master, 1 first moments, 2 second moments) of bank b over the flat space. */
+/* Array a (0 the master weights, then the optimizer's state arrays) of bank b over the flat space. */
 static inline float *job_optstate_array(void *mem, int b, int a)
 {
     const job_optstate_hdr_t *h = mem;
-    return (float *)((char *)mem + job_optstate_hdr_bytes((int)h->shards)) + (size_t)(b * 3 + a) * h->stride;
+    return (float *)((char *)mem + job_optstate_hdr_bytes((int)h->shards)) + (size_t)(b * h->arrays + a) * h->stride;
 }
 
 /* Whether the job fits this host's memory, before any segment is made: its segments here (job,
- * params, grads, act, dev, batch, optstate (24 bytes a parameter with CPU optimizer shards: two
- * banks of master weights and two moments), the staging segment with checkpoint enable or
+ * params, grads, act, dev, batch, optstate (with CPU optimizer shards two banks of the training
+ * state: 24 bytes a parameter with AdamW), the staging segment with checkpoint enable or
  * load) must fit the free space of /dev/shm and the memory available (MemAvailable + SwapFree).
  * A lower bound: activations come on top. Returns 0 or -ENOMEM saying how much is needed, of
  * what, and how much there is. */

@@ -99,8 +99,8 @@ typedef struct {
                                   * all-gather across replicas, one optimizer shard per stage process
                                   * (shards = dp x pp); needs device and optshard.device "cuda" */
 
-    /* [optimizer] (torch.optim.AdamW) */
-    char optimizer_name[16];     /* "AdamW" (the only one) */
+    /* [optimizer] (torch.optim.AdamW's numbers) */
+    char optimizer_name[16];     /* "AdamW": a row of kernels/optim.h's table */
     double lr;                   /* 8e-4 */
     double beta1, beta2;         /* 0.9, 0.95 */
     double eps;                  /* 1e-8 */

@@ -9,11 +9,11 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-#include <strings.h>
 
 #include "ipc/argv.h"
 #include "ipc/util.h"
 #include "kernels/cpu/pool.h"
+#include "kernels/optim.h"
 #include "kernels/params.h"
 #include "stages/job/manifest_keys.h"
 
@@ -103,8 +103,9 @@ static int check_values(const manifest_t *m, char *err, size_t errlen)
     model_config_t preset;
     CHECK(!config_preset(m->flavor, &preset), "model", "flavor",
           "model.flavor: unknown flavor '%s' (expected one of %s)", m->flavor, MKEY_FLAVOR_LIST);
-    CHECK(strcasecmp(m->optimizer_name, "AdamW") == 0, "optimizer", "name",
-          "optimizer.name = \"%s\": expected \"AdamW\" (the only optimizer)", m->optimizer_name);
+    char optims[128];
+    CHECK(optim_find(m->optimizer_name), "optimizer", "name", "optimizer.name = \"%s\": expected %s (the optimizers built in)",
+          m->optimizer_name, optim_names(optims, sizeof(optims)));
     CHECK(m->seed <= (uint64_t)INT64_MAX, "training", "seed",
           "training.seed = %" PRIu64 " must be below 2^63 (TOML integers are signed 64-bit)", m->seed);
     CHECK(m->threads <= POOL_MAX_THREADS, "training", "threads",

@@ -1,10 +1,11 @@
 /* ctitan-optshard: optimizer shard `--rank` of K. Owns one contiguous slice of the flat
- * parameter space: fp32 master weights and AdamW moments. Each step, on REDUCE it sums its
- * slice of every replica's gradients (replica order fixed) and writes the squared norm of
- * each MANIFEST_BLOCK block into the job segment; on UPDATE (with the global clip factor the
- * coordinator computed from all blocks) it applies AdamW at the step's lr and writes the new
- * weights into every replica's parameters, then clears those gradients. Block boundaries do
- * not depend on K, so any shard count gives the same bits.
+ * parameter space: its training state, the fp32 master weights and the optimizer's state arrays
+ * ([optimizer] name: a row of kernels/optim.h, AdamW's two moments). Each step, on REDUCE it
+ * sums its slice of every replica's gradients (replica order fixed) and writes the squared norm
+ * of each MANIFEST_BLOCK block into the job segment; on UPDATE (with the global clip factor the
+ * coordinator computed from all blocks) it applies the optimizer's step at the step's lr and
+ * writes the new weights into every replica's parameters, then clears those gradients. Block
+ * boundaries do not depend on K, so any shard count gives the same bits.
  *
  * Where: the vector work is the backend's (kernels/backend.h). [optshard] device = "cpu"
  * keeps the state in the job's optstate segment (stages/job/job.h) and works on the fp32
@@ -15,11 +16,11 @@
  * walk it.
  *
  * Surviving a kill (CPU, DESIGN.md "Recovery"): the optstate segment holds two banks; an
- * update reads one and writes the other (out-of-place AdamW, the same bits), then commits
+ * update reads one and writes the other (an out-of-place step, the same bits), then commits
  * (the shard's record says which bank is whole), then publishes the weights and clears the
  * gradients. A replacement started after a kill takes the committed bank over, and whatever
  * round the coordinator sends it again comes out the same: REDUCE and UPDATE only read the
- * gradients (the clip factor is applied inside AdamW), which stay whole until the commit; an
+ * gradients (the clip factor is applied inside the step), which stay whole until the commit; an
  * UPDATE already committed only publishes again. */
 #include <errno.h>
 #include <pthread.h>
@@ -34,6 +35,7 @@
 #include "kernels/backend.h"
 #include "kernels/cuda_plugin.h"
 #include "kernels/lr.h"
+#include "kernels/optim.h"
 #include "kernels/params.h"
 #include "stages/job/devdir.h"
 #include "stages/job/job.h"
@@ -56,19 +58,21 @@ typedef struct {
     param_table_t tab;
     int rank;
     size_t begin, end, n;        /* slice [begin, end) of the flat space */
-    float *master;               /* (n) GPU shards: the initial or loaded fp32 master weights on the */
-    float *m1, *m2;              /* host, and AdamW moments; NULL once they are in `state` */
+    const optim_t *optim;        /* [optimizer] name */
+    int arrays;                  /* of the training state: the master weights, then the optimizer's */
+    float *host;                 /* (arrays, n) GPU shards: the initial or loaded state on the host;
+                                  * NULL once it is in `state` */
     const backend_t *be;
     int device;
     void *stream, *copy_stream;  /* updates; snapshots (the copier thread) */
     struct {                     /* in the backend's memory, one allocation (mem) */
         void *mem;
-        float *master, *m1, *m2; /* (n) each: GPU shards only */
         float *g;                /* (n) the replicas' summed gradient, or in place: the one part */
         double *norm;            /* (blocks of the slice) squared norms */
     } state;
-    struct {                     /* bank b: the state after a number of steps = b (mod 2); the two */
-        float *master, *m1, *m2; /* banks of the optstate segment, or both state.master... (GPU) */
+    struct {                     /* bank b: the state after a number of steps = b (mod 2): arrays of */
+        float *a[OPTIM_ARRAYS_MAX]; /* (n) the optstate segment's bank, or for GPU shards the one copy
+                                  * in `state`'s allocation, both banks (updated in place) */
     } bank[2];
     int64_t done;                /* steps the state holds: it is bank[done % 2] */
     _Atomic int64_t *commit;     /* CPU: this shard's record in the optstate segment (job.h) */
@@ -103,20 +107,20 @@ static int overlap(const shard_t *sh, const param_info_t *p, size_t *b, size_t *
     return *b < *e;
 }
 
-/* Copies this shard's slice of the master weights and moments out of the staging segment
- * into dst, where checkpointd loaded checkpoint.load before this process started
+/* Copies this shard's slice of the training state out of the staging segment into dst[a],
+ * where checkpointd loaded checkpoint.load before this process started
  * (checkpointd/restore.c): it holds the whole flat space, so any shard count, pipeline or
  * data-parallel degree takes its slice of it. */
-static void load(shard_t *sh, float *const dst[3])
+static void load(shard_t *sh, float *const *dst)
 {
     char err[256];
     shm_seg_t *seg = NULL;
     WORKER_CHECK(sh->w, shm_attach(&seg, worker_job(sh->w), STAGING_SEG, err, sizeof(err)) == 0, "%s", err);
     staging_hdr_t *h = shm_data(seg);
-    WORKER_CHECK(sh->w, h->magic == STAGING_MAGIC && h->version == STAGING_VERSION && h->total == sh->lay.total &&
-                 atomic_load(&h->step) >= 0, "the staging segment holds no checkpoint of this model (%zu parameters)",
-                 sh->lay.total);
-    for (int a = 0; a < STAGING_ARRAYS; a++)
+    WORKER_CHECK(sh->w, staging_check(h, sh->lay.total, sh->arrays, err, sizeof(err)) == 0, "%s", err);
+    WORKER_CHECK(sh->w, atomic_load(&h->step) >= 0, "the staging segment holds no checkpoint of this model (%zu "
+                 "parameters)", sh->lay.total);
+    for (int a = 0; a < sh->arrays; a++)
         memcpy(dst[a], staging_array(h, a) + sh->begin, sh->n * sizeof(float));
     LOG_I("slice [%zu, %zu) loaded from %s (step %lld)", sh->begin, sh->end, sh->man->ckpt_load,
           (long long)atomic_load(&h->step));
@@ -144,9 +148,8 @@ static void *copier_main(void *arg)
         pthread_mutex_unlock(&sh->mu);
         void *seg = shm_data(sh->staging);
         int b = (int)(sh->done % 2); /* the main thread waits: done holds still */
-        const float *src[3] = {sh->bank[b].master, sh->bank[b].m1, sh->bank[b].m2};
-        for (int a = 0; a < 3; a++)
-            BE_CHECK(sh, sh->be->copy(staging_array(seg, a) + sh->begin, src[a], sh->n * sizeof(float),
+        for (int a = 0; a < sh->arrays; a++)
+            BE_CHECK(sh, sh->be->copy(staging_array(seg, a) + sh->begin, sh->bank[b].a[a], sh->n * sizeof(float),
                                       sh->copy_stream), "snapshot: %s", BE_WHY(sh));
         BE_CHECK(sh, sh->be->stream_sync(sh->copy_stream), "snapshot: %s", BE_WHY(sh));
         pthread_mutex_lock(&sh->mu);
@@ -221,7 +224,7 @@ static void parts_from_stages(shard_t *sh)
 static void move_state(shard_t *sh)
 {
     const backend_t *be = sh->be;
-    int gpu = sh->lay.gpu_shards, arrays = gpu ? 3 : 0;
+    int gpu = sh->lay.gpu_shards, arrays = gpu ? sh->arrays : 0;
     sh->in_place = sh->nparts == 1 && sh->part[0].lo == sh->begin && sh->part[0].hi == sh->end;
     size_t n = sh->n ? sh->n : 1, nb = blocks(sh) ? blocks(sh) : 1;
     size_t fbytes = ((arrays + !sh->in_place) * n * sizeof(float) + 63) / 64 * 64;
@@ -233,16 +236,14 @@ static void move_state(shard_t *sh)
     WORKER_CHECK(sh->w, sh->hnorm = calloc(nb, sizeof(double)), "out of memory");
     if (!gpu)
         return;
-    sh->state.master = f, sh->state.m1 = f + n, sh->state.m2 = f + 2 * n;
-    for (int b = 0; b < 2; b++)
-        sh->bank[b].master = sh->state.master, sh->bank[b].m1 = sh->state.m1, sh->bank[b].m2 = sh->state.m2;
-    const float *host[3] = {sh->master, sh->m1, sh->m2};
-    float *to[3] = {sh->state.master, sh->state.m1, sh->state.m2};
-    for (int a = 0; a < 3; a++)
-        BE_CHECK(sh, be->copy(to[a], host[a], sh->n * sizeof(float), sh->stream), "upload: %s", BE_WHY(sh));
+    for (int a = 0; a < sh->arrays; a++) {
+        sh->bank[0].a[a] = sh->bank[1].a[a] = f + a * n;
+        BE_CHECK(sh, be->copy(f + a * n, sh->host + a * sh->n, sh->n * sizeof(float), sh->stream), "upload: %s",
+                 BE_WHY(sh));
+    }
     BE_CHECK(sh, be->stream_sync(sh->stream), "upload: %s", BE_WHY(sh));
-    free(sh->master);
-    sh->master = sh->m1 = sh->m2 = NULL;
+    free(sh->host);
+    sh->host = NULL;
 }
 
 /* Every replica's weights from the master (in the backend's dtype, where the stages read
@@ -250,7 +251,7 @@ static void move_state(shard_t *sh)
 static void publish(shard_t *sh)
 {
     const backend_t *be = sh->be;
-    const float *master = sh->bank[sh->done % 2].master;
+    const float *master = sh->bank[sh->done % 2].a[0];
     for (int i = 0; i < sh->nparts; i++) {
         const part_t *q = &sh->part[i];
         BE_CHECK(sh, be->to_weights(q->w, master + (q->lo - sh->begin), q->hi - q->lo, sh->stream),
@@ -279,11 +280,11 @@ static void remap(shard_t *sh)
 }
 
 /* The state at the first step: the checkpoint's (checkpoint.load) or the initial weights
- * with zero moments, into dst. */
-static void make_state(shard_t *sh, float *const dst[3])
+ * with the optimizer's state at zero, into dst[a]. */
+static void make_state(shard_t *sh, float *const *dst)
 {
-    memset(dst[1], 0, sh->n * sizeof(float));
-    memset(dst[2], 0, sh->n * sizeof(float));
+    for (int a = 1; a < sh->arrays; a++)
+        memset(dst[a], 0, sh->n * sizeof(float));
     if (sh->man->ckpt_load[0])
         load(sh, dst);
     else
@@ -299,11 +300,9 @@ static int state_in_segment(shard_t *sh)
     WORKER_CHECK(sh->w, shm_attach(&sh->opt, worker_job(sh->w), JOB_OPTSTATE_SEG, err, sizeof(err)) == 0, "%s", err);
     void *mem = shm_data(sh->opt);
     WORKER_CHECK(sh->w, job_optstate_check(mem, &sh->lay, sh->man->shards, err, sizeof(err)) == 0, "%s", err);
-    for (int b = 0; b < 2; b++) {
-        sh->bank[b].master = job_optstate_array(mem, b, 0) + sh->begin;
-        sh->bank[b].m1 = job_optstate_array(mem, b, 1) + sh->begin;
-        sh->bank[b].m2 = job_optstate_array(mem, b, 2) + sh->begin;
-    }
+    for (int b = 0; b < 2; b++)
+        for (int a = 0; a < sh->arrays; a++)
+            sh->bank[b].a[a] = job_optstate_array(mem, b, a) + sh->begin;
     sh->commit = &job_optstate_rec(mem, sh->rank)->done;
     int64_t done = atomic_load(sh->commit);
     if (done >= 0) {
@@ -313,8 +312,7 @@ static int state_in_segment(shard_t *sh)
         return 1;
     }
     sh->done = worker_first_step(sh->w);
-    int b = (int)(sh->done % 2);
-    make_state(sh, (float *const[3]){sh->bank[b].master, sh->bank[b].m1, sh->bank[b].m2});
+    make_state(sh, sh->bank[sh->done % 2].a);
     return 0;
 }
 
@@ -326,6 +324,8 @@ static void setup(shard_t *sh)
                  "out of memory");
     WORKER_CHECK(sh->w, job_shard_range(&sh->lay, m, sh->rank, &sh->begin, &sh->end) == 0, "out of memory");
     sh->n = sh->end - sh->begin;
+    sh->optim = sh->lay.opt;
+    sh->arrays = sh->lay.arrays;
     sh->reduced = -1;
     const char *job = worker_job(sh->w);
     WORKER_CHECK(sh->w, shm_attach(&sh->job, job, "job", err, sizeof(err)) == 0, "%s", err);
@@ -335,14 +335,13 @@ static void setup(shard_t *sh)
         sh->norm_out = job_norm_blocks(shm_data(sh->job)) + sh->begin / MANIFEST_BLOCK;
     int took_over = 0;
     if (sh->lay.gpu_shards) {
-        size_t bytes = (sh->n ? sh->n : 1) * sizeof(float);
-        float *all = malloc(3 * bytes); /* one allocation: master, m1, m2 */
-        WORKER_CHECK(sh->w, all, "out of memory for %zu parameters", sh->n);
-        sh->master = all;
-        sh->m1 = (float *)((char *)all + bytes);
-        sh->m2 = (float *)((char *)all + 2 * bytes);
+        float *host[OPTIM_ARRAYS_MAX];
+        WORKER_CHECK(sh->w, sh->host = malloc((size_t)sh->arrays * (sh->n ? sh->n : 1) * sizeof(float)),
+                     "out of memory for %zu parameters", sh->n); /* one allocation: array a at a * n */
+        for (int a = 0; a < sh->arrays; a++)
+            host[a] = sh->host + a * sh->n;
         sh->done = worker_first_step(sh->w);
-        make_state(sh, (float *const[3]){sh->master, sh->m1, sh->m2});
+        make_state(sh, host);
     } else {
         took_over = state_in_segment(sh);
     }
@@ -403,8 +402,8 @@ static double reduce(shard_t *sh, int64_t step)
     return sq;
 }
 
-/* UPDATE of step `step` (0-based): AdamW from bank step % 2 into the other, the commit, then
- * the new weights to every replica. */
+/* UPDATE of step `step` (0-based): the optimizer's step from bank step % 2 into the other, the
+ * commit, then the new weights to every replica. */
 static double update(shard_t *sh, int64_t step, double scale)
 {
     const manifest_t *m = sh->man;
@@ -421,8 +420,10 @@ static double update(shard_t *sh, int64_t step, double scale)
                  (long long)step + 1, (long long)sh->done);
     if (sh->reduced != step) /* a replacement: the gradients stay whole until the commit */
         reduce(sh, step);
-    const float *g = sh->state.g; /* only read: clipped inside AdamW, whole for a replacement */
+    const float *g = sh->state.g; /* only read: clipped inside the step, whole for a replacement */
     int from = (int)(step % 2), to = 1 - from;
+    optim_args_t args = {.lr = (float)lr, .beta1 = (float)m->beta1, .beta2 = (float)m->beta2, .eps = (float)m->eps,
+                         .gscale = (float)scale, .step = (int)step + 1};
     for (int t = 0; t < sh->tab.n; t++) {
         const param_info_t *p = &sh->tab.t[t];
         size_t b, e;
@@ -430,14 +431,16 @@ static double update(shard_t *sh, int64_t step, double scale)
             continue;
         int decay = m->decay_embed_and_norms || params_is_decayed(p->kind);
         size_t o = b - sh->begin;
-        float wd = decay ? (float)m->weight_decay : 0.0f;
-        BE_CHECK(sh, be->adamw(sh->bank[to].master + o, sh->bank[to].m1 + o, sh->bank[to].m2 + o,
-                               sh->bank[from].master + o, sh->bank[from].m1 + o, sh->bank[from].m2 + o, g + o,
-                               (float)scale, e - b, (float)lr, (float)m->beta1, (float)m->beta2, (float)m->eps, wd,
-                               (int)step + 1, sh->stream), "AdamW: %s", BE_WHY(sh));
+        float *dst[OPTIM_ARRAYS_MAX];
+        const float *src[OPTIM_ARRAYS_MAX];
+        for (int a = 0; a < sh->arrays; a++)
+            dst[a] = sh->bank[to].a[a] + o, src[a] = sh->bank[from].a[a] + o;
+        args.weight_decay = decay ? (float)m->weight_decay : 0.0f;
+        BE_CHECK(sh, sh->optim->step(be, dst, src, g + o, e - b, &args, sh->stream), "%s: %s", sh->optim->name,
+                 BE_WHY(sh));
         worker_test_point(sh->w, "adamw", step);
     }
-    BE_CHECK(sh, be->stream_sync(sh->stream), "AdamW: %s", BE_WHY(sh));
+    BE_CHECK(sh, be->stream_sync(sh->stream), "%s: %s", sh->optim->name, BE_WHY(sh));
     sh->done = step + 1;
     if (sh->commit)
         atomic_store(sh->commit, sh->done);
@@ -452,7 +455,7 @@ static double update(shard_t *sh, int64_t step, double scale)
 static void finish(shard_t *sh)
 {
     const backend_t *be = sh->be;
-    BE_CHECK(sh, be->copy(sh->final_w + sh->begin, sh->bank[sh->done % 2].master, sh->n * sizeof(float),
+    BE_CHECK(sh, be->copy(sh->final_w + sh->begin, sh->bank[sh->done % 2].a[0], sh->n * sizeof(float),
                           sh->stream), "%s", BE_WHY(sh));
     BE_CHECK(sh, be->stream_sync(sh->stream), "final weights: %s", BE_WHY(sh));
     for (int i = 0; i < sh->nmapped; i++)
@@ -531,7 +534,7 @@ int main(int argc, char **argv)
         pthread_join(sh.copier, NULL);
     }
     finish(&sh);
-    free(sh.master);
+    free(sh.host);
     params_table_free(&sh.tab);
     shm_detach(&sh.job);
     shm_detach(&sh.params);

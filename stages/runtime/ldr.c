@@ -3,11 +3,11 @@
 #include "stages/runtime/ldr.h"
 
 #include <errno.h>
-#include <msgpack.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "ipc/codec.h"
 #include "ipc/shm.h"
 #include "ipc/util.h"
 #include "stages/job/ldr_seg.h"
@@ -228,50 +228,12 @@ void ldr_fail(ldr_t *l, const char *reason) { worker_report(l->w, "%s", reason);
 
 size_t ldr_cursor_pack(uint8_t *buf, size_t cap, int n, const char *const *keys, const uint64_t *vals)
 {
-    msgpack_sbuffer sb;
-    msgpack_sbuffer_init(&sb);
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    msgpack_pack_map(&pk, (size_t)n);
-    for (int i = 0; i < n; i++) {
-        size_t kl = strlen(keys[i]);
-        msgpack_pack_str(&pk, kl);
-        msgpack_pack_str_body(&pk, keys[i], kl);
-        msgpack_pack_uint64(&pk, vals[i]);
-    }
-    size_t len = sb.size <= cap ? sb.size : 0;
-    if (len)
-        memcpy(buf, sb.data, len);
-    msgpack_sbuffer_destroy(&sb);
-    return len;
+    return codec_pack_u64_map(buf, cap, n, keys, vals);
 }
 
 int ldr_cursor_get(const uint8_t *cursor, size_t len, const char *key, uint64_t *val)
 {
-    if (len == 0)
-        return -ENOENT;
-    msgpack_unpacked u;
-    msgpack_unpacked_init(&u);
-    size_t off = 0, kl = strlen(key);
-    int rc = -EINVAL;
-    if (msgpack_unpack_next(&u, (const char *)cursor, len, &off) == MSGPACK_UNPACK_SUCCESS && off == len &&
-        u.data.type == MSGPACK_OBJECT_MAP) {
-        rc = -ENOENT;
-        const msgpack_object_map *map = &u.data.via.map;
-        for (uint32_t i = 0; i < map->size; i++) {
-            const msgpack_object *k = &map->ptr[i].key, *v = &map->ptr[i].val;
-            if (k->type != MSGPACK_OBJECT_STR || k->via.str.size != kl || memcmp(k->via.str.ptr, key, kl))
-                continue;
-            if (v->type != MSGPACK_OBJECT_POSITIVE_INTEGER) {
-                rc = -EINVAL;
-                break;
-            }
-            *val = v->via.u64;
-            rc = 0;
-        }
-    }
-    msgpack_unpacked_destroy(&u);
-    return rc;
+    return codec_get_u64(cursor, len, key, val);
 }
 
 /* splitmix64: the round function of the permutation */

@@ -124,7 +124,7 @@ static void ckpt_seeds(void)
     CHECK(params_table_init(&tab, &cfg) == 0);
     uint8_t cursor[3] = {0x81, 0xa1, 's'};
     ckpt_index_t ix;
-    CHECK(ckpt_index_plan(&ix, &tab, 17, "[job]\nname = \"t\"\n", cursor, sizeof(cursor)) == 0);
+    CHECK(ckpt_index_plan(&ix, &tab, optim_find("AdamW"), 17, "[job]\nname = \"t\"\n", cursor, sizeof(cursor)) == 0);
     ix.created = 1764000000; /* a fixed time: the corpus does not change from run to run */
     float *arr = calloc(tab.total, sizeof(float));
     CHECK(arr);
@@ -140,7 +140,7 @@ static void ckpt_seeds(void)
     put("ckpt_index", "tiny-1-layer-whole", 1, buf, n);
     free(buf);
     ckpt_index_free(&ix);
-    CHECK(ckpt_index_plan(&ix, &tab, 0, "", NULL, 0) == 0);
+    CHECK(ckpt_index_plan(&ix, &tab, optim_find("AdamW"), 0, "", NULL, 0) == 0);
     ix.created = 1764000000;
     CHECK(ckpt_index_encode(&ix, &buf, &n) == 0);
     put("ckpt_index", "step-0-no-cursor-body", 0, buf + 24, n - 24 - 8);
@@ -150,12 +150,12 @@ static void ckpt_seeds(void)
      * empty one (a part that owns nothing) */
     uint64_t t3 = tab.total / 3;
     ckpt_part_range_t r[3] = {{0, t3, 0}, {t3, 2 * t3, 1}, {2 * t3, tab.total, 0}};
-    CHECK(ckpt_index_plan_parts(&ix, &tab, 17, "", NULL, 0, 2, r, 3) == 0);
+    CHECK(ckpt_index_plan_parts(&ix, &tab, optim_find("AdamW"), 17, "", NULL, 0, 2, r, 3) == 0);
     uint64_t sums[512];
     ckpt_part_sums_t ps = {.step = 17, .part = 1, .n_parts = 2, .xxh = sums};
     for (int i = 0; i < ix.n_tensors; i++)
         for (uint32_t c = 0; c < ix.tensors[i].n_chunks; c++)
-            if (ckpt_part_of_file(ix.tensors[i].chunks[c].file, 2) == 1 && ps.count < 512) {
+            if (ckpt_part_of_file(ix.tensors[i].chunks[c].file, ix.n_files, 2) == 1 && ps.count < 512) {
                 sums[ps.count] = 0x9e3779b97f4a7c15ULL * (ps.count + 1); /* fixed: the corpus never changes */
                 ps.count++;
             }

@@ -84,6 +84,19 @@ void params_piece_range(const param_table_t *tab, int p0, int p1, size_t *begin,
     *end = b < tab->n ? tab->t[b].offset : tab->total;
 }
 
+size_t params_next_boundary(const param_table_t *tab, size_t at)
+{
+    int lo = 0, hi = tab->n; /* the first tensor whose offset is >= at */
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (tab->t[mid].offset < at)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < tab->n ? tab->t[lo].offset : tab->total;
+}
+
 int params_find(const param_table_t *tab, param_kind_t kind, int layer)
 {
     switch (kind) {

@@ -51,6 +51,8 @@ void params_table_free(param_table_t *tab);
 /* Pieces: 0 = embedding, 1..n_layers = layer piece-1, n_layers+1 = head (final norm and
  * lm_head). Returns the flat range [begin, end) of pieces [p0, p1). */
 void params_piece_range(const param_table_t *tab, int p0, int p1, size_t *begin, size_t *end);
+/* The first tensor boundary at or after flat offset `at` (a tensor's offset, or total). */
+size_t params_next_boundary(const param_table_t *tab, size_t at);
 /* Index in tab->t of the tensor of this kind (layer ignored outside the layers), or -1. */
 int params_find(const param_table_t *tab, param_kind_t kind, int layer);
 /* Index of the tensor with this Hugging Face name, or -1. */

@@ -1,5 +1,6 @@
 /* The job layout (stages/job/job.h) as plain functions of a manifest: which host owns which ranges
- * of the flat space across hosts (job_host_parts), the split a checkpoint in parts follows. */
+ * of the flat space across hosts (job_host_parts), the split a checkpoint in parts follows, and
+ * the optimizer shards' slices (job_shard_range). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/optim.h"
+#include "kernels/params.h"
 #include "stages/job/job.h"
 #include "stages/job/manifest.h"
 
@@ -114,11 +117,57 @@ static void test_job_host_parts_are_each_hosts_shards_and_tile_the_space(void **
     free(m);
 }
 
+/* An optimizer that needs whole tensors (optim_t.whole_tensors; AdamW does not) gets slices
+ * that still tile the flat space, each beginning and ending at a tensor boundary, and the
+ * global norm is then summed in shard order; AdamW's stay block-aligned and summed by blocks. */
+static void test_job_shard_ranges_of_a_whole_tensor_optimizer_end_at_tensors(void **state)
+{
+    (void)state;
+    manifest_t *m = malloc(sizeof(*m));
+    char err[512];
+    const optim_t whole = {.name = "whole", .n_state = 1, .state = {"s"}, .whole_tensors = 1};
+    param_table_t tab;
+    for (int shards = 1; shards <= 7; shards++) {
+        char v[8];
+        snprintf(v, sizeof(v), "%d", shards);
+        manifest_defaults(m);
+        assert_int_equal(manifest_override(m, "optshard.shards", v, err, sizeof(err)), 0);
+        assert_int_equal(manifest_validate(m, err, sizeof(err)), 0);
+        assert_int_equal(params_table_init(&tab, &m->model), 0);
+        job_layout_t l;
+        assert_int_equal(job_layout(&l, m), 0);
+        assert_true(job_norm_by_blocks(&l));
+        l.opt = &whole;
+        assert_false(job_norm_by_blocks(&l));
+        size_t at = 0;
+        int cut_inside = 0;
+        for (int k = 0; k < shards; k++) {
+            size_t b, e, ab, ae;
+            assert_int_equal(job_shard_range(&l, m, k, &b, &e), 0);
+            assert_true(b == at && e >= b);
+            assert_int_equal(params_next_boundary(&tab, b), b);
+            assert_int_equal(params_next_boundary(&tab, e), e);
+            l.opt = optim_find("AdamW");
+            assert_int_equal(job_shard_range(&l, m, k, &ab, &ae), 0);
+            l.opt = &whole;
+            assert_true(ab % MANIFEST_BLOCK == 0 && b >= ab); /* moved up, never down */
+            cut_inside |= params_next_boundary(&tab, ae) != ae;
+            at = e;
+        }
+        assert_int_equal(at, l.total);
+        if (shards > 2)
+            assert_true(cut_inside); /* AdamW's cuts do fall inside tensors: the test tells them apart */
+        params_table_free(&tab);
+    }
+    free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_job_host_parts_of_one_host_is_the_whole_space),
         cmocka_unit_test(test_job_host_parts_are_each_hosts_shards_and_tile_the_space),
+        cmocka_unit_test(test_job_shard_ranges_of_a_whole_tensor_optimizer_end_at_tensors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

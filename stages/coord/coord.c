@@ -133,7 +133,7 @@ static double shards_busy(coord_t *c)
 static double grad_norm(coord_t *c)
 {
     double sq = 0, *blocks = job_norm_blocks(c->hdr);
-    if (c->lay.nccl) /* shard order (NCCL slices do not follow the blocks) */
+    if (!job_norm_by_blocks(&c->lay)) /* shard order (the slices do not follow the blocks) */
         for (int k = 0; k < c->m->shards; k++)
             sq += coord_shard(c, k)->reply.grad_norm;
     else /* block order: the same sum for any shard count */

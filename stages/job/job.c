@@ -45,6 +45,8 @@ int job_layout(job_layout_t *l, const manifest_t *m)
 
 size_t job_seg_bytes(const job_layout_t *l) { return JOB_HDR_BYTES + l->n_blocks * sizeof(double); }
 
+int job_norm_by_blocks(const job_layout_t *l) { return !l->nccl && !l->opt->whole_tensors; }
+
 size_t job_params_bytes(const job_layout_t *l)
 {
     return (size_t)(l->gpu_shards ? 1 : l->dp) * l->stride * sizeof(float);
@@ -69,6 +71,14 @@ int job_shard_range(const job_layout_t *l, const manifest_t *m, int k, size_t *b
 {
     if (!l->nccl) {
         manifest_shard_range(l->total, m->shards, k, b, e);
+        if (!l->opt->whole_tensors)
+            return 0;
+        param_table_t tab; /* each cut moved up to the next tensor boundary: still a tiling */
+        if (params_table_init(&tab, &m->model))
+            return -ENOMEM;
+        *b = params_next_boundary(&tab, *b);
+        *e = params_next_boundary(&tab, *e);
+        params_table_free(&tab);
         return 0;
     }
     size_t sb, se;

@@ -82,6 +82,11 @@ int job_seg_create(shm_seg_t **out, const char *job, const job_layout_t *l, char
  * activation and gradient ring formatted empty (M slots, from step 0). Returns 0 or -errno. */
 int job_act_create(shm_seg_t **out, const char *job, const job_layout_t *l, char *err, size_t errlen);
 
+/* Whether every shard's slice starts at a MANIFEST_BLOCK boundary, so that its block norms have
+ * their place in the job segment and the global norm is their sum in block order (the same
+ * bits for any shard count); else (NCCL's slices, tensor-aligned ones) each shard's partial is
+ * summed in shard order. */
+int job_norm_by_blocks(const job_layout_t *l);
 /* The gradient-norm partials after the header. */
 static inline double *job_norm_blocks(job_hdr_t *h) { return (double *)((char *)h + JOB_HDR_BYTES); }
 
@@ -98,9 +103,10 @@ int job_stage_range(const manifest_t *m, int s, size_t *b, size_t *e);
  * and all-gather: ceil(n / dp) (the stage's buffers have room for dp of them: CUDA_MODEL_SLACK). */
 size_t job_dp_chunk(const job_layout_t *l, size_t n);
 /* Optimizer shard k's slice [*b, *e) of the flat space: MANIFEST_BLOCK-aligned cuts
- * (manifest_shard_range) on the IPC data plane; with NCCL, shard k = s * dp + r is replica r's
- * chunk of stage s's range, which the reduce-scatter sums into that replica's stage. Returns 0
- * or -ENOMEM. */
+ * (manifest_shard_range) on the shm and IPC data planes, each moved up to the next tensor
+ * boundary when the optimizer needs whole tensors (optim_t.whole_tensors); with NCCL, shard
+ * k = s * dp + r is replica r's chunk of stage s's range, which the reduce-scatter sums into
+ * that replica's stage. Returns 0 or -ENOMEM. */
 int job_shard_range(const job_layout_t *l, const manifest_t *m, int k, size_t *b, size_t *e);
 
 /* A range [begin, end) of the flat space and the host whose optimizer shards own it. */

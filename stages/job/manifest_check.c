@@ -286,6 +286,10 @@ static int check_placement(const manifest_t *m, char *err, size_t errlen)
     CHECK(strcmp(m->data_plane, "nccl") || !strcmp(shard_device, "cuda"), "parallelism", "data_plane",
           "parallelism.data_plane = \"nccl\" needs job.device = \"cuda\" and optimizer shards on the GPU "
           "(optshard.device = \"cuda\")");
+    const optim_t *o = optim_find(m->optimizer_name);
+    CHECK(strcmp(m->data_plane, "nccl") || !o || !o->whole_tensors, "optimizer", "name",
+          "optimizer.name = \"%s\" needs whole tensors in each shard, and the NCCL data plane's shards are the "
+          "replicas' slices of a stage: use data_plane = \"ipc\"", m->optimizer_name);
     CHECK(strcmp(m->data_plane, "nccl") || m->dp <= 4096, "parallelism", "data_parallel_replicate_degree",
           "parallelism.data_parallel_replicate_degree = %d: the NCCL data plane takes at most 4096 replicas", m->dp);
     CHECK(m->host_rank < m->hosts, "job", "host_rank", "job.host_rank = %d: the job has job.hosts = %d", m->host_rank,

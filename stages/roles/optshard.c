@@ -331,7 +331,7 @@ static void setup(shard_t *sh)
     WORKER_CHECK(sh->w, shm_attach(&sh->job, job, "job", err, sizeof(err)) == 0, "%s", err);
     WORKER_CHECK(sh->w, shm_attach(&sh->params, job, "params", err, sizeof(err)) == 0, "%s", err);
     sh->final_w = shm_data(sh->params);
-    if (!sh->lay.nccl) /* NCCL slices do not start at block boundaries: see reduce */
+    if (job_norm_by_blocks(&sh->lay)) /* else the slices do not start at block boundaries: see reduce */
         sh->norm_out = job_norm_blocks(shm_data(sh->job)) + sh->begin / MANIFEST_BLOCK;
     int took_over = 0;
     if (sh->lay.gpu_shards) {
@@ -375,9 +375,9 @@ static void setup(shard_t *sh)
 }
 
 /* REDUCE: the replicas' gradients summed in replica order (with NCCL the reduce-scatter did
- * that), the block norms to the job segment. Returns the slice's squared norm. With NCCL the
- * slices do not start at block boundaries, so the coordinator sums the shards' norms instead
- * (in shard order) and the block norms stay here. */
+ * that), the block norms to the job segment. Returns the slice's squared norm. When the slices
+ * do not start at block boundaries (job_norm_by_blocks) the coordinator sums the shards' norms
+ * instead (in shard order) and the block norms stay here. */
 static double reduce(shard_t *sh, int64_t step)
 {
     const backend_t *be = sh->be;

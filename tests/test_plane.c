@@ -1,7 +1,7 @@
 /* The data plane (stages/runtime/plane.h) between real stage processes: the shm transport carries
  * activations forward and gradients back, each slot with its (step, microbatch) tags and
  * bytes, in order, round the rings many times; it refuses a slot with other tags and a link
- * the stage does not have, and counts the host's waits. On the emulated CUDA plugin the IPC
+ * the stage does not have, and counts the host's waits; the loader's rings are links too. On the emulated CUDA plugin the IPC
  * transport's device rings deliver every slot's bytes in order while the emulator's streams
  * run late (a missing event wait would show as stale bytes). Segments are named after this
  * run's pid and removed. */
@@ -22,6 +22,7 @@
 #include "ipc/util.h"
 #include "kernels/cuda_plugin.h"
 #include "stages/job/devdir.h"
+#include "stages/job/ldr_seg.h"
 #include "stages/runtime/plane.h"
 #include "tests/testutil.h"
 
@@ -31,22 +32,27 @@
 
 static char job[32];
 static job_layout_t lay;
-static shm_seg_t *act, *dev;
+static shm_seg_t *act, *dev, *batch;
 
 /* The act segment of a two-stage replica: the rings stage 0 -> 1 and back, formatted as the
- * coordinator does. gpu: payload-free rings ordering device rings, and a device directory. */
+ * coordinator does, and the loader's segment (stage 0 takes tokens, stage 1 targets). gpu:
+ * payload-free rings ordering device rings, and a device directory. */
 static void make_segments(int gpu)
 {
     char err[256];
     snprintf(job, sizeof(job), "p%d", (int)getpid());
     size_t slot = FLOATS * sizeof(float);
-    lay = (job_layout_t){.dp = 1, .pp = 2, .vs = 1, .S = 2, .M = SLOTS, .hosts = 1, .gpu = gpu, .gpu_shards = gpu,
+    lay = (job_layout_t){.dp = 1, .pp = 2, .vs = 1, .S = 2, .M = SLOTS, .hosts = 1, .gpu = gpu,
                          .act_slot = gpu ? 0 : slot, .dev_slot = slot};
     lay.act_ring = ring_bytes(SLOTS, lay.act_slot);
     assert_int_equal(shm_create(&act, job, "act", job_act_bytes(&lay), err, sizeof(err)), 0);
     for (int g = 0; g < 2; g++)
         assert_int_equal(ring_format((char *)shm_data(act) + job_act_off(&lay, 0, 0, g), lay.act_ring, SLOTS,
                                      lay.act_slot, 0), 0);
+    ldr_info_t info = {.dp = 1, .microbatches = SLOTS, .seqs = 1, .seq_len = 4, .vocab_size = 8, .steps = STEPS};
+    size_t bytes = ldr_seg_bytes(1, SLOTS, 1, 4);
+    assert_int_equal(shm_create(&batch, job, LDR_SEG_NAME, bytes, err, sizeof(err)), 0);
+    assert_int_equal(ldr_seg_format(shm_data(batch), bytes, &info, SLOTS, NULL, 0), 0);
     if (gpu)
         assert_int_equal(shm_create(&dev, job, DEVDIR_SEG, devdir_bytes(&lay), err, sizeof(err)), 0);
 }
@@ -93,6 +99,7 @@ static int teardown(void **state)
 {
     shm_detach(&act);
     shm_detach(&dev);
+    shm_detach(&batch);
     shm_remove_all(job);
     return 0;
 }
@@ -102,7 +109,7 @@ static plane_t *shm_plane(int rank)
     char err[256];
     plane_t *p;
     plane_cfg_t c = {.lay = &lay, .job = job, .replica = 0, .rank = rank, .vstage = rank};
-    if (plane_shm_new(&p, &c, err, sizeof(err)))
+    if (plane_new(&p, "shm", &c, err, sizeof(err)))
         fail_msg("%s", err);
     return p;
 }
@@ -238,6 +245,48 @@ static void test_plane_shm_counts_the_hosts_waits(void **state)
     assert_int_equal(tu_reap(kid, 30, NULL), 0);
 }
 
+/* The loader's rings are links of the plane on every transport: the first virtual stage
+ * receives tokens, the last targets, each slot with its (step, microbatch) tags as the loader
+ * committed it; they are only received from, and a stage has only its own. */
+static void test_plane_loader_rings_are_links_of_the_first_and_last_stage(void **state)
+{
+    make_segments(0);
+    char err[256];
+    ring_t *tok, *tgt;
+    assert_int_equal(ldr_seg_ring(shm_data(batch), 0, &tok, err, sizeof(err)), 0);
+    assert_int_equal(ldr_seg_ring(shm_data(batch), 1, &tgt, err, sizeof(err)), 0);
+    for (int mb = 0; mb < 2; mb++) { /* what a loader does: tokens then targets of each microbatch */
+        void *x;
+        assert_int_equal(ring_reserve(tok, 0, &x), 0);
+        ((int32_t *)x)[0] = 100 + mb;
+        assert_int_equal(ring_commit(tok, 0, (uint64_t)mb, 16), 0);
+        assert_int_equal(ring_reserve(tgt, 0, &x), 0);
+        ((int32_t *)x)[0] = 200 + mb;
+        assert_int_equal(ring_commit(tgt, 0, (uint64_t)mb, 16), 0);
+    }
+    plane_t *p0 = shm_plane(0), *p1 = shm_plane(1);
+    void *x;
+    assert_int_equal(plane_recv(p0, PLANE_TOKENS, 0, 1, &x), -EPROTO);
+    assert_non_null(strstr(plane_error(p0), "ring tokens.0 delivered step 0 microbatch 0, expected step 0 microbatch 1"));
+    for (int mb = 0; mb < 2; mb++) {
+        assert_int_equal(plane_recv(p0, PLANE_TOKENS, 0, mb, &x), 0);
+        assert_int_equal(((int32_t *)x)[0], 100 + mb);
+        assert_int_equal(plane_done(p0, PLANE_TOKENS), 0);
+        assert_int_equal(plane_recv(p1, PLANE_TARGETS, 0, mb, &x), 0);
+        assert_int_equal(((int32_t *)x)[0], 200 + mb);
+        assert_int_equal(plane_done(p1, PLANE_TARGETS), 0);
+    }
+    assert_int_equal(plane_reserve(p0, PLANE_TOKENS, 1, 0, &x), -EINVAL);
+    assert_non_null(strstr(plane_error(p0), "only received from"));
+    assert_int_equal(plane_recv(p0, PLANE_TARGETS, 1, 0, &x), -EINVAL);
+    assert_non_null(strstr(plane_error(p0), "stage 0 of replica 0 has no link targets"));
+    assert_int_equal(plane_recv(p1, PLANE_TOKENS, 1, 0, &x), -EINVAL);
+    ring_detach(&tok);
+    ring_detach(&tgt);
+    plane_destroy(&p0);
+    plane_destroy(&p1);
+}
+
 /* ---- the IPC transport on the emulated GPU ---- */
 
 /* Copies between the host and a device slot on the stream (the model's, in a stage). */
@@ -269,8 +318,8 @@ static int ipc_stage(int rank)
         fprintf(stderr, "stage %d: %s\n", rank, cu ? cu->last_error() : err);
         return 1;
     }
-    plane_cfg_t c = {.lay = &lay, .job = job, .replica = 0, .rank = rank, .cu = cu, .stream = stream};
-    if (plane_ipc_new(&p, &c, shm_data(dev), err, sizeof(err))) {
+    plane_cfg_t c = {.lay = &lay, .job = job, .replica = 0, .rank = rank, .vstage = rank, .stream = stream};
+    if (plane_new(&p, "ipc", &c, err, sizeof(err))) {
         fprintf(stderr, "stage %d: %s\n", rank, err);
         return 1;
     }
@@ -321,6 +370,7 @@ int main(void)
         cmocka_unit_test_teardown(test_plane_shm_carries_tagged_slots_both_ways_round_the_rings, teardown),
         cmocka_unit_test_teardown(test_plane_shm_refuses_other_tags_and_missing_links, teardown),
         cmocka_unit_test_teardown(test_plane_shm_counts_the_hosts_waits, teardown),
+        cmocka_unit_test_teardown(test_plane_loader_rings_are_links_of_the_first_and_last_stage, teardown),
         cmocka_unit_test_teardown(test_plane_ipc_device_rings_deliver_in_order_on_the_emulator, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

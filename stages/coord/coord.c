@@ -19,6 +19,7 @@
 #include "ipc/util.h"
 #include "stages/coord/coord_priv.h"
 #include "stages/job/staging.h"
+#include "stages/runtime/plane.h"
 
 /* ---- the coordinator's own stops ---- */
 
@@ -245,8 +246,9 @@ static int set_up(coord_t *c, char *err, size_t errlen)
      * on the GPU (and so across hosts) they live in the processes, and a loss rewinds the job,
      * every host's agent taking part (coord_rewind.c, coord_agent.c), but for a stage on one
      * host's IPC plane: the shards keep the state, the stages are started again (coord_recover.c) */
-    c->recover = !c->lay.gpu && !c->lay.gpu_shards && c->lay.hosts == 1;
-    c->restage = c->lay.gpu && !c->lay.nccl && c->lay.hosts == 1;
+    plane_recovery_t how = plane_recovery(plane_transport(&c->lay));
+    c->recover = how == PLANE_RECOVER_IN_PLACE && c->lay.hosts == 1;
+    c->restage = how == PLANE_RECOVER_RESTAGE && c->lay.hosts == 1;
     if ((rc = util_mkdirs(m->dump_folder)))
         return util_fail(err, errlen, rc, "job.dump_folder %s: cannot create: %s", m->dump_folder, strerror(-rc));
     if ((rc = coord_resolve_endpoint(c, err, errlen)) || (rc = coord_check_data(c, err, errlen)) ||
@@ -263,7 +265,7 @@ static int set_up(coord_t *c, char *err, size_t errlen)
         snprintf(c->hdr->endpoint, sizeof(c->hdr->endpoint), "%s", c->endpoint);
         return 0;
     }
-    if (c->lay.nccl && (rc = coord_make_nccl_ids(c, err, errlen)))
+    if ((rc = coord_make_boot(c, err, errlen)))
         return rc;
     if ((rc = ctl_server_new(&c->ctl, c->keys.sec, err, errlen)) || (rc = coord_keys_admit(c, err, errlen)) ||
         (rc = ctl_bind(c->ctl, c->endpoint, err, errlen)))
@@ -430,7 +432,7 @@ int coord_run(const manifest_t *given, const coord_super_t *sup)
     free(c.p);
     free(c.agents);
     free(c.toml);
-    free(c.nccl_ids);
+    free(c.boot);
     free(m);
     return status;
 }

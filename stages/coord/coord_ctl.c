@@ -97,8 +97,8 @@ static const char *on_hello(coord_t *c, coord_proc_t *p, const ctl_peer_t *from,
     snprintf(p->route, sizeof(p->route), "%s", from->route); /* where its commands go from now on */
     msg_t cfg = {.type = MSG_CONFIG, .step = c->step, .text = c->toml, .text_len = strlen(c->toml)};
     coord_send(c, p, &cfg);
-    if (c->nccl_ids && p->role == COORD_STAGE)
-        coord_send_nccl_ids(c, p);
+    if (c->boot && p->role == COORD_STAGE)
+        coord_send_boot(c, p);
     return NULL;
 }
 

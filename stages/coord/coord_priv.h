@@ -21,7 +21,7 @@
  *   coord_swap.c    `ctitan loader swap`, carried out at a step boundary
  *   coord_resume.c  checkpoint.load: the LOAD exchange with checkpointd before the others start
  *   coord_ckpt.c    checkpoints during the run: SNAPSHOT to the shards, SAVE to checkpointd
- *   coord_nccl.c    the NCCL data plane's communicator ids
+ *   coord_plane.c   what the data plane's transport needs from the coordinator (NCCL's ids)
  *   coord_report.c  the progress line and metrics of each step; the end-of-run validation
  *                   and sample (stages/report/evaluate.h holds the math)
  *   coord_trace.c   [profiling] trace_file: the run's timeline (stages/runtime/trace.h)
@@ -44,7 +44,6 @@
 #include "ipc/msg.h"
 #include "ipc/ring.h"
 #include "ipc/shm.h"
-#include "kernels/cuda/cuda_plugin.h"
 #include "stages/coord/coord.h"
 #include "stages/job/job.h"
 #include "stages/runtime/ldr.h"
@@ -213,8 +212,9 @@ typedef struct {
     tb_t *tb;                         /* metrics.enable_tensorboard: the event file */
     double peak_gflops;
     double entropy;                   /* of the first training file (NaN with a custom loader) */
-    cuda_nccl_id_t *nccl_ids;         /* data_plane "nccl": per replica and boundary an activation and a
-                                       * gradient communicator, then one per pipeline rank (replicas) */
+    void *boot;                       /* what the transport needs made once per run (NCCL: every
+                                       * communicator's id; NULL: nothing), coord_plane.c */
+    size_t boot_len;
     char first_file[PATH_MAX];        /* the first file loader.dataset_path matches */
 } coord_t;
 
@@ -416,10 +416,11 @@ const char *coord_on_written(coord_t *c, int host, const msg_t *m);
  * not saved), saying why and how many of its checkpoints were written. */
 void coord_ckpt_check_last(coord_t *c);
 
-/* ---- coord_nccl.c ---- */
-int coord_make_nccl_ids(coord_t *c, char *err, size_t errlen);
-/* MSG_NCCL to stage p: the ids of the communicators it joins. */
-void coord_send_nccl_ids(coord_t *c, coord_proc_t *p);
+/* ---- coord_plane.c ---- */
+/* c->boot made anew (plane_boot_make). Returns 0 or -errno with err. */
+int coord_make_boot(coord_t *c, char *err, size_t errlen);
+/* MSG_NCCL to stage p: its share of c->boot, when it has one. */
+void coord_send_boot(coord_t *c, coord_proc_t *p);
 
 /* ---- coord_report.c ---- */
 /* "launch: job ...": the model, the topology, the processes, the data; and the peak MFU is

@@ -17,6 +17,7 @@
 #include "ipc/log.h"
 #include "ipc/util.h"
 #include "stages/job/ldr_seg.h"
+#include "stages/runtime/plane.h"
 
 #define MAX_LOADER_RESTARTS 10
 #define MAX_CKPTD_RESTARTS 10
@@ -68,9 +69,12 @@ int coord_make_table(coord_t *c)
         for (int s = 0; s < m->pp; s++)
             *coord_stage(c, s, r) = (coord_proc_t){.role = COORD_STAGE, .rank = s, .replica = r,
                                                    .host = job_host_of(&c->lay, r)};
-    for (int k = 0; k < m->shards; k++)
+    for (int k = 0; k < m->shards; k++) { /* beside the stage its slice's sum is in, or on host 0 */
+        int r, s;
+        plane_shard_beside(plane_transport(&c->lay), &c->lay, k, &r, &s);
         *coord_shard(c, k) = (coord_proc_t){.role = COORD_OPTSHARD, .rank = k,
-                                            .host = c->lay.nccl ? job_host_of(&c->lay, k % m->dp) : 0};
+                                            .host = r >= 0 ? job_host_of(&c->lay, r) : 0};
+    }
     if (c->has_ckptd)
         *coord_ckptd(c) = (coord_proc_t){.role = COORD_CKPTD};
     for (int h = 1, i = c->np - (m->hosts - 1); h < m->hosts; h++, i++) /* host 0's loader is [0] */

@@ -111,9 +111,7 @@ static int reset_state(coord_t *c, int64_t to, int from_staging)
         fprintf(stderr, "ctitan: the snapshot of step %lld was being taken: dropped\n", (long long)c->ck_step);
         c->ck_busy = 0;
     }
-    free(c->nccl_ids); /* the old communicators died with their ranks */
-    c->nccl_ids = NULL;
-    if (c->lay.nccl && coord_make_nccl_ids(c, err, sizeof(err))) {
+    if (coord_make_boot(c, err, sizeof(err))) { /* the old communicators died with their ranks */
         coord_fail(c, "rewind: %s", err);
         return -1;
     }

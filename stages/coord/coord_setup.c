@@ -18,6 +18,7 @@
 #include "stages/report/evaluate.h"
 #include "stages/job/ldr_seg.h"
 #include "stages/job/staging.h"
+#include "stages/runtime/plane.h"
 #include "stages/data/tokenizer.h"
 #include "stages/data/tokfile.h"
 
@@ -138,7 +139,8 @@ int coord_make_segments(coord_t *c, char *err, size_t errlen)
     if ((rc = shm_create(&c->seg_params, c->job, "params", job_params_bytes(l), err, errlen)) ||
         (!l->gpu_shards && (rc = shm_create(&c->seg_grads, c->job, "grads", job_params_bytes(l), err, errlen))) ||
         (l->gpu && (rc = shm_create(&c->seg_dev, c->job, DEVDIR_SEG, devdir_bytes(l), err, errlen))) ||
-        (l->S > 1 && !l->nccl && (rc = job_act_create(&c->seg_act, c->job, l, err, errlen))) ||
+        (l->S > 1 && plane_uses_act_segment(plane_transport(l)) &&
+         (rc = job_act_create(&c->seg_act, c->job, l, err, errlen))) ||
         (!l->gpu_shards && m->host_rank == 0 &&
          (rc = job_optstate_create(&c->seg_opt, c->job, l, m->shards, err, errlen))))
         return rc;

@@ -8,12 +8,10 @@
  * boundaries do not depend on K, so any shard count gives the same bits.
  *
  * Where: the vector work is the backend's (kernels/backend.h). [optshard] device = "cpu"
- * keeps the state in the job's optstate segment (stages/job/job.h) and works on the fp32
- * params/grads segments (the CPU job, and offload mode for GPU stages); "cuda" keeps it on the
- * GPU and works directly on the stages' device buffers, mapped through the CUDA IPC handles they
- * publish (stages/job/devdir.h), the new weights written as bf16 in place. Either way set-up
- * makes one list of where each replica holds which part of the slice, and the steps only
- * walk it.
+ * keeps the state in the job's optstate segment (stages/job/job.h); "cuda" keeps it on the GPU.
+ * Where the replicas' weights and gradients are, and their sum, is the data plane's
+ * (stages/runtime/plane.h plane_reduce: the fp32 params/grads segments for CPU shards, the
+ * stages' device buffers for GPU ones, the new weights written as bf16 in place).
  *
  * Surviving a kill (CPU, DESIGN.md "Recovery"): the optstate segment holds two banks; an
  * update reads one and writes the other (an out-of-place step, the same bits), then commits
@@ -33,23 +31,13 @@
 #include "ipc/shm.h"
 #include "ipc/util.h"
 #include "kernels/backend.h"
-#include "kernels/cuda_plugin.h"
 #include "kernels/lr.h"
 #include "kernels/optim.h"
 #include "kernels/params.h"
-#include "stages/job/devdir.h"
 #include "stages/job/job.h"
 #include "stages/job/staging.h"
+#include "stages/runtime/plane.h"
 #include "stages/runtime/worker.h"
-
-/* The part [lo, hi) of the shard's slice that one stage replica holds: its weights there (in
- * the backend's dtype) and its fp32 gradients. */
-typedef struct {
-    void *w;
-    float *g;
-    size_t lo, hi;
-    int replica;
-} part_t;
 
 typedef struct {
     worker_t *w;
@@ -67,25 +55,20 @@ typedef struct {
     void *stream, *copy_stream;  /* updates; snapshots (the copier thread) */
     struct {                     /* in the backend's memory, one allocation (mem) */
         void *mem;
-        float *g;                /* (n) the replicas' summed gradient, or in place: the one part */
         double *norm;            /* (blocks of the slice) squared norms */
     } state;
+    const float *g;              /* (n) the replicas' summed gradient (plane_reduce_sum) */
     struct {                     /* bank b: the state after a number of steps = b (mod 2): arrays of */
         float *a[OPTIM_ARRAYS_MAX]; /* (n) the optstate segment's bank, or for GPU shards the one copy
                                   * in `state`'s allocation, both banks (updated in place) */
     } bank[2];
     int64_t done;                /* steps the state holds: it is bank[done % 2] */
     _Atomic int64_t *commit;     /* CPU: this shard's record in the optstate segment (job.h) */
-    int64_t reduced;             /* step whose summed gradient state.g holds (-1: none yet) */
-    int in_place;                /* one replica holds the whole slice in one part: no copy to sum */
+    int64_t reduced;             /* step whose summed gradient g holds (-1: none yet) */
     double *hnorm;               /* the block norms on the host */
     double *norm_out;            /* where they go in the job segment (NULL: see reduce) */
-    part_t *part;                /* replicas in order, each one's parts in flat order */
-    int nparts;
-    const cuda_plugin_t *cu;     /* GPU: the stage buffers mapped through CUDA IPC, */
-    void **mapped;               /* to ipc_close */
-    int nmapped;
-    shm_seg_t *job, *params, *grads, *staging, *dev, *opt; /* staging: with [checkpoint] enable */
+    plane_reduce_t *red;         /* the replicas' parts of the slice (the data plane's view) */
+    shm_seg_t *job, *params, *staging, *opt; /* staging: with [checkpoint] enable */
     float *final_w;              /* replica 0 of params: where the run's final fp32 weights go */
     /* the snapshot copier: a thread at idle CPU priority (see snapshot()) */
     pthread_t copier;
@@ -172,66 +155,18 @@ static void snapshot(shard_t *sh)
     pthread_mutex_unlock(&sh->mu);
 }
 
-/* On the CPU: each replica's slice of the shared fp32 params and grads segments. */
-static void parts_from_segments(shard_t *sh)
-{
-    char err[256];
-    WORKER_CHECK(sh->w, shm_attach(&sh->grads, worker_job(sh->w), "grads", err, sizeof(err)) == 0, "%s", err);
-    float *P = shm_data(sh->params), *G = shm_data(sh->grads);
-    WORKER_CHECK(sh->w, sh->part = calloc((size_t)sh->man->dp, sizeof(part_t)), "out of memory");
-    for (int r = 0; r < sh->man->dp; r++) {
-        size_t at = r * sh->lay.stride + sh->begin;
-        sh->part[sh->nparts++] = (part_t){.w = P + at, .g = G + at, .lo = sh->begin, .hi = sh->end, .replica = r};
-    }
-}
-
-/* On the GPU: the stages' device buffers that hold parts of the slice, mapped through the
- * handles in their device directory entries. With NCCL the reduce-scatter summed the
- * replicas into one stage (replica k % dp, rank k / dp): only its buffers, as replica 0. */
-static void parts_from_stages(shard_t *sh)
-{
-    const manifest_t *m = sh->man;
-    char err[512];
-    WORKER_CHECK(sh->w, sh->cu = cuda_plugin_load(err, sizeof(err)), "optshard.device = \"cuda\": %s", err);
-    WORKER_CHECK(sh->w, shm_attach(&sh->dev, worker_job(sh->w), DEVDIR_SEG, err, sizeof(err)) == 0, "%s", err);
-    sh->part = calloc((size_t)m->dp * m->pp, sizeof(part_t));
-    sh->mapped = calloc((size_t)m->dp * m->pp * 2, sizeof(void *));
-    WORKER_CHECK(sh->w, sh->part && sh->mapped, "out of memory");
-    for (int r = 0; r < m->dp; r++)
-        for (int s = 0; s < m->pp; s++) {
-            if (sh->lay.nccl && (r != sh->rank % m->dp || s != sh->rank / m->dp))
-                continue;
-            devdir_stage_t *e = devdir_wait(shm_data(sh->dev), &sh->lay, r, s, 120000);
-            WORKER_CHECK(sh->w, e, "stage %d of replica %d never published its device buffers", s, r);
-            size_t lo = e->begin > sh->begin ? e->begin : sh->begin, hi = e->end < sh->end ? e->end : sh->end;
-            if (lo >= hi)
-                continue;
-            void *w, *g;
-            WORKER_CHECK(sh->w, sh->cu->ipc_open(&w, &e->w) == 0, "weights of stage %d replica %d: %s", s, r,
-                         sh->cu->last_error());
-            sh->mapped[sh->nmapped++] = w;
-            WORKER_CHECK(sh->w, sh->cu->ipc_open(&g, &e->g) == 0, "gradients of stage %d replica %d: %s", s, r,
-                         sh->cu->last_error());
-            sh->mapped[sh->nmapped++] = g;
-            sh->part[sh->nparts++] = (part_t){.w = (uint16_t *)w + (lo - e->begin), .g = (float *)g + (lo - e->begin),
-                                              .lo = lo, .hi = hi, .replica = sh->lay.nccl ? 0 : r};
-        }
-}
-
-/* The working memory in the backend's: the summed gradient (unless in place) and the block
- * norms; GPU shards also keep the state there: the host arrays (initialised or loaded) are
- * copied in and freed, and both banks name that one copy (updated in place). */
+/* The working memory in the backend's: the block norms; GPU shards also keep the state there:
+ * the host arrays (initialised or loaded) are copied in and freed, and both banks name that one
+ * copy (updated in place). */
 static void move_state(shard_t *sh)
 {
     const backend_t *be = sh->be;
     int gpu = sh->lay.gpu_shards, arrays = gpu ? sh->arrays : 0;
-    sh->in_place = sh->nparts == 1 && sh->part[0].lo == sh->begin && sh->part[0].hi == sh->end;
     size_t n = sh->n ? sh->n : 1, nb = blocks(sh) ? blocks(sh) : 1;
-    size_t fbytes = ((arrays + !sh->in_place) * n * sizeof(float) + 63) / 64 * 64;
+    size_t fbytes = (arrays * n * sizeof(float) + 63) / 64 * 64;
     BE_CHECK(sh, be->alloc(&sh->state.mem, fbytes + nb * sizeof(double)), "%s memory for %zu parameters: %s",
              be->name, sh->n, BE_WHY(sh));
     float *f = sh->state.mem;
-    sh->state.g = sh->in_place ? sh->part[0].g : f + arrays * n;
     sh->state.norm = (double *)((char *)sh->state.mem + fbytes);
     WORKER_CHECK(sh->w, sh->hnorm = calloc(nb, sizeof(double)), "out of memory");
     if (!gpu)
@@ -250,15 +185,8 @@ static void move_state(shard_t *sh)
  * them), their gradients cleared. Returns once done. */
 static void publish(shard_t *sh)
 {
-    const backend_t *be = sh->be;
-    const float *master = sh->bank[sh->done % 2].a[0];
-    for (int i = 0; i < sh->nparts; i++) {
-        const part_t *q = &sh->part[i];
-        BE_CHECK(sh, be->to_weights(q->w, master + (q->lo - sh->begin), q->hi - q->lo, sh->stream),
-                 "weights: %s", BE_WHY(sh));
-        BE_CHECK(sh, be->zero(q->g, (q->hi - q->lo) * sizeof(float), sh->stream), "gradients: %s", BE_WHY(sh));
-    }
-    BE_CHECK(sh, be->stream_sync(sh->stream), "weights: %s", BE_WHY(sh));
+    WORKER_CHECK(sh->w, plane_reduce_publish(sh->red, sh->bank[sh->done % 2].a[0]) == 0, "%s",
+                 plane_reduce_error(sh->red));
 }
 
 /* REMAP (GPU shards): the stages were started again (a stage was lost: DESIGN.md "Recovery").
@@ -266,16 +194,7 @@ static void publish(shard_t *sh)
  * into them: the weights the stages had, bit for bit. */
 static void remap(shard_t *sh)
 {
-    for (int i = 0; i < sh->nmapped; i++)
-        sh->cu->ipc_close(sh->mapped[i]);
-    free(sh->part);
-    free(sh->mapped);
-    sh->part = NULL;
-    sh->mapped = NULL;
-    sh->nparts = sh->nmapped = 0;
-    parts_from_stages(sh);
-    if (sh->in_place) /* the same layout: the one part is again the whole slice */
-        sh->state.g = sh->part[0].g;
+    WORKER_CHECK(sh->w, plane_reduce_remap(sh->red) == 0, "%s", plane_reduce_error(sh->red));
     publish(sh);
 }
 
@@ -346,17 +265,16 @@ static void setup(shard_t *sh)
         took_over = state_in_segment(sh);
     }
 
-    const char *device = sh->lay.gpu_shards ? "cuda" : "cpu";
+    const char *device = sh->lay.gpu_shards ? "cuda" : "cpu", *plane = plane_transport(&sh->lay);
     WORKER_CHECK(sh->w, sh->be = backend_load(device, err, sizeof(err)), "optshard.device = \"%s\": %s", device, err);
-    int k = sh->rank, dp = m->dp; /* NCCL: next to its stage (replica k % dp, rank k / dp) */
-    BE_CHECK(sh, sh->be->dev_select(sh->lay.nccl ? job_local_ordinal(&sh->lay, k % dp, k / dp) : k, &sh->device),
-             "%s", BE_WHY(sh));
+    int r, s; /* beside the stage that holds its slice's sum, or device k */
+    plane_shard_beside(plane, &sh->lay, sh->rank, &r, &s);
+    BE_CHECK(sh, sh->be->dev_select(r >= 0 ? job_local_ordinal(&sh->lay, r, s) : sh->rank, &sh->device), "%s",
+             BE_WHY(sh));
     BE_CHECK(sh, sh->be->stream_new(&sh->stream), "%s", BE_WHY(sh));
     BE_CHECK(sh, sh->be->stream_new(&sh->copy_stream), "%s", BE_WHY(sh));
-    if (sh->lay.gpu_shards)
-        parts_from_stages(sh);
-    else
-        parts_from_segments(sh);
+    WORKER_CHECK(sh->w, plane_reduce_new(&sh->red, plane, &sh->lay, job, sh->rank, sh->begin, sh->end, sh->be,
+                                         sh->stream, err, sizeof(err)) == 0, "%s", err);
     move_state(sh);
     if (!took_over) { /* a replacement leaves the stages' weights alone: a step may be running */
         publish(sh);
@@ -381,16 +299,9 @@ static void setup(shard_t *sh)
 static double reduce(shard_t *sh, int64_t step)
 {
     const backend_t *be = sh->be;
-    float *sum = sh->state.g;
-    for (int i = 0; i < sh->nparts && !sh->in_place; i++) {
-        const part_t *q = &sh->part[i];
-        float *dst = sum + (q->lo - sh->begin);
-        size_t n = q->hi - q->lo;
-        BE_CHECK(sh, q->replica == 0 ? be->copy(dst, q->g, n * sizeof(float), sh->stream)
-                                     : be->f32_add(dst, q->g, n, sh->stream), "reduce: %s", BE_WHY(sh));
-    }
+    WORKER_CHECK(sh->w, plane_reduce_sum(sh->red, &sh->g) == 0, "%s", plane_reduce_error(sh->red));
     size_t nb = blocks(sh);
-    BE_CHECK(sh, be->block_sumsq(sh->state.norm, sum, sh->n, MANIFEST_BLOCK, sh->stream), "norm: %s", BE_WHY(sh));
+    BE_CHECK(sh, be->block_sumsq(sh->state.norm, sh->g, sh->n, MANIFEST_BLOCK, sh->stream), "norm: %s", BE_WHY(sh));
     BE_CHECK(sh, be->copy(sh->hnorm, sh->state.norm, nb * sizeof(double), sh->stream), "norm: %s", BE_WHY(sh));
     BE_CHECK(sh, be->stream_sync(sh->stream), "reduce: %s", BE_WHY(sh));
     double sq = 0;
@@ -420,7 +331,7 @@ static double update(shard_t *sh, int64_t step, double scale)
                  (long long)step + 1, (long long)sh->done);
     if (sh->reduced != step) /* a replacement: the gradients stay whole until the commit */
         reduce(sh, step);
-    const float *g = sh->state.g; /* only read: clipped inside the step, whole for a replacement */
+    const float *g = sh->g; /* only read: clipped inside the step, whole for a replacement */
     int from = (int)(step % 2), to = 1 - from;
     optim_args_t args = {.lr = (float)lr, .beta1 = (float)m->beta1, .beta2 = (float)m->beta2, .eps = (float)m->eps,
                          .gscale = (float)scale, .step = (int)step + 1};
@@ -458,13 +369,10 @@ static void finish(shard_t *sh)
     BE_CHECK(sh, be->copy(sh->final_w + sh->begin, sh->bank[sh->done % 2].a[0], sh->n * sizeof(float),
                           sh->stream), "%s", BE_WHY(sh));
     BE_CHECK(sh, be->stream_sync(sh->stream), "final weights: %s", BE_WHY(sh));
-    for (int i = 0; i < sh->nmapped; i++)
-        sh->cu->ipc_close(sh->mapped[i]);
+    plane_reduce_destroy(&sh->red);
     be->free(sh->state.mem);
     be->stream_free(sh->stream);
     be->stream_free(sh->copy_stream);
-    free(sh->part);
-    free(sh->mapped);
     free(sh->hnorm);
 }
 
@@ -538,9 +446,7 @@ int main(int argc, char **argv)
     params_table_free(&sh.tab);
     shm_detach(&sh.job);
     shm_detach(&sh.params);
-    shm_detach(&sh.grads);
     shm_detach(&sh.staging);
-    shm_detach(&sh.dev);
     shm_detach(&sh.opt);
     worker_close(&sh.w);
     return 0;

@@ -8,12 +8,12 @@
  *
  * Two seams, both chosen at set-up: the backend (kernels/backend.h, [job] device: the CPU
  * model computing on the shared params/grads segments, or the CUDA plugin's, so CPU jobs never
- * load the CUDA libraries) does the math and holds the weights; the data plane (stages/runtime/plane.h:
- * the act segment's shm rings, CUDA IPC device rings or NCCL links) carries the hand-offs in
- * the backend's memory. With [optshard] device = "cuda" the optimizer shards map this stage's
- * device weights and gradients through its device directory entry (stages/job/devdir.h) and update
- * them in place; with "cpu" (offload) the backend uploads the shared fp32 weights at the start of
- * each step and writes the step's gradients back at its end.
+ * load the CUDA libraries) does the math and holds the weights; the data plane
+ * (stages/runtime/plane.h, its transport the job's: the act segment's shm rings, CUDA IPC device
+ * rings or NCCL links, and the loader's rings) carries the hand-offs in the backend's memory and
+ * publishes what the optimizer shards read. With [optshard] device = "cuda" they update this
+ * stage's device weights in place; with "cpu" (offload) the backend uploads the shared fp32
+ * weights at the start of each step and writes the step's gradients back at its end.
  *
  * When another stage of the job dies mid-step, the coordinator closes the rings (ring_close):
  * a wait on one returns -ECANCELED, and this stage leaves the step (ABORTED) and waits for the
@@ -27,15 +27,11 @@
 #include <unistd.h>
 
 #include "ipc/log.h"
-#include "ipc/ring.h"
 #include "ipc/shm.h"
 #include "ipc/util.h"
 #include "kernels/backend.h"
-#include "kernels/cuda_plugin.h"
 #include "kernels/params.h"
-#include "stages/job/devdir.h"
 #include "stages/job/job.h"
-#include "stages/job/ldr_seg.h"
 #include "stages/runtime/plane.h"
 #include "stages/job/schedule.h"
 #include "stages/runtime/trace.h"
@@ -45,8 +41,8 @@
 typedef struct {
     int vstage, first, last;     /* virtual stage (of lay.S); it holds the embedding / the head */
     backend_model_t *model;
-    plane_t *plane;              /* links to virtual stages vstage - 1 and vstage + 1 */
-    ring_t *tok_in, *tgt_in;     /* from the loader (first / last) */
+    plane_t *plane;              /* links to virtual stages vstage - 1 and vstage + 1, and from the
+                                  * loader (tokens: first, targets: last) */
     backend_acts_t **acts;       /* (sched_peak_acts of the chunk) */
     int *acts_mb;                /* microbatch each holds, -1 free */
     int nacts;
@@ -57,7 +53,7 @@ typedef struct {
     const manifest_t *man;
     job_layout_t lay;
     int rank, replica;
-    shm_seg_t *params, *grads, *batch, *dev;
+    shm_seg_t *params, *grads;
     const backend_t *be;
     chunk_t *chunk;              /* (lay.vs), in the schedule's chunk order */
     sched_t sched;
@@ -79,77 +75,33 @@ typedef struct {
 #define BE_WHY(st) (st)->be->last_error()
 #define PLANE_CHECK(st, k, call) WORKER_CHECK((st)->w, (call) == 0, "%s", plane_error((k)->plane))
 
-static void attach_batch(stage_t *st, ring_t **r, int targets)
+/* The coordinator's data for this stage's transport (plane_cfg_t.boot: NCCL's communicator
+ * ids), which comes right after the config. */
+static long recv_boot(void *arg, void *buf, size_t cap)
 {
-    char err[256];
-    int rc = ldr_seg_ring(shm_data(st->batch), 2 * st->replica + targets, r, err, sizeof(err));
-    WORKER_CHECK(st->w, rc == 0, "%s", err);
+    stage_t *st = arg;
+    msg_t m;
+    worker_command(st->w, &m);
+    WORKER_CHECK(st->w, m.type == MSG_NCCL, "expected the data plane's ids from the coordinator, got %s",
+                 msg_type_name(m.type) ? msg_type_name(m.type) : "?");
+    WORKER_CHECK(st->w, m.data_len <= cap, "the data plane's ids from the coordinator: %zu bytes, at most %zu",
+                 m.data_len, cap);
+    memcpy(buf, m.data, m.data_len);
+    long n = (long)m.data_len;
+    msg_clear(&m);
+    return n;
 }
 
-/* The coordinator's NCCL communicator ids, which come right after the config (msg_clear m). */
-static const cuda_nccl_id_t *nccl_ids(stage_t *st, msg_t *m)
-{
-    worker_command(st->w, m);
-    WORKER_CHECK(st->w, m->type == MSG_NCCL, "expected the NCCL ids from the coordinator, got %s",
-                 msg_type_name(m->type) ? msg_type_name(m->type) : "?");
-    WORKER_CHECK(st->w, m->data_len == JOB_NCCL_COMMS * sizeof(cuda_nccl_id_t),
-                 "nccl message from the coordinator: %zu bytes of ids, expected %zu", m->data_len,
-                 JOB_NCCL_COMMS * sizeof(cuda_nccl_id_t));
-    return (const cuda_nccl_id_t *)m->data;
-}
-
-/* This stage's device directory entry: its range of the flat space, its device and, for GPU
- * optimizer shards, the handles of its weights and gradients. Not marked ready here. (A GPU job
- * has one virtual stage per rank: its one chunk.) */
-static devdir_stage_t *publish(stage_t *st, chunk_t *k, const cuda_plugin_t *cu, void **w, float **g, size_t *n)
-{
-    char err[256];
-    WORKER_CHECK(st->w, shm_attach(&st->dev, worker_job(st->w), DEVDIR_SEG, err, sizeof(err)) == 0, "%s", err);
-    devdir_stage_t *e = devdir_stage(shm_data(st->dev), &st->lay, st->replica, st->rank);
-    size_t begin, end;
-    st->be->model_buffers(k->model, w, g, &begin, &end);
-    e->begin = begin, e->end = end, e->device = st->device, e->pid = (int32_t)getpid();
-    if (st->lay.gpu_shards) {
-        WORKER_CHECK(st->w, cu->ipc_export(*w, &e->w) == 0, "exporting the weights: %s", cu->last_error());
-        WORKER_CHECK(st->w, cu->ipc_export(*g, &e->g) == 0, "exporting the gradients: %s", cu->last_error());
-    }
-    *n = end - begin;
-    return e;
-}
-
-/* Chunk k's data plane: the act segment's rings on the CPU; on the GPU this stage's directory
- * entry, then its IPC rings or NCCL links. */
+/* Chunk k's data plane over the job's transport: its links, its loader rings; on the GPU its
+ * device buffers published for its neighbours and the optimizer shards. */
 static void setup_plane(stage_t *st, chunk_t *k)
 {
     char err[512];
     plane_cfg_t c = {.lay = &st->lay, .job = worker_job(st->w), .replica = st->replica, .rank = st->rank,
-                     .vstage = k->vstage};
-    int rc;
-    if (!st->lay.gpu) {
-        rc = plane_shm_new(&k->plane, &c, err, sizeof(err));
-        WORKER_CHECK(st->w, rc == 0, "%s", err);
-        return;
-    }
-    WORKER_CHECK(st->w, c.cu = cuda_plugin_load(err, sizeof(err)), "job.device = \"cuda\": %s", err);
-    c.stream = st->be->model_stream(k->model);
-    void *w;
-    float *g;
-    size_t n;
-    devdir_stage_t *e = publish(st, k, c.cu, &w, &g, &n);
-    if (!st->lay.nccl) {
-        rc = plane_ipc_new(&k->plane, &c, shm_data(st->dev), err, sizeof(err));
-        WORKER_CHECK(st->w, rc == 0, "%s", err);
-        return;
-    }
-    int ordinal = job_local_ordinal(&st->lay, st->replica, st->rank);
-    WORKER_CHECK(st->w, st->device == ordinal,
-                 "parallelism.data_plane = \"nccl\" needs a GPU per stage process (NCCL refuses two ranks on one "
-                 "device), and this host has %d for %d stage processes: use data_plane = \"ipc\" to share GPUs",
-                 c.cu->device_count(), st->lay.pp * st->lay.dp);
-    atomic_store(&e->ready, 1); /* the optimizer shards only need the buffers */
-    msg_t m;
-    rc = plane_nccl_new(&k->plane, &c, nccl_ids(st, &m), w, g, n, err, sizeof(err));
-    msg_clear(&m);
+                     .vstage = k->vstage, .stream = st->be->model_stream(k->model), .device = st->device,
+                     .boot = recv_boot, .arg = st};
+    st->be->model_buffers(k->model, &c.w, &c.g, &c.begin, &c.end);
+    int rc = plane_new(&k->plane, plane_transport(&st->lay), &c, err, sizeof(err));
     WORKER_CHECK(st->w, rc == 0, "%s", err);
 }
 
@@ -158,10 +110,6 @@ static void setup_plane(stage_t *st, chunk_t *k)
 static void setup_chunk(stage_t *st, chunk_t *k, int c, int threads)
 {
     const manifest_t *m = st->man;
-    if (k->first)
-        attach_batch(st, &k->tok_in, 0);
-    if (k->last)
-        attach_batch(st, &k->tgt_in, 1);
     int p0, p1;
     WORKER_CHECK(st->w, manifest_stage_pieces(m, k->vstage, &p0, &p1) == 0, "out of memory");
     param_table_t tab;
@@ -201,16 +149,12 @@ static void setup(stage_t *st)
     WORKER_CHECK(st->w, sched_build(&st->sched, m->pp, st->lay.vs, m->microbatches, m->schedule, err,
                                     sizeof(err)) == 0, "%s", err);
     WORKER_CHECK(st->w, st->chunk = calloc((size_t)st->lay.vs, sizeof(chunk_t)), "out of memory");
-    int loader = 0;
     for (int c = 0; c < st->lay.vs; c++) {
         chunk_t *k = &st->chunk[c];
         k->vstage = sched_vstage(&st->sched, st->rank, c);
         k->first = k->vstage == 0;
         k->last = k->vstage == st->lay.S - 1;
-        loader |= k->first || k->last;
     }
-    if (loader)
-        WORKER_CHECK(st->w, shm_attach(&st->batch, job, LDR_SEG_NAME, err, sizeof(err)) == 0, "%s", err);
     int threads = m->threads;
     if (threads <= 0) {
         long cpus = sysconf(_SC_NPROCESSORS_ONLN);
@@ -265,22 +209,6 @@ static int closed(stage_t *st, int rc)
     return rc == -ECANCELED;
 }
 
-/* The next slot of a loader ring, which must carry (step, mb); NULL once the ring is closed. */
-static void *take(stage_t *st, ring_t *r, int64_t step, int mb)
-{
-    void *p;
-    char err[256];
-    double t0 = util_now();
-    worker_waiting(st->w, 1);
-    int rc = plane_ring_take(r, step, mb, &p, &st->t_wait, err, sizeof(err));
-    worker_waiting(st->w, 0);
-    note(st, TRACE_WAIT, t0, util_now());
-    if (closed(st, rc))
-        return NULL;
-    WORKER_CHECK(st->w, rc == 0, "%s", err);
-    return p;
-}
-
 /* Token ids from a loader are checked before they index the embedding: a bad loader must
  * fail the job with a reason, not read outside the table. */
 static void check_ids(stage_t *st, const int32_t *ids, const char *what, int64_t step, int mb)
@@ -327,11 +255,12 @@ static double forward(stage_t *st, chunk_t *k, int64_t step, int mb)
     int a = acts_for(st, k, mb, 1);
     const int32_t *tok = NULL, *tgt = NULL;
     void *x_in = NULL, *x_out = NULL;
-    if (k->first ? !(tok = take(st, k->tok_in, step, mb)) : !(x_in = recv_slot(st, k, PLANE_ACT_IN, step, mb)))
+    if (k->first ? !(tok = recv_slot(st, k, PLANE_TOKENS, step, mb)) : !(x_in = recv_slot(st, k, PLANE_ACT_IN, step, mb)))
         return 0;
     if (k->first)
         check_ids(st, tok, "token", step, mb);
-    if (k->last ? !(tgt = take(st, k->tgt_in, step, mb)) : !(x_out = reserve_slot(st, k, PLANE_ACT_OUT, step, mb)))
+    if (k->last ? !(tgt = recv_slot(st, k, PLANE_TARGETS, step, mb))
+                : !(x_out = reserve_slot(st, k, PLANE_ACT_OUT, step, mb)))
         return 0;
     if (k->last)
         check_ids(st, tgt, "target", step, mb);
@@ -340,12 +269,9 @@ static double forward(stage_t *st, chunk_t *k, int64_t step, int mb)
              st->be->name, BE_WHY(st));
     st->t_op[SCHED_F] += util_now() - t0;
     st->n_op[SCHED_F]++;
-    if (k->first)
-        ring_release(k->tok_in);
-    else
-        PLANE_CHECK(st, k, plane_done(k->plane, PLANE_ACT_IN));
+    PLANE_CHECK(st, k, plane_done(k->plane, k->first ? PLANE_TOKENS : PLANE_ACT_IN));
     if (k->last)
-        ring_release(k->tgt_in);
+        PLANE_CHECK(st, k, plane_done(k->plane, PLANE_TARGETS));
     else
         PLANE_CHECK(st, k, plane_send(k->plane, PLANE_ACT_OUT));
     return loss;
@@ -384,6 +310,8 @@ static void run_step(stage_t *st, int64_t step)
     memset(st->t_op, 0, sizeof(st->t_op));
     memset(st->n_op, 0, sizeof(st->n_op));
     st->t_wait = 0;
+    for (int c = 0; c < st->lay.vs; c++)
+        plane_waited(st->chunk[c].plane); /* a step left unfinished counted no waits of this one */
     double loss = 0, t0 = util_now();
     for (int c = 0; c < st->lay.vs; c++) {
         chunk_t *k = &st->chunk[c];
@@ -500,16 +428,12 @@ int main(int argc, char **argv)
             st.be->model_destroy(&k->model);
         free(k->acts);
         free(k->acts_mb);
-        ring_detach(&k->tok_in);
-        ring_detach(&k->tgt_in);
     }
     free(st.chunk);
     free(st.recs);
     sched_free(&st.sched);
     shm_detach(&st.params);
     shm_detach(&st.grads);
-    shm_detach(&st.batch);
-    shm_detach(&st.dev);
     worker_close(&st.w);
     return 0;
 }

@@ -1,17 +1,32 @@
-/* The data plane of one stage process: its links to its pipeline neighbours, which carry each
- * microbatch's activations forward (act_in from rank - 1, act_out to rank + 1) and their
- * gradients backward (grad_in from rank + 1, grad_out to rank - 1), one slot per hand-off, in
- * the backend's memory and dtype (kernels/backend.h: host fp32 on the CPU, device bf16 on
- * CUDA), and the data-parallel exchanges a transport makes around a step. stages/roles/stage.c sees
- * only this; set-up picks the transport:
+/* The data plane: every byte of a step that moves between processes, over one of the
+ * transports below, picked by name. Two faces:
  *
- *   shm   the act segment's shared-memory rings (stages/job/job.h), payload in the slots (CPU)
- *   ipc   device rings exported with CUDA IPC (stages/job/devdir.h), ordered by those same rings,
- *         whose slots then carry only the tags, and interprocess events
- *   nccl  NCCL point-to-point links, M slots each, and the replicas' reduce-scatter of the
- *         gradients / all-gather of the weights (no act segment)
+ *   a stage's plane (plane_new): its links to its pipeline neighbours, which carry each
+ *     microbatch's activations forward (act_in from the previous virtual stage, act_out to the
+ *     next) and their gradients backward (grad_in, grad_out), one slot per hand-off, in the
+ *     backend's memory and dtype (kernels/backend.h: host fp32 on the CPU, device bf16 on
+ *     CUDA); the loader's rings of tokens (the first virtual stage) and targets (the last),
+ *     host int32 on every transport; and the data-parallel exchanges a transport makes around
+ *     a step.
+ *   an optimizer shard's view (plane_reduce_new): where each replica holds the weights and
+ *     gradients of the shard's slice; the replicas' gradients summed (in replica order) and
+ *     the new weights written back to every replica.
  *
- * (A ZeroMQ TCP transport across hosts would be one more: stages/runtime/plane_link.h is a link's side.)
+ * The transports (stages/roles/stage.c and optshard.c see only this header):
+ *
+ *   shm   job.device "cpu": the act segment's shared-memory rings (stages/job/job.h), payload
+ *         in the slots
+ *   ipc   job.device "cuda" on one host: device rings exported with CUDA IPC (stages/job/
+ *         devdir.h), ordered by those same rings, whose slots then carry only the tags, and
+ *         interprocess events
+ *   nccl  parallelism.data_plane "nccl": NCCL point-to-point links, M slots each; the replicas
+ *         reduce-scatter the gradients and all-gather the weights, so a shard maps only the
+ *         one stage (beside it) that holds its slice's sum
+ *
+ * A shard on the CPU (a CPU job, or offload: [optshard] device "cpu") reads every replica's
+ * part of the params and grads segments; one on the GPU maps the stages' device buffers.
+ *
+ * (A ZeroMQ TCP transport across hosts would be one more row: stages/runtime/plane_link.h.)
  *
  * Receiving: plane_recv waits for the link's next slot, which must carry (step, mb), and
  * plane_done gives it back once the model is done with it. Sending: plane_reserve waits for a
@@ -27,39 +42,60 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "ipc/ring.h"
-#include "kernels/cuda/cuda_nccl.h"
-#include "kernels/cuda/cuda_plugin.h"
+#include "kernels/backend.h"
 #include "stages/job/job.h"
 
-typedef enum { PLANE_ACT_IN, PLANE_ACT_OUT, PLANE_GRAD_IN, PLANE_GRAD_OUT, PLANE_LINKS } plane_link_t;
+typedef enum {
+    PLANE_ACT_IN,
+    PLANE_ACT_OUT,
+    PLANE_GRAD_IN,
+    PLANE_GRAD_OUT,
+    PLANE_TOKENS,   /* from the loader: [mb, T] int32 inputs (the first virtual stage) */
+    PLANE_TARGETS,  /* from the loader: [mb, T] int32 targets (the last virtual stage) */
+    PLANE_LINKS
+} plane_link_t;
+
+/* How a job on a transport comes back from a lost stage or optimizer shard (DESIGN.md
+ * "Recovery"): the one process replaced while the others run on (its state lives in shared
+ * memory); every stage started again, the shards keeping theirs (a stage's neighbours map its
+ * device memory, which dies with it); or the whole job back to its newest snapshot. */
+typedef enum { PLANE_RECOVER_IN_PLACE, PLANE_RECOVER_RESTAGE, PLANE_RECOVER_REWIND } plane_recovery_t;
 
 typedef struct plane plane_t;
 
-/* Where a stage sits, and (device transports) what orders its hand-offs. */
+/* The transport of a job: "shm", "ipc" or "nccl". */
+const char *plane_transport(const job_layout_t *l);
+/* What a transport declares (the name must be one of the above). */
+plane_recovery_t plane_recovery(const char *transport);
+/* Whether the transport orders its hand-offs with the act segment's rings (job_act_create). */
+int plane_uses_act_segment(const char *transport);
+
+/* Where a stage sits, and what its plane needs. */
 typedef struct {
     const job_layout_t *lay;
     const char *job;          /* the job's segments */
-    int replica, rank;        /* rank 0 has no act_in / grad_out, rank pp - 1 no act_out / grad_in */
-    int vstage;               /* shm: the virtual stage whose links these are (a rank with several
-                               * chunks has a plane per chunk; virtual stage 0 has no act_in /
-                               * grad_out, lay->S - 1 no act_out / grad_in); the device transports
-                               * take one stage per rank (vstage = rank) */
-    const cuda_plugin_t *cu;  /* ipc, nccl */
-    void *stream;             /* ipc, nccl: the model's stream (backend_t.model_stream) */
+    int replica, rank;
+    int vstage;               /* the virtual stage whose links these are (a rank with several
+                               * chunks has a plane per chunk; the device transports take one
+                               * stage per rank: vstage = rank); virtual stage 0 has no act_in /
+                               * grad_out and takes tokens, lay->S - 1 no act_out / grad_in and
+                               * takes targets */
+    /* the device transports */
+    void *stream;             /* the model's stream (backend_t.model_stream) */
+    int device;               /* the ordinal the stage computes on */
+    void *w;                  /* the model's device weights (bf16) and gradients of the range */
+    float *g;                 /* [begin, end) of the flat space (backend_t.model_buffers) */
+    size_t begin, end;
+    /* what the coordinator hands this stage for its transport after its config (plane_boot),
+     * fetched when the transport needs it: fills buf (at most cap bytes), returns its length
+     * or -errno */
+    long (*boot)(void *arg, void *buf, size_t cap);
+    void *arg;
 } plane_cfg_t;
 
-/* Each returns 0 or -errno with err. */
-int plane_shm_new(plane_t **out, const plane_cfg_t *c, char *err, size_t errlen);
-/* devdir: the device directory segment; this stage's entry there must hold everything but its
- * rings, which this fills before it marks the entry ready and maps the neighbours' rings. */
-int plane_ipc_new(plane_t **out, const plane_cfg_t *c, void *devdir, char *err, size_t errlen);
-/* ids: the coordinator's communicator ids (stages/job/job.h's JOB_NCCL_* order); w, g: the model's
- * device weights (bf16) and gradients of n elements (backend_t.model_buffers), which the
- * replicas all-gather and reduce-scatter. Joins every communicator (blocks until the
- * neighbours and replicas have). */
-int plane_nccl_new(plane_t **out, const plane_cfg_t *c, const cuda_nccl_id_t *ids, void *w, float *g, size_t n,
-                   char *err, size_t errlen);
+/* Stage side: the plane of cfg over `transport`. Joins what the transport joins (NCCL: blocks
+ * until the neighbours and replicas have). Returns 0 or -errno with err. */
+int plane_new(plane_t **out, const char *transport, const plane_cfg_t *c, char *err, size_t errlen);
 void plane_destroy(plane_t **p);
 
 int plane_recv(plane_t *p, plane_link_t l, int64_t step, int mb, void **slot);
@@ -76,9 +112,42 @@ int plane_step_end(plane_t *p);
 double plane_waited(plane_t *p);
 const char *plane_error(const plane_t *p);
 
-/* The next slot of a shared-memory ring, which must carry (step, mb): the shm links' and the
- * loader's token and target rings alike (stage.c). Adds the seconds blocked to *waited.
- * Returns 0 or -errno with err (-EPROTO: other tags). */
-int plane_ring_take(ring_t *r, int64_t step, int mb, void **payload, double *waited, char *err, size_t errlen);
+/* ---- the coordinator's part ---- */
+
+/* What the transport needs made once per run by the coordinator (NCCL: every communicator's
+ * id, made here: this process hosts their bootstrap roots), as bytes; *len 0 when nothing
+ * (*boot NULL). The caller frees *boot. Returns 0 or -errno with err. */
+int plane_boot_make(const char *transport, const job_layout_t *l, void **boot, size_t *len, char *err,
+                    size_t errlen);
+/* Stage (replica, rank)'s share of it, what plane_cfg_t.boot hands that stage, into buf (cap
+ * bytes). Returns its length (0: none for this transport), or -EINVAL. */
+long plane_boot_share(const char *transport, const job_layout_t *l, const void *boot, int replica, int rank,
+                      void *buf, size_t cap);
+
+/* ---- an optimizer shard's view of the replicas ---- */
+
+typedef struct plane_reduce plane_reduce_t;
+
+/* Where shard k runs: beside stage (*replica, *rank) when the transport sums the replicas into
+ * that stage's memory (nccl: shard k = rank * dp + replica), else *replica = -1. */
+void plane_shard_beside(const char *transport, const job_layout_t *l, int k, int *replica, int *rank);
+/* Shard k's view of slice [begin, end) over `transport`, its sums in the backend's memory on
+ * `stream`: the parts of every replica that holds some of the slice (shm: the params and grads
+ * segments of job for CPU shards; for GPU shards the stages' buffers, mapped through their
+ * device directory entries, waited for as they set up). Returns 0 or -errno with err. */
+int plane_reduce_new(plane_reduce_t **out, const char *transport, const job_layout_t *l, const char *job, int k,
+                     size_t begin, size_t end, const backend_t *be, void *stream, char *err, size_t errlen);
+void plane_reduce_destroy(plane_reduce_t **r);
+/* The replicas' gradients of the slice summed in replica order: *sum points at them (in the
+ * backend's memory; the one part itself when a single part holds the whole slice). */
+int plane_reduce_sum(plane_reduce_t *r, const float **sum);
+/* Every replica's weights of the slice from `master` (fp32, the slice's length, converted to
+ * the backend's weight dtype) and their gradients cleared; returns once done. */
+int plane_reduce_publish(plane_reduce_t *r, const float *master);
+/* The stages were started again (a stage was lost): the old mappings go, the new stages' are
+ * made (GPU shards; nothing for CPU ones). */
+int plane_reduce_remap(plane_reduce_t *r);
+/* Why the last call failed. */
+const char *plane_reduce_error(const plane_reduce_t *r);
 
 #endif

@@ -29,7 +29,7 @@ typedef struct {
     int mb;
 } ipc_end_t;
 
-#define CU(p) (p)->cfg.cu
+#define CU(p) (p)->cu
 
 /* The stream waits for ev's last record (unless the test hook drops the wait). */
 static int wait_for(ipc_end_t *d, void *ev)
@@ -128,7 +128,7 @@ static int add_end(plane_t *p, plane_link_t l, int boundary, int grad, ipc_end_t
 }
 
 /* An outgoing ring: M device slots and 2M events, their handles into this stage's entry. */
-static int make_ring(plane_t *p, plane_link_t l, int boundary, int grad, devdir_stage_t *e)
+static int make_ring(plane_t *p, plane_link_t l, int boundary, int grad)
 {
     const cuda_plugin_t *cu = CU(p);
     int M = p->lay.M;
@@ -136,7 +136,7 @@ static int make_ring(plane_t *p, plane_link_t l, int boundary, int grad, devdir_
     int rc = add_end(p, l, boundary, grad, &d);
     if (rc)
         return rc;
-    devdir_ring_t r = devdir_ring(e, &p->lay, grad);
+    devdir_ring_t r = devdir_ring(p->entry, &p->lay, grad);
     d->own = 1;
     if (cu->ipc_alloc((void **)&d->slots, (size_t)M * p->lay.dev_slot, r.slots))
         return plane_fail(p, -EIO, "device ring of %d x %zu bytes: %s", M, p->lay.dev_slot, cu->last_error());
@@ -147,7 +147,7 @@ static int make_ring(plane_t *p, plane_link_t l, int boundary, int grad, devdir_
 }
 
 /* An incoming ring: the neighbour's outgoing one, once it has published it. */
-static int open_ring(plane_t *p, plane_link_t l, int boundary, int grad, void *devdir)
+static int open_ring(plane_t *p, plane_link_t l, int boundary, int grad)
 {
     const cuda_plugin_t *cu = CU(p);
     int M = p->lay.M, rank = grad ? boundary + 1 : boundary;
@@ -155,7 +155,7 @@ static int open_ring(plane_t *p, plane_link_t l, int boundary, int grad, void *d
     int rc = add_end(p, l, boundary, grad, &d);
     if (rc)
         return rc;
-    devdir_stage_t *e = devdir_wait(devdir, &p->lay, p->cfg.replica, rank, 120000);
+    devdir_stage_t *e = devdir_wait(shm_data(p->dev), &p->lay, p->cfg.replica, rank, 120000);
     if (!e)
         return plane_fail(p, -ETIMEDOUT, "stage %d of replica %d never published its device buffers", rank,
                           p->cfg.replica);
@@ -169,21 +169,26 @@ static int open_ring(plane_t *p, plane_link_t l, int boundary, int grad, void *d
     return 0;
 }
 
-int plane_ipc_new(plane_t **out, const plane_cfg_t *c, void *devdir, char *err, size_t errlen)
+/* This stage's outgoing rings into its directory entry, the entry marked ready, then its
+ * neighbours' mapped as they publish theirs. */
+static int links(plane_t *p)
 {
-    plane_t *p = *out = plane_alloc(c, NULL);
-    int rc = p ? 0 : -ENOMEM, r = c->rank, first = r == 0, last = r == c->lay->pp - 1;
-    devdir_stage_t *e = devdir_stage(devdir, c->lay, c->replica, r);
-    if (!rc && !last)
-        rc = make_ring(p, PLANE_ACT_OUT, r, 0, e);
+    int rc = 0, r = p->cfg.rank, first = r == 0, last = r == p->lay.pp - 1;
+    if (!last)
+        rc = make_ring(p, PLANE_ACT_OUT, r, 0);
     if (!rc && !first)
-        rc = make_ring(p, PLANE_GRAD_OUT, r - 1, 1, e);
+        rc = make_ring(p, PLANE_GRAD_OUT, r - 1, 1);
     if (rc)
-        return plane_abort(out, rc, err, errlen);
-    atomic_store(&e->ready, 1); /* the neighbours may map this stage's rings now */
+        return rc;
+    atomic_store(&p->entry->ready, 1); /* the neighbours may map this stage's rings now */
     if (!first)
-        rc = open_ring(p, PLANE_ACT_IN, r - 1, 0, devdir);
+        rc = open_ring(p, PLANE_ACT_IN, r - 1, 0);
     if (!rc && !last)
-        rc = open_ring(p, PLANE_GRAD_IN, r, 1, devdir);
-    return rc ? plane_abort(out, rc, err, errlen) : 0;
+        rc = open_ring(p, PLANE_GRAD_IN, r, 1);
+    return rc;
 }
+
+/* A lost stage's neighbours map its device memory, which dies with it: every stage starts
+ * again; the shards keep their state and map the new ones (REMAP). */
+const plane_transport_t plane_ipc = {.name = "ipc", .recovery = PLANE_RECOVER_RESTAGE, .act_segment = 1,
+                                     .device = 1, .links = links};

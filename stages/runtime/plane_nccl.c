@@ -7,7 +7,11 @@
  * the weights (each replica's optimizer shard updated one chunk) and reduce-scatter the
  * gradients (replica r keeps the sum of chunk r, where its shard reads it). */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
+
+#include "ipc/util.h"
 
 #include "stages/runtime/plane_link.h"
 
@@ -29,7 +33,7 @@ typedef struct {
     size_t n;
 } nccl_ctx_t;
 
-#define CU(p) (p)->cfg.cu
+#define CU(p) (p)->cu
 
 /* A CUDA or NCCL call failed: what it was for and the plugin's reason. */
 static int failed(plane_t *p, const char *what) { return plane_fail(p, -EIO, "%s: %s", what, CU(p)->last_error()); }
@@ -176,20 +180,87 @@ static const plane_ops_t nccl_ops = {nccl_step_begin, nccl_step_end, nccl_ctx_de
  * gradients of each replica's boundaries, then the replicas of each pipeline rank), so every
  * pair of neighbours meets in the same order and no one waits for a join that waits for it.
  * In an activation communicator the sender (rank b) is 0; in a gradient one the sender (b + 1). */
-int plane_nccl_new(plane_t **out, const plane_cfg_t *c, const cuda_nccl_id_t *ids, void *w, float *g, size_t n,
-                   char *err, size_t errlen)
+static int links(plane_t *p)
 {
-    plane_t *p = *out = plane_alloc(c, &nccl_ops);
-    nccl_ctx_t *x = p ? p->ctx = calloc(1, sizeof(nccl_ctx_t)) : NULL;
+    const plane_cfg_t *c = &p->cfg;
+    cuda_nccl_id_t ids[JOB_NCCL_COMMS];
+    int ordinal = job_local_ordinal(&p->lay, c->replica, c->rank);
+    if (c->device != ordinal)
+        return plane_fail(p, -EINVAL, "parallelism.data_plane = \"nccl\" needs a GPU per stage process (NCCL "
+                          "refuses two ranks on one device), and this host has %d for %d stage processes: use "
+                          "data_plane = \"ipc\" to share GPUs", p->cu->device_count(), p->lay.pp * p->lay.dp);
+    atomic_store(&p->entry->ready, 1); /* the optimizer shards only need the buffers */
+    long n = c->boot ? c->boot(c->arg, ids, sizeof(ids)) : -EINVAL;
+    if (n != (long)sizeof(ids))
+        return plane_fail(p, -EPROTO, "the coordinator's NCCL ids: %ld bytes, expected %zu", n, sizeof(ids));
+    nccl_ctx_t *x = p->ctx = calloc(1, sizeof(nccl_ctx_t));
     if (!x)
-        return plane_abort(out, -ENOMEM, err, errlen);
-    *x = (nccl_ctx_t){.w = w, .g = g, .n = n};
-    int rc = 0, first = c->rank == 0, last = c->rank == c->lay->pp - 1;
+        return plane_fail(p, -ENOMEM, "out of memory");
+    p->ops = &nccl_ops;
+    *x = (nccl_ctx_t){.w = c->w, .g = c->g, .n = c->end - c->begin};
+    int rc = 0, first = c->rank == 0, last = c->rank == p->lay.pp - 1;
     if (!first && !(rc = add_end(p, PLANE_ACT_IN, &ids[JOB_NCCL_ACT_IN], "act_in", 1, 0))) /* boundary rank - 1 */
         rc = add_end(p, PLANE_GRAD_OUT, &ids[JOB_NCCL_GRAD_OUT], "grad_out", 0, 1);       /* before boundary rank */
     if (!rc && !last && !(rc = add_end(p, PLANE_ACT_OUT, &ids[JOB_NCCL_ACT_OUT], "act_out", 0, 1)))
         rc = add_end(p, PLANE_GRAD_IN, &ids[JOB_NCCL_GRAD_IN], "grad_in", 1, 0);
-    if (!rc && c->cu->nccl_init(&x->dp, &ids[JOB_NCCL_DP], c->lay->dp, c->replica))
-        rc = plane_fail(p, -EIO, "NCCL communicator of the replicas: %s", c->cu->last_error());
-    return rc ? plane_abort(out, rc, err, errlen) : 0;
+    if (!rc && p->cu->nccl_init(&x->dp, &ids[JOB_NCCL_DP], p->lay.dp, c->replica))
+        rc = plane_fail(p, -EIO, "NCCL communicator of the replicas: %s", p->cu->last_error());
+    return rc;
 }
+
+/* ---- the coordinator's part: every communicator's id ---- */
+
+/* kind 0: the activation communicator of (replica, boundary), 1: its gradient one, 2: the
+ * replicas' communicator of pipeline rank `boundary_or_rank`. */
+static size_t id_index(const job_layout_t *l, int kind, int replica, int boundary_or_rank)
+{
+    return kind < 2 ? ((size_t)replica * (l->pp - 1) + boundary_or_rank) * 2 + kind
+                    : (size_t)l->dp * (l->pp - 1) * 2 + boundary_or_rank;
+}
+
+/* The coordinator makes every id (ncclGetUniqueId: it hosts each communicator's bootstrap root). */
+static int boot_make(const job_layout_t *l, void **boot, size_t *len, char *err, size_t errlen)
+{
+    size_t n = (size_t)l->dp * (l->pp - 1) * 2 + l->pp;
+    char why[512];
+    const cuda_plugin_t *cu = cuda_plugin_load(why, sizeof(why));
+    if (!cu)
+        return util_fail(err, errlen, -ENODEV, "parallelism.data_plane = \"nccl\": %s", why);
+    cuda_nccl_id_t *ids = calloc(n, sizeof(cuda_nccl_id_t));
+    if (!ids)
+        return util_fail(err, errlen, -ENOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++)
+        if (cu->nccl_id(&ids[i])) {
+            free(ids);
+            return util_fail(err, errlen, -EIO, "parallelism.data_plane = \"nccl\": %s", cu->last_error());
+        }
+    *boot = ids;
+    *len = n * sizeof(cuda_nccl_id_t);
+    return 0;
+}
+
+/* The communicators stage (replica, rank) joins, in stages/job/job.h's JOB_NCCL_* order (one it
+ * does not join, such as act_in on rank 0, all zeros). */
+static long boot_share(const job_layout_t *l, const void *boot, int replica, int rank, void *buf, size_t cap)
+{
+    const cuda_nccl_id_t *all = boot;
+    cuda_nccl_id_t ids[JOB_NCCL_COMMS];
+    if (cap < sizeof(ids) || replica < 0 || replica >= l->dp || rank < 0 || rank >= l->pp)
+        return -EINVAL;
+    memset(ids, 0, sizeof(ids));
+    if (rank > 0) {
+        ids[JOB_NCCL_ACT_IN] = all[id_index(l, 0, replica, rank - 1)];
+        ids[JOB_NCCL_GRAD_OUT] = all[id_index(l, 1, replica, rank - 1)];
+    }
+    if (rank < l->pp - 1) {
+        ids[JOB_NCCL_ACT_OUT] = all[id_index(l, 0, replica, rank)];
+        ids[JOB_NCCL_GRAD_IN] = all[id_index(l, 1, replica, rank)];
+    }
+    ids[JOB_NCCL_DP] = all[id_index(l, 2, 0, rank)];
+    memcpy(buf, ids, sizeof(ids));
+    return (long)sizeof(ids);
+}
+
+/* Its communicators die with any of their ranks: a loss rewinds the job. */
+const plane_transport_t plane_nccl = {.name = "nccl", .recovery = PLANE_RECOVER_REWIND, .device = 1, .beside = 1,
+                                      .links = links, .boot_make = boot_make, .boot_share = boot_share};

@@ -57,13 +57,18 @@ static int add_end(plane_t *p, plane_link_t l, int boundary, int grad)
     return plane_link_attach(p, &s->ring, boundary, grad);
 }
 
-int plane_shm_new(plane_t **out, const plane_cfg_t *c, char *err, size_t errlen)
+/* The links of p->cfg's virtual stage: to the one before it and the one after it. */
+static int links(plane_t *p)
 {
-    plane_t *p = *out = plane_alloc(c, NULL);
-    int rc = p ? 0 : -ENOMEM, v = c->vstage;
-    if (!rc && v > 0 && !(rc = add_end(p, PLANE_ACT_IN, v - 1, 0)))
+    int rc = 0, v = p->cfg.vstage;
+    if (v > 0 && !(rc = add_end(p, PLANE_ACT_IN, v - 1, 0)))
         rc = add_end(p, PLANE_GRAD_OUT, v - 1, 1);
-    if (!rc && v < c->lay->S - 1 && !(rc = add_end(p, PLANE_ACT_OUT, v, 0)))
+    if (!rc && v < p->lay.S - 1 && !(rc = add_end(p, PLANE_ACT_OUT, v, 0)))
         rc = add_end(p, PLANE_GRAD_IN, v, 1);
-    return rc ? plane_abort(out, rc, err, errlen) : 0;
+    return rc;
 }
+
+/* A CPU job's state lives in shared memory (the weights in params, the shards' in optstate):
+ * whoever is lost is replaced alone. */
+const plane_transport_t plane_shm = {.name = "shm", .recovery = PLANE_RECOVER_IN_PLACE, .act_segment = 1,
+                                     .links = links};

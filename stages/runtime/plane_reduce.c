@@ -1,0 +1,217 @@
+/* An optimizer shard's view of the replicas (plane.h plane_reduce_*): one list of where each
+ * replica holds which part of the shard's slice, made at set-up (and again after a REMAP), that
+ * the steps only walk: the sum of the replicas' gradients in replica order, the new weights to
+ * every replica. CPU shards (a CPU job, and offload mode) take every replica's range of the
+ * params and grads segments; GPU shards the stages' device buffers, mapped through the handles in
+ * their device directory entries; with NCCL (a transport whose row says `beside`) the
+ * reduce-scatter summed the replicas into one stage (replica k % dp, rank k / dp): only its
+ * buffers, as replica 0. Block boundaries and replica order do not depend on the shard count, so any count
+ * gives the same bits. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ipc/util.h"
+#include "stages/runtime/plane_link.h"
+
+struct plane_reduce {
+    const plane_transport_t *tr;
+    job_layout_t lay;
+    char job[96];
+    int k;
+    size_t begin, end;
+    const backend_t *be;
+    void *stream;
+    plane_part_t *part;          /* replicas in order, each one's parts in flat order */
+    int nparts;
+    float *sum;                  /* (end - begin) in the backend's memory, or the one part's own */
+    int in_place;                /* one part holds the whole slice: no copy to sum */
+    const cuda_plugin_t *cu;     /* the device transports: the stage buffers mapped through CUDA IPC, */
+    void **mapped;               /* to ipc_close */
+    int nmapped;
+    shm_seg_t *params, *grads, *dev;
+    char err[512];
+};
+
+static int fail(plane_reduce_t *r, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(plane_reduce_t *r, int rc, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->err, sizeof(r->err), fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+const char *plane_reduce_error(const plane_reduce_t *r) { return r->err; }
+
+/* On the CPU: each replica's slice of the shared fp32 params and grads segments. */
+static int parts_from_segments(plane_reduce_t *r)
+{
+    int rc;
+    if ((rc = shm_attach(&r->params, r->job, "params", r->err, sizeof(r->err))) ||
+        (rc = shm_attach(&r->grads, r->job, "grads", r->err, sizeof(r->err))))
+        return rc;
+    float *P = shm_data(r->params), *G = shm_data(r->grads);
+    if (!(r->part = calloc((size_t)r->lay.dp, sizeof(plane_part_t))))
+        return fail(r, -ENOMEM, "out of memory");
+    for (int rep = 0; rep < r->lay.dp; rep++) {
+        size_t at = rep * r->lay.stride + r->begin;
+        r->part[r->nparts++] = (plane_part_t){.w = P + at, .g = G + at, .lo = r->begin, .hi = r->end, .replica = rep};
+    }
+    return 0;
+}
+
+/* On the GPU: the stages' device buffers that hold parts of the slice, mapped through the
+ * handles in their device directory entries (waited for as the stages set up). */
+static int parts_from_stages(plane_reduce_t *r)
+{
+    const job_layout_t *l = &r->lay;
+    char why[512];
+    int rc, beside_r, beside_s;
+    if (!r->cu && !(r->cu = cuda_plugin_load(why, sizeof(why))))
+        return fail(r, -ENODEV, "optshard.device = \"cuda\": %s", why);
+    if (!r->dev && (rc = shm_attach(&r->dev, r->job, DEVDIR_SEG, r->err, sizeof(r->err))))
+        return rc;
+    plane_shard_beside(r->tr->name, l, r->k, &beside_r, &beside_s);
+    r->part = calloc((size_t)l->dp * l->pp, sizeof(plane_part_t));
+    r->mapped = calloc((size_t)l->dp * l->pp * 2, sizeof(void *));
+    if (!r->part || !r->mapped)
+        return fail(r, -ENOMEM, "out of memory");
+    for (int rep = 0; rep < l->dp; rep++)
+        for (int s = 0; s < l->pp; s++) {
+            if (beside_r >= 0 && (rep != beside_r || s != beside_s))
+                continue;
+            devdir_stage_t *e = devdir_wait(shm_data(r->dev), l, rep, s, 120000);
+            if (!e)
+                return fail(r, -ETIMEDOUT, "stage %d of replica %d never published its device buffers", s, rep);
+            size_t lo = e->begin > r->begin ? e->begin : r->begin, hi = e->end < r->end ? e->end : r->end;
+            if (lo >= hi)
+                continue;
+            void *w, *g;
+            if (r->cu->ipc_open(&w, &e->w))
+                return fail(r, -EIO, "weights of stage %d replica %d: %s", s, rep, r->cu->last_error());
+            r->mapped[r->nmapped++] = w;
+            if (r->cu->ipc_open(&g, &e->g))
+                return fail(r, -EIO, "gradients of stage %d replica %d: %s", s, rep, r->cu->last_error());
+            r->mapped[r->nmapped++] = g;
+            r->part[r->nparts++] = (plane_part_t){.w = (uint16_t *)w + (lo - e->begin),
+                                                  .g = (float *)g + (lo - e->begin), .lo = lo, .hi = hi,
+                                                  .replica = beside_r >= 0 ? 0 : rep};
+        }
+    return 0;
+}
+
+/* Shards on the GPU map the stages' device buffers; CPU shards read the host segments, which the
+ * stages compute on (the CPU model) or copy to and from (offload: GPU stages, CPU shards). */
+static int make_parts(plane_reduce_t *r) { return r->lay.gpu_shards ? parts_from_stages(r) : parts_from_segments(r); }
+
+/* The mappings and the list go (a REMAP makes them anew). */
+static void drop_parts(plane_reduce_t *r)
+{
+    for (int i = 0; i < r->nmapped; i++)
+        r->cu->ipc_close(r->mapped[i]);
+    free(r->part);
+    free(r->mapped);
+    r->part = NULL;
+    r->mapped = NULL;
+    r->nparts = r->nmapped = 0;
+}
+
+/* Where the sum goes: the one part itself when it holds the whole slice, else a buffer of the
+ * backend's (kept across a REMAP: the slice's layout does not change). */
+static int place_sum(plane_reduce_t *r)
+{
+    int was_in_place = r->in_place;
+    r->in_place = r->nparts == 1 && r->part[0].lo == r->begin && r->part[0].hi == r->end;
+    if (r->in_place) {
+        if (!was_in_place && r->sum && r->be->free(r->sum))
+            return fail(r, -EIO, "%s", r->be->last_error());
+        r->sum = r->part[0].g;
+        return 0;
+    }
+    if (r->sum && !was_in_place)
+        return 0;
+    size_t n = r->end > r->begin ? r->end - r->begin : 1;
+    void *mem;
+    if (r->be->alloc(&mem, n * sizeof(float)))
+        return fail(r, -ENOMEM, "%s memory for %zu gradients: %s", r->be->name, n, r->be->last_error());
+    r->sum = mem;
+    return 0;
+}
+
+int plane_reduce_new(plane_reduce_t **out, const char *transport, const job_layout_t *l, const char *job, int k,
+                     size_t begin, size_t end, const backend_t *be, void *stream, char *err, size_t errlen)
+{
+    *out = NULL;
+    plane_reduce_t *r = calloc(1, sizeof(*r));
+    if (!r)
+        return util_fail(err, errlen, -ENOMEM, "out of memory");
+    r->tr = plane_find(transport);
+    r->lay = *l;
+    snprintf(r->job, sizeof(r->job), "%s", job);
+    r->k = k, r->begin = begin, r->end = end, r->be = be, r->stream = stream;
+    int rc = r->tr ? make_parts(r) : fail(r, -EINVAL, "no data plane transport \"%s\"", transport);
+    if (!rc)
+        rc = place_sum(r);
+    if (rc) {
+        snprintf(err, errlen, "%s", r->err);
+        plane_reduce_destroy(&r);
+        return rc;
+    }
+    *out = r;
+    return 0;
+}
+
+void plane_reduce_destroy(plane_reduce_t **pr)
+{
+    plane_reduce_t *r = *pr;
+    if (!r)
+        return;
+    if (r->sum && !r->in_place)
+        r->be->free(r->sum);
+    drop_parts(r);
+    shm_detach(&r->params);
+    shm_detach(&r->grads);
+    shm_detach(&r->dev);
+    free(r);
+    *pr = NULL;
+}
+
+int plane_reduce_sum(plane_reduce_t *r, const float **sum)
+{
+    const backend_t *be = r->be;
+    for (int i = 0; i < r->nparts && !r->in_place; i++) {
+        const plane_part_t *q = &r->part[i];
+        float *dst = r->sum + (q->lo - r->begin);
+        size_t n = q->hi - q->lo;
+        if (q->replica == 0 ? be->copy(dst, q->g, n * sizeof(float), r->stream) : be->f32_add(dst, q->g, n, r->stream))
+            return fail(r, -EIO, "reduce: %s", be->last_error());
+    }
+    *sum = r->sum;
+    return 0;
+}
+
+int plane_reduce_publish(plane_reduce_t *r, const float *master)
+{
+    const backend_t *be = r->be;
+    for (int i = 0; i < r->nparts; i++) {
+        const plane_part_t *q = &r->part[i];
+        if (be->to_weights(q->w, master + (q->lo - r->begin), q->hi - q->lo, r->stream))
+            return fail(r, -EIO, "weights: %s", be->last_error());
+        if (be->zero(q->g, (q->hi - q->lo) * sizeof(float), r->stream))
+            return fail(r, -EIO, "gradients: %s", be->last_error());
+    }
+    return be->stream_sync(r->stream) ? fail(r, -EIO, "weights: %s", be->last_error()) : 0;
+}
+
+int plane_reduce_remap(plane_reduce_t *r)
+{
+    if (!r->lay.gpu_shards)
+        return 0;
+    drop_parts(r);
+    int rc = make_parts(r);
+    return rc ? rc : place_sum(r);
+}

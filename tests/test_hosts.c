@@ -1,4 +1,4 @@
-/* Jobs across hosts (issue 13: stages/coord/coord_agent.c, stages/coord/supervise.c) with real processes:
+/* Jobs across hosts (issue 13: stages/coord/coord_agent.c, stages/supervise/supervise.c) with real processes:
  * two "hosts" on this machine, as in test_launch (host 1's `ctitan launch` placed as under
  * srun, its segments named -h1, both on the emulated CUDA backend with the NCCL plane, loopback
  * TCP), each test's ending compared with the same job run on one host: every step's loss the

@@ -1,4 +1,4 @@
-/* `ctitan launch`'s supervisor (stages/coord/supervise.h, issue 13) with real processes and real
+/* `ctitan launch`'s supervisor (stages/supervise/supervise.h, issue 13) with real processes and real
  * kill -9: a job whose coordinator is killed is relaunched from its newest checkpoint
  * and ends as if nothing happened (the losses after the resume bitwise those of an undisturbed
  * run, compared as the %.17g strings of the metrics files), with one restart record; a failure
@@ -23,7 +23,7 @@
 #include "ipc/shm.h"
 #include "ipc/util.h"
 #include "tests/testjob.h"
-#include "stages/coord/supervise.h"
+#include "stages/supervise/supervise.h"
 
 static void sleep_ms(int ms) { nanosleep(&(struct timespec){ms / 1000, (ms % 1000) * 1000000L}, NULL); }
 

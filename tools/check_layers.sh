@@ -6,8 +6,9 @@
 #   floor 1: stages/job/ stages/data/            (the job description and segment layouts; data formats)
 #   floor 2: stages/runtime/ stages/report/      (the worker runtime and data plane; what a run reports)
 #   floor 3: checkpointd/                        (the checkpoint format and its daemon, a worker)
-#   floor 4: stages/coord/ stages/roles/         (the coordinator and its supervisor; the role processes)
-#   floor 5: tools/                              (the ctitan command)
+#   floor 4: stages/coord/ stages/roles/         (the coordinator; the role processes)
+#   floor 5: stages/supervise/                   (the supervisor: a failed run relaunched)
+#   floor 6: tools/                              (the ctitan command)
 set -u
 cd "$(dirname "$0")/.."
 floor() {
@@ -17,7 +18,8 @@ floor() {
     stages/runtime | stages/report) echo 2 ;;
     checkpointd) echo 3 ;;
     stages/coord | stages/roles) echo 4 ;;
-    tools) echo 5 ;;
+    stages/supervise) echo 5 ;;
+    tools) echo 6 ;;
     *) echo -1 ;;
     esac
 }

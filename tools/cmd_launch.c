@@ -1,6 +1,6 @@
 /* `ctitan launch MANIFEST [--section.key value ...]`: resolves the manifest with its
  * overrides and runs the job: host 0's coordinator under the supervisor that restarts a failed
- * job (stages/coord/supervise.h), on one host or many; another host's agent (stages/coord/coord.h). */
+ * job (stages/supervise/supervise.h), on one host or many; another host's agent (stages/coord/coord.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,7 +8,7 @@
 #include "tools/cmds.h"
 #include "stages/coord/coord.h"
 #include "stages/job/manifest.h"
-#include "stages/coord/supervise.h"
+#include "stages/supervise/supervise.h"
 
 static void usage(FILE *f)
 {

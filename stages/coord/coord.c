@@ -1,123 +1,34 @@
-/* The coordinator (see coord.h): coord_run's order of things, the step loop, and coord_fail,
- * which tells a failure that the coordinator's own stop caused (a watch thread). The other
- * concerns are in coord_*.c, listed in coord_priv.h. */
+/* The coordinator (see coord.h): coord_run's order of things and the step loop, at the top of
+ * the coordinator's tree (coord_core.h lists its files, bottom first): it sets every concern up,
+ * which hooks its messages into the registry, and calls them in the order of a run. */
 #include "stages/coord/coord.h"
 
 #include <errno.h>
 #include <math.h>
-#include <pthread.h>
-#include <signal.h>
-#include <stdarg.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "ipc/log.h"
 #include "ipc/util.h"
-#include "stages/coord/coord_priv.h"
+#include "stages/coord/coord_agent.h"
+#include "stages/coord/coord_ckpt.h"
+#include "stages/coord/coord_core.h"
+#include "stages/coord/coord_ctl.h"
+#include "stages/coord/coord_hosts.h"
+#include "stages/coord/coord_keys.h"
+#include "stages/coord/coord_outcome.h"
+#include "stages/coord/coord_plane.h"
+#include "stages/coord/coord_proc.h"
+#include "stages/coord/coord_recover.h"
+#include "stages/coord/coord_report.h"
+#include "stages/coord/coord_resume.h"
+#include "stages/coord/coord_setup.h"
+#include "stages/coord/coord_swap.h"
+#include "stages/coord/coord_trace.h"
+#include "stages/coord/coord_watchdog.h"
 #include "stages/job/staging.h"
-#include "stages/runtime/plane.h"
-
-/* ---- the coordinator's own stops ---- */
-
-/* Notes the time every 20 ms while this process runs: a longer gap between two notes means it
- * did not run (stopped, or starved). Its workers leave a coordinator that does not answer for
- * heartbeat_timeout_ms, so a failure right after such a gap is the gap's doing. */
-static void *watch_stops(void *arg)
-{
-    coord_t *c = arg;
-    double last = util_now();
-    while (!atomic_load(&c->watch_quit)) {
-        nanosleep(&(struct timespec){0, 20000000L}, NULL);
-        double now = util_now();
-        if (now - last > 0.25) {
-            atomic_store(&c->gap_s, now - last);
-            atomic_store(&c->gap_end, now);
-        }
-        atomic_store(&c->tick, now);
-        last = now;
-    }
-    return NULL;
-}
-
-/* Blocks SIGCONT (it stays pending until stopped_for looks: a stopped process is continued all
- * the same) and starts the watch. */
-static void start_watch(coord_t *c)
-{
-    sigset_t cont;
-    sigemptyset(&cont);
-    sigaddset(&cont, SIGCONT);
-    sigprocmask(SIG_BLOCK, &cont, NULL);
-    atomic_store(&c->tick, util_now());
-    c->watching = pthread_create(&c->watch, NULL, watch_stops, c) == 0;
-}
-
-static void stop_watch(coord_t *c)
-{
-    if (!c->watching)
-        return;
-    atomic_store(&c->watch_quit, 1);
-    pthread_join(c->watch, NULL);
-    c->watching = 0;
-}
-
-/* How long this process was stopped just before now (a SIGCONT came since the last look, and
- * the watch saw a gap or has not run since), or 0. Looked at once per step and at a failure. */
-static double stopped_for(coord_t *c)
-{
-    sigset_t cont, pending;
-    sigemptyset(&cont);
-    sigaddset(&cont, SIGCONT);
-    if (!sigpending(&pending) && sigismember(&pending, SIGCONT) &&
-        sigtimedwait(&cont, NULL, &(struct timespec){0, 0}) == SIGCONT)
-        c->continued_at = util_now();
-    double now = util_now(), limit = c->m->heartbeat_timeout_ms * 1e-3, window = 2 * limit + 1;
-    if (!(c->continued_at > 0 && now - c->continued_at < window))
-        return 0;
-    double since_tick = now - atomic_load(&c->tick); /* the watch has not run since the stop */
-    double gap = now - atomic_load(&c->gap_end) < window ? atomic_load(&c->gap_s) : 0; /* or saw it */
-    return since_tick > gap ? since_tick : gap;
-}
-
-static void vfail(coord_t *c, const coord_proc_t *p, const char *fmt, va_list ap)
-{
-    if (c->failed)
-        return; /* the first reason is the cause; what follows is fallout */
-    char what[sizeof(c->why)];
-    vsnprintf(what, sizeof(what), fmt, ap);
-    c->culprit = p;
-    /* a worker leaves after heartbeat_timeout_ms without an answer, counted from its last one,
-     * which can precede our last look: half the timeout is already suspect */
-    double stopped = stopped_for(c);
-    if (stopped > c->m->heartbeat_timeout_ms * 0.5e-3) {
-        snprintf(c->why, sizeof(c->why), "the coordinator itself was not running for %.1f s (stopped, e.g. by "
-                 "SIGSTOP; job.heartbeat_timeout_ms = %d): its workers gave up on it (found first: %.1200s)", stopped,
-                 c->m->heartbeat_timeout_ms, what);
-        c->culprit = NULL;
-    } else {
-        snprintf(c->why, sizeof(c->why), "%s", what);
-    }
-    c->failed = 1;
-}
-
-void coord_fail(coord_t *c, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vfail(c, NULL, fmt, ap);
-    va_end(ap);
-}
-
-void coord_fail_proc(coord_t *c, const coord_proc_t *p, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vfail(c, p, fmt, ap);
-    va_end(ap);
-}
 
 /* ---- the step loop ---- */
 
@@ -158,7 +69,7 @@ static int step(coord_t *c)
 {
     const manifest_t *m = c->m;
     int first_shard = 1 + c->n_stages, rc;
-    stopped_for(c); /* a stop between steps that did no harm is forgotten after a while */
+    coord_stopped_for(c); /* a stop between steps that did no harm is forgotten after a while */
     atomic_store(&c->hdr->step, c->step);
     double t0 = c->round_t0 = util_now();
     msg_t run = {.type = MSG_STEP, .step = c->step};
@@ -185,12 +96,12 @@ static int step(coord_t *c)
     if (m->ckpt_enable && (done % m->ckpt_interval == 0 || done == m->steps)) {
         if ((rc = coord_start_checkpoint(c, done)))
             return rc;
-    } else if (m->snapshot_interval > 0 && done % m->snapshot_interval == 0 && !c->ck_busy) {
+    } else if (m->snapshot_interval > 0 && done % m->snapshot_interval == 0 && !coord_ckpt_busy(c, NULL)) {
         coord_start_snapshot(c, done); /* in memory only; none while a checkpoint is written */
     }
-    if (c->swap_pending)
+    if (coord_swap_due(c))
         coord_do_swap(c);
-    return c->failed || c->interrupted ? -1 : 0;
+    return coord_over(c) ? -1 : 0;
 }
 
 static void train(coord_t *c)
@@ -199,7 +110,9 @@ static void train(coord_t *c)
     int64_t first = c->step;
     int rc;
     c->training = 1;
-    c->train_t0 = c->snap_at = t_start; /* a rewind to the first step loses everything since now */
+    c->train_t0 = t_start; /* a rewind to the first step loses everything since now */
+    /* a resumed checkpoint stays whole in the staging segment until the first snapshot */
+    coord_ckpt_begin(c, !coord_resume_start(c)->fresh && manifest_snapshots(c->m) ? c->step : -1);
     for (;;) {
         if (c->step < c->m->steps)
             rc = step(c);
@@ -218,6 +131,51 @@ static void train(coord_t *c)
 }
 
 /* ---- the run ---- */
+
+/* `ctitan status`: the step, the loader, the supervisor's restarts and the in-place recoveries. */
+static const char *on_status(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m)
+{
+    char restarts[400] = "";
+    const char *last;
+    int recoveries = coord_recoveries(c, &last);
+    if (c->sup && c->sup->restarts)
+        snprintf(restarts, sizeof(restarts), "; restarts so far: %d (last: %.300s)", c->sup->restarts,
+                 c->sup->last_restart);
+    else if (c->sup)
+        snprintf(restarts, sizeof(restarts), "; restarts so far: 0");
+    size_t n = strlen(restarts);
+    if (recoveries)
+        snprintf(restarts + n, sizeof(restarts) - n, "; in-place recoveries: %d (last: %.200s)", recoveries, last);
+    coord_reply_cli(c, from->route, 1, "job %s: step %lld of %d, loader pid %d%s", c->m->name, (long long)c->step + 1,
+                    c->m->steps, (int)coord_loader(c)->pid, restarts);
+    return NULL;
+}
+
+/* Every concern's state (the report's is made first: the data check needs it), its messages
+ * and hooks into the registry, in the order the pump runs its hooks (heartbeats, agents,
+ * watchdog: coord_make_table registers the first). */
+static int init_concerns(coord_t *c)
+{
+    coord_ctl_init(c);
+    coord_plane_init(c);
+    coord_handle(c, MSG_STATUS, COORD_FROM_OPERATOR, on_status);
+    if (coord_make_table(c) || coord_hosts_init(c) || coord_watchdog_init(c) || coord_trace_init(c) ||
+        coord_resume_init(c) || coord_ckpt_init(c) || coord_swap_init(c) || coord_recover_init(c))
+        return -ENOMEM;
+    return 0;
+}
+
+static void free_concerns(coord_t *c)
+{
+    coord_recover_free(c);
+    coord_swap_free(c);
+    coord_ckpt_free(c);
+    coord_resume_free(c);
+    coord_report_close(c);
+    coord_trace_close(c);
+    coord_watchdog_free(c);
+    coord_hosts_free(c);
+}
 
 /* Everything before any process starts, on every host. */
 static int set_up(coord_t *c, char *err, size_t errlen)
@@ -242,24 +200,19 @@ static int set_up(coord_t *c, char *err, size_t errlen)
         return util_fail(err, errlen, -ENOMEM, "out of memory");
     if ((rc = sched_build(&c->sched, m->pp, c->lay.vs, m->microbatches, m->schedule, err, errlen)))
         return rc; /* cannot happen: the manifest was checked against the schedule's rules */
-    /* in-place recovery: the weights and the shards' state live in this host's segments (CPU);
-     * on the GPU (and so across hosts) they live in the processes, and a loss rewinds the job,
-     * every host's agent taking part (coord_rewind.c, coord_agent.c), but for a stage on one
-     * host's IPC plane: the shards keep the state, the stages are started again (coord_recover.c) */
-    plane_recovery_t how = plane_recovery(plane_transport(&c->lay));
-    c->recover = how == PLANE_RECOVER_IN_PLACE && c->lay.hosts == 1;
-    c->restage = how == PLANE_RECOVER_RESTAGE && c->lay.hosts == 1;
     if ((rc = util_mkdirs(m->dump_folder)))
         return util_fail(err, errlen, rc, "job.dump_folder %s: cannot create: %s", m->dump_folder, strerror(-rc));
+    if ((rc = coord_report_init(c)))
+        return util_fail(err, errlen, rc, "out of memory");
     if ((rc = coord_resolve_endpoint(c, err, errlen)) || (rc = coord_check_data(c, err, errlen)) ||
         (rc = coord_keys_setup(c, err, errlen)))
         return rc;
     if ((rc = coord_setup_signals(c)))
         return util_fail(err, errlen, rc, "cannot set up signal handling: %s", strerror(-rc));
-    start_watch(c); /* after the signal mask is set: the thread inherits it */
+    coord_watch_start(c); /* after the signal mask is set: the thread inherits it */
     if ((rc = job_check_memory(&c->lay, m, err, errlen)) || (rc = coord_make_segments(c, err, errlen)))
         return rc;
-    if (coord_make_table(c))
+    if (init_concerns(c))
         return util_fail(err, errlen, -ENOMEM, "out of memory");
     if (m->host_rank > 0) { /* an agent: the rest comes with the coordinator's START (coord_agent.c) */
         snprintf(c->hdr->endpoint, sizeof(c->hdr->endpoint), "%s", c->endpoint);
@@ -283,33 +236,21 @@ static int set_up(coord_t *c, char *err, size_t errlen)
 static int start(coord_t *c, char *err, size_t errlen)
 {
     const manifest_t *m = c->m;
-    int rc = coord_make_batch(c, err, errlen);
-    if (rc)
+    const coord_start_t *s = coord_resume_start(c);
+    int rc = coord_make_batch(c, c->step, s->cursor, s->cursor_len, err, errlen);
+    if (rc || (rc = coord_report_open(c, err, errlen)))
         return rc;
-    /* a supervisor's relaunch appends: the file keeps the failed run's steps and the restart */
-    const char *mode = c->sup && c->sup->append_metrics ? "a" : "w";
-    if (m->metrics_file[0] && !(c->metrics = fopen(m->metrics_file, mode)))
-        return util_fail(err, errlen, -errno, "metrics.file %s: cannot open: %s", m->metrics_file, strerror(errno));
-    if (m->tb_enable) { /* a new file each run, whose steps TensorBoard shows over earlier files' */
-        char dir[PATH_MAX], why[PATH_MAX + 256];
-        manifest_tb_folder(m, dir, sizeof(dir));
-        if ((rc = tb_open(&c->tb, dir, c->step + 1, why, sizeof(why))))
-            return util_fail(err, errlen, rc, "metrics.save_tb_folder: %s", why);
-    }
     char why[PATH_MAX + 256];
     if ((rc = coord_trace_open(c, why, sizeof(why))))
         return util_fail(err, errlen, rc, "profiling.trace_file: %s", why);
     coord_banner(c);
-    if (c->agents) { /* every other host first: its stages are NCCL peers of ours */
-        coord_start_agents(c);
-        if (coord_pump(c, coord_agents_started, NULL, m->host_timeout_s) == -ETIMEDOUT) {
-            char missing[256] = "";
-            for (int h = 1; h < m->hosts && strlen(missing) < sizeof(missing) - 16; h++)
-                if (!c->agents[h].started)
-                    snprintf(missing + strlen(missing), sizeof(missing) - strlen(missing), "%s%d",
-                             missing[0] ? ", " : "", h);
+    if (coord_hosts_any(c)) { /* every other host first: its stages are NCCL peers of ours */
+        coord_hosts_start(c, s->first_step, s->fresh ? "" : s->load, s->cursor, s->cursor_len);
+        if (coord_pump(c, coord_hosts_started, NULL, m->host_timeout_s) == -ETIMEDOUT) {
+            char missing[256];
             coord_fail(c, "the agent of host %s did not connect to %s in %d s (job.host_timeout_s): start `ctitan "
-                       "launch` there with the same manifest", missing, c->endpoint, m->host_timeout_s);
+                       "launch` there with the same manifest", coord_hosts_missing(c, missing, sizeof(missing)),
+                       c->endpoint, m->host_timeout_s);
         }
     }
     for (int i = 0; i < c->np && !c->failed; i++)
@@ -318,7 +259,7 @@ static int start(coord_t *c, char *err, size_t errlen)
     if (coord_pump(c, coord_all_ready, NULL, COORD_STARTUP_TIMEOUT_S) == -ETIMEDOUT)
         coord_fail(c, "the job's processes did not all become ready in %.0f s", COORD_STARTUP_TIMEOUT_S);
     if (c->seg_ckpt && !manifest_snapshots(m) && !c->failed) {
-        /* the shards have their slices: a run that writes no checkpoint frees the 12 bytes a
+        /* the shards have their slices: a run that writes no checkpoint frees the bytes a
          * parameter the staging segment holds */
         shm_detach(&c->seg_ckpt);
         shm_unlink_name(c->job, STAGING_SEG);
@@ -332,17 +273,8 @@ static int run(coord_t *c)
     const manifest_t *m = c->m;
     char err[1024] = "";
     int rc = coord_resume(c, err, sizeof(err));
-    if (!rc) {
+    if (!rc)
         coord_note_start(c);
-        c->first_step = c->step;
-        c->fresh = !m->ckpt_load[0];
-        snprintf(c->start_load, sizeof(c->start_load), "%s", m->ckpt_load);
-        memcpy(c->start_cursor, c->resume_cursor, c->resume_cursor_len);
-        c->start_cursor_len = c->resume_cursor_len;
-        /* a resumed checkpoint stays whole in the staging segment until the first snapshot */
-        c->snap_step = !c->fresh && manifest_snapshots(m) ? c->step : -1;
-        c->snaps = c->snap_step >= 0;
-    }
     if (!rc && c->step >= m->steps) {
         printf("launch: the checkpoint is at step %lld and training.steps = %d: nothing left to train\n",
                (long long)c->step, m->steps);
@@ -351,7 +283,7 @@ static int run(coord_t *c)
     }
     if (!rc)
         rc = start(c, err, sizeof(err));
-    if (!rc && !c->failed && !c->interrupted)
+    if (!rc && !coord_over(c))
         train(c);
     if (c->failed) {
         fprintf(stderr, "ctitan: job %s failed: %s\n", m->name, c->why);
@@ -411,10 +343,10 @@ int coord_run(const manifest_t *given, const coord_super_t *sup)
         coord_note_failure(&c, err);
     } else {
         status = m->host_rank > 0 ? coord_agent(&c) : run(&c);
-        if (c.agents && status != 1) /* done, or stopped: the other hosts end too (a failure waits for a relaunch) */
-            coord_stop_agents(&c);
+        if (status != 1) /* done, or stopped: the other hosts end too (a failure waits for a relaunch) */
+            coord_hosts_stop(&c);
     }
-    stop_watch(&c);
+    coord_watch_stop(&c);
     if (c.ctl && c.sock_path[0]) /* only a socket we bound: another run of this job may own the file */
         unlink(c.sock_path);
     if (c.ctl)
@@ -422,15 +354,11 @@ int coord_run(const manifest_t *given, const coord_super_t *sup)
     ctl_destroy(&c.ctl);
     coord_keys_remove(&c);
     coord_remove_segments(&c);
-    if (c.metrics)
-        fclose(c.metrics);
-    tb_close(&c.tb);
-    coord_trace_close(&c);
+    free_concerns(&c);
     sched_free(&c.sched);
     if (c.sigfd >= 0)
         close(c.sigfd);
     free(c.p);
-    free(c.agents);
     free(c.toml);
     free(c.boot);
     free(m);

@@ -11,7 +11,7 @@
  * coord_recover.c; anything else fails the job), errors, Ctrl-C, and `ctitan loader swap`
  * requests, which it carries out at the next step boundary.
  *
- * On one host the coordinator runs under a supervisor (stages/coord/supervise.h), which relaunches a
+ * On one host the coordinator runs under a supervisor (stages/supervise/supervise.h), which relaunches a
  * failed job from its newest checkpoint: the run tells it how far it got and why it failed in
  * a coord_outcome_t in memory the two share, so the supervisor knows even after a kill -9. */
 #ifndef CTITAN_COORD_H

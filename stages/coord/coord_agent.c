@@ -1,4 +1,4 @@
-/* Jobs across hosts (see coord_priv.h; DESIGN.md "Recovery" and "Launching"). Host k > 0 runs
+/* Jobs across hosts (see coord_agent.h; DESIGN.md "Recovery" and "Launching"). Host k > 0 runs
  * an agent (`ctitan launch` with job.host_rank k) that connects to the coordinator with the
  * host's key as "agent.<k>", says hello and sends heartbeats, and waits for START: where the
  * run begins (the checkpoint the coordinator resumed, loaded into the host's staging segment,
@@ -8,11 +8,9 @@
  * host's part of a checkpoint (`checkpointd --save-part`, one process per attempt) and says
  * WRITTEN. A coordinator that stops answering its heartbeats, or another coordinator answering
  * (the supervisor on host 0 relaunched the job), is lost: the agent stops its workers and waits
- * for a coordinator to send START again, job.host_timeout_s at most. On host 0, coord_on_agent
- * takes the agents' messages and coord_check_agents fails the job when an agent goes silent (its
- * host is lost): the supervisor relaunches it from the newest checkpoint, and that run waits for
- * every host to be back. */
-#include "stages/coord/coord_priv.h"
+ * for a coordinator to send START again, job.host_timeout_s at most. Host 0's side of it is
+ * coord_hosts.c. */
+#include "stages/coord/coord_agent.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -29,135 +27,18 @@
 #include <unistd.h>
 
 #include "ipc/util.h"
+#include "stages/coord/coord_proc.h"
+#include "stages/coord/coord_resume.h"
+#include "stages/coord/coord_rewind.h"
+#include "stages/coord/coord_setup.h"
 #include "stages/job/staging.h"
-
-/* ---- host 0 ---- */
-
-/* Host h's process that m names, or NULL. */
-static coord_proc_t *named(coord_t *c, int h, const msg_t *m)
-{
-    for (int i = 0; i < c->np; i++) {
-        coord_proc_t *p = &c->p[i];
-        if (p->remote && p->host == h && p->rank == m->rank && p->replica == m->replica &&
-            !strcmp(coord_role_name(p->role), m->role))
-            return p;
-    }
-    return NULL;
-}
-
-static void send_start(coord_t *c, int h)
-{
-    coord_agent_t *a = &c->agents[h];
-    int resumed = c->start_load[0] && !c->fresh;
-    msg_t start = {.type = MSG_START, .step = c->first_step, .ok = resumed, .text = resumed ? c->start_load : "",
-                   .text_len = resumed ? strlen(c->start_load) : 0, .data = c->start_cursor,
-                   .data_len = c->start_cursor_len};
-    if (ctl_send(c->ctl, a->route, &start))
-        coord_fail(c, "cannot send START to host %d's agent", h);
-    a->started = 1;
-}
-
-void coord_start_agents(coord_t *c)
-{
-    c->agents_go = 1;
-    for (int h = 1; c->agents && h < c->m->hosts && !c->failed; h++)
-        if (c->agents[h].route[0] && !c->agents[h].started)
-            send_start(c, h);
-}
-
-int coord_agents_started(coord_t *c, void *arg)
-{
-    for (int h = 1; c->agents && h < c->m->hosts; h++)
-        if (!c->agents[h].started)
-            return 0;
-    return 1;
-}
-
-void coord_stop_agents(coord_t *c)
-{
-    msg_t stop = {.type = MSG_STOP};
-    for (int h = 1; h < c->m->hosts; h++)
-        if (c->agents[h].route[0])
-            ctl_send(c->ctl, c->agents[h].route, &stop);
-    ctl_linger(c->ctl, 2000);
-}
-
-void coord_check_agents(coord_t *c)
-{
-    double now = util_now(), limit = c->m->heartbeat_timeout_ms * 1e-3;
-    for (int h = 1; c->agents && h < c->m->hosts && !c->failed; h++) {
-        coord_agent_t *a = &c->agents[h];
-        if (a->route[0] && now - a->last_hb > limit)
-            coord_fail(c, "host %d's agent (pid %lld) has not been heard from for %.1f s: the host is lost or cut "
-                       "off, and its processes with it", h, (long long)a->pid, now - a->last_hb);
-    }
-}
-
-const char *coord_on_agent(coord_t *c, int h, const ctl_peer_t *from, const msg_t *m)
-{
-    char want[32], name[320];
-    int n = snprintf(want, sizeof(want), "agent.%d", h);
-    if (!c->agents || h < 1 || h >= c->m->hosts)
-        return "no agent of that host in this job";
-    if (strncmp(from->route, want, (size_t)n) || (from->route[n] != '#' && from->route[n] != '/'))
-        return "an agent speaks for its own host only";
-    coord_agent_t *a = &c->agents[h];
-    if (m->type == MSG_HEARTBEAT) {
-        /* answered whoever it is: an agent that still follows a coordinator before this one
-         * learns from the pid that it was replaced */
-        msg_t hb = {.type = MSG_HEARTBEAT, .pid = getpid()};
-        snprintf(hb.role, sizeof(hb.role), "coordinator");
-        ctl_send(c->ctl, from->route, &hb);
-        if (a->route[0] && !strcmp(from->route, a->route))
-            a->last_hb = util_now();
-        return NULL;
-    }
-    if (m->type == MSG_HELLO) {
-        if (strcmp(m->role, "agent") || m->rank != h)
-            return "an agent's hello names the role agent and its host";
-        if (a->route[0] && !strcmp(from->route, a->route))
-            return NULL; /* said again while it waited for START */
-        if (a->started) { /* it lost this coordinator and stopped its processes: the job cannot go on */
-            coord_fail(c, "host %d's agent (pid %lld) lost the coordinator and said hello again: its processes "
-                       "were stopped", h, (long long)m->pid);
-            return NULL;
-        }
-        snprintf(a->route, sizeof(a->route), "%s", from->route); /* the newest socket of a waiting agent */
-        a->pid = m->pid;
-        a->last_hb = util_now();
-        LOG_D("host %d's agent (pid %lld) is connected", h, (long long)m->pid);
-        if (c->agents_go)
-            send_start(c, h);
-        return NULL;
-    }
-    if (!a->route[0] || strcmp(from->route, a->route))
-        return "not from the socket it said hello on";
-    a->last_hb = util_now();
-    if (m->type == MSG_WRITTEN)
-        return coord_on_written(c, h, m);
-    if (m->type != MSG_LOST)
-        return "an agent does not send it";
-    coord_proc_t *p = named(c, h, m);
-    if (!p)
-        return "no such process on that host";
-    if (p->pid != (pid_t)m->pid || p->lost)
-        return NULL; /* a predecessor's, or known already */
-    snprintf(name, sizeof(name), "(pid %lld) %.200s on host %d", (long long)m->pid, m->text ? m->text : "died", h);
-    if (coord_can_recover(c, p)) {
-        p->pid = 0;
-        coord_lost(c, p, name);
-    } else {
-        char who[64];
-        coord_fail_proc(c, p, "%s %s", coord_who(p, who, sizeof(who)), name);
-    }
-    return NULL;
-}
 
 /* ---- host k > 0: the agent ---- */
 
 #define PART_TRIES 3 /* a part writer killed is started again this many times in all */
 
 typedef struct {
+    ctl_t *up;                /* the connection to the coordinator */
     int running;              /* START carried out: this host's workers run (or ran) */
     double stopped;           /* the coordinator said STOP then (the job ended): exit once they have */
     int failed;               /* a worker of this host failed (the job fails: a relaunch may follow) */
@@ -179,15 +60,15 @@ typedef struct {
 static void connect_up(coord_t *c, agent_t *a)
 {
     char id[32], err[256];
-    ctl_destroy(&c->up);
+    ctl_destroy(&a->up);
     snprintf(id, sizeof(id), "agent.%d", c->m->host_rank);
     msg_t hello = {.type = MSG_HELLO, .rank = c->m->host_rank, .pid = getpid()};
     snprintf(hello.role, sizeof(hello.role), "agent");
     a->last_hello = util_now();
-    if (ctl_client_new(&c->up, c->endpoint, id, c->server_pub, &c->keys, err, sizeof(err)) ||
-        ctl_send(c->up, NULL, &hello)) {
+    if (ctl_client_new(&a->up, c->endpoint, id, c->server_pub, &c->keys, err, sizeof(err)) ||
+        ctl_send(a->up, NULL, &hello)) {
         LOG_W("host %d: cannot reach the coordinator at %s (%s): trying again", c->m->host_rank, c->endpoint, err);
-        ctl_destroy(&c->up);
+        ctl_destroy(&a->up);
     }
 }
 
@@ -350,7 +231,7 @@ static void save_part(coord_t *c, agent_t *a, const msg_t *m)
         snprintf(text, sizeof(text), "%s: host %d cannot start checkpointd: %s", a->part_tmp, c->m->host_rank,
                  strerror(errno));
         w.text = text, w.text_len = strlen(text);
-        ctl_send(c->up, NULL, &w);
+        ctl_send(a->up, NULL, &w);
     }
 }
 
@@ -380,7 +261,7 @@ static void part_ended(coord_t *c, agent_t *a, int st)
                  a->part_tmp, c->m->host_rank, coord_describe_exit(st, how, sizeof(how)), c->m->host_rank);
     msg_t w = {.type = MSG_WRITTEN, .step = a->part_step, .ok = ok, .text = text, .text_len = strlen(text),
                .t_busy = util_now() - a->part_t0, .progress = bytes};
-    if (!c->up || ctl_send(c->up, NULL, &w))
+    if (!a->up || ctl_send(a->up, NULL, &w))
         LOG_W("host %d: cannot tell the coordinator that its part of step %lld is written", c->m->host_rank,
               (long long)a->part_step);
 }
@@ -410,7 +291,7 @@ static void reap(coord_t *c, agent_t *a)
             snprintf(lost.role, sizeof(lost.role), "%s", coord_role_name(p->role));
             /* a worker killed is the coordinator's to recover (a rewind); one that reported an
              * error fails the job, whose relaunch (if any) this agent waits for */
-            if (!(c->up && WIFSIGNALED(st) && ctl_send(c->up, NULL, &lost) == 0) && !a->failed) {
+            if (!(a->up && WIFSIGNALED(st) && ctl_send(a->up, NULL, &lost) == 0) && !a->failed) {
                 a->failed = 1;
                 a->failed_at = util_now();
             }
@@ -483,27 +364,27 @@ int coord_agent(coord_t *c)
                     "giving up\n", m->host_rank, c->endpoint, m->host_timeout_s);
             break;
         }
-        if (!a.running && !c->up && now - a.last_hello > 1.0) {
+        if (!a.running && !a.up && now - a.last_hello > 1.0) {
             connect_up(c, &a); /* again: the socket could not be made */
         } else if (!a.running && now - a.last_hello > 1.0) { /* again, on the same socket: a coordinator
                                                                * that was not there yet gets it */
             msg_t hello = {.type = MSG_HELLO, .rank = m->host_rank, .pid = getpid()};
             snprintf(hello.role, sizeof(hello.role), "agent");
-            ctl_send(c->up, NULL, &hello);
+            ctl_send(a.up, NULL, &hello);
             a.last_hello = now;
         }
-        if (c->up && now - a.last_beat >= beat) {
+        if (a.up && now - a.last_beat >= beat) {
             msg_t hb = {.type = MSG_HEARTBEAT, .rank = m->host_rank, .pid = getpid()};
             snprintf(hb.role, sizeof(hb.role), "agent");
-            ctl_send(c->up, NULL, &hb);
+            ctl_send(a.up, NULL, &hb);
             a.last_beat = now;
         }
         ctl_peer_t from;
         msg_t cmd;
         char err[256];
-        if (!c->up) {
+        if (!a.up) {
             nanosleep(&(struct timespec){0, 20000000L}, NULL);
-        } else if (ctl_recv(c->up, 20, &from, &cmd, err, sizeof(err)) == 0) {
+        } else if (ctl_recv(a.up, 20, &from, &cmd, err, sizeof(err)) == 0) {
             int rc = on_command(c, &a, &cmd);
             msg_clear(&cmd);
             if (rc)
@@ -512,6 +393,6 @@ int coord_agent(coord_t *c)
     }
     coord_terminate_all(c, 2.0);
     stop_part(&a);
-    ctl_destroy(&c->up);
+    ctl_destroy(&a.up);
     return status;
 }

@@ -1,9 +1,10 @@
-/* The coordinator's control plane (see coord_priv.h): the event pump that waits on the ROUTER
- * socket and the signal fd, reaps and checks heartbeats between messages; who may send what
- * and when (the table `rules` and each handler's state check: DESIGN.md "Trust"), one handler
- * per message type; round trips of one step's commands. A message the rules refuse is
+/* The coordinator's control plane (see coord_ctl.h): the event pump that waits on the ROUTER
+ * socket and the signal fd, running the registry's hooks between messages (reaping, heartbeats,
+ * the agents, the watchdog); who may send what and when (the registry's rules, which each
+ * concern fills with its handlers, and each handler's state check: DESIGN.md "Trust"); the
+ * workers' common messages; round trips of one step's commands. A message the rules refuse is
  * counted and logged at a bounded rate, never acted on. */
-#include "stages/coord/coord_priv.h"
+#include "stages/coord/coord_ctl.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -14,8 +15,7 @@
 
 #include "ipc/codec.h"
 #include "ipc/util.h"
-
-typedef const char *(*handler_t)(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m);
+#include "stages/coord/coord_setup.h"
 
 /* The process whose key sent a message: one key per process start, bound to "<id>@<start>";
  * on another host the host's key vouches for the processes it runs, named by the routing id
@@ -64,31 +64,6 @@ void coord_reply_cli(coord_t *c, const char *to, int ok, const char *fmt, ...)
 
 /* ---- one handler per message type ---- */
 
-static const char *on_status(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m)
-{
-    char restarts[400] = "";
-    if (c->sup && c->sup->restarts)
-        snprintf(restarts, sizeof(restarts), "; restarts so far: %d (last: %.300s)", c->sup->restarts,
-                 c->sup->last_restart);
-    else if (c->sup)
-        snprintf(restarts, sizeof(restarts), "; restarts so far: 0");
-    size_t n = strlen(restarts);
-    if (c->recoveries)
-        snprintf(restarts + n, sizeof(restarts) - n, "; in-place recoveries: %d (last: %.200s)", c->recoveries,
-                 c->last_recovery);
-    coord_reply_cli(c, from->route, 1, "job %s: step %lld of %d, loader pid %d%s", c->m->name, (long long)c->step + 1,
-                    c->m->steps, (int)coord_loader(c)->pid, restarts);
-    return NULL;
-}
-
-/* The swap of before issue 12 carried a command for a shell: answered, never run. */
-static const char *on_shell_swap(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m)
-{
-    coord_reply_cli(c, from->route, 0, "swap: refused: a loader command is an argument vector (swap_argv), never "
-                    "a shell command; use this version's `ctitan loader swap`");
-    return NULL;
-}
-
 static const char *on_hello(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m)
 {
     if (p->hello)
@@ -97,8 +72,7 @@ static const char *on_hello(coord_t *c, coord_proc_t *p, const ctl_peer_t *from,
     snprintf(p->route, sizeof(p->route), "%s", from->route); /* where its commands go from now on */
     msg_t cfg = {.type = MSG_CONFIG, .step = c->step, .text = c->toml, .text_len = strlen(c->toml)};
     coord_send(c, p, &cfg);
-    if (c->boot && p->role == COORD_STAGE)
-        coord_send_boot(c, p);
+    coord_run_hooks(c, c->reg.hello, c->reg.n_hello, p);
     return NULL;
 }
 
@@ -111,8 +85,7 @@ static const char *on_ready(coord_t *c, coord_proc_t *p, const ctl_peer_t *from,
         return "it is ready already";
     p->ready = 1;
     LOG_D("%s is ready (pid %d)", coord_who(p, name, sizeof(name)), (int)p->pid);
-    if (p->role == COORD_CKPTD)
-        coord_ckpt_save(c); /* a checkpoint its predecessor did not finish */
+    coord_run_hooks(c, c->reg.ready, c->reg.n_ready, p);
     return NULL;
 }
 
@@ -134,9 +107,9 @@ static const char *on_heartbeat(coord_t *c, coord_proc_t *p, const ctl_peer_t *f
 static const char *on_error(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m)
 {
     char name[64];
-    if (p->role == COORD_LOADER && c->trial) {
-        snprintf(c->trial_why, sizeof(c->trial_why), "the new loader failed: %s", m->text ? m->text : "");
-        c->trial_failed = 1;
+    if (p == c->trial.p) {
+        snprintf(c->trial.why, sizeof(c->trial.why), "the new loader failed: %s", m->text ? m->text : "");
+        c->trial.failed = 1;
     } else {
         coord_fail_proc(c, p, "%s: %s", coord_who(p, name, sizeof(name)), m->text ? m->text : "(no reason given)");
     }
@@ -159,44 +132,18 @@ static const char *on_reply(coord_t *c, coord_proc_t *p, const ctl_peer_t *from,
     return NULL;
 }
 
-/* Host 0's part of a checkpoint across hosts (the agents' come through coord_on_agent). */
-static const char *on_written(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m)
-{
-    return coord_on_written(c, 0, m);
-}
-
 /* ---- who may send what ---- */
 
-#define ROLE(r) (1u << (r))
-#define WORKERS (ROLE(COORD_LOADER) | ROLE(COORD_STAGE) | ROLE(COORD_OPTSHARD) | ROLE(COORD_CKPTD))
-#define OPERATOR (1u << 8)
-
-/* Each type a worker or the operator may send, its handler and who may send it (the state in
- * which it is expected is the handler's to check). Types missing here (the coordinator's own
- * commands: config, step, reduce, update, stop, reply, snapshot, save, nccl, load, remap) are
- * accepted from nobody. */
-static const struct {
-    handler_t fn;
-    unsigned who;
-} rules[MSG_TYPE_END] = {
-    [MSG_HELLO] = {on_hello, WORKERS},
-    [MSG_READY] = {on_ready, WORKERS},
-    [MSG_HEARTBEAT] = {on_heartbeat, WORKERS},
-    [MSG_ERROR] = {on_error, WORKERS},
-    [MSG_STEP_DONE] = {on_reply, ROLE(COORD_STAGE)},
-    [MSG_REDUCED] = {on_reply, ROLE(COORD_OPTSHARD)},
-    [MSG_UPDATED] = {on_reply, ROLE(COORD_OPTSHARD)},
-    [MSG_SNAPPED] = {coord_on_snapped, ROLE(COORD_OPTSHARD)},
-    [MSG_SAVED] = {coord_on_saved, ROLE(COORD_CKPTD)},
-    [MSG_WRITTEN] = {on_written, ROLE(COORD_CKPTD)},
-    [MSG_TRACE] = {coord_on_trace, ROLE(COORD_STAGE) | ROLE(COORD_LOADER)},
-    [MSG_LOADED] = {coord_on_loaded, ROLE(COORD_CKPTD)},
-    [MSG_SWAP] = {on_shell_swap, OPERATOR},
-    [MSG_SWAP_ARGV] = {coord_on_swap, OPERATOR},
-    [MSG_STATUS] = {on_status, OPERATOR},
-    [MSG_ABORTED] = {coord_on_aborted, ROLE(COORD_STAGE)},
-    [MSG_REMAPPED] = {coord_on_remapped, ROLE(COORD_OPTSHARD)},
-};
+void coord_ctl_init(coord_t *c)
+{
+    coord_handle(c, MSG_HELLO, COORD_FROM_WORKERS, on_hello);
+    coord_handle(c, MSG_READY, COORD_FROM_WORKERS, on_ready);
+    coord_handle(c, MSG_HEARTBEAT, COORD_FROM_WORKERS, on_heartbeat);
+    coord_handle(c, MSG_ERROR, COORD_FROM_WORKERS, on_error);
+    coord_handle(c, MSG_STEP_DONE, COORD_FROM(COORD_STAGE), on_reply);
+    coord_handle(c, MSG_REDUCED, COORD_FROM(COORD_OPTSHARD), on_reply);
+    coord_handle(c, MSG_UPDATED, COORD_FROM(COORD_OPTSHARD), on_reply);
+}
 
 static const char *role_names[] = {"loader", "stage", "optimizer shard", "checkpointd"};
 
@@ -208,11 +155,15 @@ static void reject(coord_t *c, const ctl_peer_t *from, const char *type, const c
                 from->user[0] ? from->user : "?", route, why);
 }
 
-/* Whether p may send m on that connection now; NULL if so, else why not. */
+/* Whether p may send m on that connection now; NULL if so, else why not. The registry holds each
+ * type a worker, the operator or an agent may send, its handler and who may send it (the state
+ * in which it is expected is the handler's to check); a type no concern registered (the
+ * coordinator's own commands: config, step, reduce, update, stop, reply, snapshot, save, nccl,
+ * load, remap) is accepted from nobody. */
 static const char *check_sender(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m, char *buf,
                                 size_t n)
 {
-    if (!(rules[m->type].who & ROLE(p->role))) {
+    if (!(c->reg.rules[m->type].who & COORD_FROM(p->role))) {
         snprintf(buf, n, "a %s does not send it", role_names[p->role]);
         return buf;
     }
@@ -234,13 +185,15 @@ static void on_message(coord_t *c, const ctl_peer_t *from, const msg_t *m)
     const char *type = msg_type_name(m->type), *why;
     char buf[128];
     if (!strcmp(from->user, COORD_OPERATOR)) {
-        why = rules[m->type].who & OPERATOR ? rules[m->type].fn(c, NULL, from, m) : "the operator does not send it";
+        why = c->reg.rules[m->type].who & COORD_FROM_OPERATOR ? c->reg.rules[m->type].fn(c, NULL, from, m)
+                                                              : "the operator does not send it";
         if (why)
             reject(c, from, type, why);
         return;
     }
-    if (!strncmp(from->user, "host.", 5) && !strncmp(from->route, "agent.", 6)) { /* another host's agent */
-        if ((why = coord_on_agent(c, atoi(from->user + 5), from, m)))
+    if (coord_peer_host(from) >= 0 && !strncmp(from->route, "agent.", 6)) { /* another host's agent */
+        why = c->on_agent ? c->on_agent(c, coord_peer_host(from), from, m) : "no agent of that host in this job";
+        if (why)
             reject(c, from, type, why);
         return;
     }
@@ -258,7 +211,7 @@ static void on_message(coord_t *c, const ctl_peer_t *from, const msg_t *m)
     if (!p)
         why = "not a process of this job";
     else if (!(why = check_sender(c, p, from, m, buf, sizeof(buf))))
-        why = rules[m->type].fn(c, p, from, m);
+        why = c->reg.rules[m->type].fn(c, p, from, m);
     if (why)
         reject(c, from, type, why);
     else
@@ -307,13 +260,22 @@ int coord_pump(coord_t *c, int (*cond)(coord_t *, void *), void *arg, double tim
         zmq_poll(items, 2, ms);
         if (items[1].revents & ZMQ_POLLIN) {
             coord_read_signals(c);
-            coord_reap(c);
+            for (int i = 0; i < c->reg.n_signal; i++)
+                c->reg.signal[i](c);
         }
         receive_all(c);
-        coord_check_heartbeats(c);
-        coord_check_agents(c);
-        coord_watchdog(c);
+        for (int i = 0; i < c->reg.n_tick; i++)
+            c->reg.tick[i](c);
     }
+}
+
+int coord_wait(coord_t *c, int (*cond)(coord_t *, void *), void *arg)
+{
+    int rc;
+    while (!(rc = coord_pump(c, cond, arg, 1e9)) && c->n_lost)
+        if ((rc = c->reg.recover ? c->reg.recover(c) : -1))
+            break;
+    return rc;
 }
 
 /* A worker that fails reports why (ERROR) and then exits; its exit can be seen before the
@@ -352,7 +314,7 @@ typedef struct {
     int first, count;
 } span_t;
 
-/* Every process of the span replied, or one of the job's was lost (coord_recover). */
+/* Every process of the span replied, or one of the job's was lost (the registry's recover). */
 static int span_got(coord_t *c, void *arg)
 {
     span_t *s = arg;
@@ -369,7 +331,7 @@ int coord_round_trip(coord_t *c, int first, int count, msg_t *m)
     msg_type_t reply = m->type == MSG_STEP ? MSG_STEP_DONE : m->type == MSG_REDUCE ? MSG_REDUCED : MSG_UPDATED;
     span_t s = {first, count};
     int rc;
-    if (c->n_lost && (rc = coord_recover(c))) /* lost between rounds */
+    if (c->n_lost && (rc = c->reg.recover ? c->reg.recover(c) : -1)) /* lost between rounds */
         return rc;
     c->round = *m;
     double now = util_now();
@@ -379,9 +341,7 @@ int coord_round_trip(coord_t *c, int first, int count, msg_t *m)
         c->p[i].progress_at = now;
         coord_send(c, &c->p[i], m);
     }
-    while (!(rc = coord_pump(c, span_got, &s, 1e9)) && c->n_lost)
-        if ((rc = coord_recover(c)))
-            break;
+    rc = coord_wait(c, span_got, &s);
     c->round.type = 0;
     return rc;
 }

@@ -1,4 +1,4 @@
-/* The job's keys (see coord_priv.h and DESIGN.md "Trust"). On one host everything is fresh at
+/* The job's keys (see coord_keys.h and DESIGN.md "Trust"). On one host everything is fresh at
  * each launch and never written where others can read it: the coordinator's server key, one
  * key per process start (handed over in a pipe, bound by the ZAP handler to "<id>@<start>",
  * revoked when the process exits), and the operator's key in the run folder
@@ -7,7 +7,7 @@
  * job.keys names a folder with host<K>.key (that host's secret key) and host<K>.pub, made
  * with `ctitan ckpt keygen`; host 0's is the coordinator's, host K's the key of all its
  * workers, bound to "host.K". */
-#include "stages/coord/coord_priv.h"
+#include "stages/coord/coord_keys.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -2,7 +2,7 @@
  * started, each step's end, each checkpoint begun and saved, and why the run failed, written
  * into memory the supervisor shares as they happen, so that a kill -9 of the coordinator
  * loses none of it. Also the leftovers of a coordinator that died without cleaning up. */
-#include "stages/coord/coord_priv.h"
+#include "stages/coord/coord_outcome.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "ipc/util.h"
+#include "stages/coord/coord_keys.h"
 
 void coord_note_start(coord_t *c)
 {

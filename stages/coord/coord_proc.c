@@ -1,7 +1,8 @@
-/* The coordinator's process table and its supervision (see coord_priv.h): who runs where,
- * starting a worker, reaping it (the loader and checkpointd are restarted, anything else
- * fails the job), heartbeats, stopping. */
-#include "stages/coord/coord_priv.h"
+/* The coordinator's process table and its supervision (see coord_proc.h): who runs where,
+ * starting a worker, reaping it (the loader and checkpointd are restarted, a stage or shard is
+ * the recovery's to replace when the registry's policy says so, anything else fails the job),
+ * heartbeats, stopping. */
+#include "stages/coord/coord_proc.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -16,39 +17,16 @@
 
 #include "ipc/log.h"
 #include "ipc/util.h"
+#include "stages/coord/coord_ctl.h"
+#include "stages/coord/coord_keys.h"
 #include "stages/job/ldr_seg.h"
 #include "stages/runtime/plane.h"
 
 #define MAX_LOADER_RESTARTS 10
 #define MAX_CKPTD_RESTARTS 10
 
-static const char *role_name[] = {"loader", "stage", "optshard", "checkpointd"};
-
-const char *coord_role_name(coord_role_t role) { return role_name[role]; }
-
-const char *coord_who(const coord_proc_t *p, char *buf, size_t n)
-{
-    if (p->role == COORD_LOADER)
-        snprintf(buf, n, "loader");
-    else if (p->role == COORD_STAGE)
-        snprintf(buf, n, "stage rank %d replica %d", p->rank, p->replica);
-    else if (p->role == COORD_OPTSHARD)
-        snprintf(buf, n, "optshard %d", p->rank);
-    else
-        snprintf(buf, n, "checkpointd");
-    return buf;
-}
-
-const char *coord_describe_exit(int st, char *buf, size_t n)
-{
-    if (WIFEXITED(st))
-        snprintf(buf, n, "exited with status %d", WEXITSTATUS(st));
-    else if (WIFSIGNALED(st))
-        snprintf(buf, n, "was killed by signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st)));
-    else
-        snprintf(buf, n, "ended (wait status %d)", st);
-    return buf;
-}
+static void reap(coord_t *c);
+static void check_heartbeats(coord_t *c);
 
 /* Every process of the job: [0] this host's loader, the stages, the shards, checkpointd, then
  * the other hosts' loaders (job.hosts > 1). Host h runs replicas [h * dp / hosts, ...): their
@@ -62,8 +40,8 @@ int coord_make_table(coord_t *c)
     c->np = 1 + c->n_stages + m->shards + c->has_ckptd + (m->hosts - 1);
     if (!(c->p = calloc((size_t)c->np, sizeof(coord_proc_t))))
         return -ENOMEM;
-    if (m->hosts > 1 && m->host_rank == 0 && !(c->agents = calloc((size_t)m->hosts, sizeof(coord_agent_t))))
-        return -ENOMEM;
+    coord_on_signal(c, reap);
+    coord_on_tick(c, check_heartbeats);
     c->p[0] = (coord_proc_t){.role = COORD_LOADER, .rank = m->host_rank, .host = m->host_rank};
     for (int r = 0; r < m->dp; r++)
         for (int s = 0; s < m->pp; s++)
@@ -81,7 +59,8 @@ int coord_make_table(coord_t *c)
         c->p[i] = (coord_proc_t){.role = COORD_LOADER, .rank = h == m->host_rank ? 0 : h,
                                  .host = h == m->host_rank ? 0 : h};
     for (int i = 0; i < c->np; i++) {
-        snprintf(c->p[i].id, sizeof(c->p[i].id), "%s.%d.%d", role_name[c->p[i].role], c->p[i].rank, c->p[i].replica);
+        snprintf(c->p[i].id, sizeof(c->p[i].id), "%s.%d.%d", coord_role_name(c->p[i].role), c->p[i].rank,
+                 c->p[i].replica);
         c->p[i].remote = c->p[i].host != m->host_rank;
     }
     return 0;
@@ -121,7 +100,7 @@ static _Noreturn void exec_worker(coord_t *c, coord_proc_t *p, pid_t parent, int
         execvp(cmd[0], cmd);
         snprintf(exe, sizeof(exe), "%s", cmd[0]);
     } else {
-        snprintf(exe, sizeof(exe), "%s/ctitan-%s", c->bin_dir, role_name[p->role]);
+        snprintf(exe, sizeof(exe), "%s/ctitan-%s", c->bin_dir, coord_role_name(p->role));
         if (p->role == COORD_CKPTD) {
             snprintf(exe, sizeof(exe), "%s/checkpointd", c->bin_dir);
             execl(exe, exe, "--job", c->job, (char *)NULL);
@@ -167,7 +146,7 @@ void coord_spawn(coord_t *c, coord_proc_t *p)
     close(fd);
     argv_free(&cmd);
     p->pid = pid;
-    p->ready = p->got = p->expect_exit = p->hello = p->snapped = p->remap_due = 0;
+    p->ready = p->got = p->expect_exit = p->hello = 0;
     p->await = 0;
     p->abort_sent = p->hb_killed = 0;
     p->progress = 0;
@@ -187,22 +166,21 @@ static void restart_loader(coord_t *c, const char *how)
         coord_fail_proc(c, L, "loader %s, and no cursor is recorded for the step it must resume at", how);
         return;
     }
+    for (int i = 0; i < c->reg.n_restart; i++)
+        c->reg.restart[i](c, L, how);
     coord_spawn(c, L);
     LOG_W("loader %s; restarted (pid %d) from the cursor of step %lld", how, (int)L->pid, (long long)from);
 }
 
 /* checkpointd died or was killed for hanging: its temporary directory never becomes a
  * checkpoint, and the new daemon writes the checkpoint in flight again from the staging
- * segment (coord_ckpt_save, once it is ready); training goes on meanwhile. */
+ * segment (the registry's restart hooks: coord_ckpt.c, which sends it once it is ready);
+ * training goes on meanwhile. */
 static void restart_ckptd(coord_t *c, const char *how)
 {
     coord_proc_t *d = coord_ckptd(c);
-    if (c->ck_saving) {
-        fprintf(stderr, "ctitan: checkpointd %s while writing the checkpoint of step %lld: a new checkpointd "
-                "writes it again, training goes on\n", how, (long long)c->ck_step);
-        c->ck_saving = 0;
-        c->ck_save_due = 1;
-    }
+    for (int i = 0; i < c->reg.n_restart; i++)
+        c->reg.restart[i](c, d, how);
     if (++c->ckptd_restarts > MAX_CKPTD_RESTARTS) {
         coord_fail_proc(c, d, "checkpointd %s, and it has been restarted %d times already", how, MAX_CKPTD_RESTARTS);
         return;
@@ -211,7 +189,9 @@ static void restart_ckptd(coord_t *c, const char *how)
     LOG_W("checkpointd %s; restarted (pid %d)", how, (int)d->pid);
 }
 
-void coord_reap(coord_t *c)
+/* Reaps exited children: the loader and checkpointd are restarted, a stage or shard lost
+ * while it may be recovered is the recovery's, anything else fails the job. */
+static void reap(coord_t *c)
 {
     int st;
     pid_t pid;
@@ -237,10 +217,10 @@ void coord_reap(coord_t *c)
         coord_keys_revoke(c, p);
         if (p->expect_exit || c->failed || c->interrupted)
             continue;
-        if (p->role == COORD_LOADER && c->trial) {
-            snprintf(c->trial_why, sizeof(c->trial_why), "the new loader %s before it was ready", how);
-            c->trial_failed = 1;
-        } else if (p->role == COORD_CKPTD && !c->loading) { /* a LOAD only it can answer fails the job */
+        if (p == c->trial.p) {
+            snprintf(c->trial.why, sizeof(c->trial.why), "the new loader %s before it was ready", how);
+            c->trial.failed = 1;
+        } else if (p->role == COORD_CKPTD && !p->no_restart) { /* a LOAD only it can answer fails the job */
             restart_ckptd(c, how);
         } else if (p->role == COORD_LOADER && was_ready) {
             restart_loader(c, what);
@@ -258,7 +238,9 @@ void coord_reap(coord_t *c)
     }
 }
 
-void coord_check_heartbeats(coord_t *c)
+/* A process silent for job.heartbeat_timeout_ms is killed to be replaced like a dead one (the
+ * loader, checkpointd, a stage or shard the recovery takes) or fails the job. */
+static void check_heartbeats(coord_t *c)
 {
     double now = util_now(), limit = c->m->heartbeat_timeout_ms * 1e-3;
     char name[64];
@@ -278,7 +260,7 @@ void coord_check_heartbeats(coord_t *c)
                      now - p->last_hb);
             p->pid = 0;
             coord_lost(c, p, how);
-        } else if (((p->role == COORD_LOADER || (p->role == COORD_CKPTD && !c->loading)) && !p->remote) ||
+        } else if (((p->role == COORD_LOADER || (p->role == COORD_CKPTD && !p->no_restart)) && !p->remote) ||
                    coord_can_recover(c, p)) {
             /* a hung (or stopped) loader, checkpointd, stage or shard is replaced like a dead one: kill
              * it, reap() replaces it */

@@ -1,4 +1,4 @@
-/* In-place recovery (see coord_priv.h; DESIGN.md "Recovery"). A stage or optimizer shard that
+/* In-place recovery (see coord_recover.h; DESIGN.md "Recovery"). A stage or optimizer shard that
  * dies during training, is killed for missing heartbeats (stopped), or is stopped by the step
  * watchdog (a main thread that makes no progress) is replaced alone: the others keep running
  * and keep their state. The weights live in the params segment and the shards' state in the
@@ -16,7 +16,7 @@
  * is redone when the stages held a part of it: the STEP round, and with GPU shards until the
  * update (the gradients are device memory of the stages). A GPU shard lost, or a stage while
  * GPU shards read the stages' memory (REDUCE, UPDATE), rewinds the job (coord_rewind.c). */
-#include "stages/coord/coord_priv.h"
+#include "stages/coord/coord_recover.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -26,10 +26,39 @@
 
 #include "ipc/ring.h"
 #include "ipc/util.h"
+#include "stages/coord/coord_ckpt.h"
+#include "stages/coord/coord_ctl.h"
+#include "stages/coord/coord_proc.h"
+#include "stages/coord/coord_report.h"
+#include "stages/coord/coord_rewind.h"
+#include "stages/coord/coord_setup.h"
 #include "stages/job/devdir.h"
 #include "stages/job/ldr_seg.h"
+#include "stages/runtime/plane.h"
 
-int coord_can_recover(const coord_t *c, const coord_proc_t *p)
+struct coord_recovery {
+    int alone;                        /* a dead stage or shard is replaced alone (its state in shared
+                                       * memory: the transport recovers in place, one host) */
+    int restage;                      /* a lost stage is replaced with every stage, the shards kept (the
+                                       * IPC plane on one host); neither: the job rewinds */
+    int redo;                         /* a stage died inside the STEP round: the step runs again */
+    double lost_at;                   /* when the first of the lost was found dead */
+    char lost_why[512];               /* what happened to it */
+    const coord_proc_t *lost_first;
+    uint8_t *remap_due;               /* (shards) a GPU shard was sent REMAP, REMAPPED not back yet */
+    int recoveries;                   /* this run's */
+    int64_t recover_step;             /* the step of the last recovery, */
+    int recover_tries;                /* and how many it has had */
+    char last_recovery[600];
+};
+
+int coord_recoveries(const coord_t *c, const char **last)
+{
+    *last = c->rec->last_recovery;
+    return c->rec->recoveries;
+}
+
+static int can_recover(const coord_t *c, const coord_proc_t *p)
 {
     if (!c->training || c->failed || c->interrupted)
         return 0;
@@ -38,45 +67,23 @@ int coord_can_recover(const coord_t *c, const coord_proc_t *p)
     return p->role == COORD_STAGE || p->role == COORD_OPTSHARD; /* in place, with its peers or by a rewind: plan() */
 }
 
-void coord_lost(coord_t *c, coord_proc_t *p, const char *how)
+static void lost(coord_t *c, coord_proc_t *p, const char *how)
 {
+    struct coord_recovery *r = c->rec;
     char name[64];
     coord_who(p, name, sizeof(name));
     if (!c->n_lost) {
-        c->lost_at = util_now();
-        c->lost_first = p;
-        snprintf(c->lost_why, sizeof(c->lost_why), "%s %s", name, how);
+        r->lost_at = util_now();
+        r->lost_first = p;
+        snprintf(r->lost_why, sizeof(r->lost_why), "%s %s", name, how);
     }
     c->n_lost++;
     p->lost = 1;
     if (p->role == COORD_STAGE && p->await == MSG_STEP_DONE)
-        c->redo = 1; /* its part of the step in progress is gone */
+        r->redo = 1; /* its part of the step in progress is gone */
     p->await = 0;
     LOG_W("%s %s: replacing it", name, how);
 }
-
-/* ---- the rings ---- */
-
-void coord_each_ring(coord_t *c, void (*fn)(ring_t *r), int loader)
-{
-    const job_layout_t *l = &c->lay;
-    ring_t *r;
-    for (int rep = 0; c->seg_act && rep < l->dp; rep++)
-        for (int b = 0; b < l->S - 1; b++)
-            for (int g = 0; g < 2; g++)
-                if (!ring_attach(&r, (char *)shm_data(c->seg_act) + job_act_off(l, rep, b, g), l->act_ring, "act",
-                                 NULL, 0)) {
-                    fn(r);
-                    ring_detach(&r);
-                }
-    for (int i = 0; loader && i < 2 * l->dp; i++)
-        if (!ldr_seg_ring(shm_data(c->seg_batch), i, &r, NULL, 0)) {
-            fn(r);
-            ring_detach(&r);
-        }
-}
-
-static void reset(ring_t *r) { ring_reset(r, 0); }
 
 /* ---- leaving the step ---- */
 
@@ -113,7 +120,7 @@ static int stop_step(coord_t *c)
     if (rc)
         return -1;
     memset(shm_data(c->seg_grads), 0, job_params_bytes(&c->lay));
-    coord_each_ring(c, reset, 0);
+    coord_reset_rings(c);
     if (ldr_seg_prepare_swap(shm_data(c->seg_batch), c->step)) { /* resets the loader's rings too */
         coord_fail(c, "recovery: no loader cursor is recorded for step %lld", (long long)c->step + 1);
         return -1;
@@ -158,7 +165,7 @@ static int stop_stages(coord_t *c, int redo)
         coord_fail(c, "recovery: the stages did not exit in %.0f s of SIGKILL", COORD_STARTUP_TIMEOUT_S);
     if (rc)
         return -1;
-    coord_each_ring(c, reset, 0);
+    coord_reset_rings(c);
     memset(shm_data(c->seg_dev), 0, devdir_bytes(&c->lay)); /* the new stages publish there */
     if (!redo)
         return 0;
@@ -176,7 +183,7 @@ static int remapped_or_lost(coord_t *c, void *arg)
     if (c->n_lost)
         return 1;
     for (int k = 0; k < c->m->shards; k++)
-        if (coord_shard(c, k)->remap_due)
+        if (c->rec->remap_due[k])
             return 0;
     return 1;
 }
@@ -186,23 +193,24 @@ static int remap(coord_t *c)
 {
     msg_t rm = {.type = MSG_REMAP, .step = c->step};
     for (int k = 0; k < c->m->shards; k++) {
-        coord_proc_t *p = coord_shard(c, k);
-        p->remap_due = 1;
-        coord_send(c, p, &rm);
+        c->rec->remap_due[k] = 1;
+        coord_send(c, coord_shard(c, k), &rm);
     }
     int rc = coord_pump(c, remapped_or_lost, NULL, COORD_STARTUP_TIMEOUT_S);
+    memset(c->rec->remap_due, 0, (size_t)c->m->shards); /* none owed after it, answered or not */
     if (rc == -ETIMEDOUT)
         coord_fail(c, "recovery: the optimizer shards did not map the new stages in %.0f s", COORD_STARTUP_TIMEOUT_S);
     return rc ? -1 : 0;
 }
 
-const char *coord_on_remapped(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m)
+/* REMAPPED from a GPU shard: it mapped the restarted stages and wrote their weights. */
+static const char *on_remapped(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m)
 {
-    if (!p->remap_due)
+    if (!c->rec->remap_due[p->rank])
         return "no remap was asked of it";
     if (m->step != c->step)
         return "not the step in progress";
-    p->remap_due = 0;
+    c->rec->remap_due[p->rank] = 0;
     return NULL;
 }
 
@@ -213,7 +221,7 @@ enum { ALONE, STAGES, REWIND };
  * stages' memory; across hosts). */
 static int plan(const coord_t *c)
 {
-    if (c->recover)
+    if (c->rec->alone)
         return ALONE;
     int stages = 0, shards_read = c->round.type == MSG_REDUCE || c->round.type == MSG_UPDATE;
     for (int i = 0; i < c->np; i++) {
@@ -222,7 +230,7 @@ static int plan(const coord_t *c)
             continue;
         if (p->role == COORD_OPTSHARD && !c->lay.gpu_shards && c->lay.hosts == 1)
             continue;
-        if (p->role == COORD_STAGE && c->restage && !(c->lay.gpu_shards && shards_read)) {
+        if (p->role == COORD_STAGE && c->rec->restage && !(c->lay.gpu_shards && shards_read)) {
             stages = 1;
             continue;
         }
@@ -235,14 +243,14 @@ static int plan(const coord_t *c)
 
 static int ready_or_lost(coord_t *c, void *arg) { return c->n_lost || coord_all_ready(c, NULL); }
 
-/* A new process for p, which keeps what its predecessor had answered in the round in flight. */
+/* A new process for p, which keeps what its predecessor had answered in the round in flight
+ * (and in the snapshot in flight: coord_ckpt.c keeps that). */
 static void replace(coord_t *c, coord_proc_t *p)
 {
-    int got = p->got, snapped = p->snapped;
+    int got = p->got;
     p->lost = 0;
     coord_spawn(c, p);
     p->got = got;
-    p->snapped = snapped;
 }
 
 /* What the replacements (and, for a step redone, every stage) are owed. */
@@ -261,10 +269,7 @@ static void resend(coord_t *c, int redo, const int *replaced, int n)
         coord_proc_t *p = &c->p[replaced[j]];
         if (p->role != COORD_OPTSHARD)
             continue;
-        if (c->ck_busy && !c->ck_saving && !c->ck_save_due && !p->snapped) { /* commands come in order */
-            msg_t snap = {.type = MSG_SNAPSHOT, .step = c->ck_step};
-            coord_send(c, p, &snap);
-        }
+        coord_ckpt_resend(c, p); /* commands come in order */
         if ((c->round.type == MSG_REDUCE || c->round.type == MSG_UPDATE) && !p->got) {
             p->await = c->round.type == MSG_REDUCE ? MSG_REDUCED : MSG_UPDATED;
             p->progress_at = now;
@@ -274,12 +279,14 @@ static void resend(coord_t *c, int redo, const int *replaced, int n)
 }
 
 /* One line on the progress output, a record in the metrics file. `back_to`: the step a GPU job
- * was rewound to (the time lost then is all since that step ended); -1: replaced in place; -2:
- * in place, every stage started again (a GPU stage lost). */
+ * was rewound to (the time lost then is all since `since`, when that state was current); -1:
+ * replaced in place; -2: in place, every stage started again (a GPU stage lost). */
 static void report(coord_t *c, const coord_proc_t *first, const char *why, double t_dead, double t_round, int redo,
-                   int again, const int *replaced, int n, int64_t at, int64_t back_to)
+                   int again, const int *replaced, int n, int64_t at, int64_t back_to, double since)
 {
-    double now = util_now(), lost = back_to >= 0 ? now - c->snap_at : redo ? now - t_round : now - t_dead;
+    struct coord_recovery *r = c->rec;
+    FILE *f = coord_report_metrics(c);
+    double now = util_now(), lost = back_to >= 0 ? now - since : redo ? now - t_round : now - t_dead;
     char what[640] = "", more[96] = "";
     if (back_to >= 0) {
         snprintf(what, sizeof(what), "every stage and optimizer shard started again from %s",
@@ -290,66 +297,76 @@ static void report(coord_t *c, const coord_proc_t *first, const char *why, doubl
             k += snprintf(what + k, sizeof(what) - (size_t)k, "%s%s (pid %d)", j ? ", " : "", c->p[replaced[j]].id,
                           (int)c->p[replaced[j]].pid);
     }
-    c->recoveries++;
-    snprintf(c->last_recovery, sizeof(c->last_recovery), "%.560s", why);
+    r->recoveries++;
+    snprintf(r->last_recovery, sizeof(r->last_recovery), "%.560s", why);
     if (again)
         snprintf(more, sizeof(more), " (%d more lost during the recovery)", again);
     if (back_to >= 0)
         printf("recovered %d (rewound, at step %lld): %s; %s in %.2f s%s: steps %lld to %lld run again\n",
-               c->recoveries, (long long)at + 1, why, what, now - t_dead, more, (long long)back_to + 1,
+               r->recoveries, (long long)at + 1, why, what, now - t_dead, more, (long long)back_to + 1,
                (long long)at + 1);
     else
-        printf("recovered %d (%s, at step %lld): %s; %s in %.2f s%s%s\n", c->recoveries,
+        printf("recovered %d (%s, at step %lld): %s; %s in %.2f s%s%s\n", r->recoveries,
                back_to == -2 ? "every stage started again" : "in place", (long long)at + 1, why, what, now - t_dead,
                more, redo ? ", the step redone by every stage" : "");
     fflush(stdout);
-    if (!c->metrics)
+    if (!f)
         return;
-    fprintf(c->metrics, "{\"restart\": %d, \"scope\": \"%s\", \"role\": \"%s\", \"rank\": %d, \"replica\": %d, "
-            "\"reason\": ", c->recoveries, back_to >= 0 ? "rewind" : back_to == -2 ? "stages" : "process",
+    fprintf(f, "{\"restart\": %d, \"scope\": \"%s\", \"role\": \"%s\", \"rank\": %d, \"replica\": %d, "
+            "\"reason\": ", r->recoveries, back_to >= 0 ? "rewind" : back_to == -2 ? "stages" : "process",
             coord_role_name(first->role), first->rank, first->replica);
-    util_json_string(c->metrics, why);
+    util_json_string(f, why);
     if (back_to >= 0)
-        fprintf(c->metrics, ", \"rewound_to\": %lld", (long long)back_to);
-    fprintf(c->metrics, ", \"step\": %lld, \"redone\": %s, \"replaced\": %d, \"lost_during\": %d, "
+        fprintf(f, ", \"rewound_to\": %lld", (long long)back_to);
+    fprintf(f, ", \"step\": %lld, \"redone\": %s, \"replaced\": %d, \"lost_during\": %d, "
             "\"recovery_s\": %.3f, \"time_lost_s\": %.3f}\n", (long long)at + 1,
             redo || back_to >= 0 ? "true" : "false", n, again, now - t_dead, lost);
-    fflush(c->metrics);
+    fflush(f);
 }
 
-int coord_recover(coord_t *c)
+/* Replaces every lost process; with a stage lost inside the STEP round, every stage leaves the
+ * step, the rings, gradients and loader go back to its start, and the step is sent again; a
+ * shard gets the round it owed again. A GPU job on one host's IPC plane (restage) replaces a
+ * lost stage with every stage, the shards keeping their state (GPU shards map the new ones
+ * and write their weights: REMAP); other losses of a GPU job rewind it (coord_rewind).
+ * Returns 0, COORD_REWOUND (c->step is now the step to run next: the round in flight is void),
+ * or -1 once the job failed or was interrupted. */
+static int recover(coord_t *c)
 {
-    char why[sizeof(c->lost_why)]; /* the first loss names the recovery; the others during it are counted */
-    snprintf(why, sizeof(why), "%s", c->lost_why);
-    const coord_proc_t *first = c->lost_first;
-    double t_dead = c->lost_at;
+    struct coord_recovery *r = c->rec;
+    char why[sizeof(r->lost_why)]; /* the first loss names the recovery; the others during it are counted */
+    snprintf(why, sizeof(why), "%s", r->lost_why);
+    const coord_proc_t *first = r->lost_first;
+    double t_dead = r->lost_at;
     int64_t at = c->step;
     int again = -1, rewound = 0;
     while (c->n_lost && !c->failed && !c->interrupted) {
         again++;
-        if (c->step != c->recover_step) {
-            c->recover_step = c->step;
-            c->recover_tries = 0;
+        if (c->step != r->recover_step) {
+            r->recover_step = c->step;
+            r->recover_tries = 0;
         }
-        if (++c->recover_tries > c->m->max_restarts) {
+        if (++r->recover_tries > c->m->max_restarts) {
             if (!c->m->max_restarts)
-                coord_fail_proc(c, c->lost_first, "%s; not replaced: job.max_restarts = 0", c->lost_why);
+                coord_fail_proc(c, r->lost_first, "%s; not replaced: job.max_restarts = 0", r->lost_why);
             else
-                coord_fail_proc(c, c->lost_first, "%s; not replaced: %d in-place recoveries at step %lld already "
-                                "(job.max_restarts = %d)", c->lost_why, c->m->max_restarts, (long long)c->step + 1,
+                coord_fail_proc(c, r->lost_first, "%s; not replaced: %d in-place recoveries at step %lld already "
+                                "(job.max_restarts = %d)", r->lost_why, c->m->max_restarts, (long long)c->step + 1,
                                 c->m->max_restarts);
             return -1;
         }
         int how = plan(c);
         if (how == REWIND) { /* GPU: every stage and shard again, from the newest snapshot */
-            if (coord_rewind(c))
+            double since;
+            r->redo = 0;
+            if (coord_rewind(c, r->lost_first, r->lost_why, &since))
                 return -1;
             rewound = 1;
             if (!c->n_lost)
-                report(c, first, why, t_dead, c->round_t0, 0, again, NULL, coord_n_workers(c), at, c->step);
+                report(c, first, why, t_dead, c->round_t0, 0, again, NULL, coord_n_workers(c), at, c->step, since);
             continue;
         }
-        int redo = c->redo && c->round.type == MSG_STEP, step_again = 0;
+        int redo = r->redo && c->round.type == MSG_STEP, step_again = 0;
         if (how == STAGES) {
             redo = c->round.type == MSG_STEP || c->grads_held;
             step_again = redo && c->round.type != MSG_STEP; /* between its rounds: the step loop's */
@@ -363,7 +380,7 @@ int coord_recover(coord_t *c)
         }
         int replaced[c->np], n = 0;
         c->n_lost = 0;
-        c->redo = 0;
+        r->redo = 0;
         for (int i = 0; i < c->np; i++)
             if (c->p[i].lost) {
                 replace(c, &c->p[i]);
@@ -379,11 +396,11 @@ int coord_recover(coord_t *c)
         if (!c->n_lost && how == STAGES && c->lay.gpu_shards && remap(c))
             return -1;
         if (c->n_lost) { /* one died during the recovery: again, counted */
-            c->redo |= redo;
+            r->redo |= redo;
             continue;
         }
         resend(c, redo && !step_again, replaced, n);
-        report(c, first, why, t_dead, c->round_t0, redo, again, replaced, n, at, how == STAGES ? -2 : -1);
+        report(c, first, why, t_dead, c->round_t0, redo, again, replaced, n, at, how == STAGES ? -2 : -1, 0);
         rewound |= step_again;
     }
     return c->failed || c->interrupted ? -1 : rewound ? COORD_REWOUND : 0;
@@ -391,7 +408,8 @@ int coord_recover(coord_t *c)
 
 /* ---- ABORTED ---- */
 
-const char *coord_on_aborted(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m)
+/* ABORTED from a stage: it left the step in progress. */
+static const char *on_aborted(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m)
 {
     if (p->await != MSG_STEP_DONE || m->step != c->step)
         return "no step in progress waits for this stage";
@@ -399,56 +417,33 @@ const char *coord_on_aborted(coord_t *c, coord_proc_t *p, const ctl_peer_t *from
     return NULL;
 }
 
-/* ---- the step watchdog ---- */
+/* ---- the registry ---- */
 
-static int cmp_double(const void *a, const void *b)
+int coord_recover_init(coord_t *c)
 {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
+    struct coord_recovery *r = c->rec = calloc(1, sizeof(*c->rec));
+    if (!r || !(r->remap_due = calloc((size_t)c->m->shards, 1)))
+        return -ENOMEM;
+    /* the weights and the shards' state live in this host's segments (CPU), or in the processes
+     * (GPU, and so across hosts), where a loss rewinds the job, every host's agent taking part,
+     * but for a stage on one host's IPC plane: the shards keep the state, the stages are
+     * started again */
+    plane_recovery_t how = plane_recovery(plane_transport(&c->lay));
+    r->alone = how == PLANE_RECOVER_IN_PLACE && c->lay.hosts == 1;
+    r->restage = how == PLANE_RECOVER_RESTAGE && c->lay.hosts == 1;
+    c->reg.can_recover = can_recover;
+    c->reg.lost = lost;
+    c->reg.recover = recover;
+    coord_handle(c, MSG_ABORTED, COORD_FROM(COORD_STAGE), on_aborted);
+    coord_handle(c, MSG_REMAPPED, COORD_FROM(COORD_OPTSHARD), on_remapped);
+    return 0;
 }
 
-/* 10 x the median of the last steps' times + 10 s, once a step (not at each look); 0 before 3. */
-void coord_note_step_time(coord_t *c, double secs)
+void coord_recover_free(coord_t *c)
 {
-    c->step_times[c->n_step_times++ % COORD_STEP_TIMES] = secs;
-    int n = c->n_step_times < COORD_STEP_TIMES ? c->n_step_times : COORD_STEP_TIMES;
-    double t[COORD_STEP_TIMES];
-    memcpy(t, c->step_times, (size_t)n * sizeof(double));
-    qsort(t, (size_t)n, sizeof(double), cmp_double);
-    c->watchdog_auto_s = n < 3 ? 0 : 10 * t[n / 2] + 10;
-}
-
-void coord_watchdog(coord_t *c)
-{
-    if (!c->training)
+    if (!c->rec)
         return;
-    /* job.watchdog_s, or from the step times, or 120 s before 3 steps */
-    double now = util_now(), bound = c->m->watchdog_s > 0 ? c->m->watchdog_s
-                                     : c->watchdog_auto_s > 0 ? c->watchdog_auto_s : COORD_STARTUP_TIMEOUT_S;
-    char name[64];
-    for (int i = 0; i < c->np && !c->failed; i++) {
-        coord_proc_t *p = &c->p[i];
-        if (!p->pid || p->remote || !p->await || !p->ready)
-            continue;
-        if (p->abort_sent > 0) { /* still there after its stack dump */
-            if (now - p->abort_sent > COORD_ABORT_GRACE_S) {
-                kill(p->pid, SIGKILL);
-                p->abort_sent = now;
-            }
-            continue;
-        }
-        if (now - p->progress_at <= bound)
-            continue;
-        coord_who(p, name, sizeof(name));
-        if (!coord_can_recover(c, p)) {
-            coord_fail_proc(c, p, "%s (pid %d) made no progress for %.1f s in step %lld (the step watchdog's bound: "
-                            "%.1f s): hung", name, (int)p->pid, now - p->progress_at, (long long)c->step + 1, bound);
-            continue;
-        }
-        fprintf(stderr, "ctitan: %s (pid %d) made no progress for %.1f s in step %lld (the step watchdog's bound: "
-                "%.1f s): dumping its stack (SIGABRT), then replacing it\n", name, (int)p->pid, now - p->progress_at,
-                (long long)c->step + 1, bound);
-        kill(p->pid, SIGABRT);
-        p->abort_sent = now;
-    }
+    free(c->rec->remap_due);
+    free(c->rec);
+    c->rec = NULL;
 }

@@ -1,20 +1,114 @@
-/* What the coordinator tells the user (see coord_priv.h): the launch banner, one progress line
- * and one metrics record per step (and its scalars as TensorBoard events, stages/report/tb.h), and at
- * the end the validation loss and a sample from the final weights (stages/report/evaluate.h holds the
- * math). */
-#include "stages/coord/coord_priv.h"
+/* What the coordinator tells the user (see coord_report.h): the data check, the launch banner,
+ * one progress line and one metrics record per step (and its scalars as TensorBoard events,
+ * stages/report/tb.h), and at the end the validation loss and a sample from the final weights
+ * (stages/report/evaluate.h holds the math). */
+#include "stages/coord/coord_report.h"
 
+#include <errno.h>
+#include <glob.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "ipc/util.h"
 #include "kernels/cpu/pool.h"
-#include "stages/report/evaluate.h"
-#include "stages/job/ldr_seg.h"
-#include "stages/report/peak_cache.h"
+#include "stages/coord/coord_trace.h"
 #include "stages/data/tokenizer.h"
 #include "stages/data/tokfile.h"
+#include "stages/job/ldr_seg.h"
+#include "stages/report/evaluate.h"
+#include "stages/report/peak_cache.h"
+#include "stages/report/tb.h"
+#include "stages/runtime/ldr.h"
+
+struct coord_report {
+    FILE *metrics;                    /* metrics.file, or NULL */
+    tb_t *tb;                         /* metrics.enable_tensorboard: the event file */
+    double peak_gflops;               /* what MFU divides by */
+    double entropy;                   /* of the first training file (NaN with a custom loader) */
+    char first_file[PATH_MAX];        /* the first file loader.dataset_path matches */
+};
+
+int coord_report_init(coord_t *c)
+{
+    if (!(c->rep = calloc(1, sizeof(*c->rep))))
+        return -ENOMEM;
+    c->rep->entropy = NAN;
+    return 0;
+}
+
+FILE *coord_report_metrics(coord_t *c) { return c->rep->metrics; }
+
+/* Checks the data before any process starts, so a wrong path is one clear error: the
+ * dataset pattern must match, and its first file must be a valid token file (the loader
+ * checks the others as it opens them). */
+int coord_check_data(coord_t *c, char *err, size_t errlen)
+{
+    const manifest_t *m = c->m;
+    tokfile_t *tf = NULL;
+    int rc = 0;
+    c->rep->entropy = NAN;
+    if (!m->command[0]) {
+        glob_t g;
+        if (glob(m->dataset_path, GLOB_ERR, NULL, &g)) {
+            globfree(&g);
+            return util_fail(err, errlen, -ENOENT, "loader.dataset_path %s: no such file", m->dataset_path);
+        }
+        snprintf(c->rep->first_file, sizeof(c->rep->first_file), "%s", g.gl_pathv[0]);
+        rc = tokfile_open(&tf, c->rep->first_file, m->model.vocab_size, err, errlen);
+        if (!rc)
+            c->rep->entropy = eval_unigram_entropy(tf, (size_t)1 << 24);
+        tokfile_close(&tf);
+        globfree(&g);
+        if (rc)
+            return rc;
+    }
+    if (m->val_enable) {
+        if ((rc = tokfile_open(&tf, m->val_dataset_path, m->model.vocab_size, err, errlen)))
+            return rc;
+        tokfile_close(&tf);
+    }
+    if (m->sample_tokens > 0 && m->tokenizer_path[0]) {
+        tok_t *tok = NULL;
+        if ((rc = tok_load(&tok, m->tokenizer_path, err, errlen)))
+            return rc;
+        if (tok_vocab_size(tok) > m->model.vocab_size)
+            rc = util_fail(err, errlen, -EINVAL, "%s has %d tokens but model.vocab_size is %d", m->tokenizer_path,
+                           tok_vocab_size(tok), m->model.vocab_size);
+        tok_destroy(&tok);
+    }
+    return rc;
+}
+
+int coord_report_open(coord_t *c, char *err, size_t errlen)
+{
+    const manifest_t *m = c->m;
+    /* a supervisor's relaunch appends: the file keeps the failed run's steps and the restart */
+    const char *mode = c->sup && c->sup->append_metrics ? "a" : "w";
+    if (m->metrics_file[0] && !(c->rep->metrics = fopen(m->metrics_file, mode)))
+        return util_fail(err, errlen, -errno, "metrics.file %s: cannot open: %s", m->metrics_file, strerror(errno));
+    if (m->tb_enable) { /* a new file each run, whose steps TensorBoard shows over earlier files' */
+        char dir[PATH_MAX], why[PATH_MAX + 256];
+        manifest_tb_folder(m, dir, sizeof(dir));
+        int rc = tb_open(&c->rep->tb, dir, c->step + 1, why, sizeof(why));
+        if (rc)
+            return util_fail(err, errlen, rc, "metrics.save_tb_folder: %s", why);
+    }
+    return 0;
+}
+
+void coord_report_close(coord_t *c)
+{
+    if (!c->rep)
+        return;
+    if (c->rep->metrics)
+        fclose(c->rep->metrics);
+    tb_close(&c->rep->tb);
+    free(c->rep);
+    c->rep = NULL;
+}
 
 void coord_banner(coord_t *c)
 {
@@ -24,7 +118,7 @@ void coord_banner(coord_t *c)
         n += !c->p[i].expect_exit;
     peak_cache_t peak;
     char from[PATH_MAX + 512];
-    c->peak_gflops = peak_cache_get(m->peak_tflops * 1e3, (int)sysconf(_SC_NPROCESSORS_ONLN), NULL, &peak);
+    c->rep->peak_gflops = peak_cache_get(m->peak_tflops * 1e3, (int)sysconf(_SC_NPROCESSORS_ONLN), NULL, &peak);
     if (peak.warning[0])
         fprintf(stderr, "launch: warning: %s\n", peak.warning);
     peak_cache_describe(&peak, from, sizeof(from));
@@ -35,14 +129,14 @@ void coord_banner(coord_t *c)
            "%d optimizer shards; %d processes\n",
            m->name, m->model_name, m->flavor, c->lay.total / 1e6, m->pp, sched_kind_name(m->schedule), chunks,
            m->microbatches, c->lay.mb, m->seq_len, m->dp, m->shards, n);
-    printf("launch: MFU against %.0f GFLOP/s, %s\n", c->peak_gflops, from);
-    if (c->tb) {
+    printf("launch: MFU against %.0f GFLOP/s, %s\n", c->rep->peak_gflops, from);
+    if (c->rep->tb) {
         char dir[PATH_MAX];
         manifest_tb_folder(m, dir, sizeof(dir));
-        printf("launch: TensorBoard events in %s (tensorboard --logdir %s)\n", tb_path(c->tb), dir);
+        printf("launch: TensorBoard events in %s (tensorboard --logdir %s)\n", tb_path(c->rep->tb), dir);
     }
-    if (!isnan(c->entropy))
-        printf("launch: data %s, unigram entropy %.4f nats/token (first file)\n", m->dataset_path, c->entropy);
+    if (!isnan(c->rep->entropy))
+        printf("launch: data %s, unigram entropy %.4f nats/token (first file)\n", m->dataset_path, c->rep->entropy);
     fflush(stdout);
 }
 
@@ -100,7 +194,7 @@ static void write_metrics(coord_t *c, double loss, double norm, double lr, doubl
     uint64_t sample = 0;
     int have = loader_sample(c, &sample);
     char nf[256] = "";
-    FILE *f = c->metrics;
+    FILE *f = c->rep->metrics;
     fprintf(f, "{\"step\": %d", (int)c->step + 1);
     put_num(f, "loss", "%.17g", loss, nf, sizeof(nf));
     put_num(f, "grad_norm", "%.17g", norm, nf, sizeof(nf));
@@ -131,9 +225,9 @@ static void write_metrics(coord_t *c, double loss, double norm, double lr, doubl
 static void flush_events(coord_t *c)
 {
     char err[PATH_MAX + 256];
-    if (tb_flush(c->tb, err, sizeof(err))) {
+    if (tb_flush(c->rep->tb, err, sizeof(err))) {
         fprintf(stderr, "launch: warning: %s: no more TensorBoard events in this run\n", err);
-        tb_close(&c->tb);
+        tb_close(&c->rep->tb);
     }
 }
 
@@ -153,17 +247,17 @@ static void write_events(coord_t *c, double loss, double norm, double lr, double
         {"bubble", bubble}, {"bubble_ideal", bubble_ideal}, {"mem_peak_gib", mem / 1073741824.0},
     };
     for (size_t i = 0; i < sizeof(s) / sizeof(s[0]); i++)
-        tb_scalar(c->tb, s[i].tag, step, s[i].v, now); /* a failure is tb_flush's too */
+        tb_scalar(c->rep->tb, s[i].tag, step, s[i].v, now); /* a failure is tb_flush's too */
     uint64_t sample;
     if (loader_sample(c, &sample))
-        tb_scalar(c->tb, "loader_sample", step, (double)sample, now);
+        tb_scalar(c->rep->tb, "loader_sample", step, (double)sample, now);
     for (int r = 0; r < m->pp; r++) {
         const msg_t *rep = &coord_stage(c, r, 0)->reply;
         const double t[3] = {rep->t_f, rep->t_b, rep->t_w};
         for (int k = 0; k < 3; k++) {
             char tag[64];
             snprintf(tag, sizeof(tag), "stage_ms/%d/%c", r, "fbw"[k]);
-            tb_scalar(c->tb, tag, step, t[k] * 1e3, now);
+            tb_scalar(c->rep->tb, tag, step, t[k] * 1e3, now);
         }
     }
     flush_events(c);
@@ -187,7 +281,7 @@ void coord_report_step(coord_t *c, double norm, double t_step, double t_reduce, 
     double tokens = (double)m->dp * m->local_batch_size * m->seq_len;
     loss /= tokens;
     double lr = coord_shard(c, 0)->reply.lr, tps = tokens / t_step;
-    double mfu = config_flops_per_token(&m->model, m->seq_len) * tps / (c->peak_gflops * 1e9);
+    double mfu = config_flops_per_token(&m->model, m->seq_len) * tps / (c->rep->peak_gflops * 1e9);
     int step = (int)c->step + 1;
     if (step % m->log_freq == 0 || step == m->steps || step == 1) {
         printf("step %5d  loss %7.4f  grad_norm %7.3f  lr %.2e  tokens/s %7.0f  mfu %5.2f%%  %6.0f ms  mem %.2f GiB\n",
@@ -196,9 +290,9 @@ void coord_report_step(coord_t *c, double norm, double t_step, double t_reduce, 
     }
     double ctl = t_step - t_stages - t_reduce - t_update, bubble, bubble_ideal, t[MANIFEST_MAX_PP][3];
     bubbles(c, t, &bubble, &bubble_ideal);
-    if (c->metrics)
+    if (c->rep->metrics)
         write_metrics(c, loss, norm, lr, tps, mfu, t_step, ctl, t_reduce + t_update, mem, bubble, bubble_ideal);
-    if (c->tb)
+    if (c->rep->tb)
         write_events(c, loss, norm, lr, tps, mfu, t_step, ctl, t_reduce + t_update, mem, bubble, bubble_ideal);
     coord_trace_step(c, (const double (*)[3])t);
 }
@@ -209,7 +303,7 @@ static void write_validation(coord_t *c, double loss, int batches)
 {
     const manifest_t *m = c->m;
     char nf[64] = "";
-    FILE *f = c->metrics;
+    FILE *f = c->rep->metrics;
     fprintf(f, "{\"step\": %d", m->steps);
     put_num(f, "val_loss", "%.17g", loss, nf, sizeof(nf));
     fprintf(f, ", \"val_batches\": %d, \"val_tokens\": %lld", batches,
@@ -227,8 +321,8 @@ static void sample(coord_t *c, float *w, pool_t *pool, tokfile_t *val)
     tok_t *tok = NULL;
     tokfile_t *src = val;
     char err[512];
-    if (!src && c->first_file[0])
-        tokfile_open(&src, c->first_file, m->model.vocab_size, NULL, 0);
+    if (!src && c->rep->first_file[0])
+        tokfile_open(&src, c->rep->first_file, m->model.vocab_size, NULL, 0);
     if (src && tok_load(&tok, m->tokenizer_path, err, sizeof(err)) == 0)
         eval_sample(&m->model, w, pool, tok, src, m->sample_tokens, m->sample_temperature, m->seed, stdout);
     tok_destroy(&tok);
@@ -251,15 +345,15 @@ void coord_end_of_run(coord_t *c, int64_t first, double secs)
         int used;
         double vl = eval_loss(&m->model, w, pool, val, m->local_batch_size, m->seq_len, m->val_steps, &used);
         printf("; validation loss %.4f over %d batches", vl, used);
-        if (c->metrics)
+        if (c->rep->metrics)
             write_validation(c, vl, used);
-        if (c->tb) { /* at the last step, as in the metrics file */
-            tb_scalar(c->tb, "val_loss", m->steps, vl, tb_now());
+        if (c->rep->tb) { /* at the last step, as in the metrics file */
+            tb_scalar(c->rep->tb, "val_loss", m->steps, vl, tb_now());
             flush_events(c);
         }
     }
-    if (!isnan(c->entropy))
-        printf("; training data unigram entropy %.4f", c->entropy);
+    if (!isnan(c->rep->entropy))
+        printf("; training data unigram entropy %.4f", c->rep->entropy);
     printf("\n");
     if (m->sample_tokens > 0 && m->tokenizer_path[0])
         sample(c, w, pool, val);

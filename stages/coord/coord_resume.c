@@ -1,9 +1,9 @@
-/* checkpoint.load (see coord_priv.h): before any other process starts, checkpointd resolves
+/* checkpoint.load (see coord_resume.h): before any other process starts, checkpointd resolves
  * the checkpoint, checks it and reads it into the staging segment (LOAD ... LOADED; the
  * format is checkpointd's alone: checkpointd/restore.h). The run then starts after its step
  * at its loader cursor, and the optimizer shards copy their slices from the staging segment
  * as they set up. */
-#include "stages/coord/coord_priv.h"
+#include "stages/coord/coord_resume.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -17,74 +17,125 @@
 
 #include "ipc/log.h"
 #include "ipc/util.h"
+#include "stages/coord/coord_ctl.h"
+#include "stages/coord/coord_proc.h"
 #include "stages/job/staging.h"
 
-const char *coord_on_loaded(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m)
+struct coord_resume {
+    int loading;                      /* checkpointd started for a LOAD, LOADED not yet here */
+    int load_sent;                    /* ... and LOAD was sent to it */
+    int load_ok;
+    char load_text[1536];             /* LOADED's text: the directory, "" (none there), or why not */
+    int64_t load_step;
+    uint8_t cursor[LDR_CURSOR_MAX];   /* the loader's, from the checkpoint loaded */
+    size_t cursor_len;
+    coord_start_t start;              /* where the run started */
+};
+
+static const char *on_loaded(coord_t *c, coord_proc_t *p, const ctl_peer_t *from, const msg_t *m)
 {
-    if (!c->loading || !c->load_sent)
+    struct coord_resume *r = c->res;
+    if (!r->loading || !r->load_sent)
         return "no checkpoint is being loaded";
-    c->loading = c->load_sent = 0;
-    c->load_ok = m->ok;
-    snprintf(c->load_text, sizeof(c->load_text), "%s", m->text ? m->text : "");
-    c->load_step = m->step;
-    if (m->data_len > sizeof(c->resume_cursor)) {
-        c->load_ok = 0;
-        snprintf(c->load_text, sizeof(c->load_text), "checkpointd: a loader cursor of %zu bytes (at most %zu)",
-                 m->data_len, sizeof(c->resume_cursor));
+    r->loading = r->load_sent = 0;
+    p->no_restart = 0;
+    r->load_ok = m->ok;
+    snprintf(r->load_text, sizeof(r->load_text), "%s", m->text ? m->text : "");
+    r->load_step = m->step;
+    if (m->data_len > sizeof(r->cursor)) {
+        r->load_ok = 0;
+        snprintf(r->load_text, sizeof(r->load_text), "checkpointd: a loader cursor of %zu bytes (at most %zu)",
+                 m->data_len, sizeof(r->cursor));
         return NULL;
     }
     if (m->data_len)
-        memcpy(c->resume_cursor, m->data, m->data_len);
-    c->resume_cursor_len = (uint32_t)m->data_len;
+        memcpy(r->cursor, m->data, m->data_len);
+    r->cursor_len = m->data_len;
     return NULL;
 }
 
-static int loaded(coord_t *c, void *arg) { return !c->loading; }
+int coord_resume_init(coord_t *c)
+{
+    if (!(c->res = calloc(1, sizeof(*c->res))))
+        return -ENOMEM;
+    coord_handle(c, MSG_LOADED, COORD_FROM(COORD_CKPTD), on_loaded);
+    return 0;
+}
+
+void coord_resume_free(coord_t *c)
+{
+    free(c->res);
+    c->res = NULL;
+}
+
+const coord_start_t *coord_resume_start(const coord_t *c) { return &c->res->start; }
+
+static int loaded(coord_t *c, void *arg) { return !c->res->loading; }
 
 /* Starts checkpointd, sends it LOAD of checkpoint.load and waits for LOADED. Returns 0 with
- * the answer in c->load_*, or -1 when the job failed or was interrupted meanwhile. */
+ * the answer in c->res, or -1 when the job failed or was interrupted meanwhile. */
 static int exchange(coord_t *c)
 {
     coord_proc_t *d = coord_ckptd(c);
-    c->loading = 1; /* from its start on: a checkpointd lost now fails the job (coord_reap) */
+    c->res->loading = 1;
     coord_spawn(c, d);
+    d->no_restart = 1; /* from its start on: a checkpointd lost now fails the job */
     if (coord_pump(c, coord_proc_ready, d, COORD_STARTUP_TIMEOUT_S) == -ETIMEDOUT)
         coord_fail_proc(c, coord_ckptd(c), "checkpointd did not become ready in %.0f s", COORD_STARTUP_TIMEOUT_S);
     if (c->failed || c->interrupted)
         return -1;
     msg_t load = {.type = MSG_LOAD, .text = c->m->ckpt_load, .text_len = strlen(c->m->ckpt_load)};
     coord_send(c, d, &load);
-    c->load_sent = 1;
+    c->res->load_sent = 1;
     return coord_pump(c, loaded, NULL, 1e9) ? -1 : 0;
 }
 
-int coord_resume(coord_t *c, char *err, size_t errlen)
+/* The run's start: after c->step, from checkpoint.load as resolved, at the cursor loaded. */
+static void note_start(coord_t *c)
+{
+    coord_start_t *s = &c->res->start;
+    s->first_step = c->step;
+    s->fresh = !c->m->ckpt_load[0];
+    snprintf(s->load, sizeof(s->load), "%s", c->m->ckpt_load);
+    memcpy(s->cursor, c->res->cursor, c->res->cursor_len);
+    s->cursor_len = c->res->cursor_len;
+}
+
+/* checkpoint.load as checkpointd resolved it. */
+static int load(coord_t *c, char *err, size_t errlen)
 {
     manifest_t *m = c->m;
-    if (!m->ckpt_load[0])
-        return 0;
+    struct coord_resume *r = c->res;
     if (exchange(c))
         return -1;
-    if (!c->load_ok)
-        return util_fail(err, errlen, -EIO, "%s", c->load_text);
-    if (!c->load_text[0]) {
+    if (!r->load_ok)
+        return util_fail(err, errlen, -EIO, "%s", r->load_text);
+    if (!r->load_text[0]) {
         char folder[PATH_MAX];
         manifest_ckpt_folder(m, folder, sizeof(folder));
         printf("checkpoint: none in %s: starting from step 0\n", folder);
-    } else if (strlen(c->load_text) >= sizeof(m->ckpt_load)) {
-        return util_fail(err, errlen, -ENAMETOOLONG, "checkpoint path %s is too long", c->load_text);
+    } else if (strlen(r->load_text) >= sizeof(m->ckpt_load)) {
+        return util_fail(err, errlen, -ENAMETOOLONG, "checkpoint path %s is too long", r->load_text);
     } else {
-        c->step = c->load_step;
-        printf("checkpoint: resuming from %s (after step %lld)\n", c->load_text, (long long)c->step);
+        c->step = r->load_step;
+        printf("checkpoint: resuming from %s (after step %lld)\n", r->load_text, (long long)c->step);
     }
     /* every other process gets the directory loaded, or "" for a fresh start */
-    memcpy(m->ckpt_load, c->load_text, strlen(c->load_text) + 1);
+    memcpy(m->ckpt_load, r->load_text, strlen(r->load_text) + 1);
     free(c->toml);
     if (!(c->toml = manifest_to_toml(m)))
         return util_fail(err, errlen, -ENOMEM, "out of memory");
     if (!m->ckpt_enable) /* it only loads: no SAVE follows */
         coord_stop_proc(c, coord_ckptd(c));
     return c->failed || c->interrupted ? -1 : 0;
+}
+
+int coord_resume(coord_t *c, char *err, size_t errlen)
+{
+    int rc = c->m->ckpt_load[0] ? load(c, err, errlen) : 0;
+    if (!rc)
+        note_start(c);
+    return rc;
 }
 
 /* Runs `checkpointd --job JOB --load DIR` with the resolved manifest on its standard input
@@ -140,9 +191,9 @@ int coord_resume_host(coord_t *c, const char *dir, int64_t step, char *err, size
     if (atomic_load(&h->step) != step)
         return util_fail(err, errlen, -EBADMSG, "host %d: %s holds step %lld; the coordinator resumed after step %lld",
                          m->host_rank, dir, (long long)atomic_load(&h->step), (long long)step);
-    if (h->cursor_len > sizeof(c->resume_cursor))
+    if (h->cursor_len > sizeof(c->res->cursor))
         return util_fail(err, errlen, -EBADMSG, "host %d: the staging segment holds a loader cursor of %u bytes (at "
-                         "most %zu)", m->host_rank, h->cursor_len, sizeof(c->resume_cursor));
+                         "most %zu)", m->host_rank, h->cursor_len, sizeof(c->res->cursor));
     printf("launch: host %d: checkpoint of step %lld loaded\n", m->host_rank, (long long)step);
     fflush(stdout);
     return 0;

@@ -1,4 +1,4 @@
-/* Recovery of GPU jobs by rewinding (see coord_priv.h; DESIGN.md "Recovery"). A GPU stage's
+/* Recovery of GPU jobs by rewinding (see coord_rewind.h; DESIGN.md "Recovery"). A GPU stage's
  * weights and a GPU shard's master weights and moments are device memory that its process
  * owns and that dies with it, and the device rings and NCCL communicators of its neighbours
  * point into it. So on a GPU job a lost stage or shard takes every stage and shard with it:
@@ -7,7 +7,7 @@
  * from them and no snapshot is whole, and the steps since then run again. The same bits as an
  * undisturbed run: the state is the snapshot's, and each step after it is a function of that
  * state and the loader's cursor. */
-#include "stages/coord/coord_priv.h"
+#include "stages/coord/coord_rewind.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -17,18 +17,16 @@
 #include <string.h>
 
 #include "ipc/util.h"
+#include "stages/coord/coord_ckpt.h"
+#include "stages/coord/coord_ctl.h"
+#include "stages/coord/coord_hosts.h"
+#include "stages/coord/coord_plane.h"
+#include "stages/coord/coord_proc.h"
+#include "stages/coord/coord_resume.h"
+#include "stages/coord/coord_setup.h"
 #include "stages/job/devdir.h"
-#include "stages/job/ldr_seg.h"
+#include "stages/job/ldr_info.h"
 #include "stages/job/staging.h"
-
-void coord_rewind_point(coord_t *c, int64_t step)
-{
-    c->snap_step = step;
-    if (step >= 0) {
-        c->snap_at = c->ck_t0;
-        c->snaps++;
-    }
-}
 
 static int workers_gone(coord_t *c, void *arg)
 {
@@ -40,34 +38,34 @@ static int workers_gone(coord_t *c, void *arg)
 
 static int ready_or_lost(coord_t *c, void *arg) { return c->n_lost || coord_all_ready(c, NULL); }
 
-static void reset(ring_t *r) { ring_reset(r, 0); }
-
 /* Where the state of step `to` comes from: 1 the staging segment, 0 the initial weights; -1
- * when there is none (the job failed, saying why). */
-static int source(coord_t *c, int64_t *to)
+ * when there is none (the job failed, saying why, blaming first). *since: when it was current. */
+static int source(coord_t *c, const coord_proc_t *first, const char *why, int64_t *to, double *since)
 {
-    if (c->snap_step >= 0) {
+    int wholes;
+    int64_t snap = coord_ckpt_whole(c, since, &wholes), busy_step;
+    const coord_start_t *start = coord_resume_start(c);
+    if (snap >= 0) {
         staging_hdr_t *h = shm_data(c->seg_ckpt);
-        if (atomic_load(&h->step) != c->snap_step || h->cursor_len > sizeof(c->resume_cursor)) {
+        if (atomic_load(&h->step) != snap || h->cursor_len > LDR_CURSOR_MAX) {
             coord_fail(c, "rewind: the staging segment holds step %lld, not the snapshot of step %lld",
-                       (long long)atomic_load(&h->step), (long long)c->snap_step);
+                       (long long)atomic_load(&h->step), (long long)snap);
             return -1;
         }
-        *to = c->snap_step;
+        *to = snap;
         return 1;
     }
-    if (c->fresh && !c->snaps) {
-        *to = c->first_step;
-        c->snap_at = c->train_t0;
+    if (start->fresh && !wholes) {
+        *to = start->first_step;
+        *since = c->train_t0;
         return 0;
     }
-    if (c->ck_busy)
-        coord_fail_proc(c, c->lost_first, "%s; a GPU job goes back to its newest whole snapshot, and the snapshot "
-                        "of step %lld was overwriting it: not recovered in place", c->lost_why, (long long)c->ck_step);
+    if (coord_ckpt_busy(c, &busy_step))
+        coord_fail_proc(c, first, "%s; a GPU job goes back to its newest whole snapshot, and the snapshot "
+                        "of step %lld was overwriting it: not recovered in place", why, (long long)busy_step);
     else
-        coord_fail_proc(c, c->lost_first, "%s; a GPU job goes back to its newest whole snapshot, and it has none "
-                        "(checkpoint.enable = false, resumed from %s): not recovered in place", c->lost_why,
-                        c->start_load);
+        coord_fail_proc(c, first, "%s; a GPU job goes back to its newest whole snapshot, and it has none "
+                        "(checkpoint.enable = false, resumed from %s): not recovered in place", why, start->load);
     return -1;
 }
 
@@ -75,9 +73,8 @@ int coord_rewind_segments(coord_t *c, int64_t to, int from_staging, const uint8_
                           size_t errlen)
 {
     const manifest_t *m = c->m;
-    if (len > sizeof(c->resume_cursor))
-        return util_fail(err, errlen, -EINVAL, "a loader cursor of %zu bytes (at most %zu)", len,
-                         sizeof(c->resume_cursor));
+    if (len > LDR_CURSOR_MAX)
+        return util_fail(err, errlen, -EINVAL, "a loader cursor of %zu bytes (at most %d)", len, LDR_CURSOR_MAX);
     if (from_staging) { /* the shards load from it: its header names the step (an agent's had none) */
         if (!c->seg_ckpt)
             return util_fail(err, errlen, -ENOENT, "no staging segment on this host to rewind to step %lld from",
@@ -89,17 +86,13 @@ int coord_rewind_segments(coord_t *c, int64_t to, int from_staging, const uint8_
     }
     if (c->seg_grads)
         memset(shm_data(c->seg_grads), 0, job_params_bytes(&c->lay));
-    coord_each_ring(c, reset, 0);
+    coord_reset_rings(c);
     if (c->seg_dev) /* the new stages publish their device buffers there */
         memset(shm_data(c->seg_dev), 0, devdir_bytes(&c->lay));
     for (int k = 0; c->seg_opt && k < m->shards; k++) /* CPU shards make their state anew */
         atomic_store(&job_optstate_rec(shm_data(c->seg_opt), k)->done, -1);
     c->step = to;
-    memmove(c->resume_cursor, cursor, len);
-    c->resume_cursor_len = (uint32_t)len;
-    shm_detach(&c->seg_batch);
-    shm_unlink_name(c->job, LDR_SEG_NAME);
-    return coord_make_batch(c, err, errlen);
+    return coord_make_batch(c, to, cursor, len, err, errlen);
 }
 
 /* Host 0's part: the checkpoint in flight, the NCCL ids, checkpoint.load, then the segments. */
@@ -107,10 +100,7 @@ static int reset_state(coord_t *c, int64_t to, int from_staging)
 {
     manifest_t *m = c->m;
     char err[512];
-    if (c->ck_busy && !c->ck_saving && !c->ck_save_due) { /* its shards are gone: taken again when its step is */
-        fprintf(stderr, "ctitan: the snapshot of step %lld was being taken: dropped\n", (long long)c->ck_step);
-        c->ck_busy = 0;
-    }
+    coord_ckpt_drop(c);
     if (coord_make_boot(c, err, sizeof(err))) { /* the old communicators died with their ranks */
         coord_fail(c, "rewind: %s", err);
         return -1;
@@ -137,10 +127,10 @@ static int reset_state(coord_t *c, int64_t to, int from_staging)
         return -1;
     }
     msg_t rw = {.type = MSG_REWIND, .step = to, .ok = from_staging, .data = cursor, .data_len = len};
-    for (int h = 1; c->agents && h < m->hosts; h++) /* the other hosts do the same */
-        if (ctl_send(c->ctl, c->agents[h].route, &rw)) {
+    for (int h = 1; coord_hosts_any(c) && h < m->hosts; h++) /* the other hosts do the same */
+        if (coord_hosts_send(c, h, &rw)) {
             coord_fail(c, "rewind: host %d's agent (pid %lld) cannot be reached: the host is lost or cut off, and its "
-                       "processes with it", h, (long long)c->agents[h].pid);
+                       "processes with it", h, (long long)coord_hosts_pid(c, h));
             return -1;
         }
     return 0;
@@ -150,15 +140,15 @@ static int reset_state(coord_t *c, int64_t to, int from_staging)
  * kill and start, and are forgotten here until they say hello again. */
 static int rewound(const coord_proc_t *p) { return p->role != COORD_CKPTD; }
 
-int coord_rewind(coord_t *c)
+int coord_rewind(coord_t *c, const coord_proc_t *first, const char *why, double *since)
 {
     int64_t to;
-    int from = source(c, &to);
+    int from = source(c, first, why, &to, since);
     if (from < 0)
         return -1;
-    for (int h = 1; c->agents && h < c->m->hosts; h++)
-        if (!c->agents[h].route[0]) {
-            coord_fail_proc(c, c->lost_first, "%s; host %d's agent never connected: not recovered", c->lost_why, h);
+    for (int h = 1; coord_hosts_any(c) && h < c->m->hosts; h++)
+        if (!coord_hosts_pid(c, h)) {
+            coord_fail_proc(c, first, "%s; host %d's agent never connected: not recovered", why, h);
             return -1;
         }
     for (int i = 0; i < c->np; i++) {
@@ -177,7 +167,6 @@ int coord_rewind(coord_t *c)
         }
     }
     c->n_lost = 0;
-    c->redo = 0;
     c->round.type = 0;
     c->grads_held = 0;
     int rc = coord_pump(c, workers_gone, NULL, COORD_STARTUP_TIMEOUT_S);

@@ -1,11 +1,9 @@
-/* The coordinator's set-up before any process starts (see coord_priv.h): the control
- * endpoint, a check of the data files, signal handling, and the job's shared segments (each
- * formatted by the module that owns its layout: job.h, staging.h, ldr_seg.h). */
-#include "stages/coord/coord_priv.h"
+/* The coordinator's set-up before any process starts (see coord_setup.h): the control
+ * endpoint, signal handling, and the job's shared segments (each formatted by the module that
+ * owns its layout: job.h, staging.h, ldr_seg.h), and their rings. */
+#include "stages/coord/coord_setup.h"
 
 #include <errno.h>
-#include <glob.h>
-#include <math.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,12 +13,9 @@
 #include "ipc/log.h"
 #include "ipc/util.h"
 #include "stages/job/devdir.h"
-#include "stages/report/evaluate.h"
 #include "stages/job/ldr_seg.h"
 #include "stages/job/staging.h"
 #include "stages/runtime/plane.h"
-#include "stages/data/tokenizer.h"
-#include "stages/data/tokfile.h"
 
 int coord_resolve_endpoint(coord_t *c, char *err, size_t errlen)
 {
@@ -39,47 +34,6 @@ int coord_resolve_endpoint(coord_t *c, char *err, size_t errlen)
                          "(e.g. ipc:///tmp/%s.sock) or a shorter job.dump_folder", c->sock_path, m->name);
     snprintf(c->endpoint, sizeof(c->endpoint), "ipc://%.200s", c->sock_path); /* < 100 bytes, checked */
     return 0;
-}
-
-/* Checks the data before any process starts, so a wrong path is one clear error: the
- * dataset pattern must match, and its first file must be a valid token file (the loader
- * checks the others as it opens them). */
-int coord_check_data(coord_t *c, char *err, size_t errlen)
-{
-    const manifest_t *m = c->m;
-    tokfile_t *tf = NULL;
-    int rc = 0;
-    c->entropy = NAN;
-    if (!m->command[0]) {
-        glob_t g;
-        if (glob(m->dataset_path, GLOB_ERR, NULL, &g)) {
-            globfree(&g);
-            return util_fail(err, errlen, -ENOENT, "loader.dataset_path %s: no such file", m->dataset_path);
-        }
-        snprintf(c->first_file, sizeof(c->first_file), "%s", g.gl_pathv[0]);
-        rc = tokfile_open(&tf, c->first_file, m->model.vocab_size, err, errlen);
-        if (!rc)
-            c->entropy = eval_unigram_entropy(tf, (size_t)1 << 24);
-        tokfile_close(&tf);
-        globfree(&g);
-        if (rc)
-            return rc;
-    }
-    if (m->val_enable) {
-        if ((rc = tokfile_open(&tf, m->val_dataset_path, m->model.vocab_size, err, errlen)))
-            return rc;
-        tokfile_close(&tf);
-    }
-    if (m->sample_tokens > 0 && m->tokenizer_path[0]) {
-        tok_t *tok = NULL;
-        if ((rc = tok_load(&tok, m->tokenizer_path, err, errlen)))
-            return rc;
-        if (tok_vocab_size(tok) > m->model.vocab_size)
-            rc = util_fail(err, errlen, -EINVAL, "%s has %d tokens but model.vocab_size is %d", m->tokenizer_path,
-                           tok_vocab_size(tok), m->model.vocab_size);
-        tok_destroy(&tok);
-    }
-    return rc;
 }
 
 int coord_setup_signals(coord_t *c)
@@ -150,11 +104,37 @@ int coord_make_segments(coord_t *c, char *err, size_t errlen)
     return rc;
 }
 
-int coord_make_batch(coord_t *c, char *err, size_t errlen)
+int coord_make_batch(coord_t *c, int64_t step, const uint8_t *cursor, size_t len, char *err, size_t errlen)
 {
-    return ldr_seg_create(&c->seg_batch, c->job, c->m, c->step, c->resume_cursor, c->resume_cursor_len, err,
-                          errlen);
+    if (c->seg_batch) {
+        shm_detach(&c->seg_batch);
+        shm_unlink_name(c->job, LDR_SEG_NAME);
+    }
+    return ldr_seg_create(&c->seg_batch, c->job, c->m, step, cursor, len, err, errlen);
 }
+
+void coord_each_ring(coord_t *c, void (*fn)(ring_t *r), int loader)
+{
+    const job_layout_t *l = &c->lay;
+    ring_t *r;
+    for (int rep = 0; c->seg_act && rep < l->dp; rep++)
+        for (int b = 0; b < l->S - 1; b++)
+            for (int g = 0; g < 2; g++)
+                if (!ring_attach(&r, (char *)shm_data(c->seg_act) + job_act_off(l, rep, b, g), l->act_ring, "act",
+                                 NULL, 0)) {
+                    fn(r);
+                    ring_detach(&r);
+                }
+    for (int i = 0; loader && i < 2 * l->dp; i++)
+        if (!ldr_seg_ring(shm_data(c->seg_batch), i, &r, NULL, 0)) {
+            fn(r);
+            ring_detach(&r);
+        }
+}
+
+static void reset(ring_t *r) { ring_reset(r, 0); }
+
+void coord_reset_rings(coord_t *c) { coord_each_ring(c, reset, 0); }
 
 void coord_remove_segments(coord_t *c)
 {

@@ -32,6 +32,9 @@
 
 /* Most virtual stages per rank: sched_action_t.chunk is one byte. */
 #define SCHED_MAX_VSTAGES 256
+/* Upper bound on the actions of one rank, far above any real pipeline, so that sizes and
+ * indices stay in int and the tables in check/simulate stay small enough to allocate. */
+#define SCHED_MAX_ACTIONS (1 << 24)
 
 typedef enum {
     SCHED_GPIPE = 0, /* all forwards, then all backwards (microbatch order) */

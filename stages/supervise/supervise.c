@@ -4,7 +4,7 @@
  * memory shared with it (MAP_SHARED, made before the fork), so a kill -9 loses none of it.
  * This process is a child subreaper: workers orphaned by a dead coordinator become its
  * children, and it reaps them. */
-#include "stages/coord/supervise.h"
+#include "stages/supervise/supervise.h"
 
 #include <errno.h>
 #include <limits.h>

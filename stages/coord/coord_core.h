@@ -110,8 +110,7 @@ typedef struct {
     coord_hook_t tick[COORD_HOOKS];        /* after each wait of the pump */
     coord_proc_hook_t hello[COORD_HOOKS];  /* a process said hello (after its config went) */
     coord_proc_hook_t ready[COORD_HOOKS];  /* a process said ready */
-    coord_restart_hook_t restart[COORD_HOOKS]; /* checkpointd or the loader is about to start again,
-                                            * after it `how` */
+    coord_restart_hook_t restart[COORD_HOOKS]; /* checkpointd is about to start again, after it `how` */
     int n_signal, n_tick, n_hello, n_ready, n_restart;
     /* the recovery's policy (coord_recover.c; none: every loss fails the job) */
     int (*can_recover)(const coord_t *c, const coord_proc_t *p); /* p dead or hung now is replaced */

@@ -166,8 +166,6 @@ static void restart_loader(coord_t *c, const char *how)
         coord_fail_proc(c, L, "loader %s, and no cursor is recorded for the step it must resume at", how);
         return;
     }
-    for (int i = 0; i < c->reg.n_restart; i++)
-        c->reg.restart[i](c, L, how);
     coord_spawn(c, L);
     LOG_W("loader %s; restarted (pid %d) from the cursor of step %lld", how, (int)L->pid, (long long)from);
 }

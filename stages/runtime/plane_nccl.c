@@ -12,7 +12,6 @@
 #include <string.h>
 
 #include "ipc/util.h"
-
 #include "stages/runtime/plane_link.h"
 
 typedef struct {

@@ -16,6 +16,7 @@
 #include "kernels/params.h"
 #include "stages/job/manifest.h"
 #include "stages/report/peak_cache.h"
+#include "stages/runtime/ldr.h"
 #include "stages/data/tokenizer.h"
 #include "stages/data/tokfile.h"
 
@@ -307,6 +308,21 @@ static void peak_seeds(void)
     put("peak_cache", "skylakex.txt", -1, text, (size_t)n);
 }
 
+/* loader cursors as the built-in loaders write them (ldr_cursor_pack), and an empty one */
+static void cursor_seeds(void)
+{
+    static const char *const keys[] = {"sample", "byte", "skip"};
+    const uint64_t vals[] = {123456789, 77, 3};
+    uint8_t buf[LDR_CURSOR_MAX];
+    size_t n = ldr_cursor_pack(buf, sizeof(buf), 1, keys, vals);
+    CHECK(n > 0);
+    put("cursor", "tokfile", -1, buf, n);
+    n = ldr_cursor_pack(buf, sizeof(buf), 3, keys, vals);
+    CHECK(n > 0);
+    put("cursor", "text", -1, buf, n);
+    put("cursor", "empty", -1, buf, 0);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 3) {
@@ -322,5 +338,6 @@ int main(int argc, char **argv)
     argv_seeds();
     keys_seeds();
     peak_seeds();
+    cursor_seeds();
     return 0;
 }

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The golden jobs: a refactor that changes no behaviour keeps every one of their losses, grad
 # norms and checkpoint bytes. Writes OUT/<job>.txt (each step's loss and grad norm as %.17g,
-# then the sha256 of every checkpoint data file) for: pp 1, pp 2 (1F1B), GPipe, ZBV, data
-# parallel 2 with 3 shards, a checkpoint and its resume into another topology, and on the
-# emulated CUDA backend pp 2, dp 2 (IPC), offload, NCCL and a two-host dp 2 job.
+# then the sha256 of every checkpoint file, an index but for its creation time, and the end's
+# validation loss where it is on)
+# for: pp 1, pp 2 (1F1B), GPipe, ZBV, data parallel 2 with 3 shards, a checkpoint and its
+# resume into another topology, and on the emulated CUDA backend pp 2, dp 2 (IPC), offload,
+# NCCL and a two-host dp 2 job.
 #   bash tools/golden.sh OUT          then: diff -r OUT_BEFORE OUT_AFTER
 set -u
 out=${1:?usage: tools/golden.sh OUT}
@@ -67,9 +69,10 @@ run resume -- --training.steps 12 --checkpoint.enable true --checkpoint.interval
     --parallelism.data_parallel_replicate_degree 2 --optshard.shards 3
 if [ -f "$SIM" ]; then
     S="CTITAN_CUDA_PLUGIN=$SIM"
-    run gpu_pp2 "$S" -- $GPU --training.steps 3 --checkpoint.enable true --checkpoint.interval 3
+    VAL="--validation.enable true --validation.dataset_path $tmp/data/val.bin"
+    run gpu_pp2 "$S" -- $GPU --training.steps 3 --checkpoint.enable true --checkpoint.interval 3 $VAL
     run gpu_dp2 "$S" -- $GPU --training.steps 3 --parallelism.data_parallel_replicate_degree 2 --optshard.shards 3
-    run gpu_offload "$S" -- $GPU --training.steps 3 --optshard.device cpu
+    run gpu_offload "$S" -- $GPU --training.steps 3 --optshard.device cpu $VAL
     run gpu_nccl "$S" -- $GPU --training.steps 3 --parallelism.pipeline_parallel_degree 1 \
         --parallelism.data_parallel_replicate_degree 2 --parallelism.data_plane nccl
     # two hosts on this machine (host 1 as under Slurm), one dp replica each, a checkpoint in parts

@@ -69,7 +69,8 @@ typedef struct {
     double *norm_out;            /* where they go in the job segment (NULL: see reduce) */
     plane_reduce_t *red;         /* the replicas' parts of the slice (the data plane's view) */
     shm_seg_t *job, *params, *staging, *opt; /* staging: with [checkpoint] enable */
-    float *final_w;              /* replica 0 of params: where the run's final fp32 weights go */
+    float *final_w;              /* GPU shards: replica 0 of params, where the run's final fp32 weights
+                                  * go (a CPU shard's publish writes them there every step) */
     /* the snapshot copier: a thread at idle CPU priority (see snapshot()) */
     pthread_t copier;
     pthread_mutex_t mu;
@@ -248,8 +249,10 @@ static void setup(shard_t *sh)
     sh->reduced = -1;
     const char *job = worker_job(sh->w);
     WORKER_CHECK(sh->w, shm_attach(&sh->job, job, "job", err, sizeof(err)) == 0, "%s", err);
-    WORKER_CHECK(sh->w, shm_attach(&sh->params, job, "params", err, sizeof(err)) == 0, "%s", err);
-    sh->final_w = shm_data(sh->params);
+    if (sh->lay.gpu_shards) { /* CPU shards reach the params segment through the plane's view */
+        WORKER_CHECK(sh->w, shm_attach(&sh->params, job, "params", err, sizeof(err)) == 0, "%s", err);
+        sh->final_w = shm_data(sh->params);
+    }
     if (job_norm_by_blocks(&sh->lay)) /* else the slices do not start at block boundaries: see reduce */
         sh->norm_out = job_norm_blocks(shm_data(sh->job)) + sh->begin / MANIFEST_BLOCK;
     int took_over = 0;
@@ -360,15 +363,17 @@ static double update(shard_t *sh, int64_t step, double scale)
     return lr;
 }
 
-/* At the end of the run: the fp32 master into replica 0 of the params segment, where the
- * coordinator's evaluation and sampling read the final weights (on the CPU they are there
- * already, bit for bit), then the backend's memory and mappings given back. */
+/* At the end of the run: GPU shards copy the fp32 master into replica 0 of the params segment,
+ * where the coordinator's evaluation and sampling read the final weights (CPU shards published
+ * them there with every step, bit for bit), then the backend's memory and mappings given back. */
 static void finish(shard_t *sh)
 {
     const backend_t *be = sh->be;
-    BE_CHECK(sh, be->copy(sh->final_w + sh->begin, sh->bank[sh->done % 2].a[0], sh->n * sizeof(float),
-                          sh->stream), "%s", BE_WHY(sh));
-    BE_CHECK(sh, be->stream_sync(sh->stream), "final weights: %s", BE_WHY(sh));
+    if (sh->final_w) {
+        BE_CHECK(sh, be->copy(sh->final_w + sh->begin, sh->bank[sh->done % 2].a[0], sh->n * sizeof(float),
+                              sh->stream), "%s", BE_WHY(sh));
+        BE_CHECK(sh, be->stream_sync(sh->stream), "final weights: %s", BE_WHY(sh));
+    }
     plane_reduce_destroy(&sh->red);
     be->free(sh->state.mem);
     be->stream_free(sh->stream);

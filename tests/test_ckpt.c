@@ -313,6 +313,50 @@ static void test_ckpt_safe_names(void **state)
     assert_false(ckpt_safe_name(longname));
 }
 
+/* ckpt_layout.h: every name of a checkpoint folder and its files from one place, each read
+ * back as it was written, and what is of another form refused. */
+static void test_ckpt_layout_names_read_back(void **state)
+{
+    (void)state;
+    char buf[128];
+    int64_t step;
+    long pid;
+    ckpt_step_path(buf, sizeof(buf), "d", 42);
+    assert_string_equal(buf, "d/step-00000042");
+    assert_int_equal(ckpt_step_of(buf + 2), 42);
+    assert_int_equal(ckpt_step_of("step-123456789"), 123456789);
+    assert_int_equal(ckpt_step_of("step-"), -1);
+    assert_int_equal(ckpt_step_of("step-12x"), -1);
+    assert_int_equal(ckpt_step_of(".tmp-step-00000042.7"), -1);
+    ckpt_tmp_name(buf, sizeof(buf), 42, 1234);
+    assert_string_equal(buf, ".tmp-step-00000042.1234");
+    assert_true(ckpt_tmp_of(buf, &step, &pid));
+    assert_true(step == 42 && pid == 1234);
+    assert_int_equal(ckpt_tmp_check(buf, 42, NULL, 0), 0);
+    assert_int_equal(ckpt_tmp_check(buf, 43, NULL, 0), -EINVAL);
+    assert_true(ckpt_tmp_of(".tmp-step-7", &step, &pid) && step == 7 && pid == 0); /* a leftover */
+    assert_true(ckpt_tmp_of(".tmp-step-x", &step, &pid) && step == -1);
+    assert_false(ckpt_tmp_of("step-00000042", &step, &pid));
+    const optim_t *o = optim_find("AdamW");
+    assert_int_equal(ckpt_files(o, 1), optim_arrays(o));
+    for (int k = 0; k < 3; k++)
+        for (int a = 0; a < optim_arrays(o); a++) {
+            uint32_t f = ckpt_file_of(o, k, a);
+            assert_int_equal(ckpt_part_of_file(f, ckpt_files(o, 3), 3), k);
+            ckpt_file_name(o, f, 3, buf, sizeof(buf));
+            assert_int_equal(ckpt_file_name_part(buf), k);
+            assert_true(ckpt_safe_name(buf));
+        }
+    ckpt_file_name(o, 0, 1, buf, sizeof(buf));
+    assert_string_equal(buf, "model.bin");
+    assert_int_equal(ckpt_file_name_part(buf), -1);
+    assert_int_equal(ckpt_file_name_part("model.h.bin"), -1);
+    assert_int_equal(ckpt_file_name_part("model.h2x.bin"), -1);
+    assert_string_equal(ckpt_tensor_name(o, 0, "lm_head.weight", buf, sizeof(buf)), "lm_head.weight");
+    ckpt_tensor_name(o, 1, "lm_head.weight", buf, sizeof(buf));
+    assert_true(!strncmp(buf, "optimizer.", 10) && strstr(buf, ".lm_head.weight"));
+}
+
 static void test_ckpt_verify_names_damage(void **state)
 {
     fx_t *f = *state;
@@ -823,6 +867,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_ckpt_index_decoder_rejects_bad_indexes, setup, teardown),
         cmocka_unit_test(test_ckpt_index_decoder_walks_a_hostile_body_before_allocating),
         cmocka_unit_test(test_ckpt_safe_names),
+        cmocka_unit_test(test_ckpt_layout_names_read_back),
         cmocka_unit_test_setup_teardown(test_ckpt_verify_names_damage, setup, teardown),
         cmocka_unit_test(test_ckpt_data_header_read_round_trips_and_names_what_is_wrong),
         cmocka_unit_test_setup_teardown(test_ckpt_header_damage_is_caught_by_verify_and_read, setup, teardown),

@@ -197,7 +197,6 @@ static int remap(coord_t *c)
         coord_send(c, coord_shard(c, k), &rm);
     }
     int rc = coord_pump(c, remapped_or_lost, NULL, COORD_STARTUP_TIMEOUT_S);
-    memset(c->rec->remap_due, 0, (size_t)c->m->shards); /* none owed after it, answered or not */
     if (rc == -ETIMEDOUT)
         coord_fail(c, "recovery: the optimizer shards did not map the new stages in %.0f s", COORD_STARTUP_TIMEOUT_S);
     return rc ? -1 : 0;
@@ -361,6 +360,7 @@ static int recover(coord_t *c)
             r->redo = 0;
             if (coord_rewind(c, r->lost_first, r->lost_why, &since))
                 return -1;
+            memset(r->remap_due, 0, (size_t)c->m->shards); /* every shard is new: none owes REMAPPED */
             rewound = 1;
             if (!c->n_lost)
                 report(c, first, why, t_dead, c->round_t0, 0, again, NULL, coord_n_workers(c), at, c->step, since);

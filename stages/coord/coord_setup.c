@@ -106,10 +106,8 @@ int coord_make_segments(coord_t *c, char *err, size_t errlen)
 
 int coord_make_batch(coord_t *c, int64_t step, const uint8_t *cursor, size_t len, char *err, size_t errlen)
 {
-    if (c->seg_batch) {
-        shm_detach(&c->seg_batch);
-        shm_unlink_name(c->job, LDR_SEG_NAME);
-    }
+    shm_detach(&c->seg_batch);
+    shm_unlink_name(c->job, LDR_SEG_NAME); /* an earlier one's (a rewind, a relaunched coordinator's START) */
     return ldr_seg_create(&c->seg_batch, c->job, c->m, step, cursor, len, err, errlen);
 }
 

@@ -48,6 +48,7 @@ int coord_check_data(coord_t *c, char *err, size_t errlen)
 {
     const manifest_t *m = c->m;
     tokfile_t *tf = NULL;
+    char why[PATH_MAX + 256];
     int rc = 0;
     c->rep->entropy = NAN;
     if (!m->command[0]) {
@@ -57,25 +58,26 @@ int coord_check_data(coord_t *c, char *err, size_t errlen)
             return util_fail(err, errlen, -ENOENT, "loader.dataset_path %s: no such file", m->dataset_path);
         }
         snprintf(c->rep->first_file, sizeof(c->rep->first_file), "%s", g.gl_pathv[0]);
-        rc = tokfile_open(&tf, c->rep->first_file, m->model.vocab_size, err, errlen);
+        rc = tokfile_open(&tf, c->rep->first_file, m->model.vocab_size, why, sizeof(why));
         if (!rc)
             c->rep->entropy = eval_unigram_entropy(tf, (size_t)1 << 24);
         tokfile_close(&tf);
         globfree(&g);
         if (rc)
-            return rc;
+            return util_fail(err, errlen, rc, "loader.dataset_path: %s", why);
     }
     if (m->val_enable) {
-        if ((rc = tokfile_open(&tf, m->val_dataset_path, m->model.vocab_size, err, errlen)))
-            return rc;
+        if ((rc = tokfile_open(&tf, m->val_dataset_path, m->model.vocab_size, why, sizeof(why))))
+            return util_fail(err, errlen, rc, "validation.dataset_path: %s", why);
         tokfile_close(&tf);
     }
     if (m->sample_tokens > 0 && m->tokenizer_path[0]) {
         tok_t *tok = NULL;
-        if ((rc = tok_load(&tok, m->tokenizer_path, err, errlen)))
-            return rc;
+        if ((rc = tok_load(&tok, m->tokenizer_path, why, sizeof(why))))
+            return util_fail(err, errlen, rc, "model.tokenizer_path: %s", why);
         if (tok_vocab_size(tok) > m->model.vocab_size)
-            rc = util_fail(err, errlen, -EINVAL, "%s has %d tokens but model.vocab_size is %d", m->tokenizer_path,
+            rc = util_fail(err, errlen, -EINVAL, "model.tokenizer_path %s has %d tokens but model.vocab_size is %d",
+                           m->tokenizer_path,
                            tok_vocab_size(tok), m->model.vocab_size);
         tok_destroy(&tok);
     }

@@ -60,8 +60,24 @@ static int resolve(const char *what, const manifest_t *m, FILE *log, char *path,
     return 0;
 }
 
-/* The run that wrote the checkpoint must have had this run's model; its data order may differ
- * (a note). A stored manifest that does not parse leaves the check to the tensors' shapes. */
+/* The first key of the learning-rate schedule that differs between the run that wrote a
+ * checkpoint (as its manifest asked) and this one, or NULL. */
+static const char *schedule_diff(const manifest_t *old, const manifest_t *m)
+{
+    const lr_schedule_t *a = &old->lr_sched, *b = &m->lr_sched;
+    if (old->steps != m->steps)
+        return "training.steps";
+    if (old->lr != m->lr)
+        return "optimizer.lr";
+    if ((a->warmup_steps > old->steps ? old->steps : a->warmup_steps) != b->warmup_steps) /* both clipped */
+        return "lr_scheduler.warmup_steps";
+    if (a->decay_ratio != b->decay_ratio || a->decay_type != b->decay_type || a->lr_min != b->lr_min)
+        return "lr_scheduler.decay_ratio, decay_type or min_lr_factor";
+    return NULL;
+}
+
+/* The run that wrote the checkpoint must have had this run's model; its data order and learning-rate
+ * schedule may differ (a note each). A stored manifest that does not parse leaves the check to the tensors' shapes. */
 static int check_model(const ckpt_index_t *ix, const manifest_t *m, const char *path, FILE *log, char *err,
                        size_t errlen)
 {
@@ -85,6 +101,10 @@ static int check_model(const ckpt_index_t *ix, const manifest_t *m, const char *
     else if (log && (old->seed != m->seed || strcmp(old->dataset_path, m->dataset_path) || old->shuffle != m->shuffle))
         fprintf(log, "ctitan: note: training.seed, loader.dataset_path or loader.shuffle differ from the run "
                 "that wrote %s: the data order will differ from that run's\n", path);
+    const char *sched = schedule_diff(old, m);
+    if (!rc && log && sched)
+        fprintf(log, "ctitan: note: %s differs from the run that wrote %s: the learning rate follows this run's "
+                "schedule from step %llu on, not that run's\n", sched, path, (unsigned long long)ix->step);
 out:
     free(old);
     return rc;

@@ -41,10 +41,47 @@ static void test_safety_a_missing_data_file_is_named_by_its_key(void **state)
                           "model.tokenizer_path");
 }
 
+/* A launch expected to train to its end: its output in out. */
+static void launch_ok(const char *j, const char *extra, char *out, size_t n)
+{
+    int rc = tj_launch("", 120, j, extra, out, n);
+    if (rc)
+        TJ_FAIL_WITH(out, "%s: status %d", j, rc);
+}
+
+/* A warmup longer than the run, and a resume whose training.steps (hence schedule) changed,
+ * are said, not done silently. */
+static void test_safety_a_changed_schedule_is_said(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char j[32];
+    job_name(j, sizeof(j), "warm");
+    launch_ok(j, "--training.steps 4 --lr_scheduler.warmup_steps 10", out, sizeof(out));
+    if (!strstr(out, "lr_scheduler.warmup_steps = 10 is more than training.steps = 4"))
+        TJ_FAIL_WITH(out, "the banner should say the warmup was cut to the run");
+    launch_ok(j, "--training.steps 4", out, sizeof(out));
+    if (strstr(out, "warmup_steps"))
+        TJ_FAIL_WITH(out, "a warmup shorter than the run needs no note");
+
+    job_name(j, sizeof(j), "sched");
+    launch_ok(j, "--training.steps 4 --checkpoint.enable true --checkpoint.interval 2", out, sizeof(out));
+    launch_ok(j, "--training.steps 6 --checkpoint.enable true --checkpoint.interval 2 --checkpoint.load latest", out,
+              sizeof(out));
+    if (!strstr(out, "training.steps differs from the run that wrote"))
+        TJ_FAIL_WITH(out, "a resume with more steps should say the schedule changed");
+    launch_ok(j, "--training.steps 6 --checkpoint.enable true --checkpoint.interval 2 --checkpoint.load latest", out,
+              sizeof(out));
+    if (strstr(out, "differs from the run that wrote"))
+        TJ_FAIL_WITH(out, "a resume of the same schedule needs no note");
+    tj_assert_clean(j);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_safety_a_missing_data_file_is_named_by_its_key),
+        cmocka_unit_test(test_safety_a_changed_schedule_is_said),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

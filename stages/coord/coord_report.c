@@ -132,6 +132,9 @@ void coord_banner(coord_t *c)
            m->name, m->model_name, m->flavor, c->lay.total / 1e6, m->pp, sched_kind_name(m->schedule), chunks,
            m->microbatches, c->lay.mb, m->seq_len, m->dp, m->shards, n);
     printf("launch: MFU against %.0f GFLOP/s, %s\n", c->rep->peak_gflops, from);
+    if (m->warmup_asked)
+        printf("launch: note: lr_scheduler.warmup_steps = %d is more than training.steps = %d: the warmup is cut "
+               "to %d steps, the whole run\n", m->warmup_asked, m->steps, m->steps);
     if (c->rep->tb) {
         char dir[PATH_MAX];
         manifest_tb_folder(m, dir, sizeof(dir));

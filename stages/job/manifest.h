@@ -111,6 +111,8 @@ typedef struct {
      * steps decay; the key takes a number in [0, 1]), decay_type ("linear"), min_lr_factor (0);
      * lr_sched.steps mirrors training.steps */
     lr_schedule_t lr_sched;
+    int warmup_asked;            /* not a key: the warmup_steps asked for when it was clipped to the
+                                  * steps (the banner says so), else 0 */
 
     /* [loader] */
     char dataset_path[MANIFEST_PATH_MAX]; /* token file (ctitan or llm.c) for the built-in loader */

@@ -328,8 +328,11 @@ static void resolve(manifest_t *m)
     if (!m->dump_folder[0])
         snprintf(m->dump_folder, sizeof(m->dump_folder), "runs/%s", m->name);
     m->lr_sched.steps = m->steps;
-    if (m->lr_sched.warmup_steps > m->steps)
-        m->lr_sched.warmup_steps = m->steps; /* torchtitan clips (with a warning) too */
+    m->warmup_asked = 0;
+    if (m->lr_sched.warmup_steps > m->steps) { /* torchtitan clips (with a warning) too */
+        m->warmup_asked = m->lr_sched.warmup_steps;
+        m->lr_sched.warmup_steps = m->steps;
+    }
 }
 
 int manifest_validate(manifest_t *m, char *err, size_t errlen)

@@ -100,7 +100,10 @@ static int quoted(split_t *s, const char *line, size_t *i, char *err, size_t err
 static int plain(split_t *s, const char *line, size_t *i, char *err, size_t errlen)
 {
     char ch = line[*i];
-    if (ch == ' ' || ch == '\t' || ch == '\n')
+    if (ch == '\n' && line[*i + strspn(line + *i, " \t\n")])
+        return util_fail(err, errlen, -EINVAL, "a newline at byte %zu: commands run without a shell, to which it "
+                         "would start a second command (one command only; quote it if it is meant literally)", *i);
+    if (ch == ' ' || ch == '\t' || ch == '\n') /* a newline here ends the command: only blanks follow */
         return end_word(s, err, errlen);
     if (ch == '\'' || ch == '"')
         return quoted(s, line, i, err, errlen);

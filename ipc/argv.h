@@ -1,9 +1,10 @@
 /* A command as an argument vector, never a shell string: `[loader] command` and `ctitan loader
  * swap --cmd` are split here into words the way a user expects from a shell (blanks between
  * words, '...' and "..." quoting, backslash escapes) but with nothing a shell would expand or
- * run: a pipe, a redirection, a variable, a glob, a `~`, a comment or a leading VAR=value is
- * refused unless quoted. The words travel in MSG_SWAP_ARGV's data field packed back to back,
- * each NUL-terminated, and are exec'ed with execvp. Functions return 0 or -errno and say why
+ * run: a pipe, a redirection, a variable, a glob, a `~`, a comment, a leading VAR=value or a
+ * newline between words (a second command to a shell) is refused unless quoted. The words
+ * travel in MSG_SWAP_ARGV's data field packed back to back, each NUL-terminated, and are
+ * exec'ed with execvp. Functions return 0 or -errno and say why
  * in err; nothing here exits. */
 #ifndef CTITAN_ARGV_H
 #define CTITAN_ARGV_H

@@ -59,6 +59,9 @@ static void test_argv_refuses_what_a_shell_would_expand_or_run(void **state)
     split_bad("prog \"$HOME\"", -EINVAL, "nothing is expanded");
     split_bad("prog \"`id`\"", -EINVAL, "nothing is expanded");
     split_bad("FOO=1 prog", -EINVAL, "environment assignment");
+    split_bad("prog --x\nrm -rf data", -EINVAL, "a newline at byte 8"); /* two commands to a shell */
+    split_bad("prog\n\n x", -EINVAL, "a newline at byte 4");
+    split_ok("prog 'a\nb'\n\n", 2, (const char *[]){"prog", "a\nb"}); /* quoted, or only blanks after it */
     split_bad("prog 'unclosed", -EINVAL, "is not closed");
     split_bad("prog \"unclosed", -EINVAL, "is not closed");
     split_bad("prog \\", -EINVAL, "backslash ends");

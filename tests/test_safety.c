@@ -77,11 +77,33 @@ static void test_safety_a_changed_schedule_is_said(void **state)
     tj_assert_clean(j);
 }
 
+/* `ctitan loader swap --cmd ./ctitan-loader` from the programs' folder, not the job's: the
+ * program is the caller's, and the swap lands. */
+static void test_safety_a_relative_swap_program_is_the_callers(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char j[32], bin[256], cmd[1024];
+    job_name(j, sizeof(j), "relswap");
+    tu_program("ctitan-loader", bin, sizeof(bin));
+    *strrchr(bin, '/') = '\0';
+    pid_t pid = tj_launch_bg(j, "--training.steps 3000");
+    assert_int_equal(tj_wait_step(j, 3, 60), 0);
+    snprintf(cmd, sizeof(cmd), "cd %s && %s loader swap --job %s --cmd './ctitan-loader' 2>&1", bin, tu_ctitan(), j);
+    int rc = tu_run(cmd, out, sizeof(out));
+    int ended = tu_reap(pid, 120, NULL);
+    if (rc || !strstr(out, "after step"))
+        TJ_FAIL_WITH(out, "the swap from %s: status %d", bin, rc);
+    assert_int_equal(ended, 0);
+    tj_assert_clean(j);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_safety_a_missing_data_file_is_named_by_its_key),
         cmocka_unit_test(test_safety_a_changed_schedule_is_said),
+        cmocka_unit_test(test_safety_a_relative_swap_program_is_the_callers),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

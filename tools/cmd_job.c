@@ -5,6 +5,7 @@
  *   ctitan loader swap --job NAME --cmd "..."   replace the loader at the next step boundary
  *   ctitan status --job NAME                    where the job is, and its restarts so far */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,8 +83,10 @@ static void usage_swap(FILE *f)
                "Replaces the running loader of job NAME at the next step boundary with PROGRAM (built on\n"
                "stages/runtime/ldr.h); it resumes from the loader cursor of that boundary. The command is split\n"
                "into words as a shell would, with '...' and \"...\" quoting, but no shell runs it: pipes,\n"
-               "redirections, variables and globs are refused. Only the job's owner may swap (the\n"
-               "operator key in the job's run folder). Exits 0 once the new loader runs.\n");
+               "redirections, variables and globs are refused. A program path with a '/' is taken from\n"
+               "this directory; other arguments are read in the job's (where it was launched). Only the\n"
+               "job's owner may swap (the operator key in the job's run folder). Exits 0 once the new\n"
+               "loader runs.\n");
 }
 
 int cmd_loader(int argc, char **argv)
@@ -124,7 +127,20 @@ int cmd_loader(int argc, char **argv)
         fprintf(stderr, "loader swap: --cmd: %s\n", err);
         return 2;
     }
-    int rc = argv_pack(&a, packed, &len);
+    /* the coordinator runs it in the job's working directory, not ours: a relative program
+     * path goes as the absolute one it names here */
+    char prog[PATH_MAX];
+    char *words[ARGV_MAX_WORDS + 1];
+    memcpy(words, a.argv, (size_t)(a.argc + 1) * sizeof(char *));
+    if (strchr(a.argv[0], '/') && a.argv[0][0] != '/') {
+        if (!realpath(a.argv[0], prog)) {
+            fprintf(stderr, "loader swap: --cmd: program %s: %s\n", a.argv[0], strerror(errno));
+            argv_free(&a);
+            return 2;
+        }
+        words[0] = prog;
+    }
+    int rc = argv_pack(&(argv_t){.argc = a.argc, .argv = words}, packed, &len);
     argv_free(&a);
     msg_t m = {.type = MSG_SWAP_ARGV};
     if (rc || msg_set_data(&m, packed, len)) {

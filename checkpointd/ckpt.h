@@ -191,7 +191,8 @@ const char *ckpt_master_name(const ckpt_t *c, const char *name, char *buf, size_
  * says which), other -errno for I/O. */
 int ckpt_verify(const char *path, FILE *report, int *n_bad, char *err, size_t errlen);
 
-/* Complete checkpoints of DIR (step-N directories, temporary ones ignored), steps ascending
+/* Complete checkpoints of DIR (step-N directories, real ones: a link is not a checkpoint;
+ * temporary ones ignored), steps ascending
  * (caller frees *steps). Returns how many, or -errno. A missing DIR has none. */
 int ckpt_list(const char *dir, int64_t **steps);
 /* The newest checkpoint of DIR that verifies. Each newer one that does not is reported on
@@ -203,7 +204,8 @@ int ckpt_find_latest(const char *dir, char *path, size_t n, FILE *log, char *err
  * temporary directories whose writer (the PID in the name) is gone. Returns how many
  * checkpoints it removed, or -errno. */
 int ckpt_retain(const char *dir, int keep);
-/* rm -rf of a directory of plain files (a checkpoint); refuses anything deeper. */
+/* rm -rf of a directory of plain files (a checkpoint); refuses anything deeper, and a path
+ * whose last component is a link (-ELOOP: neither the link nor what it names is touched). */
 int ckpt_remove_dir(const char *path);
 
 #endif

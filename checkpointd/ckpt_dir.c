@@ -4,6 +4,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -31,13 +32,14 @@ static int list_steps(const char *dir, int with_index, int64_t **steps)
     struct dirent *e;
     while ((e = readdir(d))) {
         int64_t s = ckpt_step_of(e->d_name);
-        if (s < 0)
+        struct stat st;
+        /* a checkpoint is a real directory, as a writer makes it: never one through a link */
+        if (s < 0 || fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) || !S_ISDIR(st.st_mode))
             continue;
         if (with_index) {
             char p[PATH_MAX];
-            struct stat st;
-            snprintf(p, sizeof(p), "%s/%s/index", dir, e->d_name);
-            if (stat(p, &st) || !S_ISREG(st.st_mode))
+            snprintf(p, sizeof(p), "%s/index", e->d_name);
+            if (fstatat(dirfd(d), p, &st, AT_SYMLINK_NOFOLLOW) || !S_ISREG(st.st_mode))
                 continue;
         }
         if (n == cap) {
@@ -103,9 +105,15 @@ int ckpt_find_latest(const char *dir, char *path, size_t n, FILE *log, char *err
 
 int ckpt_remove_dir(const char *path)
 {
-    DIR *d = opendir(path);
-    if (!d)
-        return errno == ENOENT ? 0 : -errno;
+    /* only a real directory: a link (to anywhere) is left as it is, and nothing through it */
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT ? 0 : errno == ENOTDIR ? -ELOOP : -errno;
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        close(fd);
+        return -errno;
+    }
     /* the index first: from then on no reader takes this for a checkpoint */
     int rc = unlinkat(dirfd(d), "index", 0) < 0 && errno != ENOENT ? -errno : 0;
     struct dirent *e;

@@ -256,10 +256,10 @@ int uw_open(uw_t *u, int dirfd, const char *name, const char *shown, char *err, 
     uwf_t *f = &u->files[u->nf];
     snprintf(f->name, sizeof(f->name), "%s", shown);
     int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
-    f->fd = openat(dirfd, name, flags | O_DIRECT, 0644);
+    f->fd = openat(dirfd, name, flags | O_DIRECT | O_CLOEXEC, 0644);
     f->direct = f->fd >= 0;
     if (f->fd < 0 && errno == EINVAL)
-        f->fd = openat(dirfd, name, flags, 0644);
+        f->fd = openat(dirfd, name, flags | O_CLOEXEC, 0644);
     if (f->fd < 0)
         return util_fail(err, errlen, -errno, "%s: cannot create: %s", shown, strerror(errno));
     if (!f->direct)

@@ -204,8 +204,9 @@ static void job_name(char *buf, size_t n, const char *what)
 
 /* ---- checkpoints ---- */
 
-/* The loss strings of steps [first, first + n) of job's metrics file (a resumed run's
- * first line is its first step after the checkpoint); returns how many were found. */
+/* The loss strings of steps [first, first + n) of job's metrics file, consecutive from the
+ * last record of step `first` on (a resumed run appends, starting at its first step after the
+ * checkpoint); returns how many were found. */
 static int losses_from(const char *job, int first, char (*loss)[40])
 {
     char path[256], line[4096];
@@ -213,13 +214,18 @@ static int losses_from(const char *job, int first, char (*loss)[40])
     FILE *f = fopen(path, "r");
     if (!f)
         return 0;
-    int n = 0;
-    while (fgets(line, sizeof(line), f) && n < MAX_STEPS) {
+    int n = 0, on = 0;
+    while (fgets(line, sizeof(line), f)) {
         int step;
         char *p = strstr(line, "\"loss\": ");
-        if (sscanf(line, "{\"step\": %d", &step) != 1 || !p || step != first + n)
-            break;
-        sscanf(p + 8, "%39[^,]", loss[n++]);
+        if (sscanf(line, "{\"step\": %d", &step) != 1 || !p)
+            continue;
+        if (step == first)
+            n = 0, on = 1;
+        if (on && step == first + n && n < MAX_STEPS)
+            sscanf(p + 8, "%39[^,]", loss[n++]);
+        else
+            on = 0;
     }
     fclose(f);
     return n;

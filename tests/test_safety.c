@@ -98,12 +98,123 @@ static void test_safety_a_relative_swap_program_is_the_callers(void **state)
     tj_assert_clean(j);
 }
 
+/* A launch that resumes from a checkpoint keeps the earlier run's steps in the metrics file. */
+static void test_safety_a_resume_appends_to_the_metrics(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    static tj_metrics_t mt;
+    char j[32];
+    job_name(j, sizeof(j), "append");
+    launch_ok(j, "--training.steps 4 --checkpoint.enable true --checkpoint.interval 2", out, sizeof(out));
+    launch_ok(j, "--training.steps 6 --checkpoint.enable true --checkpoint.interval 2 --checkpoint.load latest", out,
+              sizeof(out));
+    tj_parse_metrics(j, &mt);
+    assert_int_equal(mt.n, 6);
+    for (int i = 0; i < mt.n; i++)
+        assert_int_equal(mt.step[i], i + 1);
+    launch_ok(j, "--training.steps 2", out, sizeof(out)); /* from step 0: a new file */
+    tj_parse_metrics(j, &mt);
+    assert_int_equal(mt.n, 2);
+    tj_assert_clean(j);
+}
+
+/* The loader, a program of the user's choice, holds no descriptor of the job's files (metrics,
+ * trace, TensorBoard events, checkpoints) nor of its shared memory: it lists its own. */
+static void test_safety_no_descriptor_of_the_job_crosses_exec(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16], fds[1 << 14];
+    char j[32], ldr[256], extra[1024], path[256];
+    job_name(j, sizeof(j), "fds");
+    snprintf(path, sizeof(path), "%s/fds-%s", tj_dir, j);
+    snprintf(extra, sizeof(extra),
+             "--training.steps 4 --checkpoint.enable true --checkpoint.interval 2 --metrics.enable_tensorboard true "
+             "--profiling.trace_file %s/%s.json --loader.command \"sh -c 'ls -l /proc/self/fd >%s; exec %s'\"",
+             tj_dir, j, path, tu_program("ctitan-loader", ldr, sizeof(ldr)));
+    launch_ok(j, extra, out, sizeof(out));
+    tu_read_file(path, fds, sizeof(fds));
+    int seen = 0;
+    for (char *line = strtok(fds, "\n"); line; line = strtok(NULL, "\n")) {
+        const char *to = strstr(line, " -> ");
+        if (!to)
+            continue;
+        to += 4;
+        seen++;
+        if ((!strncmp(to, tj_dir, strlen(tj_dir)) && strcmp(to, path)) || !strncmp(to, "/dev/shm/", 9))
+            fail_msg("the loader inherited %s", line);
+    }
+    assert_true(seen >= 3); /* at least its standard descriptors were listed */
+    tj_assert_clean(j);
+}
+
+/* Makes DIR/NAME holding two files, model.bin and index; its path in buf. */
+static const char *dir_with_files(char *buf, size_t n, const char *dir, const char *name)
+{
+    char f[512];
+    snprintf(buf, n, "%s/%s", dir, name);
+    assert_int_equal(mkdir(buf, 0700), 0);
+    for (int i = 0; i < 2; i++) {
+        snprintf(f, sizeof(f), "%s/%s", buf, i ? "index" : "model.bin");
+        FILE *fp = fopen(f, "w");
+        assert_non_null(fp);
+        fputs("a user's file\n", fp);
+        fclose(fp);
+    }
+    return buf;
+}
+
+static void assert_files_kept(const char *dir)
+{
+    char f[512];
+    struct stat st;
+    for (int i = 0; i < 2; i++) {
+        snprintf(f, sizeof(f), "%s/%s", dir, i ? "index" : "model.bin");
+        if (stat(f, &st))
+            fail_msg("%s was deleted through a link", f);
+    }
+}
+
+/* Retention (keep_latest_k = 1) with a step-N link and a writer's temporary name as a link in
+ * the checkpoint folder: neither the links nor what they name are touched. */
+static void test_safety_retention_never_deletes_through_a_link(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char j[32], ck[256], away[256], away2[256], link[512];
+    job_name(j, sizeof(j), "links");
+    dir_with_files(away, sizeof(away), tj_dir, "elsewhere");
+    dir_with_files(away2, sizeof(away2), tj_dir, "elsewhere2");
+    snprintf(ck, sizeof(ck), "%s/runs/%s", tj_dir, j);
+    assert_int_equal(mkdir(ck, 0700), 0);
+    snprintf(ck, sizeof(ck), "%s/runs/%s/checkpoint", tj_dir, j);
+    assert_int_equal(mkdir(ck, 0700), 0);
+    snprintf(link, sizeof(link), "%s/step-00000001", ck);
+    assert_int_equal(symlink(away, link), 0);
+    snprintf(link, sizeof(link), "%s/.tmp-step-00000003", ck); /* a leftover whose writer is gone */
+    assert_int_equal(symlink(away2, link), 0);
+    launch_ok(j, "--training.steps 6 --checkpoint.enable true --checkpoint.interval 2 --checkpoint.keep_latest_k 1",
+              out, sizeof(out));
+    assert_files_kept(away);
+    assert_files_kept(away2);
+    struct stat st;
+    assert_int_equal(lstat(link, &st), 0); /* the links themselves stay too */
+    snprintf(link, sizeof(link), "%s/step-00000004", ck); /* and retention still did its work */
+    assert_int_not_equal(stat(link, &st), 0);
+    snprintf(link, sizeof(link), "%s/step-00000006", ck);
+    assert_int_equal(stat(link, &st), 0);
+    tj_assert_clean(j);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_safety_a_missing_data_file_is_named_by_its_key),
         cmocka_unit_test(test_safety_a_changed_schedule_is_said),
         cmocka_unit_test(test_safety_a_relative_swap_program_is_the_callers),
+        cmocka_unit_test(test_safety_a_resume_appends_to_the_metrics),
+        cmocka_unit_test(test_safety_no_descriptor_of_the_job_crosses_exec),
+        cmocka_unit_test(test_safety_retention_never_deletes_through_a_link),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -87,8 +87,10 @@ int coord_check_data(coord_t *c, char *err, size_t errlen)
 int coord_report_open(coord_t *c, char *err, size_t errlen)
 {
     const manifest_t *m = c->m;
-    /* a supervisor's relaunch appends: the file keeps the failed run's steps and the restart */
-    const char *mode = c->sup && c->sup->append_metrics ? "a" : "w";
+    /* a supervisor's relaunch and a resume from a checkpoint append: the file keeps the earlier
+     * run's steps (and the restart record), later records of a step replacing earlier ones; a
+     * run from step 0 starts it anew. "e": no worker inherits the descriptor */
+    const char *mode = (c->sup && c->sup->append_metrics) || c->step > 0 ? "ae" : "we";
     if (m->metrics_file[0] && !(c->rep->metrics = fopen(m->metrics_file, mode)))
         return util_fail(err, errlen, -errno, "metrics.file %s: cannot open: %s", m->metrics_file, strerror(errno));
     if (m->tb_enable) { /* a new file each run, whose steps TensorBoard shows over earlier files' */

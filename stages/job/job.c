@@ -199,7 +199,7 @@ int job_optstate_check(const void *mem, const job_layout_t *l, int shards, char 
 /* A field of /proc/meminfo in bytes, or -1. */
 static double meminfo(const char *key)
 {
-    FILE *f = fopen("/proc/meminfo", "r");
+    FILE *f = fopen("/proc/meminfo", "re");
     char line[256];
     double v = -1;
     size_t n = strlen(key);
@@ -248,7 +248,7 @@ static int proc_stat(pid_t pid, char *state, uint64_t *start)
 {
     char path[64], buf[1024];
     snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
+    FILE *f = fopen(path, "re");
     if (!f)
         return 0;
     size_t n = fread(buf, 1, sizeof(buf) - 1, f);

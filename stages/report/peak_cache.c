@@ -35,7 +35,7 @@ static void one_line(char *dst, size_t n, const char *src)
 
 static void cpu_model(char *dst, size_t n)
 {
-    FILE *f = fopen("/proc/cpuinfo", "r");
+    FILE *f = fopen("/proc/cpuinfo", "re");
     char line[512];
     snprintf(dst, n, "unknown");
     while (f && fgets(line, sizeof(line), f)) {

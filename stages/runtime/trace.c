@@ -45,7 +45,7 @@ static int whole_event(const char *p, size_t n)
  * (and the comma before it); *events says whether anything follows "[". */
 static int reopen(trace_t *t, char *err, size_t errlen)
 {
-    if (!(t->f = fopen(t->path, "r+")))
+    if (!(t->f = fopen(t->path, "r+e")))
         return util_fail(err, errlen, -errno, "%s: cannot open: %s", t->path, strerror(errno));
     struct stat st;
     if (fstat(fileno(t->f), &st))
@@ -85,7 +85,7 @@ int trace_open(trace_t **out, const char *path, int append, double t0, char *err
     int rc = 0;
     if (append && access(path, F_OK) == 0)
         rc = reopen(t, err, errlen);
-    else if (!(t->f = fopen(path, "w")) || fputs("[\n", t->f) < 0)
+    else if (!(t->f = fopen(path, "we")) || fputs("[\n", t->f) < 0)
         rc = util_fail(err, errlen, -errno ? -errno : -EIO, "%s: cannot create: %s", path, strerror(errno));
     if (!rc && fflush(t->f))
         rc = util_fail(err, errlen, -errno, "%s: cannot write: %s", path, strerror(errno));

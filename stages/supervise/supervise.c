@@ -254,7 +254,7 @@ static void report(sup_t *s, const failure_t *f, int wait_ms)
            s->restarts, s->in_a_row, m->max_restarts, (long long)f->resume, f->line, whence,
            (long long)f->lost_steps, f->lost_steps == 1 ? "" : "s", f->lost_s, wait_ms);
     fflush(stdout);
-    FILE *fp = m->metrics_file[0] ? fopen(m->metrics_file, "a") : NULL;
+    FILE *fp = m->metrics_file[0] ? fopen(m->metrics_file, "ae") : NULL;
     if (m->metrics_file[0] && !fp) {
         fprintf(stderr, "ctitan: metrics.file %s: cannot append the restart record: %s\n", m->metrics_file,
                 strerror(errno));

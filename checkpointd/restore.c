@@ -36,6 +36,8 @@ _Static_assert(CKPT_CURSOR_MAX <= sizeof(((staging_hdr_t *)0)->cursor), "a check
 static int resolve(const char *what, const manifest_t *m, FILE *log, char *path, size_t n, char *err, size_t errlen)
 {
     path[0] = 0;
+    if (!what[0]) /* a fresh start */
+        return 0;
     if (!strcmp(what, "latest")) {
         char folder[PATH_MAX];
         manifest_ckpt_folder(m, folder, sizeof(folder));
@@ -58,6 +60,33 @@ static int resolve(const char *what, const manifest_t *m, FILE *log, char *path,
     }
     snprintf(path, n, "%s", what);
     return 0;
+}
+
+/* A run that writes checkpoints into its folder from after step `start` on: no complete
+ * checkpoint of another run may be there after that step, for this run would write over it.
+ * After "latest" the newer ones there did not verify (they were said to fall back past) and
+ * may go. A remote folder is the storage host's to check. */
+static int check_overwrite(const char *what, const manifest_t *m, int64_t start, char *err, size_t errlen)
+{
+    if (!m->ckpt_enable || m->ckpt_endpoint[0] || !strcmp(what, "latest"))
+        return 0;
+    char folder[PATH_MAX];
+    manifest_ckpt_folder(m, folder, sizeof(folder));
+    int64_t *steps;
+    int n = ckpt_list(folder, &steps), later = 0;
+    if (n < 0)
+        return util_fail(err, errlen, n, "checkpoint.folder %s: %s", folder, strerror(-n));
+    for (int i = 0; i < n; i++)
+        later += steps[i] > start;
+    int rc = 0;
+    if (later)
+        rc = util_fail(err, errlen, -EEXIST, "checkpoint.folder %s holds %d checkpoint%s of an earlier run after step "
+                       "%lld, where this run starts (the newest: step %lld), which this run would write over: resume "
+                       "from the newest (checkpoint.load = latest, the default), or give this run another "
+                       "job.dump_folder or checkpoint.folder, or move them away", folder, later, later == 1 ? "" : "s",
+                       (long long)start, (long long)steps[n - 1]);
+    free(steps);
+    return rc;
 }
 
 /* The first key of the learning-rate schedule that differs between the run that wrote a
@@ -164,7 +193,7 @@ int restore_load(const char *what, const manifest_t *m, const param_table_t *tab
         return util_fail(err, errlen, -ENAMETOOLONG, "checkpoint path %s is too long", dir);
     memcpy(path, dir, strlen(dir) + 1);
     if (!path[0])
-        return 0;
+        return check_overwrite(what, m, 0, err, errlen);
     const optim_t *o = optim_find(m->optimizer_name);
     if (!o)
         return util_fail(err, errlen, -EINVAL, "optimizer.name = \"%s\": no such optimizer", m->optimizer_name);
@@ -178,6 +207,8 @@ int restore_load(const char *what, const manifest_t *m, const param_table_t *tab
     rc = check_model(ix, m, path, log, err, errlen);
     if (!rc)
         rc = check_cursor(ix, path, err, errlen);
+    if (!rc)
+        rc = check_overwrite(what, m, ix->step, err, errlen);
     if (!rc && ix->step < m->steps) /* a run with nothing left to train needs only the step */
         rc = read_tensors(ck, tab, o, staging, err, errlen);
     if (!rc) {

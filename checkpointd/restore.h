@@ -12,6 +12,7 @@
 #include "stages/job/manifest.h"
 
 /* Loads checkpoint `what` for the run of manifest m (its model, its checkpoint.folder):
+ *   ""         nothing: a fresh start (0, path "")
  *   "latest"   the newest checkpoint of the folder that verifies; each newer one that does
  *              not is reported on `log` with why; none at all is a fresh start (0, path "")
  *   else       that directory, which must exist and verify (its problems go to `log`)
@@ -22,6 +23,9 @@
  * state: kernels/optim.h) in the flat order of tab, so any topology takes its slices
  * from it. Last it sets the header's cursor and step (steps the checkpoint
  * completed; when that is m->steps or more, nothing is left to train and no tensor is read).
+ * A run that writes checkpoints (locally) is refused with -EEXIST when its folder holds a
+ * complete checkpoint after its first step that it would write over (except after "latest",
+ * whose newer ones did not verify).
  * path gets the directory (-ENAMETOOLONG when it does not fit pathlen); notes (a stored
  * manifest whose data order differs) go to `log`, which may be NULL. */
 int restore_load(const char *what, const manifest_t *m, const param_table_t *tab, void *staging, FILE *log,

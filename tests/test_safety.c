@@ -19,16 +19,22 @@ static int teardown(void **state) { return tj_teardown(); }
 
 static void job_name(char *buf, size_t n, const char *what) { tj_name(buf, n, 's', what); }
 
-/* A launch expected to fail before training, whose error names `key`. */
-static void assert_refused_naming(const char *what, const char *extra, const char *key)
+/* A launch of job j expected to fail before training, whose error names `key`. */
+static void assert_job_refused_naming(const char *j, const char *extra, const char *key)
 {
     static char out[1 << 16];
-    char j[32];
-    job_name(j, sizeof(j), what);
     int rc = tj_launch("", 60, j, extra, out, sizeof(out));
     if (rc == 0 || !strstr(out, key))
-        TJ_FAIL_WITH(out, "%s: status %d, and the output should name %s", what, rc, key);
+        TJ_FAIL_WITH(out, "%s: status %d, and the output should name %s", j, rc, key);
     tj_assert_clean(j);
+}
+
+/* The same for a new job named after `what`. */
+static void assert_refused_naming(const char *what, const char *extra, const char *key)
+{
+    char j[32];
+    job_name(j, sizeof(j), what);
+    assert_job_refused_naming(j, extra, key);
 }
 
 /* A missing validation file, tokenizer or training file: the error names its manifest key. */
@@ -206,6 +212,47 @@ static void test_safety_retention_never_deletes_through_a_link(void **state)
     tj_assert_clean(j);
 }
 
+/* A relaunch of a job whose folder holds checkpoints resumes from the newest; starting over
+ * there (checkpoint.load none) or from an older step is refused: no saved step is written over. */
+static void test_safety_a_relaunch_resumes_and_never_writes_over_a_saved_step(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16], before[1 << 16], after[1 << 16];
+    static tj_metrics_t mt;
+    char j[32], idx[256], extra[512];
+    job_name(j, sizeof(j), "resume");
+    const char *ck = "--checkpoint.enable true --checkpoint.interval 2";
+    snprintf(extra, sizeof(extra), "%s --training.steps 4", ck);
+    launch_ok(j, extra, out, sizeof(out));
+    snprintf(idx, sizeof(idx), "%s/runs/%s/checkpoint/step-00000004/index", tj_dir, j);
+    tu_read_file(idx, before, sizeof(before));
+    assert_true(before[0] != '\0');
+
+    /* the same job again, another lr and more steps: it resumes after step 4 */
+    snprintf(extra, sizeof(extra), "%s --training.steps 6 --optimizer.lr 2e-2", ck);
+    launch_ok(j, extra, out, sizeof(out));
+    if (!strstr(out, "resuming from") || !strstr(out, "step-00000004 (after step 4)"))
+        TJ_FAIL_WITH(out, "a relaunch should resume from the newest checkpoint");
+    tj_parse_metrics(j, &mt);
+    assert_int_equal(mt.n, 6);
+    assert_int_equal(mt.step[4], 5);
+
+    /* starting over, or from step 2, in that folder: refused, naming the way out */
+    snprintf(extra, sizeof(extra), "%s --training.steps 6 --checkpoint.load none", ck);
+    assert_job_refused_naming(j, extra, "would write over");
+    snprintf(extra, sizeof(extra), "%s --training.steps 6 --checkpoint.load %s/runs/%s/checkpoint/step-00000002", ck,
+             tj_dir, j);
+    assert_job_refused_naming(j, extra, "checkpoint.load = latest");
+    tu_read_file(idx, after, sizeof(after));
+    assert_string_equal(before, after);
+    /* a fresh folder starts over */
+    snprintf(extra, sizeof(extra), "%s --training.steps 2 --checkpoint.load none --checkpoint.folder %s/runs/%s/again",
+             ck, tj_dir, j);
+    launch_ok(j, extra, out, sizeof(out));
+    if (!strstr(out, "starting from step 0 (checkpoint.load = none)"))
+        TJ_FAIL_WITH(out, "checkpoint.load none in an empty folder starts over, saying so");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -215,6 +262,7 @@ int main(void)
         cmocka_unit_test(test_safety_a_resume_appends_to_the_metrics),
         cmocka_unit_test(test_safety_no_descriptor_of_the_job_crosses_exec),
         cmocka_unit_test(test_safety_retention_never_deletes_through_a_link),
+        cmocka_unit_test(test_safety_a_relaunch_resumes_and_never_writes_over_a_saved_step),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -276,7 +276,8 @@ static int run(coord_t *c)
     if (!rc)
         coord_note_start(c);
     if (!rc && c->step >= m->steps) {
-        printf("launch: the checkpoint is at step %lld and training.steps = %d: nothing left to train\n",
+        printf("launch: the checkpoint is at step %lld and training.steps = %d: nothing left to train (raise "
+               "training.steps to train on; --checkpoint.load none with another job.dump_folder starts over)\n",
                (long long)c->step, m->steps);
         coord_stop_all(c);
         return 0;

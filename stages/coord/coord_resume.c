@@ -110,15 +110,19 @@ static int load(coord_t *c, char *err, size_t errlen)
         return -1;
     if (!r->load_ok)
         return util_fail(err, errlen, -EIO, "%s", r->load_text);
-    if (!r->load_text[0]) {
-        char folder[PATH_MAX];
-        manifest_ckpt_folder(m, folder, sizeof(folder));
+    char folder[PATH_MAX];
+    manifest_ckpt_folder(m, folder, sizeof(folder));
+    if (!r->load_text[0] && m->ckpt_load[0]) {
         printf("checkpoint: none in %s: starting from step 0\n", folder);
+    } else if (!r->load_text[0]) {
+        printf("checkpoint: starting from step 0 (checkpoint.load = none); checkpoints go to %s\n", folder);
     } else if (strlen(r->load_text) >= sizeof(m->ckpt_load)) {
         return util_fail(err, errlen, -ENAMETOOLONG, "checkpoint path %s is too long", r->load_text);
     } else {
         c->step = r->load_step;
-        printf("checkpoint: resuming from %s (after step %lld)\n", r->load_text, (long long)c->step);
+        printf("checkpoint: resuming from %s (after step %lld)%s\n", r->load_text, (long long)c->step,
+               strcmp(m->ckpt_load, "latest") ? "" : ": checkpoint.load = latest, the default (none starts over, "
+               "in a folder of its own)");
     }
     /* every other process gets the directory loaded, or "" for a fresh start */
     memcpy(m->ckpt_load, r->load_text, strlen(r->load_text) + 1);
@@ -132,7 +136,9 @@ static int load(coord_t *c, char *err, size_t errlen)
 
 int coord_resume(coord_t *c, char *err, size_t errlen)
 {
-    int rc = c->m->ckpt_load[0] ? load(c, err, errlen) : 0;
+    /* a run that writes checkpoints always asks: checkpointd also makes sure that none it will
+     * write replaces a saved step of another run */
+    int rc = c->m->ckpt_load[0] || c->m->ckpt_enable ? load(c, err, errlen) : 0;
     if (!rc)
         note_start(c);
     return rc;

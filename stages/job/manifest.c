@@ -109,7 +109,9 @@ char *manifest_to_toml(const manifest_t *m)
         case MKEY_U64: fprintf(f, "%" PRIu64, *(const uint64_t *)field); break;
         case MKEY_DOUBLE: put_double(f, *(const double *)field); break;
         case MKEY_BOOL: fputs(*(const int *)field ? "true" : "false", f); break;
-        case MKEY_STR: case MKEY_FLAVOR: put_string(f, field, K->size); break;
+        case MKEY_STR: case MKEY_FLAVOR: /* checkpoint.load's "" reads back as the default, "latest" */
+            put_string(f, field == m->ckpt_load && !field[0] ? "none" : field, K->size);
+            break;
         case MKEY_SCHED: fprintf(f, "\"%s\"", sched_kind_name(*(const sched_kind_t *)field)); break;
         case MKEY_DECAY: fprintf(f, "\"%s\"", lr_decay_name(*(const lr_decay_t *)field)); break;
         case MKEY_SPLITS:

@@ -133,9 +133,10 @@ typedef struct {
                                   * this many steps, in memory only: what a rewind goes back to */
     char ckpt_folder[MANIFEST_PATH_MAX]; /* "checkpoint": under dump_folder unless absolute */
     int ckpt_keep;               /* keep_latest_k, 10: older checkpoints are removed; 0 = keep all */
-    char ckpt_load[MANIFEST_PATH_MAX]; /* "": start fresh; "latest": the newest checkpoint of the
-                                  * folder that verifies (fresh if there is none); else a
-                                  * checkpoint directory */
+    char ckpt_load[MANIFEST_PATH_MAX]; /* "latest": the newest checkpoint of the folder that
+                                  * verifies (fresh if there is none), the default when
+                                  * checkpoint.enable; "none" (resolved to ""): start fresh, the
+                                  * default otherwise; else a checkpoint directory */
     char ckpt_endpoint[256];     /* "": checkpointd writes locally; "tcp://HOST:PORT": stream to
                                   * the checkpointd on a storage host */
     char ckpt_server_key[MANIFEST_PATH_MAX]; /* its public key file (remote only) */

@@ -327,6 +327,13 @@ static void resolve(manifest_t *m)
         m->shards = m->dp * m->pp; /* one shard per stage process: its chunk after the reduce-scatter */
     if (!m->dump_folder[0])
         snprintf(m->dump_folder, sizeof(m->dump_folder), "runs/%s", m->name);
+    /* checkpoint.load: a run that writes checkpoints resumes from the newest by default, as
+     * torchtitan's does; "none" starts over (written "none" again by manifest_to_toml, so that
+     * the resolved manifest reads back the same) */
+    if (!strcmp(m->ckpt_load, "none"))
+        m->ckpt_load[0] = '\0';
+    else if (!m->ckpt_load[0] && m->ckpt_enable)
+        snprintf(m->ckpt_load, sizeof(m->ckpt_load), "latest");
     m->lr_sched.steps = m->steps;
     m->warmup_asked = 0;
     if (m->lr_sched.warmup_steps > m->steps) { /* torchtitan clips (with a warning) too */

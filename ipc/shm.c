@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -176,4 +177,58 @@ int shm_remove_all(const char *job)
         if (n < 256 || now == 0)
             return removed;
     }
+}
+
+static int lock_path(char *out, const char *job, char *err, size_t errlen)
+{
+    if (!shm_name_ok(job))
+        return util_fail(err, errlen, -EINVAL, "bad job name '%s' (want [A-Za-z0-9_-])", job ? job : "");
+    snprintf(out, SEG_PATH_MAX, "/ctitan-lock.%s", job);
+    return 0;
+}
+
+int shm_job_lock(const char *job, char *err, size_t errlen)
+{
+    char path[SEG_PATH_MAX], pid[32];
+    int rc = lock_path(path, job, err, errlen);
+    if (rc)
+        return rc;
+    for (;;) {
+        int fd = shm_open(path, O_RDWR | O_CREAT | O_NOFOLLOW, 0600);
+        if (fd < 0)
+            return util_fail(err, errlen, -errno, "/dev/shm%s: cannot open the job's lock: %s", path, strerror(errno));
+        if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+            int e = errno;
+            ssize_t n = pread(fd, pid, sizeof(pid) - 1, 0);
+            close(fd);
+            pid[n > 0 ? n : 0] = '\0';
+            pid[strcspn(pid, "\n")] = '\0';
+            if (e == EWOULDBLOCK)
+                return util_fail(err, errlen, -EBUSY, "job '%s' is already running or being launched (the launch "
+                                 "with pid %s holds /dev/shm%s): stop it or set job.name", job, pid[0] ? pid : "?",
+                                 path);
+            return util_fail(err, errlen, -e, "/dev/shm%s: cannot lock: %s", path, strerror(e));
+        }
+        /* the file may have been removed by the holder we waited on: ours must be the one named */
+        struct stat a, b;
+        char full[SEG_PATH_MAX + 16];
+        snprintf(full, sizeof(full), "/dev/shm%s", path);
+        if (fstat(fd, &a) == 0 && stat(full, &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev) {
+            int k = snprintf(pid, sizeof(pid), "%d\n", (int)getpid());
+            int told = ftruncate(fd, 0) == 0 && pwrite(fd, pid, (size_t)k, 0) == k;
+            (void)told; /* the pid is only for the message of a launch refused */
+            return fd;
+        }
+        close(fd);
+    }
+}
+
+void shm_job_unlock(const char *job, int fd)
+{
+    char path[SEG_PATH_MAX];
+    if (fd < 0)
+        return;
+    if (!lock_path(path, job, NULL, 0))
+        shm_unlink(path);
+    close(fd);
 }

@@ -33,6 +33,16 @@ int shm_list(const char *job, char (*names)[SHM_NAME_MAX], int max);
 /* Removes every segment of the job; returns how many or -errno. */
 int shm_remove_all(const char *job);
 
+/* The job name's exclusive lock, /dev/shm/ctitan-lock.<job> (outside the job's segments'
+ * names, which shm_remove_all removes): held by the process that launches the job for the
+ * job's whole life (its fork()ed coordinator shares it; exec'ed workers do not), released by
+ * the kernel when every holder is gone, however it ended. Returns the lock's descriptor, or
+ * -EBUSY naming the pid that holds it (another launch of this name, starting or running), or
+ * -errno. */
+int shm_job_lock(const char *job, char *err, size_t errlen);
+/* Removes the lock file while holding it, then closes fd (fd < 0: nothing). */
+void shm_job_unlock(const char *job, int fd);
+
 /* Whether s is a valid job or segment name. */
 int shm_name_ok(const char *s);
 

@@ -2,6 +2,7 @@
  * neither overwritten nor deleted, nothing hangs without a word, and what goes wrong names the
  * manifest key it comes from. One test per finding; each failed before its fix. */
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -253,6 +254,73 @@ static void test_safety_a_relaunch_resumes_and_never_writes_over_a_saved_step(vo
         TJ_FAIL_WITH(out, "checkpoint.load none in an empty folder starts over, saying so");
 }
 
+/* Four launches of one job name at the same moment: exactly one trains, the others are
+ * refused naming the job, and none removes the segments of another. */
+static void test_safety_one_launch_of_a_name_at_a_time(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char j[32], name[64];
+    job_name(j, sizeof(j), "twice");
+    pid_t pid[4];
+    for (int i = 0; i < 4; i++) {
+        snprintf(name, sizeof(name), "%s-%d", j, i);
+        pid[i] = tj_launch_bg_to(j, name, "--training.steps 300");
+    }
+    int ran = 0, refused = 0;
+    for (int i = 0; i < 4; i++) {
+        int st = tu_reap(pid[i], 120, NULL);
+        snprintf(name, sizeof(name), "%s-%d", j, i);
+        tj_read_out(name, out, sizeof(out));
+        if (strstr(out, "stale"))
+            TJ_FAIL_WITH(out, "launch %d took another's segments for stale ones", i);
+        if (st == 0 && strstr(out, "done: 300 steps"))
+            ran++;
+        else if (st != 0 && strstr(out, "is already running or being launched"))
+            refused++;
+        else
+            TJ_FAIL_WITH(out, "launch %d: status %d, neither trained nor refused", i, st);
+    }
+    assert_int_equal(ran, 1);
+    assert_int_equal(refused, 3);
+    static tj_metrics_t mt;
+    tj_parse_metrics(j, &mt);
+    assert_int_equal(mt.n, 300);
+    tj_assert_clean(j);
+}
+
+/* kill -9 of `ctitan launch` mid-run: within a few seconds nothing of the job is left (its
+ * processes, segments, operator key, name lock), and the job's name can be launched again. */
+static void test_safety_a_killed_launcher_leaves_nothing_behind(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char j[32], key[256], lock[128];
+    char names[64][SHM_NAME_MAX];
+    job_name(j, sizeof(j), "orphan");
+    pid_t pid = tj_launch_bg(j, "--training.steps 1000000");
+    assert_int_equal(tj_wait_step(j, 3, 60), 0);
+    snprintf(key, sizeof(key), "%s/runs/%s/run/operator.key", tj_dir, j);
+    snprintf(lock, sizeof(lock), "/dev/shm/ctitan-lock.%s", j);
+    assert_int_equal(access(key, F_OK), 0);
+    assert_int_equal(access(lock, F_OK), 0);
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    assert_int_equal(tu_reap(pid, 10, NULL), 128 + SIGKILL);
+    int left = 1;
+    for (int i = 0; i < 100 && left; i++) { /* 10 s */
+        left = tj_job_procs(j) + shm_list(j, names, 64) + !access(key, F_OK) + !access(lock, F_OK);
+        if (left)
+            nanosleep(&(struct timespec){0, 100000000L}, NULL);
+    }
+    if (left) {
+        tj_read_out(j, out, sizeof(out));
+        TJ_FAIL_WITH(out, "10 s after the launcher's kill: %d processes, %d segments, key %s, lock %s", tj_job_procs(j),
+                     shm_list(j, names, 64), access(key, F_OK) ? "gone" : "left", access(lock, F_OK) ? "gone" : "left");
+    }
+    launch_ok(j, "--training.steps 2 --checkpoint.load none", out, sizeof(out));
+    tj_assert_clean(j);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -263,6 +331,8 @@ int main(void)
         cmocka_unit_test(test_safety_no_descriptor_of_the_job_crosses_exec),
         cmocka_unit_test(test_safety_retention_never_deletes_through_a_link),
         cmocka_unit_test(test_safety_a_relaunch_resumes_and_never_writes_over_a_saved_step),
+        cmocka_unit_test(test_safety_one_launch_of_a_name_at_a_time),
+        cmocka_unit_test(test_safety_a_killed_launcher_leaves_nothing_behind),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

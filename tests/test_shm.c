@@ -407,6 +407,43 @@ static void test_shm_mapping_outlives_unlink_until_detach(void **state)
     shm_detach(&t); /* detaching twice is harmless */
 }
 
+/* The job lock: one holder, shared with a fork()ed child (which keeps it after the parent
+ * lets go of its descriptor), free again once every holder is gone; not one of the job's
+ * segments, and removed by its holder. */
+static void test_shm_job_lock_is_exclusive_and_shared_with_a_forked_child(void **state)
+{
+    char err[256] = "", path[128];
+    int fd = shm_job_lock(job_a, err, sizeof(err));
+    assert_true(fd >= 0);
+    char names[8][SHM_NAME_MAX];
+    assert_int_equal(shm_list(job_a, names, 8), 0);
+    assert_int_equal(shm_job_lock(job_a, err, sizeof(err)), -EBUSY);
+    char pid[16];
+    snprintf(pid, sizeof(pid), "pid %d", (int)getpid());
+    if (!strstr(err, pid) || !strstr(err, job_a))
+        fail_msg("the refusal should name the job and the holder's pid: %s", err);
+    int pipefd[2];
+    assert_int_equal(pipe(pipefd), 0);
+    pid_t child = fork();
+    if (child == 0) { /* holds the lock it inherited until the parent writes */
+        char b;
+        close(pipefd[1]);
+        _exit(read(pipefd[0], &b, 1) < 0);
+    }
+    close(pipefd[0]);
+    close(fd); /* the parent's descriptor gone, the child's holds it */
+    assert_int_equal(shm_job_lock(job_a, err, sizeof(err)), -EBUSY);
+    close(pipefd[1]);
+    int st;
+    assert_int_equal(waitpid(child, &st, 0), child);
+    fd = shm_job_lock(job_a, err, sizeof(err));
+    assert_true(fd >= 0);
+    shm_job_unlock(job_a, fd);
+    snprintf(path, sizeof(path), "/dev/shm/ctitan-lock.%s", job_a);
+    assert_int_not_equal(access(path, F_OK), 0);
+    assert_int_equal(shm_job_lock("bad/name", err, sizeof(err)), -EINVAL);
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
@@ -423,6 +460,7 @@ int main(void)
         T(test_shm_remove_all_removes_more_segments_than_one_listing_holds),
         T(test_shm_segments_are_zero_filled),
         T(test_shm_mapping_outlives_unlink_until_detach),
+        T(test_shm_job_lock_is_exclusive_and_shared_with_a_forked_child),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "ipc/log.h"
+#include "ipc/shm.h"
 #include "ipc/util.h"
 #include "stages/coord/coord_agent.h"
 #include "stages/coord/coord_ckpt.h"
@@ -293,8 +294,12 @@ static int run(coord_t *c)
         return 1;
     }
     if (c->interrupted) {
-        fprintf(stderr, "ctitan: job %s interrupted by %s: stopping every process\n", m->name,
-                strsignal(c->interrupted));
+        if (c->sup && getppid() != c->sup->supervisor) /* the SIGTERM of its parent's death */
+            fprintf(stderr, "ctitan: job %s: its launcher (pid %d) is gone: stopping every process and removing "
+                    "the job's segments and operator key\n", m->name, (int)c->sup->supervisor);
+        else
+            fprintf(stderr, "ctitan: job %s interrupted by %s: stopping every process\n", m->name,
+                    strsignal(c->interrupted));
         coord_stop_all(c);
         return 128 + c->interrupted;
     }
@@ -339,6 +344,12 @@ int coord_run(const manifest_t *given, const coord_super_t *sup)
     else
         snprintf(c.job, sizeof(c.job), "%s", m->name);
     coord_note_start(&c);
+    int lock = sup ? -1 : shm_job_lock(c.job, err, sizeof(err)); /* under a supervisor: its lock, shared */
+    if (lock < 0 && !sup) {
+        fprintf(stderr, "launch: %s\n", err);
+        free(m);
+        return 1;
+    }
     if (set_up(&c, err, sizeof(err))) {
         fprintf(stderr, "launch: %s\n", err);
         coord_note_failure(&c, err);
@@ -362,6 +373,9 @@ int coord_run(const manifest_t *given, const coord_super_t *sup)
     free(c.p);
     free(c.toml);
     free(c.boot);
+    shm_job_unlock(c.job, lock);
+    if (sup && getppid() != sup->supervisor) /* orphaned: the lock's last holder */
+        shm_job_unlock(c.job, sup->lock_fd);
     free(m);
     return status;
 }

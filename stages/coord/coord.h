@@ -50,6 +50,10 @@ typedef struct {
     int restarts;                 /* restarts of this job so far (`ctitan status` shows them) */
     char last_restart[512];       /* the last one's reason */
     int append_metrics;           /* a relaunch: metrics.file is appended to, not truncated */
+    pid_t supervisor;             /* its pid: a coordinator whose parent is no longer that is
+                                   * told by SIGTERM, stops the job in order and cleans up */
+    int lock_fd;                  /* the job name's lock (ipc/shm.h), shared: the coordinator
+                                   * removes it when the supervisor died before it */
 } coord_super_t;
 
 /* Runs the job to the end. Returns the process exit status: 0 done, 1 failed (the reason,

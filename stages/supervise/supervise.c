@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "checkpointd/ckpt.h"
+#include "ipc/shm.h"
 #include "ipc/util.h"
 #include "stages/coord/coord.h"
 
@@ -92,7 +93,9 @@ static _Noreturn void coordinator(sup_t *s)
 {
     close(s->sigfd);
     setpgid(0, 0);
-    prctl(PR_SET_PDEATHSIG, SIGKILL); /* a supervisor killed outright takes the job with it */
+    /* a supervisor killed outright stops the job: SIGTERM, which the coordinator takes as a
+     * stop, so that its workers, segments and operator key go with it (coord_run) */
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != s->self)
         _exit(1);
     prctl(PR_SET_NAME, "ctitan-coord");
@@ -131,6 +134,7 @@ static int run_once(sup_t *s)
     s->sup.out = s->out;
     s->sup.restarts = s->restarts;
     s->sup.append_metrics = s->restarts > 0;
+    s->sup.supervisor = s->self;
     fflush(NULL); /* the child must not write this process's buffers again */
     s->started = util_now();
     s->pid = fork();
@@ -366,6 +370,16 @@ int sup_run(const manifest_t *m)
     }
     s->given = m;
     s->sigfd = -1;
+    char err[512];
+    /* one launch of a name at a time, whatever the timing: the coordinators it forks share the
+     * lock, so it is held until the last process of the job that could touch its segments is gone */
+    int lock = shm_job_lock(m->name, err, sizeof(err));
+    if (lock < 0) {
+        fprintf(stderr, "launch: %s\n", err);
+        free(s);
+        return 1;
+    }
+    s->sup.lock_fd = lock;
     int rc = set_up(s), status = 1;
     if (rc)
         fprintf(stderr, "launch: cannot set up the job's supervisor: %s\n", strerror(-rc));
@@ -387,5 +401,6 @@ int sup_run(const manifest_t *m)
     if (s->sigfd >= 0)
         close(s->sigfd);
     free(s);
+    shm_job_unlock(m->name, lock);
     return status;
 }

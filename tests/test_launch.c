@@ -1869,6 +1869,40 @@ static void test_launch_a_flood_of_bad_messages_is_logged_at_a_bounded_rate(void
     assert_true(rejected >= 2400);
 }
 
+/* The operator's key on a client that asks for the status 20,000 times and never reads a
+ * reply: the replies that cannot go are logged at the flood's bounded rate, then summed up. */
+static void test_launch_an_operator_that_never_reads_is_logged_at_a_bounded_rate(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 20];
+    char a[32], b[32], path[300];
+    job_name(a, sizeof(a), "deafref");
+    job_name(b, sizeof(b), "deaf");
+    pid_t pid = atk_job(b, "");
+    atk_t o;
+    assert_int_equal(atk_open(&o, b, "deaf", 1), 0);
+    int one = 1;
+    zmq_setsockopt(o.sock, ZMQ_RCVHWM, &one, sizeof(one));
+    msg_t st = {.type = MSG_STATUS};
+    for (int k = 0; k < 20000; k++) {
+        atk_send(&o, &st);
+        if (k % 1000 == 999)
+            sleep_ms(20);
+    }
+    sleep_ms(500);
+    int zero = 0;
+    zmq_setsockopt(o.sock, ZMQ_LINGER, &zero, sizeof(zero));
+    atk_close(&o);
+    atk_finish(pid, a, b);
+    snprintf(path, sizeof(path), "%s/%s.out", g_dir, b);
+    tu_read_file(path, out, sizeof(out));
+    int lines = 0;
+    for (char *p = out; (p = strstr(p, "cannot answer the operator")); p++)
+        lines++;
+    if (lines == 0 || lines > 40)
+        fail_msg("%d log lines for the replies that could not go", lines);
+}
+
 /* ---- insiders: a worker's own key, of the wrong role or at the wrong time ---- */
 
 /* Run as a worker the coordinator started, through a wrapper script in a copy of build/bin
@@ -2031,6 +2065,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_launch_a_claimed_route_is_not_taken_over),
         cmocka_unit_test(test_launch_forged_saved_does_not_tear_a_checkpoint),
         cmocka_unit_test(test_launch_a_flood_of_bad_messages_is_logged_at_a_bounded_rate),
+        cmocka_unit_test(test_launch_an_operator_that_never_reads_is_logged_at_a_bounded_rate),
         cmocka_unit_test(test_launch_workers_keys_are_bound_to_their_role_and_to_what_is_expected),
     };
     if (getenv("CTITAN_TEST_ONLY")) /* a pattern: run only the tests it matches ("*forged*") */

@@ -318,6 +318,7 @@ static void report_rejections(coord_t *c)
 {
     uint64_t keys, handshakes;
     log_limit_flush(&c->rejected, LOG_WARN);
+    log_limit_flush(&c->unanswered, LOG_WARN);
     ctl_refusals(c->ctl, &keys, &handshakes);
     if (c->rejected.total || keys || handshakes)
         LOG_W("the control plane rejected %llu messages and refused %llu connections (%llu keys not the job's, "
@@ -327,7 +328,8 @@ static void report_rejections(coord_t *c)
 
 int coord_run(const manifest_t *given, const coord_super_t *sup)
 {
-    coord_t c = {.sigfd = -1, .rejected = {.what = "rejected control messages"}, .sup = sup,
+    coord_t c = {.sigfd = -1, .rejected = {.what = "rejected control messages"},
+                 .unanswered = {.what = "replies the operator was not sent"}, .sup = sup,
                  .out = sup ? sup->out : NULL};
     char err[1024];
     int status = 1;

@@ -140,6 +140,8 @@ struct coord {
     char run_dir[1000];               /* host 0: the 0700 folder of the operator's key ("" before it exists) */
     int starts;                       /* process starts so far: start k's key is bound to "<id>@k" */
     log_limit_t rejected;             /* control messages rejected (the pump counts and logs them) */
+    log_limit_t unanswered;           /* operator replies that could not be sent (a client that
+                                       * does not read them): logged at the same bounded rate */
     int sigfd;
     char bin_dir[PATH_MAX];
     /* the process table (coord_proc.c) */

@@ -59,7 +59,7 @@ void coord_reply_cli(coord_t *c, const char *to, int ok, const char *fmt, ...)
     va_end(ap);
     msg_t m = {.type = MSG_REPLY, .ok = ok, .text = text, .text_len = strlen(text)};
     if (ctl_send(c->ctl, to, &m))
-        LOG_W("cannot answer the operator (gone?): %s", text);
+        log_limited(&c->unanswered, LOG_WARN, "cannot answer the operator (gone?): %s", text);
 }
 
 /* ---- one handler per message type ---- */

@@ -152,6 +152,82 @@ static int check_cursor(const ckpt_index_t *ix, const char *path, char *err, siz
                      rc ? "not an unsigned integer, or the cursor is not a map" : "2^63 or more");
 }
 
+/* "[2048, 64]" */
+static const char *shape_str(int ndim, const int64_t *shape, char *buf, size_t n)
+{
+    size_t k = (size_t)snprintf(buf, n, "[");
+    for (int d = 0; d < ndim && k < n; d++)
+        k += (size_t)snprintf(buf + k, n - k, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    if (k < n)
+        snprintf(buf + k, n - k, "]");
+    return buf;
+}
+
+/* Tensor ct of the index has the shape of parameter p (whose model `whose` names), or -EBADMSG. */
+static int check_shape(const ckpt_tensor_t *ct, const param_info_t *p, const char *path, const char *whose, char *err,
+                       size_t errlen)
+{
+    int same = ct->ndim == p->ndim;
+    for (int d = 0; same && d < p->ndim; d++)
+        same = ct->shape[d] == p->shape[d];
+    if (same)
+        return 0;
+    char a[96], b[96];
+    return util_fail(err, errlen, -EBADMSG, "checkpoint %s: tensor %s is %s in the index; %s makes it %s", path,
+                     ct->name, shape_str(ct->ndim, ct->shape, a, sizeof(a)), whose,
+                     shape_str(p->ndim, p->shape, b, sizeof(b)));
+}
+
+/* Each tensor of every array of table tab (o's arrays; a master copy too when the index has
+ * one) is in the index with its shape. */
+static int check_tensors(const ckpt_index_t *ix, const param_table_t *tab, const optim_t *o, const char *path,
+                         const char *whose, char *err, size_t errlen)
+{
+    for (int t = 0; t < tab->n; t++)
+        for (int a = -1; a < optim_arrays(o); a++) {
+            char name[CKPT_NAME_MAX + 32];
+            if (a < 0)
+                ckpt_master_tensor(tab->t[t].name, name, sizeof(name));
+            else
+                ckpt_tensor_name(o, a, tab->t[t].name, name, sizeof(name));
+            const ckpt_tensor_t *ct = ckpt_index_find(ix, name);
+            if (!ct && a >= 0)
+                return util_fail(err, errlen, -EBADMSG, "checkpoint %s has no tensor %s, which %s has", path, name,
+                                 whose);
+            int rc = ct ? check_shape(ct, &tab->t[t], path, whose, err, errlen) : 0;
+            if (rc)
+                return rc;
+        }
+    return 0;
+}
+
+int restore_check_shapes(const ckpt_index_t *ix, const char *path, char *err, size_t errlen)
+{
+    if (!ix->manifest || !ix->manifest[0])
+        return util_fail(err, errlen, 1, "checkpoint %s holds no manifest: its tensors' shapes are not checked", path);
+    manifest_t *m = malloc(sizeof(*m));
+    param_table_t tab = {0};
+    char why[512];
+    int rc;
+    if (!m)
+        return util_fail(err, errlen, -ENOMEM, "out of memory");
+    manifest_defaults(m);
+    const optim_t *o = NULL;
+    if (manifest_parse(m, ix->manifest, strlen(ix->manifest), path, why, sizeof(why)))
+        rc = util_fail(err, errlen, 1, "the manifest inside %s does not parse (%s): its tensors' shapes are not "
+                       "checked", path, why);
+    else if (!(o = optim_find(m->optimizer_name)))
+        rc = util_fail(err, errlen, -EBADMSG, "checkpoint %s: its manifest's optimizer.name = \"%s\" is no optimizer "
+                       "of this build", path, m->optimizer_name);
+    else if ((rc = params_table_init(&tab, &m->model)))
+        util_fail(err, errlen, rc, "out of memory");
+    else
+        rc = check_tensors(ix, &tab, o, path, "the model of its own manifest", err, errlen);
+    params_table_free(&tab);
+    free(m);
+    return rc;
+}
+
 /* Every array of the training state (the master weights, then optimizer o's state), tensor by
  * tensor by name, into the staging arrays at its offset in the flat space. */
 static int read_tensors(ckpt_t *ck, const param_table_t *tab, const optim_t *o, void *staging, char *err,
@@ -205,6 +281,8 @@ int restore_load(const char *what, const manifest_t *m, const param_table_t *tab
     const ckpt_index_t *ix = ckpt_index(ck);
     atomic_store(&h->step, -1); /* nothing whole in the segment until the end */
     rc = check_model(ix, m, path, log, err, errlen);
+    if (!rc) /* this run's model, whatever the manifest inside says */
+        rc = check_tensors(ix, tab, o, path, "this run's model", err, errlen);
     if (!rc)
         rc = check_cursor(ix, path, err, errlen);
     if (!rc)

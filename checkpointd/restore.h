@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include "checkpointd/ckpt.h"
 #include "kernels/params.h"
 #include "stages/job/manifest.h"
 
@@ -30,5 +31,13 @@
  * manifest whose data order differs) go to `log`, which may be NULL. */
 int restore_load(const char *what, const manifest_t *m, const param_table_t *tab, void *staging, FILE *log,
                  char *path, size_t pathlen, char *err, size_t errlen);
+
+/* The tensors of a checkpoint's index against the model of the manifest inside it: each of
+ * its parameters, under every array of its optimizer, is there with the model's shape (not
+ * only its number of elements). Returns 0, -EBADMSG naming the tensor and both shapes (or the
+ * one missing), or 1 when there is nothing to check against (no manifest, or one that does not
+ * parse: err says which). `ctitan ckpt verify` and export run it; a load checks against the
+ * run's own model. */
+int restore_check_shapes(const ckpt_index_t *ix, const char *path, char *err, size_t errlen);
 
 #endif

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "checkpointd/ckpt.h"
+#include "checkpointd/restore.h"
 #include "stages/job/toml.h"
 #include "ipc/util.h"
 
@@ -279,6 +280,9 @@ int st_export(const char *ckpt_path, const char *out_path, char *err, size_t err
     if (rc)
         goto out;
     const ckpt_index_t *ix = ckpt_index(c);
+    rc = restore_check_shapes(ix, ckpt_path, err, errlen); /* 1: nothing to check against */
+    if (rc < 0)
+        goto out;
     if (!(order = calloc((size_t)ix->n_tensors + 1, sizeof(int)))) {
         rc = util_fail(err, errlen, -ENOMEM, "%s: out of memory", ckpt_path);
         goto out;

@@ -13,6 +13,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "checkpointd/ckpt.h"
 #include "tests/testjob.h"
 
 static int setup(void **state) { return tj_setup("safety"); }
@@ -321,6 +322,64 @@ static void test_safety_a_killed_launcher_leaves_nothing_behind(void **state)
     tj_assert_clean(j);
 }
 
+/* Rewrites the index of checkpoint dir with tensor `name` given shape [a, b] (the checksum
+ * made anew, as a forger would). */
+static void forge_shape(const char *dir, const char *name, int64_t a, int64_t b)
+{
+    char path[512], err[256];
+    snprintf(path, sizeof(path), "%s/index", dir);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    static uint8_t buf[1 << 20];
+    size_t n = fread(buf, 1, sizeof(buf), f);
+    fclose(f);
+    ckpt_index_t ix;
+    if (ckpt_index_decode(buf, n, &ix, path, err, sizeof(err)))
+        fail_msg("%s", err);
+    ckpt_tensor_t *t = (ckpt_tensor_t *)ckpt_index_find(&ix, name);
+    assert_non_null(t);
+    assert_int_equal(t->numel, (uint64_t)(a * b));
+    t->ndim = 2;
+    t->shape[0] = a;
+    t->shape[1] = b;
+    uint8_t *out;
+    size_t len;
+    assert_int_equal(ckpt_index_encode(&ix, &out, &len), 0);
+    ckpt_index_free(&ix);
+    f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(out, 1, len, f), len);
+    fclose(f);
+    free(out);
+}
+
+/* A checkpoint whose index gives a tensor another shape of the same size (with a valid
+ * checksum) is refused by verify, export and load, each naming the tensor. */
+static void test_safety_a_tensor_of_another_shape_is_refused_everywhere(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char j[32], dir[256], cmd[1024], extra[512];
+    job_name(j, sizeof(j), "shape");
+    launch_ok(j, "--training.steps 2 --checkpoint.enable true", out, sizeof(out));
+    snprintf(dir, sizeof(dir), "%s/runs/%s/checkpoint/step-00000002", tj_dir, j);
+    forge_shape(dir, "model.embed_tokens.weight", 150, 64); /* [300, 32] */
+    snprintf(cmd, sizeof(cmd), "%s ckpt verify %s 2>&1", tu_ctitan(), dir);
+    int rc = tu_run(cmd, out, sizeof(out));
+    if (rc == 0 || !strstr(out, "model.embed_tokens.weight is [150, 64]") || !strstr(out, "[300, 32]"))
+        TJ_FAIL_WITH(out, "verify: status %d", rc);
+    snprintf(cmd, sizeof(cmd), "%s ckpt export %s --safetensors %s/%s.safetensors 2>&1", tu_ctitan(), dir, tj_dir, j);
+    rc = tu_run(cmd, out, sizeof(out));
+    if (rc == 0 || !strstr(out, "model.embed_tokens.weight is [150, 64]"))
+        TJ_FAIL_WITH(out, "export: status %d", rc);
+    snprintf(extra, sizeof(extra), "--training.steps 4 --checkpoint.load %s", dir);
+    assert_refused_naming("shape2", extra, "model.embed_tokens.weight is [150, 64]");
+    /* an optimizer state's tensor, forged alone: the load checks against its own model */
+    forge_shape(dir, "model.embed_tokens.weight", 300, 32);
+    forge_shape(dir, "optimizer.exp_avg.model.norm.weight", 1, 32); /* [32] */
+    assert_refused_naming("shape3", extra, "optimizer.exp_avg.model.norm.weight is [1, 32]");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -333,6 +392,7 @@ int main(void)
         cmocka_unit_test(test_safety_a_relaunch_resumes_and_never_writes_over_a_saved_step),
         cmocka_unit_test(test_safety_one_launch_of_a_name_at_a_time),
         cmocka_unit_test(test_safety_a_killed_launcher_leaves_nothing_behind),
+        cmocka_unit_test(test_safety_a_tensor_of_another_shape_is_refused_everywhere),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

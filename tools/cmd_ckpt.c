@@ -20,6 +20,7 @@
 
 #include "checkpointd/ckpt.h"
 #include "checkpointd/remote.h"
+#include "checkpointd/restore.h"
 #include "tools/cmds.h"
 #include "checkpointd/safetensors.h"
 
@@ -332,9 +333,17 @@ static int verify_one(const char *path, FILE *report)
     int rc = ckpt_verify(path, report, &n_bad, err, sizeof(err));
     if (rc == 0) {
         ckpt_t *c = NULL;
-        char e2[512];
+        char e2[1024];
         if (ckpt_open(&c, path, e2, sizeof(e2)) == 0) {
             const ckpt_index_t *ix = ckpt_index(c);
+            int shapes = restore_check_shapes(ix, path, e2, sizeof(e2));
+            if (shapes < 0) {
+                fprintf(report, "%s\n%s: CORRUPT: 1 problem\n", e2, path);
+                ckpt_close(&c);
+                return 1;
+            }
+            if (shapes > 0)
+                fprintf(report, "note: %s\n", e2);
             uint64_t bytes = 0;
             for (int f = 0; f < ix->n_files; f++)
                 bytes += ix->files[f].bytes;

@@ -74,12 +74,14 @@ typedef struct {
 typedef struct {
     ckd_t *d;
     ckw_t *w;
+    int replace; /* the coordinator saves this step again: it may replace the one stored */
 } sink_t;
 
 static int sink_begin(sink_t *s, const ckpt_index_t *plan, char *err, size_t errlen)
 {
     if (s->d->remote)
-        return rmt_client_begin(s->d->remote, s->d->m->name, s->d->m->ckpt_keep, plan, 30000, err, errlen);
+        return rmt_client_begin_replace(s->d->remote, s->d->m->name, s->d->m->ckpt_keep, s->replace, plan, 30000,
+                                        err, errlen);
     return ckw_begin(&s->w, s->d->folder, plan, err, errlen);
 }
 
@@ -111,7 +113,8 @@ static void retain(ckd_t *d)
 }
 
 /* Writes the staged snapshot of `step`. Returns 0 with the path, or -errno with err. */
-static int save(ckd_t *d, int64_t step, char *path, size_t pathlen, uint64_t *bytes, char *err, size_t errlen)
+static int save(ckd_t *d, int64_t step, int replace, char *path, size_t pathlen, uint64_t *bytes, char *err,
+                size_t errlen)
 {
     staging_hdr_t *h = shm_data(d->seg);
     if (atomic_load(&h->step) != step)
@@ -123,7 +126,7 @@ static int save(ckd_t *d, int64_t step, char *path, size_t pathlen, uint64_t *by
         return util_fail(err, errlen, rc, "cannot plan the checkpoint: %s", strerror(-rc));
     /* no checksums in the plan: the writer (here, or the storage host's) takes them from
      * the bytes as it writes them */
-    sink_t s = {.d = d};
+    sink_t s = {.d = d, .replace = replace};
     *bytes = 0;
     if ((rc = sink_begin(&s, &plan, err, errlen)))
         goto out;
@@ -287,7 +290,19 @@ static void load(ckd_t *d, const char *what)
 {
     char path[sizeof(d->m->ckpt_load)], err[1024];
     staging_hdr_t *h = shm_data(d->seg);
-    int rc = restore_load(what, d->m, &d->tab, h, stderr, path, sizeof(path), err, sizeof(err));
+    restore_stored_t stored = {0};
+    int rc = 0;
+    _Static_assert(RESTORE_STORED_MAX == RMT_LIST_MAX, "a list answer fits");
+    /* the storage host says what it holds: this run never writes over it. One that cannot be
+     * asked (a key it refuses, down) is taken as holding nothing: training goes on, and it
+     * refuses an upload that would replace a step it holds (remote.h) */
+    if (d->remote && rmt_client_list(d->remote, d->m->name, stored.steps, &stored.n, 30000, err, sizeof(err))) {
+        LOG_W("cannot ask the storage host what it holds of job %s: %s", d->m->name, err);
+        stored.n = 0;
+    }
+    if (!rc)
+        rc = restore_load_stored(what, d->m, d->remote ? &stored : NULL, &d->tab, h, stderr, path, sizeof(path), err,
+                                 sizeof(err));
     msg_t r = {.type = MSG_LOADED, .ok = rc == 0};
     WORKER_CHECK(d->w, msg_set_text(&r, rc ? err : path) == 0, "out of memory");
     if (!rc && path[0]) {
@@ -364,7 +379,7 @@ static int run_worker(void)
                 rc = util_fail(err, sizeof(err), -EINVAL, "job.hosts = %d: a checkpoint across hosts is written in "
                                "parts (SAVE_PART, COMMIT), not by SAVE", d.n_parts);
             else
-                rc = save(&d, m.step, path, sizeof(path), &bytes, err, sizeof(err));
+                rc = save(&d, m.step, m.ok, path, sizeof(path), &bytes, err, sizeof(err));
             msg_t r = {.type = m.type == MSG_SAVE_PART ? MSG_WRITTEN : MSG_SAVED, .step = m.step, .ok = rc == 0,
                        .t_busy = util_now() - t0, .progress = bytes};
             msg_set_text(&r, rc ? err : path);

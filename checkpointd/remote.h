@@ -65,6 +65,18 @@ void rmt_client_destroy(rmt_client_t **c);
  * of this client is aborted first. Any error ends the checkpoint: begin again to retry. */
 int rmt_client_begin(rmt_client_t *c, const char *job, int keep, const ckpt_index_t *plan, int timeout_ms,
                      char *err, size_t errlen);
+/* rmt_client_begin that may replace (replace != 0) a step the server holds and that verifies;
+ * without it the server refuses such a step with -EEXIST (a stored step is never written over
+ * by another run's upload). A trainer replaces a step only when it saves it again. */
+int rmt_client_begin_replace(rmt_client_t *c, const char *job, int keep, int replace, const ckpt_index_t *plan,
+                             int timeout_ms, char *err, size_t errlen);
+#define RMT_LIST_MAX 32 /* steps a list answer names (the newest) */
+
+/* The complete checkpoints the server holds of `job` (step-N directories with an index): how
+ * many in *n, the newest (up to RMT_LIST_MAX, newest first) in steps. What a trainer asks
+ * before it starts, so that it never writes over a step the server holds. */
+int rmt_client_list(rmt_client_t *c, const char *job, int64_t steps[RMT_LIST_MAX], int *n, int timeout_ms,
+                    char *err, size_t errlen);
 /* Sends the next bytes of a data file (same order rules as ckw_write), in pieces of at most
  * RMT_DATA_FRAME. Returns when they are queued (blocks while the link is full, up to 60 s:
  * -ETIMEDOUT). Data are not acknowledged one by one: an error the server found in earlier

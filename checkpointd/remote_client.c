@@ -5,6 +5,7 @@
 #include "checkpointd/remote_int.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -269,6 +270,12 @@ void rmt_client_destroy(rmt_client_t **pc)
 int rmt_client_begin(rmt_client_t *c, const char *job, int keep, const ckpt_index_t *plan, int timeout_ms,
                      char *err, size_t errlen)
 {
+    return rmt_client_begin_replace(c, job, keep, 0, plan, timeout_ms, err, errlen);
+}
+
+int rmt_client_begin_replace(rmt_client_t *c, const char *job, int keep, int replace, const ckpt_index_t *plan,
+                             int timeout_ms, char *err, size_t errlen)
+{
     int rc;
     mon_drain(c);
     if (c->auth_failed || c->proto_failed || c->stuck) { /* a new connection rather than wait on this one */
@@ -292,7 +299,7 @@ int rmt_client_begin(rmt_client_t *c, const char *job, int keep, const ckpt_inde
                          "sent", plan->step, len, RMT_FRAME_MAX);
     }
     rmt_hdr_t h = {.type = RMT_BEGIN, .job = job, .job_len = strlen(job), .keep = keep < 0 ? 0 : keep,
-                   .step = (uint64_t)plan->step};
+                   .replace = replace != 0, .step = (uint64_t)plan->step};
     rc = client_send(c, &h, buf, len, err, errlen);
     free(buf);
     if (rc)
@@ -331,6 +338,39 @@ int rmt_client_write(rmt_client_t *c, uint32_t file, uint64_t offset, const void
             p += k, offset += k, n -= k;
         }
     } while (n);
+    return 0;
+}
+
+int rmt_client_list(rmt_client_t *c, const char *job, int64_t steps[RMT_LIST_MAX], int *n, int timeout_ms,
+                    char *err, size_t errlen)
+{
+    int rc;
+    *n = 0;
+    mon_drain(c);
+    if ((c->auth_failed || c->proto_failed || c->stuck) && (rc = client_open(c, err, errlen)))
+        return rc;
+    rmt_hdr_t h = {.type = RMT_LIST, .job = job, .job_len = strlen(job)};
+    if ((rc = client_send(c, &h, NULL, 0, err, errlen)))
+        return rc;
+    c->begin_seq = h.seq; /* earlier answers are not this one's */
+    char text[1024] = "";
+    if ((rc = wait_reply(c, h.seq, "the list of checkpoints", timeout_ms, text, sizeof text, err, errlen)))
+        return rc;
+    /* "COUNT STEP..." (newest first) */
+    char *p = text, *end;
+    long long count = strtoll(p, &end, 10);
+    if (end == p || count < 0 || count > INT_MAX)
+        return util_fail(err, errlen, -EPROTO, "the checkpointd at %s answered the list with '%.100s'", c->endpoint,
+                         text);
+    *n = (int)count;
+    for (int i = 0; i < RMT_LIST_MAX && i < count; i++) {
+        p = end;
+        long long s = strtoll(p, &end, 10);
+        if (end == p || s < 0)
+            return util_fail(err, errlen, -EPROTO, "the checkpointd at %s answered the list with '%.100s'",
+                             c->endpoint, text);
+        steps[i] = s;
+    }
     return 0;
 }
 

@@ -34,20 +34,22 @@
 
 #include "checkpointd/remote.h"
 
-#define RMT_VERSION 1
+#define RMT_VERSION 2 /* 2: begin says whether it may replace a stored step (replace) */
 #define RMT_HDR_MAX 4096 /* bytes of a header frame */
 #define RMT_HWM 8        /* messages queued per connection each way: 8 x 4 MiB */
 
 /* Message types; ids are only ever appended. */
-typedef enum { RMT_NONE, RMT_BEGIN, RMT_DATA, RMT_COMMIT, RMT_ABORT, RMT_REPLY, RMT_TYPE_END } rmt_type_t;
+typedef enum { RMT_NONE, RMT_BEGIN, RMT_DATA, RMT_COMMIT, RMT_ABORT, RMT_REPLY, RMT_LIST, RMT_TYPE_END } rmt_type_t;
 
 /* A header, both ways. Strings are not NUL-terminated: decoded, they point into the frame. */
 typedef struct {
     rmt_type_t type;
     uint64_t seq;
-    const char *job;      /* begin */
+    const char *job;      /* begin, list */
     size_t job_len;
     int32_t keep;         /* begin: the job's keep_latest_k, 0 = all */
+    int replace;          /* begin: the step may replace a stored one that verifies (the trainer
+                           * saves it again: a retry, or after a rewind) */
     uint64_t step;        /* begin */
     uint32_t file;        /* data */
     uint64_t offset;      /* data */

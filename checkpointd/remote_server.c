@@ -10,6 +10,7 @@
 #include "checkpointd/remote_int.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -21,6 +22,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "checkpointd/restore.h"
 #include "checkpointd/writer.h"
 #include "ipc/codec.h"
 #include "ipc/util.h"
@@ -222,6 +224,43 @@ static int check_room(srv_t *s, peer_t *p, const ckpt_index_t *ix, char *err, si
     return 0;
 }
 
+/* DIR/job as a real directory of DIR (made if missing), never through a link: whatever is
+ * in DIR, nothing is written outside it. */
+static int check_job_dir(const char *dir, const char *job, char *err, size_t errlen)
+{
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), fd = -1, rc = 0;
+    if (dfd < 0)
+        return util_fail(err, errlen, -errno, "%s: %s", dir, strerror(errno));
+    if (mkdirat(dfd, job, 0755) < 0 && errno != EEXIST)
+        rc = util_fail(err, errlen, -errno, "%s/%s: cannot create: %s", dir, job, strerror(errno));
+    else if ((fd = openat(dfd, job, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0) {
+        struct stat st;
+        int e = errno, link = fstatat(dfd, job, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode);
+        rc = util_fail(err, errlen, e == ELOOP || e == ENOTDIR ? -EINVAL : -e,
+                       "%s/%s is %s: the server writes only into real directories inside its --dir", dir, job,
+                       link ? "a symbolic link" : e == ENOTDIR ? "not a directory" : strerror(e));
+    }
+    if (fd >= 0)
+        close(fd);
+    close(dfd);
+    return rc;
+}
+
+/* A step the job already holds is kept unless the trainer asks to replace it (it saves that
+ * step again) or it does not verify (then it was not a checkpoint to keep). */
+static int check_stored(const char *jobdir, int64_t step, char *err, size_t errlen)
+{
+    char path[PATH_MAX + 32], why[512];
+    ckpt_step_path(path, sizeof path, jobdir, step);
+    struct stat st;
+    int bad;
+    if (lstat(path, &st) || ckpt_verify(path, NULL, &bad, why, sizeof why))
+        return 0;
+    return util_fail(err, errlen, -EEXIST, "%s is stored already and verifies: an upload of step %" PRId64 " replaces "
+                     "it only when the trainer saves that step again (a checkpoint of another run is never written "
+                     "over)", path, step);
+}
+
 static int begin(srv_t *s, peer_t *p, const rmt_hdr_t *h, zmq_msg_t *payload, char *err, size_t errlen)
 {
     char shown[CODEC_PRINTABLE];
@@ -256,6 +295,8 @@ static int begin(srv_t *s, peer_t *p, const rmt_hdr_t *h, zmq_msg_t *payload, ch
     if (!rc && (uint64_t)ix.step != h->step) /* an index's step is >= 0 */
         rc = util_fail(err, errlen, -EINVAL, "begin says step %" PRIu64 ", its index says %" PRId64, h->step,
                        ix.step);
+    if (!rc && restore_check_shapes(&ix, what, err, errlen) < 0) /* what `ckpt verify` would refuse */
+        rc = -EINVAL;
     if (!rc)
         rc = check_room(s, p, &ix, err, errlen);
     char jobdir[PATH_MAX];
@@ -263,9 +304,13 @@ static int begin(srv_t *s, peer_t *p, const rmt_hdr_t *h, zmq_msg_t *payload, ch
     if (!rc && snprintf(jobdir, sizeof jobdir, "%s/%s", s->dir, p->job) >= (int)sizeof jobdir)
         rc = util_fail(err, errlen, -ENAMETOOLONG, "%s/%s: path too long", s->dir, p->job);
     if (!rc) {
-        p->made_dir = stat(jobdir, &st) != 0;
-        rc = ckw_begin(&p->w, jobdir, &ix, err, errlen);
+        p->made_dir = lstat(jobdir, &st) != 0;
+        rc = check_job_dir(s->dir, p->job, err, errlen);
     }
+    if (!rc && !h->replace)
+        rc = check_stored(jobdir, ix.step, err, errlen);
+    if (!rc)
+        rc = ckw_begin(&p->w, jobdir, &ix, err, errlen);
     ckpt_index_free(&ix);
     if (rc) {
         drop_job_dir(s, p);
@@ -405,6 +450,44 @@ static void on_bad(srv_t *s, peer_t *p, const void *id, size_t idlen, zmq_msg_t 
     reply(s, id, idlen, seq, code, err);
 }
 
+/* list: the job's complete checkpoints, "COUNT STEP..." (the newest RMT_LIST_MAX, newest first). */
+static void on_list(srv_t *s, const void *id, size_t idlen, const rmt_hdr_t *h)
+{
+    char job[CKPT_FILE_MAX], err[PATH_MAX + 256], shown[CODEC_PRINTABLE], jobdir[PATH_MAX];
+    struct stat st;
+    if (h->job_len == 0 || h->job_len >= sizeof job || memchr(h->job, '\0', h->job_len)) {
+        snprintf(err, sizeof err, "job name '%s' is not 1 to %d characters", codec_printable(h->job, h->job_len,
+                 shown), CKPT_FILE_MAX - 1);
+        reply(s, id, idlen, h->seq, EINVAL, err);
+        return;
+    }
+    memcpy(job, h->job, h->job_len);
+    job[h->job_len] = '\0';
+    if (!ckpt_safe_name(job) || snprintf(jobdir, sizeof jobdir, "%s/%s", s->dir, job) >= (int)sizeof jobdir) {
+        reply(s, id, idlen, h->seq, EINVAL, "not a plain job name");
+        return;
+    }
+    if (lstat(jobdir, &st) == 0 && !S_ISDIR(st.st_mode)) { /* a link: nothing of ours is there */
+        snprintf(err, sizeof err, "%s is not a real directory: the server keeps checkpoints only in real "
+                 "directories inside its --dir", jobdir);
+        reply(s, id, idlen, h->seq, EINVAL, err);
+        return;
+    }
+    int64_t *steps = NULL;
+    int n = ckpt_list(jobdir, &steps);
+    if (n < 0) {
+        snprintf(err, sizeof err, "%s: %s", jobdir, strerror(-n));
+        reply(s, id, idlen, h->seq, -n, err);
+        return;
+    }
+    char text[1024];
+    size_t k = (size_t)snprintf(text, sizeof text, "%d", n);
+    for (int i = n - 1; i >= 0 && i >= n - RMT_LIST_MAX && k < sizeof text; i--)
+        k += (size_t)snprintf(text + k, sizeof text - k, " %" PRId64, steps[i]);
+    free(steps);
+    reply(s, id, idlen, h->seq, 0, text);
+}
+
 /* One message from a client: [routing id] header [payload]. Never fatal. */
 static void serve_one(srv_t *s)
 {
@@ -448,6 +531,7 @@ static void serve_one(srv_t *s)
             peer_free(s, p);
         break;
     case RMT_ABORT: on_abort(s, p); break;
+    case RMT_LIST: on_list(s, id, idlen, &h); break;
     default: /* a reply */
         snprintf(err, sizeof err, "a '%s' message sent to the server", rmt_type_name(h.type));
         if (p && p->state == P_OPEN)

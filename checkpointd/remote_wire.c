@@ -10,13 +10,14 @@
 #include "ipc/codec.h"
 #include "ipc/util.h"
 
-enum { H_SEQ, H_JOB, H_KEEP, H_STEP, H_FILE, H_OFFSET, H_OK, H_CODE, H_TEXT, H_COUNT };
+enum { H_SEQ, H_JOB, H_KEEP, H_REPLACE, H_STEP, H_FILE, H_OFFSET, H_OK, H_CODE, H_TEXT, H_COUNT };
 
 /* Encoded in this order, after "v" and "type". */
 static const codec_field_t fields[H_COUNT] = {
     [H_SEQ]    = {"seq",    CODEC_U64,        offsetof(rmt_hdr_t, seq), 0},
     [H_JOB]    = {"job",    CODEC_STR,        offsetof(rmt_hdr_t, job), offsetof(rmt_hdr_t, job_len)},
     [H_KEEP]   = {"keep",   CODEC_I32_NONNEG, offsetof(rmt_hdr_t, keep), 0},
+    [H_REPLACE] = {"replace", CODEC_BOOL,     offsetof(rmt_hdr_t, replace), 0},
     [H_STEP]   = {"step",   CODEC_U64,        offsetof(rmt_hdr_t, step), 0},
     [H_FILE]   = {"file",   CODEC_U32,        offsetof(rmt_hdr_t, file), 0},
     [H_OFFSET] = {"offset", CODEC_U64,        offsetof(rmt_hdr_t, offset), 0},
@@ -31,11 +32,12 @@ static const codec_field_t fields[H_COUNT] = {
 /* One entry per type id up to RMT_TYPE_END, so that any type a header can hold has its
  * fields and its payload flag here. */
 static const codec_type_t types[RMT_TYPE_END] = {
-    [RMT_BEGIN]  = {"begin",  HB(H_SEQ) | HB(H_JOB) | HB(H_KEEP) | HB(H_STEP), PAYLOAD},
+    [RMT_BEGIN]  = {"begin",  HB(H_SEQ) | HB(H_JOB) | HB(H_KEEP) | HB(H_REPLACE) | HB(H_STEP), PAYLOAD},
     [RMT_DATA]   = {"data",   HB(H_SEQ) | HB(H_FILE) | HB(H_OFFSET), PAYLOAD},
     [RMT_COMMIT] = {"commit", HB(H_SEQ), 0},
     [RMT_ABORT]  = {"abort",  HB(H_SEQ), 0},
     [RMT_REPLY]  = {"reply",  HB(H_SEQ) | HB(H_OK) | HB(H_CODE) | HB(H_TEXT), 0},
+    [RMT_LIST]   = {"list",   HB(H_SEQ) | HB(H_JOB), 0},
 };
 
 static const codec_proto_t proto = {

@@ -33,11 +33,20 @@ _Static_assert(CKPT_CURSOR_MAX <= sizeof(((staging_hdr_t *)0)->cursor), "a check
 
 /* checkpoint.load to a directory: "latest" is the newest one of the folder that verifies
  * (none: path ""), any other must exist and verify. */
-static int resolve(const char *what, const manifest_t *m, FILE *log, char *path, size_t n, char *err, size_t errlen)
+static int resolve(const char *what, const manifest_t *m, const restore_stored_t *stored, FILE *log, char *path,
+                   size_t n, char *err, size_t errlen)
 {
     path[0] = 0;
     if (!what[0]) /* a fresh start */
         return 0;
+    if (!strcmp(what, "latest") && stored && stored->n)
+        return util_fail(err, errlen, -EEXIST, "checkpoint.load = latest: the storage host (checkpoint.endpoint %s) "
+                         "holds %d checkpoint%s of job %s (the newest: step %lld), and a trainer cannot load from a "
+                         "storage host yet: copy that step-N directory to this machine and set checkpoint.load to it, "
+                         "or start over under another job.name (this run would write over them)", m->ckpt_endpoint,
+                         stored->n, stored->n == 1 ? "" : "s", m->name, (long long)stored->steps[0]);
+    if (!strcmp(what, "latest") && stored)
+        return 0; /* the storage host holds none: a fresh start */
     if (!strcmp(what, "latest")) {
         char folder[PATH_MAX];
         manifest_ckpt_folder(m, folder, sizeof(folder));
@@ -66,27 +75,37 @@ static int resolve(const char *what, const manifest_t *m, FILE *log, char *path,
  * checkpoint of another run may be there after that step, for this run would write over it.
  * After "latest" the newer ones there did not verify (they were said to fall back past) and
  * may go. A remote folder is the storage host's to check. */
-static int check_overwrite(const char *what, const manifest_t *m, int64_t start, char *err, size_t errlen)
+static int check_overwrite(const char *what, const manifest_t *m, const restore_stored_t *stored, int64_t start,
+                           char *err, size_t errlen)
 {
-    if (!m->ckpt_enable || m->ckpt_endpoint[0] || !strcmp(what, "latest"))
+    if (!m->ckpt_enable || (m->ckpt_endpoint[0] && !stored) || !strcmp(what, "latest"))
         return 0;
-    char folder[PATH_MAX];
-    manifest_ckpt_folder(m, folder, sizeof(folder));
-    int64_t *steps;
-    int n = ckpt_list(folder, &steps), later = 0;
-    if (n < 0)
-        return util_fail(err, errlen, n, "checkpoint.folder %s: %s", folder, strerror(-n));
-    for (int i = 0; i < n; i++)
-        later += steps[i] > start;
-    int rc = 0;
-    if (later)
-        rc = util_fail(err, errlen, -EEXIST, "checkpoint.folder %s holds %d checkpoint%s of an earlier run after step "
-                       "%lld, where this run starts (the newest: step %lld), which this run would write over: resume "
-                       "from the newest (checkpoint.load = latest, the default), or give this run another "
-                       "job.dump_folder or checkpoint.folder, or move them away", folder, later, later == 1 ? "" : "s",
-                       (long long)start, (long long)steps[n - 1]);
-    free(steps);
-    return rc;
+    char folder[PATH_MAX + 64];
+    int64_t *steps = NULL, newest = -1;
+    int n, later = 0;
+    if (stored) { /* the newest, newest first */
+        snprintf(folder, sizeof(folder), "the storage host's folder of job %s", m->name);
+        n = stored->n;
+        for (int i = 0; i < n && i < RESTORE_STORED_MAX; i++)
+            later += stored->steps[i] > start;
+        later += n > RESTORE_STORED_MAX && later == RESTORE_STORED_MAX ? n - RESTORE_STORED_MAX : 0;
+        newest = n ? stored->steps[0] : -1;
+    } else {
+        manifest_ckpt_folder(m, folder, sizeof(folder));
+        if ((n = ckpt_list(folder, &steps)) < 0)
+            return util_fail(err, errlen, n, "checkpoint.folder %s: %s", folder, strerror(-n));
+        for (int i = 0; i < n; i++)
+            later += steps[i] > start;
+        newest = n ? steps[n - 1] : -1;
+        free(steps);
+    }
+    if (!later)
+        return 0;
+    return util_fail(err, errlen, -EEXIST, "checkpoint.folder %s holds %d checkpoint%s of an earlier run after step "
+                     "%lld, where this run starts (the newest: step %lld), which this run would write over: resume "
+                     "from the newest (checkpoint.load = latest, the default), or give this run another "
+                     "job.dump_folder or checkpoint.folder, or move them away", folder, later, later == 1 ? "" : "s",
+                     (long long)start, (long long)newest);
 }
 
 /* The first key of the learning-rate schedule that differs between the run that wrote a
@@ -260,16 +279,23 @@ static int read_tensors(ckpt_t *ck, const param_table_t *tab, const optim_t *o, 
 int restore_load(const char *what, const manifest_t *m, const param_table_t *tab, void *staging, FILE *log,
                  char *path, size_t pathlen, char *err, size_t errlen)
 {
+    return restore_load_stored(what, m, NULL, tab, staging, log, path, pathlen, err, errlen);
+}
+
+int restore_load_stored(const char *what, const manifest_t *m, const restore_stored_t *stored,
+                        const param_table_t *tab, void *staging, FILE *log, char *path, size_t pathlen, char *err,
+                        size_t errlen)
+{
     staging_hdr_t *h = staging;
     char dir[PATH_MAX];
-    int rc = resolve(what, m, log, dir, sizeof(dir), err, errlen);
+    int rc = resolve(what, m, stored, log, dir, sizeof(dir), err, errlen);
     if (rc)
         return rc;
     if (strlen(dir) >= pathlen)
         return util_fail(err, errlen, -ENAMETOOLONG, "checkpoint path %s is too long", dir);
     memcpy(path, dir, strlen(dir) + 1);
     if (!path[0])
-        return check_overwrite(what, m, 0, err, errlen);
+        return check_overwrite(what, m, stored, 0, err, errlen);
     const optim_t *o = optim_find(m->optimizer_name);
     if (!o)
         return util_fail(err, errlen, -EINVAL, "optimizer.name = \"%s\": no such optimizer", m->optimizer_name);
@@ -286,7 +312,7 @@ int restore_load(const char *what, const manifest_t *m, const param_table_t *tab
     if (!rc)
         rc = check_cursor(ix, path, err, errlen);
     if (!rc)
-        rc = check_overwrite(what, m, ix->step, err, errlen);
+        rc = check_overwrite(what, m, stored, ix->step, err, errlen);
     if (!rc && ix->step < m->steps) /* a run with nothing left to train needs only the step */
         rc = read_tensors(ck, tab, o, staging, err, errlen);
     if (!rc) {

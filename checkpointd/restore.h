@@ -32,6 +32,21 @@
 int restore_load(const char *what, const manifest_t *m, const param_table_t *tab, void *staging, FILE *log,
                  char *path, size_t pathlen, char *err, size_t errlen);
 
+/* What a storage host holds of the job (checkpoint.endpoint), as it answered a list: how many
+ * complete checkpoints, the newest (up to RESTORE_STORED_MAX, newest first). */
+#define RESTORE_STORED_MAX 32
+typedef struct {
+    int n;
+    int64_t steps[RESTORE_STORED_MAX];
+} restore_stored_t;
+
+/* restore_load for a run whose checkpoints go to a storage host holding `stored`: "latest" is
+ * refused when it holds any (a trainer cannot load from it yet) and a fresh start when it
+ * holds none, and the overwrite check is against what it holds. */
+int restore_load_stored(const char *what, const manifest_t *m, const restore_stored_t *stored,
+                        const param_table_t *tab, void *staging, FILE *log, char *path, size_t pathlen, char *err,
+                        size_t errlen);
+
 /* The tensors of a checkpoint's index against the model of the manifest inside it: each of
  * its parameters, under every array of its optimizer, is there with the model's shape (not
  * only its number of elements). Returns 0, -EBADMSG naming the tensor and both shapes (or the

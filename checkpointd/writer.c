@@ -378,6 +378,53 @@ static int end_files(ckw_t *w, char *err, size_t errlen)
     return rc ? rc : uw_sync(w->uw, err, errlen);
 }
 
+/* Whether data file f of ix starts with a header, as its readers take it (ckpt_open): room for
+ * one, and no chunk in it. */
+static int has_header(const ckpt_index_t *ix, int f)
+{
+    if (ix->files[f].bytes < CKPT_DATA_HDR)
+        return 0;
+    for (int i = 0; i < ix->n_tensors; i++)
+        for (uint32_t k = 0; k < ix->tensors[i].n_chunks; k++)
+            if (ix->tensors[i].chunks[k].file == (uint32_t)f && ix->tensors[i].chunks[k].offset < CKPT_DATA_HDR)
+                return 0;
+    return 1;
+}
+
+/* Data file f of the plan in the temporary directory: a regular file of the plan's size, whose
+ * header names it and the step (the data itself is checked by every reader, chunk by chunk). */
+static int check_data_file(int tmpfd, const char *tmp, const ckpt_index_t *ix, int f, char *err, size_t errlen)
+{
+    const ckpt_file_t *cf = &ix->files[f];
+    struct stat sb;
+    if (fstatat(tmpfd, cf->name, &sb, AT_SYMLINK_NOFOLLOW) < 0)
+        return util_fail(err, errlen, -errno, "%s/%s: %s", tmp, cf->name,
+                         errno == ENOENT ? "missing (though its part's checksum file is there)" : strerror(errno));
+    if (!S_ISREG(sb.st_mode))
+        return util_fail(err, errlen, -EBADMSG, "%s/%s: not a regular file", tmp, cf->name);
+    if ((uint64_t)sb.st_size != cf->bytes)
+        return util_fail(err, errlen, -EBADMSG, "%s/%s: %lld bytes, the plan says %" PRIu64, tmp, cf->name,
+                         (long long)sb.st_size, cf->bytes);
+    if (!has_header(ix, f))
+        return 0;
+    uint8_t hdr[CKPT_DATA_HDR];
+    char why[256];
+    uint32_t file;
+    int64_t step;
+    int fd = openat(tmpfd, cf->name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    long got = fd < 0 ? -errno : util_read_all(fd, hdr, sizeof(hdr), 0);
+    if (fd >= 0)
+        close(fd);
+    if (got < 0)
+        return util_fail(err, errlen, (int)got, "%s/%s: cannot read: %s", tmp, cf->name, strerror((int)-got));
+    if (ckpt_data_header_read(hdr, (size_t)got, &file, &step, why, sizeof(why)))
+        return util_fail(err, errlen, -EBADMSG, "%s/%s: %s", tmp, cf->name, why);
+    if (file != (uint32_t)f || step != ix->step)
+        return util_fail(err, errlen, -EBADMSG, "%s/%s: header: file %u of step %" PRId64 ", the plan's is file %d "
+                         "of step %" PRId64, tmp, cf->name, file, step, f, ix->step);
+    return 0;
+}
+
 int ckw_commit(ckw_t **pw, char *path, size_t pathlen, ckw_stats_t *st, char *err, size_t errlen)
 {
     ckw_t *w = *pw;
@@ -387,6 +434,8 @@ int ckw_commit(ckw_t **pw, char *path, size_t pathlen, ckw_stats_t *st, char *er
         rc = util_fail(err, errlen, -EINVAL, "part %d: a part's writer ends with ckw_commit_part", w->part);
     if (!rc)
         rc = end_files(w, err, errlen);
+    for (int f = 0; f < w->plan.n_files && !rc; f++) /* the headers: the one part no checksum covers */
+        rc = check_data_file(w->tmpfd, w->tmp, &w->plan, f, err, errlen);
     if (!rc)
         rc = publish(w->tmpfd, w->tmp, w->dir, w->final, &w->plan, err, errlen);
     if (st) {
@@ -511,40 +560,6 @@ static int take_part_sums(const char *tmp, ckpt_index_t *ix, int part, int n_par
     }
     ckpt_part_sums_free(&ps);
     return rc;
-}
-
-/* Data file f of the plan in the temporary directory: a regular file of the plan's size, whose
- * header names it and the step (the data itself is checked by every reader, chunk by chunk). */
-static int check_data_file(int tmpfd, const char *tmp, const ckpt_index_t *ix, int f, char *err, size_t errlen)
-{
-    const ckpt_file_t *cf = &ix->files[f];
-    struct stat sb;
-    if (fstatat(tmpfd, cf->name, &sb, AT_SYMLINK_NOFOLLOW) < 0)
-        return util_fail(err, errlen, -errno, "%s/%s: %s", tmp, cf->name,
-                         errno == ENOENT ? "missing (though its part's checksum file is there)" : strerror(errno));
-    if (!S_ISREG(sb.st_mode))
-        return util_fail(err, errlen, -EBADMSG, "%s/%s: not a regular file", tmp, cf->name);
-    if ((uint64_t)sb.st_size != cf->bytes)
-        return util_fail(err, errlen, -EBADMSG, "%s/%s: %lld bytes, the plan says %" PRIu64, tmp, cf->name,
-                         (long long)sb.st_size, cf->bytes);
-    if (cf->bytes < CKPT_DATA_HDR)
-        return 0;
-    uint8_t hdr[CKPT_DATA_HDR];
-    char why[256];
-    uint32_t file;
-    int64_t step;
-    int fd = openat(tmpfd, cf->name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-    long got = fd < 0 ? -errno : util_read_all(fd, hdr, sizeof(hdr), 0);
-    if (fd >= 0)
-        close(fd);
-    if (got < 0)
-        return util_fail(err, errlen, (int)got, "%s/%s: cannot read: %s", tmp, cf->name, strerror((int)-got));
-    if (ckpt_data_header_read(hdr, (size_t)got, &file, &step, why, sizeof(why)))
-        return util_fail(err, errlen, -EBADMSG, "%s/%s: %s", tmp, cf->name, why);
-    if (file != (uint32_t)f || step != ix->step)
-        return util_fail(err, errlen, -EBADMSG, "%s/%s: header: file %u of step %" PRId64 ", the plan's is file %d "
-                         "of step %" PRId64, tmp, cf->name, file, step, f, ix->step);
-    return 0;
 }
 
 int ckw_commit_parts(const char *dir, const char *tmp_name, const ckpt_index_t *plan, int n_parts, char *path,

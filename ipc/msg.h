@@ -40,7 +40,9 @@ typedef enum {
     MSG_STATUS,      /* cli -> coord: (no fields) */
     MSG_SNAPSHOT,    /* coord -> optshard: step (copy state into the staging segment) */
     MSG_SNAPPED,     /* optshard -> coord: step, t_busy */
-    MSG_SAVE,        /* coord -> checkpointd: step (write the staged snapshot) */
+    MSG_SAVE,        /* coord -> checkpointd: step (write the staged snapshot), ok (this run
+                      * saves that step again, a retry or after a rewind: it may replace the
+                      * one stored) */
     MSG_SAVED,       /* checkpointd -> coord: step, ok, text (the path, or why not), t_busy
                       * (seconds writing), progress (bytes written) */
     MSG_NCCL,        /* coord -> stage, right after config with the NCCL data plane: data, the

@@ -338,10 +338,10 @@ static void test_hosts_a_host_that_never_comes_back_ends_the_job_after_max_resta
         TJ_FAIL_WITH(out, "host 0: status %d", rc);
     tj_assert_clean(h.j);
     assert_int_equal(tj_job_procs(h.jh1), 0); /* host 1 died outright: its segments are the next launch's */
-    shm_remove_all(h.jh1);
+    tj_remove_leftovers(h.jh1);
 }
 
-/* Host 0 lost outright (its launch killed -9: the coordinator and its workers die with it):
+/* Host 0 lost outright (its launch and its coordinator killed -9, the workers dying with it):
  * host 1's agent stops its processes, waits job.host_timeout_s (2 s) for a coordinator, then
  * gives up with status 1, saying so, and leaves nothing behind. */
 static void test_hosts_an_agent_without_a_coordinator_gives_up_after_host_timeout(void **state)
@@ -373,7 +373,7 @@ static void test_hosts_an_agent_without_a_coordinator_gives_up_after_host_timeou
     print_message("host 1 gave up %.1f s after host 0 was killed\n", waited);
     tj_assert_clean(h.jh1);
     assert_int_equal(tj_job_procs(h.j), 0); /* host 0 died outright: its segments are the next launch's */
-    shm_remove_all(h.j);
+    tj_remove_leftovers(h.j);
 }
 
 /* Checkpoints across hosts: every host writes its part (its shards' slices) into one temporary

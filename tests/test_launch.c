@@ -536,6 +536,25 @@ static void test_launch_streams_checkpoints_to_a_remote_checkpointd(void **state
     assert_same_losses(a, c, 12);
     snprintf(p, sizeof(p), "%s/%s", store, c);
     assert_int_equal(access(p, F_OK), -1);
+    /* a launch of job a again asks the storage host what it holds: it cannot resume from there,
+     * and says so; nor start over over it. The storage host's checkpoints stay as they were. */
+    static char before[1 << 16], after[1 << 16];
+    snprintf(p, sizeof(p), "%s/%s/step-00000012/index", store, a);
+    tu_read_file(p, before, sizeof(before));
+    snprintf(extra, sizeof(extra), "--checkpoint.enable true --checkpoint.interval 4 --checkpoint.endpoint %s "
+             "--checkpoint.server_key %s/storage.pub --checkpoint.client_key %s/trainer.key", ep, keys, keys);
+    assert_int_equal(launch(a, extra, out, sizeof(out)), 1);
+    if (!strstr(out, "holds 3 checkpoints of job") || !strstr(out, "cannot load from a storage host"))
+        fail_msg("a relaunch against the storage host: %s", out);
+    strcat(extra, " --checkpoint.load none");
+    assert_int_equal(launch(a, extra, out, sizeof(out)), 1);
+    if (!strstr(out, "the storage host's folder of job") || !strstr(out, "would write over"))
+        fail_msg("a fresh start against the storage host: %s", out);
+    tu_read_file(p, after, sizeof(after));
+    assert_memory_equal(before, after, sizeof(before));
+    snprintf(p, sizeof(p), "%s/%s", store, a);
+    assert_int_equal(ckpt_list(p, &steps), 3);
+    free(steps);
     kill(srv, SIGTERM);
     int st;
     assert_int_equal(waitpid(srv, &st, 0), srv);
@@ -1550,13 +1569,18 @@ static void test_launch_clears_stale_segments_but_not_a_live_job(void **state)
     static char out[1 << 16];
     char j[32], err[256];
     job_name(j, sizeof(j), "stale");
-    /* a launch killed outright (its supervisor): the coordinator and its workers die with it
-     * (parent-death signals), its segments stay behind; the coordinator, orphaned, is a zombie
-     * until init reaps it, and counts as gone */
+    /* a launch killed outright, its coordinator too (stopped first, so that it does not take
+     * its supervisor's death as a stop and clean up): the workers die with it (parent-death
+     * signals), its segments stay behind; the coordinator, orphaned, is a zombie until init
+     * reaps it, and counts as gone */
     pid_t pid = launch_bg(j, "--training.steps 100000");
     assert_int_equal(wait_step(j, 2, 60), 0);
+    pid_t coord = tu_descendant_named(pid, "ctitan-coord");
+    assert_true(coord > 0);
+    kill(coord, SIGSTOP);
     kill(pid, SIGKILL);
     assert_int_equal(tu_reap(pid, 10, NULL), 128 + SIGKILL);
+    kill(coord, SIGKILL);
     for (int i = 0; i < 500 && job_procs(j) > 0; i++)
         sleep_ms(10);
     assert_int_equal(job_procs(j), 0);

@@ -45,7 +45,7 @@ static const struct {
     {MSG_STATUS, "status", ""},
     {MSG_SNAPSHOT, "snapshot", "step"},
     {MSG_SNAPPED, "snapped", "step t_busy"},
-    {MSG_SAVE, "save", "step"},
+    {MSG_SAVE, "save", "step ok"},
     {MSG_SAVED, "saved", "step ok text t_busy progress"},
     {MSG_NCCL, "nccl", "data"},
     {MSG_LOAD, "load", "text"},

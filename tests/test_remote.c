@@ -210,11 +210,12 @@ static void ck_free(ck_t *k)
     params_table_free(&k->tab);
 }
 
-/* Streams k in writes of `piece` bytes (0: each file in one write). */
-static int ck_send(rmt_client_t *c, const char *job, int keep, const ck_t *k, size_t piece, char *path, size_t pathlen,
-                   char *err, size_t errlen)
+/* Streams k in writes of `piece` bytes (0: each file in one write), asking to replace a stored
+ * step of its number or not. */
+static int ck_send_replace(rmt_client_t *c, const char *job, int keep, int replace, const ck_t *k, size_t piece,
+                           char *path, size_t pathlen, char *err, size_t errlen)
 {
-    int rc = rmt_client_begin(c, job, keep, &k->plan, T_MS, err, errlen);
+    int rc = rmt_client_begin_replace(c, job, keep, replace, &k->plan, T_MS, err, errlen);
     for (uint32_t f = 0; f < 3 && !rc; f++) {
         uint64_t n = k->plan.files[f].bytes;
         for (uint64_t off = 0; off < n && !rc;) {
@@ -224,6 +225,12 @@ static int ck_send(rmt_client_t *c, const char *job, int keep, const ck_t *k, si
         }
     }
     return rc ? rc : rmt_client_commit(c, path, pathlen, T_MS, err, errlen);
+}
+
+static int ck_send(rmt_client_t *c, const char *job, int keep, const ck_t *k, size_t piece, char *path, size_t pathlen,
+                   char *err, size_t errlen)
+{
+    return ck_send_replace(c, job, keep, 0, k, piece, path, pathlen, err, errlen);
 }
 
 /* The checkpoint at path verifies and holds k's floats, index and manifest. */
@@ -285,7 +292,7 @@ static void raw_close(raw_t *r)
     zmq_ctx_term(r->ctx);
 }
 
-/* A header map: "v" 1, "type", "seq" 1, then key/value pairs given as "k=s:text" / "k=i:123" /
+/* A header map: "v" (version), "type", "seq" 1, then key/value pairs given as "k=s:text" / "k=i:123" /
  * "k=b:1" (a boolean). */
 static size_t hdr(uint8_t *out, size_t cap, int version, const char *type, int nkv, ...)
 {
@@ -742,7 +749,7 @@ static void test_remote_refuses_an_index_whose_file_name_escapes(void **state)
     raw_t r;
     raw_open(&r, g_srv.endpoint);
     uint8_t h[512];
-    size_t hn = hdr(h, sizeof(h), 1, "begin", 3, "job=s:escape", "keep=i:0", "step=i:4");
+    size_t hn = hdr(h, sizeof(h), RMT_VERSION, "begin", 4, "job=s:escape", "keep=i:0", "step=i:4", "replace=b:0");
     raw_expect_refusal(&r, h, hn, ix, len, "../../etc/x");
     /* and through our client, where the encoder lets the name through */
     snprintf(k.plan.files[1].name, sizeof(k.plan.files[1].name), "../../etc/x");
@@ -896,6 +903,56 @@ static void test_remote_an_aborted_upload_leaves_nothing_behind(void **state)
     ck_free(&k);
 }
 
+/* A step the server holds and that verifies is replaced only when the trainer asks (it saves
+ * that step again), and never by an upload that would not verify: a damaged data-file header
+ * (the one part of a file no chunk checksum covers) fails the commit, the stored step stays. */
+static void test_remote_a_stored_step_is_replaced_only_when_asked_and_by_one_that_verifies(void **state)
+{
+    char err[1024], path[PATH_MAX];
+    ck_t k, k2;
+    ck_make(&k, "tiny", 6, 4);
+    ck_make(&k2, "tiny", 6, 5); /* another run's step 6 */
+    rmt_client_t *c = client(g_srv.endpoint, g_key[SRV_PUB], g_key[GOOD_KEY]);
+    assert_int_equal(ck_send(c, "keepme", 0, &k, 0, path, sizeof(path), err, sizeof(err)), 0);
+    assert_int_equal(ck_send(c, "keepme", 0, &k2, 0, path, sizeof(path), err, sizeof(err)), -EEXIST);
+    if (!strstr(err, "step-00000006 is stored already and verifies"))
+        fail_msg("%s", err);
+    ck_check(&k, path);
+    k2.file[1][100] ^= 0x5a; /* exp_avg.bin's header, damaged on the way */
+    int rc = ck_send_replace(c, "keepme", 0, 1, &k2, 0, path, sizeof(path), err, sizeof(err));
+    if (rc != -EBADMSG || !strstr(err, "exp_avg.bin"))
+        fail_msg("a damaged header: %d %s", rc, err);
+    ck_check(&k, path);
+    k2.file[1][100] ^= 0x5a;
+    assert_int_equal(ck_send_replace(c, "keepme", 0, 1, &k2, 0, path, sizeof(path), err, sizeof(err)), 0);
+    ck_check(&k2, path); /* asked, whole: replaced */
+    rmt_client_destroy(&c);
+    ck_free(&k2);
+    ck_free(&k);
+}
+
+/* DIR/job a link to a folder outside DIR: the upload is refused and nothing is written there. */
+static void test_remote_never_writes_through_a_linked_job_folder(void **state)
+{
+    char err[1024], path[PATH_MAX], away[PATH_MAX], link[PATH_MAX], files[4096];
+    ck_t k;
+    ck_make(&k, "tiny", 3, 6);
+    snprintf(away, sizeof(away), "%s/../elsewhere", g_srv.dir);
+    assert_int_equal(mkdir(away, 0700), 0);
+    snprintf(link, sizeof(link), "%s/linked", g_srv.dir);
+    assert_int_equal(symlink(away, link), 0);
+    rmt_client_t *c = client(g_srv.endpoint, g_key[SRV_PUB], g_key[GOOD_KEY]);
+    int rc = ck_send(c, "linked", 0, &k, 0, path, sizeof(path), err, sizeof(err));
+    if (rc != -EINVAL || !strstr(err, "linked is a symbolic link"))
+        fail_msg("%d %s", rc, err);
+    listing(away, files, sizeof(files));
+    assert_string_equal(files, "");
+    rmt_client_destroy(&c);
+    assert_int_equal(unlink(link), 0);
+    assert_int_equal(rmdir(away), 0);
+    ck_free(&k);
+}
+
 static void test_remote_refuses_malformed_messages(void **state)
 {
     ck_t k;
@@ -907,40 +964,40 @@ static void test_remote_refuses_malformed_messages(void **state)
     raw_open(&r, g_srv.endpoint);
     uint8_t h[512], junk[4] = {1, 2, 3, 4};
     size_t hn;
-    hn = hdr(h, sizeof(h), 2, "begin", 3, "job=s:raw", "keep=i:0", "step=i:9");
-    raw_expect_refusal(&r, h, hn, ix, ixn, "protocol version 2");
-    hn = hdr(h, sizeof(h), 1, "launch", 0);
+    hn = hdr(h, sizeof(h), RMT_VERSION + 1, "begin", 4, "job=s:raw", "keep=i:0", "replace=b:0", "step=i:9");
+    raw_expect_refusal(&r, h, hn, ix, ixn, "protocol version 3");
+    hn = hdr(h, sizeof(h), RMT_VERSION, "launch", 0);
     raw_expect_refusal(&r, h, hn, NULL, 0, "unknown message type 'launch'");
     raw_expect_refusal(&r, "\x93\x01\x02\x03", 4, NULL, 0, "not a msgpack map");
     raw_expect_refusal(&r, "\x81\xa1v", 3, NULL, 0, "truncated");
     raw_expect_refusal(&r, "\x81\xa1v\x91\x01", 5, NULL, 0, "not a scalar");
     raw_expect_refusal(&r, "\x81\xa4type\xa5" "begin", 12, NULL, 0, "no protocol version");
-    hn = hdr(h, sizeof(h), 1, "begin", 2, "job=s:raw", "keep=i:0");
+    hn = hdr(h, sizeof(h), RMT_VERSION, "begin", 3, "job=s:raw", "keep=i:0", "replace=b:0");
     raw_expect_refusal(&r, h, hn, ix, ixn, "begin: field 'step' is missing");
-    hn = hdr(h, sizeof(h), 1, "begin", 3, "job=s:raw", "keep=i:0", "step=s:9");
+    hn = hdr(h, sizeof(h), RMT_VERSION, "begin", 4, "job=s:raw", "keep=i:0", "step=s:9", "replace=b:0");
     raw_expect_refusal(&r, h, hn, ix, ixn, "field 'step' must be a non-negative integer, got a string");
-    hn = hdr(h, sizeof(h), 1, "begin", 3, "job=s:raw", "keep=i:-1", "step=i:9");
+    hn = hdr(h, sizeof(h), RMT_VERSION, "begin", 4, "job=s:raw", "keep=i:-1", "step=i:9", "replace=b:0");
     raw_expect_refusal(&r, h, hn, ix, ixn, "field 'keep' must be");
-    hn = hdr(h, sizeof(h), 1, "begin", 3, "job=s:raw", "keep=i:0", "step=i:9");
+    hn = hdr(h, sizeof(h), RMT_VERSION, "begin", 4, "job=s:raw", "keep=i:0", "step=i:9", "replace=b:0");
     raw_expect_refusal(&r, h, hn, NULL, 0, "the payload frame is missing");
     raw_expect_refusal(&r, h, hn, junk, sizeof(junk), "bad index");
-    hn = hdr(h, sizeof(h), 1, "begin", 3, "job=s:raw", "keep=i:0", "step=i:10");
+    hn = hdr(h, sizeof(h), RMT_VERSION, "begin", 4, "job=s:raw", "keep=i:0", "step=i:10", "replace=b:0");
     raw_expect_refusal(&r, h, hn, ix, ixn, "begin says step 10, its index says 9");
     /* three frames */
-    hn = hdr(h, sizeof(h), 1, "commit", 0);
+    hn = hdr(h, sizeof(h), RMT_VERSION, "commit", 0);
     zmq_send(r.sock, h, hn, ZMQ_SNDMORE);
     zmq_send(r.sock, junk, 1, ZMQ_SNDMORE);
     raw_expect_refusal(&r, junk, 1, NULL, 0, "3 frames, at most 2 expected");
-    hn = hdr(h, sizeof(h), 1, "commit", 0);
+    hn = hdr(h, sizeof(h), RMT_VERSION, "commit", 0);
     raw_expect_refusal(&r, h, hn, NULL, 0, "commit without a begin");
-    hn = hdr(h, sizeof(h), 1, "data", 2, "file=i:0", "offset=i:0");
+    hn = hdr(h, sizeof(h), RMT_VERSION, "data", 2, "file=i:0", "offset=i:0");
     raw_expect_refusal(&r, h, hn, junk, sizeof(junk), "data without a begin");
-    hn = hdr(h, sizeof(h), 1, "reply", 3, "ok=i:1", "code=i:0", "text=s:hi");
+    hn = hdr(h, sizeof(h), RMT_VERSION, "reply", 3, "ok=i:1", "code=i:0", "text=s:hi");
     raw_expect_refusal(&r, h, hn, NULL, 0, "field 'ok' must be a boolean");
     /* a second begin aborts the first: its temporary directory goes */
     char jobdir[PATH_MAX], files[4096], text[1024];
     snprintf(jobdir, sizeof(jobdir), "%s/raw", g_srv.dir);
-    hn = hdr(h, sizeof(h), 1, "begin", 3, "job=s:raw", "keep=i:0", "step=i:9");
+    hn = hdr(h, sizeof(h), RMT_VERSION, "begin", 4, "job=s:raw", "keep=i:0", "step=i:9", "replace=b:0");
     raw_send(&r, h, hn, ix, ixn);
     assert_int_equal(raw_reply(&r, T_MS, text, sizeof(text)), 1);
     listing(jobdir, files, sizeof(files));
@@ -949,15 +1006,15 @@ static void test_remote_refuses_malformed_messages(void **state)
     listing(jobdir, files, sizeof(files));
     assert_string_equal(files, "");
     /* data after a refusal are dropped quietly; the commit gets the refusal */
-    hn = hdr(h, sizeof(h), 1, "data", 2, "file=i:0", "offset=i:0");
+    hn = hdr(h, sizeof(h), RMT_VERSION, "data", 2, "file=i:0", "offset=i:0");
     raw_send(&r, h, hn, junk, sizeof(junk));
     raw_send(&r, h, hn, junk, sizeof(junk));
-    hn = hdr(h, sizeof(h), 1, "commit", 0);
+    hn = hdr(h, sizeof(h), RMT_VERSION, "commit", 0);
     raw_expect_refusal(&r, h, hn, NULL, 0, "a second begin");
     /* a frame over RMT_FRAME_MAX: ZeroMQ drops the connection before buffering it */
     size_t big = RMT_FRAME_MAX + 1;
     uint8_t *huge = calloc(1, big);
-    hn = hdr(h, sizeof(h), 1, "data", 2, "file=i:0", "offset=i:0");
+    hn = hdr(h, sizeof(h), RMT_VERSION, "data", 2, "file=i:0", "offset=i:0");
     raw_send(&r, h, hn, huge, big);
     free(huge);
     assert_int_equal(raw_reply(&r, 500, text, sizeof(text)), -1);
@@ -977,17 +1034,17 @@ static void test_remote_only_begin_and_data_carry_a_payload_frame(void **state)
     raw_open(&r, g_srv.endpoint);
     uint8_t h[512], junk[4] = {1, 2, 3, 4};
     size_t hn;
-    hn = hdr(h, sizeof(h), 1, "commit", 0);
+    hn = hdr(h, sizeof(h), RMT_VERSION, "commit", 0);
     raw_expect_refusal(&r, h, hn, junk, sizeof(junk), "commit: no payload frame expected");
     raw_expect_refusal(&r, h, hn, NULL, 0, "commit without a begin");
-    hn = hdr(h, sizeof(h), 1, "abort", 0);
+    hn = hdr(h, sizeof(h), RMT_VERSION, "abort", 0);
     raw_expect_refusal(&r, h, hn, junk, sizeof(junk), "abort: no payload frame expected");
-    hn = hdr(h, sizeof(h), 1, "reply", 3, "ok=b:1", "code=i:0", "text=s:hi");
+    hn = hdr(h, sizeof(h), RMT_VERSION, "reply", 3, "ok=b:1", "code=i:0", "text=s:hi");
     raw_expect_refusal(&r, h, hn, junk, sizeof(junk), "reply: no payload frame expected");
     raw_expect_refusal(&r, h, hn, NULL, 0, "a 'reply' message sent to the server");
-    hn = hdr(h, sizeof(h), 1, "data", 2, "file=i:0", "offset=i:0");
+    hn = hdr(h, sizeof(h), RMT_VERSION, "data", 2, "file=i:0", "offset=i:0");
     raw_expect_refusal(&r, h, hn, NULL, 0, "data: the payload frame is missing");
-    hn = hdr(h, sizeof(h), 1, "begin", 3, "job=s:payload", "keep=i:0", "step=i:1");
+    hn = hdr(h, sizeof(h), RMT_VERSION, "begin", 4, "job=s:payload", "keep=i:0", "step=i:1", "replace=b:0");
     raw_expect_refusal(&r, h, hn, NULL, 0, "begin: the payload frame is missing");
     raw_close(&r);
     assert_true(alive(&g_srv));
@@ -1078,7 +1135,7 @@ static void test_remote_server_survived_everything_and_stops_cleanly(void **stat
      * no job directory of an upload that was never committed ("order", "raw", "vanish") */
     char files[4096];
     listing(g_srv.dir, files, sizeof(files));
-    assert_string_equal(files, "after\nhuge\nja\njb\njob1\nkeeper\nnames\nproper\nstays\n");
+    assert_string_equal(files, "after\nhuge\nja\njb\njob1\nkeeper\nkeepme\nnames\nproper\nstays\n");
     assert_int_equal(server_stop(&g_srv), 0);
     assert_true(wait_text(g_srv.log, "stopped", 100));
 }
@@ -1172,7 +1229,7 @@ static void test_remote_header_types_and_payload_frames(void **state)
         const char *name;
         int payload;
     } want[] = {{RMT_BEGIN, "begin", 1}, {RMT_DATA, "data", 1}, {RMT_COMMIT, "commit", 0},
-                {RMT_ABORT, "abort", 0}, {RMT_REPLY, "reply", 0}};
+                {RMT_ABORT, "abort", 0}, {RMT_REPLY, "reply", 0}, {RMT_LIST, "list", 0}};
     assert_int_equal(sizeof(want) / sizeof(want[0]), RMT_TYPE_END - 1);
     for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
         assert_string_equal(rmt_type_name(want[i].type), want[i].name);
@@ -1361,6 +1418,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_remote_refuses_out_of_order_data_and_leaves_no_step),
         cmocka_unit_test(test_remote_refuses_a_plan_larger_than_the_storage_holds),
         cmocka_unit_test(test_remote_an_aborted_upload_leaves_nothing_behind),
+        cmocka_unit_test(test_remote_a_stored_step_is_replaced_only_when_asked_and_by_one_that_verifies),
+        cmocka_unit_test(test_remote_never_writes_through_a_linked_job_folder),
         cmocka_unit_test(test_remote_refuses_malformed_messages),
         cmocka_unit_test(test_remote_only_begin_and_data_carry_a_payload_frame),
         cmocka_unit_test(test_remote_header_types_and_payload_frames),

@@ -214,6 +214,16 @@ static inline void tj_assert_clean(const char *job)
     assert_int_equal(shm_list(job, names, 64), 0);
 }
 
+/* What a job killed outright leaves, which its next launch would clear: its segments and the
+ * lock file of its name (taken, then removed: ipc/shm.h). */
+static inline void tj_remove_leftovers(const char *job)
+{
+    shm_remove_all(job);
+    int fd = shm_job_lock(job, NULL, 0);
+    if (fd >= 0)
+        shm_job_unlock(job, fd);
+}
+
 /* CTITAN_CUDA_PLUGIN at the emulator for the jobs of this test (0), or 1 when it is not built
  * (the test skips). */
 static inline int tj_use_sim_plugin(void)

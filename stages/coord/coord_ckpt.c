@@ -34,6 +34,7 @@ struct coord_ckpt {
     int save_due;                     /* the snapshot is whole but no checkpointd took it yet (a new
                                        * one not ready): SAVE goes when it is */
     int64_t step;
+    int64_t save_sent;                /* the newest step SAVE was sent for in this run (0: none) */
     double t0;
     /* across hosts a checkpoint is written in parts, one per host, into one temporary directory
      * of checkpoint.folder, then committed by this host's checkpointd */
@@ -285,9 +286,11 @@ static void save(coord_t *c)
         save_parts(c, d);
         return;
     }
-    msg_t msg = {.type = MSG_SAVE, .step = k->step};
+    msg_t msg = {.type = MSG_SAVE, .step = k->step, .ok = k->step <= k->save_sent};
     if (ctl_send(c->ctl, d->route, &msg)) /* it just died: it is restarted, and SAVE waits */
         return;
+    if (k->step > k->save_sent)
+        k->save_sent = k->step;
     k->save_due = 0;
     k->saving = 1;
 }

@@ -267,6 +267,32 @@ static void test_recover_the_watchdog_dumps_and_replaces_a_wedged_stage_or_shard
     assert_clean(j);
 }
 
+/* A loader whose main thread hangs after it became ready while its heartbeats go on (the
+ * stages then wait on its token ring, which counts as progress for them): the step watchdog
+ * names it, dumps its stack and replaces it from its cursor; the losses stay bitwise. */
+static void test_recover_the_watchdog_replaces_a_wedged_loader(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char j[32];
+    job_name(j, sizeof(j), "ldrhang");
+    const char *ref = reference(STEPS20 " --loader.prefetch 1");
+    int rc = run_job(j, "", "loader.0.0:next:8", STEPS20 " --loader.prefetch 1 --job.watchdog_s 1", out, sizeof(out));
+    if (rc || !strstr(out, "loader (pid ") || !strstr(out, "dumping its stack (SIGABRT), then replacing it") ||
+        !strstr(out, "restarted (pid "))
+        FAIL_WITH(out, "status %d", rc);
+    assert_int_equal(count(out, "ctitan: SIGABRT: the stack of the main thread:"), 1);
+    assert_null(strstr(out, "stage rank 0 replica 0 (pid ")); /* it only waited */
+    static tj_metrics_t a, b;
+    tj_parse_metrics(ref, &a);
+    tj_parse_metrics(j, &b);
+    assert_int_equal(b.n, 20);
+    for (int i = 0; i < 20; i++)
+        if (strcmp(a.loss[i], b.loss[i]))
+            FAIL_WITH(out, "step %d: loss %s, the undisturbed run's %s", i + 1, b.loss[i], a.loss[i]);
+    assert_clean(j);
+}
+
 /* ---- GPU jobs: rewinding (on the emulated CUDA backend) ---- */
 
 #define GPU_SHAPE "--model.dim 32 --model.n_heads 2 --model.n_kv_heads 1 --training.seq_len 16 " \
@@ -521,6 +547,7 @@ int main(void)
         cmocka_unit_test(test_recover_a_crash_that_repeats_stops_after_max_restarts),
         cmocka_unit_test(test_recover_a_stopped_stage_or_shard_is_killed_and_replaced),
         cmocka_unit_test(test_recover_the_watchdog_dumps_and_replaces_a_wedged_stage_or_shard),
+        cmocka_unit_test(test_recover_the_watchdog_replaces_a_wedged_loader),
         cmocka_unit_test(test_recover_kill_9_of_random_roles_at_random_moments_is_bitwise),
         cmocka_unit_test(test_recover_a_gpu_stage_is_replaced_with_its_peers_and_a_gpu_shard_rewinds),
         cmocka_unit_test(test_recover_a_gpu_job_rewinds_to_the_initial_weights_and_a_stage_lost_after_its_reply),

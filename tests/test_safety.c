@@ -380,6 +380,30 @@ static void test_safety_a_tensor_of_another_shape_is_refused_everywhere(void **s
     assert_refused_naming("shape3", extra, "optimizer.exp_avg.model.norm.weight is [1, 32]");
 }
 
+/* A swapped-in loader that never becomes ready: the swap falls back to the previous loader
+ * after job.startup_timeout_s, says so to `ctitan loader swap`, and the job trains on. */
+static void test_safety_a_swapped_loader_never_ready_falls_back(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    static tj_metrics_t mt;
+    char j[32], cmd[1024];
+    job_name(j, sizeof(j), "deadswap");
+    pid_t pid = tj_launch_bg(j, "--training.steps 3000 --job.startup_timeout_s 2");
+    assert_int_equal(tj_wait_step(j, 3, 60), 0);
+    snprintf(cmd, sizeof(cmd), "%s loader swap --job %s --cmd 'sleep 1000' 2>&1", tu_ctitan(), j);
+    int rc = tu_run(cmd, out, sizeof(out));
+    if (rc != 1 || !strstr(out, "did not become ready in 2 s") || !strstr(out, "the previous loader continues"))
+        TJ_FAIL_WITH(out, "the swap: status %d", rc);
+    int ended = tu_reap(pid, 120, NULL);
+    tj_read_out(j, out, sizeof(out));
+    if (ended)
+        TJ_FAIL_WITH(out, "the job: status %d", ended);
+    tj_parse_metrics(j, &mt);
+    assert_int_equal(mt.n, 3000);
+    tj_assert_clean(j);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -393,6 +417,7 @@ int main(void)
         cmocka_unit_test(test_safety_one_launch_of_a_name_at_a_time),
         cmocka_unit_test(test_safety_a_killed_launcher_leaves_nothing_behind),
         cmocka_unit_test(test_safety_a_tensor_of_another_shape_is_refused_everywhere),
+        cmocka_unit_test(test_safety_a_swapped_loader_never_ready_falls_back),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -257,8 +257,8 @@ static int start(coord_t *c, char *err, size_t errlen)
     for (int i = 0; i < c->np && !c->failed; i++)
         if (!c->p[i].remote && !c->p[i].pid && !c->p[i].expect_exit)
             coord_spawn(c, &c->p[i]);
-    if (coord_pump(c, coord_all_ready, NULL, COORD_STARTUP_TIMEOUT_S) == -ETIMEDOUT)
-        coord_fail(c, "the job's processes did not all become ready in %.0f s", COORD_STARTUP_TIMEOUT_S);
+    if (coord_pump(c, coord_all_ready, NULL, coord_startup_s(c)) == -ETIMEDOUT)
+        coord_fail(c, "the job's processes did not all become ready in %.0f s", coord_startup_s(c));
     if (c->seg_ckpt && !manifest_snapshots(m) && !c->failed) {
         /* the shards have their slices: a run that writes no checkpoint frees the bytes a
          * parameter the staging segment holds */

@@ -191,8 +191,8 @@ int coord_start_checkpoint(coord_t *c, int64_t done)
         fprintf(stderr, "ctitan: waited %.2f s for the checkpoint of step %lld\n", util_now() - t0,
                 (long long)k->step);
     }
-    if (coord_pump(c, coord_proc_ready, coord_ckptd(c), COORD_STARTUP_TIMEOUT_S)) { /* a restarted checkpointd */
-        coord_fail_proc(c, coord_ckptd(c), "checkpointd did not become ready in %.0f s", COORD_STARTUP_TIMEOUT_S);
+    if (coord_pump(c, coord_proc_ready, coord_ckptd(c), coord_startup_s(c))) { /* a restarted checkpointd */
+        coord_fail_proc(c, coord_ckptd(c), "checkpointd did not become ready in %.0f s", coord_startup_s(c));
         return -1;
     }
     k->started++;

@@ -47,7 +47,6 @@
 #include "stages/job/manifest.h"
 #include "stages/job/schedule.h"
 
-#define COORD_STARTUP_TIMEOUT_S 120.0
 #define COORD_OPERATOR "operator"    /* the user of the operator's key (`ctitan loader swap`, `status`) */
 #define COORD_STOP_GRACE_S 5.0
 #define COORD_REWOUND 1              /* returned up to the step loop: the job went back to c->step */
@@ -192,6 +191,9 @@ struct coord {
     struct coord_report *rep;
     struct coord_hosts *hosts;
 };
+
+/* job.startup_timeout_s: how long a process may take to become ready. */
+static inline double coord_startup_s(const coord_t *c) { return (double)c->m->startup_timeout_s; }
 
 static inline coord_proc_t *coord_loader(coord_t *c) { return &c->p[0]; }
 static inline coord_proc_t *coord_stage(coord_t *c, int rank, int replica)

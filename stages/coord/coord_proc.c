@@ -246,10 +246,10 @@ static void check_heartbeats(coord_t *c)
         coord_proc_t *p = &c->p[i];
         if (p->pid == 0 || p->expect_exit || p->lost)
             continue;
-        if (!p->ready) {
-            if (now - p->started > COORD_STARTUP_TIMEOUT_S)
+        if (!p->ready) { /* a swap's new loader: the swap times it, and falls back */
+            if (p != c->trial.p && now - p->started > coord_startup_s(c))
                 coord_fail_proc(c, p, "%s (pid %d) did not become ready in %.0f s", coord_who(p, name, sizeof(name)),
-                                (int)p->pid, COORD_STARTUP_TIMEOUT_S);
+                                (int)p->pid, coord_startup_s(c));
         } else if (now - p->last_hb <= limit) {
             continue;
         } else if (p->remote && coord_can_recover(c, p)) { /* its agent kills it at the rewind */

@@ -160,9 +160,9 @@ static int stop_stages(coord_t *c, int redo)
         p->lost = 1;
         p->await = 0;
     }
-    int rc = coord_pump(c, stages_gone, &redo, COORD_STARTUP_TIMEOUT_S);
+    int rc = coord_pump(c, stages_gone, &redo, coord_startup_s(c));
     if (rc == -ETIMEDOUT)
-        coord_fail(c, "recovery: the stages did not exit in %.0f s of SIGKILL", COORD_STARTUP_TIMEOUT_S);
+        coord_fail(c, "recovery: the stages did not exit in %.0f s of SIGKILL", coord_startup_s(c));
     if (rc)
         return -1;
     coord_reset_rings(c);
@@ -196,9 +196,9 @@ static int remap(coord_t *c)
         c->rec->remap_due[k] = 1;
         coord_send(c, coord_shard(c, k), &rm);
     }
-    int rc = coord_pump(c, remapped_or_lost, NULL, COORD_STARTUP_TIMEOUT_S);
+    int rc = coord_pump(c, remapped_or_lost, NULL, coord_startup_s(c));
     if (rc == -ETIMEDOUT)
-        coord_fail(c, "recovery: the optimizer shards did not map the new stages in %.0f s", COORD_STARTUP_TIMEOUT_S);
+        coord_fail(c, "recovery: the optimizer shards did not map the new stages in %.0f s", coord_startup_s(c));
     return rc ? -1 : 0;
 }
 
@@ -388,9 +388,9 @@ static int recover(coord_t *c)
             }
         if (redo)
             coord_spawn(c, coord_loader(c)); /* from the step's cursor (stop_step) */
-        int rc = coord_pump(c, ready_or_lost, NULL, COORD_STARTUP_TIMEOUT_S);
+        int rc = coord_pump(c, ready_or_lost, NULL, coord_startup_s(c));
         if (rc == -ETIMEDOUT)
-            coord_fail(c, "recovery: the replacements did not become ready in %.0f s", COORD_STARTUP_TIMEOUT_S);
+            coord_fail(c, "recovery: the replacements did not become ready in %.0f s", coord_startup_s(c));
         if (rc)
             return -1;
         if (!c->n_lost && how == STAGES && c->lay.gpu_shards && remap(c))

@@ -80,8 +80,8 @@ static int exchange(coord_t *c)
     c->res->loading = 1;
     coord_spawn(c, d);
     d->no_restart = 1; /* from its start on: a checkpointd lost now fails the job */
-    if (coord_pump(c, coord_proc_ready, d, COORD_STARTUP_TIMEOUT_S) == -ETIMEDOUT)
-        coord_fail_proc(c, coord_ckptd(c), "checkpointd did not become ready in %.0f s", COORD_STARTUP_TIMEOUT_S);
+    if (coord_pump(c, coord_proc_ready, d, coord_startup_s(c)) == -ETIMEDOUT)
+        coord_fail_proc(c, coord_ckptd(c), "checkpointd did not become ready in %.0f s", coord_startup_s(c));
     if (c->failed || c->interrupted)
         return -1;
     msg_t load = {.type = MSG_LOAD, .text = c->m->ckpt_load, .text_len = strlen(c->m->ckpt_load)};

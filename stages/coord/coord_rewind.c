@@ -169,16 +169,16 @@ int coord_rewind(coord_t *c, const coord_proc_t *first, const char *why, double 
     c->n_lost = 0;
     c->round.type = 0;
     c->grads_held = 0;
-    int rc = coord_pump(c, workers_gone, NULL, COORD_STARTUP_TIMEOUT_S);
+    int rc = coord_pump(c, workers_gone, NULL, coord_startup_s(c));
     if (rc == -ETIMEDOUT)
-        coord_fail(c, "rewind: the stages and shards did not exit in %.0f s of SIGKILL", COORD_STARTUP_TIMEOUT_S);
+        coord_fail(c, "rewind: the stages and shards did not exit in %.0f s of SIGKILL", coord_startup_s(c));
     if (rc || reset_state(c, to, from))
         return -1;
     for (int i = 0; i < c->np && !c->failed; i++)
         if (rewound(&c->p[i]) && !c->p[i].remote)
             coord_spawn(c, &c->p[i]);
-    rc = coord_pump(c, ready_or_lost, NULL, COORD_STARTUP_TIMEOUT_S);
+    rc = coord_pump(c, ready_or_lost, NULL, coord_startup_s(c));
     if (rc == -ETIMEDOUT)
-        coord_fail(c, "rewind: the restarted processes did not become ready in %.0f s", COORD_STARTUP_TIMEOUT_S);
+        coord_fail(c, "rewind: the restarted processes did not become ready in %.0f s", coord_startup_s(c));
     return rc ? -1 : 0;
 }

@@ -108,7 +108,7 @@ void coord_do_swap(coord_t *c)
         c->trial.p = attempt == 0 ? L : NULL;
         c->trial.failed = 0;
         coord_spawn(c, L);
-        int rc = coord_pump(c, loader_settled, NULL, COORD_STARTUP_TIMEOUT_S);
+        int rc = coord_pump(c, loader_settled, NULL, coord_startup_s(c));
         c->trial.p = NULL;
         if (rc == 0 && L->ready) {
             if (attempt == 0) {
@@ -127,7 +127,7 @@ void coord_do_swap(coord_t *c)
         }
         if (rc == -ETIMEDOUT)
             snprintf(c->trial.why, sizeof(c->trial.why), "the new loader did not become ready in %.0f s",
-                     COORD_STARTUP_TIMEOUT_S);
+                     coord_startup_s(c));
         LOG_W("loader swap failed: %s; back to the previous loader", c->trial.why);
         coord_reply_cli(c, w->from, 0, "loader swap failed: %s; the previous loader continues", c->trial.why);
         coord_stop_proc(c, L);

@@ -1,9 +1,10 @@
 /* The step watchdog (see coord_watchdog.h): at every pump, a process that owes a reply in the
- * round in flight and whose heartbeats' progress counter has not moved for the bound is
- * stack-dumped (SIGABRT: the worker's handler writes its main thread's stack to the log), then
- * killed after COORD_ABORT_GRACE_S; the recovery replaces it (the registry's policy) or the job
- * fails. A stage blocked on a peer's ring counts as progressing (worker_waiting), so only the
- * wedged process is blamed. */
+ * round in flight, or the loader (which owes the stages data all through training), whose
+ * heartbeats' progress counter has not moved for the bound is stack-dumped (SIGABRT: the
+ * worker's handler writes its main thread's stack to the log), then killed after
+ * COORD_ABORT_GRACE_S; the recovery replaces it (the registry's policy; a loader from its
+ * cursor) or the job fails. A stage blocked on a peer's ring, or a loader on full rings,
+ * counts as progressing (worker_waiting), so only the wedged process is blamed. */
 #include "stages/coord/coord_watchdog.h"
 
 #include <errno.h>
@@ -45,13 +46,14 @@ static void look(coord_t *c)
 {
     if (!c->training)
         return;
-    /* job.watchdog_s, or from the step times, or 120 s before 3 steps */
+    /* job.watchdog_s, or from the step times, or job.startup_timeout_s before 3 steps */
     double now = util_now(), bound = c->m->watchdog_s > 0 ? c->m->watchdog_s
-                                     : c->wd->auto_s > 0 ? c->wd->auto_s : COORD_STARTUP_TIMEOUT_S;
+                                     : c->wd->auto_s > 0 ? c->wd->auto_s : coord_startup_s(c);
     char name[64];
     for (int i = 0; i < c->np && !c->failed; i++) {
         coord_proc_t *p = &c->p[i];
-        if (!p->pid || p->remote || !p->await || !p->ready)
+        int loader = p->role == COORD_LOADER;
+        if (!p->pid || p->remote || (!p->await && !loader) || !p->ready)
             continue;
         if (p->abort_sent > 0) { /* still there after its stack dump */
             if (now - p->abort_sent > ABORT_GRACE_S) {
@@ -63,7 +65,7 @@ static void look(coord_t *c)
         if (now - p->progress_at <= bound)
             continue;
         coord_who(p, name, sizeof(name));
-        if (!coord_can_recover(c, p)) {
+        if (!loader && !coord_can_recover(c, p)) {
             coord_fail_proc(c, p, "%s (pid %d) made no progress for %.1f s in step %lld (the step watchdog's bound: "
                             "%.1f s): hung", name, (int)p->pid, now - p->progress_at, (long long)c->step + 1, bound);
             continue;

@@ -22,6 +22,7 @@ void manifest_defaults(manifest_t *m)
     m->hosts = 1;
     m->heartbeat_interval_ms = 100;
     m->heartbeat_timeout_ms = 3000;
+    m->startup_timeout_s = 120;
     m->max_restarts = 3;
     m->restart_backoff_ms = 1000;
     m->host_timeout_s = 600;

@@ -7,7 +7,7 @@
  * Sections and keys (defaults in manifest_defaults; README.md lists them for users):
  *   [job]          name, dump_folder, description, endpoint, device, hosts, host_rank, keys,
  *                  heartbeat_interval_ms, heartbeat_timeout_ms, max_restarts, restart_backoff_ms,
- *                  watchdog_s
+ *                  watchdog_s, startup_timeout_s
  *   [model]        name, flavor, tokenizer_path, and any model_config_t key
  *                  (dim, n_layers, n_heads, n_kv_heads, vocab_size, multiple_of,
  *                   ffn_dim_multiplier, norm_eps, rope_theta, max_seq_len) over the flavor
@@ -64,9 +64,12 @@ typedef struct {
     int host_timeout_s;          /* 600 (1..86400), job.hosts > 1: how long a coordinator waits for every
                                   * host's agent as a run starts (a relaunch, a host started again),
                                   * and an agent waits for a coordinator to come back */
-    double watchdog_s;           /* 0 (automatic: 10 x the median step time + 10 s, 120 s before 3
-                                  * steps): a stage or shard that owes a reply and makes no progress
-                                  * this long is stack-dumped, killed and replaced */
+    double watchdog_s;           /* 0 (automatic: 10 x the median step time + 10 s, startup_timeout_s
+                                  * before 3 steps): a stage or shard that owes a reply, or the loader,
+                                  * making no progress this long is stack-dumped, killed and replaced */
+    int startup_timeout_s;       /* 120 (1..86400): how long a process may take to become ready (at
+                                  * the start, a replacement, a swapped-in loader: the swap then
+                                  * falls back to the previous loader) */
 
     /* [model] */
     char model_name[32];         /* "llama3" (the only family) */

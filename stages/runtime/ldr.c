@@ -145,16 +145,20 @@ static int slot_for(ldr_t *l, int i, int32_t **out)
         return 0;
     }
     double t0 = util_now();
+    worker_waiting(l->w, 1); /* on the stages: not wedged (the step watchdog) */
     for (;;) {
         void *p;
         int rc = ring_reserve(l->rings[i], 100, &p);
         if (rc == 0) {
+            worker_waiting(l->w, 0);
             *out = p;
             note(l, TRACE_WAIT, t0, util_now()); /* a wait: the ring was full, the stages behind */
             return 0;
         }
-        if (rc != -ETIMEDOUT || poll_control(l, 0))
+        if (rc != -ETIMEDOUT || poll_control(l, 0)) {
+            worker_waiting(l->w, 0);
             return -ECANCELED;
+        }
     }
 }
 
@@ -168,12 +172,14 @@ int ldr_next(ldr_t *l, ldr_batch_t *b)
         l->ready = 1;
     }
     if (l->step >= l->info.steps) {
+        worker_waiting(l->w, 1);
         while (!poll_control(l, 1000)) /* all produced: wait to be told to stop */
             ;
         return -ECANCELED;
     }
     if (poll_control(l, 0))
         return -ECANCELED;
+    worker_test_point(l->w, "next", l->step);
     int r = l->replica;
     *b = (ldr_batch_t){.step = l->step, .replica = r, .microbatch = l->mb, .seqs = l->info.seqs,
                        .seq_len = l->info.seq_len};

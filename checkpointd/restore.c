@@ -124,8 +124,9 @@ static const char *schedule_diff(const manifest_t *old, const manifest_t *m)
     return NULL;
 }
 
-/* The run that wrote the checkpoint must have had this run's model; its data order and learning-rate
- * schedule may differ (a note each). A stored manifest that does not parse leaves the check to the tensors' shapes. */
+/* The run that wrote the checkpoint must have had this run's model; its data order and
+ * learning-rate schedule may differ (a note each). A stored manifest that does not parse leaves
+ * the check to the tensors' shapes. */
 static int check_model(const ckpt_index_t *ix, const manifest_t *m, const char *path, FILE *log, char *err,
                        size_t errlen)
 {
@@ -152,7 +153,7 @@ static int check_model(const ckpt_index_t *ix, const manifest_t *m, const char *
     const char *sched = schedule_diff(old, m);
     if (!rc && log && sched)
         fprintf(log, "ctitan: note: %s differs from the run that wrote %s: the learning rate follows this run's "
-                "schedule from step %llu on, not that run's\n", sched, path, (unsigned long long)ix->step);
+                "schedule from step %lld on, not that run's\n", sched, path, (long long)ix->step);
 out:
     free(old);
     return rc;

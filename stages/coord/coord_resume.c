@@ -112,10 +112,14 @@ static int load(coord_t *c, char *err, size_t errlen)
         return util_fail(err, errlen, -EIO, "%s", r->load_text);
     char folder[PATH_MAX];
     manifest_ckpt_folder(m, folder, sizeof(folder));
-    if (!r->load_text[0] && m->ckpt_load[0]) {
+    if (!r->load_text[0] && m->ckpt_load[0] && m->ckpt_endpoint[0]) {
+        printf("checkpoint: the storage host at %s holds none of job %s: starting from step 0\n", m->ckpt_endpoint,
+               m->name);
+    } else if (!r->load_text[0] && m->ckpt_load[0]) {
         printf("checkpoint: none in %s: starting from step 0\n", folder);
     } else if (!r->load_text[0]) {
-        printf("checkpoint: starting from step 0 (checkpoint.load = none); checkpoints go to %s\n", folder);
+        printf("checkpoint: starting from step 0 (checkpoint.load = none); checkpoints go to %s\n",
+               m->ckpt_endpoint[0] ? m->ckpt_endpoint : folder);
     } else if (strlen(r->load_text) >= sizeof(m->ckpt_load)) {
         return util_fail(err, errlen, -ENAMETOOLONG, "checkpoint path %s is too long", r->load_text);
     } else {

@@ -380,6 +380,8 @@ static int run_worker(void)
                                "parts (SAVE_PART, COMMIT), not by SAVE", d.n_parts);
             else
                 rc = save(&d, m.step, m.ok, path, sizeof(path), &bytes, err, sizeof(err));
+            if (!rc && m.type != MSG_SAVE_PART)
+                worker_test_point(d.w, "committed", m.step - 1); /* a test's: done, SAVED not yet sent */
             msg_t r = {.type = m.type == MSG_SAVE_PART ? MSG_WRITTEN : MSG_SAVED, .step = m.step, .ok = rc == 0,
                        .t_busy = util_now() - t0, .progress = bytes};
             msg_set_text(&r, rc ? err : path);

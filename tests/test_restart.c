@@ -245,6 +245,46 @@ static void test_restart_killed_coordinator_resumes_from_the_newest_checkpoint_b
     assert_clean(ref, NULL, 0);
 }
 
+/* The coordinator killed -9 after checkpointd put the checkpoint of step 400 in place but before
+ * its SAVED arrived (checkpointd hangs there: CTITAN_TEST_HANG_AT): the relaunch resumes from
+ * that step, the newest this job wrote, not from step 200, the newest it was told of, with 400
+ * in the folder (which a relaunch must refuse to write over: every restart failed so before). */
+static void test_restart_a_checkpoint_committed_as_the_coordinator_dies_is_resumed_from(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char j[32], ref[32], once[128], path[300];
+    const char *args = "--training.steps 600 --checkpoint.enable true --checkpoint.interval 200 "
+                       "--job.restart_backoff_ms 0";
+    job_name(j, sizeof(j), "unsaid");
+    job_name(ref, sizeof(ref), "unsaidref");
+    int rc = launch("", ref, args, out, sizeof(out));
+    if (rc)
+        fail_msg("the reference run: status %d:\n%s", rc, out);
+    setenv("CTITAN_TEST_DIE_ONCE", tj_once_dir(once, sizeof(once), j), 1);
+    setenv("CTITAN_TEST_HANG_AT", "checkpointd.0.0:committed:400", 1);
+    pid_t pid = launch_bg(j, args);
+    unsetenv("CTITAN_TEST_HANG_AT");
+    unsetenv("CTITAN_TEST_DIE_ONCE");
+    snprintf(path, sizeof(path), "%s/runs/%s/checkpoint/step-00000400", tj_dir, j);
+    int i;
+    for (i = 0; i < 6000 && access(path, F_OK); i++)
+        sleep_ms(10);
+    assert_true(i < 6000);
+    pid_t coord[2] = {tu_descendant_named(pid, "ctitan-coord"), 0};
+    assert_true(coord[0] > 0);
+    kill(coord[0], SIGKILL);
+    rc = tu_reap(pid, 60, NULL);
+    tj_read_out(j, out, sizeof(out));
+    if (rc || !strstr(out, "checkpoint: step 200 saved") || strstr(out, "checkpoint: step 400 saved") ||
+        !strstr(out, "CTITAN_TEST_HANG_AT"))
+        fail_msg("status %d:\n%s", rc, out);
+    assert_int_equal(assert_resumed_bitwise(j, ref, 600), 400);
+    assert_int_equal(count(out, "\nrestart "), 1);
+    assert_clean(j, coord, 1);
+    assert_clean(ref, NULL, 0);
+}
+
 /* job.max_restarts = 0 and a kill -9 of the coordinator: no restart, status 1 with the reason,
  * and the supervisor removes what the coordinator left (its segments, control socket and
  * operator key: nothing else would until the next launch of the job). */
@@ -350,6 +390,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_restart_policy_counts_restarts_in_a_row_from_the_same_step),
         cmocka_unit_test(test_restart_killed_coordinator_resumes_from_the_newest_checkpoint_bitwise),
+        cmocka_unit_test(test_restart_a_checkpoint_committed_as_the_coordinator_dies_is_resumed_from),
         cmocka_unit_test(test_restart_a_killed_coordinator_is_cleaned_up_and_not_restarted_with_max_restarts_0),
         cmocka_unit_test(test_restart_a_failure_at_the_same_step_stops_after_max_restarts),
         cmocka_unit_test(test_restart_a_failure_before_the_first_step_is_not_restarted),

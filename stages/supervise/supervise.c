@@ -156,26 +156,40 @@ static int run_once(sup_t *s)
 
 /* ---- after a failure ---- */
 
-/* Adds the checkpoints the run saved to the job's list (the newest SUP_SAVED_MAX). */
+/* Adds step to the job's list of its checkpoints (the newest SUP_SAVED_MAX). */
+static void remember(sup_t *s, int64_t step)
+{
+    for (int i = 0; i < s->n_saved; i++)
+        if (s->saved[i] == step)
+            return;
+    if (s->n_saved < SUP_SAVED_MAX) {
+        s->saved[s->n_saved++] = step;
+        return;
+    }
+    int oldest = 0; /* full: the oldest makes room */
+    for (int i = 1; i < s->n_saved; i++)
+        oldest = s->saved[i] < s->saved[oldest] ? i : oldest;
+    if (step > s->saved[oldest])
+        s->saved[oldest] = step;
+}
+
+/* Adds the checkpoints the run saved to the job's list: those it was told of, and those in the
+ * folder after the first run's start, which only this job can have written (the first run
+ * refused to start with a checkpoint there that verifies; the job's lock keeps other launches
+ * of it out) but whose SAVED may not have reached the coordinator before it died: the group
+ * is reaped, so nothing commits one any more. Whether each verifies is newest_checkpoint's. */
 static void remember_saved(sup_t *s)
 {
     const coord_outcome_t *o = s->out;
-    for (int k = 0; k < o->n_ck && k < COORD_OUT_CKPTS; k++) {
-        int64_t step = o->ck[k].step, known = 0;
-        for (int i = 0; i < s->n_saved; i++)
-            known |= s->saved[i] == step;
-        if (!o->ck[k].saved || known)
-            continue;
-        if (s->n_saved < SUP_SAVED_MAX) {
-            s->saved[s->n_saved++] = step;
-            continue;
-        }
-        int oldest = 0; /* full: the oldest makes room */
-        for (int i = 1; i < s->n_saved; i++)
-            oldest = s->saved[i] < s->saved[oldest] ? i : oldest;
-        if (step > s->saved[oldest])
-            s->saved[oldest] = step;
-    }
+    for (int k = 0; k < o->n_ck && k < COORD_OUT_CKPTS; k++)
+        if (o->ck[k].saved)
+            remember(s, o->ck[k].step);
+    int64_t *steps = NULL;
+    int n = s->folder[0] ? ckpt_list(s->folder, &steps) : 0;
+    for (int i = 0; i < n; i++)
+        if (steps[i] > s->origin)
+            remember(s, steps[i]);
+    free(steps);
 }
 
 /* The newest checkpoint this job saved that verifies, into f->ckpt and f->resume; none: "" and

@@ -10,8 +10,9 @@ OPT     ?= -O3 -march=native
 SAN     ?=
 CFLAGS  := -std=c11 $(OPT) $(SAN) -g -fopenmp-simd -Wall -Wextra -Wno-unused-parameter \
            -D_GNU_SOURCE -I. -I$(BUILD)/gen -I/usr/include/x86_64-linux-gnu/openblas-pthread $(EXTRA_CFLAGS)
-# protobuf-c and ISA-L (its CRC32C): the TensorBoard event files (stages/report/tb.c)
-LDLIBS  := -lopenblas -lzmq -lmsgpackc -luring -lxxhash -lprotobuf-c -lisal -lpthread -lm
+# protobuf-c and ISA-L (its CRC32C): the TensorBoard event files (stages/report/tb.c); jansson:
+# Hugging Face's JSON files; zlib: gzip-compressed corpora
+LDLIBS  := -lopenblas -lzmq -lmsgpackc -luring -lxxhash -lprotobuf-c -lisal -ljansson -lz -lpthread -lm
 TESTLIBS := -lcmocka
 
 NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
@@ -72,7 +73,7 @@ ifeq ($(CUDA),1)
 ALL += $(GPU_TESTS) $(CUDA_SO)
 endif
 
-.PHONY: all test test-asan asan fuzzers fuzz-bins fuzz test-fuzz fuzz-seeds test-gpu bench bench-gpu bench-recover bench-schedules demo clean deps
+.PHONY: all pydeps test test-asan asan fuzzers fuzz-bins fuzz test-fuzz fuzz-seeds test-gpu bench bench-gpu bench-recover bench-schedules demo clean deps
 all: $(ALL)
 
 # Installs missing Debian packages (as root) before anything compiles.
@@ -81,6 +82,11 @@ $(DEPS_STAMP): tools/deps.sh
 	@bash tools/deps.sh
 	@touch $@
 deps: $(DEPS_STAMP)
+
+# The Python the tests compare against (transformers, tokenizers; never the product's), in
+# build/py; tests that need it skip, saying why, when it could not be set up.
+pydeps:
+	@bash tools/pydeps.sh $(abspath $(BUILD))/py
 
 # Every object waits for the generated headers: a first build has no .d files to say which
 # sources include them.
@@ -213,7 +219,7 @@ $(BUILD)/tests/gpu/%: $(BUILD)/obj/tests/gpu/%.o $(BUILD)/libctitan_cuda.a $(BUI
 # layering: no include points up a floor (tools/check_layers.sh); each fuzz harness for a few
 # seconds from its corpus (test-fuzz); and every test program again under ASan and UBSan
 # (test-asan, its own summary line). CI runs this (.ci/run).
-test: all
+test: all pydeps
 	@bash tests/run.sh $(TESTS); s=$$?; bash tools/check_layers.sh || s=1; \
 	echo "== make test-fuzz"; $(MAKE) --no-print-directory test-fuzz || s=1; \
 	echo "== make test-asan"; $(MAKE) --no-print-directory test-asan || s=1; exit $$s

@@ -193,6 +193,42 @@ static inline void tu_read_file(const char *path, char *buf, size_t n)
     buf[k] = 0;
     fclose(f);
 }
+/* The Python that tests compare against (tools/pydeps.sh: build/py/venv, with torch,
+ * transformers, tokenizers, safetensors, gguf; build/py/llama3/tokenizer.json): $CTITAN_PY, else
+ * build/py beside this test's build/tests/ (or build/asan/tests/). Returns the folder, or NULL
+ * with why it is missing in why (for the test's skip message). */
+static inline const char *tu_py(char *why, size_t n)
+{
+    static char dir[256];
+    char ok[300];
+    const char *env = getenv("CTITAN_PY");
+    if (env && env[0])
+        snprintf(dir, sizeof(dir), "%s", env);
+    else if (access(tu_built("py", "ok", ok, sizeof(ok)), F_OK) == 0)
+        tu_built("py", "", dir, sizeof(dir));
+    else
+        tu_built("../py", "", dir, sizeof(dir));
+    snprintf(ok, sizeof(ok), "%s/ok", dir);
+    if (!access(ok, F_OK))
+        return dir;
+    snprintf(ok, sizeof(ok), "%s/why", dir);
+    tu_read_file(ok, why, n);
+    if (!why[0])
+        snprintf(why, n, "%s not set up (make test runs tools/pydeps.sh)", dir);
+    char *nl = strchr(why, '\n');
+    if (nl)
+        *nl = 0;
+    return NULL;
+}
+/* In a cmocka test: the Python folder into `py`, or skip saying why. */
+#define TU_NEED_PY(py)                                                         \
+    do {                                                                       \
+        char why_[512];                                                        \
+        if (!((py) = tu_py(why_, sizeof(why_)))) {                             \
+            print_message("no Python to compare against: %s: skipping\n", why_); \
+            skip();                                                            \
+        }                                                                      \
+    } while (0)
 /* Flips bits of the byte at offset `at` of a file (damage for tests); 0 or -1. */
 static inline int tu_flip_byte(const char *path, long at)
 {

@@ -6,9 +6,11 @@ set -eu
 # runs (make test-asan, make test-fuzz); the second holds libFuzzer and the sanitizer runtimes.
 # libprotobuf-c-dev, protobuf-c-compiler (protoc-c) and libisal-dev (ISA-L: its CRC32C): the
 # TensorBoard event files (stages/report/tb.c, stages/report/tb_event.proto).
+# libjansson-dev: JSON as Hugging Face keeps it (config.json, tokenizer.json, safetensors
+# headers, JSON Lines corpora); zlib1g-dev: gzip-compressed corpora.
 pkgs=(build-essential pkg-config libzmq3-dev libmsgpack-dev liburing-dev libcmocka-dev
       libopenblas-dev libxxhash-dev fortunes clang-14 libclang-rt-14-dev
-      libprotobuf-c-dev protobuf-c-compiler libisal-dev)
+      libprotobuf-c-dev protobuf-c-compiler libisal-dev libjansson-dev zlib1g-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -166,6 +166,9 @@ void tok_destroy(tok_t **p)
 }
 
 int tok_vocab_size(const tok_t *t) { return t->vocab_size; }
+int tok_token_id(const tok_t *t, const char *text) { return -1; }
+int tok_bos(const tok_t *t) { return -1; }
+int tok_eos(const tok_t *t) { return -1; }
 
 int tok_merge(const tok_t *t, int rank, uint32_t *a, uint32_t *b)
 {

@@ -61,6 +61,14 @@ int tok_decode(const tok_t *t, const uint32_t *tok, size_t n, uint8_t **out, siz
 /* The bytes of one token (pointer into t, valid until tok_destroy); NULL if id is invalid. */
 const uint8_t *tok_token_bytes(const tok_t *t, uint32_t id, size_t *len);
 
+/* The id of an added (special) token by its exact text, e.g. "<|end_of_text|>"; -1 when the
+ * tokenizer has no such token (a tokenizer.bin has none). */
+int tok_token_id(const tok_t *t, const char *text);
+/* The tokens a document begins and ends with in training data (torchtitan's BOS and EOS), or -1
+ * when the tokenizer has none. */
+int tok_bos(const tok_t *t);
+int tok_eos(const tok_t *t);
+
 /* Length of the chunk that starts text[0..n) (n > 0): the pre-split rule, exposed for tests. */
 size_t tok_chunk_len(const uint8_t *text, size_t n);
 

@@ -71,7 +71,8 @@ int config_set(model_config_t *cfg, const char *key, const char *value, char *er
 #define K(f, i) {#f, offsetof(model_config_t, f), i}
         K(dim, 1), K(n_layers, 1), K(n_heads, 1), K(n_kv_heads, 1), K(vocab_size, 1),
         K(multiple_of, 1), K(ffn_dim_multiplier, 0), K(norm_eps, 0), K(rope_theta, 0),
-        K(max_seq_len, 1),
+        K(max_seq_len, 1), K(hidden_dim, 1), K(rope_scaling_factor, 0), K(rope_low_freq_factor, 0),
+        K(rope_high_freq_factor, 0), K(rope_original_max_seq_len, 1),
 #undef K
     };
     for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
@@ -115,9 +116,18 @@ int config_validate(model_config_t *c, char *err, size_t errlen)
     if (!(c->norm_eps > 0)) FAIL("model.norm_eps must be > 0 (got %g)", c->norm_eps);
     if (!(c->rope_theta > 0)) FAIL("model.rope_theta must be > 0 (got %g)", c->rope_theta);
     if (c->max_seq_len <= 0) FAIL("model.max_seq_len must be > 0 (got %d)", c->max_seq_len);
+    if (c->hidden_dim < 0) FAIL("model.hidden_dim must be >= 0 (0: from dim and multiple_of; got %d)", c->hidden_dim);
+    if (c->rope_scaling_factor < 0 || c->rope_scaling_factor != c->rope_scaling_factor)
+        FAIL("model.rope_scaling_factor must be >= 0 (0: no scaling; got %g)", c->rope_scaling_factor);
+    if (c->rope_scaling_factor > 0 &&
+        !(c->rope_low_freq_factor > 0 && c->rope_high_freq_factor > c->rope_low_freq_factor &&
+          c->rope_original_max_seq_len > 0))
+        FAIL("model.rope_scaling_factor %g needs model.rope_low_freq_factor > 0, model.rope_high_freq_factor above "
+             "it and model.rope_original_max_seq_len > 0 (got %g, %g, %d)", c->rope_scaling_factor,
+             c->rope_low_freq_factor, c->rope_high_freq_factor, c->rope_original_max_seq_len);
     long long hidden = config_ffn_hidden(c);
     if (hidden <= 0 || hidden > (1 << 24))
-        FAIL("model FFN hidden size %lld (from dim, ffn_dim_multiplier, multiple_of) is out of range",
+        FAIL("model FFN hidden size %lld (hidden_dim, or from dim, ffn_dim_multiplier, multiple_of) is out of range",
              hidden);
 #undef FAIL
     return 0;
@@ -136,7 +146,12 @@ const char *config_diff(const model_config_t *a, const model_config_t *b, double
                 {"multiple_of", a->multiple_of, b->multiple_of},
                 {"ffn_dim_multiplier", a->ffn_dim_multiplier, b->ffn_dim_multiplier},
                 {"norm_eps", a->norm_eps, b->norm_eps},
-                {"rope_theta", a->rope_theta, b->rope_theta}};
+                {"rope_theta", a->rope_theta, b->rope_theta},
+                {"hidden_dim", config_ffn_hidden(a), config_ffn_hidden(b)},
+                {"rope_scaling_factor", a->rope_scaling_factor, b->rope_scaling_factor},
+                {"rope_low_freq_factor", a->rope_low_freq_factor, b->rope_low_freq_factor},
+                {"rope_high_freq_factor", a->rope_high_freq_factor, b->rope_high_freq_factor},
+                {"rope_original_max_seq_len", a->rope_original_max_seq_len, b->rope_original_max_seq_len}};
     for (size_t k = 0; k < sizeof(keys) / sizeof(keys[0]); k++)
         if (keys[k].a != keys[k].b) {
             *va = keys[k].a;
@@ -148,8 +163,28 @@ const char *config_diff(const model_config_t *a, const model_config_t *b, double
 
 int config_head_dim(const model_config_t *c) { return c->dim / c->n_heads; }
 
+double config_rope_inv_freq(const model_config_t *c, int i)
+{
+    int hd = config_head_dim(c);
+    double f = pow(c->rope_theta, -2.0 * i / hd);
+    if (!(c->rope_scaling_factor > 0))
+        return f;
+    /* Hugging Face's _compute_llama3_parameters: long wavelengths slowed by the factor, short
+     * ones kept, those between blended */
+    double old = c->rope_original_max_seq_len, lo = c->rope_low_freq_factor, hi = c->rope_high_freq_factor;
+    double wavelen = 2 * M_PI / f;
+    if (wavelen < old / hi)
+        return f;
+    if (wavelen > old / lo)
+        return f / c->rope_scaling_factor;
+    double smooth = (old / wavelen - lo) / (hi - lo);
+    return (1 - smooth) * f / c->rope_scaling_factor + smooth * f;
+}
+
 int config_ffn_hidden(const model_config_t *c)
 {
+    if (c->hidden_dim > 0)
+        return c->hidden_dim;
     long long h = 4LL * c->dim;
     h = 2 * h / 3;
     if (c->ffn_dim_multiplier > 0)

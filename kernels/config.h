@@ -20,6 +20,13 @@ typedef struct {
     double norm_eps;
     double rope_theta;
     int max_seq_len;
+    int hidden_dim;           /* FFN hidden size as Hugging Face's intermediate_size; 0 = torchtitan's
+                               * formula from dim, ffn_dim_multiplier and multiple_of */
+    /* Llama 3.1's rotary frequency scaling (Hugging Face rope_scaling {"rope_type": "llama3"});
+     * rope_scaling_factor 0 = none */
+    double rope_scaling_factor;
+    double rope_low_freq_factor, rope_high_freq_factor;
+    int rope_original_max_seq_len; /* original_max_position_embeddings */
 } model_config_t;
 
 /* torchtitan's Llama defaults (ModelArgs): n_kv_heads = n_heads, multiple_of 256, eps 1e-5,
@@ -48,7 +55,12 @@ int config_validate(model_config_t *cfg, char *err, size_t errlen);
 const char *config_diff(const model_config_t *a, const model_config_t *b, double *va, double *vb);
 
 int config_head_dim(const model_config_t *cfg);
-/* torchtitan's FeedForward size: h = 4*dim; h = 2h/3; h *= multiplier; round up to multiple_of. */
+/* The rotary inverse frequency of pair i of a head (0 <= i < head_dim / 2): theta^(-2i/hd),
+ * scaled as Llama 3.1's rope_scaling "llama3" says when rope_scaling_factor > 0. Position t's
+ * angle is t times it. */
+double config_rope_inv_freq(const model_config_t *cfg, int i);
+/* The FFN hidden size: hidden_dim when set, else torchtitan's FeedForward size: h = 4*dim;
+ * h = 2h/3; h *= multiplier; round up to multiple_of. */
 int config_ffn_hidden(const model_config_t *cfg);
 
 /* Model FLOPs per token for forward+backward (PaLM convention): 6 * (matmul parameters,

@@ -282,25 +282,59 @@ static int write_index(const hf_tensor_t *t, int n, int n_shards, const char *di
 }
 
 /* Every parameter of tab, its fp32 master copy found in the checkpoint with the right shape. */
+/* The parameters of tab in the order of LlamaForCausalLM's state_dict, which is the order
+ * transformers shards them in: per layer the projections, then the norms. */
+static int hf_order(const param_table_t *tab, int *order)
+{
+    static const param_kind_t layer[] = {PARAM_WQ, PARAM_WK, PARAM_WV, PARAM_WO, PARAM_W1,
+                                         PARAM_W3, PARAM_W2, PARAM_ATTN_NORM, PARAM_FFN_NORM};
+    int n = 0;
+    order[n++] = params_find(tab, PARAM_EMBED, -1);
+    for (int l = 0; l < tab->n_layers; l++)
+        for (size_t k = 0; k < sizeof(layer) / sizeof(layer[0]); k++)
+            order[n++] = params_find(tab, layer[k], l);
+    order[n++] = params_find(tab, PARAM_NORM, -1);
+    order[n++] = params_find(tab, PARAM_OUTPUT, -1);
+    for (int i = 0; i < n; i++)
+        if (order[i] < 0)
+            return -EINVAL;
+    return n == tab->n ? 0 : -EINVAL;
+}
+
 static int plan_tensors(ckpt_t *c, const param_table_t *tab, int bf16, hf_tensor_t *t, uint64_t *max_chunk,
                         char *err, size_t errlen)
 {
-    for (int i = 0; i < tab->n; i++) {
-        t[i].p = &tab->t[i];
+    int *order = calloc((size_t)tab->n + 3 + 9 * (size_t)tab->n_layers, sizeof(int));
+    if (!order)
+        return util_fail(err, errlen, -ENOMEM, "out of memory");
+    if (hf_order(tab, order)) {
+        free(order);
+        return util_fail(err, errlen, -EINVAL, "checkpoint %s: the model's parameters are not a Llama's",
+                         ckpt_path(c));
+    }
+    for (int k = 0; k < tab->n; k++) {
+        int i = k;
+        t[i].p = &tab->t[order[k]];
         char mbuf[sizeof(t[i].src)];
-        snprintf(t[i].src, sizeof(t[i].src), "%s", ckpt_master_name(c, tab->t[i].name, mbuf, sizeof(mbuf)));
+        snprintf(t[i].src, sizeof(t[i].src), "%s", ckpt_master_name(c, t[i].p->name, mbuf, sizeof(mbuf)));
         const ckpt_tensor_t *ct = ckpt_index_find(ckpt_index(c), t[i].src);
+        int rc = 0;
         if (!ct)
-            return util_fail(err, errlen, -EBADMSG, "checkpoint %s has no tensor %s", ckpt_path(c), t[i].src);
-        if (strcmp(ct->dtype, "F32") || ct->numel != tab->t[i].numel)
-            return util_fail(err, errlen, -EBADMSG, "checkpoint %s: tensor %s is %s with %llu elements; the model "
-                             "of its manifest needs F32 with %zu", ckpt_path(c), t[i].src, ct->dtype,
-                             (unsigned long long)ct->numel, tab->t[i].numel);
+            rc = util_fail(err, errlen, -EBADMSG, "checkpoint %s has no tensor %s", ckpt_path(c), t[i].src);
+        else if (strcmp(ct->dtype, "F32") || ct->numel != t[i].p->numel)
+            rc = util_fail(err, errlen, -EBADMSG, "checkpoint %s: tensor %s is %s with %llu elements; the model "
+                           "of its manifest needs F32 with %zu", ckpt_path(c), t[i].src, ct->dtype,
+                           (unsigned long long)ct->numel, t[i].p->numel);
+        if (rc) {
+            free(order);
+            return rc;
+        }
         for (uint32_t j = 0; j < ct->n_chunks; j++)
             if (ct->chunks[j].length > *max_chunk)
                 *max_chunk = ct->chunks[j].length;
-        t[i].bytes = (uint64_t)tab->t[i].numel * (bf16 ? 2 : 4);
+        t[i].bytes = (uint64_t)t[i].p->numel * (bf16 ? 2 : 4);
     }
+    free(order);
     return 0;
 }
 

@@ -39,6 +39,7 @@ def main():
     ap.add_argument("--text")
     ap.add_argument("--ids")
     ap.add_argument("--shards", type=int)
+    ap.add_argument("--max-shard-size", type=int)
     a = ap.parse_args()
     figures = []
     if a.shards is not None:
@@ -61,6 +62,15 @@ def main():
         if w.dtype != want or not torch.equal(w, r.to(want)):
             fail("weight %s differs (%s)" % (name, w.dtype))
     figures.append("weights=%d equal" % len(ref))
+    if a.max_shard_size:
+        from huggingface_hub import split_torch_state_dict_into_shards
+        split = split_torch_state_dict_into_shards(sd, max_shard_size=a.max_shard_size)
+        index = json.load(open(os.path.join(a.dir, "model.safetensors.index.json")))
+        if index["weight_map"] != split.tensor_to_filename:
+            fail("shards differ from transformers': %s vs %s" % (index["weight_map"], split.tensor_to_filename))
+        if index["metadata"]["total_size"] != split.metadata["total_size"]:
+            fail("total_size %s, transformers says %s" % (index["metadata"], split.metadata))
+        figures.append("shards as transformers'")
     if a.tokens:
         tok = torch.from_numpy(np.fromfile(a.tokens, dtype=np.int32).astype(np.int64))[None, :]
         with torch.no_grad():

@@ -11,6 +11,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -259,10 +260,269 @@ static void test_export_loads_in_transformers(void **state)
     assert_int_equal(count_entries(fx->dir, "tmp-hf"), 0);
 }
 
+/* The JSON file dir/name (NULL when it does not parse). */
+static json_t *load_json(const char *dir, const char *name)
+{
+    char p[512];
+    json_error_t je;
+    snprintf(p, sizeof(p), "%s/%s", dir, name);
+    json_t *j = json_load_file(p, 0, &je);
+    if (!j)
+        print_message("%s: %s\n", p, je.text);
+    return j;
+}
+
+static void test_config_json_describes_the_model(void **state)
+{
+    fx_t *fx = *state;
+    char err[512], p[256];
+    model_config_t c = fx->cfg;
+    c.rope_scaling_factor = 8, c.rope_low_freq_factor = 1, c.rope_high_freq_factor = 4;
+    c.rope_original_max_seq_len = 16;
+    snprintf(p, sizeof(p), "%s/config.json", fx->dir);
+    assert_int_equal(hf_config_write(&c, "bfloat16", 5, 6, p, err, sizeof(err)), 0);
+    json_t *j = load_json(fx->dir, "config.json");
+    assert_non_null(j);
+    assert_string_equal(json_string_value(json_array_get(json_object_get(j, "architectures"), 0)),
+                        "LlamaForCausalLM");
+    assert_string_equal(json_string_value(json_object_get(j, "model_type")), "llama");
+    assert_int_equal(json_integer_value(json_object_get(j, "hidden_size")), 32);
+    assert_int_equal(json_integer_value(json_object_get(j, "intermediate_size")), 48);
+    assert_int_equal(json_integer_value(json_object_get(j, "num_hidden_layers")), 2);
+    assert_int_equal(json_integer_value(json_object_get(j, "num_attention_heads")), 4);
+    assert_int_equal(json_integer_value(json_object_get(j, "num_key_value_heads")), 2);
+    assert_int_equal(json_integer_value(json_object_get(j, "head_dim")), 8);
+    assert_int_equal(json_integer_value(json_object_get(j, "vocab_size")), 300);
+    assert_int_equal(json_integer_value(json_object_get(j, "max_position_embeddings")), 64);
+    assert_int_equal(json_integer_value(json_object_get(j, "bos_token_id")), 5);
+    assert_int_equal(json_integer_value(json_object_get(j, "eos_token_id")), 6);
+    assert_true(json_real_value(json_object_get(j, "rope_theta")) == 500000.0);
+    assert_true(json_real_value(json_object_get(j, "rms_norm_eps")) == c.norm_eps);
+    assert_true(json_is_false(json_object_get(j, "tie_word_embeddings")));
+    assert_true(json_is_false(json_object_get(j, "attention_bias")));
+    assert_true(json_is_false(json_object_get(j, "mlp_bias")));
+    assert_string_equal(json_string_value(json_object_get(j, "hidden_act")), "silu");
+    assert_string_equal(json_string_value(json_object_get(j, "torch_dtype")), "bfloat16");
+    json_t *rs = json_object_get(j, "rope_scaling");
+    assert_string_equal(json_string_value(json_object_get(rs, "rope_type")), "llama3");
+    assert_true(json_real_value(json_object_get(rs, "factor")) == 8.0);
+    assert_true(json_real_value(json_object_get(rs, "low_freq_factor")) == 1.0);
+    assert_true(json_real_value(json_object_get(rs, "high_freq_factor")) == 4.0);
+    assert_int_equal(json_integer_value(json_object_get(rs, "original_max_position_embeddings")), 16);
+    json_decref(j);
+
+    /* no scaling, unknown token ids: nulls; written over the first durably */
+    assert_int_equal(hf_config_write(&fx->cfg, "float32", -1, -1, p, err, sizeof(err)), 0);
+    assert_non_null(j = load_json(fx->dir, "config.json"));
+    assert_true(json_is_null(json_object_get(j, "rope_scaling")));
+    assert_true(json_is_null(json_object_get(j, "bos_token_id")));
+    assert_true(json_is_null(json_object_get(j, "eos_token_id")));
+    json_decref(j);
+}
+
+/* transformers' rotary frequencies for a config.json with rope_scaling llama3 are ctitan's
+ * (config_rope_inv_freq), so the import reads back what the export meant. */
+static void test_rope_scaling_means_the_same_in_transformers(void **state)
+{
+    fx_t *fx = *state;
+    const char *py;
+    TU_NEED_PY(py);
+    char err[512], p[256], cmd[1024], out[8192];
+    model_config_t c = fx->cfg;
+    c.rope_scaling_factor = 8, c.rope_low_freq_factor = 1, c.rope_high_freq_factor = 4;
+    c.rope_original_max_seq_len = 16;
+    snprintf(p, sizeof(p), "%s/config.json", fx->dir);
+    assert_int_equal(hf_config_write(&c, "float32", -1, -1, p, err, sizeof(err)), 0);
+    snprintf(cmd, sizeof(cmd), "%s/venv/bin/python -c 'import sys\nfrom transformers import LlamaConfig\n"
+             "from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS as R\n"
+             "c = LlamaConfig.from_pretrained(sys.argv[1])\ninv, _ = R[\"llama3\"](c, \"cpu\")\n"
+             "print(\" \".join(repr(float(x)) for x in inv.double()))' %s 2>&1", py, fx->dir);
+    assert_int_equal(tu_run(cmd, out, sizeof(out)), 0);
+    char *s = out;
+    for (int i = 0; i < config_head_dim(&c) / 2; i++) {
+        char *end;
+        double hf = strtod(s, &end), mine = config_rope_inv_freq(&c, i);
+        assert_true(end != s);
+        s = end;
+        /* transformers computes in float32 */
+        if (fabs(hf - mine) > 1e-6 * fabs(mine))
+            fail_msg("pair %d: transformers %.9g, ctitan %.9g", i, hf, mine);
+    }
+}
+
+static void test_sharded_export_loads(void **state)
+{
+    fx_t *fx = *state;
+    const char *py;
+    TU_NEED_BIN();
+    TU_NEED_PY(py);
+    char out[4096], args[512], dir[128];
+    snprintf(dir, sizeof(dir), "%s/hf", fx->dir);
+    /* the embedding and lm_head (38400 bytes) are larger than a shard: alone in theirs */
+    snprintf(args, sizeof(args), "--hf %s --max-shard-size 20KB", dir);
+    assert_int_equal(export_cli(fx, args, out, sizeof(out)), 0);
+    json_t *ix = load_json(dir, "model.safetensors.index.json");
+    assert_non_null(ix);
+    json_t *map = json_object_get(ix, "weight_map");
+    assert_int_equal(json_object_size(map), fx->tab.n);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(ix, "metadata"), "total_size")),
+                     fx->tab.total * 4);
+    const char *embed = json_string_value(json_object_get(map, "model.embed_tokens.weight"));
+    assert_string_equal(embed, "model-00001-of-00006.safetensors");
+    json_decref(ix);
+    /* the same split as huggingface_hub makes for save_pretrained */
+    assert_int_equal(hf_check(fx, py, dir, "--shards 6 --max-shard-size 20000"), 0);
+}
+
+static void test_bfloat16_export_loads(void **state)
+{
+    fx_t *fx = *state;
+    const char *py;
+    TU_NEED_BIN();
+    TU_NEED_PY(py);
+    char out[4096], args[512], dir[128];
+    snprintf(dir, sizeof(dir), "%s/hf", fx->dir);
+    snprintf(args, sizeof(args), "--hf %s --dtype bfloat16", dir);
+    assert_int_equal(export_cli(fx, args, out, sizeof(out)), 0);
+    json_t *cfg = load_json(dir, "config.json");
+    assert_string_equal(json_string_value(json_object_get(cfg, "torch_dtype")), "bfloat16");
+    json_decref(cfg);
+    struct stat st;
+    char p[256];
+    snprintf(p, sizeof(p), "%s/model.safetensors", dir);
+    assert_int_equal(stat(p, &st), 0);
+    assert_true((size_t)st.st_size < fx->tab.total * 2 + 4096);
+    assert_int_equal(hf_check(fx, py, dir, "--dtype bfloat16"), 0);
+}
+
+/* A Hugging Face tokenizer.json is copied as it is, with the tokenizer_config.json beside it,
+ * and its BOS/EOS ids go into config.json and generation_config.json. */
+static void test_tokenizer_json_is_copied(void **state)
+{
+    fx_t *fx = *state;
+    const char *py;
+    TU_NEED_BIN();
+    TU_NEED_PY(py);
+    char out[4096], args[1024], dir[128], src[512], a[1200], b[1800];
+    snprintf(dir, sizeof(dir), "%s/hf", fx->dir);
+    snprintf(src, sizeof(src), "%s/llama3/tokenizer.json", py);
+    snprintf(args, sizeof(args), "--hf %s --tokenizer %s --no-verify", dir, src);
+    assert_int_equal(export_cli(fx, args, out, sizeof(out)), 0);
+    snprintf(a, sizeof(a), "cmp -s %s %s/tokenizer.json", src, dir);
+    assert_int_equal(system(a), 0);
+    snprintf(a, sizeof(a), "%s/llama3/tokenizer_config.json", py);
+    snprintf(b, sizeof(b), "cmp -s %s %s/tokenizer_config.json", a, dir);
+    if (access(a, F_OK) == 0)
+        assert_int_equal(system(b), 0);
+    json_t *cfg = load_json(dir, "config.json"), *gen = load_json(dir, "generation_config.json");
+    assert_int_equal(json_integer_value(json_object_get(cfg, "bos_token_id")), 128000);
+    assert_int_equal(json_integer_value(json_object_get(cfg, "eos_token_id")), 128001);
+    assert_int_equal(json_integer_value(json_object_get(gen, "bos_token_id")), 128000);
+    assert_int_equal(json_integer_value(json_object_get(gen, "eos_token_id")), 128001);
+    assert_true(json_is_false(json_object_get(gen, "do_sample")));
+    json_decref(cfg);
+    json_decref(gen);
+}
+
+/* Nothing at DIR and no temporary folder beside it. */
+static void assert_nothing_left(const fx_t *fx, const char *dir)
+{
+    assert_int_equal(access(dir, F_OK), -1);
+    assert_int_equal(count_entries(fx->dir, "tmp-hf"), 0);
+}
+
+static void test_existing_folder_is_refused(void **state)
+{
+    fx_t *fx = *state;
+    TU_NEED_BIN();
+    char out[4096], args[512], dir[128], p[256];
+    snprintf(dir, sizeof(dir), "%s/hf", fx->dir);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    snprintf(p, sizeof(p), "%s/mine.txt", dir);
+    assert_int_equal(write_raw(p, "keep", 4), 0);
+    snprintf(args, sizeof(args), "--hf %s", dir);
+    assert_int_equal(export_cli(fx, args, out, sizeof(out)), 1);
+    assert_non_null(strstr(out, "exists and is not empty"));
+    assert_non_null(strstr(out, dir));
+    assert_int_equal(count_entries(dir, ""), 3); /* ., .., mine.txt */
+    assert_int_equal(count_entries(fx->dir, "tmp-hf"), 0);
+    /* an empty folder is fine */
+    assert_int_equal(unlink(p), 0);
+    assert_int_equal(export_cli(fx, args, out, sizeof(out)), 0);
+    snprintf(p, sizeof(p), "%s/config.json", dir);
+    assert_int_equal(access(p, F_OK), 0);
+    /* a file */
+    snprintf(p, sizeof(p), "%s/file", fx->dir);
+    assert_int_equal(write_raw(p, "x", 1), 0);
+    snprintf(args, sizeof(args), "--hf %s", p);
+    assert_int_equal(export_cli(fx, args, out, sizeof(out)), 1);
+    assert_non_null(strstr(out, "is not a folder"));
+}
+
+static void test_unwritable_place_leaves_nothing(void **state)
+{
+    fx_t *fx = *state;
+    TU_NEED_BIN();
+    char out[4096], args[1024], dir[256], p[256];
+    snprintf(dir, sizeof(dir), "%s/no/such/hf", fx->dir);
+    snprintf(args, sizeof(args), "--hf %s", dir);
+    assert_int_equal(export_cli(fx, args, out, sizeof(out)), 1);
+    assert_non_null(strstr(out, "cannot create the temporary folder"));
+    assert_nothing_left(fx, dir);
+    /* a tokenizer that is neither kind fails half way: the folder goes */
+    snprintf(dir, sizeof(dir), "%s/hf", fx->dir);
+    snprintf(p, sizeof(p), "%s/notatokenizer.json", fx->dir);
+    assert_int_equal(write_raw(p, "{\"vocab\": 1}", 12), 0);
+    snprintf(args, sizeof(args), "--hf %s --tokenizer %s", dir, p);
+    assert_int_equal(export_cli(fx, args, out, sizeof(out)), 1);
+    assert_non_null(strstr(out, "notatokenizer.json"));
+    assert_nothing_left(fx, dir);
+}
+
+static void test_damaged_checkpoint_leaves_nothing(void **state)
+{
+    fx_t *fx = *state;
+    TU_NEED_BIN();
+    char out[4096], args[512], dir[128], p[512];
+    snprintf(dir, sizeof(dir), "%s/hf", fx->dir);
+    snprintf(p, sizeof(p), "%s/model.bin", fx->ckpt);
+    /* a byte of the last weight (lm_head), so the damage is found late, after files are written */
+    assert_int_equal(tu_flip_byte(p, CKPT_DATA_HDR + (long)fx->tab.total * 4 - 8), 0);
+    snprintf(args, sizeof(args), "--hf %s", dir);
+    assert_int_equal(export_cli(fx, args, out, sizeof(out)), 1);
+    assert_non_null(strstr(out, "does not verify"));
+    assert_nothing_left(fx, dir);
+    snprintf(args, sizeof(args), "--hf %s --no-verify", dir);
+    assert_int_equal(export_cli(fx, args, out, sizeof(out)), 1);
+    assert_non_null(strstr(out, "lm_head.weight"));
+    assert_nothing_left(fx, dir);
+}
+
+static void test_usage_errors(void **state)
+{
+    fx_t *fx = *state;
+    TU_NEED_BIN();
+    char out[4096];
+    assert_int_equal(export_cli(fx, "", out, sizeof(out)), 2);
+    assert_int_equal(export_cli(fx, "--hf /tmp/x --safetensors /tmp/y", out, sizeof(out)), 2);
+    assert_int_equal(export_cli(fx, "--hf /tmp/x --max-shard-size lots", out, sizeof(out)), 2);
+    assert_int_equal(export_cli(fx, "--hf /tmp/x --dtype float16", out, sizeof(out)), 2);
+    assert_int_equal(export_cli(fx, "--safetensors /tmp/y --dtype bfloat16", out, sizeof(out)), 2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_export_loads_in_transformers, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_config_json_describes_the_model, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rope_scaling_means_the_same_in_transformers, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sharded_export_loads, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bfloat16_export_loads, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tokenizer_json_is_copied, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_existing_folder_is_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_unwritable_place_leaves_nothing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_damaged_checkpoint_leaves_nothing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_usage_errors, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

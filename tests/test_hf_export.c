@@ -510,6 +510,103 @@ static void test_usage_errors(void **state)
     assert_int_equal(export_cli(fx, "--safetensors /tmp/y --dtype bfloat16", out, sizeof(out)), 2);
 }
 
+/* ---- the converted tokenizer against tok_encode ---- */
+
+static int put_record(FILE *f, const void *p, uint32_t n, size_t item)
+{
+    return fwrite(&n, 4, 1, f) == 1 && (!n || fwrite(p, item, n, f) == n) ? 0 : -1;
+}
+
+/* Every fortune of every file of the fortunes package (entries end at a line "%"), one
+ * document each: its bytes to docs, tok_encode's tokens to ids. Returns the documents. */
+static int write_fortunes(tok_t *t, FILE *docs, FILE *ids)
+{
+    DIR *d = opendir(FORTUNES);
+    struct dirent *e;
+    int n = 0;
+    while (d && (e = readdir(d))) {
+        char p[512];
+        struct stat st;
+        size_t l = strlen(e->d_name);
+        snprintf(p, sizeof(p), "%s/%s", FORTUNES, e->d_name);
+        if (lstat(p, &st) || !S_ISREG(st.st_mode) || (l > 4 && !strcmp(e->d_name + l - 4, ".dat")))
+            continue;
+        uint8_t *buf = malloc((size_t)st.st_size + 1);
+        uint32_t *tok = malloc(((size_t)st.st_size + 1) * 4);
+        FILE *f = fopen(p, "rb");
+        size_t len = f ? fread(buf, 1, (size_t)st.st_size, f) : 0, nt;
+        if (f)
+            fclose(f);
+        for (size_t i = 0; i < len;) {
+            size_t j = i;
+            while (j < len && !(buf[j] == '%' && (j == 0 || buf[j - 1] == '\n') && (j + 1 == len || buf[j + 1] == '\n')))
+                j++;
+            if (j > i) {
+                assert_int_equal(tok_encode(t, buf + i, j - i, tok, &nt), 0);
+                assert_int_equal(put_record(docs, buf + i, (uint32_t)(j - i), 1), 0);
+                assert_int_equal(put_record(ids, tok, (uint32_t)nt, 4), 0);
+                n++;
+            }
+            i = j + 2;
+        }
+        free(buf);
+        free(tok);
+    }
+    if (d)
+        closedir(d);
+    return n;
+}
+
+/* The demo's tokenizer (ctitan prep on the fortunes), converted: the `tokenizers` library
+ * encodes every fortune as tok_encode does, but where a run of non-ASCII letters is longer
+ * than TOK_MAX_CHUNK bytes (ctitan cuts it by bytes; a regex can only count characters). */
+static void test_converted_tokenizer_agrees_on_fortunes(void **state)
+{
+    fx_t *fx = *state;
+    const char *py;
+    TU_NEED_BIN();
+    TU_NEED_PY(py);
+    if (access(FORTUNES, F_OK)) {
+        print_message("%s missing (apt-get install fortunes): skipping\n", FORTUNES);
+        skip();
+    }
+    char cmd[2048], out[8192], p[3][256], s[512], err[512];
+    snprintf(cmd, sizeof(cmd), "%s prep --out %s/fort 2>&1", tu_ctitan(), fx->dir);
+    assert_int_equal(tu_run(cmd, out, sizeof(out)), 0);
+    snprintf(p[0], sizeof(p[0]), "%s/fort/tokenizer.bin", fx->dir);
+    json_t *tj = NULL;
+    int n_dup = -1;
+    assert_int_equal(hf_tok_bin_json(p[0], &tj, &n_dup, err, sizeof(err)), 0);
+    snprintf(p[1], sizeof(p[1]), "%s/tokenizer.json", fx->dir);
+    assert_int_equal(json_dump_file(tj, p[1], JSON_COMPACT), 0);
+    json_decref(tj);
+
+    tok_t *t = NULL;
+    assert_int_equal(tok_load(&t, p[0], err, sizeof(err)), 0);
+    snprintf(p[0], sizeof(p[0]), "%s/docs.bin", fx->dir);
+    snprintf(p[2], sizeof(p[2]), "%s/ids.bin", fx->dir);
+    FILE *docs = fopen(p[0], "wb"), *ids = fopen(p[2], "wb");
+    int n = write_fortunes(t, docs, ids);
+    tok_destroy(&t);
+    assert_int_equal(fclose(docs) | fclose(ids), 0);
+    assert_true(n > 1000);
+
+    snprintf(cmd, sizeof(cmd), "%s/venv/bin/python %s %s %s %s 2>&1", py, script("hf_tok_agree.py", s, sizeof(s)),
+             p[1], p[0], p[2]);
+    assert_int_equal(tu_run(cmd, out, sizeof(out)), 0);
+    print_message("merges making an earlier token's bytes: %d\n%s", n_dup, out);
+    json_error_t je;
+    json_t *r = json_loads(out, 0, &je);
+    assert_non_null(r);
+    double docs_n = (double)json_integer_value(json_object_get(r, "docs")) -
+                    (double)json_integer_value(json_object_get(r, "not_utf8"));
+    double agree = (double)json_integer_value(json_object_get(r, "docs_agree"));
+    assert_int_equal(json_integer_value(json_object_get(r, "roundtrip_fail")), 0);
+    print_message("documents encoded alike: %.0f of %.0f (%.3f%%)\n", agree, docs_n, 100 * agree / docs_n);
+    assert_true(agree >= 0.999 * docs_n);
+    json_decref(r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -523,6 +620,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_unwritable_place_leaves_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_damaged_checkpoint_leaves_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_usage_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_converted_tokenizer_agrees_on_fortunes, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -432,6 +432,10 @@ static int fill_folder(ckpt_t *c, const manifest_t *m, const hf_export_opts_t *o
     if (!o->no_tokenizer && !tok[0])
         return util_fail(err, errlen, -EINVAL, "checkpoint %s: its manifest names no model.tokenizer_path: "
                          "--tokenizer PATH names one (or --no-tokenizer exports the model alone)", ckpt_path(c));
+    if (!o->no_tokenizer && !o->tokenizer && access(tok, R_OK))
+        return util_fail(err, errlen, -errno, "the manifest's model.tokenizer_path %s: %s (run from the folder the "
+                         "job ran in, or --tokenizer FILE names it; --no-tokenizer exports the model alone)", tok,
+                         strerror(errno));
     if (!o->no_tokenizer && (rc = hf_tok_export(tok, tmp, &bos, &eos, log, err, errlen)))
         return rc;
     const char *dtype = o->bf16 ? "bfloat16" : "float32";

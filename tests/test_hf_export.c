@@ -498,6 +498,28 @@ static void test_damaged_checkpoint_leaves_nothing(void **state)
     assert_nothing_left(fx, dir);
 }
 
+/* The manifest's tokenizer gone: refused, naming it; --no-tokenizer exports the model alone. */
+static void test_missing_tokenizer(void **state)
+{
+    fx_t *fx = *state;
+    TU_NEED_BIN();
+    char out[4096], args[512], dir[128], p[256];
+    snprintf(dir, sizeof(dir), "%s/hf", fx->dir);
+    assert_int_equal(unlink(fx->tok), 0);
+    snprintf(args, sizeof(args), "--hf %s", dir);
+    assert_int_equal(export_cli(fx, args, out, sizeof(out)), 1);
+    assert_non_null(strstr(out, "model.tokenizer_path"));
+    assert_non_null(strstr(out, fx->tok));
+    assert_nothing_left(fx, dir);
+    snprintf(args, sizeof(args), "--hf %s --no-tokenizer", dir);
+    assert_int_equal(export_cli(fx, args, out, sizeof(out)), 0);
+    snprintf(p, sizeof(p), "%s/tokenizer.json", dir);
+    assert_int_equal(access(p, F_OK), -1);
+    json_t *cfg = load_json(dir, "config.json");
+    assert_true(json_is_null(json_object_get(cfg, "bos_token_id")));
+    json_decref(cfg);
+}
+
 static void test_usage_errors(void **state)
 {
     fx_t *fx = *state;
@@ -688,6 +710,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_existing_folder_is_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unwritable_place_leaves_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_damaged_checkpoint_leaves_nothing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_missing_tokenizer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_usage_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_converted_tokenizer_agrees_on_fortunes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_converted_tokenizer_hard_cases, setup, teardown),

@@ -220,10 +220,14 @@ static int write_tensor(ckpt_t *c, const hf_tensor_t *t, int bf16, int fd, float
         int rc = ckpt_read(c, t->src, first, n, buf, err, errlen);
         if (rc)
             return rc;
-        if (bf16) {
-            uint16_t *h = (uint16_t *)buf; /* in place: h[i] is written after buf[i] is read */
-            for (uint64_t i = 0; i < n; i++)
-                h[i] = bf16_of(buf[i]);
+        if (bf16) { /* in place: bytes [2i, 2i+2) are written after [4i, 4i+4) are read */
+            unsigned char *b = (unsigned char *)buf;
+            for (uint64_t i = 0; i < n; i++) {
+                float f;
+                memcpy(&f, b + 4 * i, 4);
+                uint16_t h = bf16_of(f);
+                memcpy(b + 2 * i, &h, 2);
+            }
         }
         if ((rc = util_write_all(fd, buf, n * (bf16 ? 2 : 4))))
             return util_fail(err, errlen, rc, "%s: cannot write: %s", what, strerror(-rc));

@@ -122,6 +122,10 @@ static int setup_fixture(fx_t *fx)
     for (int f = 0; f < 3; f++)
         fx->data[f] = malloc(fx->tab.total * sizeof(float));
     params_init(&fx->tab, &fx->cfg, 7, fx->data[0], 0, fx->tab.total);
+    /* halfway between two bfloat16 values, both ways, for the rounding to even */
+    static const uint32_t ties[] = {0x3F808000u, 0x3F818000u, 0xBF808000u, 0x3F80C000u, 0x3F807FFFu};
+    for (int i = 0; i < 5; i++)
+        memcpy(&fx->data[0][i], &ties[i], 4);
     tu_fill(NULL, fx->data[1], fx->tab.total, 101, 1.0);
     tu_fill(NULL, fx->data[2], fx->tab.total, 102, 1.0);
     rc = write_ckpt(fx, toml);

@@ -187,8 +187,13 @@ static const char *script(const char *name, char *buf, size_t n)
     snprintf(buf, n, "tests/%s", name);
     if (access(buf, R_OK) == 0)
         return buf;
-    snprintf(rel, sizeof(rel), "tests/%s", name);
-    return tu_built("..", rel, buf, n);
+    /* build/tests/ or build/asan/tests/ */
+    for (int up = 0; up < 2; up++) {
+        snprintf(rel, sizeof(rel), "%stests/%s", up ? "../" : "", name);
+        if (access(tu_built("..", rel, buf, n), R_OK) == 0)
+            break;
+    }
+    return buf;
 }
 
 /* Runs tests/hf_check.py on DIR with ARGS; its status. */

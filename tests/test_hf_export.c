@@ -28,6 +28,7 @@
 #include "stages/data/tokenizer.h"
 #include "stages/job/manifest.h"
 #include "tests/testutil.h"
+#include "tests/testjob.h"
 
 #define STEP 3
 #define FORTUNES "/usr/share/games/fortunes"
@@ -541,6 +542,57 @@ static void test_usage_errors(void **state)
     assert_int_equal(export_cli(fx, "--safetensors /tmp/y --dtype bfloat16", out, sizeof(out)), 2);
 }
 
+/* A checkpoint of a real run (manifests/tiny.toml: two pipeline stages, two optimizer shards,
+ * trained three steps on a corpus tokenized by `ctitan prep`), exported and loaded. */
+static void test_trained_job_exports(void **state)
+{
+    fx_t *fx = *state;
+    const char *py;
+    TU_NEED_BIN();
+    TU_NEED_PY(py);
+    if (access("manifests/tiny.toml", R_OK)) {
+        print_message("manifests/tiny.toml not found from here (run from the source tree): skipping\n");
+        skip();
+    }
+    assert_int_equal(tj_setup("hfjob"), 0);
+    char out[8192], extra[1024], job[64], ck[512], dir[512], cmd[4096], s[512];
+    tj_name(job, sizeof(job), 'h', "job");
+    snprintf(extra, sizeof(extra), "--training.steps 3 --checkpoint.enable true --checkpoint.interval 3 "
+             "--model.tokenizer_path %s/data/tokenizer.bin", tj_dir);
+    int rc = tj_launch("", 120, job, extra, out, sizeof(out));
+    if (rc)
+        print_message("%s\n", out);
+    assert_int_equal(rc, 0);
+    snprintf(ck, sizeof(ck), "%s/runs/%s/checkpoint/step-00000003", tj_dir, job);
+    snprintf(dir, sizeof(dir), "%s/hf", tj_dir);
+    snprintf(fx->ref, sizeof(fx->ref), "%s/ref.safetensors", tj_dir);
+    snprintf(cmd, sizeof(cmd), "%s ckpt export %s --hf %s 2>&1 && %s ckpt export %s --safetensors %s 2>&1",
+             tu_ctitan(), ck, dir, tu_ctitan(), ck, fx->ref);
+    rc = tu_run(cmd, out, sizeof(out));
+    print_message("%s", out);
+    assert_int_equal(rc, 0);
+    /* the run's tokenizer encodes a text, and the export's does the same */
+    tok_t *t = NULL;
+    char err[256], p[600];
+    snprintf(p, sizeof(p), "%s/data/tokenizer.bin", tj_dir);
+    assert_int_equal(tok_load(&t, p, err, sizeof(err)), 0);
+    uint32_t ids[sizeof(sample_text)];
+    size_t nt;
+    assert_int_equal(tok_encode(t, (const uint8_t *)sample_text, sizeof(sample_text) - 1, ids, &nt), 0);
+    tok_destroy(&t);
+    snprintf(p, sizeof(p), "%s/ids.i32", tj_dir);
+    assert_int_equal(write_raw(p, ids, nt * 4), 0);
+    snprintf(p, sizeof(p), "%s/text.bin", tj_dir);
+    assert_int_equal(write_raw(p, sample_text, sizeof(sample_text) - 1), 0);
+    snprintf(cmd, sizeof(cmd), "%s/venv/bin/python %s %s --ref %s --text %s/text.bin --ids %s/ids.i32 2>&1 | tail -4",
+             py, script("hf_check.py", s, sizeof(s)), dir, fx->ref, tj_dir, tj_dir);
+    rc = tu_run(cmd, out, sizeof(out));
+    print_message("%s", out);
+    tj_teardown();
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "hf_check: ok"));
+}
+
 /* ---- the converted tokenizer against tok_encode ---- */
 
 static int put_record(FILE *f, const void *p, uint32_t n, size_t item)
@@ -721,6 +773,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_damaged_checkpoint_leaves_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_missing_tokenizer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_usage_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_trained_job_exports, setup, teardown),
         cmocka_unit_test_setup_teardown(test_converted_tokenizer_agrees_on_fortunes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_converted_tokenizer_hard_cases, setup, teardown),
     };

@@ -22,6 +22,9 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, LlamaForCausalLM
+from transformers.utils import logging as hf_logging
+
+hf_logging.disable_progress_bar()
 
 
 def fail(msg):

@@ -382,6 +382,11 @@ static void test_sharded_export_loads(void **state)
     json_decref(ix);
     /* the same split as huggingface_hub makes for save_pretrained */
     assert_int_equal(hf_check(fx, py, dir, "--shards 6 --max-shard-size 20000"), 0);
+    /* most tensors larger than a shard: each alone, listed before the shard being filled */
+    assert_int_equal(tu_rmtree(dir), 0);
+    snprintf(args, sizeof(args), "--hf %s --max-shard-size 5000 --no-verify", dir);
+    assert_int_equal(export_cli(fx, args, out, sizeof(out)), 0);
+    assert_int_equal(hf_check(fx, py, dir, "--max-shard-size 5000"), 0);
 }
 
 static void test_bfloat16_export_loads(void **state)

@@ -3,6 +3,7 @@
  * checkpoint into safetensors shards inside a temporary folder that is renamed into place. */
 #include "checkpointd/hf_export.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
@@ -11,7 +12,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <dirent.h>
 
 #include "checkpointd/ckpt.h"
 #include "ipc/util.h"

@@ -410,6 +410,13 @@ static void test_bfloat16_export_loads(void **state)
     assert_int_equal(hf_check(fx, py, dir, "--dtype bfloat16"), 0);
 }
 
+/* Nothing at DIR and no temporary folder beside it. */
+static void assert_nothing_left(const fx_t *fx, const char *dir)
+{
+    assert_int_equal(access(dir, F_OK), -1);
+    assert_int_equal(count_entries(fx->dir, "tmp-hf"), 0);
+}
+
 /* A Hugging Face tokenizer.json is copied as it is, with the tokenizer_config.json beside it,
  * and its BOS/EOS ids go into config.json and generation_config.json. */
 static void test_tokenizer_json_is_copied(void **state)
@@ -439,11 +446,25 @@ static void test_tokenizer_json_is_copied(void **state)
     json_decref(gen);
 }
 
-/* Nothing at DIR and no temporary folder beside it. */
-static void assert_nothing_left(const fx_t *fx, const char *dir)
+/* A tokenizer_config.json beside the tokenizer.json that is not JSON: refused, naming it. */
+static void test_bad_tokenizer_config_is_refused(void **state)
 {
-    assert_int_equal(access(dir, F_OK), -1);
-    assert_int_equal(count_entries(fx->dir, "tmp-hf"), 0);
+    fx_t *fx = *state;
+    const char *py;
+    TU_NEED_BIN();
+    TU_NEED_PY(py);
+    char out[4096], args[1024], dir[128], tdir[128], p[1024];
+    snprintf(dir, sizeof(dir), "%s/hf", fx->dir);
+    snprintf(tdir, sizeof(tdir), "%s/tok", fx->dir);
+    assert_int_equal(mkdir(tdir, 0755), 0);
+    snprintf(p, sizeof(p), "cp %s/llama3/tokenizer.json %s/", py, tdir);
+    assert_int_equal(system(p), 0);
+    snprintf(p, sizeof(p), "%s/tokenizer_config.json", tdir);
+    assert_int_equal(write_raw(p, "{\"bos_token\": ", 14), 0);
+    snprintf(args, sizeof(args), "--hf %s --tokenizer %s/tokenizer.json --no-verify", dir, tdir);
+    assert_int_equal(export_cli(fx, args, out, sizeof(out)), 1);
+    assert_non_null(strstr(out, p));
+    assert_nothing_left(fx, dir);
 }
 
 static void test_existing_folder_is_refused(void **state)
@@ -773,6 +794,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_sharded_export_loads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bfloat16_export_loads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tokenizer_json_is_copied, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bad_tokenizer_config_is_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_existing_folder_is_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unwritable_place_leaves_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_damaged_checkpoint_leaves_nothing, setup, teardown),

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "checkpointd/ckpt.h"
 #include "checkpointd/hf_export.h"
@@ -785,6 +786,62 @@ static void test_converted_tokenizer_hard_cases(void **state)
     }
 }
 
+/* A tokenizer.bin whose merges make the same bytes twice ("ab"+"c" and "a"+"bc"): Hugging
+ * Face's vocabulary keeps the first id, the conversion says how many, and the library loads it
+ * and encodes as ctitan does (tok_encode always reaches "abc" through "ab"). */
+static void test_converted_tokenizer_with_duplicate_bytes(void **state)
+{
+    fx_t *fx = *state;
+    const char *py;
+    TU_NEED_PY(py);
+    static const uint32_t merges[] = {'a', 'b', 256, 'c', 'b', 'c', 'a', 258};
+    uint8_t file[32 + sizeof(merges)];
+    uint32_t head[4] = {TOK_VERSION, 256 + 4, TOK_SPLIT_RULE, TOK_MAX_CHUNK};
+    uint64_t sum = XXH64(merges, sizeof(merges), 0);
+    memcpy(file, TOK_MAGIC, 8);
+    memcpy(file + 8, head, 16);
+    memcpy(file + 24, &sum, 8);
+    memcpy(file + 32, merges, sizeof(merges));
+    char bin[256], p[3][256], err[512], cmd[2048], out[4096], s[512];
+    snprintf(bin, sizeof(bin), "%s/dup.bin", fx->dir);
+    assert_int_equal(write_raw(bin, file, sizeof(file)), 0);
+    json_t *tj = NULL;
+    int n_dup = 0;
+    assert_int_equal(hf_tok_bin_json(bin, &tj, &n_dup, err, sizeof(err)), 0);
+    assert_int_equal(n_dup, 1);
+    json_t *vocab = json_object_get(json_object_get(tj, "model"), "vocab");
+    assert_int_equal(json_integer_value(json_object_get(vocab, "abc")), 257);
+    assert_int_equal(json_object_size(vocab), 259);
+    snprintf(p[1], sizeof(p[1]), "%s/tokenizer.json", fx->dir);
+    assert_int_equal(json_dump_file(tj, p[1], JSON_COMPACT), 0);
+    json_decref(tj);
+
+    static const char *const docs_text[] = {"abc", "bc abc cab", "aabbcc abcabc"};
+    tok_t *t = NULL;
+    assert_int_equal(tok_load(&t, bin, err, sizeof(err)), 0);
+    snprintf(p[0], sizeof(p[0]), "%s/docs.bin", fx->dir);
+    snprintf(p[2], sizeof(p[2]), "%s/ids.bin", fx->dir);
+    FILE *docs = fopen(p[0], "wb"), *ids = fopen(p[2], "wb");
+    for (int i = 0; i < 3; i++) {
+        uint32_t tok[32];
+        size_t len = strlen(docs_text[i]), nt;
+        assert_int_equal(tok_encode(t, (const uint8_t *)docs_text[i], len, tok, &nt), 0);
+        assert_int_equal(put_record(docs, docs_text[i], (uint32_t)len, 1), 0);
+        assert_int_equal(put_record(ids, tok, (uint32_t)nt, 4), 0);
+    }
+    tok_destroy(&t);
+    assert_int_equal(fclose(docs) | fclose(ids), 0);
+    snprintf(cmd, sizeof(cmd), "%s/venv/bin/python %s %s %s %s 2>&1", py, script("hf_tok_agree.py", s, sizeof(s)),
+             p[1], p[0], p[2]);
+    assert_int_equal(tu_run(cmd, out, sizeof(out)), 0);
+    print_message("%s", out);
+    json_error_t je;
+    json_t *r = json_loads(out, 0, &je);
+    assert_non_null(r);
+    assert_int_equal(json_integer_value(json_object_get(r, "docs_agree")), 3);
+    json_decref(r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -803,6 +860,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_trained_job_exports, setup, teardown),
         cmocka_unit_test_setup_teardown(test_converted_tokenizer_agrees_on_fortunes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_converted_tokenizer_hard_cases, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_converted_tokenizer_with_duplicate_bytes, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

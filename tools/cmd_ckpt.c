@@ -2,6 +2,7 @@
  *   ctitan ckpt ls DIR                                what is in a checkpoint folder
  *   ctitan ckpt verify PATH                           read and check every byte of one
  *   ctitan ckpt export PATH --safetensors OUT         its weights for Hugging Face loaders
+ *   ctitan ckpt export PATH --hf DIR                  a folder from_pretrained loads
  *   ctitan ckpt keygen PREFIX                         a CURVE key pair for remote checkpoints
  * Exit status: 0 ok, 1 the checkpoint (or file) is bad or an operation failed, 2 bad usage. */
 #include <dirent.h>
@@ -14,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -23,12 +25,14 @@
 #include "checkpointd/restore.h"
 #include "tools/cmds.h"
 #include "checkpointd/safetensors.h"
+#include "checkpointd/hf_export.h"
 
 static const char usage_main[] =
     "usage: ctitan ckpt COMMAND ...\n"
     "  ls DIR                               list the checkpoints in DIR (a [checkpoint] folder)\n"
     "  verify PATH                          read every chunk of checkpoint PATH and check it\n"
     "  export PATH --safetensors OUT        write its model weights as a safetensors file\n"
+    "  export PATH --hf DIR                 write a Hugging Face model folder (config, weights, tokenizer)\n"
     "  keygen PREFIX                        make PREFIX.key and PREFIX.pub for remote checkpoints\n"
     "`ctitan ckpt COMMAND --help` describes each.\n";
 
@@ -47,11 +51,23 @@ static const char usage_verify[] =
 
 static const char usage_export[] =
     "usage: ctitan ckpt export PATH --safetensors OUT [--no-verify]\n"
-    "Writes the model weights of checkpoint PATH (every tensor but optimizer.*) to OUT in the\n"
-    "safetensors format, under their Hugging Face Llama names, with the step and the model's\n"
-    "shape in __metadata__. The whole checkpoint is verified first and a checkpoint that does\n"
-    "not verify is refused; --no-verify skips that (e.g. to rescue the weights when only the\n"
-    "optimizer moments are damaged): every weight chunk is still checked as it is copied.\n"
+    "       ctitan ckpt export PATH --hf DIR [--max-shard-size SIZE] [--dtype float32|bfloat16]\n"
+    "                                        [--tokenizer FILE | --no-tokenizer] [--no-verify]\n"
+    "--safetensors writes the model weights of checkpoint PATH (every tensor but optimizer.*) to\n"
+    "OUT in the safetensors format, under their Hugging Face Llama names, with the step and the\n"
+    "model's shape in __metadata__.\n"
+    "--hf writes a folder that transformers' LlamaForCausalLM.from_pretrained(DIR) and\n"
+    "AutoTokenizer.from_pretrained(DIR) load with no other arguments: config.json,\n"
+    "generation_config.json, the weights (model.safetensors, or shards of at most SIZE bytes -\n"
+    "default 5GB; 500MB, 2GiB and plain bytes are understood - with model.safetensors.index.json)\n"
+    "in float32 (default) or bfloat16 (rounded to nearest even), and the tokenizer of the\n"
+    "manifest's model.tokenizer_path or --tokenizer FILE: a tokenizer.json is copied with the\n"
+    "tokenizer_config.json and special_tokens_map.json beside it; ctitan's tokenizer.bin is\n"
+    "converted to a tokenizer.json. DIR must not exist or be an empty folder; it appears only\n"
+    "once complete and synced, and nothing is left there on failure.\n"
+    "The whole checkpoint is verified first and a checkpoint that does not verify is refused;\n"
+    "--no-verify skips that (e.g. to rescue the weights when only the optimizer moments are\n"
+    "damaged): every weight chunk is still checked as it is copied.\n"
     "OUT appears only once complete and synced.\n";
 
 static const char usage_keygen[] =
@@ -383,24 +399,69 @@ static int ckpt_verify_cmd(int argc, char **argv)
 
 /* ---- export ---- */
 
+/* "5GB", "500MB", "2GiB", "123" -> bytes (transformers' units: KB, MB, GB decimal; KiB, MiB,
+ * GiB binary). 0 when it is not a size. */
+static uint64_t parse_size(const char *s)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || !(v >= 1))
+        return 0;
+    static const struct { const char *unit; double mult; } units[] = {
+        {"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+        {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
+    for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++)
+        if (!strcasecmp(end, units[i].unit) && (end[0] || v == (double)(uint64_t)v))
+            return v * units[i].mult < 1.8e19 ? (uint64_t)(v * units[i].mult) : 0;
+    return 0;
+}
+
+enum { EX_ST, EX_HF, EX_SHARD, EX_DTYPE, EX_TOK, EX_NOTOK, EX_NOVERIFY, EX_N };
+
+static int export_hf(const char *path, const char **vals, const int *set)
+{
+    hf_export_opts_t o = {.tokenizer = vals[EX_TOK], .no_tokenizer = set[EX_NOTOK]};
+    if (vals[EX_SHARD] && !(o.max_shard_bytes = parse_size(vals[EX_SHARD])))
+        return bad_usage(usage_export, "--max-shard-size '%s' is not a size (e.g. 5GB, 500MB, 1000000)",
+                         vals[EX_SHARD]);
+    if (vals[EX_DTYPE] && strcmp(vals[EX_DTYPE], "float32") && strcmp(vals[EX_DTYPE], "bfloat16"))
+        return bad_usage(usage_export, "--dtype '%s': float32 or bfloat16", vals[EX_DTYPE]);
+    o.bf16 = vals[EX_DTYPE] && !strcmp(vals[EX_DTYPE], "bfloat16");
+    if (o.tokenizer && o.no_tokenizer)
+        return bad_usage(usage_export, "--tokenizer and --no-tokenizer together");
+    char err[1024];
+    if (hf_export(path, vals[EX_HF], &o, stderr, err, sizeof(err))) {
+        fprintf(stderr, "ctitan ckpt export: %s\n", err);
+        return 1;
+    }
+    printf("wrote %s (Hugging Face Llama, %s) from %s\n", vals[EX_HF], o.bf16 ? "bfloat16" : "float32", path);
+    return 0;
+}
+
 static int ckpt_export(int argc, char **argv)
 {
-    const char *pos[1], *vals[2] = {NULL, NULL};
-    int set[2] = {0, 0}, npos;
-    static const char *const flags[] = {"--safetensors=", "--no-verify", NULL};
+    const char *pos[1], *vals[EX_N] = {NULL};
+    int set[EX_N] = {0}, npos;
+    static const char *const flags[] = {"--safetensors=", "--hf=", "--max-shard-size=", "--dtype=", "--tokenizer=",
+                                        "--no-tokenizer", "--no-verify", NULL};
     int rc = parse(argc, argv, usage_export, pos, 1, &npos, flags, vals, set);
     if (rc)
         return rc < 0 ? show_help(usage_export) : rc;
     if (npos != 1)
         return bad_usage(usage_export, "export needs the checkpoint PATH");
-    if (!vals[0] || !vals[0][0])
-        return bad_usage(usage_export, "export needs --safetensors OUT");
-    const char *path = pos[0], *out = vals[0];
-    if (!set[1] && verify_one(path, stderr)) {
+    if ((!vals[EX_ST] || !vals[EX_ST][0]) == (!vals[EX_HF] || !vals[EX_HF][0]))
+        return bad_usage(usage_export, "export needs one of --safetensors OUT and --hf DIR");
+    if (vals[EX_ST] && (vals[EX_SHARD] || vals[EX_DTYPE] || vals[EX_TOK] || set[EX_NOTOK]))
+        return bad_usage(usage_export, "--max-shard-size, --dtype and --tokenizer go with --hf");
+    const char *path = pos[0], *out = vals[EX_ST];
+    if (!set[EX_NOVERIFY] && verify_one(path, stderr)) {
         fprintf(stderr, "ctitan ckpt export: refusing to export %s: it does not verify "
                         "(--no-verify exports the weights anyway, checking each weight chunk)\n", path);
         return 1;
     }
+    if (vals[EX_HF])
+        return export_hf(path, vals, set);
     char err[1024];
     if ((rc = st_export(path, out, err, sizeof(err)))) {
         fprintf(stderr, "ctitan ckpt export: %s\n", err);

@@ -56,8 +56,10 @@ static int num(const char *flag, const char *v, int is_int, double lo, double hi
     errno = 0;
     double x = strtod(v, &end);
     if (end == v || *end || errno || !isfinite(x) || x < lo || x > hi || (is_int && x != floor(x))) {
-        fprintf(stderr, "ctitan generate: %s expects %s from %g to %g, got '%s'\n(ctitan generate --help lists the "
-                "options)\n", flag, is_int ? "a whole number" : "a number", lo, hi, v);
+        char range[64];
+        snprintf(range, sizeof(range), isinf(hi) ? ">= %.15g" : "from %.15g to %.15g", lo, hi);
+        fprintf(stderr, "ctitan generate: %s expects %s %s, got '%s'\n(ctitan generate --help lists the options)\n",
+                flag, is_int ? "a whole number" : "a number", range, v);
         return 2;
     }
     *out = x;

@@ -576,6 +576,8 @@ static void test_bad_arguments_are_refused_naming_the_flag(void **state)
         {"--threads 0", "--threads", 2},
         {"--seed -1", "--seed", 2},
         {"--frobnicate", "--frobnicate", 2},
+        {"--device tpu", "--device", 2},
+        {"--device cuda", "--device cuda", 2},
         {"--max-tokens", "--max-tokens needs a value", 2},
         {"--prompt-ids '1 300'", "--prompt-ids", 1},
         {"--prompt-ids '1 x'", "--prompt-ids", 1},

@@ -31,6 +31,7 @@ static const char usage_text[] =
     "  --seed S (0)          the sampler's seed: the same seed gives the same text\n"
     "  --tokenizer PATH      default: the checkpoint manifest's model.tokenizer_path\n"
     "  --threads N           default: all CPUs\n"
+    "  --device cpu          where it runs (the CPU only for now)\n"
     "  --no-stream           print the text once it is all made\n"
     "  --ids                 print the new token ids instead of text\n"
     "  --bos / --no-bos      begin the prompt with the tokenizer's BOS token (default: when it has one)\n";
@@ -75,6 +76,12 @@ static int value_flag(gen_args_t *a, const char *k, const char *v)
     else if (!strcmp(k, "--prompt-file")) a->prompt_file = v;
     else if (!strcmp(k, "--prompt-ids")) a->prompt_ids = v;
     else if (!strcmp(k, "--tokenizer")) a->tokenizer = v;
+    else if (!strcmp(k, "--device")) {
+        if (!strcmp(v, "cuda"))
+            rc = bad_usage("%s %s: generation runs on the CPU only for now", k, v);
+        else if (strcmp(v, "cpu"))
+            rc = bad_usage("%s expects cpu, got '%s'", k, v);
+    }
     else if (!strcmp(k, "--max-tokens")) { if (!(rc = num(k, v, 1, 1, INT_MAX, &x))) a->max_tokens = (int)x; }
     else if (!strcmp(k, "--threads")) { if (!(rc = num(k, v, 1, 1, POOL_MAX_THREADS, &x))) a->threads = (int)x; }
     else if (!strcmp(k, "--top-k")) { if (!(rc = num(k, v, 1, 0, INT_MAX, &x))) a->p.top_k = (int)x; }
@@ -88,8 +95,9 @@ static int value_flag(gen_args_t *a, const char *k, const char *v)
     return rc;
 }
 
-static const char *const value_flags[] = {"--prompt", "--prompt-file", "--prompt-ids", "--tokenizer", "--max-tokens",
-                                          "--threads", "--top-k", "--seed", "--temperature", "--top-p", NULL};
+static const char *const value_flags[] = {"--prompt", "--prompt-file", "--prompt-ids", "--tokenizer", "--device",
+                                          "--max-tokens", "--threads", "--top-k", "--seed", "--temperature", "--top-p",
+                                          NULL};
 
 static int takes_value(const char *k)
 {

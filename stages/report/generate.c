@@ -90,15 +90,21 @@ static int argmax(const float *lg, int n)
 }
 
 /* Candidates after top-k (ties with the k-th logit kept, as transformers' TopKLogitsWarper),
- * sorted by logit, highest first; returns how many. */
+ * sorted by logit, highest first; returns how many. Tokens less likely than e^-CUT times the
+ * most likely one are left out before sorting: they hold under V e^-CUT of the probability
+ * (1e-26 for a vocabulary of 128256), and a large vocabulary is not sorted for every token. */
+#define CUT 70.0
 static int top_k_candidates(gen_sampler_t *s, const float *lg, int n)
 {
+    float floor_ = (float)(lg[argmax(lg, n)] - CUT * s->p.temperature);
+    int m = 0;
     for (int v = 0; v < n; v++)
-        s->idx[v] = v;
+        if (lg[v] >= floor_)
+            s->idx[m++] = v;
     sort_logits = lg;
-    qsort(s->idx, (size_t)n, sizeof(int), by_logit_desc);
-    int k = s->p.top_k > 0 && s->p.top_k < n ? s->p.top_k : n;
-    while (k < n && lg[s->idx[k]] == lg[s->idx[k - 1]])
+    qsort(s->idx, (size_t)m, sizeof(int), by_logit_desc);
+    int k = s->p.top_k > 0 && s->p.top_k < m ? s->p.top_k : m;
+    while (k < m && lg[s->idx[k]] == lg[s->idx[k - 1]])
         k++;
     return k;
 }

@@ -404,10 +404,10 @@ static void hf_config_json(const model_config_t *c, char *buf, size_t n)
         snprintf(scaling, sizeof(scaling), "{\"rope_type\": \"llama3\", \"factor\": %.17g, \"low_freq_factor\": %.17g, "
                  "\"high_freq_factor\": %.17g, \"original_max_position_embeddings\": %d}", c->rope_scaling_factor,
                  c->rope_low_freq_factor, c->rope_high_freq_factor, c->rope_original_max_seq_len);
-    snprintf(buf, n, "{\"vocab_size\": %d, \"hidden_size\": %d, \"intermediate_size\": %d, \"num_hidden_layers\": %d, "
-             "\"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"rms_norm_eps\": %.17g, \"rope_theta\": %.17g, "
-             "\"max_position_embeddings\": %d, \"rope_scaling\": %s}", c->vocab_size, c->dim, config_ffn_hidden(c),
-             c->n_layers, c->n_heads, c->n_kv_heads, c->norm_eps, c->rope_theta, c->max_seq_len, scaling);
+    snprintf(buf, n, "{\"vocab_size\": %d, \"hidden_size\": %d, \"intermediate_size\": %d, "
+             "\"num_hidden_layers\": %d, \"num_attention_heads\": %d, \"num_key_value_heads\": %d, "
+             "\"rms_norm_eps\": %.17g, \"rope_theta\": %.17g, \"max_position_embeddings\": %d, \"rope_scaling\": %s}",
+             c->vocab_size, c->dim, config_ffn_hidden(c), c->n_layers, c->n_heads, c->n_kv_heads, c->norm_eps, c->rope_theta, c->max_seq_len, scaling);
 }
 
 static void trim(char *s)

@@ -288,7 +288,11 @@ static tok_t *open_tokenizer(const gen_args_t *a, const gen_model_t *m, int *rc)
                         "(or --prompt-ids with --ids)\n", m->source);
         *rc = -EINVAL;
     } else if ((*rc = tok_load(&t, path, err, sizeof(err)))) {
-        fprintf(stderr, "ctitan generate: %s%s\n", a->tokenizer ? "--tokenizer: " : "", err);
+        if (a->tokenizer)
+            fprintf(stderr, "ctitan generate: --tokenizer: %s\n", err);
+        else
+            fprintf(stderr, "ctitan generate: %s (the tokenizer that %s's manifest names in model.tokenizer_path, "
+                            "relative to the current folder; --tokenizer PATH names another)\n", err, m->source);
     } else if (tok_vocab_size(t) > m->cfg.vocab_size) {
         fprintf(stderr, "ctitan generate: the tokenizer %s has %d tokens, more than the model's vocabulary of %d: "
                         "not this model's tokenizer\n", path, tok_vocab_size(t), m->cfg.vocab_size);
@@ -303,7 +307,7 @@ static void summary(const gen_stats_t *st)
     double pre = st->prefill_s > 0 ? st->prompt_tokens / st->prefill_s : 0;
     /* the first new token comes from the prompt's pass; each later one costs one step */
     double dec = st->decode_s > 0 ? (st->new_tokens - 1) / st->decode_s : 0;
-    fprintf(stderr, "\ngenerate: prompt %d tokens in %.3f s (%.1f tokens/s), %d new tokens in %.3f s "
+    fprintf(stderr, "generate: prompt %d tokens in %.3f s (%.1f tokens/s), %d new tokens in %.3f s "
                     "(%.1f tokens/s), stopped at %s\n", st->prompt_tokens, st->prefill_s, pre, st->new_tokens,
             st->decode_s, dec, st->stop);
 }

@@ -407,7 +407,8 @@ static void hf_config_json(const model_config_t *c, char *buf, size_t n)
     snprintf(buf, n, "{\"vocab_size\": %d, \"hidden_size\": %d, \"intermediate_size\": %d, "
              "\"num_hidden_layers\": %d, \"num_attention_heads\": %d, \"num_key_value_heads\": %d, "
              "\"rms_norm_eps\": %.17g, \"rope_theta\": %.17g, \"max_position_embeddings\": %d, \"rope_scaling\": %s}",
-             c->vocab_size, c->dim, config_ffn_hidden(c), c->n_layers, c->n_heads, c->n_kv_heads, c->norm_eps, c->rope_theta, c->max_seq_len, scaling);
+             c->vocab_size, c->dim, config_ffn_hidden(c), c->n_layers, c->n_heads, c->n_kv_heads, c->norm_eps,
+             c->rope_theta, c->max_seq_len, scaling);
 }
 
 static void trim(char *s)
@@ -650,6 +651,42 @@ static void test_gen_load_weights_reads_the_checkpoint_model(void **state)
     gen_model_free(&m);
 }
 
+/* A prompt longer than one prefill pass (256 tokens): the first new token is the whole-window
+ * model's argmax at the prompt's last position. */
+static void test_a_long_prompt_goes_in_several_passes(void **state)
+{
+    model_config_t c = test_config(0);
+    c.max_seq_len = 320;
+    size_t nw;
+    float *w = test_weights(&c, 13, &nw);
+    enum { P = 300 };
+    int32_t tok[P];
+    uint32_t prompt[P];
+    random_tokens(tok, P, c.vocab_size, 8);
+    for (int i = 0; i < P; i++)
+        prompt[i] = (uint32_t)tok[i];
+    model_t *m = model_new(&c, 0, c.n_layers + 2, w, NULL, NULL);
+    model_acts_t *a = model_acts_new(m, 1, P);
+    assert_non_null(a);
+    model_forward(m, a, tok, NULL, NULL, 0, NULL);
+    const float *last = model_logits(a) + (size_t)(P - 1) * c.vocab_size;
+    int best = 0;
+    for (int v = 1; v < c.vocab_size; v++)
+        best = last[v] > last[best] ? v : best;
+    gen_params_t p = {.temperature = 0, .top_p = 1};
+    gen_stats_t st;
+    char err[256];
+    collect_t out = {0};
+    assert_int_equal(gen_run(&c, w, NULL, &p, prompt, P, 3, -1, c.vocab_size, collect, &out, &st, err,
+                             sizeof(err)), 0);
+    assert_int_equal(out.n, 3);
+    assert_int_equal(out.ids[0], best);
+    assert_int_equal(st.prompt_tokens, P);
+    model_acts_destroy(&a);
+    model_destroy(&m);
+    free(w);
+}
+
 int main(void)
 {
     const struct CMUnitTest unit[] = {
@@ -662,6 +699,7 @@ int main(void)
         cmocka_unit_test(test_params_check_names_the_flag),
         cmocka_unit_test(test_utf8_hold_back_keeps_only_an_incomplete_last_character),
         cmocka_unit_test(test_generation_stops_at_eos_max_tokens_and_max_seq_len),
+        cmocka_unit_test(test_a_long_prompt_goes_in_several_passes),
     };
     const struct CMUnitTest cli[] = {
         cmocka_unit_test(test_gen_load_weights_reads_the_checkpoint_model),

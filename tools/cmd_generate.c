@@ -34,7 +34,7 @@ static const char usage_text[] =
     "  --device cpu          where it runs (the CPU only for now)\n"
     "  --no-stream           print the text once it is all made\n"
     "  --ids                 print the new token ids instead of text\n"
-    "  --bos / --no-bos      begin the prompt with the tokenizer's BOS token (default: when it has one)\n";
+    "  --bos / --no-bos      begin a text prompt with the tokenizer's BOS token (default: when it has one)\n";
 
 typedef struct {
     const char *model, *prompt, *prompt_file, *prompt_ids, *tokenizer;

@@ -68,13 +68,12 @@ static double next_uniform(uint64_t *state)
     return (double)(z >> 11) * 0x1.0p-53;
 }
 
-static const float *sort_logits; /* qsort's context: the candidates' logits */
-
-/* Highest logit first; equal logits by id, so the order is a function of the logits alone. */
-static int by_logit_desc(const void *a, const void *b)
+/* Highest logit first (lg: the logits); equal logits by id, so the order is a function of the
+ * logits alone. */
+static int by_logit_desc(const void *a, const void *b, void *lg)
 {
     int x = *(const int *)a, y = *(const int *)b;
-    float lx = sort_logits[x], ly = sort_logits[y];
+    float lx = ((const float *)lg)[x], ly = ((const float *)lg)[y];
     if (lx != ly)
         return lx > ly ? -1 : 1;
     return x - y;
@@ -101,8 +100,7 @@ static int top_k_candidates(gen_sampler_t *s, const float *lg, int n)
     for (int v = 0; v < n; v++)
         if (lg[v] >= floor_)
             s->idx[m++] = v;
-    sort_logits = lg;
-    qsort(s->idx, (size_t)m, sizeof(int), by_logit_desc);
+    qsort_r(s->idx, (size_t)m, sizeof(int), by_logit_desc, (void *)lg);
     int k = s->p.top_k > 0 && s->p.top_k < m ? s->p.top_k : m;
     while (k < m && lg[s->idx[k]] == lg[s->idx[k - 1]])
         k++;

@@ -584,6 +584,8 @@ static void test_bad_arguments_are_refused_naming_the_flag(void **state)
         {"--prompt-ids '1 x'", "--prompt-ids", 1},
         {"--prompt-file /nonexistent/p.txt", "--prompt-file", 1},
         {"--tokenizer /nonexistent/t.bin", "/nonexistent/t.bin", 1},
+        {"--bos", "--bos: the tokenizer has no BOS token", 1},
+        {"--prompt ''", "the prompt is empty", 1},
     };
     char out[4096];
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {

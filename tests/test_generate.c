@@ -418,6 +418,19 @@ static void trim(char *s)
         s[--n] = 0;
 }
 
+/* tests/NAME from the repository root (make test), else beside the build folder. */
+static void py_script(const char *name, char *path, size_t n)
+{
+    char exe[200];
+    snprintf(path, n, "tests/%s", name);
+    ssize_t k = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (access(path, R_OK) && k > 0) {
+        exe[k] = 0;
+        *strrchr(exe, '/') = 0;
+        snprintf(path, n, "%s/../../tests/%s", exe, name);
+    }
+}
+
 /* Greedy ids of `ctitan generate` and of transformers' generate on checkpoint ckpt's weights. */
 static void check_greedy_against_transformers(const gfx_t *g, const char *ckpt, const model_config_t *c,
                                               const char *name)
@@ -434,15 +447,8 @@ static void check_greedy_against_transformers(const gfx_t *g, const char *ckpt, 
                         ckpt, prompt, N);
     assert_int_equal(rc, 0);
     hf_config_json(c, cfg, sizeof(cfg));
-    char cmd[2400], exe[200];
-    /* from the repository root (make test), else beside the build folder */
-    snprintf(script, sizeof(script), "tests/hf_generate.py");
-    ssize_t k = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    if (access(script, R_OK) && k > 0) {
-        exe[k] = 0;
-        *strrchr(exe, '/') = 0;
-        snprintf(script, sizeof(script), "%s/../../tests/hf_generate.py", exe);
-    }
+    char cmd[2400];
+    py_script("hf_generate.py", script, sizeof(script));
     snprintf(cmd, sizeof(cmd), "%s/venv/bin/python %s %s '%s' '%s' %d 2>&1", py, script, st, cfg, prompt, N);
     rc = tu_run(cmd, theirs, sizeof(theirs));
     if (rc)
@@ -462,6 +468,67 @@ static void test_greedy_equals_transformers_generate_with_llama3_rope_scaling(vo
 {
     gfx_t *g = *state;
     check_greedy_against_transformers(g, g->scaled, &g->cfg_scaled, "scaled");
+}
+
+/* gen_distribution against transformers' warpers (temperature, top-k, top-p, softmax) on the same
+ * logits: the same tokens, the same probabilities to 1e-6. */
+static void test_the_distribution_is_that_of_transformers_warpers(void **state)
+{
+    gfx_t *g = *state;
+    const char *py;
+    TU_NEED_PY(py);
+    enum { V = 1000 };
+    static const gen_params_t cases[] = {
+        {.temperature = 0.7, .top_k = 0, .top_p = 1},
+        {.temperature = 1, .top_k = 50, .top_p = 1},
+        {.temperature = 1.3, .top_k = 0, .top_p = 0.9},
+        {.temperature = 0.8, .top_k = 40, .top_p = 0.8},
+        {.temperature = 2, .top_k = 7, .top_p = 0.5},
+    };
+    float lg[V];
+    tu_fill(NULL, lg, V, 77, 4.0);
+    char path[300], script[300], cmd[1200], out[65536];
+    snprintf(path, sizeof(path), "%s/logits.f32", g->dir);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(lg, sizeof(float), V, f), V);
+    fclose(f);
+    py_script("hf_warpers.py", script, sizeof(script));
+    int at = snprintf(cmd, sizeof(cmd), "%s/venv/bin/python %s %s", py, script, path);
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++)
+        at += snprintf(cmd + at, sizeof(cmd) - (size_t)at, " %.17g %d %.17g", cases[c].temperature, cases[c].top_k,
+                       cases[c].top_p);
+    snprintf(cmd + at, sizeof(cmd) - (size_t)at, " 2>&1");
+    if (tu_run(cmd, out, sizeof(out)))
+        fail_msg("%s: %s", cmd, out);
+    char *line = out;
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        const gen_params_t *p = &cases[c];
+        gen_sampler_t *s = gen_sampler_new(p, V);
+        const int *ids;
+        const double *probs;
+        int k = gen_distribution(s, lg, V, &ids, &probs), n = 0;
+        double ref[V];
+        for (int v = 0; v < V; v++)
+            ref[v] = 0;
+        for (; *line && strncmp(line, "--", 2); n++) {
+            char *end;
+            long id = strtol(line, &end, 10);
+            assert_true(end != line && id >= 0 && id < V);
+            ref[id] = strtod(end, &line);
+            while (*line == '\n')
+                line++;
+        }
+        assert_true(!strncmp(line, "--\n", 3));
+        line += 3;
+        print_message("temperature %g, top-k %d, top-p %g: %d tokens (transformers %d)\n", p->temperature, p->top_k,
+                      p->top_p, k, n);
+        assert_int_equal(k, n);
+        for (int i = 0; i < k; i++)
+            if (fabs(probs[i] - ref[ids[i]]) > 1e-6)
+                fail_msg("token %d: %.9g, transformers %.9g", ids[i], probs[i], ref[ids[i]]);
+        gen_sampler_destroy(&s);
+    }
 }
 
 static void test_top_k_1_and_a_tiny_top_p_equal_greedy(void **state)
@@ -707,6 +774,7 @@ int main(void)
         cmocka_unit_test(test_gen_load_weights_reads_the_checkpoint_model),
         cmocka_unit_test(test_greedy_equals_transformers_generate),
         cmocka_unit_test(test_greedy_equals_transformers_generate_with_llama3_rope_scaling),
+        cmocka_unit_test(test_the_distribution_is_that_of_transformers_warpers),
         cmocka_unit_test(test_top_k_1_and_a_tiny_top_p_equal_greedy),
         cmocka_unit_test(test_sampling_with_a_seed_is_reproducible),
         cmocka_unit_test(test_text_prompt_uses_the_checkpoints_tokenizer_and_streams_its_text),

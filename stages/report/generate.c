@@ -107,12 +107,17 @@ static int top_k_candidates(gen_sampler_t *s, const float *lg, int n)
     return k;
 }
 
-int gen_sample(gen_sampler_t *s, const float *lg, int limit)
+int gen_distribution(gen_sampler_t *s, const float *lg, int limit, const int **ids, const double **probs)
 {
-    int n = limit < s->V ? limit : s->V;
-    if (s->p.temperature == 0)
-        return argmax(lg, n);
-    int k = top_k_candidates(s, lg, n);
+    int n = limit < s->V ? limit : s->V, k;
+    *ids = s->idx;
+    *probs = s->prob;
+    if (s->p.temperature == 0) {
+        s->idx[0] = argmax(lg, n);
+        s->prob[0] = 1;
+        return 1;
+    }
+    k = top_k_candidates(s, lg, n);
     /* softmax(logits / temperature) over the candidates */
     double mx = lg[s->idx[0]] / s->p.temperature, sum = 0;
     for (int i = 0; i < k; i++)
@@ -129,11 +134,23 @@ int gen_sample(gen_sampler_t *s, const float *lg, int limit)
         for (int i = 0; i < k; i++)
             sum += s->prob[i];
     }
-    double r = next_uniform(&s->state) * sum;
     for (int i = 0; i < k; i++)
-        if ((r -= s->prob[i]) < 0)
-            return s->idx[i];
-    return s->idx[k - 1];
+        s->prob[i] /= sum;
+    return k;
+}
+
+int gen_sample(gen_sampler_t *s, const float *lg, int limit)
+{
+    const int *ids;
+    const double *p;
+    int k = gen_distribution(s, lg, limit, &ids, &p);
+    if (s->p.temperature == 0)
+        return ids[0];
+    double r = next_uniform(&s->state);
+    for (int i = 0; i < k; i++)
+        if ((r -= p[i]) < 0)
+            return ids[i];
+    return ids[k - 1];
 }
 
 size_t gen_utf8_ready(const uint8_t *buf, size_t n)

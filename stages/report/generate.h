@@ -31,6 +31,10 @@ void gen_sampler_destroy(gen_sampler_t **s);
  * model vocabulary padded past the tokenizer's). Advances the generator unless greedy. */
 int gen_sample(gen_sampler_t *s, const float *logits, int limit);
 
+/* The distribution gen_sample draws from: *ids (most likely first) and their *probs (summing to
+ * 1), pointers into s valid until its next call; returns how many. Greedy: the one token. */
+int gen_distribution(gen_sampler_t *s, const float *logits, int limit, const int **ids, const double **probs);
+
 /* How many bytes of buf[0..n) may be written now: all but an incomplete UTF-8 sequence at the
  * end (one that more bytes could complete). Invalid bytes are not held. */
 size_t gen_utf8_ready(const uint8_t *buf, size_t n);

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,10 +43,14 @@ typedef struct {
     gen_params_t p;
 } gen_args_t;
 
-static int bad_usage(const char *fmt, const char *a, const char *b)
+/* Bad usage: the message, where to look, status 2. */
+__attribute__((format(printf, 1, 2))) static int bad_usage(const char *fmt, ...)
 {
+    va_list ap;
+    va_start(ap, fmt);
     fprintf(stderr, "ctitan generate: ");
-    fprintf(stderr, fmt, a, b);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
     fprintf(stderr, "\n(ctitan generate --help lists the options)\n");
     return 2;
 }
@@ -91,7 +96,7 @@ static int value_flag(gen_args_t *a, const char *k, const char *v)
         if (!(rc = num(k, v, 0, 0, 1, &x)) && x == 0)
             rc = bad_usage("%s must be above 0 (1 = off), got '%s'", k, v);
         a->p.top_p = x;
-    } else return bad_usage("unknown option '%s'%s", k, "");
+    } else return bad_usage("unknown option '%s'", k);
     return rc;
 }
 
@@ -120,20 +125,20 @@ static int parse_args(int argc, char **argv, gen_args_t *a)
         else if (!strcmp(k, "--ids")) a->ids = 1;
         else if (!strcmp(k, "--bos")) a->bos = 1;
         else if (!strcmp(k, "--no-bos")) a->bos = 0;
-        else if (takes_value(k) && i + 1 >= argc) return bad_usage("%s needs a value%s", k, "");
+        else if (takes_value(k) && i + 1 >= argc) return bad_usage("%s needs a value", k);
         else if (takes_value(k)) rc = value_flag(a, k, argv[++i]);
-        else if (k[0] == '-' && k[1]) return bad_usage("unknown option '%s'%s", k, "");
+        else if (k[0] == '-' && k[1]) return bad_usage("unknown option '%s'", k);
         else if (a->model) return bad_usage("unexpected argument '%s' (the model is '%s')", k, a->model);
         else a->model = k;
         if (rc)
             return rc;
     }
     if (!a->model)
-        return bad_usage("%s%s", "give the model: a checkpoint (step-N directory) or a Hugging Face folder", "");
+        return bad_usage("give the model: a checkpoint (step-N directory) or a Hugging Face folder");
     int given = !!a->prompt + !!a->prompt_file + !!a->prompt_ids;
     if (given != 1)
-        return bad_usage("%s%s", given ? "give only one of --prompt, --prompt-file and --prompt-ids"
-                                       : "give the prompt: --prompt TEXT, --prompt-file F or --prompt-ids LIST", "");
+        return bad_usage("%s", given ? "give only one of --prompt, --prompt-file and --prompt-ids"
+                                     : "give the prompt: --prompt TEXT, --prompt-file F or --prompt-ids LIST");
     return 0;
 }
 

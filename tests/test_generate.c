@@ -81,7 +81,7 @@ static void check_cache_against_full(int pass, int max_batch)
     model_forward(m, a, tok, NULL, NULL, 0, NULL);
     const float *full = model_logits(a);
     pool_t *pool = pool_new(2);
-    infer_t *s = infer_new(&c, w, T, max_batch, pool);
+    infer_t *s = infer_new(&c, w, T, max_batch, 1, pool);
     assert_non_null(s);
     size_t bad = 0;
     for (int at = 0; at < T; at += pass) {
@@ -98,6 +98,14 @@ static void check_cache_against_full(int pass, int max_batch)
     assert_int_equal(bad, 0);
     assert_int_equal(infer_pos(s), T);
     assert_null(infer_forward(s, tok, 1, 0)); /* the cache is full */
+    infer_reset(s);
+    assert_non_null(infer_forward(s, tok, 1, 0));
+    infer_destroy(&s);
+    s = infer_new(&c, w, T, max_batch, 0, pool); /* room for the last token's logits only */
+    assert_non_null(s);
+    if (max_batch > 1)
+        assert_null(infer_forward(s, tok, 2, 1));
+    assert_non_null(infer_forward(s, tok, 1, 1));
     infer_destroy(&s);
     pool_destroy(&pool);
     model_acts_destroy(&a);

@@ -22,7 +22,7 @@ typedef struct {
 struct infer {
     model_config_t cfg;
     pool_t *pool;
-    int D, hd, QD, KD, F, V, cap, max_batch, pos;
+    int D, hd, QD, KD, F, V, cap, max_batch, logit_rows, pos;
     const float *embed, *norm, *out;
     infer_layer_t *l;
     float *rope_cos, *rope_sin; /* (capacity, hd/2) */
@@ -30,7 +30,7 @@ struct infer {
     float *base; /* the one allocation of everything below and the caches */
     float *x, *xn, *q, *y, *a, *b, *r; /* (B, D) (B, D) (B, QD) (B, QD) (B, F) (B, F) (B) */
     float *scores;  /* (n_heads, capacity) */
-    float *logits;  /* (B, V) */
+    float *logits;  /* (logit_rows, V) */
 };
 
 static const float *weight(const param_table_t *tab, const float *w, param_kind_t kind, int layer)
@@ -80,7 +80,7 @@ static int alloc_buffers(infer_t *s)
 {
     size_t B = s->max_batch, C = s->cap, D = s->D, QD = s->QD, KD = s->KD, F = s->F, V = s->V;
     size_t half = s->hd / 2, nl = s->cfg.n_layers;
-    size_t total = nl * 2 * C * KD + 2 * C * half + B * (2 * D + 2 * QD + 2 * F + 1 + V)
+    size_t total = nl * 2 * C * KD + 2 * C * half + B * (2 * D + 2 * QD + 2 * F + 1) + (size_t)s->logit_rows * V
                    + (size_t)s->cfg.n_heads * C;
     if (!(s->base = malloc(total * sizeof(float))))
         return -1;
@@ -92,14 +92,15 @@ static int alloc_buffers(infer_t *s)
     }
     s->rope_cos = TAKE(C * half); s->rope_sin = TAKE(C * half);
     s->x = TAKE(B * D); s->xn = TAKE(B * D); s->q = TAKE(B * QD); s->y = TAKE(B * QD);
-    s->a = TAKE(B * F); s->b = TAKE(B * F); s->r = TAKE(B); s->logits = TAKE(B * V);
+    s->a = TAKE(B * F); s->b = TAKE(B * F); s->r = TAKE(B); s->logits = TAKE((size_t)s->logit_rows * V);
     s->scores = TAKE((size_t)s->cfg.n_heads * C);
 #undef TAKE
     s->bytes = total * sizeof(float);
     return 0;
 }
 
-infer_t *infer_new(const model_config_t *cfg, const float *w, int capacity, int max_batch, pool_t *pool)
+infer_t *infer_new(const model_config_t *cfg, const float *w, int capacity, int max_batch, int all_logits,
+                   pool_t *pool)
 {
     if (capacity < 1 || capacity > cfg->max_seq_len || max_batch < 1 || max_batch > capacity)
         return NULL;
@@ -116,6 +117,7 @@ infer_t *infer_new(const model_config_t *cfg, const float *w, int capacity, int 
     s->V = cfg->vocab_size;
     s->cap = capacity;
     s->max_batch = max_batch;
+    s->logit_rows = all_logits ? max_batch : 1;
     s->l = calloc((size_t)cfg->n_layers, sizeof(infer_layer_t));
     if (!s->l || bind_weights(s, w) || alloc_buffers(s)) {
         infer_destroy(&s);
@@ -204,13 +206,13 @@ static void layer_step(infer_t *s, const infer_layer_t *L, int n)
 
 const float *infer_forward(infer_t *s, const int32_t *tokens, int n, int all_logits)
 {
-    if (n < 1 || n > s->max_batch || n > s->cap - s->pos)
+    int rows = all_logits ? n : 1;
+    if (n < 1 || n > s->max_batch || n > s->cap - s->pos || rows > s->logit_rows)
         return NULL;
     ops_embed_fwd(s->pool, s->x, s->embed, tokens, n, s->D);
     for (int i = 0; i < s->cfg.n_layers; i++)
         layer_step(s, &s->l[i], n);
     s->pos += n;
-    int rows = all_logits ? n : 1;
     const float *top = s->x + (size_t)(n - rows) * s->D;
     ops_rmsnorm_fwd(s->pool, s->xn, s->r, top, s->norm, rows, s->D, (float)s->cfg.norm_eps);
     ops_matmul_fwd(s->pool, s->logits, s->xn, s->out, rows, s->D, s->V);

@@ -218,7 +218,7 @@ int gen_run(const model_config_t *cfg, const float *w, pool_t *pool, const gen_p
     st->prompt_tokens = n_prompt;
     int room = cfg->max_seq_len - n_prompt, budget = max_tokens < room ? max_tokens : room;
     int cap = n_prompt + budget, batch = n_prompt < PREFILL_BATCH ? n_prompt : PREFILL_BATCH;
-    infer_t *m = infer_new(cfg, w, cap, batch, pool);
+    infer_t *m = infer_new(cfg, w, cap, batch, 0, pool);
     gen_sampler_t *s = gen_sampler_new(p, cfg->vocab_size);
     int32_t *ids = malloc((size_t)batch * sizeof(int32_t));
     rc = util_fail(err, errlen, -ENOMEM, "out of memory for a cache of %d positions", cap);

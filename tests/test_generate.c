@@ -33,9 +33,10 @@ static model_config_t test_config(int rope_scaled)
     model_config_t c;
     config_preset("tiny", &c);
     c.dim = 32, c.vocab_size = 300, c.max_seq_len = 64;
-    if (rope_scaled) /* Llama 3.1's llama3 scaling, sized so every branch of it is taken */
+    if (rope_scaled) /* Llama 3.1's llama3 scaling, sized so every branch of it is taken; room for a
+                      * prompt longer than one prefill pass */
         c.rope_theta = 10000, c.rope_scaling_factor = 8, c.rope_low_freq_factor = 1, c.rope_high_freq_factor = 4,
-        c.rope_original_max_seq_len = 16;
+        c.rope_original_max_seq_len = 16, c.max_seq_len = 400;
     char err[256];
     if (config_validate(&c, err, sizeof(err)))
         fail_msg("test config: %s", err);
@@ -387,7 +388,7 @@ static int group_setup(void **state)
 static int run_ctitan(char *out, size_t n, int both, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 static int run_ctitan(char *out, size_t n, int both, const char *fmt, ...)
 {
-    char args[4096], cmd[4400];
+    char args[8192], cmd[8192 + 512];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(args, sizeof(args), fmt, ap);
@@ -441,7 +442,7 @@ static void py_script(const char *name, char *path, size_t n)
 
 /* Greedy ids of `ctitan generate` and of transformers' generate on checkpoint ckpt's weights. */
 static void check_greedy_against_transformers(const gfx_t *g, const char *ckpt, const model_config_t *c,
-                                              const char *name)
+                                              const char *name, const char *prompt)
 {
     const char *py;
     TU_NEED_PY(py);
@@ -449,13 +450,12 @@ static void check_greedy_against_transformers(const gfx_t *g, const char *ckpt, 
     char st[300], out[8192], ours[8192], theirs[8192], cfg[1024], script[300];
     snprintf(st, sizeof(st), "%s/%s.safetensors", g->dir, name);
     assert_int_equal(run_ctitan(out, sizeof(out), 1, "ckpt export %s --safetensors %s", ckpt, st), 0);
-    const char *prompt = "17 4 250 99 3 3 180";
     enum { N = 40 };
     int rc = run_ctitan(ours, sizeof(ours), 0, "generate %s --prompt-ids '%s' --ids --temperature 0 --max-tokens %d",
                         ckpt, prompt, N);
     assert_int_equal(rc, 0);
     hf_config_json(c, cfg, sizeof(cfg));
-    char cmd[2400];
+    char cmd[8192];
     py_script("hf_generate.py", script, sizeof(script));
     snprintf(cmd, sizeof(cmd), "%s/venv/bin/python %s %s '%s' '%s' %d 2>&1", py, script, st, cfg, prompt, N);
     rc = tu_run(cmd, theirs, sizeof(theirs));
@@ -469,13 +469,19 @@ static void check_greedy_against_transformers(const gfx_t *g, const char *ckpt, 
 static void test_greedy_equals_transformers_generate(void **state)
 {
     gfx_t *g = *state;
-    check_greedy_against_transformers(g, g->ckpt, &g->cfg, "plain");
+    check_greedy_against_transformers(g, g->ckpt, &g->cfg, "plain", "17 4 250 99 3 3 180");
 }
 
-static void test_greedy_equals_transformers_generate_with_llama3_rope_scaling(void **state)
+static void test_greedy_equals_transformers_generate_with_llama3_rope_scaling_after_a_long_prompt(void **state)
 {
     gfx_t *g = *state;
-    check_greedy_against_transformers(g, g->scaled, &g->cfg_scaled, "scaled");
+    /* 300 prompt tokens: two prefill passes (256 + 44) */
+    uint32_t ids[300];
+    char prompt[2000];
+    for (int i = 0; i < 300; i++)
+        ids[i] = (uint32_t)((i * 37 + 11) % 300);
+    ids_text(ids, 300, prompt, sizeof(prompt));
+    check_greedy_against_transformers(g, g->scaled, &g->cfg_scaled, "scaled", prompt);
 }
 
 /* gen_distribution against transformers' warpers (temperature, top-k, top-p, softmax) on the same
@@ -781,7 +787,7 @@ int main(void)
     const struct CMUnitTest cli[] = {
         cmocka_unit_test(test_gen_load_weights_reads_the_checkpoint_model),
         cmocka_unit_test(test_greedy_equals_transformers_generate),
-        cmocka_unit_test(test_greedy_equals_transformers_generate_with_llama3_rope_scaling),
+        cmocka_unit_test(test_greedy_equals_transformers_generate_with_llama3_rope_scaling_after_a_long_prompt),
         cmocka_unit_test(test_the_distribution_is_that_of_transformers_warpers),
         cmocka_unit_test(test_top_k_1_and_a_tiny_top_p_equal_greedy),
         cmocka_unit_test(test_sampling_with_a_seed_is_reproducible),

@@ -155,7 +155,7 @@ int gen_sample(gen_sampler_t *s, const float *lg, int limit)
 
 size_t gen_utf8_ready(const uint8_t *buf, size_t n)
 {
-    /* the last lead byte within the final 3 bytes, if any */
+    /* the last lead byte among the final 4 bytes, if any: held when its sequence is not whole */
     for (size_t back = 1; back <= 4 && back <= n; back++) {
         uint8_t c = buf[n - back];
         if ((c & 0xc0) == 0x80)
@@ -221,11 +221,10 @@ int gen_run(const model_config_t *cfg, const float *w, pool_t *pool, const gen_p
     infer_t *m = infer_new(cfg, w, cap, batch, 0, pool);
     gen_sampler_t *s = gen_sampler_new(p, cfg->vocab_size);
     int32_t *ids = malloc((size_t)batch * sizeof(int32_t));
-    rc = util_fail(err, errlen, -ENOMEM, "out of memory for a cache of %d positions", cap);
-    if (!m || !s || !ids)
+    if (!m || !s || !ids) {
+        rc = util_fail(err, errlen, -ENOMEM, "out of memory for a cache of %d positions", cap);
         goto out;
-    rc = 0;
-    err[0] = 0;
+    }
     double t0 = now_s();
     const float *lg = prefill(m, prompt, n_prompt, ids);
     double t1 = now_s();

@@ -17,6 +17,7 @@ static const struct {
     {"status", cmd_status, "status --job NAME: which step a running job is at, its restarts"},
     {"train", cmd_train, "train in one process on token shards (the single-process reference)"},
     {"bench", cmd_bench, "measure the kernels and the training step"},
+    {"generate", cmd_generate, "continue a prompt with a checkpoint's model (KV cache, CPU): sampling, streaming"},
     {"ckpt", cmd_ckpt, "checkpoints: ls DIR, verify PATH, export PATH --safetensors OUT, keygen PREFIX"},
 };
 

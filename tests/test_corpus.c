@@ -1,0 +1,446 @@
+/* Tests of the text corpus reader and mix (stages/data/corpus.h) on real files: JSON Lines,
+ * plain text, gzip, globs, bad lines, positions that resume exactly at every point, the
+ * refusals; then real jobs of ctitan-loader-text on two weighted JSON Lines/text sources:
+ * they train, resume bitwise from a checkpoint mid-epoch, and give the same losses through a
+ * loader swap and a kill -9 of the loader. */
+#include <errno.h>
+#include <math.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cmocka.h>
+
+#include "stages/data/corpus.h"
+#include "stages/data/tokenizer.h"
+#include "tests/testjob.h"
+
+/* ---- files ---- */
+
+static void put(const char *dir, const char *name, const char *text)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+static void put_gz(const char *dir, const char *name, const char *text)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    gzFile g = gzopen(path, "wb");
+    assert_non_null(g);
+    assert_int_equal(gzwrite(g, text, (unsigned)strlen(text)), (int)strlen(text));
+    assert_int_equal(gzclose(g), Z_OK);
+}
+
+static char g_tmp[64]; /* the unit tests' folder */
+
+static const char *in_tmp(const char *name)
+{
+    static char buf[4][512];
+    static int k;
+    k = (k + 1) % 4;
+    snprintf(buf[k], sizeof(buf[k]), "%s/%s", g_tmp, name);
+    return buf[k];
+}
+
+static corpus_src_opts_t src(const char *name)
+{
+    return (corpus_src_opts_t){.pattern = in_tmp(name)};
+}
+
+/* Every unit of the first pass: their texts joined by '|', and how many. */
+static int one_pass(corpus_reader_t *r, char *out, size_t n, corpus_unit_t *units, int max)
+{
+    corpus_unit_t u;
+    char err[512];
+    int k = 0;
+    out[0] = 0;
+    while (corpus_reader_epoch(r) == 0) {
+        int rc = corpus_reader_next(r, &u, err, sizeof(err));
+        if (rc)
+            fail_msg("%s", err);
+        if (corpus_reader_epoch(r) > 0)
+            break;
+        if (k < max)
+            units[k] = u;
+        k++;
+        snprintf(out + strlen(out), n - strlen(out), "%s%.*s", k > 1 ? "|" : "", (int)u.len, u.text);
+    }
+    return k;
+}
+
+/* ---- the reader ---- */
+
+static void test_corpus_reads_jsonl_gzip_and_plain_through_a_sorted_glob(void **state)
+{
+    mkdir(in_tmp("j"), 0755);
+    put_gz(in_tmp("j"), "b.jsonl.gz", "{\"text\": \"third\", \"id\": 3}\n{\"text\": \"fourth\\nline\"}\n");
+    put(in_tmp("j"), "a.jsonl", "{\"text\": \"first\"}\n\n{\"id\": 2, \"text\": \"second \\u00e9\"}");
+    corpus_src_opts_t o = src("j/*.jsonl*");
+    corpus_reader_t *r;
+    char err[512], all[512];
+    corpus_unit_t u[8];
+    assert_int_equal(corpus_reader_open(&r, &o, err, sizeof(err)), 0);
+    assert_int_equal(corpus_reader_files(r), 2);
+    assert_non_null(strstr(corpus_reader_file(r, 0), "a.jsonl"));
+    assert_int_equal(one_pass(r, all, sizeof(all), u, 8), 4);
+    assert_string_equal(all, "first|second \xc3\xa9|third|fourth\nline");
+    assert_int_equal(u[1].file, 0);
+    assert_int_equal(u[1].off, 19); /* after the first line and the blank one */
+    assert_int_equal(u[2].file, 1);
+    assert_int_equal(u[2].off, 0);
+    assert_int_equal(u[3].off, 27); /* in the uncompressed stream */
+    assert_true(u[3].doc_start && u[3].doc_end);
+    assert_int_equal(corpus_reader_bad_lines(r), 0);
+    /* a named field, and seeking to a unit's start */
+    assert_int_equal(corpus_reader_seek(r, 1, 27, err, sizeof(err)), 0);
+    assert_int_equal(corpus_reader_next(r, &u[0], err, sizeof(err)), 0);
+    assert_int_equal(u[0].len, 11);
+    assert_int_equal(corpus_reader_seek(r, 1, 26, err, sizeof(err)), -EINVAL);
+    assert_non_null(strstr(err, "not at a line start"));
+    assert_int_equal(corpus_reader_seek(r, 1, 500, err, sizeof(err)), -EINVAL);
+    assert_non_null(strstr(err, "past its end"));
+    assert_int_equal(corpus_reader_seek(r, 2, 0, err, sizeof(err)), -EINVAL);
+    corpus_reader_destroy(&r);
+    assert_null(r);
+}
+
+static void test_corpus_bad_lines_are_skipped_and_counted_or_an_error(void **state)
+{
+    put(g_tmp, "bad.jsonl",
+        "{\"text\": \"one\"}\n"
+        "not json\n"
+        "[\"an\", \"array\"]\n"
+        "{\"body\": \"no text field\"}\n"
+        "{\"text\": 7}\n"
+        "   \n"
+        "{\"text\": \"\"}\n"
+        "{\"text\": \"two\", \"body\": \"b\"}\n"
+        "{\"text\": \"bad \xff utf-8\"}\n");
+    corpus_src_opts_t o = src("bad.jsonl");
+    char err[512], all[256];
+    corpus_unit_t u[4];
+    corpus_reader_t *r;
+    FILE *log = tmpfile();
+    o.log = log;
+    assert_int_equal(corpus_reader_open(&r, &o, err, sizeof(err)), 0);
+    assert_int_equal(one_pass(r, all, sizeof(all), u, 4), 2);
+    assert_string_equal(all, "one|two");
+    assert_int_equal(corpus_reader_bad_lines(r), 5); /* blank and empty documents are not bad */
+    char text[4096] = {0};
+    rewind(log);
+    assert_true(fread(text, 1, sizeof(text) - 1, log) > 0);
+    fclose(log);
+    assert_non_null(strstr(text, "bad.jsonl:2: not JSON"));
+    assert_non_null(strstr(text, "bad.jsonl:3: not a JSON object"));
+    assert_non_null(strstr(text, "bad.jsonl:4: no field \"text\""));
+    assert_non_null(strstr(text, "bad.jsonl:5: field \"text\" is not a string"));
+    assert_non_null(strstr(text, "bad.jsonl:9: not JSON"));
+    corpus_reader_destroy(&r);
+    /* another field */
+    o.field = "body";
+    o.log = NULL;
+    assert_int_equal(corpus_reader_open(&r, &o, err, sizeof(err)), 0);
+    assert_int_equal(one_pass(r, all, sizeof(all), u, 4), 2);
+    assert_string_equal(all, "no text field|b");
+    corpus_reader_destroy(&r);
+    /* --on-bad-line error: the first bad line stops the read, named */
+    o.field = NULL;
+    o.on_bad_line = CORPUS_BAD_ERROR;
+    assert_int_equal(corpus_reader_open(&r, &o, err, sizeof(err)), 0);
+    assert_int_equal(corpus_reader_next(r, &u[0], err, sizeof(err)), 0);
+    assert_int_equal(corpus_reader_next(r, &u[0], err, sizeof(err)), -EINVAL);
+    assert_non_null(strstr(err, "bad.jsonl:2: not JSON"));
+    corpus_reader_destroy(&r);
+}
+
+static void test_corpus_text_is_a_document_a_line_or_a_file(void **state)
+{
+    put(g_tmp, "lines.txt", "alpha beta\r\n\ngamma\ndelta");
+    corpus_src_opts_t o = src("lines.txt");
+    char err[512], all[4096];
+    corpus_unit_t u[64];
+    corpus_reader_t *r;
+    assert_int_equal(corpus_reader_open(&r, &o, err, sizeof(err)), 0);
+    assert_int_equal(one_pass(r, all, sizeof(all), u, 64), 3);
+    assert_string_equal(all, "alpha beta|gamma|delta");
+    assert_int_equal(u[1].off, 13);
+    corpus_reader_destroy(&r);
+    /* a file a document: chunks of whole lines, BOS at the first, EOS at the last */
+    char big[3000] = {0};
+    for (int i = 0; strlen(big) < 2900; i++)
+        snprintf(big + strlen(big), sizeof(big) - strlen(big), "line %d of the file\n", i);
+    put_gz(g_tmp, "whole.txt.gz", big);
+    o = src("whole.txt.gz");
+    o.format = CORPUS_FILE;
+    o.chunk_bytes = 256;
+    assert_int_equal(corpus_reader_open(&r, &o, err, sizeof(err)), 0);
+    int n = one_pass(r, all, sizeof(all), u, 64);
+    assert_true(n > 5 && n < 64);
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(u[i].off, at);
+        assert_true(u[i].len >= 256 && (u[i].len <= 512 || i == n - 1));
+        assert_int_equal(u[i].doc_start, i == 0);
+        assert_int_equal(u[i].doc_end, i == n - 1);
+        at += u[i].len;
+    }
+    assert_int_equal(at, strlen(big));
+    corpus_reader_destroy(&r);
+}
+
+static void test_corpus_refuses_clearly(void **state)
+{
+    char err[512];
+    corpus_reader_t *r;
+    corpus_unit_t u;
+    corpus_src_opts_t o = src("nothing-*.jsonl");
+    assert_int_equal(corpus_reader_open(&r, &o, err, sizeof(err)), -ENOENT);
+    assert_non_null(strstr(err, "nothing-*.jsonl: the glob matches no file"));
+    assert_null(r);
+    o = src("missing.txt");
+    assert_true(corpus_reader_open(&r, &o, err, sizeof(err)) < 0);
+    assert_non_null(strstr(err, "missing.txt"));
+    /* corrupt gzip: a flipped byte in the deflate data, and a truncated file */
+    char text[20000] = {0};
+    for (int i = 0; strlen(text) < 19000; i++)
+        snprintf(text + strlen(text), sizeof(text) - strlen(text), "{\"text\": \"doc %d %d\"}\n", i, i * 7919 % 1000);
+    put_gz(g_tmp, "flip.jsonl.gz", text);
+    assert_int_equal(tu_flip_byte(in_tmp("flip.jsonl.gz"), 200), 0);
+    o = src("flip.jsonl.gz");
+    assert_int_equal(corpus_reader_open(&r, &o, err, sizeof(err)), 0);
+    int rc;
+    while (!(rc = corpus_reader_next(r, &u, err, sizeof(err))) && corpus_reader_epoch(r) == 0)
+        ;
+    assert_int_equal(rc, -EINVAL);
+    assert_non_null(strstr(err, "flip.jsonl.gz: corrupt gzip data near compressed byte"));
+    corpus_reader_destroy(&r);
+    put_gz(g_tmp, "cut.jsonl.gz", text);
+    assert_int_equal(truncate(in_tmp("cut.jsonl.gz"), 300), 0);
+    o = src("cut.jsonl.gz");
+    assert_int_equal(corpus_reader_open(&r, &o, err, sizeof(err)), 0);
+    while (!(rc = corpus_reader_next(r, &u, err, sizeof(err))) && corpus_reader_epoch(r) == 0)
+        ;
+    assert_int_equal(rc, -EINVAL);
+    assert_non_null(strstr(err, "cut.jsonl.gz: corrupt gzip data"));
+    corpus_reader_destroy(&r);
+    /* a source with no document at all */
+    put(g_tmp, "empty.jsonl", "\n{\"title\": \"x\"}\n");
+    o = src("empty.jsonl");
+    assert_int_equal(corpus_reader_open(&r, &o, err, sizeof(err)), 0);
+    assert_int_equal(corpus_reader_next(r, &u, err, sizeof(err)), -ENODATA);
+    assert_non_null(strstr(err, "empty.jsonl: no document"));
+    corpus_reader_destroy(&r);
+}
+
+/* ---- the mix ---- */
+
+static tok_t *g_tok; /* a small tokenizer trained on the unit tests' text */
+
+static void make_mix_sources(void)
+{
+    static char a[8192], b[4096];
+    a[0] = b[0] = 0;
+    for (int i = 0; i < 24; i++) { /* documents of 5 to ~300 bytes: some over 2 * 64 */
+        snprintf(a + strlen(a), sizeof(a) - strlen(a), "{\"id\": %d, \"text\": \"", i);
+        for (int w = 0; w < 1 + (i * 13) % 40; w++)
+            snprintf(a + strlen(a), sizeof(a) - strlen(a), "w%d%s", (i * 31 + w * 7) % 53, w % 11 == 10 ? "\\n" : " ");
+        snprintf(a + strlen(a), sizeof(a) - strlen(a), "\"}\n%s", i == 9 ? "not json\n" : "");
+    }
+    put_gz(g_tmp, "mix-a.jsonl.gz", a);
+    for (int i = 0; i < 30; i++)
+        snprintf(b + strlen(b), sizeof(b) - strlen(b), "line %d says v%d v%d\n%s", i, i * 3 % 17, i * 5 % 19,
+                 i % 7 == 3 ? "\n" : "");
+    put(g_tmp, "mix-b.txt", b);
+}
+
+static corpus_opts_t mix_opts(void)
+{
+    corpus_opts_t o = {.n = 2, .tok = g_tok, .bos = 1, .eos = 2, .seq_len = 16, .seed = 1234};
+    o.src[0] = (corpus_src_opts_t){.pattern = in_tmp("mix-a.jsonl.gz"), .chunk_bytes = 64};
+    o.src[1] = (corpus_src_opts_t){.pattern = in_tmp("mix-b.txt"), .chunk_bytes = 64};
+    o.weight[0] = 0.7;
+    o.weight[1] = 0.3;
+    return o;
+}
+
+static void test_corpus_documents_are_framed_by_bos_and_eos(void **state)
+{
+    put(g_tmp, "frame.jsonl", "{\"text\": \"first doc\"}\n{\"text\": \"second\"}\n");
+    corpus_opts_t o = {.n = 1, .tok = g_tok, .bos = 1, .eos = 2, .seq_len = 40, .seed = 1, .weight = {1}};
+    o.src[0] = src("frame.jsonl");
+    corpus_t *c;
+    char err[512];
+    assert_int_equal(corpus_open(&c, &o, err, sizeof(err)), 0);
+    uint32_t got[41], want[41], enc[16];
+    size_t n = 0, m;
+    for (int pass = 0; n < 41; pass++) {
+        const char *doc = pass % 2 ? "second" : "first doc";
+        want[n++] = 1;
+        assert_int_equal(tok_encode(g_tok, (const uint8_t *)doc, strlen(doc), enc, &m), 0);
+        for (size_t i = 0; i < m && n < 41; i++)
+            want[n++] = enc[i];
+        if (n < 41)
+            want[n++] = 2;
+    }
+    assert_int_equal(corpus_next(c, 0, got, err, sizeof(err)), 0);
+    assert_memory_equal(got, want, sizeof(got)); /* and the source wrapped to its start */
+    corpus_destroy(&c);
+    assert_null(c);
+    /* no BOS/EOS: the documents back to back */
+    o.bos = o.eos = -1;
+    assert_int_equal(corpus_open(&c, &o, err, sizeof(err)), 0);
+    assert_int_equal(corpus_next(c, 0, got, err, sizeof(err)), 0);
+    assert_int_equal(tok_encode(g_tok, (const uint8_t *)"first doc", 9, enc, &m), 0);
+    assert_memory_equal(got, enc, m * sizeof(*enc));
+    corpus_destroy(&c);
+}
+
+#define MIX_N 400
+
+static void test_corpus_positions_resume_exactly_at_every_point(void **state)
+{
+    make_mix_sources();
+    corpus_opts_t o = mix_opts();
+    static uint32_t ref[MIX_N][17];
+    static corpus_pos_t pos[MIX_N][2];
+    corpus_t *c, *d;
+    char err[512];
+    assert_int_equal(corpus_open(&c, &o, err, sizeof(err)), 0);
+    int picked0 = 0;
+    for (int k = 0; k < MIX_N; k++) {
+        for (int i = 0; i < 2; i++)
+            assert_int_equal(corpus_position(c, i, &pos[k][i], err, sizeof(err)), 0);
+        picked0 += corpus_pick(c, (uint64_t)k) == 0;
+        assert_int_equal(corpus_next(c, (uint64_t)k, ref[k], err, sizeof(err)), 0);
+    }
+    assert_true(corpus_bad_lines(c) >= 2); /* counted again each epoch */
+    /* both sources wrapped: the streams are ~1000 and ~600 tokens long */
+    assert_true(pos[MIX_N - 1][0].file == 0 && pos[MIX_N - 1][1].file == 0);
+    assert_true(picked0 > MIX_N * 6 / 10 && picked0 < MIX_N * 8 / 10);
+    for (int k = 0; k < MIX_N; k += 3) { /* mid-document, mid-piece, mid-gzip-stream */
+        assert_int_equal(corpus_open(&d, &o, err, sizeof(err)), 0);
+        for (int i = 0; i < 2; i++)
+            if (corpus_seek(d, i, &pos[k][i], err, sizeof(err)))
+                fail_msg("sequence %d, source %d: %s", k, i, err);
+        uint32_t got[17];
+        for (int j = k; j < k + 12 && j < MIX_N; j++) {
+            assert_int_equal(corpus_next(d, (uint64_t)j, got, err, sizeof(err)), 0);
+            if (memcmp(got, ref[j], sizeof(got)))
+                fail_msg("resumed before sequence %d: sequence %d differs", k, j);
+        }
+        corpus_destroy(&d);
+    }
+    for (int k = 0; k < MIX_N; k += 37) { /* from a sample count alone */
+        assert_int_equal(corpus_open(&d, &o, err, sizeof(err)), 0);
+        assert_int_equal(corpus_replay(d, (uint64_t)k, err, sizeof(err)), 0);
+        uint32_t got[17];
+        assert_int_equal(corpus_next(d, (uint64_t)k, got, err, sizeof(err)), 0);
+        assert_memory_equal(got, ref[k], sizeof(got));
+        corpus_destroy(&d);
+    }
+    /* another corpus has another fingerprint; a position of nothing is refused */
+    assert_int_equal(corpus_open(&d, &o, err, sizeof(err)), 0);
+    assert_true(corpus_fingerprint(c) == corpus_fingerprint(d));
+    corpus_pos_t bad = pos[5][0];
+    bad.off += 1;
+    assert_int_equal(corpus_seek(d, 0, &bad, err, sizeof(err)), -EINVAL);
+    corpus_destroy(&d);
+    o.src[1].field = "body";
+    assert_int_equal(corpus_open(&d, &o, err, sizeof(err)), 0);
+    assert_true(corpus_fingerprint(c) != corpus_fingerprint(d));
+    corpus_destroy(&d);
+    corpus_destroy(&c);
+}
+
+static void test_corpus_mix_refuses_bad_options(void **state)
+{
+    make_mix_sources();
+    corpus_opts_t o = mix_opts();
+    corpus_t *c;
+    char err[512];
+    o.weight[1] = 0;
+    assert_int_equal(corpus_open(&c, &o, err, sizeof(err)), -EINVAL);
+    assert_non_null(strstr(err, "mix-b.txt: the weight 0 is not a positive number"));
+    o.weight[1] = -1;
+    assert_int_equal(corpus_open(&c, &o, err, sizeof(err)), -EINVAL);
+    o = mix_opts();
+    o.eos = 300;
+    assert_int_equal(corpus_open(&c, &o, err, sizeof(err)), -EINVAL);
+    assert_non_null(strstr(err, "EOS 300"));
+    o = mix_opts();
+    o.src[1].pattern = in_tmp("none-*.txt");
+    assert_int_equal(corpus_open(&c, &o, err, sizeof(err)), -ENOENT);
+    assert_null(c);
+}
+
+static void test_corpus_slurp_gives_prep_the_documents(void **state)
+{
+    mkdir(in_tmp("s"), 0755);
+    put_gz(in_tmp("s"), "1.jsonl.gz", "{\"text\": \"one\"}\nbad\n{\"text\": \"two\"}\n");
+    put(in_tmp("s"), "2.txt", "plain\n\ntext");
+    put(in_tmp("s"), "3.txt", "");
+    uint8_t *buf = NULL;
+    size_t len = 0, cap = 0, files = 0;
+    uint64_t bad = 0;
+    char err[512];
+    corpus_src_opts_t o = src("s/*");
+    assert_int_equal(corpus_slurp(&o, &buf, &len, &cap, &files, &bad, err, sizeof(err)), 0);
+    assert_int_equal(files, 3);
+    assert_int_equal(bad, 1);
+    assert_int_equal(len, strlen("one\ntwo\nplain\n\ntext"));
+    assert_memory_equal(buf, "one\ntwo\nplain\n\ntext", len);
+    free(buf);
+}
+
+/* ---- jobs ---- */
+
+static int setup(void **state)
+{
+    snprintf(g_tmp, sizeof(g_tmp), "/tmp/ctitan-corpus-XXXXXX");
+    if (!mkdtemp(g_tmp))
+        return -1;
+    char text[4096] = {0}, err[256];
+    for (int i = 0; strlen(text) < 4000; i++)
+        snprintf(text + strlen(text), sizeof(text) - strlen(text), "w%d line %d says v%d\n", (i * 7) % 53, i, i % 19);
+    if (tok_train(&g_tok, (const uint8_t *)text, strlen(text), 300, err, sizeof(err)))
+        return -1;
+    return tj_setup("corpusjob");
+}
+
+static int teardown(void **state)
+{
+    tok_destroy(&g_tok);
+    tu_rmtree(g_tmp);
+    return tj_teardown();
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_corpus_reads_jsonl_gzip_and_plain_through_a_sorted_glob),
+        cmocka_unit_test(test_corpus_bad_lines_are_skipped_and_counted_or_an_error),
+        cmocka_unit_test(test_corpus_text_is_a_document_a_line_or_a_file),
+        cmocka_unit_test(test_corpus_refuses_clearly),
+        cmocka_unit_test(test_corpus_documents_are_framed_by_bos_and_eos),
+        cmocka_unit_test(test_corpus_positions_resume_exactly_at_every_point),
+        cmocka_unit_test(test_corpus_mix_refuses_bad_options),
+        cmocka_unit_test(test_corpus_slurp_gives_prep_the_documents),
+    };
+    if (getenv("CTITAN_TEST_ONLY"))
+        cmocka_set_test_filter(getenv("CTITAN_TEST_ONLY"));
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

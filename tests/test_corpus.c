@@ -408,6 +408,165 @@ static void test_corpus_slurp_gives_prep_the_documents(void **state)
 
 /* ---- jobs ---- */
 
+/* The job corpus in tj_dir: source A, two JSON Lines files (one gzip, with a bad line) matched
+ * by a glob; source B, a text file of a document a line. ~3000 and ~1500 tokens: a 60-step run
+ * (7680 tokens) wraps both, its step 20 is mid-epoch. */
+static void make_job_corpus(void)
+{
+    static char a[2][16384], b[8192];
+    uint64_t rng = 7;
+    char dir[256];
+    snprintf(dir, sizeof(dir), "%s/ja", tj_dir);
+    if (mkdir(dir, 0755) && errno == EEXIST)
+        return;
+    for (int f = 0; f < 2; f++)
+        for (int d = 0; d < 40; d++) {
+            snprintf(a[f] + strlen(a[f]), sizeof(a[f]) - strlen(a[f]), "{\"id\": %d, \"text\": \"", d);
+            for (int w = 0, n = 3 + (int)(tu_next(&rng) % 50); w < n; w++)
+                snprintf(a[f] + strlen(a[f]), sizeof(a[f]) - strlen(a[f]), "w%d ", (int)(tu_next(&rng) % 60));
+            snprintf(a[f] + strlen(a[f]), sizeof(a[f]) - strlen(a[f]), "\"}\n%s", f == 0 && d == 20 ? "garbage\n" : "");
+        }
+    put_gz(dir, "part-0.jsonl.gz", a[0]);
+    put(dir, "part-1.jsonl", a[1]);
+    for (int d = 0; d < 50; d++) {
+        for (int w = 0, n = 3 + (int)(tu_next(&rng) % 30); w < n; w++)
+            snprintf(b + strlen(b), sizeof(b) - strlen(b), "w%d%s", (int)(tu_next(&rng) % 60), w + 1 < n ? " " : "\n");
+    }
+    put(tj_dir, "jb.txt", b);
+}
+
+/* The loader command of the job corpus (chunk: its --chunk-bytes). */
+static const char *job_loader(int chunk)
+{
+    static char cmd[1024];
+    char ldr[256];
+    make_job_corpus();
+    snprintf(cmd, sizeof(cmd), "%s --tokenizer %s/data/tokenizer.bin --source \"%s/ja/*.jsonl*\" --weight 0.7 "
+             "--field text --source %s/jb.txt --weight 0.3 --bos 1 --eos 2 --chunk-bytes %d",
+             tu_program("ctitan-loader-text", ldr, sizeof(ldr)), tj_dir, tj_dir, tj_dir, chunk);
+    return cmd;
+}
+
+/* `ctitan launch` of the tiny manifest with the job corpus's loader and `extra`; in the
+ * background (its pid returned, output in DIR/JOB.out) or to its end (status; output in out). */
+static int job_run(const char *job, const char *extra, int bg, char *out, size_t n)
+{
+    static char cmd[4096];
+    snprintf(cmd, sizeof(cmd), "%s launch manifests/tiny.toml --job.name %s --job.dump_folder %s/runs/%s "
+             "--metrics.file %s/%s.jsonl --metrics.peak_tflops 1 %s '--loader.command=%s' %s",
+             tu_ctitan(), job, tj_dir, job, tj_dir, job, extra, job_loader(256),
+             bg ? "> /dev/null 2>&1 & echo $!" : "2>&1");
+    if (!bg)
+        return tu_run(cmd, out, n);
+    snprintf(cmd + strlen(cmd) - strlen("> /dev/null 2>&1 & echo $!"), 256, "> %s/%s.out 2>&1 & echo $!", tj_dir, job);
+    assert_int_equal(tu_run(cmd, out, n), 0);
+    return atoi(out);
+}
+
+/* Each step b reported has a's loss at that step, and b reached step `last`. */
+static void assert_losses_match(const char *a, const char *b, int first, int last)
+{
+    static tj_metrics_t ma, mb;
+    tj_parse_metrics(a, &ma);
+    tj_parse_metrics(b, &mb);
+    assert_true(ma.n >= last);
+    int seen = 0;
+    for (int i = 0; i < mb.n; i++) {
+        int s = mb.step[i];
+        assert_true(s >= first && s <= last);
+        if (strcmp(ma.loss[s - 1], mb.loss[i]))
+            fail_msg("step %d: %s has loss %s, the undisturbed %s %s", s, b, mb.loss[i], a, ma.loss[s - 1]);
+        seen |= s == last;
+    }
+    assert_true(seen);
+}
+
+static void test_corpus_job_on_two_weighted_sources_trains_and_resumes_bitwise(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 17];
+    char a[32], b[32], extra[512];
+    tj_name(a, sizeof(a), 'c', "mix");
+    int rc = job_run(a, "--training.steps 60 --checkpoint.enable true --checkpoint.interval 20", 0, out, sizeof(out));
+    if (rc)
+        TJ_FAIL_WITH(out, "the job failed: %d", rc);
+    assert_non_null(strstr(out, "part-0.jsonl.gz:22: not JSON"));
+    assert_non_null(strstr(out, "bad JSON Lines line(s) skipped"));
+    static tj_metrics_t m;
+    tj_parse_metrics(a, &m);
+    assert_int_equal(m.n, 60);
+    double first = atof(m.loss[0]), last = atof(m.loss[59]);
+    assert_true(isfinite(last) && last < first - 1.0); /* it learns the corpus */
+    for (int from = 20; from <= 40; from += 20) { /* mid-epoch (20) and after both wrapped (40) */
+        tj_name(b, sizeof(b), 'c', from == 20 ? "res20" : "res40");
+        snprintf(extra, sizeof(extra), "--training.steps 60 --checkpoint.load %s/runs/%s/checkpoint/step-%08d", tj_dir,
+                 a, from);
+        rc = job_run(b, extra, 0, out, sizeof(out));
+        if (rc || !strstr(out, "resuming from"))
+            TJ_FAIL_WITH(out, "the resumed job: %d", rc);
+        assert_losses_match(a, b, from + 1, 60);
+        tj_assert_clean(b);
+    }
+    tj_assert_clean(a);
+}
+
+/* Waits for the background launch pid (not our child) to exit. */
+static void wait_gone(pid_t pid)
+{
+    for (int i = 0; i < 12000 && kill(pid, 0) == 0; i++)
+        nanosleep(&(struct timespec){0, 10000000L}, NULL);
+    assert_int_not_equal(kill(pid, 0), 0);
+}
+
+static void swap_to(const char *job, const char *cmd_line, int *at)
+{
+    static char cmd[4096], out[1 << 14];
+    snprintf(cmd, sizeof(cmd), "%s loader swap --job %s --cmd '%s' 2>&1", tu_ctitan(), job, cmd_line);
+    int rc = tu_run(cmd, out, sizeof(out));
+    if (rc)
+        TJ_FAIL_WITH(out, "loader swap: %d", rc);
+    assert_non_null(strstr(out, "after step"));
+    assert_int_equal(sscanf(strstr(out, "after step"), "after step %d", at), 1);
+}
+
+/* A swap to the same command (the cursor, exactly), a swap to another command over the same
+ * data (another fingerprint: replayed from the sample count) and a kill -9 of the loader (the
+ * library restarts it from its cursor): the losses of an undisturbed run. */
+static void test_corpus_job_loader_swaps_and_a_killed_loader_give_the_same_losses(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 20]; /* a line a step */
+    char a[32], b[32];
+    const char *steps = "--training.steps 2000";
+    tj_name(a, sizeof(a), 'c', "ref");
+    tj_name(b, sizeof(b), 'c', "swap");
+    int rc = job_run(a, steps, 0, out, sizeof(out));
+    if (rc)
+        TJ_FAIL_WITH(out, "the job failed: %d", rc);
+    pid_t pid = job_run(b, steps, 1, out, sizeof(out));
+    assert_true(pid > 0);
+    assert_int_equal(tj_wait_step(b, 3, 60), 0);
+    int at1, at2;
+    char same[1024], other[1024];
+    snprintf(same, sizeof(same), "%s", job_loader(256));
+    snprintf(other, sizeof(other), "%s", job_loader(1024)); /* every document is under 2 * 256 bytes */
+    swap_to(b, same, &at1);
+    swap_to(b, other, &at2);
+    assert_true(at1 >= 3 && at2 >= at1 && at2 < 1900);
+    assert_int_equal(tj_wait_step(b, at2 + 20, 60), 0);
+    pid_t ldr = tu_descendant_named(pid, "ctitan-loader-t");
+    assert_true(ldr > 0);
+    assert_int_equal(kill(ldr, SIGKILL), 0);
+    wait_gone(pid);
+    tj_read_out(b, out, sizeof(out));
+    assert_non_null(strstr(out, "replaying the mix to sample"));
+    assert_non_null(strstr(out, "was killed by signal 9"));
+    if (!strstr(out, "done: 2000 steps"))
+        TJ_FAIL_WITH(out, "no end");
+    assert_losses_match(a, b, 1, 2000);
+    tj_assert_clean(b);
+}
+
 static int setup(void **state)
 {
     snprintf(g_tmp, sizeof(g_tmp), "/tmp/ctitan-corpus-XXXXXX");
@@ -439,6 +598,8 @@ int main(void)
         cmocka_unit_test(test_corpus_positions_resume_exactly_at_every_point),
         cmocka_unit_test(test_corpus_mix_refuses_bad_options),
         cmocka_unit_test(test_corpus_slurp_gives_prep_the_documents),
+        cmocka_unit_test(test_corpus_job_on_two_weighted_sources_trains_and_resumes_bitwise),
+        cmocka_unit_test(test_corpus_job_loader_swaps_and_a_killed_loader_give_the_same_losses),
     };
     if (getenv("CTITAN_TEST_ONLY"))
         cmocka_set_test_filter(getenv("CTITAN_TEST_ONLY"));

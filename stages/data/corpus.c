@@ -211,7 +211,7 @@ static int jsonl_doc(corpus_reader_t *r, const uint8_t *p, size_t len, uint64_t 
     if (r->o.on_bad_line == CORPUS_BAD_ERROR)
         return util_fail(err, errlen, -EINVAL, "%s:%llu: %s (--on-bad-line error)", r->files[r->cur],
                          (unsigned long long)line, why);
-    if (++r->bad <= CORPUS_BAD_REPORTED && r->o.log)
+    if (++r->bad <= CORPUS_BAD_REPORTED && r->epoch == 0 && r->o.log) /* once, not every epoch */
         fprintf(r->o.log, "corpus: %s:%llu: %s: line skipped%s\n", r->files[r->cur], (unsigned long long)line, why,
                 r->bad == CORPUS_BAD_REPORTED ? " (further ones are only counted)" : "");
     return 1;

@@ -20,6 +20,7 @@
 #include <cmocka.h>
 
 #include "stages/data/corpus.h"
+#include "stages/data/prep.h"
 #include "stages/data/tokenizer.h"
 #include "tests/testjob.h"
 
@@ -406,6 +407,60 @@ static void test_corpus_slurp_gives_prep_the_documents(void **state)
     free(buf);
 }
 
+/* `ctitan prep` of a glob of JSON Lines (gzip and not, a named field) writes what it writes for
+ * the same documents as a text file, a line each. */
+static void test_corpus_prep_reads_jsonl_gzip_and_globs(void **state)
+{
+    static char docs[32768], jl[2][32768];
+    uint64_t rng = 3;
+    for (int d = 0; d < 200; d++) {
+        char doc[400] = {0};
+        for (int w = 0, n = 2 + (int)(tu_next(&rng) % 20); w < n; w++)
+            snprintf(doc + strlen(doc), sizeof(doc) - strlen(doc), "%sv%d", w ? " " : "", (int)(tu_next(&rng) % 90));
+        snprintf(docs + strlen(docs), sizeof(docs) - strlen(docs), "%s\n", doc);
+        snprintf(jl[d / 100] + strlen(jl[d / 100]), sizeof(jl[0]) - strlen(jl[0]), "{\"body\": \"%s\"}\n", doc);
+    }
+    mkdir(in_tmp("p"), 0755);
+    put_gz(in_tmp("p"), "0.jsonl.gz", jl[0]);
+    put(in_tmp("p"), "1.jsonl", jl[1]);
+    put(g_tmp, "p.txt", docs);
+    char gpath[512], tpath[512];
+    snprintf(gpath, sizeof(gpath), "%s", in_tmp("p/*.jsonl*"));
+    snprintf(tpath, sizeof(tpath), "%s", in_tmp("p.txt"));
+    const char *glob_files[] = {gpath}, *txt_files[] = {tpath};
+    prep_opts_t o;
+    prep_result_t r;
+    char err[512], a[512], b[512];
+    prep_defaults(&o);
+    o.vocab_size = 300;
+    o.field = "body";
+    o.files = glob_files;
+    o.n_files = 1;
+    o.out_dir = in_tmp("prep-jsonl");
+    if (prep_run(&o, &r, err, sizeof(err)))
+        fail_msg("%s", err);
+    assert_int_equal(r.n_files, 2);
+    assert_int_equal(r.bytes_in, strlen(docs));
+    o.field = NULL;
+    o.files = txt_files;
+    o.out_dir = in_tmp("prep-txt");
+    assert_int_equal(prep_run(&o, &r, err, sizeof(err)), 0);
+    const char *names[] = {"tokenizer.bin", "train.bin", "val.bin"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(a, sizeof(a), "cmp -s %s/prep-jsonl/%s %s/prep-txt/%s", g_tmp, names[i], g_tmp, names[i]);
+        assert_int_equal(system(a), 0);
+    }
+    /* a glob matching nothing, and a missing field everywhere */
+    const char *none[] = {in_tmp("p/*.parquet")};
+    o.files = none;
+    assert_int_equal(prep_run(&o, &r, err, sizeof(err)), -ENOENT);
+    assert_non_null(strstr(err, "matches no file"));
+    o.files = glob_files;
+    assert_int_equal(prep_run(&o, &r, err, sizeof(err)), -EINVAL);
+    snprintf(b, sizeof(b), "%s", err);
+    assert_non_null(strstr(b, "no text"));
+}
+
 /* ---- jobs ---- */
 
 /* The job corpus in tj_dir: source A, two JSON Lines files (one gzip, with a bad line) matched
@@ -598,6 +653,7 @@ int main(void)
         cmocka_unit_test(test_corpus_positions_resume_exactly_at_every_point),
         cmocka_unit_test(test_corpus_mix_refuses_bad_options),
         cmocka_unit_test(test_corpus_slurp_gives_prep_the_documents),
+        cmocka_unit_test(test_corpus_prep_reads_jsonl_gzip_and_globs),
         cmocka_unit_test(test_corpus_job_on_two_weighted_sources_trains_and_resumes_bitwise),
         cmocka_unit_test(test_corpus_job_loader_swaps_and_a_killed_loader_give_the_same_losses),
     };

@@ -121,6 +121,8 @@ static int rd_more(corpus_reader_t *r, char *err, size_t errlen)
 /* Consumes n buffered bytes, counting the lines they end. */
 static void rd_consume(corpus_reader_t *r, size_t n)
 {
+    if (n == 0)
+        return;
     for (const uint8_t *p = r->buf + r->b_pos, *e = p + n; (p = memchr(p, '\n', (size_t)(e - p))); p++)
         r->line++;
     r->b_pos += n;
@@ -133,7 +135,7 @@ static int rd_line(corpus_reader_t *r, const uint8_t **p, size_t *len, char *err
     size_t scanned = 0;
     for (;;) {
         size_t avail = r->b_end - r->b_pos;
-        const uint8_t *nl = memchr(r->buf + r->b_pos + scanned, '\n', avail - scanned);
+        const uint8_t *nl = avail > scanned ? memchr(r->buf + r->b_pos + scanned, '\n', avail - scanned) : NULL;
         if (nl || r->eof) {
             if (!nl && avail == 0)
                 return 1;
@@ -191,6 +193,10 @@ static int jsonl_doc(corpus_reader_t *r, const uint8_t *p, size_t len, uint64_t 
         snprintf(why, sizeof(why), "field \"%.100s\" is not a string", r->field);
     else {
         size_t n = json_string_length(v);
+        if (n == 0) { /* an empty document is no document */
+            json_decref(o);
+            return 1;
+        }
         if (n > r->doc_cap) {
             uint8_t *d = realloc(r->doc, n);
             if (!d) {
@@ -205,7 +211,7 @@ static int jsonl_doc(corpus_reader_t *r, const uint8_t *p, size_t len, uint64_t 
         json_decref(o);
         u->text = r->doc;
         u->len = n;
-        return n ? 0 : 1;
+        return 0;
     }
     json_decref(o);
     if (r->o.on_bad_line == CORPUS_BAD_ERROR)

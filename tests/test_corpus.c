@@ -622,6 +622,40 @@ static void test_corpus_job_loader_swaps_and_a_killed_loader_give_the_same_losse
     tj_assert_clean(b);
 }
 
+/* A loader that cannot serve its corpus fails the job before the first step, saying why. */
+static void test_corpus_job_bad_sources_fail_the_job_with_the_reason(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16], cmd[4096];
+    char j[32], ldr[256];
+    make_job_corpus();
+    put(tj_dir, "nodoc.jsonl", "{\"title\": \"no text\"}\n\n");
+    struct {
+        const char *args, *why;
+    } cases[] = {
+        {"--source '%s/none-*.jsonl'", "none-*.jsonl: the glob matches no file"},
+        {"--source %s/nodoc.jsonl", "nodoc.jsonl: no document in its 1 file(s)"},
+        {"--source %s/ja/part-0.jsonl.gz --on-bad-line error", "part-0.jsonl.gz:22: not JSON"},
+        {"--source %s/jb.txt --weight 0", "--weight: expected a positive number"},
+    };
+    for (int i = 0; i < 4; i++) {
+        char src[512];
+        snprintf(src, sizeof(src), cases[i].args, tj_dir);
+        tj_name(j, sizeof(j), 'c', "bad");
+        snprintf(j + strlen(j), sizeof(j) - strlen(j), "%d", i);
+        snprintf(cmd, sizeof(cmd), "%s launch manifests/tiny.toml --job.name %s --job.dump_folder %s/runs/%s "
+                 "--training.steps 100 --job.max_restarts 0 "
+                 "\"--loader.command=%s --tokenizer %s/data/tokenizer.bin %s\" 2>&1",
+                 tu_ctitan(), j, tj_dir, j, tu_program("ctitan-loader-text", ldr, sizeof(ldr)), tj_dir, src);
+        int rc = tu_run(cmd, out, sizeof(out));
+        if (rc != 1 || !strstr(out, cases[i].why))
+            TJ_FAIL_WITH(out, "case %d: status %d, expected 1 and '%s'", i, rc, cases[i].why);
+        if (i < 3 && !strstr(out, "failed: loader: "))
+            TJ_FAIL_WITH(out, "case %d: not the loader's reason", i);
+        tj_assert_clean(j);
+    }
+}
+
 static int setup(void **state)
 {
     snprintf(g_tmp, sizeof(g_tmp), "/tmp/ctitan-corpus-XXXXXX");
@@ -656,6 +690,7 @@ int main(void)
         cmocka_unit_test(test_corpus_prep_reads_jsonl_gzip_and_globs),
         cmocka_unit_test(test_corpus_job_on_two_weighted_sources_trains_and_resumes_bitwise),
         cmocka_unit_test(test_corpus_job_loader_swaps_and_a_killed_loader_give_the_same_losses),
+        cmocka_unit_test(test_corpus_job_bad_sources_fail_the_job_with_the_reason),
     };
     if (getenv("CTITAN_TEST_ONLY"))
         cmocka_set_test_filter(getenv("CTITAN_TEST_ONLY"));

@@ -215,6 +215,11 @@ static int seek_cursor(corpus_t *c, ldr_t *l, uint64_t *k)
             return fail(l, err);
     if (!exact && corpus_replay(c, *k, err, sizeof(err)))
         return fail(l, err);
+    for (int i = 0; i < n; i++) { /* every source has a document: fail before the first ldr_next */
+        corpus_pos_t p;
+        if (corpus_position(c, i, &p, err, sizeof(err)))
+            return fail(l, err);
+    }
     return 0;
 }
 

@@ -265,6 +265,10 @@ static int rd_next_in_file(corpus_reader_t *r, corpus_unit_t *u, char *err, size
         if (rc)
             return rc;
         u->doc_start = u->doc_end = 1;
+        if (u->off == 0 && len >= 3 && !memcmp(p, "\xEF\xBB\xBF", 3)) { /* a UTF-8 byte order mark */
+            p += 3;
+            len -= 3;
+        }
         if (fmt == CORPUS_JSONL) {
             if ((rc = jsonl_doc(r, p, len, line, u, err, errlen)) <= 0)
                 return rc;

@@ -13,7 +13,7 @@
  *                  counted, the first CORPUS_BAD_REPORTED named FILE:LINE in the log, or is an
  *                  error (CORPUS_BAD_ERROR).
  * Each file is gzip-compressed or not, told by its magic (zlib); offsets are always in the
- * uncompressed stream. A source is read as units (a line, a JSON Lines document, a chunk of a
+ * uncompressed stream. A UTF-8 byte order mark at a file's start is dropped (line formats). A source is read as units (a line, a JSON Lines document, a chunk of a
  * CORPUS_FILE file): a unit starts at (file index, offset) and is the unit that begins there
  * whatever came before, which is what makes positions exact. At its end a source wraps to its
  * first file (a new epoch); a whole pass without one document is an error.

@@ -279,6 +279,8 @@ int main(int argc, char **argv)
 {
     args_t a;
     const char *why;
+    if (argc == 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")))
+        return usage(NULL) - 2;
     if (parse_args(argc, argv, &a, &why))
         return usage(why);
     ldr_t *l = NULL;

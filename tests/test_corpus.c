@@ -661,6 +661,32 @@ static void test_corpus_job_bad_sources_fail_the_job_with_the_reason(void **stat
     }
 }
 
+/* Eight sources (the most) fit the cursor, mid-file offsets and all; a ninth is refused. */
+static void test_corpus_job_eight_sources_fit_the_cursor(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 17], cmd[8192];
+    char j[32], ldr[256], srcs[4096] = {0};
+    make_job_corpus();
+    for (int n = 8; n <= 9; n++) {
+        srcs[0] = 0;
+        for (int i = 0; i < n; i++)
+            snprintf(srcs + strlen(srcs), sizeof(srcs) - strlen(srcs), " --source %s/%s --weight %d", tj_dir,
+                     i % 2 ? "jb.txt" : "ja/part-0.jsonl.gz", i + 1);
+        tj_name(j, sizeof(j), 'c', n == 8 ? "eight" : "nine");
+        snprintf(cmd, sizeof(cmd), "%s launch manifests/tiny.toml --job.name %s --job.dump_folder %s/runs/%s "
+                 "--training.steps 30 --job.max_restarts 0 --metrics.file %s/%s.jsonl --metrics.peak_tflops 1 "
+                 "\"--loader.command=%s --tokenizer %s/data/tokenizer.bin%s\" 2>&1",
+                 tu_ctitan(), j, tj_dir, j, tj_dir, j, tu_program("ctitan-loader-text", ldr, sizeof(ldr)), tj_dir, srcs);
+        int rc = tu_run(cmd, out, sizeof(out));
+        if (n == 8 && rc)
+            TJ_FAIL_WITH(out, "eight sources: status %d", rc);
+        if (n == 9 && (rc != 1 || !strstr(out, "too many sources")))
+            TJ_FAIL_WITH(out, "nine sources: status %d", rc);
+        tj_assert_clean(j);
+    }
+}
+
 static int setup(void **state)
 {
     snprintf(g_tmp, sizeof(g_tmp), "/tmp/ctitan-corpus-XXXXXX");
@@ -696,6 +722,7 @@ int main(void)
         cmocka_unit_test(test_corpus_job_on_two_weighted_sources_trains_and_resumes_bitwise),
         cmocka_unit_test(test_corpus_job_loader_swaps_and_a_killed_loader_give_the_same_losses),
         cmocka_unit_test(test_corpus_job_bad_sources_fail_the_job_with_the_reason),
+        cmocka_unit_test(test_corpus_job_eight_sources_fit_the_cursor),
     };
     if (getenv("CTITAN_TEST_ONLY"))
         cmocka_set_test_filter(getenv("CTITAN_TEST_ONLY"));

@@ -46,10 +46,10 @@ void prep_usage(FILE *f)
             "  --val-fraction F   the last F of the tokens go to val.bin, 0 <= F < 1 "
             "(default %.2f)\n"
             "  --field NAME       the document's field in JSON Lines files (default text)\n"
+            "  --help             this text\n"
             "\n"
             "A FILE may be a quoted glob ('data/*.jsonl.gz'), gzip-compressed or not; JSON Lines\n"
             "files (*.jsonl, *.ndjson) give their documents a line each.\n"
-            "  --help             this text\n"
             "\n"
             "Exit status: 0 done, 1 runtime error (unreadable file, write failure), 2 usage "
             "error.\n",

@@ -212,6 +212,13 @@ static void test_corpus_refuses_clearly(void **state)
     assert_int_equal(corpus_reader_open(&r, &o, err, sizeof(err)), -ENOENT);
     assert_non_null(strstr(err, "nothing-*.jsonl: the glob matches no file"));
     assert_null(r);
+    put(g_tmp, "lit[1].txt", "literal\n"); /* a file whose name looks like a glob */
+    o = src("lit[1].txt");
+    assert_int_equal(corpus_reader_open(&r, &o, err, sizeof(err)), 0);
+    assert_int_equal(corpus_reader_files(r), 1);
+    assert_int_equal(corpus_reader_next(r, &u, err, sizeof(err)), 0);
+    assert_int_equal(u.len, 7);
+    corpus_reader_destroy(&r);
     o = src("missing.txt");
     assert_true(corpus_reader_open(&r, &o, err, sizeof(err)) < 0);
     assert_non_null(strstr(err, "missing.txt"));

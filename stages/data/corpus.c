@@ -338,14 +338,15 @@ int corpus_reader_seek(corpus_reader_t *r, uint32_t file, uint64_t off, char *er
     return 0;
 }
 
-/* The pattern's files, sorted; a pattern without glob characters is the one file. */
+/* The pattern's files, sorted; a pattern without glob characters, or naming a file that
+ * exists ("a[1].txt"), is that one file. */
 static int rd_expand(corpus_reader_t *r, char *err, size_t errlen)
 {
     glob_t g = {0};
     const char *one[1] = {r->pattern};
     char *const *names = (char *const *)one;
     size_t n = 1;
-    if (strpbrk(r->pattern, "*?[")) {
+    if (strpbrk(r->pattern, "*?[") && access(r->pattern, F_OK) != 0) {
         int grc = glob(r->pattern, 0, NULL, &g);
         if (grc == GLOB_NOMATCH)
             return util_fail(err, errlen, -ENOENT, "%s: the glob matches no file", r->pattern);

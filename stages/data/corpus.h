@@ -65,7 +65,8 @@ typedef struct {
     int doc_start, doc_end;/* the unit begins / ends a document (BOS / EOS go there) */
 } corpus_unit_t;
 
-/* Expands the glob (a pattern without * ? [ is a plain path) and checks every file opens;
+/* Expands the glob (a pattern without * ? [, or naming an existing file, is a plain path) and
+ * checks every file opens;
  * refuses a glob matching nothing. The caller owns *out. */
 int corpus_reader_open(corpus_reader_t **out, const corpus_src_opts_t *o, char *err, size_t errlen);
 void corpus_reader_destroy(corpus_reader_t **r);

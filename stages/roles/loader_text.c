@@ -116,7 +116,9 @@ static int parse_args(int argc, char **argv, args_t *a, const char **why)
                 return *why = "--bos/--eos: expected a token id or none", -1;
             *(o[2] == 'b' ? &a->bos_set : &a->eos_set) = 1;
         } else {
-            return *why = "unknown option", -1;
+            static char unknown[256];
+            snprintf(unknown, sizeof(unknown), "unknown option '%.200s'", o);
+            return *why = unknown, -1;
         }
     }
     if (!a->tok_path || a->co.n == 0)

@@ -507,19 +507,23 @@ struct corpus {
 };
 
 /* Where the piece of u that starts at `from` ends: all of it up to 2 * chunk bytes, else after
- * a newline or before a space from chunk bytes on, else at 2 * chunk (not inside a UTF-8
- * character). */
+ * a run of newlines or before the last space of a run (where the pre-tokenizers split anyway)
+ * from chunk bytes on, else at 2 * chunk (not inside a UTF-8 character). */
 static size_t piece_end(const uint8_t *t, size_t len, size_t from, size_t chunk)
 {
     if (len - from <= 2 * chunk)
         return len;
     size_t lo = from + chunk, hi = from + 2 * chunk;
     const uint8_t *nl = memchr(t + lo, '\n', hi - lo);
-    if (nl)
-        return (size_t)(nl - t) + 1;
-    const uint8_t *sp = memchr(t + lo, ' ', hi - lo);
-    if (sp)
-        return (size_t)(sp - t);
+    if (nl) {
+        size_t e = (size_t)(nl - t) + 1;
+        while (e < hi && (t[e] == '\n' || t[e] == '\r'))
+            e++;
+        return e;
+    }
+    for (size_t i = lo; i + 1 < hi; i++)
+        if (t[i] == ' ' && t[i + 1] != ' ')
+            return i;
     size_t e = hi;
     for (int k = 0; k < 3 && (t[e] & 0xC0) == 0x80; k++)
         e--;

@@ -28,6 +28,8 @@ int cmd_prep(int argc, char **argv)
     printf("prep: %zu file(s), %zu bytes -> %zu tokens (%.2f bytes/token), vocab %d\n",
            r.n_files, r.bytes_in, r.n_tokens, (double)r.bytes_in / (double)r.n_tokens,
            r.vocab_size);
+    if (r.bad_lines)
+        printf("prep: %llu bad JSON Lines line(s) skipped\n", (unsigned long long)r.bad_lines);
     printf("prep: unigram entropy %.4f nats/token (uniform over the vocab: %.4f)\n", r.entropy,
            log((double)r.vocab_size));
     printf("prep: wrote %s/{tokenizer.bin, train.bin (%zu tokens), val.bin (%zu tokens)}\n",

@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "stages/data/corpus.h"
 #include "stages/data/tokenizer.h"
 #include "stages/data/tokfile.h"
 #include "ipc/util.h"
@@ -34,7 +35,7 @@ void prep_defaults(prep_opts_t *o)
 void prep_usage(FILE *f)
 {
     fprintf(f,
-            "usage: ctitan prep [--vocab N] [--out DIR] [--val-fraction F] [FILE ...]\n"
+            "usage: ctitan prep [--vocab N] [--out DIR] [--val-fraction F] [--field NAME] [FILE ...]\n"
             "\n"
             "Trains a byte-level BPE tokenizer on the text FILEs (default: the plain files of\n"
             "the Debian `fortunes` package in %s) and writes\n"
@@ -44,7 +45,11 @@ void prep_usage(FILE *f)
             "  --out DIR          output directory, created if missing (default %s)\n"
             "  --val-fraction F   the last F of the tokens go to val.bin, 0 <= F < 1 "
             "(default %.2f)\n"
+            "  --field NAME       the document's field in JSON Lines files (default text)\n"
             "  --help             this text\n"
+            "\n"
+            "A FILE may be a quoted glob ('data/*.jsonl.gz'), gzip-compressed or not; JSON Lines\n"
+            "files (*.jsonl, *.ndjson) give their documents a line each.\n"
             "\n"
             "Exit status: 0 done, 1 runtime error (unreadable file, write failure), 2 usage "
             "error.\n",
@@ -67,10 +72,10 @@ int prep_parse_args(int argc, char **argv, prep_opts_t *o, char *err, size_t err
             break;
         }
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) return 1;
-        const char *names[] = {"--vocab", "--out", "--val-fraction"};
+        const char *names[] = {"--vocab", "--out", "--val-fraction", "--field"};
         int which = -1;
         const char *val = NULL;
-        for (int k = 0; k < 3; k++) {
+        for (int k = 0; k < 4; k++) {
             size_t l = strlen(names[k]);
             if (!strncmp(a, names[k], l) && (a[l] == '\0' || a[l] == '=')) {
                 which = k;
@@ -95,6 +100,9 @@ int prep_parse_args(int argc, char **argv, prep_opts_t *o, char *err, size_t err
         } else if (which == 1) {
             if (!*val) return util_fail(err, errlen, -EINVAL, "--out: empty directory name");
             o->out_dir = val;
+        } else if (which == 3) {
+            if (!*val) return util_fail(err, errlen, -EINVAL, "--field: empty field name");
+            o->field = val;
         } else {
             double v = strtod(val, &end);
             if (errno || end == val || *end || !(v >= 0.0 && v < 1.0))
@@ -181,41 +189,6 @@ int prep_list_corpus(const char *dir, char ***files, size_t *n, char *err, size_
     return rc;
 }
 
-/* Appends the whole of path to *buf. */
-static int read_file(const char *path, uint8_t **buf, size_t *len, size_t *cap, char *err,
-                     size_t errlen)
-{
-    size_t fsize;
-    int fd = util_open_regular(path, &fsize, err, errlen);
-    if (fd < 0)
-        return fd;
-    int rc = 0;
-    for (;;) {
-        if (*cap - *len < 65536) {
-            size_t c = *cap ? *cap * 2 : fsize + 65536;
-            while (c - *len < 65536 || c < *len + fsize) c *= 2;
-            uint8_t *b = realloc(*buf, c);
-            if (!b) {
-                rc = util_fail(err, errlen, -ENOMEM, "%s: out of memory reading it", path);
-                goto out;
-            }
-            *buf = b;
-            *cap = c;
-        }
-        long r = util_read_all(fd, *buf + *len, *cap - *len, -1);
-        if (r < 0) {
-            rc = util_fail(err, errlen, (int)r, "%s: read failed: %s", path, strerror((int)-r));
-            goto out;
-        }
-        *len += (size_t)r;
-        if (*len < *cap) /* end of file */
-            break;
-    }
-out:
-    close(fd);
-    return rc;
-}
-
 /* mkdir -p that remembers the directories it made, so a failed run can remove them. */
 typedef struct {
     char *made[64];
@@ -285,11 +258,15 @@ static int read_corpus(const prep_opts_t *o, prep_result_t *res, uint8_t **text,
         rc = prep_list_corpus(o->corpus_dir ? o->corpus_dir : PREP_FORTUNES_DIR, &listed, &n_files, err, errlen);
         files = (const char *const *)listed;
     }
-    for (size_t i = 0; !rc && i < n_files; i++)
-        rc = read_file(files[i], text, len, &cap, err, errlen);
+    size_t n_read = 0;
+    for (size_t i = 0; !rc && i < n_files; i++) {
+        corpus_src_opts_t so = {.pattern = files[i], .field = o->field};
+        rc = corpus_slurp(&so, text, len, &cap, &n_read, &res->bad_lines, err, errlen);
+    }
     free(listed);
     if (rc)
         return rc;
+    n_files = n_read;
     res->n_files = n_files;
     res->bytes_in = *len;
     if (*len == 0)

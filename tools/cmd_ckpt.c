@@ -30,6 +30,7 @@ static const char usage_main[] =
     "  verify PATH                          read every chunk of checkpoint PATH and check it\n"
     "  export PATH --safetensors OUT        write its model weights as a safetensors file\n"
     "  keygen PREFIX                        make PREFIX.key and PREFIX.pub for remote checkpoints\n"
+    "  import HF_DIR --out FOLDER           a Hugging Face Llama as checkpoint FOLDER/step-00000000\n"
     "`ctitan ckpt COMMAND --help` describes each.\n";
 
 static const char usage_ls[] =
@@ -460,5 +461,7 @@ int cmd_ckpt(int argc, char **argv)
         return ckpt_export(argc - 1, argv + 1);
     if (!strcmp(sub, "keygen"))
         return ckpt_keygen(argc - 1, argv + 1);
+    if (!strcmp(sub, "import"))
+        return cmd_ckpt_import(argc - 1, argv + 1);
     return bad_usage(usage_main, "unknown command 'ckpt %s'", sub);
 }

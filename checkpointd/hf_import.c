@@ -177,6 +177,9 @@ int hf_import(const char *hf_dir, const manifest_t *m, const char *folder, FILE 
     if (rc)
         return rc;
     double was, is;
+    /* config.json has no multiple_of nor ffn_dim_multiplier: its intermediate_size (hidden_dim)
+     * makes them moot, so the run's stay */
+    h.model.multiple_of = m->model.multiple_of, h.model.ffn_dim_multiplier = m->model.ffn_dim_multiplier;
     const char *key = config_diff(&h.model, &m->model, &was, &is);
     if (key)
         return util_fail(err, errlen, -EINVAL, "%s/config.json gives model.%s = %g, the run's manifest %g", hf_dir,

@@ -223,6 +223,9 @@ void manifest_tb_folder(const manifest_t *m, char *buf, size_t n);
 /* Whether the shards copy their state into the staging segment during the run: for
  * checkpoints, or for the in-memory snapshots alone (checkpoint.snapshot_interval). */
 static inline int manifest_snapshots(const manifest_t *m) { return m->ckpt_enable || m->snapshot_interval > 0; }
+/* Whether a run may load weights at its start (checkpointd, the staging segment): a checkpoint
+ * to load, or checkpoint.initial_load_path for when there is none. */
+static inline int manifest_loads(const manifest_t *m) { return m->ckpt_load[0] || m->ckpt_initial_path[0]; }
 
 /* Flat-parameter granularity of optimizer shards (floats): shard boundaries and the
  * gradient-norm partial sums fall on multiples of it, so the clip and every update are

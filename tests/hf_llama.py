@@ -10,6 +10,11 @@ model.safetensors.index.json), OUT/tokens.i32 (batch*seq int32 token ids) and OU
 (batch*seq*vocab float32: the logits of the model as saved, read back in fp32, on the CPU,
 eager attention) and OUT/loss.txt (the mean cross-entropy of predicting tokens[1:] from
 tokens[:-1] for each row, the loss ctitan's first training step reports on such rows).
+
+  hf_llama.py --loss HF_DIR TOKENS.i32 ROWS
+
+prints that mean cross-entropy for ROWS rows of int32 tokens (each row: inputs and, shifted by
+one, targets) under the model of HF_DIR read in fp32.
 """
 import argparse
 import os
@@ -18,7 +23,20 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 
+def loss_of(hf, tokens_path, rows):
+    import numpy as np
+    model = LlamaForCausalLM.from_pretrained(hf, torch_dtype=torch.float32, attn_implementation="eager").eval()
+    t = torch.from_numpy(np.fromfile(tokens_path, dtype=np.int32).astype(np.int64)).view(rows, -1)
+    with torch.no_grad():
+        logits = model(t[:, :-1]).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), t[:, 1:].reshape(-1))
+    print("%.9g" % loss.item())
+
+
 def main():
+    import sys
+    if len(sys.argv) == 5 and sys.argv[1] == "--loss":
+        return loss_of(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--dtype", default="float32")

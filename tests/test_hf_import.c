@@ -532,6 +532,43 @@ static void test_job_starts_from_hf_weights(void **state)
         fail_msg("%s", out);
 }
 
+/* The same on the CUDA backend (the emulator's plugin in make test, so the bf16 kernels and
+ * their scaled rotary tables): head_dim 16 for the CUDA attention, Llama 3.1's rotary scaling;
+ * step 1's loss is transformers' fp32 one to bf16's precision. */
+static void test_cuda_job_starts_from_hf_weights(void **state)
+{
+    (void)state;
+    const char *py;
+    TU_NEED_PY(py);
+    TU_NEED_BIN();
+    if (tj_use_sim_plugin())
+        skip();
+    char hf[256], job[64], extra[1024], cmd[2048], got[256], path[512];
+    static char out[65536];
+    snprintf(hf, sizeof(hf), "%s/cuda", dir);
+    make_hf(py, hf, "--dtype bfloat16 --vocab 300 --hidden 32 --heads 2 --kv-heads 1 --inter 64 --max-pos 64 "
+            "--rope-llama3");
+    tj_name(job, sizeof(job), 'h', "cuda");
+    snprintf(extra, sizeof(extra), "--training.steps 2 --job.device cuda --checkpoint.initial_load_path %s "
+             "--checkpoint.initial_load_in_hf true", hf);
+    int rc = tj_launch("", 120, job, extra, out, sizeof(out));
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    if (rc)
+        fail_msg("launch: %d\n%.4000s", rc, out);
+    static tj_metrics_t mt;
+    tj_parse_metrics(job, &mt);
+    assert_int_equal(mt.n, 2);
+    snprintf(path, sizeof(path), "%s/rows.i32", dir); /* test_job_starts_from_hf_weights' rows */
+    if (access(path, R_OK))
+        skip();
+    snprintf(cmd, sizeof(cmd), "%s/venv/bin/python tests/hf_llama.py --loss %s %s 4 2>&1", py, hf, path);
+    if (tu_run(cmd, got, sizeof(got)))
+        fail_msg("%s: %s", cmd, got);
+    double want = atof(got), loss1 = atof(mt.loss[0]);
+    print_message("step 1 loss on the CUDA backend %.9g, transformers' (fp32) %.9g\n", loss1, want);
+    assert_true(fabs(loss1 - want) < 2e-2 * fabs(want));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -545,6 +582,7 @@ int main(void)
         cmocka_unit_test(test_fp32_import_is_bitwise),
         cmocka_unit_test(test_ckpt_import_command),
         cmocka_unit_test(test_job_starts_from_hf_weights),
+        cmocka_unit_test(test_cuda_job_starts_from_hf_weights),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

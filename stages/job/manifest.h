@@ -21,7 +21,7 @@
  *   [loader]       dataset_path, shuffle, prefetch, command
  *   [optshard]     shards, device
  *   [checkpoint]   enable, interval, snapshot_interval, folder, keep_latest_k, load, endpoint,
- *                  server_key, client_key
+ *                  server_key, client_key, initial_load_path, initial_load_in_hf
  *   [metrics]      log_freq, file, peak_tflops, enable_tensorboard, save_tb_folder
  *   [profiling]    trace_file
  *   [validation]   enable, dataset_path, steps

@@ -245,6 +245,38 @@ static void test_config_reads_llama_and_refuses_what_ctitan_cannot_run(void **st
     expect_config(CFG(", \"num_key_value_heads\": 3"), -EINVAL, "n_kv_heads");
 }
 
+/* manifest_take_model: the flavor's values give way, explicit equal ones stay, an explicit other
+ * one is an error naming both and where it came from; an explicit max_seq_len stays. */
+static void test_manifest_takes_the_shape_from_config(void **state)
+{
+    (void)state;
+    static manifest_t m;
+    hf_config_t h;
+    char err[512];
+    const char *cfg = CFG(", \"num_key_value_heads\": 1, \"rope_theta\": 500000.0");
+    assert_int_equal(hf_config_parse(cfg, strlen(cfg), "config.json", &h, err, sizeof(err)), 0);
+    const char *toml = "[model]\nflavor = \"tiny\"\ndim = 8\nmax_seq_len = 16\n[training]\nseq_len = 16\n";
+    manifest_defaults(&m);
+    assert_int_equal(manifest_parse(&m, toml, strlen(toml), "run.toml", err, sizeof(err)), 0);
+    if (manifest_take_model(&m, &h.model, "config.json", err, sizeof(err)) || manifest_validate(&m, err, sizeof(err)))
+        fail_msg("%s", err);
+    assert_int_equal(m.model.n_layers, 1);
+    assert_int_equal(m.model.n_kv_heads, 1);
+    assert_int_equal(m.model.hidden_dim, 16);
+    assert_int_equal(m.model.max_seq_len, 16);
+    assert_true(m.model.rope_theta == 500000.0 && m.model.norm_eps == 1e-6);
+    manifest_defaults(&m);
+    assert_int_equal(manifest_parse(&m, toml, strlen(toml), "run.toml", err, sizeof(err)), 0);
+    assert_int_equal(manifest_override(&m, "model.norm_eps", "1e-5", err, sizeof(err)), 0);
+    assert_int_equal(manifest_take_model(&m, &h.model, "config.json", err, sizeof(err)), -EINVAL);
+    if (!strstr(err, "model.norm_eps = 1e-05 (--model.norm_eps) but config.json has 1e-06"))
+        fail_msg("%s", err);
+    manifest_defaults(&m);
+    assert_int_equal(manifest_override(&m, "checkpoint.initial_load_in_hf", "true", err, sizeof(err)), 0);
+    assert_int_equal(manifest_validate(&m, err, sizeof(err)), -EINVAL);
+    assert_non_null(strstr(err, "needs checkpoint.initial_load_path"));
+}
+
 /* A safetensors file written here: tensors of the small config above (F32 zeros), changed by
  * each test. */
 typedef struct {
@@ -574,6 +606,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_config_reads_llama_and_refuses_what_ctitan_cannot_run),
         cmocka_unit_test(test_safetensors_header_checks),
+        cmocka_unit_test(test_manifest_takes_the_shape_from_config),
         cmocka_unit_test(test_bad_models_are_refused_and_leave_nothing),
         cmocka_unit_test(test_fp32_model_gives_transformers_logits),
         cmocka_unit_test(test_fp32_sharded_llama3_rope_gives_transformers_logits),

@@ -235,9 +235,13 @@ static int open_index(st_set_t *s, const char *dir, const char *ipath, json_t *m
         int seen = 0;
         for (int i = 0; i < s->n_files && !seen; i++)
             seen = !strcmp(strrchr(s->files[i], '/') + 1, f);
-        if (!seen && ((rc = add_path(s, dir, f, err, errlen)) || (rc = add_file(s, s->n_files - 1, s->files[s->n_files - 1], err, errlen))))
-            return rc == -ENOENT ? util_fail(err, errlen, -ENOENT, "%s: shard %s (named by %s) is missing", dir, f,
-                                             ipath) : rc;
+        if (seen)
+            continue;
+        if ((rc = add_path(s, dir, f, err, errlen)))
+            return rc;
+        if ((rc = add_file(s, s->n_files - 1, s->files[s->n_files - 1], err, errlen)))
+            return rc == -ENOENT ? util_fail(err, errlen, rc, "%s: shard %s (named by %s) is missing", dir, f, ipath)
+                                 : rc;
     }
     for (int i = 0; i < s->n; i++) {
         const char *f = json_string_value(json_object_get(map, s->t[i].name));
@@ -245,9 +249,11 @@ static int open_index(st_set_t *s, const char *dir, const char *ipath, json_t *m
             return util_fail(err, errlen, -EBADMSG, "%s: tensor %s is not in weight_map under this file (%s)",
                              s->files[s->t[i].file], s->t[i].name, ipath);
     }
-    json_object_foreach(map, key, v) if (!st_set_find(s, key)) return util_fail(
-        err, errlen, -EBADMSG, "%s: tensor %s is not in %s, where weight_map says it is", ipath, key,
-        json_string_value(v));
+    json_object_foreach(map, key, v) {
+        if (!st_set_find(s, key))
+            return util_fail(err, errlen, -EBADMSG, "%s: tensor %s is not in %s, where weight_map says it is", ipath,
+                             key, json_string_value(v));
+    }
     return 0;
 }
 

@@ -427,6 +427,12 @@ static void test_bad_models_are_refused_and_leave_nothing(void **state)
     snprintf(path, sizeof(path), "%s/bad-shard/model.safetensors.index.json", dir);
     write_text(path, "{\"metadata\": {}, \"weight_map\": {\"model.embed_tokens.weight\": \"model-00001-of-00002.safetensors\"}}");
     expect_refused("shard", GOOD_CFG, NULL, 0, 0, 0, "shard model-00001-of-00002.safetensors");
+    /* a weight_map that points outside the folder */
+    snprintf(path, sizeof(path), "%s/bad-escape", dir);
+    mkdir(path, 0755);
+    snprintf(path, sizeof(path), "%s/bad-escape/model.safetensors.index.json", dir);
+    write_text(path, "{\"weight_map\": {\"model.embed_tokens.weight\": \"../bad-good/model.safetensors\"}}");
+    expect_refused("escape", GOOD_CFG, NULL, 0, 0, 0, "is not a file name in the folder");
 }
 
 /* st_parse: the header alone, against the file's size. */

@@ -547,6 +547,16 @@ static void test_job_starts_from_hf_weights(void **state)
     double want = atof(got), loss1 = atof(mt.loss[0]);
     print_message("step 1 loss %.9g, transformers' on the same rows %.9g\n", loss1, want);
     assert_true(fabs(loss1 - want) < 1e-5 * fabs(want));
+    /* without initial_load_in_hf, initial_load_path is a ctitan checkpoint: the one imported */
+    char ck[64];
+    tj_name(ck, sizeof(ck), 'h', "ck");
+    snprintf(extra, sizeof(extra), "--training.steps 1 --model.hidden_dim 64 --checkpoint.initial_load_path "
+             "%s/runs/%s/hf-import/step-00000000", tj_dir, job);
+    if (tj_launch("", 120, ck, extra, out, sizeof(out)))
+        fail_msg("%.4000s", out);
+    static tj_metrics_t mc;
+    tj_parse_metrics(ck, &mc);
+    assert_string_equal(mc.loss[0], mt.loss[0]);
     /* a job with checkpoints of its own resumes from them, not from the Hugging Face weights */
     char own[64];
     tj_name(own, sizeof(own), 'h', "own");

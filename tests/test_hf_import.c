@@ -501,6 +501,30 @@ static void test_ckpt_import_command(void **state)
     assert_int_not_equal(access(cmd, F_OK), 0);
 }
 
+/* transformers' mean loss, for the model of HF folder hf, on the first `rows` windows of the
+ * jobs' token file (window w: tokens [32w, 32w + 33), as manifests/tiny.toml reads them in order). */
+static double hf_loss(const char *py, const char *hf, int rows)
+{
+    char path[512], cmd[2048], got[256], err[512];
+    snprintf(path, sizeof(path), "%s/data/train.bin", tj_dir);
+    tokfile_t *tf;
+    assert_int_equal(tokfile_open(&tf, path, 300, err, sizeof(err)), 0);
+    int32_t win[16 * 33];
+    assert_true(rows <= 16);
+    for (int r = 0; r < rows; r++)
+        assert_int_equal(tokfile_read(tf, (size_t)r * 32, 33, win + r * 33), 0);
+    tokfile_close(&tf);
+    snprintf(path, sizeof(path), "%s/rows%d.i32", dir, rows);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(win, sizeof(int32_t) * 33, (size_t)rows, f), (size_t)rows);
+    fclose(f);
+    snprintf(cmd, sizeof(cmd), "%s/venv/bin/python tests/hf_llama.py --loss %s %s %d 2>&1", py, hf, path, rows);
+    if (tu_run(cmd, got, sizeof(got)))
+        fail_msg("%s: %s", cmd, got);
+    return atof(got);
+}
+
 /* A job launched with checkpoint.initial_load_path (in_hf) and nothing to resume starts from the
  * Hugging Face weights: pp 2, 2 optimizer shards (manifests/tiny.toml), and trains. */
 static void test_job_starts_from_hf_weights(void **state)
@@ -525,28 +549,23 @@ static void test_job_starts_from_hf_weights(void **state)
     assert_int_equal(mt.n, 3);
     for (int i = 0; i < 3; i++)
         assert_true(isfinite(atof(mt.loss[i])));
-    /* step 1's loss is transformers' on the same windows: tiny.toml reads 4 rows of seq_len 32 a
-     * step, window w being tokens [32w, 32w + 33) of the token file */
-    char path[512], cmd[2048], got[256];
-    snprintf(path, sizeof(path), "%s/data/train.bin", tj_dir);
-    tokfile_t *tf;
-    char err[512];
-    assert_int_equal(tokfile_open(&tf, path, 300, err, sizeof(err)), 0);
-    int32_t rows[4 * 33];
-    for (int r = 0; r < 4; r++)
-        assert_int_equal(tokfile_read(tf, (size_t)r * 32, 33, rows + r * 33), 0);
-    tokfile_close(&tf);
-    snprintf(path, sizeof(path), "%s/rows.i32", dir);
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(rows, sizeof(rows), 1, f), 1);
-    fclose(f);
-    snprintf(cmd, sizeof(cmd), "%s/venv/bin/python tests/hf_llama.py --loss %s %s 4 2>&1", py, hf, path);
-    if (tu_run(cmd, got, sizeof(got)))
-        fail_msg("%s: %s", cmd, got);
-    double want = atof(got), loss1 = atof(mt.loss[0]);
+    /* step 1's loss is transformers' on the same windows (4 rows of seq_len 32 a step) */
+    double want = hf_loss(py, hf, 4), loss1 = atof(mt.loss[0]);
     print_message("step 1 loss %.9g, transformers' on the same rows %.9g\n", loss1, want);
     assert_true(fabs(loss1 - want) < 1e-5 * fabs(want));
+    /* data parallel 2, one stage, 3 optimizer shards: 8 rows a step */
+    char dp[64];
+    tj_name(dp, sizeof(dp), 'h', "dp");
+    snprintf(extra, sizeof(extra), "--training.steps 1 --parallelism.data_parallel_replicate_degree 2 "
+             "--parallelism.pipeline_parallel_degree 1 --optshard.shards 3 --checkpoint.initial_load_path %s "
+             "--checkpoint.initial_load_in_hf true", hf);
+    if (tj_launch("", 120, dp, extra, out, sizeof(out)))
+        fail_msg("%.4000s", out);
+    static tj_metrics_t md;
+    tj_parse_metrics(dp, &md);
+    want = hf_loss(py, hf, 8);
+    print_message("dp 2: step 1 loss %s, transformers' %.9g\n", md.loss[0], want);
+    assert_true(fabs(atof(md.loss[0]) - want) < 1e-5 * fabs(want));
     /* without initial_load_in_hf, initial_load_path is a ctitan checkpoint: the one imported */
     char ck[64];
     tj_name(ck, sizeof(ck), 'h', "ck");
@@ -591,7 +610,7 @@ static void test_cuda_job_starts_from_hf_weights(void **state)
     TU_NEED_BIN();
     if (tj_use_sim_plugin())
         skip();
-    char hf[256], job[64], extra[1024], cmd[2048], got[256], path[512];
+    char hf[256], job[64], extra[1024];
     static char out[65536];
     snprintf(hf, sizeof(hf), "%s/cuda", dir);
     make_hf(py, hf, "--dtype bfloat16 --vocab 300 --hidden 32 --heads 2 --kv-heads 1 --inter 64 --max-pos 64 "
@@ -606,13 +625,7 @@ static void test_cuda_job_starts_from_hf_weights(void **state)
     static tj_metrics_t mt;
     tj_parse_metrics(job, &mt);
     assert_int_equal(mt.n, 2);
-    snprintf(path, sizeof(path), "%s/rows.i32", dir); /* test_job_starts_from_hf_weights' rows */
-    if (access(path, R_OK))
-        skip();
-    snprintf(cmd, sizeof(cmd), "%s/venv/bin/python tests/hf_llama.py --loss %s %s 4 2>&1", py, hf, path);
-    if (tu_run(cmd, got, sizeof(got)))
-        fail_msg("%s: %s", cmd, got);
-    double want = atof(got), loss1 = atof(mt.loss[0]);
+    double want = hf_loss(py, hf, 4), loss1 = atof(mt.loss[0]);
     print_message("step 1 loss on the CUDA backend %.9g, transformers' (fp32) %.9g\n", loss1, want);
     assert_true(fabs(loss1 - want) < 2e-2 * fabs(want));
 }

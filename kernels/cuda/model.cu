@@ -176,7 +176,8 @@ extern "C" void cuda_model_destroy(cuda_model_t **pm)
 
 /* The rotary tables. Without scaling the device computes theta^(-2i/hd) itself (the bits the
  * tables always had); with Llama 3.1's scaling the host's config_rope_inv_freq gives the
- * frequencies, uploaded, so that CPU and GPU tables agree bit for bit. */
+ * frequencies, uploaded on the model's stream (ordered before the table kernel; synced before
+ * freq goes out of scope), so that CPU and GPU use the same frequencies. */
 static int rope_tables(cuda_model_t *m, const model_config_t *cfg)
 {
     if (!(cfg->rope_scaling_factor > 0)) {
@@ -188,8 +189,8 @@ static int rope_tables(cuda_model_t *m, const model_config_t *cfg)
         freq[i] = config_rope_inv_freq(cfg, i);
     double *dfreq = NULL;
     CU(cudaMalloc((void **)&dfreq, sizeof(freq)));
-    int rc = cuda_rc(cudaMemcpy(dfreq, freq, (size_t)(m->hd / 2) * sizeof(double), cudaMemcpyHostToDevice),
-                     "cudaMemcpy rope frequencies");
+    int rc = cuda_rc(cudaMemcpyAsync(dfreq, freq, (size_t)(m->hd / 2) * sizeof(double), cudaMemcpyHostToDevice,
+                                     m->stream), "cudaMemcpyAsync rope frequencies");
     if (!rc)
         rc = cuda_rope_table_freq(m->rope_cos, m->rope_sin, cfg->max_seq_len, m->hd, dfreq, m->stream);
     if (!rc)

@@ -24,6 +24,7 @@
 #include <sys/stat.h>
 
 #include "checkpointd/ckpt.h"
+#include "checkpointd/hf_import.h"
 #include "ipc/util.h"
 #include "kernels/optim.h"
 #include "stages/runtime/ldr.h"
@@ -68,6 +69,34 @@ static int resolve(const char *what, const manifest_t *m, const restore_stored_t
                          rc == -EBADMSG ? "corrupt: see above" : r);
     }
     snprintf(path, n, "%s", what);
+    return 0;
+}
+
+/* A run with nothing to resume from starts from checkpoint.initial_load_path (torchtitan's
+ * rule: a run's own checkpoints win): a checkpoint directory, loaded as checkpoint.load loads
+ * one, or with initial_load_in_hf a Hugging Face Llama folder, imported (again, so that the
+ * folder's weights as they are now count) into DUMP/hf-import/step-00000000 and loaded from
+ * there. path stays "" without one. */
+static int initial(const manifest_t *m, FILE *log, char *path, size_t n, char *err, size_t errlen)
+{
+    const char *from = m->ckpt_initial_path;
+    if (!from[0])
+        return 0;
+    if (!m->ckpt_initial_hf) {
+        char why[1024];
+        int rc = resolve(from, m, NULL, log, path, n, why, sizeof(why));
+        return rc ? util_fail(err, errlen, rc, "checkpoint.initial_load_path: %s", why) : 0;
+    }
+    char folder[PATH_MAX];
+    if ((size_t)snprintf(folder, sizeof(folder), "%s/hf-import", m->dump_folder) >= sizeof(folder))
+        return util_fail(err, errlen, -ENAMETOOLONG, "job.dump_folder %s is too long", m->dump_folder);
+    if (log)
+        fprintf(log, "ctitan: no checkpoint to resume from: importing the Hugging Face Llama %s into %s\n", from,
+                folder);
+    char why[1024];
+    int rc = hf_import(from, m, folder, log, path, n, why, sizeof(why));
+    if (rc)
+        return util_fail(err, errlen, rc, "checkpoint.initial_load_path %s (initial_load_in_hf): %s", from, why);
     return 0;
 }
 
@@ -290,6 +319,8 @@ int restore_load_stored(const char *what, const manifest_t *m, const restore_sto
     staging_hdr_t *h = staging;
     char dir[PATH_MAX];
     int rc = resolve(what, m, stored, log, dir, sizeof(dir), err, errlen);
+    if (!rc && !dir[0])
+        rc = initial(m, log, dir, sizeof(dir), err, errlen);
     if (rc)
         return rc;
     if (strlen(dir) >= pathlen)

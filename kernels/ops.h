@@ -44,6 +44,10 @@ void ops_matmul_bwd_w(pool_t *p, float *dw, const float *dy, const float *x, int
 /* Rotary table, Hugging Face convention: for t < T, i < hd/2,
  * angle = t * theta^(-2i/hd); cos[t*hd/2 + i], sin[...]. */
 void ops_rope_table(float *cos, float *sin, int T, int hd, double theta);
+/* The same with the inverse frequencies given (hd/2 of them: config_rope_inv_freq, which
+ * with no rotary scaling is theta^(-2i/hd) exactly, so both tables are the same bits):
+ * angle = t * inv_freq[i]. */
+void ops_rope_table_freq(float *cos, float *sin, int T, int hd, const double *inv_freq);
 /* Rotates every head of x [B,T,H,hd] in place by position t (rotate_half pairs i, i+hd/2):
  *   x1' = x1 cos - x2 sin,  x2' = x2 cos + x1 sin. */
 void ops_rope_fwd(pool_t *p, float *x, const float *cos, const float *sin, int B, int T, int H, int hd);

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/config.h"
 #include "kernels/ops.h"
 #include "kernels/ref/ref_ops.h"
 #include "tests/testutil.h"
@@ -191,6 +192,35 @@ static void test_rope_fast_matches_reference_and_inverts(void **state)
     free(x), free(x0), free(c), free(s), free(xd), free(cd), free(sd), free(x0d);
 }
 
+/* Tables from config_rope_inv_freq: without scaling the same bits as from theta (the tables
+ * every run had), with Llama 3.1's scaling the reference's table and another one. */
+static void test_rope_table_from_config_frequencies(void **state)
+{
+    (void)state;
+    model_config_t cfg = config_defaults();
+    cfg.dim = 64, cfg.n_heads = 4, cfg.rope_theta = 500000.0;
+    int T = 200, hd = 16, half = hd / 2;
+    size_t n = (size_t)T * half;
+    double freq[8], *cd = malloc(n * 8), *sd = malloc(n * 8);
+    float *c0 = malloc(n * 4), *s0 = malloc(n * 4), *c1 = malloc(n * 4), *s1 = malloc(n * 4);
+    for (int i = 0; i < half; i++)
+        freq[i] = config_rope_inv_freq(&cfg, i);
+    ops_rope_table(c0, s0, T, hd, cfg.rope_theta);
+    ops_rope_table_freq(c1, s1, T, hd, freq);
+    assert_memory_equal(c0, c1, n * 4);
+    assert_memory_equal(s0, s1, n * 4);
+    cfg.rope_scaling_factor = 8, cfg.rope_low_freq_factor = 1, cfg.rope_high_freq_factor = 4;
+    cfg.rope_original_max_seq_len = 64;
+    for (int i = 0; i < half; i++)
+        freq[i] = config_rope_inv_freq(&cfg, i);
+    ops_rope_table_freq(c1, s1, T, hd, freq);
+    ref_rope_table_freq(cd, sd, T, hd, freq);
+    assert_int_equal(tu_compare("scaled cos", c1, cd, n, 1e-7, 1e-6), 0);
+    assert_int_equal(tu_compare("scaled sin", s1, sd, n, 1e-7, 1e-6), 0);
+    assert_true(memcmp(c0, c1, n * 4) != 0);
+    free(cd), free(sd), free(c0), free(s0), free(c1), free(s1);
+}
+
 static void test_rope_reference_backward_matches_finite_differences(void **state)
 {
     int T = 5, hd = 8;
@@ -285,6 +315,7 @@ int main(void)
         cmocka_unit_test(test_attn_fast_backward_matches_finite_differences_loosely),
         cmocka_unit_test(test_attn_is_causal),
         cmocka_unit_test(test_rope_fast_matches_reference_and_inverts),
+        cmocka_unit_test(test_rope_table_from_config_frequencies),
         cmocka_unit_test(test_rope_reference_backward_matches_finite_differences),
         cmocka_unit_test(test_rope_scores_depend_only_on_relative_position),
         cmocka_unit_test(test_attn_and_rope_bits_identical_for_any_pool_size),

@@ -34,6 +34,7 @@ static const char usage_main[] =
     "  export PATH --safetensors OUT        write its model weights as a safetensors file\n"
     "  export PATH --hf DIR                 write a Hugging Face model folder (config, weights, tokenizer)\n"
     "  keygen PREFIX                        make PREFIX.key and PREFIX.pub for remote checkpoints\n"
+    "  import HF_DIR --out FOLDER           a Hugging Face Llama as checkpoint FOLDER/step-00000000\n"
     "`ctitan ckpt COMMAND --help` describes each.\n";
 
 static const char usage_ls[] =
@@ -521,5 +522,7 @@ int cmd_ckpt(int argc, char **argv)
         return ckpt_export(argc - 1, argv + 1);
     if (!strcmp(sub, "keygen"))
         return ckpt_keygen(argc - 1, argv + 1);
+    if (!strcmp(sub, "import"))
+        return cmd_ckpt_import(argc - 1, argv + 1);
     return bad_usage(usage_main, "unknown command 'ckpt %s'", sub);
 }

@@ -8,6 +8,7 @@
 #include "tools/cmds.h"
 #include "stages/coord/coord.h"
 #include "stages/job/manifest.h"
+#include "checkpointd/hf_import.h"
 #include "stages/supervise/supervise.h"
 
 static void usage(FILE *f)
@@ -68,6 +69,11 @@ int cmd_launch(int argc, char **argv)
             fprintf(stderr, "launch: %s\n", err);
             return 2;
         }
+    }
+    /* a run that may start from a Hugging Face Llama has its model's shape */
+    if (m.ckpt_initial_hf && m.ckpt_initial_path[0] && hf_import_manifest(&m, m.ckpt_initial_path, err, sizeof(err))) {
+        fprintf(stderr, "launch: checkpoint.initial_load_path: %s\n", err);
+        return 2;
     }
     if (manifest_validate(&m, err, sizeof(err))) {
         fprintf(stderr, "launch: %s\n", err);

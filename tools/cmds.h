@@ -11,5 +11,6 @@ int cmd_loader(int argc, char **argv);
 int cmd_status(int argc, char **argv);
 int cmd_ckpt(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
+int cmd_ckpt_import(int argc, char **argv); /* `ctitan ckpt import`: tools/cmd_ckpt_import.c */
 
 #endif

@@ -135,7 +135,15 @@ model_t *model_new(const model_config_t *cfg, int piece_begin, int piece_end, fl
         model_destroy(&m);
         return NULL;
     }
-    ops_rope_table(m->rope_cos, m->rope_sin, cfg->max_seq_len, m->hd, cfg->rope_theta);
+    double *freq = malloc((size_t)(m->hd / 2 + 1) * sizeof(double));
+    if (!freq) {
+        model_destroy(&m);
+        return NULL;
+    }
+    for (int i = 0; i < m->hd / 2; i++)
+        freq[i] = config_rope_inv_freq(cfg, i);
+    ops_rope_table_freq(m->rope_cos, m->rope_sin, cfg->max_seq_len, m->hd, freq);
+    free(freq);
     m->params = params;
     m->grads = grads;
     bind(m);

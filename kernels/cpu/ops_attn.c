@@ -15,6 +15,17 @@
 
 #define ROPE_TOKENS 64
 
+void ops_rope_table_freq(float *cos_t, float *sin_t, int T, int hd, const double *inv_freq)
+{
+    int half = hd / 2;
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < half; i++) {
+            double ang = t * inv_freq[i];
+            cos_t[t * half + i] = (float)cos(ang);
+            sin_t[t * half + i] = (float)sin(ang);
+        }
+}
+
 void ops_rope_table(float *cos_t, float *sin_t, int T, int hd, double theta)
 {
     int half = hd / 2;

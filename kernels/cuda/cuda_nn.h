@@ -56,6 +56,10 @@ int cuda_rmsnorm_bwd_w(float *dw, const uint16_t *dout, const uint16_t *x, const
 /* Rotary tables fp32 [T, hd/2] as ops_rope_table: angle = t * theta^(-2i/hd), computed in
  * double on the device and rounded once. hd must be even. */
 int cuda_rope_table(float *cos, float *sin, int T, int hd, double theta, void *stream);
+/* The same from given inverse frequencies (config_rope_inv_freq: Llama 3.1's rotary scaling),
+ * inv_freq a device array of hd/2 doubles: angle = t * inv_freq[i], in double, rounded once
+ * (ops_rope_table_freq's bits). */
+int cuda_rope_table_freq(float *cos, float *sin, int T, int hd, const double *inv_freq, void *stream);
 /* Rotates every head of x [B,T,H,hd] in place, Hugging Face rotate_half (pairs i, i+hd/2):
  *   x1' = x1 cos - x2 sin,  x2' = x2 cos + x1 sin. */
 int cuda_rope_fwd(uint16_t *x, const float *cos, const float *sin, int B, int T, int H, int hd,

@@ -174,6 +174,31 @@ extern "C" void cuda_model_destroy(cuda_model_t **pm)
     *pm = NULL;
 }
 
+/* The rotary tables. Without scaling the device computes theta^(-2i/hd) itself (the bits the
+ * tables always had); with Llama 3.1's scaling the host's config_rope_inv_freq gives the
+ * frequencies, uploaded on the model's stream (ordered before the table kernel; synced before
+ * freq goes out of scope), so that CPU and GPU use the same frequencies. */
+static int rope_tables(cuda_model_t *m, const model_config_t *cfg)
+{
+    if (!(cfg->rope_scaling_factor > 0)) {
+        NN(cuda_rope_table(m->rope_cos, m->rope_sin, cfg->max_seq_len, m->hd, cfg->rope_theta, m->stream));
+        return 0;
+    }
+    double freq[64]; /* hd <= 128 (model_init) */
+    for (int i = 0; i < m->hd / 2; i++)
+        freq[i] = config_rope_inv_freq(cfg, i);
+    double *dfreq = NULL;
+    CU(cudaMalloc((void **)&dfreq, sizeof(freq)));
+    int rc = cuda_rc(cudaMemcpyAsync(dfreq, freq, (size_t)(m->hd / 2) * sizeof(double), cudaMemcpyHostToDevice,
+                                     m->stream), "cudaMemcpyAsync rope frequencies");
+    if (!rc)
+        rc = cuda_rope_table_freq(m->rope_cos, m->rope_sin, cfg->max_seq_len, m->hd, dfreq, m->stream);
+    if (!rc)
+        rc = cuda_rc(cudaStreamSynchronize(m->stream), "cudaStreamSynchronize");
+    cudaFree(dfreq);
+    return rc;
+}
+
 static int model_init(cuda_model_t *m, const model_config_t *cfg, int p0, int p1)
 {
     m->cfg = *cfg;
@@ -205,7 +230,9 @@ static int model_init(cuda_model_t *m, const model_config_t *cfg, int p0, int p1
     CU(cudaMallocHost((void **)&m->staging, n * sizeof(float)));
     CU(cudaMalloc((void **)&m->rope_cos, half * sizeof(float)));
     CU(cudaMalloc((void **)&m->rope_sin, half * sizeof(float)));
-    NN(cuda_rope_table(m->rope_cos, m->rope_sin, cfg->max_seq_len, m->hd, cfg->rope_theta, m->stream));
+    int rc = rope_tables(m, cfg);
+    if (rc)
+        return rc;
     MM(cuda_matmul_ctx_new(&m->mm));
     bind(m);
     CU(cudaStreamSynchronize(m->stream));

@@ -20,6 +20,19 @@ static __global__ void rope_table_kernel(float *cos_t, float *sin_t, size_t n, i
     }
 }
 
+// angle = t * inv_freq[i] (inv_freq: config_rope_inv_freq, computed on the host)
+static __global__ void rope_table_freq_kernel(float *cos_t, float *sin_t, size_t n, int half,
+                                              const double *inv_freq)
+{
+    for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < n;
+         k += (size_t)gridDim.x * blockDim.x) {
+        int t = (int)(k / half), i = (int)(k % half);
+        double ang = t * inv_freq[i];
+        cos_t[k] = (float)cos(ang);
+        sin_t[k] = (float)sin(ang);
+    }
+}
+
 // One thread per pair (i, i + hd/2) of one head of one token: it reads both and writes both, so
 // no two threads touch the same element. Pair p = row * half + i with row = (b*T + t)*H + h.
 // sign -1 applies the transposed (inverse) rotation.
@@ -50,6 +63,20 @@ extern "C" int cuda_rope_table(float *cos_t, float *sin_t, int T, int hd, double
     rope_table_kernel<<<nn_grid_for(n, ROPE_THREADS), ROPE_THREADS, 0, (cudaStream_t)stream>>>(
         cos_t, sin_t, n, hd / 2, hd, theta);
     return cuda_nn_check(cudaGetLastError(), "cuda_rope_table launch");
+}
+
+extern "C" int cuda_rope_table_freq(float *cos_t, float *sin_t, int T, int hd, const double *inv_freq,
+                                    void *stream)
+{
+    if (!cos_t || !sin_t || !inv_freq || T < 0 || hd <= 0 || hd % 2)
+        return cuda_nn_fail("cuda_rope_table_freq: bad arguments (T %d, hd %d (must be even); cos, sin "
+                            "and inv_freq must be device pointers)", T, hd);
+    size_t n = (size_t)T * (hd / 2);
+    if (n == 0)
+        return 0;
+    rope_table_freq_kernel<<<nn_grid_for(n, ROPE_THREADS), ROPE_THREADS, 0, (cudaStream_t)stream>>>(
+        cos_t, sin_t, n, hd / 2, inv_freq);
+    return cuda_nn_check(cudaGetLastError(), "cuda_rope_table_freq launch");
 }
 
 static int rope_run(const char *who, uint16_t *x, const float *cos_t, const float *sin_t, int B, int T,

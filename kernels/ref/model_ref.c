@@ -143,7 +143,15 @@ double ref_model_loss(const model_config_t *cfg, const param_table_t *tab, const
     if (pass_init(&r, cfg, tab, B, T))
         return NAN;
     int N = r.N, D = r.D, V = r.V, nl = r.nl;
-    ref_rope_table(r.rcos, r.rsin, T, r.hd, cfg->rope_theta);
+    double *freq = malloc((size_t)(r.hd / 2 + 1) * sizeof(double));
+    if (!freq) {
+        pass_free(&r);
+        return NAN;
+    }
+    for (int i = 0; i < r.hd / 2; i++)
+        freq[i] = config_rope_inv_freq(cfg, i);
+    ref_rope_table_freq(r.rcos, r.rsin, T, r.hd, freq);
+    free(freq);
 
     /* forward */
     ref_embed_fwd(nl ? r.L[0].h_in : r.h_top, P(tab, w, PARAM_EMBED, -1), tokens, N, D);

@@ -15,6 +15,17 @@ void ref_rope_table(double *cos_t, double *sin_t, int T, int hd, double theta)
         }
 }
 
+void ref_rope_table_freq(double *cos_t, double *sin_t, int T, int hd, const double *inv_freq)
+{
+    int half = hd / 2;
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < half; i++) {
+            double ang = t * inv_freq[i];
+            cos_t[t * half + i] = cos(ang);
+            sin_t[t * half + i] = sin(ang);
+        }
+}
+
 /* sign +1 rotates forward, -1 applies the inverse (transpose) rotation */
 static void rotate(double *x, const double *c, const double *s, int B, int T, int H, int hd, int sign)
 {

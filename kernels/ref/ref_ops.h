@@ -23,6 +23,8 @@ void ref_matmul_bwd_x(double *dx, const double *dy, const double *w, int N, int 
 void ref_matmul_bwd_w(double *dw, const double *dy, const double *x, int N, int Din, int Dout);
 
 void ref_rope_table(double *cos, double *sin, int T, int hd, double theta);
+/* angle = t * inv_freq[i] (config_rope_inv_freq: rotary scaling included) */
+void ref_rope_table_freq(double *cos, double *sin, int T, int hd, const double *inv_freq);
 void ref_rope_fwd(double *x, const double *cos, const double *sin, int B, int T, int H, int hd);
 void ref_rope_bwd(double *dx, const double *cos, const double *sin, int B, int T, int H, int hd);
 

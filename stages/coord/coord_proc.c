@@ -36,7 +36,7 @@ int coord_make_table(coord_t *c)
 {
     const manifest_t *m = c->m;
     c->n_stages = m->pp * m->dp;
-    c->has_ckptd = m->ckpt_enable || m->ckpt_load[0];
+    c->has_ckptd = m->ckpt_enable || manifest_loads(m);
     c->np = 1 + c->n_stages + m->shards + c->has_ckptd + (m->hosts - 1);
     if (!(c->p = calloc((size_t)c->np, sizeof(coord_proc_t))))
         return -ENOMEM;

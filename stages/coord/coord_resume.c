@@ -142,7 +142,7 @@ int coord_resume(coord_t *c, char *err, size_t errlen)
 {
     /* a run that writes checkpoints always asks: checkpointd also makes sure that none it will
      * write replaces a saved step of another run */
-    int rc = c->m->ckpt_load[0] || c->m->ckpt_enable ? load(c, err, errlen) : 0;
+    int rc = manifest_loads(c->m) || c->m->ckpt_enable ? load(c, err, errlen) : 0;
     if (!rc)
         note_start(c);
     return rc;

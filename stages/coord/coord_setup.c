@@ -99,7 +99,7 @@ int coord_make_segments(coord_t *c, char *err, size_t errlen)
          (rc = job_optstate_create(&c->seg_opt, c->job, l, m->shards, err, errlen))))
         return rc;
     /* checkpointd loads into it too (coord_resume.c) */
-    if (manifest_snapshots(m) || m->ckpt_load[0])
+    if (manifest_snapshots(m) || manifest_loads(m))
         rc = staging_create(&c->seg_ckpt, c->job, l->total, l->arrays, err, errlen);
     return rc;
 }

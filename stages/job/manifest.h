@@ -21,7 +21,7 @@
  *   [loader]       dataset_path, shuffle, prefetch, command
  *   [optshard]     shards, device
  *   [checkpoint]   enable, interval, snapshot_interval, folder, keep_latest_k, load, endpoint,
- *                  server_key, client_key
+ *                  server_key, client_key, initial_load_path, initial_load_in_hf
  *   [metrics]      log_freq, file, peak_tflops, enable_tensorboard, save_tb_folder
  *   [profiling]    trace_file
  *   [validation]   enable, dataset_path, steps
@@ -144,6 +144,11 @@ typedef struct {
                                   * the checkpointd on a storage host */
     char ckpt_server_key[MANIFEST_PATH_MAX]; /* its public key file (remote only) */
     char ckpt_client_key[MANIFEST_PATH_MAX]; /* this trainer's secret key file (remote only) */
+    char ckpt_initial_path[MANIFEST_PATH_MAX]; /* initial_load_path, "": what a run with no checkpoint
+                                  * to resume from (checkpoint.load resolved to nothing) starts from: a
+                                  * checkpoint directory, or with initial_load_in_hf a Hugging Face Llama
+                                  * folder (config.json + safetensors; checkpointd/hf_import.h) */
+    int ckpt_initial_hf;         /* initial_load_in_hf, false */
 
     /* [metrics] */
     int log_freq;                /* 1: a progress line every log_freq steps */
@@ -202,6 +207,12 @@ int manifest_validate(manifest_t *m, char *err, size_t errlen);
 /* The resolved manifest as TOML text naming every key; manifest_parse of it gives back the
  * same values. Caller frees. NULL on ENOMEM. */
 char *manifest_to_toml(const manifest_t *m);
+/* Takes the model's shape from `src` (a Hugging Face config.json, named by `what`): every
+ * [model] key src sets (all but multiple_of and ffn_dim_multiplier, which hidden_dim makes
+ * moot) becomes src's, and one given explicitly with another value is -EINVAL naming both,
+ * e.g. "model.dim = 256 (run.toml:5) but HF/config.json has 64". max_seq_len given explicitly
+ * stays (it bounds the sequence, the weights do not depend on it). The caller validates. */
+int manifest_take_model(manifest_t *m, const model_config_t *src, const char *what, char *err, size_t errlen);
 
 /* Where checkpoints go: checkpoint.folder, under job.dump_folder when relative. */
 void manifest_ckpt_folder(const manifest_t *m, char *buf, size_t n);
@@ -212,6 +223,9 @@ void manifest_tb_folder(const manifest_t *m, char *buf, size_t n);
 /* Whether the shards copy their state into the staging segment during the run: for
  * checkpoints, or for the in-memory snapshots alone (checkpoint.snapshot_interval). */
 static inline int manifest_snapshots(const manifest_t *m) { return m->ckpt_enable || m->snapshot_interval > 0; }
+/* Whether a run may load weights at its start (checkpointd, the staging segment): a checkpoint
+ * to load, or checkpoint.initial_load_path for when there is none. */
+static inline int manifest_loads(const manifest_t *m) { return m->ckpt_load[0] || m->ckpt_initial_path[0]; }
 
 /* Flat-parameter granularity of optimizer shards (floats): shard boundaries and the
  * gradient-norm partial sums fall on multiples of it, so the clip and every update are

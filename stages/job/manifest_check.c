@@ -272,6 +272,8 @@ static int check_checkpoint(const manifest_t *m, char *err, size_t errlen)
           "checkpoint.endpoint is remote: checkpoint.client_key (this trainer's secret key file, from "
           "`ctitan ckpt keygen`) is needed");
     CHECK(m->ckpt_folder[0], "checkpoint", "folder", "checkpoint.folder must not be empty");
+    CHECK(!m->ckpt_initial_hf || m->ckpt_initial_path[0], "checkpoint", "initial_load_in_hf",
+          "checkpoint.initial_load_in_hf = true needs checkpoint.initial_load_path (the Hugging Face folder)");
     return 0;
 }
 

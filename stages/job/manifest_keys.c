@@ -76,6 +76,8 @@ const mkey_t mkey_table[] = {
     KSTR("checkpoint", "endpoint", ckpt_endpoint),
     KSTR("checkpoint", "server_key", ckpt_server_key),
     KSTR("checkpoint", "client_key", ckpt_client_key),
+    KSTR("checkpoint", "initial_load_path", ckpt_initial_path),
+    KBOOL("checkpoint", "initial_load_in_hf", ckpt_initial_hf),
     KINT("metrics", "log_freq", log_freq, 1),
     KSTR("metrics", "file", metrics_file),
     KDBL("metrics", "peak_tflops", peak_tflops),

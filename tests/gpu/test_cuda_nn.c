@@ -10,6 +10,7 @@
 
 #include <cmocka.h>
 
+#include "kernels/config.h"
 #include "kernels/cuda/cuda_nn.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/ops.h"
@@ -432,6 +433,38 @@ static void test_cuda_rope_table_matches_reference(void **state)
     }
 }
 
+/* Llama 3.1's scaled frequencies (config_rope_inv_freq, computed on the host) give the
+ * reference's table, and one that differs from the unscaled table. */
+static void test_cuda_rope_table_freq_matches_reference(void **state)
+{
+    (void)state;
+    NEED_GPU();
+    model_config_t c = config_defaults();
+    c.dim = 1024, c.n_heads = 8, c.rope_theta = 500000.0, c.rope_scaling_factor = 8.0;
+    c.rope_low_freq_factor = 1.0, c.rope_high_freq_factor = 4.0, c.rope_original_max_seq_len = 8192;
+    int T = 300, hd = 128;
+    size_t n = (size_t)T * (hd / 2);
+    double freq[64], *cos_d = hbuf(n * 8), *sin_d = hbuf(n * 8), *cos_u = hbuf(n * 8), *sin_u = hbuf(n * 8);
+    float *cs = hbuf(n * 4), *sn = hbuf(n * 4);
+    for (int i = 0; i < hd / 2; i++)
+        freq[i] = config_rope_inv_freq(&c, i);
+    ref_rope_table_freq(cos_d, sin_d, T, hd, freq);
+    ref_rope_table(cos_u, sin_u, T, hd, c.rope_theta);
+    assert_true(memcmp(cos_d, cos_u, n * 8) != 0);
+    double *dfreq = dev_put(freq, sizeof(freq));
+    float *dcos = dev_put(NULL, n * 4), *dsin = dev_put(NULL, n * 4);
+    expect_ok(cuda_rope_table_freq(dcos, dsin, T, hd, dfreq, NULL));
+    dev_get(cs, dcos, n * 4);
+    dev_get(sn, dsin, n * 4);
+    assert_int_equal(tu_compare("scaled rope cos", cs, cos_d, n, F32_ATOL, F32_RTOL), 0);
+    assert_int_equal(tu_compare("scaled rope sin", sn, sin_d, n, F32_ATOL, F32_RTOL), 0);
+    assert_int_equal(cuda_rope_table_freq(dcos, dsin, T, 7, dfreq, NULL), -EINVAL);
+    assert_int_equal(cuda_rope_table_freq(dcos, dsin, T, hd, NULL, NULL), -EINVAL);
+    assert_non_null(strstr(cuda_nn_last_error(), "cuda_rope_table_freq"));
+    cuda_free(dcos), cuda_free(dsin), cuda_free(dfreq);
+    free(cos_d), free(sin_d), free(cos_u), free(sin_u), free(cs), free(sn);
+}
+
 /* Rotates random bf16 x [B,T,H,hd] on the GPU with the GPU's tables and compares with the
  * reference rotation using the same fp32 table values. */
 static void rope_check(int B, int T, int H, int hd, int backward, uint64_t seed)
@@ -603,6 +636,7 @@ int main(void)
         cmocka_unit_test(test_cuda_rmsnorm_bwd_x_matches_reference),
         cmocka_unit_test(test_cuda_rmsnorm_bwd_w_matches_reference_and_repeats_bitwise),
         cmocka_unit_test(test_cuda_rope_table_matches_reference),
+        cmocka_unit_test(test_cuda_rope_table_freq_matches_reference),
         cmocka_unit_test(test_cuda_rope_fwd_matches_reference),
         cmocka_unit_test(test_cuda_rope_bwd_matches_reference),
         cmocka_unit_test(test_cuda_swiglu_fwd_matches_reference),

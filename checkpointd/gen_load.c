@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "checkpointd/ckpt.h"
+#include "checkpointd/hf_import.h"
 #include "ipc/util.h"
 #include "kernels/params.h"
 #include "stages/job/manifest.h"
@@ -90,6 +91,17 @@ static int pick_checkpoint(const char *path, char *dir, size_t n, char *err, siz
     return rc;
 }
 
+/* A Hugging Face folder: its config.json and weights (hf_read_weights), its tokenizer.json. */
+static int load_hf(const char *path, gen_model_t *out, char *err, size_t errlen)
+{
+    if (snprintf(out->source, sizeof(out->source), "%s", path) >= (int)sizeof(out->source))
+        return util_fail(err, errlen, -ENAMETOOLONG, "%s: path too long", path);
+    int rc = hf_read_weights(path, &out->cfg, &out->w, &out->n, stderr, err, errlen);
+    if (!rc && exists_in(path, "tokenizer.json"))
+        snprintf(out->tokenizer_path, sizeof(out->tokenizer_path), "%s/tokenizer.json", path);
+    return rc;
+}
+
 int gen_load_weights(const char *path, gen_model_t *out, char *err, size_t errlen)
 {
     memset(out, 0, sizeof(*out));
@@ -100,8 +112,7 @@ int gen_load_weights(const char *path, gen_model_t *out, char *err, size_t errle
         return util_fail(err, errlen, -ENOTDIR, "%s is not a directory: give a checkpoint (step-N) or a Hugging "
                          "Face folder", path);
     if (exists_in(path, "config.json"))
-        return util_fail(err, errlen, -ENOTSUP, "%s is a Hugging Face folder (config.json): loading one for "
-                         "generation is not yet supported", path);
+        return load_hf(path, out, err, errlen);
     int rc = pick_checkpoint(path, out->source, sizeof(out->source), err, errlen);
     if (rc)
         return rc;

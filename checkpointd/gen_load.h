@@ -1,6 +1,6 @@
 /* Weights for inference (`ctitan generate`): the fp32 model tensors of a ctitan checkpoint,
- * the model's shape from the manifest inside it; a Hugging Face folder (config.json and
- * safetensors) is recognised and is the place for its importer to plug in. */
+ * the model's shape from the manifest inside it, or a Hugging Face folder's (config.json and
+ * safetensors, read as the import reads them: checkpointd/hf_import.h). */
 #ifndef CTITAN_GEN_LOAD_H
 #define CTITAN_GEN_LOAD_H
 
@@ -14,7 +14,7 @@ typedef struct {
     model_config_t cfg;     /* validated */
     float *w;               /* (params total) the whole model, kernels/params.h order (owned) */
     size_t n;               /* floats in w */
-    char source[GEN_PATH_MAX];         /* the checkpoint directory read */
+    char source[GEN_PATH_MAX];         /* the checkpoint directory (or Hugging Face folder) read */
     char tokenizer_path[GEN_PATH_MAX]; /* the source's tokenizer ("" = none named) */
 } gen_model_t;
 
@@ -23,7 +23,8 @@ typedef struct {
  *     chunk checked (ckpt_read), the fp32 master copy where the backend kept one, and the shape
  *     of the manifest inside it; tokenizer_path is that manifest's model.tokenizer_path;
  *   a checkpoint folder (step-N directories): the newest checkpoint in it that verifies;
- *   a Hugging Face folder (config.json): -ENOTSUP for now.
+ *   a Hugging Face folder (config.json): config.json's shape, its safetensors weights (a tied
+ *     lm_head a copy of the embedding), tokenizer_path its tokenizer.json when there is one.
  * Returns 0, or -errno with the reason naming the path (and the tensor or key at fault) in err;
  * nothing is left allocated then. */
 int gen_load_weights(const char *path, gen_model_t *out, char *err, size_t errlen);

@@ -196,3 +196,35 @@ int hf_import(const char *hf_dir, const manifest_t *m, const char *folder, FILE 
     params_table_free(&tab);
     return rc;
 }
+
+int hf_read_weights(const char *hf_dir, model_config_t *cfg, float **w, size_t *n, FILE *log, char *err,
+                    size_t errlen)
+{
+    hf_config_t h;
+    *w = NULL;
+    *n = 0;
+    int rc = hf_config_load(hf_dir, &h, err, errlen);
+    if (rc)
+        return rc;
+    param_table_t tab = {0};
+    st_set_t s;
+    if (params_table_init(&tab, &h.model))
+        return util_fail(err, errlen, -ENOMEM, "out of memory for the parameter table");
+    if (!(rc = st_set_open(&s, hf_dir, err, errlen))) {
+        if (!(rc = check_tensors(&s, &tab, h.tied, hf_dir, log, err, errlen)) &&
+            !(*w = malloc(tab.total * sizeof(float))))
+            rc = util_fail(err, errlen, -ENOMEM, "out of memory for %zu weights", tab.total);
+        for (int i = 0; i < tab.n && !rc; i++)
+            rc = st_set_read_f32(&s, source(&s, &tab.t[i], h.tied), *w + tab.t[i].offset, err, errlen);
+        st_set_close(&s);
+    }
+    if (rc) {
+        free(*w);
+        *w = NULL;
+    } else {
+        *cfg = h.model;
+        *n = tab.total;
+    }
+    params_table_free(&tab);
+    return rc;
+}

@@ -29,4 +29,10 @@ int hf_import_manifest(manifest_t *m, const char *hf_dir, char *err, size_t errl
 int hf_import(const char *hf_dir, const manifest_t *m, const char *folder, FILE *log, char *path, size_t pathlen,
               char *err, size_t errlen);
 
+/* The whole model of HF_DIR as fp32 in kernels/params.h's flat order, for inference (`ctitan
+ * generate`): *cfg from config.json, *w (malloc'ed, caller frees) of *n floats; the tensors are
+ * checked as hf_import checks them, and a tied lm_head is a copy of the embedding. */
+int hf_read_weights(const char *hf_dir, model_config_t *cfg, float **w, size_t *n, FILE *log, char *err,
+                    size_t errlen);
+
 #endif

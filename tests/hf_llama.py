@@ -15,6 +15,12 @@ tokens[:-1] for each row, the loss ctitan's first training step reports on such 
 
 prints that mean cross-entropy for ROWS rows of int32 tokens (each row: inputs and, shifted by
 one, targets) under the model of HF_DIR read in fp32.
+
+  hf_llama.py --generate HF_DIR PROMPT_IDS N
+
+prints the N token ids that transformers' greedy generate (from_pretrained in fp32, eager
+attention, no EOS) puts after PROMPT_IDS (ids separated by spaces), on one line
+(tests/test_generate.c compares `ctitan generate HF_DIR` with it).
 """
 import argparse
 import os
@@ -33,10 +39,23 @@ def loss_of(hf, tokens_path, rows):
     print("%.9g" % loss.item())
 
 
+def generate(hf, prompt, n):
+    model = LlamaForCausalLM.from_pretrained(hf, torch_dtype=torch.float32, attn_implementation="eager").eval()
+    ids = torch.tensor([[int(t) for t in prompt.split()]])
+    with torch.no_grad():
+        # synced_gpus given: its default imports torch.distributed.fsdp, which Debian's torch 1.13
+        # cannot import under Python 3.11
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
+                             num_beams=1, pad_token_id=0, eos_token_id=None, synced_gpus=False)
+    print(" ".join(str(int(t)) for t in out[0, ids.shape[1]:]))
+
+
 def main():
     import sys
     if len(sys.argv) == 5 and sys.argv[1] == "--loss":
         return loss_of(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    if len(sys.argv) == 5 and sys.argv[1] == "--generate":
+        return generate(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--dtype", default="float32")

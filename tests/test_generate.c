@@ -484,6 +484,34 @@ static void test_greedy_equals_transformers_generate_with_llama3_rope_scaling_af
     check_greedy_against_transformers(g, g->scaled, &g->cfg_scaled, "scaled", prompt);
 }
 
+/* A Hugging Face folder as the model: a random Llama 3.2-like one written by transformers (tied
+ * embeddings, Llama 3.1 rotary scaling, bf16 shards) generates greedily what transformers'
+ * generate does from the same folder. */
+static void test_greedy_from_a_hugging_face_folder_equals_transformers(void **state)
+{
+    gfx_t *g = *state;
+    const char *py;
+    TU_NEED_PY(py);
+    TU_NEED_BIN();
+    char hf[300], script[300], cmd[2048], ours[8192], theirs[8192];
+    const char *prompt = "5 17 90 3 3 61 44 2";
+    enum { N = 24 };
+    snprintf(hf, sizeof(hf), "%s/hfgen", g->dir);
+    py_script("hf_llama.py", script, sizeof(script));
+    snprintf(cmd, sizeof(cmd), "%s/venv/bin/python %s %s --dtype bfloat16 --tied --rope-llama3 --shard --vocab 300 "
+             "--max-pos 128 2>&1", py, script, hf);
+    if (tu_run(cmd, theirs, sizeof(theirs)))
+        fail_msg("%s: %s", cmd, theirs);
+    snprintf(cmd, sizeof(cmd), "%s/venv/bin/python %s --generate %s '%s' %d 2>/dev/null", py, script, hf, prompt, N);
+    if (tu_run(cmd, theirs, sizeof(theirs)))
+        fail_msg("%s: %s", cmd, theirs);
+    assert_int_equal(run_ctitan(ours, sizeof(ours), 0, "generate %s --prompt-ids '%s' --ids --temperature 0 "
+                                "--max-tokens %d", hf, prompt, N), 0);
+    trim(ours), trim(theirs);
+    print_message("hf folder: ctitan       %s\nhf folder: transformers %s\n", ours, theirs);
+    assert_string_equal(ours, theirs);
+}
+
 /* gen_distribution against transformers' warpers (temperature, top-k, top-p, softmax) on the same
  * logits: the same tokens, the same probabilities to 1e-6. */
 static void test_the_distribution_is_that_of_transformers_warpers(void **state)
@@ -702,11 +730,11 @@ static void test_bad_models_are_refused_naming_the_path(void **state)
     snprintf(cfg, sizeof(cfg), "%s/config.json", hf);
     FILE *f = fopen(cfg, "w");
     assert_non_null(f);
-    fputs("{\"architectures\": [\"LlamaForCausalLM\"]}\n", f);
+    fputs("{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\"}\n", f);
     fclose(f);
     assert_int_equal(run_ctitan(out, sizeof(out), 1, "generate %s --prompt a", hf), 1);
-    assert_non_null(strstr(out, "Hugging Face"));
-    assert_non_null(strstr(out, "not yet supported"));
+    assert_non_null(strstr(out, "config.json")); /* what it lacks, named */
+    assert_non_null(strstr(out, "hidden_size"));
     /* a checkpoint folder: its newest checkpoint */
     char folder[300], a[4096], b[4096];
     snprintf(folder, sizeof(folder), "%s/plain", g->dir);
@@ -787,6 +815,7 @@ int main(void)
     const struct CMUnitTest cli[] = {
         cmocka_unit_test(test_gen_load_weights_reads_the_checkpoint_model),
         cmocka_unit_test(test_greedy_equals_transformers_generate),
+        cmocka_unit_test(test_greedy_from_a_hugging_face_folder_equals_transformers),
         cmocka_unit_test(test_greedy_equals_transformers_generate_with_llama3_rope_scaling_after_a_long_prompt),
         cmocka_unit_test(test_the_distribution_is_that_of_transformers_warpers),
         cmocka_unit_test(test_top_k_1_and_a_tiny_top_p_equal_greedy),

@@ -501,6 +501,36 @@ static void test_ckpt_import_command(void **state)
     assert_int_not_equal(access(cmd, F_OK), 0);
 }
 
+/* Import, no step, export --hf: the folder from_pretrained loads holds the model imported bit
+ * for bit (bf16 exported as bf16; a tied lm_head as its own copy of the embedding). */
+static void round_trip(const char *name, const char *args, const char *dtype)
+{
+    const char *py;
+    TU_NEED_PY(py);
+    TU_NEED_BIN();
+    char hf[256], cmd[4096], out[8192];
+    snprintf(hf, sizeof(hf), "%s/%s", dir, name);
+    make_hf(py, hf, args);
+    snprintf(cmd, sizeof(cmd), "%s ckpt import %s --out %s-ckpt 2>&1 && %s ckpt export %s-ckpt/step-00000000 --hf "
+             "%s-back --dtype %s --no-tokenizer 2>&1 && %s/venv/bin/python tests/hf_same.py %s %s-back 2>&1",
+             tu_ctitan(), hf, hf, tu_ctitan(), hf, hf, dtype, py, hf, hf);
+    if (tu_run(cmd, out, sizeof(out)))
+        fail_msg("%s:\n%s", cmd, out);
+    print_message("%s", strstr(out, "hf_same: ") ? strstr(out, "hf_same: ") : out);
+}
+
+static void test_round_trip_fp32_is_bitwise(void **state)
+{
+    (void)state;
+    round_trip("rt32", "", "float32");
+}
+
+static void test_round_trip_bf16_tied_llama3_sharded_is_bitwise(void **state)
+{
+    (void)state;
+    round_trip("rt16", "--dtype bfloat16 --tied --rope-llama3 --shard", "bfloat16");
+}
+
 /* transformers' mean loss, for the model of HF folder hf, on the first `rows` windows of the
  * jobs' token file (window w: tokens [32w, 32w + 33), as manifests/tiny.toml reads them in order). */
 static double hf_loss(const char *py, const char *hf, int rows)
@@ -643,6 +673,8 @@ int main(void)
         cmocka_unit_test(test_fp16_tied_gives_transformers_logits),
         cmocka_unit_test(test_fp32_import_is_bitwise),
         cmocka_unit_test(test_ckpt_import_command),
+        cmocka_unit_test(test_round_trip_fp32_is_bitwise),
+        cmocka_unit_test(test_round_trip_bf16_tied_llama3_sharded_is_bitwise),
         cmocka_unit_test(test_job_starts_from_hf_weights),
         cmocka_unit_test(test_cuda_job_starts_from_hf_weights),
     };

@@ -7,8 +7,9 @@ Writes into OUT:
   corpus.bin            the test corpus: documents, each u32 length + bytes (little-endian)
   llama3.ids            for each document: u32 count + u32 ids, as Llama 3's tokenizer.json gives
   trained/tokenizer.json  a byte-level BPE trained here (BpeTrainer, ByteLevel use_regex) with
-                        special tokens and an added token with lstrip/rstrip; trained.ids
-  prefix/tokenizer.json   the same with ByteLevel add_prefix_space; prefix.ids
+                        special tokens and an added token with lstrip/rstrip; trained.ids (the
+                        documents before those of every code point)
+  prefix/tokenizer.json   the same with ByteLevel add_prefix_space; prefix.ids (the same)
 The corpus (over 1 MB): fortunes (when installed), every code point once, and synthetic hard
 cases: CJK, emoji and ZWJ sequences, combining marks, Arabic/Hebrew, digit runs, contractions
 in any case, whitespace mixes, control characters, NUL, and random mixes of all of these.
@@ -98,13 +99,14 @@ def train(docs):
 def main():
     out, llama3 = sys.argv[1], sys.argv[2]
     rng = random.Random(23)
-    docs = fortunes(1_200_000) + synthetic(rng) + every_code_point(rng)
+    text = fortunes(1_100_000) + synthetic(rng)
+    docs = text + every_code_point(rng)
     with open(os.path.join(out, "corpus.bin"), "wb") as f:
         for d in docs:
             b = d.encode("utf-8")
             f.write(struct.pack("<I", len(b)) + b)
     write_ids(os.path.join(out, "llama3.ids"), Tokenizer.from_file(llama3), docs)
-    tok = train(docs[:6000])
+    tok = train(text[:4000])
     for name, prefix in (("trained", False), ("prefix", True)):
         os.makedirs(os.path.join(out, name), exist_ok=True)
         j = json.loads(tok.to_str())
@@ -112,7 +114,7 @@ def main():
         path = os.path.join(out, name, "tokenizer.json")
         with open(path, "w") as f:
             json.dump(j, f)
-        write_ids(os.path.join(out, name + ".ids"), Tokenizer.from_file(path), docs)
+        write_ids(os.path.join(out, name + ".ids"), Tokenizer.from_file(path), text)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,9 @@
 #include <cmocka.h>
 
 #include "tests/testutil.h"
+#include "stages/data/prep.h"
 #include "stages/data/tokenizer.h"
+#include "stages/data/tokfile.h"
 
 static char tmp[] = "/tmp/ctitan-test-hftok-XXXXXX";
 static char refdir[] = "/tmp/ctitan-test-hftok-ref-XXXXXX";
@@ -84,8 +86,9 @@ static void show(const char *what, const uint8_t *p, size_t n)
     print_error("\"\n");
 }
 
-/* Every document of corpus.bin against the reference ids in `ids_file`, and decode(encode(x))
- * == x for those without `unless` (NULL: all; "": none); returns the corpus's bytes. */
+/* The documents of corpus.bin that `ids_file` has ids for (all, or the first ones), against
+ * them, and decode(encode(x)) == x for those without `unless` (NULL: all; "": none); returns
+ * the bytes compared. */
 static size_t compare_corpus(const char *tok_path, const char *ids_file, const char *unless)
 {
     char path[512];
@@ -98,7 +101,7 @@ static size_t compare_corpus(const char *tok_path, const char *ids_file, const c
     assert_non_null(ref);
     tok_t *t = load_ok(tok_path);
     size_t pc = 0, pi = 0, docs = 0;
-    while (pc < nc) {
+    while (pc < nc && pi < ni) {
         uint32_t len, cnt;
         memcpy(&len, corpus + pc, 4);
         memcpy(&cnt, ref + pi, 4);
@@ -130,7 +133,7 @@ static size_t compare_corpus(const char *tok_path, const char *ids_file, const c
     tok_destroy(&t);
     free(corpus);
     free(ref);
-    return nc;
+    return pc;
 }
 
 /* ---- against the tokenizers library ---- */
@@ -196,7 +199,8 @@ static void test_trained_vocab_matches_tokenizers(void **state)
     assert_true(have_ref);
     char path[512];
     snprintf(path, sizeof(path), "%s/trained/tokenizer.json", refdir);
-    compare_corpus(path, "trained.ids", "<sep>"); /* lstrip/rstrip drop the spaces beside it */
+    size_t n = compare_corpus(path, "trained.ids", "<sep>"); /* lstrip/rstrip drop the spaces beside it */
+    assert_true(n >= (1u << 20));
     tok_t *t = load_ok(path);
     assert_int_equal(tok_token_id(t, "<|endoftext|>"), 0);
     assert_int_equal(tok_eos(t), 0);
@@ -478,6 +482,46 @@ static void test_save_writes_the_json_back(void **state)
     tok_destroy(&t);
 }
 
+static void test_prep_encodes_with_a_given_tokenizer(void **state)
+{
+    (void)state;
+    const char *tpath = write_mini(tmp, &MINI);
+    char text[512], out[256], path[512], err[512] = "";
+    snprintf(text, sizeof(text), "%s/corpus.txt", tmp);
+    snprintf(out, sizeof(out), "%s/prep", tmp);
+    const char *doc = "the theme<|endoftext|> then the end\n";
+    write_text(text, doc);
+    char *argv[] = {"prep", "--tokenizer", (char *)tpath, "--out", out, "--val-fraction", "0", text};
+    prep_opts_t o;
+    assert_int_equal(prep_parse_args(8, argv, &o, err, sizeof(err)), 0);
+    assert_string_equal(o.tokenizer, tpath);
+    prep_result_t r;
+    int rc = prep_run(&o, &r, err, sizeof(err));
+    if (rc) fail_msg("prep: %s", err);
+    assert_int_equal(r.vocab_size, 260);
+    tok_t *t = load_ok(tpath);
+    size_t n;
+    uint32_t *want = encode_checked(t, (const uint8_t *)doc, strlen(doc), &n);
+    assert_int_equal(r.n_tokens, n);
+    tokfile_t *tf;
+    snprintf(path, sizeof(path), "%s/train.bin", out);
+    assert_int_equal(tokfile_open(&tf, path, 260, err, sizeof(err)), 0);
+    assert_int_equal(tokfile_count(tf), n);
+    int32_t got[64];
+    assert_int_equal(tokfile_read(tf, 0, n, got), 0);
+    for (size_t i = 0; i < n; i++) assert_int_equal(got[i], (int32_t)want[i]);
+    tokfile_close(&tf);
+    snprintf(path, sizeof(path), "%s/tokenizer.bin", out); /* the tokenizer.json, copied */
+    tok_t *u = load_ok(path);
+    assert_int_equal(tok_token_id(u, "<|endoftext|>"), 259);
+    tok_destroy(&u);
+    tok_destroy(&t);
+    free(want);
+    o.tokenizer = "/nonexistent/tokenizer.json";
+    assert_int_not_equal(prep_run(&o, &r, err, sizeof(err)), 0);
+    assert_non_null(strstr(err, "loading the tokenizer: /nonexistent/tokenizer.json"));
+}
+
 /* ---- setup ---- */
 
 static int setup(void **state)
@@ -510,6 +554,7 @@ int main(void)
         cmocka_unit_test(test_bos_eos_from_template_and_config),
         cmocka_unit_test(test_unsupported_tokenizers_are_refused_by_name),
         cmocka_unit_test(test_save_writes_the_json_back),
+        cmocka_unit_test(test_prep_encodes_with_a_given_tokenizer),
         cmocka_unit_test(test_llama3_encodes_llama_cpp_test_strings),
         cmocka_unit_test(test_llama3_bos_eos_and_special_ids),
         cmocka_unit_test(test_llama3_matches_tokenizers_on_corpus),

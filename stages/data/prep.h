@@ -19,6 +19,7 @@ typedef struct {
     const char *const *files;  /* text files to read, in order; none: the corpus dir below */
     size_t n_files;
     const char *corpus_dir;    /* default corpus (PREP_FORTUNES_DIR); tests point it elsewhere */
+    const char *tokenizer;     /* --tokenizer: encode with this one (tok_load), no training */
 } prep_opts_t;
 
 typedef struct {
@@ -32,7 +33,7 @@ typedef struct {
 
 void prep_defaults(prep_opts_t *o);
 
-/* Parses `prep [--vocab N] [--out DIR] [--val-fraction F] [--help] [--] [FILE ...]`
+/* Parses `prep [--vocab N] [--tokenizer PATH] [--out DIR] [--val-fraction F] [--help] [--] [FILE ...]`
  * (argv[0] is "prep"; "--opt=value" also works). o->files points into argv. Returns 0, 1 when
  * --help was given, or -EINVAL with a message naming the bad argument. */
 int prep_parse_args(int argc, char **argv, prep_opts_t *o, char *err, size_t errlen);

@@ -344,6 +344,27 @@ static void test_any_bytes_round_trip(void **state)
     tok_destroy(&t);
 }
 
+static void test_prefix_space_may_need_more_tokens_than_bytes(void **state)
+{
+    (void)state;
+    mini_t m = MINI;
+    m.pre = "{\"type\":\"ByteLevel\",\"add_prefix_space\":true,\"use_regex\":true}";
+    tok_t *t = load_ok(write_mini(tmp, &m));
+    uint32_t ids[4] = {0, 0, 0, 7};
+    size_t n = 0;
+    assert_int_equal(tok_max_tokens(t, 1), 2);
+    assert_int_equal(tok_encode(t, (const uint8_t *)"a", 1, ids, &n), -E2BIG);
+    assert_int_equal(ids[1], 0); /* nothing written past the n tokens it was given */
+    assert_int_equal(tok_encode_cap(t, (const uint8_t *)"a", 1, ids, 2, &n), 0);
+    assert_int_equal(n, 2);
+    assert_int_equal(ids[0], 32); /* the space's byte token (id = byte here), then 'a' */
+    assert_int_equal(ids[1], 'a');
+    assert_int_equal(tok_encode_cap(t, (const uint8_t *)"the", 3, ids, 3, &n), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(ids[0], 258);
+    tok_destroy(&t);
+}
+
 static void test_bos_eos_from_template_and_config(void **state)
 {
     (void)state;
@@ -551,6 +572,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_any_bytes_round_trip),
+        cmocka_unit_test(test_prefix_space_may_need_more_tokens_than_bytes),
         cmocka_unit_test(test_bos_eos_from_template_and_config),
         cmocka_unit_test(test_unsupported_tokenizers_are_refused_by_name),
         cmocka_unit_test(test_save_writes_the_json_back),

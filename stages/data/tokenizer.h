@@ -59,7 +59,8 @@ int tok_merge(const tok_t *t, int rank, uint32_t *a, uint32_t *b);
 /* Encodes text[0..n) into out, which must hold n tokens (never more tokens than bytes);
  * *nout gets the count. Any bytes are fine (NUL, invalid UTF-8, empty). Remembers the
  * encoding of each chunk it has seen, so it mutates t: do not encode with one tokenizer
- * from two threads at once. Returns 0 or -ENOMEM. */
+ * from two threads at once. Returns 0 or -ENOMEM, or -E2BIG where n tokens are too few
+ * (only a tokenizer.json with a prefix space: see tok_max_tokens). */
 int tok_encode(tok_t *t, const uint8_t *text, size_t n, uint32_t *out, size_t *nout);
 /* The most tokens n bytes may encode to: n, except for a tokenizer.json whose ByteLevel
  * pre-tokenizer adds a prefix space (2n). tok_encode_cap takes an out of cap tokens and fails

@@ -739,6 +739,7 @@ static void push_pair(const hftok_t *h, hmerge_t *hp, size_t *nh, const sym_t *s
  * library does without an unk_token. The ids go to dst (n of them at most); returns the count. */
 static long merge_word(hftok_t *h, const uint8_t *p, size_t n, uint32_t *dst)
 {
+    if (n >= INT32_MAX) return -ENOMEM; /* positions are int32: no such pre-token in practice */
     sym_t *s = tok_grow(h->sym, &h->sym_cap, n, sizeof(sym_t));
     if (!s) return -ENOMEM;
     h->sym = s;

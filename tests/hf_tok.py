@@ -7,7 +7,7 @@ Writes into OUT:
   corpus.bin            the test corpus: documents, each u32 length + bytes (little-endian)
   llama3.ids            for each document: u32 count + u32 ids, as Llama 3's tokenizer.json gives
   trained/tokenizer.json  a byte-level BPE trained here (BpeTrainer, ByteLevel use_regex) with
-                        special tokens and an added token with lstrip/rstrip; trained.ids (the
+                        special tokens and added tokens with lstrip/rstrip and single_word; trained.ids (the
                         documents before those of every code point)
   prefix/tokenizer.json   the same with ByteLevel add_prefix_space; prefix.ids (the same)
 The corpus (over 1 MB): fortunes (when installed), every code point once, and synthetic hard
@@ -30,7 +30,7 @@ PIECES = (["a", "Z", "é", "ß", "Ω", "ж", "ſ", "中", "文", "字", "あ", "
            "'d", "'ſ", "!", "?", ".", ",", "-", "_", "(", "\"", "😀", "👍🏽", "👨‍👩‍👧‍👦", "🇫🇷", "\u200d",
            "\u0301", "\u0308", "e\u0301", "\u0000", "\u0001", "\u001b", "\u007f", "<|", "|>", "<",
            "<|endoftext|>", "<sep>", "<|begin_of_text|>", "<|end_of_text|>", "\ufeff", "\U0010ffff",
-           "\ue000"] + WS * 3)
+           "\ue000", "<w>", "<w>", "_", "\u0345", "\u2160", "\u203f", "\u20dd", "\u2070"] + WS * 3)
 
 
 def synthetic(rng):
@@ -92,7 +92,8 @@ def train(docs):
                              initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(docs, trainer=tr)
     tok.add_tokens([AddedToken("<sep>", lstrip=True, rstrip=True, normalized=False),
-                    AddedToken("[x]", normalized=True)])
+                    AddedToken("[x]", normalized=True),
+                    AddedToken("<w>", single_word=True, normalized=False)])
     return tok
 
 

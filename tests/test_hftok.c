@@ -458,8 +458,6 @@ static void test_unsupported_tokenizers_are_refused_by_name(void **state)
     m.decoder = "{\"type\":\"WordPiece\"}";
     refused(&m, "decoder WordPiece is not supported");
     m = MINI;
-    m.added = "[{\"id\":259,\"content\":\"<x>\",\"single_word\":true}]";
-    refused(&m, "added_tokens[0] (\"<x>\"): single_word is not supported");
     m.added = "[{\"id\":300,\"content\":\"<x>\"}]";
     refused(&m, "added_tokens[0] (\"<x>\"): id 300, but the tokenizers library gives it id 259");
     m.added = "[{\"id\":259,\"content\":\"<x>\"},{\"id\":259,\"content\":\"<x>\"}]";

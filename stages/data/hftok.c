@@ -33,7 +33,7 @@ typedef struct {
 
 typedef struct {
     uint32_t off, len, id; /* content at abytes + off */
-    uint8_t lstrip, rstrip, normalized, special;
+    uint8_t lstrip, rstrip, single_word, normalized, special;
 } added_t;
 
 /* Added tokens of one kind (normalized or not) by first byte, longest first. */
@@ -396,8 +396,6 @@ static int load_added(hftok_t *h, const char *path, const json_t *added, char *e
             return FAIL("%s: added_tokens[%zu]: content is missing, empty or not a string", path, i);
         const char *s = json_string_value(c);
         size_t len = json_string_length(c);
-        if (added_flag(t, "single_word", 0))
-            return FAIL("%s: added_tokens[%zu] (\"%s\"): single_word is not supported", path, i, s);
         for (int k = 0; k < h->n_added; k++)
             if (h->added[k].len == len && !memcmp(h->abytes + h->added[k].off, s, len))
                 return FAIL("%s: added_tokens[%zu]: \"%s\" is listed twice", path, i, s);
@@ -416,6 +414,7 @@ static int load_added(hftok_t *h, const char *path, const json_t *added, char *e
         h->added[h->n_added++] = (added_t){.off = (uint32_t)h->nab, .len = (uint32_t)len, .id = (uint32_t)id,
                                            .lstrip = (uint8_t)added_flag(t, "lstrip", 0),
                                            .rstrip = (uint8_t)added_flag(t, "rstrip", 0),
+                                           .single_word = (uint8_t)added_flag(t, "single_word", 0),
                                            .normalized = (uint8_t)added_flag(t, "normalized", !special),
                                            .special = (uint8_t)special};
         h->nab += len;
@@ -886,6 +885,24 @@ static size_t space_len(const uint8_t *p, size_t n)
     return i;
 }
 
+/* Whether the character that ends p[0..n) (n > 0), or begins it, is a word character (the
+ * library's regexes \w$ and ^\w). p[n] begins an added token, so no character straddles n. */
+static int word_at_end(const uint8_t *p, size_t n)
+{
+    size_t len = 1;
+    while (len < 4 && len < n && (p[n - len] & 0xC0) == 0x80) len++;
+    uint32_t cp;
+    if (hf_utf8(p + n - len, len, &cp) != len) cp = p[n - 1] < 0x80 ? p[n - 1] : 0x110000;
+    return uni_word(cp);
+}
+
+static int word_at_start(const uint8_t *p, size_t n)
+{
+    uint32_t cp;
+    hf_utf8(p, n, &cp);
+    return uni_word(cp);
+}
+
 static int split_added(hftok_t *h, int pass, const uint8_t *p, size_t n, sink_t *o);
 
 static int next_pass(hftok_t *h, int pass, const uint8_t *p, size_t n, sink_t *o)
@@ -905,6 +922,8 @@ static int split_added(hftok_t *h, int pass, const uint8_t *p, size_t n, sink_t 
         const added_t *a = &h->added[k];
         size_t stop = start + a->len;
         pos = stop;
+        if (a->single_word && ((start > 0 && word_at_end(p, start)) || (stop < n && word_at_start(p + stop, n - stop))))
+            continue; /* inside a word: stays text */
         if (a->lstrip) {
             size_t s = space_start(p, start);
             start = s > done ? s : done;

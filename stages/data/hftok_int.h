@@ -8,15 +8,22 @@
 #include <stdint.h>
 
 /* Character classes as the pre-tokenizer regexes see them: \p{L}, \p{N}, \s, anything else.
- * An invalid UTF-8 byte is a character of its own of class UNI_OTHER. */
-enum { UNI_OTHER, UNI_LETTER, UNI_NUMBER, UNI_SPACE };
+ * An invalid UTF-8 byte is a character of its own of class UNI_OTHER. The table's entries add
+ * UNI_WORD for word characters as the library's single_word test sees them (the Rust regex crate's
+ * \w: Alphabetic, marks, decimal digits, connector punctuation such as '_', joiners). */
+enum { UNI_OTHER, UNI_LETTER, UNI_NUMBER, UNI_SPACE, UNI_WORD = 4 };
 #define UNI_BLOCK 128
 extern const uint16_t uni_index[0x110000 / UNI_BLOCK];
 extern const uint8_t uni_blocks[][UNI_BLOCK];
 
 static inline int uni_class(uint32_t cp)
 {
-    return cp < 0x110000 ? uni_blocks[uni_index[cp / UNI_BLOCK]][cp % UNI_BLOCK] : UNI_OTHER;
+    return cp < 0x110000 ? uni_blocks[uni_index[cp / UNI_BLOCK]][cp % UNI_BLOCK] & 3 : UNI_OTHER;
+}
+
+static inline int uni_word(uint32_t cp)
+{
+    return cp < 0x110000 && (uni_blocks[uni_index[cp / UNI_BLOCK]][cp % UNI_BLOCK] & UNI_WORD);
 }
 
 /* The length of the character at p[0..n) (n > 0); *cp its code point, or 0x110000 for an

@@ -2,8 +2,8 @@
 # Encoding speed of ctitan's tokenizer.json reader against the `tokenizers` library, one core
 # each, same text, same run: `ctitan prep --tokenizer` (its encode time; prep is one thread)
 # and Tokenizer.encode with RAYON_NUM_THREADS=1 (the whole text as one string, checked to give
-# the same tokens count, and as 64 KiB pieces in one encode_batch); the ratio is against the
-# library's faster way.
+# the very ids of ctitan's train.bin, and as 64 KiB pieces in one encode_batch); the ratio is
+# against the library's faster way.
 #
 # usage: tools/bench_tok.sh [TOKENIZER_JSON] [MB]
 #   TOKENIZER_JSON  default build/py/llama3/tokenizer.json (tools/pydeps.sh), MB default 10
@@ -37,8 +37,8 @@ PYEOF
 echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), load $(cut -d' ' -f1-3 /proc/loadavg)"
 rm -rf "$OUT/prep"
 taskset -c 0 build/bin/ctitan prep --tokenizer "$TOK" --val-fraction 0 --out "$OUT/prep" "$OUT/text.txt" | tee "$OUT/ctitan.log"
-RAYON_NUM_THREADS=1 taskset -c 0 "$PY/venv/bin/python" - "$TOK" "$OUT/text.txt" <<'PYEOF' | tee "$OUT/tokenizers.log"
-import sys, time
+RAYON_NUM_THREADS=1 taskset -c 0 "$PY/venv/bin/python" - "$TOK" "$OUT/text.txt" "$OUT/prep/train.bin" <<'PYEOF' | tee "$OUT/tokenizers.log"
+import struct, sys, time
 from tokenizers import Tokenizer
 tok = Tokenizer.from_file(sys.argv[1])
 text = open(sys.argv[2], encoding="utf-8").read()
@@ -50,6 +50,13 @@ for _ in range(2):
     best = dt if best is None else min(best, dt)
 n = len(text.encode())
 print("tokenizers: %d tokens, encode %.2f s (best of 2), %.2f MB/s" % (len(ids), best, n / best / 1e6))
+raw = open(sys.argv[3], "rb").read()  # ctitan's token file: 32-byte header, then the ids
+width = struct.unpack_from("<I", raw, 12)[0]
+mine = list(struct.unpack_from("<%d%s" % ((len(raw) - 32) // width, "HI"[width == 4]), raw, 32))
+if mine != ids:
+    k = next((i for i, (a, b) in enumerate(zip(mine, ids)) if a != b), min(len(mine), len(ids)))
+    sys.exit("ids differ from ctitan's at token %d" % k)
+print("tokenizers: the same %d ids as ctitan" % len(ids))
 # the library is slower on one long string than on pieces: also 64 KiB pieces in one batch
 chunks = [text[i:i + 65536] for i in range(0, len(text), 65536)]
 t0 = time.perf_counter()

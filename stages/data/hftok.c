@@ -422,13 +422,11 @@ static int load_added(hftok_t *h, const char *path, const json_t *added, char *e
     return 0;
 }
 
-static const hftok_t *sort_h; /* qsort's context: loading is single-threaded per tokenizer */
-static pthread_mutex_t sort_mu = PTHREAD_MUTEX_INITIALIZER;
-
-static int added_cmp(const void *x, const void *y)
+static int added_cmp(const void *x, const void *y, void *ctx)
 {
-    const added_t *a = &sort_h->added[*(const int *)x], *b = &sort_h->added[*(const int *)y];
-    uint8_t fa = sort_h->abytes[a->off], fb = sort_h->abytes[b->off];
+    const hftok_t *h = ctx;
+    const added_t *a = &h->added[*(const int *)x], *b = &h->added[*(const int *)y];
+    uint8_t fa = h->abytes[a->off], fb = h->abytes[b->off];
     if (fa != fb) return fa < fb ? -1 : 1;
     return a->len > b->len ? -1 : a->len < b->len;
 }
@@ -441,10 +439,7 @@ static int build_matchers(hftok_t *h)
         int n = 0;
         for (int i = 0; i < h->n_added; i++)
             if (h->added[i].normalized == k) m->list[n++] = i;
-        pthread_mutex_lock(&sort_mu);
-        sort_h = h;
-        qsort(m->list, (size_t)n, sizeof(int), added_cmp);
-        pthread_mutex_unlock(&sort_mu);
+        qsort_r(m->list, (size_t)n, sizeof(int), added_cmp, h);
         int j = 0;
         for (int c = 0; c < 256; c++) {
             m->start[c] = j;

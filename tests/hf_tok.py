@@ -45,6 +45,10 @@ def synthetic(rng):
              "", " ", "\n", "   ", "a", "'", "''s", "x'", " ' s"]
     for _ in range(3000):  # random mixes of everything above
         docs.append("".join(rng.choice(PIECES) for _ in range(rng.randrange(0, 60))))
+    tight = [" ", "\t", "\n", "\r", "a", "1", "!", "'", "s", "S", "ſ", "re", "\u3000", "\u0301", "\xa0",
+             "_", "\u0663", "\u00b2"]
+    for _ in range(6000):  # short strings at the scanners' boundaries
+        docs.append("".join(rng.choice(tight) for _ in range(rng.randrange(1, 12))))
     for _ in range(200):  # long whitespace runs
         docs.append("".join(rng.choice(WS[:6] + ["a", "!", "1"]) for _ in range(rng.randrange(1, 400))))
     return docs

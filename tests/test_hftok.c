@@ -490,6 +490,9 @@ static void test_save_writes_the_json_back(void **state)
     tok_t *u = load_ok(path);
     assert_int_equal(tok_vocab_size(u), 260);
     tok_destroy(&u);
+    u = load_ok(tmp); /* a folder: its tokenizer.json */
+    assert_int_equal(tok_vocab_size(u), 260);
+    tok_destroy(&u);
     tok_destroy(&t);
     /* ctitan's own tokenizer.bin has no added tokens, BOS or EOS */
     uint8_t text[4096];

@@ -464,6 +464,11 @@ int tok_load(tok_t **out, const char *path, char *err, size_t errlen)
     uint8_t *buf;
     size_t size, n_merges = 0;
     int is_json = 0;
+    char sub[4096];
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode) &&
+        snprintf(sub, sizeof(sub), "%s/tokenizer.json", path) < (int)sizeof(sub))
+        path = sub; /* a Hugging Face model folder */
     int rc = load_hf(out, path, &is_json, err, errlen);
     if (rc || is_json)
         return rc;

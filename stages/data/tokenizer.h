@@ -46,8 +46,9 @@ int tok_save(const tok_t *t, const char *path, char *err, size_t errlen);
  * A Hugging Face tokenizer.json (the file begins with '{') is read as well: a byte-level BPE
  * encoded token for token as the `tokenizers` library does (stages/data/hftok.c; what it
  * refuses, by name: other models, normalizers, pre-tokenizer regexes). Its BOS and EOS come
- * from the tokenizer_config.json beside it when there is one. tok_save then writes the
- * tokenizer.json text back out, and tok_merge gives its merges as ids. */
+ * from the tokenizer_config.json beside it when there is one. A folder (a Hugging Face
+ * model's) stands for its tokenizer.json. tok_save then writes the tokenizer.json text back
+ * out, and tok_merge gives its merges as ids. */
 int tok_load(tok_t **out, const char *path, char *err, size_t errlen);
 #define TOK_MAX_JSON (1u << 30)
 void tok_destroy(tok_t **t);

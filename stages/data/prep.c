@@ -35,13 +35,17 @@ void prep_defaults(prep_opts_t *o)
 void prep_usage(FILE *f)
 {
     fprintf(f,
-            "usage: ctitan prep [--vocab N] [--out DIR] [--val-fraction F] [--field NAME] [FILE ...]\n"
+            "usage: ctitan prep [--vocab N | --tokenizer PATH] [--out DIR] [--val-fraction F] [--field NAME]\n"
+            "                   [FILE ...]\n"
             "\n"
             "Trains a byte-level BPE tokenizer on the text FILEs (default: the plain files of\n"
             "the Debian `fortunes` package in %s) and writes\n"
             "DIR/tokenizer.bin, DIR/train.bin and DIR/val.bin.\n"
             "\n"
             "  --vocab N          vocabulary size, %d..%d (default %d)\n"
+            "  --tokenizer PATH   encode with this tokenizer instead of training one: a\n"
+            "                     tokenizer.bin or a Hugging Face tokenizer.json (then copied\n"
+            "                     to DIR/tokenizer.bin, which ctitan reads as either)\n"
             "  --out DIR          output directory, created if missing (default %s)\n"
             "  --val-fraction F   the last F of the tokens go to val.bin, 0 <= F < 1 "
             "(default %.2f)\n"
@@ -72,10 +76,10 @@ int prep_parse_args(int argc, char **argv, prep_opts_t *o, char *err, size_t err
             break;
         }
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) return 1;
-        const char *names[] = {"--vocab", "--out", "--val-fraction", "--field"};
+        const char *names[] = {"--vocab", "--out", "--val-fraction", "--field", "--tokenizer"};
         int which = -1;
         const char *val = NULL;
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < 5; k++) {
             size_t l = strlen(names[k]);
             if (!strncmp(a, names[k], l) && (a[l] == '\0' || a[l] == '=')) {
                 which = k;
@@ -97,6 +101,9 @@ int prep_parse_args(int argc, char **argv, prep_opts_t *o, char *err, size_t err
                             "--vocab '%s': expected an integer in [%d, %d]", val, TOK_MIN_VOCAB,
                             TOK_MAX_VOCAB);
             o->vocab_size = (int)v;
+        } else if (which == 4) {
+            if (!*val) return util_fail(err, errlen, -EINVAL, "--tokenizer: empty path");
+            o->tokenizer = val;
         } else if (which == 1) {
             if (!*val) return util_fail(err, errlen, -EINVAL, "--out: empty directory name");
             o->out_dir = val;
@@ -280,15 +287,17 @@ static int tokenize(const prep_opts_t *o, const uint8_t *text, size_t len, prep_
 {
     double t1 = util_now();
     char terr[512];
-    int rc = tok_train(tk, text, len, o->vocab_size, terr, sizeof(terr));
+    int rc = o->tokenizer ? tok_load(tk, o->tokenizer, terr, sizeof(terr))
+                          : tok_train(tk, text, len, o->vocab_size, terr, sizeof(terr));
     if (rc)
-        return util_fail(err, errlen, rc, "training the tokenizer: %s", terr);
+        return util_fail(err, errlen, rc, "%s the tokenizer: %s", o->tokenizer ? "loading" : "training", terr);
     double t2 = util_now();
     res->secs_train = t2 - t1;
     res->vocab_size = tok_vocab_size(*tk);
-    if (!(*tok = malloc(len * sizeof(uint32_t))))
-        return util_fail(err, errlen, -ENOMEM, "out of memory for %zu tokens", len);
-    if ((rc = tok_encode(*tk, text, len, *tok, &res->n_tokens)))
+    size_t cap = tok_max_tokens(*tk, len);
+    if (!(*tok = malloc((cap ? cap : 1) * sizeof(uint32_t))))
+        return util_fail(err, errlen, -ENOMEM, "out of memory for %zu tokens", cap);
+    if ((rc = tok_encode_cap(*tk, text, len, *tok, cap, &res->n_tokens)))
         return util_fail(err, errlen, rc, "encoding the corpus: %s", strerror(-rc));
     res->n_val = (size_t)llround(o->val_fraction * (double)res->n_tokens);
     res->n_train = res->n_tokens - res->n_val;

@@ -21,6 +21,7 @@ typedef struct {
     size_t n_files;
     const char *corpus_dir;    /* default corpus (PREP_FORTUNES_DIR); tests point it elsewhere */
     const char *field;         /* JSON Lines inputs: the document's field (NULL: "text") */
+    const char *tokenizer;     /* --tokenizer: encode with this one (tok_load), no training */
 } prep_opts_t;
 
 typedef struct {
@@ -35,7 +36,8 @@ typedef struct {
 
 void prep_defaults(prep_opts_t *o);
 
-/* Parses `prep [--vocab N] [--out DIR] [--val-fraction F] [--field NAME] [--help] [--] [FILE ...]`
+/* Parses `prep [--vocab N] [--tokenizer PATH] [--out DIR] [--val-fraction F] [--field NAME] [--help] [--]
+ * [FILE ...]`
  * (argv[0] is "prep"; "--opt=value" also works). o->files points into argv. Returns 0, 1 when
  * --help was given, or -EINVAL with a message naming the bad argument. */
 int prep_parse_args(int argc, char **argv, prep_opts_t *o, char *err, size_t errlen);

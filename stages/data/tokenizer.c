@@ -16,6 +16,7 @@
 #include <xxhash.h>
 
 #include "ipc/util.h"
+#include "stages/data/hftok_int.h"
 #include "stages/data/tokenizer_int.h"
 #include "stages/data/tokfile.h"
 
@@ -147,6 +148,7 @@ struct tok {
     tok_ctab_t cache;
     uint32_t *pool;
     size_t npool, pool_cap;
+    hftok_t *hf; /* a Hugging Face tokenizer.json: everything goes to hftok.c */
 };
 
 void tok_destroy(tok_t **p)
@@ -161,17 +163,20 @@ void tok_destroy(tok_t **p)
     free(t->tb);
     tok_ctab_free(&t->cache);
     free(t->pool);
+    hftok_destroy(&t->hf);
     free(t);
     *p = NULL;
 }
 
-int tok_vocab_size(const tok_t *t) { return t->vocab_size; }
-int tok_token_id(const tok_t *t, const char *text) { return -1; }
-int tok_bos(const tok_t *t) { return -1; }
-int tok_eos(const tok_t *t) { return -1; }
+int tok_vocab_size(const tok_t *t) { return t->hf ? hftok_vocab_size(t->hf) : t->vocab_size; }
+int tok_token_id(const tok_t *t, const char *text) { return t->hf ? hftok_token_id(t->hf, text) : -1; }
+int tok_bos(const tok_t *t) { return t->hf ? hftok_bos(t->hf) : -1; }
+int tok_eos(const tok_t *t) { return t->hf ? hftok_eos(t->hf) : -1; }
+size_t tok_max_tokens(const tok_t *t, size_t n) { return t->hf && hftok_may_grow(t->hf) ? 2 * n : n; }
 
 int tok_merge(const tok_t *t, int rank, uint32_t *a, uint32_t *b)
 {
+    if (t->hf) return hftok_merge(t->hf, rank, a, b);
     if (rank < 0 || rank >= t->n_merges) return -ERANGE;
     *a = t->merges[2 * rank];
     *b = t->merges[2 * rank + 1];
@@ -268,8 +273,16 @@ static size_t encode_chunk(const tok_t *t, uint32_t *s, size_t len)
     return len;
 }
 
+int tok_encode_cap(tok_t *t, const uint8_t *text, size_t n, uint32_t *out, size_t cap, size_t *nout)
+{
+    if (t->hf) return hftok_encode(t->hf, text, n, out, cap, nout);
+    if (cap < n) return -E2BIG;
+    return tok_encode(t, text, n, out, nout);
+}
+
 int tok_encode(tok_t *t, const uint8_t *text, size_t n, uint32_t *out, size_t *nout)
 {
+    if (t->hf) return hftok_encode(t->hf, text, n, out, n, nout);
     size_t no = 0;
     for (size_t i = 0; i < n;) {
         size_t len = tok_chunk_len(text + i, n - i);
@@ -306,6 +319,7 @@ int tok_encode(tok_t *t, const uint8_t *text, size_t n, uint32_t *out, size_t *n
 
 const uint8_t *tok_token_bytes(const tok_t *t, uint32_t id, size_t *len)
 {
+    if (t->hf) return hftok_token_bytes(t->hf, id, len);
     if (id >= (uint32_t)t->vocab_size) return NULL;
     *len = t->tb_len[id];
     return t->tb + t->tb_off[id];
@@ -315,17 +329,18 @@ int tok_decode(const tok_t *t, const uint32_t *tok, size_t n, uint8_t **out, siz
 {
     *out = NULL;
     *nout = 0;
-    size_t total = 0;
+    size_t total = 0, len;
     for (size_t i = 0; i < n; i++) {
-        if (tok[i] >= (uint32_t)t->vocab_size) return -EINVAL;
-        total += t->tb_len[tok[i]];
+        if (!tok_token_bytes(t, tok[i], &len)) return -EINVAL;
+        total += len;
     }
     uint8_t *buf = malloc(total ? total : 1);
     if (!buf) return -ENOMEM;
     size_t off = 0;
     for (size_t i = 0; i < n; i++) {
-        memcpy(buf + off, t->tb + t->tb_off[tok[i]], t->tb_len[tok[i]]);
-        off += t->tb_len[tok[i]];
+        const uint8_t *b = tok_token_bytes(t, tok[i], &len);
+        memcpy(buf + off, b, len);
+        off += len;
     }
     *out = buf;
     *nout = total;
@@ -336,6 +351,7 @@ int tok_decode(const tok_t *t, const uint32_t *tok, size_t n, uint8_t **out, siz
 
 int tok_save(const tok_t *t, const char *path, char *err, size_t errlen)
 {
+    if (t->hf) return hftok_save(t->hf, path, err, errlen);
     uint8_t hdr[TOK_HEADER_BYTES] = {0};
     uint32_t version = TOK_VERSION, vocab = (uint32_t)t->vocab_size, rule = TOK_SPLIT_RULE,
              maxc = TOK_MAX_CHUNK;
@@ -413,12 +429,50 @@ static int check_header(const char *path, const uint8_t *buf, size_t size, size_
     return 0;
 }
 
+/* A tokenizer.json (first non-blank byte '{') into a tok_t that hands everything to hftok.c. */
+static int load_hf(tok_t **out, const char *path, int *is_json, char *err, size_t errlen)
+{
+    size_t size;
+    int fd = util_open_regular(path, &size, err, errlen);
+    if (fd < 0) return fd;
+    uint8_t head[64];
+    long got = util_read_all(fd, head, sizeof(head), 0), i = 0;
+    while (i < got && (head[i] == ' ' || head[i] == '\t' || head[i] == '\n' || head[i] == '\r')) i++;
+    *is_json = i < got && head[i] == '{';
+    uint8_t *buf = NULL;
+    int rc = 0;
+    if (*is_json) {
+        if (size > TOK_MAX_JSON)
+            rc = util_fail(err, errlen, -EINVAL, "%s: too large for a tokenizer.json (%zu bytes)", path, size);
+        else if (!(buf = malloc(size)))
+            rc = util_fail(err, errlen, -ENOMEM, "%s: out of memory", path);
+        else if ((got = util_read_all(fd, buf, size, 0)) < 0 || (size_t)got != size)
+            rc = util_fail(err, errlen, -EIO, "%s: read failed or the file changed while reading", path);
+        tok_t *t = rc ? NULL : calloc(1, sizeof(*t));
+        if (!rc && !t) rc = util_fail(err, errlen, -ENOMEM, "%s: out of memory", path);
+        if (!rc && !(rc = hftok_load(&t->hf, path, buf, size, err, errlen))) *out = t;
+        else if (t) free(t);
+    }
+    free(buf);
+    close(fd);
+    return rc;
+}
+
 int tok_load(tok_t **out, const char *path, char *err, size_t errlen)
 {
     *out = NULL;
     uint8_t *buf;
     size_t size, n_merges = 0;
-    int rc = read_file(path, &buf, &size, err, errlen);
+    int is_json = 0;
+    char sub[4096];
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode) &&
+        snprintf(sub, sizeof(sub), "%s/tokenizer.json", path) < (int)sizeof(sub))
+        path = sub; /* a Hugging Face model folder */
+    int rc = load_hf(out, path, &is_json, err, errlen);
+    if (rc || is_json)
+        return rc;
+    rc = read_file(path, &buf, &size, err, errlen);
     if (rc)
         return rc;
     uint32_t *merges = NULL;

@@ -42,8 +42,15 @@ int tok_train(tok_t **out, const uint8_t *text, size_t n, int vocab_size, char *
               size_t errlen);
 /* Durable and atomic (tokfile_write_bytes). */
 int tok_save(const tok_t *t, const char *path, char *err, size_t errlen);
-/* Checks magic, version, split rule, sizes, checksum and merge ids; errors name the file. */
+/* Checks magic, version, split rule, sizes, checksum and merge ids; errors name the file.
+ * A Hugging Face tokenizer.json (the file begins with '{') is read as well: a byte-level BPE
+ * encoded token for token as the `tokenizers` library does (stages/data/hftok.c; what it
+ * refuses, by name: other models, normalizers, pre-tokenizer regexes). Its BOS and EOS come
+ * from the tokenizer_config.json beside it when there is one. A folder (a Hugging Face
+ * model's) stands for its tokenizer.json. tok_save then writes the tokenizer.json text back
+ * out, and tok_merge gives its merges as ids. */
 int tok_load(tok_t **out, const char *path, char *err, size_t errlen);
+#define TOK_MAX_JSON (1u << 30)
 void tok_destroy(tok_t **t);
 
 int tok_vocab_size(const tok_t *t);
@@ -53,11 +60,18 @@ int tok_merge(const tok_t *t, int rank, uint32_t *a, uint32_t *b);
 /* Encodes text[0..n) into out, which must hold n tokens (never more tokens than bytes);
  * *nout gets the count. Any bytes are fine (NUL, invalid UTF-8, empty). Remembers the
  * encoding of each chunk it has seen, so it mutates t: do not encode with one tokenizer
- * from two threads at once. Returns 0 or -ENOMEM. */
+ * from two threads at once. Returns 0 or -ENOMEM, or -E2BIG where n tokens are too few
+ * (only a tokenizer.json with a prefix space: see tok_max_tokens). */
 int tok_encode(tok_t *t, const uint8_t *text, size_t n, uint32_t *out, size_t *nout);
+/* The most tokens n bytes may encode to: n, except for a tokenizer.json whose ByteLevel
+ * pre-tokenizer adds a prefix space (2n). tok_encode_cap takes an out of cap tokens and fails
+ * with -E2BIG rather than write past it; tok_encode is tok_encode_cap with cap n. */
+size_t tok_max_tokens(const tok_t *t, size_t n);
+int tok_encode_cap(tok_t *t, const uint8_t *text, size_t n, uint32_t *out, size_t cap, size_t *nout);
 /* Decodes n tokens into a malloc'ed buffer (*out, caller frees; *nout bytes). -EINVAL if a
  * token id is >= vocab_size, -ENOMEM. */
 int tok_decode(const tok_t *t, const uint32_t *tok, size_t n, uint8_t **out, size_t *nout);
+/* (A tokenizer.json's added tokens decode to their content; an id no token has is -EINVAL.) */
 /* The bytes of one token (pointer into t, valid until tok_destroy); NULL if id is invalid. */
 const uint8_t *tok_token_bytes(const tok_t *t, uint32_t id, size_t *len);
 

@@ -12,6 +12,10 @@ static void load_checked(const uint8_t *file, size_t size)
 {
     char err[512];
     tok_t *t;
+    size_t i = 0;
+    while (i < size && (file[i] == ' ' || file[i] == '\t' || file[i] == '\n' || file[i] == '\r')) i++;
+    if (i < size && file[i] == '{')
+        return; /* a tokenizer.json: fuzz_hftok's, whose round trip has exceptions (lstrip, prefix) */
     const char *path = fuzz_file(file, size);
     if (!path || tok_load(&t, path, err, sizeof(err)))
         return;

@@ -54,6 +54,7 @@ static const char usage_export[] =
     "usage: ctitan ckpt export PATH --safetensors OUT [--no-verify]\n"
     "       ctitan ckpt export PATH --hf DIR [--max-shard-size SIZE] [--dtype float32|bfloat16]\n"
     "                                        [--tokenizer FILE | --no-tokenizer] [--no-verify]\n"
+    "PATH is a checkpoint (step-N) or a checkpoint folder: then its newest checkpoint that verifies.\n"
     "--safetensors writes the model weights of checkpoint PATH (every tensor but optimizer.*) to\n"
     "OUT in the safetensors format, under their Hugging Face Llama names, with the step and the\n"
     "model's shape in __metadata__.\n"
@@ -440,6 +441,13 @@ static int export_hf(const char *path, const char **vals, const int *set)
     return 0;
 }
 
+/* Whether dir holds an index (is one checkpoint, complete or not), not a folder of them. */
+static int has_index(const char *dir)
+{
+    char p[PATH_MAX];
+    return snprintf(p, sizeof(p), "%s/index", dir) < (int)sizeof(p) && access(p, F_OK) == 0;
+}
+
 static int ckpt_export(int argc, char **argv)
 {
     const char *pos[1], *vals[EX_N] = {NULL};
@@ -456,6 +464,13 @@ static int ckpt_export(int argc, char **argv)
     if (vals[EX_ST] && (vals[EX_SHARD] || vals[EX_DTYPE] || vals[EX_TOK] || set[EX_NOTOK]))
         return bad_usage(usage_export, "--max-shard-size, --dtype and --tokenizer go with --hf");
     const char *path = pos[0], *out = vals[EX_ST];
+    char newest[PATH_MAX], why[1024];
+    if (!has_index(path)) { /* a checkpoint folder: its newest checkpoint that verifies */
+        if (ckpt_find_latest(path, newest, sizeof(newest), stderr, why, sizeof(why)) == 0) {
+            printf("exporting %s, the newest checkpoint of %s\n", newest, path);
+            path = newest;
+        }
+    }
     if (!set[EX_NOVERIFY] && verify_one(path, stderr)) {
         fprintf(stderr, "ctitan ckpt export: refusing to export %s: it does not verify "
                         "(--no-verify exports the weights anyway, checking each weight chunk)\n", path);

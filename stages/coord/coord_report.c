@@ -129,9 +129,14 @@ void coord_banner(coord_t *c)
     char chunks[48] = "";
     if (c->lay.vs > 1)
         snprintf(chunks, sizeof(chunks), ", %d virtual stages per rank", c->lay.vs);
-    printf("launch: job %s: %s %s, %.2fM parameters; pipeline %d (%s%s, %d microbatches of %dx%d), data parallel %d, "
+    char shape[MANIFEST_PATH_MAX + 64];
+    if (m->ckpt_initial_hf) /* the shape is its config.json's, not the flavor's */
+        snprintf(shape, sizeof(shape), "the Llama of %s/config.json", m->ckpt_initial_path);
+    else
+        snprintf(shape, sizeof(shape), "%s %s", m->model_name, m->flavor);
+    printf("launch: job %s: %s, %.2fM parameters; pipeline %d (%s%s, %d microbatches of %dx%d), data parallel %d, "
            "%d optimizer shards; %d processes\n",
-           m->name, m->model_name, m->flavor, c->lay.total / 1e6, m->pp, sched_kind_name(m->schedule), chunks,
+           m->name, shape, c->lay.total / 1e6, m->pp, sched_kind_name(m->schedule), chunks,
            m->microbatches, c->lay.mb, m->seq_len, m->dp, m->shards, n);
     printf("launch: MFU against %.0f GFLOP/s, %s\n", c->rep->peak_gflops, from);
     if (m->warmup_asked)

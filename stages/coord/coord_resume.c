@@ -122,6 +122,15 @@ static int load(coord_t *c, char *err, size_t errlen)
                m->ckpt_endpoint[0] ? m->ckpt_endpoint : folder);
     } else if (strlen(r->load_text) >= sizeof(m->ckpt_load)) {
         return util_fail(err, errlen, -ENAMETOOLONG, "checkpoint path %s is too long", r->load_text);
+    } else if (m->ckpt_initial_path[0] && strncmp(r->load_text, folder, strlen(folder))) {
+        c->step = r->load_step; /* not one of its own: the start checkpoint.initial_load_path gives */
+        if (m->ckpt_initial_hf)
+            printf("checkpoint: none of its own in %s: starting from the Hugging Face Llama %s "
+                   "(checkpoint.initial_load_path), imported into %s, the optimizer fresh\n", folder,
+                   m->ckpt_initial_path, r->load_text);
+        else
+            printf("checkpoint: none of its own in %s: starting from %s (checkpoint.initial_load_path)\n", folder,
+                   r->load_text);
     } else {
         c->step = r->load_step;
         printf("checkpoint: resuming from %s (after step %lld)%s\n", r->load_text, (long long)c->step,

@@ -444,6 +444,8 @@ static void test_unsupported_tokenizers_are_refused_by_name(void **state)
     refused(&m, "token \"he\" has id out of range");
     m.vocab_extra = ",\"he\":\"x\"";
     refused(&m, "that is not an integer");
+    m.vocab_extra = ",\"\":256";
+    refused(&m, "id 256 is given to an empty token");
     m = MINI;
     m.normalizer = "{\"type\":\"NFC\"}";
     refused(&m, "normalizer NFC is not supported");

@@ -262,14 +262,18 @@ static int load_vocab(hftok_t *h, const char *path, const json_t *vocab, char *e
             rc = FAIL("%s: model.vocab: id %u is given to two tokens (again to \"%s\")", path, id, key);
             break;
         }
+        if (!n) {
+            rc = FAIL("%s: model.vocab: id %u is given to an empty token", path, id);
+            break;
+        }
         int found;
-        tok_cslot_t *s = tok_ctab_upsert(&h->by_name, (const uint8_t *)key, (uint32_t)n, &found);
         uint8_t *b = tok_grow(buf, &cap, n + 1, 1);
-        if (!s || !b) {
+        tok_cslot_t *s = b ? tok_ctab_upsert(&h->by_name, (const uint8_t *)key, (uint32_t)n, &found) : NULL;
+        if (b) buf = b;
+        if (!s) {
             rc = util_fail(err, errlen, -ENOMEM, "%s: out of memory", path);
             break;
         }
-        buf = b;
         s->val = id;
         long m = unmap((const uint8_t *)key, n, buf);
         if (m >= 0) {

@@ -515,6 +515,9 @@ static void test_prep_encodes_with_a_given_tokenizer(void **state)
     snprintf(out, sizeof(out), "%s/prep", tmp);
     const char *doc = "the theme<|endoftext|> then the end\n";
     write_text(text, doc);
+    char config[512];
+    snprintf(config, sizeof(config), "%s/tokenizer_config.json", tmp); /* its EOS goes with it */
+    write_text(config, "{\"eos_token\": \"<|endoftext|>\"}");
     char *argv[] = {"prep", "--tokenizer", (char *)tpath, "--out", out, "--val-fraction", "0", text};
     prep_opts_t o;
     assert_int_equal(prep_parse_args(8, argv, &o, err, sizeof(err)), 0);
@@ -535,9 +538,17 @@ static void test_prep_encodes_with_a_given_tokenizer(void **state)
     assert_int_equal(tokfile_read(tf, 0, n, got), 0);
     for (size_t i = 0; i < n; i++) assert_int_equal(got[i], (int32_t)want[i]);
     tokfile_close(&tf);
-    snprintf(path, sizeof(path), "%s/tokenizer.bin", out); /* the tokenizer.json, copied */
+    snprintf(path, sizeof(path), "%s/tokenizer.json", out); /* the tokenizer.json, copied under its own name */
     tok_t *u = load_ok(path);
     assert_int_equal(tok_token_id(u, "<|endoftext|>"), 259);
+    assert_int_equal(tok_eos(u), 259);
+    char copied[256];
+    snprintf(path, sizeof(path), "%s/tokenizer_config.json", out); /* copied beside it, for BOS and EOS */
+    tu_read_file(path, copied, sizeof(copied));
+    assert_string_equal(copied, "{\"eos_token\": \"<|endoftext|>\"}");
+    snprintf(path, sizeof(path), "%s/tokenizer.bin", out);
+    assert_int_not_equal(access(path, F_OK), 0);
+    unlink(config);
     tok_destroy(&u);
     tok_destroy(&t);
     free(want);

@@ -44,8 +44,8 @@ void prep_usage(FILE *f)
             "\n"
             "  --vocab N          vocabulary size, %d..%d (default %d)\n"
             "  --tokenizer PATH   encode with this tokenizer instead of training one: a\n"
-            "                     tokenizer.bin or a Hugging Face tokenizer.json (then copied\n"
-            "                     to DIR/tokenizer.bin, which ctitan reads as either)\n"
+            "                     tokenizer.bin or a Hugging Face tokenizer.json (then written\n"
+            "                     as DIR/tokenizer.json, with the tokenizer_config.json beside it)\n"
             "  --out DIR          output directory, created if missing (default %s)\n"
             "  --val-fraction F   the last F of the tokens go to val.bin, 0 <= F < 1 "
             "(default %.2f)\n"
@@ -309,15 +309,53 @@ static int tokenize(const prep_opts_t *o, const uint8_t *text, size_t len, prep_
     return 0;
 }
 
-/* tokenizer.bin, train.bin and val.bin into out_dir as a set: each written to a temporary
- * file first, then all renamed; on failure the temporaries go and the old set stays. */
+/* The tokenizer_config.json beside a --tokenizer tokenizer.json (its BOS and EOS), copied to tmp;
+ * 0 when there is none to copy. */
+static int copy_tokenizer_config(const prep_opts_t *o, const tok_t *tk, const char *tmp, int *copied, char *err,
+                                 size_t errlen)
+{
+    char src[PATH_MAX], dir[PATH_MAX];
+    struct stat st;
+    *copied = 0;
+    if (!o->tokenizer || strcmp(tok_file_name(tk), "tokenizer.json"))
+        return 0;
+    snprintf(dir, sizeof(dir), "%s", o->tokenizer);
+    if (stat(dir, &st) || !S_ISDIR(st.st_mode)) { /* a file: its folder */
+        char *slash = strrchr(dir, '/');
+        if (slash)
+            *slash = 0;
+        else
+            snprintf(dir, sizeof(dir), ".");
+    }
+    if (snprintf(src, sizeof(src), "%s/tokenizer_config.json", dir[0] ? dir : "/") >= (int)sizeof(src) ||
+        stat(src, &st) || !S_ISREG(st.st_mode))
+        return 0;
+    if (st.st_size > (1 << 24))
+        return util_fail(err, errlen, -EFBIG, "%s: %lld bytes: too big for a tokenizer_config.json", src,
+                         (long long)st.st_size);
+    int fd = open(src, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return util_fail(err, errlen, -errno, "%s: %s", src, strerror(errno));
+    uint8_t *text = malloc((size_t)st.st_size + 1);
+    long n = text ? util_read_all(fd, text, (size_t)st.st_size, 0) : -ENOMEM;
+    close(fd);
+    int rc = n < 0 ? util_fail(err, errlen, (int)n, "%s: %s", src, strerror((int)-n))
+                   : tokfile_write_bytes(tmp, text, (size_t)n, NULL, 0, err, errlen);
+    *copied = rc == 0;
+    free(text);
+    return rc;
+}
+
+/* The tokenizer (tokenizer.bin, or a --tokenizer tokenizer.json with the tokenizer_config.json
+ * beside it), train.bin and val.bin into out_dir as a set: each written to a temporary file
+ * first, then all renamed; on failure the temporaries go and the old set stays. */
 static int write_outputs(const prep_opts_t *o, const tok_t *tk, const uint32_t *tok, const prep_result_t *res,
                          char *err, size_t errlen)
 {
-    enum { N_OUT = 3 };
-    const char *names[N_OUT] = {"tokenizer.bin", "train.bin", "val.bin"};
+    enum { N_OUT = 4 };
+    const char *names[N_OUT] = {tok_file_name(tk), "train.bin", "val.bin", "tokenizer_config.json"};
     char tmp[N_OUT][PATH_MAX], fin[N_OUT][PATH_MAX];
-    int written = 0, rc = 0;
+    int written = 0, rc = 0, n_out = 3, config = 0;
     for (int k = 0; k < N_OUT; k++) {
         if (snprintf(fin[k], PATH_MAX, "%s/%s", o->out_dir, names[k]) >= PATH_MAX ||
             snprintf(tmp[k], PATH_MAX, "%s/.%s.prep-%d", o->out_dir, names[k], (int)getpid()) >= PATH_MAX)
@@ -329,16 +367,18 @@ static int write_outputs(const prep_opts_t *o, const tok_t *tk, const uint32_t *
     written = 2;
     if ((rc = tokfile_write(tmp[2], tok + res->n_train, res->n_val, res->vocab_size, err, errlen))) goto out;
     written = 3;
+    if ((rc = copy_tokenizer_config(o, tk, tmp[3], &config, err, errlen))) goto out;
+    written = n_out = 3 + config;
     /* Renames are atomic one by one, not as a set: catch what would make one fail before
      * the first happens (a folder in the way) so the old set stays whole. */
-    for (int k = 0; k < N_OUT; k++) {
+    for (int k = 0; k < n_out; k++) {
         struct stat st;
         if (lstat(fin[k], &st) == 0 && S_ISDIR(st.st_mode)) {
             rc = util_fail(err, errlen, -EISDIR, "%s: is a directory, cannot replace it", fin[k]);
             goto out;
         }
     }
-    for (int k = 0; k < N_OUT; k++)
+    for (int k = 0; k < n_out; k++)
         if (rename(tmp[k], fin[k]) < 0) {
             rc = util_fail(err, errlen, -errno, "%s: rename from %s failed: %s", fin[k], tmp[k], strerror(errno));
             goto out;

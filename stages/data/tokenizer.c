@@ -171,6 +171,7 @@ void tok_destroy(tok_t **p)
 int tok_vocab_size(const tok_t *t) { return t->hf ? hftok_vocab_size(t->hf) : t->vocab_size; }
 int tok_token_id(const tok_t *t, const char *text) { return t->hf ? hftok_token_id(t->hf, text) : -1; }
 int tok_bos(const tok_t *t) { return t->hf ? hftok_bos(t->hf) : -1; }
+const char *tok_file_name(const tok_t *t) { return t->hf ? "tokenizer.json" : "tokenizer.bin"; }
 int tok_eos(const tok_t *t) { return t->hf ? hftok_eos(t->hf) : -1; }
 size_t tok_max_tokens(const tok_t *t, size_t n) { return t->hf && hftok_may_grow(t->hf) ? 2 * n : n; }
 

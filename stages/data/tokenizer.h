@@ -75,6 +75,9 @@ int tok_decode(const tok_t *t, const uint32_t *tok, size_t n, uint8_t **out, siz
 /* The bytes of one token (pointer into t, valid until tok_destroy); NULL if id is invalid. */
 const uint8_t *tok_token_bytes(const tok_t *t, uint32_t id, size_t *len);
 
+/* The file name a tokenizer's format is kept under: "tokenizer.json" for a Hugging Face one (tok_save
+ * writes its JSON back), "tokenizer.bin" for ctitan's own. */
+const char *tok_file_name(const tok_t *t);
 /* The id of an added (special) token by its exact text, e.g. "<|end_of_text|>"; -1 when the
  * tokenizer has no such token (a tokenizer.bin has none). */
 int tok_token_id(const tok_t *t, const char *text);

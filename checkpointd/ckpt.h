@@ -101,6 +101,8 @@ typedef struct {
  * the remote server for job names) before anything becomes a path; the encoder does not. */
 int ckpt_safe_name(const char *s);
 size_t ckpt_dtype_size(const char *dtype); /* 0 when unknown */
+/* "[2048, 64]": a shape for messages, in buf (returned). */
+const char *ckpt_shape_str(int ndim, const int64_t *shape, char *buf, size_t n);
 
 /* The training state's index for a model and optimizer o: one file per array (ckpt_layout.h),
  * each CKPT_DATA_HDR + total*4 bytes, and per array and parameter a tensor (array-major) with

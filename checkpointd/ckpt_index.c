@@ -31,6 +31,16 @@ int ckpt_safe_name(const char *s)
     return 1;
 }
 
+const char *ckpt_shape_str(int ndim, const int64_t *shape, char *buf, size_t n)
+{
+    size_t k = (size_t)snprintf(buf, n, "[");
+    for (int d = 0; d < ndim && k < n; d++)
+        k += (size_t)snprintf(buf + k, n - k, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    if (k < n)
+        snprintf(buf + k, n - k, "]");
+    return buf;
+}
+
 size_t ckpt_dtype_size(const char *dtype)
 {
     if (!strcmp(dtype, "F32"))

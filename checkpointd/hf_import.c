@@ -36,16 +36,6 @@ static int ends_with(const char *s, const char *tail)
     return a >= b && !strcmp(s + a - b, tail);
 }
 
-static const char *shape_str(int ndim, const int64_t *shape, char *buf, size_t n)
-{
-    size_t k = (size_t)snprintf(buf, n, "[");
-    for (int d = 0; d < ndim && k < n; d++)
-        k += (size_t)snprintf(buf + k, n - k, "%s%lld", d ? ", " : "", (long long)shape[d]);
-    if (k < n)
-        snprintf(buf + k, n - k, "]");
-    return buf;
-}
-
 /* The HF tensor parameter p comes from: its own, or the embedding for a tied lm_head. */
 static const st_tensor_t *source(const st_set_t *s, const param_info_t *p, int tied)
 {
@@ -74,8 +64,8 @@ static int check_tensors(const st_set_t *s, const param_table_t *tab, int tied, 
             same = t->shape[d] == p->shape[d];
         if (!same)
             return util_fail(err, errlen, -EINVAL, "%s: tensor %s has shape %s; the model of config.json needs %s",
-                             s->files[t->file], t->name, shape_str(t->ndim, t->shape, a, sizeof(a)),
-                             shape_str(p->ndim, p->shape, b, sizeof(b)));
+                             s->files[t->file], t->name, ckpt_shape_str(t->ndim, t->shape, a, sizeof(a)),
+                             ckpt_shape_str(p->ndim, p->shape, b, sizeof(b)));
     }
     for (int i = 0; i < s->n; i++) {
         int known = 0;

@@ -201,17 +201,6 @@ static int check_cursor(const ckpt_index_t *ix, const char *path, char *err, siz
                      rc ? "not an unsigned integer, or the cursor is not a map" : "2^63 or more");
 }
 
-/* "[2048, 64]" */
-static const char *shape_str(int ndim, const int64_t *shape, char *buf, size_t n)
-{
-    size_t k = (size_t)snprintf(buf, n, "[");
-    for (int d = 0; d < ndim && k < n; d++)
-        k += (size_t)snprintf(buf + k, n - k, "%s%lld", d ? ", " : "", (long long)shape[d]);
-    if (k < n)
-        snprintf(buf + k, n - k, "]");
-    return buf;
-}
-
 /* Tensor ct of the index has the shape of parameter p (whose model `whose` names), or -EBADMSG. */
 static int check_shape(const ckpt_tensor_t *ct, const param_info_t *p, const char *path, const char *whose, char *err,
                        size_t errlen)
@@ -223,8 +212,8 @@ static int check_shape(const ckpt_tensor_t *ct, const param_info_t *p, const cha
         return 0;
     char a[96], b[96];
     return util_fail(err, errlen, -EBADMSG, "checkpoint %s: tensor %s is %s in the index; %s makes it %s", path,
-                     ct->name, shape_str(ct->ndim, ct->shape, a, sizeof(a)), whose,
-                     shape_str(p->ndim, p->shape, b, sizeof(b)));
+                     ct->name, ckpt_shape_str(ct->ndim, ct->shape, a, sizeof(a)), whose,
+                     ckpt_shape_str(p->ndim, p->shape, b, sizeof(b)));
 }
 
 /* Each tensor of every array of table tab (o's arrays; a master copy too when the index has

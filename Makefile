@@ -83,10 +83,13 @@ $(DEPS_STAMP): tools/deps.sh
 	@touch $@
 deps: $(DEPS_STAMP)
 
-# The Python the tests compare against (transformers, tokenizers; never the product's), in
-# build/py; tests that need it skip, saying why, when it could not be set up.
+# The Python the tests compare against (transformers, tokenizers; never the product's), set up
+# once per machine in ~/.cache/ctitan/py (a fresh clone, as CI's, finds it there) or where
+# CTITAN_PY says; the tests read CTITAN_PY, and skip, saying why, when it could not be set up.
+PY_DIR ?= $(if $(CTITAN_PY),$(CTITAN_PY),$(if $(HOME),$(HOME)/.cache/ctitan/py,$(abspath $(BUILD))/py))
+export CTITAN_PY := $(PY_DIR)
 pydeps:
-	@bash tools/pydeps.sh $(abspath $(BUILD))/py
+	@bash tools/pydeps.sh $(PY_DIR)
 
 # Every object waits for the generated headers: a first build has no .d files to say which
 # sources include them.

@@ -193,21 +193,23 @@ static inline void tu_read_file(const char *path, char *buf, size_t n)
     buf[k] = 0;
     fclose(f);
 }
-/* The Python that tests compare against (tools/pydeps.sh: build/py/venv, with torch,
- * transformers, tokenizers, safetensors, gguf; build/py/llama3/tokenizer.json): $CTITAN_PY, else
- * build/py beside this test's build/tests/ (or build/asan/tests/). Returns the folder, or NULL
- * with why it is missing in why (for the test's skip message). */
+/* The Python that tests compare against (tools/pydeps.sh: PY/venv, with torch, transformers,
+ * tokenizers, safetensors, gguf; PY/llama3/tokenizer.json): $CTITAN_PY (make test sets it), else
+ * build/py beside this test's build/tests/ (or build/asan/tests/), else ~/.cache/ctitan/py.
+ * Returns the folder, or NULL with why it is missing in why (for the test's skip message). */
 static inline const char *tu_py(char *why, size_t n)
 {
     static char dir[256];
     char ok[300];
-    const char *env = getenv("CTITAN_PY");
+    const char *env = getenv("CTITAN_PY"), *home = getenv("HOME");
     if (env && env[0])
         snprintf(dir, sizeof(dir), "%s", env);
     else if (access(tu_built("py", "ok", ok, sizeof(ok)), F_OK) == 0)
         tu_built("py", "", dir, sizeof(dir));
-    else
+    else if (access(tu_built("../py", "ok", ok, sizeof(ok)), F_OK) == 0)
         tu_built("../py", "", dir, sizeof(dir));
+    else
+        snprintf(dir, sizeof(dir), "%s/.cache/ctitan/py", home ? home : "");
     snprintf(ok, sizeof(ok), "%s/ok", dir);
     if (!access(ok, F_OK))
         return dir;

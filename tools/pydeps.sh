@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Python that tests compare ctitan against (never the product's: ctitan needs no Python).
-# `make test` runs it once; a test that needs it reads build/py/ok and skips with the reason in
-# build/py/why when it could not be set up. What it makes, in build/py:
+# `make test` runs it (in ~/.cache/ctitan/py, or CTITAN_PY: once per machine, a quick check after);
+# a test that needs it reads OUT/ok and skips with the reason in OUT/why when it could not be set
+# up. What it makes, in OUT (the argument; default build/py):
 #   venv/            python3 -m venv --system-site-packages over Debian's python3-torch (PyPI's
 #                    torch is gigabytes of CUDA), with transformers, tokenizers, safetensors and
 #                    gguf from PyPI at pinned versions (transformers 4.46 still runs on torch 1.13)

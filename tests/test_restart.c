@@ -266,11 +266,12 @@ static void test_restart_a_checkpoint_committed_as_the_coordinator_dies_is_resum
     pid_t pid = launch_bg(j, args);
     unsetenv("CTITAN_TEST_HANG_AT");
     unsetenv("CTITAN_TEST_DIE_ONCE");
+    /* checkpointd has put step 400 in place and hangs before its SAVED: the directory alone is
+     * not enough to wait for, as the kill could then come before the hang, with SAVED unsent
+     * all the same but the hang's log line missing */
+    assert_int_equal(wait_output(j, "main thread hangs at checkpointd.0.0:committed:400", 60), 0);
     snprintf(path, sizeof(path), "%s/runs/%s/checkpoint/step-00000400", tj_dir, j);
-    int i;
-    for (i = 0; i < 6000 && access(path, F_OK); i++)
-        sleep_ms(10);
-    assert_true(i < 6000);
+    assert_int_equal(access(path, F_OK), 0);
     pid_t coord[2] = {tu_descendant_named(pid, "ctitan-coord"), 0};
     assert_true(coord[0] > 0);
     kill(coord[0], SIGKILL);

@@ -13,7 +13,6 @@
 
 #include "ipc/util.h"
 
-#define HF_CONFIG_MAX (1u << 20)
 
 /* An integer key in [lo, hi]; absent: *v = dflt, or -EINVAL when dflt < lo (required). */
 static int get_int(json_t *o, const char *key, long long lo, long long hi, long long dflt, int *v,
@@ -194,22 +193,8 @@ int hf_config_load(const char *dir, hf_config_t *out, char *err, size_t errlen)
     if ((size_t)snprintf(path, sizeof(path), "%s/config.json", dir) >= sizeof(path))
         return util_fail(err, errlen, -ENAMETOOLONG, "%s: path too long", dir);
     size_t size = 0;
-    int fd = util_open_regular(path, &size, err, errlen);
-    if (fd < 0)
-        return fd;
-    int rc = 0;
     char *buf = NULL;
-    if (size > HF_CONFIG_MAX)
-        rc = util_fail(err, errlen, -EFBIG, "%s: %zu bytes, more than a config.json has (%u)", path, size,
-                       HF_CONFIG_MAX);
-    else if (!(buf = malloc(size + 1)))
-        rc = util_fail(err, errlen, -ENOMEM, "%s: out of memory", path);
-    else {
-        long n = util_read_all(fd, buf, size, 0);
-        if (n != (long)size)
-            rc = util_fail(err, errlen, n < 0 ? (int)n : -EIO, "%s: cannot read it", path);
-    }
-    close(fd);
+    int rc = util_read_file(path, HF_CONFIG_MAX, "config.json", &buf, &size, err, errlen);
     if (!rc)
         rc = hf_config_parse(buf, size, path, out, err, errlen);
     free(buf);

@@ -10,6 +10,8 @@
 
 #include "kernels/config.h"
 
+#define HF_CONFIG_MAX (1u << 20) /* the largest config.json read */
+
 typedef struct {
     model_config_t model; /* validated; multiple_of and ffn_dim_multiplier are the defaults (the
                            * FFN size is hidden_dim = intermediate_size) */

@@ -27,29 +27,10 @@
 static const char hf_split_regex[] =
     RX_RUN(RX_L) RX_RUN(RX_D) RX_RUN(RX_O) RX_S "{1,127}(?= [^\\t\\n\\x0B\\x0C\\r ])|" RX_S "{1,128}";
 
-/* Reads a whole file (at most HF_TOK_FILE_MAX bytes) into a malloc'ed, NUL-terminated buffer. */
+/* A whole tokenizer file (at most HF_TOK_FILE_MAX bytes), NUL-terminated. */
 static int read_all(const char *path, char **out, size_t *len, char *err, size_t errlen)
 {
-    size_t size;
-    int fd = util_open_regular(path, &size, err, errlen);
-    if (fd < 0)
-        return fd;
-    if (size > HF_TOK_FILE_MAX) {
-        close(fd);
-        return util_fail(err, errlen, -EFBIG, "%s: %zu bytes: too large for a tokenizer file", path, size);
-    }
-    char *buf = malloc(size + 1);
-    long n = buf ? util_read_all(fd, buf, size, 0) : -ENOMEM;
-    close(fd);
-    if (n < 0 || (size_t)n != size) {
-        free(buf);
-        return util_fail(err, errlen, n < 0 ? (int)n : -EIO, "%s: cannot read: %s", path,
-                         n < 0 ? strerror((int)-n) : "short read");
-    }
-    buf[size] = 0;
-    *out = buf;
-    *len = size;
-    return 0;
+    return util_read_file(path, HF_TOK_FILE_MAX, "tokenizer file", out, len, err, errlen);
 }
 
 int hf_tok_is_bin(const char *path)

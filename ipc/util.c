@@ -45,6 +45,37 @@ int util_open_regular(const char *path, size_t *size, char *err, size_t errlen)
     return fd;
 }
 
+int util_read_file(const char *path, size_t max, const char *what, char **buf, size_t *len, char *err,
+                   size_t errlen)
+{
+    size_t size = 0;
+    *buf = NULL;
+    int fd = util_open_regular(path, &size, err, errlen);
+    if (fd < 0)
+        return fd;
+    int rc = 0;
+    char *b = NULL;
+    if (size > max)
+        rc = util_fail(err, errlen, -EFBIG, "%s: %zu bytes: more than a %s has (%zu)", path, size, what, max);
+    else if (!(b = malloc(size + 1)))
+        rc = util_fail(err, errlen, -ENOMEM, "%s: out of memory for %zu bytes", path, size);
+    else {
+        long n = util_read_all(fd, b, size, 0);
+        if (n != (long)size)
+            rc = util_fail(err, errlen, n < 0 ? (int)n : -EIO, "%s: cannot read: %s", path,
+                           n < 0 ? strerror((int)-n) : "it shrank while read");
+    }
+    close(fd);
+    if (rc) {
+        free(b);
+        return rc;
+    }
+    b[size] = 0;
+    *buf = b;
+    *len = size;
+    return 0;
+}
+
 double util_now(void)
 {
     struct timespec ts;

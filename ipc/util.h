@@ -14,6 +14,11 @@ int util_fail(char *err, size_t errlen, int rc, const char *fmt, ...)
  * "PATH: cannot open: ..." / "PATH: not a regular file" (-EINVAL) in err. A FIFO or a device
  * is refused without blocking: the open itself is non-blocking. */
 int util_open_regular(const char *path, size_t *size, char *err, size_t errlen);
+/* A whole regular file of at most max bytes (util_open_regular) into a malloc'ed buffer, NUL
+ * after its *len bytes (caller frees *buf). -EFBIG past max ("PATH: N bytes: more than a WHAT
+ * has (MAX)"), -EIO when it shrank while read, other -errno; *buf is NULL on failure. */
+int util_read_file(const char *path, size_t max, const char *what, char **buf, size_t *len, char *err,
+                   size_t errlen);
 /* write(2) until all n bytes are written (EINTR, EAGAIN and short writes retried).
  * Returns 0 or -errno. */
 int util_write_all(int fd, const void *buf, size_t n);

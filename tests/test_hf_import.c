@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -247,6 +248,30 @@ static void test_config_reads_llama_and_refuses_what_ctitan_cannot_run(void **st
 
 /* manifest_take_model: the flavor's values give way, explicit equal ones stay, an explicit other
  * one is an error naming both and where it came from; an explicit max_seq_len stays. */
+/* config.json is read only as a regular file of at most HF_CONFIG_MAX bytes (util_read_file):
+ * a larger one and a FIFO are refused, naming the path, without reading or blocking. */
+static void test_config_json_is_bounded_and_regular(void **state)
+{
+    (void)state;
+    char d[300], path[400], err[1024];
+    hf_config_t h;
+    snprintf(d, sizeof(d), "%s/bounded", dir);
+    assert_int_equal(mkdir(d, 0755), 0);
+    snprintf(path, sizeof(path), "%s/config.json", d);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    for (unsigned i = 0; i <= HF_CONFIG_MAX; i++)
+        fputc(' ', f);
+    fclose(f);
+    assert_int_equal(hf_config_load(d, &h, err, sizeof(err)), -EFBIG);
+    assert_non_null(strstr(err, "more than a config.json has"));
+    assert_non_null(strstr(err, path));
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    assert_int_equal(hf_config_load(d, &h, err, sizeof(err)), -EINVAL);
+    assert_non_null(strstr(err, "not a regular file"));
+}
+
 static void test_manifest_takes_the_shape_from_config(void **state)
 {
     (void)state;
@@ -672,6 +697,7 @@ int main(void)
         cmocka_unit_test(test_bf16_tied_sharded_gives_transformers_logits),
         cmocka_unit_test(test_fp16_tied_gives_transformers_logits),
         cmocka_unit_test(test_fp32_import_is_bitwise),
+        cmocka_unit_test(test_config_json_is_bounded_and_regular),
         cmocka_unit_test(test_ckpt_import_command),
         cmocka_unit_test(test_round_trip_fp32_is_bitwise),
         cmocka_unit_test(test_round_trip_bf16_tied_llama3_sharded_is_bitwise),

@@ -330,17 +330,11 @@ static int copy_tokenizer_config(const prep_opts_t *o, const tok_t *tk, const ch
     if (snprintf(src, sizeof(src), "%s/tokenizer_config.json", dir[0] ? dir : "/") >= (int)sizeof(src) ||
         stat(src, &st) || !S_ISREG(st.st_mode))
         return 0;
-    if (st.st_size > (1 << 24))
-        return util_fail(err, errlen, -EFBIG, "%s: %lld bytes: too big for a tokenizer_config.json", src,
-                         (long long)st.st_size);
-    int fd = open(src, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return util_fail(err, errlen, -errno, "%s: %s", src, strerror(errno));
-    uint8_t *text = malloc((size_t)st.st_size + 1);
-    long n = text ? util_read_all(fd, text, (size_t)st.st_size, 0) : -ENOMEM;
-    close(fd);
-    int rc = n < 0 ? util_fail(err, errlen, (int)n, "%s: %s", src, strerror((int)-n))
-                   : tokfile_write_bytes(tmp, text, (size_t)n, NULL, 0, err, errlen);
+    char *text = NULL;
+    size_t len = 0;
+    int rc = util_read_file(src, 1 << 24, "tokenizer_config.json", &text, &len, err, errlen);
+    if (!rc)
+        rc = tokfile_write_bytes(tmp, text, len, NULL, 0, err, errlen);
     *copied = rc == 0;
     free(text);
     return rc;

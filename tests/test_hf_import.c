@@ -514,6 +514,17 @@ static void test_ckpt_import_command(void **state)
     assert_non_null(strstr(out, "imported untied: lm_head.weight starts as a copy of model.embed_tokens.weight"));
     snprintf(cmd, sizeof(cmd), "%s ckpt verify %s/cli-ckpt/step-00000000 2>&1", tu_ctitan(), dir);
     assert_int_equal(tu_run(cmd, out, sizeof(out)), 0);
+    /* again into the same folder: refused, the first import kept as it was */
+    char again[1024], index[300], before[4096], after[4096];
+    snprintf(index, sizeof(index), "%s/cli-ckpt/step-00000000/index", dir);
+    tu_read_file(index, before, sizeof(before));
+    snprintf(again, sizeof(again), "%s ckpt import %s --out %s/cli-ckpt 2>&1", tu_ctitan(), hf, dir);
+    assert_int_equal(tu_run(again, out, sizeof(out)), 1);
+    if (!strstr(out, "cli-ckpt/step-00000000 exists: it is not written over"))
+        fail_msg("%s", out);
+    tu_read_file(index, after, sizeof(after));
+    assert_memory_equal(before, after, sizeof(before));
+    assert_int_equal(tu_run(cmd, out, sizeof(out)), 0);
     /* a manifest whose model disagrees */
     char man[300];
     snprintf(man, sizeof(man), "%s/dim.toml", dir);

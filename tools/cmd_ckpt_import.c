@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "checkpointd/hf_import.h"
 #include "tools/cmds.h"
@@ -18,7 +19,8 @@ static const char usage_import[] =
     "all) from M.toml when given, where a [model] key that disagrees with config.json is an\n"
     "error. Tied embeddings are imported untied (lm_head starts as a copy of embed_tokens).\n"
     "Anything ctitan cannot run (another architecture, biases, a rope_scaling other than\n"
-    "llama3) is refused by name, and a refused import writes nothing.\n"
+    "llama3) is refused by name, and a refused import writes nothing. An existing\n"
+    "FOLDER/step-00000000 is never written over.\n"
     "A job can do the same itself: checkpoint.initial_load_path = \"HF_DIR\" with\n"
     "checkpoint.initial_load_in_hf = true.\n";
 
@@ -47,6 +49,11 @@ int cmd_ckpt_import(int argc, char **argv)
     }
     static manifest_t m;
     char err[2048], path[4096];
+    if ((size_t)snprintf(path, sizeof(path), "%s/step-00000000", out) < sizeof(path) && access(path, F_OK) == 0) {
+        fprintf(stderr, "ctitan ckpt import: %s exists: it is not written over; remove it or give another --out\n",
+                path);
+        return 1;
+    }
     manifest_defaults(&m);
     int rc = man ? manifest_load(&m, man, err, sizeof(err)) : 0;
     if (!rc)

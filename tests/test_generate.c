@@ -692,6 +692,7 @@ static void test_bad_arguments_are_refused_naming_the_flag(void **state)
         {"--prompt-ids '1 300'", "--prompt-ids", 1},
         {"--prompt-ids '1 x'", "--prompt-ids", 1},
         {"--prompt-file /nonexistent/p.txt", "--prompt-file", 1},
+        {"--prompt-file /dev/zero", "not a regular file", 1}, /* read whole before: without end */
         {"--tokenizer /nonexistent/t.bin", "/nonexistent/t.bin", 1},
         {"--bos", "--bos: the tokenizer has no BOS token", 1},
         {"--prompt ''", "the prompt is empty", 1},

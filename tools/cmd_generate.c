@@ -15,6 +15,7 @@
 #include "kernels/cpu/pool.h"
 #include "stages/data/tokenizer.h"
 #include "stages/report/generate.h"
+#include "ipc/util.h"
 #include "tools/cmds.h"
 
 static const char usage_text[] =
@@ -172,7 +173,11 @@ static int parse_ids(const char *s, int vocab, uint32_t **out, int *n)
     return 0;
 }
 
-/* The prompt's text: --prompt, or the bytes of --prompt-file (malloc'ed, *len bytes). */
+/* The most a --prompt-file may hold (a prompt is at most max_seq_len tokens anyway). */
+#define GEN_PROMPT_FILE_MAX ((size_t)64 << 20)
+
+/* The prompt's text: --prompt, or the bytes of --prompt-file, a regular file of at most
+ * GEN_PROMPT_FILE_MAX bytes (malloc'ed, *len bytes). */
 static uint8_t *prompt_text(const gen_args_t *a, size_t *len)
 {
     if (a->prompt) {
@@ -182,28 +187,12 @@ static uint8_t *prompt_text(const gen_args_t *a, size_t *len)
             memcpy(t, a->prompt, *len + 1);
         return t;
     }
-    FILE *f = fopen(a->prompt_file, "rb");
-    if (!f) {
-        fprintf(stderr, "ctitan generate: --prompt-file %s: %s\n", a->prompt_file, strerror(errno));
+    char *t = NULL, err[1024];
+    if (util_read_file(a->prompt_file, GEN_PROMPT_FILE_MAX, "prompt file", &t, len, err, sizeof(err))) {
+        fprintf(stderr, "ctitan generate: --prompt-file %s\n", err);
         return NULL;
     }
-    size_t cap = 4096, n = 0, k;
-    uint8_t *t = malloc(cap);
-    while (t && (k = fread(t + n, 1, cap - n, f)) > 0)
-        if ((n += k) == cap) {
-            uint8_t *g = realloc(t, cap *= 2);
-            if (!g)
-                free(t);
-            t = g;
-        }
-    if (t && ferror(f)) {
-        fprintf(stderr, "ctitan generate: --prompt-file %s: read error\n", a->prompt_file);
-        free(t);
-        t = NULL;
-    }
-    fclose(f);
-    *len = n;
-    return t;
+    return (uint8_t *)t;
 }
 
 /* The prompt's token ids: --prompt-ids, or the text encoded (BOS first when asked). */

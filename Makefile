@@ -54,6 +54,7 @@ GPUTESTLIBS := $(CUDALIBS)
 # (linking the CUDA libraries into every process would cost ~150 ms per process start): the
 # kernels plus PIC copies of the two C files they use.
 CUDA_SO   := $(BUILD)/lib/libctitan_cuda.so
+GPUPROF_SO := $(BUILD)/lib/libctitan_gpuprof.so
 CUDA_SO_C := kernels/params.c kernels/config.c
 
 # The CUDA kernels of kernels/cuda/ (all but the cuBLASLt products) also run on a CPU emulator
@@ -70,7 +71,7 @@ SIM_SO := $(BUILD)/lib/libctitan_cuda_sim.so
 DEPS_STAMP := $(BUILD)/.deps-ok
 ALL := $(BUILD)/bin/ctitan $(ROLE_BINS) $(BUILD)/bin/checkpointd $(TESTS) $(SIM_SO)
 ifeq ($(CUDA),1)
-ALL += $(GPU_TESTS) $(CUDA_SO)
+ALL += $(GPU_TESTS) $(CUDA_SO) $(GPUPROF_SO)
 endif
 
 .PHONY: all pydeps test test-asan asan fuzzers fuzz-bins fuzz test-fuzz fuzz-seeds test-gpu bench bench-gpu bench-recover bench-schedules demo clean deps
@@ -116,6 +117,15 @@ $(BUILD)/libctitan.a: $(LIB_OBJS) $(PB_OBJS)
 $(BUILD)/pic/%.o: %.c | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -fPIC -MMD -MP -c $< -o $@
+
+# The per-kernel profiler tools/gpu_breakdown.sh injects into a job's GPU processes
+# (CUDA_INJECTION64_PATH; tools/gpuprof/inject.c). CUPTI is copied beside it: a lent GPU
+# machine gets only what is carried, and the copy is the version it was compiled against.
+$(GPUPROF_SO): tools/gpuprof/inject.c | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	cp -L $(CUDA_HOME)/lib64/libcupti.so.13 $(dir $@)
+	$(CC) $(CFLAGS) -fPIC -shared -I$(CUDA_HOME)/include -o $@ $< -L$(dir $@) -l:libcupti.so.13 \
+	    -Wl,-rpath,'$$ORIGIN' -lpthread
 
 $(CUDA_SO): $(CU_OBJS) $(CUDA_SO_C:%.c=$(BUILD)/pic/%.o)
 	@mkdir -p $(dir $@)

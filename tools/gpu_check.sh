@@ -270,7 +270,31 @@ else
     row "recovery (stage, shard killed)" "skipped: out of budget" 0 ""
 fi
 
-# ---- 7. the race against PyTorch ----
+# ---- 7. where the step goes, per kernel (tools/gpu_breakdown.sh: CUPTI in every GPU process) ----
+breakdown() { # LABEL LOG STEPS SKIP_MS OVERRIDES...
+    local label=$1 log=$2
+    shift 2
+    if [ $rehearse = 1 ]; then
+        row "breakdown: $label" "skipped: no GPU" 0 "tools/gpu_breakdown.sh"
+    elif run "$log" 120 bash tools/gpu_breakdown.sh "$label" "$data/train.bin" "$@"; then
+        row "breakdown: $label" "$(result)" "$secs" "$([ $rc = 0 ] && echo "table below" || tail -1 "$out/logs/$log")"
+        details "$(cat "$out/logs/$log")" ""
+    else
+        row "breakdown: $label" "skipped: out of budget" 0 ""
+    fi
+}
+[ $rehearse = 1 ] || details "## Where the step goes" ""
+b1=(--model.flavor llama1b --model.vocab_size 32000 --training.seq_len 2048 --training.local_batch_size 4
+    --parallelism.pipeline_parallel_microbatches 1 --metrics.peak_tflops 1)
+breakdown "~1B Llama, pp 1, 4x2048" bd-1b.log 25 3000 "${b1[@]}" --parallelism.pipeline_parallel_degree 1
+bd=(--model.flavor debugmodel --model.vocab_size 2048 --training.seq_len 256 --training.local_batch_size 8
+    --metrics.peak_tflops 1)
+breakdown "demo, pp 1, 8x256" bd-demo1.log 400 1500 "${bd[@]}" --parallelism.pipeline_parallel_degree 1 \
+    --parallelism.pipeline_parallel_microbatches 1
+breakdown "demo, pp 2 on one GPU, 8 microbatches" bd-demo2.log 300 1500 "${bd[@]}" \
+    --parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_microbatches 8
+
+# ---- 8. the race against PyTorch ----
 if [ $rehearse = 1 ]; then
     row "bench-gpu (ctitan vs PyTorch)" "skipped: no GPU" 0 "tools/bench_gpu.sh"
 elif run bench-gpu.log 100000 bash tools/bench_gpu.sh; then
@@ -280,7 +304,30 @@ else
     row "bench-gpu (ctitan vs PyTorch)" "skipped: out of budget" 0 ""
 fi
 
-rm -rf "$out/runs" "$out/ckpt" "$out/once" "$out/.verdict"
+# ---- 9. a checkpoint's stall on a GPU job: ~160M (dim 1024, 8 layers, 4x1024), a checkpoint every
+# 40 steps against the same job without; each step after a checkpoint against the median step ----
+st=(--model.flavor llama1b --model.tokenizer_path "" --model.dim 1024 --model.n_layers 8 --model.n_heads 16 --model.n_kv_heads 8
+    --model.vocab_size 32000 --training.seq_len 1024 --training.local_batch_size 4
+    --parallelism.pipeline_parallel_microbatches 1 --parallelism.pipeline_parallel_degree 1
+    --training.steps 120 --job.device cuda)
+steptimes() { sed -nE 's/.*"step_time_ms": ([0-9.]+).*/\1/p' "$1"; }
+if [ $rehearse = 1 ]; then
+    row "checkpoint stall (~160M)" "skipped: no GPU" 0 ""
+elif job stall0 stall0.log "${st[@]}" && [ $rc = 0 ] &&
+     job stall1 stall1.log "${st[@]}" --checkpoint.enable true --checkpoint.interval 40 \
+         --checkpoint.keep_latest_k 1 --checkpoint.folder "$out/ckpt-stall" && [ $rc = 0 ]; then
+    med=$(steptimes "$out/stall0.jsonl" | tail -n +3 | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')
+    stall=$(paste <(steptimes "$out/stall0.jsonl") <(steptimes "$out/stall1.jsonl") | awk -v med="$med" '
+        NR > 2 { t0 += $1; t1 += $2 } { s1[NR] = $2 }
+        END { printf "median step %.1f ms; after each checkpoint: %.1f, %.1f ms; steps 3-120: %.2f s without, %.2f s with (%+.1f%%)",
+                  med, s1[41], s1[81], t0 / 1e3, t1 / 1e3, 100 * (t1 - t0) / t0 }')
+    row "checkpoint stall (~160M)" ok "$secs" "$stall"
+    details "## Checkpoint stall (~160M, pp 1, interval 40)" "" "$stall" ""
+else
+    row "checkpoint stall (~160M)" "$( [ "${rc:-125}" = 125 ] && echo "skipped: out of budget" || result)" "${secs:-0}" "$(why stall1.log)$(why stall0.log)"
+fi
+
+rm -rf "$out/runs" "$out/ckpt" "$out/ckpt-stall" "$out/once" "$out/.verdict"
 write_report
 echo "gpu_check: $n steps, $([ $failed = 1 ] && echo "some FAILED" || echo "none failed"); report: $out/report.md"
 exit $failed

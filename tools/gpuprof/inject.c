@@ -1,0 +1,194 @@
+/* Where a GPU process's time goes, per kernel, with no change to the program profiled: a CUDA
+ * injection library (the driver loads the file named by CUDA_INJECTION64_PATH at cuInit and
+ * calls InitializeInjection) that records every kernel, copy and memset through CUPTI's
+ * activity API and, when the process exits, writes one table to
+ * $CTITAN_GPUPROF_DIR/gpuprof-<pid>.tsv:
+ *
+ *   # window_ns <ns> busy_ns <ns> skipped <records>
+ *   <kind>\t<name>\t<count>\t<total ns>
+ *
+ * kind is kernel, memcpy or memset; a copy's name is its direction (HtoD, DtoH, DtoD, PtoP,
+ * ...). The window runs from the first record that starts CTITAN_GPUPROF_SKIP_MS (default 0)
+ * after the process's first record to the last record's end: records starting before it (the
+ * warm-up steps) are counted in "skipped" only. busy_ns is the union of the window's records
+ * (concurrent kernels counted once), so window - busy is the time the device did nothing for
+ * this process. tools/gpu_breakdown.sh runs a job under it and sums the tables into shares.
+ *
+ * Built only with CUDA (it links CUPTI); never part of ctitan's own processes. */
+#include <cupti.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define BUF_BYTES (8u << 20)
+#define MAX_NAMES 4096
+
+typedef struct { char kind[8]; char *name; uint64_t count, ns; } Entry;
+typedef struct { uint64_t start, end; } Span;
+
+static Entry names[MAX_NAMES];
+static size_t n_names;
+static Span *spans;
+static size_t n_spans, cap_spans;
+static uint64_t first_start, skip_ns, skipped;
+static int have_first;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER; /* CUPTI delivers buffers from its own thread */
+
+static const char *copy_kind(uint8_t k)
+{
+    switch (k) {
+    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOD: return "HtoD";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOH: return "DtoH";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOD: return "DtoD";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOH: return "HtoH";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_PTOP: return "PtoP";
+    default: return "other";
+    }
+}
+
+/* One record: kept when it starts inside the window, else counted as skipped. */
+static void note(const char *kind, const char *name, uint64_t start, uint64_t end)
+{
+    if (!have_first || start < first_start) {
+        /* records arrive per stream buffer, not in time order: the earliest start so far */
+        first_start = start;
+        have_first = 1;
+    }
+    if (start < first_start + skip_ns) {
+        skipped++;
+        return;
+    }
+    size_t i = 0;
+    while (i < n_names && (strcmp(names[i].kind, kind) != 0 || strcmp(names[i].name, name) != 0))
+        i++;
+    if (i == n_names) {
+        if (n_names == MAX_NAMES)
+            return;
+        snprintf(names[i].kind, sizeof names[i].kind, "%s", kind);
+        names[i].name = strdup(name ? name : "?");
+        if (!names[i].name)
+            return;
+        n_names++;
+    }
+    names[i].count++;
+    names[i].ns += end > start ? end - start : 0;
+    if (n_spans == cap_spans) {
+        size_t cap = cap_spans ? 2 * cap_spans : 65536;
+        Span *s = realloc(spans, cap * sizeof *s);
+        if (!s)
+            return;
+        spans = s;
+        cap_spans = cap;
+    }
+    spans[n_spans++] = (Span){start, end};
+}
+
+static void CUPTIAPI buf_request(uint8_t **buf, size_t *size, size_t *max_records)
+{
+    *buf = aligned_alloc(8, BUF_BYTES);
+    *size = *buf ? BUF_BYTES : 0;
+    *max_records = 0;
+}
+
+static void CUPTIAPI buf_complete(CUcontext ctx, uint32_t stream, uint8_t *buf, size_t size, size_t valid)
+{
+    (void)ctx, (void)stream, (void)size;
+    CUpti_Activity *r = NULL;
+    pthread_mutex_lock(&lock);
+    while (cuptiActivityGetNextRecord(buf, valid, &r) == CUPTI_SUCCESS) {
+        switch (r->kind) {
+        case CUPTI_ACTIVITY_KIND_KERNEL:
+        case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
+            const CUpti_ActivityKernel10 *k = (const void *)r;
+            note("kernel", k->name, k->start, k->end);
+            break;
+        }
+        case CUPTI_ACTIVITY_KIND_MEMCPY: {
+            const CUpti_ActivityMemcpy6 *m = (const void *)r;
+            note("memcpy", copy_kind(m->copyKind), m->start, m->end);
+            break;
+        }
+        case CUPTI_ACTIVITY_KIND_MEMCPY2: {
+            const CUpti_ActivityMemcpyPtoP4 *m = (const void *)r;
+            note("memcpy", copy_kind(m->copyKind), m->start, m->end);
+            break;
+        }
+        case CUPTI_ACTIVITY_KIND_MEMSET: {
+            const CUpti_ActivityMemset4 *m = (const void *)r;
+            note("memset", "memset", m->start, m->end);
+            break;
+        }
+        default:
+            break;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    free(buf);
+}
+
+static int by_start(const void *a, const void *b)
+{
+    const Span *x = a, *y = b;
+    return x->start < y->start ? -1 : x->start > y->start;
+}
+
+static void write_locked(void);
+
+static void write_table(void)
+{
+    cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+    pthread_mutex_lock(&lock);
+    if (n_spans > 0)
+        write_locked();
+    pthread_mutex_unlock(&lock);
+}
+
+static void write_locked(void)
+{
+    qsort(spans, n_spans, sizeof *spans, by_start);
+    uint64_t busy = 0, lo = spans[0].start, hi = spans[0].end, last = 0;
+    for (size_t i = 0; i < n_spans; i++) {
+        if (spans[i].end > last)
+            last = spans[i].end;
+        if (spans[i].start > hi) {
+            busy += hi - lo;
+            lo = spans[i].start;
+            hi = spans[i].end;
+        } else if (spans[i].end > hi) {
+            hi = spans[i].end;
+        }
+    }
+    busy += hi - lo;
+    const char *dir = getenv("CTITAN_GPUPROF_DIR");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/gpuprof-%ld.tsv", dir && *dir ? dir : ".", (long)getpid());
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        fprintf(stderr, "gpuprof: cannot write %s\n", path);
+        return;
+    }
+    fprintf(f, "# window_ns %llu busy_ns %llu skipped %llu\n", (unsigned long long)(last - spans[0].start),
+            (unsigned long long)busy, (unsigned long long)skipped);
+    for (size_t i = 0; i < n_names; i++)
+        fprintf(f, "%s\t%s\t%llu\t%llu\n", names[i].kind, names[i].name, (unsigned long long)names[i].count,
+                (unsigned long long)names[i].ns);
+    fclose(f);
+}
+
+int InitializeInjection(void);
+int InitializeInjection(void)
+{
+    const char *skip = getenv("CTITAN_GPUPROF_SKIP_MS");
+    skip_ns = skip ? strtoull(skip, NULL, 10) * 1000000ull : 0;
+    if (cuptiActivityRegisterCallbacks(buf_request, buf_complete) != CUPTI_SUCCESS)
+        return 0;
+    cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+    cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY);
+    cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY2);
+    cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET);
+    atexit(write_table);
+    return 1;
+}

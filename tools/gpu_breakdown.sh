@@ -1,43 +1,64 @@
 #!/usr/bin/env bash
-# Where a GPU job's step goes, per operation: runs `ctitan launch manifests/demo.toml` with
-# the given overrides on the GPU, every GPU process of it under the CUPTI injection library
-# (build/lib/libctitan_gpuprof.so, tools/gpuprof/inject.c: each kernel, copy and memset the
-# device ran for it), and prints markdown: each operation's share of the steady window (the
-# first SKIP_MS milliseconds of each process are warm-up and left out), its time and launches
-# per step (the window divided by the median step_time_ms of the metrics), and the time the
-# device ran nothing for the process (idle). Then the 15 costliest kernels by name.
+# Where a GPU job's step goes, per operation: runs a job on the GPU with every GPU process of
+# it under the CUPTI injection library (build/lib/libctitan_gpuprof.so, tools/gpuprof/inject.c:
+# each kernel, copy and memset the device ran for it) and prints markdown: each operation's
+# share of the steady window (the last LAST_MS milliseconds of each process: the final steps,
+# not the set-up), its time and launches per step (the window over the median step time), and
+# the time the device ran nothing for each process (idle). Then the 15 costliest kernels.
 #
-#   bash tools/gpu_breakdown.sh LABEL TOKENS STEPS SKIP_MS [launch overrides ...]
+#   bash tools/gpu_breakdown.sh LABEL LAST_MS ctitan TOKENS STEPS [launch overrides ...]
+#   bash tools/gpu_breakdown.sh LABEL LAST_MS torch [tools/torch_llama.py bench arguments ...]
 #
-# TOKENS is a token file (llm.c format). Needs an NVIDIA GPU and a built tree with CUDA.
+# ctitan: `ctitan launch manifests/demo.toml` on cuda with the overrides, TOKENS a token file
+# (llm.c format), the step time the median step_time_ms of its metrics. torch: the PyTorch
+# reference (torch.compile) on the same shape, for a side-by-side table; its step time is the
+# one it prints. CTITAN_BREAKDOWN_KEEP=DIR keeps the per-process tables there. Needs an NVIDIA
+# GPU and a built tree with CUDA.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ $# -ge 4 ] || { echo "usage: tools/gpu_breakdown.sh LABEL TOKENS STEPS SKIP_MS [launch overrides ...]" >&2; exit 2; }
-label=$1 tokens=$2 steps=$3 skip=$4
-shift 4
+usage="usage: tools/gpu_breakdown.sh LABEL LAST_MS {ctitan TOKENS STEPS | torch} [arguments ...]"
+[ $# -ge 3 ] || { echo "$usage" >&2; exit 2; }
+label=$1 last=$2 what=$3
+shift 3
 bin=build/bin/ctitan
 lib=$PWD/build/lib/libctitan_gpuprof.so
 [ -f "$lib" ] || { echo "gpu_breakdown: $lib is missing (make with CUDA)" >&2; exit 2; }
 dir=$(mktemp -d /tmp/ctitan-breakdown-XXXXXX)
 trap 'rm -rf "$dir"' EXIT
 mkdir "$dir/prof"
+prof=(env CUDA_INJECTION64_PATH="$lib" CTITAN_GPUPROF_DIR="$dir/prof" CTITAN_GPUPROF_LAST_MS="$last")
 
-if ! CUDA_INJECTION64_PATH=$lib CTITAN_GPUPROF_DIR=$dir/prof CTITAN_GPUPROF_SKIP_MS=$skip \
-    "$bin" launch manifests/demo.toml --job.name "breakdown$$" --job.dump_folder "$dir/runs" \
-    --job.device cuda --model.tokenizer_path "" --training.steps "$steps" \
-    --checkpoint.enable false --validation.enable false --sample.tokens 0 --job.max_restarts 0 \
-    --loader.dataset_path "$tokens" --metrics.file "$dir/m.jsonl" "$@" > "$dir/launch.out" 2>&1; then
-    echo "### Breakdown: $label: the job failed: $(tail -1 "$dir/launch.out")"
-    exit 1
-fi
+case $what in
+ctitan)
+    [ $# -ge 2 ] || { echo "$usage" >&2; exit 2; }
+    tokens=$1 steps=$2
+    shift 2
+    what="ctitan, $steps steps"
+    if ! "${prof[@]}" "$bin" launch manifests/demo.toml --job.name "breakdown$$" --job.dump_folder "$dir/runs" \
+        --job.device cuda --model.tokenizer_path "" --training.steps "$steps" \
+        --checkpoint.enable false --validation.enable false --sample.tokens 0 --job.max_restarts 0 \
+        --loader.dataset_path "$tokens" --metrics.file "$dir/m.jsonl" "$@" > "$dir/out" 2>&1; then
+        echo "### Breakdown: $label: the job failed: $(tail -1 "$dir/out")"
+        exit 1
+    fi
+    step_ms=$(sed -nE 's/.*"step_time_ms": ([0-9.]+).*/\1/p' "$dir/m.jsonl" | tail -n +3 | sort -g |
+              awk '{ v[NR] = $1 } END { print NR ? v[int((NR + 1) / 2)] : 0 }') ;;
+torch)
+    what="PyTorch (tools/torch_llama.py bench)"
+    if ! "${prof[@]}" python3 tools/torch_llama.py bench "$@" > "$dir/out" 2>"$dir/err"; then
+        echo "### Breakdown: $label: tools/torch_llama.py failed: $(tail -1 "$dir/err")"
+        exit 1
+    fi
+    step_ms=$(sed -nE 's/.*"step_ms": ([0-9.]+).*/\1/p' "$dir/out") ;;
+*) echo "$usage" >&2; exit 2 ;;
+esac
 ls "$dir"/prof/gpuprof-*.tsv >/dev/null 2>&1 ||
     { echo "### Breakdown: $label: no process wrote a profile (CUPTI did not load?)"; exit 1; }
-step_ms=$(sed -nE 's/.*"step_time_ms": ([0-9.]+).*/\1/p' "$dir/m.jsonl" | tail -n +3 | sort -g |
-          awk '{ v[NR] = $1 } END { print NR ? v[int((NR + 1) / 2)] : 0 }')
+[ -z "${CTITAN_BREAKDOWN_KEEP:-}" ] || { mkdir -p "$CTITAN_BREAKDOWN_KEEP" && cp "$dir"/prof/*.tsv "$CTITAN_BREAKDOWN_KEEP"/; }
 
 echo "### Breakdown: $label"
 echo
-echo "\`tools/gpu_breakdown.sh\` ($steps steps, the first $skip ms of each GPU process left out; median step $step_ms ms)."
+echo "\`tools/gpu_breakdown.sh\` ($what; the last $last ms of each GPU process; median step $step_ms ms)."
 echo "One row per operation, summed over the job's GPU processes; share is of the window (processes"
 echo "sharing the device can add up to over 100%)."
 echo
@@ -46,15 +67,17 @@ function cat(kind, name,   n) {
     if (kind == "memcpy") return "copy " name
     if (kind == "memset") return "memset"
     n = tolower(name)
-    if (n ~ /attn_fwd/) return "attention forward"
     if (n ~ /attn_bwd|attn_delta/) return "attention backward"
+    if (n ~ /attn_fwd/) return "attention forward"
+    if (n ~ /flash|fmha|sdpa|cudnn.*attn/) return (n ~ /bwd|backward|dgrad|dot_do|convert_dq/) ? "attention backward" : "attention forward"
+    if (n ~ /^triton/) return "Triton (torch.compile fused)"
+    if (n ~ /adam|multi_tensor/) return "AdamW"
     if (n ~ /gemm|nvjet|xmma|cutlass|cublas|gemv|splitk/) return "matrix products (cuBLASLt)"
     if (n ~ /rmsnorm/) return "RMSNorm"
     if (n ~ /swiglu/) return "SwiGLU"
     if (n ~ /rope/) return "RoPE"
     if (n ~ /xent/) return "cross-entropy"
     if (n ~ /embed/) return "embedding"
-    if (n ~ /adamw/) return "AdamW"
     if (n ~ /nccl/) return "NCCL"
     if (n ~ /fill/) return "fills"
     return "other kernels"
@@ -62,7 +85,7 @@ function cat(kind, name,   n) {
 FNR == 1 { win[FILENAME] = $0; sub(/.*window_ns /, "", win[FILENAME]); sub(/ .*/, "", win[FILENAME])
            b = $0; sub(/.*busy_ns /, "", b); sub(/ .*/, "", b); busy[FILENAME] = b
            if (win[FILENAME] + 0 > wmax) wmax = win[FILENAME] + 0; next }
-{ c = cat($1, $2); ns[c] += $4; cnt[c] += $3; kn[$1 " " $2] += $4; kc[$1 " " $2] += $3 }
+{ c = cat($1, $2); ns[c] += $4; pns[FILENAME, c] += $4; cnt[c] += $3; kn[$1 " " $2] += $4; kc[$1 " " $2] += $3 }
 END {
     if (wmax == 0) { print "no records in the window"; exit }
     steps = step > 0 ? wmax / (step * 1e6) : 1
@@ -75,10 +98,15 @@ END {
         printf "| %s | %.3f | %.1f | %.1f%% |\n", c, ns[c] / 1e6 / steps, cnt[c] / steps, 100 * ns[c] / wmax }
     printf "| (all GPU work) | %.3f | | %.1f%% |\n", tot / 1e6 / steps, 100 * tot / wmax
     print ""
-    print "| process profile | window s | device busy for it | idle |"
-    print "|---|---|---|---|"
+    print "| process | window s | device busy for it | idle | its three largest operations (ms per step) |"
+    print "|---|---|---|---|---|"
     for (f in win) { p = f; sub(/.*gpuprof-/, "", p); sub(/\.tsv/, "", p)
-        printf "| pid %s | %.2f | %.1f%% | %.1f%% |\n", p, win[f] / 1e9, 100 * busy[f] / win[f], 100 - 100 * busy[f] / win[f] }
+        top = ""
+        for (k = 0; k < 3; k++) { best = ""; bv = -1
+            for (c in ns) if (!((f, c) in used) && ((f, c) in pns) && pns[f, c] > bv) { bv = pns[f, c]; best = c }
+            if (best == "") break
+            used[f, best] = 1; top = top (k ? ", " : "") sprintf("%s %.3f", best, bv / 1e6 / steps) }
+        printf "| pid %s | %.2f | %.1f%% | %.1f%% | %s |\n", p, win[f] / 1e9, 100 * busy[f] / win[f], 100 - 100 * busy[f] / win[f], top }
     print ""
     print "| costliest kernels | ms per step | launches per step |"
     print "|---|---|---|"

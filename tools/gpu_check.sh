@@ -3,14 +3,18 @@
 # libraries tools/gpu_carry.sh prepared, it runs in order and within a time budget: device
 # facts, every GPU test program one by one, the CPU model tests, the model on the GPU (pipeline
 # degree 1 and 2 on one GPU with GPU optimizer shards, offload, and a one-rank NCCL plane) step
-# by step against the CPU's losses, a GPU checkpoint and its resume, then the race against PyTorch
-# (tools/bench_gpu.sh). Every step has a timeout of its own and a failure never stops the next;
+# by step against the CPU's losses, a GPU checkpoint and its resume, recovery, where the step
+# goes per kernel (tools/gpu_breakdown.sh, for ctitan and PyTorch), the race against PyTorch
+# (tools/bench_gpu.sh), and a checkpoint's stall on a GPU job. Every step has a timeout of its own and a failure never stops the next;
 # OUT/report.md is rewritten after each step and the raw logs are in OUT/logs/, so whatever was
 # reached before the lease ends is kept.
 #
-#   bash tools/gpu_check.sh [--budget SECONDS] [--rehearse] [--export DIR] OUT
+#   bash tools/gpu_check.sh [--budget SECONDS] [--only STEPS] [--rehearse] [--export DIR] OUT
 #
 # --budget  seconds for the whole check (default 540: a lease allows 600 a command)
+# --only    a comma list of the steps to run (the device facts always): tests, model (the model
+#           against the CPU, checkpoint and resume, recovery), breakdown (where the step goes,
+#           tools/gpu_breakdown.sh), bench (tools/bench_gpu.sh), stall (a checkpoint's stall)
 # --export  after every step, also DIR/report.md and DIR/raw.tgz (the logs and metrics files,
 #           without the data and runs): two files, because the device tool brings back at
 #           most 8 files from its $OUT (OUT itself holds ~30).
@@ -22,19 +26,25 @@
 set -u
 cd "$(dirname "$0")/.."
 
-budget=540 rehearse=0 out="" export=""
+budget=540 rehearse=0 out="" export="" only=""
 while [ $# -gt 0 ]; do
     case $1 in
     --budget) budget=${2:-}; shift 2 ;;
     --rehearse) rehearse=1; shift ;;
+    --only) only=${2:-}; shift 2 ;;
     --export) export=${2:-}; [ -n "$export" ] || { echo "gpu_check: --export takes a folder" >&2; exit 2; }; shift 2 ;;
-    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "gpu_check: unknown option $1" >&2; exit 2 ;;
     *) out=$1; shift ;;
     esac
 done
 case $budget in ''|*[!0-9]*) echo "gpu_check: --budget takes whole seconds, got '$budget'" >&2; exit 2 ;; esac
-[ -n "$out" ] || { echo "usage: tools/gpu_check.sh [--budget SECONDS] [--rehearse] [--export DIR] OUT" >&2; exit 2; }
+[ -n "$out" ] || { echo "usage: tools/gpu_check.sh [--budget SECONDS] [--only STEPS] [--rehearse] [--export DIR] OUT" >&2; exit 2; }
+steps_known="tests model breakdown bench stall"
+for w in ${only//,/ }; do
+    case " $steps_known " in *" $w "*) ;; *) echo "gpu_check: --only: no step '$w' (steps: $steps_known)" >&2; exit 2 ;; esac
+done
+want() { [ -z "$only" ] || case ",$only," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 mkdir -p "$out/logs" || exit 2
 if [ -n "$export" ]; then mkdir -p "$export" && export=$(cd "$export" && pwd) || exit 2; fi
 out=$(cd "$out" && pwd)
@@ -118,13 +128,14 @@ losses() { sed -nE 's/.*"loss": ([^,]*),.*/\1/p' "$1"; }
 # ---- 1. the machine ----
 if [ $rehearse = 1 ]; then
     row "device facts" "skipped: no GPU" 0 "rehearsal: $(uname -sr)"
-elif run facts.log 30 sh -c 'nvidia-smi; echo; nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv; echo; (nvcc --version || /usr/local/cuda/bin/nvcc --version) 2>&1 | tail -2; echo; python3 -c "import torch; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, \"nccl\", torch.cuda.nccl.version())" 2>&1; ls -l /usr/local/cuda 2>&1 | head -1'; then
+elif run facts.log 30 sh -c 'nvidia-smi; echo; nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv; echo; (nvcc --version || /usr/local/cuda/bin/nvcc --version) 2>&1 | tail -2; echo; python3 -c "import torch; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, \"nccl\", torch.cuda.nccl.version())" 2>&1; ls -l /usr/local/cuda 2>&1 | head -1; echo; echo cuDNN:; python3 -c "import glob, os, torch; d = os.path.dirname(torch.__file__); print(\"torch cudnn\", torch.backends.cudnn.version()); [print(p, os.path.getsize(p)) for p in sorted(glob.glob(d + \"/../nvidia/cudnn/lib/*\") + glob.glob(d + \"/lib/libcudnn*\"))]" 2>&1; ldconfig -p | grep -i cudnn | head -5; ls /usr/include/cudnn*.h /usr/local/cuda/include/cudnn*.h /usr/include/x86_64-linux-gnu/cudnn*.h 2>/dev/null | head -5'; then
     row "device facts" "$(result)" "$secs" "$(grep -a -A1 '^name' "$out/logs/facts.log" | tail -1)"
-    details "## Device facts" "" '```' "$(head -40 "$out/logs/facts.log")" '```' ""
+    details "## Device facts" "" '```' "$(head -70 "$out/logs/facts.log")" '```' ""
 else
     row "device facts" "skipped: out of budget" 0 ""
 fi
 
+if want tests; then
 # ---- 2. every GPU test program, one by one ----
 for t in "$build"/tests/gpu/test_*; do
     [ -x "$t" ] || continue
@@ -154,6 +165,7 @@ for t in "$build"/tests/test_model "$build"/tests/test_backend; do
     fi
     row "$name" "$(result)" "$secs" "$(grep -ac '^\[       OK \]' "$out/logs/$name.log") passed$([ $rc = 0 ] || echo "; $(why "$name.log")")"
 done
+fi # tests
 
 # ---- 4. the model on the GPU against the CPU ----
 # Data: a tokenizer and token files from text every Debian machine has (no download, no python).
@@ -187,6 +199,7 @@ job() {
         --metrics.file "$out/$name.jsonl" "$@"
 }
 
+if want model; then
 details "## The model on the GPU against the CPU" "" \
     "Losses per step (\`ctitan launch manifests/demo.toml\`, $steps steps, vocabulary 512 from \`ctitan prep\`" \
     "on local text; GPU: bf16 with fp32 accumulation; CPU: fp32). Within 1% counts as the same." ""
@@ -269,32 +282,39 @@ elif run recover.log 150 env CTITAN_TEST_DIE_ONCE="$out/once" \
 else
     row "recovery (stage, shard killed)" "skipped: out of budget" 0 ""
 fi
+fi # model
 
 # ---- 7. where the step goes, per kernel (tools/gpu_breakdown.sh: CUPTI in every GPU process) ----
-breakdown() { # LABEL LOG STEPS SKIP_MS OVERRIDES...
-    local label=$1 log=$2
-    shift 2
+breakdown() { # LABEL LOG LAST_MS {ctitan STEPS OVERRIDES... | torch ARGS...}
+    local label=$1 log=$2 last=$3 what=$4
+    shift 4
+    [ "$what" = ctitan ] && set -- "$data/train.bin" "$@"
     if [ $rehearse = 1 ]; then
         row "breakdown: $label" "skipped: no GPU" 0 "tools/gpu_breakdown.sh"
-    elif run "$log" 120 bash tools/gpu_breakdown.sh "$label" "$data/train.bin" "$@"; then
+    elif run "$log" 120 env CTITAN_BREAKDOWN_KEEP="$out/logs/${log%.log}" bash tools/gpu_breakdown.sh "$label" "$last" "$what" "$@"; then
         row "breakdown: $label" "$(result)" "$secs" "$([ $rc = 0 ] && echo "table below" || tail -1 "$out/logs/$log")"
         details "$(cat "$out/logs/$log")" ""
     else
         row "breakdown: $label" "skipped: out of budget" 0 ""
     fi
 }
+if want breakdown; then
 [ $rehearse = 1 ] || details "## Where the step goes" ""
 b1=(--model.flavor llama1b --model.vocab_size 32000 --training.seq_len 2048 --training.local_batch_size 4
     --parallelism.pipeline_parallel_microbatches 1 --metrics.peak_tflops 1)
-breakdown "~1B Llama, pp 1, 4x2048" bd-1b.log 25 3000 "${b1[@]}" --parallelism.pipeline_parallel_degree 1
+breakdown "~1B Llama, pp 1, 4x2048" bd-1b.log 2000 ctitan 25 "${b1[@]}" --parallelism.pipeline_parallel_degree 1
+breakdown "~1B Llama, PyTorch, 4x2048" bd-1b-torch.log 1500 torch --dim 2048 --n-layers 16 --n-heads 16 \
+    --n-kv-heads 8 --vocab 32000 --seq 2048 --batch 4 --steps 25
 bd=(--model.flavor debugmodel --model.vocab_size 2048 --training.seq_len 256 --training.local_batch_size 8
     --metrics.peak_tflops 1)
-breakdown "demo, pp 1, 8x256" bd-demo1.log 400 1500 "${bd[@]}" --parallelism.pipeline_parallel_degree 1 \
+breakdown "demo, pp 1, 8x256" bd-demo1.log 1000 ctitan 400 "${bd[@]}" --parallelism.pipeline_parallel_degree 1 \
     --parallelism.pipeline_parallel_microbatches 1
-breakdown "demo, pp 2 on one GPU, 8 microbatches" bd-demo2.log 300 1500 "${bd[@]}" \
+breakdown "demo, pp 2 on one GPU, 8 microbatches" bd-demo2.log 1500 ctitan 300 "${bd[@]}" \
     --parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_microbatches 8
+fi # breakdown
 
 # ---- 8. the race against PyTorch ----
+if want bench; then
 if [ $rehearse = 1 ]; then
     row "bench-gpu (ctitan vs PyTorch)" "skipped: no GPU" 0 "tools/bench_gpu.sh"
 elif run bench-gpu.log 100000 bash tools/bench_gpu.sh; then
@@ -303,6 +323,7 @@ elif run bench-gpu.log 100000 bash tools/bench_gpu.sh; then
 else
     row "bench-gpu (ctitan vs PyTorch)" "skipped: out of budget" 0 ""
 fi
+fi # bench
 
 # ---- 9. a checkpoint's stall on a GPU job: ~160M (dim 1024, 8 layers, 4x1024), a checkpoint every
 # 40 steps against the same job without; each step after a checkpoint against the median step ----
@@ -311,6 +332,7 @@ st=(--model.flavor llama1b --model.tokenizer_path "" --model.dim 1024 --model.n_
     --parallelism.pipeline_parallel_microbatches 1 --parallelism.pipeline_parallel_degree 1
     --training.steps 120 --job.device cuda)
 steptimes() { sed -nE 's/.*"step_time_ms": ([0-9.]+).*/\1/p' "$1"; }
+if want stall; then
 if [ $rehearse = 1 ]; then
     row "checkpoint stall (~160M)" "skipped: no GPU" 0 ""
 elif job stall0 stall0.log "${st[@]}" && [ $rc = 0 ] &&
@@ -326,6 +348,7 @@ elif job stall0 stall0.log "${st[@]}" && [ $rc = 0 ] &&
 else
     row "checkpoint stall (~160M)" "$( [ "${rc:-125}" = 125 ] && echo "skipped: out of budget" || result)" "${secs:-0}" "$(why stall1.log)$(why stall0.log)"
 fi
+fi # stall
 
 rm -rf "$out/runs" "$out/ckpt" "$out/ckpt-stall" "$out/once" "$out/.verdict"
 write_report

@@ -8,11 +8,12 @@
  *   <kind>\t<name>\t<count>\t<total ns>
  *
  * kind is kernel, memcpy or memset; a copy's name is its direction (HtoD, DtoH, DtoD, PtoP,
- * ...). The window runs from the first record that starts CTITAN_GPUPROF_SKIP_MS (default 0)
- * after the process's first record to the last record's end: records starting before it (the
- * warm-up steps) are counted in "skipped" only. busy_ns is the union of the window's records
- * (concurrent kernels counted once), so window - busy is the time the device did nothing for
- * this process. tools/gpu_breakdown.sh runs a job under it and sums the tables into shares.
+ * ...). The window is the last CTITAN_GPUPROF_LAST_MS milliseconds (default: all) before the
+ * process's last record ended: the steady steps at the end of a run, not the set-up (weights
+ * made and handed over, the first steps' lazy loading) nor the wait for other processes at the
+ * start; records starting before it are counted in "skipped" only. busy_ns is the union of the
+ * window's records (concurrent kernels counted once), so window - busy is the time the device
+ * did nothing for this process. tools/gpu_breakdown.sh runs a job under it and sums the tables into shares.
  *
  * Built only with CUDA (it links CUPTI); never part of ctitan's own processes. */
 #include <cupti.h>
@@ -27,14 +28,12 @@
 #define MAX_NAMES 4096
 
 typedef struct { char kind[8]; char *name; uint64_t count, ns; } Entry;
-typedef struct { uint64_t start, end; } Span;
+typedef struct { uint64_t start, end; uint32_t name; } Rec;
 
 static Entry names[MAX_NAMES];
 static size_t n_names;
-static Span *spans;
-static size_t n_spans, cap_spans;
-static uint64_t first_start, skip_ns, skipped;
-static int have_first;
+static Rec *recs;
+static size_t n_recs, cap_recs;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER; /* CUPTI delivers buffers from its own thread */
 
 static const char *copy_kind(uint8_t k)
@@ -49,41 +48,29 @@ static const char *copy_kind(uint8_t k)
     }
 }
 
-/* One record: kept when it starts inside the window, else counted as skipped. */
+/* One record, kept until the process exits (the window is known only then). */
 static void note(const char *kind, const char *name, uint64_t start, uint64_t end)
 {
-    if (!have_first || start < first_start) {
-        /* records arrive per stream buffer, not in time order: the earliest start so far */
-        first_start = start;
-        have_first = 1;
-    }
-    if (start < first_start + skip_ns) {
-        skipped++;
-        return;
-    }
     size_t i = 0;
+    if (!name)
+        name = "?";
     while (i < n_names && (strcmp(names[i].kind, kind) != 0 || strcmp(names[i].name, name) != 0))
         i++;
     if (i == n_names) {
-        if (n_names == MAX_NAMES)
+        if (n_names == MAX_NAMES || !(names[i].name = strdup(name)))
             return;
         snprintf(names[i].kind, sizeof names[i].kind, "%s", kind);
-        names[i].name = strdup(name ? name : "?");
-        if (!names[i].name)
-            return;
         n_names++;
     }
-    names[i].count++;
-    names[i].ns += end > start ? end - start : 0;
-    if (n_spans == cap_spans) {
-        size_t cap = cap_spans ? 2 * cap_spans : 65536;
-        Span *s = realloc(spans, cap * sizeof *s);
-        if (!s)
+    if (n_recs == cap_recs) {
+        size_t cap = cap_recs ? 2 * cap_recs : 65536;
+        Rec *r = realloc(recs, cap * sizeof *r);
+        if (!r)
             return;
-        spans = s;
-        cap_spans = cap;
+        recs = r;
+        cap_recs = cap;
     }
-    spans[n_spans++] = (Span){start, end};
+    recs[n_recs++] = (Rec){start, end > start ? end : start, (uint32_t)i};
 }
 
 static void CUPTIAPI buf_request(uint8_t **buf, size_t *size, size_t *max_records)
@@ -131,7 +118,7 @@ static void CUPTIAPI buf_complete(CUcontext ctx, uint32_t stream, uint8_t *buf, 
 
 static int by_start(const void *a, const void *b)
 {
-    const Span *x = a, *y = b;
+    const Rec *x = a, *y = b;
     return x->start < y->start ? -1 : x->start > y->start;
 }
 
@@ -141,27 +128,42 @@ static void write_table(void)
 {
     cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
     pthread_mutex_lock(&lock);
-    if (n_spans > 0)
+    if (n_recs > 0)
         write_locked();
     pthread_mutex_unlock(&lock);
 }
 
 static void write_locked(void)
 {
-    qsort(spans, n_spans, sizeof *spans, by_start);
-    uint64_t busy = 0, lo = spans[0].start, hi = spans[0].end, last = 0;
-    for (size_t i = 0; i < n_spans; i++) {
-        if (spans[i].end > last)
-            last = spans[i].end;
-        if (spans[i].start > hi) {
-            busy += hi - lo;
-            lo = spans[i].start;
-            hi = spans[i].end;
-        } else if (spans[i].end > hi) {
-            hi = spans[i].end;
+    qsort(recs, n_recs, sizeof *recs, by_start);
+    uint64_t last = 0;
+    for (size_t i = 0; i < n_recs; i++)
+        if (recs[i].end > last)
+            last = recs[i].end;
+    const char *env = getenv("CTITAN_GPUPROF_LAST_MS");
+    uint64_t want = env ? strtoull(env, NULL, 10) * 1000000ull : 0;
+    uint64_t from = want && want < last - recs[0].start ? last - want : recs[0].start;
+    uint64_t busy = 0, lo = 0, hi = 0, skipped = 0;
+    int open = 0;
+    for (size_t i = 0; i < n_recs; i++) {
+        const Rec *r = &recs[i];
+        if (r->start < from) {
+            skipped++;
+            continue;
         }
+        names[r->name].count++;
+        names[r->name].ns += r->end - r->start;
+        if (open && r->start <= hi) {
+            if (r->end > hi)
+                hi = r->end;
+            continue;
+        }
+        busy += open ? hi - lo : 0;
+        lo = r->start;
+        hi = r->end;
+        open = 1;
     }
-    busy += hi - lo;
+    busy += open ? hi - lo : 0;
     const char *dir = getenv("CTITAN_GPUPROF_DIR");
     char path[4096];
     snprintf(path, sizeof path, "%s/gpuprof-%ld.tsv", dir && *dir ? dir : ".", (long)getpid());
@@ -170,19 +172,18 @@ static void write_locked(void)
         fprintf(stderr, "gpuprof: cannot write %s\n", path);
         return;
     }
-    fprintf(f, "# window_ns %llu busy_ns %llu skipped %llu\n", (unsigned long long)(last - spans[0].start),
+    fprintf(f, "# window_ns %llu busy_ns %llu skipped %llu\n", (unsigned long long)(last - from),
             (unsigned long long)busy, (unsigned long long)skipped);
     for (size_t i = 0; i < n_names; i++)
-        fprintf(f, "%s\t%s\t%llu\t%llu\n", names[i].kind, names[i].name, (unsigned long long)names[i].count,
-                (unsigned long long)names[i].ns);
+        if (names[i].count)
+            fprintf(f, "%s\t%s\t%llu\t%llu\n", names[i].kind, names[i].name, (unsigned long long)names[i].count,
+                    (unsigned long long)names[i].ns);
     fclose(f);
 }
 
 int InitializeInjection(void);
 int InitializeInjection(void)
 {
-    const char *skip = getenv("CTITAN_GPUPROF_SKIP_MS");
-    skip_ns = skip ? strtoull(skip, NULL, 10) * 1000000ull : 0;
     if (cuptiActivityRegisterCallbacks(buf_request, buf_complete) != CUPTI_SUCCESS)
         return 0;
     cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);

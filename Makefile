@@ -64,6 +64,10 @@ SIM_NN    := embed rmsnorm rope swiglu xent nn_common cuda_err adamw dev
 SIM_TESTS := $(BUILD)/tests/test_cuda_attn_sim $(BUILD)/tests/test_cuda_nn_sim $(BUILD)/tests/test_cuda_model_sim \
              $(BUILD)/tests/test_cuda_dev_sim $(BUILD)/tests/test_nccl_sim $(BUILD)/tests/test_cuda_adamw_sim
 TESTS += $(SIM_TESTS)
+# The per-kernel profiler's bookkeeping (tools/gpuprof/inject.c): needs CUPTI to link, no GPU.
+ifeq ($(CUDA),1)
+TESTS += $(BUILD)/tests/test_gpuprof
+endif
 # The same, as the stage's CUDA plugin: test_launch runs a `--job.device cuda` job on it
 # (CTITAN_CUDA_PLUGIN points the stage at it).
 SIM_SO := $(BUILD)/lib/libctitan_cuda_sim.so
@@ -126,6 +130,11 @@ $(GPUPROF_SO): tools/gpuprof/inject.c | $(DEPS_STAMP)
 	cp -L $(CUDA_HOME)/lib64/libcupti.so.13 $(dir $@)
 	$(CC) $(CFLAGS) -fPIC -shared -I$(CUDA_HOME)/include -o $@ $< -L$(dir $@) -l:libcupti.so.13 \
 	    -Wl,-rpath,'$$ORIGIN' -lpthread
+
+$(BUILD)/tests/test_gpuprof: tests/gpuprof/test_gpuprof.c tools/gpuprof/inject.c | $(GPUPROF_SO)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -I$(CUDA_HOME)/include -o $@ $< -L$(dir $(GPUPROF_SO)) -l:libcupti.so.13 \
+	    -Wl,-rpath,$(abspath $(dir $(GPUPROF_SO))) -lpthread $(TESTLIBS)
 
 $(CUDA_SO): $(CU_OBJS) $(CUDA_SO_C:%.c=$(BUILD)/pic/%.o)
 	@mkdir -p $(dir $@)
@@ -253,9 +262,11 @@ ASAN_ENV   := ASAN_OPTIONS=halt_on_error=1:detect_leaks=1:abort_on_error=0 UBSAN
 # two cores only part of two runs there (PROGRAM:PATTERN, CTITAN_TEST_ONLY's pattern):
 # test_hosts (~4 min, two emulated GPU hosts) its checkpoints in parts, through the agents, the
 # part writers and the commit; test_launch (~4 min) its forged-message tests, the control
-# plane's trust; and test_gpu_check (~1.5 min, a shell script around the same binaries) none.
+# plane's trust; and test_gpu_check (~1.5 min, a shell script around the same binaries) none;
+# test_gpuprof links CUPTI, which the CUDA=0 tree does not build (it passed under clang's ASan
+# + UBSan by hand, 2026-11-27).
 ASAN_PARTLY := test_hosts:*in_parts* test_launch:*forged*
-ASAN_NOT    := test_gpu_check $(foreach p,$(ASAN_PARTLY),$(firstword $(subst :, ,$(p))))
+ASAN_NOT    := test_gpu_check test_gpuprof $(foreach p,$(ASAN_PARTLY),$(firstword $(subst :, ,$(p))))
 ASAN_TESTS := $(filter-out $(ASAN_NOT:%=$(ASAN_BUILD)/tests/%),$(TESTS:$(BUILD)/%=$(ASAN_BUILD)/%))
 asan:
 	@$(MAKE) --no-print-directory CUDA=0 BUILD=$(ASAN_BUILD) CC=$(ASAN_CC) CXX=$(ASAN_CXX) SAN="$(ASAN_SAN)" all

@@ -1,4 +1,4 @@
-/* The cached sgemm peak (stages/report/peak_cache.h) with real files in a temp folder and a stand-in
+/* The cached sgemm and GPU peaks (stages/report/peak_cache.h) with real files in a temp folder and a stand-in
  * measurement that counts its calls: measured once, then read back; given by the manifest,
  * never touched; a bad, foreign or unwritable cache passed over with a warning naming the
  * file, never a failure. (test_report runs the real measurement inside a launch.) */
@@ -308,6 +308,85 @@ static void test_peak_cache_key_is_this_machine(void **state)
     assert_non_null(strstr(k.blas, "OpenBLAS"));
 }
 
+/* The GPU stand-in: 700000 + calls GFLOP/s; g_gpu_fail makes it fail (0). */
+static int g_gpu_fail;
+static double fake_gpu(void *arg)
+{
+    assert_ptr_equal(arg, &g_gpu_fail);
+    g_calls++;
+    return g_gpu_fail ? 0 : 700000 + g_calls;
+}
+
+/* A GPU job's peak is the GPU's, cached per GPU model (issue 25: it was the CPU's sgemm peak,
+ * and the progress line read mfu 517%): measured once, then read; another model measures again;
+ * the CPU's entry in the same file is not taken for it. */
+static void test_peak_cache_gpu_peak_is_the_gpus_cached_per_model(void **state)
+{
+    use_cache("gpu");
+    peak_cache_t p, q;
+    char line[8192];
+    setenv("CTITAN_GPU_MODEL", "  NVIDIA Test GPU 80GB\n", 1);
+    char model[128];
+    assert_int_equal(peak_gpu_model(model, sizeof(model)), 0);
+    assert_string_equal(model, "NVIDIA Test GPU 80GB");
+    g_gpu_fail = 0;
+    assert_true(peak_cache_get_gpu(0, fake_gpu, &g_gpu_fail, &p) == 700001);
+    assert_int_equal(p.from, PEAK_MEASURED);
+    assert_int_equal(p.cached, 1);
+    assert_string_equal(p.warning, "");
+    peak_cache_describe(&p, line, sizeof(line));
+    assert_non_null(strstr(line, "the GPU's bf16 peak measured now (NVIDIA Test GPU 80GB, cuBLASLt 8192^3) and cached at"));
+    assert_true(peak_cache_get_gpu(0, fake_gpu, &g_gpu_fail, &q) == 700001);
+    assert_int_equal(q.from, PEAK_CACHED);
+    assert_int_equal(g_calls, 1);
+    peak_cache_describe(&q, line, sizeof(line));
+    assert_non_null(strstr(line, "the GPU's bf16 peak from the cache"));
+    /* the CPU's peak in the same file is another key: measured for the CPU, not read */
+    assert_true(peak_cache_get(0, 2, fake_measure, &q) > 100 && peak_cache_get(0, 2, fake_measure, &q) < 200);
+    assert_int_equal(q.from, PEAK_CACHED);
+    assert_true(peak_cache_get_gpu(0, fake_gpu, &g_gpu_fail, &q) == 700000 + g_calls);
+    assert_int_equal(q.from, PEAK_MEASURED);
+    assert_non_null(strstr(q.warning, "another set-up"));
+    /* another GPU model is another set-up */
+    setenv("CTITAN_GPU_MODEL", "NVIDIA Other GPU", 1);
+    int before = g_calls;
+    assert_true(peak_cache_get_gpu(0, fake_gpu, &g_gpu_fail, &q) == 700000 + before + 1);
+    assert_non_null(strstr(q.warning, "'NVIDIA Test GPU 80GB', here 'NVIDIA Other GPU'"));
+    /* metrics.peak_tflops wins and measures nothing */
+    before = g_calls;
+    assert_true(peak_cache_get_gpu(5e5, fake_gpu, &g_gpu_fail, &q) == 5e5);
+    assert_int_equal(q.from, PEAK_GIVEN);
+    assert_int_equal(g_calls, before);
+    unsetenv("CTITAN_GPU_MODEL");
+}
+
+/* No GPU to name, or one whose peak cannot be measured: no peak (0) and no MFU, never the CPU's
+ * sgemm peak in its place; the reason is what the banner prints. */
+static void test_peak_cache_gpu_without_a_peak_gives_none(void **state)
+{
+    use_cache("gpu-none");
+    peak_cache_t p;
+    char line[8192];
+    setenv("CTITAN_GPU_MODEL", "NVIDIA Broken GPU", 1);
+    g_gpu_fail = 1;
+    assert_true(peak_cache_get_gpu(0, fake_gpu, &g_gpu_fail, &p) == 0);
+    assert_int_equal(p.from, PEAK_NONE);
+    assert_int_equal(p.cached, 0);
+    assert_int_equal(access(getenv("CTITAN_PEAK_CACHE"), F_OK), -1); /* a failure is not cached */
+    peak_cache_describe(&p, line, sizeof(line));
+    assert_string_equal(line, "no GPU peak (the bf16 peak of the NVIDIA Broken GPU could not be measured): MFU is "
+                              "not computed; set metrics.peak_tflops");
+    g_gpu_fail = 0;
+    unsetenv("CTITAN_GPU_MODEL");
+    if (access("/proc/driver/nvidia/gpus", F_OK) == 0)
+        skip(); /* this machine has a GPU to name */
+    g_calls = 0;
+    assert_true(peak_cache_get_gpu(0, fake_gpu, &g_gpu_fail, &p) == 0);
+    assert_int_equal(p.from, PEAK_NONE);
+    assert_int_equal(g_calls, 0);
+    assert_non_null(strstr(p.warning, "no NVIDIA GPU in /proc/driver/nvidia/gpus"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -319,6 +398,8 @@ int main(void)
         cmocka_unit_test(test_peak_cache_unwritable_file_still_gives_a_peak),
         cmocka_unit_test(test_peak_cache_path_follows_the_environment),
         cmocka_unit_test(test_peak_cache_key_is_this_machine),
+        cmocka_unit_test(test_peak_cache_gpu_peak_is_the_gpus_cached_per_model),
+        cmocka_unit_test(test_peak_cache_gpu_without_a_peak_gives_none),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -124,6 +124,51 @@ static void test_report_peak_is_measured_once_then_read_from_the_cache(void **st
     assert_null(strstr(out, "val_loss")); /* no validation, no record */
 }
 
+/* A job on job.device = "cuda" divides by the GPU's bf16 peak, never the CPU's sgemm peak (the
+ * progress line read mfu 517% on an H100, issue 25): taken from the cache for the GPU's model;
+ * on a machine with no GPU to name, no MFU at all, the banner saying why (emulated backend). */
+static void test_report_gpu_job_mfu_is_against_the_gpus_peak(void **state)
+{
+    TU_NEED_BIN();
+    if (tj_use_sim_plugin())
+        skip();
+    static char out[1 << 16];
+    char j[32], cache[256], env[600], line[4096], err[512];
+    const char *shape = "--training.steps 2 --metrics.peak_tflops 0 --model.dim 32 --model.n_heads 2 "
+                        "--model.n_kv_heads 1 --job.device cuda";
+    tj_name(j, sizeof(j), 'r', "gpupeak");
+    snprintf(cache, sizeof(cache), "%s/cache-gpu/peak", tj_dir);
+    peak_cache_entry_t e = {.key = {.cpu = "NVIDIA Test GPU", .threads = 1, .blas = "cuBLASLt bf16", .core = "cuda",
+                                    .n = PEAK_GPU_N, .runs = PEAK_CACHE_RUNS},
+                            .gflops = 500000, .native = 500000, .pooled = 500000, .measured = 1800000000};
+    assert_int_equal(peak_cache_write(cache, &e, err, sizeof(err)), 0);
+    snprintf(env, sizeof(env), "CTITAN_PEAK_CACHE=%s CTITAN_GPU_MODEL='NVIDIA Test GPU'", cache);
+    int rc = tj_launch(env, 300, j, shape, out, sizeof(out));
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+    find_line(out, "launch: MFU against ", line, sizeof(line));
+    char want[1024];
+    snprintf(want, sizeof(want), "launch: MFU against 500000 GFLOP/s, the GPU's bf16 peak from the cache %s "
+             "(NVIDIA Test GPU, cuBLASLt 8192^3; measured 2027-01-15 08:00 UTC)", cache);
+    assert_string_equal(line, want);
+    assert_mfu_against(j, 500000);
+
+    if (access("/proc/driver/nvidia/gpus", F_OK) == 0)
+        skip(); /* a GPU to name: the peak would be measured */
+    snprintf(env, sizeof(env), "CTITAN_PEAK_CACHE=%s", cache); /* holds no peak for this machine's (no) GPU */
+    rc = tj_launch(env, 300, j, shape, out, sizeof(out));
+    assert_int_equal(rc, 0);
+    assert_null(strstr(out, "MFU against"));
+    find_line(out, "launch: no GPU peak", line, sizeof(line));
+    assert_string_equal(line, "launch: no GPU peak (no NVIDIA GPU in /proc/driver/nvidia/gpus to measure the bf16 "
+                              "peak of): MFU is not computed; set metrics.peak_tflops");
+    find_line(out, "step     2", line, sizeof(line));
+    if (!strstr(line, "  mfu    n/a  "))
+        print_error("%s\n", out);
+    assert_non_null(strstr(line, "  mfu    n/a  "));
+}
+
 /* With validation the metrics file's last record is the validation loss at the last step:
  * %.17g, which round-trips, and rounds to the 4 decimals the done line prints; over the batches
  * the line names, batch x seq_len tokens each. */
@@ -180,6 +225,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_report_peak_is_measured_once_then_read_from_the_cache),
         cmocka_unit_test(test_report_validation_loss_goes_into_the_metrics_file),
+        cmocka_unit_test(test_report_gpu_job_mfu_is_against_the_gpus_peak),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -41,8 +41,11 @@ ctitan)
         echo "### Breakdown: $label: the job failed: $(tail -1 "$dir/out")"
         exit 1
     fi
-    step_ms=$(sed -nE 's/.*"step_time_ms": ([0-9.]+).*/\1/p' "$dir/m.jsonl" | tail -n +3 | sort -g |
-              awk '{ v[NR] = $1 } END { print NR ? v[int((NR + 1) / 2)] : 0 }') ;;
+    median() { sed -nE "s/.*\"$1\": ([0-9.]+).*/\\1/p" "$dir/m.jsonl" | tail -n +3 | sort -g |
+               awk '{ v[NR] = $1 } END { print NR ? v[int((NR + 1) / 2)] : 0 }'; }
+    step_ms=$(median step_time_ms)
+    what="$what, median MFU $(median mfu) ($(grep -a -m1 -E '^launch: (MFU against|no GPU peak)' "$dir/out" |
+                                              sed 's/^launch: //'))" ;;
 torch)
     what="PyTorch (tools/torch_llama.py bench)"
     if ! "${prof[@]}" python3 tools/torch_llama.py bench "$@" > "$dir/out" 2>"$dir/err"; then

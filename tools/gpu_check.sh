@@ -300,8 +300,9 @@ breakdown() { # LABEL LOG LAST_MS {ctitan STEPS OVERRIDES... | torch ARGS...}
 }
 if want breakdown; then
 [ $rehearse = 1 ] || details "## Where the step goes" ""
+# (no metrics.peak_tflops: the job measures the GPU's peak once and caches it, as a user's would)
 b1=(--model.flavor llama1b --model.vocab_size 32000 --training.seq_len 2048 --training.local_batch_size 4
-    --parallelism.pipeline_parallel_microbatches 1 --metrics.peak_tflops 1)
+    --parallelism.pipeline_parallel_microbatches 1)
 breakdown "~1B Llama, pp 1, 4x2048" bd-1b.log 2000 ctitan 25 "${b1[@]}" --parallelism.pipeline_parallel_degree 1
 breakdown "~1B Llama, PyTorch, 4x2048" bd-1b-torch.log 1500 torch --dim 2048 --n-layers 16 --n-heads 16 \
     --n-kv-heads 8 --vocab 32000 --seq 2048 --batch 4 --steps 25

@@ -5,11 +5,14 @@
 #include "stages/coord/coord_report.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <glob.h>
 #include <math.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "ipc/util.h"
@@ -114,6 +117,43 @@ void coord_report_close(coord_t *c)
     c->rep = NULL;
 }
 
+/* The GPU's bf16 peak in GFLOP/s from `ctitan bench --gpu-peak` in a child process (the
+ * coordinator never loads CUDA; the stages have not started, so the GPU is idle), 0 when it
+ * cannot (its reason is on stderr). */
+static double gpu_peak_measure(void *arg)
+{
+    const coord_t *c = arg;
+    char exe[PATH_MAX + 16], out[128] = "";
+    snprintf(exe, sizeof(exe), "%s/ctitan", c->bin_dir);
+    char *argv[] = {exe, "bench", "--gpu-peak", NULL};
+    int fd[2];
+    if (pipe2(fd, O_CLOEXEC))
+        return 0;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, fd[1], 1);
+    pid_t pid;
+    extern char **environ;
+    int rc = posix_spawn(&pid, exe, &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    close(fd[1]);
+    size_t len = 0;
+    ssize_t r;
+    while (!rc && len + 1 < sizeof(out) && (r = read(fd[0], out + len, sizeof(out) - 1 - len)) != 0)
+        if (r > 0)
+            len += (size_t)r;
+        else if (errno != EINTR)
+            break;
+    close(fd[0]);
+    int status = 0;
+    while (!rc && waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    out[len] = 0;
+    char *end;
+    double tflops = strtod(out, &end);
+    return !rc && WIFEXITED(status) && WEXITSTATUS(status) == 0 && end != out && tflops > 0 ? tflops * 1e3 : 0;
+}
+
 void coord_banner(coord_t *c)
 {
     const manifest_t *m = c->m;
@@ -122,8 +162,11 @@ void coord_banner(coord_t *c)
         n += !c->p[i].expect_exit;
     peak_cache_t peak;
     char from[PATH_MAX + 512];
-    c->rep->peak_gflops = peak_cache_get(m->peak_tflops * 1e3, (int)sysconf(_SC_NPROCESSORS_ONLN), NULL, &peak);
-    if (peak.warning[0])
+    if (!strcmp(m->device, "cuda"))
+        c->rep->peak_gflops = peak_cache_get_gpu(m->peak_tflops * 1e3, gpu_peak_measure, c, &peak);
+    else
+        c->rep->peak_gflops = peak_cache_get(m->peak_tflops * 1e3, (int)sysconf(_SC_NPROCESSORS_ONLN), NULL, &peak);
+    if (peak.warning[0] && peak.from != PEAK_NONE) /* PEAK_NONE's reason is in the MFU line */
         fprintf(stderr, "launch: warning: %s\n", peak.warning);
     peak_cache_describe(&peak, from, sizeof(from));
     char chunks[48] = "";
@@ -138,7 +181,10 @@ void coord_banner(coord_t *c)
            "%d optimizer shards; %d processes\n",
            m->name, shape, c->lay.total / 1e6, m->pp, sched_kind_name(m->schedule), chunks,
            m->microbatches, c->lay.mb, m->seq_len, m->dp, m->shards, n);
-    printf("launch: MFU against %.0f GFLOP/s, %s\n", c->rep->peak_gflops, from);
+    if (peak.from == PEAK_NONE)
+        printf("launch: %s\n", from);
+    else
+        printf("launch: MFU against %.0f GFLOP/s, %s\n", c->rep->peak_gflops, from);
     if (m->warmup_asked)
         printf("launch: note: lr_scheduler.warmup_steps = %d is more than training.steps = %d: the warmup is cut "
                "to %d steps, the whole run\n", m->warmup_asked, m->steps, m->steps);
@@ -293,11 +339,15 @@ void coord_report_step(coord_t *c, double norm, double t_step, double t_reduce, 
     double tokens = (double)m->dp * m->local_batch_size * m->seq_len;
     loss /= tokens;
     double lr = coord_shard(c, 0)->reply.lr, tps = tokens / t_step;
-    double mfu = config_flops_per_token(&m->model, m->seq_len) * tps / (c->rep->peak_gflops * 1e9);
+    double peak = c->rep->peak_gflops; /* 0: none known (a GPU job without one): no MFU */
+    double mfu = peak > 0 ? config_flops_per_token(&m->model, m->seq_len) * tps / (peak * 1e9) : 0;
     int step = (int)c->step + 1;
     if (step % m->log_freq == 0 || step == m->steps || step == 1) {
-        printf("step %5d  loss %7.4f  grad_norm %7.3f  lr %.2e  tokens/s %7.0f  mfu %5.2f%%  %6.0f ms  mem %.2f GiB\n",
-               step, loss, norm, lr, tps, 100 * mfu, t_step * 1e3, mem / 1073741824.0);
+        char mfu_s[16] = "   n/a";
+        if (peak > 0)
+            snprintf(mfu_s, sizeof(mfu_s), "%5.2f%%", 100 * mfu);
+        printf("step %5d  loss %7.4f  grad_norm %7.3f  lr %.2e  tokens/s %7.0f  mfu %s  %6.0f ms  mem %.2f GiB\n",
+               step, loss, norm, lr, tps, mfu_s, t_step * 1e3, mem / 1073741824.0);
         fflush(stdout);
     }
     double ctl = t_step - t_stages - t_reduce - t_update, bubble, bubble_ideal, t[MANIFEST_MAX_PP][3];

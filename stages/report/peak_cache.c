@@ -1,6 +1,7 @@
-/* The cached sgemm peak (see peak_cache.h). */
+/* The cached sgemm and GPU peaks (see peak_cache.h). */
 #include "stages/report/peak_cache.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -320,6 +321,89 @@ double peak_cache_get(double given_gflops, int threads, peak_measure_fn measure,
     return p->gflops = e->gflops;
 }
 
+static int by_name(const struct dirent **a, const struct dirent **b) { return strcmp((*a)->d_name, (*b)->d_name); }
+
+int peak_gpu_model(char *dst, size_t n)
+{
+    const char *own = getenv("CTITAN_GPU_MODEL");
+    if (own && own[0]) {
+        one_line(dst, n, own);
+        return 0;
+    }
+    const char *root = "/proc/driver/nvidia/gpus";
+    struct dirent **ent;
+    int k = scandir(root, &ent, NULL, by_name), rc = -ENODEV;
+    for (int i = 0; i < k; i++) {
+        char path[PATH_MAX], line[512];
+        FILE *f = NULL;
+        if (rc && ent[i]->d_name[0] != '.' &&
+            (size_t)snprintf(path, sizeof(path), "%s/%s/information", root, ent[i]->d_name) < sizeof(path))
+            f = fopen(path, "re");
+        while (f && fgets(line, sizeof(line), f))
+            if (!strncmp(line, "Model:", 6)) {
+                one_line(dst, n, line + 6);
+                rc = 0;
+                break;
+            }
+        if (f)
+            fclose(f);
+        free(ent[i]);
+    }
+    if (k >= 0)
+        free(ent);
+    return rc;
+}
+
+double peak_cache_get_gpu(double given_gflops, peak_gpu_measure_fn measure, void *arg, peak_cache_t *p)
+{
+    memset(p, 0, sizeof(*p));
+    p->gpu = 1;
+    if (given_gflops > 0) {
+        p->from = PEAK_GIVEN;
+        return p->gflops = given_gflops;
+    }
+    peak_cache_entry_t *e = &p->entry, old;
+    p->from = PEAK_NONE;
+    if (peak_gpu_model(e->key.cpu, sizeof(e->key.cpu))) {
+        warn(p, "no NVIDIA GPU in /proc/driver/nvidia/gpus to measure the bf16 peak of");
+        return 0;
+    }
+    snprintf(e->key.blas, sizeof(e->key.blas), "cuBLASLt bf16");
+    snprintf(e->key.core, sizeof(e->key.core), "cuda");
+    e->key.threads = 1; /* one device */
+    e->key.n = PEAK_GPU_N;
+    e->key.runs = PEAK_CACHE_RUNS;
+    char err[PATH_MAX + 256], what[640];
+    int rc = peak_cache_path(&e->key, p->path, sizeof(p->path));
+    if (rc) {
+        p->path[0] = 0;
+        warn(p, "no file to cache the GPU's peak in (%s)", rc == -ENOENT ? "none of CTITAN_PEAK_CACHE, "
+             "XDG_CACHE_HOME and HOME is set" : strerror(-rc));
+    } else if ((rc = peak_cache_read(p->path, &old, err, sizeof(err))) == 0) {
+        if (!key_differs(&old.key, &e->key, what, sizeof(what))) {
+            *e = old;
+            p->from = PEAK_CACHED;
+            return p->gflops = e->gflops;
+        }
+        warn(p, "%s: a peak measured for another set-up (%s): measuring again", p->path, what);
+    } else if (rc != -ENOENT) {
+        warn(p, "%s: measuring again", err);
+    }
+    e->gflops = measure ? measure(arg) : 0;
+    e->native = e->pooled = e->gflops;
+    e->measured = (long long)time(NULL);
+    if (!(e->gflops > 0)) {
+        warn(p, "%sthe bf16 peak of the %s could not be measured", p->warning[0] ? "; " : "", e->key.cpu);
+        return p->gflops = e->gflops = 0;
+    }
+    p->from = PEAK_MEASURED;
+    if (p->path[0] && (rc = peak_cache_write(p->path, e, err, sizeof(err))))
+        warn(p, "%snot cached: %s", p->warning[0] ? "; " : "", err);
+    else if (p->path[0])
+        p->cached = 1;
+    return p->gflops = e->gflops;
+}
+
 void peak_cache_describe(const peak_cache_t *p, char *buf, size_t n)
 {
     const peak_cache_entry_t *e = &p->entry;
@@ -328,16 +412,24 @@ void peak_cache_describe(const peak_cache_t *p, char *buf, size_t n)
         snprintf(buf, n, "given by metrics.peak_tflops = %g", p->gflops * 1e-3);
         return;
     }
-    snprintf(how, sizeof(how), "n=%d, median of %d runs, %d threads, OpenBLAS %s kernels", e->key.n, e->key.runs,
-             e->key.threads, e->key.core);
+    if (p->from == PEAK_NONE) {
+        snprintf(buf, n, "no GPU peak (%s): MFU is not computed; set metrics.peak_tflops", p->warning);
+        return;
+    }
+    const char *what = p->gpu ? "the GPU's bf16 peak" : "the sgemm peak";
+    if (p->gpu)
+        snprintf(how, sizeof(how), "%s, cuBLASLt %d^3", e->key.cpu, e->key.n);
+    else
+        snprintf(how, sizeof(how), "n=%d, median of %d runs, %d threads, OpenBLAS %s kernels", e->key.n, e->key.runs,
+                 e->key.threads, e->key.core);
     time_t t = (time_t)e->measured;
     struct tm tm;
     if (gmtime_r(&t, &tm))
         strftime(when, sizeof(when), "%Y-%m-%d %H:%M UTC", &tm);
     if (p->from == PEAK_CACHED)
-        snprintf(buf, n, "the sgemm peak from the cache %s (%s; measured %s)", p->path, how, when);
+        snprintf(buf, n, "%s from the cache %s (%s; measured %s)", what, p->path, how, when);
     else if (p->cached)
-        snprintf(buf, n, "the sgemm peak measured now (%s) and cached at %s", how, p->path);
+        snprintf(buf, n, "%s measured now (%s) and cached at %s", what, how, p->path);
     else
-        snprintf(buf, n, "the sgemm peak measured now (%s), not cached", how);
+        snprintf(buf, n, "%s measured now (%s), not cached", what, how);
 }

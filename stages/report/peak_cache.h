@@ -1,7 +1,9 @@
-/* The sgemm peak the coordinator's MFU divides by, measured once per machine and kept in a
- * small file, so that the same step speed reads as the same MFU from launch to launch
- * (issue 14). `metrics.peak_tflops` wins over it; `ctitan bench` measures its own peak in the
- * same run instead (kernels/cpu/peak.h). */
+/* The peak the coordinator's MFU divides by, measured once per machine and kept in a small
+ * file, so that the same step speed reads as the same MFU from launch to launch (issue 14): the
+ * CPU's sgemm peak for a CPU job, the GPU's bf16 matrix-product peak (`ctitan bench
+ * --gpu-peak`, cuBLASLt) for a job on job.device = "cuda" (issue 25: a GPU job's MFU was
+ * divided by the CPU's peak and read 517%). `metrics.peak_tflops` wins over both; `ctitan
+ * bench` measures its own peak in the same run instead (kernels/cpu/peak.h). */
 #ifndef CTITAN_PEAK_CACHE_H
 #define CTITAN_PEAK_CACHE_H
 
@@ -11,11 +13,13 @@
 #define PEAK_CACHE_VERSION 1
 #define PEAK_CACHE_N 2048  /* the product's size: n x n x n */
 #define PEAK_CACHE_RUNS 5  /* timed runs each way, after a warm-up; their median counts */
+#define PEAK_GPU_N 8192    /* the GPU's product: n x n x n bf16 (cuda_matmul_peak_tflops) */
 
 /* What a measured peak holds for: the same CPU model, thread count, OpenBLAS build and kernel
  * set, and the same measurement. Strings are one line each (control characters become '?'). */
 typedef struct {
-    char cpu[128];  /* /proc/cpuinfo's first "model name" ("unknown" without one) */
+    char cpu[128];  /* /proc/cpuinfo's first "model name" ("unknown" without one); for a GPU
+                     * peak the GPU's model (peak_gpu_model) */
     int threads;    /* the threads it is measured with */
     char blas[160]; /* openblas_get_config(): version and build */
     char core[64];  /* openblas_get_corename(): the kernels in use (OPENBLAS_CORETYPE, NOTES.md) */
@@ -53,6 +57,7 @@ typedef enum {
     PEAK_GIVEN,    /* metrics.peak_tflops */
     PEAK_CACHED,   /* read from the cache file */
     PEAK_MEASURED, /* measured now (and written to the cache file, if `cached`) */
+    PEAK_NONE,     /* a GPU job on a machine where no GPU peak can be had: MFU is not computed */
 } peak_from_t;
 
 typedef struct {
@@ -60,6 +65,7 @@ typedef struct {
     peak_from_t from;
     peak_cache_entry_t entry;   /* unless PEAK_GIVEN */
     int cached;                 /* PEAK_MEASURED: written to path */
+    int gpu;                    /* the GPU's bf16 peak, not the CPU's sgemm */
     char path[PATH_MAX];        /* the cache file ("" when there is none) */
     char warning[PATH_MAX + 512]; /* why the cache was passed over or not written ("" if not) */
 } peak_cache_t;
@@ -73,6 +79,21 @@ typedef double (*peak_measure_fn)(int threads, int n, int runs, double *native, 
  * passed over, and why goes into p->warning; so does a failed write. Never fails: a peak that
  * cannot be measured is 0. Returns p->gflops. */
 double peak_cache_get(double given_gflops, int threads, peak_measure_fn measure, peak_cache_t *p);
+
+/* The model of the machine's first NVIDIA GPU in bus order, as its driver names it
+ * (/proc/driver/nvidia/gpus/<bus>/information, "Model:"), or $CTITAN_GPU_MODEL when set (tests,
+ * machines without that file). Returns 0, or -ENODEV when there is neither. */
+int peak_gpu_model(char *dst, size_t n);
+
+/* What peak_cache_get_gpu measures with: the GPU's bf16 peak in GFLOP/s, 0 when it cannot. */
+typedef double (*peak_gpu_measure_fn)(void *arg);
+
+/* The GPU's bf16 peak for a job on job.device = "cuda": given_gflops when > 0; else the cache
+ * file's for this GPU model (the key: peak_gpu_model, 1 thread, "cuBLASLt bf16", "cuda", PEAK_GPU_N); else
+ * measure(arg), written to the cache file. No GPU model, or a measurement that fails, gives
+ * PEAK_NONE with 0 and why in p->warning (MFU is then not computed; a CPU peak would be
+ * meaningless). Returns p->gflops. */
+double peak_cache_get_gpu(double given_gflops, peak_gpu_measure_fn measure, void *arg, peak_cache_t *p);
 
 /* One line for the banner: which peak, from where ("given by metrics.peak_tflops = 1", "the
  * sgemm peak from the cache PATH (measured ...)", "... measured now ... and cached at PATH"). */

@@ -12,8 +12,11 @@
 # ctitan: `ctitan launch manifests/demo.toml` on cuda with the overrides, TOKENS a token file
 # (llm.c format), the step time the median step_time_ms of its metrics. torch: the PyTorch
 # reference (torch.compile) on the same shape, for a side-by-side table; its step time is the
-# one it prints. CTITAN_BREAKDOWN_KEEP=DIR keeps the per-process tables there. Needs an NVIDIA
-# GPU and a built tree with CUDA.
+# one it prints. CTITAN_BREAKDOWN_KEEP=DIR keeps the per-process tables there.
+# CTITAN_BREAKDOWN_MPS=1 runs the job under NVIDIA's Multi-Process Service (a private daemon,
+# `nvidia-cuda-mps-control -d`, pipe and log folders of its own, stopped afterwards): without
+# it the job's processes on one GPU are time-sliced, never running kernels at the same time.
+# Needs an NVIDIA GPU and a built tree with CUDA.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 usage="usage: tools/gpu_breakdown.sh LABEL LAST_MS {ctitan TOKENS STEPS | torch} [arguments ...]"
@@ -26,6 +29,14 @@ lib=$PWD/build/lib/libctitan_gpuprof.so
 dir=$(mktemp -d /tmp/ctitan-breakdown-XXXXXX)
 trap 'rm -rf "$dir"' EXIT
 mkdir "$dir/prof"
+mps=""
+if [ "${CTITAN_BREAKDOWN_MPS:-0}" = 1 ]; then
+    mkdir "$dir/mps-pipe" "$dir/mps-log"
+    export CUDA_MPS_PIPE_DIRECTORY=$dir/mps-pipe CUDA_MPS_LOG_DIRECTORY=$dir/mps-log
+    nvidia-cuda-mps-control -d || { echo "### Breakdown: $label: nvidia-cuda-mps-control -d failed"; exit 1; }
+    trap 'echo quit | nvidia-cuda-mps-control >/dev/null 2>&1; sleep 1; rm -rf "$dir"' EXIT
+    mps=", under MPS"
+fi
 prof=(env CUDA_INJECTION64_PATH="$lib" CTITAN_GPUPROF_DIR="$dir/prof" CTITAN_GPUPROF_LAST_MS="$last")
 
 case $what in
@@ -61,7 +72,7 @@ ls "$dir"/prof/gpuprof-*.tsv >/dev/null 2>&1 ||
 
 echo "### Breakdown: $label"
 echo
-echo "\`tools/gpu_breakdown.sh\` ($what; the last $last ms of each GPU process; median step $step_ms ms)."
+echo "\`tools/gpu_breakdown.sh\` ($what$mps; the last $last ms of each GPU process; median step $step_ms ms)."
 echo "One row per operation, summed over the job's GPU processes; share is of the window (processes"
 echo "sharing the device can add up to over 100%)."
 echo

@@ -60,9 +60,10 @@ CUDA_SO_C := kernels/params.c kernels/config.c
 # The CUDA kernels of kernels/cuda/ (all but the cuBLASLt products) also run on a CPU emulator
 # (tests/cudasim) in `make test`, so CI exercises them without a GPU: each .cu is rewritten
 # mechanically (shared memory, launches) and compiled as C++ against the emulator's headers.
-SIM_NN    := embed rmsnorm rope swiglu xent nn_common cuda_err adamw dev
+SIM_NN    := embed rmsnorm rope swiglu xent nn_common cuda_err adamw dev infer
 SIM_TESTS := $(BUILD)/tests/test_cuda_attn_sim $(BUILD)/tests/test_cuda_nn_sim $(BUILD)/tests/test_cuda_model_sim \
-             $(BUILD)/tests/test_cuda_dev_sim $(BUILD)/tests/test_nccl_sim $(BUILD)/tests/test_cuda_adamw_sim
+             $(BUILD)/tests/test_cuda_dev_sim $(BUILD)/tests/test_nccl_sim $(BUILD)/tests/test_cuda_adamw_sim \
+             $(BUILD)/tests/test_cuda_infer_sim
 TESTS += $(SIM_TESTS)
 # The per-kernel profiler's bookkeeping (tools/gpuprof/inject.c): needs CUPTI to link, no GPU.
 ifeq ($(CUDA),1)
@@ -181,6 +182,11 @@ $(SIM_SO): $(BUILD)/cudasim/plugin.o $(BUILD)/cudasim/model.o $(BUILD)/cudasim/a
 $(BUILD)/tests/test_cuda_model_sim: $(BUILD)/cudasim/test_cuda_model.o $(BUILD)/cudasim/model.o \
                                     $(BUILD)/cudasim/attn.o $(SIM_NN:%=$(BUILD)/cudasim/%.o) \
                                     $(BUILD)/cudasim/matmul_sim.o $(BUILD)/cudasim/sim.o $(BUILD)/libctitan.a
+	@mkdir -p $(dir $@)
+	$(CXX) $(SAN) -o $@ $^ $(LDLIBS) $(TESTLIBS)
+
+$(BUILD)/tests/test_cuda_infer_sim: $(BUILD)/cudasim/test_cuda_infer.o $(SIM_NN:%=$(BUILD)/cudasim/%.o) \
+                                    $(BUILD)/cudasim/sim.o $(BUILD)/libctitan.a
 	@mkdir -p $(dir $@)
 	$(CXX) $(SAN) -o $@ $^ $(LDLIBS) $(TESTLIBS)
 

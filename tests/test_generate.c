@@ -25,6 +25,7 @@
 #include "stages/data/tokenizer.h"
 #include "stages/job/manifest.h"
 #include "stages/report/generate.h"
+#include "tests/testjob.h"
 #include "tests/testutil.h"
 
 /* The test model: GQA (4 query heads, 2 kv heads), vocab 300, 64 positions. */
@@ -257,7 +258,7 @@ static void test_generation_stops_at_eos_max_tokens_and_max_seq_len(void **state
     gen_stats_t st;
     char err[256];
     collect_t a = {0}, b = {0}, d = {0};
-    assert_int_equal(gen_run(&c, w, NULL, &p, prompt, 3, 20, -1, c.vocab_size, collect, &a, &st, err,
+    assert_int_equal(gen_run(&c, w, NULL, NULL, &p, prompt, 3, 20, -1, c.vocab_size, collect, &a, &st, err,
                              sizeof(err)), 0);
     assert_int_equal(a.n, 20);
     assert_int_equal(st.new_tokens, 20);
@@ -266,22 +267,22 @@ static void test_generation_stops_at_eos_max_tokens_and_max_seq_len(void **state
     int eos = (int)a.ids[5], first = 0;
     while (a.ids[first] != (uint32_t)eos)
         first++;
-    assert_int_equal(gen_run(&c, w, NULL, &p, prompt, 3, 20, eos, c.vocab_size, collect, &b, &st, err,
+    assert_int_equal(gen_run(&c, w, NULL, NULL, &p, prompt, 3, 20, eos, c.vocab_size, collect, &b, &st, err,
                              sizeof(err)), 0);
     assert_int_equal(b.n, first + 1);
     assert_memory_equal(a.ids, b.ids, (size_t)b.n * sizeof(uint32_t));
     assert_string_equal(st.stop, "eos");
     /* 60 prompt tokens leave 4 of the 64 positions */
-    assert_int_equal(gen_run(&c, w, NULL, &p, prompt, 60, 100, -1, c.vocab_size, collect, &d, &st, err,
+    assert_int_equal(gen_run(&c, w, NULL, NULL, &p, prompt, 60, 100, -1, c.vocab_size, collect, &d, &st, err,
                              sizeof(err)), 0);
     assert_int_equal(d.n, 4);
     assert_string_equal(st.stop, "max_seq_len");
     uint32_t many[64] = {0};
-    assert_int_equal(gen_run(&c, w, NULL, &p, many, 64, 1, -1, c.vocab_size, collect, &d, &st, err,
+    assert_int_equal(gen_run(&c, w, NULL, NULL, &p, many, 64, 1, -1, c.vocab_size, collect, &d, &st, err,
                              sizeof(err)), -EINVAL);
     assert_non_null(strstr(err, "max_seq_len"));
     prompt[1] = 300;
-    assert_int_equal(gen_run(&c, w, NULL, &p, prompt, 3, 1, -1, c.vocab_size, collect, &d, &st, err,
+    assert_int_equal(gen_run(&c, w, NULL, NULL, &p, prompt, 3, 1, -1, c.vocab_size, collect, &d, &st, err,
                              sizeof(err)), -EINVAL);
     assert_non_null(strstr(err, "vocabulary"));
     free(w);
@@ -687,7 +688,7 @@ static void test_bad_arguments_are_refused_naming_the_flag(void **state)
         {"--seed -1", "--seed", 2},
         {"--frobnicate", "--frobnicate", 2},
         {"--device tpu", "--device", 2},
-        {"--device cuda", "--device cuda", 2},
+        {"--device cuda", "/nonexistent/plugin.so", 1}, /* CTITAN_CUDA_PLUGIN below */
         {"--max-tokens", "--max-tokens needs a value", 2},
         {"--prompt-ids '1 300'", "--prompt-ids", 1},
         {"--prompt-ids '1 x'", "--prompt-ids", 1},
@@ -700,7 +701,10 @@ static void test_bad_arguments_are_refused_naming_the_flag(void **state)
     char out[4096];
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         const char *prompt = strstr(cases[i].args, "--prompt") ? "" : "--prompt hi ";
+        if (strstr(cases[i].args, "--device cuda")) /* a plugin that is not there: its path named */
+            setenv("CTITAN_CUDA_PLUGIN", "/nonexistent/plugin.so", 1);
         int rc = run_ctitan(out, sizeof(out), 1, "generate %s %s%s", g->ckpt, prompt, cases[i].args);
+        unsetenv("CTITAN_CUDA_PLUGIN");
         if (rc != cases[i].status || !strstr(out, cases[i].says))
             fail_msg("'%s': exit %d (expected %d), said: %s", cases[i].args, rc, cases[i].status, out);
     }
@@ -714,6 +718,38 @@ static void test_bad_arguments_are_refused_naming_the_flag(void **state)
     assert_non_null(strstr(out, "--tokenizer"));
     assert_int_equal(run_ctitan(out, sizeof(out), 1, "--help"), 0);
     assert_non_null(strstr(out, "generate"));
+}
+
+/* --device cuda (on the emulated GPU: its plugin runs kernels/cuda/infer.cu on the CPU) gives
+ * the CPU's greedy text, from a prompt longer than one matrix-vector pass, also with Llama 3.1's
+ * rotary scaling; and, sampling with a seed, the same draws. */
+static void test_device_cuda_generates_the_cpus_text(void **state)
+{
+    gfx_t *g = *state;
+    TU_NEED_BIN();
+    if (tj_use_sim_plugin())
+        skip();
+    static char cpu[8192], gpu[8192];
+    const char *model[] = {g->ckpt, g->ckpt, g->scaled};
+    const char *args[] = {"--prompt-ids '17 4 250 99 3 3 180' --ids --temperature 0 --max-tokens 24",
+                          "--prompt-ids '5 6 7' --ids --temperature 0.7 --top-k 40 --seed 9 --max-tokens 24",
+                          "--prompt-ids '1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20' --ids --temperature 0 "
+                          "--max-tokens 24"};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(run_ctitan(cpu, sizeof(cpu), 0, "generate %s %s --device cpu", model[i], args[i]), 0);
+        int rc = run_ctitan(gpu, sizeof(gpu), 0, "generate %s %s --device cuda", model[i], args[i]);
+        if (rc) {
+            run_ctitan(gpu, sizeof(gpu), 1, "generate %s %s --device cuda", model[i], args[i]);
+            fail_msg("--device cuda: exit %d: %s", rc, gpu);
+        }
+        *strchr(cpu, '\n') = 0;
+        assert_non_null(strchr(gpu, '\n'));
+        *strchr(gpu, '\n') = 0;
+        print_message("cpu:  %s\ncuda: %s\n", cpu, gpu);
+        assert_string_equal(gpu, cpu);
+        assert_int_equal(strlen(cpu) > 24, 1);
+    }
+    unsetenv("CTITAN_CUDA_PLUGIN");
 }
 
 static void test_bad_models_are_refused_naming_the_path(void **state)
@@ -789,7 +825,7 @@ static void test_a_long_prompt_goes_in_several_passes(void **state)
     gen_stats_t st;
     char err[256];
     collect_t out = {0};
-    assert_int_equal(gen_run(&c, w, NULL, &p, prompt, P, 3, -1, c.vocab_size, collect, &out, &st, err,
+    assert_int_equal(gen_run(&c, w, NULL, NULL, &p, prompt, P, 3, -1, c.vocab_size, collect, &out, &st, err,
                              sizeof(err)), 0);
     assert_int_equal(out.n, 3);
     assert_int_equal(out.ids[0], best);
@@ -824,6 +860,7 @@ int main(void)
         cmocka_unit_test(test_text_prompt_uses_the_checkpoints_tokenizer_and_streams_its_text),
         cmocka_unit_test(test_ids_past_the_tokenizers_vocabulary_are_never_generated),
         cmocka_unit_test(test_bad_arguments_are_refused_naming_the_flag),
+        cmocka_unit_test(test_device_cuda_generates_the_cpus_text),
         cmocka_unit_test(test_bad_models_are_refused_naming_the_path),
     };
     int failed = cmocka_run_group_tests_name("generate", unit, NULL, NULL);

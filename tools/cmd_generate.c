@@ -13,6 +13,7 @@
 
 #include "checkpointd/gen_load.h"
 #include "kernels/cpu/pool.h"
+#include "kernels/cuda_plugin.h"
 #include "stages/data/tokenizer.h"
 #include "stages/report/generate.h"
 #include "ipc/util.h"
@@ -33,7 +34,7 @@ static const char usage_text[] =
     "  --seed S (0)          the sampler's seed: the same seed gives the same text\n"
     "  --tokenizer PATH      default: the checkpoint manifest's model.tokenizer_path\n"
     "  --threads N           default: all CPUs\n"
-    "  --device cpu          where it runs (the CPU only for now)\n"
+    "  --device cpu|cuda     where it runs (default cpu); cuda: the first GPU, in fp32 with a device KV cache\n"
     "  --no-stream           print the text once it is all made\n"
     "  --ids                 print the new token ids instead of text\n"
     "  --bos / --no-bos      begin a text prompt with the tokenizer's BOS token (default: when it has one)\n";
@@ -41,6 +42,7 @@ static const char usage_text[] =
 typedef struct {
     const char *model, *prompt, *prompt_file, *prompt_ids, *tokenizer;
     int max_tokens, threads, stream, ids, bos; /* bos: -1 = the tokenizer's default */
+    int cuda;                                  /* --device cuda */
     gen_params_t p;
 } gen_args_t;
 
@@ -83,10 +85,10 @@ static int value_flag(gen_args_t *a, const char *k, const char *v)
     else if (!strcmp(k, "--prompt-ids")) a->prompt_ids = v;
     else if (!strcmp(k, "--tokenizer")) a->tokenizer = v;
     else if (!strcmp(k, "--device")) {
-        if (!strcmp(v, "cuda"))
-            rc = bad_usage("%s %s: generation runs on the CPU only for now", k, v);
-        else if (strcmp(v, "cpu"))
-            rc = bad_usage("%s expects cpu, got '%s'", k, v);
+        if (!strcmp(v, "cuda") || !strcmp(v, "cpu"))
+            a->cuda = !strcmp(v, "cuda");
+        else
+            rc = bad_usage("%s expects cpu or cuda, got '%s'", k, v);
     }
     else if (!strcmp(k, "--max-tokens")) { if (!(rc = num(k, v, 1, 1, INT_MAX, &x))) a->max_tokens = (int)x; }
     else if (!strcmp(k, "--threads")) { if (!(rc = num(k, v, 1, 1, POOL_MAX_THREADS, &x))) a->threads = (int)x; }
@@ -323,8 +325,14 @@ static int run(const gen_args_t *a, gen_model_t *m)
     }
     gen_stats_t st;
     char err[512];
+    const cuda_plugin_t *gpu = NULL;
+    if (a->cuda && (!(gpu = cuda_plugin_load(err, sizeof(err))) || gpu->backend.dev_select(0, NULL))) {
+        fprintf(stderr, "ctitan generate: --device cuda: %s\n", gpu ? gpu->last_error() : err);
+        rc = -ENODEV;
+        goto out;
+    }
     int limit = tok ? tok_vocab_size(tok) : m->cfg.vocab_size;
-    if ((rc = gen_run(&m->cfg, m->w, pool, &a->p, ids, n, a->max_tokens, o.eos, limit, on_token, &o, &st, err,
+    if ((rc = gen_run(&m->cfg, m->w, pool, gpu, &a->p, ids, n, a->max_tokens, o.eos, limit, on_token, &o, &st, err,
                       sizeof(err)))) {
         fprintf(stderr, "ctitan generate: %s\n", err);
         goto out;

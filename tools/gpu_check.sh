@@ -255,6 +255,25 @@ else
     row "checkpoint and resume" "$(result)" "${secs:-0}" "$(why ckresume.log)$(why ckfull.log)"
 fi
 
+# ---- 5b. `ctitan generate --device cuda` from that GPU checkpoint: the CPU's greedy tokens ----
+last=$out/ckpt/step-$(printf %08d $steps)
+gen() { run "$1" 90 "$bin" generate "$last" --prompt-ids '1 2 3 4 5 6 7 8 9' --ids --temperature 0 --max-tokens 40 \
+            --device "$2"; }
+if [ ! -d "$last" ]; then
+    row "generate --device cuda" "skipped: no checkpoint" 0 "the checkpoint step did not write $last"
+elif gen gen-cpu.log cpu && [ $rc = 0 ] && gen gen-cuda.log cuda; then
+    ids() { head -1 "$out/logs/$1" | sed 's/generate: .*//'; } # stderr's summary may follow on the line
+    if [ $rc = 0 ] && [ -n "$(ids gen-cpu.log)" ] && [ "$(ids gen-cuda.log)" = "$(ids gen-cpu.log)" ]; then
+        row "generate --device cuda" ok "$secs" "40 greedy tokens equal to the CPU's; $(grep -ao 'generate: .*' "$out/logs/gen-cuda.log" | tail -1)"
+    else
+        row "generate --device cuda" FAILED "$secs" "$( [ $rc = 0 ] && echo "tokens differ from the CPU's (gen-cpu.log, gen-cuda.log)" || why gen-cuda.log)"
+    fi
+elif [ "${rc:-125}" = 125 ]; then
+    row "generate --device cuda" "skipped: out of budget" 0 ""
+else
+    row "generate --device cuda" "$(result)" "${secs:-0}" "$(why gen-cpu.log)"
+fi
+
 # ---- 6. recovery: a GPU stage killed (every stage started again, the shards keep the state), then a
 # GPU shard (a rewind to the in-memory snapshot); each step's loss bitwise the undisturbed pp 2 run's ----
 mkdir -p "$out/once"

@@ -8,15 +8,17 @@
  * version counts layouts, and the loader takes only its own: version 4 moved the model and
  * the optimizer's calls into the backend table, version 5 gave the backend's adamw separate
  * sources and outputs (a changed signature, not an appended field, so a plugin of another
- * version is refused whichever is newer). */
+ * version is refused whichever is newer); version 7 appended the KV-cache inference of
+ * `ctitan generate --device cuda` (cuda_infer.h). */
 #ifndef CTITAN_CUDA_PLUGIN_H
 #define CTITAN_CUDA_PLUGIN_H
 
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_dev.h"
+#include "kernels/cuda/cuda_infer.h"
 #include "kernels/cuda/cuda_nccl.h"
 
-#define CUDA_PLUGIN_VERSION 6
+#define CUDA_PLUGIN_VERSION 7
 
 typedef struct {
     int version;
@@ -43,6 +45,10 @@ typedef struct {
     int (*nccl_all_gather_bf16)(cuda_nccl_t *, const uint16_t *, uint16_t *, size_t, void *);
     /* the calling thread's last error text, whichever call failed (backend.last_error too) */
     const char *(*last_error)(void);
+    /* cuda_infer.h: `ctitan generate --device cuda` */
+    int (*infer_new)(cuda_infer_t **, const model_config_t *, const float *, int, int);
+    void (*infer_destroy)(cuda_infer_t **);
+    int (*infer_forward)(cuda_infer_t *, const int32_t *, int, float *);
 } cuda_plugin_t;
 
 #ifdef __cplusplus

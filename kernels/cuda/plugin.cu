@@ -113,6 +113,7 @@ static const cuda_plugin_t table = {
     cuda_nccl_id, cuda_nccl_init, cuda_nccl_destroy, cuda_nccl_send, cuda_nccl_recv, cuda_nccl_reduce_scatter_f32,
     cuda_nccl_all_gather_bf16,
     cuda_err_text,
+    cuda_infer_new, cuda_infer_destroy, cuda_infer_forward,
 };
 
 extern "C" const cuda_plugin_t *ctitan_cuda_plugin(void) { return &table; }

@@ -173,15 +173,35 @@ static double now_s(void)
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* The model a generation runs: the CPU's KV-cache model, or the GPU's through the plugin. */
+typedef struct {
+    infer_t *cpu;
+    const cuda_plugin_t *pl;
+    cuda_infer_t *gpu;
+    float *logits; /* (V) the GPU's last logits, on the host */
+} model_t;
+
+/* The last token's logits after tokens[0..n), or NULL with the GPU's error in err. */
+static const float *forward(model_t *m, const int32_t *tokens, int n, char *err, size_t errlen)
+{
+    if (m->cpu)
+        return infer_forward(m->cpu, tokens, n, 0);
+    if (m->pl->infer_forward(m->gpu, tokens, n, m->logits)) {
+        util_fail(err, errlen, -EIO, "the GPU model: %s", m->pl->last_error());
+        return NULL;
+    }
+    return m->logits;
+}
+
 /* Feeds the prompt in passes of at most PREFILL_BATCH tokens; the logits of its last token. */
-static const float *prefill(infer_t *m, const uint32_t *prompt, int n, int32_t *ids)
+static const float *prefill(model_t *m, const uint32_t *prompt, int n, int32_t *ids, char *err, size_t errlen)
 {
     const float *lg = NULL;
     for (int at = 0; at < n; at += PREFILL_BATCH) {
         int len = n - at < PREFILL_BATCH ? n - at : PREFILL_BATCH;
         for (int i = 0; i < len; i++)
             ids[i] = (int32_t)prompt[at + i];
-        if (!(lg = infer_forward(m, ids, len, 0)))
+        if (!(lg = forward(m, ids, len, err, errlen)))
             return NULL;
     }
     return lg;
@@ -207,8 +227,8 @@ static int check_run(const model_config_t *cfg, const gen_params_t *p, const uin
     return 0;
 }
 
-int gen_run(const model_config_t *cfg, const float *w, pool_t *pool, const gen_params_t *p,
-            const uint32_t *prompt, int n_prompt, int max_tokens, int eos, int vocab_limit,
+int gen_run(const model_config_t *cfg, const float *w, pool_t *pool, const cuda_plugin_t *gpu,
+            const gen_params_t *p, const uint32_t *prompt, int n_prompt, int max_tokens, int eos, int vocab_limit,
             gen_token_fn fn, void *ctx, gen_stats_t *st, char *err, size_t errlen)
 {
     int rc = check_run(cfg, p, prompt, n_prompt, max_tokens, err, errlen);
@@ -218,18 +238,27 @@ int gen_run(const model_config_t *cfg, const float *w, pool_t *pool, const gen_p
     st->prompt_tokens = n_prompt;
     int room = cfg->max_seq_len - n_prompt, budget = max_tokens < room ? max_tokens : room;
     int cap = n_prompt + budget, batch = n_prompt < PREFILL_BATCH ? n_prompt : PREFILL_BATCH;
-    infer_t *m = infer_new(cfg, w, cap, batch, 0, pool);
+    model_t m = {.pl = gpu};
     gen_sampler_t *s = gen_sampler_new(p, cfg->vocab_size);
     int32_t *ids = malloc((size_t)batch * sizeof(int32_t));
-    if (!m || !s || !ids) {
+    if (gpu) {
+        if ((m.logits = malloc((size_t)cfg->vocab_size * sizeof(float))) &&
+            (rc = gpu->infer_new(&m.gpu, cfg, w, cap, batch))) {
+            rc = util_fail(err, errlen, rc, "the GPU model (a cache of %d positions): %s", cap, gpu->last_error());
+            goto out;
+        }
+    } else {
+        m.cpu = infer_new(cfg, w, cap, batch, 0, pool);
+    }
+    if (!(m.cpu || m.gpu) || (gpu && !m.logits) || !s || !ids) {
         rc = util_fail(err, errlen, -ENOMEM, "out of memory for a cache of %d positions", cap);
         goto out;
     }
     double t0 = now_s();
-    const float *lg = prefill(m, prompt, n_prompt, ids);
+    const float *lg = prefill(&m, prompt, n_prompt, ids, err, errlen);
     double t1 = now_s();
     st->prefill_s = t1 - t0;
-    for (;;) {
+    while (lg) {
         int32_t tok = gen_sample(s, lg, vocab_limit > 0 ? vocab_limit : cfg->vocab_size);
         st->new_tokens++;
         int stop = fn ? fn(ctx, (uint32_t)tok) : 0;
@@ -237,12 +266,17 @@ int gen_run(const model_config_t *cfg, const float *w, pool_t *pool, const gen_p
                    : st->new_tokens == budget ? "max_seq_len" : stop ? "callback" : NULL;
         if (st->stop)
             break;
-        lg = infer_forward(m, &tok, 1, 0);
+        lg = forward(&m, &tok, 1, err, errlen);
     }
+    if (!lg)
+        rc = -EIO; /* the GPU failed: err says how */
     st->decode_s = now_s() - t1;
 out:
     free(ids);
+    free(m.logits);
     gen_sampler_destroy(&s);
-    infer_destroy(&m);
+    infer_destroy(&m.cpu);
+    if (m.gpu)
+        gpu->infer_destroy(&m.gpu);
     return rc;
 }

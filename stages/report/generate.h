@@ -1,7 +1,8 @@
 /* Text generation from finished weights (`ctitan generate`): the sampler (temperature, then
  * top-k, then top-p, in the order of transformers' logits warpers, from a seeded generator),
- * the generation loop over the KV-cache model (kernels/cpu/infer.h), and the UTF-8 hold-back
- * that lets tokens stream as text. */
+ * the generation loop over the KV-cache model (kernels/cpu/infer.h, or the GPU's
+ * kernels/cuda/cuda_infer.h through the CUDA plugin), and the UTF-8 hold-back that lets tokens
+ * stream as text. */
 #ifndef CTITAN_GENERATE_H
 #define CTITAN_GENERATE_H
 
@@ -10,6 +11,7 @@
 
 #include "kernels/config.h"
 #include "kernels/cpu/pool.h"
+#include "kernels/cuda/cuda_plugin.h"
 
 typedef struct {
     double temperature; /* 0 = greedy: the highest logit, the lowest id among equal ones */
@@ -51,10 +53,12 @@ typedef struct {
 /* Continues prompt[0..n_prompt) (ids < cfg->vocab_size, n_prompt >= 1) with the whole model
  * of weights w: at most max_tokens new tokens, stopping after eos (-1: none) or when the
  * model's max_seq_len positions are used; each new token goes to fn. vocab_limit bounds the
- * ids sampled (cfg->vocab_size for all). Returns 0, -EINVAL (bad prompt, params or a prompt
- * of max_seq_len tokens or more: err says which) or -ENOMEM. */
-int gen_run(const model_config_t *cfg, const float *w, pool_t *pool, const gen_params_t *p,
-            const uint32_t *prompt, int n_prompt, int max_tokens, int eos, int vocab_limit,
+ * ids sampled (cfg->vocab_size for all). gpu: the loaded CUDA plugin to run the model on the
+ * calling thread's current GPU, NULL for the CPU (with pool). Returns 0, -EINVAL (bad prompt,
+ * params or a prompt of max_seq_len tokens or more: err says which), -ENOMEM, or the GPU's
+ * error (err has its text). */
+int gen_run(const model_config_t *cfg, const float *w, pool_t *pool, const cuda_plugin_t *gpu,
+            const gen_params_t *p, const uint32_t *prompt, int n_prompt, int max_tokens, int eos, int vocab_limit,
             gen_token_fn fn, void *ctx, gen_stats_t *st, char *err, size_t errlen);
 
 #endif

@@ -93,6 +93,11 @@ typedef struct {
     /* w[i] = x[i] in the backend's weight dtype (a copy on the CPU, bf16 round to nearest even
      * on CUDA) */
     int (*to_weights)(void *w, const float *x, size_t n, void *stream);
+    /* Pins host memory [p, p + bytes) (a shared-memory segment's range) so that copies between
+     * it and the device run at the bus's rate and asynchronously (CUDA: cudaHostRegister);
+     * the CPU has nothing to do. host_unpin(p) undoes it before the memory goes. */
+    int (*host_pin)(void *p, size_t bytes);
+    void (*host_unpin)(void *p);
 
     const char *(*last_error)(void);
 } backend_t;

@@ -755,18 +755,23 @@ static void test_launch_cuda_offload_and_gpu_shards_agree_on_the_emulated_backen
 }
 
 /* GPU optimizer shards checkpoint (snapshot copied from the device) and resume (uploaded):
- * the resumed run's losses are bitwise those of the uninterrupted one. */
+ * the resumed run's losses are bitwise those of the uninterrupted one. The snapshot's copy into
+ * the pinned staging segment is slowed to 1.5 s an array (the emulator's
+ * CTITAN_SIM_PINNED_COPY_DELAY_MS) while the next step runs on: a shard that updated its state
+ * before the copy had read it would checkpoint step 3's state as step 2's. */
 static void test_launch_cuda_gpu_shards_resume_bitwise_on_the_emulated_backend(void **state)
 {
     TU_NEED_BIN();
     static char out[1 << 16];
     char a[32], b[32], dir[256], extra[512];
-    const char *shape = "--model.dim 32 --model.n_heads 2 --model.n_kv_heads 1 --training.steps 3 --job.device cuda";
+    const char *shape = "--model.dim 32 --model.n_heads 2 --model.n_kv_heads 1 --training.steps 4 --job.device cuda";
     job_name(a, sizeof(a), "simck");
     job_name(b, sizeof(b), "simckb");
     use_sim_plugin();
     snprintf(extra, sizeof(extra), "%s --checkpoint.enable true --checkpoint.interval 2", shape);
+    setenv("CTITAN_SIM_PINNED_COPY_DELAY_MS", "1500", 1);
     launch_ok(a, extra, out, sizeof(out));
+    unsetenv("CTITAN_SIM_PINNED_COPY_DELAY_MS");
     assert_non_null(strstr(out, "checkpoint: step 2 saved to"));
     ckpt_dir(dir, sizeof(dir), a);
     snprintf(extra, sizeof(extra), "%s --checkpoint.load %s/step-00000002", shape, dir);
@@ -775,7 +780,7 @@ static void test_launch_cuda_gpu_shards_resume_bitwise_on_the_emulated_backend(v
     if (rc)
         print_error("%s\n", out);
     assert_int_equal(rc, 0);
-    assert_resumed_losses(a, b, 2, 3);
+    assert_resumed_losses(a, b, 2, 4); /* step 4's loss reads the optimizer state of step 2 */
     assert_clean(b);
 }
 

@@ -207,6 +207,9 @@ static int cpu_adamw(float *w, float *m, float *v, const float *w0, const float 
     return 0;
 }
 
+static int cpu_host_pin(void *p, size_t bytes) { return 0; }
+static void cpu_host_unpin(void *p) {}
+
 static int cpu_to_weights(void *w, const float *x, size_t n, void *stream)
 {
     return cpu_copy(w, x, n * sizeof(float), stream);
@@ -238,6 +241,8 @@ static const backend_t table = {
     .block_sumsq = cpu_block_sumsq,
     .adamw = cpu_adamw,
     .to_weights = cpu_to_weights,
+    .host_pin = cpu_host_pin,
+    .host_unpin = cpu_host_unpin,
     .last_error = cpu_last_error,
 };
 

@@ -49,6 +49,9 @@ int cuda_stream_wait(void *stream, void *ev);
 
 /* Copies bytes in any direction (cudaMemcpyDefault) on stream; returns once queued. */
 int cuda_copy_async(void *dst, const void *src, size_t bytes, void *stream);
+/* Pins host memory [p, p + bytes) for fast asynchronous copies (cudaHostRegister), and undoes it. */
+int cuda_host_pin(void *p, size_t bytes);
+void cuda_host_unpin(void *p);
 int cuda_zero_async(void *dst, size_t bytes, void *stream);
 
 /* y[i] += x[i]. */

@@ -9,7 +9,7 @@
  * the optimizer's calls into the backend table, version 5 gave the backend's adamw separate
  * sources and outputs (a changed signature, not an appended field, so a plugin of another
  * version is refused whichever is newer); version 7 appended the KV-cache inference of
- * `ctitan generate --device cuda` (cuda_infer.h). */
+ * `ctitan generate --device cuda` (cuda_infer.h), version 8 the backend's host_pin/unpin. */
 #ifndef CTITAN_CUDA_PLUGIN_H
 #define CTITAN_CUDA_PLUGIN_H
 
@@ -18,7 +18,7 @@
 #include "kernels/cuda/cuda_infer.h"
 #include "kernels/cuda/cuda_nccl.h"
 
-#define CUDA_PLUGIN_VERSION 7
+#define CUDA_PLUGIN_VERSION 8
 
 typedef struct {
     int version;

@@ -144,6 +144,14 @@ extern "C" int cuda_copy_async(void *dst, const void *src, size_t bytes, void *s
     return 0;
 }
 
+extern "C" int cuda_host_pin(void *p, size_t bytes)
+{
+    CU(cudaHostRegister(p, bytes, cudaHostRegisterDefault), "cudaHostRegister");
+    return 0;
+}
+
+extern "C" void cuda_host_unpin(void *p) { cudaHostUnregister(p); }
+
 extern "C" int cuda_zero_async(void *dst, size_t bytes, void *stream)
 {
     CU(cudaMemsetAsync(dst, 0, bytes, (cudaStream_t)stream), "cudaMemsetAsync");

@@ -104,7 +104,7 @@ static const cuda_plugin_t table = {
         be_step_begin, be_step_end, be_model_stream, be_model_buffers, be_mem_used,
         cuda_dev_select, cuda_alloc, cuda_free, cuda_stream_new, cuda_stream_free, cuda_stream_sync,
         cuda_copy_async, cuda_zero_async, cuda_f32_add, cuda_block_sumsq, cuda_adamw,
-        be_to_weights,
+        be_to_weights, cuda_host_pin, cuda_host_unpin,
         cuda_err_text,
     },
     cuda_device_count,

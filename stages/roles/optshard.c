@@ -23,9 +23,11 @@
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ipc/log.h"
 #include "ipc/shm.h"
@@ -76,6 +78,9 @@ typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int copy_todo, copy_done, copier_stop;
+    int64_t snap_step;           /* the SNAPSHOT whose copy runs, SNAPPED not said yet (-1: none) */
+    void *pinned[OPTIM_ARRAYS_MAX]; /* GPU shards: the staging ranges pinned (host_pin), or NULL */
+    int n_pinned;
 } shard_t;
 
 #define BE_CHECK(sh, call, ...) WORKER_CHECK((sh)->w, (call) == 0, __VA_ARGS__)
@@ -114,8 +119,10 @@ static void load(shard_t *sh, float *const *dst)
 /* Copies this shard's state into the staging segment for checkpointd. The copy runs in a
  * thread at SCHED_IDLE priority: on a machine whose CPUs the stages keep busy it takes only
  * the time they leave idle (pipeline bubbles, waits between steps) instead of slowing the
- * step that runs meanwhile. The main thread just waits for it (the next REDUCE must not start
- * before the copy is done anyway). */
+ * step that runs meanwhile. The main thread goes on meanwhile: the next step's REDUCE reads
+ * only gradients; the UPDATE that changes the state waits for the copy (snap_finish), and
+ * SNAPPED is said as soon as it is done (next_command). A GPU shard copies into pinned staging
+ * memory (pin_staging), at the bus's rate. */
 static void *copier_main(void *arg)
 {
     shard_t *sh = arg;
@@ -131,7 +138,7 @@ static void *copier_main(void *arg)
             break;
         pthread_mutex_unlock(&sh->mu);
         void *seg = shm_data(sh->staging);
-        int b = (int)(sh->done % 2); /* the main thread waits: done holds still */
+        int b = (int)(sh->snap_step % 2); /* the state after snap_step: no UPDATE touches it meanwhile */
         for (int a = 0; a < sh->arrays; a++)
             BE_CHECK(sh, sh->be->copy(staging_array(seg, a) + sh->begin, sh->bank[b].a[a], sh->n * sizeof(float),
                                       sh->copy_stream), "snapshot: %s", BE_WHY(sh));
@@ -145,15 +152,79 @@ static void *copier_main(void *arg)
     return NULL;
 }
 
-static void snapshot(shard_t *sh)
+static void snapshot(shard_t *sh, int64_t step)
 {
     pthread_mutex_lock(&sh->mu);
     sh->copy_done = 0;
     sh->copy_todo = 1;
+    sh->snap_step = step;
     pthread_cond_broadcast(&sh->cv);
-    while (!sh->copy_done)
-        pthread_cond_wait(&sh->cv, &sh->mu);
     pthread_mutex_unlock(&sh->mu);
+}
+
+/* The running snapshot's copy: waited for (wait) or only looked at; once it is done, SNAPPED is
+ * said (say). */
+static void snap_finish(shard_t *sh, int wait, int say)
+{
+    if (sh->snap_step < 0)
+        return;
+    pthread_mutex_lock(&sh->mu);
+    while (wait && !sh->copy_done)
+        pthread_cond_wait(&sh->cv, &sh->mu);
+    int done = sh->copy_done;
+    pthread_mutex_unlock(&sh->mu);
+    if (!done)
+        return;
+    msg_t snapped = {.type = MSG_SNAPPED, .step = sh->snap_step};
+    sh->snap_step = -1;
+    if (say)
+        WORKER_CHECK(sh->w, worker_send(sh->w, &snapped) == 0, "cannot reach the coordinator");
+}
+
+/* The next command; while a snapshot's copy runs, SNAPPED goes out within a millisecond of its
+ * end (the coordinator waits for it at the end of the run, with no further command to wake us). */
+static void next_command(shard_t *sh, msg_t *m)
+{
+    for (snap_finish(sh, 0, 1); sh->snap_step >= 0; snap_finish(sh, 0, 1)) {
+        int rc = worker_recv(sh->w, 1, m);
+        if (rc == 0)
+            return;
+        if (rc != -EAGAIN && rc != -EINTR)
+            worker_die(sh->w, "control socket: %s", strerror(-rc));
+    }
+    worker_command(sh->w, m);
+}
+
+/* GPU shards: pins this shard's ranges of the staging segment (each array's slice, whole pages,
+ * ranges that share a page merged) so that the snapshot's device-to-host copies run at the
+ * bus's rate and asynchronously; a range that cannot be pinned stays pageable, slower. */
+static void pin_staging(shard_t *sh)
+{
+    if (!sh->lay.gpu_shards || !sh->n)
+        return;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = 0, hi = 0;
+    double t0 = util_now();
+    for (int a = 0; a <= sh->arrays; a++) {
+        uintptr_t b = 0, e = 0;
+        if (a < sh->arrays) {
+            b = (uintptr_t)(staging_array(shm_data(sh->staging), a) + sh->begin) / page * page;
+            e = ((uintptr_t)(staging_array(shm_data(sh->staging), a) + sh->end) + page - 1) / page * page;
+        }
+        if (a < sh->arrays && hi && b <= hi) { /* shares a page with the range before: one range */
+            hi = e > hi ? e : hi;
+            continue;
+        }
+        if (hi) {
+            if (sh->be->host_pin((void *)lo, hi - lo))
+                LOG_W("cannot pin %zu bytes of the staging segment (snapshots copy at pageable speed): %s",
+                      (size_t)(hi - lo), BE_WHY(sh));
+            else
+                sh->pinned[sh->n_pinned++] = (void *)lo;
+        }
+        lo = b, hi = e;
+    }
+    LOG_D("staging: %d ranges pinned in %.2f s", sh->n_pinned, util_now() - t0);
 }
 
 /* The working memory in the backend's: the block norms; GPU shards also keep the state there:
@@ -290,6 +361,7 @@ static void setup(shard_t *sh)
         pthread_mutex_init(&sh->mu, NULL);
         pthread_cond_init(&sh->cv, NULL);
         WORKER_CHECK(sh->w, pthread_create(&sh->copier, NULL, copier_main, sh) == 0, "cannot start a thread");
+        pin_staging(sh);
     }
     LOG_D("slice [%zu, %zu) of %zu parameters on the %s", sh->begin, sh->end, sh->lay.total,
           sh->lay.gpu_shards ? "GPU" : "CPU");
@@ -383,7 +455,7 @@ static void finish(shard_t *sh)
 
 int main(int argc, char **argv)
 {
-    shard_t sh = {.rank = -1};
+    shard_t sh = {.rank = -1, .snap_step = -1};
     for (int i = 1; i + 1 < argc; i += 2)
         if (!strcmp(argv[i], "--rank"))
             sh.rank = atoi(argv[i + 1]);
@@ -403,10 +475,11 @@ int main(int argc, char **argv)
     WORKER_CHECK(sh.w, worker_ready(sh.w) == 0, "cannot reach the coordinator");
     for (;;) {
         msg_t m;
-        worker_command(sh.w, &m);
+        next_command(&sh, &m);
         msg_t reply = {.step = m.step};
         double t0 = util_now();
         if (m.type == MSG_STOP) {
+            snap_finish(&sh, 1, 0); /* the copier must not stop halfway */
             msg_clear(&m);
             break;
         } else if (m.type == MSG_REDUCE) {
@@ -416,18 +489,21 @@ int main(int argc, char **argv)
         } else if (m.type == MSG_SNAPSHOT) {
             WORKER_CHECK(sh.w, sh.staging, "snapshot without a staging segment (checkpoint.enable is false, and "
                          "no snapshot_interval)");
-            WORKER_CHECK(sh.w, !sh.commit || sh.done == m.step,
+            /* done == step + 1: a replacement of a shard that died owing this SNAPPED after the next
+             * UPDATE (which waited for the copy): the other bank still holds the state after step */
+            WORKER_CHECK(sh.w, !sh.commit || sh.done == m.step || sh.done == m.step + 1,
                          "SNAPSHOT of step %lld, but the state is that after step %lld", (long long)m.step,
                          (long long)sh.done);
             worker_test_point(sh.w, "snapshot", m.step - 1);
-            snapshot(&sh);
-            reply.type = MSG_SNAPPED;
+            snap_finish(&sh, 1, 1);
+            snapshot(&sh, m.step); /* SNAPPED once the copy is done */
         } else if (m.type == MSG_REMAP) {
             WORKER_CHECK(sh.w, sh.lay.gpu_shards, "REMAP to a shard on the CPU (its weights are the params segment)");
             worker_test_point(sh.w, "remap", m.step);
             remap(&sh);
             reply.type = MSG_REMAPPED;
         } else if (m.type == MSG_UPDATE) {
+            snap_finish(&sh, 1, 1); /* the update changes the state being copied */
             reply.lr = update(&sh, m.step, m.scale);
             worker_test_point(sh.w, "updated", m.step);
             reply.type = MSG_UPDATED;
@@ -446,6 +522,8 @@ int main(int argc, char **argv)
         pthread_mutex_unlock(&sh.mu);
         pthread_join(sh.copier, NULL);
     }
+    for (int i = 0; i < sh.n_pinned; i++)
+        sh.be->host_unpin(sh.pinned[i]);
     finish(&sh);
     free(sh.host);
     params_table_free(&sh.tab);

@@ -21,7 +21,7 @@ thread_local BlockSync *sim_bs;
 /* ---- device memory: memfd mappings, so that CUDA IPC works between processes ---- */
 
 namespace {
-struct Mapping { int fd; size_t bytes; bool imported; bool pinned = false; };
+struct Mapping { int fd; size_t bytes; bool imported; bool pinned = false; bool registered = false; };
 std::mutex alloc_mu;
 std::map<void *, Mapping> allocs;
 size_t allocated; /* bytes of this process's own allocations */
@@ -65,6 +65,30 @@ static cudaError_t alloc(void **p, size_t b, bool pinned)
     return 0;
 }
 
+/* Host memory the caller owns, pinned: copies to and from it become asynchronous. CUDA refuses
+ * a range that overlaps one already registered, and so does this. */
+cudaError_t cudaHostRegister(void *p, size_t b, unsigned)
+{
+    std::lock_guard<std::mutex> g(alloc_mu);
+    auto it = allocs.upper_bound(p);
+    if (it != allocs.end() && (char *)it->first < (char *)p + b)
+        return cudaErrorHostMemoryAlreadyRegistered;
+    if (it != allocs.begin() && (--it, (char *)p < (char *)it->first + it->second.bytes))
+        return cudaErrorHostMemoryAlreadyRegistered;
+    allocs[p] = {-1, b, false, true, true};
+    return 0;
+}
+
+cudaError_t cudaHostUnregister(void *p)
+{
+    std::lock_guard<std::mutex> g(alloc_mu);
+    auto it = allocs.find(p);
+    if (it == allocs.end() || !it->second.registered)
+        return cudaErrorHostMemoryNotRegistered;
+    allocs.erase(it);
+    return 0;
+}
+
 cudaError_t cudaMemGetInfo(size_t *f, size_t *t)
 {
     std::lock_guard<std::mutex> g(alloc_mu);
@@ -77,7 +101,7 @@ static cudaError_t unmap(void *p, bool imported)
 {
     std::lock_guard<std::mutex> g(alloc_mu);
     auto it = allocs.find(p);
-    if (it == allocs.end() || it->second.imported != imported)
+    if (it == allocs.end() || it->second.imported != imported || it->second.registered)
         return cudaErrorInvalidValue;
     munmap(p, it->second.bytes);
     if (it->second.fd >= 0)
@@ -377,6 +401,29 @@ static bool pageable(const void *p)
     return !((const char *)p < (const char *)it->first + it->second.bytes);
 }
 
+/* Whether p is in pinned host memory (cudaMallocHost, cudaHostRegister). */
+static bool pinned_host(const void *p)
+{
+    std::lock_guard<std::mutex> g(alloc_mu);
+    auto it = allocs.upper_bound((void *)p);
+    if (it == allocs.begin())
+        return false;
+    --it;
+    return (const char *)p < (const char *)it->first + it->second.bytes && it->second.pinned;
+}
+
+/* CTITAN_SIM_PINNED_COPY_DELAY_MS: an asynchronous copy into pinned host memory waits this long
+ * on its stream before it reads its source, as a slow bus would; a caller that changes the
+ * source before the copy is done then copies the changed bytes (tests of who waits for what). */
+static unsigned pinned_copy_delay_us()
+{
+    static const unsigned us = [] {
+        const char *v = getenv("CTITAN_SIM_PINNED_COPY_DELAY_MS");
+        return v ? (unsigned)strtoul(v, nullptr, 10) * 1000u : 0u;
+    }();
+    return us;
+}
+
 cudaError_t cudaMemcpy(void *d, const void *src, size_t b, cudaMemcpyKind)
 {
     sim_enqueue(nullptr, [=] { memmove(d, src, b); });
@@ -392,6 +439,8 @@ cudaError_t cudaMemcpyAsync(void *d, const void *src, size_t b, cudaMemcpyKind, 
         auto copy = std::make_shared<std::vector<char>>((const char *)src, (const char *)src + b);
         sim_enqueue(st, [=] { memcpy(d, copy->data(), b); });
     } else {
+        if (unsigned delay = pinned_host(d) ? pinned_copy_delay_us() : 0) /* outside the device lock */
+            sim_enqueue(st, [=] { usleep(delay); }, false);
         sim_enqueue(st, [=] { memmove(d, src, b); });
     }
     return 0;

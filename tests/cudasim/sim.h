@@ -64,7 +64,8 @@ inline float __shfl_xor_sync(unsigned, float v, int o) {
 
 typedef int cudaError_t; typedef void *cudaStream_t; typedef void *cudaEvent_t;
 enum { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2, cudaErrorInsufficientDriver = 35,
-       cudaErrorInitializationError = 3, cudaErrorInvalidDevice = 101, cudaErrorNoDevice = 100, cudaErrorMapBufferObjectFailed = 205 };
+       cudaErrorInitializationError = 3, cudaErrorInvalidDevice = 101, cudaErrorNoDevice = 100, cudaErrorMapBufferObjectFailed = 205,
+       cudaErrorHostMemoryAlreadyRegistered = 712, cudaErrorHostMemoryNotRegistered = 713 };
 /* The runtime calls the CUDA code makes, on host memory. Device memory is a memfd mapping
  * (sim.cpp), which is what lets CUDA IPC work between real processes: a handle names the
  * exporter's pid and descriptor, and cudaIpcOpenMemHandle maps /proc/PID/fd/FD.
@@ -107,6 +108,9 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p);
 cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned flags);
 cudaError_t cudaIpcCloseMemHandle(void *p);
 cudaError_t cudaMallocHost(void **p, size_t b); /* pinned: copies to it stay asynchronous */
+enum { cudaHostRegisterDefault = 0 };
+cudaError_t cudaHostRegister(void *p, size_t b, unsigned flags); /* pinned from now on, as cudaMallocHost's */
+cudaError_t cudaHostUnregister(void *p);
 cudaError_t cudaFreeHost(void *p);
 cudaError_t cudaMemcpy(void *d, const void *s, size_t b, cudaMemcpyKind);
 cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t b, cudaMemcpyKind, cudaStream_t st);

@@ -62,7 +62,8 @@ CUDA_SO_C := kernels/params.c kernels/config.c
 # mechanically (shared memory, launches) and compiled as C++ against the emulator's headers.
 SIM_NN    := embed rmsnorm rope swiglu xent nn_common cuda_err adamw dev
 SIM_TESTS := $(BUILD)/tests/test_cuda_attn_sim $(BUILD)/tests/test_cuda_nn_sim $(BUILD)/tests/test_cuda_model_sim \
-             $(BUILD)/tests/test_cuda_dev_sim $(BUILD)/tests/test_nccl_sim $(BUILD)/tests/test_cuda_adamw_sim
+             $(BUILD)/tests/test_cuda_dev_sim $(BUILD)/tests/test_nccl_sim $(BUILD)/tests/test_cuda_adamw_sim \
+             $(BUILD)/tests/test_cuda_mma_sim
 TESTS += $(SIM_TESTS)
 # The same, as the stage's CUDA plugin: test_launch runs a `--job.device cuda` job on it
 # (CTITAN_CUDA_PLUGIN points the stage at it).
@@ -151,6 +152,12 @@ $(BUILD)/cudasim/test_%.o: tests/gpu/test_%.c | $(DEPS_STAMP)
 $(BUILD)/tests/test_cuda_attn_sim: $(BUILD)/cudasim/test_cuda_attn.o $(BUILD)/cudasim/attn.o $(BUILD)/cudasim/adamw.o \
                                    $(BUILD)/cudasim/cuda_err.o $(BUILD)/cudasim/sim.o \
                                    $(BUILD)/libctitan.a
+	@mkdir -p $(dir $@)
+	$(CXX) $(SAN) -o $@ $^ $(LDLIBS) $(TESTLIBS)
+
+# The tensor-core wrappers (kernels/cuda/mma.cuh) as the emulator implements them.
+$(BUILD)/tests/test_cuda_mma_sim: $(BUILD)/cudasim/test_cuda_mma.o $(BUILD)/cudasim/mma_check.o $(BUILD)/cudasim/adamw.o \
+                                  $(BUILD)/cudasim/cuda_err.o $(BUILD)/cudasim/sim.o $(BUILD)/libctitan.a
 	@mkdir -p $(dir $@)
 	$(CXX) $(SAN) -o $@ $^ $(LDLIBS) $(TESTLIBS)
 

@@ -45,7 +45,14 @@ inline float __bfloat162float(__nv_bfloat16 h) { uint32_t u = (uint32_t)h.x << 1
 /* CUDA threads are fibers (ucontext) on the calling OS thread: a block's fibers run in turn
  * until each reaches a barrier or ends; a barrier is released once every live thread of the
  * block (or of the warp) waits on it. Warp exchanges go through xch. */
-struct BlockSync { float xch[32][32]; int any = 0; };
+struct BlockSync {
+    float xch[32][32];
+    int any = 0;
+    /* kernels/cuda/mma.cuh's exchanges: per warp two slots used in turn, six words per lane;
+     * xpar[tid] is the slot a thread posts in next (reset for each block) */
+    uint64_t wx[32][2][32][6];
+    unsigned char xpar[1024];
+};
 extern thread_local BlockSync *sim_bs;
 void sim_wait(int warp); /* -1: the block's barrier; w >= 0: warp w's */
 inline int sim_tid() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
@@ -61,6 +68,76 @@ inline float __shfl_xor_sync(unsigned, float v, int o) {
     int w = sim_tid() / 32, l = sim_tid() % 32;
     sim_bs->xch[w][l] = v; __syncwarp(); float r = sim_bs->xch[w][l ^ o]; __syncwarp(); return r;
 }
+
+static inline void sim_check_smem(const void *p, size_t bytes) {
+    const unsigned char *c = (const unsigned char *)p;
+    if (!(c >= sim_smem && c + bytes <= sim_smem + sim_smem_size)) { fprintf(stderr, "wmma, ldmatrix or cp.async access outside smem\n"); abort(); }
+}
+
+/* kernels/cuda/mma.cuh's warp-wide operations, from the PTX ISA's fragment layouts (written out
+ * there). Each lane posts its operands in its warp's exchange slot, waits at the warp's barrier
+ * and then reads the others'. One barrier suffices because a warp's slots alternate: a lane posts
+ * in a slot again only after passing the next operation's barrier, which every lane reaches only
+ * once done reading this one. */
+inline uint64_t (*sim_exchange())[6] {
+    int tid = sim_tid();
+    unsigned char &par = sim_bs->xpar[tid];
+    uint64_t (*x)[6] = sim_bs->wx[tid / 32][par];
+    par ^= 1;
+    return x;
+}
+inline float sim_bf16_half(uint64_t reg, int hi) { return __bfloat162float({(uint16_t)(reg >> (16 * hi))}); }
+inline void mma_16816(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
+    int l = sim_tid() % 32, g = l / 4, t = l % 4;
+    uint64_t (*x)[6] = sim_exchange();
+    for (int i = 0; i < 4; i++) x[l][i] = a[i];
+    x[l][4] = b[0], x[l][5] = b[1];
+    __syncwarp();
+    float r[4];
+    for (int i = 0; i < 4; i++) {
+        int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
+        float s = c[i];
+        for (int k = 0; k < 16; k++) {
+            /* A (row, k): lane 4 (row % 8) + (k % 8) / 2, register (row >= 8) + 2 (k >= 8);
+             * B (k, col): lane 4 col + (k % 8) / 2, register (k >= 8); half k % 2 of either */
+            float av = sim_bf16_half(x[4 * (row % 8) + (k % 8) / 2][(row >= 8) + 2 * (k >= 8)], k % 2);
+            float bv = sim_bf16_half(x[4 * col + (k % 8) / 2][4 + (k >= 8)], k % 2);
+            s += av * bv;
+        }
+        r[i] = s;
+    }
+    memcpy(d, r, sizeof r);
+}
+inline void sim_ldmatrix(uint32_t *r, int n, bool trans, const void *row) {
+    int l = sim_tid() % 32;
+    uint64_t (*x)[6] = sim_exchange();
+    x[l][0] = (uint64_t)(uintptr_t)row;
+    __syncwarp();
+    for (int i = 0; i < n; i++) {
+        uint32_t e[2];
+        for (int j = 0; j < 2; j++) {
+            /* row l/4, elements 2(l%4)+j of matrix i; transposed: row 2(l%4)+j, element l/4 */
+            int rr = trans ? 2 * (l % 4) + j : l / 4, cc = trans ? l / 4 : 2 * (l % 4) + j;
+            const uint16_t *p = (const uint16_t *)(uintptr_t)x[8 * i + rr][0];
+            if ((uintptr_t)p % 16) { fprintf(stderr, "ldmatrix: row address not 16-byte aligned\n"); abort(); }
+            sim_check_smem(p, 16);
+            e[j] = p[cc];
+        }
+        r[i] = e[0] | e[1] << 16;
+    }
+}
+inline void ldmatrix_x4(uint32_t r[4], const void *row) { sim_ldmatrix(r, 4, false, row); }
+inline void ldmatrix_x4_trans(uint32_t r[4], const void *row) { sim_ldmatrix(r, 4, true, row); }
+inline void ldmatrix_x2(uint32_t r[2], const void *row) { sim_ldmatrix(r, 2, false, row); }
+inline void ldmatrix_x2_trans(uint32_t r[2], const void *row) { sim_ldmatrix(r, 2, true, row); }
+/* cp.async: the copy is done at once (nothing overlaps here), zeros when !valid */
+inline void cp_async_16(void *dst, const void *src, bool valid) {
+    if ((uintptr_t)dst % 16 || (uintptr_t)src % 16) { fprintf(stderr, "cp.async: address not 16-byte aligned\n"); abort(); }
+    sim_check_smem(dst, 16);
+    if (valid) memcpy(dst, src, 16); else memset(dst, 0, 16);
+}
+inline void cp_async_commit(void) {}
+inline void cp_async_wait_all(void) {}
 
 typedef int cudaError_t; typedef void *cudaStream_t; typedef void *cudaEvent_t;
 enum { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2, cudaErrorInsufficientDriver = 35,
@@ -133,10 +210,6 @@ template <typename F> cudaError_t cudaFuncSetAttribute(F, int, int v) { return v
 inline cudaError_t cudaGetLastError() { return 0; }
 inline const char *cudaGetErrorString(cudaError_t) { return "sim error"; }
 
-static inline void sim_check_smem(const void *p, size_t bytes) {
-    const unsigned char *c = (const unsigned char *)p;
-    if (!(c >= sim_smem && c + bytes <= sim_smem + sim_smem_size)) { fprintf(stderr, "wmma access outside smem\n"); abort(); }
-}
 
 namespace nvcuda { namespace wmma {
 struct row_major {}; struct col_major {}; struct matrix_a {}; struct matrix_b {}; struct accumulator {};

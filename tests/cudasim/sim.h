@@ -86,25 +86,33 @@ inline uint64_t (*sim_exchange())[6] {
     par ^= 1;
     return x;
 }
-inline float sim_bf16_half(uint64_t reg, int hi) { return __bfloat162float({(uint16_t)(reg >> (16 * hi))}); }
+/* the two bf16 of a fragment register, lower half first */
+inline void sim_bf16_pair(float f[2], uint64_t reg) {
+    uint32_t lo = (uint32_t)reg << 16, hi = (uint32_t)reg & 0xffff0000u;
+    memcpy(&f[0], &lo, 4), memcpy(&f[1], &hi, 4);
+}
 inline void mma_16816(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
     int l = sim_tid() % 32, g = l / 4, t = l % 4;
     uint64_t (*x)[6] = sim_exchange();
     for (int i = 0; i < 4; i++) x[l][i] = a[i];
     x[l][4] = b[0], x[l][5] = b[1];
     __syncwarp();
-    float r[4];
-    for (int i = 0; i < 4; i++) {
-        int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
-        float s = c[i];
-        for (int k = 0; k < 16; k++) {
-            /* A (row, k): lane 4 (row % 8) + (k % 8) / 2, register (row >= 8) + 2 (k >= 8);
-             * B (k, col): lane 4 col + (k % 8) / 2, register (k >= 8); half k % 2 of either */
-            float av = sim_bf16_half(x[4 * (row % 8) + (k % 8) / 2][(row >= 8) + 2 * (k >= 8)], k % 2);
-            float bv = sim_bf16_half(x[4 * col + (k % 8) / 2][4 + (k >= 8)], k % 2);
-            s += av * bv;
-        }
-        r[i] = s;
+    /* this lane's rows of A, g and g+8: lane 4 g + (k % 8) / 2, register 2 (k >= 8) (+1 for
+     * g+8); its columns of B, 2t and 2t+1: lane 4 n + (k % 8) / 2, register (k >= 8); the
+     * element in half k % 2 of either */
+    float ag[16], ag8[16], bt0[16], bt1[16];
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) { /* k = 2 (j % 4) + 8 (j / 4) and k + 1: one register each */
+        int k = 2 * (j % 4) + 8 * (j / 4), q = j % 4, hi = j / 4;
+        sim_bf16_pair(&ag[k], x[4 * g + q][2 * hi]);
+        sim_bf16_pair(&ag8[k], x[4 * g + q][2 * hi + 1]);
+        sim_bf16_pair(&bt0[k], x[4 * (2 * t) + q][4 + hi]);
+        sim_bf16_pair(&bt1[k], x[4 * (2 * t + 1) + q][4 + hi]);
+    }
+    float r[4] = {c[0], c[1], c[2], c[3]}; /* D (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1) */
+    for (int k = 0; k < 16; k++) {
+        r[0] += ag[k] * bt0[k], r[1] += ag[k] * bt1[k];
+        r[2] += ag8[k] * bt0[k], r[3] += ag8[k] * bt1[k];
     }
     memcpy(d, r, sizeof r);
 }

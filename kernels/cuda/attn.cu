@@ -291,7 +291,9 @@ __global__ void __launch_bounds__(NTHREADS)
             lse[((size_t)b * H + h) * T + i] = (m[r] + log2f(sum)) * LN2;
         inv[r] = 1.0f / sum; // > 0: every row sees key 0
     }
-    // A warp's rows of sQ were read by it alone (into qf), so it can reuse them for its output.
+    // A warp's rows of sQ were read by it alone (into qf), so it can reuse them for its output
+    // (__syncwarp: its ldmatrix reads come first, whatever the compiler would reorder).
+    __syncwarp();
     acc_to_smem<HD, LD>(sQ, warp * 16, o, inv);
     __syncthreads();
     store_rows<HD, BR, LD>(out, sQ, b, q0, h, T, H);
@@ -414,6 +416,7 @@ __global__ void __launch_bounds__(NTHREADS)
     }
     // As in the forward: a warp's rows of sQ are its own.
     const float one[2] = {1.0f, 1.0f};
+    __syncwarp();
     acc_to_smem<HD, LD>(sQ, warp * 16, acc, one);
     __syncthreads();
     store_rows<HD, BR, LD>(dq, sQ, b, q0, h, T, H);
@@ -523,6 +526,7 @@ __global__ void __launch_bounds__(NTHREADS)
     }
     // A warp's rows of sK and sV were read by it alone.
     const float one[2] = {1.0f, 1.0f};
+    __syncwarp();
     acc_to_smem<HD, LD>(sK, warp * 16, dka, one);
     acc_to_smem<HD, LD>(sV, warp * 16, dva, one);
     __syncthreads();

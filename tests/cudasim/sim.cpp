@@ -534,6 +534,8 @@ void sim_run(dim3 grid, dim3 block, size_t smem, const std::function<void()> &ke
                 blockIdx = {x, y, z};
                 bs.any = 0;
                 memset(bs.xpar, 0, sizeof bs.xpar);
+                for (auto &c : bs.cp_pending)
+                    c.clear();
                 for (unsigned t = 0; t < T; t++) {
                     fiber_start(f[t], stacks.get() + (size_t)t * STACK);
                     f[t].state = 0;

@@ -1,6 +1,8 @@
 // A CPU emulator of the CUDA subset kernels/cuda/ uses, so `make test` runs the real kernels
 // without a GPU: one fiber per CUDA thread (sim.cpp), barriers for
-// __syncthreads/__syncwarp/shuffles, WMMA with its documented semantics (lane 0 does the work).
+// __syncthreads/__syncwarp/shuffles, WMMA with its documented semantics (lane 0 does the work),
+// and kernels/cuda/mma.cuh's mma.sync, ldmatrix and cp.async per lane, from the PTX ISA's
+// fragment layouts (tests/gpu/test_cuda_mma.c checks those against the GPU).
 // Static __shared__ arrays become function statics (one block runs at a time, so they are the
 // block's). Its WMMA fragment layouts are our reading of the documentation: a misreading would agree
 // with the kernel here and show only on a GPU (tests/gpu on the real device is the authority).
@@ -52,6 +54,9 @@ struct BlockSync {
      * xpar[tid] is the slot a thread posts in next (reset for each block) */
     uint64_t wx[32][2][32][6];
     unsigned char xpar[1024];
+    /* each thread's cp.async copies not yet waited for (cleared for each block) */
+    struct Copy { void *dst; const void *src; bool valid; };
+    std::vector<Copy> cp_pending[1024];
 };
 extern thread_local BlockSync *sim_bs;
 void sim_wait(int warp); /* -1: the block's barrier; w >= 0: warp w's */
@@ -138,14 +143,21 @@ inline void ldmatrix_x4(uint32_t r[4], const void *row) { sim_ldmatrix(r, 4, fal
 inline void ldmatrix_x4_trans(uint32_t r[4], const void *row) { sim_ldmatrix(r, 4, true, row); }
 inline void ldmatrix_x2(uint32_t r[2], const void *row) { sim_ldmatrix(r, 2, false, row); }
 inline void ldmatrix_x2_trans(uint32_t r[2], const void *row) { sim_ldmatrix(r, 2, true, row); }
-/* cp.async: the copy is done at once (nothing overlaps here), zeros when !valid */
+/* cp.async: the copy lands when its thread waits for it, the latest it may on a GPU, so that
+ * reading a tile before waiting shows as the previous contents (or the NaN garbage of fresh
+ * shared memory); zeros when !valid. */
 inline void cp_async_16(void *dst, const void *src, bool valid) {
     if ((uintptr_t)dst % 16 || (uintptr_t)src % 16) { fprintf(stderr, "cp.async: address not 16-byte aligned\n"); abort(); }
     sim_check_smem(dst, 16);
-    if (valid) memcpy(dst, src, 16); else memset(dst, 0, 16);
+    sim_bs->cp_pending[sim_tid()].push_back({dst, src, valid});
 }
 inline void cp_async_commit(void) {}
-inline void cp_async_wait_all(void) {}
+inline void cp_async_wait_all(void) {
+    auto &pending = sim_bs->cp_pending[sim_tid()];
+    for (auto &c : pending)
+        if (c.valid) memcpy(c.dst, c.src, 16); else memset(c.dst, 0, 16);
+    pending.clear();
+}
 
 typedef int cudaError_t; typedef void *cudaStream_t; typedef void *cudaEvent_t;
 enum { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2, cudaErrorInsufficientDriver = 35,

@@ -544,8 +544,9 @@ static bool aligned16(const void *p) { return p && (uintptr_t)p % 16 == 0; }
 static bool aligned4(const void *p) { return p && (uintptr_t)p % 4 == 0; }
 
 // Tiles: BR = BC = 64 for every head size, 4 warps. Shared memory per block for hd 64 / 128:
-// forward 45 / 85 KiB, dQ 54 / 102 KiB, dK/dV 54 / 68.5 KiB (dK/dV steps over 64 / 32 query
-// rows); an H100 allows 227 KiB, so two blocks fit on an SM even at hd 128.
+// forward 45 / 85 KiB, dQ 54 / 102 KiB, dK/dV 55 / 68.5 KiB (dK/dV steps over 64 / 32 query
+// rows); registers per thread (nvcc 13, sm_90, no spills): forward 127 / 177, dQ 168 / 168,
+// dK/dV 191 / 233. Both limits allow two blocks (8 warps) per SM at hd 128.
 
 static int check_shape(const char *fn, int B, int T, int H, int Hkv, int hd)
 {

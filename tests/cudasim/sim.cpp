@@ -522,7 +522,8 @@ void sim_run(dim3 grid, dim3 block, size_t smem, const std::function<void()> &ke
     }
     std::vector<Fiber> f(T);
     unsigned char *buf = smem ? (unsigned char *)aligned_alloc(128, (smem + 127) / 128 * 128) : nullptr;
-    BlockSync bs;
+    auto bsp = std::make_unique<BlockSync>(); /* ~130 KiB: not on the caller's stack */
+    BlockSync &bs = *bsp;
     fibers = &f;
     kernel_call = &kernel;
     gridDim = grid, blockDim = block, sim_smem = buf, sim_smem_size = smem, sim_bs = &bs;

@@ -63,7 +63,7 @@ CUDA_SO_C := kernels/params.c kernels/config.c
 SIM_NN    := embed rmsnorm rope swiglu xent nn_common cuda_err adamw dev infer
 SIM_TESTS := $(BUILD)/tests/test_cuda_attn_sim $(BUILD)/tests/test_cuda_nn_sim $(BUILD)/tests/test_cuda_model_sim \
              $(BUILD)/tests/test_cuda_dev_sim $(BUILD)/tests/test_nccl_sim $(BUILD)/tests/test_cuda_adamw_sim \
-             $(BUILD)/tests/test_cuda_infer_sim
+             $(BUILD)/tests/test_cuda_infer_sim $(BUILD)/tests/test_cuda_mma_sim
 TESTS += $(SIM_TESTS)
 # The per-kernel profiler's bookkeeping (tools/gpuprof/inject.c): needs CUPTI to link, no GPU.
 ifeq ($(CUDA),1)
@@ -161,6 +161,12 @@ $(BUILD)/cudasim/test_%.o: tests/gpu/test_%.c | $(DEPS_STAMP)
 $(BUILD)/tests/test_cuda_attn_sim: $(BUILD)/cudasim/test_cuda_attn.o $(BUILD)/cudasim/attn.o $(BUILD)/cudasim/adamw.o \
                                    $(BUILD)/cudasim/cuda_err.o $(BUILD)/cudasim/sim.o \
                                    $(BUILD)/libctitan.a
+	@mkdir -p $(dir $@)
+	$(CXX) $(SAN) -o $@ $^ $(LDLIBS) $(TESTLIBS)
+
+# The tensor-core wrappers (kernels/cuda/mma.cuh) as the emulator implements them.
+$(BUILD)/tests/test_cuda_mma_sim: $(BUILD)/cudasim/test_cuda_mma.o $(BUILD)/cudasim/mma_check.o $(BUILD)/cudasim/adamw.o \
+                                  $(BUILD)/cudasim/cuda_err.o $(BUILD)/cudasim/sim.o $(BUILD)/libctitan.a
 	@mkdir -p $(dir $@)
 	$(CXX) $(SAN) -o $@ $^ $(LDLIBS) $(TESTLIBS)
 

@@ -571,7 +571,8 @@ void sim_run(dim3 grid, dim3 block, size_t smem, const std::function<void()> &ke
     }
     std::vector<Fiber> f(T);
     unsigned char *buf = smem ? (unsigned char *)aligned_alloc(128, (smem + 127) / 128 * 128) : nullptr;
-    BlockSync bs;
+    auto bsp = std::make_unique<BlockSync>(); /* ~130 KiB: not on the caller's stack */
+    BlockSync &bs = *bsp;
     fibers = &f;
     kernel_call = &kernel;
     gridDim = grid, blockDim = block, sim_smem = buf, sim_smem_size = smem, sim_bs = &bs;
@@ -582,6 +583,9 @@ void sim_run(dim3 grid, dim3 block, size_t smem, const std::function<void()> &ke
                     memset(buf, 0xff, smem); /* NaN garbage: uninitialised smem must not matter */
                 blockIdx = {x, y, z};
                 bs.any = 0;
+                memset(bs.xpar, 0, sizeof bs.xpar);
+                for (auto &c : bs.cp_pending)
+                    c.clear();
                 for (unsigned t = 0; t < T; t++) {
                     fiber_start(f[t], stacks.get() + (size_t)t * STACK);
                     f[t].state = 0;

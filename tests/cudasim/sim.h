@@ -1,6 +1,8 @@
 // A CPU emulator of the CUDA subset kernels/cuda/ uses, so `make test` runs the real kernels
 // without a GPU: one fiber per CUDA thread (sim.cpp), barriers for
-// __syncthreads/__syncwarp/shuffles, WMMA with its documented semantics (lane 0 does the work).
+// __syncthreads/__syncwarp/shuffles, WMMA with its documented semantics (lane 0 does the work),
+// and kernels/cuda/mma.cuh's mma.sync, ldmatrix and cp.async per lane, from the PTX ISA's
+// fragment layouts (tests/gpu/test_cuda_mma.c checks those against the GPU).
 // Static __shared__ arrays become function statics (one block runs at a time, so they are the
 // block's). Its WMMA fragment layouts are our reading of the documentation: a misreading would agree
 // with the kernel here and show only on a GPU (tests/gpu on the real device is the authority).
@@ -45,7 +47,17 @@ inline float __bfloat162float(__nv_bfloat16 h) { uint32_t u = (uint32_t)h.x << 1
 /* CUDA threads are fibers (ucontext) on the calling OS thread: a block's fibers run in turn
  * until each reaches a barrier or ends; a barrier is released once every live thread of the
  * block (or of the warp) waits on it. Warp exchanges go through xch. */
-struct BlockSync { float xch[32][32]; int any = 0; };
+struct BlockSync {
+    float xch[32][32];
+    int any = 0;
+    /* kernels/cuda/mma.cuh's exchanges: per warp two slots used in turn, six words per lane;
+     * xpar[tid] is the slot a thread posts in next (reset for each block) */
+    uint64_t wx[32][2][32][6];
+    unsigned char xpar[1024];
+    /* each thread's cp.async copies not yet waited for (cleared for each block) */
+    struct Copy { void *dst; const void *src; bool valid; };
+    std::vector<Copy> cp_pending[1024];
+};
 extern thread_local BlockSync *sim_bs;
 void sim_wait(int warp); /* -1: the block's barrier; w >= 0: warp w's */
 inline int sim_tid() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
@@ -60,6 +72,91 @@ inline int __syncthreads_or(int p) {
 inline float __shfl_xor_sync(unsigned, float v, int o) {
     int w = sim_tid() / 32, l = sim_tid() % 32;
     sim_bs->xch[w][l] = v; __syncwarp(); float r = sim_bs->xch[w][l ^ o]; __syncwarp(); return r;
+}
+
+static inline void sim_check_smem(const void *p, size_t bytes) {
+    const unsigned char *c = (const unsigned char *)p;
+    if (!(c >= sim_smem && c + bytes <= sim_smem + sim_smem_size)) { fprintf(stderr, "wmma, ldmatrix or cp.async access outside smem\n"); abort(); }
+}
+
+/* kernels/cuda/mma.cuh's warp-wide operations, from the PTX ISA's fragment layouts (written out
+ * there). Each lane posts its operands in its warp's exchange slot, waits at the warp's barrier
+ * and then reads the others'. One barrier suffices because a warp's slots alternate: a lane posts
+ * in a slot again only after passing the next operation's barrier, which every lane reaches only
+ * once done reading this one. */
+inline uint64_t (*sim_exchange())[6] {
+    int tid = sim_tid();
+    unsigned char &par = sim_bs->xpar[tid];
+    uint64_t (*x)[6] = sim_bs->wx[tid / 32][par];
+    par ^= 1;
+    return x;
+}
+/* the two bf16 of a fragment register, lower half first */
+inline void sim_bf16_pair(float f[2], uint64_t reg) {
+    uint32_t lo = (uint32_t)reg << 16, hi = (uint32_t)reg & 0xffff0000u;
+    memcpy(&f[0], &lo, 4), memcpy(&f[1], &hi, 4);
+}
+inline void mma_16816(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
+    int l = sim_tid() % 32, g = l / 4, t = l % 4;
+    uint64_t (*x)[6] = sim_exchange();
+    for (int i = 0; i < 4; i++) x[l][i] = a[i];
+    x[l][4] = b[0], x[l][5] = b[1];
+    __syncwarp();
+    /* this lane's rows of A, g and g+8: lane 4 g + (k % 8) / 2, register 2 (k >= 8) (+1 for
+     * g+8); its columns of B, 2t and 2t+1: lane 4 n + (k % 8) / 2, register (k >= 8); the
+     * element in half k % 2 of either */
+    float ag[16], ag8[16], bt0[16], bt1[16];
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) { /* k = 2 (j % 4) + 8 (j / 4) and k + 1: one register each */
+        int k = 2 * (j % 4) + 8 * (j / 4), q = j % 4, hi = j / 4;
+        sim_bf16_pair(&ag[k], x[4 * g + q][2 * hi]);
+        sim_bf16_pair(&ag8[k], x[4 * g + q][2 * hi + 1]);
+        sim_bf16_pair(&bt0[k], x[4 * (2 * t) + q][4 + hi]);
+        sim_bf16_pair(&bt1[k], x[4 * (2 * t + 1) + q][4 + hi]);
+    }
+    float r[4] = {c[0], c[1], c[2], c[3]}; /* D (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1) */
+    for (int k = 0; k < 16; k++) {
+        r[0] += ag[k] * bt0[k], r[1] += ag[k] * bt1[k];
+        r[2] += ag8[k] * bt0[k], r[3] += ag8[k] * bt1[k];
+    }
+    memcpy(d, r, sizeof r);
+}
+inline void sim_ldmatrix(uint32_t *r, int n, bool trans, const void *row) {
+    int l = sim_tid() % 32;
+    uint64_t (*x)[6] = sim_exchange();
+    x[l][0] = (uint64_t)(uintptr_t)row;
+    __syncwarp();
+    for (int i = 0; i < n; i++) {
+        uint32_t e[2];
+        for (int j = 0; j < 2; j++) {
+            /* row l/4, elements 2(l%4)+j of matrix i; transposed: row 2(l%4)+j, element l/4 */
+            int rr = trans ? 2 * (l % 4) + j : l / 4, cc = trans ? l / 4 : 2 * (l % 4) + j;
+            const uint16_t *p = (const uint16_t *)(uintptr_t)x[8 * i + rr][0];
+            if ((uintptr_t)p % 16) { fprintf(stderr, "ldmatrix: row address not 16-byte aligned\n"); abort(); }
+            sim_check_smem(p, 16);
+            e[j] = p[cc];
+        }
+        r[i] = e[0] | e[1] << 16;
+    }
+}
+inline void ldmatrix_x4(uint32_t r[4], const void *row) { sim_ldmatrix(r, 4, false, row); }
+inline void ldmatrix_x4_trans(uint32_t r[4], const void *row) { sim_ldmatrix(r, 4, true, row); }
+inline void ldmatrix_x2(uint32_t r[2], const void *row) { sim_ldmatrix(r, 2, false, row); }
+inline void ldmatrix_x2_trans(uint32_t r[2], const void *row) { sim_ldmatrix(r, 2, true, row); }
+/* cp.async: the copy lands when its thread waits for it, the latest it may on a GPU, so that
+ * reading a tile before waiting shows as the previous contents (or the NaN garbage of fresh
+ * shared memory); zeros when !valid. */
+inline void cp_async_16(void *dst, const void *src, bool valid) {
+    if ((uintptr_t)dst % 16 || (uintptr_t)src % 16) { fprintf(stderr, "cp.async: address not 16-byte aligned\n"); abort(); }
+    sim_check_smem(dst, 16);
+    sim_bs->cp_pending[sim_tid()].push_back({dst, src, valid});
+}
+inline void cp_async_commit(void) {}
+inline void cp_async_wait_all(void) {
+    auto &pending = sim_bs->cp_pending[sim_tid()];
+    for (auto &c : pending)
+        if (c.valid) memcpy(c.dst, c.src, 16); else memset(c.dst, 0, 16);
+    pending.clear();
 }
 
 typedef int cudaError_t; typedef void *cudaStream_t; typedef void *cudaEvent_t;
@@ -137,10 +234,6 @@ template <typename F> cudaError_t cudaFuncSetAttribute(F, int, int v) { return v
 inline cudaError_t cudaGetLastError() { return 0; }
 inline const char *cudaGetErrorString(cudaError_t) { return "sim error"; }
 
-static inline void sim_check_smem(const void *p, size_t bytes) {
-    const unsigned char *c = (const unsigned char *)p;
-    if (!(c >= sim_smem && c + bytes <= sim_smem + sim_smem_size)) { fprintf(stderr, "wmma access outside smem\n"); abort(); }
-}
 
 namespace nvcuda { namespace wmma {
 struct row_major {}; struct col_major {}; struct matrix_a {}; struct matrix_b {}; struct accumulator {};

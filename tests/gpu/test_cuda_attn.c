@@ -231,6 +231,20 @@ static void test_cuda_attn_matches_reference_hd128(void **state)
     check_against_reference(1, SIM_OR(65, 257), SIM_OR(2, 8), SIM_OR(2, 8), 128, 22); /* one row into the next tile */
 }
 
+/* The edges of the kernels' tiling (64-row query and key tiles; the dK/dV loop steps over 64
+ * query rows, 32 at hd 128): one row, T inside one tile, T a multiple of the tiles, partial
+ * 32-row steps, and T long enough that some steps need no mask at all. */
+static void test_cuda_attn_matches_reference_tile_edges(void **state)
+{
+    SKIP_WITHOUT_GPU();
+    check_against_reference(1, 1, 2, 1, 64, 61);   /* a single row: lse is its one score */
+    check_against_reference(2, 5, 2, 2, 16, 62);   /* T far inside one tile, batch 2 */
+    check_against_reference(1, 128, 4, 1, 16, 63); /* two whole tiles, 4 heads on one kv head */
+    check_against_reference(1, 40, 2, 1, 128, 64); /* one partial tile; dK/dV steps 32 + 8 rows */
+    check_against_reference(1, 160, 2, 1, 32, 65); /* unmasked dK/dV steps (q0 >= 64, < T) */
+    check_against_reference(1, SIM_OR(130, 300), 2, 1, 128, 66); /* the same at hd 128 */
+}
+
 /* T = 4096: the reference's T x T probabilities would be 268 MB and minutes of work, so the test
  * computes every row's output and lse directly in double (one pass, ~2 GFLOP), and dq, dk, dv
  * for a sample of rows at tile edges, from the softmax definitions:
@@ -418,6 +432,7 @@ int main(void)
         cmocka_unit_test(test_cuda_attn_matches_reference_gqa_ragged_tile),
         cmocka_unit_test(test_cuda_attn_matches_reference_small_heads),
         cmocka_unit_test(test_cuda_attn_matches_reference_hd128),
+        cmocka_unit_test(test_cuda_attn_matches_reference_tile_edges),
         cmocka_unit_test(test_cuda_attn_long_sequence_matches_direct_rows),
         cmocka_unit_test(test_cuda_attn_is_causal),
         cmocka_unit_test(test_cuda_attn_is_deterministic),

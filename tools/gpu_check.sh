@@ -323,8 +323,11 @@ if want breakdown; then
 b1=(--model.flavor llama1b --model.vocab_size 32000 --training.seq_len 2048 --training.local_batch_size 4
     --parallelism.pipeline_parallel_microbatches 1)
 breakdown "~1B Llama, pp 1, 4x2048" bd-1b.log 2000 ctitan 25 "${b1[@]}" --parallelism.pipeline_parallel_degree 1
-breakdown "~1B Llama, PyTorch, 4x2048" bd-1b-torch.log 1500 torch --dim 2048 --n-layers 16 --n-heads 16 \
-    --n-kv-heads 8 --vocab 32000 --seq 2048 --batch 4 --steps 25
+# one optimizer shard instead of two: the shards' contexts time-slice with the stage's and each other's
+breakdown "~1B Llama, pp 1, 4x2048, one optimizer shard" bd-1b-1shard.log 2000 ctitan 25 "${b1[@]}" \
+    --parallelism.pipeline_parallel_degree 1 --optshard.shards 1
+# PyTorch's own breakdown (tools/gpu_breakdown.sh ... torch: ~95 s) is in BENCHMARKS.md, 2026-11-27: it
+# does not change with ctitan; run it by hand when the reference moves.
 bd=(--model.flavor debugmodel --model.vocab_size 2048 --training.seq_len 256 --training.local_batch_size 8
     --metrics.peak_tflops 1)
 breakdown "demo, pp 1, 8x256" bd-demo1.log 1000 ctitan 400 "${bd[@]}" --parallelism.pipeline_parallel_degree 1 \

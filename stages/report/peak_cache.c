@@ -278,6 +278,44 @@ static void warn(peak_cache_t *p, const char *fmt, ...)
     va_end(ap);
 }
 
+/* p->entry's key looked up in its cache file (p->path): 1 with p->entry, p->gflops and
+ * PEAK_CACHED when the file holds a peak for it; else 0, with why in p->warning when there is
+ * no file to use or it holds something else. name: "the sgemm peak" and the like. */
+static int from_cache(peak_cache_t *p, const char *name)
+{
+    peak_cache_entry_t old;
+    char err[PATH_MAX + 256], what[640];
+    int rc = peak_cache_path(&p->entry.key, p->path, sizeof(p->path));
+    if (rc) {
+        p->path[0] = 0;
+        if (rc == -ENOENT)
+            warn(p, "no file to cache %s in: none of CTITAN_PEAK_CACHE, XDG_CACHE_HOME and HOME is set", name);
+        else
+            warn(p, "%s's cache file: %s", name, strerror(-rc));
+    } else if ((rc = peak_cache_read(p->path, &old, err, sizeof(err))) == 0) {
+        if (!key_differs(&old.key, &p->entry.key, what, sizeof(what))) {
+            p->entry = old;
+            p->from = PEAK_CACHED;
+            p->gflops = old.gflops;
+            return 1;
+        }
+        warn(p, "%s: a peak measured for another set-up (%s): measuring again", p->path, what);
+    } else if (rc != -ENOENT) {
+        warn(p, "%s: measuring again", err);
+    }
+    return 0;
+}
+
+/* The measured p->entry into the cache file, if there is one (p->cached), else why in p->warning. */
+static void to_cache(peak_cache_t *p)
+{
+    char err[PATH_MAX + 256];
+    if (p->path[0] && peak_cache_write(p->path, &p->entry, err, sizeof(err)))
+        warn(p, "%snot cached: %s", p->warning[0] ? "; " : "", err);
+    else if (p->path[0])
+        p->cached = 1;
+}
+
 double peak_cache_get(double given_gflops, int threads, peak_measure_fn measure, peak_cache_t *p)
 {
     memset(p, 0, sizeof(*p));
@@ -285,26 +323,10 @@ double peak_cache_get(double given_gflops, int threads, peak_measure_fn measure,
         p->from = PEAK_GIVEN;
         return p->gflops = given_gflops;
     }
-    peak_cache_entry_t *e = &p->entry, old;
+    peak_cache_entry_t *e = &p->entry;
     peak_cache_key(&e->key, threads);
-    char err[PATH_MAX + 256], what[640];
-    int rc = peak_cache_path(&e->key, p->path, sizeof(p->path));
-    if (rc) {
-        p->path[0] = 0;
-        if (rc == -ENOENT)
-            warn(p, "no file to cache the sgemm peak in: none of CTITAN_PEAK_CACHE, XDG_CACHE_HOME and HOME is set");
-        else
-            warn(p, "the sgemm peak's cache file: %s", strerror(-rc));
-    } else if ((rc = peak_cache_read(p->path, &old, err, sizeof(err))) == 0) {
-        if (!key_differs(&old.key, &e->key, what, sizeof(what))) {
-            *e = old;
-            p->from = PEAK_CACHED;
-            return p->gflops = e->gflops;
-        }
-        warn(p, "%s: a peak measured for another set-up (%s): measuring again", p->path, what);
-    } else if (rc != -ENOENT) {
-        warn(p, "%s: measuring again", err);
-    }
+    if (from_cache(p, "the sgemm peak"))
+        return p->gflops;
     p->from = PEAK_MEASURED;
     e->gflops = (measure ? measure : peak_sgemm_median_gflops)(threads, e->key.n, e->key.runs, &e->native,
                                                               &e->pooled);
@@ -313,10 +335,8 @@ double peak_cache_get(double given_gflops, int threads, peak_measure_fn measure,
         warn(p, "%sthe sgemm peak could not be measured (out of memory): MFU is meaningless",
              p->warning[0] ? "; " : "");
         e->gflops = 0;
-    } else if (p->path[0] && (rc = peak_cache_write(p->path, e, err, sizeof(err)))) {
-        warn(p, "%snot cached: %s", p->warning[0] ? "; " : "", err);
-    } else if (p->path[0]) {
-        p->cached = 1;
+    } else {
+        to_cache(p);
     }
     return p->gflops = e->gflops;
 }
@@ -362,7 +382,7 @@ double peak_cache_get_gpu(double given_gflops, peak_gpu_measure_fn measure, void
         p->from = PEAK_GIVEN;
         return p->gflops = given_gflops;
     }
-    peak_cache_entry_t *e = &p->entry, old;
+    peak_cache_entry_t *e = &p->entry;
     p->from = PEAK_NONE;
     if (peak_gpu_model(e->key.cpu, sizeof(e->key.cpu))) {
         warn(p, "no NVIDIA GPU in /proc/driver/nvidia/gpus to measure the bf16 peak of");
@@ -373,22 +393,8 @@ double peak_cache_get_gpu(double given_gflops, peak_gpu_measure_fn measure, void
     e->key.threads = 1; /* one device */
     e->key.n = PEAK_GPU_N;
     e->key.runs = PEAK_CACHE_RUNS;
-    char err[PATH_MAX + 256], what[640];
-    int rc = peak_cache_path(&e->key, p->path, sizeof(p->path));
-    if (rc) {
-        p->path[0] = 0;
-        warn(p, "no file to cache the GPU's peak in (%s)", rc == -ENOENT ? "none of CTITAN_PEAK_CACHE, "
-             "XDG_CACHE_HOME and HOME is set" : strerror(-rc));
-    } else if ((rc = peak_cache_read(p->path, &old, err, sizeof(err))) == 0) {
-        if (!key_differs(&old.key, &e->key, what, sizeof(what))) {
-            *e = old;
-            p->from = PEAK_CACHED;
-            return p->gflops = e->gflops;
-        }
-        warn(p, "%s: a peak measured for another set-up (%s): measuring again", p->path, what);
-    } else if (rc != -ENOENT) {
-        warn(p, "%s: measuring again", err);
-    }
+    if (from_cache(p, "the GPU's peak"))
+        return p->gflops;
     e->gflops = measure ? measure(arg) : 0;
     e->native = e->pooled = e->gflops;
     e->measured = (long long)time(NULL);
@@ -397,10 +403,7 @@ double peak_cache_get_gpu(double given_gflops, peak_gpu_measure_fn measure, void
         return p->gflops = e->gflops = 0;
     }
     p->from = PEAK_MEASURED;
-    if (p->path[0] && (rc = peak_cache_write(p->path, e, err, sizeof(err))))
-        warn(p, "%snot cached: %s", p->warning[0] ? "; " : "", err);
-    else if (p->path[0])
-        p->cached = 1;
+    to_cache(p);
     return p->gflops = e->gflops;
 }
 

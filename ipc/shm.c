@@ -61,6 +61,15 @@ static int map_fd(shm_seg_t **out, int fd, size_t size, const char *path, char *
     return 0;
 }
 
+static shm_progress_fn progress_fn;
+static void *progress_arg;
+
+void shm_progress_hook(shm_progress_fn fn, void *arg)
+{
+    progress_fn = fn;
+    progress_arg = arg;
+}
+
 int shm_create(shm_seg_t **out, const char *job, const char *name, size_t bytes, char *err,
                size_t errlen)
 {
@@ -89,8 +98,14 @@ int shm_create(shm_seg_t **out, const char *job, const char *name, size_t bytes,
     /* MAP_POPULATE is a hint; touch every page so tmpfs has really allocated them now
      * (a missing page later would be a SIGBUS in a worker, or a stall on the hot path). */
     volatile char *p = (*out)->data;
-    for (size_t i = 0; i < size; i += page)
+    for (size_t i = 0; i < size; i += page) {
         p[i] = 0;
+        if (progress_fn && (i + page) % SHM_PROGRESS_BYTES == 0 && progress_fn(progress_arg, name, i + page, size)) {
+            shm_detach(out);
+            rc = util_fail(err, errlen, -ECANCELED, "%s: set-up stopped", path);
+            goto out;
+        }
+    }
 out:
     close(fd);
     if (rc)

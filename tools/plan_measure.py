@@ -99,12 +99,12 @@ def main():
     if plan.returncode:
         print(plan.stderr, end="", file=sys.stderr)
         return 1
-    job = re.search(r"^plan: job (\S+)", plan.stdout, re.M).group(1)
+    job = re.search(r"^plan: job ([A-Za-z0-9_-]+)", plan.stdout, re.M).group(1)
     want = {}
-    for line in plan.stdout.splitlines():
-        m = re.match(r"^  (.+?)\s{2,}host\s+(\d+)\s", line)
-        if m:
-            want[m.group(1).strip()] = int(m.group(2))
+    for line in plan.stdout.splitlines():  # "  WHO(16) host  columns... total" in MiB
+        f = line[19:].split()
+        if line.startswith("  ") and len(f) > 2 and f[0] == "host" and re.match(r"^[\d.]+$", f[-1]):
+            want[line[2:18].strip()] = float(f[-1]) * (1 << 20)
     t0 = time.monotonic()
     p = subprocess.Popen([ctitan, "launch"] + args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     peak, hwm, names, shm = {}, {}, {}, 0
@@ -114,7 +114,7 @@ def main():
             if not s:
                 continue
             if c not in names:
-                names[c] = role(c)
+                names[c] = "launcher" if c == p.pid else role(c)
             priv = s.get("RssAnon", 0) + s.get("RssFile", 0)
             peak[c] = max(peak.get(c, 0), priv)
             hwm[c] = max(hwm.get(c, 0), s.get("VmHWM", 0))
@@ -126,11 +126,10 @@ def main():
         print(err, end="", file=sys.stderr)
         print(f"measure: the launch exited {p.returncode}", file=sys.stderr)
         return 1
-    # the launcher and the coordinator are one row of the plan (the launcher is a small process)
     got = {}
     for c, v in peak.items():
         r = names.get(c) or "?"
-        if r == "launch/coordinator":
+        if r == "launch/coordinator":  # the launcher's child: the coordinator
             r = "coordinator"
         got[r] = got.get(r, 0) + v
     mib = 1 << 20

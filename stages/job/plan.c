@@ -27,7 +27,7 @@
 #define CUDA_SLACK 4096
 #define CUDA_WORKSPACE (32.0 * PLAN_MIB)
 /* checkpointd/uring.c: the registered write buffers (UW_NBUF x UW_BUF + UW_HUGE) */
-#define CKPTD_BUFFERS ((8.0 * 4 + 2) * PLAN_MIB)
+#define CKPTD_BUFFERS (8.0 * 4 * PLAN_MIB)
 /* stages/report/evaluate.c: the coordinator's unigram entropy reads this many tokens */
 #define ENTROPY_TOKENS ((double)(1u << 24))
 
@@ -112,9 +112,11 @@ static void coord_row(plan_row_t *r, const manifest_t *m)
 {
     const model_config_t *cfg = &m->model;
     int top = cfg->n_layers + 2, T = cfg->max_seq_len < 128 ? cfg->max_seq_len : 128;
-    double eval = m->val_enable ? (double)model_acts_bytes_for(cfg, 0, top, m->local_batch_size, m->seq_len) : 0;
+    /* forwards only: the pages of the backward's buffers are never touched */
+    double eval = m->val_enable
+                      ? (double)model_acts_forward_bytes_for(cfg, 0, top, m->local_batch_size, m->seq_len) : 0;
     double sample = m->sample_tokens > 0 && m->tokenizer_path[0]
-                        ? (double)model_acts_bytes_for(cfg, 0, top, 1, T) + (double)cfg->vocab_size * 8
+                        ? (double)model_acts_forward_bytes_for(cfg, 0, top, 1, T) + (double)cfg->vocab_size * 8
                         : 0;
     r->bytes[PLAN_ACTS] = eval > sample ? eval : sample;
     r->bytes[PLAN_WORKSPACE] = eval || sample ? (double)model_fixed_bytes(cfg) : 0;
@@ -194,7 +196,7 @@ static int shard_rows(plan_t *p, const manifest_t *m, const job_layout_t *l, int
     plan_row_t *h = add_row(p, PLAN_HOST, "optshard %d", k, 0);
     if (!h)
         return -ENOMEM;
-    h->bytes[PLAN_RUNTIME] = PLAN_PROC_BYTES + blocks * 8;
+    h->bytes[PLAN_RUNTIME] = PLAN_SHARD_BYTES + blocks * 8;
     if (!l->gpu_shards)
         return 0;
     int r, s;
@@ -347,7 +349,7 @@ static double meminfo(const char *key)
 /* A number from a file of this process's cgroup (v2), or -1 ("max", no such file). */
 static double cgroup_value(const char *file)
 {
-    char rel[512] = "", path[640], line[640];
+    char rel[512] = "", path[1024], line[512];
     FILE *f = fopen("/proc/self/cgroup", "re");
     while (f && fgets(line, sizeof(line), f))
         if (!strncmp(line, "0::", 3)) {

@@ -28,10 +28,12 @@
 
 /* Host RAM a CPU process holds whatever the job: code, libraries, the ZeroMQ and pool threads'
  * stacks, the allocator's arenas. Measured on the CPU (BENCHMARKS.md "Memory plan"): the
- * private resident memory of an idle optimizer shard, loader or checkpointd of the demo. */
-#define PLAN_PROC_BYTES (6.0 * PLAN_MIB)
-/* A stage process's on top (OpenBLAS's per-thread buffers, the pool): measured the same way. */
-#define PLAN_STAGE_BYTES (10.0 * PLAN_MIB)
+ * private resident memory of the demo's launcher, loader and checkpointd (its buffers apart). */
+#define PLAN_PROC_BYTES (8.0 * PLAN_MIB)
+/* A stage's (OpenBLAS, the pool's threads) and an optimizer shard's (its copy thread), measured
+ * the same way, activations and block norms apart. */
+#define PLAN_STAGE_BYTES (8.5 * PLAN_MIB)
+#define PLAN_SHARD_BYTES (9.5 * PLAN_MIB)
 /* Estimates, to be measured on a GPU: the device memory a CUDA context with cuBLASLt takes per
  * process (H100, CUDA 12), and the host memory the CUDA libraries add to a process that loads
  * the plugin. */

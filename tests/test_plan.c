@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "ipc/shm.h"
-#include "stages/job/plan.h"
+#include "stages/plan/plan.h"
 #include "tests/testjob.h"
 
 static double now_s(void)

@@ -8,7 +8,7 @@
 #include "tools/cmds.h"
 #include "stages/coord/coord.h"
 #include "stages/job/manifest.h"
-#include "stages/job/plan.h"
+#include "stages/plan/plan.h"
 #include "checkpointd/hf_import.h"
 #include "stages/supervise/supervise.h"
 

@@ -1,7 +1,7 @@
 /* The memory plan (see plan.h): one row per process of this host and one for the shared
  * segments, each column from the code that allocates it, then the check against what the
  * host and its GPUs have. */
-#include "stages/job/plan.h"
+#include "stages/plan/plan.h"
 
 #include <errno.h>
 #include <glob.h>

@@ -478,8 +478,8 @@ static size_t knobs(const plan_t *p, const manifest_t *m, int device, char *buf,
                                "state in host memory); ");
     if (at < n)
         at += (size_t)snprintf(buf + at, n - at, "more pipeline stages (--parallelism.pipeline_parallel_degree "
-                               "above %d%s); sharding the weights and optimizer state (coming)", m->pp,
-                               device >= 0 ? ", one GPU each" : ", on more hosts");
+                               "above %d: %s); sharding the weights and optimizer state (coming)", m->pp,
+                               device >= 0 ? "fewer layers on each GPU" : "fewer layers' activations a stage");
     return at;
 }
 
@@ -495,7 +495,7 @@ int plan_check(const plan_t *p, const plan_have_t *h, const manifest_t *m, char 
     if (h->host >= 0 && p->host > h->host) {
         items(p, PLAN_HOST, what, sizeof(what));
         at += (size_t)snprintf(err + at, at < errlen ? errlen - at : 0, "job %s does not fit this host's memory: it "
-                               "needs %.2f GiB of host RAM (%s) but there are %.2f GiB (%s)", p->job,
+                               "needs %.2f GiB of host RAM (%s) but %.2f GiB are available (%s)", p->job,
                                p->host / PLAN_GIB, what, h->host / PLAN_GIB, h->host_from);
         if (at < errlen)
             at += knobs(p, m, PLAN_HOST, err + at, errlen - at);
@@ -511,7 +511,7 @@ int plan_check(const plan_t *p, const plan_have_t *h, const manifest_t *m, char 
             continue;
         items(p, g, what, sizeof(what));
         at += (size_t)snprintf(err + at, errlen - at, "%sjob %s does not fit GPU %d: it needs %.2f GiB there (%s; "
-                               "the CUDA contexts are an estimate) but the GPU has %.2f GiB (%s)", bad ? "\n" : "",
+                               "the CUDA contexts are an estimate) but %.2f GiB are available (%s)", bad ? "\n" : "",
                                p->job, g, p->gpu[g] / PLAN_GIB, what, h->gpu[g] / PLAN_GIB, h->gpu_from);
         if (at < errlen)
             at += knobs(p, m, g, err + at, errlen - at);

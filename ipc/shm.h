@@ -19,7 +19,7 @@ typedef struct shm_seg shm_seg_t;
 #define SHM_PROGRESS_BYTES ((size_t)64 << 20)
 typedef int (*shm_progress_fn)(void *arg, const char *name, size_t done, size_t total);
 void shm_progress_hook(shm_progress_fn fn, void *arg);
-/* Creates /ctitan.<job>.<name> of `bytes` (rounded up to a page), zero-filled and touched.
+/* Creates /ctitan.<job>.<name> of `bytes` (rounded up to a page), zero-filled, every page allocated.
  * job and name are [A-Za-z0-9_-]. Returns 0, -EEXIST when it exists, -ECANCELED when the
  * progress hook gave it up, or -errno; err says
  * which segment and why. The caller owns *out. */

@@ -87,6 +87,11 @@ static void test_plan_figures_of_a_small_cpu_job(void **state)
     for (int i = 0; i < p.n; i++)
         sum += p.rows[i].device == PLAN_HOST ? p.rows[i].total : 0;
     assert_true(sum == p.host);
+    /* the validation at the end runs after the workers are stopped: the most held at once is
+     * less than every process's peak summed, and at least the segments and the coordinator */
+    const plan_row_t *coord = row(&p, "coordinator", PLAN_HOST);
+    assert_true(p.host_need <= p.host);
+    assert_true(p.host_need >= shm->total + coord->total);
     assert_int_equal(p.gpus, 0);
     plan_free(&p);
     /* an activation-checkpointing mode the plan does not know yet is an error, not a guess */

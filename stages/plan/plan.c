@@ -263,6 +263,7 @@ int plan_build(plan_t *p, const manifest_t *m, const plan_opts_t *o, char *err, 
         r->bytes[PLAN_RUNTIME] = PLAN_PROC_BYTES;
         r->bytes[PLAN_WORKSPACE] = m->ckpt_enable ? CKPTD_BUFFERS : 0;
     }
+    double end = 0, eval = 0; /* coordinator.c: the workers are stopped before the validation */
     for (int i = 0; i < p->n; i++) {
         plan_row_t *x = &p->rows[i];
         for (int k = 0; k < PLAN_KINDS; k++)
@@ -271,7 +272,13 @@ int plan_build(plan_t *p, const manifest_t *m, const plan_opts_t *o, char *err, 
             p->host += x->total;
         else if (x->device < PLAN_MAX_GPUS)
             p->gpu[x->device] += x->total;
+        if (x->device == PLAN_HOST && (!strcmp(x->who, "shared memory") || !strcmp(x->who, "coordinator") ||
+                                       !strcmp(x->who, "launcher")))
+            end += x->total;
+        if (!strcmp(x->who, "coordinator"))
+            eval = x->bytes[PLAN_ACTS] + x->bytes[PLAN_WORKSPACE];
     }
+    p->host_need = p->host - eval > end ? p->host - eval : end;
     rc = 0;
 out:
     sched_free(&sched);
@@ -322,7 +329,8 @@ void plan_print(const plan_t *p, FILE *f)
             fprintf(f, "  %s (%s): activations %.1f MiB a microbatch x %d in flight\n", r->who, dev,
                     r->act_mb / PLAN_MIB, r->in_flight);
     }
-    fprintf(f, "  host RAM: %.2f GiB\n", p->host / PLAN_GIB);
+    fprintf(f, "  host RAM: %.2f GiB, each process at its peak; at most %.2f GiB at once (the coordinator's "
+            "end-of-run validation runs after the workers are stopped)\n", p->host / PLAN_GIB, p->host_need / PLAN_GIB);
     for (int g = 0; g < p->gpus && g < PLAN_MAX_GPUS; g++)
         fprintf(f, "  gpu%d: %.2f GiB (of which CUDA contexts %.2f GiB: an estimate, to be measured on a GPU)\n", g,
                 p->gpu[g] / PLAN_GIB, PLAN_CUDA_CONTEXT_BYTES / PLAN_GIB);
@@ -466,6 +474,12 @@ static size_t knobs(const plan_t *p, const manifest_t *m, int device, char *buf,
     const plan_row_t *a = top_acts(p, device);
     int mb = m->local_batch_size / m->microbatches;
     size_t at = (size_t)snprintf(buf, n, "; to fit: ");
+    for (int i = 0; i < p->n && device == PLAN_HOST; i++)
+        if (!strcmp(p->rows[i].who, "coordinator") && p->rows[i].bytes[PLAN_ACTS] >= p->host_need / 4 && at < n)
+            at += (size_t)snprintf(buf + at, n - at, "a lighter end of run (the coordinator's validation holds "
+                                   "%.2f GiB of activations, the whole model over %d x %d tokens on the CPU: "
+                                   "--validation.enable false, or a smaller --training.local_batch_size); ",
+                                   p->rows[i].bytes[PLAN_ACTS] / PLAN_GIB, m->local_batch_size, m->seq_len);
     if (a)
         at += (size_t)snprintf(buf + at, n - at, "fewer activations (%s holds %.2f GiB: %.2f GiB a microbatch of %d x "
                                "%d tokens x %d in flight): activation checkpointing (coming: "
@@ -492,11 +506,11 @@ int plan_check(const plan_t *p, const plan_have_t *h, const manifest_t *m, char 
         if (!strcmp(p->rows[i].who, "shared memory"))
             shm = &p->rows[i];
     int bad = 0;
-    if (h->host >= 0 && p->host > h->host) {
+    if (h->host >= 0 && p->host_need > h->host) {
         items(p, PLAN_HOST, what, sizeof(what));
         at += (size_t)snprintf(err + at, at < errlen ? errlen - at : 0, "job %s does not fit this host's memory: it "
-                               "needs %.2f GiB of host RAM (%s) but %.2f GiB are available (%s)", p->job,
-                               p->host / PLAN_GIB, what, h->host / PLAN_GIB, h->host_from);
+                               "needs %.2f GiB of host RAM at once (%s) but %.2f GiB are available (%s)", p->job,
+                               p->host_need / PLAN_GIB, what, h->host / PLAN_GIB, h->host_from);
         if (at < errlen)
             at += knobs(p, m, PLAN_HOST, err + at, errlen - at);
         bad = 1;

@@ -75,7 +75,11 @@ typedef struct {
     plan_row_t *rows;      /* owned */
     int n;
     int gpus;              /* GPUs of this host the job uses (0 on the CPU) */
-    double host;           /* the host RAM rows summed */
+    double host;           /* the host RAM rows summed: every process at its own peak */
+    double host_need;      /* the most held at once, what the check compares: the larger of the
+                            * training (every process, the coordinator's end-of-run evaluation
+                            * apart) and the end (the workers stopped, the coordinator evaluating
+                            * over the segments) */
     double gpu[PLAN_MAX_GPUS];
     char job[64], device[16];
     const char *ac_mode;

@@ -120,6 +120,13 @@ static void test_plan_figures_of_a_small_gpu_job(void **state)
     assert_true(d0->bytes[PLAN_CONTEXT] == PLAN_CUDA_CONTEXT_BYTES);
     assert_true(d0->bytes[PLAN_WORKSPACE] >= 32.0 * PLAN_MIB); /* cuBLASLt's */
     assert_int_equal(d0->in_flight, 2);
+    /* its activations as kernels/cuda/model.cu carves them (N = 32 tokens, head dim 16, buffers
+     * rounded up to 256 bytes): a layer 8 bf16 (N, D) + 3 (N, QD) + 4 (N, KD) + 5 (N, F) = 32768
+     * + 12288 + 8192 + 40960 bytes, r1 and r2 256 each, lse (B x heads x T fp32) 512 = 95232; then
+     * tokens and targets 2 x 256, io (N, D) fp32 8192, x_top and d_bottom 2 x 4096, s_dm 8192,
+     * s_dy 4096, delta 512 = 29696 */
+    assert_int_equal((long)d0->act_mb, 95232L + 29696);
+    assert_int_equal((long)d0->bytes[PLAN_ACTS], 2 * (95232L + 29696));
     /* GPU optimizer shards (optshard.device follows job.device): their slices' AdamW state on
      * a GPU; the host keeps no gradients then */
     const plan_row_t *shm = row(&p, "shared memory", PLAN_HOST);

@@ -59,8 +59,10 @@ static double cuda_acts(const model_config_t *cfg, int p0, int p1, int B, int T)
            KD = cfg->n_kv_heads * hd, F = (size_t)config_ffn_hidden(cfg), V = (size_t)cfg->vocab_size,
            BHT = (size_t)B * cfg->n_heads * T;
 #define R(n, es) (((n) * (es) + 255) / 256 * 256)
-    size_t layer = R(N * D, 2) * 6 + R(N * QD, 2) * 3 + R(N * KD, 2) * 4 + R(N * F, 2) * 5 + R(N, 4) * 2 +
+    /* per layer: h_in xn1 h1 xn2 df dxn2 dh1 dxn1 | q y dq | k v dk dv | a b m da db | r1 r2 | lse */
+    size_t layer = R(N * D, 2) * 8 + R(N * QD, 2) * 3 + R(N * KD, 2) * 4 + R(N * F, 2) * 5 + R(N, 4) * 2 +
                    R(BHT, 4);
+    /* tokens targets | io | x_top d_bottom | s_dm | s_dy | delta; the head: hf dhf | logits | rf loss */
     size_t total = (size_t)nl * layer + R(N, 4) * 2 + R(N * D, 4) + R(N * D, 2) * 2 + R(N * F, 2) +
                    R(N * (QD > D ? QD : D), 2) + R(BHT, 4);
     if (p1 == cfg->n_layers + 2)

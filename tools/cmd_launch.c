@@ -50,11 +50,16 @@ static int check_plan(const manifest_t *m, int print)
         plan_print(&p, stdout);
         if (have.host >= 0)
             printf("  host has %.2f GiB (%s)\n", have.host / PLAN_GIB, have.host_from);
-        for (int g = 0; g < p.gpus && g < PLAN_MAX_GPUS; g++)
+        if (plan_gpus(&p, &have) < p.gpus)
+            printf("  this host has %d GPU%s: the %d GPU processes share them (ordinal k on GPU k %% %d)\n",
+                   have.gpus, have.gpus == 1 ? "" : "s", p.gpus, have.gpus);
+        for (int g = 0; g < plan_gpus(&p, &have); g++)
             if (have.gpu[g] >= 0)
-                printf("  gpu%d has %.2f GiB (%s)\n", g, have.gpu[g] / PLAN_GIB, have.gpu_from);
+                printf("  gpu%d needs %.2f GiB, has %.2f GiB (%s)\n", g, plan_gpu_need(&p, &have, g) / PLAN_GIB,
+                       have.gpu[g] / PLAN_GIB, have.gpu_from);
             else
-                printf("  gpu%d: its memory is unknown, not checked (set job.device_memory_gib)\n", g);
+                printf("  gpu%d needs %.2f GiB; its memory is unknown, not checked (set job.device_memory_gib)\n", g,
+                       plan_gpu_need(&p, &have, g) / PLAN_GIB);
     } else if (p.gpus && have.gpu[0] < 0) {
         fprintf(stderr, "launch: the GPUs' free memory is unknown (no nvidia-smi answered): the memory plan checks "
                 "the host only (job.device_memory_gib sets it)\n");

@@ -333,9 +333,13 @@ void plan_print(const plan_t *p, FILE *f)
     }
     fprintf(f, "  host RAM: %.2f GiB, each process at its peak; at most %.2f GiB at once (the coordinator's "
             "end-of-run validation runs after the workers are stopped)\n", p->host / PLAN_GIB, p->host_need / PLAN_GIB);
-    for (int g = 0; g < p->gpus && g < PLAN_MAX_GPUS; g++)
+    for (int g = 0; g < p->gpus && g < PLAN_MAX_GPUS; g++) {
+        double ctx = 0;
+        for (int i = 0; i < p->n; i++)
+            ctx += p->rows[i].device == g ? p->rows[i].bytes[PLAN_CONTEXT] : 0;
         fprintf(f, "  gpu%d: %.2f GiB (of which CUDA contexts %.2f GiB: an estimate, to be measured on a GPU)\n", g,
-                p->gpu[g] / PLAN_GIB, PLAN_CUDA_CONTEXT_BYTES / PLAN_GIB);
+                p->gpu[g] / PLAN_GIB, ctx / PLAN_GIB);
+    }
 }
 
 /* ---- what there is ---- */
@@ -426,23 +430,50 @@ void plan_capacity(plan_have_t *h, const manifest_t *m, int gpus)
                           "2>/dev/null", "r")
                   : NULL;
     char line[128];
-    for (int g = 0; f && g < PLAN_MAX_GPUS && fgets(line, sizeof(line), f); g++)
-        h->gpu[g] = strtod(line, NULL) * PLAN_MIB;
-    if (f && pclose(f) == 0)
+    int found = 0;
+    for (; f && found < PLAN_MAX_GPUS && fgets(line, sizeof(line), f); found++)
+        h->gpu[found] = strtod(line, NULL) * PLAN_MIB;
+    if (f && pclose(f) == 0 && found) {
+        h->gpus = found;
         snprintf(h->gpu_from, sizeof(h->gpu_from), "nvidia-smi's memory.free");
-    else
+    } else {
         for (int g = 0; g < PLAN_MAX_GPUS; g++)
             h->gpu[g] = -1;
+    }
+}
+
+int plan_gpus(const plan_t *p, const plan_have_t *h)
+{
+    int n = h->gpus > 0 && h->gpus < p->gpus ? h->gpus : p->gpus;
+    return n < PLAN_MAX_GPUS ? n : PLAN_MAX_GPUS;
+}
+
+/* Whether a row is on device `device` of this host's n GPUs (ordinal k runs on GPU k % n, as
+ * the CUDA plugin's cuda_dev_select places it). */
+static int on(const plan_row_t *r, int device, int n)
+{
+    return device < 0 ? r->device == device : r->device >= 0 && r->device % n == device;
+}
+
+double plan_gpu_need(const plan_t *p, const plan_have_t *h, int g)
+{
+    int n = plan_gpus(p, h);
+    double need = 0;
+    for (int i = 0; i < p->n; i++)
+        if (on(&p->rows[i], g, n))
+            need += p->rows[i].total;
+    return need;
 }
 
 /* ---- the check ---- */
 
-/* "weights 1.2 GiB, activations 3.4 GiB (...)": the device's items, largest first. */
-static void items(const plan_t *p, int device, char *buf, size_t n)
+/* "weights 1.2 GiB, activations 3.4 GiB (...)": the device's items, largest first (gpus: this
+ * host's). */
+static void items(const plan_t *p, int device, int gpus, char *buf, size_t n)
 {
     double sum[PLAN_KINDS] = {0};
     for (int i = 0; i < p->n; i++)
-        if (p->rows[i].device == device)
+        if (on(&p->rows[i], device, gpus))
             for (int k = 0; k < PLAN_KINDS; k++)
                 sum[k] += p->rows[i].bytes[k];
     size_t at = 0;
@@ -461,19 +492,19 @@ static void items(const plan_t *p, int device, char *buf, size_t n)
 }
 
 /* The stage row on `device` with the most activations. */
-static const plan_row_t *top_acts(const plan_t *p, int device)
+static const plan_row_t *top_acts(const plan_t *p, int device, int gpus)
 {
     const plan_row_t *best = NULL;
     for (int i = 0; i < p->n; i++)
-        if (p->rows[i].device == device && p->rows[i].in_flight &&
+        if (on(&p->rows[i], device, gpus) && p->rows[i].in_flight &&
             (!best || p->rows[i].bytes[PLAN_ACTS] > best->bytes[PLAN_ACTS]))
             best = &p->rows[i];
     return best;
 }
 
-static size_t knobs(const plan_t *p, const manifest_t *m, int device, char *buf, size_t n)
+static size_t knobs(const plan_t *p, const manifest_t *m, int device, int gpus, char *buf, size_t n)
 {
-    const plan_row_t *a = top_acts(p, device);
+    const plan_row_t *a = top_acts(p, device, gpus);
     int mb = m->local_batch_size / m->microbatches;
     size_t at = (size_t)snprintf(buf, n, "; to fit: ");
     for (int i = 0; i < p->n && device == PLAN_HOST; i++)
@@ -509,12 +540,12 @@ int plan_check(const plan_t *p, const plan_have_t *h, const manifest_t *m, char 
             shm = &p->rows[i];
     int bad = 0;
     if (h->host >= 0 && p->host_need > h->host) {
-        items(p, PLAN_HOST, what, sizeof(what));
+        items(p, PLAN_HOST, 1, what, sizeof(what));
         at += (size_t)snprintf(err + at, at < errlen ? errlen - at : 0, "job %s does not fit this host's memory: it "
                                "needs %.2f GiB of host RAM at once (%s) but %.2f GiB are available (%s)", p->job,
                                p->host_need / PLAN_GIB, what, h->host / PLAN_GIB, h->host_from);
         if (at < errlen)
-            at += knobs(p, m, PLAN_HOST, err + at, errlen - at);
+            at += knobs(p, m, PLAN_HOST, 1, err + at, errlen - at);
         bad = 1;
     } else if (shm && h->shm >= 0 && shm->total > h->shm) {
         at += (size_t)snprintf(err + at, at < errlen ? errlen - at : 0, "job %s does not fit /dev/shm: its shared "
@@ -522,15 +553,17 @@ int plan_check(const plan_t *p, const plan_have_t *h, const manifest_t *m, char 
                                "remount,size=...)", p->job, shm->total / PLAN_GIB, h->shm / PLAN_GIB);
         bad = 1;
     }
-    for (int g = 0; g < p->gpus && g < PLAN_MAX_GPUS; g++) {
-        if (h->gpu[g] < 0 || p->gpu[g] <= h->gpu[g] || at >= errlen)
+    int gpus = plan_gpus(p, h);
+    for (int g = 0; g < gpus; g++) {
+        double need = plan_gpu_need(p, h, g);
+        if (h->gpu[g] < 0 || need <= h->gpu[g] || at >= errlen)
             continue;
-        items(p, g, what, sizeof(what));
+        items(p, g, gpus, what, sizeof(what));
         at += (size_t)snprintf(err + at, errlen - at, "%sjob %s does not fit GPU %d: it needs %.2f GiB there (%s; "
                                "the CUDA contexts are an estimate) but %.2f GiB are available (%s)", bad ? "\n" : "",
-                               p->job, g, p->gpu[g] / PLAN_GIB, what, h->gpu[g] / PLAN_GIB, h->gpu_from);
+                               p->job, g, need / PLAN_GIB, what, h->gpu[g] / PLAN_GIB, h->gpu_from);
         if (at < errlen)
-            at += knobs(p, m, g, err + at, errlen - at);
+            at += knobs(p, m, g, gpus, err + at, errlen - at);
         bad = 1;
     }
     return bad ? -ENOMEM : 0;

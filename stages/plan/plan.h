@@ -102,8 +102,13 @@ typedef struct {
     char host_from[96];    /* where the figure came from */
     double gpu[PLAN_MAX_GPUS];
     char gpu_from[96];
+    int gpus;              /* GPUs nvidia-smi found; 0: as many as the plan uses (the overrides) */
 } plan_have_t;
 void plan_capacity(plan_have_t *h, const manifest_t *m, int gpus);
+/* The GPUs the job's processes share: the plan's, or fewer when the host has fewer (ordinal k
+ * on GPU k % n, as the CUDA plugin places them), and what GPU g of them holds. */
+int plan_gpus(const plan_t *p, const plan_have_t *h);
+double plan_gpu_need(const plan_t *p, const plan_have_t *h, int g);
 
 /* Whether the plan fits: 0, or -ENOMEM with err naming, per device that does not fit, what the
  * job needs (its largest items) and what there is, and the knobs that would make it fit. */

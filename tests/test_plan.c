@@ -136,6 +136,12 @@ static void test_plan_figures_of_a_small_gpu_job(void **state)
         if (!strncmp(p.rows[i].who, "optshard", 8) && p.rows[i].device >= 0)
             held += p.rows[i].bytes[PLAN_OPTIM];
     assert_true(held >= 106816.0 * 3 * 4 && held < 106816.0 * 3 * 4 + 65536);
+    /* on a host with one GPU both stage processes and their shards share it (ordinal % GPUs) */
+    plan_have_t one = {.gpus = 1}, same = {.gpus = 0};
+    assert_int_equal(plan_gpus(&p, &one), 1);
+    assert_true(plan_gpu_need(&p, &one, 0) == p.gpu[0] + p.gpu[1]);
+    assert_int_equal(plan_gpus(&p, &same), 2);
+    assert_true(plan_gpu_need(&p, &same, 1) == p.gpu[1]);
     plan_free(&p);
 }
 

@@ -122,8 +122,8 @@ static void coord_row(plan_row_t *r, const manifest_t *m)
                         : 0;
     r->bytes[PLAN_ACTS] = eval > sample ? eval : sample;
     r->bytes[PLAN_WORKSPACE] = eval || sample ? (double)model_fixed_bytes(cfg) : 0;
-    r->bytes[PLAN_RUNTIME] = PLAN_PROC_BYTES + (m->command[0] ? 0 : file_pages(m->dataset_path, cfg->vocab_size,
-                                                                               ENTROPY_TOKENS));
+    r->file = m->command[0] ? 0 : file_pages(m->dataset_path, cfg->vocab_size, ENTROPY_TOKENS);
+    r->bytes[PLAN_RUNTIME] = PLAN_PROC_BYTES + r->file;
 }
 
 /* The built-in loader maps the training file: the windows of every step in order, or all of
@@ -131,8 +131,8 @@ static void coord_row(plan_row_t *r, const manifest_t *m)
 static void loader_row(plan_row_t *r, const manifest_t *m)
 {
     double tokens = m->shuffle ? 1e18 : (double)m->steps * m->dp * m->local_batch_size * (m->seq_len + 1.0);
-    r->bytes[PLAN_RUNTIME] = PLAN_PROC_BYTES + (m->command[0] ? 0 : file_pages(m->dataset_path, m->model.vocab_size,
-                                                                               tokens));
+    r->file = m->command[0] ? 0 : file_pages(m->dataset_path, m->model.vocab_size, tokens);
+    r->bytes[PLAN_RUNTIME] = PLAN_PROC_BYTES + r->file;
 }
 
 /* Stage rank s of a replica, on the host (CPU) or on its GPU. */
@@ -276,11 +276,12 @@ int plan_build(plan_t *p, const manifest_t *m, const plan_opts_t *o, char *err, 
             p->gpu[x->device] += x->total;
         if (x->device == PLAN_HOST && (!strcmp(x->who, "shared memory") || !strcmp(x->who, "coordinator") ||
                                        !strcmp(x->who, "launcher")))
-            end += x->total;
+            end += x->total - x->file;
+        p->file += x->file;
         if (!strcmp(x->who, "coordinator"))
             eval = x->bytes[PLAN_ACTS] + x->bytes[PLAN_WORKSPACE];
     }
-    p->host_need = p->host - eval > end ? p->host - eval : end;
+    p->host_need = p->host - p->file - eval > end ? p->host - p->file - eval : end;
     rc = 0;
 out:
     sched_free(&sched);
@@ -332,7 +333,8 @@ void plan_print(const plan_t *p, FILE *f)
                     r->act_mb / PLAN_MIB, r->in_flight);
     }
     fprintf(f, "  host RAM: %.2f GiB, each process at its peak; at most %.2f GiB at once (the coordinator's "
-            "end-of-run validation runs after the workers are stopped)\n", p->host / PLAN_GIB, p->host_need / PLAN_GIB);
+            "end-of-run validation runs after the workers are stopped; the %.1f MiB of token files' pages the "
+            "kernel can reclaim left out)\n", p->host / PLAN_GIB, p->host_need / PLAN_GIB, p->file / PLAN_MIB);
     for (int g = 0; g < p->gpus && g < PLAN_MAX_GPUS; g++) {
         double ctx = 0;
         for (int i = 0; i < p->n; i++)

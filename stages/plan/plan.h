@@ -59,6 +59,8 @@ typedef struct {
     int device;            /* PLAN_HOST, or a GPU ordinal of this host */
     double bytes[PLAN_KINDS];
     double total;
+    double file;           /* of its runtime, pages of token files it maps: counted in the table
+                            * (they are resident), not in the check (the kernel reclaims them) */
     double act_mb;         /* stage rows: one microbatch's activations, summed over the chunks */
     int in_flight;         /* ... and the microbatches the schedule keeps (sched_peak_acts) */
 } plan_row_t;
@@ -79,7 +81,8 @@ typedef struct {
     double host_need;      /* the most held at once, what the check compares: the larger of the
                             * training (every process, the coordinator's end-of-run evaluation
                             * apart) and the end (the workers stopped, the coordinator evaluating
-                            * over the segments) */
+                            * over the segments), token files' pages apart */
+    double file;           /* the rows' token-file pages */
     double gpu[PLAN_MAX_GPUS];
     char job[64], device[16];
     const char *ac_mode;

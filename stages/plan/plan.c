@@ -362,25 +362,69 @@ static double meminfo(const char *key)
     return v;
 }
 
-/* A number from a file of this process's cgroup (v2), or -1 ("max", no such file). */
-static double cgroup_value(const char *file)
+/* This process's memory cgroup folder: v2 ("0::PATH") or v1 ("N:...memory...:PATH"); 1 for v1,
+ * 0 for v2, -1 when there is none. */
+static int cgroup_dir(char *dir, size_t n)
 {
-    char rel[512] = "", path[1024], line[512];
+    char line[640];
+    int v = -1;
     FILE *f = fopen("/proc/self/cgroup", "re");
-    while (f && fgets(line, sizeof(line), f))
-        if (!strncmp(line, "0::", 3)) {
-            snprintf(rel, sizeof(rel), "%s", line + 3);
-            rel[strcspn(rel, "\n")] = 0;
+    while (f && fgets(line, sizeof(line), f)) {
+        line[strcspn(line, "\n")] = 0;
+        char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+        if (!c2)
+            continue;
+        *c2 = 0;
+        if (!strcmp(c1 + 1, "") && v < 0) {
+            snprintf(dir, n, "/sys/fs/cgroup%s", strcmp(c2 + 1, "/") ? c2 + 1 : "");
+            v = 0;
+        } else if (strstr(c1 + 1, "memory")) { /* v1 wins: on a hybrid host it holds the limit */
+            snprintf(dir, n, "/sys/fs/cgroup/memory%s", strcmp(c2 + 1, "/") ? c2 + 1 : "");
+            v = 1;
         }
-    if (f)
-        fclose(f);
-    snprintf(path, sizeof(path), "/sys/fs/cgroup%s/%s", strcmp(rel, "/") ? rel : "", file);
-    double v = -1;
-    if ((f = fopen(path, "re")) && fgets(line, sizeof(line), f) && strncmp(line, "max", 3))
-        v = strtod(line, NULL);
+    }
     if (f)
         fclose(f);
     return v;
+}
+
+/* A number from a file of dir, or the value of `key` in it ("key N" lines); -1 when absent or
+ * "max". */
+static double cgroup_value(const char *dir, const char *file, const char *key)
+{
+    char path[1024], line[256];
+    snprintf(path, sizeof(path), "%s/%s", dir, file);
+    FILE *f = fopen(path, "re");
+    double v = -1;
+    size_t k = key ? strlen(key) : 0;
+    while (f && fgets(line, sizeof(line), f)) {
+        if (key && (strncmp(line, key, k) || line[k] != ' '))
+            continue;
+        if (strncmp(line + k, "max", 3))
+            v = strtod(line + k, NULL);
+        break;
+    }
+    if (f)
+        fclose(f);
+    return v;
+}
+
+/* What the cgroup lets this process's job take: its limit less its usage, the file cache it
+ * holds given back (the kernel reclaims it before it refuses); -1 without a limit. */
+static double cgroup_room(void)
+{
+    char dir[700];
+    int v1 = cgroup_dir(dir, sizeof(dir));
+    if (v1 < 0)
+        return -1;
+    double max = cgroup_value(dir, v1 ? "memory.limit_in_bytes" : "memory.max", NULL);
+    double cur = cgroup_value(dir, v1 ? "memory.usage_in_bytes" : "memory.current", NULL);
+    double act = cgroup_value(dir, "memory.stat", v1 ? "total_active_file" : "active_file");
+    double inact = cgroup_value(dir, "memory.stat", v1 ? "total_inactive_file" : "inactive_file");
+    if (max < 0 || cur < 0 || max >= 0x1p62) /* v1 says "no limit" with a page-rounded 2^63 */
+        return -1;
+    double room = max - cur + (act > 0 ? act : 0) + (inact > 0 ? inact : 0);
+    return room > 0 ? room : 0;
 }
 
 static double env_bytes(const char *name)
@@ -403,10 +447,10 @@ void plan_capacity(plan_have_t *h, const manifest_t *m, int gpus)
     } else {
         h->host = meminfo("MemAvailable");
         snprintf(h->host_from, sizeof(h->host_from), "MemAvailable");
-        double max = cgroup_value("memory.max"), cur = cgroup_value("memory.current");
-        if (max >= 0 && cur >= 0 && (h->host < 0 || max - cur < h->host)) {
-            h->host = max - cur > 0 ? max - cur : 0;
-            snprintf(h->host_from, sizeof(h->host_from), "the cgroup's memory.max less memory.current");
+        double room = cgroup_room();
+        if (room >= 0 && (h->host < 0 || room < h->host)) {
+            h->host = room;
+            snprintf(h->host_from, sizeof(h->host_from), "the memory cgroup's limit less its usage but file cache");
         }
         struct statvfs vfs;
         if (statvfs("/dev/shm", &vfs) == 0)

@@ -1,5 +1,5 @@
 # ctitan: one flat Makefile, everything builds into build/ (programs in build/bin/).
-# make | make test | make test-gpu | make bench | make bench-gpu | make demo | make clean
+# make | make test | make test-gpu | make bench | make bench-gpu | make bench-plan | make demo | make clean
 # (make CUDA=0 skips CUDA)
 
 CC      ?= gcc
@@ -79,7 +79,7 @@ ifeq ($(CUDA),1)
 ALL += $(GPU_TESTS) $(CUDA_SO) $(GPUPROF_SO)
 endif
 
-.PHONY: all pydeps test test-asan asan fuzzers fuzz-bins fuzz test-fuzz fuzz-seeds test-gpu bench bench-gpu bench-recover bench-schedules demo clean deps
+.PHONY: all pydeps test test-asan asan fuzzers fuzz-bins fuzz test-fuzz fuzz-seeds test-gpu bench bench-gpu bench-recover bench-schedules bench-plan demo clean deps
 all: $(ALL)
 
 # Installs missing Debian packages (as root) before anything compiles.
@@ -342,6 +342,19 @@ demo: $(DEMO_BINS)
 # recovery (issue 13): the demo undisturbed and with a kill -9 every 20 steps (tools/bench_recover.sh)
 bench-recover: $(DEMO_BINS)
 	bash tools/bench_recover.sh
+
+# the memory plan beside the measured peak (issue 24; tools/plan_measure.py, BENCHMARKS.md "Memory
+# plan"): the demo (30 steps) and a ~160M Llama (2 steps), each in its own dump folder under /tmp
+PLAN_160M := --model.flavor llama1b --model.dim 1024 --model.n_layers 8 --model.n_heads 16 --model.n_kv_heads 8 \
+             --training.seq_len 1024 --training.local_batch_size 2 --parallelism.pipeline_parallel_microbatches 2 \
+             --training.steps 2 --validation.steps 1 --sample.tokens 0
+bench-plan: $(DEMO_BINS)
+	@test -f data/fortunes/train.bin || $(BUILD)/bin/ctitan prep
+	rm -rf /tmp/ctitan-plan-demo /tmp/ctitan-plan-160m
+	python3 tools/plan_measure.py manifests/demo.toml --job.name plandemo --job.dump_folder /tmp/ctitan-plan-demo \
+	    --training.steps 30 --checkpoint.interval 20
+	python3 tools/plan_measure.py manifests/demo.toml $(PLAN_160M) --job.name plan160 --job.dump_folder /tmp/ctitan-plan-160m
+	rm -rf /tmp/ctitan-plan-demo /tmp/ctitan-plan-160m
 
 # every pipeline schedule at pp 1, 2 and 4 (the schedules section of make bench alone)
 bench-schedules: $(DEMO_BINS)

@@ -44,9 +44,9 @@ static int seg_path(char *out, const char *job, const char *name, char *err, siz
     return 0;
 }
 
-static int map_fd(shm_seg_t **out, int fd, size_t size, const char *path, char *err, size_t errlen)
+static int map_fd(shm_seg_t **out, int fd, size_t size, int populate, const char *path, char *err, size_t errlen)
 {
-    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | (populate ? MAP_POPULATE : 0), fd, 0);
     if (p == MAP_FAILED)
         return util_fail(err, errlen, -errno, "%s: cannot map %zu bytes: %s", path, size,
                          strerror(errno));
@@ -59,6 +59,15 @@ static int map_fd(shm_seg_t **out, int fd, size_t size, const char *path, char *
     s->size = size;
     *out = s;
     return 0;
+}
+
+static shm_progress_fn progress_fn;
+static void *progress_arg;
+
+void shm_progress_hook(shm_progress_fn fn, void *arg)
+{
+    progress_fn = fn;
+    progress_arg = arg;
 }
 
 int shm_create(shm_seg_t **out, const char *job, const char *name, size_t bytes, char *err,
@@ -83,14 +92,39 @@ int shm_create(shm_seg_t **out, const char *job, const char *name, size_t bytes,
                        strerror(errno));
         goto out;
     }
-    rc = map_fd(out, fd, size, path, err, errlen);
-    if (rc)
+    /* Every page allocated now (a page missing later would be a SIGBUS in a worker, or a stall
+     * on the hot path): fallocate, a piece at a time so that the progress hook can stop it. It
+     * allocates tmpfs pages several times faster than faulting them in through a mapping, and
+     * fills no page table of this process (no MAP_POPULATE): the creator, the coordinator,
+     * maps only the pages it touches. A file system without fallocate has its pages touched. */
+    int touch = 0;
+    for (size_t at = 0; at < size && !touch; at += SHM_PROGRESS_BYTES) {
+        size_t n = size - at < SHM_PROGRESS_BYTES ? size - at : SHM_PROGRESS_BYTES;
+        if (fallocate(fd, 0, (off_t)at, (off_t)n) < 0) {
+            if (errno == EOPNOTSUPP) {
+                touch = 1;
+                break;
+            }
+            rc = util_fail(err, errlen, -errno, "%s: cannot allocate %zu bytes: %s", path, size, strerror(errno));
+            goto out;
+        }
+        if (progress_fn && progress_fn(progress_arg, name, at + n, size)) {
+            rc = util_fail(err, errlen, -ECANCELED, "%s: set-up stopped", path);
+            goto out;
+        }
+    }
+    rc = map_fd(out, fd, size, 0, path, err, errlen);
+    if (rc || !touch)
         goto out;
-    /* MAP_POPULATE is a hint; touch every page so tmpfs has really allocated them now
-     * (a missing page later would be a SIGBUS in a worker, or a stall on the hot path). */
     volatile char *p = (*out)->data;
-    for (size_t i = 0; i < size; i += page)
+    for (size_t i = 0; i < size; i += page) {
         p[i] = 0;
+        if (progress_fn && (i + page) % SHM_PROGRESS_BYTES == 0 && progress_fn(progress_arg, name, i + page, size)) {
+            shm_detach(out);
+            rc = util_fail(err, errlen, -ECANCELED, "%s: set-up stopped", path);
+            goto out;
+        }
+    }
 out:
     close(fd);
     if (rc)
@@ -113,7 +147,7 @@ int shm_attach(shm_seg_t **out, const char *job, const char *name, char *err, si
     else if (st.st_size <= 0)
         rc = util_fail(err, errlen, -EINVAL, "%s: empty segment", path);
     else
-        rc = map_fd(out, fd, (size_t)st.st_size, path, err, errlen);
+        rc = map_fd(out, fd, (size_t)st.st_size, 1, path, err, errlen);
     close(fd);
     return rc;
 }

@@ -12,8 +12,16 @@
 
 typedef struct shm_seg shm_seg_t;
 
-/* Creates /ctitan.<job>.<name> of `bytes` (rounded up to a page), zero-filled and touched.
- * job and name are [A-Za-z0-9_-]. Returns 0, -EEXIST when it exists, or -errno; err says
+/* Told, while shm_create touches the pages of a new segment, how far it is (every
+ * SHM_PROGRESS_BYTES); a nonzero return gives the segment up: shm_create
+ * removes it and returns -ECANCELED. One hook for the process (the coordinator's set-up sets
+ * it: a Ctrl-C stops a long set-up at once, and it says how far it is); NULL: none. */
+#define SHM_PROGRESS_BYTES ((size_t)64 << 20)
+typedef int (*shm_progress_fn)(void *arg, const char *name, size_t done, size_t total);
+void shm_progress_hook(shm_progress_fn fn, void *arg);
+/* Creates /ctitan.<job>.<name> of `bytes` (rounded up to a page), zero-filled, every page allocated.
+ * job and name are [A-Za-z0-9_-]. Returns 0, -EEXIST when it exists, -ECANCELED when the
+ * progress hook gave it up, or -errno; err says
  * which segment and why. The caller owns *out. */
 int shm_create(shm_seg_t **out, const char *job, const char *name, size_t bytes, char *err,
                size_t errlen);

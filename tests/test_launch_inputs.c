@@ -108,7 +108,7 @@ static void test_inputs_a_run_whose_last_checkpoint_fails_does_not_succeed(void 
 
 /* A model whose segments cannot fit the machine (4096 layers of dim 2048: 824 GB of parameters
  * alone) is refused before any segment is made, saying how much memory it needs and how much
- * there is. The ulimit is a safety net for a build without the check, which would otherwise
+ * there is (the memory plan, stages/plan/plan.h). The ulimit is a safety net for a build without the check, which would otherwise
  * fill the machine's memory touching the segments (with it, their mmap fails instead); not in
  * an ASan build, which reserves terabytes of address space for itself. */
 #if defined(__has_feature)
@@ -128,7 +128,7 @@ static void test_inputs_a_model_too_large_for_the_memory_is_refused_before_any_s
     char j[32];
     tj_name(j, sizeof(j), 'i', "huge");
     int rc = tj_launch(MEMORY_NET, 300, j, "--model.n_layers 4096 --model.dim 2048", out, sizeof(out));
-    if (rc != 1 || !strstr(out, "needs") || !strstr(out, "GiB of memory") || !strstr(out, "available") ||
+    if (rc != 1 || !strstr(out, "needs") || !strstr(out, "GiB of host RAM") || !strstr(out, "available") ||
         strstr(out, "cannot map"))
         fail_msg("exit status %d:\n%s", rc, out);
     assert_clean(j);

@@ -5,7 +5,7 @@
 #   floor 0: kernels/ ipc/                       (the math; the transports and control messages)
 #   floor 1: stages/job/ stages/data/            (the job description and segment layouts; data formats)
 #   floor 2: stages/runtime/ stages/report/      (the worker runtime and data plane; what a run reports)
-#   floor 3: checkpointd/                        (the checkpoint format and its daemon, a worker)
+#   floor 3: checkpointd/ stages/plan/           (the checkpoint format and its daemon, a worker; the memory plan)
 #   floor 4: stages/coord/ stages/roles/         (the coordinator; the role processes)
 #   floor 5: stages/supervise/                   (the supervisor: a failed run relaunched)
 #   floor 6: tools/                              (the ctitan command)
@@ -16,7 +16,7 @@ floor() {
     kernels | ipc) echo 0 ;;
     stages/job | stages/data) echo 1 ;;
     stages/runtime | stages/report) echo 2 ;;
-    checkpointd) echo 3 ;;
+    checkpointd | stages/plan) echo 3 ;;
     stages/coord | stages/roles) echo 4 ;;
     stages/supervise) echo 5 ;;
     tools) echo 6 ;;

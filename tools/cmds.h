@@ -7,6 +7,7 @@ int cmd_prep(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_launch(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
 int cmd_loader(int argc, char **argv);
 int cmd_status(int argc, char **argv);
 int cmd_ckpt(int argc, char **argv);

@@ -13,6 +13,7 @@ static const struct {
 } cmds[] = {
     {"prep", cmd_prep, "train a byte-level BPE tokenizer and write token shards"},
     {"launch", cmd_launch, "run a training job from a manifest: loader, pipeline stages, optimizer shards"},
+    {"plan", cmd_plan, "print a job's memory plan per process and device, and whether it fits (launch --dry-run)"},
     {"loader", cmd_loader, "loader swap --job NAME --cmd CMD: replace a running job's loader"},
     {"status", cmd_status, "status --job NAME: which step a running job is at, its restarts"},
     {"train", cmd_train, "train in one process on token shards (the single-process reference)"},

@@ -173,6 +173,50 @@ void model_set_buffers(model_t *m, float *params, float *grads)
     bind(m);
 }
 
+/* Floats of one microbatch's activations (the carving below takes them in this order): per
+ * layer N x (8 D + 2 + 4 QD + 4 KD + 5 F) plus the attention probabilities B x heads x T x T;
+ * the scratch N x (F + max(QD, D)) and the tokens N; the head N x (3 D + 1 + V); the
+ * embedding's gradient N x D. */
+static size_t acts_floats(const model_config_t *cfg, int nl, int has_embed, int has_head, int B, int T)
+{
+    size_t N = (size_t)B * T, D = (size_t)cfg->dim, hd = (size_t)config_head_dim(cfg);
+    size_t QD = (size_t)cfg->n_heads * hd, KD = (size_t)cfg->n_kv_heads * hd, F = (size_t)config_ffn_hidden(cfg);
+    size_t probs = (size_t)B * cfg->n_heads * T * T;
+    size_t per_layer = N * (D * 8 + 2 + QD * 4 + KD * 4 + F * 5) + probs;
+    size_t total = (size_t)nl * per_layer + N * (F + (QD > D ? QD : D)) + N; /* + tokens */
+    if (has_head)
+        total += N * (D * 3 + 1 + (size_t)cfg->vocab_size);
+    if (has_embed)
+        total += N * D;
+    return total;
+}
+
+size_t model_acts_bytes_for(const model_config_t *cfg, int piece_begin, int piece_end, int B, int T)
+{
+    int l0 = piece_begin > 1 ? piece_begin - 1 : 0;
+    int l1 = piece_end - 1 < cfg->n_layers ? piece_end - 1 : cfg->n_layers;
+    return acts_floats(cfg, l1 > l0 ? l1 - l0 : 0, piece_begin == 0, piece_end == cfg->n_layers + 2, B, T) *
+           sizeof(float);
+}
+
+size_t model_acts_forward_bytes_for(const model_config_t *cfg, int piece_begin, int piece_end, int B, int T)
+{
+    int l0 = piece_begin > 1 ? piece_begin - 1 : 0;
+    int l1 = piece_end - 1 < cfg->n_layers ? piece_end - 1 : cfg->n_layers, nl = l1 > l0 ? l1 - l0 : 0;
+    size_t N = (size_t)B * T, D = (size_t)cfg->dim, hd = (size_t)config_head_dim(cfg);
+    size_t QD = (size_t)cfg->n_heads * hd, KD = (size_t)cfg->n_kv_heads * hd, F = (size_t)config_ffn_hidden(cfg);
+    /* per layer h_in, r1, xn1, q, k, v, probs, y, h1, r2, xn2, a, b, m (layer_forward) */
+    size_t floats = (size_t)nl * (N * (4 * D + 2 + 2 * QD + 2 * KD + 3 * F) + (size_t)B * cfg->n_heads * T * T) + N;
+    if (piece_end == cfg->n_layers + 2) /* h_top, rf, hf, the logits, the loss in s_dy */
+        floats += N * (2 * D + 2 + (size_t)cfg->vocab_size);
+    return floats * sizeof(float);
+}
+
+size_t model_fixed_bytes(const model_config_t *cfg)
+{
+    return 2 * (size_t)cfg->max_seq_len * (size_t)(config_head_dim(cfg) / 2) * sizeof(float);
+}
+
 model_acts_t *model_acts_new(const model_t *m, int B, int T)
 {
     if (B <= 0 || T <= 0 || T > m->cfg.max_seq_len)
@@ -184,12 +228,7 @@ model_acts_t *model_acts_new(const model_t *m, int B, int T)
     a->l = calloc((size_t)(m->nl ? m->nl : 1), sizeof(layer_acts_t));
     size_t N = (size_t)a->N, D = m->D, QD = m->QD, KD = m->KD, F = m->F, V = m->V;
     size_t probs = (size_t)B * m->cfg.n_heads * T * T;
-    size_t per_layer = N * (D * 8 + 2 + QD * 4 + KD * 4 + F * 5) + probs;
-    size_t total = (size_t)m->nl * per_layer + N * (F + (QD > D ? QD : D)) + N; /* + tokens */
-    if (m->has_head)
-        total += N * (D * 3 + 1 + V);
-    if (m->has_embed)
-        total += N * D;
+    size_t total = acts_floats(&m->cfg, m->nl, m->has_embed, m->has_head, B, T);
     a->base = malloc(total * sizeof(float));
     if (!a->l || !a->base) {
         model_acts_destroy(&a);

@@ -31,6 +31,14 @@ void model_set_buffers(model_t *m, float *params, float *grads);
 model_acts_t *model_acts_new(const model_t *m, int B, int T);
 void model_acts_destroy(model_acts_t **a);
 size_t model_acts_bytes(const model_acts_t *a);
+/* What model_acts_new allocates for a [B, T] microbatch of pieces [piece_begin, piece_end),
+ * without a model: the memory plan's per-microbatch activations (stages/job/plan.h). */
+size_t model_acts_bytes_for(const model_config_t *cfg, int piece_begin, int piece_end, int B, int T);
+/* The part of it a forward alone writes (evaluation: the backward's buffers are never
+ * touched, so never resident). */
+size_t model_acts_forward_bytes_for(const model_config_t *cfg, int piece_begin, int piece_end, int B, int T);
+/* What model_new allocates beside its tables, whatever its pieces: the rotary tables. */
+size_t model_fixed_bytes(const model_config_t *cfg);
 /* Logits of the last forward run without targets (NULL without the head). */
 const float *model_logits(const model_acts_t *a);
 

@@ -230,6 +230,34 @@ static int set_up(coord_t *c, char *err, size_t errlen)
     return 0;
 }
 
+/* coord_all_ready, and after 2 s of set-up a line every 2 s: how many processes are ready,
+ * which are not (a large model's optimizer shards initialise the weights meanwhile). */
+static int all_ready_say(coord_t *c, void *arg)
+{
+    if (coord_all_ready(c, arg))
+        return 1;
+    double now = util_now();
+    if (now - c->setup_t0 < 2 || now - c->setup_said < 2)
+        return 0;
+    int ready = 0, n = 0;
+    char waiting[256] = "";
+    size_t at = 0;
+    for (int i = 0; i < c->np; i++) {
+        if (c->p[i].expect_exit)
+            continue;
+        n++;
+        if (c->p[i].ready)
+            ready++;
+        else if (at < sizeof(waiting) - 1)
+            at += (size_t)snprintf(waiting + at, sizeof(waiting) - at, "%s%s", at ? ", " : "", c->p[i].id);
+    }
+    printf("launch: set-up: %d of %d processes ready (%.0f s); setting up: %s (the optimizer shards initialise "
+           "the weights, the stages their activations)\n", ready, n, now - c->setup_t0, waiting);
+    fflush(stdout);
+    c->setup_said = now;
+    return 0;
+}
+
 /* Once the first step and its loader cursor are known: the loader segment, the metrics file
  * and the TensorBoard event file (a path that cannot be written fails the launch now, not
  * after training), the banner (with the peak, measured before any process computes), then
@@ -257,7 +285,7 @@ static int start(coord_t *c, char *err, size_t errlen)
     for (int i = 0; i < c->np && !c->failed; i++)
         if (!c->p[i].remote && !c->p[i].pid && !c->p[i].expect_exit)
             coord_spawn(c, &c->p[i]);
-    if (coord_pump(c, coord_all_ready, NULL, coord_startup_s(c)) == -ETIMEDOUT)
+    if (coord_pump(c, all_ready_say, NULL, coord_startup_s(c)) == -ETIMEDOUT)
         coord_fail(c, "the job's processes did not all become ready in %.0f s", coord_startup_s(c));
     if (c->seg_ckpt && !manifest_snapshots(m) && !c->failed) {
         /* the shards have their slices: a run that writes no checkpoint frees the bytes a
@@ -300,7 +328,7 @@ static int run(coord_t *c)
         else
             fprintf(stderr, "ctitan: job %s interrupted by %s: stopping every process\n", m->name,
                     strsignal(c->interrupted));
-        coord_stop_all(c);
+        coord_stop_all_now(c);
         return 128 + c->interrupted;
     }
     if (rc) { /* before training: checkpointd's reason, or the set-up's */
@@ -328,7 +356,7 @@ static void report_rejections(coord_t *c)
 
 int coord_run(const manifest_t *given, const coord_super_t *sup)
 {
-    coord_t c = {.sigfd = -1, .rejected = {.what = "rejected control messages"},
+    coord_t c = {.sigfd = -1, .setup_t0 = util_now(), .rejected = {.what = "rejected control messages"},
                  .unanswered = {.what = "replies the operator was not sent"}, .sup = sup,
                  .out = sup ? sup->out : NULL};
     char err[1024];
@@ -353,8 +381,14 @@ int coord_run(const manifest_t *given, const coord_super_t *sup)
         return 1;
     }
     if (set_up(&c, err, sizeof(err))) {
-        fprintf(stderr, "launch: %s\n", err);
-        coord_note_failure(&c, err);
+        if (c.interrupted) { /* a Ctrl-C in the set-up: nothing started yet */
+            fprintf(stderr, "ctitan: job %s interrupted by %s during its set-up: removing its segments\n", m->name,
+                    strsignal(c.interrupted));
+            status = 128 + c.interrupted;
+        } else {
+            fprintf(stderr, "launch: %s\n", err);
+            coord_note_failure(&c, err);
+        }
     } else {
         status = m->host_rank > 0 ? coord_agent(&c) : run(&c);
         if (status != 1) /* done, or stopped: the other hosts end too (a failure waits for a relaunch) */

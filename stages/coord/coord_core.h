@@ -49,6 +49,7 @@
 
 #define COORD_OPERATOR "operator"    /* the user of the operator's key (`ctitan loader swap`, `status`) */
 #define COORD_STOP_GRACE_S 5.0
+#define COORD_INTERRUPT_GRACE_S 0.3 /* after a Ctrl-C (coord_stop_all_now) */
 #define COORD_REWOUND 1              /* returned up to the step loop: the job went back to c->step */
 #define COORD_HOOKS 8                /* of each kind in the registry */
 
@@ -170,6 +171,7 @@ struct coord {
     int n_lost;                       /* processes lost and not replaced yet (coord_recover.c) */
     /* the end */
     int failed, interrupted;
+    double setup_t0, setup_said;      /* set-up: when it began, and its last progress line */
     char why[1536];
     const coord_proc_t *culprit;      /* the process the failure is blamed on (NULL: the coordinator's own) */
     /* our own stops: a thread notes the time while this process runs */

@@ -319,7 +319,7 @@ void coord_terminate_all(coord_t *c, double grace)
     wait_children(c, 5.0);
 }
 
-void coord_stop_all(coord_t *c)
+static void stop_all(coord_t *c, double grace, double term_grace)
 {
     msg_t stop = {.type = MSG_STOP};
     for (int i = 0; i < c->np; i++)
@@ -328,9 +328,13 @@ void coord_stop_all(coord_t *c)
             if (c->p[i].route[0]) /* one that never said hello gets signals instead */
                 ctl_send(c->ctl, c->p[i].route, &stop);
         }
-    wait_children(c, COORD_STOP_GRACE_S);
-    coord_terminate_all(c, 1.0);
+    wait_children(c, grace);
+    coord_terminate_all(c, term_grace);
 }
+
+void coord_stop_all(coord_t *c) { stop_all(c, COORD_STOP_GRACE_S, 1.0); }
+
+void coord_stop_all_now(coord_t *c) { stop_all(c, COORD_INTERRUPT_GRACE_S, COORD_INTERRUPT_GRACE_S / 2); }
 
 void coord_stop_proc(coord_t *c, coord_proc_t *p)
 {

@@ -14,6 +14,9 @@ void coord_spawn(coord_t *c, coord_proc_t *p);
 void coord_stop_proc(coord_t *c, coord_proc_t *p);
 /* Clean stop: STOP to everyone, then signals for whoever lingers. */
 void coord_stop_all(coord_t *c);
+/* The same after a Ctrl-C: COORD_INTERRUPT_GRACE_S for STOP, half that for SIGTERM, then
+ * SIGKILL, so that the job is gone within a second (a worker busy setting up reads no STOP). */
+void coord_stop_all_now(coord_t *c);
 /* SIGTERM to whoever still runs, `grace` seconds, then SIGKILL; reaps them all. */
 void coord_terminate_all(coord_t *c, double grace);
 /* No child of this process runs. */

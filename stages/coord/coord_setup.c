@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/signalfd.h>
@@ -81,7 +82,37 @@ static int clear_stale(coord_t *c, char *err, size_t errlen)
     return 0;
 }
 
+/* While the segments' pages are touched (seconds for a large model): a Ctrl-C gives the set-up
+ * up at once, and after 2 s a line every 2 s says how far it is. */
+static int setup_progress(void *arg, const char *name, size_t done, size_t total)
+{
+    coord_t *c = arg;
+    coord_read_signals(c);
+    if (c->interrupted)
+        return 1;
+    double now = util_now();
+    if (now - c->setup_t0 >= 2 && now - c->setup_said >= 2) {
+        printf("launch: set-up: making the shared-memory segment %s.%s: %.1f of %.1f GiB (%.0f s)\n", c->job, name,
+               (double)done / (1 << 30), (double)total / (1 << 30), now - c->setup_t0);
+        fflush(stdout);
+        c->setup_said = now;
+    }
+    return 0;
+}
+
+static int make_segments(coord_t *c, char *err, size_t errlen);
+
 int coord_make_segments(coord_t *c, char *err, size_t errlen)
+{
+    if (!c->setup_t0)
+        c->setup_t0 = util_now();
+    shm_progress_hook(setup_progress, c);
+    int rc = make_segments(c, err, errlen);
+    shm_progress_hook(NULL, NULL);
+    return rc;
+}
+
+static int make_segments(coord_t *c, char *err, size_t errlen)
 {
     const manifest_t *m = c->m;
     const job_layout_t *l = &c->lay;

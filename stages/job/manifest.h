@@ -67,6 +67,8 @@ typedef struct {
     double watchdog_s;           /* 0 (automatic: 10 x the median step time + 10 s, startup_timeout_s
                                   * before 3 steps): a stage or shard that owes a reply, or the loader,
                                   * making no progress this long is stack-dumped, killed and replaced */
+    double device_memory_gib;    /* 0: with job.device = "cuda", each GPU's memory for the memory plan
+                                  * (stages/job/plan.h); 0 = the free memory nvidia-smi reports */
     int startup_timeout_s;       /* 120 (1..86400): how long a process may take to become ready (at
                                   * the start, a replacement, a swapped-in loader: the swap then
                                   * falls back to the previous loader) */

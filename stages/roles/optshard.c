@@ -276,10 +276,24 @@ static void make_state(shard_t *sh, float *const *dst)
 {
     for (int a = 1; a < sh->arrays; a++)
         memset(dst[a], 0, sh->n * sizeof(float));
-    if (sh->man->ckpt_load[0])
+    if (sh->man->ckpt_load[0]) {
         load(sh, dst);
-    else
-        params_init(&sh->tab, &sh->man->model, sh->man->seed, dst[0], sh->begin, sh->end);
+        return;
+    }
+    /* in pieces (any split gives the same bits), saying how far after 2 s and every 2 s: a large
+     * model's slice takes a while, and the launch would otherwise say nothing */
+    const size_t piece = (size_t)1 << 24;
+    double t0 = util_now(), said = t0;
+    for (size_t at = sh->begin; at < sh->end; at += piece) {
+        size_t e = sh->end - at > piece ? at + piece : sh->end;
+        params_init(&sh->tab, &sh->man->model, sh->man->seed, dst[0] + (at - sh->begin), at, e);
+        double now = util_now();
+        if (now - t0 >= 2 && now - said >= 2) {
+            LOG_I("initialising the weights of its slice: %.0f of %.0f M parameters (%.0f s)",
+                  (double)(e - sh->begin) / 1e6, (double)sh->n / 1e6, now - t0);
+            said = now;
+        }
+    }
 }
 
 /* CPU shards: the banks in the optstate segment. Returns 1 when this process replaces a shard

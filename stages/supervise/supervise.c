@@ -25,6 +25,11 @@
 #include "stages/coord/coord.h"
 
 #define SUP_SAVED_MAX 256 /* checkpoints of this job remembered (the newest) */
+/* After a stop signal the coordinator stops the job itself (coord_stop_all_now); one still
+ * running this long after it (busy in a set-up step that reads no signal: an sgemm peak
+ * measured, the validation at the end) is killed with its whole group, and its segments
+ * removed here, so that a Ctrl-C ends the job within a second wherever it is. */
+#define SUP_STOP_S 0.6
 
 typedef struct {
     const manifest_t *given;
@@ -34,6 +39,8 @@ typedef struct {
     int sigfd;
     pid_t self, pid;              /* this process; the coordinator running (0: none) */
     int stop_sig;                 /* SIGINT, SIGTERM or SIGHUP came: no restart */
+    double stop_t;                /* when */
+    int stop_killed;              /* the coordinator did not end in SUP_STOP_S: killed */
     double started;               /* when the current run was forked */
     int stepped;                  /* some run completed a step */
     int restarts, in_a_row;       /* restarts so far; in a row from the current `from` */
@@ -80,8 +87,10 @@ static void read_signals(sup_t *s)
         int sig = (int)si.ssi_signo;
         if (sig == SIGCHLD)
             continue;
-        if (!s->stop_sig)
+        if (!s->stop_sig) {
             s->stop_sig = sig;
+            s->stop_t = util_now();
+        }
         if (s->pid > 0)
             kill(s->pid, sig);
     }
@@ -112,8 +121,18 @@ static int wait_run(sup_t *s)
         /* WNOWAIT: unreaped, it keeps its group's id from being reused until the kill below */
         if (waitid(P_PID, (id_t)s->pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid == s->pid)
             break;
+        int ms = -1;
+        if (s->stop_sig) {
+            double left = s->stop_t + SUP_STOP_S - util_now();
+            if (left <= 0) {
+                kill(-s->pid, SIGKILL);
+                s->stop_killed = 1;
+                break;
+            }
+            ms = (int)(left * 1e3) + 1;
+        }
         struct pollfd p = {.fd = s->sigfd, .events = POLLIN};
-        poll(&p, 1, -1);
+        poll(&p, 1, ms);
     }
     kill(-s->pid, SIGKILL);
     int status = 0, st;
@@ -148,9 +167,14 @@ static int run_once(sup_t *s)
     pid_t pid = s->pid;
     int st = wait_run(s);
     s->pid = 0;
-    if (WIFSIGNALED(st) && coord_remove_leftovers(s->given->name, pid) > 0)
+    if (s->stop_killed) {
+        coord_remove_leftovers(s->given->name, pid);
+        fprintf(stderr, "ctitan: job %s did not stop within %.1f s of %s: killed every process of it and removed "
+                "its shared-memory segments\n", s->given->name, SUP_STOP_S, strsignal(s->stop_sig));
+    } else if (WIFSIGNALED(st) && coord_remove_leftovers(s->given->name, pid) > 0) {
         fprintf(stderr, "ctitan: removed the shared-memory segments, control socket and operator key the dead "
                 "coordinator left\n");
+    }
     return st;
 }
 
@@ -405,6 +429,8 @@ int sup_run(const manifest_t *m)
         }
         read_signals(s); /* a stop that came while the group was reaped */
         status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        if (s->stop_killed)
+            status = 128 + s->stop_sig;
         if (status == 0 || s->stop_sig || (WIFEXITED(st) && status != 1))
             break; /* done, stopped, or a status no restart changes */
         if ((status = plan_restart(s, st)))

@@ -1,0 +1,616 @@
+/* The memory plan (see plan.h): one row per process of this host and one for the shared
+ * segments, each column from the code that allocates it, then the check against what the
+ * host and its GPUs have. */
+#include "stages/plan/plan.h"
+
+#include <errno.h>
+#include <glob.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "ipc/util.h"
+#include "kernels/cpu/model.h"
+#include "kernels/params.h"
+#include "stages/data/tokfile.h"
+#include "stages/job/devdir.h"
+#include "stages/job/job.h"
+#include "stages/job/ldr_seg.h"
+#include "stages/job/staging.h"
+#include "stages/runtime/plane.h"
+
+/* kernels/cuda/model.cu and matmul.cu: the elements past each stage's buffers
+ * (CUDA_MODEL_SLACK) and cuBLASLt's workspace per model (WORKSPACE_BYTES); plan.c does not
+ * include the CUDA headers, so the CPU build has them here, and a change there must come here. */
+#define CUDA_SLACK 4096
+#define CUDA_WORKSPACE (32.0 * PLAN_MIB)
+/* checkpointd/uring.c: the registered write buffers (UW_NBUF x UW_BUF + UW_HUGE) */
+#define CKPTD_BUFFERS (8.0 * 4 * PLAN_MIB)
+/* stages/report/evaluate.c: the coordinator's unigram entropy reads this many tokens */
+#define ENTROPY_TOKENS ((double)(1u << 24))
+
+static const char *kind_name[PLAN_KINDS] = {"weights", "grads", "optimizer", "activations", "rings+segs",
+                                            "staging", "workspace", "cuda ctx", "runtime"};
+
+static double page(double b) { return b <= 0 ? 0 : (double)util_round_page((size_t)b); }
+
+static plan_row_t *add_row(plan_t *p, int device, const char *fmt, int a, int b)
+{
+    plan_row_t *r = realloc(p->rows, (size_t)(p->n + 1) * sizeof(*r));
+    if (!r)
+        return NULL;
+    p->rows = r;
+    r = &p->rows[p->n++];
+    *r = (plan_row_t){.device = device};
+    snprintf(r->who, sizeof(r->who), fmt, a, b);
+    if (device >= 0 && device + 1 > p->gpus)
+        p->gpus = device + 1;
+    return r;
+}
+
+/* One microbatch's activations in the CUDA model (kernels/cuda/model.cu carve(): bf16 and fp32
+ * buffers, each rounded up to 256 bytes) for pieces [p0, p1). */
+static double cuda_acts(const model_config_t *cfg, int p0, int p1, int B, int T)
+{
+    int l0 = p0 > 1 ? p0 - 1 : 0, l1 = p1 - 1 < cfg->n_layers ? p1 - 1 : cfg->n_layers, nl = l1 > l0 ? l1 - l0 : 0;
+    size_t hd = (size_t)config_head_dim(cfg), N = (size_t)B * T, D = (size_t)cfg->dim, QD = cfg->n_heads * hd,
+           KD = cfg->n_kv_heads * hd, F = (size_t)config_ffn_hidden(cfg), V = (size_t)cfg->vocab_size,
+           BHT = (size_t)B * cfg->n_heads * T;
+#define R(n, es) (((n) * (es) + 255) / 256 * 256)
+    /* per layer: h_in xn1 h1 xn2 df dxn2 dh1 dxn1 | q y dq | k v dk dv | a b m da db | r1 r2 | lse */
+    size_t layer = R(N * D, 2) * 8 + R(N * QD, 2) * 3 + R(N * KD, 2) * 4 + R(N * F, 2) * 5 + R(N, 4) * 2 +
+                   R(BHT, 4);
+    /* tokens targets | io | x_top d_bottom | s_dm | s_dy | delta; the head: hf dhf | logits | rf loss */
+    size_t total = (size_t)nl * layer + R(N, 4) * 2 + R(N * D, 4) + R(N * D, 2) * 2 + R(N * F, 2) +
+                   R(N * (QD > D ? QD : D), 2) + R(BHT, 4);
+    if (p1 == cfg->n_layers + 2)
+        total += R(N * D, 2) * 2 + R(N * V, 2) + R(N, 4) * 2;
+#undef R
+    return (double)total;
+}
+
+/* Bytes of the token file's pages a reader of `tokens` tokens maps (the whole file at most),
+ * 0 when it cannot be opened (the launch says why). */
+static double file_pages(const char *pattern, int vocab, double tokens)
+{
+    glob_t g;
+    double bytes = 0;
+    if (glob(pattern, 0, NULL, &g) == 0 && g.gl_pathc) {
+        tokfile_t *tf = NULL;
+        struct stat st;
+        char err[256];
+        if (stat(g.gl_pathv[0], &st) == 0 && tokfile_open(&tf, g.gl_pathv[0], vocab, err, sizeof(err)) == 0) {
+            double n = (double)tokfile_count(tf), per = n > 0 ? (double)st.st_size / n : 0;
+            bytes = tokens < n ? page(tokens * per) : (double)st.st_size;
+            tokfile_close(&tf);
+        }
+    }
+    globfree(&g);
+    return bytes;
+}
+
+static void shared_row(plan_t *p, plan_row_t *r, const job_layout_t *l, const manifest_t *m)
+{
+    double params = page((double)job_params_bytes(l));
+    int seqs = m->local_batch_size / m->microbatches;
+    r->bytes[PLAN_WEIGHTS] = params;
+    r->bytes[PLAN_GRADS] = l->gpu_shards ? 0 : params;
+    r->bytes[PLAN_OPTIM] = m->host_rank == 0 ? page((double)job_optstate_bytes(l, m->shards)) : 0;
+    r->bytes[PLAN_STAGING] = manifest_snapshots(m) || manifest_loads(m)
+                                 ? page((double)staging_bytes(l->total, l->arrays)) : 0;
+    r->bytes[PLAN_RINGS] = page((double)job_seg_bytes(l)) +
+                           page((double)ldr_seg_bytes(m->dp, manifest_loader_slots(m), seqs, m->seq_len)) +
+                           (l->S > 1 && plane_uses_act_segment(plane_transport(l)) ? page((double)job_act_bytes(l))
+                                                                                     : 0) +
+                           (l->gpu ? page((double)devdir_bytes(l)) : 0);
+}
+
+/* The coordinator: at the end of a run the validation loss runs the whole model over
+ * local_batch_size x seq_len on the host (stages/report/evaluate.c), then the sample one
+ * sequence of at most 128 tokens; before the run the unigram entropy reads the data. */
+static void coord_row(plan_row_t *r, const manifest_t *m)
+{
+    const model_config_t *cfg = &m->model;
+    int top = cfg->n_layers + 2, T = cfg->max_seq_len < 128 ? cfg->max_seq_len : 128;
+    /* forwards only: the pages of the backward's buffers are never touched */
+    double eval = m->val_enable
+                      ? (double)model_acts_forward_bytes_for(cfg, 0, top, m->local_batch_size, m->seq_len) : 0;
+    double sample = m->sample_tokens > 0 && m->tokenizer_path[0]
+                        ? (double)model_acts_forward_bytes_for(cfg, 0, top, 1, T) + (double)cfg->vocab_size * 8
+                        : 0;
+    r->bytes[PLAN_ACTS] = eval > sample ? eval : sample;
+    r->bytes[PLAN_WORKSPACE] = eval || sample ? (double)model_fixed_bytes(cfg) : 0;
+    r->file = m->command[0] ? 0 : file_pages(m->dataset_path, cfg->vocab_size, ENTROPY_TOKENS);
+    r->bytes[PLAN_RUNTIME] = PLAN_PROC_BYTES + r->file;
+}
+
+/* The built-in loader maps the training file: the windows of every step in order, or all of
+ * it when shuffling. */
+static void loader_row(plan_row_t *r, const manifest_t *m)
+{
+    double tokens = m->shuffle ? 1e18 : (double)m->steps * m->dp * m->local_batch_size * (m->seq_len + 1.0);
+    r->file = m->command[0] ? 0 : file_pages(m->dataset_path, m->model.vocab_size, tokens);
+    r->bytes[PLAN_RUNTIME] = PLAN_PROC_BYTES + r->file;
+}
+
+/* Stage rank s of a replica, on the host (CPU) or on its GPU. */
+static int stage_rows(plan_t *p, const manifest_t *m, const job_layout_t *l, const sched_t *sched, int replica,
+                      int s, int threads)
+{
+    const model_config_t *cfg = &m->model;
+    int gpu = l->gpu ? job_local_ordinal(l, replica, s) : PLAN_HOST;
+    plan_row_t *h = add_row(p, PLAN_HOST, "stage %d.%d", s, replica), *d = NULL;
+    if (!h)
+        return -ENOMEM;
+    if (gpu >= 0 && !(d = add_row(p, gpu, "stage %d.%d", s, replica)))
+        return -ENOMEM;
+    h = d ? &p->rows[p->n - 2] : h; /* add_row may have moved the rows */
+    h->bytes[PLAN_RUNTIME] = PLAN_STAGE_BYTES + (d ? PLAN_CUDA_HOST_BYTES : 0);
+    param_table_t tab;
+    if (params_table_init(&tab, cfg))
+        return -ENOMEM;
+    for (int c = 0; c < l->vs; c++) {
+        int v = sched_vstage(sched, s, c), p0, p1, n_acts = sched_peak_acts(sched, s, c);
+        size_t b, e;
+        if (v < 0 || n_acts < 0 || manifest_stage_pieces(m, v, &p0, &p1)) {
+            params_table_free(&tab);
+            return -ENOMEM;
+        }
+        params_piece_range(&tab, p0, p1, &b, &e);
+        double n = (double)(e - b);
+        plan_row_t *r = d ? d : h;
+        double one = d ? cuda_acts(cfg, p0, p1, l->mb, l->T) : (double)model_acts_bytes_for(cfg, p0, p1, l->mb, l->T);
+        r->act_mb += one;
+        r->in_flight = r->in_flight > n_acts ? r->in_flight : n_acts;
+        r->bytes[PLAN_ACTS] += one * n_acts;
+        r->bytes[PLAN_WORKSPACE] += (double)model_fixed_bytes(cfg);
+        if (!d) { /* the CPU model on the shared segments; attention's backward scratch is T x T a thread */
+            r->bytes[PLAN_WORKSPACE] += (double)threads * l->T * l->T * sizeof(float) / l->vs;
+            continue;
+        }
+        d->bytes[PLAN_WEIGHTS] += (n + CUDA_SLACK) * 2;
+        d->bytes[PLAN_GRADS] += (n + CUDA_SLACK) * 4;
+        d->bytes[PLAN_WORKSPACE] += CUDA_WORKSPACE;
+        h->bytes[PLAN_STAGING] += n * 4; /* pinned: the host's weights and gradients pass through it */
+        double ring = (double)l->M * l->dev_slot;
+        if (l->nccl) /* each end holds its slots: act and grad links to each neighbour */
+            d->bytes[PLAN_RINGS] += ring * 2 * ((v > 0) + (v < l->S - 1));
+        else /* a stage owns its outgoing rings: activations up, gradients down */
+            d->bytes[PLAN_RINGS] += ring * ((v < l->S - 1) + (v > 0));
+    }
+    params_table_free(&tab);
+    if (d)
+        d->bytes[PLAN_CONTEXT] = PLAN_CUDA_CONTEXT_BYTES;
+    return 0;
+}
+
+/* Optimizer shard k: CPU shards work in the optstate segment; GPU shards keep the state on
+ * the device beside the stage whose slice they hold (their host copy is made and freed at
+ * set-up), and a sum of the replicas' gradients with more than one. */
+static int shard_rows(plan_t *p, const manifest_t *m, const job_layout_t *l, int k)
+{
+    size_t b, e;
+    if (job_shard_range(l, m, k, &b, &e))
+        return -ENOMEM;
+    double n = (double)(e - b), blocks = n / MANIFEST_BLOCK + 2;
+    plan_row_t *h = add_row(p, PLAN_HOST, "optshard %d", k, 0);
+    if (!h)
+        return -ENOMEM;
+    h->bytes[PLAN_RUNTIME] = PLAN_SHARD_BYTES + blocks * 8;
+    if (!l->gpu_shards)
+        return 0;
+    int r, s;
+    plane_shard_beside(plane_transport(l), l, k, &r, &s);
+    int gpu = r >= 0 ? job_local_ordinal(l, r, s) : k;
+    plan_row_t *d = add_row(p, gpu, "optshard %d", k, 0);
+    if (!d)
+        return -ENOMEM;
+    h = &p->rows[p->n - 2];
+    h->bytes[PLAN_RUNTIME] += PLAN_CUDA_HOST_BYTES;
+    h->bytes[PLAN_OPTIM] = n * l->arrays * 4;
+    d->bytes[PLAN_OPTIM] = n * l->arrays * 4 + blocks * 8;
+    d->bytes[PLAN_GRADS] = l->dp > 1 ? n * 4 : 0;
+    d->bytes[PLAN_CONTEXT] = PLAN_CUDA_CONTEXT_BYTES;
+    return 0;
+}
+
+int plan_build(plan_t *p, const manifest_t *m, const plan_opts_t *o, char *err, size_t errlen)
+{
+    *p = (plan_t){.ac_mode = "none"};
+    snprintf(p->job, sizeof(p->job), "%s", m->name);
+    snprintf(p->device, sizeof(p->device), "%s", m->device);
+    const char *ac = o && o->ac_mode && o->ac_mode[0] ? o->ac_mode : "none";
+    if (strcmp(ac, "none"))
+        return util_fail(err, errlen, -EINVAL, "activation_checkpoint.mode = \"%s\": the memory plan knows \"none\"",
+                         ac);
+    job_layout_t l;
+    sched_t sched;
+    if (job_layout(&l, m))
+        return util_fail(err, errlen, -ENOMEM, "out of memory");
+    int rc = sched_build(&sched, m->pp, l.vs, m->microbatches, m->schedule, err, errlen);
+    if (rc)
+        return rc;
+    long cpus = o && o->cpus > 0 ? o->cpus : sysconf(_SC_NPROCESSORS_ONLN);
+    int threads = m->threads > 0 ? m->threads : (int)(cpus / (m->pp * m->dp));
+    threads = threads < 1 ? 1 : threads;
+    plan_row_t *r;
+    rc = -ENOMEM;
+    if (!(r = add_row(p, PLAN_HOST, "shared memory", 0, 0)))
+        goto out;
+    shared_row(p, r, &l, m);
+    if (!(r = add_row(p, PLAN_HOST, m->host_rank == 0 ? "coordinator" : "agent", 0, 0)))
+        goto out;
+    r->bytes[PLAN_RUNTIME] = PLAN_PROC_BYTES;
+    if (m->host_rank == 0) {
+        coord_row(r, m);
+        if (!(r = add_row(p, PLAN_HOST, "launcher", 0, 0)))
+            goto out;
+        r->bytes[PLAN_RUNTIME] = PLAN_PROC_BYTES;
+    }
+    if (!(r = add_row(p, PLAN_HOST, "loader", 0, 0)))
+        goto out;
+    loader_row(r, m);
+    for (int rep = 0; rep < l.dp; rep++)
+        for (int s = 0; s < l.pp; s++)
+            if (job_host_of(&l, rep) == m->host_rank && stage_rows(p, m, &l, &sched, rep, s, threads))
+                goto out;
+    for (int k = 0; k < m->shards; k++)
+        if ((l.hosts == 1 || job_host_of(&l, k % l.dp) == m->host_rank) && shard_rows(p, m, &l, k))
+            goto out;
+    if (m->host_rank == 0 && (m->ckpt_enable || manifest_loads(m))) {
+        if (!(r = add_row(p, PLAN_HOST, "checkpointd", 0, 0)))
+            goto out;
+        r->bytes[PLAN_RUNTIME] = PLAN_PROC_BYTES;
+        r->bytes[PLAN_WORKSPACE] = m->ckpt_enable ? CKPTD_BUFFERS : 0;
+    }
+    double end = 0, eval = 0; /* coordinator.c: the workers are stopped before the validation */
+    for (int i = 0; i < p->n; i++) {
+        plan_row_t *x = &p->rows[i];
+        for (int k = 0; k < PLAN_KINDS; k++)
+            x->total += x->bytes[k];
+        if (x->device == PLAN_HOST)
+            p->host += x->total;
+        else if (x->device < PLAN_MAX_GPUS)
+            p->gpu[x->device] += x->total;
+        if (x->device == PLAN_HOST && (!strcmp(x->who, "shared memory") || !strcmp(x->who, "coordinator") ||
+                                       !strcmp(x->who, "launcher")))
+            end += x->total - x->file;
+        p->file += x->file;
+        if (!strcmp(x->who, "coordinator"))
+            eval = x->bytes[PLAN_ACTS] + x->bytes[PLAN_WORKSPACE];
+    }
+    p->host_need = p->host - p->file - eval > end ? p->host - p->file - eval : end;
+    rc = 0;
+out:
+    sched_free(&sched);
+    if (rc) {
+        plan_free(p);
+        util_fail(err, errlen, rc, "out of memory");
+    }
+    return rc;
+}
+
+void plan_free(plan_t *p)
+{
+    free(p->rows);
+    p->rows = NULL;
+    p->n = 0;
+}
+
+static void dev_name(int device, char *buf, size_t n)
+{
+    if (device == PLAN_HOST)
+        snprintf(buf, n, "host");
+    else
+        snprintf(buf, n, "gpu%d", device);
+}
+
+void plan_print(const plan_t *p, FILE *f)
+{
+    fprintf(f, "plan: job %s, device %s, activation checkpointing %s (MiB; per process, shared segments once)\n",
+            p->job, p->device, p->ac_mode);
+    fprintf(f, "  %-16s %-6s", "process", "device");
+    for (int k = 0; k < PLAN_KINDS; k++)
+        fprintf(f, " %11s", kind_name[k]);
+    fprintf(f, " %11s\n", "total");
+    for (int i = 0; i < p->n; i++) {
+        const plan_row_t *r = &p->rows[i];
+        char dev[16];
+        dev_name(r->device, dev, sizeof(dev));
+        fprintf(f, "  %-16s %-6s", r->who, dev);
+        for (int k = 0; k < PLAN_KINDS; k++)
+            fprintf(f, " %11.1f", r->bytes[k] / PLAN_MIB);
+        fprintf(f, " %11.1f\n", r->total / PLAN_MIB);
+    }
+    for (int i = 0; i < p->n; i++) {
+        const plan_row_t *r = &p->rows[i];
+        char dev[16];
+        dev_name(r->device, dev, sizeof(dev));
+        if (r->in_flight)
+            fprintf(f, "  %s (%s): activations %.1f MiB a microbatch x %d in flight\n", r->who, dev,
+                    r->act_mb / PLAN_MIB, r->in_flight);
+    }
+    fprintf(f, "  host RAM: %.2f GiB, each process at its peak; at most %.2f GiB at once (the coordinator's "
+            "end-of-run validation runs after the workers are stopped; the %.1f MiB of token files' pages the "
+            "kernel can reclaim left out)\n", p->host / PLAN_GIB, p->host_need / PLAN_GIB, p->file / PLAN_MIB);
+    for (int g = 0; g < p->gpus && g < PLAN_MAX_GPUS; g++) {
+        double ctx = 0;
+        for (int i = 0; i < p->n; i++)
+            ctx += p->rows[i].device == g ? p->rows[i].bytes[PLAN_CONTEXT] : 0;
+        fprintf(f, "  gpu%d: %.2f GiB (of which CUDA contexts %.2f GiB: an estimate, to be measured on a GPU)\n", g,
+                p->gpu[g] / PLAN_GIB, ctx / PLAN_GIB);
+    }
+}
+
+/* ---- what there is ---- */
+
+static double meminfo(const char *key)
+{
+    FILE *f = fopen("/proc/meminfo", "re");
+    char line[256];
+    double v = -1;
+    size_t n = strlen(key);
+    while (f && fgets(line, sizeof(line), f))
+        if (!strncmp(line, key, n) && line[n] == ':') {
+            v = strtod(line + n + 1, NULL) * 1024; /* kB */
+            break;
+        }
+    if (f)
+        fclose(f);
+    return v;
+}
+
+/* This process's memory cgroup folder: v2 ("0::PATH") or v1 ("N:...memory...:PATH"); 1 for v1,
+ * 0 for v2, -1 when there is none. */
+static int cgroup_dir(char *dir, size_t n)
+{
+    char line[640];
+    int v = -1;
+    FILE *f = fopen("/proc/self/cgroup", "re");
+    while (f && fgets(line, sizeof(line), f)) {
+        line[strcspn(line, "\n")] = 0;
+        char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+        if (!c2)
+            continue;
+        *c2 = 0;
+        if (!strcmp(c1 + 1, "") && v < 0) {
+            snprintf(dir, n, "/sys/fs/cgroup%s", strcmp(c2 + 1, "/") ? c2 + 1 : "");
+            v = 0;
+        } else if (strstr(c1 + 1, "memory")) { /* v1 wins: on a hybrid host it holds the limit */
+            snprintf(dir, n, "/sys/fs/cgroup/memory%s", strcmp(c2 + 1, "/") ? c2 + 1 : "");
+            v = 1;
+        }
+    }
+    if (f)
+        fclose(f);
+    return v;
+}
+
+/* A number from a file of dir, or the value of `key` in it ("key N" lines); -1 when absent or
+ * "max". */
+static double cgroup_value(const char *dir, const char *file, const char *key)
+{
+    char path[1024], line[256];
+    snprintf(path, sizeof(path), "%s/%s", dir, file);
+    FILE *f = fopen(path, "re");
+    double v = -1;
+    size_t k = key ? strlen(key) : 0;
+    while (f && fgets(line, sizeof(line), f)) {
+        if (key && (strncmp(line, key, k) || line[k] != ' '))
+            continue;
+        if (strncmp(line + k, "max", 3))
+            v = strtod(line + k, NULL);
+        break;
+    }
+    if (f)
+        fclose(f);
+    return v;
+}
+
+/* What the cgroup lets this process's job take: its limit less its usage, the file cache it
+ * holds given back (the kernel reclaims it before it refuses); -1 without a limit. */
+static double cgroup_room(void)
+{
+    char dir[700];
+    int v1 = cgroup_dir(dir, sizeof(dir));
+    if (v1 < 0)
+        return -1;
+    double max = cgroup_value(dir, v1 ? "memory.limit_in_bytes" : "memory.max", NULL);
+    double cur = cgroup_value(dir, v1 ? "memory.usage_in_bytes" : "memory.current", NULL);
+    double act = cgroup_value(dir, "memory.stat", v1 ? "total_active_file" : "active_file");
+    double inact = cgroup_value(dir, "memory.stat", v1 ? "total_inactive_file" : "inactive_file");
+    if (max < 0 || cur < 0 || max >= 0x1p62) /* v1 says "no limit" with a page-rounded 2^63 */
+        return -1;
+    double room = max - cur + (act > 0 ? act : 0) + (inact > 0 ? inact : 0);
+    return room > 0 ? room : 0;
+}
+
+static double env_bytes(const char *name)
+{
+    const char *s = getenv(name);
+    char *end;
+    double v = s && *s ? strtod(s, &end) : -1;
+    return s && *s && *end == 0 && v >= 0 ? v : -1;
+}
+
+void plan_capacity(plan_have_t *h, const manifest_t *m, int gpus)
+{
+    *h = (plan_have_t){.host = -1, .shm = -1};
+    for (int g = 0; g < PLAN_MAX_GPUS; g++)
+        h->gpu[g] = -1;
+    double env = env_bytes("CTITAN_PLAN_HOST_BYTES");
+    if (env >= 0) {
+        h->host = h->shm = env;
+        snprintf(h->host_from, sizeof(h->host_from), "CTITAN_PLAN_HOST_BYTES");
+    } else {
+        h->host = meminfo("MemAvailable");
+        snprintf(h->host_from, sizeof(h->host_from), "MemAvailable");
+        double room = cgroup_room();
+        if (room >= 0 && (h->host < 0 || room < h->host)) {
+            h->host = room;
+            snprintf(h->host_from, sizeof(h->host_from), "the memory cgroup's limit less its usage but file cache");
+        }
+        struct statvfs vfs;
+        if (statvfs("/dev/shm", &vfs) == 0)
+            h->shm = (double)vfs.f_bavail * (double)vfs.f_frsize;
+    }
+    if (gpus <= 0)
+        return;
+    double dev = env_bytes("CTITAN_PLAN_DEVICE_BYTES");
+    if (dev >= 0)
+        snprintf(h->gpu_from, sizeof(h->gpu_from), "CTITAN_PLAN_DEVICE_BYTES");
+    else if (m->device_memory_gib > 0) {
+        dev = m->device_memory_gib * PLAN_GIB;
+        snprintf(h->gpu_from, sizeof(h->gpu_from), "job.device_memory_gib");
+    }
+    if (dev >= 0) {
+        for (int g = 0; g < gpus && g < PLAN_MAX_GPUS; g++)
+            h->gpu[g] = dev;
+        return;
+    }
+    /* the free memory of each GPU as the driver's tool reports it, in a child (no CUDA here) */
+    FILE *f = access("/usr/bin/nvidia-smi", X_OK) == 0
+                  ? popen("timeout 2 /usr/bin/nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits "
+                          "2>/dev/null", "r")
+                  : NULL;
+    char line[128];
+    int found = 0;
+    for (; f && found < PLAN_MAX_GPUS && fgets(line, sizeof(line), f); found++)
+        h->gpu[found] = strtod(line, NULL) * PLAN_MIB;
+    if (f && pclose(f) == 0 && found) {
+        h->gpus = found;
+        snprintf(h->gpu_from, sizeof(h->gpu_from), "nvidia-smi's memory.free");
+    } else {
+        for (int g = 0; g < PLAN_MAX_GPUS; g++)
+            h->gpu[g] = -1;
+    }
+}
+
+int plan_gpus(const plan_t *p, const plan_have_t *h)
+{
+    int n = h->gpus > 0 && h->gpus < p->gpus ? h->gpus : p->gpus;
+    return n < PLAN_MAX_GPUS ? n : PLAN_MAX_GPUS;
+}
+
+/* Whether a row is on device `device` of this host's n GPUs (ordinal k runs on GPU k % n, as
+ * the CUDA plugin's cuda_dev_select places it). */
+static int on(const plan_row_t *r, int device, int n)
+{
+    return device < 0 ? r->device == device : r->device >= 0 && r->device % n == device;
+}
+
+double plan_gpu_need(const plan_t *p, const plan_have_t *h, int g)
+{
+    int n = plan_gpus(p, h);
+    double need = 0;
+    for (int i = 0; i < p->n; i++)
+        if (on(&p->rows[i], g, n))
+            need += p->rows[i].total;
+    return need;
+}
+
+/* ---- the check ---- */
+
+/* "weights 1.2 GiB, activations 3.4 GiB (...)": the device's items, largest first (gpus: this
+ * host's). */
+static void items(const plan_t *p, int device, int gpus, char *buf, size_t n)
+{
+    double sum[PLAN_KINDS] = {0};
+    for (int i = 0; i < p->n; i++)
+        if (on(&p->rows[i], device, gpus))
+            for (int k = 0; k < PLAN_KINDS; k++)
+                sum[k] += p->rows[i].bytes[k];
+    size_t at = 0;
+    buf[0] = 0;
+    for (int shown = 0; shown < 5; shown++) {
+        int best = -1;
+        for (int k = 0; k < PLAN_KINDS; k++)
+            if (sum[k] > 0 && (best < 0 || sum[k] > sum[best]))
+                best = k;
+        if (best < 0 || at >= n)
+            break;
+        at += (size_t)snprintf(buf + at, n - at, "%s%s %.2f GiB", shown ? ", " : "", kind_name[best],
+                               sum[best] / PLAN_GIB);
+        sum[best] = 0;
+    }
+}
+
+/* The stage row on `device` with the most activations. */
+static const plan_row_t *top_acts(const plan_t *p, int device, int gpus)
+{
+    const plan_row_t *best = NULL;
+    for (int i = 0; i < p->n; i++)
+        if (on(&p->rows[i], device, gpus) && p->rows[i].in_flight &&
+            (!best || p->rows[i].bytes[PLAN_ACTS] > best->bytes[PLAN_ACTS]))
+            best = &p->rows[i];
+    return best;
+}
+
+static size_t knobs(const plan_t *p, const manifest_t *m, int device, int gpus, char *buf, size_t n)
+{
+    const plan_row_t *a = top_acts(p, device, gpus);
+    int mb = m->local_batch_size / m->microbatches;
+    size_t at = (size_t)snprintf(buf, n, "; to fit: ");
+    for (int i = 0; i < p->n && device == PLAN_HOST; i++)
+        if (!strcmp(p->rows[i].who, "coordinator") && p->rows[i].bytes[PLAN_ACTS] >= p->host_need / 4 && at < n)
+            at += (size_t)snprintf(buf + at, n - at, "a lighter end of run (the coordinator's validation holds "
+                                   "%.2f GiB of activations, the whole model over %d x %d tokens on the CPU: "
+                                   "--validation.enable false, or a smaller --training.local_batch_size); ",
+                                   p->rows[i].bytes[PLAN_ACTS] / PLAN_GIB, m->local_batch_size, m->seq_len);
+    if (a)
+        at += (size_t)snprintf(buf + at, n - at, "fewer activations (%s holds %.2f GiB: %.2f GiB a microbatch of %d x "
+                               "%d tokens x %d in flight): activation checkpointing (coming: "
+                               "activation_checkpoint.mode), smaller microbatches (--parallelism."
+                               "pipeline_parallel_microbatches above %d, or a smaller --training.local_batch_size "
+                               "or --training.seq_len); ", a->who, a->bytes[PLAN_ACTS] / PLAN_GIB,
+                               a->act_mb / PLAN_GIB, mb, m->seq_len, a->in_flight, m->microbatches);
+    if (at < n && device >= 0 && strcmp(m->shard_device, "cpu"))
+        at += (size_t)snprintf(buf + at, n - at, "optimizer offload (--optshard.device cpu keeps the optimizer "
+                               "state in host memory); ");
+    if (at < n)
+        at += (size_t)snprintf(buf + at, n - at, "more pipeline stages (--parallelism.pipeline_parallel_degree "
+                               "above %d: %s); sharding the weights and optimizer state (coming)", m->pp,
+                               device >= 0 ? "fewer layers on each GPU" : "fewer layers' activations a stage");
+    return at;
+}
+
+int plan_check(const plan_t *p, const plan_have_t *h, const manifest_t *m, char *err, size_t errlen)
+{
+    char what[512];
+    size_t at = 0;
+    const plan_row_t *shm = NULL;
+    for (int i = 0; i < p->n; i++)
+        if (!strcmp(p->rows[i].who, "shared memory"))
+            shm = &p->rows[i];
+    int bad = 0;
+    if (h->host >= 0 && p->host_need > h->host) {
+        items(p, PLAN_HOST, 1, what, sizeof(what));
+        at += (size_t)snprintf(err + at, at < errlen ? errlen - at : 0, "job %s does not fit this host's memory: it "
+                               "needs %.2f GiB of host RAM at once (%s) but %.2f GiB are available (%s)", p->job,
+                               p->host_need / PLAN_GIB, what, h->host / PLAN_GIB, h->host_from);
+        if (at < errlen)
+            at += knobs(p, m, PLAN_HOST, 1, err + at, errlen - at);
+        bad = 1;
+    } else if (shm && h->shm >= 0 && shm->total > h->shm) {
+        at += (size_t)snprintf(err + at, at < errlen ? errlen - at : 0, "job %s does not fit /dev/shm: its shared "
+                               "segments need %.2f GiB but /dev/shm has %.2f GiB free (a larger /dev/shm: mount -o "
+                               "remount,size=...)", p->job, shm->total / PLAN_GIB, h->shm / PLAN_GIB);
+        bad = 1;
+    }
+    int gpus = plan_gpus(p, h);
+    for (int g = 0; g < gpus; g++) {
+        double need = plan_gpu_need(p, h, g);
+        if (h->gpu[g] < 0 || need <= h->gpu[g] || at >= errlen)
+            continue;
+        items(p, g, gpus, what, sizeof(what));
+        at += (size_t)snprintf(err + at, errlen - at, "%sjob %s does not fit GPU %d: it needs %.2f GiB there (%s; "
+                               "the CUDA contexts are an estimate) but %.2f GiB are available (%s)", bad ? "\n" : "",
+                               p->job, g, need / PLAN_GIB, what, h->gpu[g] / PLAN_GIB, h->gpu_from);
+        if (at < errlen)
+            at += knobs(p, m, g, gpus, err + at, errlen - at);
+        bad = 1;
+    }
+    return bad ? -ENOMEM : 0;
+}

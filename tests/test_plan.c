@@ -1,0 +1,277 @@
+/* The memory plan (stages/job/plan.h): its figures for a small job against numbers worked out
+ * by hand, the refusals `ctitan launch` gives before any process starts (a 40B-shaped model on an
+ * 80 GB GPU, llama1b on a small host), the dry run, and a Ctrl-C during a launch's set-up. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ipc/shm.h"
+#include "stages/plan/plan.h"
+#include "tests/testjob.h"
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* A validated manifest of the defaults and these "key", "value" pairs (NULL-terminated). */
+static void manifest_of(manifest_t *m, const char *const *kv)
+{
+    char err[1024];
+    manifest_defaults(m);
+    for (int i = 0; kv[i]; i += 2)
+        if (manifest_override(m, kv[i], kv[i + 1], err, sizeof(err)))
+            fail_msg("%s = %s: %s", kv[i], kv[i + 1], err);
+    if (manifest_validate(m, err, sizeof(err)))
+        fail_msg("%s", err);
+}
+
+static const plan_row_t *row(const plan_t *p, const char *who, int device)
+{
+    for (int i = 0; i < p->n; i++)
+        if (!strcmp(p->rows[i].who, who) && p->rows[i].device == device)
+            return &p->rows[i];
+    fail_msg("no row %s on device %d", who, device);
+    return NULL;
+}
+
+/* dim 64, 2 layers, 4 heads (head dim 16), 2 kv heads, FFN 128, vocab 256: an embedding and a
+ * head of 256 x 64 = 16384 each, a layer of 64 + 4096 + 2048 + 2048 + 4096 + 64 + 3 x 8192 =
+ * 36992, the final norm 64: 106816 parameters, 107520 floats with the replica stride (1024). */
+static const char *const small[] = {
+    "model.flavor", "tiny", "model.dim", "64", "model.n_layers", "2", "model.n_heads", "4",
+    "model.n_kv_heads", "2", "model.hidden_dim", "128", "model.vocab_size", "256",
+    "training.seq_len", "32", "training.local_batch_size", "4",
+    "parallelism.pipeline_parallel_degree", "2", "parallelism.pipeline_parallel_microbatches", "4",
+    "parallelism.pipeline_parallel_split_points", "[\"layers.1\"]", "optshard.shards", "2",
+    "loader.dataset_path", "/nonexistent/train.bin", NULL};
+
+static void test_plan_figures_of_a_small_cpu_job(void **state)
+{
+    manifest_t m;
+    plan_t p;
+    char err[512];
+    manifest_of(&m, small);
+    assert_int_equal(plan_build(&p, &m, &(plan_opts_t){.ac_mode = "none", .cpus = 2}, err, sizeof(err)), 0);
+    const plan_row_t *shm = row(&p, "shared memory", PLAN_HOST);
+    /* fp32 weights and gradients of one replica; AdamW: two banks of 3 arrays (master, m, v)
+     * behind a header page */
+    assert_int_equal((long)shm->bytes[PLAN_WEIGHTS], 107520L * 4);
+    assert_int_equal((long)shm->bytes[PLAN_GRADS], 107520L * 4);
+    assert_int_equal((long)shm->bytes[PLAN_OPTIM], 4096L + 2 * 3 * 107520L * 4);
+    /* one microbatch of 1 x 32 tokens (N = 32): a layer keeps N x (8 D + 2 + 4 QD + 4 KD + 5 F)
+     * = 32 x 1538 floats and the probabilities 1 x 4 x 32 x 32; every stage the scratch
+     * N x (F + max(QD, D)) and the tokens N = 6176; the embedding's gradient N x D = 2048; the
+     * head N x (3 D + 1 + V) = 14368 */
+    long layer = 32L * 1538 + 4096, common = 6176;
+    const plan_row_t *s0 = row(&p, "stage 0.0", PLAN_HOST), *s1 = row(&p, "stage 1.0", PLAN_HOST);
+    /* 1F1B keeps pp - rank microbatches in flight: 2 on rank 0, 1 on rank 1 */
+    assert_int_equal(s0->in_flight, 2);
+    assert_int_equal(s1->in_flight, 1);
+    assert_int_equal((long)s0->act_mb, (layer + common + 2048) * 4);
+    assert_int_equal((long)s0->bytes[PLAN_ACTS], 2 * (layer + common + 2048) * 4);
+    assert_int_equal((long)s1->bytes[PLAN_ACTS], (layer + common + 14368) * 4);
+    double sum = 0;
+    for (int i = 0; i < p.n; i++)
+        sum += p.rows[i].device == PLAN_HOST ? p.rows[i].total : 0;
+    assert_true(sum == p.host);
+    /* the validation at the end runs after the workers are stopped: the most held at once is
+     * less than every process's peak summed, and at least the segments and the coordinator */
+    const plan_row_t *coord = row(&p, "coordinator", PLAN_HOST);
+    assert_true(p.host_need <= p.host);
+    assert_true(p.host_need >= shm->total + coord->total);
+    assert_int_equal(p.gpus, 0);
+    plan_free(&p);
+    /* an activation-checkpointing mode the plan does not know yet is an error, not a guess */
+    assert_int_equal(plan_build(&p, &m, &(plan_opts_t){.ac_mode = "full"}, err, sizeof(err)), -EINVAL);
+    assert_non_null(strstr(err, "activation_checkpoint.mode"));
+}
+
+static void test_plan_figures_of_a_small_gpu_job(void **state)
+{
+    manifest_t m;
+    plan_t p;
+    char err[512];
+    const char *kv[64];
+    int n = 0;
+    for (; small[n]; n++)
+        kv[n] = small[n];
+    kv[n++] = "job.device", kv[n++] = "cuda", kv[n] = NULL;
+    manifest_of(&m, kv);
+    assert_int_equal(plan_build(&p, &m, &(plan_opts_t){.cpus = 2}, err, sizeof(err)), 0);
+    assert_int_equal(p.gpus, 2); /* one GPU a stage process */
+    /* stage 0 holds the embedding and layer 0: 16384 + 36992 = 53376 parameters, in bf16 and
+     * their fp32 gradients, each with CUDA_MODEL_SLACK (4096) elements past the end */
+    const plan_row_t *d0 = row(&p, "stage 0.0", 0);
+    assert_int_equal((long)d0->bytes[PLAN_WEIGHTS], (53376L + 4096) * 2);
+    assert_int_equal((long)d0->bytes[PLAN_GRADS], (53376L + 4096) * 4);
+    assert_true(d0->bytes[PLAN_CONTEXT] == PLAN_CUDA_CONTEXT_BYTES);
+    assert_true(d0->bytes[PLAN_WORKSPACE] >= 32.0 * PLAN_MIB); /* cuBLASLt's */
+    assert_int_equal(d0->in_flight, 2);
+    /* its activations as kernels/cuda/model.cu carves them (N = 32 tokens, head dim 16, buffers
+     * rounded up to 256 bytes): a layer 8 bf16 (N, D) + 3 (N, QD) + 4 (N, KD) + 5 (N, F) = 32768
+     * + 12288 + 8192 + 40960 bytes, r1 and r2 256 each, lse (B x heads x T fp32) 512 = 95232; then
+     * tokens and targets 2 x 256, io (N, D) fp32 8192, x_top and d_bottom 2 x 4096, s_dm 8192,
+     * s_dy 4096, delta 512 = 29696 */
+    assert_int_equal((long)d0->act_mb, 95232L + 29696);
+    assert_int_equal((long)d0->bytes[PLAN_ACTS], 2 * (95232L + 29696));
+    /* GPU optimizer shards (optshard.device follows job.device): their slices' AdamW state on
+     * a GPU; the host keeps no gradients then */
+    const plan_row_t *shm = row(&p, "shared memory", PLAN_HOST);
+    assert_true(shm->bytes[PLAN_GRADS] == 0);
+    double held = 0;
+    for (int i = 0; i < p.n; i++)
+        if (!strncmp(p.rows[i].who, "optshard", 8) && p.rows[i].device >= 0)
+            held += p.rows[i].bytes[PLAN_OPTIM];
+    assert_true(held >= 106816.0 * 3 * 4 && held < 106816.0 * 3 * 4 + 65536);
+    /* on a host with one GPU both stage processes and their shards share it (ordinal % GPUs) */
+    plan_have_t one = {.gpus = 1}, same = {.gpus = 0};
+    assert_int_equal(plan_gpus(&p, &one), 1);
+    assert_true(plan_gpu_need(&p, &one, 0) == p.gpu[0] + p.gpu[1]);
+    assert_int_equal(plan_gpus(&p, &same), 2);
+    assert_true(plan_gpu_need(&p, &same, 1) == p.gpu[1]);
+    plan_free(&p);
+}
+
+/* `ctitan launch` of the tiny manifest with these overrides under `env`; its output in out, its
+ * status returned, its time in *secs. */
+static int launch(const char *env, const char *job, const char *extra, char *out, size_t n, double *secs)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof(cmd), "%s %s launch manifests/tiny.toml --job.name %s --job.dump_folder %s/runs/%s "
+             "--loader.dataset_path %s/data/train.bin --metrics.peak_tflops 1 %s 2>&1", env, tu_ctitan(), job, tj_dir,
+             job, tj_dir, extra);
+    double t0 = now_s();
+    int rc = tu_run(cmd, out, n);
+    *secs = now_s() - t0;
+    return rc;
+}
+
+static void test_launch_refuses_40b_on_an_80gb_gpu(void **state)
+{
+    TU_NEED_BIN();
+    char job[64], out[8192];
+    double secs;
+    tj_name(job, sizeof(job), 'p', "big");
+    int rc = launch("CTITAN_PLAN_DEVICE_BYTES=80000000000 CTITAN_PLAN_HOST_BYTES=1e15", job,
+                    "--job.device cuda --model.flavor llama1b --model.dim 8192 --model.n_layers 48 --model.n_heads 64 --model.n_kv_heads 8 "
+                    "--model.vocab_size 128256 --training.seq_len 2048 --training.local_batch_size 1 "
+                    "--parallelism.pipeline_parallel_degree 1 --parallelism.pipeline_parallel_microbatches 1",
+                    out, sizeof(out), &secs);
+    if (rc != 1 || !strstr(out, "does not fit GPU 0") || !strstr(out, "74.51 GiB") ||
+        !strstr(out, "CTITAN_PLAN_DEVICE_BYTES") || !strstr(out, "--optshard.device cpu"))
+        TJ_FAIL_WITH(out, "status %d: expected a refusal naming the GPU's 74.51 GiB and the knobs", rc);
+    /* refused from the plan alone: before any process or segment, and at once */
+    assert_true(secs < 1.0);
+    tj_assert_clean(job);
+}
+
+static void test_launch_refuses_llama1b_on_a_small_host(void **state)
+{
+    TU_NEED_BIN();
+    char job[64], out[8192];
+    double secs;
+    tj_name(job, sizeof(job), 'p', "1b");
+    int rc = launch("CTITAN_PLAN_HOST_BYTES=8000000000", job,
+                    "--model.flavor llama1b --model.vocab_size 32000 --model.dim 2048 --training.seq_len 2048 "
+                    "--training.local_batch_size 4", out, sizeof(out), &secs);
+    if (rc != 1 || !strstr(out, "does not fit this host's memory") || !strstr(out, "7.45 GiB") ||
+        !strstr(out, "activation_checkpoint.mode") || !strstr(out, "--parallelism.pipeline_parallel_degree") ||
+        !strstr(out, "--training.local_batch_size"))
+        TJ_FAIL_WITH(out, "status %d: expected a refusal naming the host's 7.45 GiB and the knobs", rc);
+    assert_true(secs < 1.0);
+    tj_assert_clean(job);
+}
+
+static void test_dry_run_prints_the_plan_and_starts_nothing(void **state)
+{
+    TU_NEED_BIN();
+    char job[64], out[16384];
+    double secs;
+    tj_name(job, sizeof(job), 'p', "dry");
+    int rc = launch("", job, "--dry-run", out, sizeof(out), &secs);
+    if (rc != 0 || !strstr(out, "plan: job") || !strstr(out, "stage 1.0") || !strstr(out, "optshard 1") ||
+        !strstr(out, "shared memory") || !strstr(out, "fits"))
+        TJ_FAIL_WITH(out, "status %d: expected the plan and `fits`", rc);
+    tj_assert_clean(job);
+    /* the same refusal a launch gives, with status 1 */
+    rc = launch("CTITAN_PLAN_HOST_BYTES=1000000", job, "--dry-run", out, sizeof(out), &secs);
+    if (rc != 1 || !strstr(out, "refused: job"))
+        TJ_FAIL_WITH(out, "status %d: expected the refusal", rc);
+}
+
+/* A Ctrl-C as soon as the job's first segment exists: the set-up then goes on to measure the
+ * sgemm peak (no cache: seconds of work that reads no signal) and start the processes; all of it
+ * must be gone within a second. */
+static void test_sigint_in_set_up_stops_the_launch_within_a_second(void **state)
+{
+    TU_NEED_BIN();
+    char job[64], cache[256], seg[256], out[256], dump[256], data[256];
+    tj_name(job, sizeof(job), 'p', "int");
+    snprintf(cache, sizeof(cache), "%s/peak-%s", tj_dir, job); /* none yet: measured in the set-up */
+    snprintf(seg, sizeof(seg), "/dev/shm/" SHM_PREFIX "%s.job", job);
+    snprintf(out, sizeof(out), "%s/%s.out", tj_dir, job);
+    snprintf(dump, sizeof(dump), "%s/runs/%s", tj_dir, job);
+    snprintf(data, sizeof(data), "%s/data/train.bin", tj_dir);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        setenv("CTITAN_PEAK_CACHE", cache, 1);
+        execl(tu_ctitan(), tu_ctitan(), "launch", "manifests/tiny.toml", "--job.name", job, "--job.dump_folder", dump,
+              "--loader.dataset_path", data, "--training.steps", "1000", (char *)NULL);
+        _exit(127);
+    }
+    int up = 0;
+    for (int i = 0; i < 3000 && !(up = access(seg, F_OK) == 0); i++)
+        nanosleep(&(struct timespec){0, 2000000L}, NULL);
+    double t0 = now_s();
+    kill(pid, SIGINT);
+    int st = -1;
+    pid_t got;
+    while ((got = waitpid(pid, &st, 0)) < 0 && errno == EINTR)
+        ;
+    double secs = now_s() - t0;
+    int procs = tj_job_procs(job);
+    char names[64][SHM_NAME_MAX], text[8192];
+    int segs = shm_list(job, names, 64);
+    tj_remove_leftovers(job); /* whatever happened, nothing stays behind */
+    tu_read_file(out, text, sizeof(text));
+    if (!up)
+        TJ_FAIL_WITH(text, "the job's segment never appeared");
+    assert_int_equal(got, pid);
+    if (secs >= 1.0 || procs || segs || !WIFEXITED(st) || WEXITSTATUS(st) != 130)
+        TJ_FAIL_WITH(text, "after SIGINT: %.2f s to exit (status %d), %d processes and %d segments left", secs,
+                     WIFEXITED(st) ? WEXITSTATUS(st) : -1, procs, segs);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_plan_figures_of_a_small_cpu_job),
+        cmocka_unit_test(test_plan_figures_of_a_small_gpu_job),
+        cmocka_unit_test(test_launch_refuses_40b_on_an_80gb_gpu),
+        cmocka_unit_test(test_launch_refuses_llama1b_on_a_small_host),
+        cmocka_unit_test(test_dry_run_prints_the_plan_and_starts_nothing),
+        cmocka_unit_test(test_sigint_in_set_up_stops_the_launch_within_a_second),
+    };
+    if (tj_setup("plan"))
+        return 1;
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    tj_teardown();
+    return rc;
+}

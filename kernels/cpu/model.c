@@ -3,6 +3,7 @@
  * layer_forward / layer_backward_b / layer_backward_w. */
 #include "kernels/cpu/model.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,15 @@ struct model {
     float *rope_cos, *rope_sin; /* (max_seq_len, hd/2) */
     layer_w_t *lw;
     float *embed, *d_embed, *norm, *d_norm, *out, *d_out;
+    /* Activation checkpointing: work sets, each one layer's groups that a checkpointed layer
+     * does not keep (umask; 0 without checkpointing), shared by every microbatch. A forward
+     * borrows one per layer; a backward binds one to each layer from its recompute to its W. */
+    int umask;
+    float **units;      /* (nunits) of unit_floats each */
+    int *unit_used;
+    int nunits;
+    size_t unit_floats;
+    int status;         /* the first failure since model_status (-ENOMEM) */
 };
 
 typedef struct {
@@ -63,7 +73,20 @@ struct model_acts {
     float *dh0;           /* (N, D) gradient of the embedding output */
     float *s_dm;          /* scratch (N, F) */
     float *s_dy;          /* scratch (N, QD), also (N, D) */
+    float **unit;         /* (nl) the work set bound to layer i, or NULL */
 };
+
+/* A layer's tensors in four groups, by what activation checkpointing keeps (config.h): the
+ * input; the outputs of the products and attention (with its softmax); what the norms and
+ * SwiGLU make; the gradients backward B keeps for W. */
+enum { G_IN = 1, G_OPS = 2, G_REST = 4, G_GRAD = 8, G_ALL = 15 };
+
+static int keep_mask(config_keep_t k)
+{
+    return k == CONFIG_KEEP_INPUT ? G_IN : k == CONFIG_KEEP_OPS ? G_IN | G_OPS : G_ALL;
+}
+
+static config_keep_t keep_of(const model_t *m, int i) { return config_ac_keep(&m->cfg, m->layer0 + i); }
 
 static float *wptr(model_t *m, float *base, param_kind_t kind, int layer)
 {
@@ -147,6 +170,9 @@ model_t *model_new(const model_config_t *cfg, int piece_begin, int piece_end, fl
     m->params = params;
     m->grads = grads;
     bind(m);
+    for (int i = 0; i < m->nl; i++)
+        if (keep_of(m, i) != CONFIG_KEEP_ALL)
+            m->umask = G_ALL & ~keep_mask(keep_of(m, i)); /* one kind per model: op, or full layers */
     return m;
 }
 
@@ -158,6 +184,10 @@ void model_destroy(model_t **pm)
     free(m->rope_cos);
     free(m->rope_sin);
     free(m->lw);
+    for (int u = 0; u < m->nunits; u++)
+        free(m->units[u]);
+    free(m->units);
+    free(m->unit_used);
     params_table_free(&m->tab);
     free(m);
     *pm = NULL;
@@ -173,7 +203,114 @@ void model_set_buffers(model_t *m, float *params, float *grads)
     bind(m);
 }
 
-model_acts_t *model_acts_new(const model_t *m, int B, int T)
+static float *take(float *base, size_t *off, size_t n)
+{
+    float *r = base ? base + *off : NULL;
+    *off += n;
+    return r;
+}
+
+/* Points the tensors of the groups in mask at base (NULL: at nothing), in the layout of mode
+ * none; returns how many floats they take. Other groups' pointers are left alone. */
+static size_t carve_layer(const model_t *m, layer_acts_t *L, float *base, int mask, int B, int T)
+{
+    size_t N = (size_t)B * T, D = m->D, QD = m->QD, KD = m->KD, F = m->F, off = 0;
+    size_t probs = (size_t)B * m->cfg.n_heads * T * T;
+#define G(g, f, n) (L->f = (mask & (g)) ? take(base, &off, (n)) : L->f)
+    G(G_IN, h_in, N * D); G(G_REST, r1, N); G(G_REST, xn1, N * D);
+    G(G_OPS, q, N * QD); G(G_OPS, k, N * KD); G(G_OPS, v, N * KD);
+    G(G_OPS, probs, probs); G(G_OPS, y, N * QD); G(G_OPS, h1, N * D);
+    G(G_REST, r2, N); G(G_REST, xn2, N * D);
+    G(G_OPS, a, N * F); G(G_OPS, b, N * F); G(G_REST, m, N * F);
+    G(G_GRAD, df, N * D); G(G_GRAD, da, N * F); G(G_GRAD, db, N * F);
+    G(G_GRAD, dxn2, N * D); G(G_GRAD, dh1, N * D);
+    G(G_GRAD, dq, N * QD); G(G_GRAD, dk, N * KD); G(G_GRAD, dv, N * KD);
+    G(G_GRAD, dxn1, N * D);
+#undef G
+    return off;
+}
+
+/* Floats of one microbatch's storage (the layers' kept groups, scratch, tokens, the head's). */
+static size_t acts_floats(const model_t *m, model_acts_t *a, float *base)
+{
+    size_t N = (size_t)a->N, D = m->D, QD = m->QD, F = m->F, V = m->V, off = 0;
+    for (int i = 0; i < m->nl; i++)
+        off += carve_layer(m, &a->l[i], base ? base + off : NULL, keep_mask(keep_of(m, i)), a->B, a->T);
+    a->s_dm = take(base, &off, N * F);
+    a->s_dy = take(base, &off, N * (QD > D ? QD : D));
+    a->tokens = (int32_t *)take(base, &off, N);
+    if (m->has_head) {
+        a->h_top = take(base, &off, N * D); a->rf = take(base, &off, N); a->hf = take(base, &off, N * D);
+        a->logits = take(base, &off, N * V); a->dhf = take(base, &off, N * D);
+    }
+    if (m->has_embed)
+        a->dh0 = take(base, &off, N * D);
+    return off;
+}
+
+/* Sizes the model's work sets for [B, T] microbatches: the first acts fixes the size (every
+ * stage's microbatches are alike); a larger one made while none is in use replaces them. */
+static int units_fit(model_t *m, int B, int T)
+{
+    if (!m->umask)
+        return 0;
+    layer_acts_t tmp = {0};
+    size_t need = carve_layer(m, &tmp, NULL, m->umask, B, T);
+    if (need <= m->unit_floats)
+        return 0;
+    for (int u = 0; u < m->nunits; u++)
+        if (m->unit_used[u])
+            return -EBUSY;
+    for (int u = 0; u < m->nunits; u++)
+        free(m->units[u]);
+    m->nunits = 0;
+    m->unit_floats = need;
+    return 0;
+}
+
+/* One more work set; its index, or -ENOMEM. */
+static int unit_new(model_t *m)
+{
+    int u = m->nunits;
+    float **nu = realloc(m->units, (size_t)(u + 1) * sizeof(*nu));
+    if (nu)
+        m->units = nu;
+    int *nf = nu ? realloc(m->unit_used, (size_t)(u + 1) * sizeof(*nf)) : NULL;
+    if (nf)
+        m->unit_used = nf;
+    if (!nu || !nf || !(m->units[u] = malloc(m->unit_floats * sizeof(float))))
+        return -ENOMEM;
+    m->unit_used[u] = 0;
+    m->nunits++;
+    return u;
+}
+
+/* Binds layer i of a to a free work set (a new one when all are in use). */
+static int unit_take(model_t *m, model_acts_t *a, int i)
+{
+    int u = 0;
+    while (u < m->nunits && m->unit_used[u])
+        u++;
+    if (u == m->nunits && (u = unit_new(m)) < 0)
+        return m->status = u;
+    m->unit_used[u] = 1;
+    a->unit[i] = m->units[u];
+    carve_layer(m, &a->l[i], a->unit[i], m->umask, a->B, a->T);
+    return 0;
+}
+
+static void unit_give(model_t *m, model_acts_t *a, int i)
+{
+    if (!a->unit[i])
+        return;
+    for (int u = 0; u < m->nunits; u++)
+        if (m->units[u] == a->unit[i])
+            m->unit_used[u] = 0;
+    carve_layer(m, &a->l[i], NULL, m->umask, a->B, a->T);
+    a->unit[i] = NULL;
+}
+
+model_acts_t *model_acts_new(model_t *m, int B, int T)
 {
     if (B <= 0 || T <= 0 || T > m->cfg.max_seq_len)
         return NULL;
@@ -182,44 +319,21 @@ model_acts_t *model_acts_new(const model_t *m, int B, int T)
         return NULL;
     a->B = B, a->T = T, a->N = B * T;
     a->l = calloc((size_t)(m->nl ? m->nl : 1), sizeof(layer_acts_t));
-    size_t N = (size_t)a->N, D = m->D, QD = m->QD, KD = m->KD, F = m->F, V = m->V;
-    size_t probs = (size_t)B * m->cfg.n_heads * T * T;
-    size_t per_layer = N * (D * 8 + 2 + QD * 4 + KD * 4 + F * 5) + probs;
-    size_t total = (size_t)m->nl * per_layer + N * (F + (QD > D ? QD : D)) + N; /* + tokens */
-    if (m->has_head)
-        total += N * (D * 3 + 1 + V);
-    if (m->has_embed)
-        total += N * D;
+    a->unit = calloc((size_t)(m->nl ? m->nl : 1), sizeof(float *));
+    size_t total = a->l ? acts_floats(m, a, NULL) : 0;
     a->base = malloc(total * sizeof(float));
-    if (!a->l || !a->base) {
+    if (!a->l || !a->unit || !a->base || units_fit(m, B, T)) {
         model_acts_destroy(&a);
         return NULL;
     }
-    float *p = a->base;
-#define TAKE(n) (p += (n), p - (n))
-    for (int i = 0; i < m->nl; i++) {
-        layer_acts_t *L = &a->l[i];
-        L->h_in = TAKE(N * D); L->r1 = TAKE(N); L->xn1 = TAKE(N * D);
-        L->q = TAKE(N * QD); L->k = TAKE(N * KD); L->v = TAKE(N * KD);
-        L->probs = TAKE(probs); L->y = TAKE(N * QD); L->h1 = TAKE(N * D);
-        L->r2 = TAKE(N); L->xn2 = TAKE(N * D);
-        L->a = TAKE(N * F); L->b = TAKE(N * F); L->m = TAKE(N * F);
-        L->df = TAKE(N * D); L->da = TAKE(N * F); L->db = TAKE(N * F);
-        L->dxn2 = TAKE(N * D); L->dh1 = TAKE(N * D);
-        L->dq = TAKE(N * QD); L->dk = TAKE(N * KD); L->dv = TAKE(N * KD);
-        L->dxn1 = TAKE(N * D);
-    }
-    a->s_dm = TAKE(N * F);
-    a->s_dy = TAKE(N * (QD > D ? QD : D));
-    a->tokens = (int32_t *)TAKE(N);
-    if (m->has_head) {
-        a->h_top = TAKE(N * D); a->rf = TAKE(N); a->hf = TAKE(N * D);
-        a->logits = TAKE(N * V); a->dhf = TAKE(N * D);
-    }
-    if (m->has_embed)
-        a->dh0 = TAKE(N * D);
-#undef TAKE
+    acts_floats(m, a, a->base);
     a->bytes = total * sizeof(float);
+    /* a forward holds one work set, a backward with its W two: made now, not mid-step */
+    while (m->umask && m->nunits < 2)
+        if (unit_new(m) < 0) {
+            model_acts_destroy(&a);
+            return NULL;
+        }
     return a;
 }
 
@@ -230,11 +344,21 @@ void model_acts_destroy(model_acts_t **pa)
         return;
     free(a->base);
     free(a->l);
+    free(a->unit);
     free(a);
     *pa = NULL;
 }
 
 size_t model_acts_bytes(const model_acts_t *a) { return a->bytes; }
+
+size_t model_work_bytes(const model_t *m) { return (size_t)m->nunits * m->unit_floats * sizeof(float); }
+
+int model_status(model_t *m)
+{
+    int rc = m->status;
+    m->status = 0;
+    return rc;
+}
 
 const float *model_logits(const model_acts_t *a) { return a->logits; }
 
@@ -247,7 +371,8 @@ static void add_into(float *y, const float *x, const float *r, size_t n)
 }
 
 /* h1 = h + wo(attn(rope(wq xn1), rope(wk xn1), wv xn1)),  xn1 = rmsnorm(h)
- * out = h1 + w2(silu(w1 xn2) * w3 xn2),                    xn2 = rmsnorm(h1) */
+ * out = h1 + w2(silu(w1 xn2) * w3 xn2),                    xn2 = rmsnorm(h1)
+ * out NULL: a recompute for the backward, which needs everything but the output. */
 static void layer_forward(model_t *m, model_acts_t *a, int i, float *out)
 {
     layer_w_t *w = &m->lw[i];
@@ -269,8 +394,28 @@ static void layer_forward(model_t *m, model_acts_t *a, int i, float *out)
     ops_matmul_fwd(P, L->a, L->xn2, w->w1, N, D, F);
     ops_matmul_fwd(P, L->b, L->xn2, w->w3, N, D, F);
     ops_swiglu_fwd(P, L->m, L->a, L->b, (size_t)N * F);
+    if (!out)
+        return;
     ops_matmul_fwd(P, out, L->m, w->w2, N, F, D);
     add_into(out, out, L->h1, (size_t)N * D);
+}
+
+/* What a checkpointed layer did not keep, made again from what it kept, by the same calls on
+ * the same inputs as its forward: the same bits. */
+static void layer_recompute(model_t *m, model_acts_t *a, int i)
+{
+    config_keep_t k = keep_of(m, i);
+    if (k == CONFIG_KEEP_INPUT) {
+        layer_forward(m, a, i, NULL);
+        return;
+    }
+    layer_w_t *w = &m->lw[i];
+    layer_acts_t *L = &a->l[i];
+    int N = a->N, D = m->D, F = m->F;
+    float eps = (float)m->cfg.norm_eps;
+    ops_rmsnorm_fwd(m->pool, L->xn1, L->r1, L->h_in, w->attn_norm, N, D, eps);
+    ops_rmsnorm_fwd(m->pool, L->xn2, L->r2, L->h1, w->ffn_norm, N, D, eps);
+    ops_swiglu_fwd(m->pool, L->m, L->a, L->b, (size_t)N * F);
 }
 
 /* Input gradients of one layer, from L->df (gradient of its output) to dh_in. */
@@ -330,7 +475,15 @@ double model_forward(model_t *m, model_acts_t *a, const int32_t *tokens, const f
         memcpy(first, x_in, N * D * sizeof(float));
     }
     for (int i = 0; i < m->nl; i++)
+        unit_give(m, a, i); /* a step left unfinished: a backward without its W */
+    for (int i = 0; i < m->nl; i++) {
+        int ck = keep_of(m, i) != CONFIG_KEEP_ALL;
+        if (ck && unit_take(m, a, i))
+            return NAN;
         layer_forward(m, a, i, i + 1 < m->nl ? a->l[i + 1].h_in : top);
+        if (ck)
+            unit_give(m, a, i);
+    }
     if (!m->has_head)
         return 0;
     ops_rmsnorm_fwd(m->pool, a->hf, a->rf, a->h_top, m->norm, (int)N, (int)D,
@@ -346,12 +499,19 @@ double model_forward(model_t *m, model_acts_t *a, const int32_t *tokens, const f
     return sum;
 }
 
-void model_backward_b(model_t *m, model_acts_t *a, const float *dy, float *dx)
+/* Backward B, and with fuse each layer's W right after its B (the same bits as B then W: each
+ * W adds into its own layer's gradients, which B never reads). A checkpointed layer recomputes
+ * into a work set bound before the layer above writes its output gradient there, and kept
+ * until its W: with fuse two at a time, without one per checkpointed layer. */
+static void backward(model_t *m, model_acts_t *a, const float *dy, float *dx, int fuse)
 {
     size_t N = (size_t)a->N, D = m->D;
+    int L = m->nl;
+    if (L && keep_of(m, L - 1) != CONFIG_KEEP_ALL && unit_take(m, a, L - 1))
+        return;
     /* gradient of the input of the lowest held piece above the embedding */
     float *bottom = m->has_embed ? a->dh0 : dx;
-    float *top = m->nl ? a->l[m->nl - 1].df : bottom;
+    float *top = L ? a->l[L - 1].df : bottom;
     if (m->has_head) {
         ops_matmul_bwd_x(m->pool, a->dhf, a->logits, m->out, (int)N, (int)D, m->V, 0);
         memset(top, 0, N * D * sizeof(float));
@@ -359,8 +519,35 @@ void model_backward_b(model_t *m, model_acts_t *a, const float *dy, float *dx)
     } else if (top != dy) {
         memcpy(top, dy, N * D * sizeof(float));
     }
-    for (int i = m->nl - 1; i >= 0; i--)
+    if (fuse && m->has_head) {
+        ops_matmul_bwd_w(m->pool, m->d_out, a->logits, a->hf, (int)N, (int)D, m->V);
+        ops_rmsnorm_bwd_w(m->pool, m->d_norm, a->dhf, a->h_top, a->rf, (int)N, (int)D);
+    }
+    for (int i = L - 1; i >= 0; i--) {
+        if (i > 0 && keep_of(m, i - 1) != CONFIG_KEEP_ALL && unit_take(m, a, i - 1))
+            return;
+        if (keep_of(m, i) != CONFIG_KEEP_ALL)
+            layer_recompute(m, a, i);
         layer_backward_b(m, a, i, i > 0 ? a->l[i - 1].df : bottom);
+        if (fuse) {
+            layer_backward_w(m, a, i);
+            unit_give(m, a, i);
+        }
+    }
+    if (fuse && m->has_embed)
+        ops_embed_bwd(m->pool, m->d_embed, a->dh0, a->tokens, (int)N, (int)D);
+}
+
+void model_backward_b(model_t *m, model_acts_t *a, const float *dy, float *dx) { backward(m, a, dy, dx, 0); }
+
+void model_backward(model_t *m, model_acts_t *a, const float *dy, float *dx)
+{
+    if (!m->umask) { /* nothing recomputed: exactly B then W */
+        model_backward_b(m, a, dy, dx);
+        model_backward_w(m, a);
+        return;
+    }
+    backward(m, a, dy, dx, 1);
 }
 
 void model_backward_w(model_t *m, model_acts_t *a)
@@ -370,8 +557,10 @@ void model_backward_w(model_t *m, model_acts_t *a)
         ops_matmul_bwd_w(m->pool, m->d_out, a->logits, a->hf, N, D, m->V);
         ops_rmsnorm_bwd_w(m->pool, m->d_norm, a->dhf, a->h_top, a->rf, N, D);
     }
-    for (int i = m->nl - 1; i >= 0; i--)
+    for (int i = m->nl - 1; i >= 0; i--) {
         layer_backward_w(m, a, i);
+        unit_give(m, a, i);
+    }
     if (m->has_embed)
         ops_embed_bwd(m->pool, m->d_embed, a->dh0, a->tokens, N, D);
 }

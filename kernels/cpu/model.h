@@ -27,10 +27,23 @@ int model_has_head(const model_t *m);
 /* Points the model at other parameter/gradient buffers of the same layout. */
 void model_set_buffers(model_t *m, float *params, float *grads);
 
-/* Activation storage for one [B, T] microbatch (owned by the caller). T <= max_seq_len. */
-model_acts_t *model_acts_new(const model_t *m, int B, int T);
+/* Activation storage for one [B, T] microbatch (owned by the caller). T <= max_seq_len.
+ * What it holds per layer follows cfg->ac_mode (config_ac_keep); with activation
+ * checkpointing the model also makes its first two shared work sets here (model_work_bytes).
+ * Destroy every acts before the model. */
+model_acts_t *model_acts_new(model_t *m, int B, int T);
 void model_acts_destroy(model_acts_t **a);
+/* Bytes of one microbatch's storage (model_act_bytes, kernels/act_bytes.h, says the same
+ * before any is made). */
 size_t model_acts_bytes(const model_acts_t *a);
+/* Bytes of the model's recompute work sets, shared by its microbatches: none without
+ * checkpointing; each one layer's tensors that a checkpointed layer does not keep. A forward
+ * uses one; model_backward two; a model_backward_b binds one to each checkpointed layer until
+ * its model_backward_w (so schedules that hold W back grow the set: zero-bubble). */
+size_t model_work_bytes(const model_t *m);
+/* The first failure since the last call (-ENOMEM: a work set could not be made, and the call
+ * that needed it stopped; model_forward then returned NaN), or 0; clears it. */
+int model_status(model_t *m);
 /* Logits of the last forward run without targets (NULL without the head). */
 const float *model_logits(const model_acts_t *a);
 
@@ -48,5 +61,9 @@ double model_forward(model_t *m, model_acts_t *a, const int32_t *tokens, const f
 void model_backward_b(model_t *m, model_acts_t *a, const float *dy, float *dx);
 /* Weight-gradient part: adds this microbatch's weight gradients into grads. */
 void model_backward_w(model_t *m, model_acts_t *a);
+/* Both, for a schedule that runs W right after B: the same bits as model_backward_b then
+ * model_backward_w. With activation checkpointing each layer's W follows its B, so only two
+ * layers' recomputed tensors are alive at a time. */
+void model_backward(model_t *m, model_acts_t *a, const float *dy, float *dx);
 
 #endif

@@ -8,7 +8,8 @@
  * version counts layouts, and the loader takes only its own: version 4 moved the model and
  * the optimizer's calls into the backend table, version 5 gave the backend's adamw separate
  * sources and outputs (a changed signature, not an appended field, so a plugin of another
- * version is refused whichever is newer). */
+ * version is refused whichever is newer), version 7 added backward (B then W: activation
+ * checkpointing) after backward_w. */
 #ifndef CTITAN_CUDA_PLUGIN_H
 #define CTITAN_CUDA_PLUGIN_H
 
@@ -16,7 +17,7 @@
 #include "kernels/cuda/cuda_dev.h"
 #include "kernels/cuda/cuda_nccl.h"
 
-#define CUDA_PLUGIN_VERSION 6
+#define CUDA_PLUGIN_VERSION 7
 
 typedef struct {
     int version;

@@ -66,6 +66,14 @@ struct cuda_model {
     float *d_embed, *d_norm, *d_out;
     cudaStream_t stream;
     cuda_matmul_ctx_t *mm;
+    /* Activation checkpointing (kernels/cpu/model.c's scheme): work sets, each one layer's
+     * groups that a checkpointed layer does not keep (umask; 0 without), shared by every
+     * microbatch, made with cudaMalloc as needed (first at acts_new) and kept. */
+    int umask;
+    void **units;                   /* (nunits) of unit_bytes each */
+    int *unit_used;
+    int nunits;
+    size_t unit_bytes;
 };
 
 typedef struct {
@@ -87,7 +95,19 @@ struct cuda_model_acts {
     bf16_t *s_dm, *s_dy;            /* scratch (N, F), (N, max(QD, D)) */
     float *delta;                   /* (B, H, T) attention backward scratch */
     float *loss_host;               /* (N) pinned */
+    size_t bytes;                   /* of base */
+    void **unit;                    /* (nl) the work set bound to layer i, or NULL */
 };
+
+/* A layer's tensors in four groups, by what activation checkpointing keeps (config.h). */
+enum { G_IN = 1, G_OPS = 2, G_REST = 4, G_GRAD = 8, G_ALL = 15 };
+
+static int keep_mask(config_keep_t k)
+{
+    return k == CONFIG_KEEP_INPUT ? G_IN : k == CONFIG_KEEP_OPS ? G_IN | G_OPS : G_ALL;
+}
+
+static config_keep_t keep_of(const cuda_model_t *m, int i) { return config_ac_keep(&m->cfg, m->layer0 + i); }
 
 // ---- small kernels ----
 
@@ -166,6 +186,10 @@ extern "C" void cuda_model_destroy(cuda_model_t **pm)
     cudaFree(m->rope_cos);
     cudaFree(m->rope_sin);
     cudaFreeHost(m->staging);
+    for (int u = 0; u < m->nunits; u++)
+        cudaFree(m->units[u]);
+    free(m->units);
+    free(m->unit_used);
     if (m->stream)
         cudaStreamDestroy(m->stream);
     free(m->lw);
@@ -235,6 +259,9 @@ static int model_init(cuda_model_t *m, const model_config_t *cfg, int p0, int p1
         return rc;
     MM(cuda_matmul_ctx_new(&m->mm));
     bind(m);
+    for (int i = 0; i < m->nl; i++)
+        if (keep_of(m, i) != CONFIG_KEEP_ALL)
+            m->umask = G_ALL & ~keep_mask(keep_of(m, i)); /* one kind per model: op, or full layers */
     CU(cudaStreamSynchronize(m->stream));
     return 0;
 }
@@ -287,6 +314,7 @@ extern "C" void cuda_model_acts_destroy(cuda_model_acts_t **pa)
     cudaFree(a->base);
     cudaFreeHost(a->loss_host);
     free(a->l);
+    free(a->unit);
     free(a);
     *pa = NULL;
 }
@@ -300,21 +328,35 @@ static void *take(char *base, size_t *off, size_t n, size_t es)
     return r;
 }
 
+/* Points the tensors of the groups in mask at base (NULL: at nothing) in mode none's layout;
+ * returns the bytes they take. Other groups' pointers are left alone. */
+static size_t carve_layer(const cuda_model_t *m, layer_acts_t *L, char *base, int mask, int B, int T)
+{
+    size_t N = (size_t)B * T, D = m->D, QD = m->QD, KD = m->KD, F = m->F, BHT = (size_t)B * m->H * T;
+    size_t off = 0;
+#define G16(g, f, n) (L->f = (mask & (g)) ? (bf16_t *)take(base, &off, (n), 2) : L->f)
+#define G32(g, f, n) (L->f = (mask & (g)) ? (float *)take(base, &off, (n), 4) : L->f)
+    G16(G_IN, h_in, N * D); G16(G_REST, xn1, N * D);
+    G16(G_OPS, q, N * QD); G16(G_OPS, k, N * KD); G16(G_OPS, v, N * KD);
+    G16(G_OPS, y, N * QD); G16(G_OPS, h1, N * D); G16(G_REST, xn2, N * D);
+    G16(G_OPS, a, N * F); G16(G_OPS, b, N * F); G16(G_REST, m, N * F);
+    G32(G_REST, r1, N); G32(G_REST, r2, N); G32(G_OPS, lse, BHT);
+    G16(G_GRAD, df, N * D); G16(G_GRAD, da, N * F); G16(G_GRAD, db, N * F); G16(G_GRAD, dxn2, N * D);
+    G16(G_GRAD, dh1, N * D); G16(G_GRAD, dq, N * QD); G16(G_GRAD, dk, N * KD); G16(G_GRAD, dv, N * KD);
+    G16(G_GRAD, dxn1, N * D);
+#undef G16
+#undef G32
+    return off;
+}
+
 static size_t carve(const cuda_model_t *m, cuda_model_acts_t *a, char *base)
 {
-    size_t N = a->N, D = m->D, QD = m->QD, KD = m->KD, F = m->F, V = m->V, BHT = (size_t)a->B * m->H * a->T;
+    size_t N = a->N, D = m->D, QD = m->QD, F = m->F, V = m->V, BHT = (size_t)a->B * m->H * a->T;
     size_t off = 0;
 #define T16(n) (bf16_t *)take(base, &off, (n), 2)
 #define T32(n) (float *)take(base, &off, (n), 4)
-    for (int i = 0; i < m->nl; i++) {
-        layer_acts_t *L = &a->l[i];
-        L->h_in = T16(N * D); L->xn1 = T16(N * D); L->q = T16(N * QD); L->k = T16(N * KD); L->v = T16(N * KD);
-        L->y = T16(N * QD); L->h1 = T16(N * D); L->xn2 = T16(N * D);
-        L->a = T16(N * F); L->b = T16(N * F); L->m = T16(N * F);
-        L->r1 = T32(N); L->r2 = T32(N); L->lse = T32(BHT);
-        L->df = T16(N * D); L->da = T16(N * F); L->db = T16(N * F); L->dxn2 = T16(N * D); L->dh1 = T16(N * D);
-        L->dq = T16(N * QD); L->dk = T16(N * KD); L->dv = T16(N * KD); L->dxn1 = T16(N * D);
-    }
+    for (int i = 0; i < m->nl; i++)
+        off += carve_layer(m, &a->l[i], base ? base + off : NULL, keep_mask(keep_of(m, i)), a->B, a->T);
     a->tokens = (int32_t *)take(base, &off, N, 4);
     a->targets = (int32_t *)take(base, &off, N, 4);
     a->io = T32(N * D);
@@ -332,7 +374,78 @@ static size_t carve(const cuda_model_t *m, cuda_model_acts_t *a, char *base)
     return off;
 }
 
-extern "C" int cuda_model_acts_new(cuda_model_acts_t **out, const cuda_model_t *m, int B, int T)
+/* One more work set of unit_bytes; its index, or a negative code. */
+static int unit_new(cuda_model_t *m)
+{
+    int u = m->nunits;
+    void **nu = (void **)realloc(m->units, (size_t)(u + 1) * sizeof(*nu));
+    if (nu)
+        m->units = nu;
+    int *nf = nu ? (int *)realloc(m->unit_used, (size_t)(u + 1) * sizeof(*nf)) : NULL;
+    if (nf)
+        m->unit_used = nf;
+    if (!nu || !nf)
+        return cuda_err(-ENOMEM, "out of memory");
+    CU(cudaMalloc(&m->units[u], m->unit_bytes));
+    m->unit_used[u] = 0;
+    m->nunits++;
+    return u;
+}
+
+/* Sizes the work sets for [B, T] microbatches (a larger one made while none is in use replaces
+ * them) and makes the first two: a forward borrows one, a backward with its W two. */
+static int units_fit(cuda_model_t *m, int B, int T)
+{
+    if (!m->umask)
+        return 0;
+    layer_acts_t tmp;
+    memset(&tmp, 0, sizeof(tmp));
+    size_t need = carve_layer(m, &tmp, NULL, m->umask, B, T);
+    if (need > m->unit_bytes) {
+        for (int u = 0; u < m->nunits; u++)
+            if (m->unit_used[u])
+                return cuda_err(-EBUSY, "activations of a larger microbatch while the work sets are in use");
+        CU(cudaStreamSynchronize(m->stream));
+        for (int u = 0; u < m->nunits; u++)
+            cudaFree(m->units[u]);
+        m->nunits = 0;
+        m->unit_bytes = need;
+    }
+    while (m->nunits < 2) {
+        int u = unit_new(m);
+        if (u < 0)
+            return u;
+    }
+    return 0;
+}
+
+/* Binds layer i of a to a free work set (a new one when all are in use: a schedule that holds
+ * W back). Stream order keeps reuse safe: the work set's last reader was queued before. */
+static int unit_take(cuda_model_t *m, cuda_model_acts_t *a, int i)
+{
+    int u = 0;
+    while (u < m->nunits && m->unit_used[u])
+        u++;
+    if (u == m->nunits && (u = unit_new(m)) < 0)
+        return u;
+    m->unit_used[u] = 1;
+    a->unit[i] = m->units[u];
+    carve_layer(m, &a->l[i], (char *)a->unit[i], m->umask, a->B, a->T);
+    return 0;
+}
+
+static void unit_give(cuda_model_t *m, cuda_model_acts_t *a, int i)
+{
+    if (!a->unit[i])
+        return;
+    for (int u = 0; u < m->nunits; u++)
+        if (m->units[u] == a->unit[i])
+            m->unit_used[u] = 0;
+    carve_layer(m, &a->l[i], NULL, m->umask, a->B, a->T);
+    a->unit[i] = NULL;
+}
+
+extern "C" int cuda_model_acts_new(cuda_model_acts_t **out, cuda_model_t *m, int B, int T)
 {
     *out = NULL;
     if (B <= 0 || T <= 0 || T > m->cfg.max_seq_len)
@@ -342,12 +455,16 @@ extern "C" int cuda_model_acts_new(cuda_model_acts_t **out, const cuda_model_t *
         return cuda_err(-ENOMEM, "out of memory");
     a->B = B, a->T = T, a->N = B * T;
     a->l = (layer_acts_t *)calloc(m->nl ? m->nl : 1, sizeof(layer_acts_t));
-    int rc = a->l ? 0 : cuda_err(-ENOMEM, "out of memory");
-    size_t bytes = carve(m, a, NULL); /* sizes only: offsets from 0 */
+    a->unit = (void **)calloc(m->nl ? m->nl : 1, sizeof(void *));
+    int rc = a->l && a->unit ? 0 : cuda_err(-ENOMEM, "out of memory");
+    size_t bytes = rc ? 0 : carve(m, a, NULL); /* sizes only: offsets from 0 */
+    a->bytes = bytes;
     if (!rc)
         rc = cuda_rc(cudaMalloc(&a->base, bytes), "cudaMalloc (activations)");
     if (!rc)
         rc = cuda_rc(cudaMallocHost((void **)&a->loss_host, (size_t)a->N * sizeof(float)), "cudaMallocHost");
+    if (!rc)
+        rc = units_fit(m, B, T);
     if (rc) {
         cuda_model_acts_destroy(&a);
         return rc;
@@ -360,6 +477,7 @@ extern "C" int cuda_model_acts_new(cuda_model_acts_t **out, const cuda_model_t *
 
 // ---- forward and backward (the equations are kernels/cpu/model.c's) ----
 
+/* out NULL: a recompute for the backward, which needs everything but the output. */
 static int layer_forward(cuda_model_t *m, cuda_model_acts_t *a, int i, bf16_t *out)
 {
     layer_w_t *w = &m->lw[i];
@@ -382,8 +500,27 @@ static int layer_forward(cuda_model_t *m, cuda_model_acts_t *a, int i, bf16_t *o
     MM(cuda_matmul_fwd(m->mm, L->a, L->xn2, w->w1, N, D, F, s));
     MM(cuda_matmul_fwd(m->mm, L->b, L->xn2, w->w3, N, D, F, s));
     NN(cuda_swiglu_fwd(L->m, L->a, L->b, (size_t)N * F, s));
+    if (!out)
+        return 0;
     MM(cuda_matmul_fwd(m->mm, out, L->m, w->w2, N, F, D, s));
     return add(m, out, out, L->h1, (size_t)N * D);
+}
+
+/* What a checkpointed layer did not keep, made again by its forward's kernels on the same
+ * inputs: the same bits. */
+static int layer_recompute(cuda_model_t *m, cuda_model_acts_t *a, int i)
+{
+    if (keep_of(m, i) == CONFIG_KEEP_INPUT)
+        return layer_forward(m, a, i, NULL);
+    layer_w_t *w = &m->lw[i];
+    layer_acts_t *L = &a->l[i];
+    int N = a->N, D = m->D, F = m->F;
+    void *s = m->stream;
+    float eps = (float)m->cfg.norm_eps;
+    NN(cuda_rmsnorm_fwd(L->xn1, L->r1, L->h_in, w->attn_norm, N, D, eps, s));
+    NN(cuda_rmsnorm_fwd(L->xn2, L->r2, L->h1, w->ffn_norm, N, D, eps, s));
+    NN(cuda_swiglu_fwd(L->m, L->a, L->b, (size_t)N * F, s));
+    return 0;
 }
 
 static int layer_backward_b(cuda_model_t *m, cuda_model_acts_t *a, int i, bf16_t *dh_in)
@@ -452,8 +589,16 @@ static int forward(cuda_model_t *m, cuda_model_acts_t *a, const int32_t *tokens,
      * reads x_top afterwards); a stage without layers copies its input through */
     bf16_t *top = dev && !m->has_head && m->nl ? (bf16_t *)x_out : a->x_top;
     for (int i = 0; i < m->nl; i++)
+        unit_give(m, a, i); /* a step left unfinished: a backward without its W */
+    for (int i = 0; i < m->nl; i++) {
+        int ck = keep_of(m, i) != CONFIG_KEEP_ALL;
+        if (ck && (rc = unit_take(m, a, i)))
+            return rc;
         if ((rc = layer_forward(m, a, i, i + 1 < m->nl ? a->l[i + 1].h_in : top)))
             return rc;
+        if (ck)
+            unit_give(m, a, i);
+    }
     if (!m->has_head && dev) {
         if (top != x_out)
             CU(cudaMemcpyAsync(x_out, a->x_top, N * D * sizeof(bf16_t), cudaMemcpyDeviceToDevice, m->stream));
@@ -496,11 +641,19 @@ extern "C" int cuda_model_forward_dev(cuda_model_t *m, cuda_model_acts_t *a, con
     return forward(m, a, tokens, x_in, targets, dscale, x_out, loss, 1);
 }
 
-static int backward_b(cuda_model_t *m, cuda_model_acts_t *a, const void *dy, void *dx, int dev)
+static int backward_w_head(cuda_model_t *m, cuda_model_acts_t *a);
+
+/* Backward B, and with fuse each layer's W right after its B (the same bits as B then W: a W
+ * adds into its own layer's gradients, which no B reads). A checkpointed layer recomputes into
+ * a work set bound before the layer above writes its output gradient there, kept until its W:
+ * with fuse two at a time, without one per checkpointed layer. */
+static int backward_b(cuda_model_t *m, cuda_model_acts_t *a, const void *dy, void *dx, int dev, int fuse)
 {
     size_t N = a->N, D = m->D;
     void *s = m->stream;
-    int rc;
+    int rc, L = m->nl;
+    if (L && keep_of(m, L - 1) != CONFIG_KEEP_ALL && (rc = unit_take(m, a, L - 1)))
+        return rc;
     bf16_t *top = m->nl ? a->l[m->nl - 1].df : a->d_bottom;
     if (m->has_head) {
         MM(cuda_matmul_bwd_x(m->mm, a->dhf, a->logits, m->out, (int)N, (int)D, m->V, 0, s));
@@ -515,9 +668,23 @@ static int backward_b(cuda_model_t *m, cuda_model_acts_t *a, const void *dy, voi
     /* device hand-off without the embedding: the first layer writes the ring slot itself (only
      * the embedding's W reads d_bottom) */
     bf16_t *bottom = dev && !m->has_embed && m->nl ? (bf16_t *)dx : a->d_bottom;
-    for (int i = m->nl - 1; i >= 0; i--)
+    if (fuse && m->has_head && (rc = backward_w_head(m, a)))
+        return rc;
+    for (int i = m->nl - 1; i >= 0; i--) {
+        if (i > 0 && keep_of(m, i - 1) != CONFIG_KEEP_ALL && (rc = unit_take(m, a, i - 1)))
+            return rc;
+        if (keep_of(m, i) != CONFIG_KEEP_ALL && (rc = layer_recompute(m, a, i)))
+            return rc;
         if ((rc = layer_backward_b(m, a, i, i > 0 ? a->l[i - 1].df : bottom)))
             return rc;
+        if (fuse) {
+            if ((rc = layer_backward_w(m, a, i)))
+                return rc;
+            unit_give(m, a, i);
+        }
+    }
+    if (fuse && m->has_embed)
+        NN(cuda_embed_bwd(m->d_embed, a->d_bottom, a->tokens, (int)N, m->V, (int)D, s));
     if (m->has_embed)
         return dev ? 0 : cuda_rc(cudaStreamSynchronize(m->stream), "cudaStreamSynchronize");
     if (dev) {
@@ -534,25 +701,56 @@ static int backward_b(cuda_model_t *m, cuda_model_acts_t *a, const void *dy, voi
 
 extern "C" int cuda_model_backward_b(cuda_model_t *m, cuda_model_acts_t *a, const float *dy, float *dx)
 {
-    return backward_b(m, a, dy, dx, 0);
+    return backward_b(m, a, dy, dx, 0, 0);
 }
 
 extern "C" int cuda_model_backward_b_dev(cuda_model_t *m, cuda_model_acts_t *a, const uint16_t *dy, uint16_t *dx)
 {
-    return backward_b(m, a, dy, dx, 1);
+    return backward_b(m, a, dy, dx, 1, 0);
+}
+
+extern "C" int cuda_model_backward(cuda_model_t *m, cuda_model_acts_t *a, const float *dy, float *dx)
+{
+    if (!m->umask) {
+        int rc = backward_b(m, a, dy, dx, 0, 0);
+        return rc ? rc : cuda_model_backward_w(m, a);
+    }
+    return backward_b(m, a, dy, dx, 0, 1);
+}
+
+extern "C" int cuda_model_backward_dev(cuda_model_t *m, cuda_model_acts_t *a, const uint16_t *dy, uint16_t *dx)
+{
+    if (!m->umask) {
+        int rc = backward_b(m, a, dy, dx, 1, 0);
+        return rc ? rc : cuda_model_backward_w(m, a);
+    }
+    return backward_b(m, a, dy, dx, 1, 1);
+}
+
+extern "C" size_t cuda_model_acts_bytes(const cuda_model_acts_t *a) { return a->bytes; }
+
+extern "C" size_t cuda_model_work_bytes(const cuda_model_t *m) { return (size_t)m->nunits * m->unit_bytes; }
+
+static int backward_w_head(cuda_model_t *m, cuda_model_acts_t *a)
+{
+    int N = a->N, D = m->D;
+    void *s = m->stream;
+    MM(cuda_matmul_bwd_w(m->mm, m->d_out, a->logits, a->hf, N, D, m->V, s));
+    NN(cuda_rmsnorm_bwd_w(m->d_norm, a->dhf, a->x_top, a->rf, N, D, s));
+    return 0;
 }
 
 extern "C" int cuda_model_backward_w(cuda_model_t *m, cuda_model_acts_t *a)
 {
     int N = a->N, D = m->D, rc;
     void *s = m->stream;
-    if (m->has_head) {
-        MM(cuda_matmul_bwd_w(m->mm, m->d_out, a->logits, a->hf, N, D, m->V, s));
-        NN(cuda_rmsnorm_bwd_w(m->d_norm, a->dhf, a->x_top, a->rf, N, D, s));
-    }
-    for (int i = m->nl - 1; i >= 0; i--)
+    if (m->has_head && (rc = backward_w_head(m, a)))
+        return rc;
+    for (int i = m->nl - 1; i >= 0; i--) {
         if ((rc = layer_backward_w(m, a, i)))
             return rc;
+        unit_give(m, a, i);
+    }
     if (m->has_embed)
         NN(cuda_embed_bwd(m->d_embed, a->d_bottom, a->tokens, N, m->V, D, s));
     return 0; /* stream order: take_grads, cuda_model_sync or the next op waits for it */

@@ -120,8 +120,7 @@ static int set_ac(manifest_t *m, int k, const toml_value_t *v, const char *where
     int *field = (int *)((char *)m + K->off), x;
     if (K->type == MKEY_AC_MODE) {
         if (config_ac_mode_parse(v->s, &x))
-            return util_fail(err, errlen, -EINVAL, "%s: %s.%s = \"%.40s\": expected none, full or selective", where,
-                             K->section, K->key, v->s);
+            return util_fail(err, errlen, -EINVAL, "%s = \"%.40s\": expected none, full or selective", where, v->s);
         *field = x;
         return 0;
     }
@@ -138,8 +137,7 @@ static int set_ac(manifest_t *m, int k, const toml_value_t *v, const char *where
         else
             snprintf(got, sizeof(got), "%" PRId64, v->i);
         return util_fail(err, errlen, -EINVAL,
-                         "%s: %s.%s = %s: expected a positive integer N (every Nth layer recomputed) or \"op\"",
-                         where, K->section, K->key, got);
+                         "%s = %s: expected a positive integer N (every Nth layer recomputed) or \"op\"", where, got);
     }
     *field = v->type == TOML_INT ? (int)v->i : x;
     return 0;

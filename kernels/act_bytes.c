@@ -94,6 +94,8 @@ int model_act_bytes(const model_config_t *cfg, int p0, int p1, int B, int T, mod
         if (k != CONFIG_KEEP_ALL) {
             out->ckpt_layers++;
             out->unit = layer_bytes(cfg, cuda, G_ALL & ~keep_mask(k), B, T);
+            int adjacent = l > l0 && config_ac_keep(cfg, l - 1) != CONFIG_KEEP_ALL;
+            out->units_fused = adjacent || out->units_fused == 2 ? 2 : 1;
         }
     }
     return 0;
@@ -101,10 +103,8 @@ int model_act_bytes(const model_config_t *cfg, int p0, int p1, int B, int T, mod
 
 size_t model_act_total(const model_act_size_t *s, int in_flight, int held_w)
 {
-    size_t units = 0;
-    if (s->ckpt_layers) {
+    size_t units = (size_t)s->units_fused;
+    if (held_w > 0 && (size_t)held_w * (size_t)s->ckpt_layers + 1 > units)
         units = (size_t)held_w * (size_t)s->ckpt_layers + 1;
-        units = units < 2 ? 2 : units;
-    }
     return (size_t)in_flight * s->per_mb + units * s->unit;
 }

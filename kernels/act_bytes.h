@@ -19,6 +19,9 @@ typedef struct {
     size_t unit;        /* one recompute work set: one layer's tensors that a checkpointed layer
                          * does not keep (0 without checkpointing) */
     int ckpt_layers;    /* held layers that recompute */
+    int units_fused;    /* work sets when every W runs with its B: 0 without checkpointing, 2 when
+                         * two checkpointed layers are adjacent, else 1 (also what the model makes
+                         * at its first acts) */
 } model_act_size_t;
 
 /* Pieces [p0, p1) of a validated cfg (params_piece_range order), [B, T] microbatches. Returns
@@ -29,8 +32,8 @@ int model_act_bytes(const model_config_t *cfg, int p0, int p1, int B, int T, mod
 /* The activation bytes of a chunk: in_flight microbatches between their F and their W
  * (sched_peak_acts) and the work sets; held_w is the most microbatches that sit between their
  * B and their W at once, the one in its B counted (0 when every W runs right after its B: the
- * stage then runs them together and two work sets do). An upper bound: the work sets grow to
- * what the schedule needs, at most max(2, held_w x ckpt_layers + 1). */
+ * stage then runs them together and units_fused work sets do). With held_w > 0 an upper bound:
+ * the work sets grow to what the schedule needs, at most held_w x ckpt_layers + 1. */
 size_t model_act_total(const model_act_size_t *s, int in_flight, int held_w);
 
 #endif

@@ -9,7 +9,7 @@ dir=$1; man=$2; shift 2
 extra=("$@")
 ctitan=${CTITAN:-build/bin/ctitan}
 mkdir -p "$dir"
-modes=("none" "full" "selective 2" "selective op")
+read -ra modes <<<"${AC_MODES:-none full selective,2 selective,op}" # AC_MODES: which, in order
 
 # Descendant pids of $1, one a line.
 tree() {
@@ -19,9 +19,10 @@ tree() {
 
 printf "%-13s %-22s %-14s %s\n" mode "VmHWM MiB per rank" "step ms (med)" losses
 base=""
+run=0
 for mode in "${modes[@]}"; do
-  read -r m opt <<<"$mode"
-  job="ac-$m${opt:+-$opt}"
+  IFS=, read -r m opt <<<"$mode"
+  job="ac-$m${opt:+-$opt}-$((++run))"
   args=(--activation_checkpoint.mode "$m")
   [ -n "$opt" ] && args+=(--activation_checkpoint.selective_ac_option "$opt")
   rm -rf "$dir/$job" "$dir/$job.jsonl"
@@ -31,7 +32,7 @@ for mode in "${modes[@]}"; do
   declare -A hwm=()
   while kill -0 "$lp" 2>/dev/null; do
     for p in $(tree "$lp"); do
-      cmd=$(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null) || continue
+      { cmd=$(tr '\0' ' ' <"/proc/$p/cmdline"); } 2>/dev/null || continue
       case "$cmd" in *ctitan-stage*) ;; *) continue ;; esac
       r=$(sed -n 's/.*--rank \([0-9]*\).*/\1/p' <<<"$cmd")
       kb=$(awk '/^VmHWM/ {print $2}' "/proc/$p/status" 2>/dev/null) || continue
@@ -47,6 +48,6 @@ for mode in "${modes[@]}"; do
   losses=$(grep -o '"loss": [-0-9.e]*' "$dir/$job.jsonl")
   if [ -z "$base" ]; then base=$losses; same="(baseline)";
   elif [ "$losses" = "$base" ]; then same="bitwise"; else same="DIFFER"; fi
-  printf '%-13s %-22s %-14s %-10s\n' "$mode" "$mib" "$med" "$same"
+  printf '%-13s %-22s %-14s %-10s\n' "${mode/,/ }" "$mib" "$med" "$same"
   unset hwm
 done

@@ -32,6 +32,7 @@ struct model {
      * does not keep (umask; 0 without checkpointing), shared by every microbatch. A forward
      * borrows one per layer; a backward binds one to each layer from its recompute to its W. */
     int umask;
+    int units_min;      /* made at acts_new: 1, or 2 when two checkpointed layers are adjacent */
     float **units;      /* (nunits) of unit_floats each */
     int *unit_used;
     int nunits;
@@ -173,6 +174,9 @@ model_t *model_new(const model_config_t *cfg, int piece_begin, int piece_end, fl
     for (int i = 0; i < m->nl; i++)
         if (keep_of(m, i) != CONFIG_KEEP_ALL)
             m->umask = G_ALL & ~keep_mask(keep_of(m, i)); /* one kind per model: op, or full layers */
+    for (int i = 0; i < m->nl; i++) /* a fused backward binds layer i - 1's before it frees layer i's */
+        if (keep_of(m, i) != CONFIG_KEEP_ALL)
+            m->units_min = i > 0 && keep_of(m, i - 1) != CONFIG_KEEP_ALL ? 2 : m->units_min > 1 ? 2 : 1;
     return m;
 }
 
@@ -328,8 +332,8 @@ model_acts_t *model_acts_new(model_t *m, int B, int T)
     }
     acts_floats(m, a, a->base);
     a->bytes = total * sizeof(float);
-    /* a forward holds one work set, a backward with its W two: made now, not mid-step */
-    while (m->umask && m->nunits < 2)
+    /* what a forward and a backward with its W hold: made now, not mid-step */
+    while (m->nunits < m->units_min)
         if (unit_new(m) < 0) {
             model_acts_destroy(&a);
             return NULL;

@@ -70,6 +70,7 @@ struct cuda_model {
      * groups that a checkpointed layer does not keep (umask; 0 without), shared by every
      * microbatch, made with cudaMalloc as needed (first at acts_new) and kept. */
     int umask;
+    int units_min;      /* made at acts_new: 1, or 2 when two checkpointed layers are adjacent */
     void **units;                   /* (nunits) of unit_bytes each */
     int *unit_used;
     int nunits;
@@ -262,6 +263,9 @@ static int model_init(cuda_model_t *m, const model_config_t *cfg, int p0, int p1
     for (int i = 0; i < m->nl; i++)
         if (keep_of(m, i) != CONFIG_KEEP_ALL)
             m->umask = G_ALL & ~keep_mask(keep_of(m, i)); /* one kind per model: op, or full layers */
+    for (int i = 0; i < m->nl; i++) /* a fused backward binds layer i - 1's before it frees layer i's */
+        if (keep_of(m, i) != CONFIG_KEEP_ALL)
+            m->units_min = i > 0 && keep_of(m, i - 1) != CONFIG_KEEP_ALL ? 2 : m->units_min > 1 ? 2 : 1;
     CU(cudaStreamSynchronize(m->stream));
     return 0;
 }
@@ -393,7 +397,7 @@ static int unit_new(cuda_model_t *m)
 }
 
 /* Sizes the work sets for [B, T] microbatches (a larger one made while none is in use replaces
- * them) and makes the first two: a forward borrows one, a backward with its W two. */
+ * them) and makes what a forward and a backward with its W hold (units_min). */
 static int units_fit(cuda_model_t *m, int B, int T)
 {
     if (!m->umask)
@@ -411,7 +415,7 @@ static int units_fit(cuda_model_t *m, int B, int T)
         m->nunits = 0;
         m->unit_bytes = need;
     }
-    while (m->nunits < 2) {
+    while (m->nunits < m->units_min) {
         int u = unit_new(m);
         if (u < 0)
             return u;

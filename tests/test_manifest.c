@@ -176,6 +176,7 @@ static void assert_same_manifest(const manifest_t *a, const manifest_t *b)
     I(model.max_seq_len);
     I(steps); I(local_batch_size); I(seq_len); I(seed); D(max_norm); I(threads);
     I(pp); I(schedule); I(microbatches); I(n_split_points); I(dp); I(layers_per_stage); I(host_timeout_s);
+    I(ac_mode); I(ac_every);
     for (int i = 0; i < a->n_split_points; i++)
         I(split_points[i]);
     S(optimizer_name); D(lr); D(beta1); D(beta2); D(eps); D(weight_decay);

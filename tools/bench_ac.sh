@@ -2,7 +2,9 @@
 # Activation checkpointing's saving and cost on the CPU (issue 24, BENCHMARKS.md): one
 # `ctitan launch` per mode of the same job; for each, the peak resident set (VmHWM) of every
 # stage process, read from /proc while it runs, the median step time after the first step,
-# and whether the losses equal mode none's bit for bit.
+# the job's own memory figure (mem_peak_bytes of the metrics: the largest stage's peak resident
+# set on the CPU, the device's memory in use with --job.device cuda), and whether the losses
+# equal mode none's bit for bit.
 # usage: tools/bench_ac.sh DIR MANIFEST [--section.key value ...]   (DIR: runs and metrics)
 set -u
 dir=$1; man=$2; shift 2
@@ -17,7 +19,7 @@ tree() {
   for c in $(pgrep -P "$1"); do echo "$c"; tree "$c"; done
 }
 
-printf "%-13s %-22s %-14s %s\n" mode "VmHWM MiB per rank" "step ms (med)" losses
+printf "%-13s %-22s %-14s %-10s %s\n" mode "VmHWM MiB per rank" "step ms (med)" losses "mem_peak MiB"
 base=""
 run=0
 for mode in "${modes[@]}"; do
@@ -48,6 +50,7 @@ for mode in "${modes[@]}"; do
   losses=$(grep -o '"loss": [-0-9.e]*' "$dir/$job.jsonl")
   if [ -z "$base" ]; then base=$losses; same="(baseline)";
   elif [ "$losses" = "$base" ]; then same="bitwise"; else same="DIFFER"; fi
-  printf '%-13s %-22s %-14s %-10s\n' "${mode/,/ }" "$mib" "$med" "$same"
+  peak=$(grep -o '"mem_peak_bytes": [0-9]*' "$dir/$job.jsonl" | tail -1 | awk '{printf "%.1f", $2 / 1048576}')
+  printf '%-13s %-22s %-14s %-10s %s\n' "${mode/,/ }" "$mib" "$med" "$same" "$peak"
   unset hwm
 done

@@ -6,9 +6,10 @@
 #include <errno.h>
 
 /* The groups, as both models name them: the input; the products' and attention's outputs
- * (with softmax probabilities on the CPU, their log-sum-exp on CUDA); what norms and SwiGLU
- * make; the gradients B keeps for W. */
-enum { G_IN = 1, G_OPS = 2, G_REST = 4, G_GRAD = 8, G_ALL = 15 };
+ * that only B reads (q, k, v, the w1 and w3 products, softmax probabilities on the CPU, their
+ * log-sum-exp on CUDA) and those W reads too (y, h1); what norms and SwiGLU make; the
+ * gradients B keeps for W. */
+enum { G_IN = 1, G_OPB = 2, G_REST = 4, G_GRAD = 8, G_OPW = 16, G_ALL = 31 };
 
 typedef struct {
     int cuda;
@@ -22,7 +23,7 @@ static void add(acc_t *a, size_t n, size_t es_cuda)
 
 static int keep_mask(config_keep_t k)
 {
-    return k == CONFIG_KEEP_INPUT ? G_IN : k == CONFIG_KEEP_OPS ? G_IN | G_OPS : G_ALL;
+    return k == CONFIG_KEEP_INPUT ? G_IN : k == CONFIG_KEEP_OPS ? G_IN | G_OPB | G_OPW : G_ALL;
 }
 
 /* One layer's tensors of the groups in mask. */
@@ -38,12 +39,13 @@ static size_t layer_bytes(const model_config_t *c, int cuda, int mask, int B, in
         add(&a, N * D, 2), add(&a, N * D, 2), add(&a, N * F, 2); /* xn1, xn2, m */
         add(&a, N, 4), add(&a, N, 4);                             /* r1, r2 */
     }
-    if (mask & G_OPS) {
+    if (mask & G_OPB) {
         add(&a, N * QD, 2), add(&a, N * KD, 2), add(&a, N * KD, 2); /* q, k, v */
-        add(&a, N * QD, 2), add(&a, N * D, 2);                      /* y, h1 */
         add(&a, N * F, 2), add(&a, N * F, 2);                       /* a, b */
         add(&a, att, 4);
     }
+    if (mask & G_OPW)
+        add(&a, N * QD, 2), add(&a, N * D, 2); /* y, h1 */
     if (mask & G_GRAD) {
         add(&a, N * D, 2), add(&a, N * F, 2), add(&a, N * F, 2);   /* df, da, db */
         add(&a, N * D, 2), add(&a, N * D, 2);                      /* dxn2, dh1 */
@@ -93,7 +95,8 @@ int model_act_bytes(const model_config_t *cfg, int p0, int p1, int B, int T, mod
         out->per_mb_none += layer_bytes(cfg, cuda, G_ALL, B, T);
         if (k != CONFIG_KEEP_ALL) {
             out->ckpt_layers++;
-            out->unit = layer_bytes(cfg, cuda, G_ALL & ~keep_mask(k), B, T);
+            out->unit = layer_bytes(cfg, cuda, G_ALL & ~keep_mask(k) & ~G_OPB, B, T);
+            out->unit_b = layer_bytes(cfg, cuda, G_OPB & ~keep_mask(k), B, T);
             int adjacent = l > l0 && config_ac_keep(cfg, l - 1) != CONFIG_KEEP_ALL;
             out->units_fused = adjacent || out->units_fused == 2 ? 2 : 1;
         }
@@ -106,5 +109,5 @@ size_t model_act_total(const model_act_size_t *s, int in_flight, int held_w)
     size_t units = (size_t)s->units_fused;
     if (held_w > 0 && (size_t)held_w * (size_t)s->ckpt_layers + 1 > units)
         units = (size_t)held_w * (size_t)s->ckpt_layers + 1;
-    return (size_t)in_flight * s->per_mb + units * s->unit;
+    return (size_t)in_flight * s->per_mb + units * s->unit + s->unit_b;
 }

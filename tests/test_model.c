@@ -255,7 +255,7 @@ static double run_ac(const fixture_t *f, model_config_t cfg, const int *cuts, in
         model_act_size_t z;
         assert_int_equal(model_act_bytes(&cfg, cuts[s], cuts[s + 1], f->B, f->T, MODEL_ACT_CPU, &z), 0);
         assert_int_equal(z.per_mb, model_acts_bytes(a[s][0])); /* the plan's figure is the model's */
-        assert_int_equal(z.units_fused * z.unit, model_work_bytes(m[s])); /* made with the first acts */
+        assert_int_equal(z.units_fused * z.unit + z.unit_b, model_work_bytes(m[s])); /* made with the first acts */
     }
     double loss = 0;
     for (int mb = 0; mb < nmb; mb++)
@@ -303,6 +303,7 @@ static void test_model_activation_checkpointing_is_bitwise_and_saves_memory(void
     /* what a layer kept in mode none besides its input, and what op still keeps besides it */
     size_t layer_rest = (N * (D * 7 + 2 + QD * 3 + KD * 4 + F * 5) + probs) * sizeof(float);
     size_t ops_kept = (N * (QD * 2 + KD * 2 + D + F * 2) + probs) * sizeof(float);
+    size_t b_only = (N * (QD + KD * 2 + F * 2) + probs) * sizeof(float); /* q, k, v, a, b, softmax */
     float *g0 = malloc(n * sizeof(float)), *g = malloc(n * sizeof(float));
     pool_t *pool = pool_new(2);
     int whole[] = {0, 6}, split[] = {0, 3, 6};
@@ -325,13 +326,16 @@ static void test_model_activation_checkpointing_is_bitwise_and_saves_memory(void
                 size_t saved = modes[i].every == 0 && modes[i].mode == CONFIG_AC_SELECTIVE
                                    ? layer_rest - ops_kept : layer_rest;
                 assert_int_equal(acts0 - acts, (size_t)modes[i].ckpt * saved);
-                /* a work set is what a recomputed layer does not keep; fused: two per stage
-                 * (one where no two checkpointed layers touch: selective 2); held back: one per
-                 * checkpointed layer and microbatch (3), all alive before the first W */
+                /* the work sets hold what a recomputed layer does not keep: what W reads too,
+                 * fused two per stage (one where no two checkpointed layers touch: selective
+                 * 2), held back one per checkpointed layer and microbatch (3), all alive before
+                 * the first W; and what B alone reads (not under op), one per stage */
+                int op = modes[i].mode == CONFIG_AC_SELECTIVE && modes[i].every == 0;
+                size_t unit_b = op ? 0 : b_only, stages = (size_t)(ncuts[k] - 1);
                 size_t units = (size_t)modes[i].ckpt * 3;
                 if (fused)
-                    units = (size_t)(ncuts[k] - 1) * (modes[i].every == 2 ? 1 : 2);
-                assert_int_equal(work, units * saved);
+                    units = stages * (modes[i].every == 2 ? 1 : 2);
+                assert_int_equal(work, units * (saved - unit_b) + (unit_b ? stages * unit_b : 0));
             }
     }
     pool_destroy(&pool);

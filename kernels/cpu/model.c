@@ -10,6 +10,18 @@
 
 #include "kernels/ops.h"
 
+/* Work sets of one kind (see struct model). */
+typedef struct {
+    int mask;           /* the groups each holds; 0: none of this kind */
+    int min;            /* made with the first acts: what a forward and a backward with its W hold */
+    float **u;          /* (n) of floats each */
+    int *used;
+    int n;
+    size_t floats;
+} wsets_t;
+
+enum { WS_W = 0, WS_B = 1 };
+
 typedef struct {
     float *attn_norm, *wq, *wk, *wv, *wo, *ffn_norm, *w1, *w3, *w2; /* views into params */
     float *d_attn_norm, *dwq, *dwk, *dwv, *dwo, *d_ffn_norm, *dw1, *dw3, *dw2;
@@ -28,15 +40,11 @@ struct model {
     float *rope_cos, *rope_sin; /* (max_seq_len, hd/2) */
     layer_w_t *lw;
     float *embed, *d_embed, *norm, *d_norm, *out, *d_out;
-    /* Activation checkpointing: work sets, each one layer's groups that a checkpointed layer
-     * does not keep (umask; 0 without checkpointing), shared by every microbatch. A forward
-     * borrows one per layer; a backward binds one to each layer from its recompute to its W. */
-    int umask;
-    int units_min;      /* made at acts_new: 1, or 2 when two checkpointed layers are adjacent */
-    float **units;      /* (nunits) of unit_floats each */
-    int *unit_used;
-    int nunits;
-    size_t unit_floats;
+    /* Activation checkpointing: work sets, shared by every microbatch, each one layer's groups
+     * that a checkpointed layer does not keep, in two kinds: WS_W what its W needs too (kept
+     * from the recompute to the W), WS_B what only its B reads (q, k, v, the softmax, the w1
+     * and w3 products: free again after the B). A forward borrows both per layer. */
+    wsets_t ws[2];
     int status;         /* the first failure since model_status (-ENOMEM) */
 };
 
@@ -74,17 +82,18 @@ struct model_acts {
     float *dh0;           /* (N, D) gradient of the embedding output */
     float *s_dm;          /* scratch (N, F) */
     float *s_dy;          /* scratch (N, QD), also (N, D) */
-    float **unit;         /* (nl) the work set bound to layer i, or NULL */
+    float **unit;         /* (nl, 2) the work sets bound to layer i (WS_W, WS_B), or NULL */
 };
 
-/* A layer's tensors in four groups, by what activation checkpointing keeps (config.h): the
- * input; the outputs of the products and attention (with its softmax); what the norms and
- * SwiGLU make; the gradients backward B keeps for W. */
-enum { G_IN = 1, G_OPS = 2, G_REST = 4, G_GRAD = 8, G_ALL = 15 };
+/* A layer's tensors in groups, by what activation checkpointing keeps (config.h) and who reads
+ * them: the input; the products' and attention's outputs that only B reads (q, k, v, the
+ * softmax, the w1 and w3 products) and those W reads too (attention's output y, h1); what the
+ * norms and SwiGLU make; the gradients B keeps for W. */
+enum { G_IN = 1, G_OPB = 2, G_REST = 4, G_GRAD = 8, G_OPW = 16, G_ALL = 31 };
 
 static int keep_mask(config_keep_t k)
 {
-    return k == CONFIG_KEEP_INPUT ? G_IN : k == CONFIG_KEEP_OPS ? G_IN | G_OPS : G_ALL;
+    return k == CONFIG_KEEP_INPUT ? G_IN : k == CONFIG_KEEP_OPS ? G_IN | G_OPB | G_OPW : G_ALL;
 }
 
 static config_keep_t keep_of(const model_t *m, int i) { return config_ac_keep(&m->cfg, m->layer0 + i); }
@@ -171,12 +180,17 @@ model_t *model_new(const model_config_t *cfg, int piece_begin, int piece_end, fl
     m->params = params;
     m->grads = grads;
     bind(m);
-    for (int i = 0; i < m->nl; i++)
-        if (keep_of(m, i) != CONFIG_KEEP_ALL)
-            m->umask = G_ALL & ~keep_mask(keep_of(m, i)); /* one kind per model: op, or full layers */
-    for (int i = 0; i < m->nl; i++) /* a fused backward binds layer i - 1's before it frees layer i's */
-        if (keep_of(m, i) != CONFIG_KEEP_ALL)
-            m->units_min = i > 0 && keep_of(m, i - 1) != CONFIG_KEEP_ALL ? 2 : m->units_min > 1 ? 2 : 1;
+    for (int i = 0; i < m->nl; i++) {
+        config_keep_t k = keep_of(m, i);
+        if (k == CONFIG_KEEP_ALL)
+            continue;
+        /* one kind of checkpointed layer per model: op, or full layers */
+        m->ws[WS_W].mask = G_ALL & ~keep_mask(k) & ~G_OPB;
+        m->ws[WS_B].mask = G_OPB & ~keep_mask(k);
+        /* a backward binds layer i - 1's W set before it frees layer i's (with its W) */
+        m->ws[WS_W].min = i > 0 && keep_of(m, i - 1) != CONFIG_KEEP_ALL ? 2 : m->ws[WS_W].min > 1 ? 2 : 1;
+        m->ws[WS_B].min = m->ws[WS_B].mask ? 1 : 0;
+    }
     return m;
 }
 
@@ -188,10 +202,12 @@ void model_destroy(model_t **pm)
     free(m->rope_cos);
     free(m->rope_sin);
     free(m->lw);
-    for (int u = 0; u < m->nunits; u++)
-        free(m->units[u]);
-    free(m->units);
-    free(m->unit_used);
+    for (int k = 0; k < 2; k++) {
+        for (int u = 0; u < m->ws[k].n; u++)
+            free(m->ws[k].u[u]);
+        free(m->ws[k].u);
+        free(m->ws[k].used);
+    }
     params_table_free(&m->tab);
     free(m);
     *pm = NULL;
@@ -222,10 +238,10 @@ static size_t carve_layer(const model_t *m, layer_acts_t *L, float *base, int ma
     size_t probs = (size_t)B * m->cfg.n_heads * T * T;
 #define G(g, f, n) (L->f = (mask & (g)) ? take(base, &off, (n)) : L->f)
     G(G_IN, h_in, N * D); G(G_REST, r1, N); G(G_REST, xn1, N * D);
-    G(G_OPS, q, N * QD); G(G_OPS, k, N * KD); G(G_OPS, v, N * KD);
-    G(G_OPS, probs, probs); G(G_OPS, y, N * QD); G(G_OPS, h1, N * D);
+    G(G_OPB, q, N * QD); G(G_OPB, k, N * KD); G(G_OPB, v, N * KD);
+    G(G_OPB, probs, probs); G(G_OPW, y, N * QD); G(G_OPW, h1, N * D);
     G(G_REST, r2, N); G(G_REST, xn2, N * D);
-    G(G_OPS, a, N * F); G(G_OPS, b, N * F); G(G_REST, m, N * F);
+    G(G_OPB, a, N * F); G(G_OPB, b, N * F); G(G_REST, m, N * F);
     G(G_GRAD, df, N * D); G(G_GRAD, da, N * F); G(G_GRAD, db, N * F);
     G(G_GRAD, dxn2, N * D); G(G_GRAD, dh1, N * D);
     G(G_GRAD, dq, N * QD); G(G_GRAD, dk, N * KD); G(G_GRAD, dv, N * KD);
@@ -256,62 +272,69 @@ static size_t acts_floats(const model_t *m, model_acts_t *a, float *base)
  * stage's microbatches are alike); a larger one made while none is in use replaces them. */
 static int units_fit(model_t *m, int B, int T)
 {
-    if (!m->umask)
-        return 0;
-    layer_acts_t tmp = {0};
-    size_t need = carve_layer(m, &tmp, NULL, m->umask, B, T);
-    if (need <= m->unit_floats)
-        return 0;
-    for (int u = 0; u < m->nunits; u++)
-        if (m->unit_used[u])
-            return -EBUSY;
-    for (int u = 0; u < m->nunits; u++)
-        free(m->units[u]);
-    m->nunits = 0;
-    m->unit_floats = need;
+    for (int k = 0; k < 2; k++) {
+        wsets_t *w = &m->ws[k];
+        layer_acts_t tmp = {0};
+        size_t need = w->mask ? carve_layer(m, &tmp, NULL, w->mask, B, T) : 0;
+        if (need <= w->floats)
+            continue;
+        for (int u = 0; u < w->n; u++)
+            if (w->used[u])
+                return -EBUSY;
+        for (int u = 0; u < w->n; u++)
+            free(w->u[u]);
+        w->n = 0;
+        w->floats = need;
+    }
     return 0;
 }
 
-/* One more work set; its index, or -ENOMEM. */
-static int unit_new(model_t *m)
+/* One more work set of kind w; its index, or -ENOMEM. */
+static int unit_new(wsets_t *w)
 {
-    int u = m->nunits;
-    float **nu = realloc(m->units, (size_t)(u + 1) * sizeof(*nu));
+    int u = w->n;
+    float **nu = realloc(w->u, (size_t)(u + 1) * sizeof(*nu));
     if (nu)
-        m->units = nu;
-    int *nf = nu ? realloc(m->unit_used, (size_t)(u + 1) * sizeof(*nf)) : NULL;
+        w->u = nu;
+    int *nf = nu ? realloc(w->used, (size_t)(u + 1) * sizeof(*nf)) : NULL;
     if (nf)
-        m->unit_used = nf;
-    if (!nu || !nf || !(m->units[u] = malloc(m->unit_floats * sizeof(float))))
+        w->used = nf;
+    if (!nu || !nf || !(w->u[u] = malloc(w->floats * sizeof(float))))
         return -ENOMEM;
-    m->unit_used[u] = 0;
-    m->nunits++;
+    w->used[u] = 0;
+    w->n++;
     return u;
 }
 
-/* Binds layer i of a to a free work set (a new one when all are in use). */
-static int unit_take(model_t *m, model_acts_t *a, int i)
+/* Binds layer i of a to a free work set of kind k (a new one when all are in use); nothing when
+ * the model has none of that kind. */
+static int unit_take(model_t *m, model_acts_t *a, int i, int k)
 {
+    wsets_t *w = &m->ws[k];
+    if (!w->mask)
+        return 0;
     int u = 0;
-    while (u < m->nunits && m->unit_used[u])
+    while (u < w->n && w->used[u])
         u++;
-    if (u == m->nunits && (u = unit_new(m)) < 0)
+    if (u == w->n && (u = unit_new(w)) < 0)
         return m->status = u;
-    m->unit_used[u] = 1;
-    a->unit[i] = m->units[u];
-    carve_layer(m, &a->l[i], a->unit[i], m->umask, a->B, a->T);
+    w->used[u] = 1;
+    a->unit[2 * i + k] = w->u[u];
+    carve_layer(m, &a->l[i], w->u[u], w->mask, a->B, a->T);
     return 0;
 }
 
-static void unit_give(model_t *m, model_acts_t *a, int i)
+static void unit_give(model_t *m, model_acts_t *a, int i, int k)
 {
-    if (!a->unit[i])
+    wsets_t *w = &m->ws[k];
+    float *p = a->unit[2 * i + k];
+    if (!p)
         return;
-    for (int u = 0; u < m->nunits; u++)
-        if (m->units[u] == a->unit[i])
-            m->unit_used[u] = 0;
-    carve_layer(m, &a->l[i], NULL, m->umask, a->B, a->T);
-    a->unit[i] = NULL;
+    for (int u = 0; u < w->n; u++)
+        if (w->u[u] == p)
+            w->used[u] = 0;
+    carve_layer(m, &a->l[i], NULL, w->mask, a->B, a->T);
+    a->unit[2 * i + k] = NULL;
 }
 
 model_acts_t *model_acts_new(model_t *m, int B, int T)
@@ -323,7 +346,7 @@ model_acts_t *model_acts_new(model_t *m, int B, int T)
         return NULL;
     a->B = B, a->T = T, a->N = B * T;
     a->l = calloc((size_t)(m->nl ? m->nl : 1), sizeof(layer_acts_t));
-    a->unit = calloc((size_t)(m->nl ? m->nl : 1), sizeof(float *));
+    a->unit = calloc((size_t)(m->nl ? m->nl : 1) * 2, sizeof(float *));
     size_t total = a->l ? acts_floats(m, a, NULL) : 0;
     a->base = malloc(total * sizeof(float));
     if (!a->l || !a->unit || !a->base || units_fit(m, B, T)) {
@@ -333,11 +356,12 @@ model_acts_t *model_acts_new(model_t *m, int B, int T)
     acts_floats(m, a, a->base);
     a->bytes = total * sizeof(float);
     /* what a forward and a backward with its W hold: made now, not mid-step */
-    while (m->nunits < m->units_min)
-        if (unit_new(m) < 0) {
-            model_acts_destroy(&a);
-            return NULL;
-        }
+    for (int k = 0; k < 2; k++)
+        while (m->ws[k].n < m->ws[k].min)
+            if (unit_new(&m->ws[k]) < 0) {
+                model_acts_destroy(&a);
+                return NULL;
+            }
     return a;
 }
 
@@ -355,7 +379,10 @@ void model_acts_destroy(model_acts_t **pa)
 
 size_t model_acts_bytes(const model_acts_t *a) { return a->bytes; }
 
-size_t model_work_bytes(const model_t *m) { return (size_t)m->nunits * m->unit_floats * sizeof(float); }
+size_t model_work_bytes(const model_t *m)
+{
+    return ((size_t)m->ws[WS_W].n * m->ws[WS_W].floats + (size_t)m->ws[WS_B].n * m->ws[WS_B].floats) * sizeof(float);
+}
 
 int model_status(model_t *m)
 {
@@ -478,15 +505,15 @@ double model_forward(model_t *m, model_acts_t *a, const int32_t *tokens, const f
     } else if (first != x_in) {
         memcpy(first, x_in, N * D * sizeof(float));
     }
-    for (int i = 0; i < m->nl; i++)
-        unit_give(m, a, i); /* a step left unfinished: a backward without its W */
+    for (int i = 0; i < m->nl; i++) /* a step left unfinished: a backward without its W */
+        unit_give(m, a, i, WS_W), unit_give(m, a, i, WS_B);
     for (int i = 0; i < m->nl; i++) {
         int ck = keep_of(m, i) != CONFIG_KEEP_ALL;
-        if (ck && unit_take(m, a, i))
+        if (ck && (unit_take(m, a, i, WS_W) || unit_take(m, a, i, WS_B)))
             return NAN;
         layer_forward(m, a, i, i + 1 < m->nl ? a->l[i + 1].h_in : top);
         if (ck)
-            unit_give(m, a, i);
+            unit_give(m, a, i, WS_W), unit_give(m, a, i, WS_B);
     }
     if (!m->has_head)
         return 0;
@@ -505,13 +532,14 @@ double model_forward(model_t *m, model_acts_t *a, const int32_t *tokens, const f
 
 /* Backward B, and with fuse each layer's W right after its B (the same bits as B then W: each
  * W adds into its own layer's gradients, which B never reads). A checkpointed layer recomputes
- * into a work set bound before the layer above writes its output gradient there, and kept
- * until its W: with fuse two at a time, without one per checkpointed layer. */
+ * into two work sets: WS_W, bound before the layer above writes its output gradient there and
+ * kept until its W (with fuse two at a time, without one per checkpointed layer), and WS_B,
+ * bound for its recompute and B only (one at a time). */
 static void backward(model_t *m, model_acts_t *a, const float *dy, float *dx, int fuse)
 {
     size_t N = (size_t)a->N, D = m->D;
     int L = m->nl;
-    if (L && keep_of(m, L - 1) != CONFIG_KEEP_ALL && unit_take(m, a, L - 1))
+    if (L && keep_of(m, L - 1) != CONFIG_KEEP_ALL && unit_take(m, a, L - 1, WS_W))
         return;
     /* gradient of the input of the lowest held piece above the embedding */
     float *bottom = m->has_embed ? a->dh0 : dx;
@@ -528,14 +556,18 @@ static void backward(model_t *m, model_acts_t *a, const float *dy, float *dx, in
         ops_rmsnorm_bwd_w(m->pool, m->d_norm, a->dhf, a->h_top, a->rf, (int)N, (int)D);
     }
     for (int i = L - 1; i >= 0; i--) {
-        if (i > 0 && keep_of(m, i - 1) != CONFIG_KEEP_ALL && unit_take(m, a, i - 1))
+        int ck = keep_of(m, i) != CONFIG_KEEP_ALL;
+        if (i > 0 && keep_of(m, i - 1) != CONFIG_KEEP_ALL && unit_take(m, a, i - 1, WS_W))
             return;
-        if (keep_of(m, i) != CONFIG_KEEP_ALL)
+        if (ck && unit_take(m, a, i, WS_B))
+            return;
+        if (ck)
             layer_recompute(m, a, i);
         layer_backward_b(m, a, i, i > 0 ? a->l[i - 1].df : bottom);
+        unit_give(m, a, i, WS_B);
         if (fuse) {
             layer_backward_w(m, a, i);
-            unit_give(m, a, i);
+            unit_give(m, a, i, WS_W);
         }
     }
     if (fuse && m->has_embed)
@@ -546,7 +578,7 @@ void model_backward_b(model_t *m, model_acts_t *a, const float *dy, float *dx) {
 
 void model_backward(model_t *m, model_acts_t *a, const float *dy, float *dx)
 {
-    if (!m->umask) { /* nothing recomputed: exactly B then W */
+    if (!m->ws[WS_W].mask) { /* nothing recomputed: exactly B then W */
         model_backward_b(m, a, dy, dx);
         model_backward_w(m, a);
         return;
@@ -563,7 +595,7 @@ void model_backward_w(model_t *m, model_acts_t *a)
     }
     for (int i = m->nl - 1; i >= 0; i--) {
         layer_backward_w(m, a, i);
-        unit_give(m, a, i);
+        unit_give(m, a, i, WS_W);
     }
     if (m->has_embed)
         ops_embed_bwd(m->pool, m->d_embed, a->dh0, a->tokens, N, D);

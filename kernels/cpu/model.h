@@ -29,7 +29,7 @@ void model_set_buffers(model_t *m, float *params, float *grads);
 
 /* Activation storage for one [B, T] microbatch (owned by the caller). T <= max_seq_len.
  * What it holds per layer follows cfg->ac_mode (config_ac_keep); with activation
- * checkpointing the model also makes its first two shared work sets here (model_work_bytes).
+ * checkpointing the model also makes its first shared work sets here (model_work_bytes).
  * Destroy every acts before the model. */
 model_acts_t *model_acts_new(model_t *m, int B, int T);
 void model_acts_destroy(model_acts_t **a);
@@ -37,9 +37,11 @@ void model_acts_destroy(model_acts_t **a);
  * before any is made). */
 size_t model_acts_bytes(const model_acts_t *a);
 /* Bytes of the model's recompute work sets, shared by its microbatches: none without
- * checkpointing; each one layer's tensors that a checkpointed layer does not keep. A forward
- * uses one; model_backward two; a model_backward_b binds one to each checkpointed layer until
- * its model_backward_w (so schedules that hold W back grow the set: zero-bubble). */
+ * checkpointing. A recomputed layer's tensors that it does not keep go to two: one of what its
+ * W reads too (from the recompute to the W), one of what only its B reads (q, k, v, softmax,
+ * the w1 and w3 products: for the B only; none under op, which keeps them). A forward uses one
+ * of each; model_backward two and one; a model_backward_b keeps one of the first kind per
+ * checkpointed layer until its model_backward_w (so schedules that hold W back grow them). */
 size_t model_work_bytes(const model_t *m);
 /* The first failure since the last call (-ENOMEM: a work set could not be made, and the call
  * that needed it stopped; model_forward then returned NaN), or 0; clears it. */

@@ -37,8 +37,9 @@ int cuda_model_set_weights(cuda_model_t *m, const float *host);
 int cuda_model_take_grads(cuda_model_t *m, float *host);
 
 /* Device activation storage for one [B, T] microbatch, per layer what cfg->ac_mode keeps
- * (config_ac_keep); with activation checkpointing the model's first two shared work sets are
- * made here too. Destroy every acts before the model. */
+ * (config_ac_keep); with activation checkpointing the model's first shared work sets are made
+ * here too (model_work_bytes in kernels/cpu/model.h says which). Destroy every acts before the
+ * model. */
 int cuda_model_acts_new(cuda_model_acts_t **out, cuda_model_t *m, int B, int T);
 void cuda_model_acts_destroy(cuda_model_acts_t **a);
 /* Device bytes of one microbatch's storage (model_act_bytes, kernels/act_bytes.h, with

@@ -51,6 +51,18 @@ typedef struct {
     float *d_attn_norm, *dwq, *dwk, *dwv, *dwo, *d_ffn_norm, *dw1, *dw3, *dw2; /* into grads */
 } layer_w_t;
 
+/* Work sets of one kind (see struct cuda_model). */
+typedef struct {
+    int mask;                       /* the groups each holds; 0: none of this kind */
+    int min;                        /* made with the first acts */
+    void **u;                       /* (n) of bytes each */
+    int *used;
+    int n;
+    size_t bytes;
+} wsets_t;
+
+enum { WS_W = 0, WS_B = 1 };
+
 struct cuda_model {
     model_config_t cfg;
     param_table_t tab;
@@ -66,15 +78,10 @@ struct cuda_model {
     float *d_embed, *d_norm, *d_out;
     cudaStream_t stream;
     cuda_matmul_ctx_t *mm;
-    /* Activation checkpointing (kernels/cpu/model.c's scheme): work sets, each one layer's
-     * groups that a checkpointed layer does not keep (umask; 0 without), shared by every
-     * microbatch, made with cudaMalloc as needed (first at acts_new) and kept. */
-    int umask;
-    int units_min;      /* made at acts_new: 1, or 2 when two checkpointed layers are adjacent */
-    void **units;                   /* (nunits) of unit_bytes each */
-    int *unit_used;
-    int nunits;
-    size_t unit_bytes;
+    /* Activation checkpointing (kernels/cpu/model.c's scheme): work sets shared by every
+     * microbatch, of what W reads too (WS_W) and of what only B reads (WS_B), made with
+     * cudaMalloc as needed (first at acts_new) and kept. */
+    wsets_t ws[2];
 };
 
 typedef struct {
@@ -97,15 +104,17 @@ struct cuda_model_acts {
     float *delta;                   /* (B, H, T) attention backward scratch */
     float *loss_host;               /* (N) pinned */
     size_t bytes;                   /* of base */
-    void **unit;                    /* (nl) the work set bound to layer i, or NULL */
+    void **unit;                    /* (nl, 2) the work sets bound to layer i (WS_W, WS_B), or NULL */
 };
 
-/* A layer's tensors in four groups, by what activation checkpointing keeps (config.h). */
-enum { G_IN = 1, G_OPS = 2, G_REST = 4, G_GRAD = 8, G_ALL = 15 };
+/* A layer's tensors in groups, by what activation checkpointing keeps (config.h) and who
+ * reads them (kernels/cpu/model.c): the input; products' and attention's outputs only B reads
+ * (q, k, v, lse, a, b) and those W reads too (y, h1); the norms' and SwiGLU's; B's gradients. */
+enum { G_IN = 1, G_OPB = 2, G_REST = 4, G_GRAD = 8, G_OPW = 16, G_ALL = 31 };
 
 static int keep_mask(config_keep_t k)
 {
-    return k == CONFIG_KEEP_INPUT ? G_IN : k == CONFIG_KEEP_OPS ? G_IN | G_OPS : G_ALL;
+    return k == CONFIG_KEEP_INPUT ? G_IN : k == CONFIG_KEEP_OPS ? G_IN | G_OPB | G_OPW : G_ALL;
 }
 
 static config_keep_t keep_of(const cuda_model_t *m, int i) { return config_ac_keep(&m->cfg, m->layer0 + i); }
@@ -187,10 +196,12 @@ extern "C" void cuda_model_destroy(cuda_model_t **pm)
     cudaFree(m->rope_cos);
     cudaFree(m->rope_sin);
     cudaFreeHost(m->staging);
-    for (int u = 0; u < m->nunits; u++)
-        cudaFree(m->units[u]);
-    free(m->units);
-    free(m->unit_used);
+    for (int k = 0; k < 2; k++) {
+        for (int u = 0; u < m->ws[k].n; u++)
+            cudaFree(m->ws[k].u[u]);
+        free(m->ws[k].u);
+        free(m->ws[k].used);
+    }
     if (m->stream)
         cudaStreamDestroy(m->stream);
     free(m->lw);
@@ -260,12 +271,17 @@ static int model_init(cuda_model_t *m, const model_config_t *cfg, int p0, int p1
         return rc;
     MM(cuda_matmul_ctx_new(&m->mm));
     bind(m);
-    for (int i = 0; i < m->nl; i++)
-        if (keep_of(m, i) != CONFIG_KEEP_ALL)
-            m->umask = G_ALL & ~keep_mask(keep_of(m, i)); /* one kind per model: op, or full layers */
-    for (int i = 0; i < m->nl; i++) /* a fused backward binds layer i - 1's before it frees layer i's */
-        if (keep_of(m, i) != CONFIG_KEEP_ALL)
-            m->units_min = i > 0 && keep_of(m, i - 1) != CONFIG_KEEP_ALL ? 2 : m->units_min > 1 ? 2 : 1;
+    for (int i = 0; i < m->nl; i++) {
+        config_keep_t k = keep_of(m, i);
+        if (k == CONFIG_KEEP_ALL)
+            continue;
+        /* one kind of checkpointed layer per model: op, or full layers */
+        m->ws[WS_W].mask = G_ALL & ~keep_mask(k) & ~G_OPB;
+        m->ws[WS_B].mask = G_OPB & ~keep_mask(k);
+        /* a backward binds layer i - 1's W set before it frees layer i's (with its W) */
+        m->ws[WS_W].min = i > 0 && keep_of(m, i - 1) != CONFIG_KEEP_ALL ? 2 : m->ws[WS_W].min > 1 ? 2 : 1;
+        m->ws[WS_B].min = m->ws[WS_B].mask ? 1 : 0;
+    }
     CU(cudaStreamSynchronize(m->stream));
     return 0;
 }
@@ -341,10 +357,10 @@ static size_t carve_layer(const cuda_model_t *m, layer_acts_t *L, char *base, in
 #define G16(g, f, n) (L->f = (mask & (g)) ? (bf16_t *)take(base, &off, (n), 2) : L->f)
 #define G32(g, f, n) (L->f = (mask & (g)) ? (float *)take(base, &off, (n), 4) : L->f)
     G16(G_IN, h_in, N * D); G16(G_REST, xn1, N * D);
-    G16(G_OPS, q, N * QD); G16(G_OPS, k, N * KD); G16(G_OPS, v, N * KD);
-    G16(G_OPS, y, N * QD); G16(G_OPS, h1, N * D); G16(G_REST, xn2, N * D);
-    G16(G_OPS, a, N * F); G16(G_OPS, b, N * F); G16(G_REST, m, N * F);
-    G32(G_REST, r1, N); G32(G_REST, r2, N); G32(G_OPS, lse, BHT);
+    G16(G_OPB, q, N * QD); G16(G_OPB, k, N * KD); G16(G_OPB, v, N * KD);
+    G16(G_OPW, y, N * QD); G16(G_OPW, h1, N * D); G16(G_REST, xn2, N * D);
+    G16(G_OPB, a, N * F); G16(G_OPB, b, N * F); G16(G_REST, m, N * F);
+    G32(G_REST, r1, N); G32(G_REST, r2, N); G32(G_OPB, lse, BHT);
     G16(G_GRAD, df, N * D); G16(G_GRAD, da, N * F); G16(G_GRAD, db, N * F); G16(G_GRAD, dxn2, N * D);
     G16(G_GRAD, dh1, N * D); G16(G_GRAD, dq, N * QD); G16(G_GRAD, dk, N * KD); G16(G_GRAD, dv, N * KD);
     G16(G_GRAD, dxn1, N * D);
@@ -378,75 +394,84 @@ static size_t carve(const cuda_model_t *m, cuda_model_acts_t *a, char *base)
     return off;
 }
 
-/* One more work set of unit_bytes; its index, or a negative code. */
-static int unit_new(cuda_model_t *m)
+/* One more work set of kind w; its index, or a negative code. */
+static int unit_new(wsets_t *w)
 {
-    int u = m->nunits;
-    void **nu = (void **)realloc(m->units, (size_t)(u + 1) * sizeof(*nu));
+    int u = w->n;
+    void **nu = (void **)realloc(w->u, (size_t)(u + 1) * sizeof(*nu));
     if (nu)
-        m->units = nu;
-    int *nf = nu ? (int *)realloc(m->unit_used, (size_t)(u + 1) * sizeof(*nf)) : NULL;
+        w->u = nu;
+    int *nf = nu ? (int *)realloc(w->used, (size_t)(u + 1) * sizeof(*nf)) : NULL;
     if (nf)
-        m->unit_used = nf;
+        w->used = nf;
     if (!nu || !nf)
         return cuda_err(-ENOMEM, "out of memory");
-    CU(cudaMalloc(&m->units[u], m->unit_bytes));
-    m->unit_used[u] = 0;
-    m->nunits++;
+    CU(cudaMalloc(&w->u[u], w->bytes));
+    w->used[u] = 0;
+    w->n++;
     return u;
 }
 
 /* Sizes the work sets for [B, T] microbatches (a larger one made while none is in use replaces
- * them) and makes what a forward and a backward with its W hold (units_min). */
+ * them) and makes what a forward and a backward with its W hold (min). */
 static int units_fit(cuda_model_t *m, int B, int T)
 {
-    if (!m->umask)
+    for (int k = 0; k < 2; k++) {
+        wsets_t *w = &m->ws[k];
+        if (!w->mask)
+            continue;
+        layer_acts_t tmp;
+        memset(&tmp, 0, sizeof(tmp));
+        size_t need = carve_layer(m, &tmp, NULL, w->mask, B, T);
+        if (need > w->bytes) {
+            for (int u = 0; u < w->n; u++)
+                if (w->used[u])
+                    return cuda_err(-EBUSY, "activations of a larger microbatch while the work sets are in use");
+            CU(cudaStreamSynchronize(m->stream));
+            for (int u = 0; u < w->n; u++)
+                cudaFree(w->u[u]);
+            w->n = 0;
+            w->bytes = need;
+        }
+        while (w->n < w->min) {
+            int u = unit_new(w);
+            if (u < 0)
+                return u;
+        }
+    }
+    return 0;
+}
+
+/* Binds layer i of a to a free work set of kind k (a new one when all are in use: a schedule
+ * that holds W back); nothing when the model has none of that kind. Stream order keeps reuse
+ * safe: the work set's last reader was queued before. */
+static int unit_take(cuda_model_t *m, cuda_model_acts_t *a, int i, int k)
+{
+    wsets_t *w = &m->ws[k];
+    if (!w->mask)
         return 0;
-    layer_acts_t tmp;
-    memset(&tmp, 0, sizeof(tmp));
-    size_t need = carve_layer(m, &tmp, NULL, m->umask, B, T);
-    if (need > m->unit_bytes) {
-        for (int u = 0; u < m->nunits; u++)
-            if (m->unit_used[u])
-                return cuda_err(-EBUSY, "activations of a larger microbatch while the work sets are in use");
-        CU(cudaStreamSynchronize(m->stream));
-        for (int u = 0; u < m->nunits; u++)
-            cudaFree(m->units[u]);
-        m->nunits = 0;
-        m->unit_bytes = need;
-    }
-    while (m->nunits < m->units_min) {
-        int u = unit_new(m);
-        if (u < 0)
-            return u;
-    }
-    return 0;
-}
-
-/* Binds layer i of a to a free work set (a new one when all are in use: a schedule that holds
- * W back). Stream order keeps reuse safe: the work set's last reader was queued before. */
-static int unit_take(cuda_model_t *m, cuda_model_acts_t *a, int i)
-{
     int u = 0;
-    while (u < m->nunits && m->unit_used[u])
+    while (u < w->n && w->used[u])
         u++;
-    if (u == m->nunits && (u = unit_new(m)) < 0)
+    if (u == w->n && (u = unit_new(w)) < 0)
         return u;
-    m->unit_used[u] = 1;
-    a->unit[i] = m->units[u];
-    carve_layer(m, &a->l[i], (char *)a->unit[i], m->umask, a->B, a->T);
+    w->used[u] = 1;
+    a->unit[2 * i + k] = w->u[u];
+    carve_layer(m, &a->l[i], (char *)w->u[u], w->mask, a->B, a->T);
     return 0;
 }
 
-static void unit_give(cuda_model_t *m, cuda_model_acts_t *a, int i)
+static void unit_give(cuda_model_t *m, cuda_model_acts_t *a, int i, int k)
 {
-    if (!a->unit[i])
+    wsets_t *w = &m->ws[k];
+    void *p = a->unit[2 * i + k];
+    if (!p)
         return;
-    for (int u = 0; u < m->nunits; u++)
-        if (m->units[u] == a->unit[i])
-            m->unit_used[u] = 0;
-    carve_layer(m, &a->l[i], NULL, m->umask, a->B, a->T);
-    a->unit[i] = NULL;
+    for (int u = 0; u < w->n; u++)
+        if (w->u[u] == p)
+            w->used[u] = 0;
+    carve_layer(m, &a->l[i], NULL, w->mask, a->B, a->T);
+    a->unit[2 * i + k] = NULL;
 }
 
 extern "C" int cuda_model_acts_new(cuda_model_acts_t **out, cuda_model_t *m, int B, int T)
@@ -459,7 +484,7 @@ extern "C" int cuda_model_acts_new(cuda_model_acts_t **out, cuda_model_t *m, int
         return cuda_err(-ENOMEM, "out of memory");
     a->B = B, a->T = T, a->N = B * T;
     a->l = (layer_acts_t *)calloc(m->nl ? m->nl : 1, sizeof(layer_acts_t));
-    a->unit = (void **)calloc(m->nl ? m->nl : 1, sizeof(void *));
+    a->unit = (void **)calloc((size_t)(m->nl ? m->nl : 1) * 2, sizeof(void *));
     int rc = a->l && a->unit ? 0 : cuda_err(-ENOMEM, "out of memory");
     size_t bytes = rc ? 0 : carve(m, a, NULL); /* sizes only: offsets from 0 */
     a->bytes = bytes;
@@ -592,16 +617,16 @@ static int forward(cuda_model_t *m, cuda_model_acts_t *a, const int32_t *tokens,
     /* device hand-off without the head: the last layer writes the ring slot itself (nothing
      * reads x_top afterwards); a stage without layers copies its input through */
     bf16_t *top = dev && !m->has_head && m->nl ? (bf16_t *)x_out : a->x_top;
-    for (int i = 0; i < m->nl; i++)
-        unit_give(m, a, i); /* a step left unfinished: a backward without its W */
+    for (int i = 0; i < m->nl; i++) /* a step left unfinished: a backward without its W */
+        unit_give(m, a, i, WS_W), unit_give(m, a, i, WS_B);
     for (int i = 0; i < m->nl; i++) {
         int ck = keep_of(m, i) != CONFIG_KEEP_ALL;
-        if (ck && (rc = unit_take(m, a, i)))
+        if (ck && ((rc = unit_take(m, a, i, WS_W)) || (rc = unit_take(m, a, i, WS_B))))
             return rc;
         if ((rc = layer_forward(m, a, i, i + 1 < m->nl ? a->l[i + 1].h_in : top)))
             return rc;
         if (ck)
-            unit_give(m, a, i);
+            unit_give(m, a, i, WS_W), unit_give(m, a, i, WS_B);
     }
     if (!m->has_head && dev) {
         if (top != x_out)
@@ -656,7 +681,7 @@ static int backward_b(cuda_model_t *m, cuda_model_acts_t *a, const void *dy, voi
     size_t N = a->N, D = m->D;
     void *s = m->stream;
     int rc, L = m->nl;
-    if (L && keep_of(m, L - 1) != CONFIG_KEEP_ALL && (rc = unit_take(m, a, L - 1)))
+    if (L && keep_of(m, L - 1) != CONFIG_KEEP_ALL && (rc = unit_take(m, a, L - 1, WS_W)))
         return rc;
     bf16_t *top = m->nl ? a->l[m->nl - 1].df : a->d_bottom;
     if (m->has_head) {
@@ -675,16 +700,18 @@ static int backward_b(cuda_model_t *m, cuda_model_acts_t *a, const void *dy, voi
     if (fuse && m->has_head && (rc = backward_w_head(m, a)))
         return rc;
     for (int i = m->nl - 1; i >= 0; i--) {
-        if (i > 0 && keep_of(m, i - 1) != CONFIG_KEEP_ALL && (rc = unit_take(m, a, i - 1)))
+        int ck = keep_of(m, i) != CONFIG_KEEP_ALL;
+        if (i > 0 && keep_of(m, i - 1) != CONFIG_KEEP_ALL && (rc = unit_take(m, a, i - 1, WS_W)))
             return rc;
-        if (keep_of(m, i) != CONFIG_KEEP_ALL && (rc = layer_recompute(m, a, i)))
+        if (ck && ((rc = unit_take(m, a, i, WS_B)) || (rc = layer_recompute(m, a, i))))
             return rc;
         if ((rc = layer_backward_b(m, a, i, i > 0 ? a->l[i - 1].df : bottom)))
             return rc;
+        unit_give(m, a, i, WS_B);
         if (fuse) {
             if ((rc = layer_backward_w(m, a, i)))
                 return rc;
-            unit_give(m, a, i);
+            unit_give(m, a, i, WS_W);
         }
     }
     if (fuse && m->has_embed)
@@ -715,7 +742,7 @@ extern "C" int cuda_model_backward_b_dev(cuda_model_t *m, cuda_model_acts_t *a, 
 
 extern "C" int cuda_model_backward(cuda_model_t *m, cuda_model_acts_t *a, const float *dy, float *dx)
 {
-    if (!m->umask) {
+    if (!m->ws[WS_W].mask) {
         int rc = backward_b(m, a, dy, dx, 0, 0);
         return rc ? rc : cuda_model_backward_w(m, a);
     }
@@ -724,7 +751,7 @@ extern "C" int cuda_model_backward(cuda_model_t *m, cuda_model_acts_t *a, const 
 
 extern "C" int cuda_model_backward_dev(cuda_model_t *m, cuda_model_acts_t *a, const uint16_t *dy, uint16_t *dx)
 {
-    if (!m->umask) {
+    if (!m->ws[WS_W].mask) {
         int rc = backward_b(m, a, dy, dx, 1, 0);
         return rc ? rc : cuda_model_backward_w(m, a);
     }
@@ -733,7 +760,10 @@ extern "C" int cuda_model_backward_dev(cuda_model_t *m, cuda_model_acts_t *a, co
 
 extern "C" size_t cuda_model_acts_bytes(const cuda_model_acts_t *a) { return a->bytes; }
 
-extern "C" size_t cuda_model_work_bytes(const cuda_model_t *m) { return (size_t)m->nunits * m->unit_bytes; }
+extern "C" size_t cuda_model_work_bytes(const cuda_model_t *m)
+{
+    return (size_t)m->ws[WS_W].n * m->ws[WS_W].bytes + (size_t)m->ws[WS_B].n * m->ws[WS_B].bytes;
+}
 
 static int backward_w_head(cuda_model_t *m, cuda_model_acts_t *a)
 {
@@ -753,7 +783,7 @@ extern "C" int cuda_model_backward_w(cuda_model_t *m, cuda_model_acts_t *a)
     for (int i = m->nl - 1; i >= 0; i--) {
         if ((rc = layer_backward_w(m, a, i)))
             return rc;
-        unit_give(m, a, i);
+        unit_give(m, a, i, WS_W);
     }
     if (m->has_embed)
         NN(cuda_embed_bwd(m->d_embed, a->d_bottom, a->tokens, N, m->V, D, s));

@@ -163,7 +163,7 @@ static double ac_run(model_config_t c, const param_table_t *tab, const float *w,
         model_act_size_t z;
         assert_int_equal(model_act_bytes(&c, cuts[s], cuts[s + 1], B, T, MODEL_ACT_CUDA, &z), 0);
         assert_int_equal(z.per_mb, cuda_model_acts_bytes(a[s][0])); /* the plan's figure is the model's */
-        assert_int_equal(z.units_fused * z.unit, cuda_model_work_bytes(m[s])); /* made with the first acts */
+        assert_int_equal(z.units_fused * z.unit + z.unit_b, cuda_model_work_bytes(m[s])); /* made with the first acts */
         *acts += z.per_mb;
     }
     double loss = 0, l;

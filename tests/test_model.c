@@ -236,6 +236,7 @@ static double run_ac(const fixture_t *f, model_config_t cfg, const int *cuts, in
     model_acts_t *a[S][M];
     float *x[S][M];
     int32_t *tok[M];
+    size_t total[S];
     memset(grads, 0, f->tab.total * sizeof(float));
     *acts = *work = 0;
     for (int mb = 0; mb < nmb; mb++) {
@@ -256,6 +257,8 @@ static double run_ac(const fixture_t *f, model_config_t cfg, const int *cuts, in
         assert_int_equal(model_act_bytes(&cfg, cuts[s], cuts[s + 1], f->B, f->T, MODEL_ACT_CPU, &z), 0);
         assert_int_equal(z.per_mb, model_acts_bytes(a[s][0])); /* the plan's figure is the model's */
         assert_int_equal(z.units_fused * z.unit + z.unit_b, model_work_bytes(m[s])); /* made with the first acts */
+        assert_int_equal(model_act_total(&z, nmb, 0), nmb * z.per_mb + model_work_bytes(m[s]));
+        total[s] = model_act_total(&z, nmb, nmb); /* the bound with every W held back */
     }
     double loss = 0;
     for (int mb = 0; mb < nmb; mb++)
@@ -275,6 +278,7 @@ static double run_ac(const fixture_t *f, model_config_t cfg, const int *cuts, in
             model_backward_w(m[s], a[s][mb]);
     for (int s = 0; s < nst; s++) {
         assert_int_equal(model_status(m[s]), 0);
+        assert_true(nmb * model_acts_bytes(a[s][0]) + model_work_bytes(m[s]) <= total[s]);
         *work += model_work_bytes(m[s]);
         for (int mb = 0; mb < nmb; mb++) {
             model_acts_destroy(&a[s][mb]);

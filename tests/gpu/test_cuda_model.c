@@ -201,7 +201,7 @@ static void test_cuda_model_activation_checkpointing_is_bitwise_and_saves_memory
     c.n_layers = 2;
     param_table_t tab;
     assert_int_equal(params_table_init(&tab, &c), 0);
-    enum { B = 1, T = SIM_OR(16, 64), N = B * T };
+    enum { B = 1, T = SIM_OR(8, 64), N = B * T };
     float *w = malloc(tab.total * sizeof(float)), *g0 = calloc(tab.total, sizeof(float));
     float *g = calloc(tab.total, sizeof(float));
     params_init(&tab, &c, 7, w, 0, tab.total);

@@ -35,8 +35,8 @@ int model_act_bytes(const model_config_t *cfg, int p0, int p1, int B, int T, mod
 
 /* The activation bytes of a chunk: in_flight microbatches between their F and their W
  * (sched_peak_acts) and the work sets; held_w is the most microbatches that sit between their
- * B and their W at once, the one in its B counted (0 when every W runs right after its B: the
- * stage then runs them together and units_fused work sets do), plus unit_b. With held_w > 0 an
+ * B and their W at once (sched_peak_held_w; 0 when every W runs right after its B: the stage
+ * then runs them together and units_fused work sets do), plus unit_b. With held_w > 0 an
  * upper bound: the work sets grow to what the schedule needs, at most held_w x ckpt_layers + 1
  * of `unit`. */
 size_t model_act_total(const model_act_size_t *s, int in_flight, int held_w);

@@ -53,6 +53,10 @@ typedef struct {
     int (*backward_b)(backend_model_t *m, backend_acts_t *a, const void *dy, void *dx);
     /* As model_backward_w: adds this microbatch's weight gradients. */
     int (*backward_w)(backend_model_t *m, backend_acts_t *a);
+    /* As model_backward: backward_b then backward_w, the same bits; with activation
+     * checkpointing ([activation_checkpoint], cfg->ac_mode) the stage calls it where W follows
+     * B, so that each layer's W runs after its B and two layers' recomputes are alive at a time. */
+    int (*backward)(backend_model_t *m, backend_acts_t *a, const void *dy, void *dx);
     /* Around a step's actions: the weights in place before, the gradients complete where the
      * optimizer shards read them after (see model_new). */
     int (*step_begin)(backend_model_t *m);

@@ -129,6 +129,10 @@ int config_validate(model_config_t *c, char *err, size_t errlen)
     if (hidden <= 0 || hidden > (1 << 24))
         FAIL("model FFN hidden size %lld (hidden_dim, or from dim, ffn_dim_multiplier, multiple_of) is out of range",
              hidden);
+    if (c->ac_mode < CONFIG_AC_NONE || c->ac_mode > CONFIG_AC_SELECTIVE)
+        FAIL("activation_checkpoint.mode: %d is not none (0), full (1) or selective (2)", c->ac_mode);
+    if (c->ac_every < 0)
+        FAIL("activation_checkpoint.selective_ac_option must be >= 1 or \"op\" (got %d)", c->ac_every);
 #undef FAIL
     return 0;
 }
@@ -162,6 +166,34 @@ const char *config_diff(const model_config_t *a, const model_config_t *b, double
 }
 
 int config_head_dim(const model_config_t *c) { return c->dim / c->n_heads; }
+
+static const char *const ac_names[] = {"none", "full", "selective"};
+
+const char *config_ac_mode_name(int mode)
+{
+    return mode >= 0 && mode < (int)(sizeof(ac_names) / sizeof(ac_names[0])) ? ac_names[mode] : "?";
+}
+
+int config_ac_mode_parse(const char *name, int *mode)
+{
+    for (int i = 0; i < (int)(sizeof(ac_names) / sizeof(ac_names[0])); i++)
+        if (!strcmp(name, ac_names[i])) {
+            *mode = i;
+            return 0;
+        }
+    return -EINVAL;
+}
+
+config_keep_t config_ac_keep(const model_config_t *c, int layer)
+{
+    if (c->ac_mode == CONFIG_AC_FULL)
+        return CONFIG_KEEP_INPUT;
+    if (c->ac_mode != CONFIG_AC_SELECTIVE)
+        return CONFIG_KEEP_ALL;
+    if (c->ac_every <= 0)
+        return CONFIG_KEEP_OPS;
+    return (layer + 1) % c->ac_every == 0 ? CONFIG_KEEP_INPUT : CONFIG_KEEP_ALL;
+}
 
 double config_rope_inv_freq(const model_config_t *c, int i)
 {

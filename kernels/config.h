@@ -27,7 +27,29 @@ typedef struct {
     double rope_scaling_factor;
     double rope_low_freq_factor, rope_high_freq_factor;
     int rope_original_max_seq_len; /* original_max_position_embeddings */
+    /* Activation checkpointing ([activation_checkpoint], torchtitan's): how the model computes,
+     * not what it is (config_diff ignores it, no checkpoint holds it). config_ac_keep says what
+     * each layer keeps. */
+    int ac_mode;              /* CONFIG_AC_NONE (0), CONFIG_AC_FULL, CONFIG_AC_SELECTIVE */
+    int ac_every;             /* selective: every ac_every-th layer as full; 0 = "op" */
 } model_config_t;
+
+typedef enum { CONFIG_AC_NONE = 0, CONFIG_AC_FULL = 1, CONFIG_AC_SELECTIVE = 2 } config_ac_mode_t;
+
+/* What one layer keeps from its forward for its backward. ALL: every intermediate (mode
+ * none). INPUT: only its input; the backward recomputes its forward first (full, and every
+ * Nth layer of selective N). OPS: its input and the outputs of the matrix products, attention
+ * and its softmax statistics; the backward recomputes the norms and SwiGLU (selective "op";
+ * q and k are kept rotated, the products being rotated in place). */
+typedef enum { CONFIG_KEEP_ALL = 0, CONFIG_KEEP_INPUT = 1, CONFIG_KEEP_OPS = 2 } config_keep_t;
+
+/* "none", "full", "selective" (mode's manifest names; "?" outside), and back: 0 or -EINVAL. */
+const char *config_ac_mode_name(int mode);
+int config_ac_mode_parse(const char *name, int *mode);
+
+/* Layer `layer` (0-based, of the whole model) under cfg's mode: selective N takes layers N-1,
+ * 2N-1, ... (torchtitan counts blocks from 1 and wraps every N-th). */
+config_keep_t config_ac_keep(const model_config_t *cfg, int layer);
 
 /* torchtitan's Llama defaults (ModelArgs): n_kv_heads = n_heads, multiple_of 256, eps 1e-5,
  * rope_theta 10000, max_seq_len 2048; shape fields are 0 and must be set. */

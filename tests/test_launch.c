@@ -1016,6 +1016,55 @@ static void test_launch_losses_bitwise_equal_for_gpipe_and_1f1b(void **state)
     assert_same_losses(a, b, 12);
 }
 
+/* [activation_checkpoint] (issue 24): every mode gives mode none's losses bit for bit at pp 2,
+ * whatever the schedule: 1F1B (each W runs inside its B), GPipe, InterleavedZeroBubble (two
+ * chunks a rank) and ZBVZeroBubble (W held back: the recompute's work sets wait for it); and on
+ * the emulated GPU under 1F1B and ZB-H1 (InterleavedZeroBubble at one stage a rank). Every
+ * schedule gives 1F1B's losses, so one baseline per device. */
+static void test_launch_activation_checkpointing_keeps_the_losses_under_each_schedule(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    const char *shape = "--model.n_layers 4 --parallelism.pipeline_parallel_microbatches 4 --training.steps 3";
+    static const struct { const char *name, *args; } runs[] = {
+        {"acfull", "--parallelism.pipeline_parallel_schedule 1F1B --activation_checkpoint.mode full"},
+        {"acsel2", "--parallelism.pipeline_parallel_schedule GPipe --activation_checkpoint.mode selective"},
+        {"acop", "--parallelism.pipeline_parallel_schedule InterleavedZeroBubble --activation_checkpoint.mode "
+                 "selective --activation_checkpoint.selective_ac_option op"},
+        {"aczbv", "--parallelism.pipeline_parallel_schedule ZBVZeroBubble --activation_checkpoint.mode full"},
+    };
+    char base[32], j[32], extra[512];
+    job_name(base, sizeof(base), "acnone");
+    launch_ok(base, shape, out, sizeof(out));
+    for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+        job_name(j, sizeof(j), runs[i].name);
+        snprintf(extra, sizeof(extra), "%s %s", shape, runs[i].args);
+        launch_ok(j, extra, out, sizeof(out));
+        assert_same_losses(base, j, 3);
+        assert_clean(j);
+    }
+    /* the GPU model on the emulator: dim 128 for its attention's head dimension */
+    const char *gpu = "--model.dim 128 --model.n_heads 2 --model.n_kv_heads 1 --job.device cuda --training.steps 2 "
+                      "--training.seq_len 8 --training.local_batch_size 2 --parallelism.pipeline_parallel_microbatches 2";
+    use_sim_plugin();
+    job_name(base, sizeof(base), "acgnone");
+    launch_ok(base, gpu, out, sizeof(out));
+    static const char *gruns[][2] = {
+        {"acgfull", "--activation_checkpoint.mode full"},
+        {"acgzbop", "--parallelism.pipeline_parallel_schedule InterleavedZeroBubble "
+                    "--parallelism.pipeline_parallel_layers_per_stage 1 --activation_checkpoint.mode selective "
+                    "--activation_checkpoint.selective_ac_option op"},
+    };
+    for (size_t i = 0; i < 2; i++) {
+        job_name(j, sizeof(j), gruns[i][0]);
+        snprintf(extra, sizeof(extra), "%s %s", gpu, gruns[i][1]);
+        launch_ok(j, extra, out, sizeof(out));
+        assert_same_losses(base, j, 2);
+        assert_clean(j);
+    }
+    unsetenv("CTITAN_CUDA_PLUGIN");
+}
+
 static void test_launch_data_parallel_2_matches_1_with_the_same_global_batch(void **state)
 {
     TU_NEED_BIN();
@@ -2055,6 +2104,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_launch_losses_bitwise_equal_for_pipeline_degree_1_2_4),
         cmocka_unit_test(test_launch_losses_bitwise_equal_for_1_and_3_optimizer_shards),
         cmocka_unit_test(test_launch_losses_bitwise_equal_for_gpipe_and_1f1b),
+        cmocka_unit_test(test_launch_activation_checkpointing_keeps_the_losses_under_each_schedule),
         cmocka_unit_test(test_launch_data_parallel_2_matches_1_with_the_same_global_batch),
         cmocka_unit_test(test_launch_llmc_files_and_globs_train_like_one_ctitan_file),
         cmocka_unit_test(test_launch_over_tcp_with_garbage_on_the_socket_gives_the_same_losses),

@@ -176,6 +176,7 @@ static void assert_same_manifest(const manifest_t *a, const manifest_t *b)
     I(model.max_seq_len);
     I(steps); I(local_batch_size); I(seq_len); I(seed); D(max_norm); I(threads);
     I(pp); I(schedule); I(microbatches); I(n_split_points); I(dp); I(layers_per_stage); I(host_timeout_s);
+    I(ac_mode); I(ac_every);
     for (int i = 0; i < a->n_split_points; i++)
         I(split_points[i]);
     S(optimizer_name); D(lr); D(beta1); D(beta2); D(eps); D(weight_decay);
@@ -860,6 +861,59 @@ static void test_manifest_tensorboard_keys_take_torchtitans_names(void **state)
     validate_fails(&m, NULL, NULL, "m.toml:3: ", "metrics.save_tb_folder must not be empty");
 }
 
+/* [activation_checkpoint] as torchtitan names it: mode none (the default), full or selective;
+ * selective_ac_option an integer N (a number or its digits) or "op"; bad values name the key
+ * and what it takes; the resolved text carries both back. */
+static void test_manifest_activation_checkpoint_keys_take_torchtitans_names(void **state)
+{
+    manifest_t m, back;
+    char err[512] = "";
+    manifest_defaults(&m);
+    assert_int_equal(m.ac_mode, CONFIG_AC_NONE);
+    assert_int_equal(m.ac_every, 2);
+    parse_ok(&m, "[activation_checkpoint]\nmode = \"full\"\n");
+    assert_int_equal(m.ac_mode, CONFIG_AC_FULL);
+    validate_ok(&m);
+    parse_ok(&m, "[activation_checkpoint]\nmode = \"selective\"\nselective_ac_option = \"op\"\n");
+    assert_int_equal(m.ac_mode, CONFIG_AC_SELECTIVE);
+    assert_int_equal(m.ac_every, 0);
+    parse_ok(&m, "[activation_checkpoint]\nmode = \"selective\"\nselective_ac_option = 3\n");
+    assert_int_equal(m.ac_every, 3);
+    parse_ok(&m, "[activation_checkpoint]\nmode = \"selective\"\nselective_ac_option = \"4\"\n");
+    assert_int_equal(m.ac_every, 4);
+    validate_ok(&m);
+    char *text = manifest_to_toml(&m);
+    assert_non_null(text);
+    must_contain(text, "[activation_checkpoint]\nmode = \"selective\"\nselective_ac_option = \"4\"\n");
+    manifest_defaults(&back);
+    assert_int_equal(manifest_parse(&back, text, strlen(text), "r.toml", err, sizeof(err)), 0);
+    assert_int_equal(back.ac_mode, CONFIG_AC_SELECTIVE);
+    assert_int_equal(back.ac_every, 4);
+    free(text);
+    override_ok(&m, "activation_checkpoint.selective_ac_option", "op");
+    assert_int_equal(m.ac_every, 0);
+    text = manifest_to_toml(&m);
+    must_contain(text, "selective_ac_option = \"op\"\n");
+    free(text);
+    override_ok(&m, "activation_checkpoint.mode", "none");
+    assert_int_equal(m.ac_mode, CONFIG_AC_NONE);
+
+    parse_fails("[activation_checkpoint]\nmode = \"fulll\"\n", 2,
+                "activation_checkpoint.mode = \"fulll\": expected none, full or selective", NULL);
+    parse_fails("[activation_checkpoint]\nmode = 1\n", 2, "activation_checkpoint.mode: expected a string", NULL);
+    parse_fails("[activation_checkpoint]\n\nselective_ac_option = 0\n", 3,
+                "activation_checkpoint.selective_ac_option = 0: expected a positive integer N", "or \"op\"", NULL);
+    parse_fails("[activation_checkpoint]\nselective_ac_option = \"ops\"\n", 2,
+                "activation_checkpoint.selective_ac_option = \"ops\": expected a positive integer N", NULL);
+    parse_fails("[activation_checkpoint]\nselective_ac_option = \"-2\"\n", 2, "selective_ac_option = \"-2\"", NULL);
+    parse_fails("[activation_checkpoint]\nselective_ac_option = 2.5\n", 2,
+                "activation_checkpoint.selective_ac_option: expected a positive integer or \"op\"", NULL);
+    override_fails(&m, "activation_checkpoint.mode", "Full",
+                   "--activation_checkpoint.mode = \"Full\": expected none, full or selective");
+    override_fails(&m, "activation_checkpoint.selective_ac_option", "layers.2",
+                   "--activation_checkpoint.selective_ac_option = \"layers.2\": expected a positive integer N");
+}
+
 /* A thread count no machine runs (100000 started threads for minutes without a step) is
  * refused, naming the key and the limit; the limit itself is valid. */
 static void test_manifest_validate_caps_the_thread_count(void **state)
@@ -1412,6 +1466,7 @@ int main(void)
         cmocka_unit_test(test_manifest_optshard_device_and_data_plane),
         cmocka_unit_test(test_manifest_validate_rejects_bad_values),
         cmocka_unit_test(test_manifest_tensorboard_keys_take_torchtitans_names),
+        cmocka_unit_test(test_manifest_activation_checkpoint_keys_take_torchtitans_names),
         cmocka_unit_test(test_manifest_cuda_needs_a_head_dimension_the_kernels_take),
         cmocka_unit_test(test_manifest_validate_caps_the_thread_count),
         cmocka_unit_test(test_manifest_validate_errors_name_the_origin),

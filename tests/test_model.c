@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/act_bytes.h"
 #include "kernels/cpu/model.h"
 #include "kernels/ops.h"
 #include "kernels/ref/model_ref.h"
@@ -220,6 +221,133 @@ static void run_split(const fixture_t *f, const int *cuts, int ncuts, float *gra
     }
 }
 
+/* Activation checkpointing: a pipeline of pieces cuts (stages chained by hand) runs nmb
+ * microbatches, every forward first, then the backwards: with fused each B with its W
+ * (model_backward, as the stage runs a W right after its B), else every B and then the W's in
+ * microbatch order (a zero-bubble stage holding W back). Returns the loss sum; the
+ * activation bytes of one microbatch of every stage and the work sets after the run. */
+static double run_ac(const fixture_t *f, model_config_t cfg, const int *cuts, int ncuts, int nmb, int fused,
+                     pool_t *pool, float *grads, size_t *acts, size_t *work)
+{
+    enum { S = 4, M = 3 };
+    int nst = ncuts - 1, N = f->B * f->T, D = f->cfg.dim;
+    assert_true(nst <= S && nmb <= M);
+    model_t *m[S];
+    model_acts_t *a[S][M];
+    float *x[S][M];
+    int32_t *tok[M];
+    size_t total[S];
+    memset(grads, 0, f->tab.total * sizeof(float));
+    *acts = *work = 0;
+    for (int mb = 0; mb < nmb; mb++) {
+        tok[mb] = malloc((size_t)N * sizeof(int32_t));
+        for (int i = 0; i < N; i++)
+            tok[mb][i] = (f->tok[i] + 3 * mb) % f->cfg.vocab_size;
+    }
+    for (int s = 0; s < nst; s++) {
+        size_t b, e;
+        params_piece_range(&f->tab, cuts[s], cuts[s + 1], &b, &e);
+        assert_non_null(m[s] = model_new(&cfg, cuts[s], cuts[s + 1], f->w + b, grads + b, pool));
+        for (int mb = 0; mb < nmb; mb++) {
+            assert_non_null(a[s][mb] = model_acts_new(m[s], f->B, f->T));
+            x[s][mb] = malloc((size_t)N * D * sizeof(float));
+        }
+        *acts += model_acts_bytes(a[s][0]);
+        model_act_size_t z;
+        assert_int_equal(model_act_bytes(&cfg, cuts[s], cuts[s + 1], f->B, f->T, MODEL_ACT_CPU, &z), 0);
+        assert_int_equal(z.per_mb, model_acts_bytes(a[s][0])); /* the plan's figure is the model's */
+        assert_int_equal(z.units_fused * z.unit + z.unit_b, model_work_bytes(m[s])); /* made with the first acts */
+        assert_int_equal(model_act_total(&z, nmb, 0), nmb * z.per_mb + model_work_bytes(m[s]));
+        total[s] = model_act_total(&z, nmb, nmb); /* the bound with every W held back */
+    }
+    double loss = 0;
+    for (int mb = 0; mb < nmb; mb++)
+        for (int s = 0; s < nst; s++)
+            loss += model_forward(m[s], a[s][mb], tok[mb], s ? x[s - 1][mb] : NULL, f->tgt, 1.0f / (nmb * N),
+                                  x[s][mb]);
+    for (int mb = 0; mb < nmb; mb++)
+        for (int s = nst - 1; s >= 0; s--) {
+            float *dy = x[s][mb], *dx = s ? x[s - 1][mb] : NULL;
+            if (fused)
+                model_backward(m[s], a[s][mb], dy, dx);
+            else
+                model_backward_b(m[s], a[s][mb], dy, dx);
+        }
+    for (int mb = 0; mb < nmb && !fused; mb++)
+        for (int s = 0; s < nst; s++)
+            model_backward_w(m[s], a[s][mb]);
+    for (int s = 0; s < nst; s++) {
+        assert_int_equal(model_status(m[s]), 0);
+        assert_true(nmb * model_acts_bytes(a[s][0]) + model_work_bytes(m[s]) <= total[s]);
+        *work += model_work_bytes(m[s]);
+        for (int mb = 0; mb < nmb; mb++) {
+            model_acts_destroy(&a[s][mb]);
+            free(x[s][mb]);
+        }
+        model_destroy(&m[s]);
+    }
+    for (int mb = 0; mb < nmb; mb++)
+        free(tok[mb]);
+    return loss;
+}
+
+/* Every mode gives mode none's losses and gradients bit for bit, whole and in pipeline pieces,
+ * with W right after B or held back; the per-microbatch storage shrinks by what the recomputed
+ * layers no longer keep, and the work sets are two layers' with W fused, one per checkpointed
+ * layer and microbatch held back otherwise. */
+static void test_model_activation_checkpointing_is_bitwise_and_saves_memory(void **state)
+{
+    fixture_t f;
+    model_config_t c = tiny();
+    c.n_layers = 4;
+    fixture_init(&f, c, 2, 6, 11);
+    size_t n = f.tab.total, N = (size_t)f.B * f.T, D = c.dim, F = (size_t)config_ffn_hidden(&f.cfg);
+    size_t hd = (size_t)config_head_dim(&f.cfg), QD = c.n_heads * hd, KD = f.cfg.n_kv_heads * hd;
+    size_t probs = (size_t)f.B * c.n_heads * f.T * f.T;
+    /* what a layer kept in mode none besides its input, and what op still keeps besides it */
+    size_t layer_rest = (N * (D * 7 + 2 + QD * 3 + KD * 4 + F * 5) + probs) * sizeof(float);
+    size_t ops_kept = (N * (QD * 2 + KD * 2 + D + F * 2) + probs) * sizeof(float);
+    size_t b_only = (N * (QD + KD * 2 + F * 2) + probs) * sizeof(float); /* q, k, v, a, b, softmax */
+    float *g0 = malloc(n * sizeof(float)), *g = malloc(n * sizeof(float));
+    pool_t *pool = pool_new(2);
+    int whole[] = {0, 6}, split[] = {0, 3, 6};
+    const int *cuts[] = {whole, split};
+    int ncuts[] = {2, 3};
+    struct { int mode, every, ckpt; } modes[] = {
+        {CONFIG_AC_FULL, 0, 4}, {CONFIG_AC_SELECTIVE, 2, 2}, {CONFIG_AC_SELECTIVE, 1, 4}, {CONFIG_AC_SELECTIVE, 0, 4},
+    };
+    for (int k = 0; k < 2; k++) {
+        size_t acts0, work0, acts, work;
+        double l0 = run_ac(&f, f.cfg, cuts[k], ncuts[k], 3, 0, pool, g0, &acts0, &work0);
+        assert_int_equal(work0, 0);
+        for (int i = 0; i < 4; i++)
+            for (int fused = 0; fused < 2; fused++) {
+                model_config_t cc = f.cfg;
+                cc.ac_mode = modes[i].mode, cc.ac_every = modes[i].every;
+                double l = run_ac(&f, cc, cuts[k], ncuts[k], 3, fused, pool, g, &acts, &work);
+                assert_true(l == l0);
+                assert_memory_equal(g, g0, n * sizeof(float));
+                size_t saved = modes[i].every == 0 && modes[i].mode == CONFIG_AC_SELECTIVE
+                                   ? layer_rest - ops_kept : layer_rest;
+                assert_int_equal(acts0 - acts, (size_t)modes[i].ckpt * saved);
+                /* the work sets hold what a recomputed layer does not keep: what W reads too,
+                 * fused two per stage (one where no two checkpointed layers touch: selective
+                 * 2), held back one per checkpointed layer and microbatch (3), all alive before
+                 * the first W; and what B alone reads (not under op), one per stage */
+                int op = modes[i].mode == CONFIG_AC_SELECTIVE && modes[i].every == 0;
+                size_t unit_b = op ? 0 : b_only, stages = (size_t)(ncuts[k] - 1);
+                size_t units = (size_t)modes[i].ckpt * 3;
+                if (fused)
+                    units = stages * (modes[i].every == 2 ? 1 : 2);
+                assert_int_equal(work, units * (saved - unit_b) + (unit_b ? stages * unit_b : 0));
+            }
+    }
+    pool_destroy(&pool);
+    free(g0);
+    free(g);
+    fixture_free(&f);
+}
+
 static void test_model_split_into_pieces_matches_whole_bitwise(void **state)
 {
     fixture_t f;
@@ -311,6 +439,7 @@ int main(void)
         cmocka_unit_test(test_model_cpu_matches_reference_wider),
         cmocka_unit_test(test_model_deferred_weight_gradients_are_bitwise_identical),
         cmocka_unit_test(test_model_split_into_pieces_matches_whole_bitwise),
+        cmocka_unit_test(test_model_activation_checkpointing_is_bitwise_and_saves_memory),
         cmocka_unit_test(test_model_bits_identical_for_any_thread_count),
         cmocka_unit_test(test_model_adamw_steps_reduce_loss_on_a_fixed_batch),
         cmocka_unit_test(test_model_rejects_bad_piece_ranges_and_lengths),

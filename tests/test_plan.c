@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "ipc/shm.h"
+#include "kernels/act_bytes.h"
 #include "stages/plan/plan.h"
 #include "tests/testjob.h"
 
@@ -64,18 +65,18 @@ static void test_plan_figures_of_a_small_cpu_job(void **state)
     plan_t p;
     char err[512];
     manifest_of(&m, small);
-    assert_int_equal(plan_build(&p, &m, &(plan_opts_t){.ac_mode = "none", .cpus = 2}, err, sizeof(err)), 0);
+    assert_int_equal(plan_build(&p, &m, &(plan_opts_t){.cpus = 2}, err, sizeof(err)), 0);
     const plan_row_t *shm = row(&p, "shared memory", PLAN_HOST);
     /* fp32 weights and gradients of one replica; AdamW: two banks of 3 arrays (master, m, v)
      * behind a header page */
     assert_int_equal((long)shm->bytes[PLAN_WEIGHTS], 107520L * 4);
     assert_int_equal((long)shm->bytes[PLAN_GRADS], 107520L * 4);
     assert_int_equal((long)shm->bytes[PLAN_OPTIM], 4096L + 2 * 3 * 107520L * 4);
-    /* one microbatch of 1 x 32 tokens (N = 32): a layer keeps N x (8 D + 2 + 4 QD + 4 KD + 5 F)
-     * = 32 x 1538 floats and the probabilities 1 x 4 x 32 x 32; every stage the scratch
+    /* one microbatch of 1 x 32 tokens (N = 32): a layer keeps N x (8 D + 2 + 3 QD + 4 KD + 5 F)
+     * = 32 x 1474 floats and the probabilities 1 x 4 x 32 x 32; every stage the scratch
      * N x (F + max(QD, D)) and the tokens N = 6176; the embedding's gradient N x D = 2048; the
      * head N x (3 D + 1 + V) = 14368 */
-    long layer = 32L * 1538 + 4096, common = 6176;
+    long layer = 32L * 1474 + 4096, common = 6176;
     const plan_row_t *s0 = row(&p, "stage 0.0", PLAN_HOST), *s1 = row(&p, "stage 1.0", PLAN_HOST);
     /* 1F1B keeps pp - rank microbatches in flight: 2 on rank 0, 1 on rank 1 */
     assert_int_equal(s0->in_flight, 2);
@@ -93,10 +94,23 @@ static void test_plan_figures_of_a_small_cpu_job(void **state)
     assert_true(p.host_need <= p.host);
     assert_true(p.host_need >= shm->total + coord->total);
     assert_int_equal(p.gpus, 0);
+    assert_string_equal(p.ac_mode, "none");
+    double none0 = s0->bytes[PLAN_ACTS];
     plan_free(&p);
-    /* an activation-checkpointing mode the plan does not know yet is an error, not a guess */
-    assert_int_equal(plan_build(&p, &m, &(plan_opts_t){.ac_mode = "full"}, err, sizeof(err)), -EINVAL);
-    assert_non_null(strstr(err, "activation_checkpoint.mode"));
+    /* full activation checkpointing: each microbatch as kernels/act_bytes.h says (checked there
+     * against the model's allocations), with the recompute work sets; less than without */
+    m.ac_mode = CONFIG_AC_FULL;
+    assert_int_equal(plan_build(&p, &m, &(plan_opts_t){.cpus = 2}, err, sizeof(err)), 0);
+    assert_string_equal(p.ac_mode, "full");
+    model_config_t cfg = m.model;
+    cfg.ac_mode = CONFIG_AC_FULL;
+    model_act_size_t a;
+    assert_int_equal(model_act_bytes(&cfg, 0, 2, 1, 32, MODEL_ACT_CPU, &a), 0);
+    s0 = row(&p, "stage 0.0", PLAN_HOST);
+    assert_int_equal((long)s0->act_mb, (long)a.per_mb);
+    assert_int_equal((long)s0->bytes[PLAN_ACTS], (long)model_act_total(&a, 2, 0));
+    assert_true(s0->bytes[PLAN_ACTS] < none0);
+    plan_free(&p);
 }
 
 static void test_plan_figures_of_a_small_gpu_job(void **state)

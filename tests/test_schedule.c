@@ -860,6 +860,14 @@ static void check_peaks(const sched_t *s, void *arg)
         }
         assert_true(acts <= sum);
         assert_true(in_flight <= acts);
+        /* held between B and W (a W right after its B not counted): none where every W
+         * follows its B, and never more than the activations kept */
+        int held = sched_peak_held_w(s, r, -1);
+        assert_true(held >= 0 && held <= acts);
+        if (s->kind == SCHED_GPIPE || s->kind == SCHED_1F1B || s->kind == SCHED_INTERLEAVED_1F1B)
+            assert_int_equal(held, 0);
+        for (int c = 0; c < v; c++)
+            assert_true(sched_peak_held_w(s, r, c) <= sched_peak_acts(s, r, c));
         int want_if = -1, want_acts = -1, w;
         switch (s->kind) {
         case SCHED_GPIPE: want_if = want_acts = m; break;

@@ -12,6 +12,7 @@
 
 #include <cblas.h>
 
+#include "kernels/act_bytes.h"
 #include "kernels/cpu/model.h"
 #include "kernels/ops.h"
 #include "tools/bench_ckpt.h"
@@ -53,6 +54,7 @@ typedef struct {
     int quick;
     int ckpt_only;        /* --checkpoints: only the checkpoint section */
     int sched_only;       /* --schedules: only the schedules section */
+    int ac_only;          /* --ac: only activation checkpointing's section */
     double peak;          /* GFLOP/s */
 } bench_t;
 
@@ -171,6 +173,88 @@ static void bench_step(bench_t *b, const char *preset, const char *label, int B,
     params_table_free(&tab);
 }
 
+/* `ctitan bench --ac`: activation checkpointing's cost in one process: a microbatch's forward
+ * and backward (B then W in mode none, model_backward with the recompute otherwise), each
+ * mode's best of `reps` with the modes interleaved in every round (on a shared machine the load
+ * moves between rounds, not inside one), and the activation bytes each mode holds. */
+static void bench_ac_shape(bench_t *b, const char *label, model_config_t cfg, int B, int T)
+{
+    static const struct { const char *name; int mode, every; } modes[] = {
+        {"none", CONFIG_AC_NONE, 0}, {"full", CONFIG_AC_FULL, 0}, {"selective 2", CONFIG_AC_SELECTIVE, 2},
+        {"selective op", CONFIG_AC_SELECTIVE, 0},
+    };
+    enum { NM = 4 };
+    char err[256];
+    cfg.max_seq_len = T > cfg.max_seq_len ? T : cfg.max_seq_len;
+    if (config_validate(&cfg, err, sizeof(err))) {
+        fprintf(stderr, "bench: %s\n", err);
+        exit(1);
+    }
+    param_table_t tab;
+    params_table_init(&tab, &cfg);
+    float *w = malloc(tab.total * sizeof(float)), *g = calloc(tab.total, sizeof(float));
+    params_init(&tab, &cfg, 1, w, 0, tab.total);
+    pool_t *p = pool_new(b->threads);
+    int N = B * T, reps = b->quick ? 1 : 4;
+    int32_t *tok = malloc(N * sizeof(int32_t)), *tgt = malloc(N * sizeof(int32_t));
+    for (int i = 0; i < N; i++)
+        tok[i] = (i * 31 + 7) % cfg.vocab_size, tgt[i] = (i * 17 + 3) % cfg.vocab_size;
+    model_t *m[NM];
+    model_acts_t *a[NM];
+    double tf[NM], tbw[NM];
+    for (int k = 0; k < NM; k++) {
+        model_config_t c = cfg;
+        c.ac_mode = modes[k].mode, c.ac_every = modes[k].every;
+        m[k] = model_new(&c, 0, c.n_layers + 2, w, g, p);
+        a[k] = model_acts_new(m[k], B, T);
+        if (!m[k] || !a[k]) {
+            fprintf(stderr, "bench: out of memory for the %s model\n", label);
+            exit(1);
+        }
+        tf[k] = tbw[k] = 1e30;
+    }
+    for (int r = 0; r <= reps; r++) /* round 0 warms up */
+        for (int k = 0; k < NM; k++) {
+            double t0 = util_now();
+            model_forward(m[k], a[k], tok, NULL, tgt, 1.0f / N, NULL);
+            double t1 = util_now();
+            if (modes[k].mode == CONFIG_AC_NONE) {
+                model_backward_b(m[k], a[k], NULL, NULL);
+                model_backward_w(m[k], a[k]);
+            } else {
+                model_backward(m[k], a[k], NULL, NULL);
+            }
+            double t2 = util_now();
+            if (r > 0 && t2 - t0 < tf[k] + tbw[k])
+                tf[k] = t1 - t0, tbw[k] = t2 - t1;
+        }
+    for (int k = 0; k < NM; k++) {
+        printf("| %s | %dx%d | %s | %.0f | %.0f / %.0f | %.2fx | %.1f | %.1f |\n", label, B, T, modes[k].name,
+               (tf[k] + tbw[k]) * 1e3, tf[k] * 1e3, tbw[k] * 1e3, (tf[k] + tbw[k]) / (tf[0] + tbw[0]),
+               model_acts_bytes(a[k]) / 1048576.0, model_work_bytes(m[k]) / 1048576.0);
+        model_acts_destroy(&a[k]);
+        model_destroy(&m[k]);
+    }
+    fflush(stdout);
+    free(tok), free(tgt), free(w), free(g);
+    pool_destroy(&p);
+    params_table_free(&tab);
+}
+
+static void bench_ac(bench_t *b)
+{
+    printf("## activation checkpointing (one microbatch, fwd + bwd, the whole model, fp32, one process)\n\n");
+    printf("| model | batch x seq | mode | ms | fwd / bwd ms | vs none | activations MiB / microbatch | work sets MiB |\n");
+    printf("|---|---|---|---|---|---|---|---|\n");
+    model_config_t c;
+    config_preset("debugmodel", &c);
+    bench_ac_shape(b, "demo (debugmodel)", c, 1, 256);
+    config_preset("debugmodel", &c); /* ~160M parameters */
+    c.dim = 768, c.n_layers = 16, c.n_heads = 12, c.n_kv_heads = 12, c.vocab_size = 32000;
+    bench_ac_shape(b, "~160M (768 x 16 layers, vocab 32000)", c, 1, 128);
+    printf("\n");
+}
+
 /* `ctitan bench --gpu-peak`: the card's measured bf16 matrix-product rate in TFLOP/s (the MFU
  * denominator of `make bench-gpu`), from the CUDA plugin build/lib/libctitan_cuda.so. */
 static int gpu_peak(void)
@@ -211,6 +295,8 @@ int cmd_bench(int argc, char **argv)
             b.ckpt_only = 1;
         } else if (!strcmp(argv[i], "--schedules")) {
             b.sched_only = 1;
+        } else if (!strcmp(argv[i], "--ac")) {
+            b.ac_only = 1;
         } else if (!strcmp(argv[i], "--gpu-peak")) {
             return gpu_peak();
         } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
@@ -220,10 +306,11 @@ int cmd_bench(int argc, char **argv)
                 return 2;
             }
         } else if (!strcmp(argv[i], "--help")) {
-            printf("usage: ctitan bench [--threads N] [--quick] [--checkpoints | --schedules] | --gpu-peak\n"
+            printf("usage: ctitan bench [--threads N] [--quick] [--checkpoints | --schedules | --ac] | --gpu-peak\n"
                    "Prints the sgemm peak, per-op rates, the training step of the demo and\n"
                    "GPT-2-small-sized models, the process pipeline, every pipeline schedule and\n"
-                   "checkpoints as markdown tables (--checkpoints, --schedules: only that section).\n"
+                   "checkpoints as markdown tables (--checkpoints, --schedules: only that section;\n"
+                   "--ac: activation checkpointing's cost and memory, not part of the full run).\n"
                    "--gpu-peak prints the GPU's measured bf16 matrix-product rate in TFLOP/s (make\n"
                    "bench-gpu: tools/bench_gpu.sh).\n");
             return 0;
@@ -239,6 +326,10 @@ int cmd_bench(int argc, char **argv)
            sysconf(_SC_NPROCESSORS_ONLN));
     if (b.ckpt_only)
         return bench_ckpt(b.quick) ? 1 : 0;
+    if (b.ac_only) {
+        bench_ac(&b);
+        return 0;
+    }
     measure_peak(&b);
     if (b.sched_only)
         return bench_schedules(b.peak, b.quick) ? 1 : 0;

@@ -41,7 +41,7 @@ static int check_plan(const manifest_t *m, int print)
     plan_t p;
     plan_have_t have;
     char err[4096];
-    if (plan_build(&p, m, &(plan_opts_t){.ac_mode = "none"}, err, sizeof(err))) {
+    if (plan_build(&p, m, &(plan_opts_t){0}, err, sizeof(err))) {
         fprintf(stderr, "launch: the memory plan: %s\n", err);
         return 2;
     }

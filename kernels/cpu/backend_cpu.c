@@ -91,23 +91,36 @@ static void cpu_acts_destroy(backend_acts_t **a)
     *a = NULL;
 }
 
+/* The model's failure of the call just made (activation checkpointing's work sets). */
+static int status(backend_model_t *m)
+{
+    int rc = model_status(m->model);
+    return rc ? fail(rc, "out of memory for the recompute work sets of activation checkpointing") : 0;
+}
+
 static int cpu_forward(backend_model_t *m, backend_acts_t *a, const int32_t *tokens, const void *x_in,
                        const int32_t *targets, float dscale, void *x_out, double *loss)
 {
     *loss = model_forward(m->model, (model_acts_t *)a, tokens, x_in, targets, dscale, x_out);
-    return 0;
+    return status(m);
 }
 
 static int cpu_backward_b(backend_model_t *m, backend_acts_t *a, const void *dy, void *dx)
 {
     model_backward_b(m->model, (model_acts_t *)a, dy, dx);
-    return 0;
+    return status(m);
 }
 
 static int cpu_backward_w(backend_model_t *m, backend_acts_t *a)
 {
     model_backward_w(m->model, (model_acts_t *)a);
-    return 0;
+    return status(m);
+}
+
+static int cpu_backward(backend_model_t *m, backend_acts_t *a, const void *dy, void *dx)
+{
+    model_backward(m->model, (model_acts_t *)a, dy, dx);
+    return status(m);
 }
 
 /* The model reads and writes the shared buffers themselves: nothing to move around a step. */
@@ -224,6 +237,7 @@ static const backend_t table = {
     .forward = cpu_forward,
     .backward_b = cpu_backward_b,
     .backward_w = cpu_backward_w,
+    .backward = cpu_backward,
     .step_begin = cpu_step,
     .step_end = cpu_step,
     .model_stream = cpu_model_stream,

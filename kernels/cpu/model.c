@@ -3,11 +3,25 @@
  * layer_forward / layer_backward_b / layer_backward_w. */
 #include "kernels/cpu/model.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/act_bytes.h"
 #include "kernels/ops.h"
+
+/* Work sets of one kind (see struct model). */
+typedef struct {
+    int mask;           /* the groups each holds; 0: none of this kind */
+    int min;            /* made with the first acts: what a forward and a backward with its W hold */
+    float **u;          /* (n) of floats each */
+    int *used;
+    int n;
+    size_t floats;
+} wsets_t;
+
+enum { WS_W = 0, WS_B = 1 };
 
 typedef struct {
     float *attn_norm, *wq, *wk, *wv, *wo, *ffn_norm, *w1, *w3, *w2; /* views into params */
@@ -27,6 +41,12 @@ struct model {
     float *rope_cos, *rope_sin; /* (max_seq_len, hd/2) */
     layer_w_t *lw;
     float *embed, *d_embed, *norm, *d_norm, *out, *d_out;
+    /* Activation checkpointing: work sets, shared by every microbatch, each one layer's groups
+     * that a checkpointed layer does not keep, in two kinds: WS_W what its W needs too (kept
+     * from the recompute to the W), WS_B what only its B reads (q, k, v, the softmax, the w1
+     * and w3 products: free again after the B). A forward borrows both per layer. */
+    wsets_t ws[2];
+    int status;         /* the first failure since model_status (-ENOMEM) */
 };
 
 typedef struct {
@@ -63,7 +83,21 @@ struct model_acts {
     float *dh0;           /* (N, D) gradient of the embedding output */
     float *s_dm;          /* scratch (N, F) */
     float *s_dy;          /* scratch (N, QD), also (N, D) */
+    float **unit;         /* (nl, 2) the work sets bound to layer i (WS_W, WS_B), or NULL */
 };
+
+/* A layer's tensors in groups, by what activation checkpointing keeps (config.h) and who reads
+ * them: the input; the products' and attention's outputs that only B reads (q, k, v, the
+ * softmax, the w1 and w3 products) and those W reads too (attention's output y, h1); what the
+ * norms and SwiGLU make; the gradients B keeps for W. */
+enum { G_IN = 1, G_OPB = 2, G_REST = 4, G_GRAD = 8, G_OPW = 16, G_ALL = 31 };
+
+static int keep_mask(config_keep_t k)
+{
+    return k == CONFIG_KEEP_INPUT ? G_IN : k == CONFIG_KEEP_OPS ? G_IN | G_OPB | G_OPW : G_ALL;
+}
+
+static config_keep_t keep_of(const model_t *m, int i) { return config_ac_keep(&m->cfg, m->layer0 + i); }
 
 static float *wptr(model_t *m, float *base, param_kind_t kind, int layer)
 {
@@ -147,6 +181,17 @@ model_t *model_new(const model_config_t *cfg, int piece_begin, int piece_end, fl
     m->params = params;
     m->grads = grads;
     bind(m);
+    for (int i = 0; i < m->nl; i++) {
+        config_keep_t k = keep_of(m, i);
+        if (k == CONFIG_KEEP_ALL)
+            continue;
+        /* one kind of checkpointed layer per model: op, or full layers */
+        m->ws[WS_W].mask = G_ALL & ~keep_mask(k) & ~G_OPB;
+        m->ws[WS_B].mask = G_OPB & ~keep_mask(k);
+        /* a backward binds layer i - 1's W set before it frees layer i's (with its W) */
+        m->ws[WS_W].min = i > 0 && keep_of(m, i - 1) != CONFIG_KEEP_ALL ? 2 : m->ws[WS_W].min > 1 ? 2 : 1;
+        m->ws[WS_B].min = m->ws[WS_B].mask ? 1 : 0;
+    }
     return m;
 }
 
@@ -158,6 +203,12 @@ void model_destroy(model_t **pm)
     free(m->rope_cos);
     free(m->rope_sin);
     free(m->lw);
+    for (int k = 0; k < 2; k++) {
+        for (int u = 0; u < m->ws[k].n; u++)
+            free(m->ws[k].u[u]);
+        free(m->ws[k].u);
+        free(m->ws[k].used);
+    }
     params_table_free(&m->tab);
     free(m);
     *pm = NULL;
@@ -173,30 +224,10 @@ void model_set_buffers(model_t *m, float *params, float *grads)
     bind(m);
 }
 
-/* Floats of one microbatch's activations (the carving below takes them in this order): per
- * layer N x (8 D + 2 + 4 QD + 4 KD + 5 F) plus the attention probabilities B x heads x T x T;
- * the scratch N x (F + max(QD, D)) and the tokens N; the head N x (3 D + 1 + V); the
- * embedding's gradient N x D. */
-static size_t acts_floats(const model_config_t *cfg, int nl, int has_embed, int has_head, int B, int T)
-{
-    size_t N = (size_t)B * T, D = (size_t)cfg->dim, hd = (size_t)config_head_dim(cfg);
-    size_t QD = (size_t)cfg->n_heads * hd, KD = (size_t)cfg->n_kv_heads * hd, F = (size_t)config_ffn_hidden(cfg);
-    size_t probs = (size_t)B * cfg->n_heads * T * T;
-    size_t per_layer = N * (D * 8 + 2 + QD * 4 + KD * 4 + F * 5) + probs;
-    size_t total = (size_t)nl * per_layer + N * (F + (QD > D ? QD : D)) + N; /* + tokens */
-    if (has_head)
-        total += N * (D * 3 + 1 + (size_t)cfg->vocab_size);
-    if (has_embed)
-        total += N * D;
-    return total;
-}
-
 size_t model_acts_bytes_for(const model_config_t *cfg, int piece_begin, int piece_end, int B, int T)
 {
-    int l0 = piece_begin > 1 ? piece_begin - 1 : 0;
-    int l1 = piece_end - 1 < cfg->n_layers ? piece_end - 1 : cfg->n_layers;
-    return acts_floats(cfg, l1 > l0 ? l1 - l0 : 0, piece_begin == 0, piece_end == cfg->n_layers + 2, B, T) *
-           sizeof(float);
+    model_act_size_t sz;
+    return model_act_bytes(cfg, piece_begin, piece_end, B, T, MODEL_ACT_CPU, &sz) ? 0 : sz.per_mb;
 }
 
 size_t model_acts_forward_bytes_for(const model_config_t *cfg, int piece_begin, int piece_end, int B, int T)
@@ -217,7 +248,121 @@ size_t model_fixed_bytes(const model_config_t *cfg)
     return 2 * (size_t)cfg->max_seq_len * (size_t)(config_head_dim(cfg) / 2) * sizeof(float);
 }
 
-model_acts_t *model_acts_new(const model_t *m, int B, int T)
+static float *take(float *base, size_t *off, size_t n)
+{
+    float *r = base ? base + *off : NULL;
+    *off += n;
+    return r;
+}
+
+/* Points the tensors of the groups in mask at base (NULL: at nothing), in the layout of mode
+ * none; returns how many floats they take. Other groups' pointers are left alone. */
+static size_t carve_layer(const model_t *m, layer_acts_t *L, float *base, int mask, int B, int T)
+{
+    size_t N = (size_t)B * T, D = m->D, QD = m->QD, KD = m->KD, F = m->F, off = 0;
+    size_t probs = (size_t)B * m->cfg.n_heads * T * T;
+#define G(g, f, n) (L->f = (mask & (g)) ? take(base, &off, (n)) : L->f)
+    G(G_IN, h_in, N * D); G(G_REST, r1, N); G(G_REST, xn1, N * D);
+    G(G_OPB, q, N * QD); G(G_OPB, k, N * KD); G(G_OPB, v, N * KD);
+    G(G_OPB, probs, probs); G(G_OPW, y, N * QD); G(G_OPW, h1, N * D);
+    G(G_REST, r2, N); G(G_REST, xn2, N * D);
+    G(G_OPB, a, N * F); G(G_OPB, b, N * F); G(G_REST, m, N * F);
+    G(G_GRAD, df, N * D); G(G_GRAD, da, N * F); G(G_GRAD, db, N * F);
+    G(G_GRAD, dxn2, N * D); G(G_GRAD, dh1, N * D);
+    G(G_GRAD, dq, N * QD); G(G_GRAD, dk, N * KD); G(G_GRAD, dv, N * KD);
+    G(G_GRAD, dxn1, N * D);
+#undef G
+    return off;
+}
+
+/* Floats of one microbatch's storage (the layers' kept groups, scratch, tokens, the head's). */
+static size_t acts_floats(const model_t *m, model_acts_t *a, float *base)
+{
+    size_t N = (size_t)a->N, D = m->D, QD = m->QD, F = m->F, V = m->V, off = 0;
+    for (int i = 0; i < m->nl; i++)
+        off += carve_layer(m, &a->l[i], base ? base + off : NULL, keep_mask(keep_of(m, i)), a->B, a->T);
+    a->s_dm = take(base, &off, N * F);
+    a->s_dy = take(base, &off, N * (QD > D ? QD : D));
+    a->tokens = (int32_t *)take(base, &off, N);
+    if (m->has_head) {
+        a->h_top = take(base, &off, N * D); a->rf = take(base, &off, N); a->hf = take(base, &off, N * D);
+        a->logits = take(base, &off, N * V); a->dhf = take(base, &off, N * D);
+    }
+    if (m->has_embed)
+        a->dh0 = take(base, &off, N * D);
+    return off;
+}
+
+/* Sizes the model's work sets for [B, T] microbatches: the first acts fixes the size (every
+ * stage's microbatches are alike); a larger one made while none is in use replaces them. */
+static int units_fit(model_t *m, int B, int T)
+{
+    for (int k = 0; k < 2; k++) {
+        wsets_t *w = &m->ws[k];
+        layer_acts_t tmp = {0};
+        size_t need = w->mask ? carve_layer(m, &tmp, NULL, w->mask, B, T) : 0;
+        if (need <= w->floats)
+            continue;
+        for (int u = 0; u < w->n; u++)
+            if (w->used[u])
+                return -EBUSY;
+        for (int u = 0; u < w->n; u++)
+            free(w->u[u]);
+        w->n = 0;
+        w->floats = need;
+    }
+    return 0;
+}
+
+/* One more work set of kind w; its index, or -ENOMEM. */
+static int unit_new(wsets_t *w)
+{
+    int u = w->n;
+    float **nu = realloc(w->u, (size_t)(u + 1) * sizeof(*nu));
+    if (nu)
+        w->u = nu;
+    int *nf = nu ? realloc(w->used, (size_t)(u + 1) * sizeof(*nf)) : NULL;
+    if (nf)
+        w->used = nf;
+    if (!nu || !nf || !(w->u[u] = malloc(w->floats * sizeof(float))))
+        return -ENOMEM;
+    w->used[u] = 0;
+    w->n++;
+    return u;
+}
+
+/* Binds layer i of a to a free work set of kind k (a new one when all are in use); nothing when
+ * the model has none of that kind. */
+static int unit_take(model_t *m, model_acts_t *a, int i, int k)
+{
+    wsets_t *w = &m->ws[k];
+    if (!w->mask)
+        return 0;
+    int u = 0;
+    while (u < w->n && w->used[u])
+        u++;
+    if (u == w->n && (u = unit_new(w)) < 0)
+        return m->status = u;
+    w->used[u] = 1;
+    a->unit[2 * i + k] = w->u[u];
+    carve_layer(m, &a->l[i], w->u[u], w->mask, a->B, a->T);
+    return 0;
+}
+
+static void unit_give(model_t *m, model_acts_t *a, int i, int k)
+{
+    wsets_t *w = &m->ws[k];
+    float *p = a->unit[2 * i + k];
+    if (!p)
+        return;
+    for (int u = 0; u < w->n; u++)
+        if (w->u[u] == p)
+            w->used[u] = 0;
+    carve_layer(m, &a->l[i], NULL, w->mask, a->B, a->T);
+    a->unit[2 * i + k] = NULL;
+}
+
+model_acts_t *model_acts_new(model_t *m, int B, int T)
 {
     if (B <= 0 || T <= 0 || T > m->cfg.max_seq_len)
         return NULL;
@@ -226,39 +371,22 @@ model_acts_t *model_acts_new(const model_t *m, int B, int T)
         return NULL;
     a->B = B, a->T = T, a->N = B * T;
     a->l = calloc((size_t)(m->nl ? m->nl : 1), sizeof(layer_acts_t));
-    size_t N = (size_t)a->N, D = m->D, QD = m->QD, KD = m->KD, F = m->F, V = m->V;
-    size_t probs = (size_t)B * m->cfg.n_heads * T * T;
-    size_t total = acts_floats(&m->cfg, m->nl, m->has_embed, m->has_head, B, T);
+    a->unit = calloc((size_t)(m->nl ? m->nl : 1) * 2, sizeof(float *));
+    size_t total = a->l ? acts_floats(m, a, NULL) : 0;
     a->base = malloc(total * sizeof(float));
-    if (!a->l || !a->base) {
+    if (!a->l || !a->unit || !a->base || units_fit(m, B, T)) {
         model_acts_destroy(&a);
         return NULL;
     }
-    float *p = a->base;
-#define TAKE(n) (p += (n), p - (n))
-    for (int i = 0; i < m->nl; i++) {
-        layer_acts_t *L = &a->l[i];
-        L->h_in = TAKE(N * D); L->r1 = TAKE(N); L->xn1 = TAKE(N * D);
-        L->q = TAKE(N * QD); L->k = TAKE(N * KD); L->v = TAKE(N * KD);
-        L->probs = TAKE(probs); L->y = TAKE(N * QD); L->h1 = TAKE(N * D);
-        L->r2 = TAKE(N); L->xn2 = TAKE(N * D);
-        L->a = TAKE(N * F); L->b = TAKE(N * F); L->m = TAKE(N * F);
-        L->df = TAKE(N * D); L->da = TAKE(N * F); L->db = TAKE(N * F);
-        L->dxn2 = TAKE(N * D); L->dh1 = TAKE(N * D);
-        L->dq = TAKE(N * QD); L->dk = TAKE(N * KD); L->dv = TAKE(N * KD);
-        L->dxn1 = TAKE(N * D);
-    }
-    a->s_dm = TAKE(N * F);
-    a->s_dy = TAKE(N * (QD > D ? QD : D));
-    a->tokens = (int32_t *)TAKE(N);
-    if (m->has_head) {
-        a->h_top = TAKE(N * D); a->rf = TAKE(N); a->hf = TAKE(N * D);
-        a->logits = TAKE(N * V); a->dhf = TAKE(N * D);
-    }
-    if (m->has_embed)
-        a->dh0 = TAKE(N * D);
-#undef TAKE
+    acts_floats(m, a, a->base);
     a->bytes = total * sizeof(float);
+    /* what a forward and a backward with its W hold: made now, not mid-step */
+    for (int k = 0; k < 2; k++)
+        while (m->ws[k].n < m->ws[k].min)
+            if (unit_new(&m->ws[k]) < 0) {
+                model_acts_destroy(&a);
+                return NULL;
+            }
     return a;
 }
 
@@ -269,11 +397,24 @@ void model_acts_destroy(model_acts_t **pa)
         return;
     free(a->base);
     free(a->l);
+    free(a->unit);
     free(a);
     *pa = NULL;
 }
 
 size_t model_acts_bytes(const model_acts_t *a) { return a->bytes; }
+
+size_t model_work_bytes(const model_t *m)
+{
+    return ((size_t)m->ws[WS_W].n * m->ws[WS_W].floats + (size_t)m->ws[WS_B].n * m->ws[WS_B].floats) * sizeof(float);
+}
+
+int model_status(model_t *m)
+{
+    int rc = m->status;
+    m->status = 0;
+    return rc;
+}
 
 const float *model_logits(const model_acts_t *a) { return a->logits; }
 
@@ -286,7 +427,8 @@ static void add_into(float *y, const float *x, const float *r, size_t n)
 }
 
 /* h1 = h + wo(attn(rope(wq xn1), rope(wk xn1), wv xn1)),  xn1 = rmsnorm(h)
- * out = h1 + w2(silu(w1 xn2) * w3 xn2),                    xn2 = rmsnorm(h1) */
+ * out = h1 + w2(silu(w1 xn2) * w3 xn2),                    xn2 = rmsnorm(h1)
+ * out NULL: a recompute for the backward, which needs everything but the output. */
 static void layer_forward(model_t *m, model_acts_t *a, int i, float *out)
 {
     layer_w_t *w = &m->lw[i];
@@ -308,8 +450,28 @@ static void layer_forward(model_t *m, model_acts_t *a, int i, float *out)
     ops_matmul_fwd(P, L->a, L->xn2, w->w1, N, D, F);
     ops_matmul_fwd(P, L->b, L->xn2, w->w3, N, D, F);
     ops_swiglu_fwd(P, L->m, L->a, L->b, (size_t)N * F);
+    if (!out)
+        return;
     ops_matmul_fwd(P, out, L->m, w->w2, N, F, D);
     add_into(out, out, L->h1, (size_t)N * D);
+}
+
+/* What a checkpointed layer did not keep, made again from what it kept, by the same calls on
+ * the same inputs as its forward: the same bits. */
+static void layer_recompute(model_t *m, model_acts_t *a, int i)
+{
+    config_keep_t k = keep_of(m, i);
+    if (k == CONFIG_KEEP_INPUT) {
+        layer_forward(m, a, i, NULL);
+        return;
+    }
+    layer_w_t *w = &m->lw[i];
+    layer_acts_t *L = &a->l[i];
+    int N = a->N, D = m->D, F = m->F;
+    float eps = (float)m->cfg.norm_eps;
+    ops_rmsnorm_fwd(m->pool, L->xn1, L->r1, L->h_in, w->attn_norm, N, D, eps);
+    ops_rmsnorm_fwd(m->pool, L->xn2, L->r2, L->h1, w->ffn_norm, N, D, eps);
+    ops_swiglu_fwd(m->pool, L->m, L->a, L->b, (size_t)N * F);
 }
 
 /* Input gradients of one layer, from L->df (gradient of its output) to dh_in. */
@@ -368,8 +530,16 @@ double model_forward(model_t *m, model_acts_t *a, const int32_t *tokens, const f
     } else if (first != x_in) {
         memcpy(first, x_in, N * D * sizeof(float));
     }
-    for (int i = 0; i < m->nl; i++)
+    for (int i = 0; i < m->nl; i++) /* a step left unfinished: a backward without its W */
+        unit_give(m, a, i, WS_W), unit_give(m, a, i, WS_B);
+    for (int i = 0; i < m->nl; i++) {
+        int ck = keep_of(m, i) != CONFIG_KEEP_ALL;
+        if (ck && (unit_take(m, a, i, WS_W) || unit_take(m, a, i, WS_B)))
+            return NAN;
         layer_forward(m, a, i, i + 1 < m->nl ? a->l[i + 1].h_in : top);
+        if (ck)
+            unit_give(m, a, i, WS_W), unit_give(m, a, i, WS_B);
+    }
     if (!m->has_head)
         return 0;
     ops_rmsnorm_fwd(m->pool, a->hf, a->rf, a->h_top, m->norm, (int)N, (int)D,
@@ -385,12 +555,20 @@ double model_forward(model_t *m, model_acts_t *a, const int32_t *tokens, const f
     return sum;
 }
 
-void model_backward_b(model_t *m, model_acts_t *a, const float *dy, float *dx)
+/* Backward B, and with fuse each layer's W right after its B (the same bits as B then W: each
+ * W adds into its own layer's gradients, which B never reads). A checkpointed layer recomputes
+ * into two work sets: WS_W, bound before the layer above writes its output gradient there and
+ * kept until its W (with fuse two at a time, without one per checkpointed layer), and WS_B,
+ * bound for its recompute and B only (one at a time). */
+static void backward(model_t *m, model_acts_t *a, const float *dy, float *dx, int fuse)
 {
     size_t N = (size_t)a->N, D = m->D;
+    int L = m->nl;
+    if (L && keep_of(m, L - 1) != CONFIG_KEEP_ALL && unit_take(m, a, L - 1, WS_W))
+        return;
     /* gradient of the input of the lowest held piece above the embedding */
     float *bottom = m->has_embed ? a->dh0 : dx;
-    float *top = m->nl ? a->l[m->nl - 1].df : bottom;
+    float *top = L ? a->l[L - 1].df : bottom;
     if (m->has_head) {
         ops_matmul_bwd_x(m->pool, a->dhf, a->logits, m->out, (int)N, (int)D, m->V, 0);
         memset(top, 0, N * D * sizeof(float));
@@ -398,8 +576,39 @@ void model_backward_b(model_t *m, model_acts_t *a, const float *dy, float *dx)
     } else if (top != dy) {
         memcpy(top, dy, N * D * sizeof(float));
     }
-    for (int i = m->nl - 1; i >= 0; i--)
+    if (fuse && m->has_head) {
+        ops_matmul_bwd_w(m->pool, m->d_out, a->logits, a->hf, (int)N, (int)D, m->V);
+        ops_rmsnorm_bwd_w(m->pool, m->d_norm, a->dhf, a->h_top, a->rf, (int)N, (int)D);
+    }
+    for (int i = L - 1; i >= 0; i--) {
+        int ck = keep_of(m, i) != CONFIG_KEEP_ALL;
+        if (i > 0 && keep_of(m, i - 1) != CONFIG_KEEP_ALL && unit_take(m, a, i - 1, WS_W))
+            return;
+        if (ck && unit_take(m, a, i, WS_B))
+            return;
+        if (ck)
+            layer_recompute(m, a, i);
         layer_backward_b(m, a, i, i > 0 ? a->l[i - 1].df : bottom);
+        unit_give(m, a, i, WS_B);
+        if (fuse) {
+            layer_backward_w(m, a, i);
+            unit_give(m, a, i, WS_W);
+        }
+    }
+    if (fuse && m->has_embed)
+        ops_embed_bwd(m->pool, m->d_embed, a->dh0, a->tokens, (int)N, (int)D);
+}
+
+void model_backward_b(model_t *m, model_acts_t *a, const float *dy, float *dx) { backward(m, a, dy, dx, 0); }
+
+void model_backward(model_t *m, model_acts_t *a, const float *dy, float *dx)
+{
+    if (!m->ws[WS_W].mask) { /* nothing recomputed: exactly B then W */
+        model_backward_b(m, a, dy, dx);
+        model_backward_w(m, a);
+        return;
+    }
+    backward(m, a, dy, dx, 1);
 }
 
 void model_backward_w(model_t *m, model_acts_t *a)
@@ -409,8 +618,10 @@ void model_backward_w(model_t *m, model_acts_t *a)
         ops_matmul_bwd_w(m->pool, m->d_out, a->logits, a->hf, N, D, m->V);
         ops_rmsnorm_bwd_w(m->pool, m->d_norm, a->dhf, a->h_top, a->rf, N, D);
     }
-    for (int i = m->nl - 1; i >= 0; i--)
+    for (int i = m->nl - 1; i >= 0; i--) {
         layer_backward_w(m, a, i);
+        unit_give(m, a, i, WS_W);
+    }
     if (m->has_embed)
         ops_embed_bwd(m->pool, m->d_embed, a->dh0, a->tokens, N, D);
 }

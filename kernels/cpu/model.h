@@ -27,18 +27,34 @@ int model_has_head(const model_t *m);
 /* Points the model at other parameter/gradient buffers of the same layout. */
 void model_set_buffers(model_t *m, float *params, float *grads);
 
-/* Activation storage for one [B, T] microbatch (owned by the caller). T <= max_seq_len. */
-model_acts_t *model_acts_new(const model_t *m, int B, int T);
+/* Activation storage for one [B, T] microbatch (owned by the caller). T <= max_seq_len.
+ * What it holds per layer follows cfg->ac_mode (config_ac_keep); with activation
+ * checkpointing the model also makes its first shared work sets here (model_work_bytes).
+ * Destroy every acts before the model. */
+model_acts_t *model_acts_new(model_t *m, int B, int T);
 void model_acts_destroy(model_acts_t **a);
+/* Bytes of one microbatch's storage (model_act_bytes, kernels/act_bytes.h, says the same
+ * before any is made). */
 size_t model_acts_bytes(const model_acts_t *a);
-/* What model_acts_new allocates for a [B, T] microbatch of pieces [piece_begin, piece_end),
- * without a model: the memory plan's per-microbatch activations (stages/job/plan.h). */
+/* What model_acts_new allocates for a [B, T] microbatch of pieces [piece_begin, piece_end)
+ * under cfg->ac_mode, without a model (model_act_bytes' per_mb; 0 for bad pieces): the memory
+ * plan's per-microbatch activations (stages/plan/plan.h). */
 size_t model_acts_bytes_for(const model_config_t *cfg, int piece_begin, int piece_end, int B, int T);
 /* The part of it a forward alone writes (evaluation: the backward's buffers are never
  * touched, so never resident). */
 size_t model_acts_forward_bytes_for(const model_config_t *cfg, int piece_begin, int piece_end, int B, int T);
 /* What model_new allocates beside its tables, whatever its pieces: the rotary tables. */
 size_t model_fixed_bytes(const model_config_t *cfg);
+/* Bytes of the model's recompute work sets, shared by its microbatches: none without
+ * checkpointing. A recomputed layer's tensors that it does not keep go to two: one of what its
+ * W reads too (from the recompute to the W), one of what only its B reads (q, k, v, softmax,
+ * the w1 and w3 products: for the B only; none under op, which keeps them). A forward uses one
+ * of each; model_backward two and one; a model_backward_b keeps one of the first kind per
+ * checkpointed layer until its model_backward_w (so schedules that hold W back grow them). */
+size_t model_work_bytes(const model_t *m);
+/* The first failure since the last call (-ENOMEM: a work set could not be made, and the call
+ * that needed it stopped; model_forward then returned NaN), or 0; clears it. */
+int model_status(model_t *m);
 /* Logits of the last forward run without targets (NULL without the head). */
 const float *model_logits(const model_acts_t *a);
 
@@ -56,5 +72,9 @@ double model_forward(model_t *m, model_acts_t *a, const int32_t *tokens, const f
 void model_backward_b(model_t *m, model_acts_t *a, const float *dy, float *dx);
 /* Weight-gradient part: adds this microbatch's weight gradients into grads. */
 void model_backward_w(model_t *m, model_acts_t *a);
+/* Both, for a schedule that runs W right after B: the same bits as model_backward_b then
+ * model_backward_w. With activation checkpointing each layer's W follows its B, so only two
+ * layers' recomputed tensors are alive at a time. */
+void model_backward(model_t *m, model_acts_t *a, const float *dy, float *dx);
 
 #endif

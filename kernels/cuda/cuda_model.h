@@ -36,9 +36,17 @@ int cuda_model_set_weights(cuda_model_t *m, const float *host);
  * flat space) into host, and zeroes them on the device. */
 int cuda_model_take_grads(cuda_model_t *m, float *host);
 
-/* Device activation storage for one [B, T] microbatch. */
-int cuda_model_acts_new(cuda_model_acts_t **out, const cuda_model_t *m, int B, int T);
+/* Device activation storage for one [B, T] microbatch, per layer what cfg->ac_mode keeps
+ * (config_ac_keep); with activation checkpointing the model's first shared work sets are made
+ * here too (model_work_bytes in kernels/cpu/model.h says which). Destroy every acts before the
+ * model. */
+int cuda_model_acts_new(cuda_model_acts_t **out, cuda_model_t *m, int B, int T);
 void cuda_model_acts_destroy(cuda_model_acts_t **a);
+/* Device bytes of one microbatch's storage (model_act_bytes, kernels/act_bytes.h, with
+ * MODEL_ACT_CUDA says the same beforehand), and of the model's recompute work sets (as
+ * model_work_bytes in kernels/cpu/model.h). */
+size_t cuda_model_acts_bytes(const cuda_model_acts_t *a);
+size_t cuda_model_work_bytes(const cuda_model_t *m);
 
 /* As model_forward: tokens [B*T] with the embedding, else x_in [B*T, dim]; with the head and
  * targets, *loss is the sum of per-token losses (gradients scaled by dscale); without the head
@@ -51,6 +59,9 @@ int cuda_model_backward_b(cuda_model_t *m, cuda_model_acts_t *a, const float *dy
 /* As model_backward_w: adds this microbatch's weight gradients into the device gradients
  * (queued; cuda_model_take_grads or cuda_model_sync waits for it). */
 int cuda_model_backward_w(cuda_model_t *m, cuda_model_acts_t *a);
+/* B then W of one microbatch (model_backward: the same bits; with activation checkpointing
+ * each layer's W right after its B, two layers' recomputed tensors alive at a time). */
+int cuda_model_backward(cuda_model_t *m, cuda_model_acts_t *a, const float *dy, float *dx);
 
 /* The GPU data plane (stages/roles/stage.c without host hand-offs): the same two calls with device
  * bf16 hand-offs x_in, x_out, dy, dx ((B*T, dim) each, e.g. CUDA IPC ring slots). They only
@@ -59,6 +70,7 @@ int cuda_model_backward_w(cuda_model_t *m, cuda_model_acts_t *a);
 int cuda_model_forward_dev(cuda_model_t *m, cuda_model_acts_t *a, const int32_t *tokens, const uint16_t *x_in,
                            const int32_t *targets, float dscale, uint16_t *x_out, double *loss);
 int cuda_model_backward_b_dev(cuda_model_t *m, cuda_model_acts_t *a, const uint16_t *dy, uint16_t *dx);
+int cuda_model_backward_dev(cuda_model_t *m, cuda_model_acts_t *a, const uint16_t *dy, uint16_t *dx);
 /* Waits for everything queued on the model's stream. */
 int cuda_model_sync(cuda_model_t *m);
 void *cuda_model_stream(cuda_model_t *m);

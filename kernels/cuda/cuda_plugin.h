@@ -9,7 +9,8 @@
  * the optimizer's calls into the backend table, version 5 gave the backend's adamw separate
  * sources and outputs (a changed signature, not an appended field, so a plugin of another
  * version is refused whichever is newer); version 7 appended the KV-cache inference of
- * `ctitan generate --device cuda` (cuda_infer.h), version 8 the backend's host_pin/unpin. */
+ * `ctitan generate --device cuda` (cuda_infer.h), version 8 the backend's host_pin/unpin, version
+ * 9 the backend's backward (B then W: activation checkpointing) after backward_w. */
 #ifndef CTITAN_CUDA_PLUGIN_H
 #define CTITAN_CUDA_PLUGIN_H
 
@@ -18,7 +19,7 @@
 #include "kernels/cuda/cuda_infer.h"
 #include "kernels/cuda/cuda_nccl.h"
 
-#define CUDA_PLUGIN_VERSION 8
+#define CUDA_PLUGIN_VERSION 9
 
 typedef struct {
     int version;

@@ -51,6 +51,18 @@ typedef struct {
     float *d_attn_norm, *dwq, *dwk, *dwv, *dwo, *d_ffn_norm, *dw1, *dw3, *dw2; /* into grads */
 } layer_w_t;
 
+/* Work sets of one kind (see struct cuda_model). */
+typedef struct {
+    int mask;                       /* the groups each holds; 0: none of this kind */
+    int min;                        /* made with the first acts */
+    void **u;                       /* (n) of bytes each */
+    int *used;
+    int n;
+    size_t bytes;
+} wsets_t;
+
+enum { WS_W = 0, WS_B = 1 };
+
 struct cuda_model {
     model_config_t cfg;
     param_table_t tab;
@@ -66,6 +78,10 @@ struct cuda_model {
     float *d_embed, *d_norm, *d_out;
     cudaStream_t stream;
     cuda_matmul_ctx_t *mm;
+    /* Activation checkpointing (kernels/cpu/model.c's scheme): work sets shared by every
+     * microbatch, of what W reads too (WS_W) and of what only B reads (WS_B), made with
+     * cudaMalloc as needed (first at acts_new) and kept. */
+    wsets_t ws[2];
 };
 
 typedef struct {
@@ -87,7 +103,21 @@ struct cuda_model_acts {
     bf16_t *s_dm, *s_dy;            /* scratch (N, F), (N, max(QD, D)) */
     float *delta;                   /* (B, H, T) attention backward scratch */
     float *loss_host;               /* (N) pinned */
+    size_t bytes;                   /* of base */
+    void **unit;                    /* (nl, 2) the work sets bound to layer i (WS_W, WS_B), or NULL */
 };
+
+/* A layer's tensors in groups, by what activation checkpointing keeps (config.h) and who
+ * reads them (kernels/cpu/model.c): the input; products' and attention's outputs only B reads
+ * (q, k, v, lse, a, b) and those W reads too (y, h1); the norms' and SwiGLU's; B's gradients. */
+enum { G_IN = 1, G_OPB = 2, G_REST = 4, G_GRAD = 8, G_OPW = 16, G_ALL = 31 };
+
+static int keep_mask(config_keep_t k)
+{
+    return k == CONFIG_KEEP_INPUT ? G_IN : k == CONFIG_KEEP_OPS ? G_IN | G_OPB | G_OPW : G_ALL;
+}
+
+static config_keep_t keep_of(const cuda_model_t *m, int i) { return config_ac_keep(&m->cfg, m->layer0 + i); }
 
 // ---- small kernels ----
 
@@ -166,6 +196,12 @@ extern "C" void cuda_model_destroy(cuda_model_t **pm)
     cudaFree(m->rope_cos);
     cudaFree(m->rope_sin);
     cudaFreeHost(m->staging);
+    for (int k = 0; k < 2; k++) {
+        for (int u = 0; u < m->ws[k].n; u++)
+            cudaFree(m->ws[k].u[u]);
+        free(m->ws[k].u);
+        free(m->ws[k].used);
+    }
     if (m->stream)
         cudaStreamDestroy(m->stream);
     free(m->lw);
@@ -235,6 +271,17 @@ static int model_init(cuda_model_t *m, const model_config_t *cfg, int p0, int p1
         return rc;
     MM(cuda_matmul_ctx_new(&m->mm));
     bind(m);
+    for (int i = 0; i < m->nl; i++) {
+        config_keep_t k = keep_of(m, i);
+        if (k == CONFIG_KEEP_ALL)
+            continue;
+        /* one kind of checkpointed layer per model: op, or full layers */
+        m->ws[WS_W].mask = G_ALL & ~keep_mask(k) & ~G_OPB;
+        m->ws[WS_B].mask = G_OPB & ~keep_mask(k);
+        /* a backward binds layer i - 1's W set before it frees layer i's (with its W) */
+        m->ws[WS_W].min = i > 0 && keep_of(m, i - 1) != CONFIG_KEEP_ALL ? 2 : m->ws[WS_W].min > 1 ? 2 : 1;
+        m->ws[WS_B].min = m->ws[WS_B].mask ? 1 : 0;
+    }
     CU(cudaStreamSynchronize(m->stream));
     return 0;
 }
@@ -287,6 +334,7 @@ extern "C" void cuda_model_acts_destroy(cuda_model_acts_t **pa)
     cudaFree(a->base);
     cudaFreeHost(a->loss_host);
     free(a->l);
+    free(a->unit);
     free(a);
     *pa = NULL;
 }
@@ -300,21 +348,35 @@ static void *take(char *base, size_t *off, size_t n, size_t es)
     return r;
 }
 
+/* Points the tensors of the groups in mask at base (NULL: at nothing) in mode none's layout;
+ * returns the bytes they take. Other groups' pointers are left alone. */
+static size_t carve_layer(const cuda_model_t *m, layer_acts_t *L, char *base, int mask, int B, int T)
+{
+    size_t N = (size_t)B * T, D = m->D, QD = m->QD, KD = m->KD, F = m->F, BHT = (size_t)B * m->H * T;
+    size_t off = 0;
+#define G16(g, f, n) (L->f = (mask & (g)) ? (bf16_t *)take(base, &off, (n), 2) : L->f)
+#define G32(g, f, n) (L->f = (mask & (g)) ? (float *)take(base, &off, (n), 4) : L->f)
+    G16(G_IN, h_in, N * D); G16(G_REST, xn1, N * D);
+    G16(G_OPB, q, N * QD); G16(G_OPB, k, N * KD); G16(G_OPB, v, N * KD);
+    G16(G_OPW, y, N * QD); G16(G_OPW, h1, N * D); G16(G_REST, xn2, N * D);
+    G16(G_OPB, a, N * F); G16(G_OPB, b, N * F); G16(G_REST, m, N * F);
+    G32(G_REST, r1, N); G32(G_REST, r2, N); G32(G_OPB, lse, BHT);
+    G16(G_GRAD, df, N * D); G16(G_GRAD, da, N * F); G16(G_GRAD, db, N * F); G16(G_GRAD, dxn2, N * D);
+    G16(G_GRAD, dh1, N * D); G16(G_GRAD, dq, N * QD); G16(G_GRAD, dk, N * KD); G16(G_GRAD, dv, N * KD);
+    G16(G_GRAD, dxn1, N * D);
+#undef G16
+#undef G32
+    return off;
+}
+
 static size_t carve(const cuda_model_t *m, cuda_model_acts_t *a, char *base)
 {
-    size_t N = a->N, D = m->D, QD = m->QD, KD = m->KD, F = m->F, V = m->V, BHT = (size_t)a->B * m->H * a->T;
+    size_t N = a->N, D = m->D, QD = m->QD, F = m->F, V = m->V, BHT = (size_t)a->B * m->H * a->T;
     size_t off = 0;
 #define T16(n) (bf16_t *)take(base, &off, (n), 2)
 #define T32(n) (float *)take(base, &off, (n), 4)
-    for (int i = 0; i < m->nl; i++) {
-        layer_acts_t *L = &a->l[i];
-        L->h_in = T16(N * D); L->xn1 = T16(N * D); L->q = T16(N * QD); L->k = T16(N * KD); L->v = T16(N * KD);
-        L->y = T16(N * QD); L->h1 = T16(N * D); L->xn2 = T16(N * D);
-        L->a = T16(N * F); L->b = T16(N * F); L->m = T16(N * F);
-        L->r1 = T32(N); L->r2 = T32(N); L->lse = T32(BHT);
-        L->df = T16(N * D); L->da = T16(N * F); L->db = T16(N * F); L->dxn2 = T16(N * D); L->dh1 = T16(N * D);
-        L->dq = T16(N * QD); L->dk = T16(N * KD); L->dv = T16(N * KD); L->dxn1 = T16(N * D);
-    }
+    for (int i = 0; i < m->nl; i++)
+        off += carve_layer(m, &a->l[i], base ? base + off : NULL, keep_mask(keep_of(m, i)), a->B, a->T);
     a->tokens = (int32_t *)take(base, &off, N, 4);
     a->targets = (int32_t *)take(base, &off, N, 4);
     a->io = T32(N * D);
@@ -332,7 +394,87 @@ static size_t carve(const cuda_model_t *m, cuda_model_acts_t *a, char *base)
     return off;
 }
 
-extern "C" int cuda_model_acts_new(cuda_model_acts_t **out, const cuda_model_t *m, int B, int T)
+/* One more work set of kind w; its index, or a negative code. */
+static int unit_new(wsets_t *w)
+{
+    int u = w->n;
+    void **nu = (void **)realloc(w->u, (size_t)(u + 1) * sizeof(*nu));
+    if (nu)
+        w->u = nu;
+    int *nf = nu ? (int *)realloc(w->used, (size_t)(u + 1) * sizeof(*nf)) : NULL;
+    if (nf)
+        w->used = nf;
+    if (!nu || !nf)
+        return cuda_err(-ENOMEM, "out of memory");
+    CU(cudaMalloc(&w->u[u], w->bytes));
+    w->used[u] = 0;
+    w->n++;
+    return u;
+}
+
+/* Sizes the work sets for [B, T] microbatches (a larger one made while none is in use replaces
+ * them) and makes what a forward and a backward with its W hold (min). */
+static int units_fit(cuda_model_t *m, int B, int T)
+{
+    for (int k = 0; k < 2; k++) {
+        wsets_t *w = &m->ws[k];
+        if (!w->mask)
+            continue;
+        layer_acts_t tmp;
+        memset(&tmp, 0, sizeof(tmp));
+        size_t need = carve_layer(m, &tmp, NULL, w->mask, B, T);
+        if (need > w->bytes) {
+            for (int u = 0; u < w->n; u++)
+                if (w->used[u])
+                    return cuda_err(-EBUSY, "activations of a larger microbatch while the work sets are in use");
+            CU(cudaStreamSynchronize(m->stream));
+            for (int u = 0; u < w->n; u++)
+                cudaFree(w->u[u]);
+            w->n = 0;
+            w->bytes = need;
+        }
+        while (w->n < w->min) {
+            int u = unit_new(w);
+            if (u < 0)
+                return u;
+        }
+    }
+    return 0;
+}
+
+/* Binds layer i of a to a free work set of kind k (a new one when all are in use: a schedule
+ * that holds W back); nothing when the model has none of that kind. Stream order keeps reuse
+ * safe: the work set's last reader was queued before. */
+static int unit_take(cuda_model_t *m, cuda_model_acts_t *a, int i, int k)
+{
+    wsets_t *w = &m->ws[k];
+    if (!w->mask)
+        return 0;
+    int u = 0;
+    while (u < w->n && w->used[u])
+        u++;
+    if (u == w->n && (u = unit_new(w)) < 0)
+        return u;
+    w->used[u] = 1;
+    a->unit[2 * i + k] = w->u[u];
+    carve_layer(m, &a->l[i], (char *)w->u[u], w->mask, a->B, a->T);
+    return 0;
+}
+
+static void unit_give(cuda_model_t *m, cuda_model_acts_t *a, int i, int k)
+{
+    wsets_t *w = &m->ws[k];
+    void *p = a->unit[2 * i + k];
+    if (!p)
+        return;
+    for (int u = 0; u < w->n; u++)
+        if (w->u[u] == p)
+            w->used[u] = 0;
+    carve_layer(m, &a->l[i], NULL, w->mask, a->B, a->T);
+    a->unit[2 * i + k] = NULL;
+}
+
+extern "C" int cuda_model_acts_new(cuda_model_acts_t **out, cuda_model_t *m, int B, int T)
 {
     *out = NULL;
     if (B <= 0 || T <= 0 || T > m->cfg.max_seq_len)
@@ -342,12 +484,16 @@ extern "C" int cuda_model_acts_new(cuda_model_acts_t **out, const cuda_model_t *
         return cuda_err(-ENOMEM, "out of memory");
     a->B = B, a->T = T, a->N = B * T;
     a->l = (layer_acts_t *)calloc(m->nl ? m->nl : 1, sizeof(layer_acts_t));
-    int rc = a->l ? 0 : cuda_err(-ENOMEM, "out of memory");
-    size_t bytes = carve(m, a, NULL); /* sizes only: offsets from 0 */
+    a->unit = (void **)calloc((size_t)(m->nl ? m->nl : 1) * 2, sizeof(void *));
+    int rc = a->l && a->unit ? 0 : cuda_err(-ENOMEM, "out of memory");
+    size_t bytes = rc ? 0 : carve(m, a, NULL); /* sizes only: offsets from 0 */
+    a->bytes = bytes;
     if (!rc)
         rc = cuda_rc(cudaMalloc(&a->base, bytes), "cudaMalloc (activations)");
     if (!rc)
         rc = cuda_rc(cudaMallocHost((void **)&a->loss_host, (size_t)a->N * sizeof(float)), "cudaMallocHost");
+    if (!rc)
+        rc = units_fit(m, B, T);
     if (rc) {
         cuda_model_acts_destroy(&a);
         return rc;
@@ -360,6 +506,7 @@ extern "C" int cuda_model_acts_new(cuda_model_acts_t **out, const cuda_model_t *
 
 // ---- forward and backward (the equations are kernels/cpu/model.c's) ----
 
+/* out NULL: a recompute for the backward, which needs everything but the output. */
 static int layer_forward(cuda_model_t *m, cuda_model_acts_t *a, int i, bf16_t *out)
 {
     layer_w_t *w = &m->lw[i];
@@ -382,8 +529,27 @@ static int layer_forward(cuda_model_t *m, cuda_model_acts_t *a, int i, bf16_t *o
     MM(cuda_matmul_fwd(m->mm, L->a, L->xn2, w->w1, N, D, F, s));
     MM(cuda_matmul_fwd(m->mm, L->b, L->xn2, w->w3, N, D, F, s));
     NN(cuda_swiglu_fwd(L->m, L->a, L->b, (size_t)N * F, s));
+    if (!out)
+        return 0;
     MM(cuda_matmul_fwd(m->mm, out, L->m, w->w2, N, F, D, s));
     return add(m, out, out, L->h1, (size_t)N * D);
+}
+
+/* What a checkpointed layer did not keep, made again by its forward's kernels on the same
+ * inputs: the same bits. */
+static int layer_recompute(cuda_model_t *m, cuda_model_acts_t *a, int i)
+{
+    if (keep_of(m, i) == CONFIG_KEEP_INPUT)
+        return layer_forward(m, a, i, NULL);
+    layer_w_t *w = &m->lw[i];
+    layer_acts_t *L = &a->l[i];
+    int N = a->N, D = m->D, F = m->F;
+    void *s = m->stream;
+    float eps = (float)m->cfg.norm_eps;
+    NN(cuda_rmsnorm_fwd(L->xn1, L->r1, L->h_in, w->attn_norm, N, D, eps, s));
+    NN(cuda_rmsnorm_fwd(L->xn2, L->r2, L->h1, w->ffn_norm, N, D, eps, s));
+    NN(cuda_swiglu_fwd(L->m, L->a, L->b, (size_t)N * F, s));
+    return 0;
 }
 
 static int layer_backward_b(cuda_model_t *m, cuda_model_acts_t *a, int i, bf16_t *dh_in)
@@ -451,9 +617,17 @@ static int forward(cuda_model_t *m, cuda_model_acts_t *a, const int32_t *tokens,
     /* device hand-off without the head: the last layer writes the ring slot itself (nothing
      * reads x_top afterwards); a stage without layers copies its input through */
     bf16_t *top = dev && !m->has_head && m->nl ? (bf16_t *)x_out : a->x_top;
-    for (int i = 0; i < m->nl; i++)
+    for (int i = 0; i < m->nl; i++) /* a step left unfinished: a backward without its W */
+        unit_give(m, a, i, WS_W), unit_give(m, a, i, WS_B);
+    for (int i = 0; i < m->nl; i++) {
+        int ck = keep_of(m, i) != CONFIG_KEEP_ALL;
+        if (ck && ((rc = unit_take(m, a, i, WS_W)) || (rc = unit_take(m, a, i, WS_B))))
+            return rc;
         if ((rc = layer_forward(m, a, i, i + 1 < m->nl ? a->l[i + 1].h_in : top)))
             return rc;
+        if (ck)
+            unit_give(m, a, i, WS_W), unit_give(m, a, i, WS_B);
+    }
     if (!m->has_head && dev) {
         if (top != x_out)
             CU(cudaMemcpyAsync(x_out, a->x_top, N * D * sizeof(bf16_t), cudaMemcpyDeviceToDevice, m->stream));
@@ -496,11 +670,19 @@ extern "C" int cuda_model_forward_dev(cuda_model_t *m, cuda_model_acts_t *a, con
     return forward(m, a, tokens, x_in, targets, dscale, x_out, loss, 1);
 }
 
-static int backward_b(cuda_model_t *m, cuda_model_acts_t *a, const void *dy, void *dx, int dev)
+static int backward_w_head(cuda_model_t *m, cuda_model_acts_t *a);
+
+/* Backward B, and with fuse each layer's W right after its B (the same bits as B then W: a W
+ * adds into its own layer's gradients, which no B reads). A checkpointed layer recomputes into
+ * a work set bound before the layer above writes its output gradient there, kept until its W:
+ * with fuse two at a time, without one per checkpointed layer. */
+static int backward_b(cuda_model_t *m, cuda_model_acts_t *a, const void *dy, void *dx, int dev, int fuse)
 {
     size_t N = a->N, D = m->D;
     void *s = m->stream;
-    int rc;
+    int rc, L = m->nl;
+    if (L && keep_of(m, L - 1) != CONFIG_KEEP_ALL && (rc = unit_take(m, a, L - 1, WS_W)))
+        return rc;
     bf16_t *top = m->nl ? a->l[m->nl - 1].df : a->d_bottom;
     if (m->has_head) {
         MM(cuda_matmul_bwd_x(m->mm, a->dhf, a->logits, m->out, (int)N, (int)D, m->V, 0, s));
@@ -515,9 +697,25 @@ static int backward_b(cuda_model_t *m, cuda_model_acts_t *a, const void *dy, voi
     /* device hand-off without the embedding: the first layer writes the ring slot itself (only
      * the embedding's W reads d_bottom) */
     bf16_t *bottom = dev && !m->has_embed && m->nl ? (bf16_t *)dx : a->d_bottom;
-    for (int i = m->nl - 1; i >= 0; i--)
+    if (fuse && m->has_head && (rc = backward_w_head(m, a)))
+        return rc;
+    for (int i = m->nl - 1; i >= 0; i--) {
+        int ck = keep_of(m, i) != CONFIG_KEEP_ALL;
+        if (i > 0 && keep_of(m, i - 1) != CONFIG_KEEP_ALL && (rc = unit_take(m, a, i - 1, WS_W)))
+            return rc;
+        if (ck && ((rc = unit_take(m, a, i, WS_B)) || (rc = layer_recompute(m, a, i))))
+            return rc;
         if ((rc = layer_backward_b(m, a, i, i > 0 ? a->l[i - 1].df : bottom)))
             return rc;
+        unit_give(m, a, i, WS_B);
+        if (fuse) {
+            if ((rc = layer_backward_w(m, a, i)))
+                return rc;
+            unit_give(m, a, i, WS_W);
+        }
+    }
+    if (fuse && m->has_embed)
+        NN(cuda_embed_bwd(m->d_embed, a->d_bottom, a->tokens, (int)N, m->V, (int)D, s));
     if (m->has_embed)
         return dev ? 0 : cuda_rc(cudaStreamSynchronize(m->stream), "cudaStreamSynchronize");
     if (dev) {
@@ -534,25 +732,59 @@ static int backward_b(cuda_model_t *m, cuda_model_acts_t *a, const void *dy, voi
 
 extern "C" int cuda_model_backward_b(cuda_model_t *m, cuda_model_acts_t *a, const float *dy, float *dx)
 {
-    return backward_b(m, a, dy, dx, 0);
+    return backward_b(m, a, dy, dx, 0, 0);
 }
 
 extern "C" int cuda_model_backward_b_dev(cuda_model_t *m, cuda_model_acts_t *a, const uint16_t *dy, uint16_t *dx)
 {
-    return backward_b(m, a, dy, dx, 1);
+    return backward_b(m, a, dy, dx, 1, 0);
+}
+
+extern "C" int cuda_model_backward(cuda_model_t *m, cuda_model_acts_t *a, const float *dy, float *dx)
+{
+    if (!m->ws[WS_W].mask) {
+        int rc = backward_b(m, a, dy, dx, 0, 0);
+        return rc ? rc : cuda_model_backward_w(m, a);
+    }
+    return backward_b(m, a, dy, dx, 0, 1);
+}
+
+extern "C" int cuda_model_backward_dev(cuda_model_t *m, cuda_model_acts_t *a, const uint16_t *dy, uint16_t *dx)
+{
+    if (!m->ws[WS_W].mask) {
+        int rc = backward_b(m, a, dy, dx, 1, 0);
+        return rc ? rc : cuda_model_backward_w(m, a);
+    }
+    return backward_b(m, a, dy, dx, 1, 1);
+}
+
+extern "C" size_t cuda_model_acts_bytes(const cuda_model_acts_t *a) { return a->bytes; }
+
+extern "C" size_t cuda_model_work_bytes(const cuda_model_t *m)
+{
+    return (size_t)m->ws[WS_W].n * m->ws[WS_W].bytes + (size_t)m->ws[WS_B].n * m->ws[WS_B].bytes;
+}
+
+static int backward_w_head(cuda_model_t *m, cuda_model_acts_t *a)
+{
+    int N = a->N, D = m->D;
+    void *s = m->stream;
+    MM(cuda_matmul_bwd_w(m->mm, m->d_out, a->logits, a->hf, N, D, m->V, s));
+    NN(cuda_rmsnorm_bwd_w(m->d_norm, a->dhf, a->x_top, a->rf, N, D, s));
+    return 0;
 }
 
 extern "C" int cuda_model_backward_w(cuda_model_t *m, cuda_model_acts_t *a)
 {
     int N = a->N, D = m->D, rc;
     void *s = m->stream;
-    if (m->has_head) {
-        MM(cuda_matmul_bwd_w(m->mm, m->d_out, a->logits, a->hf, N, D, m->V, s));
-        NN(cuda_rmsnorm_bwd_w(m->d_norm, a->dhf, a->x_top, a->rf, N, D, s));
-    }
-    for (int i = m->nl - 1; i >= 0; i--)
+    if (m->has_head && (rc = backward_w_head(m, a)))
+        return rc;
+    for (int i = m->nl - 1; i >= 0; i--) {
         if ((rc = layer_backward_w(m, a, i)))
             return rc;
+        unit_give(m, a, i, WS_W);
+    }
     if (m->has_embed)
         NN(cuda_embed_bwd(m->d_embed, a->d_bottom, a->tokens, N, m->V, D, s));
     return 0; /* stream order: take_grads, cuda_model_sync or the next op waits for it */

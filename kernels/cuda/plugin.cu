@@ -66,6 +66,11 @@ static int be_backward_b(backend_model_t *m, backend_acts_t *a, const void *dy, 
 
 static int be_backward_w(backend_model_t *m, backend_acts_t *a) { return cuda_model_backward_w(m->m, acts_of(a)); }
 
+static int be_backward(backend_model_t *m, backend_acts_t *a, const void *dy, void *dx)
+{
+    return cuda_model_backward_dev(m->m, acts_of(a), (const uint16_t *)dy, (uint16_t *)dx);
+}
+
 /* offload: this step's weights, as the CPU optimizer shards left them */
 static int be_step_begin(backend_model_t *m) { return m->host_w ? cuda_model_set_weights(m->m, m->host_w) : 0; }
 
@@ -100,7 +105,7 @@ static const cuda_plugin_t table = {
     CUDA_PLUGIN_VERSION,
     {
         "cuda",
-        be_model_new, be_model_destroy, be_acts_new, be_acts_destroy, be_forward, be_backward_b, be_backward_w,
+        be_model_new, be_model_destroy, be_acts_new, be_acts_destroy, be_forward, be_backward_b, be_backward_w, be_backward,
         be_step_begin, be_step_end, be_model_stream, be_model_buffers, be_mem_used,
         cuda_dev_select, cuda_alloc, cuda_free, cuda_stream_new, cuda_stream_free, cuda_stream_sync,
         cuda_copy_async, cuda_zero_async, cuda_f32_add, cuda_block_sumsq, cuda_adamw,

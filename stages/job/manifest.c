@@ -36,6 +36,7 @@ void manifest_defaults(manifest_t *m)
     m->pp = 1;
     m->schedule = SCHED_1F1B;
     m->microbatches = 1;
+    m->ac_every = 2; /* torchtitan's selective_ac_option default, "2" */
     m->dp = 1;
     strcpy(m->optimizer_name, "AdamW");
     m->lr = 8e-4;
@@ -115,6 +116,13 @@ char *manifest_to_toml(const manifest_t *m)
             break;
         case MKEY_SCHED: fprintf(f, "\"%s\"", sched_kind_name(*(const sched_kind_t *)field)); break;
         case MKEY_DECAY: fprintf(f, "\"%s\"", lr_decay_name(*(const lr_decay_t *)field)); break;
+        case MKEY_AC_MODE: fprintf(f, "\"%s\"", config_ac_mode_name(*(const int *)field)); break;
+        case MKEY_AC_OPTION:
+            if (*(const int *)field > 0)
+                fprintf(f, "\"%d\"", *(const int *)field);
+            else
+                fputs("\"op\"", f);
+            break;
         case MKEY_SPLITS:
             fputc('[', f);
             for (int i = 0; i < m->n_split_points && i < MANIFEST_MAX_PP; i++)

@@ -16,6 +16,7 @@
  *                  pipeline_parallel_microbatches, pipeline_parallel_split_points,
  *                  pipeline_parallel_layers_per_stage,
  *                  data_parallel_replicate_degree, data_plane
+ *   [activation_checkpoint] mode, selective_ac_option
  *   [optimizer]    name, lr, beta1, beta2, eps, weight_decay, decay_embed_and_norms
  *   [lr_scheduler] warmup_steps, decay_ratio, decay_type, min_lr_factor
  *   [loader]       dataset_path, shuffle, prefetch, command
@@ -103,6 +104,13 @@ typedef struct {
                                   * "nccl": NCCL send/recv between neighbours, reduce-scatter and
                                   * all-gather across replicas, one optimizer shard per stage process
                                   * (shards = dp x pp); needs device and optshard.device "cuda" */
+
+    /* [activation_checkpoint] (torchtitan's): what each layer keeps for its backward; the stages
+     * copy them into their model's config (model_config_t ac_mode, ac_every; config_ac_keep) */
+    int ac_mode;                 /* mode, "none": CONFIG_AC_NONE, CONFIG_AC_FULL ("full"),
+                                  * CONFIG_AC_SELECTIVE ("selective") */
+    int ac_every;                /* selective_ac_option, "2": selective recomputes every Nth layer as
+                                  * full; "op" (0 here) keeps the products' outputs in every layer */
 
     /* [optimizer] (torch.optim.AdamW's numbers) */
     char optimizer_name[16];     /* "AdamW": a row of kernels/optim.h's table */

@@ -51,6 +51,8 @@ const mkey_t mkey_table[] = {
     KINT("parallelism", "pipeline_parallel_layers_per_stage", layers_per_stage, 0),
     KINT("parallelism", "data_parallel_replicate_degree", dp, 1),
     KSTR("parallelism", "data_plane", data_plane),
+    {"activation_checkpoint", "mode", MKEY_AC_MODE, FLD(ac_mode), 0, 0},
+    {"activation_checkpoint", "selective_ac_option", MKEY_AC_OPTION, FLD(ac_every), 0, 0},
     KSTR("optimizer", "name", optimizer_name),
     KDBL("optimizer", "lr", lr),
     KDBL("optimizer", "beta1", beta1),

@@ -20,6 +20,8 @@ typedef enum {
     MKEY_SCHED,  /* sched_kind_t by name */
     MKEY_DECAY,  /* lr_decay_t by name */
     MKEY_SPLITS, /* split_points + n_split_points, from ["layers.N", ...] */
+    MKEY_AC_MODE, /* int CONFIG_AC_*, by name: "none", "full", "selective" */
+    MKEY_AC_OPTION, /* int, from a positive integer (or one as a string) or "op" (0) */
 } mkey_type_t;
 
 typedef struct {

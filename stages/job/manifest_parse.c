@@ -74,6 +74,9 @@ static const char *wrong_type(mkey_type_t t, const toml_value_t *v)
     case MKEY_SCHED:
     case MKEY_DECAY: return v->type == TOML_STRING ? NULL : "a string";
     case MKEY_SPLITS: return v->type == TOML_ARRAY ? NULL : "an array of \"layers.N\" strings";
+    case MKEY_AC_MODE: return v->type == TOML_STRING ? NULL : "a string (none, full or selective)";
+    case MKEY_AC_OPTION:
+        return v->type == TOML_STRING || v->type == TOML_INT ? NULL : "a positive integer or \"op\"";
     }
     return "?";
 }
@@ -106,6 +109,37 @@ static int set_enum(manifest_t *m, int k, const toml_value_t *v, const char *whe
         return util_fail(err, errlen, -EINVAL, "%s: unknown decay type '%s' (expected linear, sqrt or cosine)",
                          where, v->s);
     *(lr_decay_t *)field = d;
+    return 0;
+}
+
+/* [activation_checkpoint] mode by name; selective_ac_option as N >= 1 (an integer or its
+ * digits as a string, torchtitan's form) or "op" (0). */
+static int set_ac(manifest_t *m, int k, const toml_value_t *v, const char *where, char *err, size_t errlen)
+{
+    const mkey_t *K = &mkey_table[k];
+    int *field = (int *)((char *)m + K->off), x;
+    if (K->type == MKEY_AC_MODE) {
+        if (config_ac_mode_parse(v->s, &x))
+            return util_fail(err, errlen, -EINVAL, "%s = \"%.40s\": expected none, full or selective", where, v->s);
+        *field = x;
+        return 0;
+    }
+    if (v->type == TOML_STRING && !strcmp(v->s, "op")) {
+        *field = 0;
+        return 0;
+    }
+    int ok = v->type == TOML_INT ? v->i >= 1 && v->i <= INT_MAX : !parse_split(v->s, &x) && x >= 1 &&
+                                                                  !strchr(v->s, '.');
+    if (!ok) {
+        char got[80];
+        if (v->type == TOML_STRING)
+            snprintf(got, sizeof(got), "\"%.40s\"", v->s);
+        else
+            snprintf(got, sizeof(got), "%" PRId64, v->i);
+        return util_fail(err, errlen, -EINVAL,
+                         "%s = %s: expected a positive integer N (every Nth layer recomputed) or \"op\"", where, got);
+    }
+    *field = v->type == TOML_INT ? (int)v->i : x;
     return 0;
 }
 
@@ -181,6 +215,8 @@ static int set_value(manifest_t *m, int k, const toml_value_t *v, const char *wh
     case MKEY_STR:
     case MKEY_FLAVOR: rc = set_string(m, k, v, where, err, errlen); break;
     case MKEY_SPLITS: rc = set_splits(m, v, where, err, errlen); break;
+    case MKEY_AC_MODE:
+    case MKEY_AC_OPTION: rc = set_ac(m, k, v, where, err, errlen); break;
     }
     if (rc)
         return rc;

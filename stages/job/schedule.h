@@ -122,6 +122,13 @@ int sched_peak_in_flight(const sched_t *s, int rank);
  * right after B it equals the in-flight count. -EINVAL out of range. */
 int sched_peak_acts(const sched_t *s, int rank, int chunk);
 
+/* Most microbatches of chunk `chunk` of rank `rank` (-1: summed over its chunks) that sit
+ * between their B and their W at any point, where a W right after its own B in the list does
+ * not count (the stage runs the two together under activation checkpointing): 0 for GPipe,
+ * 1F1B and Interleaved1F1B. model_act_total's held_w (kernels/act_bytes.h). -EINVAL out of
+ * range. */
+int sched_peak_held_w(const sched_t *s, int rank, int chunk);
+
 /* Simulates the lists with t[rank][op] seconds per action (op = SCHED_F, SCHED_B, SCHED_W; the
  * same for every chunk of a rank) and `comm` seconds for every hand-off between ranks (none
  * between chunks of one rank); a rank runs its next action as soon as its dependencies are done.

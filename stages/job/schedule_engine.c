@@ -344,6 +344,27 @@ int sched_peak_in_flight(const sched_t *s, int rank) { return peak_open(s, rank,
 
 int sched_peak_acts(const sched_t *s, int rank, int chunk) { return peak_open(s, rank, chunk, SCHED_W); }
 
+int sched_peak_held_w(const sched_t *s, int rank, int chunk)
+{
+    if (!s || !s->n || !s->a || rank < 0 || rank >= s->pp || chunk < -1 || chunk >= s->vstages)
+        return -EINVAL;
+    int live = 0, peak = 0;
+    const sched_action_t *a = s->a[rank];
+    for (int i = 0; i < s->n[rank]; i++) {
+        if (chunk >= 0 && a[i].chunk != chunk)
+            continue;
+        int fused = a[i].op == SCHED_B && i + 1 < s->n[rank] && a[i + 1].op == SCHED_W &&
+                    a[i + 1].chunk == a[i].chunk && a[i + 1].mb == a[i].mb;
+        if (a[i].op == SCHED_B && fused)
+            i++; /* its W with it (a W of another chunk never sits between them) */
+        else if (a[i].op == SCHED_B && ++live > peak)
+            peak = live;
+        else if (a[i].op == SCHED_W)
+            live--;
+    }
+    return peak;
+}
+
 /* ---- simulation and rendering ---------------------------------------------------------------- */
 
 double sched_simulate(const sched_t *s, const double (*t)[3], double comm, double **start)

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "ipc/util.h"
+#include "kernels/act_bytes.h"
 #include "kernels/cpu/model.h"
 #include "kernels/params.h"
 #include "stages/data/tokfile.h"
@@ -48,27 +49,6 @@ static plan_row_t *add_row(plan_t *p, int device, const char *fmt, int a, int b)
     if (device >= 0 && device + 1 > p->gpus)
         p->gpus = device + 1;
     return r;
-}
-
-/* One microbatch's activations in the CUDA model (kernels/cuda/model.cu carve(): bf16 and fp32
- * buffers, each rounded up to 256 bytes) for pieces [p0, p1). */
-static double cuda_acts(const model_config_t *cfg, int p0, int p1, int B, int T)
-{
-    int l0 = p0 > 1 ? p0 - 1 : 0, l1 = p1 - 1 < cfg->n_layers ? p1 - 1 : cfg->n_layers, nl = l1 > l0 ? l1 - l0 : 0;
-    size_t hd = (size_t)config_head_dim(cfg), N = (size_t)B * T, D = (size_t)cfg->dim, QD = cfg->n_heads * hd,
-           KD = cfg->n_kv_heads * hd, F = (size_t)config_ffn_hidden(cfg), V = (size_t)cfg->vocab_size,
-           BHT = (size_t)B * cfg->n_heads * T;
-#define R(n, es) (((n) * (es) + 255) / 256 * 256)
-    /* per layer: h_in xn1 h1 xn2 df dxn2 dh1 dxn1 | q y dq | k v dk dv | a b m da db | r1 r2 | lse */
-    size_t layer = R(N * D, 2) * 8 + R(N * QD, 2) * 3 + R(N * KD, 2) * 4 + R(N * F, 2) * 5 + R(N, 4) * 2 +
-                   R(BHT, 4);
-    /* tokens targets | io | x_top d_bottom | s_dm | s_dy | delta; the head: hf dhf | logits | rf loss */
-    size_t total = (size_t)nl * layer + R(N, 4) * 2 + R(N * D, 4) + R(N * D, 2) * 2 + R(N * F, 2) +
-                   R(N * (QD > D ? QD : D), 2) + R(BHT, 4);
-    if (p1 == cfg->n_layers + 2)
-        total += R(N * D, 2) * 2 + R(N * V, 2) + R(N, 4) * 2;
-#undef R
-    return (double)total;
 }
 
 /* Bytes of the token file's pages a reader of `tokens` tokens maps (the whole file at most),
@@ -139,7 +119,10 @@ static void loader_row(plan_row_t *r, const manifest_t *m)
 static int stage_rows(plan_t *p, const manifest_t *m, const job_layout_t *l, const sched_t *sched, int replica,
                       int s, int threads)
 {
-    const model_config_t *cfg = &m->model;
+    model_config_t ac = m->model; /* the stage's model: the manifest's activation checkpointing */
+    ac.ac_mode = m->ac_mode;
+    ac.ac_every = m->ac_every;
+    const model_config_t *cfg = &ac;
     int gpu = l->gpu ? job_local_ordinal(l, replica, s) : PLAN_HOST;
     plan_row_t *h = add_row(p, PLAN_HOST, "stage %d.%d", s, replica), *d = NULL;
     if (!h)
@@ -161,10 +144,14 @@ static int stage_rows(plan_t *p, const manifest_t *m, const job_layout_t *l, con
         params_piece_range(&tab, p0, p1, &b, &e);
         double n = (double)(e - b);
         plan_row_t *r = d ? d : h;
-        double one = d ? cuda_acts(cfg, p0, p1, l->mb, l->T) : (double)model_acts_bytes_for(cfg, p0, p1, l->mb, l->T);
-        r->act_mb += one;
+        model_act_size_t act; /* kernels/act_bytes.h: checked against what each model allocates */
+        if (model_act_bytes(cfg, p0, p1, l->mb, l->T, d ? MODEL_ACT_CUDA : MODEL_ACT_CPU, &act)) {
+            params_table_free(&tab);
+            return -EINVAL;
+        }
+        r->act_mb += (double)act.per_mb;
         r->in_flight = r->in_flight > n_acts ? r->in_flight : n_acts;
-        r->bytes[PLAN_ACTS] += one * n_acts;
+        r->bytes[PLAN_ACTS] += (double)model_act_total(&act, n_acts, sched_peak_held_w(sched, s, c));
         r->bytes[PLAN_WORKSPACE] += (double)model_fixed_bytes(cfg);
         if (!d) { /* the CPU model on the shared segments; attention's backward scratch is T x T a thread */
             r->bytes[PLAN_WORKSPACE] += (double)threads * l->T * l->T * sizeof(float) / l->vs;
@@ -218,13 +205,15 @@ static int shard_rows(plan_t *p, const manifest_t *m, const job_layout_t *l, int
 
 int plan_build(plan_t *p, const manifest_t *m, const plan_opts_t *o, char *err, size_t errlen)
 {
-    *p = (plan_t){.ac_mode = "none"};
+    *p = (plan_t){0};
     snprintf(p->job, sizeof(p->job), "%s", m->name);
     snprintf(p->device, sizeof(p->device), "%s", m->device);
-    const char *ac = o && o->ac_mode && o->ac_mode[0] ? o->ac_mode : "none";
-    if (strcmp(ac, "none"))
-        return util_fail(err, errlen, -EINVAL, "activation_checkpoint.mode = \"%s\": the memory plan knows \"none\"",
-                         ac);
+    if (m->ac_mode == CONFIG_AC_SELECTIVE && m->ac_every > 0)
+        snprintf(p->ac_mode, sizeof(p->ac_mode), "selective, every %d layers", m->ac_every);
+    else if (m->ac_mode == CONFIG_AC_SELECTIVE)
+        snprintf(p->ac_mode, sizeof(p->ac_mode), "selective, op");
+    else
+        snprintf(p->ac_mode, sizeof(p->ac_mode), "%s", config_ac_mode_name(m->ac_mode));
     job_layout_t l;
     sched_t sched;
     if (job_layout(&l, m))

@@ -7,8 +7,9 @@
  * count once, whichever processes map them), on one device: host RAM, or GPU ordinal k of
  * this host. Its columns follow the code that allocates: weights, gradients and the optimizer
  * state (kernels/optim.h's arrays per parameter); activations, one microbatch's
- * (model_acts_bytes_for, or the CUDA model's carving) times the microbatches the schedule keeps
- * in flight on that rank (sched_peak_acts, summed over its chunks); rings and segments;
+ * under the manifest's activation checkpointing (kernels/act_bytes.h, the layouts each model
+ * allocates) times the microbatches the schedule keeps in flight on that rank (sched_peak_acts,
+ * with the recompute work sets: model_act_total, sched_peak_held_w); rings and segments;
  * kernel workspaces (cuBLASLt's, the attention's per-thread scratch, the rotary tables); a
  * CUDA context per GPU process; and each process's runtime (code, libraries, threads), a
  * constant measured on the CPU. The GPU figures follow kernels/cuda/model.cu's allocations;
@@ -67,9 +68,6 @@ typedef struct {
 
 /* What the plan is computed from besides the manifest. */
 typedef struct {
-    /* activation_checkpoint.mode: "none" (the only mode today; "" means it). The activation
-     * checkpointing of issue 24, built apart, gives its modes' activation formula here. */
-    const char *ac_mode;
     int cpus;              /* CPUs for the stages' threads (0: this machine's) */
 } plan_opts_t;
 
@@ -85,11 +83,11 @@ typedef struct {
     double file;           /* the rows' token-file pages */
     double gpu[PLAN_MAX_GPUS];
     char job[64], device[16];
-    const char *ac_mode;
+    char ac_mode[48];      /* the manifest's activation checkpointing, as words */
 } plan_t;
 
 /* Computes the plan of a validated manifest for this host (job.host_rank). Returns 0, -ENOMEM,
- * or -EINVAL with err (an activation-checkpointing mode it does not know). */
+ * or -EINVAL for pieces the model cannot hold. */
 int plan_build(plan_t *p, const manifest_t *m, const plan_opts_t *o, char *err, size_t errlen);
 void plan_free(plan_t *p);
 /* The rows, the columns in MiB, and each device's total. */

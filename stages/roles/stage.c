@@ -120,7 +120,10 @@ static void setup_chunk(stage_t *st, chunk_t *k, int c, int threads)
     size_t base = (size_t)st->replica * st->lay.stride + begin;
     float *host_w = st->params ? (float *)shm_data(st->params) + base : NULL;
     float *host_g = st->grads ? (float *)shm_data(st->grads) + base : NULL;
-    BE_CHECK(st, st->be->model_new(&k->model, &m->model, p0, p1, host_w, host_g, threads),
+    model_config_t cfg = m->model; /* [activation_checkpoint] rides in the model's config */
+    cfg.ac_mode = m->ac_mode;
+    cfg.ac_every = m->ac_every;
+    BE_CHECK(st, st->be->model_new(&k->model, &cfg, p0, p1, host_w, host_g, threads),
              "%s model of pieces [%d, %d): %s", st->be->name, p0, p1, BE_WHY(st));
     setup_plane(st, k);
     k->nacts = sched_peak_acts(&st->sched, st->rank, c); /* forward done, its weight gradients not yet */
@@ -277,7 +280,9 @@ static double forward(stage_t *st, chunk_t *k, int64_t step, int mb)
     return loss;
 }
 
-static void backward_b(stage_t *st, chunk_t *k, int64_t step, int mb)
+/* Backward B; with w (activation checkpointing, W next in the list) its W too, layer by layer
+ * (backend.h backward: the same bits), the time counted as B's and the W a zero. */
+static void backward_b(stage_t *st, chunk_t *k, int64_t step, int mb, int w)
 {
     int a = acts_for(st, k, mb, 0);
     void *dy = NULL, *dx = NULL;
@@ -285,9 +290,14 @@ static void backward_b(stage_t *st, chunk_t *k, int64_t step, int mb)
         (!k->first && !(dx = reserve_slot(st, k, PLANE_GRAD_OUT, step, mb))))
         return;
     double t0 = util_now();
-    BE_CHECK(st, st->be->backward_b(k->model, k->acts[a], dy, dx), "%s backward: %s", st->be->name, BE_WHY(st));
+    BE_CHECK(st, (w ? st->be->backward : st->be->backward_b)(k->model, k->acts[a], dy, dx), "%s backward: %s",
+             st->be->name, BE_WHY(st));
     st->t_op[SCHED_B] += util_now() - t0;
     st->n_op[SCHED_B]++;
+    if (w) {
+        st->n_op[SCHED_W]++;
+        acts_free(k, mb);
+    }
     if (dy)
         PLANE_CHECK(st, k, plane_done(k->plane, PLANE_GRAD_IN));
     if (dx)
@@ -330,7 +340,20 @@ static void run_step(stage_t *st, int64_t step)
         st->cur_chunk = a[i].chunk, st->cur_mb = a[i].mb;
         switch (a[i].op) {
         case SCHED_F: loss += forward(st, k, step, a[i].mb); break; /* microbatch order: fixed sum */
-        case SCHED_B: backward_b(st, k, step, a[i].mb); break;
+        case SCHED_B: {
+            /* with recompute, a W right after its B runs inside it: one layer's recompute alive */
+            int w = st->man->ac_mode != CONFIG_AC_NONE && i + 1 < n && a[i + 1].op == SCHED_W &&
+                    a[i + 1].chunk == a[i].chunk && a[i + 1].mb == a[i].mb;
+            backward_b(st, k, step, a[i].mb, w);
+            if (w && !st->aborted) {
+                note(st, SCHED_B, ta, util_now());
+                worker_progress(st->w);
+                ta = util_now();
+                if (++i == n / 2) /* the W done: noted below as an empty interval */
+                    worker_test_point(st->w, "mid", step);
+            }
+            break;
+        }
         case SCHED_W: backward_w(st, k, a[i].mb); break;
         }
         note(st, a[i].op, ta, util_now());

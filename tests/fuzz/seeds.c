@@ -113,6 +113,8 @@ static void manifest_seeds(void)
     const char *split = "[parallelism]\npipeline_parallel_degree = 2\n"
                         "pipeline_parallel_split_points = [\"layers.3\"]\n";
     put("manifest", "split.toml", -1, split, strlen(split));
+    const char *ac = "[activation_checkpoint]\nmode = \"selective\"\nselective_ac_option = \"op\"\n";
+    put("manifest", "ac.toml", -1, ac, strlen(ac));
     put("toml", "value", -1, "[1e-4, 2]", 9);
 }
 

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/act_bytes.h"
 #include "kernels/cuda/cuda_model.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cpu/model.h"
@@ -137,6 +138,109 @@ static void test_cuda_model_matches_the_cpu_model_whole_and_split(void **state)
     free(w), free(gc), free(gg);
 }
 
+/* Activation checkpointing on the GPU model: two stages, two microbatches, every forward
+ * first; backwards fused (cuda_model_backward, W with B layer by layer) or held back (every B,
+ * then the W's in microbatch order). Returns the loss sum, the gradients in g, one microbatch's
+ * device bytes and the work sets' of both stages. */
+static double ac_run(model_config_t c, const param_table_t *tab, const float *w, float *g, int fused,
+                     const int32_t *tok, const int32_t *tgt, int B, int T, size_t *acts, size_t *work)
+{
+    enum { S = 2, M = 2 };
+    int N = B * T, D = c.dim, cuts[S + 1] = {0, 2, c.n_layers + 2};
+    cuda_model_t *m[S];
+    cuda_model_acts_t *a[S][M];
+    size_t b[S], e[S];
+    float *x[M], *dx[M];
+    *acts = *work = 0;
+    for (int mb = 0; mb < M; mb++)
+        x[mb] = malloc((size_t)N * D * sizeof(float)), dx[mb] = malloc((size_t)N * D * sizeof(float));
+    for (int s = 0; s < S; s++) {
+        params_piece_range(tab, cuts[s], cuts[s + 1], &b[s], &e[s]);
+        CK(cuda_model_new(&m[s], &c, cuts[s], cuts[s + 1]));
+        CK(cuda_model_set_weights(m[s], w + b[s]));
+        for (int mb = 0; mb < M; mb++)
+            CK(cuda_model_acts_new(&a[s][mb], m[s], B, T));
+        model_act_size_t z;
+        assert_int_equal(model_act_bytes(&c, cuts[s], cuts[s + 1], B, T, MODEL_ACT_CUDA, &z), 0);
+        assert_int_equal(z.per_mb, cuda_model_acts_bytes(a[s][0])); /* the plan's figure is the model's */
+        assert_int_equal(z.units_fused * z.unit + z.unit_b, cuda_model_work_bytes(m[s])); /* made with the first acts */
+        *acts += z.per_mb;
+    }
+    double loss = 0, l;
+    for (int mb = 0; mb < M; mb++) {
+        CK(cuda_model_forward(m[0], a[0][mb], tok + mb * N, NULL, NULL, 1.0f / (M * N), x[mb], &l));
+        CK(cuda_model_forward(m[1], a[1][mb], NULL, x[mb], tgt, 1.0f / (M * N), NULL, &l));
+        loss += l;
+    }
+    for (int mb = 0; mb < M; mb++) {
+        CK((fused ? cuda_model_backward : cuda_model_backward_b)(m[1], a[1][mb], NULL, dx[mb]));
+        CK((fused ? cuda_model_backward : cuda_model_backward_b)(m[0], a[0][mb], dx[mb], NULL));
+    }
+    for (int mb = 0; mb < M && !fused; mb++)
+        for (int s = 0; s < S; s++)
+            CK(cuda_model_backward_w(m[s], a[s][mb]));
+    for (int s = 0; s < S; s++) {
+        CK(cuda_model_take_grads(m[s], g + b[s]));
+        *work += cuda_model_work_bytes(m[s]);
+        for (int mb = 0; mb < M; mb++)
+            cuda_model_acts_destroy(&a[s][mb]);
+        cuda_model_destroy(&m[s]);
+    }
+    for (int mb = 0; mb < M; mb++)
+        free(x[mb]), free(dx[mb]);
+    return loss;
+}
+
+/* Every activation checkpointing mode gives mode none's loss and weight gradients bit for bit
+ * (the same kernels on the same inputs), fused or with W held back, and a microbatch's device
+ * storage shrinks by what the recomputed layers no longer keep. */
+static void test_cuda_model_activation_checkpointing_is_bitwise_and_saves_memory(void **state)
+{
+    need_gpu();
+    model_config_t c = config();
+    c.n_layers = 2;
+    param_table_t tab;
+    assert_int_equal(params_table_init(&tab, &c), 0);
+    enum { B = 1, T = SIM_OR(8, 64), N = B * T };
+    float *w = malloc(tab.total * sizeof(float)), *g0 = calloc(tab.total, sizeof(float));
+    float *g = calloc(tab.total, sizeof(float));
+    params_init(&tab, &c, 7, w, 0, tab.total);
+    int32_t tok[2 * N], tgt[N];
+    uint64_t s = 9;
+    for (int i = 0; i < 2 * N; i++)
+        tok[i] = (int32_t)(tu_next(&s) % 256);
+    for (int i = 0; i < N; i++)
+        tgt[i] = (int32_t)(tu_next(&s) % 256);
+    size_t acts0, work0, acts, work;
+    double l0 = ac_run(c, &tab, w, g0, 0, tok, tgt, B, T, &acts0, &work0);
+    assert_int_equal(work0, 0);
+    /* what a layer keeps besides its input in mode none (bf16 tensors, each a multiple of 256
+     * bytes here, and fp32 r1, r2, lse, each rounded up to 256 bytes) and what op keeps of it */
+#define R256(x) (((x) + 255) / 256 * 256)
+    size_t D = c.dim, F = (size_t)config_ffn_hidden(&c), QD = D, KD = D / 2, H = c.n_heads;
+    size_t rest = 2 * N * (7 * D + 3 * QD + 4 * KD + 5 * F) + 2 * R256(4 * N) + R256(4 * B * H * T);
+    size_t ops = 2 * N * (2 * QD + 2 * KD + D + 2 * F) + R256(4 * B * H * T);
+#undef R256
+    struct { int mode, every, fused; size_t saved; } modes[] = {
+        {CONFIG_AC_FULL, 0, 1, 2 * rest}, {CONFIG_AC_FULL, 0, 0, 2 * rest},
+        {CONFIG_AC_SELECTIVE, 2, 0, rest}, {CONFIG_AC_SELECTIVE, 0, 1, 2 * (rest - ops)},
+    };
+    for (int i = 0; i < 4; i++) {
+        model_config_t cc = c;
+        cc.ac_mode = modes[i].mode, cc.ac_every = modes[i].every;
+        double l = ac_run(cc, &tab, w, g, modes[i].fused, tok, tgt, B, T, &acts, &work);
+        print_message("mode %s %d%s: loss %.9g (none %.9g), %zu bytes a microbatch (none %zu), work sets %zu\n",
+                      config_ac_mode_name(cc.ac_mode), cc.ac_every, modes[i].fused ? " fused" : "", l, l0, acts,
+                      acts0, work);
+        assert_true(l == l0);
+        assert_memory_equal(g, g0, tab.total * sizeof(float));
+        assert_int_equal(acts0 - acts, modes[i].saved);
+        assert_true(work > 0);
+    }
+    params_table_free(&tab);
+    free(w), free(g0), free(g);
+}
+
 static void test_cuda_model_refuses_unsupported_shapes(void **state)
 {
     /* checked before any CUDA call: runs without a GPU too */
@@ -152,6 +256,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cuda_model_matches_the_cpu_model_whole_and_split),
+        cmocka_unit_test(test_cuda_model_activation_checkpointing_is_bitwise_and_saves_memory),
         cmocka_unit_test(test_cuda_model_refuses_unsupported_shapes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -95,7 +95,8 @@ static void test_trace_runs_append_to_one_json_array(void **state)
 }
 
 /* A file cut in the middle of an event (a coordinator killed while it wrote): the relaunch
- * drops the torn event and the comma before it; cut right after the opening bracket, too. */
+ * drops the torn event and the comma before it; cut right after the opening bracket, or right
+ * after a separating comma, too. */
 static void test_trace_a_torn_last_event_is_dropped_before_appending(void **state)
 {
     char path[128];
@@ -112,6 +113,14 @@ static void test_trace_a_torn_last_event_is_dropped_before_appending(void **stat
     fclose(f);
     write_run(path, 1, 2);
     assert_json_array(path, 4 + 2);
+    /* cut between an event's separating comma and its newline (a kill when a buffered write
+     * ended there): the comma goes, not the whole event before it */
+    snprintf(path, sizeof(path), "%s/comma.json", dir);
+    f = fopen(path, "w");
+    fputs("[\n{\"ph\": \"X\", \"name\": \"F0\", \"pid\": 1, \"tid\": 1, \"ts\": 0, \"dur\": 1},", f);
+    fclose(f);
+    write_run(path, 1, 1);
+    assert_json_array(path, 1 + 4 + 1);
     snprintf(path, sizeof(path), "%s/none.json", dir); /* append with no file: a new one */
     write_run(path, 1, 1);
     assert_json_array(path, 4 + 1);

@@ -42,7 +42,8 @@ static int whole_event(const char *p, size_t n)
 
 /* The end of a file a run before this one wrote: without its closing bracket if it has one
  * (a run that ended), without a last event cut short if it was killed in the middle of one
- * (and the comma before it); *events says whether anything follows "[". */
+ * (and the comma before it), without a comma written after the last whole event; *events says
+ * whether anything follows "[". */
 static int reopen(trace_t *t, char *err, size_t errlen)
 {
     if (!(t->f = fopen(t->path, "r+e")))
@@ -59,9 +60,11 @@ static int reopen(trace_t *t, char *err, size_t errlen)
     if (n >= 2 && !strcmp(tail + n - 2, "]\n")) {
         keep = size - 2;
     } else if (n > 0) { /* the last line: an event, or what a kill left of one */
-        char *nl = strrchr(tail, '\n');
+        char *nl = strrchr(tail, '\n'), *end = nl ? strrchr(nl + 1, '}') : NULL;
         if (nl && !whole_event(nl + 1, strlen(nl + 1)))
             keep = tail_from + (nl - tail) - (nl > tail && nl[-1] == ',' ? 1 : 0);
+        else if (end && end[1]) /* a whole event and the comma after it, cut before its newline */
+            keep = tail_from + (end + 1 - tail);
     }
     free(tail);
     if (keep != size && ftruncate(fileno(t->f), keep))

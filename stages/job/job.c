@@ -196,8 +196,7 @@ int job_optstate_check(const void *mem, const job_layout_t *l, int shards, char 
     return 0;
 }
 
-/* A field of /proc/meminfo in bytes, or -1. */
-static double meminfo(const char *key)
+double job_meminfo(const char *key)
 {
     FILE *f = fopen("/proc/meminfo", "re");
     char line[256];
@@ -224,7 +223,7 @@ int job_check_memory(const job_layout_t *l, const manifest_t *m, char *err, size
     /* the CPU shards' state: two banks of the training state (job_optstate_bytes) */
     double state = m->host_rank == 0 ? (double)job_optstate_bytes(l, m->shards) : 0;
     double shm = params + grads + staging + other + state;
-    double avail = meminfo("MemAvailable"), swap = meminfo("SwapFree"), shm_free = -1;
+    double avail = job_meminfo("MemAvailable"), swap = job_meminfo("SwapFree"), shm_free = -1;
     struct statvfs vfs;
     if (statvfs("/dev/shm", &vfs) == 0)
         shm_free = (double)vfs.f_bavail * (double)vfs.f_frsize;

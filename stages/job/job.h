@@ -178,6 +178,8 @@ static inline float *job_optstate_array(void *mem, int b, int a)
  * A lower bound: activations come on top. Returns 0 or -ENOMEM saying how much is needed, of
  * what, and how much there is. */
 int job_check_memory(const job_layout_t *l, const manifest_t *m, char *err, size_t errlen);
+/* A field of /proc/meminfo ("MemAvailable") in bytes, or -1. */
+double job_meminfo(const char *key);
 
 /* Start time of a process (clock ticks since boot), 0 if it is gone. */
 uint64_t job_proc_start(pid_t pid);

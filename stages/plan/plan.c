@@ -335,22 +335,6 @@ void plan_print(const plan_t *p, FILE *f)
 
 /* ---- what there is ---- */
 
-static double meminfo(const char *key)
-{
-    FILE *f = fopen("/proc/meminfo", "re");
-    char line[256];
-    double v = -1;
-    size_t n = strlen(key);
-    while (f && fgets(line, sizeof(line), f))
-        if (!strncmp(line, key, n) && line[n] == ':') {
-            v = strtod(line + n + 1, NULL) * 1024; /* kB */
-            break;
-        }
-    if (f)
-        fclose(f);
-    return v;
-}
-
 /* This process's memory cgroup folder: v2 ("0::PATH") or v1 ("N:...memory...:PATH"); 1 for v1,
  * 0 for v2, -1 when there is none. */
 static int cgroup_dir(char *dir, size_t n)
@@ -434,7 +418,7 @@ void plan_capacity(plan_have_t *h, const manifest_t *m, int gpus)
         h->host = h->shm = env;
         snprintf(h->host_from, sizeof(h->host_from), "CTITAN_PLAN_HOST_BYTES");
     } else {
-        h->host = meminfo("MemAvailable");
+        h->host = job_meminfo("MemAvailable");
         snprintf(h->host_from, sizeof(h->host_from), "MemAvailable");
         double room = cgroup_room();
         if (room >= 0 && (h->host < 0 || room < h->host)) {

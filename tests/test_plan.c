@@ -232,24 +232,14 @@ static void test_dry_run_prints_the_plan_and_starts_nothing(void **state)
 static void test_sigint_in_set_up_stops_the_launch_within_a_second(void **state)
 {
     TU_NEED_BIN();
-    char job[64], cache[256], seg[256], out[256], dump[256], data[256];
+    char job[64], cache[256], seg[256], out[256];
     tj_name(job, sizeof(job), 'p', "int");
     snprintf(cache, sizeof(cache), "%s/peak-%s", tj_dir, job); /* none yet: measured in the set-up */
     snprintf(seg, sizeof(seg), "/dev/shm/" SHM_PREFIX "%s.job", job);
     snprintf(out, sizeof(out), "%s/%s.out", tj_dir, job);
-    snprintf(dump, sizeof(dump), "%s/runs/%s", tj_dir, job);
-    snprintf(data, sizeof(data), "%s/data/train.bin", tj_dir);
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        setenv("CTITAN_PEAK_CACHE", cache, 1);
-        execl(tu_ctitan(), tu_ctitan(), "launch", "manifests/tiny.toml", "--job.name", job, "--job.dump_folder", dump,
-              "--loader.dataset_path", data, "--training.steps", "1000", (char *)NULL);
-        _exit(127);
-    }
+    setenv("CTITAN_PEAK_CACHE", cache, 1);
+    pid_t pid = tj_launch_bg(job, "--training.steps 1000 --metrics.peak_tflops 0"); /* 0: measure it */
+    unsetenv("CTITAN_PEAK_CACHE");
     int up = 0;
     for (int i = 0; i < 3000 && !(up = access(seg, F_OK) == 0); i++)
         nanosleep(&(struct timespec){0, 2000000L}, NULL);

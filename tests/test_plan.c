@@ -173,6 +173,35 @@ static int launch(const char *env, const char *job, const char *extra, char *out
     return rc;
 }
 
+/* The GPUs' free memory from nvidia-smi (CTITAN_PLAN_NVIDIA_SMI: a stand-in script): a number of
+ * MiB a line, one line a GPU; a line that is not a number ("[N/A]" under MIG) leaves every GPU
+ * unknown (not checked) instead of read as 0 bytes free, which would refuse every job. */
+static void test_gpu_capacity_from_nvidia_smi_and_not_a_number_is_unknown(void **state)
+{
+    static const struct { const char *prints; int gpus; double gpu0; } cases[] = {
+        {"81000\n40000\n", 2, 81000.0 * 1048576}, {"[N/A]\n", 0, -1}, {"81000\n[N/A]\n", 0, -1},
+        {"", 0, -1}, {"-5\n", 0, -1}};
+    manifest_t m;
+    manifest_of(&m, small);
+    char smi[256];
+    snprintf(smi, sizeof(smi), "%s/nvidia-smi", tj_dir);
+    setenv("CTITAN_PLAN_NVIDIA_SMI", smi, 1);
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        FILE *f = fopen(smi, "w");
+        assert_non_null(f);
+        fprintf(f, "#!/bin/sh\nprintf '%s'\n", cases[i].prints);
+        fclose(f);
+        assert_int_equal(chmod(smi, 0755), 0);
+        plan_have_t h;
+        plan_capacity(&h, &m, 1);
+        if (h.gpus != cases[i].gpus || h.gpu[0] != cases[i].gpu0)
+            fail_msg("nvidia-smi printing '%s': %d GPUs, GPU 0 %.0f bytes", cases[i].prints, h.gpus, h.gpu[0]);
+        if (cases[i].gpus)
+            assert_string_equal(h.gpu_from, "nvidia-smi's memory.free");
+    }
+    unsetenv("CTITAN_PLAN_NVIDIA_SMI");
+}
+
 static void test_launch_refuses_40b_on_an_80gb_gpu(void **state)
 {
     TU_NEED_BIN();
@@ -268,6 +297,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plan_figures_of_a_small_cpu_job),
         cmocka_unit_test(test_plan_figures_of_a_small_gpu_job),
+        cmocka_unit_test(test_gpu_capacity_from_nvidia_smi_and_not_a_number_is_unknown),
         cmocka_unit_test(test_launch_refuses_40b_on_an_80gb_gpu),
         cmocka_unit_test(test_launch_refuses_llama1b_on_a_small_host),
         cmocka_unit_test(test_dry_run_prints_the_plan_and_starts_nothing),

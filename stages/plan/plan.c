@@ -4,11 +4,14 @@
 #include "stages/plan/plan.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <glob.h>
+#include <spawn.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "ipc/util.h"
@@ -400,6 +403,38 @@ static double cgroup_room(void)
     return room > 0 ? room : 0;
 }
 
+/* `timeout 2 SMI --query-gpu=memory.free ...`'s standard output into out[n] (no shell: SMI may
+ * come from the environment). 0 when it ran to a zero status, else -1. */
+static int run_capture(const char *smi, char *out, size_t n)
+{
+    int fd[2];
+    if (access(smi, X_OK) || pipe2(fd, O_CLOEXEC))
+        return -1;
+    char *argv[] = {"timeout", "2", (char *)smi, "--query-gpu=memory.free", "--format=csv,noheader,nounits", NULL};
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, fd[1], 1);
+    posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+    pid_t pid;
+    extern char **environ;
+    int rc = posix_spawnp(&pid, "timeout", &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    close(fd[1]);
+    size_t len = 0;
+    ssize_t r;
+    while (!rc && len + 1 < n && (r = read(fd[0], out + len, n - 1 - len)) != 0)
+        if (r > 0)
+            len += (size_t)r;
+        else if (errno != EINTR)
+            break;
+    out[len] = 0;
+    close(fd[0]);
+    int st = -1;
+    while (!rc && waitpid(pid, &st, 0) < 0 && errno == EINTR)
+        ;
+    return !rc && WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
+}
+
 static double env_bytes(const char *name)
 {
     const char *s = getenv(name);
@@ -443,16 +478,19 @@ void plan_capacity(plan_have_t *h, const manifest_t *m, int gpus)
             h->gpu[g] = dev;
         return;
     }
-    /* the free memory of each GPU as the driver's tool reports it, in a child (no CUDA here) */
-    FILE *f = access("/usr/bin/nvidia-smi", X_OK) == 0
-                  ? popen("timeout 2 /usr/bin/nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits "
-                          "2>/dev/null", "r")
-                  : NULL;
-    char line[128];
-    int found = 0;
-    for (; f && found < PLAN_MAX_GPUS && fgets(line, sizeof(line), f); found++)
-        h->gpu[found] = strtod(line, NULL) * PLAN_MIB;
-    if (f && pclose(f) == 0 && found) {
+    /* the free memory of each GPU as the driver's tool reports it, in a child (no CUDA here):
+     * every line a number of MiB, else nothing is known (MIG or an old driver print "[N/A]") */
+    const char *smi = getenv("CTITAN_PLAN_NVIDIA_SMI"); /* tests: a stand-in */
+    smi = smi && *smi ? smi : "/usr/bin/nvidia-smi";
+    char out[1024] = "";
+    int found = 0, bad = run_capture(smi, out, sizeof(out));
+    for (char *line = out, *end; !bad && *line && found < PLAN_MAX_GPUS; found++) {
+        double mib = strtod(line, &end);
+        bad = end == line || mib < 0 || (*end && *end != '\n');
+        h->gpu[found] = mib * PLAN_MIB;
+        line = *end ? end + 1 : end;
+    }
+    if (!bad && found) {
         h->gpus = found;
         snprintf(h->gpu_from, sizeof(h->gpu_from), "nvidia-smi's memory.free");
     } else {

@@ -5,12 +5,10 @@
 
 #include <errno.h>
 #include <limits.h>
-#include <linux/futex.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -93,12 +91,7 @@ void ring_detach(ring_t **pr)
     *pr = NULL;
 }
 
-static uint32_t *futex_word(_Atomic uint64_t *counter) { return (uint32_t *)counter; }
-
-static void wake_all(_Atomic uint64_t *counter)
-{
-    syscall(SYS_futex, futex_word(counter), FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
-}
+static void wake_all(_Atomic uint64_t *counter) { util_futex_wake((void *)counter); }
 
 /* Sleeps while *counter still holds `seen` (low 32 bits), at most until `deadline`
  * (CLOCK_MONOTONIC seconds; < 0 = none) and at most 100 ms at a time: ring_close cannot move
@@ -114,11 +107,8 @@ static int wait_change(_Atomic uint64_t *counter, uint64_t seen, double deadline
         if (left > 0.1)
             left = 0.1;
     }
-    struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)(left * 1e9)};
-    struct timespec *tp = &ts;
-    /* the timeout of FUTEX_WAIT is relative; EAGAIN (value moved), EINTR and a wake all
-     * just send the caller back to re-check its condition */
-    syscall(SYS_futex, futex_word(counter), FUTEX_WAIT, (uint32_t)seen, tp, NULL, 0);
+    /* EAGAIN (value moved), EINTR and a wake all send the caller back to re-check its condition */
+    util_futex_wait((void *)counter, seen, left);
     return 0;
 }
 

@@ -4,11 +4,15 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <stdlib.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -221,4 +225,12 @@ int util_afile_commit(util_afile_t *a, char *err, size_t errlen)
 out:
     util_afile_abort(a);
     return rc;
+}
+
+void util_futex_wake(void *counter64) { syscall(SYS_futex, (uint32_t *)counter64, FUTEX_WAKE, INT_MAX, NULL, NULL, 0); }
+
+void util_futex_wait(void *counter64, unsigned long long seen, double slice_s)
+{
+    struct timespec ts = {.tv_sec = (time_t)slice_s, .tv_nsec = (long)((slice_s - (double)(time_t)slice_s) * 1e9)};
+    syscall(SYS_futex, (uint32_t *)counter64, FUTEX_WAIT, (uint32_t)seen, &ts, NULL, 0);
 }

@@ -52,5 +52,10 @@ static inline size_t util_round_page(size_t n) { return (n + UTIL_PAGE - 1) / UT
 
 /* Seconds on CLOCK_MONOTONIC. */
 double util_now(void);
+/* Futexes on a 64-bit counter in shared memory, on its low 32 bits (x86-64 is little-endian):
+ * wake every waiter; sleep while the counter still holds `seen` (low 32 bits), at most
+ * `slice_s` seconds (EAGAIN, EINTR and a wake just return: the caller checks again). */
+void util_futex_wake(void *counter64);
+void util_futex_wait(void *counter64, unsigned long long seen, double slice_s);
 
 #endif

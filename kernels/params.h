@@ -58,6 +58,17 @@ int params_find(const param_table_t *tab, param_kind_t kind, int layer);
 /* Index of the tensor with this Hugging Face name, or -1. */
 int params_find_name(const param_table_t *tab, const char *name);
 
+/* Where a model's weight gradients go with parameter sharding (DESIGN.md "Parameter
+ * sharding"), one piece at a time: each piece's W asks take(arg, lo, hi, &buf) for a buffer of
+ * hi - lo floats standing for the piece's range [lo, hi) of the flat space, zeroes it, adds the
+ * microbatch's gradients there and hands it back with give(arg, lo, hi): the sink's
+ * reduce-scatter. Either returns 0 or a negative errno (-ECANCELED: closed for a recovery). */
+typedef struct {
+    int (*take)(void *arg, size_t lo, size_t hi, float **buf);
+    int (*give)(void *arg, size_t lo, size_t hi);
+    void *arg;
+} grad_sink_t;
+
 /* Initialises flat[i - begin] for i in [begin, end) following torchtitan's Llama scheme:
  * embedding N(0,1); q,k,v and gate_proj trunc-normal std 0.02; o_proj, up_proj and down_proj
  * trunc-normal std 0.02/sqrt(2*(layer+1)) (depth init); norms 1; lm_head trunc-normal

@@ -91,11 +91,20 @@ static void cpu_acts_destroy(backend_acts_t **a)
     *a = NULL;
 }
 
-/* The model's failure of the call just made (activation checkpointing's work sets). */
+/* The model's failure of the call just made (activation checkpointing's work sets, or the
+ * gradient sink's). */
 static int status(backend_model_t *m)
 {
     int rc = model_status(m->model);
-    return rc ? fail(rc, "out of memory for the recompute work sets of activation checkpointing") : 0;
+    if (rc == -ENOMEM)
+        return fail(rc, "out of memory for the recompute work sets of activation checkpointing");
+    return rc ? fail(rc, "the weight gradients' sink: %s", strerror(-rc)) : 0;
+}
+
+static int cpu_model_grad_sink(backend_model_t *m, const grad_sink_t *sink)
+{
+    model_set_grad_sink(m->model, sink);
+    return 0;
 }
 
 static int cpu_forward(backend_model_t *m, backend_acts_t *a, const int32_t *tokens, const void *x_in,
@@ -240,6 +249,7 @@ static const backend_t table = {
     .backward = cpu_backward,
     .step_begin = cpu_step,
     .step_end = cpu_step,
+    .model_grad_sink = cpu_model_grad_sink,
     .model_stream = cpu_model_stream,
     .model_buffers = cpu_model_buffers,
     .mem_used = cpu_mem_used,

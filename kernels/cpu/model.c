@@ -46,7 +46,8 @@ struct model {
      * from the recompute to the W), WS_B what only its B reads (q, k, v, the softmax, the w1
      * and w3 products: free again after the B). A forward borrows both per layer. */
     wsets_t ws[2];
-    int status;         /* the first failure since model_status (-ENOMEM) */
+    int status;         /* the first failure since model_status (-ENOMEM, a sink's -ECANCELED) */
+    grad_sink_t sink;        /* parameter sharding: where each piece's W goes (take NULL: grads) */
 };
 
 typedef struct {
@@ -99,10 +100,31 @@ static int keep_mask(config_keep_t k)
 
 static config_keep_t keep_of(const model_t *m, int i) { return config_ac_keep(&m->cfg, m->layer0 + i); }
 
+/* Tensor (kind, layer) in a buffer that holds the flat space from offset `at`. */
+static float *tptr(model_t *m, float *base, size_t at, param_kind_t kind, int layer)
+{
+    if (!base)
+        return NULL;
+    const param_info_t *p = &m->tab.t[params_find(&m->tab, kind, layer)];
+    return base + (p->offset - at);
+}
+
 static float *wptr(model_t *m, float *base, param_kind_t kind, int layer)
 {
-    const param_info_t *p = &m->tab.t[params_find(&m->tab, kind, layer)];
-    return base + (p->offset - m->param_begin);
+    return tptr(m, base, m->param_begin, kind, layer);
+}
+
+/* Layer i's gradient pointers into G, which holds the flat space from `at`. */
+static void bind_layer_grads(model_t *m, int i, float *G, size_t at)
+{
+    layer_w_t *w = &m->lw[i];
+    int l = m->layer0 + i;
+    w->dwq = tptr(m, G, at, PARAM_WQ, l), w->dwk = tptr(m, G, at, PARAM_WK, l);
+    w->dwv = tptr(m, G, at, PARAM_WV, l), w->dwo = tptr(m, G, at, PARAM_WO, l);
+    w->dw1 = tptr(m, G, at, PARAM_W1, l), w->dw3 = tptr(m, G, at, PARAM_W3, l);
+    w->dw2 = tptr(m, G, at, PARAM_W2, l);
+    w->d_attn_norm = tptr(m, G, at, PARAM_ATTN_NORM, l);
+    w->d_ffn_norm = tptr(m, G, at, PARAM_FFN_NORM, l);
 }
 
 static void bind(model_t *m)
@@ -110,26 +132,65 @@ static void bind(model_t *m)
     for (int i = 0; i < m->nl; i++) {
         int l = m->layer0 + i;
         layer_w_t *w = &m->lw[i];
-        float *P = m->params, *G = m->grads;
-#define B2(f, k) w->f = wptr(m, P, k, l), w->d##f = G ? wptr(m, G, k, l) : NULL
-        B2(wq, PARAM_WQ); B2(wk, PARAM_WK); B2(wv, PARAM_WV); B2(wo, PARAM_WO);
-        B2(w1, PARAM_W1); B2(w3, PARAM_W3); B2(w2, PARAM_W2);
-#undef B2
+        float *P = m->params;
+        w->wq = wptr(m, P, PARAM_WQ, l), w->wk = wptr(m, P, PARAM_WK, l);
+        w->wv = wptr(m, P, PARAM_WV, l), w->wo = wptr(m, P, PARAM_WO, l);
+        w->w1 = wptr(m, P, PARAM_W1, l), w->w3 = wptr(m, P, PARAM_W3, l);
+        w->w2 = wptr(m, P, PARAM_W2, l);
         w->attn_norm = wptr(m, P, PARAM_ATTN_NORM, l);
         w->ffn_norm = wptr(m, P, PARAM_FFN_NORM, l);
-        w->d_attn_norm = G ? wptr(m, G, PARAM_ATTN_NORM, l) : NULL;
-        w->d_ffn_norm = G ? wptr(m, G, PARAM_FFN_NORM, l) : NULL;
+        bind_layer_grads(m, i, m->grads, m->param_begin);
     }
     if (m->has_embed) {
         m->embed = wptr(m, m->params, PARAM_EMBED, -1);
-        m->d_embed = m->grads ? wptr(m, m->grads, PARAM_EMBED, -1) : NULL;
+        m->d_embed = wptr(m, m->grads, PARAM_EMBED, -1);
     }
     if (m->has_head) {
         m->norm = wptr(m, m->params, PARAM_NORM, -1);
         m->out = wptr(m, m->params, PARAM_OUTPUT, -1);
-        m->d_norm = m->grads ? wptr(m, m->grads, PARAM_NORM, -1) : NULL;
-        m->d_out = m->grads ? wptr(m, m->grads, PARAM_OUTPUT, -1) : NULL;
+        m->d_norm = wptr(m, m->grads, PARAM_NORM, -1);
+        m->d_out = wptr(m, m->grads, PARAM_OUTPUT, -1);
     }
+}
+
+void model_set_grad_sink(model_t *m, const grad_sink_t *sink)
+{
+    m->sink = sink ? *sink : (grad_sink_t){0};
+    bind(m);
+}
+
+/* Before piece p's W: with a sink, its gradient pointers into the buffer the sink lends for
+ * the piece's range [*lo, *hi), zeroed (W adds). Returns 0 to run the W, else it is skipped
+ * (a failure: the sink's now, or an earlier one of this call, in m->status). */
+static int grads_take(model_t *m, int piece, size_t *lo, size_t *hi)
+{
+    if (!m->sink.take)
+        return 0;
+    if (m->status)
+        return -1;
+    params_piece_range(&m->tab, piece, piece + 1, lo, hi);
+    float *G;
+    int rc = m->sink.take(m->sink.arg, *lo, *hi, &G);
+    if (rc) {
+        m->status = rc;
+        return -1;
+    }
+    memset(G, 0, (*hi - *lo) * sizeof(float));
+    if (piece == 0)
+        m->d_embed = tptr(m, G, *lo, PARAM_EMBED, -1);
+    else if (piece == m->cfg.n_layers + 1)
+        m->d_norm = tptr(m, G, *lo, PARAM_NORM, -1), m->d_out = tptr(m, G, *lo, PARAM_OUTPUT, -1);
+    else
+        bind_layer_grads(m, piece - 1 - m->layer0, G, *lo);
+    return 0;
+}
+
+/* After piece p's W: the sink takes the piece's gradients (a reduce-scatter). */
+static void grads_give(model_t *m, size_t lo, size_t hi)
+{
+    int rc;
+    if (m->sink.give && !m->status && (rc = m->sink.give(m->sink.arg, lo, hi)))
+        m->status = rc;
 }
 
 model_t *model_new(const model_config_t *cfg, int piece_begin, int piece_end, float *params,
@@ -502,6 +563,9 @@ static void layer_backward_b(model_t *m, model_acts_t *a, int i, float *dh_in)
 
 static void layer_backward_w(model_t *m, model_acts_t *a, int i)
 {
+    size_t lo, hi;
+    if (grads_take(m, m->layer0 + i + 1, &lo, &hi))
+        return;
     layer_w_t *w = &m->lw[i];
     layer_acts_t *L = &a->l[i];
     pool_t *P = m->pool;
@@ -515,6 +579,28 @@ static void layer_backward_w(model_t *m, model_acts_t *a, int i)
     ops_matmul_bwd_w(P, w->dwk, L->dk, L->xn1, N, D, KD);
     ops_matmul_bwd_w(P, w->dwv, L->dv, L->xn1, N, D, KD);
     ops_rmsnorm_bwd_w(P, w->d_attn_norm, L->dxn1, L->h_in, L->r1, N, D);
+    grads_give(m, lo, hi);
+}
+
+/* The head's weight gradients (final norm, output). */
+static void head_backward_w(model_t *m, model_acts_t *a)
+{
+    size_t lo, hi;
+    int N = a->N, D = m->D;
+    if (grads_take(m, m->cfg.n_layers + 1, &lo, &hi))
+        return;
+    ops_matmul_bwd_w(m->pool, m->d_out, a->logits, a->hf, N, D, m->V);
+    ops_rmsnorm_bwd_w(m->pool, m->d_norm, a->dhf, a->h_top, a->rf, N, D);
+    grads_give(m, lo, hi);
+}
+
+static void embed_backward_w(model_t *m, model_acts_t *a)
+{
+    size_t lo, hi;
+    if (grads_take(m, 0, &lo, &hi))
+        return;
+    ops_embed_bwd(m->pool, m->d_embed, a->dh0, a->tokens, a->N, m->D);
+    grads_give(m, lo, hi);
 }
 
 double model_forward(model_t *m, model_acts_t *a, const int32_t *tokens, const float *x_in,
@@ -576,10 +662,8 @@ static void backward(model_t *m, model_acts_t *a, const float *dy, float *dx, in
     } else if (top != dy) {
         memcpy(top, dy, N * D * sizeof(float));
     }
-    if (fuse && m->has_head) {
-        ops_matmul_bwd_w(m->pool, m->d_out, a->logits, a->hf, (int)N, (int)D, m->V);
-        ops_rmsnorm_bwd_w(m->pool, m->d_norm, a->dhf, a->h_top, a->rf, (int)N, (int)D);
-    }
+    if (fuse && m->has_head)
+        head_backward_w(m, a);
     for (int i = L - 1; i >= 0; i--) {
         int ck = keep_of(m, i) != CONFIG_KEEP_ALL;
         if (i > 0 && keep_of(m, i - 1) != CONFIG_KEEP_ALL && unit_take(m, a, i - 1, WS_W))
@@ -596,7 +680,7 @@ static void backward(model_t *m, model_acts_t *a, const float *dy, float *dx, in
         }
     }
     if (fuse && m->has_embed)
-        ops_embed_bwd(m->pool, m->d_embed, a->dh0, a->tokens, (int)N, (int)D);
+        embed_backward_w(m, a);
 }
 
 void model_backward_b(model_t *m, model_acts_t *a, const float *dy, float *dx) { backward(m, a, dy, dx, 0); }
@@ -613,15 +697,12 @@ void model_backward(model_t *m, model_acts_t *a, const float *dy, float *dx)
 
 void model_backward_w(model_t *m, model_acts_t *a)
 {
-    int N = a->N, D = m->D;
-    if (m->has_head) {
-        ops_matmul_bwd_w(m->pool, m->d_out, a->logits, a->hf, N, D, m->V);
-        ops_rmsnorm_bwd_w(m->pool, m->d_norm, a->dhf, a->h_top, a->rf, N, D);
-    }
+    if (m->has_head)
+        head_backward_w(m, a);
     for (int i = m->nl - 1; i >= 0; i--) {
         layer_backward_w(m, a, i);
         unit_give(m, a, i, WS_W);
     }
     if (m->has_embed)
-        ops_embed_bwd(m->pool, m->d_embed, a->dh0, a->tokens, N, D);
+        embed_backward_w(m, a);
 }

@@ -19,7 +19,7 @@
 #include "kernels/cuda/cuda_infer.h"
 #include "kernels/cuda/cuda_nccl.h"
 
-#define CUDA_PLUGIN_VERSION 9
+#define CUDA_PLUGIN_VERSION 10
 
 typedef struct {
     int version;

@@ -130,6 +130,7 @@ struct coord {
     char job[96];                     /* this host's segment names: job.name, "-h<k>" on host k > 0 */
     /* the job's segments on this host, made and removed by coord_setup.c */
     shm_seg_t *seg_job, *seg_params, *seg_grads, *seg_act, *seg_batch, *seg_ckpt, *seg_dev, *seg_opt;
+    shm_seg_t *seg_fsdp;         /* parameter sharding's exchanges (job.h ctitan.<job>.fsdp), or NULL */
     job_hdr_t *hdr;
     int segs_made;                    /* this run created the job's segments */
     ctl_t *ctl;

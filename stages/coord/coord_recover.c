@@ -101,9 +101,10 @@ static int step_left(coord_t *c, void *arg)
     return 1;
 }
 
-/* The loader killed and every ring closed: a stage waiting on one leaves the step (ABORTED),
- * one that had all it needed finishes it (STEP_DONE). Then the gradients, the rings and the
- * loader's resume point go back to the step's start. Returns 0 or -1 (the job failed). */
+/* The loader killed and every ring (and parameter sharding's exchanges) closed: a stage waiting
+ * on one leaves the step (ABORTED), one that had all it needed finishes it (STEP_DONE). Then the
+ * gradients, the rings and the loader's resume point go back to the step's start. Returns 0 or
+ * -1 (the job failed). */
 static int stop_step(coord_t *c)
 {
     coord_proc_t *L = coord_loader(c);
@@ -112,6 +113,8 @@ static int stop_step(coord_t *c)
         kill(L->pid, SIGKILL);
     }
     coord_each_ring(c, ring_close, 1);
+    if (c->seg_fsdp)
+        job_fsdp_set_closed(shm_data(c->seg_fsdp), &c->lay, 1);
     double limit = 2 * c->m->heartbeat_timeout_ms * 1e-3 + 10;
     int rc = coord_pump(c, step_left, NULL, limit);
     if (rc == -ETIMEDOUT)

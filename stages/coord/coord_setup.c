@@ -126,6 +126,7 @@ static int make_segments(coord_t *c, char *err, size_t errlen)
         (l->gpu && (rc = shm_create(&c->seg_dev, c->job, DEVDIR_SEG, devdir_bytes(l), err, errlen))) ||
         (l->S > 1 && plane_uses_act_segment(plane_transport(l)) &&
          (rc = job_act_create(&c->seg_act, c->job, l, err, errlen))) ||
+        (l->fsdp > 1 && (rc = shm_create(&c->seg_fsdp, c->job, JOB_FSDP_SEG, job_fsdp_bytes(l), err, errlen))) ||
         (!l->gpu_shards && m->host_rank == 0 &&
          (rc = job_optstate_create(&c->seg_opt, c->job, l, m->shards, err, errlen))))
         return rc;
@@ -163,12 +164,17 @@ void coord_each_ring(coord_t *c, void (*fn)(ring_t *r), int loader)
 
 static void reset(ring_t *r) { ring_reset(r, 0); }
 
-void coord_reset_rings(coord_t *c) { coord_each_ring(c, reset, 0); }
+void coord_reset_rings(coord_t *c)
+{
+    coord_each_ring(c, reset, 0);
+    if (c->seg_fsdp) /* parameter sharding's exchanges open again, from sequence 0 */
+        job_fsdp_set_closed(shm_data(c->seg_fsdp), &c->lay, 0);
+}
 
 void coord_remove_segments(coord_t *c)
 {
-    shm_seg_t **segs[] = {&c->seg_job,   &c->seg_params, &c->seg_grads, &c->seg_act,
-                          &c->seg_batch, &c->seg_ckpt,   &c->seg_dev,   &c->seg_opt};
+    shm_seg_t **segs[] = {&c->seg_job,   &c->seg_params, &c->seg_grads, &c->seg_act,  &c->seg_batch,
+                          &c->seg_ckpt,  &c->seg_dev,    &c->seg_opt,   &c->seg_fsdp};
     for (size_t i = 0; i < sizeof(segs) / sizeof(segs[0]); i++)
         shm_detach(segs[i]);
     if (c->segs_made)

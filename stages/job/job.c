@@ -27,6 +27,21 @@ int job_layout(job_layout_t *l, const manifest_t *m)
                         .mb = m->local_batch_size / m->microbatches, .T = m->seq_len,
                         .D = m->model.dim, .total = tab.total, .vs = manifest_vstages(m)};
     l->S = l->pp * l->vs;
+    l->fsdp = m->dp_shard > 0 ? m->dp_shard : 1;
+    l->copies = m->dp / l->fsdp;
+    for (int v = 0; l->fsdp > 1 && v < l->S; v++) {
+        int p0, p1;
+        if (manifest_stage_pieces(m, v, &p0, &p1)) {
+            params_table_free(&tab);
+            return -ENOMEM;
+        }
+        for (int p = p0; p < p1; p++) {
+            size_t b, e;
+            params_piece_range(&tab, p, p + 1, &b, &e);
+            l->fsdp_unit[v] = e - b > l->fsdp_unit[v] ? e - b : l->fsdp_unit[v];
+        }
+        l->fsdp_unit[v] = round_up(l->fsdp_unit[v], 1024);
+    }
     params_table_free(&tab);
     l->stride = round_up(l->total, 1024);
     l->n_blocks = (l->total + MANIFEST_BLOCK - 1) / MANIFEST_BLOCK;
@@ -49,7 +64,43 @@ int job_norm_by_blocks(const job_layout_t *l) { return !l->nccl && !l->opt->whol
 
 size_t job_params_bytes(const job_layout_t *l)
 {
-    return (size_t)(l->gpu_shards ? 1 : l->dp) * l->stride * sizeof(float);
+    return (size_t)(l->gpu_shards ? 1 : l->copies) * l->stride * sizeof(float);
+}
+
+static size_t fsdp_xchg_bytes(const job_layout_t *l, int v)
+{
+    return JOB_FSDP_HDR + (size_t)l->fsdp * l->fsdp_unit[v] * sizeof(float);
+}
+
+static size_t fsdp_group_bytes(const job_layout_t *l)
+{
+    size_t n = 0;
+    for (int v = 0; v < l->S; v++)
+        n += fsdp_xchg_bytes(l, v);
+    return n;
+}
+
+size_t job_fsdp_bytes(const job_layout_t *l) { return l->fsdp > 1 ? (size_t)l->copies * fsdp_group_bytes(l) : 0; }
+
+job_fsdp_xchg_t *job_fsdp_xchg(void *seg, const job_layout_t *l, int group, int vstage)
+{
+    size_t off = (size_t)group * fsdp_group_bytes(l);
+    for (int v = 0; v < vstage; v++)
+        off += fsdp_xchg_bytes(l, v);
+    return (job_fsdp_xchg_t *)((char *)seg + off);
+}
+
+void job_fsdp_set_closed(void *seg, const job_layout_t *l, int closed)
+{
+    for (int g = 0; seg && g < l->copies; g++)
+        for (int v = 0; v < l->S; v++) {
+            job_fsdp_xchg_t *x = job_fsdp_xchg(seg, l, g, v);
+            for (int k = 0; !closed && k < l->fsdp; k++)
+                atomic_store(&x->member[k].seq, 0);
+            atomic_store(&x->closed, (uint64_t)closed);
+            for (int k = 0; k < l->fsdp; k++) /* a waiter sleeps on a member's sequence number */
+                util_futex_wake((void *)&x->member[k].seq);
+        }
 }
 
 size_t job_act_bytes(const job_layout_t *l) { return l->nccl ? 0 : (size_t)l->dp * (l->S - 1) * 2 * l->act_ring; }
@@ -219,6 +270,7 @@ int job_check_memory(const job_layout_t *l, const manifest_t *m, char *err, size
     double params = (double)job_params_bytes(l), grads = l->gpu_shards ? 0 : params;
     double staging = manifest_snapshots(m) || m->ckpt_load[0] ? (double)staging_bytes(l->total, l->arrays) : 0;
     double other = (double)job_seg_bytes(l) + (l->S > 1 && !l->nccl ? (double)job_act_bytes(l) : 0) +
+                   (double)job_fsdp_bytes(l) +
                    (l->gpu ? (double)devdir_bytes(l) : 0) + (double)ldr_seg_bytes(m->dp, manifest_loader_slots(m), seqs, m->seq_len);
     /* the CPU shards' state: two banks of the training state (job_optstate_bytes) */
     double state = m->host_rank == 0 ? (double)job_optstate_bytes(l, m->shards) : 0;

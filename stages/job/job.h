@@ -4,10 +4,14 @@
  *
  *   ctitan.<job>.job     job_hdr_t (owner, endpoint, step), then the gradient-norm partials:
  *                        one double per MANIFEST_BLOCK floats of the flat space
- *   ctitan.<job>.params  dp replicas of the flat fp32 parameters (stride floats apart); with
- *                        GPU optimizer shards only replica 0, written at the end of the run
- *   ctitan.<job>.grads   dp replicas of the flat fp32 gradients, same layout (none with GPU
- *                        optimizer shards)
+ *   ctitan.<job>.params  one copy of the flat fp32 parameters per replica group (`copies` =
+ *                        dp / fsdp of them, stride floats apart: replica r computes on copy
+ *                        r / fsdp); with GPU optimizer shards only copy 0, written at the end
+ *   ctitan.<job>.grads   the same copies of the flat fp32 gradients (none with GPU optimizer
+ *                        shards)
+ *   ctitan.<job>.fsdp    with parameter sharding (fsdp > 1): per group and virtual stage an
+ *                        exchange (job_fsdp_xchg_t, then one buffer per member of the stage's
+ *                        largest piece): the reduce-scatter of stages/runtime/fsdp.h
  *   ctitan.<job>.act     per replica and pipeline boundary b (virtual stage b -> b+1, of pp x
  *                        vs): an activation ring (forward) and a gradient ring (backward), M
  *                        slots each (both ends may be one process: a rank's two chunks)
@@ -62,6 +66,10 @@ typedef struct {
     size_t dev_slot;    /* bytes of one device hand-off: mb * T * D bf16 */
     int nccl;           /* parallelism.data_plane = "nccl" (no act segment; shards = dp x pp) */
     int hosts;          /* job.hosts: host h runs replicas [h * dp / hosts, (h + 1) * dp / hosts) */
+    int fsdp;           /* parallelism.data_parallel_shard_degree: replicas per copy of the weights */
+    int copies;         /* dp / fsdp: copies of the weights and gradients (replica groups) */
+    size_t fsdp_unit[MANIFEST_MAX_PP]; /* with fsdp > 1: floats of virtual stage v's largest piece,
+                                        * rounded up to 1024 (one member's exchange buffer) */
     const optim_t *opt; /* [optimizer] name's row */
     int arrays;         /* the training state's arrays per parameter (optim_arrays) */
 } job_layout_t;
@@ -74,6 +82,38 @@ size_t job_params_bytes(const job_layout_t *l);  /* params, and grads alike (no 
 size_t job_act_bytes(const job_layout_t *l);     /* act (0 with one virtual stage in all) */
 /* Offset in the act segment of the ring from virtual stage b to b+1 (grad = 0) or back (grad = 1). */
 size_t job_act_off(const job_layout_t *l, int replica, int boundary, int grad);
+
+/* Where replica r's weights and gradients are: copy r / fsdp of params and grads, as member
+ * r % fsdp of its group. */
+static inline int job_copy_of(const job_layout_t *l, int replica) { return replica / l->fsdp; }
+
+/* ---- ctitan.<job>.fsdp (parameter sharding; stages/runtime/fsdp.h does the exchange) ---- */
+#define JOB_FSDP_SEG "fsdp"
+#define JOB_FSDP_HDR 4096
+/* One group's exchange for one virtual stage: every member's sequence number (a cache line
+ * each; the low 32 bits are a futex word), and closed, set by the coordinator to end every
+ * wait for a recovery (stage processes only read it). */
+typedef struct {
+    _Atomic uint64_t seq;
+    char pad[56];
+} job_fsdp_member_t;
+typedef struct {
+    _Atomic uint64_t closed;
+    char pad[56];
+    job_fsdp_member_t member[];
+} job_fsdp_xchg_t;
+/* Bytes of the segment (0 without sharding) and the exchange of (group, vstage) in it; its
+ * member buffers follow its JOB_FSDP_HDR bytes, fsdp_unit[vstage] floats each. */
+size_t job_fsdp_bytes(const job_layout_t *l);
+job_fsdp_xchg_t *job_fsdp_xchg(void *seg, const job_layout_t *l, int group, int vstage);
+static inline float *job_fsdp_buf(job_fsdp_xchg_t *x, const job_layout_t *l, int vstage, int member)
+{
+    return (float *)((char *)x + JOB_FSDP_HDR) + (size_t)member * l->fsdp_unit[vstage];
+}
+/* Every exchange closed (1: every wait ends) or open again with every sequence number at 0
+ * (0: only while no stage is inside one: the coordinator, between steps or after a recovery's
+ * stages went idle). */
+void job_fsdp_set_closed(void *seg, const job_layout_t *l, int closed);
 
 /* Creates ctitan.<job>.job with its header: this process is the owner, no step yet. Returns
  * 0 or -errno with err (-EEXIST: the segment exists). The caller owns *out. */

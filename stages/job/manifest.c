@@ -37,7 +37,7 @@ void manifest_defaults(manifest_t *m)
     m->schedule = SCHED_1F1B;
     m->microbatches = 1;
     m->ac_every = 2; /* torchtitan's selective_ac_option default, "2" */
-    m->dp = 1;
+    m->dp = m->dp_replicate = m->dp_shard = 1;
     strcpy(m->optimizer_name, "AdamW");
     m->lr = 8e-4;
     m->beta1 = 0.9;

@@ -99,7 +99,12 @@ typedef struct {
                                   * embedding joins the first, the head the last); it sets the stages per
                                   * rank, n_layers / layers_per_stage / pp; 0 = the schedule's default
                                   * (manifest_vstages) */
-    int dp;                      /* data_parallel_replicate_degree, 1 */
+    int dp_replicate;            /* data_parallel_replicate_degree, 1: groups that each hold the whole
+                                  * weights (HSDP's replicas; with shard degree 1, plain data parallel) */
+    int dp_shard;                /* data_parallel_shard_degree, 1: data-parallel ranks sharing one copy
+                                  * of the weights and gradients (FSDP; DESIGN.md "Parameter sharding") */
+    int dp;                      /* not a key: the data-parallel ranks, dp_replicate x dp_shard (the
+                                  * stage replicas; replica r is rank r % dp_shard of group r / dp_shard) */
     char data_plane[16];         /* "ipc": CUDA IPC rings on one host, GPU shards summing replicas;
                                   * "nccl": NCCL send/recv between neighbours, reduce-scatter and
                                   * all-gather across replicas, one optimizer shard per stage process

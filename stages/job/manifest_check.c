@@ -299,6 +299,16 @@ static int check_placement(const manifest_t *m, char *err, size_t errlen)
           "replicas' slices of a stage: use data_plane = \"ipc\"", m->optimizer_name);
     CHECK(strcmp(m->data_plane, "nccl") || m->dp <= 4096, "parallelism", "data_parallel_replicate_degree",
           "parallelism.data_parallel_replicate_degree = %d: the NCCL data plane takes at most 4096 replicas", m->dp);
+    CHECK(m->dp_shard <= 32, "parallelism", "data_parallel_shard_degree",
+          "parallelism.data_parallel_shard_degree = %d: at most 32 replicas share one copy of the weights",
+          m->dp_shard);
+    CHECK((long long)m->dp_replicate * m->dp_shard <= 4096, "parallelism", "data_parallel_replicate_degree",
+          "parallelism.data_parallel_replicate_degree = %d x data_parallel_shard_degree = %d: at most 4096 "
+          "data-parallel ranks", m->dp_replicate, m->dp_shard);
+    CHECK(m->dp_shard == 1 || !strcmp(m->device, "cpu"), "parallelism", "data_parallel_shard_degree",
+          "parallelism.data_parallel_shard_degree = %d with job.device = \"%s\": parameter sharding is built for "
+          "CPU jobs (shared memory) only; on the GPU use data_parallel_replicate_degree (the optimizer shards "
+          "already hold the training state once per job)", m->dp_shard, m->device);
     CHECK(m->host_rank < m->hosts, "job", "host_rank", "job.host_rank = %d: the job has job.hosts = %d", m->host_rank,
           m->hosts);
     CHECK(m->hosts == 1 || !strcmp(m->data_plane, "nccl"), "job", "hosts",

@@ -225,6 +225,9 @@ static int set_value(manifest_t *m, int k, const toml_value_t *v, const char *wh
         model_rederive(m);
     if (k == mkey_id("training", "steps"))
         m->lr_sched.steps = m->steps;
+    if (k == mkey_id("parallelism", "data_parallel_replicate_degree") ||
+        k == mkey_id("parallelism", "data_parallel_shard_degree")) /* both >= 1; the check bounds them */
+        m->dp = (long long)m->dp_replicate * m->dp_shard > INT_MAX ? INT_MAX : m->dp_replicate * m->dp_shard;
     return 0;
 }
 

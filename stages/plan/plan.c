@@ -79,7 +79,8 @@ static void shared_row(plan_t *p, plan_row_t *r, const job_layout_t *l, const ma
     double params = page((double)job_params_bytes(l));
     int seqs = m->local_batch_size / m->microbatches;
     r->bytes[PLAN_WEIGHTS] = params;
-    r->bytes[PLAN_GRADS] = l->gpu_shards ? 0 : params;
+    /* with parameter sharding, the exchanges' buffers: one piece's gradients a replica */
+    r->bytes[PLAN_GRADS] = (l->gpu_shards ? 0 : params) + page((double)job_fsdp_bytes(l));
     r->bytes[PLAN_OPTIM] = m->host_rank == 0 ? page((double)job_optstate_bytes(l, m->shards)) : 0;
     r->bytes[PLAN_STAGING] = manifest_snapshots(m) || manifest_loads(m)
                                  ? page((double)staging_bytes(l->total, l->arrays)) : 0;
@@ -572,8 +573,8 @@ static size_t knobs(const plan_t *p, const manifest_t *m, int device, int gpus, 
                                    p->rows[i].bytes[PLAN_ACTS] / PLAN_GIB, m->local_batch_size, m->seq_len);
     if (a)
         at += (size_t)snprintf(buf + at, n - at, "fewer activations (%s holds %.2f GiB: %.2f GiB a microbatch of %d x "
-                               "%d tokens x %d in flight): activation checkpointing (coming: "
-                               "activation_checkpoint.mode), smaller microbatches (--parallelism."
+                               "%d tokens x %d in flight): activation checkpointing (--activation_checkpoint.mode full, "
+                               "or selective), smaller microbatches (--parallelism."
                                "pipeline_parallel_microbatches above %d, or a smaller --training.local_batch_size "
                                "or --training.seq_len); ", a->who, a->bytes[PLAN_ACTS] / PLAN_GIB,
                                a->act_mb / PLAN_GIB, mb, m->seq_len, a->in_flight, m->microbatches);
@@ -582,8 +583,13 @@ static size_t knobs(const plan_t *p, const manifest_t *m, int device, int gpus, 
                                "state in host memory); ");
     if (at < n)
         at += (size_t)snprintf(buf + at, n - at, "more pipeline stages (--parallelism.pipeline_parallel_degree "
-                               "above %d: %s); sharding the weights and optimizer state (coming)", m->pp,
+                               "above %d: %s)", m->pp,
                                device >= 0 ? "fewer layers on each GPU" : "fewer layers' activations a stage");
+    if (at < n && device == PLAN_HOST && !strcmp(m->device, "cpu") && m->dp_replicate > 1)
+        at += (size_t)snprintf(buf + at, n - at, "; parameter sharding (the %d replicas hold %d copies of the "
+                               "weights and gradients: --parallelism.data_parallel_shard_degree %d with "
+                               "data_parallel_replicate_degree 1 holds one, the same batch)", m->dp, m->dp_replicate,
+                               m->dp);
     return at;
 }
 

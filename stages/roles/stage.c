@@ -18,7 +18,9 @@
  * When another stage of the job dies mid-step, the coordinator closes the rings (ring_close):
  * a wait on one returns -ECANCELED, and this stage leaves the step (ABORTED) and waits for the
  * step to be sent again, once the coordinator has reset the rings and gradients (DESIGN.md
- * "Recovery"). */
+ * "Recovery"). With parameter sharding (parallelism.data_parallel_shard_degree) the stage
+ * computes on its group's copy of the weights and hands each piece's weight gradients to the
+ * group's exchange (stages/runtime/fsdp.h), which the coordinator closes the same way. */
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -32,6 +34,7 @@
 #include "kernels/backend.h"
 #include "kernels/params.h"
 #include "stages/job/job.h"
+#include "stages/runtime/fsdp.h"
 #include "stages/runtime/plane.h"
 #include "stages/job/schedule.h"
 #include "stages/runtime/trace.h"
@@ -43,6 +46,7 @@ typedef struct {
     backend_model_t *model;
     plane_t *plane;              /* links to virtual stages vstage - 1 and vstage + 1, and from the
                                   * loader (tokens: first, targets: last) */
+    fsdp_t *fsdp;                /* parameter sharding: this chunk's exchange, or NULL */
     backend_acts_t **acts;       /* (sched_peak_acts of the chunk) */
     int *acts_mb;                /* microbatch each holds, -1 free */
     int nacts;
@@ -53,7 +57,7 @@ typedef struct {
     const manifest_t *man;
     job_layout_t lay;
     int rank, replica;
-    shm_seg_t *params, *grads;
+    shm_seg_t *params, *grads, *fsdp; /* fsdp: the exchanges of parameter sharding */
     const backend_t *be;
     chunk_t *chunk;              /* (lay.vs), in the schedule's chunk order */
     sched_t sched;
@@ -105,6 +109,22 @@ static void setup_plane(stage_t *st, chunk_t *k)
     WORKER_CHECK(st->w, rc == 0, "%s", err);
 }
 
+static void fsdp_waiting(void *arg, int on) { worker_waiting(((stage_t *)arg)->w, on); }
+
+/* With parameter sharding: chunk k's weight gradients go to its group's exchange. */
+static void setup_fsdp(stage_t *st, chunk_t *k)
+{
+    char err[512];
+    int group = job_copy_of(&st->lay, st->replica);
+    float *G = (float *)shm_data(st->grads) + (size_t)group * st->lay.stride;
+    WORKER_CHECK(st->w, st->be->model_grad_sink, "parallelism.data_parallel_shard_degree = %d: the %s backend "
+                 "cannot hand its weight gradients to a sink", st->lay.fsdp, st->be->name);
+    WORKER_CHECK(st->w, fsdp_new(&k->fsdp, shm_data(st->fsdp), &st->lay, group, st->replica % st->lay.fsdp,
+                                 k->vstage, G, fsdp_waiting, st, err, sizeof(err)) == 0, "%s", err);
+    grad_sink_t sink = fsdp_sink(k->fsdp);
+    BE_CHECK(st, st->be->model_grad_sink(k->model, &sink), "%s gradient sink: %s", st->be->name, BE_WHY(st));
+}
+
 /* Chunk k (virtual stage k->vstage): its model on its pieces' range of the shared weights and
  * gradients (or the device's), its loader rings, its links, its activation buffers. */
 static void setup_chunk(stage_t *st, chunk_t *k, int c, int threads)
@@ -117,7 +137,7 @@ static void setup_chunk(stage_t *st, chunk_t *k, int c, int threads)
     size_t begin, end;
     params_piece_range(&tab, p0, p1, &begin, &end);
     params_table_free(&tab);
-    size_t base = (size_t)st->replica * st->lay.stride + begin;
+    size_t base = (size_t)job_copy_of(&st->lay, st->replica) * st->lay.stride + begin;
     float *host_w = st->params ? (float *)shm_data(st->params) + base : NULL;
     float *host_g = st->grads ? (float *)shm_data(st->grads) + base : NULL;
     model_config_t cfg = m->model; /* [activation_checkpoint] rides in the model's config */
@@ -125,6 +145,8 @@ static void setup_chunk(stage_t *st, chunk_t *k, int c, int threads)
     cfg.ac_every = m->ac_every;
     BE_CHECK(st, st->be->model_new(&k->model, &cfg, p0, p1, host_w, host_g, threads),
              "%s model of pieces [%d, %d): %s", st->be->name, p0, p1, BE_WHY(st));
+    if (st->fsdp)
+        setup_fsdp(st, k);
     setup_plane(st, k);
     k->nacts = sched_peak_acts(&st->sched, st->rank, c); /* forward done, its weight gradients not yet */
     k->acts = calloc((size_t)k->nacts, sizeof(*k->acts));
@@ -149,6 +171,8 @@ static void setup(stage_t *st)
         WORKER_CHECK(st->w, shm_attach(&st->params, job, "params", err, sizeof(err)) == 0, "%s", err);
         WORKER_CHECK(st->w, shm_attach(&st->grads, job, "grads", err, sizeof(err)) == 0, "%s", err);
     }
+    if (st->lay.fsdp > 1)
+        WORKER_CHECK(st->w, shm_attach(&st->fsdp, job, JOB_FSDP_SEG, err, sizeof(err)) == 0, "%s", err);
     WORKER_CHECK(st->w, sched_build(&st->sched, m->pp, st->lay.vs, m->microbatches, m->schedule, err,
                                     sizeof(err)) == 0, "%s", err);
     WORKER_CHECK(st->w, st->chunk = calloc((size_t)st->lay.vs, sizeof(chunk_t)), "out of memory");
@@ -202,6 +226,16 @@ static void note(stage_t *st, int op, double t0, double t1)
 {
     trace_note(st->recs, &st->nrecs, (trace_rec_t){.op = (uint8_t)op, .chunk = (uint8_t)st->cur_chunk,
                                                   .mb = st->cur_mb, .t0 = t0, .t1 = t1});
+}
+
+/* A backward's result: the exchange of parameter sharding closed for a recovery (-ECANCELED)
+ * leaves the step like a closed ring; any other failure ends the stage. */
+static void backward_rc(stage_t *st, int rc, const char *what)
+{
+    if (rc == -ECANCELED && st->lay.fsdp > 1)
+        st->aborted = 1;
+    else
+        BE_CHECK(st, rc, "%s %s: %s", st->be->name, what, BE_WHY(st));
 }
 
 /* Whether a data-plane call's rc says the coordinator closed the rings (sets st->aborted). */
@@ -290,8 +324,9 @@ static void backward_b(stage_t *st, chunk_t *k, int64_t step, int mb, int w)
         (!k->first && !(dx = reserve_slot(st, k, PLANE_GRAD_OUT, step, mb))))
         return;
     double t0 = util_now();
-    BE_CHECK(st, (w ? st->be->backward : st->be->backward_b)(k->model, k->acts[a], dy, dx), "%s backward: %s",
-             st->be->name, BE_WHY(st));
+    backward_rc(st, (w ? st->be->backward : st->be->backward_b)(k->model, k->acts[a], dy, dx), "backward");
+    if (st->aborted)
+        return;
     st->t_op[SCHED_B] += util_now() - t0;
     st->n_op[SCHED_B]++;
     if (w) {
@@ -308,8 +343,9 @@ static void backward_w(stage_t *st, chunk_t *k, int mb)
 {
     double t0 = util_now();
     int a = acts_for(st, k, mb, 0);
-    BE_CHECK(st, st->be->backward_w(k->model, k->acts[a]), "%s weight gradients: %s", st->be->name,
-             BE_WHY(st));
+    backward_rc(st, st->be->backward_w(k->model, k->acts[a]), "weight gradients");
+    if (st->aborted)
+        return;
     st->t_op[SCHED_W] += util_now() - t0;
     st->n_op[SCHED_W]++;
     acts_free(k, mb);
@@ -327,6 +363,10 @@ static void run_step(stage_t *st, int64_t step)
         chunk_t *k = &st->chunk[c];
         BE_CHECK(st, st->be->step_begin(k->model), "%s weights: %s", st->be->name, BE_WHY(st));
         PLANE_CHECK(st, k, plane_step_begin(k->plane));
+        if (k->fsdp) {
+            fsdp_step(k->fsdp, step);
+            fsdp_waited(k->fsdp); /* a step left unfinished counted no waits of this one */
+        }
     }
     const sched_action_t *a = st->sched.a[st->rank];
     int n = st->sched.n[st->rank];
@@ -373,7 +413,7 @@ static void run_step(stage_t *st, int64_t step)
         chunk_t *k = &st->chunk[c];
         PLANE_CHECK(st, k, plane_step_end(k->plane));
         BE_CHECK(st, st->be->step_end(k->model), "%s step: %s", st->be->name, BE_WHY(st));
-        st->t_wait += plane_waited(k->plane);
+        st->t_wait += plane_waited(k->plane) + (k->fsdp ? fsdp_waited(k->fsdp) : 0);
     }
     size_t used;
     if (st->be->mem_used(&used) == 0 && used > st->mem_peak)
@@ -447,6 +487,7 @@ int main(int argc, char **argv)
         for (int i = 0; i < k->nacts; i++)
             st.be->acts_destroy(&k->acts[i]);
         plane_destroy(&k->plane);
+        fsdp_destroy(&k->fsdp);
         if (k->model)
             st.be->model_destroy(&k->model);
         free(k->acts);
@@ -457,6 +498,7 @@ int main(int argc, char **argv)
     sched_free(&st.sched);
     shm_detach(&st.params);
     shm_detach(&st.grads);
+    shm_detach(&st.fsdp);
     worker_close(&st.w);
     return 0;
 }

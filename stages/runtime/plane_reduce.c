@@ -47,7 +47,9 @@ static int fail(plane_reduce_t *r, int rc, const char *fmt, ...)
 
 const char *plane_reduce_error(const plane_reduce_t *r) { return r->err; }
 
-/* On the CPU: each replica's slice of the shared fp32 params and grads segments. */
+/* On the CPU: each copy's slice of the shared fp32 params and grads segments (a copy per
+ * replica, or per group of replicas with parameter sharding, whose exchange summed the group's
+ * gradients into its copy: stages/runtime/fsdp.h). */
 static int parts_from_segments(plane_reduce_t *r)
 {
     int rc;
@@ -55,9 +57,9 @@ static int parts_from_segments(plane_reduce_t *r)
         (rc = shm_attach(&r->grads, r->job, "grads", r->err, sizeof(r->err))))
         return rc;
     float *P = shm_data(r->params), *G = shm_data(r->grads);
-    if (!(r->part = calloc((size_t)r->lay.dp, sizeof(plane_part_t))))
+    if (!(r->part = calloc((size_t)r->lay.copies, sizeof(plane_part_t))))
         return fail(r, -ENOMEM, "out of memory");
-    for (int rep = 0; rep < r->lay.dp; rep++) {
+    for (int rep = 0; rep < r->lay.copies; rep++) {
         size_t at = rep * r->lay.stride + r->begin;
         r->part[r->nparts++] = (plane_part_t){.w = P + at, .g = G + at, .lo = r->begin, .hi = r->end, .replica = rep};
     }

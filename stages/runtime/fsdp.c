@@ -1,0 +1,147 @@
+/* Parameter sharding's exchange (fsdp.h). Piece k of a step has two sequence numbers per
+ * member, base + 2k + 1 (its buffer holds the piece's gradients) and base + 2k + 2 (it added its
+ * part of the sum: it reads the buffers no more), base = (step + 1) << 32, so that they only
+ * grow across steps; the coordinator sets them to 0 again only while every member is idle. */
+#include "stages/runtime/fsdp.h"
+
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "ipc/util.h"
+
+struct fsdp {
+    job_fsdp_xchg_t *x;
+    int n, me;
+    float **buf;         /* n: the members' buffers */
+    size_t cap;          /* floats of each */
+    float *grads;
+    uint64_t base, k;    /* this step's base and the pieces handed over in it */
+    double waited;
+    void (*waiting)(void *, int);
+    void *arg;
+};
+
+void fsdp_part(size_t lo, size_t hi, int fsdp, int k, size_t *b, size_t *e)
+{
+    size_t n = hi - lo, chunk = ((n + (size_t)fsdp - 1) / (size_t)fsdp + 15) / 16 * 16;
+    size_t at = lo + (size_t)k * chunk;
+    *b = at < hi ? at : hi;
+    *e = at + chunk < hi ? at + chunk : hi;
+}
+
+/* Waits until every member's sequence number is at least `want`; -ECANCELED once closed. */
+static int wait_all(fsdp_t *f, uint64_t want)
+{
+    double t0 = 0;
+    for (int k = 0; k < f->n; k++) {
+        _Atomic uint64_t *seq = &f->x->member[k].seq;
+        uint64_t seen;
+        while ((seen = atomic_load(seq)) < want) {
+            if (atomic_load(&f->x->closed))
+                return -ECANCELED;
+            if (!t0) {
+                t0 = util_now();
+                if (f->waiting)
+                    f->waiting(f->arg, 1);
+            }
+            util_futex_wait((void *)seq, seen, 0.1); /* closing wakes it; the slice is a backstop */
+        }
+    }
+    if (t0) {
+        f->waited += util_now() - t0;
+        if (f->waiting)
+            f->waiting(f->arg, 0);
+    }
+    return atomic_load(&f->x->closed) ? -ECANCELED : 0;
+}
+
+static void publish(fsdp_t *f, uint64_t seq)
+{
+    atomic_store(&f->x->member[f->me].seq, seq);
+    util_futex_wake((void *)&f->x->member[f->me].seq);
+}
+
+/* The buffer for the next piece, once every member has added its part of the previous one. */
+static int take(void *arg, size_t lo, size_t hi, float **out)
+{
+    fsdp_t *f = arg;
+    if (hi - lo > f->cap)
+        return -EINVAL;
+    int rc = f->k ? wait_all(f, f->base + 2 * f->k) : (atomic_load(&f->x->closed) ? -ECANCELED : 0);
+    *out = f->buf[f->me];
+    return rc;
+}
+
+/* The piece's gradients are in this member's buffer: once every member's are, add their sum
+ * (member order: fixed bits) into the part of the copy this member owns. */
+static int give(void *arg, size_t lo, size_t hi)
+{
+    fsdp_t *f = arg;
+    publish(f, f->base + 2 * f->k + 1);
+    int rc = wait_all(f, f->base + 2 * f->k + 1);
+    if (rc)
+        return rc;
+    size_t b, e;
+    fsdp_part(lo, hi, f->n, f->me, &b, &e);
+    float *g = f->grads;
+    for (size_t i = b - lo; i < e - lo; i++) {
+        float t = f->buf[0][i];
+        for (int k = 1; k < f->n; k++)
+            t += f->buf[k][i];
+        g[lo + i] += t;
+    }
+    f->k++;
+    publish(f, f->base + 2 * f->k);
+    return 0;
+}
+
+int fsdp_new(fsdp_t **out, void *seg, const job_layout_t *l, int group, int member, int vstage, float *grads,
+             void (*waiting)(void *arg, int on), void *arg, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (l->fsdp < 2 || group < 0 || group >= l->copies || member < 0 || member >= l->fsdp || vstage < 0 ||
+        vstage >= l->S)
+        return util_fail(err, errlen, -EINVAL, "parameter sharding: no exchange for group %d member %d of stage %d",
+                         group, member, vstage);
+    fsdp_t *f = calloc(1, sizeof(*f));
+    if (!f || !(f->buf = calloc((size_t)l->fsdp, sizeof(float *)))) {
+        free(f);
+        return util_fail(err, errlen, -ENOMEM, "out of memory");
+    }
+    f->x = job_fsdp_xchg(seg, l, group, vstage);
+    f->n = l->fsdp;
+    f->me = member;
+    f->cap = l->fsdp_unit[vstage];
+    for (int k = 0; k < f->n; k++)
+        f->buf[k] = job_fsdp_buf(f->x, l, vstage, k);
+    f->grads = grads;
+    f->waiting = waiting;
+    f->arg = arg;
+    *out = f;
+    return 0;
+}
+
+void fsdp_destroy(fsdp_t **pf)
+{
+    if (!*pf)
+        return;
+    free((*pf)->buf);
+    free(*pf);
+    *pf = NULL;
+}
+
+void fsdp_step(fsdp_t *f, int64_t step)
+{
+    f->base = (uint64_t)(step + 1) << 32;
+    f->k = 0;
+}
+
+grad_sink_t fsdp_sink(fsdp_t *f) { return (grad_sink_t){.take = take, .give = give, .arg = f}; }
+
+double fsdp_waited(fsdp_t *f)
+{
+    double w = f->waited;
+    f->waited = 0;
+    return w;
+}

@@ -1,0 +1,39 @@
+/* Parameter sharding's reduce-scatter on one host (DESIGN.md "Parameter sharding"): the fsdp
+ * replicas of a group compute on one shared copy of their stage's weights (the params segment:
+ * shared memory is the all-gather) and gradients, and each is the owner of 1/fsdp of every
+ * piece's gradients. A replica's model hands each piece's weight gradients of a microbatch to
+ * this exchange (a grad_sink_t) instead of adding them into the copy: it writes them into its
+ * own buffer of the fsdp segment, and once every member has, each adds the sum of the members'
+ * buffers, in member order, into the part of the copy it owns; then the buffers are free for
+ * the next piece. Members wait for each other on futexes on their sequence numbers; every
+ * member of a group runs the same schedule, so they hand over the same pieces in the same
+ * order. The coordinator closes the exchanges for a recovery (job_fsdp_set_closed): every wait
+ * returns -ECANCELED. */
+#ifndef CTITAN_FSDP_H
+#define CTITAN_FSDP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/params.h"
+#include "stages/job/job.h"
+
+typedef struct fsdp fsdp_t;
+
+/* Member `member` of group `group`'s exchange for virtual stage `vstage` in the fsdp segment
+ * `seg`; grads: the group's copy of the gradients (the flat space from offset 0). waiting(arg,
+ * on) is called around each wait for the other members (may be NULL). */
+int fsdp_new(fsdp_t **out, void *seg, const job_layout_t *l, int group, int member, int vstage, float *grads,
+             void (*waiting)(void *arg, int on), void *arg, char *err, size_t errlen);
+void fsdp_destroy(fsdp_t **x);
+/* At the start of each step (and of a step done again): the sequence numbers of its pieces. */
+void fsdp_step(fsdp_t *x, int64_t step);
+/* The sink to give the model (backend_t.model_grad_sink). */
+grad_sink_t fsdp_sink(fsdp_t *x);
+/* Seconds spent waiting for the other members since the last call. */
+double fsdp_waited(fsdp_t *x);
+/* Member k's part [*b, *e) of a piece's range [lo, hi): the range cut in fsdp pieces of a
+ * multiple of 16 floats (a cache line), the last the rest. */
+void fsdp_part(size_t lo, size_t hi, int fsdp, int k, size_t *b, size_t *e);
+
+#endif

@@ -62,11 +62,12 @@ typedef struct {
      * optimizer shards read them after (see model_new). */
     int (*step_begin)(backend_model_t *m);
     int (*step_end)(backend_model_t *m);
-    /* Parameter sharding: each piece's weight gradients go to the sink (params.h grad_sink_t)
-     * instead of the model's gradients; NULL: back to them. A sink's failure is the failing
-     * call's return value (-ECANCELED: the exchange was closed for a recovery). NULL here: the
-     * backend cannot (CUDA, so far). */
-    int (*model_grad_sink)(backend_model_t *m, const grad_sink_t *sink);
+    /* Parameter sharding: the pieces' weights come from, and their weight gradients go to,
+     * io (params.h shard_io_t) instead of the model's own; NULL: back to them. io's failure is
+     * the failing call's return value (-ECANCELED: closed for a recovery). On CUDA the model
+     * then holds only its part of the weights and gradients (model_config_t own_begin,
+     * own_end: what model_buffers gives). */
+    int (*model_shard)(backend_model_t *m, const shard_io_t *io);
     /* The stream hand-offs are ordered on (NULL on the CPU). */
     void *(*model_stream)(backend_model_t *m);
     /* The weights (backend dtype) and fp32 gradients of the held range [*begin, *end) of the

@@ -58,16 +58,23 @@ int params_find(const param_table_t *tab, param_kind_t kind, int layer);
 /* Index of the tensor with this Hugging Face name, or -1. */
 int params_find_name(const param_table_t *tab, const char *name);
 
-/* Where a model's weight gradients go with parameter sharding (DESIGN.md "Parameter
- * sharding"), one piece at a time: each piece's W asks take(arg, lo, hi, &buf) for a buffer of
- * hi - lo floats standing for the piece's range [lo, hi) of the flat space, zeroes it, adds the
- * microbatch's gradients there and hands it back with give(arg, lo, hi): the sink's
- * reduce-scatter. Either returns 0 or a negative errno (-ECANCELED: closed for a recovery). */
+/* A model's pieces under parameter sharding (DESIGN.md "Parameter sharding"), one piece
+ * (params_piece_range) at a time, from its group's transport (stages/runtime/fsdp.h on the CPU,
+ * the NCCL data plane on GPUs):
+ *   weights(arg, lo, hi, &w): before the piece's forward or backward, its weights [lo, hi) of
+ *     the flat space gathered in the backend's memory and dtype (ready in the model's stream's
+ *     order; valid until the next call); NULL: the model's own weights are whole (the CPU's
+ *     group shares one copy: shared memory is the all-gather).
+ *   take(arg, lo, hi, &buf): before the piece's W, a buffer of hi - lo fp32 for its gradients,
+ *     which the model zeroes and adds the microbatch's gradients into;
+ *   give(arg, lo, hi): after it, the group's reduce-scatter of them into the owners' parts.
+ * Each returns 0 or a negative errno (-ECANCELED: closed for a recovery). */
 typedef struct {
+    int (*weights)(void *arg, size_t lo, size_t hi, void **w);
     int (*take)(void *arg, size_t lo, size_t hi, float **buf);
     int (*give)(void *arg, size_t lo, size_t hi);
     void *arg;
-} grad_sink_t;
+} shard_io_t;
 
 /* Initialises flat[i - begin] for i in [begin, end) following torchtitan's Llama scheme:
  * embedding N(0,1); q,k,v and gate_proj trunc-normal std 0.02; o_proj, up_proj and down_proj

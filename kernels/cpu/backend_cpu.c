@@ -91,19 +91,21 @@ static void cpu_acts_destroy(backend_acts_t **a)
     *a = NULL;
 }
 
-/* The model's failure of the call just made (activation checkpointing's work sets, or the
- * gradient sink's). */
+/* The model's failure of the call just made (activation checkpointing's work sets, or parameter
+ * sharding's exchange). */
 static int status(backend_model_t *m)
 {
     int rc = model_status(m->model);
     if (rc == -ENOMEM)
         return fail(rc, "out of memory for the recompute work sets of activation checkpointing");
-    return rc ? fail(rc, "the weight gradients' sink: %s", strerror(-rc)) : 0;
+    return rc ? fail(rc, "parameter sharding's exchange: %s", strerror(-rc)) : 0;
 }
 
-static int cpu_model_grad_sink(backend_model_t *m, const grad_sink_t *sink)
+static int cpu_model_shard(backend_model_t *m, const shard_io_t *io)
 {
-    model_set_grad_sink(m->model, sink);
+    if (io && io->weights)
+        return fail(-EINVAL, "the CPU model computes on its group's shared weights: no gather to take");
+    model_set_shard_io(m->model, io);
     return 0;
 }
 
@@ -249,7 +251,7 @@ static const backend_t table = {
     .backward = cpu_backward,
     .step_begin = cpu_step,
     .step_end = cpu_step,
-    .model_grad_sink = cpu_model_grad_sink,
+    .model_shard = cpu_model_shard,
     .model_stream = cpu_model_stream,
     .model_buffers = cpu_model_buffers,
     .mem_used = cpu_mem_used,

@@ -46,8 +46,8 @@ struct model {
      * from the recompute to the W), WS_B what only its B reads (q, k, v, the softmax, the w1
      * and w3 products: free again after the B). A forward borrows both per layer. */
     wsets_t ws[2];
-    int status;         /* the first failure since model_status (-ENOMEM, a sink's -ECANCELED) */
-    grad_sink_t sink;        /* parameter sharding: where each piece's W goes (take NULL: grads) */
+    int status;         /* the first failure since model_status (-ENOMEM, io's -ECANCELED) */
+    shard_io_t io;       /* parameter sharding: where each piece's W goes (take NULL: grads) */
 };
 
 typedef struct {
@@ -153,24 +153,24 @@ static void bind(model_t *m)
     }
 }
 
-void model_set_grad_sink(model_t *m, const grad_sink_t *sink)
+void model_set_shard_io(model_t *m, const shard_io_t *io)
 {
-    m->sink = sink ? *sink : (grad_sink_t){0};
+    m->io = io ? *io : (shard_io_t){0};
     bind(m);
 }
 
-/* Before piece p's W: with a sink, its gradient pointers into the buffer the sink lends for
- * the piece's range [*lo, *hi), zeroed (W adds). Returns 0 to run the W, else it is skipped
- * (a failure: the sink's now, or an earlier one of this call, in m->status). */
+/* Before piece p's W: with shard io, its gradient pointers into the buffer io lends for the
+ * piece's range [*lo, *hi), zeroed (W adds). Returns 0 to run the W, else it is skipped (a
+ * failure: io's now, or an earlier one of this call, in m->status). */
 static int grads_take(model_t *m, int piece, size_t *lo, size_t *hi)
 {
-    if (!m->sink.take)
+    if (!m->io.take)
         return 0;
     if (m->status)
         return -1;
     params_piece_range(&m->tab, piece, piece + 1, lo, hi);
     float *G;
-    int rc = m->sink.take(m->sink.arg, *lo, *hi, &G);
+    int rc = m->io.take(m->io.arg, *lo, *hi, &G);
     if (rc) {
         m->status = rc;
         return -1;
@@ -185,11 +185,11 @@ static int grads_take(model_t *m, int piece, size_t *lo, size_t *hi)
     return 0;
 }
 
-/* After piece p's W: the sink takes the piece's gradients (a reduce-scatter). */
+/* After piece p's W: io takes the piece's gradients (the group's reduce-scatter). */
 static void grads_give(model_t *m, size_t lo, size_t hi)
 {
     int rc;
-    if (m->sink.give && !m->status && (rc = m->sink.give(m->sink.arg, lo, hi)))
+    if (m->io.give && !m->status && (rc = m->io.give(m->io.arg, lo, hi)))
         m->status = rc;
 }
 

@@ -27,10 +27,11 @@ int model_has_head(const model_t *m);
 /* Points the model at other parameter/gradient buffers of the same layout. */
 void model_set_buffers(model_t *m, float *params, float *grads);
 
-/* Where the weight gradients go with parameter sharding (params.h grad_sink_t: piece by piece,
- * in the order the W runs: head, layers from the top, embedding); NULL: into grads. A sink's
- * failure is model_status's, and the rest of that call's W is skipped. */
-void model_set_grad_sink(model_t *m, const grad_sink_t *sink);
+/* Where the weight gradients go with parameter sharding (params.h shard_io_t's take and give:
+ * piece by piece, in the order the W runs: head, layers from the top, embedding; its weights
+ * must be NULL: the group shares the params it computes on); NULL: into grads. A failure of io
+ * is model_status's, and the rest of that call's W is skipped. */
+void model_set_shard_io(model_t *m, const shard_io_t *io);
 
 /* Activation storage for one [B, T] microbatch (owned by the caller). T <= max_seq_len.
  * What it holds per layer follows cfg->ac_mode (config_ac_keep); with activation
@@ -58,7 +59,7 @@ size_t model_fixed_bytes(const model_config_t *cfg);
  * checkpointed layer until its model_backward_w (so schedules that hold W back grow them). */
 size_t model_work_bytes(const model_t *m);
 /* The first failure since the last call (-ENOMEM: a work set could not be made, and the call
- * that needed it stopped; model_forward then returned NaN; a grad sink's), or 0; clears it. */
+ * that needed it stopped; model_forward then returned NaN; shard_io's), or 0; clears it. */
 int model_status(model_t *m);
 /* Logits of the last forward run without targets (NULL without the head). */
 const float *model_logits(const model_acts_t *a);

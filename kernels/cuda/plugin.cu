@@ -106,7 +106,7 @@ static const cuda_plugin_t table = {
     {
         "cuda",
         be_model_new, be_model_destroy, be_acts_new, be_acts_destroy, be_forward, be_backward_b, be_backward_w, be_backward,
-        be_step_begin, be_step_end, NULL /* model_grad_sink: parameter sharding is CPU-only so far */, be_model_stream, be_model_buffers, be_mem_used,
+        be_step_begin, be_step_end, NULL /* model_shard: parameter sharding is CPU-only so far */, be_model_stream, be_model_buffers, be_mem_used,
         cuda_dev_select, cuda_alloc, cuda_free, cuda_stream_new, cuda_stream_free, cuda_stream_sync,
         cuda_copy_async, cuda_zero_async, cuda_f32_add, cuda_block_sumsq, cuda_adamw,
         be_to_weights, cuda_host_pin, cuda_host_unpin,

@@ -117,12 +117,12 @@ static void setup_fsdp(stage_t *st, chunk_t *k)
     char err[512];
     int group = job_copy_of(&st->lay, st->replica);
     float *G = (float *)shm_data(st->grads) + (size_t)group * st->lay.stride;
-    WORKER_CHECK(st->w, st->be->model_grad_sink, "parallelism.data_parallel_shard_degree = %d: the %s backend "
-                 "cannot hand its weight gradients to a sink", st->lay.fsdp, st->be->name);
+    WORKER_CHECK(st->w, st->be->model_shard, "parallelism.data_parallel_shard_degree = %d: the %s backend "
+                 "cannot shard its parameters", st->lay.fsdp, st->be->name);
     WORKER_CHECK(st->w, fsdp_new(&k->fsdp, shm_data(st->fsdp), &st->lay, group, st->replica % st->lay.fsdp,
                                  k->vstage, G, fsdp_waiting, st, err, sizeof(err)) == 0, "%s", err);
-    grad_sink_t sink = fsdp_sink(k->fsdp);
-    BE_CHECK(st, st->be->model_grad_sink(k->model, &sink), "%s gradient sink: %s", st->be->name, BE_WHY(st));
+    shard_io_t io = fsdp_io(k->fsdp);
+    BE_CHECK(st, st->be->model_shard(k->model, &io), "%s parameter sharding: %s", st->be->name, BE_WHY(st));
 }
 
 /* Chunk k (virtual stage k->vstage): its model on its pieces' range of the shared weights and

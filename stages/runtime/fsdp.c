@@ -137,7 +137,7 @@ void fsdp_step(fsdp_t *f, int64_t step)
     f->k = 0;
 }
 
-grad_sink_t fsdp_sink(fsdp_t *f) { return (grad_sink_t){.take = take, .give = give, .arg = f}; }
+shard_io_t fsdp_io(fsdp_t *f) { return (shard_io_t){.take = take, .give = give, .arg = f}; }
 
 double fsdp_waited(fsdp_t *f)
 {

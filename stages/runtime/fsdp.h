@@ -2,7 +2,7 @@
  * replicas of a group compute on one shared copy of their stage's weights (the params segment:
  * shared memory is the all-gather) and gradients, and each is the owner of 1/fsdp of every
  * piece's gradients. A replica's model hands each piece's weight gradients of a microbatch to
- * this exchange (a grad_sink_t) instead of adding them into the copy: it writes them into its
+ * this exchange (a shard_io_t's take and give) instead of adding them into the copy: it writes them into its
  * own buffer of the fsdp segment, and once every member has, each adds the sum of the members'
  * buffers, in member order, into the part of the copy it owns; then the buffers are free for
  * the next piece. Members wait for each other on futexes on their sequence numbers; every
@@ -28,8 +28,8 @@ int fsdp_new(fsdp_t **out, void *seg, const job_layout_t *l, int group, int memb
 void fsdp_destroy(fsdp_t **x);
 /* At the start of each step (and of a step done again): the sequence numbers of its pieces. */
 void fsdp_step(fsdp_t *x, int64_t step);
-/* The sink to give the model (backend_t.model_grad_sink). */
-grad_sink_t fsdp_sink(fsdp_t *x);
+/* What to give the model (backend_t.model_shard): no weights to gather, the exchange's take and give. */
+shard_io_t fsdp_io(fsdp_t *x);
 /* Seconds spent waiting for the other members since the last call. */
 double fsdp_waited(fsdp_t *x);
 /* Member k's part [*b, *e) of a piece's range [lo, hi): the range cut in fsdp pieces of a

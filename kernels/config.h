@@ -32,6 +32,10 @@ typedef struct {
      * each layer keeps. */
     int ac_mode;              /* CONFIG_AC_NONE (0), CONFIG_AC_FULL, CONFIG_AC_SELECTIVE */
     int ac_every;             /* selective: every ac_every-th layer as full; 0 = "op" */
+    /* Parameter sharding on a device (backend_t.model_shard): the part [own_begin, own_end) of
+     * the held pieces' range whose weights and gradients this replica keeps; 0, 0: all of it.
+     * How the model is held, not what it is (as ac_mode). */
+    size_t own_begin, own_end;
 } model_config_t;
 
 typedef enum { CONFIG_AC_NONE = 0, CONFIG_AC_FULL = 1, CONFIG_AC_SELECTIVE = 2 } config_ac_mode_t;

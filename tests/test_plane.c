@@ -213,7 +213,7 @@ static void test_plane_shm_refuses_other_tags_and_missing_links(void **state)
     assert_non_null(strstr(plane_error(p0), "stage 0 of replica 0 has no link act_in"));
     assert_int_equal(plane_reserve(p1, PLANE_ACT_OUT, 0, 0, &x), -EINVAL);
     assert_non_null(strstr(plane_error(p1), "stage 1 of replica 0 has no link act_out"));
-    assert_int_equal(plane_step_begin(p0), 0); /* nothing around a step on shm */
+    assert_int_equal(plane_step_begin(p0, 0), 0); /* nothing around a step on shm */
     assert_int_equal(plane_step_end(p0), 0);
     plane_destroy(&p0);
     plane_destroy(&p1);

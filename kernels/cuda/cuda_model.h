@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "kernels/config.h"
+#include "kernels/params.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -80,6 +81,11 @@ void *cuda_model_stream(cuda_model_t *m);
  * reduce-scatter and all-gather, which take dp equal chunks (dp - 1 elements over at most). */
 #define CUDA_MODEL_SLACK 4096
 void cuda_model_buffers(cuda_model_t *m, uint16_t **w, float **g, size_t *begin, size_t *end);
+/* Parameter sharding (backend_t.model_shard): a model made with cfg own_begin, own_end holds
+ * only that part of its range (cuda_model_buffers says which); each piece's weights come from
+ * io->weights before its forward and backward B, and each piece's weight gradients go to
+ * io->take's buffer and io->give after its W (params.h shard_io_t). NULL: none (whole only). */
+int cuda_model_shard(cuda_model_t *m, const shard_io_t *io);
 
 const char *cuda_model_last_error(void);
 

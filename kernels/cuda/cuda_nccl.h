@@ -34,6 +34,13 @@ int cuda_nccl_reduce_scatter_f32(cuda_nccl_t *c, const float *send, float *recv,
 /* recv[r * count + i] = rank r's send[i] (bf16 bits; in place when send == recv + rank * count). */
 int cuda_nccl_all_gather_bf16(cuda_nccl_t *c, const uint16_t *send, uint16_t *recv, size_t count, void *stream);
 
+/* recv[i] = rank root's send[i] on every rank (bf16 bits; send is only read on root, in place
+ * there when recv == send). */
+int cuda_nccl_broadcast_bf16(cuda_nccl_t *c, const uint16_t *send, uint16_t *recv, size_t count, int root,
+                             void *stream);
+/* On rank root, recv[i] = sum over ranks of their send[i] (fp32; recv is only written on root). */
+int cuda_nccl_reduce_f32(cuda_nccl_t *c, const float *send, float *recv, size_t count, int root, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -44,6 +44,8 @@ typedef struct {
     int (*nccl_recv)(cuda_nccl_t *, void *, size_t, int, void *);
     int (*nccl_reduce_scatter_f32)(cuda_nccl_t *, const float *, float *, size_t, void *);
     int (*nccl_all_gather_bf16)(cuda_nccl_t *, const uint16_t *, uint16_t *, size_t, void *);
+    int (*nccl_broadcast_bf16)(cuda_nccl_t *, const uint16_t *, uint16_t *, size_t, int, void *);
+    int (*nccl_reduce_f32)(cuda_nccl_t *, const float *, float *, size_t, int, void *);
     /* the calling thread's last error text, whichever call failed (backend.last_error too) */
     const char *(*last_error)(void);
     /* cuda_infer.h: `ctitan generate --device cuda` */

@@ -68,10 +68,14 @@ struct cuda_model {
     param_table_t tab;
     int has_embed, has_head, layer0, nl;
     size_t begin, end;              /* flat range of the held pieces */
+    size_t own_b, own_e;            /* the part of it w and g hold: all of it, or with parameter
+                                     * sharding this replica's (cfg own_begin, own_end) */
+    shard_io_t io;                  /* parameter sharding: each piece's weights gathered, its
+                                     * gradients given (params.h); none: w and g are whole */
     int D, H, K, hd, QD, KD, F, V;
-    bf16_t *w;                      /* (end - begin + CUDA_MODEL_SLACK) bf16 weights */
-    float *g;                       /* (end - begin + CUDA_MODEL_SLACK) fp32 weight gradients */
-    float *staging;                 /* (end - begin) fp32: uploads and downloads */
+    bf16_t *w;                      /* (own_e - own_b + CUDA_MODEL_SLACK) bf16 weights */
+    float *g;                       /* (own_e - own_b + CUDA_MODEL_SLACK) fp32 weight gradients */
+    float *staging;                 /* (own_e - own_b) fp32: uploads and downloads */
     float *rope_cos, *rope_sin;     /* (max_seq_len, hd/2) */
     layer_w_t *lw;
     bf16_t *embed, *norm, *out;
@@ -155,32 +159,103 @@ static int to_f32(cuda_model_t *m, float *y, const bf16_t *x, size_t n)
 
 // ---- the model ----
 
-static size_t woff(cuda_model_t *m, param_kind_t kind, int layer)
+/* Offset of tensor (kind, layer) in a buffer that holds the flat space from `at`. */
+static size_t woff(cuda_model_t *m, param_kind_t kind, int layer, size_t at)
 {
-    return m->tab.t[params_find(&m->tab, kind, layer)].offset - m->begin;
+    return m->tab.t[params_find(&m->tab, kind, layer)].offset - at;
 }
 
+/* Piece p's weight pointers into W and its gradient pointers into G (either NULL: left as
+ * they are), each holding the flat space from `at`. */
+static void bind_piece(cuda_model_t *m, int p, bf16_t *W, float *G, size_t at)
+{
+    if (p == 0 && m->has_embed) {
+        if (W)
+            m->embed = W + woff(m, PARAM_EMBED, -1, at);
+        if (G)
+            m->d_embed = G + woff(m, PARAM_EMBED, -1, at);
+        return;
+    }
+    if (p == m->cfg.n_layers + 1 && m->has_head) {
+        if (W)
+            m->norm = W + woff(m, PARAM_NORM, -1, at), m->out = W + woff(m, PARAM_OUTPUT, -1, at);
+        if (G)
+            m->d_norm = G + woff(m, PARAM_NORM, -1, at), m->d_out = G + woff(m, PARAM_OUTPUT, -1, at);
+        return;
+    }
+    int i = p - 1 - m->layer0, l = p - 1;
+    if (i < 0 || i >= m->nl)
+        return;
+    layer_w_t *w = &m->lw[i];
+#define B2(f, d, k)                                    \
+    do {                                               \
+        if (W)                                         \
+            w->f = W + woff(m, k, l, at);              \
+        if (G)                                         \
+            w->d = G + woff(m, k, l, at);              \
+    } while (0)
+    B2(attn_norm, d_attn_norm, PARAM_ATTN_NORM); B2(wq, dwq, PARAM_WQ); B2(wk, dwk, PARAM_WK);
+    B2(wv, dwv, PARAM_WV); B2(wo, dwo, PARAM_WO); B2(ffn_norm, d_ffn_norm, PARAM_FFN_NORM);
+    B2(w1, dw1, PARAM_W1); B2(w3, dw3, PARAM_W3); B2(w2, dw2, PARAM_W2);
+#undef B2
+}
+
+/* Whole weights and gradients: every piece's pointers into w and g, once. With parameter
+ * sharding each piece is bound as it is used (piece_weights, grads_take). */
 static void bind(cuda_model_t *m)
 {
-    for (int i = 0; i < m->nl; i++) {
-        int l = m->layer0 + i;
-        layer_w_t *w = &m->lw[i];
-#define B2(f, d, k) w->f = m->w + woff(m, k, l), w->d = m->g + woff(m, k, l)
-        B2(attn_norm, d_attn_norm, PARAM_ATTN_NORM); B2(wq, dwq, PARAM_WQ); B2(wk, dwk, PARAM_WK);
-        B2(wv, dwv, PARAM_WV); B2(wo, dwo, PARAM_WO); B2(ffn_norm, d_ffn_norm, PARAM_FFN_NORM);
-        B2(w1, dw1, PARAM_W1); B2(w3, dw3, PARAM_W3); B2(w2, dw2, PARAM_W2);
-#undef B2
+    if (m->own_b != m->begin || m->own_e != m->end)
+        return;
+    int p0 = m->has_embed ? 0 : m->layer0 + 1, p1 = m->layer0 + m->nl + 1 + m->has_head;
+    for (int p = p0; p < p1; p++)
+        bind_piece(m, p, m->w, m->g, m->begin);
+}
+
+/* Parameter sharding: before piece p's forward or backward, its weights gathered. */
+static int piece_weights(cuda_model_t *m, int p)
+{
+    if (!m->io.weights)
+        return 0;
+    size_t lo, hi;
+    params_piece_range(&m->tab, p, p + 1, &lo, &hi);
+    void *w;
+    char why[512];
+    int rc = m->io.weights(m->io.arg, lo, hi, &w);
+    if (rc) { /* the text is shared: copied first */
+        snprintf(why, sizeof(why), "%s", cuda_err_text());
+        return cuda_err(rc, "parameter sharding: the weights of piece %d: %s", p, why);
     }
-    if (m->has_embed) {
-        m->embed = m->w + woff(m, PARAM_EMBED, -1);
-        m->d_embed = m->g + woff(m, PARAM_EMBED, -1);
+    bind_piece(m, p, (bf16_t *)w, NULL, lo);
+    return 0;
+}
+
+/* Parameter sharding: before piece p's W, its gradients into the buffer io lends, zeroed. */
+static int grads_take(cuda_model_t *m, int p, size_t *lo, size_t *hi)
+{
+    if (!m->io.take)
+        return 0;
+    params_piece_range(&m->tab, p, p + 1, lo, hi);
+    float *g;
+    char why[512];
+    int rc = m->io.take(m->io.arg, *lo, *hi, &g);
+    if (rc) {
+        snprintf(why, sizeof(why), "%s", cuda_err_text());
+        return cuda_err(rc, "parameter sharding: a buffer for the gradients of piece %d: %s", p, why);
     }
-    if (m->has_head) {
-        m->norm = m->w + woff(m, PARAM_NORM, -1);
-        m->out = m->w + woff(m, PARAM_OUTPUT, -1);
-        m->d_norm = m->g + woff(m, PARAM_NORM, -1);
-        m->d_out = m->g + woff(m, PARAM_OUTPUT, -1);
-    }
+    CU(cudaMemsetAsync(g, 0, (*hi - *lo) * sizeof(float), m->stream));
+    bind_piece(m, p, NULL, g, *lo);
+    return 0;
+}
+
+/* ... and after it, the group's reduce-scatter of them. */
+static int grads_give(cuda_model_t *m, size_t lo, size_t hi)
+{
+    char why[512];
+    int rc = m->io.give ? m->io.give(m->io.arg, lo, hi) : 0;
+    if (!rc)
+        return 0;
+    snprintf(why, sizeof(why), "%s", cuda_err_text());
+    return cuda_err(rc, "parameter sharding: the reduce-scatter of [%zu, %zu): %s", lo, hi, why);
 }
 
 extern "C" void cuda_model_destroy(cuda_model_t **pm)
@@ -246,6 +321,13 @@ static int model_init(cuda_model_t *m, const model_config_t *cfg, int p0, int p1
     m->layer0 = l0;
     m->nl = l1 > l0 ? l1 - l0 : 0;
     params_piece_range(&m->tab, p0, p1, &m->begin, &m->end);
+    m->own_b = m->begin, m->own_e = m->end;
+    if (cfg->own_end) {
+        if (cfg->own_begin < m->begin || cfg->own_end > m->end || cfg->own_begin > cfg->own_end)
+            return cuda_err(-EINVAL, "parameter sharding: part [%zu, %zu) outside the pieces' range [%zu, %zu)",
+                            cfg->own_begin, cfg->own_end, m->begin, m->end);
+        m->own_b = cfg->own_begin, m->own_e = cfg->own_end;
+    }
     m->D = cfg->dim, m->H = cfg->n_heads, m->K = cfg->n_kv_heads, m->hd = config_head_dim(cfg);
     m->QD = m->H * m->hd, m->KD = m->K * m->hd, m->F = config_ffn_hidden(cfg), m->V = cfg->vocab_size;
     if (m->hd != 16 && m->hd != 32 && m->hd != 64 && m->hd != 128)
@@ -257,7 +339,7 @@ static int model_init(cuda_model_t *m, const model_config_t *cfg, int p0, int p1
         return cuda_err(-ENODEV, "no usable CUDA device (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "none found");
     if (!(m->lw = (layer_w_t *)calloc(m->nl ? m->nl : 1, sizeof(layer_w_t))))
         return cuda_err(-ENOMEM, "out of memory");
-    size_t n = m->end - m->begin, half = (size_t)cfg->max_seq_len * (m->hd / 2);
+    size_t n = m->own_e - m->own_b, half = (size_t)cfg->max_seq_len * (m->hd / 2);
     CU(cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking));
     CU(cudaMalloc((void **)&m->w, (n + CUDA_MODEL_SLACK) * sizeof(bf16_t)));
     CU(cudaMalloc((void **)&m->g, (n + CUDA_MODEL_SLACK) * sizeof(float)));
@@ -305,7 +387,7 @@ extern "C" int cuda_model_new(cuda_model_t **out, const model_config_t *cfg, int
 
 extern "C" int cuda_model_set_weights(cuda_model_t *m, const float *host)
 {
-    size_t n = m->end - m->begin;
+    size_t n = m->own_e - m->own_b;
     /* into pinned memory, which the conversion kernel reads directly (mapped through UVA) */
     memcpy(m->staging, host, n * sizeof(float));
     int rc = to_bf16(m, m->w, m->staging, n);
@@ -317,7 +399,7 @@ extern "C" int cuda_model_set_weights(cuda_model_t *m, const float *host)
 
 extern "C" int cuda_model_take_grads(cuda_model_t *m, float *host)
 {
-    size_t n = m->end - m->begin;
+    size_t n = m->own_e - m->own_b;
     CU(cudaMemcpyAsync(host, m->g, n * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
     CU(cudaMemsetAsync(m->g, 0, n * sizeof(float), m->stream));
     CU(cudaStreamSynchronize(m->stream));
@@ -580,6 +662,10 @@ static int layer_backward_b(cuda_model_t *m, cuda_model_acts_t *a, int i, bf16_t
 
 static int layer_backward_w(cuda_model_t *m, cuda_model_acts_t *a, int i)
 {
+    size_t lo, hi;
+    int rc = grads_take(m, m->layer0 + i + 1, &lo, &hi);
+    if (rc)
+        return rc;
     layer_w_t *w = &m->lw[i];
     layer_acts_t *L = &a->l[i];
     int N = a->N, D = m->D, QD = m->QD, KD = m->KD, F = m->F;
@@ -593,7 +679,7 @@ static int layer_backward_w(cuda_model_t *m, cuda_model_acts_t *a, int i)
     MM(cuda_matmul_bwd_w(m->mm, w->dwk, L->dk, L->xn1, N, D, KD, s));
     MM(cuda_matmul_bwd_w(m->mm, w->dwv, L->dv, L->xn1, N, D, KD, s));
     NN(cuda_rmsnorm_bwd_w(w->d_attn_norm, L->dxn1, L->h_in, L->r1, N, D, s));
-    return 0;
+    return grads_give(m, lo, hi);
 }
 
 /* The forward with host fp32 hand-offs (dev = 0) or device bf16 ones (dev = 1). */
@@ -605,6 +691,8 @@ static int forward(cuda_model_t *m, cuda_model_acts_t *a, const int32_t *tokens,
     int rc;
     *loss = 0;
     if (m->has_embed) {
+        if ((rc = piece_weights(m, 0)))
+            return rc;
         CU(cudaMemcpyAsync(a->tokens, tokens, N * sizeof(int32_t), cudaMemcpyHostToDevice, m->stream));
         NN(cuda_embed_fwd(a->x_first, m->embed, a->tokens, (int)N, m->V, (int)D, s));
     } else if (dev) { /* kept for the backward: the ring slot is the producer's again after this */
@@ -623,7 +711,8 @@ static int forward(cuda_model_t *m, cuda_model_acts_t *a, const int32_t *tokens,
         int ck = keep_of(m, i) != CONFIG_KEEP_ALL;
         if (ck && ((rc = unit_take(m, a, i, WS_W)) || (rc = unit_take(m, a, i, WS_B))))
             return rc;
-        if ((rc = layer_forward(m, a, i, i + 1 < m->nl ? a->l[i + 1].h_in : top)))
+        if ((rc = piece_weights(m, m->layer0 + i + 1)) ||
+            (rc = layer_forward(m, a, i, i + 1 < m->nl ? a->l[i + 1].h_in : top)))
             return rc;
         if (ck)
             unit_give(m, a, i, WS_W), unit_give(m, a, i, WS_B);
@@ -640,6 +729,8 @@ static int forward(cuda_model_t *m, cuda_model_acts_t *a, const int32_t *tokens,
         CU(cudaStreamSynchronize(m->stream));
         return 0;
     }
+    if ((rc = piece_weights(m, m->cfg.n_layers + 1)))
+        return rc;
     NN(cuda_rmsnorm_fwd(a->hf, a->rf, a->x_top, m->norm, (int)N, (int)D, (float)m->cfg.norm_eps, s));
     MM(cuda_matmul_fwd(m->mm, a->logits, a->hf, m->out, (int)N, (int)D, m->V, s));
     if (!targets) {
@@ -671,6 +762,7 @@ extern "C" int cuda_model_forward_dev(cuda_model_t *m, cuda_model_acts_t *a, con
 }
 
 static int backward_w_head(cuda_model_t *m, cuda_model_acts_t *a);
+static int backward_w_embed(cuda_model_t *m, cuda_model_acts_t *a);
 
 /* Backward B, and with fuse each layer's W right after its B (the same bits as B then W: a W
  * adds into its own layer's gradients, which no B reads). A checkpointed layer recomputes into
@@ -685,6 +777,8 @@ static int backward_b(cuda_model_t *m, cuda_model_acts_t *a, const void *dy, voi
         return rc;
     bf16_t *top = m->nl ? a->l[m->nl - 1].df : a->d_bottom;
     if (m->has_head) {
+        if ((rc = piece_weights(m, m->cfg.n_layers + 1)))
+            return rc;
         MM(cuda_matmul_bwd_x(m->mm, a->dhf, a->logits, m->out, (int)N, (int)D, m->V, 0, s));
         NN(cuda_rmsnorm_bwd_x(top, a->dhf, a->x_top, a->rf, m->norm, (int)N, (int)D, 0, s));
     } else if (dev) {
@@ -703,7 +797,8 @@ static int backward_b(cuda_model_t *m, cuda_model_acts_t *a, const void *dy, voi
         int ck = keep_of(m, i) != CONFIG_KEEP_ALL;
         if (i > 0 && keep_of(m, i - 1) != CONFIG_KEEP_ALL && (rc = unit_take(m, a, i - 1, WS_W)))
             return rc;
-        if (ck && ((rc = unit_take(m, a, i, WS_B)) || (rc = layer_recompute(m, a, i))))
+        if ((rc = piece_weights(m, m->layer0 + i + 1)) ||
+            (ck && ((rc = unit_take(m, a, i, WS_B)) || (rc = layer_recompute(m, a, i)))))
             return rc;
         if ((rc = layer_backward_b(m, a, i, i > 0 ? a->l[i - 1].df : bottom)))
             return rc;
@@ -714,8 +809,8 @@ static int backward_b(cuda_model_t *m, cuda_model_acts_t *a, const void *dy, voi
             unit_give(m, a, i, WS_W);
         }
     }
-    if (fuse && m->has_embed)
-        NN(cuda_embed_bwd(m->d_embed, a->d_bottom, a->tokens, (int)N, m->V, (int)D, s));
+    if (fuse && m->has_embed && (rc = backward_w_embed(m, a)))
+        return rc;
     if (m->has_embed)
         return dev ? 0 : cuda_rc(cudaStreamSynchronize(m->stream), "cudaStreamSynchronize");
     if (dev) {
@@ -769,15 +864,28 @@ static int backward_w_head(cuda_model_t *m, cuda_model_acts_t *a)
 {
     int N = a->N, D = m->D;
     void *s = m->stream;
+    size_t lo, hi;
+    int rc = grads_take(m, m->cfg.n_layers + 1, &lo, &hi);
+    if (rc)
+        return rc;
     MM(cuda_matmul_bwd_w(m->mm, m->d_out, a->logits, a->hf, N, D, m->V, s));
     NN(cuda_rmsnorm_bwd_w(m->d_norm, a->dhf, a->x_top, a->rf, N, D, s));
-    return 0;
+    return grads_give(m, lo, hi);
+}
+
+static int backward_w_embed(cuda_model_t *m, cuda_model_acts_t *a)
+{
+    size_t lo, hi;
+    int rc = grads_take(m, 0, &lo, &hi);
+    if (rc)
+        return rc;
+    NN(cuda_embed_bwd(m->d_embed, a->d_bottom, a->tokens, a->N, m->V, m->D, m->stream));
+    return grads_give(m, lo, hi);
 }
 
 extern "C" int cuda_model_backward_w(cuda_model_t *m, cuda_model_acts_t *a)
 {
-    int N = a->N, D = m->D, rc;
-    void *s = m->stream;
+    int rc;
     if (m->has_head && (rc = backward_w_head(m, a)))
         return rc;
     for (int i = m->nl - 1; i >= 0; i--) {
@@ -785,8 +893,8 @@ extern "C" int cuda_model_backward_w(cuda_model_t *m, cuda_model_acts_t *a)
             return rc;
         unit_give(m, a, i, WS_W);
     }
-    if (m->has_embed)
-        NN(cuda_embed_bwd(m->d_embed, a->d_bottom, a->tokens, N, m->V, D, s));
+    if (m->has_embed && (rc = backward_w_embed(m, a)))
+        return rc;
     return 0; /* stream order: take_grads, cuda_model_sync or the next op waits for it */
 }
 
@@ -802,6 +910,16 @@ extern "C" void cuda_model_buffers(cuda_model_t *m, uint16_t **w, float **g, siz
 {
     *w = m->w;
     *g = m->g;
-    *begin = m->begin;
-    *end = m->end;
+    *begin = m->own_b;
+    *end = m->own_e;
+}
+
+extern "C" int cuda_model_shard(cuda_model_t *m, const shard_io_t *io)
+{
+    if (io && (!io->weights || !io->take || !io->give))
+        return cuda_err(-EINVAL, "parameter sharding on the GPU needs the weights gathered and the gradients given");
+    if (io && m->own_b == m->begin && m->own_e == m->end && m->begin < m->end)
+        return cuda_err(-EINVAL, "parameter sharding: the model holds all its weights (model_config_t own_end 0)");
+    m->io = io ? *io : (shard_io_t){0};
+    return 0;
 }

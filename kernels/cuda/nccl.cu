@@ -29,6 +29,9 @@ static struct {
     ncclResult_t (*reduce_scatter)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
                                    cudaStream_t);
     ncclResult_t (*all_gather)(const void *, void *, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
+    ncclResult_t (*broadcast)(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+    ncclResult_t (*reduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, int, ncclComm_t,
+                           cudaStream_t);
     const char *(*error)(ncclResult_t);
     int loaded;
     char why[400];
@@ -44,6 +47,7 @@ static int load(void)
     api.get_id = ncclGetUniqueId, api.init = ncclCommInitRank, api.destroy = ncclCommDestroy;
     api.send = ncclSend, api.recv = ncclRecv, api.reduce_scatter = ncclReduceScatter;
     api.all_gather = ncclAllGather, api.error = ncclGetErrorString;
+    api.broadcast = ncclBroadcast, api.reduce = ncclReduce;
 #else
     const char *path = getenv("CTITAN_NCCL_LIB");
     if (!path || !path[0])
@@ -59,9 +63,10 @@ static int load(void)
     SYM(get_id, "ncclGetUniqueId"); SYM(init, "ncclCommInitRank"); SYM(destroy, "ncclCommDestroy");
     SYM(send, "ncclSend"); SYM(recv, "ncclRecv"); SYM(reduce_scatter, "ncclReduceScatter");
     SYM(all_gather, "ncclAllGather"); SYM(error, "ncclGetErrorString");
+    SYM(broadcast, "ncclBroadcast"); SYM(reduce, "ncclReduce");
 #undef SYM
     if (!api.get_id || !api.init || !api.destroy || !api.send || !api.recv || !api.reduce_scatter ||
-        !api.all_gather || !api.error) {
+        !api.all_gather || !api.error || !api.broadcast || !api.reduce) {
         snprintf(api.why, sizeof(api.why), "%s lacks the NCCL 2.7+ calls ctitan uses", path);
         api.loaded = -1;
         return cuda_err(-ENODEV, "%s", api.why);
@@ -140,4 +145,16 @@ extern "C" int cuda_nccl_all_gather_bf16(cuda_nccl_t *c, const uint16_t *send, u
                                          void *stream)
 {
     return nc(api.all_gather(send, recv, count, ncclBfloat16, c->comm, (cudaStream_t)stream), "ncclAllGather");
+}
+
+extern "C" int cuda_nccl_broadcast_bf16(cuda_nccl_t *c, const uint16_t *send, uint16_t *recv, size_t count, int root,
+                                        void *stream)
+{
+    return nc(api.broadcast(send, recv, count, ncclBfloat16, root, c->comm, (cudaStream_t)stream), "ncclBroadcast");
+}
+
+extern "C" int cuda_nccl_reduce_f32(cuda_nccl_t *c, const float *send, float *recv, size_t count, int root,
+                                    void *stream)
+{
+    return nc(api.reduce(send, recv, count, ncclFloat32, ncclSum, root, c->comm, (cudaStream_t)stream), "ncclReduce");
 }

@@ -83,6 +83,13 @@ static int be_step_end(backend_model_t *m)
 
 static void *be_model_stream(backend_model_t *m) { return cuda_model_stream(m->m); }
 
+static int be_model_shard(backend_model_t *m, const shard_io_t *io)
+{
+    if (io && m->host_w)
+        return cuda_err(-EINVAL, "parameter sharding with offload (optshard.device = \"cpu\") is not built");
+    return cuda_model_shard(m->m, io);
+}
+
 static void be_model_buffers(backend_model_t *m, void **w, float **g, size_t *begin, size_t *end)
 {
     uint16_t *w16;
@@ -106,7 +113,7 @@ static const cuda_plugin_t table = {
     {
         "cuda",
         be_model_new, be_model_destroy, be_acts_new, be_acts_destroy, be_forward, be_backward_b, be_backward_w, be_backward,
-        be_step_begin, be_step_end, NULL /* model_shard: parameter sharding is CPU-only so far */, be_model_stream, be_model_buffers, be_mem_used,
+        be_step_begin, be_step_end, be_model_shard, be_model_stream, be_model_buffers, be_mem_used,
         cuda_dev_select, cuda_alloc, cuda_free, cuda_stream_new, cuda_stream_free, cuda_stream_sync,
         cuda_copy_async, cuda_zero_async, cuda_f32_add, cuda_block_sumsq, cuda_adamw,
         be_to_weights, cuda_host_pin, cuda_host_unpin,
@@ -116,7 +123,7 @@ static const cuda_plugin_t table = {
     cuda_ipc_export, cuda_ipc_alloc, cuda_ipc_open, cuda_ipc_close, cuda_ipc_event_new, cuda_ipc_event_open,
     cuda_event_free, cuda_event_record, cuda_stream_wait,
     cuda_nccl_id, cuda_nccl_init, cuda_nccl_destroy, cuda_nccl_send, cuda_nccl_recv, cuda_nccl_reduce_scatter_f32,
-    cuda_nccl_all_gather_bf16,
+    cuda_nccl_all_gather_bf16, cuda_nccl_broadcast_bf16, cuda_nccl_reduce_f32,
     cuda_err_text,
     cuda_infer_new, cuda_infer_destroy, cuda_infer_forward,
 };

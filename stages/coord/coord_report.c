@@ -177,10 +177,16 @@ void coord_banner(coord_t *c)
         snprintf(shape, sizeof(shape), "the Llama of %s/config.json", m->ckpt_initial_path);
     else
         snprintf(shape, sizeof(shape), "%s %s", m->model_name, m->flavor);
-    printf("launch: job %s: %s, %.2fM parameters; pipeline %d (%s%s, %d microbatches of %dx%d), data parallel %d, "
+    char sharded[96] = "";
+    if (m->dp_shard > 1 && m->dp_replicate > 1)
+        snprintf(sharded, sizeof(sharded), " (%d groups of %d sharing their weights: HSDP)", m->dp_replicate,
+                 m->dp_shard);
+    else if (m->dp_shard > 1)
+        snprintf(sharded, sizeof(sharded), " (weights and gradients sharded: FSDP)");
+    printf("launch: job %s: %s, %.2fM parameters; pipeline %d (%s%s, %d microbatches of %dx%d), data parallel %d%s, "
            "%d optimizer shards; %d processes\n",
            m->name, shape, c->lay.total / 1e6, m->pp, sched_kind_name(m->schedule), chunks,
-           m->microbatches, c->lay.mb, m->seq_len, m->dp, m->shards, n);
+           m->microbatches, c->lay.mb, m->seq_len, m->dp, sharded, m->shards, n);
     if (peak.from == PEAK_NONE)
         printf("launch: %s\n", from);
     else

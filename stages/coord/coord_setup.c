@@ -126,7 +126,7 @@ static int make_segments(coord_t *c, char *err, size_t errlen)
         (l->gpu && (rc = shm_create(&c->seg_dev, c->job, DEVDIR_SEG, devdir_bytes(l), err, errlen))) ||
         (l->S > 1 && plane_uses_act_segment(plane_transport(l)) &&
          (rc = job_act_create(&c->seg_act, c->job, l, err, errlen))) ||
-        (l->fsdp > 1 && (rc = shm_create(&c->seg_fsdp, c->job, JOB_FSDP_SEG, job_fsdp_bytes(l), err, errlen))) ||
+        (job_fsdp_bytes(l) && (rc = shm_create(&c->seg_fsdp, c->job, JOB_FSDP_SEG, job_fsdp_bytes(l), err, errlen))) ||
         (!l->gpu_shards && m->host_rank == 0 &&
          (rc = job_optstate_create(&c->seg_opt, c->job, l, m->shards, err, errlen))))
         return rc;

@@ -80,7 +80,10 @@ static size_t fsdp_group_bytes(const job_layout_t *l)
     return n;
 }
 
-size_t job_fsdp_bytes(const job_layout_t *l) { return l->fsdp > 1 ? (size_t)l->copies * fsdp_group_bytes(l) : 0; }
+size_t job_fsdp_bytes(const job_layout_t *l)
+{
+    return l->fsdp > 1 && !l->gpu ? (size_t)l->copies * fsdp_group_bytes(l) : 0; /* the GPU's: plane_nccl.c */
+}
 
 job_fsdp_xchg_t *job_fsdp_xchg(void *seg, const job_layout_t *l, int group, int vstage)
 {
@@ -117,6 +120,13 @@ int job_stage_range(const manifest_t *m, int s, size_t *b, size_t *e)
 }
 
 size_t job_dp_chunk(const job_layout_t *l, size_t n) { return (n + (size_t)l->dp - 1) / (size_t)l->dp; }
+
+void job_fsdp_part(const job_layout_t *l, int replica, size_t begin, size_t end, size_t *b, size_t *e)
+{
+    size_t chunk = job_dp_chunk(l, end - begin), at = begin + (size_t)replica * chunk;
+    *b = at < end ? at : end;
+    *e = at + chunk < end ? at + chunk : end;
+}
 
 int job_shard_range(const job_layout_t *l, const manifest_t *m, int k, size_t *b, size_t *e)
 {

@@ -87,6 +87,11 @@ size_t job_act_off(const job_layout_t *l, int replica, int boundary, int grad);
  * r % fsdp of its group. */
 static inline int job_copy_of(const job_layout_t *l, int replica) { return replica / l->fsdp; }
 
+/* Parameter sharding on a device: the part [*b, *e) of a stage's range [begin, end) that replica
+ * r keeps (its weights and gradients), the chunk of job_dp_chunk that the NCCL data plane's
+ * optimizer shard beside it owns: r's chunk of dp (sharding on the GPU has one group). */
+void job_fsdp_part(const job_layout_t *l, int replica, size_t begin, size_t end, size_t *b, size_t *e);
+
 /* ---- ctitan.<job>.fsdp (parameter sharding; stages/runtime/fsdp.h does the exchange) ---- */
 #define JOB_FSDP_SEG "fsdp"
 #define JOB_FSDP_HDR 4096
@@ -102,7 +107,7 @@ typedef struct {
     char pad[56];
     job_fsdp_member_t member[];
 } job_fsdp_xchg_t;
-/* Bytes of the segment (0 without sharding) and the exchange of (group, vstage) in it; its
+/* Bytes of the segment (0 without sharding, and on the GPU: the NCCL data plane's exchange) and the exchange of (group, vstage) in it; its
  * member buffers follow its JOB_FSDP_HDR bytes, fsdp_unit[vstage] floats each. */
 size_t job_fsdp_bytes(const job_layout_t *l);
 job_fsdp_xchg_t *job_fsdp_xchg(void *seg, const job_layout_t *l, int group, int vstage);

@@ -305,10 +305,15 @@ static int check_placement(const manifest_t *m, char *err, size_t errlen)
     CHECK((long long)m->dp_replicate * m->dp_shard <= 4096, "parallelism", "data_parallel_replicate_degree",
           "parallelism.data_parallel_replicate_degree = %d x data_parallel_shard_degree = %d: at most 4096 "
           "data-parallel ranks", m->dp_replicate, m->dp_shard);
-    CHECK(m->dp_shard == 1 || !strcmp(m->device, "cpu"), "parallelism", "data_parallel_shard_degree",
-          "parallelism.data_parallel_shard_degree = %d with job.device = \"%s\": parameter sharding is built for "
-          "CPU jobs (shared memory) only; on the GPU use data_parallel_replicate_degree (the optimizer shards "
-          "already hold the training state once per job)", m->dp_shard, m->device);
+    CHECK(m->dp_shard == 1 || !strcmp(m->device, "cpu") || !strcmp(m->data_plane, "nccl"), "parallelism",
+          "data_parallel_shard_degree",
+          "parallelism.data_parallel_shard_degree = %d with job.device = \"cuda\": parameter sharding on GPUs runs on "
+          "the NCCL data plane (parallelism.data_plane = \"nccl\")", m->dp_shard);
+    CHECK(m->dp_shard == 1 || !strcmp(m->device, "cpu") || m->dp_replicate == 1, "parallelism",
+          "data_parallel_replicate_degree",
+          "parallelism.data_parallel_replicate_degree = %d with data_parallel_shard_degree = %d on the GPU: HSDP "
+          "(sharded groups, replicated) is built for CPU jobs only; on the GPU shard over every replica "
+          "(data_parallel_replicate_degree = 1)", m->dp_replicate, m->dp_shard);
     CHECK(m->host_rank < m->hosts, "job", "host_rank", "job.host_rank = %d: the job has job.hosts = %d", m->host_rank,
           m->hosts);
     CHECK(m->hosts == 1 || !strcmp(m->data_plane, "nccl"), "job", "hosts",

@@ -18,9 +18,9 @@
  * When another stage of the job dies mid-step, the coordinator closes the rings (ring_close):
  * a wait on one returns -ECANCELED, and this stage leaves the step (ABORTED) and waits for the
  * step to be sent again, once the coordinator has reset the rings and gradients (DESIGN.md
- * "Recovery"). With parameter sharding (parallelism.data_parallel_shard_degree) the stage
- * computes on its group's copy of the weights and hands each piece's weight gradients to the
- * group's exchange (stages/runtime/fsdp.h), which the coordinator closes the same way. */
+ * "Recovery"). With parameter sharding (parallelism.data_parallel_shard_degree) the model
+ * takes each piece's weights from, and gives its gradients to, the plane's exchange of its group
+ * (plane_shard_io), which the coordinator closes the same way on the CPU. */
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -34,7 +34,6 @@
 #include "kernels/backend.h"
 #include "kernels/params.h"
 #include "stages/job/job.h"
-#include "stages/runtime/fsdp.h"
 #include "stages/runtime/plane.h"
 #include "stages/job/schedule.h"
 #include "stages/runtime/trace.h"
@@ -46,7 +45,6 @@ typedef struct {
     backend_model_t *model;
     plane_t *plane;              /* links to virtual stages vstage - 1 and vstage + 1, and from the
                                   * loader (tokens: first, targets: last) */
-    fsdp_t *fsdp;                /* parameter sharding: this chunk's exchange, or NULL */
     backend_acts_t **acts;       /* (sched_peak_acts of the chunk) */
     int *acts_mb;                /* microbatch each holds, -1 free */
     int nacts;
@@ -57,7 +55,7 @@ typedef struct {
     const manifest_t *man;
     job_layout_t lay;
     int rank, replica;
-    shm_seg_t *params, *grads, *fsdp; /* fsdp: the exchanges of parameter sharding */
+    shm_seg_t *params, *grads;
     const backend_t *be;
     chunk_t *chunk;              /* (lay.vs), in the schedule's chunk order */
     sched_t sched;
@@ -96,33 +94,32 @@ static long recv_boot(void *arg, void *buf, size_t cap)
     return n;
 }
 
+static void plane_waiting(void *arg, int on) { worker_waiting(((stage_t *)arg)->w, on); }
+
 /* Chunk k's data plane over the job's transport: its links, its loader rings; on the GPU its
- * device buffers published for its neighbours and the optimizer shards. */
-static void setup_plane(stage_t *st, chunk_t *k)
+ * device buffers published for its neighbours and the optimizer shards; with parameter sharding
+ * the model's exchange. [begin, end): the chunk's range of the flat space. */
+static void setup_plane(stage_t *st, chunk_t *k, size_t begin, size_t end)
 {
     char err[512];
     plane_cfg_t c = {.lay = &st->lay, .job = worker_job(st->w), .replica = st->replica, .rank = st->rank,
                      .vstage = k->vstage, .stream = st->be->model_stream(k->model), .device = st->device,
-                     .boot = recv_boot, .arg = st};
+                     .stage_begin = begin, .stage_end = end, .waiting = plane_waiting, .boot = recv_boot, .arg = st};
     st->be->model_buffers(k->model, &c.w, &c.g, &c.begin, &c.end);
     int rc = plane_new(&k->plane, plane_transport(&st->lay), &c, err, sizeof(err));
     WORKER_CHECK(st->w, rc == 0, "%s", err);
-}
-
-static void fsdp_waiting(void *arg, int on) { worker_waiting(((stage_t *)arg)->w, on); }
-
-/* With parameter sharding: chunk k's weight gradients go to its group's exchange. */
-static void setup_fsdp(stage_t *st, chunk_t *k)
-{
-    char err[512];
-    int group = job_copy_of(&st->lay, st->replica);
-    float *G = (float *)shm_data(st->grads) + (size_t)group * st->lay.stride;
-    WORKER_CHECK(st->w, st->be->model_shard, "parallelism.data_parallel_shard_degree = %d: the %s backend "
-                 "cannot shard its parameters", st->lay.fsdp, st->be->name);
-    WORKER_CHECK(st->w, fsdp_new(&k->fsdp, shm_data(st->fsdp), &st->lay, group, st->replica % st->lay.fsdp,
-                                 k->vstage, G, fsdp_waiting, st, err, sizeof(err)) == 0, "%s", err);
-    shard_io_t io = fsdp_io(k->fsdp);
-    BE_CHECK(st, st->be->model_shard(k->model, &io), "%s parameter sharding: %s", st->be->name, BE_WHY(st));
+    shard_io_t io;
+    PLANE_CHECK(st, k, plane_shard_io(k->plane, &io));
+    WORKER_CHECK(st->w, !io.take || st->be->model_shard, "parallelism.data_parallel_shard_degree = %d: the %s "
+                 "backend cannot shard its parameters", st->lay.fsdp, st->be->name);
+    if (io.take) {
+        BE_CHECK(st, st->be->model_shard(k->model, &io), "%s parameter sharding: %s", st->be->name, BE_WHY(st));
+        if (io.weights)
+            LOG_D("parameter sharding: keeps [%zu, %zu) of [%zu, %zu)", c.begin, c.end, begin, end);
+        else
+            LOG_D("parameter sharding: member %d of %d of group %d", st->replica % st->lay.fsdp, st->lay.fsdp,
+                  job_copy_of(&st->lay, st->replica));
+    }
 }
 
 /* Chunk k (virtual stage k->vstage): its model on its pieces' range of the shared weights and
@@ -143,11 +140,11 @@ static void setup_chunk(stage_t *st, chunk_t *k, int c, int threads)
     model_config_t cfg = m->model; /* [activation_checkpoint] rides in the model's config */
     cfg.ac_mode = m->ac_mode;
     cfg.ac_every = m->ac_every;
+    if (st->lay.fsdp > 1 && st->lay.gpu) /* the GPU keeps its part: job_fsdp_part */
+        job_fsdp_part(&st->lay, st->replica, begin, end, &cfg.own_begin, &cfg.own_end);
     BE_CHECK(st, st->be->model_new(&k->model, &cfg, p0, p1, host_w, host_g, threads),
              "%s model of pieces [%d, %d): %s", st->be->name, p0, p1, BE_WHY(st));
-    if (st->fsdp)
-        setup_fsdp(st, k);
-    setup_plane(st, k);
+    setup_plane(st, k, begin, end);
     k->nacts = sched_peak_acts(&st->sched, st->rank, c); /* forward done, its weight gradients not yet */
     k->acts = calloc((size_t)k->nacts, sizeof(*k->acts));
     k->acts_mb = malloc((size_t)k->nacts * sizeof(int));
@@ -171,8 +168,6 @@ static void setup(stage_t *st)
         WORKER_CHECK(st->w, shm_attach(&st->params, job, "params", err, sizeof(err)) == 0, "%s", err);
         WORKER_CHECK(st->w, shm_attach(&st->grads, job, "grads", err, sizeof(err)) == 0, "%s", err);
     }
-    if (st->lay.fsdp > 1)
-        WORKER_CHECK(st->w, shm_attach(&st->fsdp, job, JOB_FSDP_SEG, err, sizeof(err)) == 0, "%s", err);
     WORKER_CHECK(st->w, sched_build(&st->sched, m->pp, st->lay.vs, m->microbatches, m->schedule, err,
                                     sizeof(err)) == 0, "%s", err);
     WORKER_CHECK(st->w, st->chunk = calloc((size_t)st->lay.vs, sizeof(chunk_t)), "out of memory");
@@ -362,11 +357,7 @@ static void run_step(stage_t *st, int64_t step)
     for (int c = 0; c < st->lay.vs; c++) {
         chunk_t *k = &st->chunk[c];
         BE_CHECK(st, st->be->step_begin(k->model), "%s weights: %s", st->be->name, BE_WHY(st));
-        PLANE_CHECK(st, k, plane_step_begin(k->plane));
-        if (k->fsdp) {
-            fsdp_step(k->fsdp, step);
-            fsdp_waited(k->fsdp); /* a step left unfinished counted no waits of this one */
-        }
+        PLANE_CHECK(st, k, plane_step_begin(k->plane, step));
     }
     const sched_action_t *a = st->sched.a[st->rank];
     int n = st->sched.n[st->rank];
@@ -413,7 +404,7 @@ static void run_step(stage_t *st, int64_t step)
         chunk_t *k = &st->chunk[c];
         PLANE_CHECK(st, k, plane_step_end(k->plane));
         BE_CHECK(st, st->be->step_end(k->model), "%s step: %s", st->be->name, BE_WHY(st));
-        st->t_wait += plane_waited(k->plane) + (k->fsdp ? fsdp_waited(k->fsdp) : 0);
+        st->t_wait += plane_waited(k->plane);
     }
     size_t used;
     if (st->be->mem_used(&used) == 0 && used > st->mem_peak)
@@ -487,7 +478,6 @@ int main(int argc, char **argv)
         for (int i = 0; i < k->nacts; i++)
             st.be->acts_destroy(&k->acts[i]);
         plane_destroy(&k->plane);
-        fsdp_destroy(&k->fsdp);
         if (k->model)
             st.be->model_destroy(&k->model);
         free(k->acts);
@@ -498,7 +488,6 @@ int main(int argc, char **argv)
     sched_free(&st.sched);
     shm_detach(&st.params);
     shm_detach(&st.grads);
-    shm_detach(&st.fsdp);
     worker_close(&st.w);
     return 0;
 }

@@ -17,7 +17,7 @@ struct fsdp {
     size_t cap;          /* floats of each */
     float *grads;
     uint64_t base, k;    /* this step's base and the pieces handed over in it */
-    double waited;
+    double *waited;
     void (*waiting)(void *, int);
     void *arg;
 };
@@ -49,7 +49,7 @@ static int wait_all(fsdp_t *f, uint64_t want)
         }
     }
     if (t0) {
-        f->waited += util_now() - t0;
+        *f->waited += util_now() - t0;
         if (f->waiting)
             f->waiting(f->arg, 0);
     }
@@ -97,7 +97,7 @@ static int give(void *arg, size_t lo, size_t hi)
 }
 
 int fsdp_new(fsdp_t **out, void *seg, const job_layout_t *l, int group, int member, int vstage, float *grads,
-             void (*waiting)(void *arg, int on), void *arg, char *err, size_t errlen)
+             double *waited, void (*waiting)(void *arg, int on), void *arg, char *err, size_t errlen)
 {
     *out = NULL;
     if (l->fsdp < 2 || group < 0 || group >= l->copies || member < 0 || member >= l->fsdp || vstage < 0 ||
@@ -116,6 +116,7 @@ int fsdp_new(fsdp_t **out, void *seg, const job_layout_t *l, int group, int memb
     for (int k = 0; k < f->n; k++)
         f->buf[k] = job_fsdp_buf(f->x, l, vstage, k);
     f->grads = grads;
+    f->waited = waited;
     f->waiting = waiting;
     f->arg = arg;
     *out = f;
@@ -138,10 +139,3 @@ void fsdp_step(fsdp_t *f, int64_t step)
 }
 
 shard_io_t fsdp_io(fsdp_t *f) { return (shard_io_t){.take = take, .give = give, .arg = f}; }
-
-double fsdp_waited(fsdp_t *f)
-{
-    double w = f->waited;
-    f->waited = 0;
-    return w;
-}

@@ -21,17 +21,16 @@
 typedef struct fsdp fsdp_t;
 
 /* Member `member` of group `group`'s exchange for virtual stage `vstage` in the fsdp segment
- * `seg`; grads: the group's copy of the gradients (the flat space from offset 0). waiting(arg,
- * on) is called around each wait for the other members (may be NULL). */
+ * `seg`; grads: the group's copy of the gradients (the flat space from offset 0). The seconds
+ * spent waiting for the other members add to *waited; waiting(arg, on) is called around each
+ * such wait (may be NULL). */
 int fsdp_new(fsdp_t **out, void *seg, const job_layout_t *l, int group, int member, int vstage, float *grads,
-             void (*waiting)(void *arg, int on), void *arg, char *err, size_t errlen);
+             double *waited, void (*waiting)(void *arg, int on), void *arg, char *err, size_t errlen);
 void fsdp_destroy(fsdp_t **x);
 /* At the start of each step (and of a step done again): the sequence numbers of its pieces. */
 void fsdp_step(fsdp_t *x, int64_t step);
 /* What to give the model (backend_t.model_shard): no weights to gather, the exchange's take and give. */
 shard_io_t fsdp_io(fsdp_t *x);
-/* Seconds spent waiting for the other members since the last call. */
-double fsdp_waited(fsdp_t *x);
 /* Member k's part [*b, *e) of a piece's range [lo, hi): the range cut in fsdp pieces of a
  * multiple of 16 floats (a cache line), the last the rest. */
 void fsdp_part(size_t lo, size_t hi, int fsdp, int k, size_t *b, size_t *e);

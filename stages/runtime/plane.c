@@ -217,7 +217,21 @@ int plane_send(plane_t *p, plane_link_t l)
     return e ? e->ops->send(e) : -EINVAL;
 }
 
-int plane_step_begin(plane_t *p) { return p->ops && p->ops->step_begin ? p->ops->step_begin(p) : 0; }
+int plane_step_begin(plane_t *p, int64_t step)
+{
+    return p->ops && p->ops->step_begin ? p->ops->step_begin(p, step) : 0;
+}
+
+int plane_shard_io(plane_t *p, shard_io_t *io)
+{
+    *io = (shard_io_t){0};
+    if (p->lay.fsdp < 2)
+        return 0;
+    if (!p->tr->shard)
+        return plane_fail(p, -ENOTSUP, "parallelism.data_parallel_shard_degree = %d: parameter sharding is not built "
+                          "on the %s data plane", p->lay.fsdp, p->tr->name);
+    return p->tr->shard(p, io);
+}
 
 int plane_step_end(plane_t *p) { return p->ops && p->ops->step_end ? p->ops->step_end(p) : 0; }
 

@@ -23,6 +23,13 @@
  *         reduce-scatter the gradients and all-gather the weights, so a shard maps only the
  *         one stage (beside it) that holds its slice's sum
  *
+ * Parameter sharding (parallelism.data_parallel_shard_degree, DESIGN.md "Parameter sharding"):
+ * plane_shard_io gives the model its group's exchange, piece by piece: on shm the group shares
+ * one copy of the weights and its members reduce-scatter each piece's gradients through the
+ * fsdp segment (stages/runtime/fsdp.h); on nccl each member keeps its chunk of the stage's
+ * weights and gradients, each piece's weights are broadcast from their owners before it runs
+ * and its gradients reduced to them after its W.
+ *
  * A shard on the CPU (a CPU job, or offload: [optshard] device "cpu") reads every replica's
  * part of the params and grads segments; one on the GPU maps the stages' device buffers.
  *
@@ -83,9 +90,13 @@ typedef struct {
     /* the device transports */
     void *stream;             /* the model's stream (backend_t.model_stream) */
     int device;               /* the ordinal the stage computes on */
-    void *w;                  /* the model's device weights (bf16) and gradients of the range */
-    float *g;                 /* [begin, end) of the flat space (backend_t.model_buffers) */
+    void *w;                  /* the model's weights (backend dtype) and gradients of the range */
+    float *g;                 /* [begin, end) of the flat space (backend_t.model_buffers: with
+                               * parameter sharding on a device, the replica's part) */
     size_t begin, end;
+    size_t stage_begin, stage_end; /* the virtual stage's whole range */
+    /* called around each wait for other replicas in plane_shard_io's exchange (may be NULL) */
+    void (*waiting)(void *arg, int on);
     /* what the coordinator hands this stage for its transport after its config (plane_boot),
      * fetched when the transport needs it: fills buf (at most cap bytes), returns its length
      * or -errno */
@@ -105,8 +116,14 @@ int plane_send(plane_t *p, plane_link_t l);
 
 /* Before a step's first action and after its last (nccl: the replicas' weights gathered;
  * their gradients reduced and every send on its way). */
-int plane_step_begin(plane_t *p);
+int plane_step_begin(plane_t *p, int64_t step);
 int plane_step_end(plane_t *p);
+
+/* With parameter sharding (lay->fsdp > 1), what the model takes its pieces' weights from and
+ * gives their gradients to (backend_t.model_shard); without, *io all NULL. Returns 0 or -errno
+ * (-ENOTSUP: the transport has no sharding). A wait in it returns -ECANCELED once the
+ * coordinator closed the exchanges for a recovery. */
+int plane_shard_io(plane_t *p, shard_io_t *io);
 
 /* Seconds the host spent blocked in the calls above since the last call to this. */
 double plane_waited(plane_t *p);

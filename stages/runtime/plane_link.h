@@ -30,7 +30,7 @@ struct plane_end {
 };
 
 typedef struct {
-    int (*step_begin)(plane_t *p);
+    int (*step_begin)(plane_t *p, int64_t step);
     int (*step_end)(plane_t *p);
     void (*destroy)(plane_t *p); /* the transport's own state, p->ctx */
 } plane_ops_t;
@@ -49,6 +49,8 @@ typedef struct {
     /* the coordinator's part (NULL: nothing): plane_boot_make, plane_boot_share */
     int (*boot_make)(const job_layout_t *l, void **boot, size_t *len, char *err, size_t errlen);
     long (*boot_share)(const job_layout_t *l, const void *boot, int replica, int rank, void *buf, size_t cap);
+    /* parameter sharding's exchange (plane_shard_io; NULL: none on this transport) */
+    int (*shard)(plane_t *p, shard_io_t *io);
 } plane_transport_t;
 
 extern const plane_transport_t plane_shm, plane_ipc, plane_nccl;

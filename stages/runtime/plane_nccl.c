@@ -5,7 +5,12 @@
  * the link's stream after slot i's transfer) and ready[i] (recorded on the model's stream once
  * it has filled or read slot i). Around a step, the replicas of this pipeline rank all-gather
  * the weights (each replica's optimizer shard updated one chunk) and reduce-scatter the
- * gradients (replica r keeps the sum of chunk r, where its shard reads it). */
+ * gradients (replica r keeps the sum of chunk r, where its shard reads it). With parameter
+ * sharding (plane_shard_io) replica r holds only its chunk of the weights and gradients: each
+ * piece's weights are broadcast from the chunks' owners into one of two piece buffers before
+ * the model uses them (the one it holds already, if so: a recompute's), and each piece's
+ * gradients reduced to the owners of its parts, who add them to their chunk, all on the
+ * model's stream. */
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -28,8 +33,14 @@ typedef struct {
 typedef struct {
     cuda_nccl_t *dp;
     uint16_t *w;                 /* the model's weights and gradients: n elements and room for dp */
-    float *g;                    /* chunks (CUDA_MODEL_SLACK) */
+    float *g;                    /* chunks (CUDA_MODEL_SLACK); with sharding only this replica's chunk */
     size_t n;
+    /* parameter sharding */
+    size_t sb, chunk;            /* the stage's range starts at sb; replica k owns chunk k */
+    uint16_t *piece[2];          /* two pieces' weights (lay.fsdp_unit[vstage] elements each) */
+    size_t piece_lo[2];          /* which (their lo; SIZE_MAX: none) */
+    int next;                    /* the buffer the next gather fills */
+    float *gbuf, *sum;           /* a piece's gradients, and an owner's sum of its part */
 } nccl_ctx_t;
 
 #define CU(p) (p)->cu
@@ -134,10 +145,15 @@ static int add_end(plane_t *p, plane_link_t l, const cuda_nccl_id_t *id, const c
     return 0;
 }
 
-/* Every replica's chunk of the weights, as its optimizer shard left it. */
-static int nccl_step_begin(plane_t *p)
+/* Every replica's chunk of the weights, as its optimizer shard left it (with sharding each
+ * piece's, as the model asks). */
+static int nccl_step_begin(plane_t *p, int64_t step)
 {
     nccl_ctx_t *x = p->ctx;
+    if (p->lay.fsdp > 1) {
+        x->piece_lo[0] = x->piece_lo[1] = SIZE_MAX; /* the shards updated the chunks */
+        return 0;
+    }
     size_t chunk = job_dp_chunk(&p->lay, x->n), r = (size_t)p->cfg.replica;
     if (CU(p)->nccl_all_gather_bf16(x->dp, x->w + r * chunk, x->w, chunk, p->cfg.stream))
         return failed(p, "all-gather of the weights");
@@ -151,10 +167,11 @@ static int nccl_step_end(plane_t *p)
     nccl_ctx_t *x = p->ctx;
     const cuda_plugin_t *cu = CU(p);
     size_t chunk = job_dp_chunk(&p->lay, x->n), r = (size_t)p->cfg.replica, all = chunk * (size_t)p->lay.dp;
-    if (cu->nccl_reduce_scatter_f32(x->dp, x->g, x->g + r * chunk, chunk, p->cfg.stream))
+    if (p->lay.fsdp < 2 && cu->nccl_reduce_scatter_f32(x->dp, x->g, x->g + r * chunk, chunk, p->cfg.stream))
         return failed(p, "reduce-scatter of the gradients");
-    if (cu->backend.zero(x->g, r * chunk * sizeof(float), p->cfg.stream) ||
-        cu->backend.zero(x->g + (r + 1) * chunk, (all - (r + 1) * chunk) * sizeof(float), p->cfg.stream))
+    if (p->lay.fsdp < 2 && (cu->backend.zero(x->g, r * chunk * sizeof(float), p->cfg.stream) ||
+                            cu->backend.zero(x->g + (r + 1) * chunk, (all - (r + 1) * chunk) * sizeof(float),
+                                             p->cfg.stream)))
         return failed(p, "clearing the gradients");
     plane_link_t out[] = {PLANE_ACT_OUT, PLANE_GRAD_OUT};
     for (int i = 0; i < 2; i++)
@@ -168,6 +185,12 @@ static void nccl_ctx_destroy(plane_t *p)
     nccl_ctx_t *x = p->ctx;
     if (!x)
         return;
+    void *bufs[] = {x->piece[0], x->piece[1], x->gbuf, x->sum};
+    if (bufs[0] && p->cfg.stream)
+        CU(p)->backend.stream_sync(p->cfg.stream);
+    for (int i = 0; i < 4; i++)
+        if (bufs[i])
+            CU(p)->backend.free(bufs[i]);
     CU(p)->nccl_destroy(&x->dp);
     free(x);
     p->ctx = NULL;
@@ -196,7 +219,8 @@ static int links(plane_t *p)
     if (!x)
         return plane_fail(p, -ENOMEM, "out of memory");
     p->ops = &nccl_ops;
-    *x = (nccl_ctx_t){.w = c->w, .g = c->g, .n = c->end - c->begin};
+    *x = (nccl_ctx_t){.w = c->w, .g = c->g, .n = c->end - c->begin, .sb = c->stage_begin,
+                      .chunk = job_dp_chunk(&p->lay, c->stage_end - c->stage_begin), .piece_lo = {SIZE_MAX, SIZE_MAX}};
     int rc = 0, first = c->rank == 0, last = c->rank == p->lay.pp - 1;
     if (!first && !(rc = add_end(p, PLANE_ACT_IN, &ids[JOB_NCCL_ACT_IN], "act_in", 1, 0))) /* boundary rank - 1 */
         rc = add_end(p, PLANE_GRAD_OUT, &ids[JOB_NCCL_GRAD_OUT], "grad_out", 0, 1);       /* before boundary rank */
@@ -205,6 +229,89 @@ static int links(plane_t *p)
     if (!rc && p->cu->nccl_init(&x->dp, &ids[JOB_NCCL_DP], p->lay.dp, c->replica))
         rc = plane_fail(p, -EIO, "NCCL communicator of the replicas: %s", p->cu->last_error());
     return rc;
+}
+
+/* ---- parameter sharding ---- */
+
+/* Replica k's chunk's overlap [*a, *b) with [lo, hi); 0 when there is none. */
+static int owned(const plane_t *p, const nccl_ctx_t *x, int k, size_t lo, size_t hi, size_t *a, size_t *b)
+{
+    size_t c0 = x->sb + (size_t)k * x->chunk, c1 = c0 + x->chunk, end = p->cfg.stage_end;
+    c1 = c1 < end ? c1 : end;
+    *a = lo > c0 ? lo : c0;
+    *b = hi < c1 ? hi : c1;
+    return *a < *b;
+}
+
+/* Piece [lo, hi)'s weights, broadcast by the owner of each part into a piece buffer. */
+static int shard_weights(void *arg, size_t lo, size_t hi, void **w)
+{
+    plane_t *p = arg;
+    nccl_ctx_t *x = p->ctx;
+    const cuda_plugin_t *cu = CU(p);
+    for (int j = 0; j < 2; j++)
+        if (x->piece_lo[j] == lo) {
+            *w = x->piece[j];
+            return 0;
+        }
+    if (hi - lo > p->lay.fsdp_unit[p->cfg.vstage])
+        return plane_fail(p, -EINVAL, "piece [%zu, %zu) is larger than the gather buffers", lo, hi);
+    int j = x->next;
+    x->next = 1 - j;
+    uint16_t *own = x->w;
+    for (int k = 0; k < p->lay.dp; k++) {
+        size_t a, b;
+        if (owned(p, x, k, lo, hi, &a, &b) &&
+            cu->nccl_broadcast_bf16(x->dp, k == p->cfg.replica ? own + (a - p->cfg.begin) : x->piece[j] + (a - lo),
+                                    x->piece[j] + (a - lo), b - a, k, p->cfg.stream))
+            return failed(p, "broadcast of a piece's weights");
+    }
+    x->piece_lo[j] = lo;
+    *w = x->piece[j];
+    return 0;
+}
+
+static int shard_take(void *arg, size_t lo, size_t hi, float **g)
+{
+    plane_t *p = arg;
+    if (hi - lo > p->lay.fsdp_unit[p->cfg.vstage])
+        return plane_fail(p, -EINVAL, "piece [%zu, %zu) is larger than the gradient buffer", lo, hi);
+    *g = ((nccl_ctx_t *)p->ctx)->gbuf;
+    return 0;
+}
+
+/* Piece [lo, hi)'s gradients reduced to the owner of each part, who adds them to its chunk. */
+static int shard_give(void *arg, size_t lo, size_t hi)
+{
+    plane_t *p = arg;
+    nccl_ctx_t *x = p->ctx;
+    const cuda_plugin_t *cu = CU(p);
+    for (int k = 0; k < p->lay.dp; k++) {
+        size_t a, b;
+        if (!owned(p, x, k, lo, hi, &a, &b))
+            continue;
+        if (cu->nccl_reduce_f32(x->dp, x->gbuf + (a - lo), x->sum, b - a, k, p->cfg.stream))
+            return failed(p, "reduce of a piece's gradients");
+        if (k == p->cfg.replica && cu->backend.f32_add(x->g + (a - p->cfg.begin), x->sum, b - a, p->cfg.stream))
+            return failed(p, "adding a piece's gradients");
+    }
+    return 0;
+}
+
+static int shard(plane_t *p, shard_io_t *io)
+{
+    nccl_ctx_t *x = p->ctx;
+    const backend_t *be = &CU(p)->backend;
+    size_t n = p->lay.fsdp_unit[p->cfg.vstage];
+    if (p->lay.copies != 1)
+        return plane_fail(p, -ENOTSUP, "parallelism.data_parallel_replicate_degree = %d with sharding: HSDP on the "
+                          "NCCL data plane is not built (shard over every replica)", p->lay.copies);
+    if (!x->gbuf && (be->alloc((void **)&x->piece[0], n * 2) || be->alloc((void **)&x->piece[1], n * 2) ||
+                     be->alloc((void **)&x->gbuf, n * 4) || be->alloc((void **)&x->sum, n * 4)))
+        return plane_fail(p, -ENOMEM, "parameter sharding's piece buffers (%zu elements): %s", n,
+                          CU(p)->last_error());
+    *io = (shard_io_t){.weights = shard_weights, .take = shard_take, .give = shard_give, .arg = p};
+    return 0;
 }
 
 /* ---- the coordinator's part: every communicator's id ---- */
@@ -262,4 +369,5 @@ static long boot_share(const job_layout_t *l, const void *boot, int replica, int
 
 /* Its communicators die with any of their ranks: a loss rewinds the job. */
 const plane_transport_t plane_nccl = {.name = "nccl", .recovery = PLANE_RECOVER_REWIND, .device = 1, .beside = 1,
-                                      .links = links, .boot_make = boot_make, .boot_share = boot_share};
+                                      .links = links, .boot_make = boot_make, .boot_share = boot_share,
+                                      .shard = shard};

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdlib.h>
 
+#include "stages/runtime/fsdp.h"
 #include "stages/runtime/plane_link.h"
 
 typedef struct {
@@ -68,7 +69,54 @@ static int links(plane_t *p)
     return rc;
 }
 
+/* ---- parameter sharding: the group's exchange in the fsdp segment (fsdp.h) ---- */
+
+typedef struct {
+    shm_seg_t *seg;
+    fsdp_t *x;
+} shm_shard_t;
+
+static int shard_step_begin(plane_t *p, int64_t step)
+{
+    fsdp_step(((shm_shard_t *)p->ctx)->x, step);
+    return 0;
+}
+
+static void shard_destroy(plane_t *p)
+{
+    shm_shard_t *s = p->ctx;
+    if (!s)
+        return;
+    fsdp_destroy(&s->x);
+    shm_detach(&s->seg);
+    free(s);
+    p->ctx = NULL;
+}
+
+static const plane_ops_t shard_ops = {.step_begin = shard_step_begin, .destroy = shard_destroy};
+
+/* Replica r is member r % fsdp of group r / fsdp, whose copy of the gradients cfg.g is part of
+ * (its range [begin, end) of the flat space). */
+static int shard(plane_t *p, shard_io_t *io)
+{
+    const plane_cfg_t *c = &p->cfg;
+    shm_shard_t *s = p->ctx;
+    int rc;
+    if (!s) {
+        if (!(s = p->ctx = calloc(1, sizeof(*s))))
+            return plane_fail(p, -ENOMEM, "out of memory");
+        p->ops = &shard_ops;
+        if ((rc = shm_attach(&s->seg, c->job, JOB_FSDP_SEG, p->err, sizeof(p->err))) ||
+            (rc = fsdp_new(&s->x, shm_data(s->seg), &p->lay, job_copy_of(&p->lay, c->replica),
+                           c->replica % p->lay.fsdp, c->vstage, c->g - c->begin, &p->waited, c->waiting, c->arg,
+                           p->err, sizeof(p->err))))
+            return rc;
+    }
+    *io = fsdp_io(s->x);
+    return 0;
+}
+
 /* A CPU job's state lives in shared memory (the weights in params, the shards' in optstate):
  * whoever is lost is replaced alone. */
 const plane_transport_t plane_shm = {.name = "shm", .recovery = PLANE_RECOVER_IN_PLACE, .act_segment = 1,
-                                     .links = links};
+                                     .links = links, .shard = shard};

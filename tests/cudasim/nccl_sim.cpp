@@ -158,6 +158,36 @@ static ncclResult_t do_all_gather(const void *send, void *recv, size_t count, nc
     return barrier(c);
 }
 
+/* recv (every rank) = root's send */
+static ncclResult_t do_broadcast(const void *send, void *recv, size_t count, ncclDataType_t t, int root, ncclComm_t c)
+{
+    size_t bytes = count * type_bytes(t);
+    if (c->rank == root)
+        memcpy(area(c, root), send, bytes);
+    ncclResult_t r = barrier(c);
+    if (r)
+        return r;
+    if (c->rank != root || recv != send)
+        memmove(recv, area(c, root), bytes);
+    return barrier(c);
+}
+
+/* recv (root only) = the sum of every rank's send, in rank order */
+static ncclResult_t do_reduce(const void *send, void *recv, size_t count, int root, ncclComm_t c)
+{
+    memcpy(area(c, c->rank), send, count * 4);
+    ncclResult_t r = barrier(c);
+    if (r)
+        return r;
+    for (size_t i = 0; c->rank == root && i < count; i++) {
+        float s = 0;
+        for (int k = 0; k < c->nranks; k++)
+            s += ((const float *)area(c, k))[i];
+        ((float *)recv)[i] = s;
+    }
+    return barrier(c);
+}
+
 /* The calls: checked now, queued on the stream (outside the device lock: they wait for peers). A
  * failure inside the queue is reported and ends the process, as a hung NCCL would stop it. */
 static ncclResult_t queue(cudaStream_t s, const char *what, std::function<ncclResult_t()> op)
@@ -199,6 +229,22 @@ ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataT
     if (count * type_bytes(t) > AREA)
         return ncclInvalidArgument;
     return queue(s, "ncclAllGather", [=] { return do_all_gather(send, recv, count, t, c); });
+}
+
+ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t t, int root, ncclComm_t c,
+                           cudaStream_t s)
+{
+    if (root < 0 || root >= c->nranks || count * type_bytes(t) > AREA)
+        return ncclInvalidArgument;
+    return queue(s, "ncclBroadcast", [=] { return do_broadcast(send, recv, count, t, root, c); });
+}
+
+ncclResult_t ncclReduce(const void *send, void *recv, size_t count, ncclDataType_t t, ncclRedOp_t, int root,
+                        ncclComm_t c, cudaStream_t s)
+{
+    if (t != ncclFloat32 || root < 0 || root >= c->nranks || count * 4 > AREA)
+        return ncclInvalidArgument;
+    return queue(s, "ncclReduce", [=] { return do_reduce(send, recv, count, root, c); });
 }
 
 const char *ncclGetErrorString(ncclResult_t r)

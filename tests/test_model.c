@@ -1,6 +1,7 @@
 /* The whole model: the double reference against finite differences, the CPU model
  * against the reference, the B/W backward split, splitting into pipeline pieces, and
  * bitwise determinism across thread counts. */
+#include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -190,6 +191,89 @@ static void test_model_deferred_weight_gradients_are_bitwise_identical(void **st
     free(g1);
     free(g2);
     free(tok2);
+    fixture_free(&f);
+}
+
+/* Parameter sharding's hook (params.h shard_io_t): the model hands each piece's weight
+ * gradients of a microbatch to io piece by piece, in the order its W runs (head, layers from
+ * the top, embedding), in a buffer it zeroed first (the io here fills it with garbage), and adds
+ * none into its own gradients; io that adds them back gives the gradients of the model without
+ * io bit for bit (one microbatch: zero plus the sum), with B and W split or fused (activation
+ * checkpointing). A failing give stops the rest of the W and is model_status's. */
+typedef struct {
+    float *sum, *buf;
+    size_t lo[8], hi[8];
+    int n, fail_at;
+} test_io_t;
+
+static int io_take(void *arg, size_t lo, size_t hi, float **buf)
+{
+    test_io_t *t = arg;
+    for (size_t i = 0; i < hi - lo; i++)
+        t->buf[i] = 1e30f; /* the model must zero it */
+    *buf = t->buf;
+    return 0;
+}
+
+static int io_give(void *arg, size_t lo, size_t hi)
+{
+    test_io_t *t = arg;
+    if (t->n == t->fail_at)
+        return -ECANCELED;
+    t->lo[t->n] = lo, t->hi[t->n] = hi, t->n++;
+    for (size_t i = lo; i < hi; i++)
+        t->sum[i] += t->buf[i - lo];
+    return 0;
+}
+
+static void test_model_shard_io_takes_each_pieces_gradients_in_w_order(void **state)
+{
+    fixture_t f;
+    fixture_init(&f, tiny(), 2, 8, 11);
+    size_t n = f.tab.total;
+    int L = f.cfg.n_layers + 2;
+    float *ref = calloc(n, sizeof(float)), *own = calloc(n, sizeof(float));
+    test_io_t t = {.sum = calloc(n, sizeof(float)), .buf = malloc(n * sizeof(float)), .fail_at = -1};
+    double l_ref = cpu_loss_grad(&f, ref, NULL);
+    for (int fused = 0; fused < 2; fused++) {
+        model_config_t cfg = f.cfg;
+        cfg.ac_mode = fused ? CONFIG_AC_FULL : CONFIG_AC_NONE;
+        memset(t.sum, 0, n * sizeof(float));
+        t.n = 0;
+        model_t *m = model_new(&cfg, 0, L, f.w, own, NULL);
+        shard_io_t io = {.take = io_take, .give = io_give, .arg = &t};
+        model_set_shard_io(m, &io);
+        model_acts_t *a = model_acts_new(m, f.B, f.T);
+        double l = model_forward(m, a, f.tok, NULL, f.tgt, 1.0f / (f.B * f.T), NULL);
+        if (fused)
+            model_backward(m, a, NULL, NULL);
+        else
+            model_backward_b(m, a, NULL, NULL), model_backward_w(m, a);
+        assert_int_equal(model_status(m), 0);
+        assert_true(l == l_ref);
+        assert_memory_equal(t.sum, ref, n * sizeof(float));
+        for (size_t i = 0; i < n; i++)
+            assert_true(own[i] == 0.0f); /* nothing into the model's own gradients */
+        assert_int_equal(t.n, L); /* every piece once, head first, embedding last */
+        for (int k = 0; k < L; k++) {
+            size_t lo, hi;
+            params_piece_range(&f.tab, L - 1 - k, L - k, &lo, &hi);
+            assert_true(t.lo[k] == lo && t.hi[k] == hi);
+        }
+        if (!fused) { /* a give that fails (the exchange closed): the rest of the W skipped, said */
+            t.n = 0, t.fail_at = 1;
+            model_backward_w(m, a);
+            assert_int_equal(model_status(m), -ECANCELED);
+            assert_int_equal(t.n, 1);
+            t.fail_at = -1;
+        }
+        model_acts_destroy(&a);
+        model_destroy(&m);
+    }
+    free(ref);
+    free(own);
+    free(t.sum);
+    free(t.buf);
     fixture_free(&f);
 }
 
@@ -439,6 +523,7 @@ int main(void)
         cmocka_unit_test(test_model_cpu_matches_reference_wider),
         cmocka_unit_test(test_model_deferred_weight_gradients_are_bitwise_identical),
         cmocka_unit_test(test_model_split_into_pieces_matches_whole_bitwise),
+        cmocka_unit_test(test_model_shard_io_takes_each_pieces_gradients_in_w_order),
         cmocka_unit_test(test_model_activation_checkpointing_is_bitwise_and_saves_memory),
         cmocka_unit_test(test_model_bits_identical_for_any_thread_count),
         cmocka_unit_test(test_model_adamw_steps_reduce_loss_on_a_fixed_batch),

@@ -4,6 +4,7 @@
  * CPU by bf16 rounding: the loss within 2% and each gradient tensor within 8% in relative L2
  * norm (a wrong equation is off by far more; a transposed or missing term by ~100%). Skipped
  * where there is no GPU. */
+#include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -138,6 +139,109 @@ static void test_cuda_model_matches_the_cpu_model_whole_and_split(void **state)
     free(w), free(gc), free(gg);
 }
 
+/* Parameter sharding (cuda_model_shard): a model made with a part [own_begin, own_end) holds only
+ * that part (cuda_model_buffers), takes every piece's weights from io before its forward and
+ * backward (here: pointers into a whole model's device weights), and gives each piece's
+ * gradients in io's buffer, zeroed first, in W order, adding none into its own: the loss and
+ * the gradients are the whole model's bit for bit (one microbatch). */
+typedef struct {
+    cuda_model_t *m, *full;         /* the sharded model; the one whose weights io lends */
+    float *dev, *host, *sum;        /* io's device buffer, a host copy, the sum of what was given */
+    size_t last_hi;                 /* the pieces come top down */
+    int n;
+} shard_test_t;
+
+static int st_weights(void *arg, size_t lo, size_t hi, void **w)
+{
+    shard_test_t *t = arg;
+    uint16_t *fw;
+    float *fg;
+    size_t b, e;
+    cuda_model_buffers(t->full, &fw, &fg, &b, &e);
+    *w = fw + (lo - b);
+    return 0;
+}
+
+static int st_take(void *arg, size_t lo, size_t hi, float **g)
+{
+    shard_test_t *t = arg;
+    *g = t->dev;
+    return cuda_copy_to_device(t->dev, t->host, (hi - lo) * sizeof(float)); /* garbage the model must zero */
+}
+
+static int st_give(void *arg, size_t lo, size_t hi)
+{
+    shard_test_t *t = arg;
+    int rc = cuda_model_sync(t->m);
+    if (rc || (rc = cuda_copy_to_host(t->host, t->dev, (hi - lo) * sizeof(float))))
+        return rc;
+    if (t->n++ && hi != t->last_hi)
+        return -EPROTO;
+    t->last_hi = lo;
+    for (size_t i = lo; i < hi; i++)
+        t->sum[i] += t->host[i - lo];
+    for (size_t i = 0; i < hi - lo; i++)
+        t->host[i] = 1e30f;
+    return 0;
+}
+
+static void test_cuda_model_shard_io_matches_the_whole_model_bitwise(void **state)
+{
+    need_gpu();
+    model_config_t c = config();
+    param_table_t tab;
+    assert_int_equal(params_table_init(&tab, &c), 0);
+    size_t n = tab.total;
+    float *w = malloc(n * sizeof(float)), *g = calloc(n, sizeof(float));
+    params_init(&tab, &c, 7, w, 0, n);
+    enum { B = 1, T = SIM_OR(16, 64) };
+    int32_t tok[B * T], tgt[B * T];
+    uint64_t s = 9;
+    for (int i = 0; i < B * T; i++)
+        tok[i] = (int32_t)(tu_next(&s) % 256), tgt[i] = (int32_t)(tu_next(&s) % 256);
+    int all = c.n_layers + 2;
+    double want = gpu_run(&c, &tab, w, g, (int[]){0, all}, 1, tok, tgt, B, T);
+    shard_test_t t = {.host = malloc(n * sizeof(float)), .sum = calloc(n, sizeof(float))};
+    for (size_t i = 0; i < n; i++)
+        t.host[i] = 1e30f;
+    CK(cuda_alloc((void **)&t.dev, n * sizeof(float)));
+    CK(cuda_model_new(&t.full, &c, 0, all));
+    CK(cuda_model_set_weights(t.full, w));
+    model_config_t sc = c;
+    sc.own_begin = n / 3, sc.own_end = 2 * n / 3;
+    CK(cuda_model_new(&t.m, &sc, 0, all));
+    uint16_t *ow;
+    float *og;
+    size_t ob, oe;
+    cuda_model_buffers(t.m, &ow, &og, &ob, &oe);
+    assert_true(ob == n / 3 && oe == 2 * n / 3);
+    shard_io_t io = {.weights = st_weights, .take = st_take, .give = st_give, .arg = &t};
+    CK(cuda_model_shard(t.m, &io));
+    cuda_model_acts_t *a;
+    CK(cuda_model_acts_new(&a, t.m, B, T));
+    double loss;
+    CK(cuda_model_forward(t.m, a, tok, NULL, tgt, 1.0f / (B * T), NULL, &loss));
+    CK(cuda_model_backward_b(t.m, a, NULL, NULL));
+    CK(cuda_model_backward_w(t.m, a));
+    assert_true(loss / (B * T) == want);
+    assert_int_equal(t.n, all);
+    assert_true(t.last_hi == 0);
+    assert_memory_equal(t.sum, g, n * sizeof(float));
+    float *own = malloc((oe - ob) * sizeof(float));
+    CK(cuda_model_take_grads(t.m, own)); /* its own part: nothing added */
+    for (size_t i = 0; i < oe - ob; i++)
+        assert_true(own[i] == 0.0f);
+    sc.own_begin = n, sc.own_end = n + 1; /* outside the range */
+    cuda_model_t *bad;
+    assert_int_equal(cuda_model_new(&bad, &sc, 0, all), -EINVAL);
+    cuda_model_acts_destroy(&a);
+    cuda_model_destroy(&t.m);
+    cuda_model_destroy(&t.full);
+    cuda_free(t.dev);
+    params_table_free(&tab);
+    free(w), free(g), free(t.host), free(t.sum), free(own);
+}
+
 /* Activation checkpointing on the GPU model: two stages, two microbatches, every forward
  * first; backwards fused (cuda_model_backward, W with B layer by layer) or held back (every B,
  * then the W's in microbatch order). Returns the loss sum, the gradients in g, one microbatch's
@@ -257,6 +361,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cuda_model_matches_the_cpu_model_whole_and_split),
         cmocka_unit_test(test_cuda_model_activation_checkpointing_is_bitwise_and_saves_memory),
+        cmocka_unit_test(test_cuda_model_shard_io_matches_the_whole_model_bitwise),
         cmocka_unit_test(test_cuda_model_refuses_unsupported_shapes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -61,16 +61,18 @@ int params_find_name(const param_table_t *tab, const char *name);
 /* A model's pieces under parameter sharding (DESIGN.md "Parameter sharding"), one piece
  * (params_piece_range) at a time, from its group's transport (stages/runtime/fsdp.h on the CPU,
  * the NCCL data plane on GPUs):
- *   weights(arg, lo, hi, &w): before the piece's forward or backward, its weights [lo, hi) of
- *     the flat space gathered in the backend's memory and dtype (ready in the model's stream's
- *     order; valid until the next call); NULL: the model's own weights are whole (the CPU's
- *     group shares one copy: shared memory is the all-gather).
+ *   weights(arg, lo, hi, next_lo, next_hi, &w): before the piece's forward or backward, its
+ *     weights [lo, hi) of the flat space gathered in the backend's memory and dtype (ready in the
+ *     model's stream's order; valid until the next call but one), and [next_lo, next_hi) the
+ *     piece the model will ask for next (next_lo == next_hi: none), which io may gather
+ *     meanwhile; NULL: the model's own weights are whole (the CPU's group shares one copy:
+ *     shared memory is the all-gather).
  *   take(arg, lo, hi, &buf): before the piece's W, a buffer of hi - lo fp32 for its gradients,
  *     which the model zeroes and adds the microbatch's gradients into;
  *   give(arg, lo, hi): after it, the group's reduce-scatter of them into the owners' parts.
  * Each returns 0 or a negative errno (-ECANCELED: closed for a recovery). */
 typedef struct {
-    int (*weights)(void *arg, size_t lo, size_t hi, void **w);
+    int (*weights)(void *arg, size_t lo, size_t hi, size_t next_lo, size_t next_hi, void **w);
     int (*take)(void *arg, size_t lo, size_t hi, float **buf);
     int (*give)(void *arg, size_t lo, size_t hi);
     void *arg;

@@ -211,16 +211,19 @@ static void bind(cuda_model_t *m)
         bind_piece(m, p, m->w, m->g, m->begin);
 }
 
-/* Parameter sharding: before piece p's forward or backward, its weights gathered. */
-static int piece_weights(cuda_model_t *m, int p)
+/* Parameter sharding: before piece p's forward or backward, its weights gathered; `next` the
+ * piece that will be asked for after it (-1: none), which io may gather meanwhile. */
+static int piece_weights(cuda_model_t *m, int p, int next)
 {
     if (!m->io.weights)
         return 0;
-    size_t lo, hi;
+    size_t lo, hi, nlo = 0, nhi = 0;
     params_piece_range(&m->tab, p, p + 1, &lo, &hi);
+    if (next >= 0)
+        params_piece_range(&m->tab, next, next + 1, &nlo, &nhi);
     void *w;
     char why[512];
-    int rc = m->io.weights(m->io.arg, lo, hi, &w);
+    int rc = m->io.weights(m->io.arg, lo, hi, nlo, nhi, &w);
     if (rc) { /* the text is shared: copied first */
         snprintf(why, sizeof(why), "%s", cuda_err_text());
         return cuda_err(rc, "parameter sharding: the weights of piece %d: %s", p, why);
@@ -691,7 +694,7 @@ static int forward(cuda_model_t *m, cuda_model_acts_t *a, const int32_t *tokens,
     int rc;
     *loss = 0;
     if (m->has_embed) {
-        if ((rc = piece_weights(m, 0)))
+        if ((rc = piece_weights(m, 0, m->nl ? m->layer0 + 1 : m->has_head ? m->cfg.n_layers + 1 : -1)))
             return rc;
         CU(cudaMemcpyAsync(a->tokens, tokens, N * sizeof(int32_t), cudaMemcpyHostToDevice, m->stream));
         NN(cuda_embed_fwd(a->x_first, m->embed, a->tokens, (int)N, m->V, (int)D, s));
@@ -711,7 +714,8 @@ static int forward(cuda_model_t *m, cuda_model_acts_t *a, const int32_t *tokens,
         int ck = keep_of(m, i) != CONFIG_KEEP_ALL;
         if (ck && ((rc = unit_take(m, a, i, WS_W)) || (rc = unit_take(m, a, i, WS_B))))
             return rc;
-        if ((rc = piece_weights(m, m->layer0 + i + 1)) ||
+        int next = i + 1 < m->nl ? m->layer0 + i + 2 : m->has_head ? m->cfg.n_layers + 1 : -1;
+        if ((rc = piece_weights(m, m->layer0 + i + 1, next)) ||
             (rc = layer_forward(m, a, i, i + 1 < m->nl ? a->l[i + 1].h_in : top)))
             return rc;
         if (ck)
@@ -729,7 +733,7 @@ static int forward(cuda_model_t *m, cuda_model_acts_t *a, const int32_t *tokens,
         CU(cudaStreamSynchronize(m->stream));
         return 0;
     }
-    if ((rc = piece_weights(m, m->cfg.n_layers + 1)))
+    if ((rc = piece_weights(m, m->cfg.n_layers + 1, -1)))
         return rc;
     NN(cuda_rmsnorm_fwd(a->hf, a->rf, a->x_top, m->norm, (int)N, (int)D, (float)m->cfg.norm_eps, s));
     MM(cuda_matmul_fwd(m->mm, a->logits, a->hf, m->out, (int)N, (int)D, m->V, s));
@@ -777,7 +781,7 @@ static int backward_b(cuda_model_t *m, cuda_model_acts_t *a, const void *dy, voi
         return rc;
     bf16_t *top = m->nl ? a->l[m->nl - 1].df : a->d_bottom;
     if (m->has_head) {
-        if ((rc = piece_weights(m, m->cfg.n_layers + 1)))
+        if ((rc = piece_weights(m, m->cfg.n_layers + 1, m->nl ? m->layer0 + m->nl : -1)))
             return rc;
         MM(cuda_matmul_bwd_x(m->mm, a->dhf, a->logits, m->out, (int)N, (int)D, m->V, 0, s));
         NN(cuda_rmsnorm_bwd_x(top, a->dhf, a->x_top, a->rf, m->norm, (int)N, (int)D, 0, s));
@@ -797,7 +801,7 @@ static int backward_b(cuda_model_t *m, cuda_model_acts_t *a, const void *dy, voi
         int ck = keep_of(m, i) != CONFIG_KEEP_ALL;
         if (i > 0 && keep_of(m, i - 1) != CONFIG_KEEP_ALL && (rc = unit_take(m, a, i - 1, WS_W)))
             return rc;
-        if ((rc = piece_weights(m, m->layer0 + i + 1)) ||
+        if ((rc = piece_weights(m, m->layer0 + i + 1, i > 0 ? m->layer0 + i : -1)) ||
             (ck && ((rc = unit_take(m, a, i, WS_B)) || (rc = layer_recompute(m, a, i)))))
             return rc;
         if ((rc = layer_backward_b(m, a, i, i > 0 ? a->l[i - 1].df : bottom)))

@@ -28,6 +28,7 @@ int job_layout(job_layout_t *l, const manifest_t *m)
                         .D = m->model.dim, .total = tab.total, .vs = manifest_vstages(m)};
     l->S = l->pp * l->vs;
     l->fsdp = m->dp_shard > 0 ? m->dp_shard : 1;
+    l->fsdp_reshard = !strcmp(m->fsdp_reshard, "always") || (strcmp(m->fsdp_reshard, "never") && m->pp == 1);
     l->copies = m->dp / l->fsdp;
     for (int v = 0; l->fsdp > 1 && v < l->S; v++) {
         int p0, p1;
@@ -35,6 +36,7 @@ int job_layout(job_layout_t *l, const manifest_t *m)
             params_table_free(&tab);
             return -ENOMEM;
         }
+        l->fsdp_pieces[v] = p1 - p0;
         for (int p = p0; p < p1; p++) {
             size_t b, e;
             params_piece_range(&tab, p, p + 1, &b, &e);

@@ -70,6 +70,9 @@ typedef struct {
     int copies;         /* dp / fsdp: copies of the weights and gradients (replica groups) */
     size_t fsdp_unit[MANIFEST_MAX_PP]; /* with fsdp > 1: floats of virtual stage v's largest piece,
                                         * rounded up to 1024 (one member's exchange buffer) */
+    int fsdp_pieces[MANIFEST_MAX_PP]; /* with fsdp > 1: virtual stage v's pieces */
+    int fsdp_reshard;   /* GPU: piece weights gathered again for the backward
+                         * (parallelism.fsdp_reshard_after_forward "always"; "default" with pp 1) */
     const optim_t *opt; /* [optimizer] name's row */
     int arrays;         /* the training state's arrays per parameter (optim_arrays) */
 } job_layout_t;

@@ -103,6 +103,11 @@ typedef struct {
                                   * weights (HSDP's replicas; with shard degree 1, plain data parallel) */
     int dp_shard;                /* data_parallel_shard_degree, 1: data-parallel ranks sharing one copy
                                   * of the weights and gradients (FSDP; DESIGN.md "Parameter sharding") */
+    char fsdp_reshard[16];       /* fsdp_reshard_after_forward, "default": with parameter sharding on the
+                                  * GPU, whether a piece's gathered weights go after its forward and
+                                  * are gathered again for its backward ("always") or stay for the
+                                  * step ("never": the stage's weights whole on each GPU); "default" is
+                                  * "always" at pp 1, "never" with a pipeline (torchtitan's) */
     int dp;                      /* not a key: the data-parallel ranks, dp_replicate x dp_shard (the
                                   * stage replicas; replica r is rank r % dp_shard of group r / dp_shard) */
     char data_plane[16];         /* "ipc": CUDA IPC rings on one host, GPU shards summing replicas;

@@ -299,6 +299,10 @@ static int check_placement(const manifest_t *m, char *err, size_t errlen)
           "replicas' slices of a stage: use data_plane = \"ipc\"", m->optimizer_name);
     CHECK(strcmp(m->data_plane, "nccl") || m->dp <= 4096, "parallelism", "data_parallel_replicate_degree",
           "parallelism.data_parallel_replicate_degree = %d: the NCCL data plane takes at most 4096 replicas", m->dp);
+    CHECK(!strcmp(m->fsdp_reshard, "default") || !strcmp(m->fsdp_reshard, "always") ||
+          !strcmp(m->fsdp_reshard, "never"), "parallelism", "fsdp_reshard_after_forward",
+          "parallelism.fsdp_reshard_after_forward = \"%s\": expected \"default\", \"always\" or \"never\"",
+          m->fsdp_reshard);
     CHECK(m->dp_shard <= 32, "parallelism", "data_parallel_shard_degree",
           "parallelism.data_parallel_shard_degree = %d: at most 32 replicas share one copy of the weights",
           m->dp_shard);

@@ -51,6 +51,7 @@ const mkey_t mkey_table[] = {
     KINT("parallelism", "pipeline_parallel_layers_per_stage", layers_per_stage, 0),
     KINT("parallelism", "data_parallel_replicate_degree", dp_replicate, 1),
     KINT("parallelism", "data_parallel_shard_degree", dp_shard, 1),
+    KSTR("parallelism", "fsdp_reshard_after_forward", fsdp_reshard),
     KSTR("parallelism", "data_plane", data_plane),
     {"activation_checkpoint", "mode", MKEY_AC_MODE, FLD(ac_mode), 0, 0},
     {"activation_checkpoint", "selective_ac_option", MKEY_AC_OPTION, FLD(ac_every), 0, 0},

@@ -37,10 +37,7 @@ typedef struct {
     size_t n;
     /* parameter sharding */
     size_t sb, chunk;            /* the stage's range starts at sb; replica k owns chunk k */
-    uint16_t *piece[2];          /* two pieces' weights (lay.fsdp_unit[vstage] elements each) */
-    size_t piece_lo[2];          /* which (their lo; SIZE_MAX: none) */
-    int next;                    /* the buffer the next gather fills */
-    float *gbuf, *sum;           /* a piece's gradients, and an owner's sum of its part */
+    struct nccl_shard *shard;    /* the exchange (plane_shard_io), or NULL */
 } nccl_ctx_t;
 
 #define CU(p) (p)->cu
@@ -145,13 +142,18 @@ static int add_end(plane_t *p, plane_link_t l, const cuda_nccl_id_t *id, const c
     return 0;
 }
 
+static void shard_forget(struct nccl_shard *h);
+static int shard_sync(plane_t *p, struct nccl_shard *h);
+static void shard_destroy(plane_t *p, struct nccl_shard *h);
+
 /* Every replica's chunk of the weights, as its optimizer shard left it (with sharding each
  * piece's, as the model asks). */
 static int nccl_step_begin(plane_t *p, int64_t step)
 {
     nccl_ctx_t *x = p->ctx;
     if (p->lay.fsdp > 1) {
-        x->piece_lo[0] = x->piece_lo[1] = SIZE_MAX; /* the shards updated the chunks */
+        if (x->shard)
+            shard_forget(x->shard); /* the shards updated the chunks */
         return 0;
     }
     size_t chunk = job_dp_chunk(&p->lay, x->n), r = (size_t)p->cfg.replica;
@@ -161,11 +163,14 @@ static int nccl_step_begin(plane_t *p, int64_t step)
 }
 
 /* The replicas' sum of this replica's chunk, where its shard reads it, the other chunks
- * cleared for the next step; every send of the step on its way. */
+ * cleared for the next step (with sharding: every piece's reduce done); every send of the step
+ * on its way. */
 static int nccl_step_end(plane_t *p)
 {
     nccl_ctx_t *x = p->ctx;
     const cuda_plugin_t *cu = CU(p);
+    if (x->shard && shard_sync(p, x->shard))
+        return failed(p, "the reduces of the gradients");
     size_t chunk = job_dp_chunk(&p->lay, x->n), r = (size_t)p->cfg.replica, all = chunk * (size_t)p->lay.dp;
     if (p->lay.fsdp < 2 && cu->nccl_reduce_scatter_f32(x->dp, x->g, x->g + r * chunk, chunk, p->cfg.stream))
         return failed(p, "reduce-scatter of the gradients");
@@ -185,12 +190,9 @@ static void nccl_ctx_destroy(plane_t *p)
     nccl_ctx_t *x = p->ctx;
     if (!x)
         return;
-    void *bufs[] = {x->piece[0], x->piece[1], x->gbuf, x->sum};
-    if (bufs[0] && p->cfg.stream)
+    if (x->shard && p->cfg.stream)
         CU(p)->backend.stream_sync(p->cfg.stream);
-    for (int i = 0; i < 4; i++)
-        if (bufs[i])
-            CU(p)->backend.free(bufs[i]);
+    shard_destroy(p, x->shard);
     CU(p)->nccl_destroy(&x->dp);
     free(x);
     p->ctx = NULL;
@@ -220,7 +222,7 @@ static int links(plane_t *p)
         return plane_fail(p, -ENOMEM, "out of memory");
     p->ops = &nccl_ops;
     *x = (nccl_ctx_t){.w = c->w, .g = c->g, .n = c->end - c->begin, .sb = c->stage_begin,
-                      .chunk = job_dp_chunk(&p->lay, c->stage_end - c->stage_begin), .piece_lo = {SIZE_MAX, SIZE_MAX}};
+                      .chunk = job_dp_chunk(&p->lay, c->stage_end - c->stage_begin)};
     int rc = 0, first = c->rank == 0, last = c->rank == p->lay.pp - 1;
     if (!first && !(rc = add_end(p, PLANE_ACT_IN, &ids[JOB_NCCL_ACT_IN], "act_in", 1, 0))) /* boundary rank - 1 */
         rc = add_end(p, PLANE_GRAD_OUT, &ids[JOB_NCCL_GRAD_OUT], "grad_out", 0, 1);       /* before boundary rank */
@@ -231,7 +233,31 @@ static int links(plane_t *p)
     return rc;
 }
 
-/* ---- parameter sharding ---- */
+/* ---- parameter sharding ----
+ *
+ * Every collective of the replicas' communicator runs on one stream of its own (NCCL wants its
+ * calls in the same order on every rank; one stream keeps them so), ordered against the model's
+ * stream by events: a piece's broadcast waits until the model has finished with what its buffer
+ * held (free), the model waits until it arrived (ready); a piece's reduce waits until its W
+ * filled the gradient buffer (filled), the next W into that buffer until it was reduced
+ * (reduced). While the model computes one piece the next one (the model announces it) is
+ * gathered into the other buffer, and with two gradient buffers a piece's reduce runs during
+ * the next piece's W. Resharded after forward ("always"): two piece buffers; never: one buffer
+ * of the whole stage, each piece gathered once a step. */
+
+enum { GBUFS = 2 };
+
+typedef struct nccl_shard {
+    void *stream;                /* the communicator's */
+    int slots;                   /* piece buffers: 2, or the stage's pieces laid out as the range (never) */
+    uint16_t *wbuf;              /* (slots == 2: 2 x unit, else the stage's range) bf16 */
+    size_t *lo;                  /* (slots) the piece each holds, SIZE_MAX none */
+    void **ready, **free_;       /* (slots) events */
+    int cur;                     /* the slot the model uses */
+    float *gbuf[GBUFS], *sum;    /* gradient buffers (unit each), an owner's part of a reduce */
+    void *filled[GBUFS], *reduced[GBUFS];
+    int g;                       /* the gradient buffer of the piece in W */
+} nccl_shard_t;
 
 /* Replica k's chunk's overlap [*a, *b) with [lo, hi); 0 when there is none. */
 static int owned(const plane_t *p, const nccl_ctx_t *x, int k, size_t lo, size_t hi, size_t *a, size_t *b)
@@ -243,40 +269,82 @@ static int owned(const plane_t *p, const nccl_ctx_t *x, int k, size_t lo, size_t
     return *a < *b;
 }
 
-/* Piece [lo, hi)'s weights, broadcast by the owner of each part into a piece buffer. */
-static int shard_weights(void *arg, size_t lo, size_t hi, void **w)
+static uint16_t *slot_buf(const plane_t *p, const nccl_shard_t *h, int j, size_t lo)
 {
-    plane_t *p = arg;
+    return h->slots == 2 ? h->wbuf + (size_t)j * p->lay.fsdp_unit[p->cfg.vstage] : h->wbuf + (lo - p->cfg.stage_begin);
+}
+
+/* The slot a piece not held goes to: the other of two (the one the model used before the
+ * current one), or, never resharding, a free one (each piece has its place in the stage's
+ * buffer; there are as many slots as pieces). */
+static int next_slot(const nccl_shard_t *h, int cur)
+{
+    if (h->slots == 2)
+        return 1 - cur;
+    int j = 0;
+    while (j < h->slots - 1 && h->lo[j] != SIZE_MAX)
+        j++;
+    return j;
+}
+
+static int held(const nccl_shard_t *h, size_t lo)
+{
+    for (int j = 0; j < h->slots; j++)
+        if (h->lo[j] == lo)
+            return j;
+    return -1;
+}
+
+/* Piece [lo, hi) broadcast by the owner of each part into slot j, on the communicator's stream,
+ * once the model is done with what the slot held. */
+static int gather(plane_t *p, nccl_shard_t *h, int j, size_t lo, size_t hi)
+{
     nccl_ctx_t *x = p->ctx;
     const cuda_plugin_t *cu = CU(p);
-    for (int j = 0; j < 2; j++)
-        if (x->piece_lo[j] == lo) {
-            *w = x->piece[j];
-            return 0;
-        }
-    if (hi - lo > p->lay.fsdp_unit[p->cfg.vstage])
+    uint16_t *buf = slot_buf(p, h, j, lo);
+    if (hi - lo > (h->slots == 2 ? p->lay.fsdp_unit[p->cfg.vstage] : p->cfg.stage_end - lo))
         return plane_fail(p, -EINVAL, "piece [%zu, %zu) is larger than the gather buffers", lo, hi);
-    int j = x->next;
-    x->next = 1 - j;
-    uint16_t *own = x->w;
+    if (cu->event_record(h->free_[j], p->cfg.stream) || cu->stream_wait(h->stream, h->free_[j]))
+        return failed(p, "ordering a gather");
     for (int k = 0; k < p->lay.dp; k++) {
         size_t a, b;
         if (owned(p, x, k, lo, hi, &a, &b) &&
-            cu->nccl_broadcast_bf16(x->dp, k == p->cfg.replica ? own + (a - p->cfg.begin) : x->piece[j] + (a - lo),
-                                    x->piece[j] + (a - lo), b - a, k, p->cfg.stream))
+            cu->nccl_broadcast_bf16(x->dp, k == p->cfg.replica ? x->w + (a - p->cfg.begin) : buf + (a - lo),
+                                    buf + (a - lo), b - a, k, h->stream))
             return failed(p, "broadcast of a piece's weights");
     }
-    x->piece_lo[j] = lo;
-    *w = x->piece[j];
+    if (cu->event_record(h->ready[j], h->stream))
+        return failed(p, "ordering a gather");
+    h->lo[j] = lo;
+    return 0;
+}
+
+static int shard_weights(void *arg, size_t lo, size_t hi, size_t next_lo, size_t next_hi, void **w)
+{
+    plane_t *p = arg;
+    nccl_shard_t *h = ((nccl_ctx_t *)p->ctx)->shard;
+    int rc, j = held(h, lo);
+    if (j < 0 && (rc = gather(p, h, j = next_slot(h, h->cur), lo, hi)))
+        return rc;
+    if (CU(p)->stream_wait(p->cfg.stream, h->ready[j]))
+        return failed(p, "waiting for a piece's weights");
+    h->cur = j;
+    *w = slot_buf(p, h, j, lo);
+    if (next_lo < next_hi && held(h, next_lo) < 0) /* prefetched while this piece computes */
+        return gather(p, h, next_slot(h, j), next_lo, next_hi);
     return 0;
 }
 
 static int shard_take(void *arg, size_t lo, size_t hi, float **g)
 {
     plane_t *p = arg;
+    nccl_shard_t *h = ((nccl_ctx_t *)p->ctx)->shard;
     if (hi - lo > p->lay.fsdp_unit[p->cfg.vstage])
-        return plane_fail(p, -EINVAL, "piece [%zu, %zu) is larger than the gradient buffer", lo, hi);
-    *g = ((nccl_ctx_t *)p->ctx)->gbuf;
+        return plane_fail(p, -EINVAL, "piece [%zu, %zu) is larger than the gradient buffers", lo, hi);
+    h->g = (h->g + 1) % GBUFS;
+    if (CU(p)->stream_wait(p->cfg.stream, h->reduced[h->g])) /* its last reduce has read it */
+        return failed(p, "ordering a piece's gradients");
+    *g = h->gbuf[h->g];
     return 0;
 }
 
@@ -285,31 +353,91 @@ static int shard_give(void *arg, size_t lo, size_t hi)
 {
     plane_t *p = arg;
     nccl_ctx_t *x = p->ctx;
+    nccl_shard_t *h = x->shard;
     const cuda_plugin_t *cu = CU(p);
+    float *gb = h->gbuf[h->g];
+    if (cu->event_record(h->filled[h->g], p->cfg.stream) || cu->stream_wait(h->stream, h->filled[h->g]))
+        return failed(p, "ordering a piece's gradients");
     for (int k = 0; k < p->lay.dp; k++) {
         size_t a, b;
         if (!owned(p, x, k, lo, hi, &a, &b))
             continue;
-        if (cu->nccl_reduce_f32(x->dp, x->gbuf + (a - lo), x->sum, b - a, k, p->cfg.stream))
+        if (cu->nccl_reduce_f32(x->dp, gb + (a - lo), h->sum, b - a, k, h->stream))
             return failed(p, "reduce of a piece's gradients");
-        if (k == p->cfg.replica && cu->backend.f32_add(x->g + (a - p->cfg.begin), x->sum, b - a, p->cfg.stream))
+        if (k == p->cfg.replica && cu->backend.f32_add(x->g + (a - p->cfg.begin), h->sum, b - a, h->stream))
             return failed(p, "adding a piece's gradients");
     }
-    return 0;
+    return cu->event_record(h->reduced[h->g], h->stream) ? failed(p, "ordering a piece's gradients") : 0;
+}
+
+/* Before a step: the shards updated the chunks, so no piece is held; after it, every reduce
+ * done (the shards read the chunks' gradients). */
+static void shard_forget(nccl_shard_t *h)
+{
+    for (int j = 0; j < h->slots; j++)
+        h->lo[j] = SIZE_MAX;
+}
+
+static int shard_sync(plane_t *p, nccl_shard_t *h) { return CU(p)->backend.stream_sync(h->stream); }
+
+static void shard_destroy(plane_t *p, nccl_shard_t *h)
+{
+    const cuda_plugin_t *cu = CU(p);
+    if (!h)
+        return;
+    if (h->stream)
+        cu->backend.stream_sync(h->stream);
+    for (int j = 0; h->ready && j < h->slots; j++) {
+        cu->event_free(h->ready[j]);
+        cu->event_free(h->free_[j]);
+    }
+    for (int j = 0; j < GBUFS; j++) {
+        cu->event_free(h->filled[j]);
+        cu->event_free(h->reduced[j]);
+        cu->backend.free(h->gbuf[j]);
+    }
+    cu->backend.free(h->sum);
+    cu->backend.free(h->wbuf);
+    cu->backend.stream_free(h->stream);
+    free(h->lo);
+    free(h->ready);
+    free(h->free_);
+    free(h);
 }
 
 static int shard(plane_t *p, shard_io_t *io)
 {
     nccl_ctx_t *x = p->ctx;
-    const backend_t *be = &CU(p)->backend;
-    size_t n = p->lay.fsdp_unit[p->cfg.vstage];
+    const cuda_plugin_t *cu = CU(p);
+    const backend_t *be = &cu->backend;
+    size_t unit = p->lay.fsdp_unit[p->cfg.vstage], range = p->cfg.stage_end - p->cfg.stage_begin;
     if (p->lay.copies != 1)
         return plane_fail(p, -ENOTSUP, "parallelism.data_parallel_replicate_degree = %d with sharding: HSDP on the "
                           "NCCL data plane is not built (shard over every replica)", p->lay.copies);
-    if (!x->gbuf && (be->alloc((void **)&x->piece[0], n * 2) || be->alloc((void **)&x->piece[1], n * 2) ||
-                     be->alloc((void **)&x->gbuf, n * 4) || be->alloc((void **)&x->sum, n * 4)))
-        return plane_fail(p, -ENOMEM, "parameter sharding's piece buffers (%zu elements): %s", n,
-                          CU(p)->last_error());
+    if (!x->shard) {
+        nccl_shard_t *h = x->shard = calloc(1, sizeof(nccl_shard_t));
+        if (!h)
+            return plane_fail(p, -ENOMEM, "out of memory");
+        h->slots = p->lay.fsdp_reshard ? 2 : p->lay.fsdp_pieces[p->cfg.vstage];
+        h->lo = malloc((size_t)h->slots * sizeof(size_t));
+        h->ready = calloc((size_t)h->slots, sizeof(void *));
+        h->free_ = calloc((size_t)h->slots, sizeof(void *));
+        if (!h->lo || !h->ready || !h->free_)
+            return plane_fail(p, -ENOMEM, "out of memory");
+        shard_forget(h);
+        cuda_ipc_event_t unused;
+        for (int j = 0; j < h->slots; j++)
+            if (cu->ipc_event_new(&h->ready[j], &unused) || cu->ipc_event_new(&h->free_[j], &unused))
+                return failed(p, "parameter sharding's events");
+        for (int j = 0; j < GBUFS; j++)
+            if (cu->ipc_event_new(&h->filled[j], &unused) || cu->ipc_event_new(&h->reduced[j], &unused) ||
+                be->alloc((void **)&h->gbuf[j], unit * 4))
+                return plane_fail(p, -ENOMEM, "parameter sharding's gradient buffers: %s", cu->last_error());
+        size_t wn = h->slots == 2 ? 2 * unit : range;
+        if (be->stream_new(&h->stream) || be->alloc((void **)&h->wbuf, wn * 2) || be->alloc((void **)&h->sum, unit * 4))
+            return plane_fail(p, -ENOMEM, "parameter sharding's piece buffers (%zu + %zu elements): %s", wn, unit,
+                              cu->last_error());
+    }
     *io = (shard_io_t){.weights = shard_weights, .take = shard_take, .give = shard_give, .arg = p};
     return 0;
 }

@@ -149,14 +149,23 @@ typedef struct {
     float *dev, *host, *sum;        /* io's device buffer, a host copy, the sum of what was given */
     size_t last_hi;                 /* the pieces come top down */
     int n;
+    size_t want_lo;                 /* the next piece the last weights call announced (SIZE_MAX: none) */
+    size_t last_w;                  /* the piece of the last weights call */
+    int asked, hints;               /* weights calls, announcements kept */
 } shard_test_t;
 
-static int st_weights(void *arg, size_t lo, size_t hi, void **w)
+static int st_weights(void *arg, size_t lo, size_t hi, size_t next_lo, size_t next_hi, void **w)
 {
     shard_test_t *t = arg;
     uint16_t *fw;
     float *fg;
     size_t b, e;
+    if (t->want_lo != SIZE_MAX && lo != t->want_lo && lo != t->last_w) /* announced, or the same again */
+        return -EPROTO;
+    t->hints += t->want_lo != SIZE_MAX;
+    t->want_lo = next_lo < next_hi ? next_lo : SIZE_MAX;
+    t->last_w = lo;
+    t->asked++;
     cuda_model_buffers(t->full, &fw, &fg, &b, &e);
     *w = fw + (lo - b);
     return 0;
@@ -201,7 +210,8 @@ static void test_cuda_model_shard_io_matches_the_whole_model_bitwise(void **stat
         tok[i] = (int32_t)(tu_next(&s) % 256), tgt[i] = (int32_t)(tu_next(&s) % 256);
     int all = c.n_layers + 2;
     double want = gpu_run(&c, &tab, w, g, (int[]){0, all}, 1, tok, tgt, B, T);
-    shard_test_t t = {.host = malloc(n * sizeof(float)), .sum = calloc(n, sizeof(float))};
+    shard_test_t t = {.host = malloc(n * sizeof(float)), .sum = calloc(n, sizeof(float)), .want_lo = SIZE_MAX,
+                      .last_w = SIZE_MAX};
     for (size_t i = 0; i < n; i++)
         t.host[i] = 1e30f;
     CK(cuda_alloc((void **)&t.dev, n * sizeof(float)));
@@ -226,6 +236,9 @@ static void test_cuda_model_shard_io_matches_the_whole_model_bitwise(void **stat
     assert_true(loss / (B * T) == want);
     assert_int_equal(t.n, all);
     assert_true(t.last_hi == 0);
+    /* forward: every piece; backward: the head and the layers (the embedding's W needs none) */
+    assert_int_equal(t.asked, all + all - 1);
+    assert_int_equal(t.hints, all - 1 + all - 2); /* each announced the next, but the last of each pass */
     assert_memory_equal(t.sum, g, n * sizeof(float));
     float *own = malloc((oe - ob) * sizeof(float));
     CK(cuda_model_take_grads(t.m, own)); /* its own part: nothing added */

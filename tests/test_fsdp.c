@@ -10,7 +10,7 @@
  * within 1e-6. S4 x R2 (8 replicas, 16 stages at pipeline 2) is left out: it adds no order of sums
  * that S4 and S2 x R2 do not, and would oversubscribe two cores eight times. The runs are made
  * once (reference()); the pipeline-1 ones write checkpoints, which the resume test reads. The
- * program takes ~4 s on two cores (~6 s under ASan + UBSan). */
+ * program takes ~6 s on two cores (~9 s under ASan + UBSan). */
 #include <dirent.h>
 #include <math.h>
 #include <setjmp.h>
@@ -341,28 +341,36 @@ static void test_fsdp_checkpoints_resume_at_another_degree_bitwise(void **state)
  * killed while its group's other member waits for its gradients in the exchange (pipeline 1, 1
  * microbatch: it dies after its forward, and its peer cannot finish the backward without its
  * gradients and has no ring to wait on, so only the coordinator closing the exchange ends that
- * wait; the peer says it left the step), whose replacement is killed too as it sets up: each loss
+ * wait; the peer says it left the step), whose replacement is killed too as it sets up; the same
+ * under ZBVZeroBubble (two chunks per stage: two exchanges each); and a sharded stage wedged
+ * mid-step (CTITAN_TEST_HANG_AT) while its peer waits in the exchange: the step watchdog replaces
+ * the wedged one only (the waiting peer made no progress either, but it said it waits). Each loss
  * is recovered in place, every stage redoes the step, and every loss is bitwise the undisturbed
  * run's. */
 static void test_fsdp_a_sharded_stage_killed_is_replaced_bitwise(void **state)
 {
     TU_NEED_BIN();
     static char out[1 << 16];
+#define S2PP2 "--training.steps 6 " SHARD "2"
+#define S2PP1 S2PP2 " --parallelism.pipeline_parallel_degree 1 --parallelism.pipeline_parallel_microbatches 1"
+#define S2ZBV S2PP2 " --parallelism.pipeline_parallel_schedule ZBVZeroBubble --parallelism.pipeline_parallel_microbatches 4"
     static const struct {
-        const char *args, *die;
+        const char *args, *ref, *die, *hang;
         int recoveries, left; /* "(in place, at step " lines; least "left unfinished" lines */
     } cases[] = {
-        {"--training.steps 6 " SHARD "2",
-         "stage.1.1:done:2,stage.0.1:mid:3,optshard.1.0:reduce:4,stage.1.0:end:5,stage.0.0:begin:6", 5, 0},
-        {"--training.steps 6 --parallelism.pipeline_parallel_degree 1 --parallelism.pipeline_parallel_microbatches 1 "
-         SHARD "2", "stage.0.1:mid:2,stage.0.1:setup:2,stage.0.0:mid:4", 2, 2},
+        {S2PP2, S2PP2, "stage.1.1:done:2,stage.0.1:mid:3,optshard.1.0:reduce:4,stage.1.0:end:5,stage.0.0:begin:6", "",
+         5, 0},
+        {S2PP1, S2PP1, "stage.0.1:mid:2,stage.0.1:setup:2,stage.0.0:mid:4", "", 2, 2},
+        {S2ZBV, S2ZBV, "stage.0.1:mid:2,stage.1.0:mid:3,stage.1.1:end:4", "", 3, 0},
+        {S2PP1 " --job.watchdog_s 2", S2PP1, "", "stage.0.1:mid:3", 1, 1},
     };
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
-        char j[32], env[1024], once[128], args[2048];
-        job_name(j, sizeof(j), c ? "kill1" : "kill2");
-        const char *ref = reference(cases[c].args);
-        snprintf(env, sizeof(env), "CTITAN_LOG=info CTITAN_TEST_DIE_ONCE=%s CTITAN_TEST_DIE_AT=%s",
-                 tj_once_dir(once, sizeof(once), j), cases[c].die);
+        char j[32], what[16], env[1024], once[128], args[2048];
+        snprintf(what, sizeof(what), "kill%zu", c);
+        job_name(j, sizeof(j), what);
+        const char *ref = reference(cases[c].ref);
+        snprintf(env, sizeof(env), "CTITAN_LOG=info CTITAN_TEST_DIE_ONCE=%s CTITAN_TEST_DIE_AT=%s CTITAN_TEST_HANG_AT=%s",
+                 tj_once_dir(once, sizeof(once), j), cases[c].die, cases[c].hang);
         snprintf(args, sizeof(args), QUIET "%s", cases[c].args);
         int rc = tj_launch(env, 120, j, args, out, sizeof(out));
         if (rc || tj_count(out, "(in place, at step ") != cases[c].recoveries ||
@@ -374,6 +382,11 @@ static void test_fsdp_a_sharded_stage_killed_is_replaced_bitwise(void **state)
             assert_non_null(strstr(out, "] I step 2 left unfinished: "));
             assert_non_null(strstr(out, "] I step 4 left unfinished: "));
             assert_int_equal(tj_count(out, "(1 more lost during the recovery)"), 1);
+        }
+        if (c == 3) {
+            assert_non_null(strstr(out, "recovered 1 (in place, at step 3): stage rank 0 replica 1 (pid "));
+            assert_non_null(strstr(out, "hung (the step watchdog dumped its stack"));
+            assert_null(strstr(out, "stage rank 0 replica 0 (pid ")); /* it only waited */
         }
         assert_null(strstr(out, "\nrestart ")); /* no relaunch of the job */
         tj_assert_clean(j);

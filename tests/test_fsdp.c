@@ -1,0 +1,448 @@
+/* Parameter sharding (parallelism.data_parallel_shard_degree, stages/runtime/fsdp.c) with real
+ * processes: a group of S replicas computing on one shared copy of the weights and gradients
+ * trains like S unsharded replicas, holds 1/S of their params and grads segments, writes the same
+ * checkpoints, recovers in place from kill -9 bitwise, and is refused where it is not built.
+ * Which jobs run (all of manifests/tiny.toml, 4 or 6 steps; 2 cores, so at most 8 stages a job):
+ * pipeline 1 with 1 microbatch, where the exchange adds the replicas' gradients in the order the
+ * optimizer shards add unsharded copies: S2 against R2 and S4 against R4 bitwise, S2 x R2 against
+ * R4 within 1e-6 (its shards add two sums of two: another order); pipeline 2 with 2 microbatches
+ * (the exchange adds per microbatch: another order) S2 against R2, S4 and S2 x R2 against R4
+ * within 1e-6. S4 x R2 (8 replicas, 16 stages at pipeline 2) is left out: it adds no order of sums
+ * that S4 and S2 x R2 do not, and would oversubscribe two cores eight times. The runs are made
+ * once (reference()); the pipeline-1 ones write checkpoints, which the resume test reads. The
+ * program takes ~6 s on two cores (~9 s under ASan + UBSan). */
+#include <dirent.h>
+#include <math.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "ipc/shm.h"
+#include "tests/testjob.h"
+
+static int setup(void **state) { return tj_setup("fsdp"); }
+static int teardown(void **state) { return tj_teardown(); }
+
+static void job_name(char *buf, size_t n, const char *what) { tj_name(buf, n, 'f', what); }
+
+#define QUIET "--metrics.log_freq 100000 "
+#define SHARD "--parallelism.data_parallel_shard_degree "
+#define REPL "--parallelism.data_parallel_replicate_degree "
+/* pipeline 1, 1 microbatch, a checkpoint every 2 steps (test 3 reads them) */
+#define PP1 "--training.steps 4 --parallelism.pipeline_parallel_degree 1 --parallelism.pipeline_parallel_microbatches 1 " \
+            "--checkpoint.enable true --checkpoint.interval 2 "
+/* the manifest's pipeline 2, 2 microbatches */
+#define PP2 "--training.steps 4 "
+
+/* Runs job to its end (it must end with status 0); its output in out. */
+static void run_ok(const char *job, const char *extra, char *out, size_t outlen)
+{
+    char args[2048];
+    snprintf(args, sizeof(args), QUIET "%s", extra);
+    int rc = tj_launch("", 120, job, args, out, outlen);
+    if (rc)
+        TJ_FAIL_WITH(out, "%s: status %d", job, rc);
+    tj_assert_clean(job);
+}
+
+/* The run of these arguments (made once per argument string, shared between the tests). */
+static const char *reference(const char *extra)
+{
+    static char refs[24][2048], names[24][32];
+    static char out[1 << 16];
+    for (int i = 0; i < 24; i++) {
+        if (!strcmp(refs[i], extra) && names[i][0])
+            return names[i];
+        if (!names[i][0]) {
+            char what[16];
+            snprintf(what, sizeof(what), "ref%d", i);
+            job_name(names[i], sizeof(names[i]), what);
+            snprintf(refs[i], sizeof(refs[i]), "%s", extra);
+            run_ok(names[i], extra, out, sizeof(out));
+            return names[i];
+        }
+    }
+    fail_msg("too many references");
+    return NULL;
+}
+
+/* Every step of `job` from `from` on has the loss of `ref` at that step: the same string
+ * (rtol 0) or within rtol of it. Returns the largest relative difference. */
+static double assert_losses(const char *job, const char *ref, int from, int last, double rtol)
+{
+    static tj_metrics_t a, b;
+    tj_parse_metrics(ref, &a);
+    tj_parse_metrics(job, &b);
+    double worst = 0;
+    int seen = 0;
+    for (int s = from; s <= last; s++) {
+        const char *la = NULL, *lb = NULL;
+        for (int i = 0; i < a.n; i++)
+            la = a.step[i] == s ? a.loss[i] : la;
+        for (int i = 0; i < b.n; i++)
+            lb = b.step[i] == s ? b.loss[i] : lb;
+        if (!la || !lb)
+            fail_msg("step %d: missing in %s or %s", s, ref, job);
+        double x = atof(la), y = atof(lb), d = fabs(x - y) / fabs(x);
+        worst = d > worst ? d : worst;
+        if (rtol == 0 ? strcmp(la, lb) != 0 : !(d <= rtol))
+            fail_msg("step %d: %s has loss %s, %s %s (relative %.3g, allowed %.3g)", s, job, lb, ref, la, d, rtol);
+        seen++;
+    }
+    assert_int_equal(seen, last - from + 1);
+    return worst;
+}
+
+/* ---- 1. losses ---- */
+
+/* S replicas sharing one copy train like S unsharded replicas: bitwise where the sums are
+ * ordered alike (pipeline 1, 1 microbatch, no replication), within 1e-6 elsewhere. */
+static void test_fsdp_sharded_losses_match_the_unsharded_job(void **state)
+{
+    TU_NEED_BIN();
+    static const struct {
+        const char *what, *sharded, *unsharded;
+        double rtol;
+    } cases[] = {
+        {"pp 1: S2 vs R2", PP1 SHARD "2", PP1 REPL "2", 0},
+        {"pp 1: S4 vs R4", PP1 SHARD "4", PP1 REPL "4", 0},
+        {"pp 1: S2 x R2 vs R4", PP1 SHARD "2 " REPL "2", PP1 REPL "4", 1e-6},
+        {"pp 2: S2 vs R2", PP2 SHARD "2", PP2 REPL "2", 1e-6},
+        {"pp 2: S4 vs R4", PP2 SHARD "4", PP2 REPL "4", 1e-6},
+        {"pp 2: S2 x R2 vs R4", PP2 SHARD "2 " REPL "2", PP2 REPL "4", 1e-6},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const char *s = reference(cases[i].sharded), *u = reference(cases[i].unsharded);
+        double d = assert_losses(s, u, 1, 4, cases[i].rtol);
+        print_message("%-20s: largest relative difference of a loss %.3g (allowed %.3g)\n", cases[i].what, d,
+                      cases[i].rtol);
+    }
+}
+
+/* ---- 2. memory ---- */
+
+typedef struct {
+    long long size, resident; /* st_size, st_blocks * 512 */
+} seg_bytes_t;
+
+static seg_bytes_t seg_bytes(const char *job, const char *what)
+{
+    char path[256];
+    struct stat sb;
+    snprintf(path, sizeof(path), "/dev/shm/ctitan.%s.%s", job, what);
+    if (stat(path, &sb))
+        return (seg_bytes_t){-1, -1};
+    return (seg_bytes_t){(long long)sb.st_size, (long long)sb.st_blocks * 512};
+}
+
+#define MAX_STAGES 8
+
+/* The RssAnon (kB) of each stage process of job, by replica * pp + rank; returns how many. */
+static int stage_rss(const char *job, int pp, long long *rss)
+{
+    char want[128], path[300], buf[16384];
+    int wl = snprintf(want, sizeof(want), "CTITAN_JOB=%s", job) + 1, n = 0;
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] < '1' || e->d_name[0] > '9')
+            continue;
+        snprintf(path, sizeof(path), "/proc/%s/comm", e->d_name);
+        buf[0] = 0;
+        tu_read_file(path, buf, sizeof(buf));
+        if (strcmp(buf, "ctitan-stage\n"))
+            continue;
+        snprintf(path, sizeof(path), "/proc/%s/environ", e->d_name);
+        FILE *f = fopen(path, "r");
+        size_t k = f ? fread(buf, 1, sizeof(buf), f) : 0, i = 0;
+        if (f)
+            fclose(f);
+        while (i + (size_t)wl <= k && memcmp(buf + i, want, (size_t)wl))
+            i += strnlen(buf + i, k - i) + 1;
+        if (i + (size_t)wl > k)
+            continue;
+        snprintf(path, sizeof(path), "/proc/%s/cmdline", e->d_name);
+        f = fopen(path, "r");
+        k = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+        if (f)
+            fclose(f);
+        int rank = -1, replica = -1;
+        for (i = 0; i < k; i += strnlen(buf + i, k - i) + 1) {
+            if (!strcmp(buf + i, "--rank") && i + 7 < k)
+                rank = atoi(buf + i + 7);
+            if (!strcmp(buf + i, "--replica") && i + 10 < k)
+                replica = atoi(buf + i + 10);
+        }
+        snprintf(path, sizeof(path), "/proc/%s/status", e->d_name);
+        buf[0] = 0;
+        tu_read_file(path, buf, sizeof(buf));
+        char *p = strstr(buf, "RssAnon:");
+        int at = replica * pp + rank;
+        if (p && rank >= 0 && replica >= 0 && at < MAX_STAGES) {
+            rss[at] = atoll(p + 8);
+            n++;
+        }
+    }
+    closedir(d);
+    return n;
+}
+
+typedef struct {
+    seg_bytes_t params, grads, fsdp;
+    long long rss[MAX_STAGES];
+    int stages;
+} job_mem_t;
+
+/* Starts job (training for long), measures it at step 3, stops it (SIGINT) and checks that
+ * nothing of it is left. */
+static void measure(const char *job, const char *extra, int pp, job_mem_t *m)
+{
+    char args[1024], out[8192];
+    snprintf(args, sizeof(args), QUIET "--training.steps 100000 %s", extra);
+    pid_t pid = tj_launch_bg(job, args);
+    assert_true(pid > 0);
+    int rc = tj_wait_step(job, 3, 60);
+    memset(m, 0, sizeof(*m));
+    if (!rc) {
+        m->params = seg_bytes(job, "params");
+        m->grads = seg_bytes(job, "grads");
+        m->fsdp = seg_bytes(job, "fsdp");
+        m->stages = stage_rss(job, pp, m->rss);
+    }
+    kill(pid, SIGINT);
+    int status = tu_reap(pid, 30, NULL);
+    tj_read_out(job, out, sizeof(out));
+    if (rc || status != 130)
+        TJ_FAIL_WITH(out, "%s: %s, status %d after SIGINT", job, rc ? "no step 3 within 60 s" : "measured", status);
+    tj_assert_clean(job);
+}
+
+/* The params and grads segments of S replicas sharing a copy are 1/S of the unsharded job's
+ * (stat of the tmpfs files while the jobs run: size and resident bytes); the only new shared
+ * memory is the exchange (the fsdp segment), and no stage holds more private memory (RssAnon)
+ * than its unsharded counterpart plus that exchange's size. */
+static void test_fsdp_params_and_grads_segments_are_one_over_s(void **state)
+{
+    TU_NEED_BIN();
+    static const struct {
+        const char *sharded, *unsharded;
+        int S, dp;
+    } cases[] = {{SHARD "2", REPL "2", 2, 2}, {SHARD "4", REPL "4", 4, 4}};
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        char js[32], ju[32];
+        job_name(js, sizeof(js), c ? "mems4" : "mems2");
+        job_name(ju, sizeof(ju), c ? "memr4" : "memr2");
+        static job_mem_t s, u;
+        measure(ju, cases[c].unsharded, 2, &u);
+        measure(js, cases[c].sharded, 2, &s);
+        int S = cases[c].S, n = cases[c].dp * 2;
+        assert_int_equal(u.stages, n);
+        assert_int_equal(s.stages, n);
+        assert_int_equal(u.fsdp.size, -1); /* no exchange without sharding */
+        assert_true(s.fsdp.size > 0);
+        const struct {
+            const char *what;
+            seg_bytes_t a, b;
+        } segs[] = {{"params", s.params, u.params}, {"grads", s.grads, u.grads}};
+        for (int i = 0; i < 2; i++) {
+            print_message("S=%d vs R=%d: %s %lld bytes (%lld resident) vs %lld (%lld resident)\n", S, S, segs[i].what,
+                          segs[i].a.size, segs[i].a.resident, segs[i].b.size, segs[i].b.resident);
+            double r = (double)segs[i].a.size / (double)segs[i].b.size;
+            double q = (double)segs[i].a.resident / (double)segs[i].b.resident;
+            if (!(r >= 0.9 / S && r <= 1.1 / S) || !(q >= 0.9 / S && q <= 1.1 / S))
+                fail_msg("%s: sharded/unsharded = %.3f (resident %.3f), expected about 1/%d", segs[i].what, r, q, S);
+        }
+        print_message("S=%d: the fsdp segment %lld bytes (%lld resident)\n", S, s.fsdp.size, s.fsdp.resident);
+        /* RssAnon is steady here (it was the same to the kB over runs: the weights, gradients and
+         * activations live in shared memory), so it is asserted, with the exchange as slack */
+        for (int r = 0; r < 2; r++)
+            for (int d = 0; d < cases[c].dp; d++) {
+                long long a = s.rss[d * 2 + r], b = u.rss[d * 2 + r];
+                print_message("S=%d vs R=%d: stage rank %d replica %d RssAnon %lld kB vs %lld kB\n", S, S, r, d, a, b);
+                assert_true(a > 0 && b > 0);
+                if (a * 1024 > b * 1024 + s.fsdp.size)
+                    fail_msg("stage rank %d replica %d: RssAnon %lld kB sharded, %lld kB unsharded (+ %lld bytes of "
+                             "exchange allowed)", r, d, a, b, s.fsdp.size);
+            }
+    }
+}
+
+/* ---- 3. checkpoints ---- */
+
+/* Whether file `name` of checkpoint `step` of jobs a and b holds the same bytes. */
+static void assert_same_file(const char *a, const char *b, int step, const char *name)
+{
+    char cmd[1024], out[4096];
+    snprintf(cmd, sizeof(cmd), "cmp %s/runs/%s/checkpoint/step-%08d/%s %s/runs/%s/checkpoint/step-%08d/%s 2>&1",
+             tj_dir, a, step, name, tj_dir, b, step, name);
+    if (tu_run(cmd, out, sizeof(out)))
+        fail_msg("%s", out);
+}
+
+static void assert_same_checkpoint(const char *a, const char *b, int step)
+{
+    static const char *files[] = {"model.bin", "exp_avg.bin", "exp_avg_sq.bin"};
+    for (int i = 0; i < 3; i++)
+        assert_same_file(a, b, step, files[i]);
+}
+
+static void verify_ok(const char *job, int step)
+{
+    char cmd[1024], out[8192];
+    snprintf(cmd, sizeof(cmd), "%s ckpt verify %s/runs/%s/checkpoint/step-%08d 2>&1", tu_ctitan(), tj_dir, job, step);
+    if (tu_run(cmd, out, sizeof(out)))
+        TJ_FAIL_WITH(out, "ckpt verify of %s step %d failed", job, step);
+}
+
+/* An S=2 job and an unsharded R=2 job (pipeline 1, 1 microbatch: bitwise equal) write the same
+ * checkpoint bytes; the S=2 checkpoint resumed at S=2 continues exactly as the uninterrupted
+ * run, and resumed at S=4 exactly as at R=4 (same checkpoint, same order of sums). */
+static void test_fsdp_checkpoints_resume_at_another_degree_bitwise(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    const char *s2 = reference(PP1 SHARD "2"), *r2 = reference(PP1 REPL "2");
+    for (int step = 2; step <= 4; step += 2) {
+        assert_same_checkpoint(s2, r2, step);
+        verify_ok(s2, step);
+    }
+    char extra[1024], j2[32], j4[32], jr4[32];
+    job_name(j2, sizeof(j2), "ress2");
+    job_name(j4, sizeof(j4), "ress4");
+    job_name(jr4, sizeof(jr4), "resr4");
+    snprintf(extra, sizeof(extra), PP1 SHARD "2 --checkpoint.load %s/runs/%s/checkpoint/step-00000002", tj_dir, s2);
+    run_ok(j2, extra, out, sizeof(out));
+    assert_non_null(strstr(out, "resuming from"));
+    assert_losses(j2, s2, 3, 4, 0);
+    assert_same_checkpoint(j2, s2, 4);
+    snprintf(extra, sizeof(extra), PP1 SHARD "4 --checkpoint.load %s/runs/%s/checkpoint/step-00000002", tj_dir, s2);
+    run_ok(j4, extra, out, sizeof(out));
+    assert_non_null(strstr(out, "resuming from"));
+    snprintf(extra, sizeof(extra), PP1 REPL "4 --checkpoint.load %s/runs/%s/checkpoint/step-00000002", tj_dir, s2);
+    run_ok(jr4, extra, out, sizeof(out));
+    assert_losses(j4, jr4, 3, 4, 0);
+    assert_same_checkpoint(j4, jr4, 4);
+    verify_ok(j4, 4);
+}
+
+/* ---- 4. kill -9 ---- */
+
+/* Sharded stages killed -9 at each point of a step (pipeline 2: as it begins, mid-step, at its
+ * end, after their reply), an optimizer shard in its REDUCE (it sums the copies), and a stage
+ * killed while its group's other member waits for its gradients in the exchange (pipeline 1, 1
+ * microbatch: it dies after its forward, and its peer cannot finish the backward without its
+ * gradients and has no ring to wait on, so only the coordinator closing the exchange ends that
+ * wait; the peer says it left the step), whose replacement is killed too as it sets up; the same
+ * under ZBVZeroBubble (two chunks per stage: two exchanges each); and a sharded stage wedged
+ * mid-step (CTITAN_TEST_HANG_AT) while its peer waits in the exchange: the step watchdog replaces
+ * the wedged one only (the waiting peer made no progress either, but it said it waits). Each loss
+ * is recovered in place, every stage redoes the step, and every loss is bitwise the undisturbed
+ * run's. */
+static void test_fsdp_a_sharded_stage_killed_is_replaced_bitwise(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+#define S2PP2 "--training.steps 6 " SHARD "2"
+#define S2PP1 S2PP2 " --parallelism.pipeline_parallel_degree 1 --parallelism.pipeline_parallel_microbatches 1"
+#define S2ZBV S2PP2 " --parallelism.pipeline_parallel_schedule ZBVZeroBubble --parallelism.pipeline_parallel_microbatches 4"
+    static const struct {
+        const char *args, *ref, *die, *hang;
+        int recoveries, left; /* "(in place, at step " lines; least "left unfinished" lines */
+    } cases[] = {
+        {S2PP2, S2PP2, "stage.1.1:done:2,stage.0.1:mid:3,optshard.1.0:reduce:4,stage.1.0:end:5,stage.0.0:begin:6", "",
+         5, 0},
+        {S2PP1, S2PP1, "stage.0.1:mid:2,stage.0.1:setup:2,stage.0.0:mid:4", "", 2, 2},
+        {S2ZBV, S2ZBV, "stage.0.1:mid:2,stage.1.0:mid:3,stage.1.1:end:4", "", 3, 0},
+        {S2PP1 " --job.watchdog_s 2", S2PP1, "", "stage.0.1:mid:3", 1, 1},
+    };
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        char j[32], what[16], env[1024], once[128], args[2048];
+        snprintf(what, sizeof(what), "kill%zu", c);
+        job_name(j, sizeof(j), what);
+        const char *ref = reference(cases[c].ref);
+        snprintf(env, sizeof(env), "CTITAN_LOG=info CTITAN_TEST_DIE_ONCE=%s CTITAN_TEST_DIE_AT=%s CTITAN_TEST_HANG_AT=%s",
+                 tj_once_dir(once, sizeof(once), j), cases[c].die, cases[c].hang);
+        snprintf(args, sizeof(args), QUIET "%s", cases[c].args);
+        int rc = tj_launch(env, 120, j, args, out, sizeof(out));
+        if (rc || tj_count(out, "(in place, at step ") != cases[c].recoveries ||
+            tj_count(out, " left unfinished: ") < cases[c].left)
+            TJ_FAIL_WITH(out, "%s: status %d, %d recoveries, %d stages left a step", j, rc,
+                         tj_count(out, "(in place, at step "), tj_count(out, " left unfinished: "));
+        tj_assert_losses_by_step(j, ref, 6, cases[c].recoveries, "\"scope\": \"process\"");
+        if (c == 1) {
+            assert_non_null(strstr(out, "] I step 2 left unfinished: "));
+            assert_non_null(strstr(out, "] I step 4 left unfinished: "));
+            assert_int_equal(tj_count(out, "(1 more lost during the recovery)"), 1);
+        }
+        if (c == 3) {
+            assert_non_null(strstr(out, "recovered 1 (in place, at step 3): stage rank 0 replica 1 (pid "));
+            assert_non_null(strstr(out, "hung (the step watchdog dumped its stack"));
+            assert_null(strstr(out, "stage rank 0 replica 0 (pid ")); /* it only waited */
+        }
+        assert_null(strstr(out, "\nrestart ")); /* no relaunch of the job */
+        tj_assert_clean(j);
+    }
+}
+
+/* ---- 5. bad input ---- */
+
+/* Shard degree on a GPU job, 0 and 33 are refused naming the key (on the command line, and in
+ * a manifest file with its line), before any process starts: status 2, no metrics, no dump
+ * folder, no segment, no process. */
+static void test_fsdp_bad_shard_degrees_are_refused_naming_the_key(void **state)
+{
+    TU_NEED_BIN();
+    static const char *bad[] = {SHARD "2 --job.device cuda", SHARD "0", SHARD "33"};
+    static const char *why[] = {"parameter sharding is built for CPU jobs", "must be >= 1", "at most 32"};
+    static const char *toml[] = {"[job]\nname = \"%s\"\ndevice = \"cuda\"\n[parallelism]\ndata_parallel_shard_degree = 2\n",
+                                 "[job]\nname = \"%s\"\n[parallelism]\ndata_parallel_shard_degree = 0\n",
+                                 "[job]\nname = \"%s\"\n[parallelism]\ndata_parallel_shard_degree = 33\n"};
+    char out[8192], j[32], path[256], cmd[1024], want[512];
+    job_name(j, sizeof(j), "bad");
+    for (int i = 0; i < 3; i++) {
+        int rc = tj_launch("", 30, j, bad[i], out, sizeof(out));
+        if (rc != 2 || !strstr(out, "parallelism.data_parallel_shard_degree") || !strstr(out, why[i]))
+            TJ_FAIL_WITH(out, "%s: status %d", bad[i], rc);
+        snprintf(path, sizeof(path), "%s/%s.jsonl", tj_dir, j);
+        assert_int_not_equal(access(path, F_OK), 0);
+        snprintf(path, sizeof(path), "%s/runs/%s", tj_dir, j);
+        assert_int_not_equal(access(path, F_OK), 0);
+        tj_assert_clean(j);
+        /* the same in a manifest file: its path and the line of the key */
+        snprintf(path, sizeof(path), "%s/bad%d.toml", tj_dir, i);
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        fprintf(f, toml[i], j);
+        fclose(f);
+        snprintf(cmd, sizeof(cmd), "cd %s && %s launch bad%d.toml --loader.dataset_path data/train.bin 2>&1", tj_dir,
+                 tu_ctitan(), i);
+        rc = tu_run(cmd, out, sizeof(out));
+        snprintf(want, sizeof(want), "bad%d.toml:%d: parallelism.data_parallel_shard_degree = ", i, i ? 4 : 5);
+        if (rc != 2 || !strstr(out, want) || !strstr(out, why[i]))
+            TJ_FAIL_WITH(out, "bad%d.toml: status %d, expected \"%s\"", i, rc, want);
+        tj_assert_clean(j);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fsdp_sharded_losses_match_the_unsharded_job),
+        cmocka_unit_test(test_fsdp_params_and_grads_segments_are_one_over_s),
+        cmocka_unit_test(test_fsdp_checkpoints_resume_at_another_degree_bitwise),
+        cmocka_unit_test(test_fsdp_a_sharded_stage_killed_is_replaced_bitwise),
+        cmocka_unit_test(test_fsdp_bad_shard_degrees_are_refused_naming_the_key),
+    };
+    if (getenv("CTITAN_TEST_ONLY")) /* a pattern: run only the tests it matches ("*killed*") */
+        cmocka_set_test_filter(getenv("CTITAN_TEST_ONLY"));
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,7 +1,8 @@
 /* Parameter sharding (parallelism.data_parallel_shard_degree, stages/runtime/fsdp.c) with real
  * processes: a group of S replicas computing on one shared copy of the weights and gradients
  * trains like S unsharded replicas, holds 1/S of their params and grads segments, writes the same
- * checkpoints, recovers in place from kill -9 bitwise, and is refused where it is not built.
+ * checkpoints, recovers in place from kill -9 bitwise, and is refused where it is not built. (On
+ * the emulated GPU, the NCCL data plane's sharding: tests/test_fsdp_cuda.c.)
  * Which jobs run (all of manifests/tiny.toml, 4 or 6 steps; 2 cores, so at most 8 stages a job):
  * pipeline 1 with 1 microbatch, where the exchange adds the replicas' gradients in the order the
  * optimizer shards add unsharded copies: S2 against R2 and S4 against R4 bitwise, S2 x R2 against
@@ -395,14 +396,14 @@ static void test_fsdp_a_sharded_stage_killed_is_replaced_bitwise(void **state)
 
 /* ---- 5. bad input ---- */
 
-/* Shard degree on a GPU job, 0 and 33 are refused naming the key (on the command line, and in
- * a manifest file with its line), before any process starts: status 2, no metrics, no dump
- * folder, no segment, no process. */
+/* Shard degree on a GPU job off the NCCL data plane, 0 and 33 are refused naming the key (on the
+ * command line, and in a manifest file with its line), before any process starts: status 2, no
+ * metrics, no dump folder, no segment, no process. */
 static void test_fsdp_bad_shard_degrees_are_refused_naming_the_key(void **state)
 {
     TU_NEED_BIN();
     static const char *bad[] = {SHARD "2 --job.device cuda", SHARD "0", SHARD "33"};
-    static const char *why[] = {"parameter sharding is built for CPU jobs", "must be >= 1", "at most 32"};
+    static const char *why[] = {"on GPUs runs on the NCCL data plane", "must be >= 1", "at most 32"};
     static const char *toml[] = {"[job]\nname = \"%s\"\ndevice = \"cuda\"\n[parallelism]\ndata_parallel_shard_degree = 2\n",
                                  "[job]\nname = \"%s\"\n[parallelism]\ndata_parallel_shard_degree = 0\n",
                                  "[job]\nname = \"%s\"\n[parallelism]\ndata_parallel_shard_degree = 33\n"};

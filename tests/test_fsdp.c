@@ -1,8 +1,8 @@
 /* Parameter sharding (parallelism.data_parallel_shard_degree, stages/runtime/fsdp.c) with real
  * processes: a group of S replicas computing on one shared copy of the weights and gradients
  * trains like S unsharded replicas, holds 1/S of their params and grads segments, writes the same
- * checkpoints, recovers in place from kill -9 bitwise, and is refused where it is not built. (On
- * the emulated GPU, the NCCL data plane's sharding: tests/test_fsdp_cuda.c.)
+ * checkpoints, recovers in place from kill -9 bitwise, and is refused where it is not built; on
+ * the emulated GPU (tests/cudasim), the NCCL data plane's sharding (test 6).
  * Which jobs run (all of manifests/tiny.toml, 4 or 6 steps; 2 cores, so at most 8 stages a job):
  * pipeline 1 with 1 microbatch, where the exchange adds the replicas' gradients in the order the
  * optimizer shards add unsharded copies: S2 against R2 and S4 against R4 bitwise, S2 x R2 against
@@ -394,6 +394,69 @@ static void test_fsdp_a_sharded_stage_killed_is_replaced_bitwise(void **state)
     }
 }
 
+/* ---- 6. on the emulated GPU: the NCCL data plane's sharding ---- */
+
+#define GPU "--job.device cuda --parallelism.data_plane nccl --training.seq_len 16 --training.local_batch_size 2 "
+/* pipeline 1, 4 replicas, a deeper model (its layers, not its embedding, hold most weights) */
+#define GPU_PP1 GPU "--parallelism.pipeline_parallel_degree 1 --parallelism.pipeline_parallel_microbatches 1 " \
+                "--training.steps 2 --model.dim 64 --model.n_layers 6 --model.n_heads 4 --model.n_kv_heads 2 "
+/* pipeline 2, 2 replicas, checkpoints and an in-memory snapshot every 2 steps */
+#define GPU_PP2 GPU "--training.steps 3 --checkpoint.enable true --checkpoint.interval 2 " \
+                "--checkpoint.snapshot_interval 2 --model.dim 32 --model.n_heads 2 --model.n_kv_heads 1 "
+
+static long long mem_peak(const char *job)
+{
+    char path[256], buf[1 << 14];
+    snprintf(path, sizeof(path), "%s/%s.jsonl", tj_dir, job);
+    tu_read_file(path, buf, sizeof(buf));
+    char *p = strstr(buf, "\"mem_peak_bytes\": ");
+    assert_non_null(p);
+    return atoll(p + 18);
+}
+
+/* Each replica keeps its chunk of the weights and gradients on its GPU, each piece's weights
+ * broadcast before it runs and its gradients reduced after its W: the losses of the unsharded
+ * NCCL job within 1e-6 (pipeline 1 and 2), less device memory a stage (the emulator counts each
+ * process's allocations), the same losses whether pieces are gathered again for the backward or
+ * kept for the step (which holds more); a sharded checkpoint resumes unsharded; a stage killed
+ * -9 rewinds the job to its snapshot with the undisturbed losses. */
+static void test_fsdp_on_the_emulated_gpu_nccl_plane(void **state)
+{
+    TU_NEED_BIN();
+    if (tj_use_sim_plugin())
+        skip();
+    static char out[1 << 16];
+    const char *r4 = reference(GPU_PP1 REPL "4"), *s4 = reference(GPU_PP1 SHARD "4");
+    const char *s4k = reference(GPU_PP1 SHARD "4 --parallelism.fsdp_reshard_after_forward never");
+    double d = assert_losses(s4, r4, 1, 2, 1e-6);
+    assert_losses(s4k, s4, 1, 2, 0);
+    long long m_r4 = mem_peak(r4), m_s4 = mem_peak(s4), m_s4k = mem_peak(s4k);
+    print_message("pp 1, 4 GPUs: S4 vs R4 losses within %.3g; device bytes a stage: R4 %lld, S4 %lld (%.2f), S4 "
+                  "never resharded %lld\n", d, m_r4, m_s4, (double)m_s4 / m_r4, m_s4k);
+    assert_true(m_s4 < m_r4);
+    assert_true(m_s4 < m_s4k);
+    const char *r2 = reference(GPU_PP2 REPL "2"), *s2 = reference(GPU_PP2 SHARD "2");
+    d = assert_losses(s2, r2, 1, 3, 1e-6);
+    print_message("pp 2, 2 GPUs: S2 vs R2 losses within %.3g\n", d);
+    verify_ok(s2, 2);
+    char j[32], extra[1024];
+    job_name(j, sizeof(j), "gpures");
+    snprintf(extra, sizeof(extra), GPU_PP2 REPL "2 --checkpoint.load %s/runs/%s/checkpoint/step-00000002", tj_dir, s2);
+    run_ok(j, extra, out, sizeof(out));
+    assert_non_null(strstr(out, "resuming from"));
+    assert_losses(j, r2, 3, 3, 1e-6);
+    char env[512], once[128], args[1024];
+    job_name(j, sizeof(j), "gpukill");
+    snprintf(env, sizeof(env), "CTITAN_TEST_DIE_ONCE=%s CTITAN_TEST_DIE_AT=stage.1.1:mid:3", tj_once_dir(once, sizeof(once), j));
+    snprintf(args, sizeof(args), QUIET GPU_PP2 SHARD "2");
+    int rc = tj_launch(env, 120, j, args, out, sizeof(out));
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    if (rc || tj_count(out, "(rewound, at step 3)") != 1)
+        TJ_FAIL_WITH(out, "status %d", rc);
+    tj_assert_losses_by_step(j, s2, 3, 1, "\"rewound_to\": 2, \"step\": 3");
+    tj_assert_clean(j);
+}
+
 /* ---- 5. bad input ---- */
 
 /* Shard degree on a GPU job off the NCCL data plane, 0 and 33 are refused naming the key (on the
@@ -442,6 +505,7 @@ int main(void)
         cmocka_unit_test(test_fsdp_checkpoints_resume_at_another_degree_bitwise),
         cmocka_unit_test(test_fsdp_a_sharded_stage_killed_is_replaced_bitwise),
         cmocka_unit_test(test_fsdp_bad_shard_degrees_are_refused_naming_the_key),
+        cmocka_unit_test(test_fsdp_on_the_emulated_gpu_nccl_plane),
     };
     if (getenv("CTITAN_TEST_ONLY")) /* a pattern: run only the tests it matches ("*killed*") */
         cmocka_set_test_filter(getenv("CTITAN_TEST_ONLY"));

@@ -161,6 +161,14 @@ static int stage_rows(plan_t *p, const manifest_t *m, const job_layout_t *l, con
             r->bytes[PLAN_WORKSPACE] += (double)threads * l->T * l->T * sizeof(float) / l->vs;
             continue;
         }
+        if (l->fsdp > 1) { /* its chunk, and the pieces it gathers (plane_nccl.c): two, or never resharded all */
+            size_t ob, oe;
+            double unit = (double)l->fsdp_unit[v];
+            job_fsdp_part(l, replica, b, e, &ob, &oe);
+            n = (double)(oe - ob);
+            d->bytes[PLAN_WEIGHTS] += (l->fsdp_reshard ? 2 * unit : (double)(e - b)) * 2;
+            d->bytes[PLAN_GRADS] += 3 * unit * 4; /* two pieces' gradients and an owner's sum */
+        }
         d->bytes[PLAN_WEIGHTS] += (n + CUDA_SLACK) * 2;
         d->bytes[PLAN_GRADS] += (n + CUDA_SLACK) * 4;
         d->bytes[PLAN_WORKSPACE] += CUDA_WORKSPACE;

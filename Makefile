@@ -1,5 +1,5 @@
 # ctitan: one flat Makefile, everything builds into build/ (programs in build/bin/).
-# make | make test | make test-gpu | make bench | make bench-gpu | make bench-plan | make demo | make clean
+# make | make test | make test-gpu | make bench | make bench-gpu | make bench-plan | make bench-fsdp | make demo | make clean
 # (make CUDA=0 skips CUDA)
 
 CC      ?= gcc
@@ -79,7 +79,7 @@ ifeq ($(CUDA),1)
 ALL += $(GPU_TESTS) $(CUDA_SO) $(GPUPROF_SO)
 endif
 
-.PHONY: all pydeps test test-asan asan fuzzers fuzz-bins fuzz test-fuzz fuzz-seeds test-gpu bench bench-gpu bench-recover bench-schedules bench-plan demo clean deps
+.PHONY: all pydeps test test-asan asan fuzzers fuzz-bins fuzz test-fuzz fuzz-seeds test-gpu bench bench-gpu bench-recover bench-schedules bench-plan bench-fsdp demo clean deps
 all: $(ALL)
 
 # Installs missing Debian packages (as root) before anything compiles.
@@ -355,6 +355,17 @@ bench-plan: $(DEMO_BINS)
 	    --training.steps 30 --checkpoint.interval 20
 	python3 tools/plan_measure.py manifests/demo.toml $(PLAN_160M) --job.name plan160 --job.dump_folder /tmp/ctitan-plan-160m
 	rm -rf /tmp/ctitan-plan-demo /tmp/ctitan-plan-160m
+
+# parameter sharding (issue 24, tools/bench_fsdp.sh, BENCHMARKS.md "Parameter sharding"): 4 replicas of a
+# ~27M model as R4, S4 and R2 x S2 on the CPU, each in its own dump folder under /tmp
+FSDP_SHAPE := --training.steps 8 --parallelism.pipeline_parallel_degree 1 --parallelism.pipeline_parallel_microbatches 1 \
+              --checkpoint.enable false --validation.enable false --sample.tokens 0 --model.dim 512 --model.n_layers 8 \
+              --model.n_heads 8 --model.n_kv_heads 4 --training.seq_len 64 --training.local_batch_size 2
+bench-fsdp: $(DEMO_BINS)
+	@test -f data/fortunes/train.bin || $(BUILD)/bin/ctitan prep
+	rm -rf /tmp/ctitan-bench-fsdp
+	FSDP_LAYOUTS="4,1 1,4 2,2" bash tools/bench_fsdp.sh /tmp/ctitan-bench-fsdp manifests/demo.toml $(FSDP_SHAPE)
+	rm -rf /tmp/ctitan-bench-fsdp
 
 # every pipeline schedule at pp 1, 2 and 4 (the schedules section of make bench alone)
 bench-schedules: $(DEMO_BINS)

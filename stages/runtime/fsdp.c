@@ -34,12 +34,15 @@ void fsdp_part(size_t lo, size_t hi, int fsdp, int k, size_t *b, size_t *e)
 static int wait_all(fsdp_t *f, uint64_t want)
 {
     double t0 = 0;
-    for (int k = 0; k < f->n; k++) {
+    int rc = 0;
+    for (int k = 0; k < f->n && !rc; k++) {
         _Atomic uint64_t *seq = &f->x->member[k].seq;
         uint64_t seen;
-        while ((seen = atomic_load(seq)) < want) {
-            if (atomic_load(&f->x->closed))
-                return -ECANCELED;
+        while (!rc && (seen = atomic_load(seq)) < want) {
+            if (atomic_load(&f->x->closed)) {
+                rc = -ECANCELED;
+                break;
+            }
             if (!t0) {
                 t0 = util_now();
                 if (f->waiting)
@@ -53,7 +56,7 @@ static int wait_all(fsdp_t *f, uint64_t want)
         if (f->waiting)
             f->waiting(f->arg, 0);
     }
-    return atomic_load(&f->x->closed) ? -ECANCELED : 0;
+    return rc ? rc : atomic_load(&f->x->closed) ? -ECANCELED : 0;
 }
 
 static void publish(fsdp_t *f, uint64_t seq)

@@ -7,10 +7,9 @@
  * the weights (each replica's optimizer shard updated one chunk) and reduce-scatter the
  * gradients (replica r keeps the sum of chunk r, where its shard reads it). With parameter
  * sharding (plane_shard_io) replica r holds only its chunk of the weights and gradients: each
- * piece's weights are broadcast from the chunks' owners into one of two piece buffers before
- * the model uses them (the one it holds already, if so: a recompute's), and each piece's
- * gradients reduced to the owners of its parts, who add them to their chunk, all on the
- * model's stream. */
+ * piece's weights are broadcast from the chunks' owners before the model uses them, and each
+ * piece's gradients reduced to the owners of its parts, who add them to their chunk (below,
+ * "parameter sharding"). */
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdlib.h>

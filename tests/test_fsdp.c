@@ -44,37 +44,27 @@ static void job_name(char *buf, size_t n, const char *what) { tj_name(buf, n, 'f
 /* the manifest's pipeline 2, 2 microbatches */
 #define PP2 "--training.steps 4 "
 
-/* Runs job to its end (it must end with status 0); its output in out. */
-static void run_ok(const char *job, const char *extra, char *out, size_t outlen)
+/* Runs job to its end; its output in out, nothing of it left once it succeeded. */
+static int run_clean(const char *job, const char *extra, char *out, size_t outlen)
 {
     char args[2048];
     snprintf(args, sizeof(args), QUIET "%s", extra);
     int rc = tj_launch("", 120, job, args, out, outlen);
+    if (!rc)
+        tj_assert_clean(job);
+    return rc;
+}
+
+/* The same, which must end with status 0. */
+static void run_ok(const char *job, const char *extra, char *out, size_t outlen)
+{
+    int rc = run_clean(job, extra, out, outlen);
     if (rc)
         TJ_FAIL_WITH(out, "%s: status %d", job, rc);
-    tj_assert_clean(job);
 }
 
 /* The run of these arguments (made once per argument string, shared between the tests). */
-static const char *reference(const char *extra)
-{
-    static char refs[24][2048], names[24][32];
-    static char out[1 << 16];
-    for (int i = 0; i < 24; i++) {
-        if (!strcmp(refs[i], extra) && names[i][0])
-            return names[i];
-        if (!names[i][0]) {
-            char what[16];
-            snprintf(what, sizeof(what), "ref%d", i);
-            job_name(names[i], sizeof(names[i]), what);
-            snprintf(refs[i], sizeof(refs[i]), "%s", extra);
-            run_ok(names[i], extra, out, sizeof(out));
-            return names[i];
-        }
-    }
-    fail_msg("too many references");
-    return NULL;
-}
+static const char *reference(const char *extra) { return tj_reference('f', extra, run_clean); }
 
 /* Every step of `job` from `from` on has the loss of `ref` at that step: the same string
  * (rtol 0) or within rtol of it. Returns the largest relative difference. */

@@ -76,28 +76,13 @@ static const tj_metrics_t *assert_same_losses(const char *job, const char *ref, 
     return &b;
 }
 
-/* The undisturbed run of these arguments (made once per argument string). */
-static const char *reference(const char *extra)
+static int run_undisturbed(const char *job, const char *extra, char *out, size_t outlen)
 {
-    static char refs[16][2048], names[16][32];
-    static char out[1 << 16];
-    for (int i = 0; i < 16; i++) {
-        if (!strcmp(refs[i], extra) && names[i][0])
-            return names[i];
-        if (!names[i][0]) {
-            char what[16];
-            snprintf(what, sizeof(what), "ref%d", i);
-            job_name(names[i], sizeof(names[i]), what);
-            snprintf(refs[i], sizeof(refs[i]), "%s", extra);
-            int rc = run_job(names[i], "", "", extra, out, sizeof(out));
-            if (rc)
-                fail_msg("the reference run: status %d:\n%s", rc, out);
-            return names[i];
-        }
-    }
-    fail_msg("too many references");
-    return NULL;
+    return run_job(job, "", "", extra, out, outlen);
 }
+
+/* The undisturbed run of these arguments (made once per argument string). */
+static const char *reference(const char *extra) { return tj_reference('v', extra, run_undisturbed); }
 
 /* The files of checkpoint `step` of job and ref are the same bytes. */
 static void assert_same_checkpoint(const char *job, const char *ref, int step)

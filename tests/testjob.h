@@ -198,6 +198,31 @@ static inline int tj_job_procs(const char *job)
 #define TJ_FAIL_WITH(out, ...) do { fputs(out, stderr); fputc('\n', stderr); fail_msg(__VA_ARGS__); } while (0)
 
 /* How often `needle` occurs in s. */
+/* The run of `extra` by run() (0: it succeeded), made once per argument string in this program
+ * and shared between its tests: its job name (tj_name with `tag`, "refN"). */
+static inline const char *tj_reference(char tag, const char *extra,
+                                       int (*run)(const char *job, const char *extra, char *out, size_t outlen))
+{
+    static char refs[24][2048], names[24][32];
+    static char out[1 << 16];
+    for (int i = 0; i < 24; i++) {
+        if (!strcmp(refs[i], extra) && names[i][0])
+            return names[i];
+        if (!names[i][0]) {
+            char what[16];
+            snprintf(what, sizeof(what), "ref%d", i);
+            tj_name(names[i], sizeof(names[i]), tag, what);
+            snprintf(refs[i], sizeof(refs[i]), "%s", extra);
+            int rc = run(names[i], extra, out, sizeof(out));
+            if (rc)
+                fail_msg("the reference run of %s: status %d:\n%s", extra, rc, out);
+            return names[i];
+        }
+    }
+    fail_msg("too many references");
+    return NULL;
+}
+
 static inline int tj_count(const char *s, const char *needle)
 {
     int n = 0;

@@ -2,10 +2,10 @@
  * replicas of a group compute on one shared copy of their stage's weights (the params segment:
  * shared memory is the all-gather) and gradients, and each is the owner of 1/fsdp of every
  * piece's gradients. A replica's model hands each piece's weight gradients of a microbatch to
- * this exchange (a shard_io_t's take and give) instead of adding them into the copy: it writes them into its
- * own buffer of the fsdp segment, and once every member has, each adds the sum of the members'
- * buffers, in member order, into the part of the copy it owns; then the buffers are free for
- * the next piece. Members wait for each other on futexes on their sequence numbers; every
+ * this exchange (a shard_io_t's take and give) instead of adding them into the copy: it writes
+ * them into its own buffer of the fsdp segment, and once every member has, each adds the sum of
+ * the members' buffers, in member order, into the part of the copy it owns; then the buffers
+ * are free for the next piece. Members wait for each other on futexes on their sequence numbers; every
  * member of a group runs the same schedule, so they hand over the same pieces in the same
  * order. The coordinator closes the exchanges for a recovery (job_fsdp_set_closed): every wait
  * returns -ECANCELED. */

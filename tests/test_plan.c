@@ -159,6 +159,56 @@ static void test_plan_figures_of_a_small_gpu_job(void **state)
     plan_free(&p);
 }
 
+/* Parameter sharding in the plan: on the CPU 4 replicas hold 4 copies of the weights and
+ * gradients, S4 one and the exchange (per member a buffer of the stage's largest piece), R2 x S2
+ * two; on the GPU (NCCL plane, pp 1) a stage holds its chunk (a quarter) and the pieces it
+ * gathers. A refusal on the CPU with replicas names sharding as the knob. */
+static void test_plan_with_parameter_sharding(void **state)
+{
+    manifest_t m;
+    plan_t p;
+    char err[2048];
+    const char *kv[64];
+    int n = 0;
+    for (; small[n]; n++)
+        kv[n] = small[n];
+    kv[n++] = "parallelism.pipeline_parallel_degree", kv[n++] = "1";
+    kv[n++] = "parallelism.pipeline_parallel_split_points", kv[n++] = "[]";
+    kv[n++] = "parallelism.pipeline_parallel_microbatches", kv[n++] = "1";
+    int base = n;
+    double w[3];
+    const char *layouts[3][2] = {{"4", "1"}, {"1", "4"}, {"2", "2"}};
+    for (int i = 0; i < 3; i++) {
+        n = base;
+        kv[n++] = "parallelism.data_parallel_replicate_degree", kv[n++] = layouts[i][0];
+        kv[n++] = "parallelism.data_parallel_shard_degree", kv[n++] = layouts[i][1], kv[n] = NULL;
+        manifest_of(&m, kv);
+        assert_int_equal(plan_build(&p, &m, &(plan_opts_t){.cpus = 2}, err, sizeof(err)), 0);
+        const plan_row_t *shm = row(&p, "shared memory", PLAN_HOST);
+        w[i] = shm->bytes[PLAN_WEIGHTS];
+        /* the exchange: a buffer of the largest piece (the layer, 36992 -> 37888 floats) a member */
+        double xchg = i ? (double)atoi(layouts[i][0]) * (4096 + atoi(layouts[i][1]) * 37888.0 * 4) : 0;
+        assert_true(shm->bytes[PLAN_GRADS] == w[i] + xchg);
+        if (i == 0) { /* R4 on a host too small for its shared memory: sharding is a way out */
+            plan_have_t have = {.host = p.host_need * 0.9, .shm = -1, .gpus = 0};
+            assert_int_equal(plan_check(&p, &have, &m, err, sizeof(err)), -ENOMEM);
+            assert_non_null(strstr(err, "--parallelism.data_parallel_shard_degree 4"));
+        }
+        plan_free(&p);
+    }
+    assert_true(w[0] == 4 * 107520.0 * 4 && w[1] == w[0] / 4 && w[2] == w[0] / 2);
+    /* the GPU: S4 on the NCCL plane, each stage a quarter of the 106816 floats and its pieces */
+    n = base;
+    kv[n++] = "parallelism.data_parallel_shard_degree", kv[n++] = "4";
+    kv[n++] = "job.device", kv[n++] = "cuda", kv[n++] = "parallelism.data_plane", kv[n++] = "nccl", kv[n] = NULL;
+    manifest_of(&m, kv);
+    assert_int_equal(plan_build(&p, &m, &(plan_opts_t){.cpus = 2}, err, sizeof(err)), 0);
+    const plan_row_t *d0 = row(&p, "stage 0.0", 0);
+    assert_int_equal((long)d0->bytes[PLAN_WEIGHTS], (26704L + 4096 + 2 * 37888) * 2); /* pp 1: resharded */
+    assert_int_equal((long)d0->bytes[PLAN_GRADS], (26704L + 4096 + 3 * 37888) * 4);
+    plan_free(&p);
+}
+
 /* `ctitan launch` of the tiny manifest with these overrides under `env`; its output in out, its
  * status returned, its time in *secs. */
 static int launch(const char *env, const char *job, const char *extra, char *out, size_t n, double *secs)
@@ -297,6 +347,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plan_figures_of_a_small_cpu_job),
         cmocka_unit_test(test_plan_figures_of_a_small_gpu_job),
+        cmocka_unit_test(test_plan_with_parameter_sharding),
         cmocka_unit_test(test_gpu_capacity_from_nvidia_smi_and_not_a_number_is_unknown),
         cmocka_unit_test(test_launch_refuses_40b_on_an_80gb_gpu),
         cmocka_unit_test(test_launch_refuses_llama1b_on_a_small_host),

@@ -209,6 +209,37 @@ static void test_plan_with_parameter_sharding(void **state)
     plan_free(&p);
 }
 
+/* A GPU job refused for its activations is told to checkpoint them only when it does not yet
+ * (it was, under mode full too: a knob that is already on). */
+static void test_plan_suggests_activation_checkpointing_only_when_it_is_off(void **state)
+{
+    manifest_t m;
+    plan_t p;
+    char err[4096];
+    const char *kv[64];
+    int n = 0;
+    for (; small[n]; n++)
+        kv[n] = small[n];
+    kv[n++] = "job.device", kv[n++] = "cuda";
+    kv[n++] = "activation_checkpoint.mode";
+    for (int full = 0; full < 2; full++) {
+        kv[n] = full ? "full" : "none", kv[n + 1] = NULL;
+        manifest_of(&m, kv);
+        assert_int_equal(plan_build(&p, &m, &(plan_opts_t){.cpus = 2}, err, sizeof(err)), 0);
+        plan_have_t have = {.host = -1, .shm = -1, .gpus = 0};
+        for (int g = 0; g < PLAN_MAX_GPUS; g++) /* the stage's memory but its activations */
+            have.gpu[g] = p.gpu[0] - row(&p, "stage 0.0", 0)->bytes[PLAN_ACTS] * 0.5;
+        assert_int_equal(plan_check(&p, &have, &m, err, sizeof(err)), -ENOMEM);
+        assert_non_null(strstr(err, "fewer activations"));
+        assert_non_null(strstr(err, "pipeline_parallel_microbatches above"));
+        if (full)
+            assert_null(strstr(err, "--activation_checkpoint.mode full"));
+        else
+            assert_non_null(strstr(err, "--activation_checkpoint.mode full"));
+        plan_free(&p);
+    }
+}
+
 /* `ctitan launch` of the tiny manifest with these overrides under `env`; its output in out, its
  * status returned, its time in *secs. */
 static int launch(const char *env, const char *job, const char *extra, char *out, size_t n, double *secs)
@@ -348,6 +379,7 @@ int main(void)
         cmocka_unit_test(test_plan_figures_of_a_small_cpu_job),
         cmocka_unit_test(test_plan_figures_of_a_small_gpu_job),
         cmocka_unit_test(test_plan_with_parameter_sharding),
+        cmocka_unit_test(test_plan_suggests_activation_checkpointing_only_when_it_is_off),
         cmocka_unit_test(test_gpu_capacity_from_nvidia_smi_and_not_a_number_is_unknown),
         cmocka_unit_test(test_launch_refuses_40b_on_an_80gb_gpu),
         cmocka_unit_test(test_launch_refuses_llama1b_on_a_small_host),

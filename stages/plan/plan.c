@@ -581,11 +581,12 @@ static size_t knobs(const plan_t *p, const manifest_t *m, int device, int gpus, 
                                    p->rows[i].bytes[PLAN_ACTS] / PLAN_GIB, m->local_batch_size, m->seq_len);
     if (a)
         at += (size_t)snprintf(buf + at, n - at, "fewer activations (%s holds %.2f GiB: %.2f GiB a microbatch of %d x "
-                               "%d tokens x %d in flight): activation checkpointing (--activation_checkpoint.mode full, "
-                               "or selective), smaller microbatches (--parallelism."
+                               "%d tokens x %d in flight): %ssmaller microbatches (--parallelism."
                                "pipeline_parallel_microbatches above %d, or a smaller --training.local_batch_size "
                                "or --training.seq_len); ", a->who, a->bytes[PLAN_ACTS] / PLAN_GIB,
-                               a->act_mb / PLAN_GIB, mb, m->seq_len, a->in_flight, m->microbatches);
+                               a->act_mb / PLAN_GIB, mb, m->seq_len, a->in_flight,
+                               m->ac_mode == CONFIG_AC_FULL ? "" : "activation checkpointing "
+                               "(--activation_checkpoint.mode full, or selective), ", m->microbatches);
     if (at < n && device >= 0 && strcmp(m->shard_device, "cpu"))
         at += (size_t)snprintf(buf + at, n - at, "optimizer offload (--optshard.device cpu keeps the optimizer "
                                "state in host memory); ");

@@ -97,7 +97,7 @@ static double assert_losses(const char *job, const char *ref, int from, int last
 
 /* S replicas sharing one copy train like S unsharded replicas: bitwise where the sums are
  * ordered alike (pipeline 1, 1 microbatch, no replication), within 1e-6 elsewhere. */
-static void test_fsdp_sharded_losses_match_the_unsharded_job(void **state)
+static void test_fsdp_cpu_sharded_losses_match_the_unsharded_job(void **state)
 {
     TU_NEED_BIN();
     static const struct {
@@ -221,7 +221,7 @@ static void measure(const char *job, const char *extra, int pp, job_mem_t *m)
  * (stat of the tmpfs files while the jobs run: size and resident bytes); the only new shared
  * memory is the exchange (the fsdp segment), and no stage holds more private memory (RssAnon)
  * than its unsharded counterpart plus that exchange's size. */
-static void test_fsdp_params_and_grads_segments_are_one_over_s(void **state)
+static void test_fsdp_cpu_params_and_grads_segments_are_one_over_s(void **state)
 {
     TU_NEED_BIN();
     static const struct {
@@ -297,7 +297,7 @@ static void verify_ok(const char *job, int step)
 /* An S=2 job and an unsharded R=2 job (pipeline 1, 1 microbatch: bitwise equal) write the same
  * checkpoint bytes; the S=2 checkpoint resumed at S=2 continues exactly as the uninterrupted
  * run, and resumed at S=4 exactly as at R=4 (same checkpoint, same order of sums). */
-static void test_fsdp_checkpoints_resume_at_another_degree_bitwise(void **state)
+static void test_fsdp_cpu_checkpoints_resume_at_another_degree_bitwise(void **state)
 {
     TU_NEED_BIN();
     static char out[1 << 16];
@@ -338,7 +338,7 @@ static void test_fsdp_checkpoints_resume_at_another_degree_bitwise(void **state)
  * the wedged one only (the waiting peer made no progress either, but it said it waits). Each loss
  * is recovered in place, every stage redoes the step, and every loss is bitwise the undisturbed
  * run's. */
-static void test_fsdp_a_sharded_stage_killed_is_replaced_bitwise(void **state)
+static void test_fsdp_cpu_a_sharded_stage_killed_is_replaced_bitwise(void **state)
 {
     TU_NEED_BIN();
     static char out[1 << 16];
@@ -390,7 +390,7 @@ static void test_fsdp_a_sharded_stage_killed_is_replaced_bitwise(void **state)
 /* pipeline 1, 4 replicas, a deeper model (its layers, not its embedding, hold most weights) */
 #define GPU_PP1 GPU "--parallelism.pipeline_parallel_degree 1 --parallelism.pipeline_parallel_microbatches 1 " \
                 "--training.steps 2 --model.dim 64 --model.n_layers 6 --model.n_heads 4 --model.n_kv_heads 2 "
-/* pipeline 2, 2 replicas, checkpoints and an in-memory snapshot every 2 steps */
+/* pipeline 2, 4 replicas (8 emulated GPUs), checkpoints and an in-memory snapshot every 2 steps */
 #define GPU_PP2 GPU "--training.steps 3 --checkpoint.enable true --checkpoint.interval 2 " \
                 "--checkpoint.snapshot_interval 2 --model.dim 32 --model.n_heads 2 --model.n_kv_heads 1 "
 
@@ -405,45 +405,53 @@ static long long mem_peak(const char *job)
 }
 
 /* Each replica keeps its chunk of the weights and gradients on its GPU, each piece's weights
- * broadcast before it runs and its gradients reduced after its W: the losses of the unsharded
- * NCCL job within 1e-6 (pipeline 1 and 2), less device memory a stage (the emulator counts each
- * process's allocations), the same losses whether pieces are gathered again for the backward or
- * kept for the step (which holds more); a sharded checkpoint resumes unsharded; a stage killed
- * -9 rewinds the job to its snapshot with the undisturbed losses. */
-static void test_fsdp_on_the_emulated_gpu_nccl_plane(void **state)
+ * broadcast before it runs and its gradients reduced after its W; with groups (HSDP) group 0's
+ * chunks go to the others before a step and theirs are summed into group 0's after it. Against
+ * the unsharded NCCL job with as many replicas: the losses within 1e-6 (S4 and R2 x S2 at
+ * pipeline 1 and 2), less device memory a stage (the emulator counts each process's
+ * allocations), the same losses whether pieces are gathered again for the backward or kept for
+ * the step (which holds more); a sharded checkpoint resumed unsharded; a stage killed -9 rewinds
+ * an HSDP job to its snapshot with the undisturbed losses. */
+static void test_fsdp_gpu_on_the_emulated_nccl_plane(void **state)
 {
     TU_NEED_BIN();
     if (tj_use_sim_plugin())
         skip();
+    setenv("CTITAN_SIM_GPUS", "8", 1); /* 4 replicas x pipeline 2, a GPU a stage process */
     static char out[1 << 16];
     const char *r4 = reference(GPU_PP1 REPL "4"), *s4 = reference(GPU_PP1 SHARD "4");
     const char *s4k = reference(GPU_PP1 SHARD "4 --parallelism.fsdp_reshard_after_forward never");
-    double d = assert_losses(s4, r4, 1, 2, 1e-6);
+    const char *h4 = reference(GPU_PP1 SHARD "2 " REPL "2");
+    double d = assert_losses(s4, r4, 1, 2, 1e-6), dh = assert_losses(h4, r4, 1, 2, 1e-6);
     assert_losses(s4k, s4, 1, 2, 0);
-    long long m_r4 = mem_peak(r4), m_s4 = mem_peak(s4), m_s4k = mem_peak(s4k);
-    print_message("pp 1, 4 GPUs: S4 vs R4 losses within %.3g; device bytes a stage: R4 %lld, S4 %lld (%.2f), S4 "
-                  "never resharded %lld\n", d, m_r4, m_s4, (double)m_s4 / m_r4, m_s4k);
-    assert_true(m_s4 < m_r4);
+    long long m_r4 = mem_peak(r4), m_s4 = mem_peak(s4), m_s4k = mem_peak(s4k), m_h4 = mem_peak(h4);
+    print_message("pp 1, 4 GPUs: losses of S4 and R2 x S2 within %.3g and %.3g of R4; device bytes a stage: R4 %lld, "
+                  "S4 %lld (%.2f), S4 never resharded %lld, R2 x S2 %lld\n", d, dh, m_r4, m_s4, (double)m_s4 / m_r4,
+                  m_s4k, m_h4);
+    assert_true(m_s4 < m_h4 && m_h4 < m_r4);
     assert_true(m_s4 < m_s4k);
-    const char *r2 = reference(GPU_PP2 REPL "2"), *s2 = reference(GPU_PP2 SHARD "2");
-    d = assert_losses(s2, r2, 1, 3, 1e-6);
-    print_message("pp 2, 2 GPUs: S2 vs R2 losses within %.3g\n", d);
-    verify_ok(s2, 2);
+    const char *p4 = reference(GPU_PP2 REPL "4"), *ps4 = reference(GPU_PP2 SHARD "4");
+    const char *ph = reference(GPU_PP2 SHARD "2 " REPL "2");
+    d = assert_losses(ps4, p4, 1, 3, 1e-6);
+    dh = assert_losses(ph, p4, 1, 3, 1e-6);
+    print_message("pp 2, 8 GPUs: losses of S4 and R2 x S2 within %.3g and %.3g of R4\n", d, dh);
+    verify_ok(ph, 2);
     char j[32], extra[1024];
     job_name(j, sizeof(j), "gpures");
-    snprintf(extra, sizeof(extra), GPU_PP2 REPL "2 --checkpoint.load %s/runs/%s/checkpoint/step-00000002", tj_dir, s2);
+    snprintf(extra, sizeof(extra), GPU_PP2 REPL "4 --checkpoint.load %s/runs/%s/checkpoint/step-00000002", tj_dir, ph);
     run_ok(j, extra, out, sizeof(out));
     assert_non_null(strstr(out, "resuming from"));
-    assert_losses(j, r2, 3, 3, 1e-6);
+    assert_losses(j, p4, 3, 3, 1e-6);
     char env[512], once[128], args[1024];
     job_name(j, sizeof(j), "gpukill");
-    snprintf(env, sizeof(env), "CTITAN_TEST_DIE_ONCE=%s CTITAN_TEST_DIE_AT=stage.1.1:mid:3", tj_once_dir(once, sizeof(once), j));
-    snprintf(args, sizeof(args), QUIET GPU_PP2 SHARD "2");
+    snprintf(env, sizeof(env), "CTITAN_TEST_DIE_ONCE=%s CTITAN_TEST_DIE_AT=stage.1.3:mid:3", tj_once_dir(once, sizeof(once), j));
+    snprintf(args, sizeof(args), QUIET GPU_PP2 SHARD "2 " REPL "2");
     int rc = tj_launch(env, 120, j, args, out, sizeof(out));
     unsetenv("CTITAN_CUDA_PLUGIN");
+    unsetenv("CTITAN_SIM_GPUS");
     if (rc || tj_count(out, "(rewound, at step 3)") != 1)
         TJ_FAIL_WITH(out, "status %d", rc);
-    tj_assert_losses_by_step(j, s2, 3, 1, "\"rewound_to\": 2, \"step\": 3");
+    tj_assert_losses_by_step(j, ph, 3, 1, "\"rewound_to\": 2, \"step\": 3");
     tj_assert_clean(j);
 }
 
@@ -452,7 +460,7 @@ static void test_fsdp_on_the_emulated_gpu_nccl_plane(void **state)
 /* Shard degree on a GPU job off the NCCL data plane, 0 and 33 are refused naming the key (on the
  * command line, and in a manifest file with its line), before any process starts: status 2, no
  * metrics, no dump folder, no segment, no process. */
-static void test_fsdp_bad_shard_degrees_are_refused_naming_the_key(void **state)
+static void test_fsdp_cpu_bad_shard_degrees_are_refused_naming_the_key(void **state)
 {
     TU_NEED_BIN();
     static const char *bad[] = {SHARD "2 --job.device cuda", SHARD "0", SHARD "33"};
@@ -490,12 +498,12 @@ static void test_fsdp_bad_shard_degrees_are_refused_naming_the_key(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fsdp_sharded_losses_match_the_unsharded_job),
-        cmocka_unit_test(test_fsdp_params_and_grads_segments_are_one_over_s),
-        cmocka_unit_test(test_fsdp_checkpoints_resume_at_another_degree_bitwise),
-        cmocka_unit_test(test_fsdp_a_sharded_stage_killed_is_replaced_bitwise),
-        cmocka_unit_test(test_fsdp_bad_shard_degrees_are_refused_naming_the_key),
-        cmocka_unit_test(test_fsdp_on_the_emulated_gpu_nccl_plane),
+        cmocka_unit_test(test_fsdp_cpu_sharded_losses_match_the_unsharded_job),
+        cmocka_unit_test(test_fsdp_cpu_params_and_grads_segments_are_one_over_s),
+        cmocka_unit_test(test_fsdp_cpu_checkpoints_resume_at_another_degree_bitwise),
+        cmocka_unit_test(test_fsdp_cpu_a_sharded_stage_killed_is_replaced_bitwise),
+        cmocka_unit_test(test_fsdp_cpu_bad_shard_degrees_are_refused_naming_the_key),
+        cmocka_unit_test(test_fsdp_gpu_on_the_emulated_nccl_plane),
     };
     if (getenv("CTITAN_TEST_ONLY")) /* a pattern: run only the tests it matches ("*killed*") */
         cmocka_set_test_filter(getenv("CTITAN_TEST_ONLY"));

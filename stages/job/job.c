@@ -121,11 +121,15 @@ int job_stage_range(const manifest_t *m, int s, size_t *b, size_t *e)
     return 0;
 }
 
-size_t job_dp_chunk(const job_layout_t *l, size_t n) { return (n + (size_t)l->dp - 1) / (size_t)l->dp; }
+size_t job_dp_chunk(const job_layout_t *l, size_t n)
+{
+    size_t c = (size_t)job_chunks(l);
+    return (n + c - 1) / c;
+}
 
 void job_fsdp_part(const job_layout_t *l, int replica, size_t begin, size_t end, size_t *b, size_t *e)
 {
-    size_t chunk = job_dp_chunk(l, end - begin), at = begin + (size_t)replica * chunk;
+    size_t chunk = job_dp_chunk(l, end - begin), at = begin + (size_t)(replica % l->fsdp) * chunk;
     *b = at < end ? at : end;
     *e = at + chunk < end ? at + chunk : end;
 }
@@ -145,9 +149,9 @@ int job_shard_range(const job_layout_t *l, const manifest_t *m, int k, size_t *b
         return 0;
     }
     size_t sb, se;
-    if (job_stage_range(m, k / l->dp, &sb, &se))
+    if (job_stage_range(m, k / job_chunks(l), &sb, &se))
         return -ENOMEM;
-    size_t chunk = job_dp_chunk(l, se - sb), r = (size_t)(k % l->dp);
+    size_t chunk = job_dp_chunk(l, se - sb), r = (size_t)(k % job_chunks(l));
     *b = sb + r * chunk < se ? sb + r * chunk : se;
     *e = sb + (r + 1) * chunk < se ? sb + (r + 1) * chunk : se;
     return 0;
@@ -167,7 +171,7 @@ int job_host_parts(const job_layout_t *l, const manifest_t *m, job_range_t **out
         *n = 1;
         return 0;
     }
-    /* across hosts the data plane is NCCL: shard k = s * dp + r is replica r's chunk of stage s,
+    /* across hosts the data plane is NCCL: shard k = s * C + r is replica r's chunk of stage s,
      * so shards in order of k are in flat order (empty ones where a stage has fewer floats than
      * replicas) */
     int k_n = 0;
@@ -184,7 +188,7 @@ int job_host_parts(const job_layout_t *l, const manifest_t *m, job_range_t **out
             free(r);
             return -EINVAL;
         }
-        int host = job_host_of(l, k % l->dp);
+        int host = job_host_of(l, k % job_chunks(l));
         if (k_n && r[k_n - 1].host == host)
             r[k_n - 1].end = e;
         else

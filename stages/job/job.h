@@ -91,8 +91,8 @@ size_t job_act_off(const job_layout_t *l, int replica, int boundary, int grad);
 static inline int job_copy_of(const job_layout_t *l, int replica) { return replica / l->fsdp; }
 
 /* Parameter sharding on a device: the part [*b, *e) of a stage's range [begin, end) that replica
- * r keeps (its weights and gradients), the chunk of job_dp_chunk that the NCCL data plane's
- * optimizer shard beside it owns: r's chunk of dp (sharding on the GPU has one group). */
+ * r keeps (its weights and gradients): chunk r % fsdp of job_dp_chunk, which the NCCL data
+ * plane's optimizer shard beside group 0's member owns. */
 void job_fsdp_part(const job_layout_t *l, int replica, size_t begin, size_t end, size_t *b, size_t *e);
 
 /* ---- ctitan.<job>.fsdp (parameter sharding; stages/runtime/fsdp.h does the exchange) ---- */
@@ -145,16 +145,21 @@ static inline int job_local_ordinal(const job_layout_t *l, int replica, int rank
 {
     return (replica % (l->dp / l->hosts)) * l->pp + rank;
 }
+/* The replicas among which the NCCL data plane cuts a stage's range into chunks, each with the
+ * GPU optimizer shard of its chunk beside it: every replica, or with parameter sharding the
+ * members of a group (each group's chunk k is summed into group 0's, beside which its shard runs). */
+static inline int job_chunks(const job_layout_t *l) { return l->fsdp > 1 ? l->fsdp : l->dp; }
 /* Stage s's range [*b, *e) of the flat space. Returns 0 or -ENOMEM. */
 int job_stage_range(const manifest_t *m, int s, size_t *b, size_t *e);
 /* Elements of each replica's chunk of a stage range of n elements for the NCCL reduce-scatter
- * and all-gather: ceil(n / dp) (the stage's buffers have room for dp of them: CUDA_MODEL_SLACK). */
+ * and all-gather: ceil(n / job_chunks) (the stage's buffers have room for dp of them:
+ * CUDA_MODEL_SLACK). */
 size_t job_dp_chunk(const job_layout_t *l, size_t n);
 /* Optimizer shard k's slice [*b, *e) of the flat space: MANIFEST_BLOCK-aligned cuts
  * (manifest_shard_range) on the shm and IPC data planes, each moved up to the next tensor
  * boundary when the optimizer needs whole tensors (optim_t.whole_tensors); with NCCL, shard
- * k = s * dp + r is replica r's chunk of stage s's range, which the reduce-scatter sums into
- * that replica's stage. Returns 0 or -ENOMEM. */
+ * k = s * C + r (C = job_chunks) is replica r's chunk of stage s's range, which the
+ * reduce-scatter sums into that replica's stage. Returns 0 or -ENOMEM. */
 int job_shard_range(const job_layout_t *l, const manifest_t *m, int k, size_t *b, size_t *e);
 
 /* A range [begin, end) of the flat space and the host whose optimizer shards own it. */
@@ -163,8 +168,8 @@ typedef struct {
     int host;
 } job_range_t;
 /* Which host owns what: the ranges of the flat space, in order, each the union of adjacent
- * shards of one host (job_shard_range; shard k runs on host job_host_of(l, k % dp)), merged
- * where neighbours have the same host; together exactly [0, total), without overlap. With
+ * shards of one host (job_shard_range; shard k runs on host job_host_of(l, k % job_chunks(l))),
+ * merged where neighbours have the same host; together exactly [0, total), without overlap. With
  * hosts == 1, one range of host 0. A host's staging segment holds valid data only in its
  * ranges: they are its part of a checkpoint across hosts (checkpointd). *out is malloc'ed
  * (caller frees), *n its length. Returns 0 or -ENOMEM (-EINVAL: shards that do not tile the
@@ -173,8 +178,10 @@ int job_host_parts(const job_layout_t *l, const manifest_t *m, job_range_t **out
 
 /* The NCCL data plane's communicators of one stage, in the order MSG_NCCL carries their
  * ncclUniqueIds (CUDA_NCCL_ID_BYTES each; a communicator the stage does not join, such as
- * act_in on rank 0, is all zeros there). */
-enum { JOB_NCCL_ACT_IN, JOB_NCCL_GRAD_OUT, JOB_NCCL_ACT_OUT, JOB_NCCL_GRAD_IN, JOB_NCCL_DP, JOB_NCCL_COMMS };
+ * act_in on rank 0, is all zeros there): its neighbours'; its pipeline rank's replicas (with
+ * parameter sharding the members of its group: job_chunks of them); with sharding and
+ * replicate degree > 1, the same member of every group (HSDP). */
+enum { JOB_NCCL_ACT_IN, JOB_NCCL_GRAD_OUT, JOB_NCCL_ACT_OUT, JOB_NCCL_GRAD_IN, JOB_NCCL_DP, JOB_NCCL_REP, JOB_NCCL_COMMS };
 
 /* ---- ctitan.<job>.optstate ---- */
 #define JOB_OPTSTATE_SEG "optstate"

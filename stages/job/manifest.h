@@ -113,7 +113,7 @@ typedef struct {
     char data_plane[16];         /* "ipc": CUDA IPC rings on one host, GPU shards summing replicas;
                                   * "nccl": NCCL send/recv between neighbours, reduce-scatter and
                                   * all-gather across replicas, one optimizer shard per stage process
-                                  * (shards = dp x pp); needs device and optshard.device "cuda" */
+                                  * (shards = dp x pp, with sharding shard degree x pp); needs device and optshard.device "cuda" */
 
     /* [activation_checkpoint] (torchtitan's): what each layer keeps for its backward; the stages
      * copy them into their model's config (model_config_t ac_mode, ac_every; config_ac_keep) */
@@ -220,7 +220,7 @@ int manifest_override(manifest_t *m, const char *dotted_key, const char *value, 
  * key's origin ("demo.toml:14: parallelism.pipeline_parallel_degree = 9 exceeds the 8
  * pipeline pieces of the model (embedding, 6 layers, head)"). Once every check passed, fills
  * the values that follow from others: dump_folder, optshard.device (job.device when empty),
- * shards = dp x pp on the NCCL data plane, lr_sched.steps, warmup_steps clipped to the steps
+ * shards = dp x pp on the NCCL data plane (data_parallel_shard_degree x pp with sharding), lr_sched.steps, warmup_steps clipped to the steps
  * (and config_validate's model defaults). Returns 0 or -EINVAL. */
 int manifest_validate(manifest_t *m, char *err, size_t errlen);
 

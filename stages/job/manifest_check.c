@@ -313,11 +313,6 @@ static int check_placement(const manifest_t *m, char *err, size_t errlen)
           "data_parallel_shard_degree",
           "parallelism.data_parallel_shard_degree = %d with job.device = \"cuda\": parameter sharding on GPUs runs on "
           "the NCCL data plane (parallelism.data_plane = \"nccl\")", m->dp_shard);
-    CHECK(m->dp_shard == 1 || !strcmp(m->device, "cpu") || m->dp_replicate == 1, "parallelism",
-          "data_parallel_replicate_degree",
-          "parallelism.data_parallel_replicate_degree = %d with data_parallel_shard_degree = %d on the GPU: HSDP "
-          "(sharded groups, replicated) is built for CPU jobs only; on the GPU shard over every replica "
-          "(data_parallel_replicate_degree = 1)", m->dp_replicate, m->dp_shard);
     CHECK(m->host_rank < m->hosts, "job", "host_rank", "job.host_rank = %d: the job has job.hosts = %d", m->host_rank,
           m->hosts);
     CHECK(m->hosts == 1 || !strcmp(m->data_plane, "nccl"), "job", "hosts",
@@ -350,7 +345,7 @@ static void resolve(manifest_t *m)
     if (!m->shard_device[0])
         snprintf(m->shard_device, sizeof(m->shard_device), "%s", m->device);
     if (!strcmp(m->data_plane, "nccl"))
-        m->shards = m->dp * m->pp; /* one shard per stage process: its chunk after the reduce-scatter */
+        m->shards = (m->dp_shard > 1 ? m->dp_shard : m->dp) * m->pp; /* a shard per chunk (job_chunks) */
     if (!m->dump_folder[0])
         snprintf(m->dump_folder, sizeof(m->dump_folder), "runs/%s", m->name);
     /* checkpoint.load: a run that writes checkpoints resumes from the newest by default, as

@@ -269,8 +269,8 @@ long plane_boot_share(const char *transport, const job_layout_t *l, const void *
 void plane_shard_beside(const char *transport, const job_layout_t *l, int k, int *replica, int *rank)
 {
     const plane_transport_t *t = plane_find(transport);
-    *replica = t && t->beside ? k % l->dp : -1;
-    *rank = t && t->beside ? k / l->dp : -1;
+    *replica = t && t->beside ? k % job_chunks(l) : -1;
+    *rank = t && t->beside ? k / job_chunks(l) : -1;
 }
 
 /* ---- the act segment's rings ---- */

@@ -146,7 +146,7 @@ long plane_boot_share(const char *transport, const job_layout_t *l, const void *
 typedef struct plane_reduce plane_reduce_t;
 
 /* Where shard k runs: beside stage (*replica, *rank) when the transport sums the replicas into
- * that stage's memory (nccl: shard k = rank * dp + replica), else *replica = -1. */
+ * that stage's memory (nccl: shard k = rank * job_chunks + replica), else *replica = -1. */
 void plane_shard_beside(const char *transport, const job_layout_t *l, int k, int *replica, int *rank);
 /* Shard k's view of slice [begin, end) over `transport`, its sums in the backend's memory on
  * `stream`: the parts of every replica that holds some of the slice (shm: the params and grads

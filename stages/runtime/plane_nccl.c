@@ -30,7 +30,8 @@ typedef struct {
 
 /* The replicas of this pipeline rank. */
 typedef struct {
-    cuda_nccl_t *dp;
+    cuda_nccl_t *dp;             /* the replicas of this pipeline rank (with sharding: of its group) */
+    cuda_nccl_t *rep;            /* sharding with replicate degree > 1: this member of every group */
     uint16_t *w;                 /* the model's weights and gradients: n elements and room for dp */
     float *g;                    /* chunks (CUDA_MODEL_SLACK); with sharding only this replica's chunk */
     size_t n;
@@ -141,8 +142,8 @@ static int add_end(plane_t *p, plane_link_t l, const cuda_nccl_id_t *id, const c
     return 0;
 }
 
-static void shard_forget(struct nccl_shard *h);
-static int shard_sync(plane_t *p, struct nccl_shard *h);
+static int shard_begin(plane_t *p, struct nccl_shard *h);
+static int shard_end(plane_t *p, struct nccl_shard *h);
 static void shard_destroy(plane_t *p, struct nccl_shard *h);
 
 /* Every replica's chunk of the weights, as its optimizer shard left it (with sharding each
@@ -150,11 +151,8 @@ static void shard_destroy(plane_t *p, struct nccl_shard *h);
 static int nccl_step_begin(plane_t *p, int64_t step)
 {
     nccl_ctx_t *x = p->ctx;
-    if (p->lay.fsdp > 1) {
-        if (x->shard)
-            shard_forget(x->shard); /* the shards updated the chunks */
-        return 0;
-    }
+    if (p->lay.fsdp > 1)
+        return x->shard ? shard_begin(p, x->shard) : 0;
     size_t chunk = job_dp_chunk(&p->lay, x->n), r = (size_t)p->cfg.replica;
     if (CU(p)->nccl_all_gather_bf16(x->dp, x->w + r * chunk, x->w, chunk, p->cfg.stream))
         return failed(p, "all-gather of the weights");
@@ -168,8 +166,9 @@ static int nccl_step_end(plane_t *p)
 {
     nccl_ctx_t *x = p->ctx;
     const cuda_plugin_t *cu = CU(p);
-    if (x->shard && shard_sync(p, x->shard))
-        return failed(p, "the reduces of the gradients");
+    int rc;
+    if (x->shard && (rc = shard_end(p, x->shard)))
+        return rc;
     size_t chunk = job_dp_chunk(&p->lay, x->n), r = (size_t)p->cfg.replica, all = chunk * (size_t)p->lay.dp;
     if (p->lay.fsdp < 2 && cu->nccl_reduce_scatter_f32(x->dp, x->g, x->g + r * chunk, chunk, p->cfg.stream))
         return failed(p, "reduce-scatter of the gradients");
@@ -193,6 +192,7 @@ static void nccl_ctx_destroy(plane_t *p)
         CU(p)->backend.stream_sync(p->cfg.stream);
     shard_destroy(p, x->shard);
     CU(p)->nccl_destroy(&x->dp);
+    CU(p)->nccl_destroy(&x->rep);
     free(x);
     p->ctx = NULL;
 }
@@ -227,8 +227,11 @@ static int links(plane_t *p)
         rc = add_end(p, PLANE_GRAD_OUT, &ids[JOB_NCCL_GRAD_OUT], "grad_out", 0, 1);       /* before boundary rank */
     if (!rc && !last && !(rc = add_end(p, PLANE_ACT_OUT, &ids[JOB_NCCL_ACT_OUT], "act_out", 0, 1)))
         rc = add_end(p, PLANE_GRAD_IN, &ids[JOB_NCCL_GRAD_IN], "grad_in", 1, 0);
-    if (!rc && p->cu->nccl_init(&x->dp, &ids[JOB_NCCL_DP], p->lay.dp, c->replica))
+    int C = job_chunks(&p->lay), hsdp = p->lay.fsdp > 1 && p->lay.copies > 1;
+    if (!rc && p->cu->nccl_init(&x->dp, &ids[JOB_NCCL_DP], C, c->replica % C))
         rc = plane_fail(p, -EIO, "NCCL communicator of the replicas: %s", p->cu->last_error());
+    if (!rc && hsdp && p->cu->nccl_init(&x->rep, &ids[JOB_NCCL_REP], p->lay.copies, job_copy_of(&p->lay, c->replica)))
+        rc = plane_fail(p, -EIO, "NCCL communicator of the groups: %s", p->cu->last_error());
     return rc;
 }
 
@@ -258,7 +261,10 @@ typedef struct nccl_shard {
     int g;                       /* the gradient buffer of the piece in W */
 } nccl_shard_t;
 
-/* Replica k's chunk's overlap [*a, *b) with [lo, hi); 0 when there is none. */
+/* This replica's place in its group. */
+static int member(const plane_t *p) { return p->cfg.replica % p->lay.fsdp; }
+
+/* Member k's chunk's overlap [*a, *b) with [lo, hi); 0 when there is none. */
 static int owned(const plane_t *p, const nccl_ctx_t *x, int k, size_t lo, size_t hi, size_t *a, size_t *b)
 {
     size_t c0 = x->sb + (size_t)k * x->chunk, c1 = c0 + x->chunk, end = p->cfg.stage_end;
@@ -305,10 +311,10 @@ static int gather(plane_t *p, nccl_shard_t *h, int j, size_t lo, size_t hi)
         return plane_fail(p, -EINVAL, "piece [%zu, %zu) is larger than the gather buffers", lo, hi);
     if (cu->event_record(h->free_[j], p->cfg.stream) || cu->stream_wait(h->stream, h->free_[j]))
         return failed(p, "ordering a gather");
-    for (int k = 0; k < p->lay.dp; k++) {
+    for (int k = 0; k < p->lay.fsdp; k++) {
         size_t a, b;
         if (owned(p, x, k, lo, hi, &a, &b) &&
-            cu->nccl_broadcast_bf16(x->dp, k == p->cfg.replica ? x->w + (a - p->cfg.begin) : buf + (a - lo),
+            cu->nccl_broadcast_bf16(x->dp, k == member(p) ? x->w + (a - p->cfg.begin) : buf + (a - lo),
                                     buf + (a - lo), b - a, k, h->stream))
             return failed(p, "broadcast of a piece's weights");
     }
@@ -357,27 +363,46 @@ static int shard_give(void *arg, size_t lo, size_t hi)
     float *gb = h->gbuf[h->g];
     if (cu->event_record(h->filled[h->g], p->cfg.stream) || cu->stream_wait(h->stream, h->filled[h->g]))
         return failed(p, "ordering a piece's gradients");
-    for (int k = 0; k < p->lay.dp; k++) {
+    for (int k = 0; k < p->lay.fsdp; k++) {
         size_t a, b;
         if (!owned(p, x, k, lo, hi, &a, &b))
             continue;
         if (cu->nccl_reduce_f32(x->dp, gb + (a - lo), h->sum, b - a, k, h->stream))
             return failed(p, "reduce of a piece's gradients");
-        if (k == p->cfg.replica && cu->backend.f32_add(x->g + (a - p->cfg.begin), h->sum, b - a, h->stream))
+        if (k == member(p) && cu->backend.f32_add(x->g + (a - p->cfg.begin), h->sum, b - a, h->stream))
             return failed(p, "adding a piece's gradients");
     }
     return cu->event_record(h->reduced[h->g], h->stream) ? failed(p, "ordering a piece's gradients") : 0;
 }
 
-/* Before a step: the shards updated the chunks, so no piece is held; after it, every reduce
- * done (the shards read the chunks' gradients). */
 static void shard_forget(nccl_shard_t *h)
 {
     for (int j = 0; j < h->slots; j++)
         h->lo[j] = SIZE_MAX;
 }
 
-static int shard_sync(plane_t *p, nccl_shard_t *h) { return CU(p)->backend.stream_sync(h->stream); }
+/* Before a step: the shards updated the chunks, so no piece is held; with several groups (HSDP)
+ * group 0's chunk, which its shard updated, goes to the same member of every other group. */
+static int shard_begin(plane_t *p, nccl_shard_t *h)
+{
+    nccl_ctx_t *x = p->ctx;
+    shard_forget(h);
+    if (x->rep && CU(p)->nccl_broadcast_bf16(x->rep, x->w, x->w, x->n, 0, h->stream))
+        return failed(p, "broadcast of the weights to the other groups");
+    return 0;
+}
+
+/* After it: with several groups every group's chunk of the gradients summed into group 0's
+ * (its shard reads them there; the others start again from zero); every reduce done. */
+static int shard_end(plane_t *p, nccl_shard_t *h)
+{
+    nccl_ctx_t *x = p->ctx;
+    const cuda_plugin_t *cu = CU(p);
+    if (x->rep && (cu->nccl_reduce_f32(x->rep, x->g, x->g, x->n, 0, h->stream) ||
+                   (job_copy_of(&p->lay, p->cfg.replica) > 0 && cu->backend.zero(x->g, x->n * sizeof(float), h->stream))))
+        return failed(p, "reduce of the gradients to the first group");
+    return cu->backend.stream_sync(h->stream) ? failed(p, "the reduces of the gradients") : 0;
+}
 
 static void shard_destroy(plane_t *p, nccl_shard_t *h)
 {
@@ -410,9 +435,6 @@ static int shard(plane_t *p, shard_io_t *io)
     const cuda_plugin_t *cu = CU(p);
     const backend_t *be = &cu->backend;
     size_t unit = p->lay.fsdp_unit[p->cfg.vstage], range = p->cfg.stage_end - p->cfg.stage_begin;
-    if (p->lay.copies != 1)
-        return plane_fail(p, -ENOTSUP, "parallelism.data_parallel_replicate_degree = %d with sharding: HSDP on the "
-                          "NCCL data plane is not built (shard over every replica)", p->lay.copies);
     if (!x->shard) {
         nccl_shard_t *h = x->shard = calloc(1, sizeof(nccl_shard_t));
         if (!h)
@@ -443,18 +465,28 @@ static int shard(plane_t *p, shard_io_t *io)
 
 /* ---- the coordinator's part: every communicator's id ---- */
 
+/* Groups of replicas with a communicator of their own at each pipeline rank: one of every
+ * replica, or with sharding one a group. */
+static int dp_comms(const job_layout_t *l) { return l->fsdp > 1 ? l->copies : 1; }
+
 /* kind 0: the activation communicator of (replica, boundary), 1: its gradient one, 2: the
- * replicas' communicator of pipeline rank `boundary_or_rank`. */
+ * replicas' communicator of pipeline rank `boundary_or_rank` (with sharding, of the replica's
+ * group), 3: with sharding and several groups, that of the replica's member of every group. */
 static size_t id_index(const job_layout_t *l, int kind, int replica, int boundary_or_rank)
 {
-    return kind < 2 ? ((size_t)replica * (l->pp - 1) + boundary_or_rank) * 2 + kind
-                    : (size_t)l->dp * (l->pp - 1) * 2 + boundary_or_rank;
+    size_t links = (size_t)l->dp * (l->pp - 1) * 2, dps = (size_t)l->pp * dp_comms(l);
+    if (kind < 2)
+        return ((size_t)replica * (l->pp - 1) + boundary_or_rank) * 2 + kind;
+    if (kind == 2)
+        return links + (size_t)boundary_or_rank * dp_comms(l) + (l->fsdp > 1 ? (size_t)job_copy_of(l, replica) : 0);
+    return links + dps + (size_t)boundary_or_rank * l->fsdp + (size_t)(replica % l->fsdp);
 }
 
 /* The coordinator makes every id (ncclGetUniqueId: it hosts each communicator's bootstrap root). */
 static int boot_make(const job_layout_t *l, void **boot, size_t *len, char *err, size_t errlen)
 {
-    size_t n = (size_t)l->dp * (l->pp - 1) * 2 + l->pp;
+    int hsdp = l->fsdp > 1 && l->copies > 1;
+    size_t n = (size_t)l->dp * (l->pp - 1) * 2 + (size_t)l->pp * dp_comms(l) + (hsdp ? (size_t)l->pp * l->fsdp : 0);
     char why[512];
     const cuda_plugin_t *cu = cuda_plugin_load(why, sizeof(why));
     if (!cu)
@@ -489,7 +521,9 @@ static long boot_share(const job_layout_t *l, const void *boot, int replica, int
         ids[JOB_NCCL_ACT_OUT] = all[id_index(l, 0, replica, rank)];
         ids[JOB_NCCL_GRAD_IN] = all[id_index(l, 1, replica, rank)];
     }
-    ids[JOB_NCCL_DP] = all[id_index(l, 2, 0, rank)];
+    ids[JOB_NCCL_DP] = all[id_index(l, 2, replica, rank)];
+    if (l->fsdp > 1 && l->copies > 1)
+        ids[JOB_NCCL_REP] = all[id_index(l, 3, replica, rank)];
     memcpy(buf, ids, sizeof(ids));
     return (long)sizeof(ids);
 }

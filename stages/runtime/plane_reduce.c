@@ -4,7 +4,7 @@
  * every replica. CPU shards (a CPU job, and offload mode) take every replica's range of the
  * params and grads segments; GPU shards the stages' device buffers, mapped through the handles in
  * their device directory entries; with NCCL (a transport whose row says `beside`) the
- * reduce-scatter summed the replicas into one stage (replica k % dp, rank k / dp): only its
+ * reduce-scatter summed the replicas into one stage (plane_shard_beside): only its
  * buffers, as replica 0. Block boundaries and replica order do not depend on the shard count, so any count
  * gives the same bits. */
 #include <errno.h>

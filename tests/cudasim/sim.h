@@ -182,9 +182,15 @@ enum { cudaEventDisableTiming = 2, cudaEventInterprocess = 4 };
 enum { cudaIpcMemLazyEnablePeerAccess = 1 };
 struct cudaIpcMemHandle_t { char reserved[64]; };
 struct cudaIpcEventHandle_t { char reserved[64]; };
-/* Four devices, all of them this host's memory (so multi-GPU code paths run; NCCL's stand-in
- * takes one rank per device as NCCL does). */
-inline cudaError_t cudaGetDeviceCount(int *n) { *n = 4; return 0; }
+/* Four devices (CTITAN_SIM_GPUS: 1 to 16), all of them this host's memory (so multi-GPU code
+ * paths run; NCCL's stand-in takes one rank per device as NCCL does). */
+inline cudaError_t cudaGetDeviceCount(int *n)
+{
+    const char *e = getenv("CTITAN_SIM_GPUS");
+    int k = e ? atoi(e) : 4;
+    *n = k >= 1 && k <= 16 ? k : 4;
+    return 0;
+}
 inline int &sim_device() { static thread_local int d = 0; return d; }
 /* CUDA belongs to the process that set it up: a child forked after that gets
  * cudaErrorInitializationError (real CUDA fails or hangs it) from the calls that set up a device,
@@ -194,7 +200,9 @@ inline cudaError_t cudaSetDevice(int d)
 {
     if (cudaError_t e = sim_owner_check())
         return e;
-    return d >= 0 && d < 4 ? (sim_device() = d, cudaSuccess) : cudaErrorInvalidDevice;
+    int n;
+    cudaGetDeviceCount(&n);
+    return d >= 0 && d < n ? (sim_device() = d, cudaSuccess) : cudaErrorInvalidDevice;
 }
 cudaError_t cudaMemGetInfo(size_t *f, size_t *t); /* an 80 GiB device used by this process alone */
 /* Maps bytes of another process's memfd (its descriptor fd, through /proc/PID/fd); NULL if not. */

@@ -394,7 +394,8 @@ static void run_step(stage_t *st, int64_t step)
         for (int c = 0; c < st->lay.vs; c++)
             for (int i = 0; i < st->chunk[c].nacts; i++)
                 st->chunk[c].acts_mb[i] = -1;
-        LOG_I("step %lld left unfinished: the rings were closed for a recovery", (long long)step + 1);
+        LOG_I("step %lld left unfinished: the rings%s were closed for a recovery", (long long)step + 1,
+              st->lay.fsdp > 1 && !st->lay.gpu ? " and parameter sharding's exchanges" : "");
         msg_t m = {.type = MSG_ABORTED, .step = step};
         WORKER_CHECK(st->w, worker_send(st->w, &m) == 0, "cannot reach the coordinator");
         return;

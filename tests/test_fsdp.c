@@ -407,11 +407,12 @@ static long long mem_peak(const char *job)
 /* Each replica keeps its chunk of the weights and gradients on its GPU, each piece's weights
  * broadcast before it runs and its gradients reduced after its W; with groups (HSDP) group 0's
  * chunks go to the others before a step and theirs are summed into group 0's after it. Against
- * the unsharded NCCL job with as many replicas: the losses within 1e-6 (S4 and R2 x S2 at
- * pipeline 1 and 2), less device memory a stage (the emulator counts each process's
+ * the unsharded NCCL job with as many replicas: the losses within 1e-6 (S4 at pipeline 1, R2 x
+ * S2 at pipeline 2), less device memory a stage (the emulator counts each process's
  * allocations), the same losses whether pieces are gathered again for the backward or kept for
- * the step (which holds more); a sharded checkpoint resumed unsharded; a stage killed -9 rewinds
- * an HSDP job to its snapshot with the undisturbed losses. */
+ * the step (which holds more); the checkpoint verifies; a stage killed -9 rewinds an HSDP job to
+ * its snapshot with the undisturbed losses. (Resuming at other degrees, and the rest of the
+ * matrix, on the CPU above: the GPU's checkpoints are the same flat files.) */
 static void test_fsdp_gpu_on_the_emulated_nccl_plane(void **state)
 {
     TU_NEED_BIN();
@@ -421,28 +422,18 @@ static void test_fsdp_gpu_on_the_emulated_nccl_plane(void **state)
     static char out[1 << 16];
     const char *r4 = reference(GPU_PP1 REPL "4"), *s4 = reference(GPU_PP1 SHARD "4");
     const char *s4k = reference(GPU_PP1 SHARD "4 --parallelism.fsdp_reshard_after_forward never");
-    const char *h4 = reference(GPU_PP1 SHARD "2 " REPL "2");
-    double d = assert_losses(s4, r4, 1, 2, 1e-6), dh = assert_losses(h4, r4, 1, 2, 1e-6);
+    double d = assert_losses(s4, r4, 1, 2, 1e-6);
     assert_losses(s4k, s4, 1, 2, 0);
-    long long m_r4 = mem_peak(r4), m_s4 = mem_peak(s4), m_s4k = mem_peak(s4k), m_h4 = mem_peak(h4);
-    print_message("pp 1, 4 GPUs: losses of S4 and R2 x S2 within %.3g and %.3g of R4; device bytes a stage: R4 %lld, "
-                  "S4 %lld (%.2f), S4 never resharded %lld, R2 x S2 %lld\n", d, dh, m_r4, m_s4, (double)m_s4 / m_r4,
-                  m_s4k, m_h4);
-    assert_true(m_s4 < m_h4 && m_h4 < m_r4);
+    long long m_r4 = mem_peak(r4), m_s4 = mem_peak(s4), m_s4k = mem_peak(s4k);
+    print_message("pp 1, 4 GPUs: losses of S4 within %.3g of R4; device bytes a stage: R4 %lld, S4 %lld (%.2f), S4 "
+                  "never resharded %lld\n", d, m_r4, m_s4, (double)m_s4 / m_r4, m_s4k);
+    assert_true(m_s4 < m_r4);
     assert_true(m_s4 < m_s4k);
-    const char *p4 = reference(GPU_PP2 REPL "4"), *ps4 = reference(GPU_PP2 SHARD "4");
-    const char *ph = reference(GPU_PP2 SHARD "2 " REPL "2");
-    d = assert_losses(ps4, p4, 1, 3, 1e-6);
-    dh = assert_losses(ph, p4, 1, 3, 1e-6);
-    print_message("pp 2, 8 GPUs: losses of S4 and R2 x S2 within %.3g and %.3g of R4\n", d, dh);
+    const char *p4 = reference(GPU_PP2 REPL "4"), *ph = reference(GPU_PP2 SHARD "2 " REPL "2");
+    d = assert_losses(ph, p4, 1, 3, 1e-6);
+    print_message("pp 2, 8 GPUs: losses of R2 x S2 within %.3g of R4\n", d);
     verify_ok(ph, 2);
-    char j[32], extra[1024];
-    job_name(j, sizeof(j), "gpures");
-    snprintf(extra, sizeof(extra), GPU_PP2 REPL "4 --checkpoint.load %s/runs/%s/checkpoint/step-00000002", tj_dir, ph);
-    run_ok(j, extra, out, sizeof(out));
-    assert_non_null(strstr(out, "resuming from"));
-    assert_losses(j, p4, 3, 3, 1e-6);
-    char env[512], once[128], args[1024];
+    char j[32], env[512], once[128], args[1024];
     job_name(j, sizeof(j), "gpukill");
     snprintf(env, sizeof(env), "CTITAN_TEST_DIE_ONCE=%s CTITAN_TEST_DIE_AT=stage.1.3:mid:3", tj_once_dir(once, sizeof(once), j));
     snprintf(args, sizeof(args), QUIET GPU_PP2 SHARD "2 " REPL "2");

@@ -424,21 +424,33 @@ static double update(shard_t *sh, int64_t step, double scale)
     int from = (int)(step % 2), to = 1 - from;
     optim_args_t args = {.lr = (float)lr, .beta1 = (float)m->beta1, .beta2 = (float)m->beta2, .eps = (float)m->eps,
                          .gscale = (float)scale, .step = (int)step + 1};
-    for (int t = 0; t < sh->tab.n; t++) {
-        const param_info_t *p = &sh->tab.t[t];
-        size_t b, e;
-        if (!overlap(sh, p, &b, &e))
+    /* one call per run of adjacent tensors with the same weight decay (an elementwise step: the
+     * same bits as one call a tensor, a fraction of the launches on a GPU), or per tensor when the
+     * optimizer needs whole tensors */
+    size_t rb = 0, re = 0;
+    int rdecay = -1;
+    for (int t = 0; t <= sh->tab.n; t++) {
+        const param_info_t *p = t < sh->tab.n ? &sh->tab.t[t] : NULL;
+        size_t b = 0, e = 0;
+        if (p && !overlap(sh, p, &b, &e))
             continue;
-        int decay = m->decay_embed_and_norms || params_is_decayed(p->kind);
-        size_t o = b - sh->begin;
-        float *dst[OPTIM_ARRAYS_MAX];
-        const float *src[OPTIM_ARRAYS_MAX];
-        for (int a = 0; a < sh->arrays; a++)
-            dst[a] = sh->bank[to].a[a] + o, src[a] = sh->bank[from].a[a] + o;
-        args.weight_decay = decay ? (float)m->weight_decay : 0.0f;
-        BE_CHECK(sh, sh->optim->step(be, dst, src, g + o, e - b, &args, sh->stream), "%s: %s", sh->optim->name,
-                 BE_WHY(sh));
-        worker_test_point(sh->w, "adamw", step);
+        int decay = p && (m->decay_embed_and_norms || params_is_decayed(p->kind));
+        if (p && rdecay == decay && b == re && !sh->optim->whole_tensors) {
+            re = e;
+            continue;
+        }
+        if (rdecay >= 0) { /* the run so far */
+            size_t o = rb - sh->begin;
+            float *dst[OPTIM_ARRAYS_MAX];
+            const float *src[OPTIM_ARRAYS_MAX];
+            for (int a = 0; a < sh->arrays; a++)
+                dst[a] = sh->bank[to].a[a] + o, src[a] = sh->bank[from].a[a] + o;
+            args.weight_decay = rdecay ? (float)m->weight_decay : 0.0f;
+            BE_CHECK(sh, sh->optim->step(be, dst, src, g + o, re - rb, &args, sh->stream), "%s: %s",
+                     sh->optim->name, BE_WHY(sh));
+            worker_test_point(sh->w, "adamw", step);
+        }
+        rb = b, re = e, rdecay = p ? decay : -1;
     }
     BE_CHECK(sh, be->stream_sync(sh->stream), "%s: %s", sh->optim->name, BE_WHY(sh));
     sh->done = step + 1;

@@ -14,7 +14,9 @@
 # --budget  seconds for the whole check (default 540: a lease allows 600 a command)
 # --only    a comma list of the steps to run (the device facts always): tests, model (the model
 #           against the CPU, checkpoint and resume, recovery), breakdown (where the step goes,
-#           tools/gpu_breakdown.sh), bench (tools/bench_gpu.sh), stall (a checkpoint's stall)
+#           tools/gpu_breakdown.sh), bench (tools/bench_gpu.sh), stall (a checkpoint's stall),
+#           big (issue 24: the 8B's plan, the 3B trained, activation checkpointing's figures;
+#           ~7 minutes: run it on its own)
 # --export  after every step, also DIR/report.md and DIR/raw.tgz (the logs and metrics files,
 #           without the data and runs): two files, because the device tool brings back at
 #           most 8 files from its $OUT (OUT itself holds ~30).
@@ -40,7 +42,7 @@ while [ $# -gt 0 ]; do
 done
 case $budget in ''|*[!0-9]*) echo "gpu_check: --budget takes whole seconds, got '$budget'" >&2; exit 2 ;; esac
 [ -n "$out" ] || { echo "usage: tools/gpu_check.sh [--budget SECONDS] [--only STEPS] [--rehearse] [--export DIR] OUT" >&2; exit 2; }
-steps_known="tests model breakdown bench stall"
+steps_known="tests model breakdown bench stall big"
 for w in ${only//,/ }; do
     case " $steps_known " in *" $w "*) ;; *) echo "gpu_check: --only: no step '$w' (steps: $steps_known)" >&2; exit 2 ;; esac
 done
@@ -377,6 +379,54 @@ else
     row "checkpoint stall (~160M)" "$( [ "${rc:-125}" = 125 ] && echo "skipped: out of budget" || result)" "${secs:-0}" "$(why stall1.log)$(why stall0.log)"
 fi
 fi # stall
+
+# ---- 10. issue 24 on one GPU: the plan's answer for the Llama 3.1 8B shape with this machine's
+# memory (GPU-resident state and offload), the Llama 3.2 3B shape it admits trained a few steps
+# (tokens/s, the device's peak against the plan's figure), and activation checkpointing's cost
+# and saving on the ~160M shape of the stall step ----
+l3=(--model.flavor llama1b --model.tokenizer_path "" --model.vocab_size 128256 --model.n_kv_heads 8
+    --model.max_seq_len 8192 --training.seq_len 2048 --training.local_batch_size 1
+    --parallelism.pipeline_parallel_microbatches 1 --parallelism.pipeline_parallel_degree 1 --job.device cuda
+    --optshard.shards 1 --activation_checkpoint.mode full)
+b8=(--model.dim 4096 --model.n_layers 32 --model.n_heads 32 --model.hidden_dim 14336)
+b3=(--model.dim 3072 --model.n_layers 28 --model.n_heads 24 --model.hidden_dim 8192)
+med_ms() { steptimes "$1" | tail -n +2 | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+peak_gib() { sed -nE 's/.*"mem_peak_bytes": ([0-9]+).*/\1/p' "$1" | sort -g | tail -1 | awk '{ printf "%.2f", $1 / 1073741824 }'; }
+if want big; then
+if [ $rehearse = 1 ]; then
+    row "issue 24: 8B plan, 3B run, AC on a GPU" "skipped: no GPU" 0 ""
+else
+    for off in gpu cpu; do
+        if run "big-plan8-$off.log" 60 "$bin" plan "${common[@]}" "${l3[@]}" "${b8[@]}" --optshard.device "$off"; then
+            row "plan: Llama 3.1 8B, optimizer state on the $off" ok "$secs" \
+                "$(grep -aE '^  (refused|fits)' "$out/logs/big-plan8-$off.log" | head -1)"
+            details "## The plan of the 8B shape, optimizer state on the $off" "" '```' \
+                "$(cat "$out/logs/big-plan8-$off.log")" '```' ""
+        fi
+    done
+    if run big-plan3.log 60 "$bin" plan "${common[@]}" "${l3[@]}" "${b3[@]}" && [ $rc = 0 ] &&
+       run big3.log 420 "$bin" launch "${common[@]}" "${l3[@]}" "${b3[@]}" --training.steps 8 \
+           --job.name "gpuchk$$big3" --job.dump_folder "$out/runs/big3" --metrics.file "$out/big3.jsonl"; then
+        planned=$(sed -nE 's/^  gpu0 needs ([0-9.]+) GiB.*/\1/p' "$out/logs/big-plan3.log")
+        text="planned gpu0 $planned GiB, measured $(peak_gib "$out/big3.jsonl") GiB; median step $(med_ms "$out/big3.jsonl") ms, $(sed -nE 's/.*"tokens_per_s": ([0-9.]+).*/\1/p' "$out/big3.jsonl" | tail -1) tokens/s"
+        row "train: Llama 3.2 3B shape, AC full, 1x2048" "$(result)" "$secs" "$text$([ $rc = 0 ] || echo "; $(why big3.log)")"
+        details "## The 3B shape on one GPU" "" "$text" "" '```' "$(cat "$out/logs/big-plan3.log")" '```' ""
+    else
+        row "train: Llama 3.2 3B shape, AC full, 1x2048" "$( [ "${rc:-125}" = 125 ] && echo "skipped: out of budget" || result)" "${secs:-0}" "$(why big-plan3.log)"
+    fi
+    acs=""
+    for mode in none full selective; do
+        if job "ac-$mode" "ac-$mode.log" "${st[@]}" --training.steps 20 --activation_checkpoint.mode "$mode" \
+               --activation_checkpoint.selective_ac_option op && [ $rc = 0 ]; then
+            acs="$acs$mode: $(med_ms "$out/ac-$mode.jsonl") ms, $(peak_gib "$out/ac-$mode.jsonl") GiB; "
+        else
+            acs="$acs$mode: $(result) $(why "ac-$mode.log"); "
+        fi
+    done
+    row "activation checkpointing (~160M, 4x1024): median step, device peak" ok "" "$acs"
+    details "## Activation checkpointing on the GPU (~160M; selective = op)" "" "$acs" ""
+fi
+fi # big
 
 rm -rf "$out/runs" "$out/ckpt" "$out/ckpt-stall" "$out/once" "$out/.verdict"
 write_report

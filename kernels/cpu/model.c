@@ -563,7 +563,7 @@ static void layer_backward_b(model_t *m, model_acts_t *a, int i, float *dh_in)
 
 static void layer_backward_w(model_t *m, model_acts_t *a, int i)
 {
-    size_t lo, hi;
+    size_t lo = 0, hi = 0;
     if (grads_take(m, m->layer0 + i + 1, &lo, &hi))
         return;
     layer_w_t *w = &m->lw[i];
@@ -585,7 +585,7 @@ static void layer_backward_w(model_t *m, model_acts_t *a, int i)
 /* The head's weight gradients (final norm, output). */
 static void head_backward_w(model_t *m, model_acts_t *a)
 {
-    size_t lo, hi;
+    size_t lo = 0, hi = 0;
     int N = a->N, D = m->D;
     if (grads_take(m, m->cfg.n_layers + 1, &lo, &hi))
         return;
@@ -596,7 +596,7 @@ static void head_backward_w(model_t *m, model_acts_t *a)
 
 static void embed_backward_w(model_t *m, model_acts_t *a)
 {
-    size_t lo, hi;
+    size_t lo = 0, hi = 0;
     if (grads_take(m, 0, &lo, &hi))
         return;
     ops_embed_bwd(m->pool, m->d_embed, a->dh0, a->tokens, a->N, m->D);

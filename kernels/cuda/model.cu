@@ -216,7 +216,8 @@ static void bind(cuda_model_t *m)
 static int piece_weights(cuda_model_t *m, int p, int next)
 {
     if (!m->io.weights)
-        return 0;
+        return m->own_b == m->begin && m->own_e == m->end
+                   ? 0 : cuda_err(-EINVAL, "parameter sharding: the model holds a part of its weights and no shard io");
     size_t lo, hi, nlo = 0, nhi = 0;
     params_piece_range(&m->tab, p, p + 1, &lo, &hi);
     if (next >= 0)
@@ -236,7 +237,8 @@ static int piece_weights(cuda_model_t *m, int p, int next)
 static int grads_take(cuda_model_t *m, int p, size_t *lo, size_t *hi)
 {
     if (!m->io.take)
-        return 0;
+        return m->own_b == m->begin && m->own_e == m->end
+                   ? 0 : cuda_err(-EINVAL, "parameter sharding: the model holds a part of its gradients and no shard io");
     params_piece_range(&m->tab, p, p + 1, lo, hi);
     float *g;
     char why[512];
@@ -665,7 +667,7 @@ static int layer_backward_b(cuda_model_t *m, cuda_model_acts_t *a, int i, bf16_t
 
 static int layer_backward_w(cuda_model_t *m, cuda_model_acts_t *a, int i)
 {
-    size_t lo, hi;
+    size_t lo = 0, hi = 0;
     int rc = grads_take(m, m->layer0 + i + 1, &lo, &hi);
     if (rc)
         return rc;
@@ -868,7 +870,7 @@ static int backward_w_head(cuda_model_t *m, cuda_model_acts_t *a)
 {
     int N = a->N, D = m->D;
     void *s = m->stream;
-    size_t lo, hi;
+    size_t lo = 0, hi = 0;
     int rc = grads_take(m, m->cfg.n_layers + 1, &lo, &hi);
     if (rc)
         return rc;
@@ -879,7 +881,7 @@ static int backward_w_head(cuda_model_t *m, cuda_model_acts_t *a)
 
 static int backward_w_embed(cuda_model_t *m, cuda_model_acts_t *a)
 {
-    size_t lo, hi;
+    size_t lo = 0, hi = 0;
     int rc = grads_take(m, 0, &lo, &hi);
     if (rc)
         return rc;

@@ -64,7 +64,7 @@ typedef struct {
     int gpu;            /* job.device = "cuda": device rings (stages/job/devdir.h) */
     int gpu_shards;     /* optshard.device = "cuda": no host copies of weights and gradients */
     size_t dev_slot;    /* bytes of one device hand-off: mb * T * D bf16 */
-    int nccl;           /* parallelism.data_plane = "nccl" (no act segment; shards = dp x pp) */
+    int nccl;           /* parallelism.data_plane = "nccl" (no act segment; shards = job_chunks x pp) */
     int hosts;          /* job.hosts: host h runs replicas [h * dp / hosts, (h + 1) * dp / hosts) */
     int fsdp;           /* parallelism.data_parallel_shard_degree: replicas per copy of the weights */
     int copies;         /* dp / fsdp: copies of the weights and gradients (replica groups) */
@@ -110,8 +110,9 @@ typedef struct {
     char pad[56];
     job_fsdp_member_t member[];
 } job_fsdp_xchg_t;
-/* Bytes of the segment (0 without sharding, and on the GPU: the NCCL data plane's exchange) and the exchange of (group, vstage) in it; its
- * member buffers follow its JOB_FSDP_HDR bytes, fsdp_unit[vstage] floats each. */
+/* Bytes of the segment (0 without sharding, and on the GPU: the NCCL data plane's exchange) and
+ * the exchange of (group, vstage) in it; its member buffers follow its JOB_FSDP_HDR bytes,
+ * fsdp_unit[vstage] floats each. */
 size_t job_fsdp_bytes(const job_layout_t *l);
 job_fsdp_xchg_t *job_fsdp_xchg(void *seg, const job_layout_t *l, int group, int vstage);
 static inline float *job_fsdp_buf(job_fsdp_xchg_t *x, const job_layout_t *l, int vstage, int member)

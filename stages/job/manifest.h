@@ -278,7 +278,10 @@ int manifest_vstages(const manifest_t *m);
 /* Slots of each loader ring: loader.prefetch, or a whole step's microbatches when one rank
  * takes both the tokens and the targets (a V placement, or pp 1): the loader fills a step's
  * token and target slots in turn, and that rank takes a step's tokens before its first
- * targets, so fewer slots would leave both waiting on each other. */
+ * targets, so fewer slots would leave both waiting on each other; and with parameter sharding,
+ * whose replicas wait for each other in every backward: the loader fills one replica's step
+ * before the next replica's, so a replica that could not take its whole step would wait for a
+ * replica the loader has not reached. */
 int manifest_loader_slots(const manifest_t *m);
 
 /* Flat range [*begin, *end) of optimizer shard k of K over `total` floats: contiguous,

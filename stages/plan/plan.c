@@ -198,8 +198,10 @@ static int shard_rows(plan_t *p, const manifest_t *m, const job_layout_t *l, int
     if (!h)
         return -ENOMEM;
     h->bytes[PLAN_RUNTIME] = PLAN_SHARD_BYTES + blocks * 8;
-    if (!l->gpu_shards)
+    if (!l->gpu_shards) { /* with several copies, the sum of theirs (plane_reduce.c place_sum) */
+        h->bytes[PLAN_GRADS] = l->copies > 1 ? n * 4 : 0;
         return 0;
+    }
     int r, s;
     plane_shard_beside(plane_transport(l), l, k, &r, &s);
     int gpu = r >= 0 ? job_local_ordinal(l, r, s) : k;

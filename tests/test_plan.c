@@ -60,6 +60,16 @@ static const char *const small[] = {
     "parallelism.pipeline_parallel_split_points", "[\"layers.1\"]", "optshard.shards", "2",
     "loader.dataset_path", "/nonexistent/train.bin", NULL};
 
+/* kv = the small job's pairs (NULL-terminated at the count returned, room for 12 pairs more). */
+static int small_kv(const char **kv)
+{
+    int n = 0;
+    for (; small[n]; n++)
+        kv[n] = small[n];
+    kv[n] = NULL;
+    return n;
+}
+
 static void test_plan_figures_of_a_small_cpu_job(void **state)
 {
     manifest_t m;
@@ -120,9 +130,7 @@ static void test_plan_figures_of_a_small_gpu_job(void **state)
     plan_t p;
     char err[512];
     const char *kv[64];
-    int n = 0;
-    for (; small[n]; n++)
-        kv[n] = small[n];
+    int n = small_kv(kv);
     kv[n++] = "job.device", kv[n++] = "cuda", kv[n] = NULL;
     manifest_of(&m, kv);
     assert_int_equal(plan_build(&p, &m, &(plan_opts_t){.cpus = 2}, err, sizeof(err)), 0);
@@ -170,9 +178,7 @@ static void test_plan_with_parameter_sharding(void **state)
     plan_t p;
     char err[2048];
     const char *kv[64];
-    int n = 0;
-    for (; small[n]; n++)
-        kv[n] = small[n];
+    int n = small_kv(kv);
     kv[n++] = "parallelism.pipeline_parallel_degree", kv[n++] = "1";
     kv[n++] = "parallelism.pipeline_parallel_split_points", kv[n++] = "[]";
     kv[n++] = "parallelism.pipeline_parallel_microbatches", kv[n++] = "1";
@@ -224,9 +230,7 @@ static void test_plan_suggests_activation_checkpointing_only_when_it_is_off(void
     plan_t p;
     char err[4096];
     const char *kv[64];
-    int n = 0;
-    for (; small[n]; n++)
-        kv[n] = small[n];
+    int n = small_kv(kv);
     kv[n++] = "job.device", kv[n++] = "cuda";
     kv[n++] = "activation_checkpoint.mode";
     for (int full = 0; full < 2; full++) {

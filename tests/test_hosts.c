@@ -40,6 +40,9 @@ static void job_name(char *buf, size_t n, const char *what) { tj_name(buf, n, 'h
 #define STEPS8 DP2 "--training.steps 8"
 /* checkpoints of steps 3, 6 and 7 */
 #define CK7 DP2 "--training.steps 7 --checkpoint.enable true --checkpoint.interval 3"
+/* parameter sharding: the two replicas one group, 3 steps, a checkpoint of the last */
+#define FSDP3 GPU_SHAPE "--parallelism.data_parallel_shard_degree 2 --parallelism.data_plane nccl " \
+                        "--job.restart_backoff_ms 0 --training.steps 3 --checkpoint.enable true --checkpoint.interval 3"
 /* checkpoints every 3 steps of 9 */
 #define CK9 DP2 "--training.steps 9 --checkpoint.enable true --checkpoint.interval 3"
 
@@ -437,6 +440,35 @@ static void test_hosts_checkpoints_are_written_in_parts_and_resume_on_one_host(v
     tj_assert_clean(r1);
 }
 
+/* Parameter sharding across hosts: the two members of one group on two hosts (their
+ * communicators span them), each keeping its chunk of the weights and gradients; the losses and
+ * the checkpoint (written in parts, one a host) are those of the same job on one host, bit for bit. */
+static void test_hosts_a_sharded_group_across_two_hosts_trains_as_on_one(void **state)
+{
+    TU_NEED_BIN();
+    if (tj_use_sim_plugin())
+        skip();
+    static char out[1 << 16], agent_out[1 << 16];
+    char path[512], ref_path[512];
+    hosts_t h;
+    const char *ref = reference(FSDP3);
+    two_hosts(&h, "fsdp", FSDP3);
+    pid_t agent = start_host1(&h, "");
+    int rc = tj_launch("", 120, h.j, h.extra, out, sizeof(out)), arc = tu_reap(agent, 60, NULL);
+    tj_read_out(h.jh1, agent_out, sizeof(agent_out));
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    if (rc || !strstr(out, "(weights and gradients sharded: FSDP)"))
+        TJ_FAIL_WITH(out, "host 0: status %d", rc);
+    if (arc)
+        TJ_FAIL_WITH(agent_out, "host 1: status %d", arc);
+    tj_assert_losses_by_step(h.j, ref, 3, 0, "");
+    ckpt_dir(path, sizeof(path), h.j, 3);
+    ckpt_dir(ref_path, sizeof(ref_path), ref, 3);
+    assert_same_tensors(path, ref_path);
+    tj_assert_clean(h.j);
+    tj_assert_clean(h.jh1);
+}
+
 /* kill -9 of host 0's coordinator once the checkpoint of step 6 is saved: the relaunch resumes
  * from the newest checkpoint (6, or 9 when the kill came late), and host 1's agent loads the
  * same directory (START names it) before it starts its processes again. */
@@ -601,6 +633,7 @@ int main(void)
         cmocka_unit_test(test_hosts_a_host_that_never_comes_back_ends_the_job_after_max_restarts),
         cmocka_unit_test(test_hosts_an_agent_without_a_coordinator_gives_up_after_host_timeout),
         cmocka_unit_test(test_hosts_checkpoints_are_written_in_parts_and_resume_on_one_host),
+        cmocka_unit_test(test_hosts_a_sharded_group_across_two_hosts_trains_as_on_one),
         cmocka_unit_test(test_hosts_a_killed_coordinator_resumes_every_host_from_the_newest_checkpoint),
         cmocka_unit_test(test_hosts_a_part_writer_killed_mid_write_writes_its_part_again),
         cmocka_unit_test(test_hosts_checkpointd_killed_mid_part_writes_the_checkpoint_again),

@@ -91,29 +91,15 @@ static void start_both(const hosts_t *h, pid_t *host1, pid_t *host0)
     assert_int_equal(tj_wait_step(h->j, 3, 60), 0);
 }
 
-/* The same job on one host, run to its end (once per argument string). */
-static const char *reference(const char *base)
+static int run_one_host(const char *job, const char *base, char *out, size_t outlen)
 {
-    static char bases[4][1024], names[4][32];
-    static char out[1 << 16];
-    for (int i = 0; i < 4; i++) {
-        if (names[i][0] && !strcmp(bases[i], base))
-            return names[i];
-        if (!names[i][0]) {
-            char what[16], extra[1200];
-            snprintf(what, sizeof(what), "ref%d", i);
-            job_name(names[i], sizeof(names[i]), what);
-            snprintf(bases[i], sizeof(bases[i]), "%s", base);
-            snprintf(extra, sizeof(extra), QUIET "%s", base);
-            int rc = tj_launch("", 120, names[i], extra, out, sizeof(out));
-            if (rc)
-                TJ_FAIL_WITH(out, "the reference run: status %d", rc);
-            return names[i];
-        }
-    }
-    fail_msg("too many references");
-    return NULL;
+    char extra[1200];
+    snprintf(extra, sizeof(extra), QUIET "%s", base);
+    return tj_launch("", 120, job, extra, out, outlen);
 }
+
+/* The same job on one host, run to its end (once per argument string). */
+static const char *reference(const char *base) { return tj_reference('h', base, run_one_host); }
 
 /* Waits until `file` (under the temp folder) contains `needle`; 0 or -1 after timeout_s. */
 static int wait_text(const char *file, const char *needle, int timeout_s)

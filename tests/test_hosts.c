@@ -98,6 +98,17 @@ static int run_one_host(const char *job, const char *base, char *out, size_t out
     return tj_launch("", 120, job, extra, out, outlen);
 }
 
+/* Both hosts of h run to their end (host 1 in the background); host 0's status, host 1's in
+ * *host1_rc, their outputs in out and agent_out. */
+static int run_both(const hosts_t *h, char *out, size_t n, char *agent_out, size_t an, int *host1_rc)
+{
+    pid_t agent = start_host1(h, "");
+    int rc = tj_launch("", 120, h->j, h->extra, out, n);
+    *host1_rc = tu_reap(agent, 60, NULL);
+    tj_read_out(h->jh1, agent_out, an);
+    return rc;
+}
+
 /* The same job on one host, run to its end (once per argument string). */
 static const char *reference(const char *base) { return tj_reference('h', base, run_one_host); }
 
@@ -379,9 +390,7 @@ static void test_hosts_checkpoints_are_written_in_parts_and_resume_on_one_host(v
     hosts_t h;
     const char *ref = reference(CK7);
     two_hosts(&h, "ckpt", CK7);
-    pid_t agent = start_host1(&h, "");
-    int rc = tj_launch("", 120, h.j, h.extra, out, sizeof(out)), arc = tu_reap(agent, 60, NULL);
-    tj_read_out(h.jh1, agent_out, sizeof(agent_out));
+    int arc, rc = run_both(&h, out, sizeof(out), agent_out, sizeof(agent_out), &arc);
     if (rc || !strstr(out, "checkpoint: step 3 saved to ") || !strstr(out, "checkpoint: step 6 saved to ") ||
         !strstr(out, "checkpoint: step 7 saved to "))
         TJ_FAIL_WITH(out, "host 0: status %d", rc);
@@ -439,9 +448,7 @@ static void test_hosts_a_sharded_group_across_two_hosts_trains_as_on_one(void **
     hosts_t h;
     const char *ref = reference(FSDP3);
     two_hosts(&h, "fsdp", FSDP3);
-    pid_t agent = start_host1(&h, "");
-    int rc = tj_launch("", 120, h.j, h.extra, out, sizeof(out)), arc = tu_reap(agent, 60, NULL);
-    tj_read_out(h.jh1, agent_out, sizeof(agent_out));
+    int arc, rc = run_both(&h, out, sizeof(out), agent_out, sizeof(agent_out), &arc);
     unsetenv("CTITAN_CUDA_PLUGIN");
     if (rc || !strstr(out, "(weights and gradients sharded: FSDP)"))
         TJ_FAIL_WITH(out, "host 0: status %d", rc);

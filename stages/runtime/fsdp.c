@@ -22,7 +22,9 @@ struct fsdp {
     void *arg;
 };
 
-void fsdp_part(size_t lo, size_t hi, int fsdp, int k, size_t *b, size_t *e)
+/* Member k's part [*b, *e) of a piece's range [lo, hi): the range cut in fsdp parts of a
+ * multiple of 16 floats (a cache line), the last the rest. */
+static void fsdp_part(size_t lo, size_t hi, int fsdp, int k, size_t *b, size_t *e)
 {
     size_t n = hi - lo, chunk = ((n + (size_t)fsdp - 1) / (size_t)fsdp + 15) / 16 * 16;
     size_t at = lo + (size_t)k * chunk;

@@ -31,8 +31,5 @@ void fsdp_destroy(fsdp_t **x);
 void fsdp_step(fsdp_t *x, int64_t step);
 /* What to give the model (backend_t.model_shard): no weights to gather, the exchange's take and give. */
 shard_io_t fsdp_io(fsdp_t *x);
-/* Member k's part [*b, *e) of a piece's range [lo, hi): the range cut in fsdp pieces of a
- * multiple of 16 floats (a cache line), the last the rest. */
-void fsdp_part(size_t lo, size_t hi, int fsdp, int k, size_t *b, size_t *e);
 
 #endif

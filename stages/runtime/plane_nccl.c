@@ -169,13 +169,14 @@ static int nccl_step_end(plane_t *p)
     int rc;
     if (x->shard && (rc = shard_end(p, x->shard)))
         return rc;
-    size_t chunk = job_dp_chunk(&p->lay, x->n), r = (size_t)p->cfg.replica, all = chunk * (size_t)p->lay.dp;
-    if (p->lay.fsdp < 2 && cu->nccl_reduce_scatter_f32(x->dp, x->g, x->g + r * chunk, chunk, p->cfg.stream))
-        return failed(p, "reduce-scatter of the gradients");
-    if (p->lay.fsdp < 2 && (cu->backend.zero(x->g, r * chunk * sizeof(float), p->cfg.stream) ||
-                            cu->backend.zero(x->g + (r + 1) * chunk, (all - (r + 1) * chunk) * sizeof(float),
-                                             p->cfg.stream)))
-        return failed(p, "clearing the gradients");
+    if (p->lay.fsdp < 2) { /* sharded: each piece's gradients were reduced to their owners already */
+        size_t chunk = job_dp_chunk(&p->lay, x->n), r = (size_t)p->cfg.replica, all = chunk * (size_t)p->lay.dp;
+        if (cu->nccl_reduce_scatter_f32(x->dp, x->g, x->g + r * chunk, chunk, p->cfg.stream))
+            return failed(p, "reduce-scatter of the gradients");
+        if (cu->backend.zero(x->g, r * chunk * sizeof(float), p->cfg.stream) ||
+            cu->backend.zero(x->g + (r + 1) * chunk, (all - (r + 1) * chunk) * sizeof(float), p->cfg.stream))
+            return failed(p, "clearing the gradients");
+    }
     plane_link_t out[] = {PLANE_ACT_OUT, PLANE_GRAD_OUT};
     for (int i = 0; i < 2; i++)
         if (p->end[out[i]] && cu->backend.stream_sync(((nccl_end_t *)p->end[out[i]])->stream))

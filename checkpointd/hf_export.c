@@ -15,6 +15,7 @@
 
 #include "checkpointd/ckpt.h"
 #include "ipc/util.h"
+#include "kernels/bf16.h"
 #include "kernels/params.h"
 #include "stages/job/manifest.h"
 
@@ -197,16 +198,6 @@ static char *shard_header(const hf_tensor_t *t, int n, int k, int bf16, size_t *
     p[l + pad] = 0;
     *len = l + pad;
     return p;
-}
-
-/* fp32 -> bf16, round to nearest even; NaN stays a (quiet) NaN */
-static uint16_t bf16_of(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x40);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
 }
 
 /* Streams tensor t from the checkpoint to fd, chunk by chunk. */

@@ -12,6 +12,7 @@
 #include <jansson.h>
 
 #include "ipc/util.h"
+#include "kernels/bf16.h"
 
 static const struct {
     const char *name;
@@ -344,11 +345,7 @@ int st_set_read_f32(const st_set_t *s, const st_tensor_t *t, float *dst, char *e
     const uint16_t *h = at;
     for (uint64_t i = 0; i < t->numel && !wide; i++) {
         uint16_t x = h[i];
-        if (bf) {
-            uint32_t bits = (uint32_t)x << 16;
-            memcpy(&dst[i], &bits, 4);
-        } else
-            dst[i] = half_to_float(x);
+        dst[i] = bf ? bf16_float(x) : half_to_float(x);
     }
     return 0;
 }

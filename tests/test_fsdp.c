@@ -126,6 +126,8 @@ static void test_fsdp_cpu_sharded_losses_match_the_unsharded_job(void **state)
 
 /* ---- 2. memory ---- */
 
+static long long s2_fsdp_bytes; /* the S2 job's exchange (fp32), measured in test 2 (test 7 compares) */
+
 typedef struct {
     long long size, resident; /* st_size, st_blocks * 512 */
 } seg_bytes_t;
@@ -258,6 +260,8 @@ static void test_fsdp_cpu_params_and_grads_segments_are_one_over_s(void **state)
                 fail_msg("%s: sharded/unsharded = %.3f (resident %.3f), expected about 1/%d", segs[i].what, r, q, S);
         }
         print_message("S=%d: the fsdp segment %lld bytes (%lld resident)\n", S, s.fsdp.size, s.fsdp.resident);
+        if (S == 2)
+            s2_fsdp_bytes = s.fsdp.size;
         /* RssAnon (private memory: the weights and gradients live in shared memory) is steady in
          * the plain build, the same to a few kB over runs, but under ASan it swings by ~250 kB (its
          * quarantine and shadow): no more than the unsharded stage's with 10% and the exchange's
@@ -454,11 +458,77 @@ static void test_fsdp_gpu_on_the_emulated_nccl_plane(void **state)
     tj_assert_clean(j);
 }
 
+/* ---- 7. a bf16 reduce (training.mixed_precision_reduce) ---- */
+
+#define BF16 "--training.mixed_precision_reduce bfloat16 "
+
+/* Whether any step of `a` from `from` to `last` has another loss string than `b`'s. */
+static int losses_differ(const char *a, const char *b, int from, int last)
+{
+    static tj_metrics_t x, y;
+    tj_parse_metrics(a, &x);
+    tj_parse_metrics(b, &y);
+    for (int i = 0; i < x.n; i++)
+        for (int j = 0; j < y.n; j++)
+            if (x.step[i] == y.step[j] && x.step[i] >= from && x.step[i] <= last && strcmp(x.loss[i], y.loss[j]))
+                return 1;
+    return 0;
+}
+
+/* Gradients reduced in bf16 among a group's members (each member's piece rounded to bf16, each
+ * partial sum of the member-ordered sum rounded again, as a bf16 collective does; the fp32
+ * gradient copy takes the result): the first step's loss (before any update) is the fp32 job's
+ * bit for bit, the later ones move (the knob acts) but stay within 1e-4 of it (one member left
+ * out of the sum moves them 2e-3); on the CPU the exchange's buffers are bf16, so the fsdp
+ * segment is half the fp32 job's. On the emulated GPU (the next test) the same losses hold for
+ * the NCCL plane's bf16 reduce (S4 at pipeline 1). */
+static void test_fsdp_cpu_a_bf16_reduce_stays_near_fp32_and_halves_the_exchange(void **state)
+{
+    TU_NEED_BIN();
+    const char *f32 = reference(PP1 SHARD "2"), *b16 = reference(PP1 SHARD "2 " BF16);
+    assert_losses(b16, f32, 1, 1, 0);
+    double d = assert_losses(b16, f32, 2, 4, 1e-4);
+    assert_true(losses_differ(b16, f32, 2, 4));
+    print_message("CPU S2: bf16 reduce's losses within %.3g of fp32's (step 1 bitwise)\n", d);
+    if (!s2_fsdp_bytes) { /* test 2 did not run (a filter): measure the fp32 exchange here */
+        char j[32];
+        static job_mem_t m;
+        job_name(j, sizeof(j), "mems2f");
+        measure(j, SHARD "2", 2, &m);
+        s2_fsdp_bytes = m.fsdp.size;
+    }
+    char j[32];
+    static job_mem_t m;
+    job_name(j, sizeof(j), "mems2b");
+    measure(j, SHARD "2 " BF16, 2, &m);
+    double r = (double)m.fsdp.size / (double)s2_fsdp_bytes;
+    print_message("CPU S2: the fsdp segment %lld bytes with a bf16 reduce, %lld fp32 (%.3f)\n", m.fsdp.size,
+                  s2_fsdp_bytes, r);
+    if (!(r > 0.45 && r < 0.55))
+        fail_msg("the bf16 exchange is %.3f of the fp32 one, expected about 1/2", r);
+}
+
+static void test_fsdp_gpu_a_bf16_reduce_stays_near_fp32(void **state)
+{
+    TU_NEED_BIN();
+    if (tj_use_sim_plugin())
+        skip();
+    setenv("CTITAN_SIM_GPUS", "4", 1);
+    const char *g32 = reference(GPU_PP1 SHARD "4"), *g16 = reference(GPU_PP1 SHARD "4 " BF16);
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    unsetenv("CTITAN_SIM_GPUS");
+    assert_losses(g16, g32, 1, 1, 0);
+    double d = assert_losses(g16, g32, 2, 2, 1e-4);
+    assert_true(losses_differ(g16, g32, 2, 2));
+    print_message("emulated GPU S4: bf16 reduce's losses within %.3g of fp32's (step 1 bitwise)\n", d);
+}
+
 /* ---- 5. bad input ---- */
 
 /* Shard degree on a GPU job off the NCCL data plane, 0 and 33 are refused naming the key (on the
  * command line, and in a manifest file with its line), before any process starts: status 2, no
- * metrics, no dump folder, no segment, no process. */
+ * metrics, no dump folder, no segment, no process; so are a reduce dtype other than float32 and
+ * bfloat16, and bfloat16 without sharding. */
 static void test_fsdp_cpu_bad_shard_degrees_are_refused_naming_the_key(void **state)
 {
     TU_NEED_BIN();
@@ -492,6 +562,16 @@ static void test_fsdp_cpu_bad_shard_degrees_are_refused_naming_the_key(void **st
             TJ_FAIL_WITH(out, "bad%d.toml: status %d, expected \"%s\"", i, rc, want);
         tj_assert_clean(j);
     }
+    /* the reduce's dtype: a name it does not know, and bf16 where nothing is sharded */
+    static const char *bad_mp[] = {SHARD "2 --training.mixed_precision_reduce float16", REPL "2 " BF16};
+    static const char *why_mp[] = {"expected \"float32\" or \"bfloat16\"",
+                                   "needs parallelism.data_parallel_shard_degree > 1"};
+    for (int i = 0; i < 2; i++) {
+        int rc = tj_launch("", 30, j, bad_mp[i], out, sizeof(out));
+        if (rc != 2 || !strstr(out, "training.mixed_precision_reduce") || !strstr(out, why_mp[i]))
+            TJ_FAIL_WITH(out, "%s: status %d", bad_mp[i], rc);
+        tj_assert_clean(j);
+    }
 }
 
 int main(void)
@@ -503,6 +583,8 @@ int main(void)
         cmocka_unit_test(test_fsdp_cpu_a_sharded_stage_killed_is_replaced_bitwise),
         cmocka_unit_test(test_fsdp_cpu_bad_shard_degrees_are_refused_naming_the_key),
         cmocka_unit_test(test_fsdp_gpu_on_the_emulated_nccl_plane),
+        cmocka_unit_test(test_fsdp_cpu_a_bf16_reduce_stays_near_fp32_and_halves_the_exchange),
+        cmocka_unit_test(test_fsdp_gpu_a_bf16_reduce_stays_near_fp32),
     };
     if (getenv("CTITAN_TEST_ONLY")) /* a pattern: run only the tests it matches ("*killed*") */
         cmocka_set_test_filter(getenv("CTITAN_TEST_ONLY"));

@@ -210,6 +210,19 @@ static void test_plan_with_parameter_sharding(void **state)
         plan_free(&p);
     }
     assert_true(w[0] == 4 * 107520.0 * 4 && w[1] == w[0] / 4 && w[2] == w[0] / 2);
+    /* a bf16 reduce (S4): the exchange's buffers are bf16, each stage rounds from an fp32 piece */
+    double g[2][2];
+    for (int bf = 0; bf < 2; bf++) {
+        n = base;
+        kv[n++] = "parallelism.data_parallel_shard_degree", kv[n++] = "4";
+        kv[n++] = "training.mixed_precision_reduce", kv[n++] = bf ? "bfloat16" : "float32", kv[n] = NULL;
+        manifest_of(&m, kv);
+        assert_int_equal(plan_build(&p, &m, &(plan_opts_t){.cpus = 2}, err, sizeof(err)), 0);
+        g[bf][0] = row(&p, "shared memory", PLAN_HOST)->bytes[PLAN_GRADS];
+        g[bf][1] = row(&p, "stage 0.0", PLAN_HOST)->bytes[PLAN_GRADS];
+        plan_free(&p);
+    }
+    assert_true(g[0][0] - g[1][0] == 4 * 37888.0 * 2 && g[1][1] - g[0][1] == 37888.0 * 4);
     /* the GPU: S4 on the NCCL plane, each stage a quarter of the 106816 floats and its pieces */
     n = base;
     kv[n++] = "parallelism.data_parallel_shard_degree", kv[n++] = "4";
@@ -219,6 +232,13 @@ static void test_plan_with_parameter_sharding(void **state)
     const plan_row_t *d0 = row(&p, "stage 0.0", 0);
     assert_int_equal((long)d0->bytes[PLAN_WEIGHTS], (26704L + 4096 + 2 * 37888) * 2); /* pp 1: resharded */
     assert_int_equal((long)d0->bytes[PLAN_GRADS], (26704L + 4096 + 3 * 37888) * 4);
+    plan_free(&p);
+    /* with a bf16 reduce: two fp32 piece gradients, the piece rounded and an owner's sum in bf16 */
+    kv[n++] = "training.mixed_precision_reduce", kv[n++] = "bfloat16", kv[n] = NULL;
+    manifest_of(&m, kv);
+    assert_int_equal(plan_build(&p, &m, &(plan_opts_t){.cpus = 2}, err, sizeof(err)), 0);
+    d0 = row(&p, "stage 0.0", 0);
+    assert_int_equal((long)d0->bytes[PLAN_GRADS], (26704L + 4096 + 2 * 37888) * 4 + 2 * 37888L * 2);
     plan_free(&p);
 }
 

@@ -56,6 +56,8 @@ int cuda_zero_async(void *dst, size_t bytes, void *stream);
 
 /* y[i] += x[i]. */
 int cuda_f32_add(float *y, const float *x, size_t n, void *stream);
+/* y[i] += x[i] (x bf16 bits). */
+int cuda_f32_add_bf16(float *y, const uint16_t *x, size_t n, void *stream);
 /* y[i] *= s. */
 int cuda_f32_scale(float *y, float s, size_t n, void *stream);
 /* out[b] = sum of x[i]^2 (as double) over block b = [b*block, (b+1)*block) of x[0, n), in a

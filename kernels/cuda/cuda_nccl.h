@@ -40,6 +40,9 @@ int cuda_nccl_broadcast_bf16(cuda_nccl_t *c, const uint16_t *send, uint16_t *rec
                              void *stream);
 /* On rank root, recv[i] = sum over ranks of their send[i] (fp32; recv is only written on root). */
 int cuda_nccl_reduce_f32(cuda_nccl_t *c, const float *send, float *recv, size_t count, int root, void *stream);
+/* The same in bf16 (bf16 bits; NCCL's sum: each partial sum rounded to bf16). */
+int cuda_nccl_reduce_bf16(cuda_nccl_t *c, const uint16_t *send, uint16_t *recv, size_t count, int root,
+                          void *stream);
 
 #ifdef __cplusplus
 }

@@ -10,7 +10,9 @@
  * sources and outputs (a changed signature, not an appended field, so a plugin of another
  * version is refused whichever is newer); version 7 appended the KV-cache inference of
  * `ctitan generate --device cuda` (cuda_infer.h), version 8 the backend's host_pin/unpin, version
- * 9 the backend's backward (B then W: activation checkpointing) after backward_w. */
+ * 9 the backend's backward (B then W: activation checkpointing) after backward_w, version 10
+ * NCCL's broadcast and reduce (parameter sharding), version 11 the bf16 reduce and the
+ * bf16-into-fp32 add of a bf16 gradient reduce (training.mixed_precision_reduce). */
 #ifndef CTITAN_CUDA_PLUGIN_H
 #define CTITAN_CUDA_PLUGIN_H
 
@@ -19,7 +21,7 @@
 #include "kernels/cuda/cuda_infer.h"
 #include "kernels/cuda/cuda_nccl.h"
 
-#define CUDA_PLUGIN_VERSION 10
+#define CUDA_PLUGIN_VERSION 11
 
 typedef struct {
     int version;
@@ -52,6 +54,9 @@ typedef struct {
     int (*infer_new)(cuda_infer_t **, const model_config_t *, const float *, int, int);
     void (*infer_destroy)(cuda_infer_t **);
     int (*infer_forward)(cuda_infer_t *, const int32_t *, int, float *);
+    /* parameter sharding's bf16 reduce (cuda_nccl.h, cuda_dev.h) */
+    int (*nccl_reduce_bf16)(cuda_nccl_t *, const uint16_t *, uint16_t *, size_t, int, void *);
+    int (*f32_add_bf16)(float *, const uint16_t *, size_t, void *);
 } cuda_plugin_t;
 
 #ifdef __cplusplus

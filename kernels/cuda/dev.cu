@@ -166,6 +166,13 @@ __global__ static void k_add(float *y, const float *x, size_t n)
         y[i] += x[i];
 }
 
+__global__ static void k_add_bf16(float *y, const uint16_t *x, size_t n)
+{
+    const __nv_bfloat16 *X = (const __nv_bfloat16 *)x;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] += __bfloat162float(X[i]);
+}
+
 __global__ static void k_scale(float *y, float s, size_t n)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
@@ -206,6 +213,14 @@ extern "C" int cuda_f32_add(float *y, const float *x, size_t n, void *stream)
         return 0;
     k_add<<<nn_grid_for(n, 256), 256, 0, (cudaStream_t)stream>>>(y, x, n);
     LAUNCHED("cuda_f32_add");
+}
+
+extern "C" int cuda_f32_add_bf16(float *y, const uint16_t *x, size_t n, void *stream)
+{
+    if (!n)
+        return 0;
+    k_add_bf16<<<nn_grid_for(n, 256), 256, 0, (cudaStream_t)stream>>>(y, x, n);
+    LAUNCHED("cuda_f32_add_bf16");
 }
 
 extern "C" int cuda_f32_scale(float *y, float s, size_t n, void *stream)

@@ -158,3 +158,9 @@ extern "C" int cuda_nccl_reduce_f32(cuda_nccl_t *c, const float *send, float *re
 {
     return nc(api.reduce(send, recv, count, ncclFloat32, ncclSum, root, c->comm, (cudaStream_t)stream), "ncclReduce");
 }
+
+extern "C" int cuda_nccl_reduce_bf16(cuda_nccl_t *c, const uint16_t *send, uint16_t *recv, size_t count, int root,
+                                     void *stream)
+{
+    return nc(api.reduce(send, recv, count, ncclBfloat16, ncclSum, root, c->comm, (cudaStream_t)stream), "ncclReduce");
+}

@@ -126,6 +126,7 @@ static const cuda_plugin_t table = {
     cuda_nccl_all_gather_bf16, cuda_nccl_broadcast_bf16, cuda_nccl_reduce_f32,
     cuda_err_text,
     cuda_infer_new, cuda_infer_destroy, cuda_infer_forward,
+    cuda_nccl_reduce_bf16, cuda_f32_add_bf16,
 };
 
 extern "C" const cuda_plugin_t *ctitan_cuda_plugin(void) { return &table; }

@@ -30,6 +30,7 @@ int job_layout(job_layout_t *l, const manifest_t *m)
     l->fsdp = m->dp_shard > 0 ? m->dp_shard : 1;
     l->fsdp_reshard = !strcmp(m->fsdp_reshard, "always") || (strcmp(m->fsdp_reshard, "never") && m->pp == 1);
     l->copies = m->dp / l->fsdp;
+    l->fsdp_bf16 = l->fsdp > 1 && !strcmp(m->mp_reduce, "bfloat16");
     for (int v = 0; l->fsdp > 1 && v < l->S; v++) {
         int p0, p1;
         if (manifest_stage_pieces(m, v, &p0, &p1)) {
@@ -71,7 +72,7 @@ size_t job_params_bytes(const job_layout_t *l)
 
 static size_t fsdp_xchg_bytes(const job_layout_t *l, int v)
 {
-    return JOB_FSDP_HDR + (size_t)l->fsdp * l->fsdp_unit[v] * sizeof(float);
+    return JOB_FSDP_HDR + (size_t)l->fsdp * l->fsdp_unit[v] * job_fsdp_elem(l);
 }
 
 static size_t fsdp_group_bytes(const job_layout_t *l)

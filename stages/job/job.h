@@ -73,6 +73,8 @@ typedef struct {
     int fsdp_pieces[MANIFEST_MAX_PP]; /* with fsdp > 1: virtual stage v's pieces */
     int fsdp_reshard;   /* GPU: piece weights gathered again for the backward
                          * (parallelism.fsdp_reshard_after_forward "always"; "default" with pp 1) */
+    int fsdp_bf16;      /* with fsdp > 1: a piece's gradients reduced in bf16
+                         * (training.mixed_precision_reduce "bfloat16"; else fp32) */
     const optim_t *opt; /* [optimizer] name's row */
     int arrays;         /* the training state's arrays per parameter (optim_arrays) */
 } job_layout_t;
@@ -112,12 +114,13 @@ typedef struct {
 } job_fsdp_xchg_t;
 /* Bytes of the segment (0 without sharding, and on the GPU: the NCCL data plane's exchange) and
  * the exchange of (group, vstage) in it; its member buffers follow its JOB_FSDP_HDR bytes,
- * fsdp_unit[vstage] floats each. */
+ * fsdp_unit[vstage] elements each: fp32, or bf16 with fsdp_bf16 (job_fsdp_elem bytes). */
 size_t job_fsdp_bytes(const job_layout_t *l);
 job_fsdp_xchg_t *job_fsdp_xchg(void *seg, const job_layout_t *l, int group, int vstage);
-static inline float *job_fsdp_buf(job_fsdp_xchg_t *x, const job_layout_t *l, int vstage, int member)
+static inline size_t job_fsdp_elem(const job_layout_t *l) { return l->fsdp_bf16 ? 2 : 4; }
+static inline void *job_fsdp_buf(job_fsdp_xchg_t *x, const job_layout_t *l, int vstage, int member)
 {
-    return (float *)((char *)x + JOB_FSDP_HDR) + (size_t)member * l->fsdp_unit[vstage];
+    return (char *)x + JOB_FSDP_HDR + (size_t)member * l->fsdp_unit[vstage] * job_fsdp_elem(l);
 }
 /* Every exchange closed (1: every wait ends) or open again with every sequence number at 0
  * (0: only while no stage is inside one: the coordinator, between steps or after a recovery's

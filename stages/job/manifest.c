@@ -39,6 +39,7 @@ void manifest_defaults(manifest_t *m)
     m->ac_every = 2; /* torchtitan's selective_ac_option default, "2" */
     m->dp = m->dp_replicate = m->dp_shard = 1;
     strcpy(m->fsdp_reshard, "default");
+    strcpy(m->mp_reduce, "float32");
     strcpy(m->optimizer_name, "AdamW");
     m->lr = 8e-4;
     m->beta1 = 0.9;

@@ -108,6 +108,10 @@ typedef struct {
                                   * are gathered again for its backward ("always") or stay for the
                                   * step ("never": the stage's weights whole on each GPU); "default" is
                                   * "always" at pp 1, "never" with a pipeline (torchtitan's) */
+    char mp_reduce[16];          /* training.mixed_precision_reduce, "float32": the dtype parameter
+                                  * sharding reduces a piece's gradients in among a group's members
+                                  * ("bfloat16": half the bytes, each partial sum rounded to bf16);
+                                  * needs data_parallel_shard_degree > 1 */
     int dp;                      /* not a key: the data-parallel ranks, dp_replicate x dp_shard (the
                                   * stage replicas; replica r is rank r % dp_shard of group r / dp_shard) */
     char data_plane[16];         /* "ipc": CUDA IPC rings on one host, GPU shards summing replicas;

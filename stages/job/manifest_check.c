@@ -303,6 +303,11 @@ static int check_placement(const manifest_t *m, char *err, size_t errlen)
           !strcmp(m->fsdp_reshard, "never"), "parallelism", "fsdp_reshard_after_forward",
           "parallelism.fsdp_reshard_after_forward = \"%s\": expected \"default\", \"always\" or \"never\"",
           m->fsdp_reshard);
+    CHECK(!strcmp(m->mp_reduce, "float32") || !strcmp(m->mp_reduce, "bfloat16"), "training", "mixed_precision_reduce",
+          "training.mixed_precision_reduce = \"%s\": expected \"float32\" or \"bfloat16\"", m->mp_reduce);
+    CHECK(!strcmp(m->mp_reduce, "float32") || m->dp_shard > 1, "training", "mixed_precision_reduce",
+          "training.mixed_precision_reduce = \"bfloat16\" is parameter sharding's reduce: it needs "
+          "parallelism.data_parallel_shard_degree > 1 (replicas holding whole weights sum in fp32)");
     CHECK(m->dp_shard <= 32, "parallelism", "data_parallel_shard_degree",
           "parallelism.data_parallel_shard_degree = %d: at most 32 replicas share one copy of the weights",
           m->dp_shard);

@@ -43,6 +43,7 @@ const mkey_t mkey_table[] = {
     KINT("training", "seq_len", seq_len, 2),
     {"training", "seed", MKEY_U64, FLD(seed), 0, 0},
     KDBL("training", "max_norm", max_norm),
+    KSTR("training", "mixed_precision_reduce", mp_reduce),
     KINT("training", "threads", threads, 0),
     KINT("parallelism", "pipeline_parallel_degree", pp, 1),
     {"parallelism", "pipeline_parallel_schedule", MKEY_SCHED, FLD(schedule), 0, 0},

@@ -157,17 +157,20 @@ static int stage_rows(plan_t *p, const manifest_t *m, const job_layout_t *l, con
         r->in_flight = r->in_flight > n_acts ? r->in_flight : n_acts;
         r->bytes[PLAN_ACTS] += (double)model_act_total(&act, n_acts, sched_peak_held_w(sched, s, c));
         r->bytes[PLAN_WORKSPACE] += (double)model_fixed_bytes(cfg);
+        double unit = l->fsdp > 1 ? (double)l->fsdp_unit[v] : 0;
         if (!d) { /* the CPU model on the shared segments; attention's backward scratch is T x T a thread */
             r->bytes[PLAN_WORKSPACE] += (double)threads * l->T * l->T * sizeof(float) / l->vs;
+            if (l->fsdp_bf16) /* a bf16 reduce: the piece's fp32 gradients before rounding (fsdp.c) */
+                r->bytes[PLAN_GRADS] += unit * 4;
             continue;
         }
         if (l->fsdp > 1) { /* its chunk, and the pieces it gathers (plane_nccl.c): two, or never resharded all */
             size_t ob, oe;
-            double unit = (double)l->fsdp_unit[v];
             job_fsdp_part(l, replica, b, e, &ob, &oe);
             n = (double)(oe - ob);
             d->bytes[PLAN_WEIGHTS] += (l->fsdp_reshard ? 2 * unit : (double)(e - b)) * 2;
-            d->bytes[PLAN_GRADS] += 3 * unit * 4; /* two pieces' gradients and an owner's sum */
+            /* two pieces' gradients and an owner's sum; a bf16 reduce: the piece rounded, a bf16 sum */
+            d->bytes[PLAN_GRADS] += l->fsdp_bf16 ? (2 * unit * 4 + 2 * unit * 2) : 3 * unit * 4;
         }
         d->bytes[PLAN_WEIGHTS] += (n + CUDA_SLACK) * 2;
         d->bytes[PLAN_GRADS] += (n + CUDA_SLACK) * 4;

@@ -9,12 +9,14 @@
 #include <stdlib.h>
 
 #include "ipc/util.h"
+#include "kernels/bf16.h"
 
 struct fsdp {
     job_fsdp_xchg_t *x;
     int n, me;
-    float **buf;         /* n: the members' buffers */
-    size_t cap;          /* floats of each */
+    void **buf;          /* n: the members' buffers (fp32, or bf16 with a bf16 reduce) */
+    size_t cap;          /* elements of each */
+    float *mine;         /* bf16 reduce: where the model writes a piece's fp32 gradients (cap) */
     float *grads;
     uint64_t base, k;    /* this step's base and the pieces handed over in it */
     double *waited;
@@ -74,28 +76,50 @@ static int take(void *arg, size_t lo, size_t hi, float **out)
     if (hi - lo > f->cap)
         return -EINVAL;
     int rc = f->k ? wait_all(f, f->base + 2 * f->k) : (atomic_load(&f->x->closed) ? -ECANCELED : 0);
-    *out = f->buf[f->me];
+    *out = f->mine ? f->mine : f->buf[f->me];
     return rc;
 }
 
-/* The piece's gradients are in this member's buffer: once every member's are, add their sum
- * (member order: fixed bits) into the part of the copy this member owns. */
+/* Member order, fp32: fixed bits, and with one microbatch those of the unsharded job. */
+static void sum_f32(const fsdp_t *f, float *g, size_t b, size_t e)
+{
+    for (size_t i = b; i < e; i++) {
+        float t = ((const float *)f->buf[0])[i];
+        for (int k = 1; k < f->n; k++)
+            t += ((const float *)f->buf[k])[i];
+        g[i] += t;
+    }
+}
+
+/* Member order, bf16: every partial sum rounded to bf16 (as a bf16 collective's each step),
+ * the whole added to the fp32 gradient. */
+static void sum_bf16(const fsdp_t *f, float *g, size_t b, size_t e)
+{
+    for (size_t i = b; i < e; i++) {
+        float t = bf16_float(((const uint16_t *)f->buf[0])[i]);
+        for (int k = 1; k < f->n; k++)
+            t = bf16_float(bf16_of(t + bf16_float(((const uint16_t *)f->buf[k])[i])));
+        g[i] += t;
+    }
+}
+
+/* The piece's gradients are in this member's buffer (with a bf16 reduce: rounded into it from
+ * `mine`): once every member's are, add their sum into the part of the copy this member owns. */
 static int give(void *arg, size_t lo, size_t hi)
 {
     fsdp_t *f = arg;
+    if (f->mine) {
+        uint16_t *out = f->buf[f->me];
+        for (size_t i = 0; i < hi - lo; i++)
+            out[i] = bf16_of(f->mine[i]);
+    }
     publish(f, f->base + 2 * f->k + 1);
     int rc = wait_all(f, f->base + 2 * f->k + 1);
     if (rc)
         return rc;
     size_t b, e;
     fsdp_part(lo, hi, f->n, f->me, &b, &e);
-    float *g = f->grads;
-    for (size_t i = b - lo; i < e - lo; i++) {
-        float t = f->buf[0][i];
-        for (int k = 1; k < f->n; k++)
-            t += f->buf[k][i];
-        g[lo + i] += t;
-    }
+    (f->mine ? sum_bf16 : sum_f32)(f, f->grads + lo, b - lo, e - lo);
     f->k++;
     publish(f, f->base + 2 * f->k);
     return 0;
@@ -110,7 +134,10 @@ int fsdp_new(fsdp_t **out, void *seg, const job_layout_t *l, int group, int memb
         return util_fail(err, errlen, -EINVAL, "parameter sharding: no exchange for group %d member %d of stage %d",
                          group, member, vstage);
     fsdp_t *f = calloc(1, sizeof(*f));
-    if (!f || !(f->buf = calloc((size_t)l->fsdp, sizeof(float *)))) {
+    if (!f || !(f->buf = calloc((size_t)l->fsdp, sizeof(void *))) ||
+        (l->fsdp_bf16 && !(f->mine = malloc(l->fsdp_unit[vstage] * sizeof(float))))) {
+        if (f)
+            free(f->buf);
         free(f);
         return util_fail(err, errlen, -ENOMEM, "out of memory");
     }
@@ -133,6 +160,7 @@ void fsdp_destroy(fsdp_t **pf)
     if (!*pf)
         return;
     free((*pf)->buf);
+    free((*pf)->mine);
     free(*pf);
     *pf = NULL;
 }

@@ -258,6 +258,7 @@ typedef struct nccl_shard {
     void **ready, **free_;       /* (slots) events */
     int cur;                     /* the slot the model uses */
     float *gbuf[GBUFS], *sum;    /* gradient buffers (unit each), an owner's part of a reduce */
+    uint16_t *g16, *sum16;       /* a bf16 reduce: the piece rounded, an owner's part (unit each; no sum) */
     void *filled[GBUFS], *reduced[GBUFS];
     int g;                       /* the gradient buffer of the piece in W */
 } nccl_shard_t;
@@ -364,13 +365,18 @@ static int shard_give(void *arg, size_t lo, size_t hi)
     float *gb = h->gbuf[h->g];
     if (cu->event_record(h->filled[h->g], p->cfg.stream) || cu->stream_wait(h->stream, h->filled[h->g]))
         return failed(p, "ordering a piece's gradients");
+    if (h->g16 && cu->backend.to_weights(h->g16, gb, hi - lo, h->stream)) /* bf16, round to nearest even */
+        return failed(p, "rounding a piece's gradients to bf16");
     for (int k = 0; k < p->lay.fsdp; k++) {
         size_t a, b;
         if (!owned(p, x, k, lo, hi, &a, &b))
             continue;
-        if (cu->nccl_reduce_f32(x->dp, gb + (a - lo), h->sum, b - a, k, h->stream))
+        float *mine = x->g + (a - p->cfg.begin);
+        if (h->g16 ? cu->nccl_reduce_bf16(x->dp, h->g16 + (a - lo), h->sum16, b - a, k, h->stream)
+                   : cu->nccl_reduce_f32(x->dp, gb + (a - lo), h->sum, b - a, k, h->stream))
             return failed(p, "reduce of a piece's gradients");
-        if (k == member(p) && cu->backend.f32_add(x->g + (a - p->cfg.begin), h->sum, b - a, h->stream))
+        if (k == member(p) && (h->g16 ? cu->f32_add_bf16(mine, h->sum16, b - a, h->stream)
+                                      : cu->backend.f32_add(mine, h->sum, b - a, h->stream)))
             return failed(p, "adding a piece's gradients");
     }
     return cu->event_record(h->reduced[h->g], h->stream) ? failed(p, "ordering a piece's gradients") : 0;
@@ -422,6 +428,8 @@ static void shard_destroy(plane_t *p, nccl_shard_t *h)
         cu->backend.free(h->gbuf[j]);
     }
     cu->backend.free(h->sum);
+    cu->backend.free(h->g16);
+    cu->backend.free(h->sum16);
     cu->backend.free(h->wbuf);
     cu->backend.stream_free(h->stream);
     free(h->lo);
@@ -456,7 +464,10 @@ static int shard(plane_t *p, shard_io_t *io)
                 be->alloc((void **)&h->gbuf[j], unit * 4))
                 return plane_fail(p, -ENOMEM, "parameter sharding's gradient buffers: %s", cu->last_error());
         size_t wn = h->slots == 2 ? 2 * unit : range;
-        if (be->stream_new(&h->stream) || be->alloc((void **)&h->wbuf, wn * 2) || be->alloc((void **)&h->sum, unit * 4))
+        int bf16 = p->lay.fsdp_bf16;
+        if (be->stream_new(&h->stream) || be->alloc((void **)&h->wbuf, wn * 2) ||
+            (bf16 ? be->alloc((void **)&h->g16, unit * 2) || be->alloc((void **)&h->sum16, unit * 2)
+                  : be->alloc((void **)&h->sum, unit * 4)))
             return plane_fail(p, -ENOMEM, "parameter sharding's piece buffers (%zu + %zu elements): %s", wn, unit,
                               cu->last_error());
     }

@@ -172,14 +172,22 @@ static ncclResult_t do_broadcast(const void *send, void *recv, size_t count, ncc
     return barrier(c);
 }
 
-/* recv (root only) = the sum of every rank's send, in rank order */
-static ncclResult_t do_reduce(const void *send, void *recv, size_t count, int root, ncclComm_t c)
+/* recv (root only) = the sum of every rank's send, in rank order; bf16: each partial sum
+ * rounded to bf16 (as NCCL's bf16 sum is at each step) */
+static ncclResult_t do_reduce(const void *send, void *recv, size_t count, ncclDataType_t t, int root, ncclComm_t c)
 {
-    memcpy(area(c, c->rank), send, count * 4);
+    memcpy(area(c, c->rank), send, count * type_bytes(t));
     ncclResult_t r = barrier(c);
     if (r)
         return r;
     for (size_t i = 0; c->rank == root && i < count; i++) {
+        if (t == ncclBfloat16) {
+            __nv_bfloat16 s = ((const __nv_bfloat16 *)area(c, 0))[i];
+            for (int k = 1; k < c->nranks; k++)
+                s = __float2bfloat16(__bfloat162float(s) + __bfloat162float(((const __nv_bfloat16 *)area(c, k))[i]));
+            ((__nv_bfloat16 *)recv)[i] = s;
+            continue;
+        }
         float s = 0;
         for (int k = 0; k < c->nranks; k++)
             s += ((const float *)area(c, k))[i];
@@ -242,9 +250,9 @@ ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataT
 ncclResult_t ncclReduce(const void *send, void *recv, size_t count, ncclDataType_t t, ncclRedOp_t, int root,
                         ncclComm_t c, cudaStream_t s)
 {
-    if (t != ncclFloat32 || root < 0 || root >= c->nranks || count * 4 > AREA)
+    if ((t != ncclFloat32 && t != ncclBfloat16) || root < 0 || root >= c->nranks || count * type_bytes(t) > AREA)
         return ncclInvalidArgument;
-    return queue(s, "ncclReduce", [=] { return do_reduce(send, recv, count, root, c); });
+    return queue(s, "ncclReduce", [=] { return do_reduce(send, recv, count, t, root, c); });
 }
 
 const char *ncclGetErrorString(ncclResult_t r)

@@ -57,6 +57,15 @@ static void test_cuda_dev_kernels_match_plain_loops(void **state)
     for (size_t i = 0; i < n; i++)
         assert_int_equal(b[i], tu_f32_to_bf16(x[i]));
 
+    /* a bf16 reduce's sum added into the fp32 gradients: y += float(b), one exact widening and add */
+    assert_int_equal(cuda_f32_add_bf16(dy, db, n, NULL), 0);
+    float *was = malloc(n * 4);
+    memcpy(was, got, n * 4);
+    assert_int_equal(cuda_copy_to_host(got, dy, n * 4), 0);
+    for (size_t i = 0; i < n; i++)
+        assert_true(got[i] == was[i] + tu_bf16_to_f32(b[i]));
+    free(was);
+
     assert_int_equal(cuda_block_sumsq(ds, dx, n, block, NULL), 0);
     assert_int_equal(cuda_copy_to_host(sums, ds, nb * 8), 0);
     for (size_t k = 0; k < nb; k++) {

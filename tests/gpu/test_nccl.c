@@ -64,7 +64,8 @@ enum { CHUNK = 3000, MSGS = 3 };
 #define RANK1 "--rank1" /* argv[1] of the two-rank test's second process: this program again */
 
 /* Rank r of two: three messages each way with its peer, then an in-place reduce-scatter of
- * 2 x CHUNK floats (rank k holds k + 1 + i / 1000) and an in-place all-gather of CHUNK bf16.
+ * 2 x CHUNK floats (rank k holds k + 1 + i / 1000), an in-place all-gather of CHUNK bf16 and a bf16
+ * reduce to rank 1.
  * Returns 0, or the step that went wrong. */
 static int two_ranks(const cuda_nccl_id_t *id, int r)
 {
@@ -111,6 +112,29 @@ static int two_ranks(const cuda_nccl_id_t *id, int r)
         for (int i = 0; i < CHUNK; i++)
             if (hw[k * CHUNK + i] != (uint16_t)(k * 30000 + i))
                 return 10;
+    /* a bf16 reduce to rank 1 (parameter sharding's, training.mixed_precision_reduce): rank k
+     * sends bf16 (k + 1) x (1 + i / 4096), whose sum is not always a bf16, so rank 1 must get it
+     * rounded to nearest even, then adds it into fp32 gradients holding i */
+    for (int i = 0; i < CHUNK; i++) {
+        hw[i] = tu_f32_to_bf16((float)(r + 1) * (1.0f + (float)i / 4096.0f));
+        h[i] = (float)i;
+    }
+    if (cuda_copy_to_device(w, hw, CHUNK * 2) || cuda_copy_to_device(g, h, CHUNK * 4) ||
+        cuda_nccl_reduce_bf16(c, w, w + CHUNK, CHUNK, 1, s) ||
+        (r == 1 && cuda_f32_add_bf16(g, w + CHUNK, CHUNK, s)) || cuda_stream_sync(s) ||
+        cuda_copy_to_host(h, g, CHUNK * 4))
+        return 11;
+    int rounded = 0;
+    for (int i = 0; r == 1 && i < CHUNK; i++) {
+        float a = tu_bf16_to_f32(tu_f32_to_bf16(1.0f + (float)i / 4096.0f));
+        float b = tu_bf16_to_f32(tu_f32_to_bf16(2.0f * (1.0f + (float)i / 4096.0f)));
+        float want = tu_bf16_to_f32(tu_f32_to_bf16(a + b));
+        rounded += want != a + b;
+        if (h[i] != (float)i + want)
+            return 12;
+    }
+    if (r == 1 && !rounded) /* the case must exercise the rounding */
+        return 13;
     cuda_nccl_destroy(&c);
     cuda_free(msg), cuda_free(g), cuda_free(w);
     cuda_stream_free(s);

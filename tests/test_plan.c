@@ -285,17 +285,39 @@ static int launch(const char *env, const char *job, const char *extra, char *out
     return rc;
 }
 
-/* The GPUs' free memory from nvidia-smi (CTITAN_PLAN_NVIDIA_SMI: a stand-in script): a number of
- * MiB a line, one line a GPU; a line that is not a number ("[N/A]" under MIG) leaves every GPU
- * unknown (not checked) instead of read as 0 bytes free, which would refuse every job. */
+/* The GPUs' free memory from nvidia-smi (CTITAN_PLAN_NVIDIA_SMI: a stand-in script): a line a GPU
+ * of its index, UUID and MiB free; a line it cannot read ("[N/A]" under MIG) leaves every GPU
+ * unknown (not checked) instead of read as 0 bytes free, which would refuse every job. With
+ * CUDA_VISIBLE_DEVICES the GPUs are those it names, in its order, as CUDA numbers them: by index
+ * or UUID (a unique prefix), the list ending at the first entry naming none; a MIG instance
+ * leaves them unknown. */
 static void test_gpu_capacity_from_nvidia_smi_and_not_a_number_is_unknown(void **state)
 {
-    static const struct { const char *prints; int gpus; double gpu0; } cases[] = {
-        {"81000\n40000\n", 2, 81000.0 * 1048576}, {"[N/A]\n", 0, -1}, {"81000\n[N/A]\n", 0, -1},
-        {"", 0, -1}, {"-5\n", 0, -1}};
+#define SMI3 "0, GPU-aaaa-1111, 1000\n1, GPU-bbbb-2222, 2000\n2, GPU-bbbc-3333, 3000\n"
+    static const struct {
+        const char *prints, *cvd; /* cvd NULL: unset */
+        int gpus;
+        double free[3]; /* MiB as CUDA numbers them */
+    } cases[] = {
+        {"0, GPU-aaaa, 81000\n1, GPU-bbbb, 40000\n", NULL, 2, {81000, 40000}},
+        {"0, GPU-aaaa, [N/A]\n", NULL, 0, {-1}},
+        {"0, GPU-aaaa, 81000\n1, GPU-bbbb, [N/A]\n", NULL, 0, {-1}},
+        {"", NULL, 0, {-1}},
+        {"0, GPU-aaaa, -5\n", NULL, 0, {-1}},
+        {"81000\n", NULL, 0, {-1}}, /* not the query's three fields */
+        {SMI3, "2", 1, {3000}},
+        {SMI3, "2,0", 2, {3000, 1000}},
+        {SMI3, "GPU-bbbc,GPU-aaaa-1111", 2, {3000, 1000}},
+        {SMI3, "1,7,0", 1, {2000}},     /* 7 names no GPU: CUDA stops there */
+        {SMI3, "GPU-bbb", 0, {-1}},     /* a prefix of two UUIDs names none */
+        {SMI3, "MIG-xyz", 0, {-1}},     /* a MIG instance: its memory is not nvidia-smi's line */
+        {SMI3, "", 0, {-1}},            /* no GPU visible */
+    };
+#undef SMI3
     manifest_t m;
     manifest_of(&m, small);
-    char smi[256];
+    char smi[256], *was = getenv("CUDA_VISIBLE_DEVICES");
+    was = was ? strdup(was) : NULL;
     snprintf(smi, sizeof(smi), "%s/nvidia-smi", tj_dir);
     setenv("CTITAN_PLAN_NVIDIA_SMI", smi, 1);
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -304,13 +326,26 @@ static void test_gpu_capacity_from_nvidia_smi_and_not_a_number_is_unknown(void *
         fprintf(f, "#!/bin/sh\nprintf '%s'\n", cases[i].prints);
         fclose(f);
         assert_int_equal(chmod(smi, 0755), 0);
+        if (cases[i].cvd)
+            setenv("CUDA_VISIBLE_DEVICES", cases[i].cvd, 1);
+        else
+            unsetenv("CUDA_VISIBLE_DEVICES");
         plan_have_t h;
         plan_capacity(&h, &m, 1);
-        if (h.gpus != cases[i].gpus || h.gpu[0] != cases[i].gpu0)
-            fail_msg("nvidia-smi printing '%s': %d GPUs, GPU 0 %.0f bytes", cases[i].prints, h.gpus, h.gpu[0]);
+        int ok = h.gpus == cases[i].gpus;
+        for (int g = 0; g < (cases[i].gpus ? cases[i].gpus : 1); g++)
+            ok = ok && h.gpu[g] == (cases[i].gpus ? cases[i].free[g] * 1048576 : -1);
+        if (!ok)
+            fail_msg("nvidia-smi printing '%s', CUDA_VISIBLE_DEVICES %s: %d GPUs, GPU 0 %.0f bytes", cases[i].prints,
+                     cases[i].cvd ? cases[i].cvd : "unset", h.gpus, h.gpu[0]);
         if (cases[i].gpus)
-            assert_string_equal(h.gpu_from, "nvidia-smi's memory.free");
+            assert_non_null(strstr(h.gpu_from, "nvidia-smi's memory.free"));
     }
+    if (was)
+        setenv("CUDA_VISIBLE_DEVICES", was, 1);
+    else
+        unsetenv("CUDA_VISIBLE_DEVICES");
+    free(was);
     unsetenv("CTITAN_PLAN_NVIDIA_SMI");
 }
 

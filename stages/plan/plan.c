@@ -417,14 +417,15 @@ static double cgroup_room(void)
     return room > 0 ? room : 0;
 }
 
-/* `timeout 2 SMI --query-gpu=memory.free ...`'s standard output into out[n] (no shell: SMI may
- * come from the environment). 0 when it ran to a zero status, else -1. */
+/* `timeout 2 SMI --query-gpu=index,uuid,memory.free ...`'s standard output into out[n] (no shell:
+ * SMI may come from the environment). 0 when it ran to a zero status, else -1. */
 static int run_capture(const char *smi, char *out, size_t n)
 {
     int fd[2];
     if (access(smi, X_OK) || pipe2(fd, O_CLOEXEC))
         return -1;
-    char *argv[] = {"timeout", "2", (char *)smi, "--query-gpu=memory.free", "--format=csv,noheader,nounits", NULL};
+    char *argv[] = {"timeout", "2", (char *)smi, "--query-gpu=index,uuid,memory.free", "--format=csv,noheader,nounits",
+                    NULL};
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, fd[1], 1);
@@ -455,6 +456,77 @@ static double env_bytes(const char *name)
     char *end;
     double v = s && *s ? strtod(s, &end) : -1;
     return s && *s && *end == 0 && v >= 0 ? v : -1;
+}
+
+/* One line of nvidia-smi: "index, uuid, MiB free". 0, or -1 when it is not that (MIG and old
+ * drivers print "[N/A]" for the memory). */
+static int smi_line(char *line, int *index, char *uuid, size_t ulen, double *mib)
+{
+    char *f[3], *save = NULL, *end;
+    for (int i = 0; i < 3; i++)
+        if (!(f[i] = strtok_r(i ? NULL : line, ",", &save)))
+            return -1;
+    if (strtok_r(NULL, ",", &save))
+        return -1;
+    while (*f[1] == ' ')
+        f[1]++;
+    long ix = strtol(f[0], &end, 10);
+    if (end == f[0] || *end || ix < 0 || ix >= 4096 || snprintf(uuid, ulen, "%s", f[1]) >= (int)ulen)
+        return -1;
+    *index = (int)ix;
+    *mib = strtod(f[2], &end);
+    return end == f[2] || *end || *mib < 0 ? -1 : 0;
+}
+
+/* nvidia-smi's GPUs, as this process's CUDA will number them: CUDA_VISIBLE_DEVICES's entries in
+ * its order (an index of nvidia-smi's, or a GPU-... UUID or a unique prefix of one; the first
+ * entry that names none ends the list, as CUDA reads it; a MIG-... instance leaves every GPU
+ * unknown: nvidia-smi does not say its memory), else every GPU in nvidia-smi's order. The
+ * indices are nvidia-smi's, which are CUDA's for GPUs of one kind (CUDA puts the fastest first
+ * unless CUDA_DEVICE_ORDER=PCI_BUS_ID). Any line not understood: every GPU unknown. */
+static void visible_gpus(plan_have_t *h, char *out)
+{
+    int n = 0, index[PLAN_MAX_GPUS];
+    char uuid[PLAN_MAX_GPUS][96];
+    double mib[PLAN_MAX_GPUS];
+    for (char *line = out, *nl; *line; line = nl ? nl + 1 : line + strlen(line)) {
+        if ((nl = strchr(line, '\n')))
+            *nl = 0;
+        if (n == PLAN_MAX_GPUS || smi_line(line, &index[n], uuid[n], sizeof(uuid[n]), &mib[n]))
+            return;
+        n++;
+    }
+    const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+    int order[PLAN_MAX_GPUS], found = 0;
+    if (!cvd)
+        for (; found < n; found++)
+            order[found] = found;
+    for (const char *e = cvd; e && *e && found < PLAN_MAX_GPUS; e += *e == ',') {
+        size_t len = strcspn(e, ",");
+        char entry[96];
+        snprintf(entry, sizeof(entry), "%.*s", (int)(len < sizeof(entry) ? len : sizeof(entry) - 1), e);
+        e += len;
+        char *t = entry, *end;
+        while (*t == ' ')
+            t++;
+        if (!strncmp(t, "MIG-", 4))
+            return;
+        int k = -1, hits = 0;
+        long ix = strtol(t, &end, 10);
+        for (int g = 0; g < n; g++)
+            if (!strncmp(t, "GPU-", 4) ? !strncmp(uuid[g], t, strlen(t)) : end != t && !*end && index[g] == ix)
+                k = g, hits++;
+        if (hits != 1)
+            break;
+        order[found++] = k;
+    }
+    for (int g = 0; g < found; g++)
+        h->gpu[g] = mib[order[g]] * PLAN_MIB;
+    if (found) {
+        h->gpus = found;
+        snprintf(h->gpu_from, sizeof(h->gpu_from), "nvidia-smi's memory.free%s",
+                 cvd ? " of CUDA_VISIBLE_DEVICES's GPUs" : "");
+    }
 }
 
 void plan_capacity(plan_have_t *h, const manifest_t *m, int gpus)
@@ -492,25 +564,12 @@ void plan_capacity(plan_have_t *h, const manifest_t *m, int gpus)
             h->gpu[g] = dev;
         return;
     }
-    /* the free memory of each GPU as the driver's tool reports it, in a child (no CUDA here):
-     * every line a number of MiB, else nothing is known (MIG or an old driver print "[N/A]") */
+    /* the free memory of each GPU as the driver's tool reports it, in a child (no CUDA here) */
     const char *smi = getenv("CTITAN_PLAN_NVIDIA_SMI"); /* tests: a stand-in */
     smi = smi && *smi ? smi : "/usr/bin/nvidia-smi";
-    char out[1024] = "";
-    int found = 0, bad = run_capture(smi, out, sizeof(out));
-    for (char *line = out, *end; !bad && *line && found < PLAN_MAX_GPUS; found++) {
-        double mib = strtod(line, &end);
-        bad = end == line || mib < 0 || (*end && *end != '\n');
-        h->gpu[found] = mib * PLAN_MIB;
-        line = *end ? end + 1 : end;
-    }
-    if (!bad && found) {
-        h->gpus = found;
-        snprintf(h->gpu_from, sizeof(h->gpu_from), "nvidia-smi's memory.free");
-    } else {
-        for (int g = 0; g < PLAN_MAX_GPUS; g++)
-            h->gpu[g] = -1;
-    }
+    char out[PLAN_MAX_GPUS * 80] = "";
+    if (run_capture(smi, out, sizeof(out)) == 0)
+        visible_gpus(h, out);
 }
 
 int plan_gpus(const plan_t *p, const plan_have_t *h)

@@ -46,7 +46,9 @@ typedef struct {
     void (*acts_destroy)(backend_acts_t **a);
     /* As model_forward (kernels/cpu/model.h): host tokens [B*T] with the embedding, else
      * x_in; host targets [B*T] with the head (*loss = the sum of per-token losses, gradients
-     * scaled by dscale), else the output into x_out. x_in, x_out: hand-off slots. */
+     * scaled by dscale), else the output into x_out. x_in, x_out: hand-off slots. With the
+     * head and loss NULL the sum is kept for loss_take instead: on CUDA the call then returns
+     * without waiting for the device (no host synchronisation inside a step). */
     int (*forward)(backend_model_t *m, backend_acts_t *a, const int32_t *tokens, const void *x_in,
                    const int32_t *targets, float dscale, void *x_out, double *loss);
     /* As model_backward_b: dy (ignored with the head), dx unless the model holds the
@@ -62,6 +64,10 @@ typedef struct {
      * optimizer shards read them after (see model_new). */
     int (*step_begin)(backend_model_t *m);
     int (*step_end)(backend_model_t *m);
+    /* *loss = the kept sums of the forwards given loss NULL since the last loss_take or
+     * step_begin, added in their order (each a token-ordered sum: the bits of adding forward's
+     * *loss one after another), and none kept after it. */
+    int (*loss_take)(backend_model_t *m, double *loss);
     /* Parameter sharding: the pieces' weights come from, and their weight gradients go to,
      * io (params.h shard_io_t) instead of the model's own; NULL: back to them. io's failure is
      * the failing call's return value (-ECANCELED: closed for a recovery). On CUDA the model

@@ -201,6 +201,22 @@ static void test_backend_cpu_model_is_model_c_bitwise(void **state)
     assert_memory_equal(x2, x1, hand * 4);
     assert_memory_equal(d2, d1, hand * 4);
     assert_memory_equal(g2, g1, total * sizeof(float));
+    /* the head's loss kept (loss NULL): loss_take adds the kept sums in forward order, then has
+     * none; step_begin forgets what a step left */
+    double kept = -1, sum = 0;
+    assert_int_equal(be->step_begin(b1), 0);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(be->forward(b1, c1, NULL, x2, tgt, dscale * (float)(i + 1), NULL, NULL), 0);
+        sum += model_forward(m1, a1, NULL, x1, tgt, dscale * (float)(i + 1), NULL);
+    }
+    assert_int_equal(be->loss_take(b1, &kept), 0);
+    assert_memory_equal(&kept, &sum, sizeof(double));
+    assert_int_equal(be->loss_take(b1, &kept), 0);
+    assert_true(kept == 0.0);
+    assert_int_equal(be->forward(b1, c1, NULL, x2, tgt, dscale, NULL, NULL), 0);
+    assert_int_equal(be->step_begin(b1), 0);
+    assert_int_equal(be->loss_take(b1, &kept), 0);
+    assert_true(kept == 0.0);
 
     void *bw;
     float *bg;

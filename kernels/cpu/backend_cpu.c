@@ -19,6 +19,7 @@ struct backend_model {
     pool_t *pool;
     float *w, *g;       /* the pieces' range of the shared parameters and gradients */
     size_t begin, end;
+    double kept;        /* the losses of forwards given loss NULL (loss_take) */
 };
 
 static _Thread_local char why[256];
@@ -112,8 +113,19 @@ static int cpu_model_shard(backend_model_t *m, const shard_io_t *io)
 static int cpu_forward(backend_model_t *m, backend_acts_t *a, const int32_t *tokens, const void *x_in,
                        const int32_t *targets, float dscale, void *x_out, double *loss)
 {
-    *loss = model_forward(m->model, (model_acts_t *)a, tokens, x_in, targets, dscale, x_out);
+    double l = model_forward(m->model, (model_acts_t *)a, tokens, x_in, targets, dscale, x_out);
+    if (loss)
+        *loss = l;
+    else
+        m->kept += l;
     return status(m);
+}
+
+static int cpu_loss_take(backend_model_t *m, double *loss)
+{
+    *loss = m->kept;
+    m->kept = 0;
+    return 0;
 }
 
 static int cpu_backward_b(backend_model_t *m, backend_acts_t *a, const void *dy, void *dx)
@@ -135,7 +147,13 @@ static int cpu_backward(backend_model_t *m, backend_acts_t *a, const void *dy, v
 }
 
 /* The model reads and writes the shared buffers themselves: nothing to move around a step. */
-static int cpu_step(backend_model_t *m) { return 0; }
+static int cpu_step_begin(backend_model_t *m)
+{
+    m->kept = 0;
+    return 0;
+}
+
+static int cpu_step_end(backend_model_t *m) { return 0; }
 
 static void *cpu_model_stream(backend_model_t *m) { return NULL; }
 
@@ -249,8 +267,9 @@ static const backend_t table = {
     .backward_b = cpu_backward_b,
     .backward_w = cpu_backward_w,
     .backward = cpu_backward,
-    .step_begin = cpu_step,
-    .step_end = cpu_step,
+    .step_begin = cpu_step_begin,
+    .step_end = cpu_step_end,
+    .loss_take = cpu_loss_take,
     .model_shard = cpu_model_shard,
     .model_stream = cpu_model_stream,
     .model_buffers = cpu_model_buffers,

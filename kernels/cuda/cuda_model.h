@@ -51,7 +51,8 @@ size_t cuda_model_work_bytes(const cuda_model_t *m);
 
 /* As model_forward: tokens [B*T] with the embedding, else x_in [B*T, dim]; with the head and
  * targets, *loss is the sum of per-token losses (gradients scaled by dscale); without the head
- * x_out [B*T, dim] receives the output. Host arrays; returns when done. */
+ * x_out [B*T, dim] receives the output. Host arrays; returns when done (with the head and loss
+ * NULL: once queued, the sum kept for cuda_model_loss_take). */
 int cuda_model_forward(cuda_model_t *m, cuda_model_acts_t *a, const int32_t *tokens, const float *x_in,
                        const int32_t *targets, float dscale, float *x_out, double *loss);
 /* As model_backward_b: dy [B*T, dim] (ignored with the head), dx [B*T, dim] unless the model
@@ -66,14 +67,19 @@ int cuda_model_backward(cuda_model_t *m, cuda_model_acts_t *a, const float *dy, 
 
 /* The GPU data plane (stages/roles/stage.c without host hand-offs): the same two calls with device
  * bf16 hand-offs x_in, x_out, dy, dx ((B*T, dim) each, e.g. CUDA IPC ring slots). They only
- * queue work on the model's stream (the head's forward waits for its loss): order other
- * streams and processes after them with an event recorded on cuda_model_stream(). */
+ * queue work on the model's stream (the head's forward waits for its loss unless it is kept):
+ * order other streams and processes after them with an event recorded on cuda_model_stream(). */
 int cuda_model_forward_dev(cuda_model_t *m, cuda_model_acts_t *a, const int32_t *tokens, const uint16_t *x_in,
                            const int32_t *targets, float dscale, uint16_t *x_out, double *loss);
 int cuda_model_backward_b_dev(cuda_model_t *m, cuda_model_acts_t *a, const uint16_t *dy, uint16_t *dx);
 int cuda_model_backward_dev(cuda_model_t *m, cuda_model_acts_t *a, const uint16_t *dy, uint16_t *dx);
 /* Waits for everything queued on the model's stream. */
 int cuda_model_sync(cuda_model_t *m);
+/* *loss = the sums kept by the forwards given loss NULL since the last take or drop, added in
+ * their order (backend.h loss_take); waits for the model's stream once, if any was kept. Drop
+ * forgets them (a step begun again). */
+int cuda_model_loss_take(cuda_model_t *m, double *loss);
+void cuda_model_loss_drop(cuda_model_t *m);
 void *cuda_model_stream(cuda_model_t *m);
 /* The device weights (bf16) and weight gradients (fp32) of the held range [*begin, *end) of the
  * flat space, each one cudaMalloc'ed block (so it can be exported with cuda_ipc_export) with

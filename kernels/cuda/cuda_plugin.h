@@ -12,7 +12,8 @@
  * `ctitan generate --device cuda` (cuda_infer.h), version 8 the backend's host_pin/unpin, version
  * 9 the backend's backward (B then W: activation checkpointing) after backward_w, version 10
  * NCCL's broadcast and reduce (parameter sharding), version 11 the bf16 reduce and the
- * bf16-into-fp32 add of a bf16 gradient reduce (training.mixed_precision_reduce). */
+ * bf16-into-fp32 add of a bf16 gradient reduce (training.mixed_precision_reduce), version 12
+ * the backend's loss_take after step_end (the head's loss read once a step). */
 #ifndef CTITAN_CUDA_PLUGIN_H
 #define CTITAN_CUDA_PLUGIN_H
 
@@ -21,7 +22,7 @@
 #include "kernels/cuda/cuda_infer.h"
 #include "kernels/cuda/cuda_nccl.h"
 
-#define CUDA_PLUGIN_VERSION 11
+#define CUDA_PLUGIN_VERSION 12
 
 typedef struct {
     int version;

@@ -63,6 +63,11 @@ typedef struct {
 
 enum { WS_W = 0, WS_B = 1 };
 
+typedef struct {
+    float *h;      /* pinned */
+    size_t cap, n; /* floats: room, and this step's */
+} kept_loss_t;
+
 struct cuda_model {
     model_config_t cfg;
     param_table_t tab;
@@ -86,6 +91,11 @@ struct cuda_model {
      * microbatch, of what W reads too (WS_W) and of what only B reads (WS_B), made with
      * cudaMalloc as needed (first at acts_new) and kept. */
     wsets_t ws[2];
+    /* The losses kept by forwards given loss NULL (cuda_model_loss_take): forward k of a step
+     * copies its per-token losses into pinned block k (made at its first use, kept), read after
+     * one synchronisation at the take. */
+    kept_loss_t *kept;
+    int n_kept, kept_cap;
 };
 
 typedef struct {
@@ -276,6 +286,9 @@ extern "C" void cuda_model_destroy(cuda_model_t **pm)
     cudaFree(m->rope_cos);
     cudaFree(m->rope_sin);
     cudaFreeHost(m->staging);
+    for (int k = 0; k < m->kept_cap; k++)
+        cudaFreeHost(m->kept[k].h);
+    free(m->kept);
     for (int k = 0; k < 2; k++) {
         for (int u = 0; u < m->ws[k].n; u++)
             cudaFree(m->ws[k].u[u]);
@@ -687,6 +700,50 @@ static int layer_backward_w(cuda_model_t *m, cuda_model_acts_t *a, int i)
     return grads_give(m, lo, hi);
 }
 
+/* The pinned block of the step's next kept loss, of room for n floats (made or grown only in a
+ * step that finds it missing or short, after waiting for the copies into it). */
+static int kept_block(cuda_model_t *m, size_t n, float **h)
+{
+    if (m->n_kept == m->kept_cap) {
+        void *p = realloc(m->kept, (size_t)(m->kept_cap + 1) * sizeof(*m->kept));
+        if (!p)
+            return cuda_err(-ENOMEM, "out of memory");
+        m->kept = (kept_loss_t *)p;
+        memset(&m->kept[m->kept_cap++], 0, sizeof(kept_loss_t));
+    }
+    kept_loss_t *b = &m->kept[m->n_kept];
+    if (b->cap < n) {
+        CU(cudaStreamSynchronize(m->stream)); /* a step dropped at a recovery may still copy into it */
+        cudaFreeHost(b->h);
+        b->h = NULL, b->cap = 0;
+        CU(cudaMallocHost((void **)&b->h, n * sizeof(float)));
+        b->cap = n;
+    }
+    b->n = n;
+    m->n_kept++;
+    *h = b->h;
+    return 0;
+}
+
+extern "C" int cuda_model_loss_take(cuda_model_t *m, double *loss)
+{
+    *loss = 0;
+    if (!m->n_kept)
+        return 0;
+    int k = m->n_kept;
+    m->n_kept = 0;
+    CU(cudaStreamSynchronize(m->stream));
+    for (int i = 0; i < k; i++) {
+        double sum = 0;
+        for (size_t n = 0; n < m->kept[i].n; n++) /* in token order, as the CPU model */
+            sum += m->kept[i].h[n];
+        *loss += sum;
+    }
+    return 0;
+}
+
+extern "C" void cuda_model_loss_drop(cuda_model_t *m) { m->n_kept = 0; }
+
 /* The forward with host fp32 hand-offs (dev = 0) or device bf16 ones (dev = 1). */
 static int forward(cuda_model_t *m, cuda_model_acts_t *a, const int32_t *tokens, const void *x_in,
                    const int32_t *targets, float dscale, void *x_out, double *loss, int dev)
@@ -694,7 +751,8 @@ static int forward(cuda_model_t *m, cuda_model_acts_t *a, const int32_t *tokens,
     size_t N = a->N, D = m->D;
     void *s = m->stream;
     int rc;
-    *loss = 0;
+    if (loss)
+        *loss = 0;
     if (m->has_embed) {
         if ((rc = piece_weights(m, 0, m->nl ? m->layer0 + 1 : m->has_head ? m->cfg.n_layers + 1 : -1)))
             return rc;
@@ -745,6 +803,13 @@ static int forward(cuda_model_t *m, cuda_model_acts_t *a, const int32_t *tokens,
     }
     CU(cudaMemcpyAsync(a->targets, targets, N * sizeof(int32_t), cudaMemcpyHostToDevice, m->stream));
     NN(cuda_xent(a->logits, a->loss, a->logits, a->targets, (int)N, m->V, dscale, s)); /* dlogits in place */
+    if (!loss) { /* kept: the copy lands by the take's synchronisation */
+        float *h;
+        if ((rc = kept_block(m, N, &h)))
+            return rc;
+        CU(cudaMemcpyAsync(h, a->loss, N * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+        return 0;
+    }
     CU(cudaMemcpyAsync(a->loss_host, a->loss, N * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
     CU(cudaStreamSynchronize(m->stream));
     double sum = 0;

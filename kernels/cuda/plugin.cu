@@ -72,7 +72,13 @@ static int be_backward(backend_model_t *m, backend_acts_t *a, const void *dy, vo
 }
 
 /* offload: this step's weights, as the CPU optimizer shards left them */
-static int be_step_begin(backend_model_t *m) { return m->host_w ? cuda_model_set_weights(m->m, m->host_w) : 0; }
+static int be_step_begin(backend_model_t *m)
+{
+    cuda_model_loss_drop(m->m);
+    return m->host_w ? cuda_model_set_weights(m->m, m->host_w) : 0;
+}
+
+static int be_loss_take(backend_model_t *m, double *loss) { return cuda_model_loss_take(m->m, loss); }
 
 /* The step's gradients complete where the optimizer shards read them: handed back to the host
  * (offload), or on the device once the stream has run. */
@@ -113,7 +119,7 @@ static const cuda_plugin_t table = {
     {
         "cuda",
         be_model_new, be_model_destroy, be_acts_new, be_acts_destroy, be_forward, be_backward_b, be_backward_w, be_backward,
-        be_step_begin, be_step_end, be_model_shard, be_model_stream, be_model_buffers, be_mem_used,
+        be_step_begin, be_step_end, be_loss_take, be_model_shard, be_model_stream, be_model_buffers, be_mem_used,
         cuda_dev_select, cuda_alloc, cuda_free, cuda_stream_new, cuda_stream_free, cuda_stream_sync,
         cuda_copy_async, cuda_zero_async, cuda_f32_add, cuda_block_sumsq, cuda_adamw,
         be_to_weights, cuda_host_pin, cuda_host_unpin,

@@ -282,22 +282,24 @@ static void *reserve_slot(stage_t *st, chunk_t *k, plane_link_t l, int64_t step,
     return slot;
 }
 
-static double forward(stage_t *st, chunk_t *k, int64_t step, int mb)
+/* A microbatch's forward; the head's loss is kept by the backend (loss_take at the step's end:
+ * no wait for the device here). */
+static void forward(stage_t *st, chunk_t *k, int64_t step, int mb)
 {
     int a = acts_for(st, k, mb, 1);
     const int32_t *tok = NULL, *tgt = NULL;
     void *x_in = NULL, *x_out = NULL;
     if (k->first ? !(tok = recv_slot(st, k, PLANE_TOKENS, step, mb)) : !(x_in = recv_slot(st, k, PLANE_ACT_IN, step, mb)))
-        return 0;
+        return;
     if (k->first)
         check_ids(st, tok, "token", step, mb);
     if (k->last ? !(tgt = recv_slot(st, k, PLANE_TARGETS, step, mb))
                 : !(x_out = reserve_slot(st, k, PLANE_ACT_OUT, step, mb)))
-        return 0;
+        return;
     if (k->last)
         check_ids(st, tgt, "target", step, mb);
-    double t0 = util_now(), loss = 0;
-    BE_CHECK(st, st->be->forward(k->model, k->acts[a], tok, x_in, tgt, st->dscale, x_out, &loss), "%s forward: %s",
+    double t0 = util_now();
+    BE_CHECK(st, st->be->forward(k->model, k->acts[a], tok, x_in, tgt, st->dscale, x_out, NULL), "%s forward: %s",
              st->be->name, BE_WHY(st));
     st->t_op[SCHED_F] += util_now() - t0;
     st->n_op[SCHED_F]++;
@@ -306,7 +308,6 @@ static double forward(stage_t *st, chunk_t *k, int64_t step, int mb)
         PLANE_CHECK(st, k, plane_done(k->plane, PLANE_TARGETS));
     else
         PLANE_CHECK(st, k, plane_send(k->plane, PLANE_ACT_OUT));
-    return loss;
 }
 
 /* Backward B; with w (activation checkpointing, W next in the list) its W too, layer by layer
@@ -370,7 +371,7 @@ static void run_step(stage_t *st, int64_t step)
         double ta = util_now();
         st->cur_chunk = a[i].chunk, st->cur_mb = a[i].mb;
         switch (a[i].op) {
-        case SCHED_F: loss += forward(st, k, step, a[i].mb); break; /* microbatch order: fixed sum */
+        case SCHED_F: forward(st, k, step, a[i].mb); break;
         case SCHED_B: {
             /* with recompute, a W right after its B runs inside it: one layer's recompute alive */
             int w = st->man->ac_mode != CONFIG_AC_NONE && i + 1 < n && a[i + 1].op == SCHED_W &&
@@ -406,6 +407,9 @@ static void run_step(stage_t *st, int64_t step)
         PLANE_CHECK(st, k, plane_step_end(k->plane));
         BE_CHECK(st, st->be->step_end(k->model), "%s step: %s", st->be->name, BE_WHY(st));
         st->t_wait += plane_waited(k->plane);
+        double l;
+        BE_CHECK(st, st->be->loss_take(k->model, &l), "%s loss: %s", st->be->name, BE_WHY(st));
+        loss += l; /* the head's microbatches in forward order: fixed bits */
     }
     size_t used;
     if (st->be->mem_used(&used) == 0 && used > st->mem_peak)

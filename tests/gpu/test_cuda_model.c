@@ -55,9 +55,11 @@ static void need_gpu(void)
             fail_msg("%s: %d: %s", #call, rc_, cuda_model_last_error());         \
     } while (0)
 
-/* GPU run over the given piece splits [cuts[s], cuts[s+1]); returns the loss, grads in g. */
-static double gpu_run(const model_config_t *c, const param_table_t *tab, const float *w, float *g, const int *cuts,
-                      int stages, const int32_t *tok, const int32_t *tgt, int B, int T)
+/* GPU run over the given piece splits [cuts[s], cuts[s+1]); returns the loss, grads in g. With
+ * kept the head's loss is kept and taken after the backward (cuda_model_loss_take), a forward
+ * dropped before (cuda_model_loss_drop). */
+static double gpu_run_as(const model_config_t *c, const param_table_t *tab, const float *w, float *g, const int *cuts,
+                         int stages, const int32_t *tok, const int32_t *tgt, int B, int T, int kept)
 {
     int N = B * T, D = c->dim;
     cuda_model_t *m[4];
@@ -71,13 +73,25 @@ static double gpu_run(const model_config_t *c, const param_table_t *tab, const f
         CK(cuda_model_acts_new(&a[s], m[s], B, T));
     }
     double loss = 0;
-    for (int s = 0; s < stages; s++)
-        CK(cuda_model_forward(m[s], a[s], s == 0 ? tok : NULL, s == 0 ? NULL : x, s == stages - 1 ? tgt : NULL,
-                              1.0f / N, s == stages - 1 ? NULL : x, &loss));
+    for (int s = 0; s < stages; s++) {
+        const int32_t *tk = s == 0 ? tok : NULL, *tg = s == stages - 1 ? tgt : NULL;
+        if (kept && tg) { /* one kept and dropped first: the take must not count it */
+            CK(cuda_model_forward(m[s], a[s], tk, s == 0 ? NULL : x, tg, 1.0f / N, NULL, NULL));
+            cuda_model_loss_drop(m[s]);
+        }
+        CK(cuda_model_forward(m[s], a[s], tk, s == 0 ? NULL : x, tg, 1.0f / N, s == stages - 1 ? NULL : x,
+                              kept && tg ? NULL : &loss));
+    }
     for (int s = stages - 1; s >= 0; s--) {
         CK(cuda_model_backward_b(m[s], a[s], s == stages - 1 ? NULL : dx, s == 0 ? NULL : dx));
         CK(cuda_model_backward_w(m[s], a[s]));
         CK(cuda_model_take_grads(m[s], g + b[s]));
+    }
+    if (kept) {
+        CK(cuda_model_loss_take(m[stages - 1], &loss));
+        double none = -1;
+        CK(cuda_model_loss_take(m[stages - 1], &none));
+        assert_true(none == 0.0);
     }
     for (int s = 0; s < stages; s++) {
         cuda_model_acts_destroy(&a[s]);
@@ -85,6 +99,12 @@ static double gpu_run(const model_config_t *c, const param_table_t *tab, const f
     }
     free(x), free(dx);
     return loss / N;
+}
+
+static double gpu_run(const model_config_t *c, const param_table_t *tab, const float *w, float *g, const int *cuts,
+                      int stages, const int32_t *tok, const int32_t *tgt, int B, int T)
+{
+    return gpu_run_as(c, tab, w, g, cuts, stages, tok, tgt, B, T, 0);
 }
 
 static void compare_grads(const param_table_t *tab, const float *got, const float *want)
@@ -129,6 +149,10 @@ static void test_cuda_model_matches_the_cpu_model_whole_and_split(void **state)
     print_message("loss: cpu %.6f, gpu %.6f\n", want, got);
     assert_true(fabs(got - want) <= LOSS_RTOL * want);
     compare_grads(&tab, gg, gc);
+    /* the head's loss kept and read once after the backward (no wait in the forward): the same bits */
+    memset(gg, 0, tab.total * sizeof(float));
+    double kept = gpu_run_as(&c, &tab, w, gg, whole, 1, tok, tgt, B, T, 1);
+    assert_memory_equal(&kept, &got, sizeof(double));
     memset(gg, 0, tab.total * sizeof(float));
     double got2 = gpu_run(&c, &tab, w, gg, split, 2, tok, tgt, B, T);
     assert_true(fabs(got2 - want) <= LOSS_RTOL * want);

@@ -91,9 +91,14 @@ int model_act_bytes(const model_config_t *cfg, int p0, int p1, int B, int T, mod
     *out = (model_act_size_t){.per_mb = rest, .per_mb_none = rest};
     for (int l = l0; l < l1; l++) {
         config_keep_t k = config_ac_keep(cfg, l);
-        out->per_mb += layer_bytes(cfg, cuda, keep_mask(k), B, T);
-        out->per_mb_none += layer_bytes(cfg, cuda, G_ALL, B, T);
-        if (k != CONFIG_KEEP_ALL) {
+        out->per_mb += layer_bytes(cfg, cuda, keep_mask(k) & ~G_GRAD, B, T);
+        out->per_mb_none += layer_bytes(cfg, cuda, G_ALL & ~G_GRAD, B, T);
+        if (k == CONFIG_KEEP_ALL) {
+            out->keep_layers++;
+            out->unit_g = layer_bytes(cfg, cuda, G_GRAD, B, T);
+            int adjacent = l > l0 && config_ac_keep(cfg, l - 1) == CONFIG_KEEP_ALL;
+            out->units_g_fused = adjacent || out->units_g_fused == 2 ? 2 : 1;
+        } else {
             out->ckpt_layers++;
             out->unit = layer_bytes(cfg, cuda, G_ALL & ~keep_mask(k) & ~G_OPB, B, T);
             out->unit_b = layer_bytes(cfg, cuda, G_OPB & ~keep_mask(k), B, T);
@@ -106,8 +111,10 @@ int model_act_bytes(const model_config_t *cfg, int p0, int p1, int B, int T, mod
 
 size_t model_act_total(const model_act_size_t *s, int in_flight, int held_w)
 {
-    size_t units = (size_t)s->units_fused;
+    size_t units = (size_t)s->units_fused, units_g = (size_t)s->units_g_fused;
     if (held_w > 0 && (size_t)held_w * (size_t)s->ckpt_layers + 1 > units)
         units = (size_t)held_w * (size_t)s->ckpt_layers + 1;
-    return (size_t)in_flight * s->per_mb + units * s->unit + s->unit_b;
+    if ((size_t)held_w * (size_t)s->keep_layers > units_g) /* each held microbatch: all of its layers' */
+        units_g = (size_t)held_w * (size_t)s->keep_layers;
+    return (size_t)in_flight * s->per_mb + units * s->unit + s->unit_b + units_g * s->unit_g;
 }

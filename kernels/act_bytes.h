@@ -14,7 +14,8 @@ typedef enum { MODEL_ACT_CPU = 0, MODEL_ACT_CUDA = 1 } model_act_layout_t;
 
 typedef struct {
     size_t per_mb;      /* one microbatch's storage under cfg->ac_mode (model_acts_bytes,
-                         * cuda_model_acts_bytes): what each microbatch in flight holds */
+                         * cuda_model_acts_bytes): what each microbatch in flight holds, but
+                         * the gradients B keeps for W (in work sets, below) */
     size_t per_mb_none; /* the same in mode none */
     size_t unit;        /* one recompute work set of what W reads too: one layer's tensors that a
                          * checkpointed layer does not keep, but those of unit_b (0 without
@@ -26,6 +27,11 @@ typedef struct {
     int units_fused;    /* work sets when every W runs with its B: 0 without checkpointing, 2 when
                          * two checkpointed layers are adjacent, else 1 (also what the model makes
                          * at its first acts) */
+    size_t unit_g;      /* one gradient work set: the gradients B keeps for W of one layer that
+                         * is not checkpointed (a checkpointed one's are in its `unit`) */
+    int keep_layers;    /* held layers that are not checkpointed */
+    int units_g_fused;  /* gradient work sets when every W runs with its B: 2 when two layers
+                         * that are not checkpointed are adjacent, 1 with one, else 0 */
 } model_act_size_t;
 
 /* Pieces [p0, p1) of a validated cfg (params_piece_range order), [B, T] microbatches. Returns
@@ -36,9 +42,10 @@ int model_act_bytes(const model_config_t *cfg, int p0, int p1, int B, int T, mod
 /* The activation bytes of a chunk: in_flight microbatches between their F and their W
  * (sched_peak_acts) and the work sets; held_w is the most microbatches that sit between their
  * B and their W at once (sched_peak_held_w; 0 when every W runs right after its B: the stage
- * then runs them together and units_fused work sets do), plus unit_b. With held_w > 0 an
- * upper bound: the work sets grow to what the schedule needs, at most held_w x ckpt_layers + 1
- * of `unit`. */
+ * then runs them together and units_fused and units_g_fused work sets do), plus unit_b. With
+ * held_w > 0 an upper bound: the work sets grow to what the schedule needs, at most
+ * held_w x ckpt_layers + 1 of `unit` and held_w x keep_layers of `unit_g` (a stage that runs
+ * B and W apart while its schedule has W right after B: held_w 1). */
 size_t model_act_total(const model_act_size_t *s, int in_flight, int held_w);
 
 #endif

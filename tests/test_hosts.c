@@ -34,8 +34,8 @@ static void job_name(char *buf, size_t n, const char *what) { tj_name(buf, n, 'h
 /* data parallel 2 on the NCCL plane (one replica per host), no wait before a relaunch */
 #define DP2 GPU_SHAPE "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_plane nccl " \
                       "--job.restart_backoff_ms 0 "
-/* 3 steps, an in-memory snapshot every 2 */
-#define SNAP3 DP2 "--training.steps 3 --checkpoint.snapshot_interval 2"
+/* 4 steps, an in-memory snapshot every 2 */
+#define SNAP4 DP2 "--training.steps 4 --checkpoint.snapshot_interval 2"
 /* 8 steps, long enough to be killed in the middle */
 #define STEPS8 DP2 "--training.steps 8"
 /* checkpoints of steps 3, 6 and 7 */
@@ -195,10 +195,13 @@ static void test_hosts_a_stage_lost_on_another_host_is_restarted_by_its_agent(vo
     static char out[1 << 16], agent_out[1 << 16];
     char once[128];
     hosts_t h;
-    const char *ref = reference(SNAP3);
-    two_hosts(&h, "stage", SNAP3);
+    const char *ref = reference(SNAP4);
+    two_hosts(&h, "stage", SNAP4);
     setenv("CTITAN_TEST_DIE_ONCE", tj_once_dir(once, sizeof(once), h.j), 1);
-    setenv("CTITAN_TEST_DIE_AT", "stage.1.1:mid:3", 1); /* replica 1 runs on host 1 */
+    /* replica 1 runs on host 1; in step 4, the snapshot of step 2 is whole (step 3's update
+     * waited for its copy, said before it answered; in step 3 it may still be copying, and the
+     * job would rightly go back to step 0) */
+    setenv("CTITAN_TEST_DIE_AT", "stage.1.1:mid:4", 1);
     pid_t agent = start_host1(&h, "");
     char extra[2400], trace[256];
     snprintf(trace, sizeof(trace), "%s/%s-trace.json", tj_dir, h.j);
@@ -232,12 +235,12 @@ static void test_hosts_a_stage_lost_on_another_host_is_restarted_by_its_agent(vo
     if (tu_run(cmd, said, sizeof(said))) /* one JSON array, where python3 can say */
         fail_msg("%s: %s", trace, said);
     tj_read_out(h.jh1, agent_out, sizeof(agent_out));
-    if (rc || tj_count(out, "(rewound, at step 3): stage rank 1 replica 1 (pid ") != 1)
+    if (rc || tj_count(out, "(rewound, at step 4): stage rank 1 replica 1 (pid ") != 1)
         TJ_FAIL_WITH(out, "status %d", rc);
     if (arc || !strstr(agent_out, "launch: host 1: the job was rewound to step 2: its processes started again"))
         TJ_FAIL_WITH(agent_out, "the agent: status %d", arc);
     assert_non_null(strstr(out, "was killed by signal 9 (Killed) on host 1; every stage and optimizer shard"));
-    tj_assert_losses_by_step(h.j, ref, 3, 1, "\"rewound_to\": 2, \"step\": 3");
+    tj_assert_losses_by_step(h.j, ref, 4, 1, "\"rewound_to\": 2, \"step\": 4");
     tj_assert_clean(h.j);
     tj_assert_clean(h.jh1);
 }

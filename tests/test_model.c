@@ -261,6 +261,7 @@ static void test_model_shard_io_takes_each_pieces_gradients_in_w_order(void **st
             assert_true(t.lo[k] == lo && t.hi[k] == hi);
         }
         if (!fused) { /* a give that fails (the exchange closed): the rest of the W skipped, said */
+            model_backward_b(m, a, NULL, NULL); /* a W reads what its B kept (in work sets since) */
             t.n = 0, t.fail_at = 1;
             model_backward_w(m, a);
             assert_int_equal(model_status(m), -ECANCELED);
@@ -340,7 +341,8 @@ static double run_ac(const fixture_t *f, model_config_t cfg, const int *cuts, in
         model_act_size_t z;
         assert_int_equal(model_act_bytes(&cfg, cuts[s], cuts[s + 1], f->B, f->T, MODEL_ACT_CPU, &z), 0);
         assert_int_equal(z.per_mb, model_acts_bytes(a[s][0])); /* the plan's figure is the model's */
-        assert_int_equal(z.units_fused * z.unit + z.unit_b, model_work_bytes(m[s])); /* made with the first acts */
+        assert_int_equal(z.units_fused * z.unit + z.unit_b + z.units_g_fused * z.unit_g,
+                         model_work_bytes(m[s])); /* made with the first acts */
         assert_int_equal(model_act_total(&z, nmb, 0), nmb * z.per_mb + model_work_bytes(m[s]));
         total[s] = model_act_total(&z, nmb, nmb); /* the bound with every W held back */
     }
@@ -375,10 +377,12 @@ static double run_ac(const fixture_t *f, model_config_t cfg, const int *cuts, in
     return loss;
 }
 
-/* Every mode gives mode none's losses and gradients bit for bit, whole and in pipeline pieces,
- * with W right after B or held back; the per-microbatch storage shrinks by what the recomputed
- * layers no longer keep, and the work sets are two layers' with W fused, one per checkpointed
- * layer and microbatch held back otherwise. */
+/* Every mode gives mode none's (W held back) losses and gradients bit for bit, whole and in
+ * pipeline pieces, with W right after B or held back; the per-microbatch storage shrinks by
+ * what the recomputed layers no longer keep, and the work sets are two layers' with W fused,
+ * one per checkpointed layer and microbatch held back otherwise. The gradients B keeps for W
+ * are never in a microbatch's storage: a checkpointed layer's are in its work set, another's
+ * in a gradient work set (two a stage with W fused, one per layer and microbatch held back). */
 static void test_model_activation_checkpointing_is_bitwise_and_saves_memory(void **state)
 {
     fixture_t f;
@@ -392,19 +396,21 @@ static void test_model_activation_checkpointing_is_bitwise_and_saves_memory(void
     size_t layer_rest = (N * (D * 7 + 2 + QD * 3 + KD * 4 + F * 5) + probs) * sizeof(float);
     size_t ops_kept = (N * (QD * 2 + KD * 2 + D + F * 2) + probs) * sizeof(float);
     size_t b_only = (N * (QD + KD * 2 + F * 2) + probs) * sizeof(float); /* q, k, v, a, b, softmax */
+    size_t grad = N * (D * 4 + F * 2 + QD + KD * 2) * sizeof(float); /* df da db dxn2 dh1 dq dk dv dxn1 */
     float *g0 = malloc(n * sizeof(float)), *g = malloc(n * sizeof(float));
     pool_t *pool = pool_new(2);
     int whole[] = {0, 6}, split[] = {0, 3, 6};
     const int *cuts[] = {whole, split};
     int ncuts[] = {2, 3};
     struct { int mode, every, ckpt; } modes[] = {
-        {CONFIG_AC_FULL, 0, 4}, {CONFIG_AC_SELECTIVE, 2, 2}, {CONFIG_AC_SELECTIVE, 1, 4}, {CONFIG_AC_SELECTIVE, 0, 4},
+        {CONFIG_AC_NONE, 0, 0}, {CONFIG_AC_FULL, 0, 4}, {CONFIG_AC_SELECTIVE, 2, 2}, {CONFIG_AC_SELECTIVE, 1, 4},
+        {CONFIG_AC_SELECTIVE, 0, 4},
     };
     for (int k = 0; k < 2; k++) {
         size_t acts0, work0, acts, work;
         double l0 = run_ac(&f, f.cfg, cuts[k], ncuts[k], 3, 0, pool, g0, &acts0, &work0);
-        assert_int_equal(work0, 0);
-        for (int i = 0; i < 4; i++)
+        assert_int_equal(work0, 3 * 4 * grad); /* every layer's of the three microbatches at once */
+        for (int i = 0; i < 5; i++)
             for (int fused = 0; fused < 2; fused++) {
                 model_config_t cc = f.cfg;
                 cc.ac_mode = modes[i].mode, cc.ac_every = modes[i].every;
@@ -413,7 +419,7 @@ static void test_model_activation_checkpointing_is_bitwise_and_saves_memory(void
                 assert_memory_equal(g, g0, n * sizeof(float));
                 size_t saved = modes[i].every == 0 && modes[i].mode == CONFIG_AC_SELECTIVE
                                    ? layer_rest - ops_kept : layer_rest;
-                assert_int_equal(acts0 - acts, (size_t)modes[i].ckpt * saved);
+                assert_int_equal(acts0 - acts, (size_t)modes[i].ckpt * (saved - grad));
                 /* the work sets hold what a recomputed layer does not keep: what W reads too,
                  * fused two per stage (one where no two checkpointed layers touch: selective
                  * 2), held back one per checkpointed layer and microbatch (3), all alive before
@@ -423,7 +429,13 @@ static void test_model_activation_checkpointing_is_bitwise_and_saves_memory(void
                 size_t units = (size_t)modes[i].ckpt * 3;
                 if (fused)
                     units = stages * (modes[i].every == 2 ? 1 : 2);
-                assert_int_equal(work, units * (saved - unit_b) + (unit_b ? stages * unit_b : 0));
+                /* the other layers' gradients: none 4 a stage, selective 2 two (0 and 2, no two
+                 * adjacent: one set a stage fused) */
+                size_t keep = 4 - (size_t)modes[i].ckpt;
+                size_t units_g = fused ? stages * (keep == 4 ? 2 : keep ? 1 : 0) : keep * 3;
+                if (!modes[i].ckpt)
+                    units = 0, unit_b = 0;
+                assert_int_equal(work, units * (saved - unit_b) + (unit_b ? stages * unit_b : 0) + units_g * grad);
             }
     }
     pool_destroy(&pool);

@@ -83,18 +83,19 @@ static void test_plan_figures_of_a_small_cpu_job(void **state)
     assert_int_equal((long)shm->bytes[PLAN_WEIGHTS], 107520L * 4);
     assert_int_equal((long)shm->bytes[PLAN_GRADS], 107520L * 4);
     assert_int_equal((long)shm->bytes[PLAN_OPTIM], 4096L + 2 * 3 * 107520L * 4);
-    /* one microbatch of 1 x 32 tokens (N = 32): a layer keeps N x (8 D + 2 + 3 QD + 4 KD + 5 F)
-     * = 32 x 1474 floats and the probabilities 1 x 4 x 32 x 32; every stage the scratch
+    /* one microbatch of 1 x 32 tokens (N = 32): a layer keeps N x (4 D + 2 + 2 QD + 2 KD + 3 F)
+     * = 32 x 834 floats and the probabilities 1 x 4 x 32 x 32; every stage the scratch
      * N x (F + max(QD, D)) and the tokens N = 6176; the embedding's gradient N x D = 2048; the
-     * head N x (3 D + 1 + V) = 14368 */
-    long layer = 32L * 1474 + 4096, common = 6176;
+     * head N x (3 D + 1 + V) = 14368. Besides, one gradient work set a stage (a layer's
+     * gradients B keeps for W, N x (4 D + 2 F + QD + 2 KD) = 32 x 640: W runs with its B) */
+    long layer = 32L * 834 + 4096, common = 6176, grads = 32L * 640;
     const plan_row_t *s0 = row(&p, "stage 0.0", PLAN_HOST), *s1 = row(&p, "stage 1.0", PLAN_HOST);
     /* 1F1B keeps pp - rank microbatches in flight: 2 on rank 0, 1 on rank 1 */
     assert_int_equal(s0->in_flight, 2);
     assert_int_equal(s1->in_flight, 1);
     assert_int_equal((long)s0->act_mb, (layer + common + 2048) * 4);
-    assert_int_equal((long)s0->bytes[PLAN_ACTS], 2 * (layer + common + 2048) * 4);
-    assert_int_equal((long)s1->bytes[PLAN_ACTS], (layer + common + 14368) * 4);
+    assert_int_equal((long)s0->bytes[PLAN_ACTS], (2 * (layer + common + 2048) + grads) * 4);
+    assert_int_equal((long)s1->bytes[PLAN_ACTS], (layer + common + 14368 + grads) * 4);
     double sum = 0;
     for (int i = 0; i < p.n; i++)
         sum += p.rows[i].device == PLAN_HOST ? p.rows[i].total : 0;
@@ -144,12 +145,13 @@ static void test_plan_figures_of_a_small_gpu_job(void **state)
     assert_true(d0->bytes[PLAN_WORKSPACE] >= 32.0 * PLAN_MIB); /* cuBLASLt's */
     assert_int_equal(d0->in_flight, 2);
     /* its activations as kernels/cuda/model.cu carves them (N = 32 tokens, head dim 16, buffers
-     * rounded up to 256 bytes): a layer 8 bf16 (N, D) + 3 (N, QD) + 4 (N, KD) + 5 (N, F) = 32768
-     * + 12288 + 8192 + 40960 bytes, r1 and r2 256 each, lse (B x heads x T fp32) 512 = 95232; then
+     * rounded up to 256 bytes): a layer 4 bf16 (N, D) + 2 (N, QD) + 2 (N, KD) + 3 (N, F) = 16384
+     * + 8192 + 4096 + 24576 bytes, r1 and r2 256 each, lse (B x heads x T fp32) 512 = 54272; then
      * tokens and targets 2 x 256, io (N, D) fp32 8192, x_top and d_bottom 2 x 4096, s_dm 8192,
-     * s_dy 4096, delta 512 = 29696 */
-    assert_int_equal((long)d0->act_mb, 95232L + 29696);
-    assert_int_equal((long)d0->bytes[PLAN_ACTS], 2 * (95232L + 29696));
+     * s_dy 4096, delta 512 = 29696; and one gradient work set, 4 bf16 (N, D) + (N, QD) + 2 (N, KD)
+     * + 2 (N, F) = 40960 */
+    assert_int_equal((long)d0->act_mb, 54272L + 29696);
+    assert_int_equal((long)d0->bytes[PLAN_ACTS], 2 * (54272L + 29696) + 40960);
     /* GPU optimizer shards (optshard.device follows job.device): their slices' AdamW state on
      * a GPU; the host keeps no gradients then */
     const plan_row_t *shm = row(&p, "shared memory", PLAN_HOST);

@@ -21,7 +21,7 @@ typedef struct {
     size_t floats;
 } wsets_t;
 
-enum { WS_W = 0, WS_B = 1 };
+enum { WS_W = 0, WS_B = 1, WS_G = 2, WS_KINDS = 3 };
 
 typedef struct {
     float *attn_norm, *wq, *wk, *wv, *wo, *ffn_norm, *w1, *w3, *w2; /* views into params */
@@ -41,11 +41,13 @@ struct model {
     float *rope_cos, *rope_sin; /* (max_seq_len, hd/2) */
     layer_w_t *lw;
     float *embed, *d_embed, *norm, *d_norm, *out, *d_out;
-    /* Activation checkpointing: work sets, shared by every microbatch, each one layer's groups
-     * that a checkpointed layer does not keep, in two kinds: WS_W what its W needs too (kept
-     * from the recompute to the W), WS_B what only its B reads (q, k, v, the softmax, the w1
-     * and w3 products: free again after the B). A forward borrows both per layer. */
-    wsets_t ws[2];
+    /* Work sets, shared by every microbatch: for activation checkpointing each one layer's
+     * groups that a checkpointed layer does not keep, in two kinds: WS_W what its W needs too
+     * (kept from the recompute to the W), WS_B what only its B reads (q, k, v, the softmax, the
+     * w1 and w3 products: free again after the B); a forward borrows both per layer. WS_G: the
+     * gradients B keeps for W of a layer that keeps everything else (bound from the B of the
+     * layer above to its own W: two at a time when each W follows its B). */
+    wsets_t ws[WS_KINDS];
     int status;         /* the first failure since model_status (-ENOMEM, io's -ECANCELED) */
     shard_io_t io;       /* parameter sharding: where each piece's W goes (take NULL: grads) */
 };
@@ -84,7 +86,7 @@ struct model_acts {
     float *dh0;           /* (N, D) gradient of the embedding output */
     float *s_dm;          /* scratch (N, F) */
     float *s_dy;          /* scratch (N, QD), also (N, D) */
-    float **unit;         /* (nl, 2) the work sets bound to layer i (WS_W, WS_B), or NULL */
+    float **unit;         /* (nl, WS_KINDS) the work sets bound to layer i (WS_W, WS_B, WS_G), or NULL */
 };
 
 /* A layer's tensors in groups, by what activation checkpointing keeps (config.h) and who reads
@@ -99,6 +101,13 @@ static int keep_mask(config_keep_t k)
 }
 
 static config_keep_t keep_of(const model_t *m, int i) { return config_ac_keep(&m->cfg, m->layer0 + i); }
+
+/* What a microbatch's storage holds of layer i: what it keeps but the gradients B keeps for W
+ * (those are in work sets: WS_W's of a checkpointed layer, else WS_G's). */
+static int held_mask(const model_t *m, int i) { return keep_mask(keep_of(m, i)) & ~G_GRAD; }
+
+/* The kind of work set that holds layer i's gradients for its W. */
+static int grads_kind(const model_t *m, int i) { return keep_of(m, i) != CONFIG_KEEP_ALL ? WS_W : WS_G; }
 
 /* Tensor (kind, layer) in a buffer that holds the flat space from offset `at`. */
 static float *tptr(model_t *m, float *base, size_t at, param_kind_t kind, int layer)
@@ -244,8 +253,11 @@ model_t *model_new(const model_config_t *cfg, int piece_begin, int piece_end, fl
     bind(m);
     for (int i = 0; i < m->nl; i++) {
         config_keep_t k = keep_of(m, i);
-        if (k == CONFIG_KEEP_ALL)
+        if (k == CONFIG_KEEP_ALL) { /* the layer above binds this one's before freeing its own */
+            m->ws[WS_G].mask = G_GRAD;
+            m->ws[WS_G].min = i > 0 && keep_of(m, i - 1) == CONFIG_KEEP_ALL ? 2 : m->ws[WS_G].min > 1 ? 2 : 1;
             continue;
+        }
         /* one kind of checkpointed layer per model: op, or full layers */
         m->ws[WS_W].mask = G_ALL & ~keep_mask(k) & ~G_OPB;
         m->ws[WS_B].mask = G_OPB & ~keep_mask(k);
@@ -264,7 +276,7 @@ void model_destroy(model_t **pm)
     free(m->rope_cos);
     free(m->rope_sin);
     free(m->lw);
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < WS_KINDS; k++) {
         for (int u = 0; u < m->ws[k].n; u++)
             free(m->ws[k].u[u]);
         free(m->ws[k].u);
@@ -341,7 +353,7 @@ static size_t acts_floats(const model_t *m, model_acts_t *a, float *base)
 {
     size_t N = (size_t)a->N, D = m->D, QD = m->QD, F = m->F, V = m->V, off = 0;
     for (int i = 0; i < m->nl; i++)
-        off += carve_layer(m, &a->l[i], base ? base + off : NULL, keep_mask(keep_of(m, i)), a->B, a->T);
+        off += carve_layer(m, &a->l[i], base ? base + off : NULL, held_mask(m, i), a->B, a->T);
     a->s_dm = take(base, &off, N * F);
     a->s_dy = take(base, &off, N * (QD > D ? QD : D));
     a->tokens = (int32_t *)take(base, &off, N);
@@ -358,7 +370,7 @@ static size_t acts_floats(const model_t *m, model_acts_t *a, float *base)
  * stage's microbatches are alike); a larger one made while none is in use replaces them. */
 static int units_fit(model_t *m, int B, int T)
 {
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < WS_KINDS; k++) {
         wsets_t *w = &m->ws[k];
         layer_acts_t tmp = {0};
         size_t need = w->mask ? carve_layer(m, &tmp, NULL, w->mask, B, T) : 0;
@@ -405,7 +417,7 @@ static int unit_take(model_t *m, model_acts_t *a, int i, int k)
     if (u == w->n && (u = unit_new(w)) < 0)
         return m->status = u;
     w->used[u] = 1;
-    a->unit[2 * i + k] = w->u[u];
+    a->unit[WS_KINDS * i + k] = w->u[u];
     carve_layer(m, &a->l[i], w->u[u], w->mask, a->B, a->T);
     return 0;
 }
@@ -413,14 +425,14 @@ static int unit_take(model_t *m, model_acts_t *a, int i, int k)
 static void unit_give(model_t *m, model_acts_t *a, int i, int k)
 {
     wsets_t *w = &m->ws[k];
-    float *p = a->unit[2 * i + k];
+    float *p = a->unit[WS_KINDS * i + k];
     if (!p)
         return;
     for (int u = 0; u < w->n; u++)
         if (w->u[u] == p)
             w->used[u] = 0;
     carve_layer(m, &a->l[i], NULL, w->mask, a->B, a->T);
-    a->unit[2 * i + k] = NULL;
+    a->unit[WS_KINDS * i + k] = NULL;
 }
 
 model_acts_t *model_acts_new(model_t *m, int B, int T)
@@ -432,7 +444,7 @@ model_acts_t *model_acts_new(model_t *m, int B, int T)
         return NULL;
     a->B = B, a->T = T, a->N = B * T;
     a->l = calloc((size_t)(m->nl ? m->nl : 1), sizeof(layer_acts_t));
-    a->unit = calloc((size_t)(m->nl ? m->nl : 1) * 2, sizeof(float *));
+    a->unit = calloc((size_t)(m->nl ? m->nl : 1) * WS_KINDS, sizeof(float *));
     size_t total = a->l ? acts_floats(m, a, NULL) : 0;
     a->base = malloc(total * sizeof(float));
     if (!a->l || !a->unit || !a->base || units_fit(m, B, T)) {
@@ -442,7 +454,7 @@ model_acts_t *model_acts_new(model_t *m, int B, int T)
     acts_floats(m, a, a->base);
     a->bytes = total * sizeof(float);
     /* what a forward and a backward with its W hold: made now, not mid-step */
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < WS_KINDS; k++)
         while (m->ws[k].n < m->ws[k].min)
             if (unit_new(&m->ws[k]) < 0) {
                 model_acts_destroy(&a);
@@ -467,7 +479,10 @@ size_t model_acts_bytes(const model_acts_t *a) { return a->bytes; }
 
 size_t model_work_bytes(const model_t *m)
 {
-    return ((size_t)m->ws[WS_W].n * m->ws[WS_W].floats + (size_t)m->ws[WS_B].n * m->ws[WS_B].floats) * sizeof(float);
+    size_t floats = 0;
+    for (int k = 0; k < WS_KINDS; k++)
+        floats += (size_t)m->ws[k].n * m->ws[k].floats;
+    return floats * sizeof(float);
 }
 
 int model_status(model_t *m)
@@ -617,7 +632,8 @@ double model_forward(model_t *m, model_acts_t *a, const int32_t *tokens, const f
         memcpy(first, x_in, N * D * sizeof(float));
     }
     for (int i = 0; i < m->nl; i++) /* a step left unfinished: a backward without its W */
-        unit_give(m, a, i, WS_W), unit_give(m, a, i, WS_B);
+        for (int k = 0; k < WS_KINDS; k++)
+            unit_give(m, a, i, k);
     for (int i = 0; i < m->nl; i++) {
         int ck = keep_of(m, i) != CONFIG_KEEP_ALL;
         if (ck && (unit_take(m, a, i, WS_W) || unit_take(m, a, i, WS_B)))
@@ -642,15 +658,16 @@ double model_forward(model_t *m, model_acts_t *a, const int32_t *tokens, const f
 }
 
 /* Backward B, and with fuse each layer's W right after its B (the same bits as B then W: each
- * W adds into its own layer's gradients, which B never reads). A checkpointed layer recomputes
- * into two work sets: WS_W, bound before the layer above writes its output gradient there and
- * kept until its W (with fuse two at a time, without one per checkpointed layer), and WS_B,
- * bound for its recompute and B only (one at a time). */
+ * W adds into its own layer's gradients, which B never reads). A layer's gradients for its W
+ * are in a work set bound before the layer above writes its output gradient there and kept
+ * until its W (with fuse two at a time, without one per layer): WS_W, with what a checkpointed
+ * layer recomputes, or WS_G; a checkpointed layer's WS_B is bound for its recompute and B only
+ * (one at a time). */
 static void backward(model_t *m, model_acts_t *a, const float *dy, float *dx, int fuse)
 {
     size_t N = (size_t)a->N, D = m->D;
     int L = m->nl;
-    if (L && keep_of(m, L - 1) != CONFIG_KEEP_ALL && unit_take(m, a, L - 1, WS_W))
+    if (L && unit_take(m, a, L - 1, grads_kind(m, L - 1)))
         return;
     /* gradient of the input of the lowest held piece above the embedding */
     float *bottom = m->has_embed ? a->dh0 : dx;
@@ -666,7 +683,7 @@ static void backward(model_t *m, model_acts_t *a, const float *dy, float *dx, in
         head_backward_w(m, a);
     for (int i = L - 1; i >= 0; i--) {
         int ck = keep_of(m, i) != CONFIG_KEEP_ALL;
-        if (i > 0 && keep_of(m, i - 1) != CONFIG_KEEP_ALL && unit_take(m, a, i - 1, WS_W))
+        if (i > 0 && unit_take(m, a, i - 1, grads_kind(m, i - 1)))
             return;
         if (ck && unit_take(m, a, i, WS_B))
             return;
@@ -676,7 +693,7 @@ static void backward(model_t *m, model_acts_t *a, const float *dy, float *dx, in
         unit_give(m, a, i, WS_B);
         if (fuse) {
             layer_backward_w(m, a, i);
-            unit_give(m, a, i, WS_W);
+            unit_give(m, a, i, grads_kind(m, i));
         }
     }
     if (fuse && m->has_embed)
@@ -685,15 +702,7 @@ static void backward(model_t *m, model_acts_t *a, const float *dy, float *dx, in
 
 void model_backward_b(model_t *m, model_acts_t *a, const float *dy, float *dx) { backward(m, a, dy, dx, 0); }
 
-void model_backward(model_t *m, model_acts_t *a, const float *dy, float *dx)
-{
-    if (!m->ws[WS_W].mask) { /* nothing recomputed: exactly B then W */
-        model_backward_b(m, a, dy, dx);
-        model_backward_w(m, a);
-        return;
-    }
-    backward(m, a, dy, dx, 1);
-}
+void model_backward(model_t *m, model_acts_t *a, const float *dy, float *dx) { backward(m, a, dy, dx, 1); }
 
 void model_backward_w(model_t *m, model_acts_t *a)
 {
@@ -701,7 +710,7 @@ void model_backward_w(model_t *m, model_acts_t *a)
         head_backward_w(m, a);
     for (int i = m->nl - 1; i >= 0; i--) {
         layer_backward_w(m, a, i);
-        unit_give(m, a, i, WS_W);
+        unit_give(m, a, i, grads_kind(m, i));
     }
     if (m->has_embed)
         embed_backward_w(m, a);

@@ -61,7 +61,7 @@ typedef struct {
     size_t bytes;
 } wsets_t;
 
-enum { WS_W = 0, WS_B = 1 };
+enum { WS_W = 0, WS_B = 1, WS_G = 2, WS_KINDS = 3 };
 
 typedef struct {
     float *h;      /* pinned */
@@ -87,10 +87,11 @@ struct cuda_model {
     float *d_embed, *d_norm, *d_out;
     cudaStream_t stream;
     cuda_matmul_ctx_t *mm;
-    /* Activation checkpointing (kernels/cpu/model.c's scheme): work sets shared by every
-     * microbatch, of what W reads too (WS_W) and of what only B reads (WS_B), made with
-     * cudaMalloc as needed (first at acts_new) and kept. */
-    wsets_t ws[2];
+    /* Work sets (kernels/cpu/model.c's scheme) shared by every microbatch: of a checkpointed
+     * layer what W reads too (WS_W) and what only B reads (WS_B); of a layer that keeps the rest
+     * the gradients B keeps for W (WS_G). Made with cudaMalloc as needed (first at acts_new)
+     * and kept. */
+    wsets_t ws[WS_KINDS];
     /* The losses kept by forwards given loss NULL (cuda_model_loss_take): forward k of a step
      * copies its per-token losses into pinned block k (made at its first use, kept), read after
      * one synchronisation at the take. */
@@ -118,7 +119,7 @@ struct cuda_model_acts {
     float *delta;                   /* (B, H, T) attention backward scratch */
     float *loss_host;               /* (N) pinned */
     size_t bytes;                   /* of base */
-    void **unit;                    /* (nl, 2) the work sets bound to layer i (WS_W, WS_B), or NULL */
+    void **unit;                    /* (nl, WS_KINDS) the work sets bound to layer i, or NULL */
 };
 
 /* A layer's tensors in groups, by what activation checkpointing keeps (config.h) and who
@@ -132,6 +133,13 @@ static int keep_mask(config_keep_t k)
 }
 
 static config_keep_t keep_of(const cuda_model_t *m, int i) { return config_ac_keep(&m->cfg, m->layer0 + i); }
+
+/* What a microbatch's storage holds of layer i: what it keeps but the gradients B keeps for W
+ * (in work sets: WS_W's of a checkpointed layer, else WS_G's). */
+static int held_mask(const cuda_model_t *m, int i) { return keep_mask(keep_of(m, i)) & ~G_GRAD; }
+
+/* The kind of work set that holds layer i's gradients for its W. */
+static int grads_kind(const cuda_model_t *m, int i) { return keep_of(m, i) != CONFIG_KEEP_ALL ? WS_W : WS_G; }
 
 // ---- small kernels ----
 
@@ -289,7 +297,7 @@ extern "C" void cuda_model_destroy(cuda_model_t **pm)
     for (int k = 0; k < m->kept_cap; k++)
         cudaFreeHost(m->kept[k].h);
     free(m->kept);
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < WS_KINDS; k++) {
         for (int u = 0; u < m->ws[k].n; u++)
             cudaFree(m->ws[k].u[u]);
         free(m->ws[k].u);
@@ -373,8 +381,11 @@ static int model_init(cuda_model_t *m, const model_config_t *cfg, int p0, int p1
     bind(m);
     for (int i = 0; i < m->nl; i++) {
         config_keep_t k = keep_of(m, i);
-        if (k == CONFIG_KEEP_ALL)
+        if (k == CONFIG_KEEP_ALL) { /* the layer above binds this one's before freeing its own */
+            m->ws[WS_G].mask = G_GRAD;
+            m->ws[WS_G].min = i > 0 && keep_of(m, i - 1) == CONFIG_KEEP_ALL ? 2 : m->ws[WS_G].min > 1 ? 2 : 1;
             continue;
+        }
         /* one kind of checkpointed layer per model: op, or full layers */
         m->ws[WS_W].mask = G_ALL & ~keep_mask(k) & ~G_OPB;
         m->ws[WS_B].mask = G_OPB & ~keep_mask(k);
@@ -476,7 +487,7 @@ static size_t carve(const cuda_model_t *m, cuda_model_acts_t *a, char *base)
 #define T16(n) (bf16_t *)take(base, &off, (n), 2)
 #define T32(n) (float *)take(base, &off, (n), 4)
     for (int i = 0; i < m->nl; i++)
-        off += carve_layer(m, &a->l[i], base ? base + off : NULL, keep_mask(keep_of(m, i)), a->B, a->T);
+        off += carve_layer(m, &a->l[i], base ? base + off : NULL, held_mask(m, i), a->B, a->T);
     a->tokens = (int32_t *)take(base, &off, N, 4);
     a->targets = (int32_t *)take(base, &off, N, 4);
     a->io = T32(N * D);
@@ -516,7 +527,7 @@ static int unit_new(wsets_t *w)
  * them) and makes what a forward and a backward with its W hold (min). */
 static int units_fit(cuda_model_t *m, int B, int T)
 {
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < WS_KINDS; k++) {
         wsets_t *w = &m->ws[k];
         if (!w->mask)
             continue;
@@ -556,7 +567,7 @@ static int unit_take(cuda_model_t *m, cuda_model_acts_t *a, int i, int k)
     if (u == w->n && (u = unit_new(w)) < 0)
         return u;
     w->used[u] = 1;
-    a->unit[2 * i + k] = w->u[u];
+    a->unit[WS_KINDS * i + k] = w->u[u];
     carve_layer(m, &a->l[i], (char *)w->u[u], w->mask, a->B, a->T);
     return 0;
 }
@@ -564,14 +575,14 @@ static int unit_take(cuda_model_t *m, cuda_model_acts_t *a, int i, int k)
 static void unit_give(cuda_model_t *m, cuda_model_acts_t *a, int i, int k)
 {
     wsets_t *w = &m->ws[k];
-    void *p = a->unit[2 * i + k];
+    void *p = a->unit[WS_KINDS * i + k];
     if (!p)
         return;
     for (int u = 0; u < w->n; u++)
         if (w->u[u] == p)
             w->used[u] = 0;
     carve_layer(m, &a->l[i], NULL, w->mask, a->B, a->T);
-    a->unit[2 * i + k] = NULL;
+    a->unit[WS_KINDS * i + k] = NULL;
 }
 
 extern "C" int cuda_model_acts_new(cuda_model_acts_t **out, cuda_model_t *m, int B, int T)
@@ -584,7 +595,7 @@ extern "C" int cuda_model_acts_new(cuda_model_acts_t **out, cuda_model_t *m, int
         return cuda_err(-ENOMEM, "out of memory");
     a->B = B, a->T = T, a->N = B * T;
     a->l = (layer_acts_t *)calloc(m->nl ? m->nl : 1, sizeof(layer_acts_t));
-    a->unit = (void **)calloc((size_t)(m->nl ? m->nl : 1) * 2, sizeof(void *));
+    a->unit = (void **)calloc((size_t)(m->nl ? m->nl : 1) * WS_KINDS, sizeof(void *));
     int rc = a->l && a->unit ? 0 : cuda_err(-ENOMEM, "out of memory");
     size_t bytes = rc ? 0 : carve(m, a, NULL); /* sizes only: offsets from 0 */
     a->bytes = bytes;
@@ -769,7 +780,8 @@ static int forward(cuda_model_t *m, cuda_model_acts_t *a, const int32_t *tokens,
      * reads x_top afterwards); a stage without layers copies its input through */
     bf16_t *top = dev && !m->has_head && m->nl ? (bf16_t *)x_out : a->x_top;
     for (int i = 0; i < m->nl; i++) /* a step left unfinished: a backward without its W */
-        unit_give(m, a, i, WS_W), unit_give(m, a, i, WS_B);
+        for (int k = 0; k < WS_KINDS; k++)
+            unit_give(m, a, i, k);
     for (int i = 0; i < m->nl; i++) {
         int ck = keep_of(m, i) != CONFIG_KEEP_ALL;
         if (ck && ((rc = unit_take(m, a, i, WS_W)) || (rc = unit_take(m, a, i, WS_B))))
@@ -836,15 +848,16 @@ static int backward_w_head(cuda_model_t *m, cuda_model_acts_t *a);
 static int backward_w_embed(cuda_model_t *m, cuda_model_acts_t *a);
 
 /* Backward B, and with fuse each layer's W right after its B (the same bits as B then W: a W
- * adds into its own layer's gradients, which no B reads). A checkpointed layer recomputes into
- * a work set bound before the layer above writes its output gradient there, kept until its W:
- * with fuse two at a time, without one per checkpointed layer. */
+ * adds into its own layer's gradients, which no B reads). A layer's gradients for its W are in
+ * a work set bound before the layer above writes its output gradient there, kept until its W
+ * (with fuse two at a time, without one per layer): WS_W, into which a checkpointed layer also
+ * recomputes, or WS_G. */
 static int backward_b(cuda_model_t *m, cuda_model_acts_t *a, const void *dy, void *dx, int dev, int fuse)
 {
     size_t N = a->N, D = m->D;
     void *s = m->stream;
     int rc, L = m->nl;
-    if (L && keep_of(m, L - 1) != CONFIG_KEEP_ALL && (rc = unit_take(m, a, L - 1, WS_W)))
+    if (L && (rc = unit_take(m, a, L - 1, grads_kind(m, L - 1))))
         return rc;
     bf16_t *top = m->nl ? a->l[m->nl - 1].df : a->d_bottom;
     if (m->has_head) {
@@ -866,7 +879,7 @@ static int backward_b(cuda_model_t *m, cuda_model_acts_t *a, const void *dy, voi
         return rc;
     for (int i = m->nl - 1; i >= 0; i--) {
         int ck = keep_of(m, i) != CONFIG_KEEP_ALL;
-        if (i > 0 && keep_of(m, i - 1) != CONFIG_KEEP_ALL && (rc = unit_take(m, a, i - 1, WS_W)))
+        if (i > 0 && (rc = unit_take(m, a, i - 1, grads_kind(m, i - 1))))
             return rc;
         if ((rc = piece_weights(m, m->layer0 + i + 1, i > 0 ? m->layer0 + i : -1)) ||
             (ck && ((rc = unit_take(m, a, i, WS_B)) || (rc = layer_recompute(m, a, i)))))
@@ -877,7 +890,7 @@ static int backward_b(cuda_model_t *m, cuda_model_acts_t *a, const void *dy, voi
         if (fuse) {
             if ((rc = layer_backward_w(m, a, i)))
                 return rc;
-            unit_give(m, a, i, WS_W);
+            unit_give(m, a, i, grads_kind(m, i));
         }
     }
     if (fuse && m->has_embed && (rc = backward_w_embed(m, a)))
@@ -908,19 +921,11 @@ extern "C" int cuda_model_backward_b_dev(cuda_model_t *m, cuda_model_acts_t *a, 
 
 extern "C" int cuda_model_backward(cuda_model_t *m, cuda_model_acts_t *a, const float *dy, float *dx)
 {
-    if (!m->ws[WS_W].mask) {
-        int rc = backward_b(m, a, dy, dx, 0, 0);
-        return rc ? rc : cuda_model_backward_w(m, a);
-    }
     return backward_b(m, a, dy, dx, 0, 1);
 }
 
 extern "C" int cuda_model_backward_dev(cuda_model_t *m, cuda_model_acts_t *a, const uint16_t *dy, uint16_t *dx)
 {
-    if (!m->ws[WS_W].mask) {
-        int rc = backward_b(m, a, dy, dx, 1, 0);
-        return rc ? rc : cuda_model_backward_w(m, a);
-    }
     return backward_b(m, a, dy, dx, 1, 1);
 }
 
@@ -928,7 +933,10 @@ extern "C" size_t cuda_model_acts_bytes(const cuda_model_acts_t *a) { return a->
 
 extern "C" size_t cuda_model_work_bytes(const cuda_model_t *m)
 {
-    return (size_t)m->ws[WS_W].n * m->ws[WS_W].bytes + (size_t)m->ws[WS_B].n * m->ws[WS_B].bytes;
+    size_t bytes = 0;
+    for (int k = 0; k < WS_KINDS; k++)
+        bytes += (size_t)m->ws[k].n * m->ws[k].bytes;
+    return bytes;
 }
 
 static int backward_w_head(cuda_model_t *m, cuda_model_acts_t *a)
@@ -962,7 +970,7 @@ extern "C" int cuda_model_backward_w(cuda_model_t *m, cuda_model_acts_t *a)
     for (int i = m->nl - 1; i >= 0; i--) {
         if ((rc = layer_backward_w(m, a, i)))
             return rc;
-        unit_give(m, a, i, WS_W);
+        unit_give(m, a, i, grads_kind(m, i));
     }
     if (m->has_embed && (rc = backward_w_embed(m, a)))
         return rc;

@@ -155,7 +155,12 @@ static int stage_rows(plan_t *p, const manifest_t *m, const job_layout_t *l, con
         }
         r->act_mb += (double)act.per_mb;
         r->in_flight = r->in_flight > n_acts ? r->in_flight : n_acts;
-        r->bytes[PLAN_ACTS] += (double)model_act_total(&act, n_acts, sched_peak_held_w(sched, s, c));
+        /* a stage runs a W with its B (stage.c) under recompute or without a gradient to hand
+         * down (the embedding's chunk); else B and W apart: one microbatch held between them */
+        int held_w = sched_peak_held_w(sched, s, c);
+        if (!held_w && cfg->ac_mode == CONFIG_AC_NONE && v > 0)
+            held_w = 1;
+        r->bytes[PLAN_ACTS] += (double)model_act_total(&act, n_acts, held_w);
         r->bytes[PLAN_WORKSPACE] += (double)model_fixed_bytes(cfg);
         double unit = l->fsdp > 1 ? (double)l->fsdp_unit[v] : 0;
         if (!d) { /* the CPU model on the shared segments; attention's backward scratch is T x T a thread */

@@ -373,8 +373,11 @@ static void run_step(stage_t *st, int64_t step)
         switch (a[i].op) {
         case SCHED_F: forward(st, k, step, a[i].mb); break;
         case SCHED_B: {
-            /* with recompute, a W right after its B runs inside it: one layer's recompute alive */
-            int w = st->man->ac_mode != CONFIG_AC_NONE && i + 1 < n && a[i + 1].op == SCHED_W &&
+            /* a W right after its B runs inside it, layer by layer (the same bits): one or two
+             * layers' gradients for W alive, and with recompute one layer's recomputed tensors.
+             * Without recompute only where no input gradient goes down (the first chunk): the
+             * upper layers' W would come before the hand-off and lengthen the pipeline */
+            int w = (st->man->ac_mode != CONFIG_AC_NONE || k->first) && i + 1 < n && a[i + 1].op == SCHED_W &&
                     a[i + 1].chunk == a[i].chunk && a[i + 1].mb == a[i].mb;
             backward_b(st, k, step, a[i].mb, w);
             if (w && !st->aborted) {

@@ -304,7 +304,8 @@ static double ac_run(model_config_t c, const param_table_t *tab, const float *w,
         model_act_size_t z;
         assert_int_equal(model_act_bytes(&c, cuts[s], cuts[s + 1], B, T, MODEL_ACT_CUDA, &z), 0);
         assert_int_equal(z.per_mb, cuda_model_acts_bytes(a[s][0])); /* the plan's figure is the model's */
-        assert_int_equal(z.units_fused * z.unit + z.unit_b, cuda_model_work_bytes(m[s])); /* made with the first acts */
+        assert_int_equal(z.units_fused * z.unit + z.unit_b + z.units_g_fused * z.unit_g,
+                         cuda_model_work_bytes(m[s])); /* made with the first acts */
         *acts += z.per_mb;
     }
     double loss = 0, l;
@@ -334,7 +335,8 @@ static double ac_run(model_config_t c, const param_table_t *tab, const float *w,
 
 /* Every activation checkpointing mode gives mode none's loss and weight gradients bit for bit
  * (the same kernels on the same inputs), fused or with W held back, and a microbatch's device
- * storage shrinks by what the recomputed layers no longer keep. */
+ * storage shrinks by what the recomputed layers no longer keep; the gradients B keeps for W are
+ * in work sets, one per layer and microbatch held back, two a stage at most with W fused. */
 static void test_cuda_model_activation_checkpointing_is_bitwise_and_saves_memory(void **state)
 {
     need_gpu();
@@ -354,19 +356,22 @@ static void test_cuda_model_activation_checkpointing_is_bitwise_and_saves_memory
         tgt[i] = (int32_t)(tu_next(&s) % 256);
     size_t acts0, work0, acts, work;
     double l0 = ac_run(c, &tab, w, g0, 0, tok, tgt, B, T, &acts0, &work0);
-    assert_int_equal(work0, 0);
     /* what a layer keeps besides its input in mode none (bf16 tensors, each a multiple of 256
-     * bytes here, and fp32 r1, r2, lse, each rounded up to 256 bytes) and what op keeps of it */
+     * bytes here, and fp32 r1, r2, lse, each rounded up to 256 bytes), what op keeps of it, and
+     * the gradients B keeps for W (in work sets, not a microbatch's storage) */
 #define R256(x) (((x) + 255) / 256 * 256)
     size_t D = c.dim, F = (size_t)config_ffn_hidden(&c), QD = D, KD = D / 2, H = c.n_heads;
-    size_t rest = 2 * N * (7 * D + 3 * QD + 4 * KD + 5 * F) + 2 * R256(4 * N) + R256(4 * B * H * T);
+    size_t rest = 2 * N * (3 * D + 2 * QD + 2 * KD + 3 * F) + 2 * R256(4 * N) + R256(4 * B * H * T);
     size_t ops = 2 * N * (2 * QD + 2 * KD + D + 2 * F) + R256(4 * B * H * T);
+    size_t grad = 2 * N * (4 * D + QD + 2 * KD + 2 * F);
 #undef R256
+    assert_int_equal(work0, 2 * 2 * grad); /* W held back: each stage's one layer, two microbatches */
     struct { int mode, every, fused; size_t saved; } modes[] = {
         {CONFIG_AC_FULL, 0, 1, 2 * rest}, {CONFIG_AC_FULL, 0, 0, 2 * rest},
         {CONFIG_AC_SELECTIVE, 2, 0, rest}, {CONFIG_AC_SELECTIVE, 0, 1, 2 * (rest - ops)},
+        {CONFIG_AC_NONE, 0, 1, 0},
     };
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 5; i++) {
         model_config_t cc = c;
         cc.ac_mode = modes[i].mode, cc.ac_every = modes[i].every;
         double l = ac_run(cc, &tab, w, g, modes[i].fused, tok, tgt, B, T, &acts, &work);
@@ -377,6 +382,8 @@ static void test_cuda_model_activation_checkpointing_is_bitwise_and_saves_memory
         assert_memory_equal(g, g0, tab.total * sizeof(float));
         assert_int_equal(acts0 - acts, modes[i].saved);
         assert_true(work > 0);
+        if (modes[i].mode == CONFIG_AC_NONE) /* W fused: one layer's gradients a stage alive */
+            assert_int_equal(work, 2 * grad);
     }
     params_table_free(&tab);
     free(w), free(g0), free(g);

@@ -51,15 +51,15 @@ echo "tools/torch_llama.py bench, the same model and batch (torch.cuda.max_memor
 echo
 echo "| model | pp | batch x seq | ctitan tokens/s | ctitan MFU | ctitan peak GiB | PyTorch tokens/s | PyTorch peak GiB | ctitan / PyTorch |"
 echo "|---|---|---|---|---|---|---|---|---|"
-run() { # label flavor dim layers heads kv vocab seq batch pp microbatches
-  local label=$1 flavor=$2 dim=$3 layers=$4 heads=$5 kv=$6 vocab=$7 seq=$8 batch=$9 pp=${10} mb=${11}
-  local m="$dir/$flavor-$pp.jsonl"
+run() { # label flavor dim layers heads kv vocab seq batch pp microbatches [more ctitan overrides]
+  local label=$1 flavor=$2 dim=$3 layers=$4 heads=$5 kv=$6 vocab=$7 seq=$8 batch=$9 pp=${10} mb=${11} more=${12:-}
+  local m="$dir/$flavor-$pp-$RANDOM.jsonl"
   if ! "$bin" launch manifests/demo.toml --job.name "benchgpu$$" --job.dump_folder "$dir/runs" \
       --job.device cuda --model.flavor "$flavor" --model.tokenizer_path "" --model.vocab_size "$vocab" \
       --training.steps "$steps" --training.seq_len "$seq" --training.local_batch_size "$batch" \
       --parallelism.pipeline_parallel_degree "$pp" --parallelism.pipeline_parallel_microbatches "$mb" \
       --checkpoint.enable false --validation.enable false --sample.tokens 0 --job.max_restarts 0 \
-      --loader.dataset_path "$dir/tokens.bin" --metrics.file "$m" --metrics.peak_tflops "$peak" \
+      --loader.dataset_path "$dir/tokens.bin" --metrics.file "$m" --metrics.peak_tflops "$peak" $more \
       > "$dir/launch.out" 2>&1; then
     echo "| $label | $pp | ${batch}x$seq | failed: $(tail -1 "$dir/launch.out") | | | | | |"
     return
@@ -68,8 +68,10 @@ run() { # label flavor dim layers heads kv vocab seq batch pp microbatches
   tps=$(median "$m" tokens_per_s)
   mfu=$(median "$m" mfu)
   mem=$(python3 -c 'import json,sys; print(max(json.loads(l)["mem_peak_bytes"] for l in open(sys.argv[1])))' "$m")
-  torch=$(python3 tools/torch_llama.py bench --dim "$dim" --n-layers "$layers" --n-heads "$heads" \
-          --n-kv-heads "$kv" --vocab "$vocab" --seq "$seq" --batch "$batch" --steps 10 2>"$dir/torch.err")
+  local tj="$dir/torch-$dim-$layers-$heads-$kv-$vocab-$seq-$batch.json" # one PyTorch run a shape
+  [ -s "$tj" ] || python3 tools/torch_llama.py bench --dim "$dim" --n-layers "$layers" --n-heads "$heads" \
+          --n-kv-heads "$kv" --vocab "$vocab" --seq "$seq" --batch "$batch" --steps 10 2>"$dir/torch.err" > "$tj"
+  torch=$(cat "$tj")
   python3 -c "
 import json, sys
 t, m, mem = map(float, sys.argv[1:4]); p = json.loads(sys.argv[4])
@@ -81,3 +83,9 @@ run "demo (debugmodel)" debugmodel 256 6 16 16 2048 256 8 1 1
 run "demo (debugmodel)" debugmodel 256 6 16 16 2048 256 8 2 8
 run "~1B Llama" llama1b 2048 16 16 8 32000 2048 4 1 1
 run "~1B Llama" llama1b 2048 16 16 8 32000 2048 4 2 4
+# memory: the norms and SwiGLU recomputed (what torch.compile's partitioner does by itself), and
+# one optimizer shard (one CUDA context fewer on the GPU)
+run "~1B Llama, AC op" llama1b 2048 16 16 8 32000 2048 4 1 1 \
+  "--activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option op"
+run "~1B Llama, AC op, 1 shard" llama1b 2048 16 16 8 32000 2048 4 1 1 \
+  "--activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option op --optshard.shards 1"

@@ -69,15 +69,22 @@ static void publish(fsdp_t *f, uint64_t seq)
     util_futex_wake((void *)&f->x->member[f->me].seq);
 }
 
-/* The buffer for the next piece, once every member has added its part of the previous one. */
+/* Every member added its part of the previous piece: this member's buffer is free again. */
+static int prev_summed(fsdp_t *f)
+{
+    return f->k ? wait_all(f, f->base + 2 * f->k) : (atomic_load(&f->x->closed) ? -ECANCELED : 0);
+}
+
+/* The buffer for the next piece: this member's in the exchange, once free; with a bf16 reduce
+ * the private fp32 one at once (give waits before it rounds into the exchange, so the W of this
+ * piece runs while the others still sum the previous one). */
 static int take(void *arg, size_t lo, size_t hi, float **out)
 {
     fsdp_t *f = arg;
     if (hi - lo > f->cap)
         return -EINVAL;
-    int rc = f->k ? wait_all(f, f->base + 2 * f->k) : (atomic_load(&f->x->closed) ? -ECANCELED : 0);
     *out = f->mine ? f->mine : f->buf[f->me];
-    return rc;
+    return f->mine ? (atomic_load(&f->x->closed) ? -ECANCELED : 0) : prev_summed(f);
 }
 
 /* Member order, fp32: fixed bits, and with one microbatch those of the unsharded job. */
@@ -108,13 +115,16 @@ static void sum_bf16(const fsdp_t *f, float *g, size_t b, size_t e)
 static int give(void *arg, size_t lo, size_t hi)
 {
     fsdp_t *f = arg;
+    int rc;
     if (f->mine) {
+        if ((rc = prev_summed(f)))
+            return rc;
         uint16_t *out = f->buf[f->me];
         for (size_t i = 0; i < hi - lo; i++)
             out[i] = bf16_of(f->mine[i]);
     }
     publish(f, f->base + 2 * f->k + 1);
-    int rc = wait_all(f, f->base + 2 * f->k + 1);
+    rc = wait_all(f, f->base + 2 * f->k + 1);
     if (rc)
         return rc;
     size_t b, e;

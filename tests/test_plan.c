@@ -96,6 +96,8 @@ static void test_plan_figures_of_a_small_cpu_job(void **state)
     assert_int_equal((long)s0->act_mb, (layer + common + 2048) * 4);
     assert_int_equal((long)s0->bytes[PLAN_ACTS], (2 * (layer + common + 2048) + grads) * 4);
     assert_int_equal((long)s1->bytes[PLAN_ACTS], (layer + common + 14368 + grads) * 4);
+    assert_int_equal((long)s0->act_work, grads * 4); /* printed beside the microbatches */
+    assert_int_equal((long)s1->act_work, grads * 4);
     double sum = 0;
     for (int i = 0; i < p.n; i++)
         sum += p.rows[i].device == PLAN_HOST ? p.rows[i].total : 0;

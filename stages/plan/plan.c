@@ -160,7 +160,9 @@ static int stage_rows(plan_t *p, const manifest_t *m, const job_layout_t *l, con
         int held_w = sched_peak_held_w(sched, s, c);
         if (!held_w && cfg->ac_mode == CONFIG_AC_NONE && v > 0)
             held_w = 1;
-        r->bytes[PLAN_ACTS] += (double)model_act_total(&act, n_acts, held_w);
+        double acts = (double)model_act_total(&act, n_acts, held_w);
+        r->bytes[PLAN_ACTS] += acts;
+        r->act_work += acts - (double)n_acts * (double)act.per_mb;
         r->bytes[PLAN_WORKSPACE] += (double)model_fixed_bytes(cfg);
         double unit = l->fsdp > 1 ? (double)l->fsdp_unit[v] : 0;
         if (!d) { /* the CPU model on the shared segments; attention's backward scratch is T x T a thread */
@@ -340,8 +342,9 @@ void plan_print(const plan_t *p, FILE *f)
         char dev[16];
         dev_name(r->device, dev, sizeof(dev));
         if (r->in_flight)
-            fprintf(f, "  %s (%s): activations %.1f MiB a microbatch x %d in flight\n", r->who, dev,
-                    r->act_mb / PLAN_MIB, r->in_flight);
+            fprintf(f, "  %s (%s): activations %.1f MiB a microbatch x %d in flight, and %.1f MiB of work sets "
+                    "(recomputed layers, the gradients B keeps for W)\n", r->who, dev, r->act_mb / PLAN_MIB,
+                    r->in_flight, r->act_work / PLAN_MIB);
     }
     fprintf(f, "  host RAM: %.2f GiB, each process at its peak; at most %.2f GiB at once (the coordinator's "
             "end-of-run validation runs after the workers are stopped; the %.1f MiB of token files' pages the "

@@ -64,6 +64,7 @@ typedef struct {
                             * (they are resident), not in the check (the kernel reclaims them) */
     double act_mb;         /* stage rows: one microbatch's activations, summed over the chunks */
     int in_flight;         /* ... and the microbatches the schedule keeps (sched_peak_acts) */
+    double act_work;       /* ... and the work sets besides them (recompute; the gradients B keeps for W) */
 } plan_row_t;
 
 /* What the plan is computed from besides the manifest. */

@@ -371,12 +371,14 @@ static int shard_give(void *arg, size_t lo, size_t hi)
         size_t a, b;
         if (!owned(p, x, k, lo, hi, &a, &b))
             continue;
-        float *mine = x->g + (a - p->cfg.begin);
         if (h->g16 ? cu->nccl_reduce_bf16(x->dp, h->g16 + (a - lo), h->sum16, b - a, k, h->stream)
                    : cu->nccl_reduce_f32(x->dp, gb + (a - lo), h->sum, b - a, k, h->stream))
             return failed(p, "reduce of a piece's gradients");
-        if (k == member(p) && (h->g16 ? cu->f32_add_bf16(mine, h->sum16, b - a, h->stream)
-                                      : cu->backend.f32_add(mine, h->sum, b - a, h->stream)))
+        if (k != member(p))
+            continue;
+        float *mine = x->g + (a - p->cfg.begin); /* only this member's part is in its chunk */
+        if (h->g16 ? cu->f32_add_bf16(mine, h->sum16, b - a, h->stream)
+                   : cu->backend.f32_add(mine, h->sum, b - a, h->stream))
             return failed(p, "adding a piece's gradients");
     }
     return cu->event_record(h->reduced[h->g], h->stream) ? failed(p, "ordering a piece's gradients") : 0;

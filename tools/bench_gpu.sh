@@ -47,10 +47,11 @@ echo "bf16 matrix-product peak (cuBLASLt, 8192^3, measured now): **$peak TFLOP/s
 echo "ctitan: \`ctitan launch\` with \`--job.device cuda\` (stages on the GPU, hand-offs through CUDA IPC rings,"
 echo "optimizer shards on the GPU updating the stages' weights in place), $steps steps, medians of steps"
 echo "3..$steps; peak memory is the device's in use at a step's end (every process on it). PyTorch:"
-echo "tools/torch_llama.py bench, the same model and batch (torch.cuda.max_memory_allocated)."
+echo "tools/torch_llama.py bench, the same model and batch: peak torch.cuda.max_memory_allocated, and"
+echo "device: the device's memory in use after its steps, counted as ctitan's (context and allocator reserve)."
 echo
-echo "| model | pp | batch x seq | ctitan tokens/s | ctitan MFU | ctitan peak GiB | PyTorch tokens/s | PyTorch peak GiB | ctitan / PyTorch |"
-echo "|---|---|---|---|---|---|---|---|---|"
+echo "| model | pp | batch x seq | ctitan tokens/s | ctitan MFU | ctitan peak GiB | PyTorch tokens/s | PyTorch peak GiB | PyTorch device GiB | ctitan / PyTorch |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 run() { # label flavor dim layers heads kv vocab seq batch pp microbatches [more ctitan overrides]
   local label=$1 flavor=$2 dim=$3 layers=$4 heads=$5 kv=$6 vocab=$7 seq=$8 batch=$9 pp=${10} mb=${11} more=${12:-}
   local m="$dir/$flavor-$pp-$RANDOM.jsonl"
@@ -61,7 +62,7 @@ run() { # label flavor dim layers heads kv vocab seq batch pp microbatches [more
       --checkpoint.enable false --validation.enable false --sample.tokens 0 --job.max_restarts 0 \
       --loader.dataset_path "$dir/tokens.bin" --metrics.file "$m" --metrics.peak_tflops "$peak" $more \
       > "$dir/launch.out" 2>&1; then
-    echo "| $label | $pp | ${batch}x$seq | failed: $(tail -1 "$dir/launch.out") | | | | | |"
+    echo "| $label | $pp | ${batch}x$seq | failed: $(tail -1 "$dir/launch.out") | | | | | | |"
     return
   fi
   local tps mfu mem torch
@@ -75,8 +76,9 @@ run() { # label flavor dim layers heads kv vocab seq batch pp microbatches [more
   python3 -c "
 import json, sys
 t, m, mem = map(float, sys.argv[1:4]); p = json.loads(sys.argv[4])
-print('| $label | $pp | ${batch}x$seq | %.0f | %.1f%% | %.1f | %.0f | %.1f | %.2f |' % (
-    t, 100 * m, mem / 2**30, p['tokens_per_s'], p['peak_bytes'] / 2**30, t / p['tokens_per_s']))" \
+print('| $label | $pp | ${batch}x$seq | %.0f | %.1f%% | %.1f | %.0f | %.1f | %.1f | %.2f |' % (
+    t, 100 * m, mem / 2**30, p['tokens_per_s'], p['peak_bytes'] / 2**30, p.get('device_bytes', 0) / 2**30,
+    t / p['tokens_per_s']))" \
     "$tps" "$mfu" "$mem" "$torch"
 }
 run "demo (debugmodel)" debugmodel 256 6 16 16 2048 256 8 1 1

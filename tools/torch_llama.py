@@ -231,9 +231,12 @@ def cmd_bench(args):
         torch.cuda.synchronize()
     dt = (time.perf_counter() - t0) / args.steps
     peak = torch.cuda.max_memory_allocated() if dev == "cuda" else 0
+    # the device's memory in use, as ctitan's figure counts it (its context and the caching
+    # allocator's reserve included; the allocator keeps the step's peak reserved)
+    used = (lambda f, t: t - f)(*torch.cuda.mem_get_info()) if dev == "cuda" else 0
     print(json.dumps({"device": dev, "compiled": compiled, "torch": torch.__version__,
                       "tokens_per_s": args.batch * args.seq / dt, "step_ms": dt * 1e3,
-                      "peak_bytes": peak, "loss": float(loss.detach())}))
+                      "peak_bytes": peak, "device_bytes": used, "loss": float(loss.detach())}))
 
 
 def main():

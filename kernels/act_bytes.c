@@ -5,11 +5,7 @@
 
 #include <errno.h>
 
-/* The groups, as both models name them: the input; the products' and attention's outputs
- * that only B reads (q, k, v, the w1 and w3 products, softmax probabilities on the CPU, their
- * log-sum-exp on CUDA) and those W reads too (y, h1); what norms and SwiGLU make; the
- * gradients B keeps for W. */
-enum { G_IN = 1, G_OPB = 2, G_REST = 4, G_GRAD = 8, G_OPW = 16, G_ALL = 31 };
+#include "kernels/act_groups.h"
 
 typedef struct {
     int cuda;
@@ -19,11 +15,6 @@ typedef struct {
 static void add(acc_t *a, size_t n, size_t es_cuda)
 {
     a->bytes += a->cuda ? (n * es_cuda + 255) / 256 * 256 : n * 4;
-}
-
-static int keep_mask(config_keep_t k)
-{
-    return k == CONFIG_KEEP_INPUT ? G_IN : k == CONFIG_KEEP_OPS ? G_IN | G_OPB | G_OPW : G_ALL;
 }
 
 /* One layer's tensors of the groups in mask. */
@@ -91,21 +82,18 @@ int model_act_bytes(const model_config_t *cfg, int p0, int p1, int B, int T, mod
     *out = (model_act_size_t){.per_mb = rest, .per_mb_none = rest};
     for (int l = l0; l < l1; l++) {
         config_keep_t k = config_ac_keep(cfg, l);
-        out->per_mb += layer_bytes(cfg, cuda, keep_mask(k) & ~G_GRAD, B, T);
-        out->per_mb_none += layer_bytes(cfg, cuda, G_ALL & ~G_GRAD, B, T);
-        if (k == CONFIG_KEEP_ALL) {
-            out->keep_layers++;
-            out->unit_g = layer_bytes(cfg, cuda, G_GRAD, B, T);
-            int adjacent = l > l0 && config_ac_keep(cfg, l - 1) == CONFIG_KEEP_ALL;
-            out->units_g_fused = adjacent || out->units_g_fused == 2 ? 2 : 1;
-        } else {
-            out->ckpt_layers++;
-            out->unit = layer_bytes(cfg, cuda, G_ALL & ~keep_mask(k) & ~G_OPB, B, T);
-            out->unit_b = layer_bytes(cfg, cuda, G_OPB & ~keep_mask(k), B, T);
-            int adjacent = l > l0 && config_ac_keep(cfg, l - 1) != CONFIG_KEEP_ALL;
-            out->units_fused = adjacent || out->units_fused == 2 ? 2 : 1;
-        }
+        out->per_mb += layer_bytes(cfg, cuda, act_held_mask(k), B, T);
+        out->per_mb_none += layer_bytes(cfg, cuda, act_held_mask(CONFIG_KEEP_ALL), B, T);
+        out->keep_layers += k == CONFIG_KEEP_ALL;
+        out->ckpt_layers += k != CONFIG_KEEP_ALL;
     }
+    act_wsets_t w; /* the models' own work sets, as they make them */
+    act_wsets(cfg, l0, l1, &w);
+    out->unit = layer_bytes(cfg, cuda, w.mask[WS_W], B, T);
+    out->unit_b = layer_bytes(cfg, cuda, w.mask[WS_B], B, T);
+    out->unit_g = layer_bytes(cfg, cuda, w.mask[WS_G], B, T);
+    out->units_fused = w.min[WS_W];
+    out->units_g_fused = w.min[WS_G];
     return 0;
 }
 

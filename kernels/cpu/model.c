@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "kernels/act_bytes.h"
+#include "kernels/act_groups.h"
 #include "kernels/ops.h"
 
 /* Work sets of one kind (see struct model). */
@@ -20,8 +21,6 @@ typedef struct {
     int n;
     size_t floats;
 } wsets_t;
-
-enum { WS_W = 0, WS_B = 1, WS_G = 2, WS_KINDS = 3 };
 
 typedef struct {
     float *attn_norm, *wq, *wk, *wv, *wo, *ffn_norm, *w1, *w3, *w2; /* views into params */
@@ -89,25 +88,12 @@ struct model_acts {
     float **unit;         /* (nl, WS_KINDS) the work sets bound to layer i (WS_W, WS_B, WS_G), or NULL */
 };
 
-/* A layer's tensors in groups, by what activation checkpointing keeps (config.h) and who reads
- * them: the input; the products' and attention's outputs that only B reads (q, k, v, the
- * softmax, the w1 and w3 products) and those W reads too (attention's output y, h1); what the
- * norms and SwiGLU make; the gradients B keeps for W. */
-enum { G_IN = 1, G_OPB = 2, G_REST = 4, G_GRAD = 8, G_OPW = 16, G_ALL = 31 };
-
-static int keep_mask(config_keep_t k)
-{
-    return k == CONFIG_KEEP_INPUT ? G_IN : k == CONFIG_KEEP_OPS ? G_IN | G_OPB | G_OPW : G_ALL;
-}
-
 static config_keep_t keep_of(const model_t *m, int i) { return config_ac_keep(&m->cfg, m->layer0 + i); }
 
-/* What a microbatch's storage holds of layer i: what it keeps but the gradients B keeps for W
- * (those are in work sets: WS_W's of a checkpointed layer, else WS_G's). */
-static int held_mask(const model_t *m, int i) { return keep_mask(keep_of(m, i)) & ~G_GRAD; }
-
-/* The kind of work set that holds layer i's gradients for its W. */
-static int grads_kind(const model_t *m, int i) { return keep_of(m, i) != CONFIG_KEEP_ALL ? WS_W : WS_G; }
+/* What a microbatch's storage holds of layer i, and the kind of work set its gradients for W
+ * are in (kernels/act_groups.h). */
+static int held_mask(const model_t *m, int i) { return act_held_mask(keep_of(m, i)); }
+static int grads_kind(const model_t *m, int i) { return act_grads_kind(keep_of(m, i)); }
 
 /* Tensor (kind, layer) in a buffer that holds the flat space from offset `at`. */
 static float *tptr(model_t *m, float *base, size_t at, param_kind_t kind, int layer)
@@ -251,20 +237,10 @@ model_t *model_new(const model_config_t *cfg, int piece_begin, int piece_end, fl
     m->params = params;
     m->grads = grads;
     bind(m);
-    for (int i = 0; i < m->nl; i++) {
-        config_keep_t k = keep_of(m, i);
-        if (k == CONFIG_KEEP_ALL) { /* the layer above binds this one's before freeing its own */
-            m->ws[WS_G].mask = G_GRAD;
-            m->ws[WS_G].min = i > 0 && keep_of(m, i - 1) == CONFIG_KEEP_ALL ? 2 : m->ws[WS_G].min > 1 ? 2 : 1;
-            continue;
-        }
-        /* one kind of checkpointed layer per model: op, or full layers */
-        m->ws[WS_W].mask = G_ALL & ~keep_mask(k) & ~G_OPB;
-        m->ws[WS_B].mask = G_OPB & ~keep_mask(k);
-        /* a backward binds layer i - 1's W set before it frees layer i's (with its W) */
-        m->ws[WS_W].min = i > 0 && keep_of(m, i - 1) != CONFIG_KEEP_ALL ? 2 : m->ws[WS_W].min > 1 ? 2 : 1;
-        m->ws[WS_B].min = m->ws[WS_B].mask ? 1 : 0;
-    }
+    act_wsets_t ws; /* kernels/act_groups.h: what each kind holds, and how many a step needs at least */
+    act_wsets(cfg, m->layer0, m->layer0 + m->nl, &ws);
+    for (int k = 0; k < WS_KINDS; k++)
+        m->ws[k].mask = ws.mask[k], m->ws[k].min = ws.min[k];
     return m;
 }
 

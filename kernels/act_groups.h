@@ -1,0 +1,56 @@
+/* A layer's activation tensors in groups, by what activation checkpointing keeps (config.h
+ * config_ac_keep) and who reads them, as the CPU model (kernels/cpu/model.c), the CUDA model
+ * (kernels/cuda/model.cu) carve them and kernels/act_bytes.c counts them: the input; the
+ * products' and attention's outputs that only B reads (q, k, v, the softmax or its statistics,
+ * the w1 and w3 products) and those W reads too (attention's output y, h1); what the norms and
+ * SwiGLU make; the gradients B keeps for W. And the work sets the models share across their
+ * microbatches: of a checkpointed layer what W reads too (WS_W, its gradients for W among them)
+ * and what only B reads (WS_B); of a layer that keeps everything, its gradients for W (WS_G). */
+#ifndef CTITAN_ACT_GROUPS_H
+#define CTITAN_ACT_GROUPS_H
+
+#include "kernels/config.h"
+
+enum { G_IN = 1, G_OPB = 2, G_REST = 4, G_GRAD = 8, G_OPW = 16, G_ALL = 31 };
+enum { WS_W = 0, WS_B = 1, WS_G = 2, WS_KINDS = 3 };
+
+/* The groups a layer that keeps k keeps from its F to its backward. */
+static inline int act_keep_mask(config_keep_t k)
+{
+    return k == CONFIG_KEEP_INPUT ? G_IN : k == CONFIG_KEEP_OPS ? G_IN | G_OPB | G_OPW : G_ALL;
+}
+
+/* ... of which a microbatch's storage holds all but the gradients for W (in work sets). */
+static inline int act_held_mask(config_keep_t k) { return act_keep_mask(k) & ~G_GRAD; }
+
+/* The kind of work set that holds a layer's gradients for its W. */
+static inline int act_grads_kind(config_keep_t k) { return k != CONFIG_KEEP_ALL ? WS_W : WS_G; }
+
+/* The work sets of layers [l0, l1) of cfg: each kind's groups (0: none of that kind) and how
+ * many a backward with each W inside its B holds at once, made with the first microbatch's
+ * storage (WS_W, WS_G: 2 when two layers of their kind touch, since the layer above binds the
+ * next one's before it frees its own; else 1; WS_B: 1). One kind of checkpointed layer a
+ * model: op, or full layers. */
+typedef struct {
+    int mask[WS_KINDS], min[WS_KINDS];
+} act_wsets_t;
+
+static inline void act_wsets(const model_config_t *cfg, int l0, int l1, act_wsets_t *w)
+{
+    *w = (act_wsets_t){{0}, {0}};
+    for (int l = l0; l < l1; l++) {
+        config_keep_t k = config_ac_keep(cfg, l);
+        int kind = act_grads_kind(k);
+        int adjacent = l > l0 && act_grads_kind(config_ac_keep(cfg, l - 1)) == kind;
+        w->min[kind] = adjacent || w->min[kind] == 2 ? 2 : 1;
+        if (k == CONFIG_KEEP_ALL) {
+            w->mask[WS_G] = G_GRAD;
+            continue;
+        }
+        w->mask[WS_W] = G_ALL & ~act_keep_mask(k) & ~G_OPB;
+        w->mask[WS_B] = G_OPB & ~act_keep_mask(k);
+        w->min[WS_B] = w->mask[WS_B] ? 1 : 0;
+    }
+}
+
+#endif

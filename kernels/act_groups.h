@@ -9,6 +9,10 @@
 #ifndef CTITAN_ACT_GROUPS_H
 #define CTITAN_ACT_GROUPS_H
 
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "kernels/config.h"
 
 enum { G_IN = 1, G_OPB = 2, G_REST = 4, G_GRAD = 8, G_OPW = 16, G_ALL = 31 };
@@ -37,7 +41,7 @@ typedef struct {
 
 static inline void act_wsets(const model_config_t *cfg, int l0, int l1, act_wsets_t *w)
 {
-    *w = (act_wsets_t){{0}, {0}};
+    memset(w, 0, sizeof(*w));
     for (int l = l0; l < l1; l++) {
         config_keep_t k = config_ac_keep(cfg, l);
         int kind = act_grads_kind(k);
@@ -51,6 +55,60 @@ static inline void act_wsets(const model_config_t *cfg, int l0, int l1, act_wset
         w->mask[WS_B] = G_OPB & ~act_keep_mask(k);
         w->min[WS_B] = w->mask[WS_B] ? 1 : 0;
     }
+}
+
+/* Work sets of one kind, shared by a model's microbatches: n units of `bytes` each, made by the
+ * model's allocator (malloc, cudaMalloc) as needed and kept; the models free them. */
+typedef struct {
+    int mask;    /* the groups each holds; 0: none of this kind */
+    int min;     /* made with the first microbatch's storage (act_wsets) */
+    void **u;    /* (n) */
+    int *used;   /* (n) */
+    int n;
+    size_t bytes;
+} act_wset_t;
+
+/* One more unit; its index, or a negative code (alloc's, or -ENOMEM). */
+static inline int act_wset_new(act_wset_t *w, int (*alloc)(void **p, size_t bytes))
+{
+    int u = w->n;
+    void **nu = (void **)realloc(w->u, (size_t)(u + 1) * sizeof(*nu));
+    if (nu)
+        w->u = nu;
+    int *nf = nu ? (int *)realloc(w->used, (size_t)(u + 1) * sizeof(*nf)) : NULL;
+    if (nf)
+        w->used = nf;
+    if (!nu || !nf)
+        return -ENOMEM;
+    int rc = alloc(&w->u[u], w->bytes);
+    if (rc)
+        return rc < 0 ? rc : -ENOMEM;
+    w->used[u] = 0;
+    w->n++;
+    return u;
+}
+
+/* A free unit, marked used (a new one when all are in use: a schedule that holds W back); NULL
+ * with *rc set when none could be made. */
+static inline void *act_wset_take(act_wset_t *w, int (*alloc)(void **p, size_t bytes), int *rc)
+{
+    int u = 0;
+    while (u < w->n && w->used[u])
+        u++;
+    if (u == w->n && (u = act_wset_new(w, alloc)) < 0) {
+        *rc = u;
+        return NULL;
+    }
+    w->used[u] = 1;
+    return w->u[u];
+}
+
+/* The unit at p free again. */
+static inline void act_wset_give(act_wset_t *w, const void *p)
+{
+    for (int u = 0; u < w->n; u++)
+        if (w->u[u] == p)
+            w->used[u] = 0;
 }
 
 #endif

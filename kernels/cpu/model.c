@@ -12,16 +12,6 @@
 #include "kernels/act_groups.h"
 #include "kernels/ops.h"
 
-/* Work sets of one kind (see struct model). */
-typedef struct {
-    int mask;           /* the groups each holds; 0: none of this kind */
-    int min;            /* made with the first acts: what a forward and a backward with its W hold */
-    float **u;          /* (n) of floats each */
-    int *used;
-    int n;
-    size_t floats;
-} wsets_t;
-
 typedef struct {
     float *attn_norm, *wq, *wk, *wv, *wo, *ffn_norm, *w1, *w3, *w2; /* views into params */
     float *d_attn_norm, *dwq, *dwk, *dwv, *dwo, *d_ffn_norm, *dw1, *dw3, *dw2;
@@ -46,7 +36,7 @@ struct model {
      * w1 and w3 products: free again after the B); a forward borrows both per layer. WS_G: the
      * gradients B keeps for W of a layer that keeps everything else (bound from the B of the
      * layer above to its own W: two at a time when each W follows its B). */
-    wsets_t ws[WS_KINDS];
+    act_wset_t ws[WS_KINDS];
     int status;         /* the first failure since model_status (-ENOMEM, io's -ECANCELED) */
     shard_io_t io;       /* parameter sharding: where each piece's W goes (take NULL: grads) */
 };
@@ -347,10 +337,10 @@ static size_t acts_floats(const model_t *m, model_acts_t *a, float *base)
 static int units_fit(model_t *m, int B, int T)
 {
     for (int k = 0; k < WS_KINDS; k++) {
-        wsets_t *w = &m->ws[k];
+        act_wset_t *w = &m->ws[k];
         layer_acts_t tmp = {0};
-        size_t need = w->mask ? carve_layer(m, &tmp, NULL, w->mask, B, T) : 0;
-        if (need <= w->floats)
+        size_t need = w->mask ? carve_layer(m, &tmp, NULL, w->mask, B, T) * sizeof(float) : 0;
+        if (need <= w->bytes)
             continue;
         for (int u = 0; u < w->n; u++)
             if (w->used[u])
@@ -358,56 +348,36 @@ static int units_fit(model_t *m, int B, int T)
         for (int u = 0; u < w->n; u++)
             free(w->u[u]);
         w->n = 0;
-        w->floats = need;
+        w->bytes = need;
     }
     return 0;
 }
 
-/* One more work set of kind w; its index, or -ENOMEM. */
-static int unit_new(wsets_t *w)
-{
-    int u = w->n;
-    float **nu = realloc(w->u, (size_t)(u + 1) * sizeof(*nu));
-    if (nu)
-        w->u = nu;
-    int *nf = nu ? realloc(w->used, (size_t)(u + 1) * sizeof(*nf)) : NULL;
-    if (nf)
-        w->used = nf;
-    if (!nu || !nf || !(w->u[u] = malloc(w->floats * sizeof(float))))
-        return -ENOMEM;
-    w->used[u] = 0;
-    w->n++;
-    return u;
-}
+static int host_alloc(void **p, size_t bytes) { return (*p = malloc(bytes)) ? 0 : -ENOMEM; }
 
 /* Binds layer i of a to a free work set of kind k (a new one when all are in use); nothing when
  * the model has none of that kind. */
 static int unit_take(model_t *m, model_acts_t *a, int i, int k)
 {
-    wsets_t *w = &m->ws[k];
+    act_wset_t *w = &m->ws[k];
     if (!w->mask)
         return 0;
-    int u = 0;
-    while (u < w->n && w->used[u])
-        u++;
-    if (u == w->n && (u = unit_new(w)) < 0)
-        return m->status = u;
-    w->used[u] = 1;
-    a->unit[WS_KINDS * i + k] = w->u[u];
-    carve_layer(m, &a->l[i], w->u[u], w->mask, a->B, a->T);
+    int rc = 0;
+    float *p = act_wset_take(w, host_alloc, &rc);
+    if (!p)
+        return m->status = rc;
+    a->unit[WS_KINDS * i + k] = p;
+    carve_layer(m, &a->l[i], p, w->mask, a->B, a->T);
     return 0;
 }
 
 static void unit_give(model_t *m, model_acts_t *a, int i, int k)
 {
-    wsets_t *w = &m->ws[k];
     float *p = a->unit[WS_KINDS * i + k];
     if (!p)
         return;
-    for (int u = 0; u < w->n; u++)
-        if (w->u[u] == p)
-            w->used[u] = 0;
-    carve_layer(m, &a->l[i], NULL, w->mask, a->B, a->T);
+    act_wset_give(&m->ws[k], p);
+    carve_layer(m, &a->l[i], NULL, m->ws[k].mask, a->B, a->T);
     a->unit[WS_KINDS * i + k] = NULL;
 }
 
@@ -432,7 +402,7 @@ model_acts_t *model_acts_new(model_t *m, int B, int T)
     /* what a forward and a backward with its W hold: made now, not mid-step */
     for (int k = 0; k < WS_KINDS; k++)
         while (m->ws[k].n < m->ws[k].min)
-            if (unit_new(&m->ws[k]) < 0) {
+            if (act_wset_new(&m->ws[k], host_alloc) < 0) {
                 model_acts_destroy(&a);
                 return NULL;
             }
@@ -455,10 +425,10 @@ size_t model_acts_bytes(const model_acts_t *a) { return a->bytes; }
 
 size_t model_work_bytes(const model_t *m)
 {
-    size_t floats = 0;
+    size_t bytes = 0;
     for (int k = 0; k < WS_KINDS; k++)
-        floats += (size_t)m->ws[k].n * m->ws[k].floats;
-    return floats * sizeof(float);
+        bytes += (size_t)m->ws[k].n * m->ws[k].bytes;
+    return bytes;
 }
 
 int model_status(model_t *m)

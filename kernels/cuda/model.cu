@@ -52,16 +52,6 @@ typedef struct {
     float *d_attn_norm, *dwq, *dwk, *dwv, *dwo, *d_ffn_norm, *dw1, *dw3, *dw2; /* into grads */
 } layer_w_t;
 
-/* Work sets of one kind (see struct cuda_model). */
-typedef struct {
-    int mask;                       /* the groups each holds; 0: none of this kind */
-    int min;                        /* made with the first acts */
-    void **u;                       /* (n) of bytes each */
-    int *used;
-    int n;
-    size_t bytes;
-} wsets_t;
-
 typedef struct {
     float *h;      /* pinned */
     size_t cap, n; /* floats: room, and this step's */
@@ -90,7 +80,7 @@ struct cuda_model {
      * layer what W reads too (WS_W) and what only B reads (WS_B); of a layer that keeps the rest
      * the gradients B keeps for W (WS_G). Made with cudaMalloc as needed (first at acts_new)
      * and kept. */
-    wsets_t ws[WS_KINDS];
+    act_wset_t ws[WS_KINDS];
     /* The losses kept by forwards given loss NULL (cuda_model_loss_take): forward k of a step
      * copies its per-token losses into pinned block k (made at its first use, kept), read after
      * one synchronisation at the take. */
@@ -482,30 +472,14 @@ static size_t carve(const cuda_model_t *m, cuda_model_acts_t *a, char *base)
     return off;
 }
 
-/* One more work set of kind w; its index, or a negative code. */
-static int unit_new(wsets_t *w)
-{
-    int u = w->n;
-    void **nu = (void **)realloc(w->u, (size_t)(u + 1) * sizeof(*nu));
-    if (nu)
-        w->u = nu;
-    int *nf = nu ? (int *)realloc(w->used, (size_t)(u + 1) * sizeof(*nf)) : NULL;
-    if (nf)
-        w->used = nf;
-    if (!nu || !nf)
-        return cuda_err(-ENOMEM, "out of memory");
-    CU(cudaMalloc(&w->u[u], w->bytes));
-    w->used[u] = 0;
-    w->n++;
-    return u;
-}
+static int dev_alloc(void **p, size_t bytes) { return cuda_rc(cudaMalloc(p, bytes), "cudaMalloc (a work set)"); }
 
 /* Sizes the work sets for [B, T] microbatches (a larger one made while none is in use replaces
  * them) and makes what a forward and a backward with its W hold (min). */
 static int units_fit(cuda_model_t *m, int B, int T)
 {
     for (int k = 0; k < WS_KINDS; k++) {
-        wsets_t *w = &m->ws[k];
+        act_wset_t *w = &m->ws[k];
         if (!w->mask)
             continue;
         layer_acts_t tmp;
@@ -522,9 +496,9 @@ static int units_fit(cuda_model_t *m, int B, int T)
             w->bytes = need;
         }
         while (w->n < w->min) {
-            int u = unit_new(w);
+            int u = act_wset_new(w, dev_alloc);
             if (u < 0)
-                return u;
+                return u == -ENOMEM ? cuda_err(u, "out of memory") : u;
         }
     }
     return 0;
@@ -535,30 +509,25 @@ static int units_fit(cuda_model_t *m, int B, int T)
  * safe: the work set's last reader was queued before. */
 static int unit_take(cuda_model_t *m, cuda_model_acts_t *a, int i, int k)
 {
-    wsets_t *w = &m->ws[k];
+    act_wset_t *w = &m->ws[k];
     if (!w->mask)
         return 0;
-    int u = 0;
-    while (u < w->n && w->used[u])
-        u++;
-    if (u == w->n && (u = unit_new(w)) < 0)
-        return u;
-    w->used[u] = 1;
-    a->unit[WS_KINDS * i + k] = w->u[u];
-    carve_layer(m, &a->l[i], (char *)w->u[u], w->mask, a->B, a->T);
+    int rc = 0;
+    void *p = act_wset_take(w, dev_alloc, &rc);
+    if (!p)
+        return rc == -ENOMEM ? cuda_err(rc, "out of memory") : rc;
+    a->unit[WS_KINDS * i + k] = p;
+    carve_layer(m, &a->l[i], (char *)p, w->mask, a->B, a->T);
     return 0;
 }
 
 static void unit_give(cuda_model_t *m, cuda_model_acts_t *a, int i, int k)
 {
-    wsets_t *w = &m->ws[k];
     void *p = a->unit[WS_KINDS * i + k];
     if (!p)
         return;
-    for (int u = 0; u < w->n; u++)
-        if (w->u[u] == p)
-            w->used[u] = 0;
-    carve_layer(m, &a->l[i], NULL, w->mask, a->B, a->T);
+    act_wset_give(&m->ws[k], p);
+    carve_layer(m, &a->l[i], NULL, m->ws[k].mask, a->B, a->T);
     a->unit[WS_KINDS * i + k] = NULL;
 }
 

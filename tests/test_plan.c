@@ -316,6 +316,8 @@ static void test_gpu_capacity_from_nvidia_smi_and_not_a_number_is_unknown(void *
         {SMI3, "GPU-bbb", 0, {-1}},     /* a prefix of two UUIDs names none */
         {SMI3, "MIG-xyz", 0, {-1}},     /* a MIG instance: its memory is not nvidia-smi's line */
         {SMI3, "", 0, {-1}},            /* no GPU visible */
+        {SMI3, "2,2,0", 1, {3000}},     /* named twice: CUDA stops there too */
+        {"0, GPU-aaaa, nan\n", NULL, 0, {-1}}, /* not a size */
     };
 #undef SMI3
     manifest_t m;

@@ -483,16 +483,16 @@ static int smi_line(char *line, int *index, char *uuid, size_t ulen, double *mib
         return -1;
     *index = (int)ix;
     *mib = strtod(f[2], &end);
-    return end == f[2] || *end || *mib < 0 ? -1 : 0;
+    return end == f[2] || *end || !(*mib >= 0 && *mib < 1e12) ? -1 : 0; /* NaN, inf and the absurd too */
 }
 
-/* nvidia-smi's GPUs, as this process's CUDA will number them: CUDA_VISIBLE_DEVICES's entries in
+/* nvidia-smi's GPUs, as the job's CUDA will number them: CUDA_VISIBLE_DEVICES's entries in
  * its order (an index of nvidia-smi's, or a GPU-... UUID or a unique prefix of one; the first
  * entry that names none ends the list, as CUDA reads it; a MIG-... instance leaves every GPU
  * unknown: nvidia-smi does not say its memory), else every GPU in nvidia-smi's order. The
  * indices are nvidia-smi's, which are CUDA's for GPUs of one kind (CUDA puts the fastest first
  * unless CUDA_DEVICE_ORDER=PCI_BUS_ID). Any line not understood: every GPU unknown. */
-static void visible_gpus(plan_have_t *h, char *out)
+void plan_visible_gpus(plan_have_t *h, char *out, const char *cvd)
 {
     int n = 0, index[PLAN_MAX_GPUS];
     char uuid[PLAN_MAX_GPUS][96];
@@ -504,7 +504,6 @@ static void visible_gpus(plan_have_t *h, char *out)
             return;
         n++;
     }
-    const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
     int order[PLAN_MAX_GPUS], found = 0;
     if (!cvd)
         for (; found < n; found++)
@@ -524,6 +523,8 @@ static void visible_gpus(plan_have_t *h, char *out)
         for (int g = 0; g < n; g++)
             if (!strncmp(t, "GPU-", 4) ? !strncmp(uuid[g], t, strlen(t)) : end != t && !*end && index[g] == ix)
                 k = g, hits++;
+        for (int j = 0; j < found && hits == 1; j++)
+            hits = order[j] == k ? 0 : hits; /* named twice: CUDA stops there too */
         if (hits != 1)
             break;
         order[found++] = k;
@@ -577,7 +578,7 @@ void plan_capacity(plan_have_t *h, const manifest_t *m, int gpus)
     smi = smi && *smi ? smi : "/usr/bin/nvidia-smi";
     char out[PLAN_MAX_GPUS * 80] = "";
     if (run_capture(smi, out, sizeof(out)) == 0)
-        visible_gpus(h, out);
+        plan_visible_gpus(h, out, getenv("CUDA_VISIBLE_DEVICES"));
 }
 
 int plan_gpus(const plan_t *p, const plan_have_t *h)

@@ -107,6 +107,11 @@ typedef struct {
     int gpus;              /* GPUs nvidia-smi found; 0: as many as the plan uses (the overrides) */
 } plan_have_t;
 void plan_capacity(plan_have_t *h, const manifest_t *m, int gpus);
+/* plan_capacity's reading of `nvidia-smi --query-gpu=index,uuid,memory.free
+ * --format=csv,noheader,nounits` (smi, changed in place) under CUDA_VISIBLE_DEVICES cvd (NULL:
+ * unset): h->gpu[k] and h->gpus for the GPUs the job's CUDA will number 0, 1, ...; nothing when
+ * a line is not understood or no GPU is visible (they stay unknown). */
+void plan_visible_gpus(plan_have_t *h, char *smi, const char *cvd);
 /* The GPUs the job's processes share: the plan's, or fewer when the host has fewer (ordinal k
  * on GPU k % n, as the CUDA plugin places them), and what GPU g of them holds. */
 int plan_gpus(const plan_t *p, const plan_have_t *h);

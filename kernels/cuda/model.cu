@@ -106,7 +106,6 @@ struct cuda_model_acts {
     bf16_t *d_bottom;               /* (N, D): gradient of the held pieces' input */
     bf16_t *s_dm, *s_dy;            /* scratch (N, F), (N, max(QD, D)) */
     float *delta;                   /* (B, H, T) attention backward scratch */
-    float *loss_host;               /* (N) pinned */
     size_t bytes;                   /* of base */
     void **unit;                    /* (nl, WS_KINDS) the work sets bound to layer i, or NULL */
 };
@@ -410,7 +409,6 @@ extern "C" void cuda_model_acts_destroy(cuda_model_acts_t **pa)
     if (!a)
         return;
     cudaFree(a->base);
-    cudaFreeHost(a->loss_host);
     free(a->l);
     free(a->unit);
     free(a);
@@ -548,8 +546,6 @@ extern "C" int cuda_model_acts_new(cuda_model_acts_t **out, cuda_model_t *m, int
     if (!rc)
         rc = cuda_rc(cudaMalloc(&a->base, bytes), "cudaMalloc (activations)");
     if (!rc)
-        rc = cuda_rc(cudaMallocHost((void **)&a->loss_host, (size_t)a->N * sizeof(float)), "cudaMallocHost");
-    if (!rc)
         rc = units_fit(m, B, T);
     if (rc) {
         cuda_model_acts_destroy(&a);
@@ -682,6 +678,15 @@ static int kept_block(cuda_model_t *m, size_t n, float **h)
     return 0;
 }
 
+/* One forward's loss: its tokens' in token order, as the CPU model sums them. */
+static double kept_sum(const kept_loss_t *b)
+{
+    double sum = 0;
+    for (size_t n = 0; n < b->n; n++)
+        sum += b->h[n];
+    return sum;
+}
+
 extern "C" int cuda_model_loss_take(cuda_model_t *m, double *loss)
 {
     *loss = 0;
@@ -690,12 +695,8 @@ extern "C" int cuda_model_loss_take(cuda_model_t *m, double *loss)
     int k = m->n_kept;
     m->n_kept = 0;
     CU(cudaStreamSynchronize(m->stream));
-    for (int i = 0; i < k; i++) {
-        double sum = 0;
-        for (size_t n = 0; n < m->kept[i].n; n++) /* in token order, as the CPU model */
-            sum += m->kept[i].h[n];
-        *loss += sum;
-    }
+    for (int i = 0; i < k; i++)
+        *loss += kept_sum(&m->kept[i]);
     return 0;
 }
 
@@ -761,19 +762,15 @@ static int forward(cuda_model_t *m, cuda_model_acts_t *a, const int32_t *tokens,
     }
     CU(cudaMemcpyAsync(a->targets, targets, N * sizeof(int32_t), cudaMemcpyHostToDevice, m->stream));
     NN(cuda_xent(a->logits, a->loss, a->logits, a->targets, (int)N, m->V, dscale, s)); /* dlogits in place */
-    if (!loss) { /* kept: the copy lands by the take's synchronisation */
-        float *h;
-        if ((rc = kept_block(m, N, &h)))
-            return rc;
-        CU(cudaMemcpyAsync(h, a->loss, N * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+    float *h; /* kept: the copy lands by the take's synchronisation */
+    if ((rc = kept_block(m, N, &h)))
+        return rc;
+    CU(cudaMemcpyAsync(h, a->loss, N * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+    if (!loss)
         return 0;
-    }
-    CU(cudaMemcpyAsync(a->loss_host, a->loss, N * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+    m->n_kept--; /* wanted now: this one only, the kept ones before it stay */
     CU(cudaStreamSynchronize(m->stream));
-    double sum = 0;
-    for (size_t n = 0; n < N; n++) /* in token order, as the CPU model */
-        sum += a->loss_host[n];
-    *loss = sum;
+    *loss = kept_sum(&m->kept[m->n_kept]);
     return 0;
 }
 

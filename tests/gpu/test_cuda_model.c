@@ -57,7 +57,8 @@ static void need_gpu(void)
 
 /* GPU run over the given piece splits [cuts[s], cuts[s+1]); returns the loss, grads in g. With
  * kept the head's loss is kept and taken after the backward (cuda_model_loss_take), a forward
- * dropped before (cuda_model_loss_drop). */
+ * dropped before (cuda_model_loss_drop) and one whose loss was wanted at once after it (the
+ * take counts neither). */
 static double gpu_run_as(const model_config_t *c, const param_table_t *tab, const float *w, float *g, const int *cuts,
                          int stages, const int32_t *tok, const int32_t *tgt, int B, int T, int kept)
 {
@@ -72,7 +73,7 @@ static double gpu_run_as(const model_config_t *c, const param_table_t *tab, cons
         CK(cuda_model_set_weights(m[s], w + b[s]));
         CK(cuda_model_acts_new(&a[s], m[s], B, T));
     }
-    double loss = 0;
+    double loss = 0, now = -1;
     for (int s = 0; s < stages; s++) {
         const int32_t *tk = s == 0 ? tok : NULL, *tg = s == stages - 1 ? tgt : NULL;
         if (kept && tg) { /* one kept and dropped first: the take must not count it */
@@ -81,6 +82,8 @@ static double gpu_run_as(const model_config_t *c, const param_table_t *tab, cons
         }
         CK(cuda_model_forward(m[s], a[s], tk, s == 0 ? NULL : x, tg, 1.0f / N, s == stages - 1 ? NULL : x,
                               kept && tg ? NULL : &loss));
+        if (kept && tg) /* the same again, its loss wanted now: the kept one stays for the take */
+            CK(cuda_model_forward(m[s], a[s], tk, s == 0 ? NULL : x, tg, 1.0f / N, NULL, &now));
     }
     for (int s = stages - 1; s >= 0; s--) {
         CK(cuda_model_backward_b(m[s], a[s], s == stages - 1 ? NULL : dx, s == 0 ? NULL : dx));
@@ -89,6 +92,7 @@ static double gpu_run_as(const model_config_t *c, const param_table_t *tab, cons
     }
     if (kept) {
         CK(cuda_model_loss_take(m[stages - 1], &loss));
+        assert_memory_equal(&loss, &now, sizeof(double));
         double none = -1;
         CK(cuda_model_loss_take(m[stages - 1], &none));
         assert_true(none == 0.0);

@@ -347,6 +347,20 @@ static void test_gpu_capacity_from_nvidia_smi_and_not_a_number_is_unknown(void *
         if (cases[i].gpus)
             assert_non_null(strstr(h.gpu_from, "nvidia-smi's memory.free"));
     }
+    /* more output than the plan reads: 51 lines of 100 bytes, then one its 5 KiB end cuts in
+     * its number ("8" of 81000): nothing known, not GPU 51 at 8 MiB */
+    unsetenv("CUDA_VISIBLE_DEVICES");
+    FILE *f = fopen(smi, "w");
+    assert_non_null(f);
+    fprintf(f, "#!/bin/sh\ncat <<'EOF'\n");
+    for (int i = 0; i < 51; i++)
+        fprintf(f, "%2d, GPU-%084d, 81000\n", i, i);
+    fprintf(f, "51, GPU-abcdefgh, 81000\nEOF\n");
+    fclose(f);
+    plan_have_t h;
+    plan_capacity(&h, &m, 1);
+    if (h.gpus != 0 || h.gpu[0] != -1)
+        fail_msg("nvidia-smi's output cut short: %d GPUs, GPU 0 %.0f bytes", h.gpus, h.gpu[0]);
     if (was)
         setenv("CUDA_VISIBLE_DEVICES", was, 1);
     else

@@ -577,7 +577,8 @@ void plan_capacity(plan_have_t *h, const manifest_t *m, int gpus)
     const char *smi = getenv("CTITAN_PLAN_NVIDIA_SMI"); /* tests: a stand-in */
     smi = smi && *smi ? smi : "/usr/bin/nvidia-smi";
     char out[PLAN_MAX_GPUS * 80] = "";
-    if (run_capture(smi, out, sizeof(out)) == 0)
+    /* a full buffer may have cut the last line short (its free memory too): then nothing known */
+    if (run_capture(smi, out, sizeof(out)) == 0 && strlen(out) < sizeof(out) - 1)
         plan_visible_gpus(h, out, getenv("CUDA_VISIBLE_DEVICES"));
 }
 

@@ -30,12 +30,10 @@ struct model {
     float *rope_cos, *rope_sin; /* (max_seq_len, hd/2) */
     layer_w_t *lw;
     float *embed, *d_embed, *norm, *d_norm, *out, *d_out;
-    /* Work sets, shared by every microbatch: for activation checkpointing each one layer's
-     * groups that a checkpointed layer does not keep, in two kinds: WS_W what its W needs too
-     * (kept from the recompute to the W), WS_B what only its B reads (q, k, v, the softmax, the
-     * w1 and w3 products: free again after the B); a forward borrows both per layer. WS_G: the
-     * gradients B keeps for W of a layer that keeps everything else (bound from the B of the
-     * layer above to its own W: two at a time when each W follows its B). */
+    /* Work sets shared by every microbatch (kernels/act_groups.h): WS_W of a checkpointed layer
+     * from its recompute to its W, WS_B from its recompute to the end of its B (a forward
+     * borrows both per layer); WS_G, the gradients for W of another layer, from the B of the
+     * layer above to its own W. */
     act_wset_t ws[WS_KINDS];
     int status;         /* the first failure since model_status (-ENOMEM, io's -ECANCELED) */
     shard_io_t io;       /* parameter sharding: where each piece's W goes (take NULL: grads) */

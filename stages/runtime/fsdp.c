@@ -34,6 +34,9 @@ static void fsdp_part(size_t lo, size_t hi, int fsdp, int k, size_t *b, size_t *
     *e = at + chunk < hi ? at + chunk : hi;
 }
 
+/* -ECANCELED once the coordinator closed the exchange for a recovery, else 0. */
+static int closed(const fsdp_t *f) { return atomic_load(&f->x->closed) ? -ECANCELED : 0; }
+
 /* Waits until every member's sequence number is at least `want`; -ECANCELED once closed. */
 static int wait_all(fsdp_t *f, uint64_t want)
 {
@@ -43,10 +46,8 @@ static int wait_all(fsdp_t *f, uint64_t want)
         _Atomic uint64_t *seq = &f->x->member[k].seq;
         uint64_t seen;
         while (!rc && (seen = atomic_load(seq)) < want) {
-            if (atomic_load(&f->x->closed)) {
-                rc = -ECANCELED;
+            if ((rc = closed(f)))
                 break;
-            }
             if (!t0) {
                 t0 = util_now();
                 if (f->waiting)
@@ -60,7 +61,7 @@ static int wait_all(fsdp_t *f, uint64_t want)
         if (f->waiting)
             f->waiting(f->arg, 0);
     }
-    return rc ? rc : atomic_load(&f->x->closed) ? -ECANCELED : 0;
+    return rc ? rc : closed(f);
 }
 
 static void publish(fsdp_t *f, uint64_t seq)
@@ -72,7 +73,7 @@ static void publish(fsdp_t *f, uint64_t seq)
 /* Every member added its part of the previous piece: this member's buffer is free again. */
 static int prev_summed(fsdp_t *f)
 {
-    return f->k ? wait_all(f, f->base + 2 * f->k) : (atomic_load(&f->x->closed) ? -ECANCELED : 0);
+    return f->k ? wait_all(f, f->base + 2 * f->k) : closed(f);
 }
 
 /* The buffer for the next piece: this member's in the exchange, once free; with a bf16 reduce
@@ -84,7 +85,7 @@ static int take(void *arg, size_t lo, size_t hi, float **out)
     if (hi - lo > f->cap)
         return -EINVAL;
     *out = f->mine ? f->mine : f->buf[f->me];
-    return f->mine ? (atomic_load(&f->x->closed) ? -ECANCELED : 0) : prev_summed(f);
+    return f->mine ? closed(f) : prev_summed(f);
 }
 
 /* Member order, fp32: fixed bits, and with one microbatch those of the unsharded job. */

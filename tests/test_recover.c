@@ -144,7 +144,11 @@ static void test_recover_a_stage_gone_before_its_exit_is_reaped_is_replaced_in_p
     char j[32], env[1024], once[128];
     job_name(j, sizeof(j), "drop");
     const char *ref = reference(STEPS20);
-    snprintf(env, sizeof(env), "CTITAN_TEST_DIE_ONCE=%s CTITAN_TEST_DROP_AT=stage.1.0:done:3",
+    /* stage 0 pauses before its STEP_DONE, so the coordinator's next send (step 4) surely comes
+     * after stage 1's connection is gone, however loaded the machine (without the pause, a
+     * loaded machine could queue step 4 before stage 1's close went through) */
+    snprintf(env, sizeof(env),
+             "CTITAN_TEST_DIE_ONCE=%s CTITAN_TEST_DROP_AT=stage.1.0:done:3 CTITAN_TEST_SLOW_AT=stage.0.0:end:3",
              tj_once_dir(once, sizeof(once), j));
     int rc = tj_launch(env, 120, j, QUIET STEPS20, out, sizeof(out));
     if (rc || count(out, "(in place, at step ") != 1 || !strstr(out, "its connection is gone; waiting for its exit"))

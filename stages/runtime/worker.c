@@ -33,7 +33,7 @@ struct worker {
     int64_t first_step;
     _Atomic uint64_t progress;
     _Atomic int waiting;         /* the main thread waits on a peer (worker_waiting) */
-    const char *die_at, *hang_at, *drop_at; /* the test points (worker_test_point), read once */
+    const char *die_at, *hang_at, *drop_at, *slow_at; /* the test points (worker_test_point), read once */
     _Atomic int quit;
     pthread_t hb;
     int hb_started;
@@ -222,6 +222,7 @@ int worker_open(worker_t **out, const char *role, int rank, int replica, char *e
     w->die_at = getenv("CTITAN_TEST_DIE_AT");
     w->hang_at = getenv("CTITAN_TEST_HANG_AT");
     w->drop_at = getenv("CTITAN_TEST_DROP_AT");
+    w->slow_at = getenv("CTITAN_TEST_SLOW_AT");
     void *frame;
     backtrace(&frame, 1);
     signal(SIGABRT, dump_stack);
@@ -276,7 +277,8 @@ static int test_point_hit(const char *var, const char *at, const char *want)
 
 void worker_test_point(worker_t *w, const char *point, int64_t step)
 {
-    if (!w->die_at && !w->hang_at && !w->drop_at) /* the usual case, on the per-step path: nothing to look at */
+    /* the usual case, on the per-step path: nothing to look at */
+    if (!w->die_at && !w->hang_at && !w->drop_at && !w->slow_at)
         return;
     char want[128];
     snprintf(want, sizeof(want), "%s:%s:%lld", w->id, point, (long long)step + 1);
@@ -292,6 +294,12 @@ void worker_test_point(worker_t *w, const char *point, int64_t step)
         struct timespec second = {1, 0};
         nanosleep(&second, NULL);
         raise(SIGKILL);
+    }
+    if (test_point_hit("CTITAN_TEST_SLOW_AT", w->slow_at, want)) {
+        /* widens a window another process's test point opens (the coordinator's next send) */
+        LOG_W("CTITAN_TEST_SLOW_AT: pausing half a second at %s", want);
+        struct timespec half = {0, 500000000};
+        nanosleep(&half, NULL);
     }
     if (test_point_hit("CTITAN_TEST_HANG_AT", w->hang_at, want)) {
         LOG_W("CTITAN_TEST_HANG_AT: the main thread hangs at %s (heartbeats go on)", want);

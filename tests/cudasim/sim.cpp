@@ -401,20 +401,22 @@ static bool pageable(const void *p)
     return !((const char *)p < (const char *)it->first + it->second.bytes);
 }
 
-/* Whether p is in pinned host memory (cudaMallocHost, cudaHostRegister). */
-static bool pinned_host(const void *p)
+/* Whether p is in host memory cudaHostRegister pinned (a segment the caller owns). */
+static bool registered_host(const void *p)
 {
     std::lock_guard<std::mutex> g(alloc_mu);
     auto it = allocs.upper_bound((void *)p);
     if (it == allocs.begin())
         return false;
     --it;
-    return (const char *)p < (const char *)it->first + it->second.bytes && it->second.pinned;
+    return (const char *)p < (const char *)it->first + it->second.bytes && it->second.registered;
 }
 
-/* CTITAN_SIM_PINNED_COPY_DELAY_MS: an asynchronous copy into pinned host memory waits this long
- * on its stream before it reads its source, as a slow bus would; a caller that changes the
- * source before the copy is done then copies the changed bytes (tests of who waits for what). */
+/* CTITAN_SIM_PINNED_COPY_DELAY_MS: an asynchronous copy into registered host memory (a segment
+ * cudaHostRegister pinned: the shards' checkpoint staging) waits this long on its stream before
+ * it reads its source, as a slow bus would; a caller that changes the source before the copy is
+ * done then copies the changed bytes (tests of who waits for what). Copies into cudaMallocHost's
+ * memory (a model's loss blocks and offload staging, every step) are not slowed. */
 static unsigned pinned_copy_delay_us()
 {
     static const unsigned us = [] {
@@ -439,7 +441,7 @@ cudaError_t cudaMemcpyAsync(void *d, const void *src, size_t b, cudaMemcpyKind, 
         auto copy = std::make_shared<std::vector<char>>((const char *)src, (const char *)src + b);
         sim_enqueue(st, [=] { memcpy(d, copy->data(), b); });
     } else {
-        if (unsigned delay = pinned_host(d) ? pinned_copy_delay_us() : 0) /* outside the device lock */
+        if (unsigned delay = registered_host(d) ? pinned_copy_delay_us() : 0) /* outside the device lock */
             sim_enqueue(st, [=] { usleep(delay); }, false);
         sim_enqueue(st, [=] { memmove(d, src, b); });
     }

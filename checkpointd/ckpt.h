@@ -192,6 +192,10 @@ const char *ckpt_master_name(const ckpt_t *c, const char *name, char *buf, size_
  * problem was found, -ENOENT when there is no index (incomplete) or no such directory (err
  * says which), other -errno for I/O. */
 int ckpt_verify(const char *path, FILE *report, int *n_bad, char *err, size_t errlen);
+/* ckpt_verify without reading the chunks: the index, and every data file there, regular, of
+ * the index's size, with its header. What a reader that checks each chunk as it reads it
+ * (ckpt_read) needs first, at the cost of the index and the headers, not of the data. */
+int ckpt_check_files(const char *path, FILE *report, int *n_bad, char *err, size_t errlen);
 
 /* Complete checkpoints of DIR (step-N directories, real ones: a link is not a checkpoint;
  * temporary ones ignored), steps ascending
@@ -201,6 +205,14 @@ int ckpt_list(const char *dir, int64_t **steps);
  * `log` ("DIR/step-N: <why>: not loading it") before falling back. -ENOENT when DIR has no
  * checkpoint at all; -EBADMSG when it has some but none verifies. */
 int ckpt_find_latest(const char *dir, char *path, size_t n, FILE *log, char *err, size_t errlen);
+/* What ckpt_find_latest_by tries on each checkpoint of a folder, newest first: 0 takes it;
+ * else *pass = 1 passes over it to an older one (its problems a line each on `report`, which
+ * may be NULL, *n_bad of them, err the summary), *pass = 0 ends the search with that error. */
+typedef int (*ckpt_try_fn)(void *arg, const char *path, FILE *report, int *n_bad, int *pass, char *err,
+                           size_t errlen);
+/* ckpt_find_latest with another test than ckpt_verify's (a load that checks as it reads). */
+int ckpt_find_latest_by(const char *dir, ckpt_try_fn attempt, void *arg, char *path, size_t n, FILE *log, char *err,
+                        size_t errlen);
 
 /* Removes complete checkpoints of DIR beyond the newest `keep` (keep <= 0: keeps all), and
  * temporary directories whose writer (the PID in the name) is gone. Returns how many

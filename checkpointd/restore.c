@@ -32,11 +32,50 @@
 
 _Static_assert(CKPT_CURSOR_MAX <= sizeof(((staging_hdr_t *)0)->cursor), "a checkpoint's cursor fits the staging header");
 
-/* checkpoint.load to a directory: "latest" is the newest one of the folder that verifies
- * (none: path ""), any other must exist and verify. */
-static int resolve(const char *what, const manifest_t *m, const restore_stored_t *stored, FILE *log, char *path,
-                   size_t n, char *err, size_t errlen)
+/* One load's arguments (restore_load_stored's), and what "latest"'s search did. */
+typedef struct {
+    const manifest_t *m;
+    const restore_stored_t *stored;
+    const param_table_t *tab;
+    void *staging;
+    FILE *log;
+    const char *what; /* checkpoint.load as given */
+    const char *key;  /* the key that named the directory loaded */
+    int tried;        /* latest's search tried a checkpoint */
+    int loaded;       /* ... and loaded the one it took */
+} load_t;
+
+static int load_dir(load_t *L, const char *path, int *corrupt, char *err, size_t errlen);
+
+/* latest's test of a checkpoint (ckpt_find_latest_by): its files are all there, and it loads,
+ * each chunk checked as it is read (one read of the data, not a verify and then a load); one
+ * whose files or data are damaged is passed over, one that cannot be this run's ends the search. */
+static int try_load(void *arg, const char *path, FILE *report, int *n_bad, int *pass, char *err, size_t errlen)
 {
+    load_t *L = arg;
+    int corrupt = 0, rc = ckpt_check_files(path, report, n_bad, err, errlen);
+    L->tried = 1;
+    *pass = 1;
+    if (rc)
+        return rc;
+    rc = load_dir(L, path, &corrupt, err, errlen);
+    if (rc && corrupt) {
+        *n_bad = 1;
+        if (report)
+            fprintf(report, "%s\n", err);
+    }
+    *pass = corrupt;
+    L->loaded = !rc;
+    return rc;
+}
+
+/* checkpoint.load to a directory: "latest" is the newest one of the folder that loads (and is
+ * loaded: L->loaded; none: path ""), any other must exist and have all its files (its data is
+ * checked as it loads). */
+static int resolve(const char *what, load_t *L, char *path, size_t n, char *err, size_t errlen)
+{
+    const manifest_t *m = L->m;
+    const restore_stored_t *stored = L->stored;
     path[0] = 0;
     if (!what[0]) /* a fresh start */
         return 0;
@@ -51,8 +90,8 @@ static int resolve(const char *what, const manifest_t *m, const restore_stored_t
     if (!strcmp(what, "latest")) {
         char folder[PATH_MAX];
         manifest_ckpt_folder(m, folder, sizeof(folder));
-        int rc = ckpt_find_latest(folder, path, n, log, err, errlen);
-        return rc == -ENOENT ? 0 : rc;
+        int rc = ckpt_find_latest_by(folder, try_load, L, path, n, L->log, err, errlen);
+        return rc == -ENOENT && !L->tried ? 0 : rc;
     }
     struct stat st;
     if (stat(what, &st)) {
@@ -61,7 +100,7 @@ static int resolve(const char *what, const manifest_t *m, const restore_stored_t
                          e == ENOENT ? "no such directory" : strerror(e));
     }
     char why[1024];
-    int nbad, rc = ckpt_verify(what, log, &nbad, why, sizeof(why));
+    int nbad, rc = ckpt_check_files(what, L->log, &nbad, why, sizeof(why));
     if (rc) {
         size_t k = strlen(what); /* ckpt.h's reasons start with the path: name it once */
         const char *r = !strncmp(why, what, k) && !strncmp(why + k, ": ", 2) ? why + k + 2 : why;
@@ -77,14 +116,20 @@ static int resolve(const char *what, const manifest_t *m, const restore_stored_t
  * one, or with initial_load_in_hf a Hugging Face Llama folder, imported (again, so that the
  * folder's weights as they are now count) into DUMP/hf-import/step-00000000 and loaded from
  * there. path stays "" without one. */
-static int initial(const manifest_t *m, FILE *log, char *path, size_t n, char *err, size_t errlen)
+static int initial(load_t *L, char *path, size_t n, char *err, size_t errlen)
 {
+    const manifest_t *m = L->m;
+    FILE *log = L->log;
     const char *from = m->ckpt_initial_path;
     if (!from[0])
         return 0;
+    L->key = "checkpoint.initial_load_path";
     if (!m->ckpt_initial_hf) {
         char why[1024];
-        int rc = resolve(from, m, NULL, log, path, n, why, sizeof(why));
+        load_t own = *L;
+        own.stored = NULL;
+        int rc = resolve(from, &own, path, n, why, sizeof(why));
+        L->loaded = own.loaded;
         return rc ? util_fail(err, errlen, rc, "checkpoint.initial_load_path: %s", why) : 0;
     }
     char folder[PATH_MAX];
@@ -301,41 +346,36 @@ int restore_load(const char *what, const manifest_t *m, const param_table_t *tab
     return restore_load_stored(what, m, NULL, tab, staging, log, path, pathlen, err, errlen);
 }
 
-int restore_load_stored(const char *what, const manifest_t *m, const restore_stored_t *stored,
-                        const param_table_t *tab, void *staging, FILE *log, char *path, size_t pathlen, char *err,
-                        size_t errlen)
+/* Checkpoint `path` into the staging segment: this run's checks, then every tensor, each chunk
+ * checked as it is read. *corrupt: what failed was the data (a chunk's checksum, a file cut
+ * short or gone), not a check. */
+static int load_dir(load_t *L, const char *path, int *corrupt, char *err, size_t errlen)
 {
-    staging_hdr_t *h = staging;
-    char dir[PATH_MAX];
-    int rc = resolve(what, m, stored, log, dir, sizeof(dir), err, errlen);
-    if (!rc && !dir[0])
-        rc = initial(m, log, dir, sizeof(dir), err, errlen);
-    if (rc)
-        return rc;
-    if (strlen(dir) >= pathlen)
-        return util_fail(err, errlen, -ENAMETOOLONG, "checkpoint path %s is too long", dir);
-    memcpy(path, dir, strlen(dir) + 1);
-    if (!path[0])
-        return check_overwrite(what, m, stored, 0, err, errlen);
+    const manifest_t *m = L->m;
+    staging_hdr_t *h = L->staging;
+    *corrupt = 0;
     const optim_t *o = optim_find(m->optimizer_name);
     if (!o)
         return util_fail(err, errlen, -EINVAL, "optimizer.name = \"%s\": no such optimizer", m->optimizer_name);
-    if ((rc = staging_check(staging, tab->total, optim_arrays(o), err, errlen)))
+    int rc = staging_check(L->staging, L->tab->total, optim_arrays(o), err, errlen);
+    if (rc)
         return rc;
     ckpt_t *ck;
     if ((rc = ckpt_open(&ck, path, err, errlen)))
         return rc;
     const ckpt_index_t *ix = ckpt_index(ck);
     atomic_store(&h->step, -1); /* nothing whole in the segment until the end */
-    rc = check_model(ix, m, path, log, err, errlen);
+    rc = check_model(ix, m, path, L->log, err, errlen);
     if (!rc) /* this run's model, whatever the manifest inside says */
-        rc = check_tensors(ix, tab, o, path, "this run's model", err, errlen);
+        rc = check_tensors(ix, L->tab, o, path, "this run's model", err, errlen);
     if (!rc)
         rc = check_cursor(ix, path, err, errlen);
     if (!rc)
-        rc = check_overwrite(what, m, stored, ix->step, err, errlen);
-    if (!rc && ix->step < m->steps) /* a run with nothing left to train needs only the step */
-        rc = read_tensors(ck, tab, o, staging, err, errlen);
+        rc = check_overwrite(L->what, m, L->stored, ix->step, err, errlen);
+    if (!rc && ix->step < m->steps) { /* a run with nothing left to train needs only the step */
+        rc = read_tensors(ck, L->tab, o, L->staging, err, errlen);
+        *corrupt = rc == -EBADMSG;
+    }
     if (!rc) {
         memcpy(h->cursor, ix->cursor, ix->cursor_len);
         h->cursor_len = ix->cursor_len;
@@ -343,4 +383,32 @@ int restore_load_stored(const char *what, const manifest_t *m, const restore_sto
     }
     ckpt_close(&ck);
     return rc;
+}
+
+int restore_load_stored(const char *what, const manifest_t *m, const restore_stored_t *stored,
+                        const param_table_t *tab, void *staging, FILE *log, char *path, size_t pathlen, char *err,
+                        size_t errlen)
+{
+    load_t L = {.m = m, .stored = stored, .tab = tab, .staging = staging, .log = log, .what = what,
+                .key = "checkpoint.load"};
+    char dir[PATH_MAX];
+    int rc = resolve(what, &L, dir, sizeof(dir), err, errlen), corrupt;
+    if (!rc && !dir[0])
+        rc = initial(&L, dir, sizeof(dir), err, errlen);
+    if (rc)
+        return rc;
+    if (strlen(dir) >= pathlen)
+        return util_fail(err, errlen, -ENAMETOOLONG, "checkpoint path %s is too long", dir);
+    memcpy(path, dir, strlen(dir) + 1);
+    if (!path[0])
+        return check_overwrite(what, m, stored, 0, err, errlen);
+    if (L.loaded)
+        return 0;
+    char why[1024];
+    if (!(rc = load_dir(&L, path, &corrupt, why, sizeof(why))))
+        return 0;
+    if (!corrupt)
+        return util_fail(err, errlen, rc, "%s", why);
+    return util_fail(err, errlen, rc, "%s %s is not loadable (%s): not resuming from it (`ctitan ckpt verify %s` "
+                     "lists every problem)", L.key, path, why, path);
 }

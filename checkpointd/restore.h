@@ -14,19 +14,22 @@
 
 /* Loads checkpoint `what` for the run of manifest m (its model, its checkpoint.folder):
  *   ""         nothing: a fresh start (0, path "")
- *   "latest"   the newest checkpoint of the folder that verifies; each newer one that does
- *              not is reported on `log` with why; none at all is a fresh start (0, path "")
- *   else       that directory, which must exist and verify (its problems go to `log`)
+ *   "latest"   the newest checkpoint of the folder that loads; each newer one that does
+ *              not (a file missing or cut short, a chunk whose checksum is wrong) is reported
+ *              on `log` with why; none at all is a fresh start (0, path "")
+ *   else       that directory, which must exist with all its files (their problems go to
+ *              `log`); a chunk whose checksum is wrong refuses the load (-EBADMSG naming it)
  * then checks that it was written for m's model (else -EINVAL naming the first key that
  * differs) and that its loader cursor keeps stages/runtime/ldr.h's convention (else -EBADMSG), and
  * reads every tensor by name into `staging` (mapped, formatted for tab->total floats and m's
  * optimizer): every array of the training state (the master weights, then the optimizer's
- * state: kernels/optim.h) in the flat order of tab, so any topology takes its slices
- * from it. Last it sets the header's cursor and step (steps the checkpoint
- * completed; when that is m->steps or more, nothing is left to train and no tensor is read).
+ * state: kernels/optim.h) in the flat order of tab, so any topology takes its slices from it,
+ * each chunk's checksum checked as it is read (the data is read once, not verified first).
+ * Last it sets the header's cursor and step (steps the checkpoint completed; when that is
+ * m->steps or more, nothing is left to train and no tensor is read).
  * A run that writes checkpoints (locally) is refused with -EEXIST when its folder holds a
  * complete checkpoint after its first step that it would write over (except after "latest",
- * whose newer ones did not verify).
+ * whose newer ones did not load).
  * path gets the directory (-ENAMETOOLONG when it does not fit pathlen); notes (a stored
  * manifest whose data order differs) go to `log`, which may be NULL. */
 int restore_load(const char *what, const manifest_t *m, const param_table_t *tab, void *staging, FILE *log,

@@ -1,6 +1,6 @@
 /* Loading a checkpoint into the staging segment (checkpointd/restore.h) on real files and a
  * real segment: every tensor lands at its offset of the flat space with the step and the
- * loader cursor, "latest" picks the newest that verifies (none: a fresh start), and a
+ * loader cursor, "latest" picks the newest that loads (none: a fresh start), and a
  * checkpoint of another model, a missing directory or a corrupt one is refused saying why. */
 #include <errno.h>
 #include <setjmp.h>
@@ -267,6 +267,59 @@ static void test_restore_names_a_missing_or_corrupt_directory_once_with_why(void
     assert_string_equal(err, msg);
 }
 
+/* Bytes this process has read so far (/proc/self/io rchar: every read and pread). */
+static long long bytes_read(void)
+{
+    FILE *fp = fopen("/proc/self/io", "r");
+    char line[128];
+    long long n = -1;
+    while (fp && fgets(line, sizeof(line), fp))
+        if (sscanf(line, "rchar: %lld", &n) == 1)
+            break;
+    if (fp)
+        fclose(fp);
+    assert_true(n >= 0);
+    return n;
+}
+
+/* A load reads the checkpoint's data once, checking each chunk as it reads it: no whole verify
+ * first (on an 8B's ~96 GB that was a second read of it all), by path and by latest. */
+static void test_restore_reads_the_data_once(void **state)
+{
+    fx_t *f = *state;
+    char path[sizeof(f->m.ckpt_load)], want[512], err[1024];
+    write_ckpt(f, &f->m, 6);
+    long long data = 3 * (long long)(f->tab.total * sizeof(float));
+    snprintf(want, sizeof(want), "%s/step-00000006", f->dir);
+    for (int latest = 0; latest < 2; latest++) {
+        long long before = bytes_read();
+        assert_int_equal(load(f, latest ? "latest" : want, path, err, NULL), 0);
+        long long read = bytes_read() - before;
+        print_message("%s: %lld bytes read for %lld of data\n", latest ? "latest" : "a path", read, data);
+        assert_true(read >= data && read < 2 * data); /* a verify first read it all twice */
+        assert_int_equal(atomic_load(&((staging_hdr_t *)shm_data(f->seg))->step), 6);
+    }
+}
+
+/* A flipped byte inside a chunk of a checkpoint given by path: found as the load reads it, the
+ * load refused naming the tensor and chunk (and the verify that lists every problem), the
+ * segment left holding nothing whole. */
+static void test_restore_refuses_a_corrupt_chunk_found_as_it_loads(void **state)
+{
+    fx_t *f = *state;
+    char path[sizeof(f->m.ckpt_load)], want[512], err[1024];
+    write_ckpt(f, &f->m, 4);
+    snprintf(want, sizeof(want), "%s/step-00000004/exp_avg_sq.bin", f->dir);
+    assert_int_equal(tu_flip_byte(want, CKPT_DATA_HDR + f->tab.total * sizeof(float) - 3), 0); /* the last tensor */
+    snprintf(want, sizeof(want), "%s/step-00000004", f->dir);
+    assert_int_equal(load(f, want, path, err, NULL), -EBADMSG);
+    print_message("%s\n", err);
+    if (!strstr(err, "checkpoint.load ") || !strstr(err, "is not loadable (") || !strstr(err, "checksum mismatch") ||
+        !strstr(err, "exp_avg_sq.bin: tensor ") || !strstr(err, "ctitan ckpt verify"))
+        fail_msg("%s", err);
+    assert_int_equal(atomic_load(&((staging_hdr_t *)shm_data(f->seg))->step), -1);
+}
+
 /* A checkpoint at or past training.steps: the step is all the run needs (it has nothing left
  * to train), so no tensor is read. */
 static void test_restore_reads_no_tensor_when_nothing_is_left_to_train(void **state)
@@ -296,6 +349,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_restore_names_a_missing_or_corrupt_directory_once_with_why, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_restore_reads_the_data_once, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_restore_refuses_a_corrupt_chunk_found_as_it_loads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_restore_reads_no_tensor_when_nothing_is_left_to_train, setup,
                                         teardown),
     };

@@ -71,7 +71,6 @@ int ckpt_find_latest_by(const char *dir, ckpt_try_fn attempt, void *arg, char *p
         return util_fail(err, errlen, k, "%s: %s", dir, strerror(-k));
     if (k == 0)
         return util_fail(err, errlen, -ENOENT, "%s: no checkpoint", dir);
-    int rc = -EBADMSG;
     for (int i = k - 1; i >= 0; i--) {
         char p[PATH_MAX], why[1024] = "", *first = NULL;
         size_t flen = 0;
@@ -81,13 +80,14 @@ int ckpt_find_latest_by(const char *dir, ckpt_try_fn attempt, void *arg, char *p
         int v = attempt(arg, p, mem, &bad_n, &pass, why, sizeof(why));
         if (mem)
             fclose(mem);
-        if (v == 0 || !pass) {
-            rc = v ? util_fail(err, errlen, v, "%s", why) : 0;
-            if (!v)
+        if (v == 0 || !pass) { /* taken, or the search ends */
+            if (v)
+                util_fail(err, errlen, v, "%s", why);
+            else
                 snprintf(path, n, "%s", p);
             free(first);
             free(steps);
-            return rc;
+            return v;
         }
         if (log) {
             if (first && first[0]) {
@@ -101,7 +101,7 @@ int ckpt_find_latest_by(const char *dir, ckpt_try_fn attempt, void *arg, char *p
         free(first);
     }
     free(steps);
-    return util_fail(err, errlen, rc, "%s: no checkpoint there verifies", dir);
+    return util_fail(err, errlen, -EBADMSG, "%s: no checkpoint there verifies", dir);
 }
 
 /* ckpt_find_latest's test: the whole checkpoint verifies; any problem passes over it. */

@@ -31,6 +31,7 @@
 #include "ipc/ctl.h"
 #include "ipc/msg.h"
 #include "ipc/shm.h"
+#include "ipc/util.h"
 #include "stages/job/job.h"
 #include "tests/testutil.h"
 #include "stages/data/tokfile.h"
@@ -1805,10 +1806,11 @@ static void test_launch_forged_heartbeats_do_not_keep_a_stopped_stage_alive(void
     atk_both(at[1], &n[1], j, "stage.1.0/x");
     kill(st[0], SIGSTOP);
     int status = 0, ended = 0;
-    for (int k = 0; k < 400 && !ended; k++) { /* 8 s of forgeries, or until the job ends */
+    uint64_t k = 0; /* forgeries until the job ends (within the heartbeat timeout, 1 s), or 60 s */
+    for (double until = util_now() + 60; !ended && util_now() < until; k++) {
         for (int r = 0; r < 2; r++)
             for (int i = 0; i < n[r]; i++) {
-                msg_t hb = {.type = MSG_HEARTBEAT, .rank = r, .pid = st[r], .progress = (uint64_t)k};
+                msg_t hb = {.type = MSG_HEARTBEAT, .rank = r, .pid = st[r], .progress = k};
                 snprintf(hb.role, sizeof(hb.role), "stage");
                 atk_send(&at[r][i], &hb);
             }
@@ -1869,7 +1871,9 @@ static void test_launch_forged_saved_does_not_tear_a_checkpoint(void **state)
     atk_t at[2];
     int n, status = 0, ended = 0;
     atk_both(at, &n, b, "checkpointd.0.0/x");
-    for (int k = 0; k < 3000 && !ended; k++) {
+    /* forging until the job ends, however slow the machine (a count of rounds ran out first
+     * on a loaded one: the job took longer than 3000 rounds of 5 ms) */
+    for (double until = util_now() + 180; !ended && util_now() < until;) {
         for (int i = 0; i < n; i++)
             for (int s = 2; s <= 12; s += 2) {
                 msg_t sv = {.type = MSG_SAVED, .step = s, .ok = 1, .text = "forged", .text_len = 6};

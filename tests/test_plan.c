@@ -383,8 +383,9 @@ static void test_launch_refuses_40b_on_an_80gb_gpu(void **state)
     if (rc != 1 || !strstr(out, "does not fit GPU 0") || !strstr(out, "74.51 GiB") ||
         !strstr(out, "CTITAN_PLAN_DEVICE_BYTES") || !strstr(out, "--optshard.device cpu"))
         TJ_FAIL_WITH(out, "status %d: expected a refusal naming the GPU's 74.51 GiB and the knobs", rc);
-    /* refused from the plan alone: before any process or segment, and at once */
-    assert_true(secs < 1.0);
+    /* refused from the plan alone: before any process or segment, and at once (it used to run
+     * on silently until killed; the bound leaves room for a loaded machine under ASan) */
+    assert_true(secs < 5.0);
     tj_assert_clean(job);
 }
 
@@ -401,7 +402,7 @@ static void test_launch_refuses_llama1b_on_a_small_host(void **state)
         !strstr(out, "activation_checkpoint.mode") || !strstr(out, "--parallelism.pipeline_parallel_degree") ||
         !strstr(out, "--training.local_batch_size"))
         TJ_FAIL_WITH(out, "status %d: expected a refusal naming the host's 7.45 GiB and the knobs", rc);
-    assert_true(secs < 1.0);
+    assert_true(secs < 5.0); /* the coordinator used to climb to 17 GB first */
     tj_assert_clean(job);
 }
 

@@ -20,6 +20,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "checkpointd/ckpt.h"
 #include "ipc/shm.h"
 #include "ipc/util.h"
 #include "tests/testjob.h"
@@ -286,6 +287,65 @@ static void test_restart_a_checkpoint_committed_as_the_coordinator_dies_is_resum
     assert_clean(ref, NULL, 0);
 }
 
+/* The newest checkpoint of a job whose coordinator is killed -9 has a damaged chunk (a byte of
+ * step 400's exp_avg flipped on disk): its files are all there, so the restart picks it (the
+ * supervisor no longer reads a whole checkpoint to pick one: the relaunch's LOAD checks each
+ * chunk as it reads it); that LOAD finds the chunk, the relaunch fails naming it, the
+ * supervisor moves it aside, and the next restart resumes from step 200: the job ends as an
+ * undisturbed run would, bitwise from step 200 on. (Before, a restart from step 200 with step
+ * 400 in the folder was refused for writing over it, and a third restart got there by luck.) */
+static void test_restart_a_damaged_newest_checkpoint_is_passed_over_once_its_load_fails(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char j[32], ref[32], once[128], path[300];
+    const char *args = "--training.steps 600 --checkpoint.enable true --checkpoint.interval 200 "
+                       "--job.restart_backoff_ms 0";
+    job_name(j, sizeof(j), "damaged");
+    job_name(ref, sizeof(ref), "damagedref");
+    int rc = launch("", ref, args, out, sizeof(out));
+    if (rc)
+        fail_msg("the reference run: status %d:\n%s", rc, out);
+    setenv("CTITAN_TEST_DIE_ONCE", tj_once_dir(once, sizeof(once), j), 1);
+    setenv("CTITAN_TEST_HANG_AT", "checkpointd.0.0:committed:400", 1);
+    pid_t pid = launch_bg(j, args);
+    unsetenv("CTITAN_TEST_HANG_AT");
+    unsetenv("CTITAN_TEST_DIE_ONCE");
+    assert_int_equal(wait_output(j, "main thread hangs at checkpointd.0.0:committed:400", 60), 0);
+    snprintf(path, sizeof(path), "%s/runs/%s/checkpoint/step-00000400/exp_avg.bin", tj_dir, j);
+    assert_int_equal(tu_flip_byte(path, 4096 + 100), 0);
+    pid_t coord = tu_descendant_named(pid, "ctitan-coord");
+    assert_true(coord > 0);
+    kill(coord, SIGKILL);
+    rc = tu_reap(pid, 120, NULL);
+    tj_read_out(j, out, sizeof(out));
+    if (rc || count(out, "\nrestart ") != 2 || !strstr(out, "step-00000400 is not loadable") ||
+        !strstr(out, "checksum mismatch") || !strstr(out, "step-00000400.damaged"))
+        fail_msg("status %d:\n%s", rc, out);
+    /* the damaged one kept aside (no loader takes that name), the rerun's step 400 in its place */
+    snprintf(path, sizeof(path), "%s/runs/%s/checkpoint/step-00000400.damaged/exp_avg.bin", tj_dir, j);
+    assert_int_equal(access(path, F_OK), 0);
+    int bad = 0;
+    char err[1024];
+    path[strlen(path) - strlen(".damaged/exp_avg.bin")] = 0;
+    assert_int_equal(ckpt_verify(path, NULL, &bad, err, sizeof(err)), 0);
+    static tj_metrics_t a, b;
+    tj_parse_metrics(ref, &a);
+    tj_parse_metrics(j, &b);
+    assert_int_equal(b.restarts, 2);
+    assert_int_equal((int)field(b.restart[0], "resume_step"), 400);
+    assert_int_equal((int)field(b.restart[1], "resume_step"), 200);
+    assert_int_equal(b.restart_at[1], b.restart_at[0]); /* the run that could not load trained no step */
+    int before = b.restart_at[1];
+    assert_int_equal(b.n, before + 400);
+    for (int i = before; i < b.n; i++) {
+        assert_int_equal(b.step[i], 201 + i - before);
+        assert_string_equal(b.loss[i], a.loss[200 + i - before]);
+    }
+    assert_clean(j, &coord, 1);
+    assert_clean(ref, NULL, 0);
+}
+
 /* job.max_restarts = 0 and a kill -9 of the coordinator: no restart, status 1 with the reason,
  * and the supervisor removes what the coordinator left (its segments, control socket and
  * operator key: nothing else would until the next launch of the job). */
@@ -392,6 +452,7 @@ int main(void)
         cmocka_unit_test(test_restart_policy_counts_restarts_in_a_row_from_the_same_step),
         cmocka_unit_test(test_restart_killed_coordinator_resumes_from_the_newest_checkpoint_bitwise),
         cmocka_unit_test(test_restart_a_checkpoint_committed_as_the_coordinator_dies_is_resumed_from),
+        cmocka_unit_test(test_restart_a_damaged_newest_checkpoint_is_passed_over_once_its_load_fails),
         cmocka_unit_test(test_restart_a_killed_coordinator_is_cleaned_up_and_not_restarted_with_max_restarts_0),
         cmocka_unit_test(test_restart_a_failure_at_the_same_step_stops_after_max_restarts),
         cmocka_unit_test(test_restart_a_failure_before_the_first_step_is_not_restarted),

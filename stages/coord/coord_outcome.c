@@ -50,6 +50,12 @@ void coord_note_saved(coord_t *c, int64_t step)
             o->ck[k].saved = 1;
 }
 
+void coord_note_load_failed(coord_t *c)
+{
+    if (c->out)
+        c->out->load_failed = 1;
+}
+
 void coord_note_failure(coord_t *c, const char *why)
 {
     if (!c->out)

@@ -12,6 +12,8 @@ void coord_note_step(coord_t *c);
 /* A checkpoint of `done` steps begins (its step has just ended), and later: it was saved. */
 void coord_note_checkpoint(coord_t *c, int64_t done);
 void coord_note_saved(coord_t *c, int64_t step);
+/* checkpointd could not load checkpoint.load (the run then fails, saying why). */
+void coord_note_load_failed(coord_t *c);
 /* The run fails with this reason, blamed on c->culprit (NULL: the coordinator). */
 void coord_note_failure(coord_t *c, const char *why);
 

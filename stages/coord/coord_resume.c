@@ -18,6 +18,7 @@
 #include "ipc/log.h"
 #include "ipc/util.h"
 #include "stages/coord/coord_ctl.h"
+#include "stages/coord/coord_outcome.h"
 #include "stages/coord/coord_proc.h"
 #include "stages/job/staging.h"
 
@@ -108,8 +109,10 @@ static int load(coord_t *c, char *err, size_t errlen)
     struct coord_resume *r = c->res;
     if (exchange(c))
         return -1;
-    if (!r->load_ok)
+    if (!r->load_ok) {
+        coord_note_load_failed(c);
         return util_fail(err, errlen, -EIO, "%s", r->load_text);
+    }
     char folder[PATH_MAX];
     manifest_ckpt_folder(m, folder, sizeof(folder));
     if (!r->load_text[0] && m->ckpt_load[0] && m->ckpt_endpoint[0]) {

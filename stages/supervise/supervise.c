@@ -16,6 +16,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -49,6 +50,8 @@ typedef struct {
     char folder[PATH_MAX];        /* the job's own checkpoints ("": none to resume from) */
     int64_t saved[SUP_SAVED_MAX]; /* steps of the checkpoints this job saved */
     int n_saved;
+    int64_t bad[SUP_SAVED_MAX];   /* ... and of those a restart could not load (damaged data) */
+    int n_bad;
 } sup_t;
 
 /* What the failed run was, for the progress line and the restart record. */
@@ -199,9 +202,9 @@ static void remember(sup_t *s, int64_t step)
 
 /* Adds the checkpoints the run saved to the job's list: those it was told of, and those in the
  * folder after the first run's start, which only this job can have written (the first run
- * refused to start with a checkpoint there that verifies; the job's lock keeps other launches
- * of it out) but whose SAVED may not have reached the coordinator before it died: the group
- * is reaped, so nothing commits one any more. Whether each verifies is newest_checkpoint's. */
+ * refused to start with a complete checkpoint there after its start; the job's lock keeps other
+ * launches of it out) but whose SAVED may not have reached the coordinator before it died: the
+ * group is reaped, so nothing commits one any more. Whether each is whole is newest_checkpoint's. */
 static void remember_saved(sup_t *s)
 {
     const coord_outcome_t *o = s->out;
@@ -216,8 +219,46 @@ static void remember_saved(sup_t *s)
     free(steps);
 }
 
-/* The newest checkpoint this job saved that verifies, into f->ckpt and f->resume; none: "" and
- * where the first run started. */
+/* The run that failed was a restart that could not load the checkpoint it picked: when that
+ * one does not verify (its LOAD read data whose checksums were wrong, the files being all there
+ * when it was picked; only now is it read whole), no restart takes it again, and it is moved
+ * aside to DIR/step-N.damaged (kept, as no loader takes that name), else the older checkpoint
+ * a restart takes would be refused for writing over a complete one after it. */
+static void remember_bad(sup_t *s)
+{
+    const char *slash = strrchr(s->m.ckpt_load, '/');
+    int64_t step = ckpt_step_of(slash ? slash + 1 : "");
+    char err[512];
+    int n_bad = 0;
+    if (!s->out->load_failed || !s->restarts || step < 0 || s->n_bad >= SUP_SAVED_MAX ||
+        ckpt_verify(s->m.ckpt_load, NULL, &n_bad, err, sizeof(err)) != -EBADMSG)
+        return;
+    s->bad[s->n_bad++] = step;
+    char aside[PATH_MAX + 32];
+    struct stat st;
+    snprintf(aside, sizeof(aside), "%s.damaged", s->m.ckpt_load);
+    for (int k = 2; k < 100 && !lstat(aside, &st); k++)
+        snprintf(aside, sizeof(aside), "%s.damaged.%d", s->m.ckpt_load, k);
+    if (rename(s->m.ckpt_load, aside))
+        fprintf(stderr, "ctitan: %s could not be loaded, and cannot be moved aside to %s: %s\n", s->m.ckpt_load, aside,
+                strerror(errno));
+    else
+        fprintf(stderr, "ctitan: %s could not be loaded (damaged, see above): moved aside to %s\n", s->m.ckpt_load,
+                aside);
+}
+
+static int is_bad(const sup_t *s, int64_t step)
+{
+    for (int i = 0; i < s->n_bad; i++)
+        if (s->bad[i] == step)
+            return 1;
+    return 0;
+}
+
+/* The newest checkpoint this job saved whose files are all there (the index, each data file of
+ * its size and header: `ckpt_check_files`; the data itself is checked as the run loads it, one
+ * read of it, and a restart that finds it damaged so passes it over the next time), into
+ * f->ckpt and f->resume; none: "" and where the first run started. */
 static void newest_checkpoint(sup_t *s, failure_t *f, int64_t origin)
 {
     f->ckpt[0] = 0;
@@ -226,13 +267,13 @@ static void newest_checkpoint(sup_t *s, failure_t *f, int64_t origin)
     while (s->folder[0]) {
         int64_t best = -1;
         for (int i = 0; i < s->n_saved; i++)
-            best = s->saved[i] < below && s->saved[i] > best ? s->saved[i] : best;
+            best = s->saved[i] < below && s->saved[i] > best && !is_bad(s, s->saved[i]) ? s->saved[i] : best;
         if (best < 0)
             return;
         char path[PATH_MAX], err[512];
         int bad = 0, rc;
         ckpt_step_path(path, sizeof(path), s->folder, best);
-        if ((rc = ckpt_verify(path, NULL, &bad, err, sizeof(err))) == 0) {
+        if ((rc = ckpt_check_files(path, NULL, &bad, err, sizeof(err))) == 0) {
             snprintf(f->ckpt, sizeof(f->ckpt), "%s", path);
             f->resume = best;
             return;
@@ -350,6 +391,7 @@ static int plan_restart(sup_t *s, int st)
     int64_t from = s->from;
     describe(s, st, &f);
     s->stepped |= s->out->steps_run > 0;
+    remember_bad(s);
     remember_saved(s);
     newest_checkpoint(s, &f, s->origin);
     int n = s->stepped ? sup_restart_number(s->in_a_row, from, f.resume, s->given->max_restarts) : 0;
@@ -368,7 +410,7 @@ static int plan_restart(sup_t *s, int st)
         memcpy(s->m.ckpt_load, s->given->ckpt_load, sizeof(s->m.ckpt_load));
     else if (strlen(f.ckpt) < sizeof(s->m.ckpt_load))
         snprintf(s->m.ckpt_load, sizeof(s->m.ckpt_load), "%s", f.ckpt);
-    else /* too long for the key: the newest that verifies is the same one */
+    else /* too long for the key: latest finds the same one (and passes a damaged one over) */
         snprintf(s->m.ckpt_load, sizeof(s->m.ckpt_load), "latest");
     return 0;
 }

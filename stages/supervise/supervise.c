@@ -50,7 +50,7 @@ typedef struct {
     char folder[PATH_MAX];        /* the job's own checkpoints ("": none to resume from) */
     int64_t saved[SUP_SAVED_MAX]; /* steps of the checkpoints this job saved */
     int n_saved;
-    int64_t bad[SUP_SAVED_MAX];   /* ... and of those a restart could not load (damaged data) */
+    int64_t bad[SUP_SAVED_MAX];   /* ... and those a restart found damaged and could not move aside */
     int n_bad;
 } sup_t;
 
@@ -233,18 +233,19 @@ static void remember_bad(sup_t *s)
     if (!s->out->load_failed || !s->restarts || step < 0 || s->n_bad >= SUP_SAVED_MAX ||
         ckpt_verify(s->m.ckpt_load, NULL, &n_bad, err, sizeof(err)) != -EBADMSG)
         return;
-    s->bad[s->n_bad++] = step;
     char aside[PATH_MAX + 32];
     struct stat st;
     snprintf(aside, sizeof(aside), "%s.damaged", s->m.ckpt_load);
     for (int k = 2; k < 100 && !lstat(aside, &st); k++)
         snprintf(aside, sizeof(aside), "%s.damaged.%d", s->m.ckpt_load, k);
-    if (rename(s->m.ckpt_load, aside))
+    if (rename(s->m.ckpt_load, aside)) { /* then at least no restart takes it (a later save of its step neither) */
         fprintf(stderr, "ctitan: %s could not be loaded, and cannot be moved aside to %s: %s\n", s->m.ckpt_load, aside,
                 strerror(errno));
-    else
+        s->bad[s->n_bad++] = step;
+    } else {
         fprintf(stderr, "ctitan: %s could not be loaded (damaged, see above): moved aside to %s\n", s->m.ckpt_load,
                 aside);
+    }
 }
 
 static int is_bad(const sup_t *s, int64_t step)

@@ -37,8 +37,8 @@ typedef struct {
         int saved;                /* checkpointd said SAVED (it is complete on disk) */
     } ck[COORD_OUT_CKPTS];        /* ring: checkpoint i is ck[i % COORD_OUT_CKPTS] */
     int n_ck;
-    int load_failed;              /* checkpointd could not load the run's checkpoint.load (a
-                                   * restart's pick whose data proved damaged as it loaded) */
+    int load_failed;              /* checkpointd could not load the run's checkpoint.load (why is
+                                   * below; a restart's pick whose data proved damaged, say) */
     int failed;                   /* the run failed (exit 1) for the reason below */
     char role[16];                /* "stage", "optshard", "loader", "checkpointd", or "coordinator"
                                    * (its own reason: set-up, a checkpoint, itself stopped) */

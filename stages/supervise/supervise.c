@@ -230,7 +230,7 @@ static void remember_bad(sup_t *s)
     int64_t step = ckpt_step_of(slash ? slash + 1 : "");
     char err[512];
     int n_bad = 0;
-    if (!s->out->load_failed || !s->restarts || step < 0 || s->n_bad >= SUP_SAVED_MAX ||
+    if (!s->out->load_failed || !s->restarts || step < 0 ||
         ckpt_verify(s->m.ckpt_load, NULL, &n_bad, err, sizeof(err)) != -EBADMSG)
         return;
     char aside[PATH_MAX + 32];
@@ -241,7 +241,8 @@ static void remember_bad(sup_t *s)
     if (rename(s->m.ckpt_load, aside)) { /* then at least no restart takes it (a later save of its step neither) */
         fprintf(stderr, "ctitan: %s could not be loaded, and cannot be moved aside to %s: %s\n", s->m.ckpt_load, aside,
                 strerror(errno));
-        s->bad[s->n_bad++] = step;
+        if (s->n_bad < SUP_SAVED_MAX)
+            s->bad[s->n_bad++] = step;
     } else {
         fprintf(stderr, "ctitan: %s could not be loaded (damaged, see above): moved aside to %s\n", s->m.ckpt_load,
                 aside);

@@ -246,6 +246,29 @@ static void test_restart_killed_coordinator_resumes_from_the_newest_checkpoint_b
     assert_clean(ref, NULL, 0);
 }
 
+/* Steps 600, a checkpoint every 200: the reference run `ref` to its end, then job j started
+ * with checkpointd hanging once it has put step 400's checkpoint in place, before its SAVED
+ * (CTITAN_TEST_HANG_AT), waited for. Returns j's launch pid. */
+#define HUNG400_ARGS "--training.steps 600 --checkpoint.enable true --checkpoint.interval 200 --job.restart_backoff_ms 0"
+static pid_t start_hung_at_400(const char *j, const char *ref)
+{
+    static char out[1 << 16];
+    char once[128];
+    int rc = launch("", ref, HUNG400_ARGS, out, sizeof(out));
+    if (rc)
+        fail_msg("the reference run: status %d:\n%s", rc, out);
+    setenv("CTITAN_TEST_DIE_ONCE", tj_once_dir(once, sizeof(once), j), 1);
+    setenv("CTITAN_TEST_HANG_AT", "checkpointd.0.0:committed:400", 1);
+    pid_t pid = launch_bg(j, HUNG400_ARGS);
+    unsetenv("CTITAN_TEST_HANG_AT");
+    unsetenv("CTITAN_TEST_DIE_ONCE");
+    /* checkpointd has put step 400 in place and hangs before its SAVED: the directory alone is
+     * not enough to wait for, as the kill could then come before the hang, with SAVED unsent
+     * all the same but the hang's log line missing */
+    assert_int_equal(wait_output(j, "main thread hangs at checkpointd.0.0:committed:400", 60), 0);
+    return pid;
+}
+
 /* The coordinator killed -9 after checkpointd put the checkpoint of step 400 in place but before
  * its SAVED arrived (checkpointd hangs there: CTITAN_TEST_HANG_AT): the relaunch resumes from
  * that step, the newest this job wrote, not from step 200, the newest it was told of, with 400
@@ -254,29 +277,16 @@ static void test_restart_a_checkpoint_committed_as_the_coordinator_dies_is_resum
 {
     TU_NEED_BIN();
     static char out[1 << 16];
-    char j[32], ref[32], once[128], path[300];
-    const char *args = "--training.steps 600 --checkpoint.enable true --checkpoint.interval 200 "
-                       "--job.restart_backoff_ms 0";
+    char j[32], ref[32], path[300];
     job_name(j, sizeof(j), "unsaid");
     job_name(ref, sizeof(ref), "unsaidref");
-    int rc = launch("", ref, args, out, sizeof(out));
-    if (rc)
-        fail_msg("the reference run: status %d:\n%s", rc, out);
-    setenv("CTITAN_TEST_DIE_ONCE", tj_once_dir(once, sizeof(once), j), 1);
-    setenv("CTITAN_TEST_HANG_AT", "checkpointd.0.0:committed:400", 1);
-    pid_t pid = launch_bg(j, args);
-    unsetenv("CTITAN_TEST_HANG_AT");
-    unsetenv("CTITAN_TEST_DIE_ONCE");
-    /* checkpointd has put step 400 in place and hangs before its SAVED: the directory alone is
-     * not enough to wait for, as the kill could then come before the hang, with SAVED unsent
-     * all the same but the hang's log line missing */
-    assert_int_equal(wait_output(j, "main thread hangs at checkpointd.0.0:committed:400", 60), 0);
+    pid_t pid = start_hung_at_400(j, ref);
     snprintf(path, sizeof(path), "%s/runs/%s/checkpoint/step-00000400", tj_dir, j);
     assert_int_equal(access(path, F_OK), 0);
     pid_t coord[2] = {tu_descendant_named(pid, "ctitan-coord"), 0};
     assert_true(coord[0] > 0);
     kill(coord[0], SIGKILL);
-    rc = tu_reap(pid, 60, NULL);
+    int rc = tu_reap(pid, 60, NULL);
     tj_read_out(j, out, sizeof(out));
     if (rc || !strstr(out, "checkpoint: step 200 saved") || strstr(out, "checkpoint: step 400 saved") ||
         !strstr(out, "CTITAN_TEST_HANG_AT"))
@@ -298,26 +308,16 @@ static void test_restart_a_damaged_newest_checkpoint_is_passed_over_once_its_loa
 {
     TU_NEED_BIN();
     static char out[1 << 16];
-    char j[32], ref[32], once[128], path[300];
-    const char *args = "--training.steps 600 --checkpoint.enable true --checkpoint.interval 200 "
-                       "--job.restart_backoff_ms 0";
+    char j[32], ref[32], path[300];
     job_name(j, sizeof(j), "damaged");
     job_name(ref, sizeof(ref), "damagedref");
-    int rc = launch("", ref, args, out, sizeof(out));
-    if (rc)
-        fail_msg("the reference run: status %d:\n%s", rc, out);
-    setenv("CTITAN_TEST_DIE_ONCE", tj_once_dir(once, sizeof(once), j), 1);
-    setenv("CTITAN_TEST_HANG_AT", "checkpointd.0.0:committed:400", 1);
-    pid_t pid = launch_bg(j, args);
-    unsetenv("CTITAN_TEST_HANG_AT");
-    unsetenv("CTITAN_TEST_DIE_ONCE");
-    assert_int_equal(wait_output(j, "main thread hangs at checkpointd.0.0:committed:400", 60), 0);
+    pid_t pid = start_hung_at_400(j, ref);
     snprintf(path, sizeof(path), "%s/runs/%s/checkpoint/step-00000400/exp_avg.bin", tj_dir, j);
     assert_int_equal(tu_flip_byte(path, 4096 + 100), 0);
     pid_t coord = tu_descendant_named(pid, "ctitan-coord");
     assert_true(coord > 0);
     kill(coord, SIGKILL);
-    rc = tu_reap(pid, 120, NULL);
+    int rc = tu_reap(pid, 120, NULL);
     tj_read_out(j, out, sizeof(out));
     if (rc || count(out, "\nrestart ") != 2 || !strstr(out, "step-00000400 is not loadable") ||
         !strstr(out, "checksum mismatch") || !strstr(out, "step-00000400.damaged"))

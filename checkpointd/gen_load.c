@@ -75,17 +75,62 @@ static int exists_in(const char *dir, const char *name)
     return access(p, F_OK) == 0;
 }
 
-/* The checkpoint directory to read for path: path itself when it holds an index, else the newest
- * checkpoint of the folder path that verifies. */
-static int pick_checkpoint(const char *path, char *dir, size_t n, char *err, size_t errlen)
+/* Checkpoint dir's model and weights into out, each chunk's checksum checked as it is read.
+ * *corrupt: what failed was the data (a chunk's checksum, a file cut short), not the model. */
+static int load_dir(const char *dir, gen_model_t *out, int *corrupt, char *err, size_t errlen)
+{
+    ckpt_t *c = NULL;
+    *corrupt = 0;
+    int rc = ckpt_open(&c, dir, err, errlen);
+    if (!rc && !(rc = read_manifest(c, out, err, errlen))) {
+        rc = read_weights(c, out, err, errlen);
+        *corrupt = rc == -EBADMSG;
+    }
+    ckpt_close(&c);
+    if (rc)
+        gen_model_free(out);
+    return rc;
+}
+
+/* The newest checkpoint of a folder (ckpt_find_latest_by's test): its files all there, and its
+ * weights load (one read of them, not a verify of every array first); one whose files or
+ * weights are damaged is passed over, one whose model cannot be read ends the search. */
+typedef struct {
+    gen_model_t *out;
+    int tried; /* a checkpoint of the folder was tried */
+} gen_try_t;
+
+static int try_load(void *arg, const char *path, FILE *report, int *n_bad, int *pass, char *err, size_t errlen)
+{
+    gen_try_t *t = arg;
+    gen_model_t *out = t->out;
+    int corrupt = 0, rc = ckpt_check_files(path, report, n_bad, err, errlen);
+    t->tried = 1;
+    *pass = 1;
+    if (rc)
+        return rc;
+    rc = load_dir(path, out, &corrupt, err, errlen);
+    if (rc && corrupt) {
+        *n_bad = 1;
+        if (report)
+            fprintf(report, "%s\n", err);
+    }
+    *pass = corrupt;
+    return rc;
+}
+
+/* The checkpoint at path when it holds an index, else the newest of the folder path that loads. */
+static int load_checkpoint(const char *path, gen_model_t *out, char *err, size_t errlen)
 {
     if (exists_in(path, "index")) {
-        if (snprintf(dir, n, "%s", path) >= (int)n)
+        int corrupt;
+        if (snprintf(out->source, sizeof(out->source), "%s", path) >= (int)sizeof(out->source))
             return util_fail(err, errlen, -ENAMETOOLONG, "%s: path too long", path);
-        return 0;
+        return load_dir(path, out, &corrupt, err, errlen);
     }
-    int rc = ckpt_find_latest(path, dir, n, stderr, err, errlen);
-    if (rc == -ENOENT)
+    gen_try_t t = {.out = out};
+    int rc = ckpt_find_latest_by(path, try_load, &t, out->source, sizeof(out->source), stderr, err, errlen);
+    if (rc == -ENOENT && !t.tried)
         return util_fail(err, errlen, rc, "%s is neither a checkpoint (no index), a folder of checkpoints nor a "
                          "Hugging Face folder (no config.json)", path);
     return rc;
@@ -113,16 +158,7 @@ int gen_load_weights(const char *path, gen_model_t *out, char *err, size_t errle
                          "Face folder", path);
     if (exists_in(path, "config.json"))
         return load_hf(path, out, err, errlen);
-    int rc = pick_checkpoint(path, out->source, sizeof(out->source), err, errlen);
-    if (rc)
-        return rc;
-    ckpt_t *c = NULL;
-    if (!(rc = ckpt_open(&c, out->source, err, errlen)) && !(rc = read_manifest(c, out, err, errlen)))
-        rc = read_weights(c, out, err, errlen);
-    ckpt_close(&c);
-    if (rc)
-        gen_model_free(out);
-    return rc;
+    return load_checkpoint(path, out, err, errlen);
 }
 
 void gen_model_free(gen_model_t *m)

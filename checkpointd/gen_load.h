@@ -22,7 +22,9 @@ typedef struct {
  *   a checkpoint (a step-N directory, or any directory holding an index): its weights, each
  *     chunk checked (ckpt_read), the fp32 master copy where the backend kept one, and the shape
  *     of the manifest inside it; tokenizer_path is that manifest's model.tokenizer_path;
- *   a checkpoint folder (step-N directories): the newest checkpoint in it that verifies;
+ *   a checkpoint folder (step-N directories): the newest checkpoint in it whose files are all
+ *     there and whose weights load (each chunk checked as it is read; a damaged one is passed
+ *     over, said on stderr);
  *   a Hugging Face folder (config.json): config.json's shape, its safetensors weights (a tied
  *     lm_head a copy of the embedding), tokenizer_path its tokenizer.json when there is one.
  * Returns 0, or -errno with the reason naming the path (and the tensor or key at fault) in err;

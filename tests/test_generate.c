@@ -780,6 +780,33 @@ static void test_bad_models_are_refused_naming_the_path(void **state)
     assert_string_equal(a, b);
 }
 
+/* A checkpoint folder's newest checkpoint is read for its weights alone, each chunk checked as
+ * it is read (no verify of the optimizer's arrays first): damage in its exp_avg does not keep
+ * generate from it; damage in its weights passes it over, saying why (here none is left). */
+static void test_gen_load_weights_from_a_folder_reads_only_the_weights(void **state)
+{
+    gfx_t *g = *state;
+    gen_model_t m;
+    char err[1024], step[256], folder[300], file[400];
+    assert_int_equal(write_ckpt(g->dir, "damaged", &g->cfg, 23, "", step, sizeof(step)), 0);
+    snprintf(folder, sizeof(folder), "%s/damaged", g->dir);
+    snprintf(file, sizeof(file), "%s/exp_avg.bin", step);
+    assert_int_equal(tu_flip_byte(file, CKPT_DATA_HDR + 40), 0);
+    assert_int_equal(gen_load_weights(folder, &m, err, sizeof(err)), 0);
+    assert_string_equal(m.source, step);
+    size_t n;
+    float *w = test_weights(&g->cfg, 23, &n);
+    assert_int_equal(m.n, n);
+    assert_memory_equal(m.w, w, n * sizeof(float));
+    free(w);
+    gen_model_free(&m);
+    snprintf(file, sizeof(file), "%s/model.bin", step);
+    assert_int_equal(tu_flip_byte(file, CKPT_DATA_HDR + 40), 0);
+    assert_int_equal(gen_load_weights(folder, &m, err, sizeof(err)), -EBADMSG);
+    assert_non_null(strstr(err, "no checkpoint there verifies"));
+    assert_null(m.w);
+}
+
 static void test_gen_load_weights_reads_the_checkpoint_model(void **state)
 {
     gfx_t *g = *state;
@@ -851,6 +878,7 @@ int main(void)
     };
     const struct CMUnitTest cli[] = {
         cmocka_unit_test(test_gen_load_weights_reads_the_checkpoint_model),
+        cmocka_unit_test(test_gen_load_weights_from_a_folder_reads_only_the_weights),
         cmocka_unit_test(test_greedy_equals_transformers_generate),
         cmocka_unit_test(test_greedy_from_a_hugging_face_folder_equals_transformers),
         cmocka_unit_test(test_greedy_equals_transformers_generate_with_llama3_rope_scaling_after_a_long_prompt),

@@ -205,14 +205,17 @@ int ckpt_list(const char *dir, int64_t **steps);
  * `log` ("DIR/step-N: <why>: not loading it") before falling back. -ENOENT when DIR has no
  * checkpoint at all; -EBADMSG when it has some but none verifies. */
 int ckpt_find_latest(const char *dir, char *path, size_t n, FILE *log, char *err, size_t errlen);
-/* What ckpt_find_latest_by tries on each checkpoint of a folder, newest first: 0 takes it;
- * else *pass = 1 passes over it to an older one (its problems a line each on `report`, which
- * may be NULL, *n_bad of them, err the summary), *pass = 0 ends the search with that error. */
-typedef int (*ckpt_try_fn)(void *arg, const char *path, FILE *report, int *n_bad, int *pass, char *err,
-                           size_t errlen);
-/* ckpt_find_latest with another test than ckpt_verify's (a load that checks as it reads). */
-int ckpt_find_latest_by(const char *dir, ckpt_try_fn attempt, void *arg, char *path, size_t n, FILE *log, char *err,
-                        size_t errlen);
+/* What ckpt_find_loading loads from a checkpoint directory: 0 when it did; else -errno with
+ * the reason in err, and *corrupt = 1 when what failed was the data (a chunk's checksum, a file
+ * cut short: the checkpoint is passed over for an older one); any other failure ends the search. */
+typedef int (*ckpt_load_fn)(void *arg, const char *path, int *corrupt, char *err, size_t errlen);
+/* The newest checkpoint of DIR whose files are all there (ckpt_check_files) and that `load`
+ * loads, checking each chunk as it reads it: the data read once, not verified and then loaded.
+ * Each newer one passed over is reported on `log` with why. -ENOENT only when DIR has no
+ * checkpoint at all; -EBADMSG when none loads, or when a load ended the search with -ENOENT;
+ * else the error a load ended it with. */
+int ckpt_find_loading(const char *dir, ckpt_load_fn load, void *arg, char *path, size_t n, FILE *log, char *err,
+                      size_t errlen);
 
 /* Removes complete checkpoints of DIR beyond the newest `keep` (keep <= 0: keeps all), and
  * temporary directories whose writer (the PID in the name) is gone. Returns how many

@@ -62,8 +62,13 @@ static int list_steps(const char *dir, int with_index, int64_t **steps)
 
 int ckpt_list(const char *dir, int64_t **steps) { return list_steps(dir, 1, steps); }
 
-int ckpt_find_latest_by(const char *dir, ckpt_try_fn attempt, void *arg, char *path, size_t n, FILE *log, char *err,
-                        size_t errlen)
+/* What find_latest tries on each checkpoint of a folder, newest first: 0 takes it; else
+ * *pass = 1 passes over it to an older one (its problems a line each on `report`, which may be
+ * NULL, *n_bad of them, err the summary), *pass = 0 ends the search with that error. */
+typedef int (*try_fn)(void *arg, const char *path, FILE *report, int *n_bad, int *pass, char *err, size_t errlen);
+
+static int find_latest(const char *dir, try_fn attempt, void *arg, char *path, size_t n, FILE *log, char *err,
+                       size_t errlen)
 {
     int64_t *steps;
     int k = list_steps(dir, 0, &steps);
@@ -114,7 +119,37 @@ static int verify_try(void *arg, const char *path, FILE *report, int *n_bad, int
 
 int ckpt_find_latest(const char *dir, char *path, size_t n, FILE *log, char *err, size_t errlen)
 {
-    return ckpt_find_latest_by(dir, verify_try, NULL, path, n, log, err, errlen);
+    return find_latest(dir, verify_try, NULL, path, n, log, err, errlen);
+}
+
+typedef struct {
+    ckpt_load_fn load;
+    void *arg;
+} loading_t;
+
+/* ckpt_find_loading's test: the files all there, then the load; damaged data passes it over. */
+static int load_try(void *arg, const char *path, FILE *report, int *n_bad, int *pass, char *err, size_t errlen)
+{
+    const loading_t *l = arg;
+    int corrupt = 0, rc = ckpt_check_files(path, report, n_bad, err, errlen);
+    *pass = 1;
+    if (rc)
+        return rc;
+    rc = l->load(l->arg, path, &corrupt, err, errlen);
+    if (rc && corrupt) {
+        *n_bad = 1;
+        if (report)
+            fprintf(report, "%s\n", err);
+    }
+    *pass = corrupt;
+    return rc == -ENOENT ? -EBADMSG : rc; /* -ENOENT is the folder's: no checkpoint at all */
+}
+
+int ckpt_find_loading(const char *dir, ckpt_load_fn load, void *arg, char *path, size_t n, FILE *log, char *err,
+                      size_t errlen)
+{
+    loading_t l = {load, arg};
+    return find_latest(dir, load_try, &l, path, n, log, err, errlen);
 }
 
 int ckpt_remove_dir(const char *path)

@@ -92,31 +92,11 @@ static int load_dir(const char *dir, gen_model_t *out, int *corrupt, char *err, 
     return rc;
 }
 
-/* The newest checkpoint of a folder (ckpt_find_latest_by's test): its files all there, and its
- * weights load (one read of them, not a verify of every array first); one whose files or
- * weights are damaged is passed over, one whose model cannot be read ends the search. */
-typedef struct {
-    gen_model_t *out;
-    int tried; /* a checkpoint of the folder was tried */
-} gen_try_t;
-
-static int try_load(void *arg, const char *path, FILE *report, int *n_bad, int *pass, char *err, size_t errlen)
+/* A checkpoint of a folder (ckpt_find_loading, which checks its files first and passes over
+ * one whose weights prove damaged): its weights read once, not every array verified first. */
+static int folder_load(void *arg, const char *path, int *corrupt, char *err, size_t errlen)
 {
-    gen_try_t *t = arg;
-    gen_model_t *out = t->out;
-    int corrupt = 0, rc = ckpt_check_files(path, report, n_bad, err, errlen);
-    t->tried = 1;
-    *pass = 1;
-    if (rc)
-        return rc;
-    rc = load_dir(path, out, &corrupt, err, errlen);
-    if (rc && corrupt) {
-        *n_bad = 1;
-        if (report)
-            fprintf(report, "%s\n", err);
-    }
-    *pass = corrupt;
-    return rc;
+    return load_dir(path, arg, corrupt, err, errlen);
 }
 
 /* The checkpoint at path when it holds an index, else the newest of the folder path that loads. */
@@ -128,9 +108,8 @@ static int load_checkpoint(const char *path, gen_model_t *out, char *err, size_t
             return util_fail(err, errlen, -ENAMETOOLONG, "%s: path too long", path);
         return load_dir(path, out, &corrupt, err, errlen);
     }
-    gen_try_t t = {.out = out};
-    int rc = ckpt_find_latest_by(path, try_load, &t, out->source, sizeof(out->source), stderr, err, errlen);
-    if (rc == -ENOENT && !t.tried)
+    int rc = ckpt_find_loading(path, folder_load, out, out->source, sizeof(out->source), stderr, err, errlen);
+    if (rc == -ENOENT)
         return util_fail(err, errlen, rc, "%s is neither a checkpoint (no index), a folder of checkpoints nor a "
                          "Hugging Face folder (no config.json)", path);
     return rc;

@@ -41,30 +41,17 @@ typedef struct {
     FILE *log;
     const char *what; /* checkpoint.load as given */
     const char *key;  /* the key that named the directory loaded */
-    int tried;        /* latest's search tried a checkpoint */
-    int loaded;       /* ... and loaded the one it took */
+    int loaded;       /* latest's search loaded the one it took */
 } load_t;
 
 static int load_dir(load_t *L, const char *path, int *corrupt, char *err, size_t errlen);
 
-/* latest's test of a checkpoint (ckpt_find_latest_by): its files are all there, and it loads,
- * each chunk checked as it is read (one read of the data, not a verify and then a load); one
- * whose files or data are damaged is passed over, one that cannot be this run's ends the search. */
-static int try_load(void *arg, const char *path, FILE *report, int *n_bad, int *pass, char *err, size_t errlen)
+/* latest's load of a checkpoint of the folder (ckpt_find_loading, which checks its files first
+ * and passes over one whose data proves damaged). */
+static int latest_load(void *arg, const char *path, int *corrupt, char *err, size_t errlen)
 {
     load_t *L = arg;
-    int corrupt = 0, rc = ckpt_check_files(path, report, n_bad, err, errlen);
-    L->tried = 1;
-    *pass = 1;
-    if (rc)
-        return rc;
-    rc = load_dir(L, path, &corrupt, err, errlen);
-    if (rc && corrupt) {
-        *n_bad = 1;
-        if (report)
-            fprintf(report, "%s\n", err);
-    }
-    *pass = corrupt;
+    int rc = load_dir(L, path, corrupt, err, errlen);
     L->loaded = !rc;
     return rc;
 }
@@ -90,8 +77,8 @@ static int resolve(const char *what, load_t *L, char *path, size_t n, char *err,
     if (!strcmp(what, "latest")) {
         char folder[PATH_MAX];
         manifest_ckpt_folder(m, folder, sizeof(folder));
-        int rc = ckpt_find_latest_by(folder, try_load, L, path, n, L->log, err, errlen);
-        return rc == -ENOENT && !L->tried ? 0 : rc;
+        int rc = ckpt_find_loading(folder, latest_load, L, path, n, L->log, err, errlen);
+        return rc == -ENOENT ? 0 : rc;
     }
     struct stat st;
     if (stat(what, &st)) {

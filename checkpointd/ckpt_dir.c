@@ -1,4 +1,4 @@
-/* A checkpoint folder (see ckpt.h): its step-N folders, the newest that verifies (resuming),
+/* A checkpoint folder (see ckpt.h): its step-N folders, the newest that verifies or loads (resuming),
  * and retention (the newest k, and temporaries of writers that are gone). */
 #include "checkpointd/ckpt.h"
 

@@ -50,8 +50,6 @@ typedef struct {
     char folder[PATH_MAX];        /* the job's own checkpoints ("": none to resume from) */
     int64_t saved[SUP_SAVED_MAX]; /* steps of the checkpoints this job saved */
     int n_saved;
-    int64_t bad[SUP_SAVED_MAX];   /* ... and those a restart found damaged and could not move aside */
-    int n_bad;
 } sup_t;
 
 /* What the failed run was, for the progress line and the restart record. */
@@ -221,16 +219,16 @@ static void remember_saved(sup_t *s)
 
 /* The run that failed was a restart that could not load the checkpoint it picked: when that
  * one does not verify (its LOAD read data whose checksums were wrong, the files being all there
- * when it was picked; only now is it read whole), no restart takes it again, and it is moved
- * aside to DIR/step-N.damaged (kept, as no loader takes that name), else the older checkpoint
- * a restart takes would be refused for writing over a complete one after it. */
-static void remember_bad(sup_t *s)
+ * when it was picked; only now is it read whole), it is moved aside to DIR/step-N.damaged
+ * (kept, as no loader takes that name): no restart takes it again, and the older checkpoint the
+ * next one takes is not refused for writing over a complete one after it. One that cannot be
+ * moved stays, and the restarts end at job.max_restarts saying why. */
+static void set_aside_damaged(sup_t *s)
 {
     const char *slash = strrchr(s->m.ckpt_load, '/');
-    int64_t step = ckpt_step_of(slash ? slash + 1 : "");
     char err[512];
     int n_bad = 0;
-    if (!s->out->load_failed || !s->restarts || step < 0 ||
+    if (!s->out->load_failed || !s->restarts || ckpt_step_of(slash ? slash + 1 : "") < 0 || /* not a step-N */
         ckpt_verify(s->m.ckpt_load, NULL, &n_bad, err, sizeof(err)) != -EBADMSG)
         return;
     char aside[PATH_MAX + 32];
@@ -238,29 +236,18 @@ static void remember_bad(sup_t *s)
     snprintf(aside, sizeof(aside), "%s.damaged", s->m.ckpt_load);
     for (int k = 2; k < 100 && !lstat(aside, &st); k++)
         snprintf(aside, sizeof(aside), "%s.damaged.%d", s->m.ckpt_load, k);
-    if (rename(s->m.ckpt_load, aside)) { /* then at least no restart takes it (a later save of its step neither) */
+    if (rename(s->m.ckpt_load, aside))
         fprintf(stderr, "ctitan: %s could not be loaded, and cannot be moved aside to %s: %s\n", s->m.ckpt_load, aside,
                 strerror(errno));
-        if (s->n_bad < SUP_SAVED_MAX)
-            s->bad[s->n_bad++] = step;
-    } else {
+    else
         fprintf(stderr, "ctitan: %s could not be loaded (damaged, see above): moved aside to %s\n", s->m.ckpt_load,
                 aside);
-    }
-}
-
-static int is_bad(const sup_t *s, int64_t step)
-{
-    for (int i = 0; i < s->n_bad; i++)
-        if (s->bad[i] == step)
-            return 1;
-    return 0;
 }
 
 /* The newest checkpoint this job saved whose files are all there (the index, each data file of
  * its size and header: `ckpt_check_files`; the data itself is checked as the run loads it, one
- * read of it, and a restart that finds it damaged so passes it over the next time), into
- * f->ckpt and f->resume; none: "" and where the first run started. */
+ * read of it, and one found damaged so is set aside: set_aside_damaged), into f->ckpt and
+ * f->resume; none: "" and where the first run started. */
 static void newest_checkpoint(sup_t *s, failure_t *f, int64_t origin)
 {
     f->ckpt[0] = 0;
@@ -269,7 +256,7 @@ static void newest_checkpoint(sup_t *s, failure_t *f, int64_t origin)
     while (s->folder[0]) {
         int64_t best = -1;
         for (int i = 0; i < s->n_saved; i++)
-            best = s->saved[i] < below && s->saved[i] > best && !is_bad(s, s->saved[i]) ? s->saved[i] : best;
+            best = s->saved[i] < below && s->saved[i] > best ? s->saved[i] : best;
         if (best < 0)
             return;
         char path[PATH_MAX], err[512];
@@ -393,7 +380,7 @@ static int plan_restart(sup_t *s, int st)
     int64_t from = s->from;
     describe(s, st, &f);
     s->stepped |= s->out->steps_run > 0;
-    remember_bad(s);
+    set_aside_damaged(s);
     remember_saved(s);
     newest_checkpoint(s, &f, s->origin);
     int n = s->stepped ? sup_restart_number(s->in_a_row, from, f.resume, s->given->max_restarts) : 0;

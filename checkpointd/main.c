@@ -283,6 +283,23 @@ static void lower_priority(ckd_t *d)
     d->idle = 1;
 }
 
+/* restore_stored_t's fetch: a step of the job from the storage host, named "PATH on ENDPOINT"
+ * (the coordinator tells the run's own checkpoints by that ending). */
+static int fetch_step(void *arg, int64_t step, const char *dir, char *where, size_t wherelen, char *err,
+                      size_t errlen)
+{
+    ckd_t *d = arg;
+    char path[PATH_MAX];
+    double t0 = util_now();
+    int rc = rmt_client_fetch(d->remote, d->m->name, step, dir, path, sizeof(path), 60000, err, errlen);
+    if (!rc) {
+        snprintf(where, wherelen, "%s on %s", path, d->m->ckpt_endpoint);
+        LOG_I("fetched step %lld of job %s from %s in %.2f s", (long long)step, d->m->name, d->m->ckpt_endpoint,
+              util_now() - t0);
+    }
+    return rc;
+}
+
 /* LOAD: the checkpoint into the staging segment, then LOADED (the directory, its step and
  * loader cursor, or why not). The checkpoints written afterwards store the run's manifest with
  * checkpoint.load resolved, as the job's other processes get it from the coordinator. */
@@ -290,12 +307,13 @@ static void load(ckd_t *d, const char *what)
 {
     char path[sizeof(d->m->ckpt_load)], err[1024];
     staging_hdr_t *h = shm_data(d->seg);
-    restore_stored_t stored = {0};
+    restore_stored_t stored = {.fetch = fetch_step, .arg = d};
     int rc = 0;
     _Static_assert(RESTORE_STORED_MAX == RMT_LIST_MAX, "a list answer fits");
-    /* the storage host says what it holds: this run never writes over it. One that cannot be
-     * asked (a key it refuses, down) is taken as holding nothing: training goes on, and it
-     * refuses an upload that would replace a step it holds (remote.h) */
+    /* the storage host says what it holds: latest resumes from it (fetched), and this run never
+     * writes over it. One that cannot be asked (a key it refuses, down) is taken as holding
+     * nothing: training goes on, and it refuses an upload that would replace a step it holds
+     * (remote.h) */
     if (d->remote && rmt_client_list(d->remote, d->m->name, stored.steps, &stored.n, 30000, err, sizeof(err))) {
         LOG_W("cannot ask the storage host what it holds of job %s: %s", d->m->name, err);
         stored.n = 0;

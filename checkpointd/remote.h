@@ -1,8 +1,9 @@
 /* Remote checkpoints: trainers stream checkpoints over ZeroMQ TCP to a checkpointd on a
- * storage host (`checkpointd --listen tcp://ADDR:PORT --dir DIR --key SERVER.key
- * --allow TRAINERS.pub`). The connection is ZeroMQ CURVE: the trainer knows the server's
- * public key, and the server accepts only trainers whose public key is in its allow file
- * (checked by a ZAP handler); everything else is refused at the handshake.
+ * storage host (`checkpointd --listen tcp://ADDR:PORT --dir DIR --key SERVER.key --allow
+ * TRAINERS.pub`), and fetch one back from it to resume from. The connection is ZeroMQ
+ * CURVE: the trainer knows the server's public key, and the server accepts only trainers
+ * whose public key is in its allow file (checked by a ZAP handler); everything else is
+ * refused at the handshake.
  *
  * The server writes DIR/<job>/step-N through checkpointd/writer.h, so a remote checkpoint is
  * as atomic as a local one. It never writes outside DIR whatever a client sends: the job
@@ -77,6 +78,17 @@ int rmt_client_begin_replace(rmt_client_t *c, const char *job, int keep, int rep
  * before it starts, so that it never writes over a step the server holds. */
 int rmt_client_list(rmt_client_t *c, const char *job, int64_t steps[RMT_LIST_MAX], int *n, int timeout_ms,
                     char *err, size_t errlen);
+/* Fetches checkpoint `step` of `job` from the server into dir, an empty directory the caller
+ * made: the index and every data file as the server holds them, with their names. What comes
+ * is checked for shape (files in order and whole, their sizes the index's, the index's own
+ * checks: its checksum, plain file names, the step); the chunks' checksums are the loader's to
+ * check as it reads them (the data is read once). path gets the server-side directory.
+ * idle_ms bounds each wait for the server, not the whole fetch. -ENOENT: the server holds no
+ * such step; -EBADMSG: its copy is damaged (a file missing or cut short there) or what came
+ * does not fit its index; -EACCES, -EPROTO, -ETIMEDOUT as rmt_client_begin's; a local write's
+ * -errno. After an error dir may hold some of the files: the caller removes it. */
+int rmt_client_fetch(rmt_client_t *c, const char *job, int64_t step, const char *dir, char *path, size_t pathlen,
+                     int idle_ms, char *err, size_t errlen);
 /* Sends the next bytes of a data file (same order rules as ckw_write), in pieces of at most
  * RMT_DATA_FRAME. Returns when they are queued (blocks while the link is full, up to 60 s:
  * -ETIMEDOUT). Data are not acknowledged one by one: an error the server found in earlier

@@ -1,15 +1,17 @@
 /* The trainer's side of remote checkpoints (see remote.h): checkpointd streams a checkpoint's
  * files to a storage host's server (remote_server.c) over CURVE, learning of the server's
  * errors at its next write or at commit, and telling a refused key, a wrong server key and a
- * missing server apart through a socket monitor. */
+ * missing server apart through a socket monitor; and it fetches one back to resume from. */
 #include "checkpointd/remote_int.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #include "ipc/util.h"
@@ -99,6 +101,21 @@ static int timeout_error(rmt_client_t *c, const char *what, int timeout_ms, char
                      what, timeout_ms, c->disconnected ? " (the connection was lost)" : "");
 }
 
+/* An error reply: its code (an errno; EIO when it is none) and the server's own text, shown as
+ * it is, cut to size, control characters blanked. */
+static int refusal(rmt_client_t *c, const rmt_hdr_t *h, char *err, size_t errlen)
+{
+    char shown[1024];
+    size_t k = h->text_len < sizeof shown - 1 ? h->text_len : sizeof shown - 1;
+    memcpy(shown, h->text, k);
+    shown[k] = '\0';
+    for (size_t i = 0; i < k; i++)
+        if ((unsigned char)shown[i] < 0x20)
+            shown[i] = ' ';
+    int code = h->code > 0 && h->code < 4096 ? (int)h->code : EIO;
+    return util_fail(err, errlen, -code, "the checkpointd at %s refused: %s", c->endpoint, shown);
+}
+
 /* Handles one reply. Returns 1 when it is the answer to seq `want` (ok; text into out), a
  * negative errno for an error reply about the current checkpoint (err says why), 0 for a
  * stale reply (to an earlier checkpoint) or one still to wait past. */
@@ -122,15 +139,7 @@ static int take_reply(rmt_client_t *c, uint64_t want, char *out, size_t outlen, 
     } else if (h.seq < c->begin_seq) {
         rc = 0;
     } else if (!h.ok) {
-        char shown[1024];
-        size_t k = h.text_len < sizeof shown - 1 ? h.text_len : sizeof shown - 1;
-        memcpy(shown, h.text, k); /* the server's own message: shown as it is, cut to size */
-        shown[k] = '\0';
-        for (size_t i = 0; i < k; i++)
-            if ((unsigned char)shown[i] < 0x20)
-                shown[i] = ' ';
-        int code = h.code > 0 && h.code < 4096 ? (int)h.code : EIO;
-        rc = util_fail(err, errlen, -code, "the checkpointd at %s refused: %s", c->endpoint, shown);
+        rc = refusal(c, &h, err, errlen);
     } else if (h.seq == want) {
         if (out && outlen) {
             size_t k = h.text_len < outlen - 1 ? h.text_len : outlen - 1;
@@ -201,9 +210,11 @@ static int client_open(rmt_client_t *c, char *err, size_t errlen)
     c->open = c->dirty = c->stuck = 0;
     char mon[64];
     snprintf(mon, sizeof mon, "inproc://monitor-%u", ++c->generation);
-    int64_t maxmsg = RMT_HDR_MAX; /* the server only ever sends headers */
+    int64_t maxmsg = RMT_DATA_FRAME + 4096; /* headers, and the parts of a fetch (the limit is on the
+                                              * frame as it comes, CURVE's box and flags included) */
     if (!(c->sock = zmq_socket(c->ctx, ZMQ_DEALER)) || rmt_set_int(c->sock, ZMQ_LINGER, RMT_LINGER_MS) ||
-        rmt_set_int(c->sock, ZMQ_SNDHWM, RMT_HWM) || rmt_set_int(c->sock, ZMQ_SNDTIMEO, RMT_SEND_TIMEOUT_MS) ||
+        rmt_set_int(c->sock, ZMQ_SNDHWM, RMT_HWM) || rmt_set_int(c->sock, ZMQ_RCVHWM, RMT_HWM) ||
+        rmt_set_int(c->sock, ZMQ_SNDTIMEO, RMT_SEND_TIMEOUT_MS) ||
         rmt_set_int(c->sock, ZMQ_RECONNECT_IVL, RMT_RECONNECT_MS) ||
         rmt_set_int(c->sock, ZMQ_HEARTBEAT_IVL, 5000) || rmt_set_int(c->sock, ZMQ_HEARTBEAT_TIMEOUT, 30000) ||
         zmq_setsockopt(c->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) ||
@@ -386,5 +397,196 @@ int rmt_client_commit(rmt_client_t *c, char *path, size_t pathlen, int timeout_m
         rc = wait_reply(c, h.seq, "the commit", timeout_ms, path, pathlen, err, errlen);
     if (!rc || rc != -ETIMEDOUT)
         c->dirty = 0; /* answered: the server holds nothing of ours */
+    return rc;
+}
+
+/* ---- fetching a checkpoint back ---- */
+
+/* What a fetch has received: file `file` (0 the index, K + 1 the index's data file K) is
+ * being written, `got` of its `size` bytes. */
+typedef struct {
+    const char *dir, *job;
+    int64_t step;
+    uint32_t file;
+    int any;            /* a part of file `file` came */
+    uint64_t size, got;
+    int fd;             /* of data file file - 1 */
+    uint8_t *index;     /* file 0's bytes */
+    ckpt_index_t ix;
+    int have_ix;
+} fetch_t;
+
+static const char *fetch_name(const fetch_t *F) { return F->file ? F->ix.files[F->file - 1].name : "index"; }
+
+static int write_all(int fd, const void *buf, size_t n, uint64_t off)
+{
+    const uint8_t *p = buf;
+    while (n) {
+        ssize_t w = pwrite(fd, p, n, (off_t)off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return w < 0 ? -errno : -EIO;
+        p += w, n -= (size_t)w, off += (uint64_t)w;
+    }
+    return 0;
+}
+
+/* File `file`, whole: the index decoded (its own checks: structure, checksum, plain file
+ * names), of the step asked for, and written; a data file closed. */
+static int fetch_close_file(rmt_client_t *c, fetch_t *F, char *err, size_t errlen)
+{
+    char path[PATH_MAX + CKPT_FILE_MAX];
+    snprintf(path, sizeof path, "%s/%s", F->dir, fetch_name(F));
+    if (F->file) {
+        int rc = close(F->fd) ? -errno : 0;
+        F->fd = -1;
+        return rc ? util_fail(err, errlen, rc, "%s: %s", path, strerror(-rc)) : 0;
+    }
+    char what[PATH_MAX + 128];
+    snprintf(what, sizeof what, "the index of step %lld of job %s from %s", (long long)F->step, F->job, c->endpoint);
+    int rc = ckpt_index_decode(F->index, F->size, &F->ix, what, err, errlen);
+    if (rc)
+        return rc == -ENOMEM ? rc : -EBADMSG;
+    F->have_ix = 1;
+    if (F->ix.step != F->step)
+        return util_fail(err, errlen, -EBADMSG, "%s is that of step %lld", what, (long long)F->ix.step);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0 || (rc = write_all(fd, F->index, F->size, 0)) || (rc = close(fd) ? -errno : 0)) {
+        rc = fd < 0 ? -errno : rc;
+        if (fd >= 0)
+            close(fd);
+        return util_fail(err, errlen, rc, "%s: %s", path, strerror(-rc));
+    }
+    return 0;
+}
+
+/* One part: the files in order, each from 0 to the size its first part said (a data file's
+ * the index's), nothing past it. */
+static int fetch_part(rmt_client_t *c, fetch_t *F, const rmt_hdr_t *h, const void *data, size_t n, char *err,
+                      size_t errlen)
+{
+    int rc;
+    if (F->any && F->got == F->size && h->file == F->file + 1) { /* the next file */
+        if ((rc = fetch_close_file(c, F, err, errlen)))
+            return rc;
+        F->file++, F->any = 0, F->got = 0;
+    }
+    if (h->file != F->file)
+        return util_fail(err, errlen, -EBADMSG, "the checkpointd at %s sent a part of file %u where one of file %u "
+                         "(%llu of its %llu bytes in) was due", c->endpoint, h->file, F->file,
+                         (unsigned long long)F->got, (unsigned long long)F->size);
+    if (!F->any) { /* the file's first part says its size */
+        if (F->file && (!F->have_ix || F->file > (uint32_t)F->ix.n_files))
+            return util_fail(err, errlen, -EBADMSG, "the checkpointd at %s sent file %u of an index with %d data "
+                             "files", c->endpoint, F->file, F->ix.n_files);
+        if (F->file ? h->size != F->ix.files[F->file - 1].bytes : h->size > CKPT_INDEX_MAX)
+            return util_fail(err, errlen, -EBADMSG, "the checkpointd at %s sent %s of %llu bytes (%s %llu)",
+                             c->endpoint, fetch_name(F), (unsigned long long)h->size,
+                             F->file ? "the index says" : "at most",
+                             (unsigned long long)(F->file ? F->ix.files[F->file - 1].bytes : CKPT_INDEX_MAX));
+        F->size = h->size;
+        if (!F->file && !(F->index = malloc(F->size ? F->size : 1)))
+            return util_fail(err, errlen, -ENOMEM, "out of memory");
+        char path[PATH_MAX + CKPT_FILE_MAX];
+        snprintf(path, sizeof path, "%s/%s", F->dir, fetch_name(F));
+        if (F->file && (F->fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644)) < 0)
+            return util_fail(err, errlen, -errno, "%s: %s", path, strerror(errno));
+    } else if (h->size != F->size) {
+        return util_fail(err, errlen, -EBADMSG, "the checkpointd at %s said %s is %llu bytes, then %llu", c->endpoint,
+                         fetch_name(F), (unsigned long long)F->size, (unsigned long long)h->size);
+    }
+    if (h->offset != F->got || n > F->size - F->got)
+        return util_fail(err, errlen, -EBADMSG, "the checkpointd at %s sent bytes [%llu, %llu) of %s (%llu bytes) "
+                         "after %llu", c->endpoint, (unsigned long long)h->offset,
+                         (unsigned long long)(h->offset + n), fetch_name(F), (unsigned long long)F->size,
+                         (unsigned long long)F->got);
+    if (!F->file)
+        memcpy(F->index + F->got, data, n);
+    else if (n && (rc = write_all(F->fd, data, n, F->got)))
+        return util_fail(err, errlen, rc, "%s/%s: cannot write: %s", F->dir, fetch_name(F), strerror(-rc));
+    F->got += n;
+    F->any = 1;
+    return 0;
+}
+
+/* The fetch's last answer: every file came whole. */
+static int fetch_done(rmt_client_t *c, fetch_t *F, char *err, size_t errlen)
+{
+    int rc;
+    if (F->any && F->got == F->size && (rc = fetch_close_file(c, F, err, errlen)))
+        return rc;
+    if (!F->have_ix || !F->any || F->got != F->size || F->file != (uint32_t)F->ix.n_files)
+        return util_fail(err, errlen, -EBADMSG, "the checkpointd at %s ended the fetch of step %lld of job %s with "
+                         "%s incomplete", c->endpoint, (long long)F->step, F->job,
+                         F->have_ix ? fetch_name(F) : "the index");
+    return 0;
+}
+
+int rmt_client_fetch(rmt_client_t *c, const char *job, int64_t step, const char *dir, char *path, size_t pathlen,
+                     int idle_ms, char *err, size_t errlen)
+{
+    int rc;
+    mon_drain(c);
+    if ((c->auth_failed || c->proto_failed || c->stuck) && (rc = client_open(c, err, errlen)))
+        return rc;
+    if (step < 0)
+        return util_fail(err, errlen, -EINVAL, "step %lld", (long long)step);
+    rmt_hdr_t h = {.type = RMT_FETCH, .job = job, .job_len = strlen(job), .step = (uint64_t)step};
+    if ((rc = client_send(c, &h, NULL, 0, err, errlen)))
+        return rc;
+    uint64_t want = c->begin_seq = h.seq; /* earlier answers are not this one's */
+    fetch_t F = {.dir = dir, .job = job, .step = step, .fd = -1};
+    char what[96];
+    snprintf(what, sizeof what, "the fetch of step %lld", (long long)step);
+    for (rc = 1; rc > 0;) {
+        zmq_msg_t f[2];
+        int n;
+        rc = rmt_recv_frames(c->sock, f, 2, &n, ZMQ_DONTWAIT);
+        if (rc == -EAGAIN) { /* nothing for idle_ms is the end */
+            rmt_close_frames(f, 2);
+            mon_drain(c);
+            if ((rc = conn_error(c, err, errlen)))
+                break;
+            zmq_pollitem_t it[2] = {{.socket = c->sock, .events = ZMQ_POLLIN}, {.socket = c->mon, .events = ZMQ_POLLIN}};
+            int k = zmq_poll(it, 2, idle_ms > 0 ? idle_ms : 0);
+            if (k < 0 && errno != EINTR)
+                rc = util_fail(err, errlen, -errno, "poll: %s", zmq_strerror(errno));
+            else if (k == 0)
+                rc = timeout_error(c, what, idle_ms, err, errlen);
+            else
+                rc = 1;
+            continue;
+        }
+        if (rc) {
+            rmt_close_frames(f, 2);
+            rc = util_fail(err, errlen, rc, "receiving from %s: %s", c->endpoint, zmq_strerror(-rc));
+            break;
+        }
+        rmt_hdr_t r;
+        char perr[512];
+        rc = n > 2 ? util_fail(perr, sizeof perr, -EBADMSG, "%d frames", n)
+                   : rmt_hdr_decode(zmq_msg_data(&f[0]), zmq_msg_size(&f[0]), n == 2, &r, perr, sizeof perr);
+        if (rc)
+            rc = util_fail(err, errlen, -EPROTO, "the checkpointd at %s sent a bad message: %s", c->endpoint, perr);
+        else if (r.seq != want) /* an answer to something earlier */
+            rc = 1;
+        else if (r.type == RMT_PART)
+            rc = (rc = fetch_part(c, &F, &r, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]), err, errlen)) ? rc : 1;
+        else if (r.type != RMT_REPLY)
+            rc = util_fail(err, errlen, -EPROTO, "the checkpointd at %s sent a '%s' message during a fetch",
+                           c->endpoint, rmt_type_name(r.type));
+        else if (!r.ok)
+            rc = refusal(c, &r, err, errlen);
+        else if (!(rc = fetch_done(c, &F, err, errlen)) && path && pathlen)
+            snprintf(path, pathlen, "%.*s", (int)(r.text_len < pathlen ? r.text_len : pathlen - 1), r.text);
+        rmt_close_frames(f, 2);
+    }
+    if (F.fd >= 0)
+        close(F.fd);
+    free(F.index);
+    ckpt_index_free(&F.ix);
+    if (rc)
+        c->stuck = 1; /* the server may still be sending: the next request starts on a new socket */
     return rc;
 }

@@ -2,8 +2,8 @@
  * (remote_client.c) and key files (remote_keys.c) share, and what test_remote fuzzes: the
  * header frames of the wire protocol (remote_wire.c), multipart frames, key loading.
  *
- * Wire protocol, version 1. Every message is multipart:
- *   frame 1  a flat msgpack map {"v": 1, "type": T, "seq": S, <fields of T>} of at most
+ * Wire protocol, version RMT_VERSION (2). Every message is multipart:
+ *   frame 1  a flat msgpack map {"v": 2, "type": T, "seq": S, <fields of T>} of at most
  *            RMT_HDR_MAX bytes (ipc/codec.h); values are integers, strings or booleans; keys a
  *            type does not use are ignored, every key it uses is type-checked
  *   frame 2  the payload, for the types that have one (at most RMT_FRAME_MAX bytes)
@@ -15,8 +15,20 @@
  *   "commit"  no fields. Always answered; the text of an ok reply is the server-side path.
  *   "abort"   no fields: drop this connection's checkpoint, if any. Never answered. (A begin
  *             while a checkpoint is open aborts both: a client starting over sends abort first.)
+ *   "list"    job (str). Answered: the text of an ok reply is "COUNT STEP..." (newest first).
+ *   "fetch"   job (str), step (int): send that stored checkpoint back. Answered by its files as
+ *             "part" messages, then an ok reply whose text is the server-side path; or by an
+ *             error reply (at once, or after some parts: the step is gone, a file is cut short).
+ *             Any other message from the client ends a fetch in progress.
  * server -> client:
  *   "reply"   seq (the message answered), ok (bool), code (an errno, 0 when ok), text.
+ *   "part"    seq (the fetch's), file (0: the index, K + 1: the index's data file K), offset,
+ *             size (the whole file's bytes); payload: the next bytes of that file, at most
+ *             RMT_DATA_FRAME. Files in order, each from offset 0 up to its size, every file
+ *             at least one part (an empty one too). Sent as fast as the client takes them
+ *             (RMT_HWM messages queued): a fetch holds 4 MiB of the server's memory.
+ *             The client checks what arrives only for shape (order, sizes, the index's own
+ *             checks and file names); the data's checksums are checked as it loads them.
  * Data are not acknowledged, so that a client streams at the speed of the link. When a data
  * message is refused the server answers it at once, aborts the checkpoint and drops that
  * connection's further data until its commit (answered with the same error) or next begin.
@@ -34,25 +46,30 @@
 
 #include "checkpointd/remote.h"
 
-#define RMT_VERSION 2 /* 2: begin says whether it may replace a stored step (replace) */
+#define RMT_VERSION 2 /* 2: begin says whether it may replace a stored step (replace). Types are
+                        * only appended (list, then fetch and part): a server older than a type
+                        * answers it with an error naming it, and the version stays */
 #define RMT_HDR_MAX 4096 /* bytes of a header frame */
 #define RMT_HWM 8        /* messages queued per connection each way: 8 x 4 MiB */
 
 /* Message types; ids are only ever appended. */
-typedef enum { RMT_NONE, RMT_BEGIN, RMT_DATA, RMT_COMMIT, RMT_ABORT, RMT_REPLY, RMT_LIST, RMT_TYPE_END } rmt_type_t;
+typedef enum {
+    RMT_NONE, RMT_BEGIN, RMT_DATA, RMT_COMMIT, RMT_ABORT, RMT_REPLY, RMT_LIST, RMT_FETCH, RMT_PART, RMT_TYPE_END
+} rmt_type_t;
 
 /* A header, both ways. Strings are not NUL-terminated: decoded, they point into the frame. */
 typedef struct {
     rmt_type_t type;
     uint64_t seq;
-    const char *job;      /* begin, list */
+    const char *job;      /* begin, list, fetch */
     size_t job_len;
     int32_t keep;         /* begin: the job's keep_latest_k, 0 = all */
     int replace;          /* begin: the step may replace a stored one that verifies (the trainer
                            * saves it again: a retry, or after a rewind) */
-    uint64_t step;        /* begin */
-    uint32_t file;        /* data */
-    uint64_t offset;      /* data */
+    uint64_t step;        /* begin, fetch */
+    uint32_t file;        /* data, part */
+    uint64_t offset;      /* data, part */
+    uint64_t size;        /* part: the file's bytes */
     int ok;               /* reply */
     uint64_t code;        /* reply: an errno, 0 when ok */
     const char *text;     /* reply */

@@ -5,8 +5,11 @@
  * The server keeps a state per connection (ZeroMQ routing id): none -> open (begin accepted)
  * -> none (commit, abort); an error or the idle timeout of silence aborts the checkpoint
  * and leaves the connection failed (its error is the answer to its commit) until its next
- * begin or abort, or another idle period. Only authenticated clients get this far: the ZAP
- * handler runs in the server's poll loop and answers 400 to any key not in the allow file. */
+ * begin or abort, or another idle period. A fetch is a state of its own: none -> fetching
+ * (the step's files going out as parts, as fast as the client takes them) -> gone (the last
+ * reply sent, or any other message from the client, or the idle timeout of a client that
+ * takes nothing). Only authenticated clients get this far: the ZAP handler runs in the
+ * server's poll loop and answers 400 to any key not in the allow file. */
 #include "checkpointd/remote_int.h"
 
 #include <errno.h>
@@ -32,9 +35,11 @@
 #define RMT_MAX_KEYS 4096         /* in an allow file */
 #define RMT_POLL_MS 100           /* < 200: remote.h promises to look at *stop that often */
 #define RMT_REFUSAL_QUIET_S 60    /* a refused client that keeps retrying is logged once per */
+#define RMT_FETCH_BURST 4         /* parts a fetch sends before the loop looks at the others */
+#define RMT_FETCH_WAIT_MS 2       /* the poll's wait while a fetch waits for its client */
 #define ZAP_ENDPOINT "inproc://zeromq.zap.01"
 
-typedef enum { P_OPEN, P_FAILED } pstate_t;
+typedef enum { P_OPEN, P_FAILED, P_FETCH } pstate_t;
 
 typedef struct {
     uint8_t id[256];          /* routing id */
@@ -52,6 +57,20 @@ typedef struct {
     uint64_t seq;             /* of its last message */
     int code;                 /* failed: the answer to its commit */
     char reason[1152];
+    /* fetching: file `file` (0 the index, K + 1 the index's data file K) goes out from `off`
+     * of `size` bytes; buf holds a part read and not yet taken by the client's queue */
+    char path[PATH_MAX];      /* the step's directory */
+    uint64_t fetch_seq;       /* the fetch's, in every part */
+    int n_files;
+    ckpt_file_t *files;       /* the index's data files */
+    uint32_t file;
+    int fd;                   /* of file `file`, -1 before it is opened */
+    uint64_t off, size;
+    int any;                  /* a part of file `file` went out (an empty file has one) */
+    uint8_t *buf;
+    size_t buf_n;
+    int buffered;             /* buf holds the next part */
+    int ended;                /* every part went out, or it failed: the reply is what is left */
 } peer_t;
 
 typedef struct {
@@ -63,6 +82,7 @@ typedef struct {
     int n_allowed;
     peer_t *peers[RMT_MAX_PEERS];
     int n_open;
+    int n_fetch;              /* peers fetching */
     char last_refused[512];   /* refused-connection log lines are not repeated for a while */
     double last_refused_t;
     int refused_repeats;
@@ -164,8 +184,25 @@ static void drop_job_dir(srv_t *s, peer_t *p)
     p->made_dir = 0;
 }
 
+/* What a fetch holds, given back; p is no longer fetching. */
+static void fetch_end(srv_t *s, peer_t *p)
+{
+    if (p->state != P_FETCH)
+        return;
+    if (p->fd >= 0)
+        close(p->fd);
+    free(p->files);
+    free(p->buf);
+    p->files = NULL, p->buf = NULL, p->fd = -1;
+    p->state = P_FAILED;
+    p->reason[0] = '\0';
+    p->code = 0;
+    s->n_fetch--;
+}
+
 static void peer_free(srv_t *s, peer_t *p)
 {
+    fetch_end(s, p);
     for (int i = 0; i < RMT_MAX_PEERS; i++)
         if (s->peers[i] == p)
             s->peers[i] = NULL;
@@ -193,11 +230,16 @@ static void peer_fail(srv_t *s, peer_t *p, int code, const char *reason)
     p->code = code;
 }
 
-static void reply(srv_t *s, const void *id, size_t idlen, uint64_t seq, int code, const char *text)
+static int reply_send(srv_t *s, const void *id, size_t idlen, uint64_t seq, int code, const char *text)
 {
     rmt_hdr_t h = {.type = RMT_REPLY, .seq = seq, .ok = code == 0, .code = (uint64_t)code, .text = text,
                    .text_len = strlen(text)};
-    int rc = rmt_send(s->router, id, idlen, &h, NULL, 0, ZMQ_DONTWAIT);
+    return rmt_send(s->router, id, idlen, &h, NULL, 0, ZMQ_DONTWAIT);
+}
+
+static void reply(srv_t *s, const void *id, size_t idlen, uint64_t seq, int code, const char *text)
+{
+    int rc = reply_send(s, id, idlen, seq, code, text);
     if (rc && rc != -EHOSTUNREACH) /* unreachable: it is gone, nobody to tell */
         srv_log(s, "could not answer a client (%s): %s", zmq_strerror(-rc), text);
 }
@@ -450,26 +492,31 @@ static void on_bad(srv_t *s, peer_t *p, const void *id, size_t idlen, zmq_msg_t 
     reply(s, id, idlen, seq, code, err);
 }
 
+/* DIR/job for a job name a client sent (h->job, into job): a plain name, and not a link or a
+ * file where its directory would be (it may not exist). 0, or -EINVAL with why in err. */
+static int job_dir(srv_t *s, const rmt_hdr_t *h, char job[CKPT_FILE_MAX], char *jobdir, size_t n, char *err,
+                   size_t errlen)
+{
+    char shown[CODEC_PRINTABLE];
+    struct stat st;
+    if (h->job_len == 0 || h->job_len >= CKPT_FILE_MAX || memchr(h->job, '\0', h->job_len))
+        return util_fail(err, errlen, -EINVAL, "job name '%s' is not 1 to %d characters",
+                         codec_printable(h->job, h->job_len, shown), CKPT_FILE_MAX - 1);
+    memcpy(job, h->job, h->job_len);
+    job[h->job_len] = '\0';
+    if (!ckpt_safe_name(job) || snprintf(jobdir, n, "%s/%s", s->dir, job) >= (int)n)
+        return util_fail(err, errlen, -EINVAL, "not a plain job name");
+    if (lstat(jobdir, &st) == 0 && !S_ISDIR(st.st_mode)) /* a link: nothing of ours is there */
+        return util_fail(err, errlen, -EINVAL, "%s is not a real directory: the server keeps checkpoints only in "
+                         "real directories inside its --dir", jobdir);
+    return 0;
+}
+
 /* list: the job's complete checkpoints, "COUNT STEP..." (the newest RMT_LIST_MAX, newest first). */
 static void on_list(srv_t *s, const void *id, size_t idlen, const rmt_hdr_t *h)
 {
-    char job[CKPT_FILE_MAX], err[PATH_MAX + 256], shown[CODEC_PRINTABLE], jobdir[PATH_MAX];
-    struct stat st;
-    if (h->job_len == 0 || h->job_len >= sizeof job || memchr(h->job, '\0', h->job_len)) {
-        snprintf(err, sizeof err, "job name '%s' is not 1 to %d characters", codec_printable(h->job, h->job_len,
-                 shown), CKPT_FILE_MAX - 1);
-        reply(s, id, idlen, h->seq, EINVAL, err);
-        return;
-    }
-    memcpy(job, h->job, h->job_len);
-    job[h->job_len] = '\0';
-    if (!ckpt_safe_name(job) || snprintf(jobdir, sizeof jobdir, "%s/%s", s->dir, job) >= (int)sizeof jobdir) {
-        reply(s, id, idlen, h->seq, EINVAL, "not a plain job name");
-        return;
-    }
-    if (lstat(jobdir, &st) == 0 && !S_ISDIR(st.st_mode)) { /* a link: nothing of ours is there */
-        snprintf(err, sizeof err, "%s is not a real directory: the server keeps checkpoints only in real "
-                 "directories inside its --dir", jobdir);
+    char job[CKPT_FILE_MAX], err[PATH_MAX + 256], jobdir[PATH_MAX];
+    if (job_dir(s, h, job, jobdir, sizeof jobdir, err, sizeof err)) {
         reply(s, id, idlen, h->seq, EINVAL, err);
         return;
     }
@@ -486,6 +533,181 @@ static void on_list(srv_t *s, const void *id, size_t idlen, const rmt_hdr_t *h)
         k += (size_t)snprintf(text + k, sizeof text - k, " %" PRId64, steps[i]);
     free(steps);
     reply(s, id, idlen, h->seq, 0, text);
+}
+
+/* fetch: p starts sending DIR/job/step-N, whose index and data files must all be there with
+ * their sizes and headers (ckpt_check_files; -ENOENT: no such step, -EBADMSG: damaged here).
+ * The chunks' checksums are the loader's to check. */
+static int fetch_begin(srv_t *s, peer_t *p, const rmt_hdr_t *h, char *err, size_t errlen)
+{
+    char jobdir[PATH_MAX], why[1024];
+    int rc = job_dir(s, h, p->job, jobdir, sizeof jobdir, err, errlen), bad = 0;
+    if (rc)
+        return rc;
+    if (h->step > CKPT_STEP_MAX)
+        return util_fail(err, errlen, -EINVAL, "step %" PRIu64 " is past the last step a run can have", h->step);
+    p->step = (int64_t)h->step;
+    ckpt_step_path(p->path, sizeof p->path, jobdir, p->step);
+    char *lines = NULL;
+    size_t n = 0;
+    FILE *report = open_memstream(&lines, &n); /* the problems, one a line: the first is the answer */
+    rc = ckpt_check_files(p->path, report, &bad, why, sizeof why);
+    if (report)
+        fclose(report);
+    if (rc && lines && lines[0])
+        snprintf(why, sizeof why, "%.*s", (int)strcspn(lines, "\n"), lines);
+    free(lines);
+    if (rc == -ENOENT)
+        return util_fail(err, errlen, -ENOENT, "job %s has no complete checkpoint of step %" PRId64 " here (%s)",
+                         p->job, p->step, why);
+    if (rc)
+        return util_fail(err, errlen, rc, "%s", why);
+    ckpt_t *ck;
+    if ((rc = ckpt_open(&ck, p->path, err, errlen)))
+        return rc;
+    const ckpt_index_t *ix = ckpt_index(ck);
+    p->n_files = ix->n_files;
+    p->files = malloc((size_t)(ix->n_files ? ix->n_files : 1) * sizeof *p->files);
+    p->buf = malloc(RMT_DATA_FRAME);
+    if (p->files)
+        memcpy(p->files, ix->files, (size_t)ix->n_files * sizeof *p->files);
+    ckpt_close(&ck);
+    p->state = P_FETCH; /* fetch_end gives back what it holds from here on */
+    p->fd = -1;
+    s->n_fetch++;
+    if (!p->files || !p->buf)
+        return util_fail(err, errlen, -ENOMEM, "out of memory");
+    p->fetch_seq = h->seq;
+    p->code = 0;
+    p->reason[0] = '\0';
+    p->file = 0;
+    p->off = p->size = 0;
+    p->any = p->buffered = p->ended = 0;
+    p->bytes = 0;
+    p->t0 = util_now();
+    return 0;
+}
+
+/* The fetch's next part into p->buf (p->ended when none is left). 0, or -errno with why. */
+static int fetch_read(peer_t *p, char *err, size_t errlen)
+{
+    for (;;) {
+        if (p->fd < 0) {
+            if ((int64_t)p->file > p->n_files) {
+                p->ended = 1;
+                return 0;
+            }
+            const char *name = p->file ? p->files[p->file - 1].name : "index";
+            char path[PATH_MAX + CKPT_FILE_MAX];
+            struct stat st;
+            snprintf(path, sizeof path, "%s/%s", p->path, name);
+            if ((p->fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)) < 0 || fstat(p->fd, &st))
+                return util_fail(err, errlen, errno == ENOENT ? -EBADMSG : -errno, "%s: %s", path, strerror(errno));
+            p->size = p->file ? p->files[p->file - 1].bytes : (uint64_t)st.st_size;
+            p->off = 0;
+            p->any = 0;
+        }
+        if (p->off == p->size && p->any) {
+            close(p->fd);
+            p->fd = -1;
+            p->file++;
+            continue;
+        }
+        size_t want = p->size - p->off < RMT_DATA_FRAME ? (size_t)(p->size - p->off) : RMT_DATA_FRAME;
+        size_t got = 0;
+        while (got < want) {
+            ssize_t r = pread(p->fd, p->buf + got, want - got, (off_t)(p->off + got));
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r <= 0) {
+                const char *name = p->file ? p->files[p->file - 1].name : "index";
+                return r < 0 ? util_fail(err, errlen, -errno, "%s/%s: %s", p->path, name, strerror(errno))
+                             : util_fail(err, errlen, -EBADMSG, "%s/%s is cut short: %" PRIu64 " of its %" PRIu64
+                                         " bytes", p->path, name, p->off + got, p->size);
+            }
+            got += (size_t)r;
+        }
+        p->buf_n = want;
+        p->buffered = 1;
+        return 0;
+    }
+}
+
+/* Sends p's next parts until the client's queue is full, a burst went out or the fetch is
+ * over (its last reply sent: p is freed). Returns the parts sent. */
+static int fetch_pump(srv_t *s, peer_t *p)
+{
+    char err[1024];
+    int sent = 0, rc;
+    while (sent < RMT_FETCH_BURST) {
+        if (!p->ended && !p->buffered && (rc = fetch_read(p, err, sizeof err))) {
+            p->ended = 1;
+            p->code = -rc;
+            snprintf(p->reason, sizeof p->reason, "step %" PRId64 " of job %s: %s", p->step, p->job, err);
+        }
+        if (p->ended) {
+            const char *text = p->code ? p->reason : p->path;
+            if ((rc = reply_send(s, p->id, p->idlen, p->fetch_seq, p->code, text)) == -EAGAIN)
+                return sent;
+            double secs = util_now() - p->t0;
+            if (p->code)
+                srv_log(s, "%s step %" PRId64 " to %s: fetch failed: %s", p->job, p->step, p->who, p->reason);
+            else
+                srv_log(s, "%s step %" PRId64 " to %s: fetched, %.1f MB in %.2f s (%.0f MB/s)%s", p->job, p->step,
+                        p->who, (double)p->bytes / 1e6, secs, secs > 0 ? (double)p->bytes / 1e6 / secs : 0.0,
+                        rc ? " (the client went away before the last answer)" : "");
+            peer_free(s, p);
+            return sent + 1;
+        }
+        rmt_hdr_t h = {.type = RMT_PART, .seq = p->fetch_seq, .file = p->file, .offset = p->off, .size = p->size};
+        rc = rmt_send(s->router, p->id, p->idlen, &h, p->buf, p->buf_n, ZMQ_DONTWAIT);
+        if (rc == -EAGAIN)
+            return sent;
+        if (rc) {
+            srv_log(s, "%s step %" PRId64 " to %s: fetch ended: %s", p->job, p->step, p->who,
+                    rc == -EHOSTUNREACH ? "the client went away" : zmq_strerror(-rc));
+            peer_free(s, p);
+            return sent;
+        }
+        p->off += p->buf_n;
+        p->bytes += p->buf_n;
+        p->any = 1;
+        p->buffered = 0;
+        p->last = util_now();
+        sent++;
+    }
+    return sent;
+}
+
+/* Every fetch a burst further; whether any part or reply went out. */
+static int fetch_pump_all(srv_t *s)
+{
+    int sent = 0;
+    for (int i = 0; i < RMT_MAX_PEERS && s->n_fetch; i++)
+        if (s->peers[i] && s->peers[i]->state == P_FETCH)
+            sent += fetch_pump(s, s->peers[i]);
+    return sent > 0;
+}
+
+/* fetch: refused at once (an upload open on this connection ends too), or its parts start. */
+static void on_fetch(srv_t *s, peer_t *p, const rmt_hdr_t *h)
+{
+    char err[PATH_MAX + 1280];
+    int rc;
+    if (p->state == P_OPEN) {
+        snprintf(err, sizeof err, "a fetch while step %" PRId64 " of job %s was being received: that upload is "
+                 "aborted", p->step, p->job);
+        peer_fail(s, p, EINVAL, err);
+        reply(s, p->id, p->idlen, h->seq, EINVAL, err);
+        return;
+    }
+    if ((rc = fetch_begin(s, p, h, err, sizeof err))) {
+        srv_log(s, "refused a fetch from %s: %s", p->who, err);
+        reply(s, p->id, p->idlen, h->seq, -rc, err);
+        peer_free(s, p);
+        return;
+    }
+    fetch_pump(s, p);
 }
 
 /* One message from a client: [routing id] header [payload]. Never fatal. */
@@ -507,12 +729,13 @@ static void serve_one(srv_t *s)
     if (p) {
         p->last = util_now();
         p->seq = h.seq;
+        fetch_end(s, p); /* whatever it sent, a client that fetched has moved on */
     }
     if (rc) { /* cannot tell what it was */
         on_bad(s, p, id, idlen, &f[1], h.seq, rc, err);
         goto out;
     }
-    if (!p && (h.type == RMT_BEGIN || h.type == RMT_DATA)) {
+    if (!p && (h.type == RMT_BEGIN || h.type == RMT_DATA || h.type == RMT_FETCH)) {
         if (!(p = peer_new(s, slot, id, idlen, &f[1]))) {
             reply(s, id, idlen, h.seq, EBUSY, "too many clients at once");
             goto out;
@@ -532,6 +755,7 @@ static void serve_one(srv_t *s)
         break;
     case RMT_ABORT: on_abort(s, p); break;
     case RMT_LIST: on_list(s, id, idlen, &h); break;
+    case RMT_FETCH: on_fetch(s, p, &h); break;
     default: /* a reply */
         snprintf(err, sizeof err, "a '%s' message sent to the server", rmt_type_name(h.type));
         if (p && p->state == P_OPEN)
@@ -551,7 +775,11 @@ static void expire(srv_t *s)
         peer_t *p = s->peers[i];
         if (!p || (now - p->last) * 1000 < s->idle_ms)
             continue;
-        if (p->state == P_OPEN) {
+        if (p->state == P_FETCH) {
+            srv_log(s, "%s step %" PRId64 " to %s: fetch ended: the client took nothing for %.0f s", p->job, p->step,
+                    p->who, now - p->last);
+            peer_free(s, p);
+        } else if (p->state == P_OPEN) {
             char why[128];
             snprintf(why, sizeof why, "no message from the client for %.0f s", (now - p->last));
             peer_fail(s, p, ETIMEDOUT, why);
@@ -592,6 +820,7 @@ int rmt_serve_idle(const char *listen, const char *dir, const char *secret_key_p
     int64_t maxmsg = RMT_FRAME_MAX;
     if (!(s.router = zmq_socket(s.ctx, ZMQ_ROUTER)) || rmt_set_int(s.router, ZMQ_LINGER, 0) ||
         rmt_set_int(s.router, ZMQ_ROUTER_MANDATORY, 1) || rmt_set_int(s.router, ZMQ_RCVHWM, RMT_HWM) ||
+        rmt_set_int(s.router, ZMQ_SNDHWM, RMT_HWM) ||
         zmq_setsockopt(s.router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) ||
         rmt_set_int(s.router, ZMQ_CURVE_SERVER, 1) || zmq_setsockopt(s.router, ZMQ_CURVE_SECRETKEY, sec, RMT_KEY_Z85) ||
         zmq_setsockopt(s.router, ZMQ_ZAP_DOMAIN, "ctitan", 6)) {
@@ -609,9 +838,11 @@ int rmt_serve_idle(const char *listen, const char *dir, const char *secret_key_p
     srv_log(&s, "listening on %s", ep);
     srv_log(&s, "server key %s; %d client key%s from %s; writing under %s", pub, s.n_allowed,
             s.n_allowed == 1 ? "" : "s", allow_path, dir);
+    int sent = 0;
     while (!*stop) {
         zmq_pollitem_t it[2] = {{.socket = s.router, .events = ZMQ_POLLIN}, {.socket = s.zap, .events = ZMQ_POLLIN}};
-        int k = zmq_poll(it, 2, RMT_POLL_MS);
+        /* a fetch whose client's queue is full is tried again after a short wait */
+        int k = zmq_poll(it, 2, !s.n_fetch ? RMT_POLL_MS : sent ? 0 : RMT_FETCH_WAIT_MS);
         if (k < 0 && errno != EINTR) {
             rc = util_fail(err, errlen, -errno, "poll: %s", zmq_strerror(errno));
             break;
@@ -626,6 +857,7 @@ int rmt_serve_idle(const char *listen, const char *dir, const char *secret_key_p
                 break;
             serve_one(&s);
         }
+        sent = fetch_pump_all(&s);
         expire(&s); /* after the queue is read, so a long commit never makes others look silent */
     }
     if (!rc && s.refused_repeats)

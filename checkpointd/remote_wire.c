@@ -10,7 +10,7 @@
 #include "ipc/codec.h"
 #include "ipc/util.h"
 
-enum { H_SEQ, H_JOB, H_KEEP, H_REPLACE, H_STEP, H_FILE, H_OFFSET, H_OK, H_CODE, H_TEXT, H_COUNT };
+enum { H_SEQ, H_JOB, H_KEEP, H_REPLACE, H_STEP, H_FILE, H_OFFSET, H_OK, H_CODE, H_TEXT, H_SIZE, H_COUNT };
 
 /* Encoded in this order, after "v" and "type". */
 static const codec_field_t fields[H_COUNT] = {
@@ -24,6 +24,7 @@ static const codec_field_t fields[H_COUNT] = {
     [H_OK]     = {"ok",     CODEC_BOOL,       offsetof(rmt_hdr_t, ok), 0},
     [H_CODE]   = {"code",   CODEC_U64,        offsetof(rmt_hdr_t, code), 0},
     [H_TEXT]   = {"text",   CODEC_STR,        offsetof(rmt_hdr_t, text), offsetof(rmt_hdr_t, text_len)},
+    [H_SIZE]   = {"size",   CODEC_U64,        offsetof(rmt_hdr_t, size), 0},
 };
 
 #define HB(k) (1u << (k))
@@ -38,6 +39,8 @@ static const codec_type_t types[RMT_TYPE_END] = {
     [RMT_ABORT]  = {"abort",  HB(H_SEQ), 0},
     [RMT_REPLY]  = {"reply",  HB(H_SEQ) | HB(H_OK) | HB(H_CODE) | HB(H_TEXT), 0},
     [RMT_LIST]   = {"list",   HB(H_SEQ) | HB(H_JOB), 0},
+    [RMT_FETCH]  = {"fetch",  HB(H_SEQ) | HB(H_JOB) | HB(H_STEP), 0},
+    [RMT_PART]   = {"part",   HB(H_SEQ) | HB(H_FILE) | HB(H_OFFSET) | HB(H_SIZE), PAYLOAD},
 };
 
 static const codec_proto_t proto = {

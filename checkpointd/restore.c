@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "checkpointd/ckpt.h"
 #include "checkpointd/hf_import.h"
@@ -41,6 +42,7 @@ typedef struct {
     FILE *log;
     const char *what; /* checkpoint.load as given */
     const char *key;  /* the key that named the directory loaded */
+    const char *shown; /* the checkpoint's name in messages (a fetched one's "PATH on ENDPOINT"), or NULL */
     int loaded;       /* latest's search loaded the one it took */
 } load_t;
 
@@ -56,6 +58,54 @@ static int latest_load(void *arg, const char *path, int *corrupt, char *err, siz
     return rc;
 }
 
+/* latest from a storage host (restore_load_stored): its newest checkpoint that loads, fetched
+ * into a temporary directory of the local folder, loaded and removed. */
+static int remote_latest(load_t *L, char *path, size_t n, char *err, size_t errlen)
+{
+    const restore_stored_t *st = L->stored;
+    const manifest_t *m = L->m;
+    char folder[PATH_MAX], tmp[PATH_MAX + 64], name[64], where[PATH_MAX + 320], why[1024];
+    manifest_ckpt_folder(m, folder, sizeof(folder));
+    int rc = util_mkdirs(folder);
+    if (rc)
+        return util_fail(err, errlen, rc, "checkpoint.folder %s: cannot create it to fetch into: %s", folder,
+                         strerror(-rc));
+    ckpt_retain(folder, 0); /* the temporary directories of fetches whose process is gone */
+    int tried = 0;
+    for (int i = 0; i < st->n && i < RESTORE_STORED_MAX; i++, tried++) {
+        ckpt_tmp_name(name, sizeof(name), st->steps[i], (int)getpid());
+        if ((size_t)snprintf(tmp, sizeof(tmp), "%s/%s", folder, name) >= sizeof(tmp))
+            return util_fail(err, errlen, -ENAMETOOLONG, "checkpoint.folder %s is too long", folder);
+        ckpt_remove_dir(tmp);
+        if (mkdir(tmp, 0700))
+            return util_fail(err, errlen, -errno, "%s: cannot create: %s", tmp, strerror(errno));
+        int corrupt;
+        rc = st->fetch(st->arg, st->steps[i], tmp, where, sizeof(where), why, sizeof(why));
+        corrupt = rc == -ENOENT || rc == -EBADMSG;
+        L->shown = where;
+        if (!rc)
+            rc = load_dir(L, tmp, &corrupt, why, sizeof(why));
+        L->shown = NULL;
+        ckpt_remove_dir(tmp);
+        if (!rc) {
+            if (strlen(where) >= n)
+                return util_fail(err, errlen, -ENAMETOOLONG, "checkpoint path %s is too long", where);
+            snprintf(path, n, "%s", where);
+            L->loaded = 1;
+            return 0;
+        }
+        if (!corrupt)
+            return util_fail(err, errlen, rc, "checkpoint.load = latest: step %lld of job %s on the storage host at "
+                             "%s: %s", (long long)st->steps[i], m->name, m->ckpt_endpoint, why);
+        if (L->log)
+            fprintf(L->log, "ctitan: step %lld of job %s on the storage host at %s: %s: not loading it\n",
+                    (long long)st->steps[i], m->name, m->ckpt_endpoint, why);
+    }
+    return util_fail(err, errlen, -EBADMSG, "checkpoint.load = latest: none of the newest %d checkpoint%s of job %s "
+                     "on the storage host at %s loads (see above); `ctitan ckpt verify` on the storage host lists "
+                     "every problem", tried, tried == 1 ? "" : "s", m->name, m->ckpt_endpoint);
+}
+
 /* checkpoint.load to a directory: "latest" is the newest one of the folder that loads (and is
  * loaded: L->loaded; none: path ""), any other must exist and have all its files (its data is
  * checked as it loads). */
@@ -66,14 +116,8 @@ static int resolve(const char *what, load_t *L, char *path, size_t n, char *err,
     path[0] = 0;
     if (!what[0]) /* a fresh start */
         return 0;
-    if (!strcmp(what, "latest") && stored && stored->n)
-        return util_fail(err, errlen, -EEXIST, "checkpoint.load = latest: the storage host (checkpoint.endpoint %s) "
-                         "holds %d checkpoint%s of job %s (the newest: step %lld), and a trainer cannot load from a "
-                         "storage host yet: copy that step-N directory to this machine and set checkpoint.load to it, "
-                         "or start over under another job.name (this run would write over them)", m->ckpt_endpoint,
-                         stored->n, stored->n == 1 ? "" : "s", m->name, (long long)stored->steps[0]);
     if (!strcmp(what, "latest") && stored)
-        return 0; /* the storage host holds none: a fresh start */
+        return stored->n ? remote_latest(L, path, n, err, errlen) : 0; /* none there: a fresh start */
     if (!strcmp(what, "latest")) {
         char folder[PATH_MAX];
         manifest_ckpt_folder(m, folder, sizeof(folder));
@@ -350,13 +394,14 @@ static int load_dir(load_t *L, const char *path, int *corrupt, char *err, size_t
     ckpt_t *ck;
     if ((rc = ckpt_open(&ck, path, err, errlen)))
         return rc;
+    const char *name = L->shown ? L->shown : path;
     const ckpt_index_t *ix = ckpt_index(ck);
     atomic_store(&h->step, -1); /* nothing whole in the segment until the end */
-    rc = check_model(ix, m, path, L->log, err, errlen);
+    rc = check_model(ix, m, name, L->log, err, errlen);
     if (!rc) /* this run's model, whatever the manifest inside says */
-        rc = check_tensors(ix, L->tab, o, path, "this run's model", err, errlen);
+        rc = check_tensors(ix, L->tab, o, name, "this run's model", err, errlen);
     if (!rc)
-        rc = check_cursor(ix, path, err, errlen);
+        rc = check_cursor(ix, name, err, errlen);
     if (!rc)
         rc = check_overwrite(L->what, m, L->stored, ix->step, err, errlen);
     if (!rc && ix->step < m->steps) { /* a run with nothing left to train needs only the step */

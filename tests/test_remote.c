@@ -600,6 +600,92 @@ static void test_remote_keeps_the_newest_k(void **state)
     rmt_client_destroy(&c);
 }
 
+/* The files of two checkpoint directories are the same, byte for byte. */
+static void assert_same_dirs(const char *a, const char *b)
+{
+    static char la[4096], lb[4096];
+    listing(a, la, sizeof(la));
+    listing(b, lb, sizeof(lb));
+    assert_string_equal(la, lb);
+    for (char *name = strtok(la, "\n"); name; name = strtok(NULL, "\n")) {
+        char pa[PATH_MAX], pb[PATH_MAX];
+        snprintf(pa, sizeof(pa), "%s/%s", a, name);
+        snprintf(pb, sizeof(pb), "%s/%s", b, name);
+        size_t na = 0, nb = 0;
+        char *da = NULL, *db = NULL, err[512];
+        assert_int_equal(util_read_file(pa, (size_t)1 << 30, "file", &da, &na, err, sizeof(err)), 0);
+        assert_int_equal(util_read_file(pb, (size_t)1 << 30, "file", &db, &nb, err, sizeof(err)), 0);
+        assert_true(na == nb);
+        if (memcmp(da, db, na))
+            fail_msg("%s differs from %s", pa, pb);
+        free(da);
+        free(db);
+    }
+}
+
+/* fetch: a stored checkpoint comes back whole (job1's step 7 is ~72 MB, many times what the
+ * queues hold, so the server waits on the client), byte for byte; a step not there, a job name
+ * that is not plain and a copy cut short on the server are refused, naming why, and the client
+ * goes on working after each. */
+static void test_remote_fetches_a_stored_checkpoint_back_whole(void **state)
+{
+    rmt_client_t *c = client(g_srv.endpoint, g_key[SRV_PUB], g_key[GOOD_KEY]);
+    char path[PATH_MAX], err[1024], dir[PATH_MAX], want[PATH_MAX + 64];
+    snprintf(dir, sizeof(dir), "%s/fetched-7", g_dir);
+    assert_int_equal(mkdir(dir, 0700), 0);
+    double t0 = util_now();
+    int rc = rmt_client_fetch(c, "job1", 7, dir, path, sizeof(path), T_MS, err, sizeof(err));
+    if (rc)
+        print_error("%s\n", err);
+    assert_int_equal(rc, 0);
+    print_message("fetched step 7 (~72 MB) in %.2f s over loopback\n", util_now() - t0);
+    snprintf(want, sizeof(want), "%s/job1/step-00000007", g_srv.dir);
+    assert_string_equal(path, want);
+    assert_same_dirs(want, dir);
+    int bad = -1;
+    assert_int_equal(ckpt_verify(dir, NULL, &bad, err, sizeof(err)), 0);
+    assert_true(wait_text(g_srv.log, "job1 step 7 to 127.0.0.1", 2000));
+    /* not there, and not a plain name */
+    snprintf(dir, sizeof(dir), "%s/fetched-none", g_dir);
+    assert_int_equal(mkdir(dir, 0700), 0);
+    assert_int_equal(rmt_client_fetch(c, "job1", 99, dir, path, sizeof(path), T_MS, err, sizeof(err)), -ENOENT);
+    assert_non_null(strstr(err, "no complete checkpoint of step 99"));
+    assert_int_equal(rmt_client_fetch(c, "../job1", 7, dir, path, sizeof(path), T_MS, err, sizeof(err)), -EINVAL);
+    assert_non_null(strstr(err, "not a plain job name"));
+    /* a data file cut short on the server: damaged, for the caller to pass over */
+    ck_t k;
+    ck_make(&k, "tiny", 5, 3);
+    assert_int_equal(ck_send(c, "cut", 0, &k, 0, path, sizeof(path), err, sizeof(err)), 0);
+    char file[PATH_MAX + 64];
+    snprintf(file, sizeof(file), "%s/%s", path, k.plan.files[1].name);
+    assert_int_equal(truncate(file, (off_t)k.plan.files[1].bytes - 100), 0);
+    assert_int_equal(rmt_client_fetch(c, "cut", 5, dir, path, sizeof(path), T_MS, err, sizeof(err)), -EBADMSG);
+    if (!strstr(err, k.plan.files[1].name))
+        fail_msg("%s", err);
+    /* the same client goes on: an upload, then its fetch */
+    ck_free(&k);
+    ck_make(&k, "tiny", 6, 4);
+    assert_int_equal(ck_send(c, "cut", 0, &k, 0, path, sizeof(path), err, sizeof(err)), 0);
+    snprintf(dir, sizeof(dir), "%s/fetched-6", g_dir);
+    assert_int_equal(mkdir(dir, 0700), 0);
+    assert_int_equal(rmt_client_fetch(c, "cut", 6, dir, path, sizeof(path), T_MS, err, sizeof(err)), 0);
+    assert_same_dirs(path, dir);
+    ck_free(&k);
+    rmt_client_destroy(&c);
+    /* a client that leaves after the first part: the server lets the fetch go (and lives on:
+     * test_remote_server_survived_everything_and_stops_cleanly) */
+    raw_t r;
+    raw_open(&r, g_srv.endpoint);
+    uint8_t h[512];
+    size_t hn = hdr(h, sizeof(h), RMT_VERSION, "fetch", 2, "job=s:job1", "step=i:7");
+    raw_send(&r, h, hn, NULL, 0);
+    zmq_pollitem_t it = {.socket = r.sock, .events = ZMQ_POLLIN};
+    assert_int_equal(zmq_poll(&it, 1, T_MS), 1);
+    raw_close(&r);
+    assert_true(wait_text(g_srv.log, "job1 step 7 to 127.0.0.1", T_MS));
+    assert_true(wait_text(g_srv.log, "fetch ended: the client went away", T_MS));
+}
+
 static void test_remote_two_clients_interleaved_and_one_job_at_a_time(void **state)
 {
     rmt_client_t *a = client(g_srv.endpoint, g_key[SRV_PUB], g_key[GOOD_KEY]);
@@ -1028,7 +1114,7 @@ static void test_remote_refuses_malformed_messages(void **state)
  * and data without one. (remote.c once looked this up in a table of 3 entries indexed by all
  * 5 types: a read past its end that ASan reports and that worked only while the bytes after
  * it happened to be zero.) */
-static void test_remote_only_begin_and_data_carry_a_payload_frame(void **state)
+static void test_remote_only_begin_data_and_part_carry_a_payload_frame(void **state)
 {
     raw_t r;
     raw_open(&r, g_srv.endpoint);
@@ -1046,6 +1132,10 @@ static void test_remote_only_begin_and_data_carry_a_payload_frame(void **state)
     raw_expect_refusal(&r, h, hn, NULL, 0, "data: the payload frame is missing");
     hn = hdr(h, sizeof(h), RMT_VERSION, "begin", 4, "job=s:payload", "keep=i:0", "step=i:1", "replace=b:0");
     raw_expect_refusal(&r, h, hn, NULL, 0, "begin: the payload frame is missing");
+    hn = hdr(h, sizeof(h), RMT_VERSION, "fetch", 2, "job=s:payload", "step=i:1");
+    raw_expect_refusal(&r, h, hn, junk, sizeof(junk), "fetch: no payload frame expected");
+    hn = hdr(h, sizeof(h), RMT_VERSION, "part", 3, "file=i:0", "offset=i:0", "size=i:4");
+    raw_expect_refusal(&r, h, hn, junk, sizeof(junk), "a 'part' message sent to the server");
     raw_close(&r);
     assert_true(alive(&g_srv));
 }
@@ -1135,7 +1225,7 @@ static void test_remote_server_survived_everything_and_stops_cleanly(void **stat
      * no job directory of an upload that was never committed ("order", "raw", "vanish") */
     char files[4096];
     listing(g_srv.dir, files, sizeof(files));
-    assert_string_equal(files, "after\nhuge\nja\njb\njob1\nkeeper\nkeepme\nnames\nproper\nstays\n");
+    assert_string_equal(files, "after\ncut\nhuge\nja\njb\njob1\nkeeper\nkeepme\nnames\nproper\nstays\n");
     assert_int_equal(server_stop(&g_srv), 0);
     assert_true(wait_text(g_srv.log, "stopped", 100));
 }
@@ -1229,7 +1319,8 @@ static void test_remote_header_types_and_payload_frames(void **state)
         const char *name;
         int payload;
     } want[] = {{RMT_BEGIN, "begin", 1}, {RMT_DATA, "data", 1}, {RMT_COMMIT, "commit", 0},
-                {RMT_ABORT, "abort", 0}, {RMT_REPLY, "reply", 0}, {RMT_LIST, "list", 0}};
+                {RMT_ABORT, "abort", 0}, {RMT_REPLY, "reply", 0}, {RMT_LIST, "list", 0},
+                {RMT_FETCH, "fetch", 0}, {RMT_PART, "part", 1}};
     assert_int_equal(sizeof(want) / sizeof(want[0]), RMT_TYPE_END - 1);
     for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
         assert_string_equal(rmt_type_name(want[i].type), want[i].name);
@@ -1409,6 +1500,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_remote_serve_refuses_to_start_with_bad_keys_or_endpoint),
         cmocka_unit_test(test_remote_streams_a_checkpoint_that_verifies_and_reads_back),
         cmocka_unit_test(test_remote_keeps_the_newest_k),
+        cmocka_unit_test(test_remote_fetches_a_stored_checkpoint_back_whole),
         cmocka_unit_test(test_remote_two_clients_interleaved_and_one_job_at_a_time),
         cmocka_unit_test(test_remote_refuses_a_key_not_in_the_allow_file),
         cmocka_unit_test(test_remote_tells_a_wrong_server_key_and_no_server_apart),
@@ -1421,7 +1513,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_remote_a_stored_step_is_replaced_only_when_asked_and_by_one_that_verifies),
         cmocka_unit_test(test_remote_never_writes_through_a_linked_job_folder),
         cmocka_unit_test(test_remote_refuses_malformed_messages),
-        cmocka_unit_test(test_remote_only_begin_and_data_carry_a_payload_frame),
+        cmocka_unit_test(test_remote_only_begin_data_and_part_carry_a_payload_frame),
         cmocka_unit_test(test_remote_header_types_and_payload_frames),
         cmocka_unit_test(test_remote_header_fuzz_random_bytes),
         cmocka_unit_test(test_remote_header_fuzz_mutations_of_valid_encodings),

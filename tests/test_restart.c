@@ -346,6 +346,64 @@ static void test_restart_a_damaged_newest_checkpoint_is_passed_over_once_its_loa
     assert_clean(ref, NULL, 0);
 }
 
+/* A job whose checkpoints go to a storage host (checkpoint.endpoint: `checkpointd --listen` on
+ * loopback), its coordinator killed -9 once the checkpoint of step 400 is saved there (stage 0
+ * hangs at the end of step 450 meanwhile): the supervisor's relaunch resumes from the storage
+ * host (latest fetches step 400, its newest), bitwise, and nothing of it stays on the trainer's
+ * side. (Before, the relaunch was refused, as the host held checkpoints of the job that it
+ * could not load, and the job gave up.) */
+static void test_restart_a_job_checkpointing_to_a_storage_host_resumes_from_it(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char j[32], ref[32], keys[256], store[256], ep[256], cmd[1024], args[4096], once[128], path[300];
+    job_name(j, sizeof(j), "stored");
+    job_name(ref, sizeof(ref), "storedref");
+    snprintf(keys, sizeof(keys), "%s/keys-%s", tj_dir, j);
+    snprintf(store, sizeof(store), "%s/storage-%s", tj_dir, j);
+    assert_int_equal(mkdir(keys, 0700), 0);
+    snprintf(cmd, sizeof(cmd), "%s ckpt keygen %s/storage && %s ckpt keygen %s/trainer", tu_ctitan(), keys,
+             tu_ctitan(), keys);
+    assert_int_equal(tu_run(cmd, out, sizeof(out)), 0);
+    pid_t srv = tu_start_storage(store, keys, ep, sizeof(ep));
+    assert_true(srv > 0);
+    assert_true(ep[0]);
+    int rc = launch("", ref, HUNG400_ARGS, out, sizeof(out));
+    if (rc)
+        fail_msg("the reference run: status %d:\n%s", rc, out);
+    snprintf(args, sizeof(args), HUNG400_ARGS " --checkpoint.endpoint %s --checkpoint.server_key %s/storage.pub "
+             "--checkpoint.client_key %s/trainer.key", ep, keys, keys);
+    setenv("CTITAN_TEST_DIE_ONCE", tj_once_dir(once, sizeof(once), j), 1);
+    setenv("CTITAN_TEST_HANG_AT", "stage.0.0:end:450", 1);
+    pid_t pid = launch_bg(j, args);
+    unsetenv("CTITAN_TEST_HANG_AT");
+    unsetenv("CTITAN_TEST_DIE_ONCE");
+    assert_int_equal(wait_output(j, "main thread hangs at stage.0.0:end:450", 60), 0);
+    assert_int_equal(wait_output(j, "checkpoint: step 400 saved", 60), 0);
+    pid_t coord = tu_descendant_named(pid, "ctitan-coord");
+    assert_true(coord > 0);
+    kill(coord, SIGKILL);
+    rc = tu_reap(pid, 60, NULL);
+    kill(srv, SIGTERM); /* first: a test that fails must not leave it running */
+    assert_int_equal(tu_reap(srv, 10, NULL), 0);
+    tj_read_out(j, out, sizeof(out));
+    char want[1200];
+    snprintf(want, sizeof(want), "resuming from %s/%s/step-00000400 on %s (after step 400)", store, j, ep);
+    if (rc || !strstr(out, "the newest checkpoint on the storage host") || !strstr(out, want))
+        fail_msg("status %d:\n%s", rc, out);
+    assert_int_equal(assert_resumed_bitwise(j, ref, 600), 400);
+    assert_int_equal(count(out, "\nrestart "), 1);
+    int64_t *steps = NULL;
+    snprintf(path, sizeof(path), "%s/runs/%s/checkpoint", tj_dir, j);
+    assert_int_equal(ckpt_list(path, &steps), 0);
+    free(steps);
+    snprintf(path, sizeof(path), "%s/%s", store, j);
+    assert_int_equal(ckpt_list(path, &steps), 3);
+    free(steps);
+    assert_clean(j, &coord, 1);
+    assert_clean(ref, NULL, 0);
+}
+
 /* job.max_restarts = 0 and a kill -9 of the coordinator: no restart, status 1 with the reason,
  * and the supervisor removes what the coordinator left (its segments, control socket and
  * operator key: nothing else would until the next launch of the job). */
@@ -453,6 +511,7 @@ int main(void)
         cmocka_unit_test(test_restart_killed_coordinator_resumes_from_the_newest_checkpoint_bitwise),
         cmocka_unit_test(test_restart_a_checkpoint_committed_as_the_coordinator_dies_is_resumed_from),
         cmocka_unit_test(test_restart_a_damaged_newest_checkpoint_is_passed_over_once_its_load_fails),
+        cmocka_unit_test(test_restart_a_job_checkpointing_to_a_storage_host_resumes_from_it),
         cmocka_unit_test(test_restart_a_killed_coordinator_is_cleaned_up_and_not_restarted_with_max_restarts_0),
         cmocka_unit_test(test_restart_a_failure_at_the_same_step_stops_after_max_restarts),
         cmocka_unit_test(test_restart_a_failure_before_the_first_step_is_not_restarted),

@@ -376,4 +376,37 @@ static inline int tu_free_port(void)
     return ok ? ntohs(a.sin_port) : -1;
 }
 
+/* Starts `checkpointd --listen` on a free loopback port, writing under dir, with keys/storage.key
+ * and keys/trainer.pub (from `ctitan ckpt keygen`); returns its pid and its endpoint ("" when it
+ * did not say it listens, its first line printed). The caller stops it (SIGTERM). */
+static inline pid_t tu_start_storage(const char *dir, const char *keys, char *endpoint, size_t n)
+{
+    char ckptd[300], key[300], allow[300], listen_on[] = "tcp://127.0.0.1:*";
+    snprintf(ckptd, sizeof(ckptd), "%s", tu_ctitan());
+    *strrchr(ckptd, '/') = 0;
+    strcat(ckptd, "/checkpointd");
+    snprintf(key, sizeof(key), "%s/storage.key", keys);
+    snprintf(allow, sizeof(allow), "%s/trainer.pub", keys);
+    int pfd[2];
+    if (pipe(pfd))
+        return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(pfd[1], 1);
+        close(pfd[0]);
+        execl(ckptd, ckptd, "--listen", listen_on, "--dir", dir, "--key", key, "--allow", allow, (char *)NULL);
+        _exit(127);
+    }
+    close(pfd[1]);
+    FILE *f = fdopen(pfd[0], "r");
+    char line[512] = "";
+    if (!fgets(line, sizeof(line), f) || sscanf(line, "listening on %255s", endpoint) != 1) {
+        print_error("checkpointd --listen said: %s\n", line);
+        endpoint[0] = 0;
+    }
+    (void)n;
+    fclose(f); /* later lines go to a closed pipe: checkpointd ignores SIGPIPE */
+    return pid;
+}
+
 #endif

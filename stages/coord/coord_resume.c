@@ -102,6 +102,14 @@ static void note_start(coord_t *c)
     s->cursor_len = c->res->cursor_len;
 }
 
+/* Whether checkpointd's LOADED text names a checkpoint it fetched from the storage host
+ * ("PATH on ENDPOINT"): one of the run's own, as those of its folder are. */
+static int from_storage(const manifest_t *m, const char *text)
+{
+    size_t n = strlen(text), e = strlen(m->ckpt_endpoint);
+    return e && n > e + 4 && !strcmp(text + n - e, m->ckpt_endpoint) && !strncmp(text + n - e - 4, " on ", 4);
+}
+
 /* checkpoint.load as checkpointd resolved it. */
 static int load(coord_t *c, char *err, size_t errlen)
 {
@@ -125,7 +133,8 @@ static int load(coord_t *c, char *err, size_t errlen)
                m->ckpt_endpoint[0] ? m->ckpt_endpoint : folder);
     } else if (strlen(r->load_text) >= sizeof(m->ckpt_load)) {
         return util_fail(err, errlen, -ENAMETOOLONG, "checkpoint path %s is too long", r->load_text);
-    } else if (m->ckpt_initial_path[0] && strncmp(r->load_text, folder, strlen(folder))) {
+    } else if (m->ckpt_initial_path[0] && strncmp(r->load_text, folder, strlen(folder)) &&
+               !from_storage(m, r->load_text)) {
         c->step = r->load_step; /* not one of its own: the start checkpoint.initial_load_path gives */
         if (m->ckpt_initial_hf)
             printf("checkpoint: none of its own in %s: starting from the Hugging Face Llama %s "

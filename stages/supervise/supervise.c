@@ -47,7 +47,8 @@ typedef struct {
     int restarts, in_a_row;       /* restarts so far; in a row from the current `from` */
     int64_t from;                 /* steps completed when the current run started */
     int64_t origin;               /* ... when the first one did (checkpoint.load's step, or 0) */
-    char folder[PATH_MAX];        /* the job's own checkpoints ("": none to resume from) */
+    char folder[PATH_MAX];        /* the job's own checkpoints ("": none here to resume from) */
+    int storage;                  /* they go to a storage host (checkpoint.endpoint) instead */
     int64_t saved[SUP_SAVED_MAX]; /* steps of the checkpoints this job saved */
     int n_saved;
 } sup_t;
@@ -59,7 +60,8 @@ typedef struct {
     char reason[1600];            /* the run's reason ("the coordinator was killed by signal 9 ...") */
     char line[1700];              /* "the coordinator exited with status 1 (reason)" */
     int64_t resume;               /* the step it resumes after */
-    char ckpt[PATH_MAX];          /* its checkpoint ("": none of this job's) */
+    char ckpt[PATH_MAX];          /* its checkpoint ("": none of this job's; "latest": the storage
+                                   * host's newest) */
     int64_t lost_steps;
     double lost_s;
 } failure_t;
@@ -228,7 +230,8 @@ static void set_aside_damaged(sup_t *s)
     const char *slash = strrchr(s->m.ckpt_load, '/');
     char err[512];
     int n_bad = 0;
-    if (!s->out->load_failed || !s->restarts || ckpt_step_of(slash ? slash + 1 : "") < 0 || /* not a step-N */
+    if (!s->folder[0] || !s->out->load_failed || !s->restarts ||
+        ckpt_step_of(slash ? slash + 1 : "") < 0 || /* not a step-N */
         ckpt_verify(s->m.ckpt_load, NULL, &n_bad, err, sizeof(err)) != -EBADMSG)
         return;
     char aside[PATH_MAX + 32];
@@ -247,12 +250,20 @@ static void set_aside_damaged(sup_t *s)
 /* The newest checkpoint this job saved whose files are all there (the index, each data file of
  * its size and header: `ckpt_check_files`; the data itself is checked as the run loads it, one
  * read of it, and one found damaged so is set aside: set_aside_damaged), into f->ckpt and
- * f->resume; none: "" and where the first run started. */
+ * f->resume; none: "" and where the first run started. On a storage host: the newest it
+ * committed, and "latest" (the relaunch fetches it, or an older one when it proves damaged). */
 static void newest_checkpoint(sup_t *s, failure_t *f, int64_t origin)
 {
     f->ckpt[0] = 0;
     f->resume = origin;
     int64_t below = INT64_MAX;
+    if (s->storage) { /* the storage host committed them: the relaunch's latest fetches the newest */
+        for (int i = 0; i < s->n_saved; i++)
+            f->resume = s->saved[i] > f->resume ? s->saved[i] : f->resume;
+        if (s->n_saved)
+            snprintf(f->ckpt, sizeof(f->ckpt), "latest");
+        return;
+    }
     while (s->folder[0]) {
         int64_t best = -1;
         for (int i = 0; i < s->n_saved; i++)
@@ -314,7 +325,10 @@ static void report(sup_t *s, const failure_t *f, int wait_ms)
 {
     const manifest_t *m = s->given;
     char whence[PATH_MAX + 128];
-    if (f->ckpt[0])
+    if (f->ckpt[0] && s->storage)
+        snprintf(whence, sizeof(whence), "resuming from the newest checkpoint on the storage host at %s (step %lld "
+                 "or a later one: checkpoint.load = latest)", m->ckpt_endpoint, (long long)f->resume);
+    else if (f->ckpt[0])
         snprintf(whence, sizeof(whence), "resuming after step %lld (checkpoint %s)", (long long)f->resume, f->ckpt);
     else if (m->ckpt_load[0])
         snprintf(whence, sizeof(whence), "no checkpoint of this run: resuming from checkpoint.load = %s again",
@@ -425,8 +439,9 @@ static int set_up(sup_t *s)
     }
     s->self = getpid();
     s->m = *s->given;
-    if (s->given->ckpt_enable && !s->given->ckpt_endpoint[0]) /* remote checkpoints are not loaded from here */
+    if (s->given->ckpt_enable && !s->given->ckpt_endpoint[0])
         manifest_ckpt_folder(s->given, s->folder, sizeof(s->folder));
+    s->storage = s->given->ckpt_enable && s->given->ckpt_endpoint[0];
     return 0;
 }
 

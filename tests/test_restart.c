@@ -356,7 +356,7 @@ static void test_restart_a_job_checkpointing_to_a_storage_host_resumes_from_it(v
 {
     TU_NEED_BIN();
     static char out[1 << 16];
-    char j[32], ref[32], keys[256], store[256], ep[256], cmd[1024], args[4096], once[128], path[300];
+    char j[32], ref[32], keys[256], store[256], ep[256], cmd[4096], args[4096], once[128], path[300];
     job_name(j, sizeof(j), "stored");
     job_name(ref, sizeof(ref), "storedref");
     snprintf(keys, sizeof(keys), "%s/keys-%s", tj_dir, j);

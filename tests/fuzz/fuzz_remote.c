@@ -1,7 +1,8 @@
 /* libFuzzer harness: remote checkpointd's header frames (checkpointd/remote_int.h
- * rmt_hdr_decode), what the storage host reads from any trainer that passed CURVE. The first
- * byte's low bit says whether a payload frame came with the header; the rest is the header.
- * An accepted header must re-encode to one that decodes and encodes to the same bytes. */
+ * rmt_hdr_decode), what the storage host reads from any trainer that passed CURVE, and what a
+ * trainer reads from its storage host (replies, a fetch's parts). The first byte's low bit says
+ * whether a payload frame came with the header; the rest is the header. An accepted header
+ * must re-encode to one that decodes and encodes to the same bytes. */
 #include <string.h>
 
 #include "checkpointd/remote_int.h"

@@ -284,6 +284,9 @@ static void remote_seeds(void)
         {.type = RMT_COMMIT, .seq = 3},
         {.type = RMT_ABORT, .seq = 4},
         {.type = RMT_REPLY, .seq = 3, .ok = 1, .code = 0, .text = text, .text_len = strlen(text)},
+        {.type = RMT_LIST, .seq = 5, .job = "demo", .job_len = 4},
+        {.type = RMT_FETCH, .seq = 6, .job = "demo", .job_len = 4, .step = 17},
+        {.type = RMT_PART, .seq = 6, .file = 2, .offset = 4194304, .size = 25169920},
     };
     for (size_t i = 0; i < sizeof(h) / sizeof(h[0]); i++) {
         uint8_t *buf;

@@ -5,13 +5,11 @@
 #include "checkpointd/remote_int.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 #include <zmq.h>
 
 #include "ipc/util.h"
@@ -402,127 +400,6 @@ int rmt_client_commit(rmt_client_t *c, char *path, size_t pathlen, int timeout_m
 
 /* ---- fetching a checkpoint back ---- */
 
-/* What a fetch has received: file `file` (0 the index, K + 1 the index's data file K) is
- * being written, `got` of its `size` bytes. */
-typedef struct {
-    const char *dir, *job;
-    int64_t step;
-    uint32_t file;
-    int any;            /* a part of file `file` came */
-    uint64_t size, got;
-    int fd;             /* of data file file - 1 */
-    uint8_t *index;     /* file 0's bytes */
-    ckpt_index_t ix;
-    int have_ix;
-} fetch_t;
-
-static const char *fetch_name(const fetch_t *F) { return F->file ? F->ix.files[F->file - 1].name : "index"; }
-
-static int write_all(int fd, const void *buf, size_t n, uint64_t off)
-{
-    const uint8_t *p = buf;
-    while (n) {
-        ssize_t w = pwrite(fd, p, n, (off_t)off);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return w < 0 ? -errno : -EIO;
-        p += w, n -= (size_t)w, off += (uint64_t)w;
-    }
-    return 0;
-}
-
-/* File `file`, whole: the index decoded (its own checks: structure, checksum, plain file
- * names), of the step asked for, and written; a data file closed. */
-static int fetch_close_file(rmt_client_t *c, fetch_t *F, char *err, size_t errlen)
-{
-    char path[PATH_MAX + CKPT_FILE_MAX];
-    snprintf(path, sizeof path, "%s/%s", F->dir, fetch_name(F));
-    if (F->file) {
-        int rc = close(F->fd) ? -errno : 0;
-        F->fd = -1;
-        return rc ? util_fail(err, errlen, rc, "%s: %s", path, strerror(-rc)) : 0;
-    }
-    char what[PATH_MAX + 128];
-    snprintf(what, sizeof what, "the index of step %lld of job %s from %s", (long long)F->step, F->job, c->endpoint);
-    int rc = ckpt_index_decode(F->index, F->size, &F->ix, what, err, errlen);
-    if (rc)
-        return rc == -ENOMEM ? rc : -EBADMSG;
-    F->have_ix = 1;
-    if (F->ix.step != F->step)
-        return util_fail(err, errlen, -EBADMSG, "%s is that of step %lld", what, (long long)F->ix.step);
-    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-    if (fd < 0 || (rc = write_all(fd, F->index, F->size, 0)) || (rc = close(fd) ? -errno : 0)) {
-        rc = fd < 0 ? -errno : rc;
-        if (fd >= 0)
-            close(fd);
-        return util_fail(err, errlen, rc, "%s: %s", path, strerror(-rc));
-    }
-    return 0;
-}
-
-/* One part: the files in order, each from 0 to the size its first part said (a data file's
- * the index's), nothing past it. */
-static int fetch_part(rmt_client_t *c, fetch_t *F, const rmt_hdr_t *h, const void *data, size_t n, char *err,
-                      size_t errlen)
-{
-    int rc;
-    if (F->any && F->got == F->size && h->file == F->file + 1) { /* the next file */
-        if ((rc = fetch_close_file(c, F, err, errlen)))
-            return rc;
-        F->file++, F->any = 0, F->got = 0;
-    }
-    if (h->file != F->file)
-        return util_fail(err, errlen, -EBADMSG, "the checkpointd at %s sent a part of file %u where one of file %u "
-                         "(%llu of its %llu bytes in) was due", c->endpoint, h->file, F->file,
-                         (unsigned long long)F->got, (unsigned long long)F->size);
-    if (!F->any) { /* the file's first part says its size */
-        if (F->file && (!F->have_ix || F->file > (uint32_t)F->ix.n_files))
-            return util_fail(err, errlen, -EBADMSG, "the checkpointd at %s sent file %u of an index with %d data "
-                             "files", c->endpoint, F->file, F->ix.n_files);
-        if (F->file ? h->size != F->ix.files[F->file - 1].bytes : h->size > CKPT_INDEX_MAX)
-            return util_fail(err, errlen, -EBADMSG, "the checkpointd at %s sent %s of %llu bytes (%s %llu)",
-                             c->endpoint, fetch_name(F), (unsigned long long)h->size,
-                             F->file ? "the index says" : "at most",
-                             (unsigned long long)(F->file ? F->ix.files[F->file - 1].bytes : CKPT_INDEX_MAX));
-        F->size = h->size;
-        if (!F->file && !(F->index = malloc(F->size ? F->size : 1)))
-            return util_fail(err, errlen, -ENOMEM, "out of memory");
-        char path[PATH_MAX + CKPT_FILE_MAX];
-        snprintf(path, sizeof path, "%s/%s", F->dir, fetch_name(F));
-        if (F->file && (F->fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644)) < 0)
-            return util_fail(err, errlen, -errno, "%s: %s", path, strerror(errno));
-    } else if (h->size != F->size) {
-        return util_fail(err, errlen, -EBADMSG, "the checkpointd at %s said %s is %llu bytes, then %llu", c->endpoint,
-                         fetch_name(F), (unsigned long long)F->size, (unsigned long long)h->size);
-    }
-    if (h->offset != F->got || n > F->size - F->got)
-        return util_fail(err, errlen, -EBADMSG, "the checkpointd at %s sent bytes [%llu, %llu) of %s (%llu bytes) "
-                         "after %llu", c->endpoint, (unsigned long long)h->offset,
-                         (unsigned long long)(h->offset + n), fetch_name(F), (unsigned long long)F->size,
-                         (unsigned long long)F->got);
-    if (!F->file)
-        memcpy(F->index + F->got, data, n);
-    else if (n && (rc = write_all(F->fd, data, n, F->got)))
-        return util_fail(err, errlen, rc, "%s/%s: cannot write: %s", F->dir, fetch_name(F), strerror(-rc));
-    F->got += n;
-    F->any = 1;
-    return 0;
-}
-
-/* The fetch's last answer: every file came whole. */
-static int fetch_done(rmt_client_t *c, fetch_t *F, char *err, size_t errlen)
-{
-    int rc;
-    if (F->any && F->got == F->size && (rc = fetch_close_file(c, F, err, errlen)))
-        return rc;
-    if (!F->have_ix || !F->any || F->got != F->size || F->file != (uint32_t)F->ix.n_files)
-        return util_fail(err, errlen, -EBADMSG, "the checkpointd at %s ended the fetch of step %lld of job %s with "
-                         "%s incomplete", c->endpoint, (long long)F->step, F->job,
-                         F->have_ix ? fetch_name(F) : "the index");
-    return 0;
-}
-
 int rmt_client_fetch(rmt_client_t *c, const char *job, int64_t step, const char *dir, char *path, size_t pathlen,
                      int idle_ms, char *err, size_t errlen)
 {
@@ -536,7 +413,8 @@ int rmt_client_fetch(rmt_client_t *c, const char *job, int64_t step, const char 
     if ((rc = client_send(c, &h, NULL, 0, err, errlen)))
         return rc;
     uint64_t want = c->begin_seq = h.seq; /* earlier answers are not this one's */
-    fetch_t F = {.dir = dir, .job = job, .step = step, .fd = -1};
+    rmt_fetch_t F;
+    rmt_fetch_init(&F, dir, job, step, c->endpoint);
     char what[96];
     snprintf(what, sizeof what, "the fetch of step %lld", (long long)step);
     for (rc = 1; rc > 0;) {
@@ -572,20 +450,17 @@ int rmt_client_fetch(rmt_client_t *c, const char *job, int64_t step, const char 
         else if (r.seq != want) /* an answer to something earlier */
             rc = 1;
         else if (r.type == RMT_PART)
-            rc = (rc = fetch_part(c, &F, &r, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]), err, errlen)) ? rc : 1;
+            rc = (rc = rmt_fetch_part(&F, &r, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]), err, errlen)) ? rc : 1;
         else if (r.type != RMT_REPLY)
             rc = util_fail(err, errlen, -EPROTO, "the checkpointd at %s sent a '%s' message during a fetch",
                            c->endpoint, rmt_type_name(r.type));
         else if (!r.ok)
             rc = refusal(c, &r, err, errlen);
-        else if (!(rc = fetch_done(c, &F, err, errlen)) && path && pathlen)
+        else if (!(rc = rmt_fetch_done(&F, err, errlen)) && path && pathlen)
             snprintf(path, pathlen, "%.*s", (int)(r.text_len < pathlen ? r.text_len : pathlen - 1), r.text);
         rmt_close_frames(f, 2);
     }
-    if (F.fd >= 0)
-        close(F.fd);
-    free(F.index);
-    ckpt_index_free(&F.ix);
+    rmt_fetch_free(&F);
     if (rc)
         c->stuck = 1; /* the server may still be sending: the next request starts on a new socket */
     return rc;

@@ -299,6 +299,41 @@ static void remote_seeds(void)
 
 /* a peak cache file as the coordinator writes it (a fixed machine: the corpus does not change
  * from run to run) */
+/* fuzz_fetch's records (see its comment): file, flags, size, offset, n. */
+static size_t fetch_record(uint8_t *out, int file, int flags, uint32_t size, uint32_t offset, uint16_t n)
+{
+    out[0] = (uint8_t)file, out[1] = (uint8_t)flags;
+    for (int i = 0; i < 4; i++)
+        out[2 + i] = (uint8_t)(size >> 8 * i), out[6 + i] = (uint8_t)(offset >> 8 * i);
+    out[10] = (uint8_t)n, out[11] = (uint8_t)(n >> 8);
+    return 12;
+}
+
+static void fetch_seeds(void)
+{
+    enum { TRUE_SIZE = 1, AT_GOT = 2, FILL = 4, DONE = 8 }; /* fuzz_fetch.c's */
+    uint8_t buf[512];
+    size_t n = 0;
+    for (int f = 0; f <= 3; f++) /* the whole fetch: the index, the three files of AdamW's state, ok */
+        n += fetch_record(buf + n, f, TRUE_SIZE | AT_GOT | FILL | (f == 3 ? DONE : 0), 0, 0, 0);
+    put("fetch", "whole", -1, buf, n);
+    n = 0; /* in pieces: 100 bytes, an empty part, the rest */
+    for (int f = 0; f <= 3; f++) {
+        n += fetch_record(buf + n, f, TRUE_SIZE | AT_GOT | FILL, 0, 0, 100);
+        n += fetch_record(buf + n, f, TRUE_SIZE | AT_GOT, 0, 0, 0);
+        n += fetch_record(buf + n, f, TRUE_SIZE | AT_GOT | FILL | (f == 3 ? DONE : 0), 0, 0, 0);
+    }
+    put("fetch", "pieces", -1, buf, n);
+    n = 0; /* data file 2 before 1 */
+    n += fetch_record(buf + n, 0, TRUE_SIZE | AT_GOT | FILL, 0, 0, 0);
+    n += fetch_record(buf + n, 2, TRUE_SIZE | AT_GOT | FILL | DONE, 0, 0, 0);
+    put("fetch", "order", -1, buf, n);
+    n = 0; /* an index of raw bytes */
+    n += fetch_record(buf + n, 0, DONE, 8, 0, 8);
+    memcpy(buf + n, "CTCKIDX1", 8);
+    put("fetch", "raw-index", -1, buf, n + 8);
+}
+
 static void peak_seeds(void)
 {
     peak_cache_entry_t e = {
@@ -340,6 +375,7 @@ int main(int argc, char **argv)
     ckpt_seeds();
     tok_seeds(argv[2]);
     remote_seeds();
+    fetch_seeds();
     argv_seeds();
     keys_seeds();
     peak_seeds();

@@ -1,0 +1,137 @@
+/* The receiving end of a fetch (remote_int.h rmt_fetch_*): the parts a storage host sends of a
+ * stored checkpoint, checked for shape and written into a directory, for rmt_client_fetch
+ * (remote_client.c) and fuzz_fetch. Nothing here trusts the server beyond its CURVE key: a
+ * file is created only under a name the index (checked by its own checksum and rules) gives,
+ * never past its size, and only in order. */
+#include "checkpointd/remote_int.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ipc/util.h"
+
+void rmt_fetch_init(rmt_fetch_t *F, const char *dir, const char *job, int64_t step, const char *from)
+{
+    memset(F, 0, sizeof(*F));
+    F->dir = dir, F->job = job, F->step = step, F->from = from;
+    F->fd = -1;
+}
+
+void rmt_fetch_free(rmt_fetch_t *F)
+{
+    if (F->fd >= 0)
+        close(F->fd);
+    free(F->index);
+    ckpt_index_free(&F->ix);
+    F->fd = -1;
+    F->index = NULL;
+    F->have_ix = 0;
+}
+
+static const char *file_name(const rmt_fetch_t *F) { return F->file ? F->ix.files[F->file - 1].name : "index"; }
+
+static int write_all(int fd, const void *buf, size_t n, uint64_t off)
+{
+    const uint8_t *p = buf;
+    while (n) {
+        ssize_t w = pwrite(fd, p, n, (off_t)off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return w < 0 ? -errno : -EIO;
+        p += w, n -= (size_t)w, off += (uint64_t)w;
+    }
+    return 0;
+}
+
+/* File `file`, whole: the index decoded (its own checks: structure, checksum, plain file
+ * names), of the step asked for, and written; a data file closed. */
+static int close_file(rmt_fetch_t *F, char *err, size_t errlen)
+{
+    char path[PATH_MAX + CKPT_FILE_MAX];
+    snprintf(path, sizeof path, "%s/%s", F->dir, file_name(F));
+    if (F->file) {
+        int rc = close(F->fd) ? -errno : 0;
+        F->fd = -1;
+        return rc ? util_fail(err, errlen, rc, "%s: %s", path, strerror(-rc)) : 0;
+    }
+    char what[PATH_MAX + 128];
+    snprintf(what, sizeof what, "the index of step %lld of job %s from %s", (long long)F->step, F->job, F->from);
+    int rc = ckpt_index_decode(F->index, F->size, &F->ix, what, err, errlen);
+    if (rc)
+        return rc == -ENOMEM ? rc : -EBADMSG;
+    F->have_ix = 1;
+    if (F->ix.step != F->step)
+        return util_fail(err, errlen, -EBADMSG, "%s is that of step %lld", what, (long long)F->ix.step);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0 || (rc = write_all(fd, F->index, F->size, 0)) || (rc = close(fd) ? -errno : 0)) {
+        rc = fd < 0 ? -errno : rc;
+        if (fd >= 0)
+            close(fd);
+        return util_fail(err, errlen, rc, "%s: %s", path, strerror(-rc));
+    }
+    return 0;
+}
+
+int rmt_fetch_part(rmt_fetch_t *F, const rmt_hdr_t *h, const void *data, size_t n, char *err, size_t errlen)
+{
+    int rc;
+    if (F->any && F->got == F->size && h->file == F->file + 1) { /* the next file */
+        if ((rc = close_file(F, err, errlen)))
+            return rc;
+        F->file++, F->any = 0, F->got = 0;
+    }
+    if (h->file != F->file)
+        return util_fail(err, errlen, -EBADMSG, "the checkpointd at %s sent a part of file %u where one of file %u "
+                         "(%llu of its %llu bytes in) was due", F->from, h->file, F->file,
+                         (unsigned long long)F->got, (unsigned long long)F->size);
+    if (!F->any) { /* the file's first part says its size */
+        if (F->file && (!F->have_ix || F->file > (uint32_t)F->ix.n_files))
+            return util_fail(err, errlen, -EBADMSG, "the checkpointd at %s sent file %u of an index with %d data "
+                             "files", F->from, F->file, F->ix.n_files);
+        if (F->file ? h->size != F->ix.files[F->file - 1].bytes : h->size > CKPT_INDEX_MAX)
+            return util_fail(err, errlen, -EBADMSG, "the checkpointd at %s sent %s of %llu bytes (%s %llu)",
+                             F->from, file_name(F), (unsigned long long)h->size,
+                             F->file ? "the index says" : "at most",
+                             (unsigned long long)(F->file ? F->ix.files[F->file - 1].bytes : CKPT_INDEX_MAX));
+        F->size = h->size;
+        if (!F->file && !(F->index = malloc(F->size ? F->size : 1)))
+            return util_fail(err, errlen, -ENOMEM, "out of memory");
+        char path[PATH_MAX + CKPT_FILE_MAX];
+        snprintf(path, sizeof path, "%s/%s", F->dir, file_name(F));
+        if (F->file && (F->fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644)) < 0)
+            return util_fail(err, errlen, -errno, "%s: %s", path, strerror(errno));
+    } else if (h->size != F->size) {
+        return util_fail(err, errlen, -EBADMSG, "the checkpointd at %s said %s is %llu bytes, then %llu", F->from,
+                         file_name(F), (unsigned long long)F->size, (unsigned long long)h->size);
+    }
+    if (h->offset != F->got || n > F->size - F->got)
+        return util_fail(err, errlen, -EBADMSG, "the checkpointd at %s sent bytes [%llu, %llu) of %s (%llu bytes) "
+                         "after %llu", F->from, (unsigned long long)h->offset,
+                         (unsigned long long)(h->offset + n), file_name(F), (unsigned long long)F->size,
+                         (unsigned long long)F->got);
+    if (!F->file)
+        memcpy(F->index + F->got, data, n);
+    else if (n && (rc = write_all(F->fd, data, n, F->got)))
+        return util_fail(err, errlen, rc, "%s/%s: cannot write: %s", F->dir, file_name(F), strerror(-rc));
+    F->got += n;
+    F->any = 1;
+    return 0;
+}
+
+int rmt_fetch_done(rmt_fetch_t *F, char *err, size_t errlen)
+{
+    int rc;
+    if (F->any && F->got == F->size && (rc = close_file(F, err, errlen)))
+        return rc;
+    if (!F->have_ix || !F->any || F->got != F->size || F->file != (uint32_t)F->ix.n_files)
+        return util_fail(err, errlen, -EBADMSG, "the checkpointd at %s ended the fetch of step %lld of job %s with "
+                         "%s incomplete", F->from, (long long)F->step, F->job,
+                         F->have_ix ? file_name(F) : "the index");
+    return 0;
+}

@@ -1,6 +1,7 @@
 /* Inside the remote module (remote.h's rmt_*): what its server (remote_server.c), client
- * (remote_client.c) and key files (remote_keys.c) share, and what test_remote fuzzes: the
- * header frames of the wire protocol (remote_wire.c), multipart frames, key loading.
+ * (remote_client.c, a fetch's receiving end remote_fetch.c) and key files (remote_keys.c)
+ * share, and what test_remote and the fuzz harnesses reach: the header frames of the wire
+ * protocol (remote_wire.c), multipart frames, a fetch's parts, key loading.
  *
  * Wire protocol, version RMT_VERSION (2). Every message is multipart:
  *   frame 1  a flat msgpack map {"v": 2, "type": T, "seq": S, <fields of T>} of at most

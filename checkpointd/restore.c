@@ -82,10 +82,11 @@ static int remote_latest(load_t *L, char *path, size_t n, char *err, size_t errl
         int corrupt;
         rc = st->fetch(st->arg, st->steps[i], tmp, where, sizeof(where), why, sizeof(why));
         corrupt = rc == -ENOENT || rc == -EBADMSG;
-        L->shown = where;
-        if (!rc)
+        if (!rc) { /* named as the host keeps it, not as the temporary directory */
+            L->shown = where;
             rc = load_dir(L, tmp, &corrupt, why, sizeof(why));
-        L->shown = NULL;
+            L->shown = NULL;
+        }
         ckpt_remove_dir(tmp);
         if (!rc) {
             if (strlen(where) >= n)

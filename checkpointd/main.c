@@ -285,13 +285,13 @@ static void lower_priority(ckd_t *d)
 
 /* restore_stored_t's fetch: a step of the job from the storage host, named "PATH on ENDPOINT"
  * (the coordinator tells the run's own checkpoints by that ending). */
-static int fetch_step(void *arg, int64_t step, const char *dir, char *where, size_t wherelen, char *err,
+static int fetch_step(void *arg, int64_t step, const rmt_sink_t *sink, char *where, size_t wherelen, char *err,
                       size_t errlen)
 {
     ckd_t *d = arg;
     char path[PATH_MAX];
     double t0 = util_now();
-    int rc = rmt_client_fetch(d->remote, d->m->name, step, dir, path, sizeof(path), 60000, err, errlen);
+    int rc = rmt_client_fetch(d->remote, d->m->name, step, sink, path, sizeof(path), 60000, err, errlen);
     if (!rc) {
         snprintf(where, wherelen, "%s on %s", path, d->m->ckpt_endpoint);
         LOG_I("fetched step %lld of job %s from %s in %.2f s", (long long)step, d->m->name, d->m->ckpt_endpoint,

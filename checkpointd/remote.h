@@ -78,17 +78,31 @@ int rmt_client_begin_replace(rmt_client_t *c, const char *job, int keep, int rep
  * before it starts, so that it never writes over a step the server holds. */
 int rmt_client_list(rmt_client_t *c, const char *job, int64_t steps[RMT_LIST_MAX], int *n, int timeout_ms,
                     char *err, size_t errlen);
-/* Fetches checkpoint `step` of `job` from the server into dir, an empty directory the caller
- * made: the index and every data file as the server holds them, with their names. What comes
- * is checked for shape (files in order and whole, their sizes the index's, the index's own
- * checks: its checksum, plain file names, the step); the chunks' checksums are the loader's to
- * check as it reads them (the data is read once). path gets the server-side directory.
- * idle_ms bounds each wait for the server, not the whole fetch. -ENOENT: the server holds no
- * such step; -EBADMSG: its copy is damaged (a file missing or cut short there) or what came
- * does not fit its index; -EACCES, -EPROTO, -ETIMEDOUT as rmt_client_begin's; a local write's
- * -errno. After an error dir may hold some of the files: the caller removes it. */
-int rmt_client_fetch(rmt_client_t *c, const char *job, int64_t step, const char *dir, char *path, size_t pathlen,
-                     int idle_ms, char *err, size_t errlen);
+/* Where a fetch's bytes go: the index, whole, decoded and checked (its checksum, plain file
+ * names, the step asked for; bytes: as it came), then each data file K of it in order, its
+ * bytes from offset 0 to its size, then file_done (may be NULL). Each returns 0 or -errno with
+ * why in err, which ends the fetch with that error. */
+typedef struct {
+    int (*index)(void *arg, const ckpt_index_t *ix, const void *bytes, size_t n, char *err, size_t errlen);
+    int (*data)(void *arg, uint32_t k, uint64_t offset, const void *p, size_t n, char *err, size_t errlen);
+    int (*file_done)(void *arg, uint32_t k, char *err, size_t errlen);
+    void *arg;
+} rmt_sink_t;
+
+/* Fetches checkpoint `step` of `job` from the server into the sink. What comes is checked for
+ * shape (files in order and whole, their sizes the index's, the index's own checks); the
+ * chunks' checksums are the sink's to check (checkpointd's load checks them as it copies them
+ * into the staging segment). path gets the server-side directory. idle_ms bounds each wait
+ * for the server, not the whole fetch. -ENOENT: the server holds no such step; -EBADMSG: its
+ * copy is damaged (a file missing or cut short there) or what came does not fit its index;
+ * -EACCES, -EPROTO, -ETIMEDOUT as rmt_client_begin's; the sink's own errors. */
+int rmt_client_fetch(rmt_client_t *c, const char *job, int64_t step, const rmt_sink_t *sink, char *path,
+                     size_t pathlen, int idle_ms, char *err, size_t errlen);
+/* rmt_client_fetch into dir, an empty directory the caller made: the index and every data file
+ * as the server holds them, with their names (a local write's -errno too). After an error dir
+ * may hold some of the files: the caller removes it. */
+int rmt_client_fetch_dir(rmt_client_t *c, const char *job, int64_t step, const char *dir, char *path,
+                         size_t pathlen, int idle_ms, char *err, size_t errlen);
 /* Sends the next bytes of a data file (same order rules as ckw_write), in pieces of at most
  * RMT_DATA_FRAME. Returns when they are queued (blocks while the link is full, up to 60 s:
  * -ETIMEDOUT). Data are not acknowledged one by one: an error the server found in earlier

@@ -400,8 +400,8 @@ int rmt_client_commit(rmt_client_t *c, char *path, size_t pathlen, int timeout_m
 
 /* ---- fetching a checkpoint back ---- */
 
-int rmt_client_fetch(rmt_client_t *c, const char *job, int64_t step, const char *dir, char *path, size_t pathlen,
-                     int idle_ms, char *err, size_t errlen)
+int rmt_client_fetch(rmt_client_t *c, const char *job, int64_t step, const rmt_sink_t *sink, char *path,
+                     size_t pathlen, int idle_ms, char *err, size_t errlen)
 {
     int rc;
     mon_drain(c);
@@ -414,7 +414,7 @@ int rmt_client_fetch(rmt_client_t *c, const char *job, int64_t step, const char 
         return rc;
     uint64_t want = c->begin_seq = h.seq; /* earlier answers are not this one's */
     rmt_fetch_t F;
-    rmt_fetch_init(&F, dir, job, step, c->endpoint);
+    rmt_fetch_init(&F, sink, job, step, c->endpoint);
     char what[96];
     snprintf(what, sizeof what, "the fetch of step %lld", (long long)step);
     for (rc = 1; rc > 0;) {
@@ -463,5 +463,15 @@ int rmt_client_fetch(rmt_client_t *c, const char *job, int64_t step, const char 
     rmt_fetch_free(&F);
     if (rc)
         c->stuck = 1; /* the server may still be sending: the next request starts on a new socket */
+    return rc;
+}
+
+int rmt_client_fetch_dir(rmt_client_t *c, const char *job, int64_t step, const char *dir, char *path,
+                         size_t pathlen, int idle_ms, char *err, size_t errlen)
+{
+    rmt_dir_sink_t d;
+    rmt_dir_sink_init(&d, dir);
+    int rc = rmt_client_fetch(c, job, step, &d.sink, path, pathlen, idle_ms, err, errlen);
+    rmt_dir_sink_close(&d);
     return rc;
 }

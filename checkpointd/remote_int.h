@@ -104,30 +104,43 @@ void rmt_close_frames(zmq_msg_t *f, int max);
 int rmt_set_int(void *sock, int opt, int v);
 
 /* A fetch being received (rmt_client_fetch; remote_fetch.c): the parts of one stored
- * checkpoint, checked for shape and written into dir, an empty directory the caller made;
- * `from` names the server in messages. File `file` (0 the index, K + 1 the index's data file
- * K) is being written, `got` of its `size` bytes. */
+ * checkpoint, checked for shape and handed to a sink; `from` names the server in messages.
+ * File `file` (0 the index, K + 1 the index's data file K) is coming, `got` of its `size`
+ * bytes. */
 typedef struct {
-    const char *dir, *job, *from;
+    const rmt_sink_t *sink;
+    const char *job, *from;
     int64_t step;
     uint32_t file;
     int any;            /* a part of file `file` came */
     uint64_t size, got;
-    int fd;             /* of data file file - 1; -1 */
     uint8_t *index;     /* file 0's bytes */
     ckpt_index_t ix;    /* file 0 decoded, once whole */
     int have_ix;
 } rmt_fetch_t;
-void rmt_fetch_init(rmt_fetch_t *F, const char *dir, const char *job, int64_t step, const char *from);
+void rmt_fetch_init(rmt_fetch_t *F, const rmt_sink_t *sink, const char *job, int64_t step, const char *from);
 /* One part (h: a part of this fetch): the files in order, each from 0 to the size its first
  * part says (a data file's must be the index's), nothing past it; the index, once whole,
- * decoded with its own checks (its checksum, plain file names), of step F->step, and written.
- * 0, or -EBADMSG with why (not the shape of that checkpoint), a local write's -errno, -ENOMEM. */
+ * decoded with its own checks (its checksum, plain file names), of step F->step, and given to
+ * the sink, as is every data byte. 0, or -EBADMSG with why (not the shape of that checkpoint),
+ * -ENOMEM, or the sink's error. */
 int rmt_fetch_part(rmt_fetch_t *F, const rmt_hdr_t *h, const void *data, size_t n, char *err, size_t errlen);
-/* The server's ok came: every file is whole (the last one closed). 0 or -EBADMSG. */
+/* The server's ok came: every file is whole (the last one's end told to the sink). 0 or
+ * -EBADMSG. */
 int rmt_fetch_done(rmt_fetch_t *F, char *err, size_t errlen);
-/* Closes and frees what F holds (the files written stay). */
+/* Frees what F holds. */
 void rmt_fetch_free(rmt_fetch_t *F);
+
+/* The sink that writes a fetch's files into dir (new files, never through a link). */
+typedef struct {
+    rmt_sink_t sink;
+    const char *dir;
+    const ckpt_index_t *ix; /* the fetch's, once it came */
+    int fd;                 /* of the data file being written; -1 */
+} rmt_dir_sink_t;
+void rmt_dir_sink_init(rmt_dir_sink_t *d, const char *dir);
+/* Closes what a fetch that ended early left open (the files written stay). */
+void rmt_dir_sink_close(rmt_dir_sink_t *d);
 
 /* Reads the first key (all: every key, at most max) of a key file into keys (binary, may be
  * NULL) and z85 (may be NULL); *n gets the count. */

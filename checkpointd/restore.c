@@ -21,8 +21,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <sys/stat.h>
-#include <unistd.h>
+#include <xxhash.h>
 
 #include "checkpointd/ckpt.h"
 #include "checkpointd/hf_import.h"
@@ -42,11 +44,11 @@ typedef struct {
     FILE *log;
     const char *what; /* checkpoint.load as given */
     const char *key;  /* the key that named the directory loaded */
-    const char *shown; /* the checkpoint's name in messages (a fetched one's "PATH on ENDPOINT"), or NULL */
     int loaded;       /* latest's search loaded the one it took */
 } load_t;
 
 static int load_dir(load_t *L, const char *path, int *corrupt, char *err, size_t errlen);
+static int remote_latest(load_t *L, char *path, size_t n, char *err, size_t errlen);
 
 /* latest's load of a checkpoint of the folder (ckpt_find_loading, which checks its files first
  * and passes over one whose data proves damaged). */
@@ -56,55 +58,6 @@ static int latest_load(void *arg, const char *path, int *corrupt, char *err, siz
     int rc = load_dir(L, path, corrupt, err, errlen);
     L->loaded = !rc;
     return rc;
-}
-
-/* latest from a storage host (restore_load_stored): its newest checkpoint that loads, fetched
- * into a temporary directory of the local folder, loaded and removed. */
-static int remote_latest(load_t *L, char *path, size_t n, char *err, size_t errlen)
-{
-    const restore_stored_t *st = L->stored;
-    const manifest_t *m = L->m;
-    char folder[PATH_MAX], tmp[PATH_MAX + 64], name[64], where[PATH_MAX + 320], why[1024];
-    manifest_ckpt_folder(m, folder, sizeof(folder));
-    int rc = util_mkdirs(folder);
-    if (rc)
-        return util_fail(err, errlen, rc, "checkpoint.folder %s: cannot create it to fetch into: %s", folder,
-                         strerror(-rc));
-    ckpt_retain(folder, 0); /* the temporary directories of fetches whose process is gone */
-    int tried = 0;
-    for (int i = 0; i < st->n && i < RESTORE_STORED_MAX; i++, tried++) {
-        ckpt_tmp_name(name, sizeof(name), st->steps[i], (int)getpid());
-        if ((size_t)snprintf(tmp, sizeof(tmp), "%s/%s", folder, name) >= sizeof(tmp))
-            return util_fail(err, errlen, -ENAMETOOLONG, "checkpoint.folder %s is too long", folder);
-        ckpt_remove_dir(tmp);
-        if (mkdir(tmp, 0700))
-            return util_fail(err, errlen, -errno, "%s: cannot create: %s", tmp, strerror(errno));
-        int corrupt;
-        rc = st->fetch(st->arg, st->steps[i], tmp, where, sizeof(where), why, sizeof(why));
-        corrupt = rc == -ENOENT || rc == -EBADMSG;
-        if (!rc) { /* named as the host keeps it, not as the temporary directory */
-            L->shown = where;
-            rc = load_dir(L, tmp, &corrupt, why, sizeof(why));
-            L->shown = NULL;
-        }
-        ckpt_remove_dir(tmp);
-        if (!rc) {
-            if (strlen(where) >= n)
-                return util_fail(err, errlen, -ENAMETOOLONG, "checkpoint path %s is too long", where);
-            snprintf(path, n, "%s", where);
-            L->loaded = 1;
-            return 0;
-        }
-        if (!corrupt)
-            return util_fail(err, errlen, rc, "checkpoint.load = latest: step %lld of job %s on the storage host at "
-                             "%s: %s", (long long)st->steps[i], m->name, m->ckpt_endpoint, why);
-        if (L->log)
-            fprintf(L->log, "ctitan: step %lld of job %s on the storage host at %s: %s: not loading it\n",
-                    (long long)st->steps[i], m->name, m->ckpt_endpoint, why);
-    }
-    return util_fail(err, errlen, -EBADMSG, "checkpoint.load = latest: none of the newest %d checkpoint%s of job %s "
-                     "on the storage host at %s loads (see above); `ctitan ckpt verify` on the storage host lists "
-                     "every problem", tried, tried == 1 ? "" : "s", m->name, m->ckpt_endpoint);
 }
 
 /* checkpoint.load to a directory: "latest" is the newest one of the folder that loads (and is
@@ -395,14 +348,13 @@ static int load_dir(load_t *L, const char *path, int *corrupt, char *err, size_t
     ckpt_t *ck;
     if ((rc = ckpt_open(&ck, path, err, errlen)))
         return rc;
-    const char *name = L->shown ? L->shown : path;
     const ckpt_index_t *ix = ckpt_index(ck);
     atomic_store(&h->step, -1); /* nothing whole in the segment until the end */
-    rc = check_model(ix, m, name, L->log, err, errlen);
+    rc = check_model(ix, m, path, L->log, err, errlen);
     if (!rc) /* this run's model, whatever the manifest inside says */
-        rc = check_tensors(ix, L->tab, o, name, "this run's model", err, errlen);
+        rc = check_tensors(ix, L->tab, o, path, "this run's model", err, errlen);
     if (!rc)
-        rc = check_cursor(ix, name, err, errlen);
+        rc = check_cursor(ix, path, err, errlen);
     if (!rc)
         rc = check_overwrite(L->what, m, L->stored, ix->step, err, errlen);
     if (!rc && ix->step < m->steps) { /* a run with nothing left to train needs only the step */
@@ -416,6 +368,235 @@ static int load_dir(load_t *L, const char *path, int *corrupt, char *err, size_t
     }
     ckpt_close(&ck);
     return rc;
+}
+
+/* ---- a checkpoint streamed from a storage host into the staging segment ---- */
+
+/* A chunk the run reads, and where in the staging segment it goes. */
+typedef struct {
+    uint32_t file;
+    uint64_t off, len, xxh;
+    uint8_t *dst;
+    const char *tensor;
+} span_t;
+
+/* One fetch as it streams in (remote.h rmt_sink_t): the index checked as load_dir checks one,
+ * then each data file's header and every chunk the run reads copied into the segment, its
+ * checksum checked as its last byte comes; the bytes no chunk of the run covers are passed
+ * over. Nothing whole is in the segment until stream_finish. */
+typedef struct {
+    load_t *L;
+    const char *shown;        /* "step N of job J on the storage host at EP" */
+    const ckpt_index_t *ix;   /* the fetch's, while it lasts */
+    int64_t step;             /* the index's step and cursor, kept for the end: -1 none came */
+    uint8_t cursor[CKPT_CURSOR_MAX];
+    uint32_t cursor_len;
+    int index_failed;         /* the index came and this run refused it (not the data's fault) */
+    int corrupt;              /* a data file's header or a chunk's checksum was wrong */
+    int skip;                 /* nothing left to train: no data is read */
+    span_t *spans;            /* by file, then offset */
+    int n_spans, next;        /* the span being filled next */
+    uint64_t in;              /* its bytes so far */
+    XXH3_state_t *xs;
+    int *hdr_file;            /* per data file: its first CKPT_DATA_HDR bytes are a header */
+    uint8_t hdr[CKPT_DATA_HDR];
+} stream_t;
+
+static int span_order(const void *a, const void *b)
+{
+    const span_t *x = a, *y = b;
+    return x->file != y->file ? (x->file < y->file ? -1 : 1) : x->off < y->off ? -1 : x->off > y->off;
+}
+
+static int stream_fail(stream_t *S, int rc, char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static int stream_fail(stream_t *S, int rc, char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    S->corrupt = 1;
+    return rc;
+}
+
+/* The index: this run's checks (load_dir's), then the spans of every tensor of every array. */
+static int stream_index(void *arg, const ckpt_index_t *ix, const void *bytes, size_t n, char *err, size_t errlen)
+{
+    stream_t *S = arg;
+    load_t *L = S->L;
+    const manifest_t *m = L->m;
+    staging_hdr_t *h = L->staging;
+    const optim_t *o = optim_find(m->optimizer_name);
+    int rc = !o ? util_fail(err, errlen, -EINVAL, "optimizer.name = \"%s\": no such optimizer", m->optimizer_name)
+                : staging_check(L->staging, L->tab->total, optim_arrays(o), err, errlen);
+    atomic_store(&h->step, -1); /* nothing whole in the segment until the end */
+    if (!rc)
+        rc = check_model(ix, m, S->shown, L->log, err, errlen);
+    if (!rc)
+        rc = check_tensors(ix, L->tab, o, S->shown, "this run's model", err, errlen);
+    if (!rc)
+        rc = check_cursor(ix, S->shown, err, errlen);
+    if (!rc)
+        rc = check_overwrite(L->what, m, L->stored, ix->step, err, errlen);
+    S->ix = ix;
+    S->step = ix->step;
+    memcpy(S->cursor, ix->cursor, ix->cursor_len);
+    S->cursor_len = ix->cursor_len;
+    S->skip = ix->step >= m->steps;
+    int chunks = 0;
+    for (int t = 0; t < ix->n_tensors; t++)
+        chunks += (int)ix->tensors[t].n_chunks;
+    if (!rc && (!(S->spans = malloc((size_t)(chunks ? chunks : 1) * sizeof(span_t))) ||
+                !(S->hdr_file = calloc((size_t)ix->n_files + 1, sizeof(int))) || !(S->xs = XXH3_createState())))
+        rc = util_fail(err, errlen, -ENOMEM, "out of memory");
+    for (int f = 0; !rc && f < ix->n_files; f++) /* files whose chunks all start past a header's room */
+        S->hdr_file[f] = ix->files[f].bytes >= CKPT_DATA_HDR;
+    for (int t = 0; !rc && t < ix->n_tensors; t++)
+        for (uint32_t c = 0; c < ix->tensors[t].n_chunks; c++)
+            if (ix->tensors[t].chunks[c].offset < CKPT_DATA_HDR)
+                S->hdr_file[ix->tensors[t].chunks[c].file] = 0;
+    for (int t = 0; !rc && t < L->tab->n; t++) {
+        const param_info_t *p = &L->tab->t[t];
+        for (int a = 0; !rc && a < optim_arrays(o); a++) {
+            char name[CKPT_NAME_MAX + 32];
+            if (a == 0 && !ckpt_index_find(ix, ckpt_master_tensor(p->name, name, sizeof(name))))
+                snprintf(name, sizeof(name), "%s", p->name);
+            else if (a > 0)
+                ckpt_tensor_name(o, a, p->name, name, sizeof(name));
+            const ckpt_tensor_t *ct = ckpt_index_find(ix, name);
+            if (!ct || strcmp(ct->dtype, "F32") || ct->numel != p->numel) {
+                rc = util_fail(err, errlen, -EINVAL, "checkpoint %s: tensor %s is %s with %llu elements; the model "
+                               "needs F32 with %zu", S->shown, name, ct ? ct->dtype : "missing",
+                               ct ? (unsigned long long)ct->numel : 0ULL, p->numel);
+                break;
+            }
+            uint8_t *dst = (uint8_t *)(staging_array(L->staging, a) + p->offset);
+            for (uint32_t c = 0; c < ct->n_chunks; c++) {
+                const ckpt_chunk_t *ch = &ct->chunks[c];
+                S->spans[S->n_spans++] = (span_t){.file = ch->file, .off = ch->offset, .len = ch->length,
+                                                  .xxh = ch->xxh, .dst = dst, .tensor = ct->name};
+                dst += ch->length;
+            }
+        }
+    }
+    if (!rc) {
+        qsort(S->spans, (size_t)S->n_spans, sizeof(span_t), span_order);
+        for (int i = 1; i < S->n_spans && !rc; i++) /* no writer of ours overlaps chunks */
+            if (S->spans[i].file == S->spans[i - 1].file &&
+                S->spans[i].off < S->spans[i - 1].off + S->spans[i - 1].len)
+                rc = stream_fail(S, -EBADMSG, err, errlen, "checkpoint %s: chunks of %s and %s overlap in %s", S->shown,
+                                 S->spans[i - 1].tensor, S->spans[i].tensor, ix->files[S->spans[i].file].name);
+        if (S->n_spans)
+            XXH3_64bits_reset(S->xs);
+    }
+    S->index_failed = rc && !S->corrupt;
+    (void)bytes, (void)n;
+    return rc;
+}
+
+/* Bytes [off, off + n) of data file k: its header checked, the run's chunks copied. */
+static int stream_data(void *arg, uint32_t k, uint64_t off, const void *p, size_t n, char *err, size_t errlen)
+{
+    stream_t *S = arg;
+    const uint8_t *b = p;
+    const char *fname = S->ix->files[k].name;
+    if (S->skip)
+        return 0;
+    if (S->hdr_file[k] && off < CKPT_DATA_HDR) {
+        size_t h = CKPT_DATA_HDR - off < n ? (size_t)(CKPT_DATA_HDR - off) : n;
+        memcpy(S->hdr + off, b, h);
+        uint32_t file = 0;
+        int64_t step = -1;
+        char why[256] = "header of another file or step";
+        if (off + h == CKPT_DATA_HDR &&
+            (ckpt_data_header_read(S->hdr, CKPT_DATA_HDR, &file, &step, why, sizeof(why)) || file != k ||
+             step != S->ix->step))
+            return stream_fail(S, -EBADMSG, err, errlen, "checkpoint %s: data file %s: %s", S->shown, fname, why);
+    }
+    while (S->next < S->n_spans && S->spans[S->next].file == k) {
+        span_t *sp = &S->spans[S->next];
+        uint64_t lo = sp->off + S->in, hi = sp->off + sp->len < off + n ? sp->off + sp->len : off + n;
+        if (lo < off || lo > off + n) /* not yet (a gap no chunk of the run covers), or bytes skipped */
+            return lo < off ? stream_fail(S, -EBADMSG, err, errlen, "checkpoint %s: %s: bytes came out of order",
+                                          S->shown, fname)
+                            : 0;
+        if (hi > lo) {
+            memcpy(sp->dst + S->in, b + (lo - off), hi - lo);
+            XXH3_64bits_update(S->xs, b + (lo - off), hi - lo);
+            S->in += hi - lo;
+        }
+        if (S->in < sp->len)
+            return 0; /* the rest of it comes with the next part */
+        if (XXH3_64bits_digest(S->xs) != sp->xxh)
+            return stream_fail(S, -EBADMSG, err, errlen, "checkpoint %s: tensor %s: the chunk at byte %llu of %s: "
+                               "checksum mismatch", S->shown, sp->tensor, (unsigned long long)sp->off, fname);
+        S->next++, S->in = 0;
+        XXH3_64bits_reset(S->xs);
+    }
+    return 0;
+}
+
+/* Data file k whole: every chunk of the run in it came. */
+static int stream_file_done(void *arg, uint32_t k, char *err, size_t errlen)
+{
+    stream_t *S = arg;
+    if (S->skip || S->next >= S->n_spans || S->spans[S->next].file != k)
+        return 0;
+    return stream_fail(S, -EBADMSG, err, errlen, "checkpoint %s: %s ended before its chunk at byte %llu",
+                       S->shown, S->ix->files[k].name, (unsigned long long)S->spans[S->next].off);
+}
+
+/* The fetch ended well (its index is gone with it): the step and the cursor into the segment's
+ * header. */
+static int stream_finish(stream_t *S, char *err, size_t errlen)
+{
+    staging_hdr_t *h = S->L->staging;
+    if (S->step < 0 || (!S->skip && S->next != S->n_spans))
+        return stream_fail(S, -EBADMSG, err, errlen, "checkpoint %s: %d of its %d chunks came", S->shown, S->next,
+                           S->n_spans);
+    memcpy(h->cursor, S->cursor, S->cursor_len);
+    h->cursor_len = S->cursor_len;
+    atomic_store(&h->step, S->step);
+    return 0;
+}
+
+/* latest from a storage host (restore_load_stored): its newest checkpoint that loads, streamed
+ * into the staging segment as it is fetched; one damaged there (a file missing or cut short)
+ * or in what comes (a chunk's checksum, a header) is passed over for the next older. */
+static int remote_latest(load_t *L, char *path, size_t n, char *err, size_t errlen)
+{
+    const restore_stored_t *st = L->stored;
+    const manifest_t *m = L->m;
+    char where[PATH_MAX + 320], why[1024], shown[512];
+    int tried = 0;
+    for (int i = 0; i < st->n && i < RESTORE_STORED_MAX; i++, tried++) {
+        snprintf(shown, sizeof(shown), "step %lld of job %s on the storage host at %s", (long long)st->steps[i],
+                 m->name, m->ckpt_endpoint);
+        stream_t S = {.L = L, .shown = shown, .step = -1};
+        rmt_sink_t sink = {.index = stream_index, .data = stream_data, .file_done = stream_file_done, .arg = &S};
+        int rc = st->fetch(st->arg, st->steps[i], &sink, where, sizeof(where), why, sizeof(why));
+        if (!rc)
+            rc = stream_finish(&S, why, sizeof(why));
+        int corrupt = (rc == -ENOENT || rc == -EBADMSG) && !S.index_failed;
+        free(S.spans);
+        free(S.hdr_file);
+        XXH3_freeState(S.xs);
+        if (!rc) {
+            if (strlen(where) >= n)
+                return util_fail(err, errlen, -ENAMETOOLONG, "checkpoint path %s is too long", where);
+            snprintf(path, n, "%s", where);
+            L->loaded = 1;
+            return 0;
+        }
+        if (!corrupt)
+            return util_fail(err, errlen, rc, "checkpoint.load = latest: %s: %s", shown, why);
+        if (L->log)
+            fprintf(L->log, "ctitan: %s: %s: not loading it\n", shown, why);
+    }
+    return util_fail(err, errlen, -EBADMSG, "checkpoint.load = latest: none of the newest %d checkpoint%s of job %s "
+                     "on the storage host at %s loads (see above); `ctitan ckpt verify` on the storage host lists "
+                     "every problem", tried, tried == 1 ? "" : "s", m->name, m->ckpt_endpoint);
 }
 
 int restore_load_stored(const char *what, const manifest_t *m, const restore_stored_t *stored,

@@ -9,6 +9,7 @@
 #include <stdio.h>
 
 #include "checkpointd/ckpt.h"
+#include "checkpointd/remote.h"
 #include "kernels/params.h"
 #include "stages/job/manifest.h"
 
@@ -37,23 +38,25 @@ int restore_load(const char *what, const manifest_t *m, const param_table_t *tab
 
 /* What a storage host holds of the job (checkpoint.endpoint), as it answered a list: how many
  * complete checkpoints, the newest (up to RESTORE_STORED_MAX, newest first), and how to fetch
- * one: fetch copies step `step` into dir (an empty directory made for it) and names it in
- * `where` ("PATH on ENDPOINT"); 0, or -errno with why in err: -ENOENT or -EBADMSG when that
- * copy is gone or damaged there (passed over), any other ends the search. */
+ * one: fetch streams step `step` into the sink (rmt_client_fetch) and names it in `where`
+ * ("PATH on ENDPOINT"); 0, or -errno with why in err: -ENOENT or -EBADMSG when that copy is
+ * gone or damaged there (passed over), the sink's error, any other ends the search. */
 #define RESTORE_STORED_MAX 32
 typedef struct {
     int n;
     int64_t steps[RESTORE_STORED_MAX];
-    int (*fetch)(void *arg, int64_t step, const char *dir, char *where, size_t wherelen, char *err, size_t errlen);
+    int (*fetch)(void *arg, int64_t step, const rmt_sink_t *sink, char *where, size_t wherelen, char *err,
+                 size_t errlen);
     void *arg;
 } restore_stored_t;
 
 /* restore_load for a run whose checkpoints go to a storage host holding `stored`: "latest" is
- * the newest of them that loads (each fetched into a temporary directory of the local
- * checkpoint.folder, loaded from there, each chunk checked as it is read, and removed; one
- * damaged there or as it loads is reported on `log` and passed over for the next older; none
- * loading is -EBADMSG, never a fresh start over them; path gets its `where`), a fresh start
- * when it holds none; the overwrite check is against what it holds. */
+ * the newest of them that loads, streamed into `staging` as it is fetched (nothing on the
+ * trainer's disk): the index checked as a local load checks it, each data file's header and
+ * every chunk's checksum as its bytes come; one damaged there or in what comes is reported on
+ * `log` and passed over for the next older; none loading is -EBADMSG, never a fresh start over
+ * them; path gets its `where`. A fresh start when it holds none; the overwrite check is against
+ * what it holds. */
 int restore_load_stored(const char *what, const manifest_t *m, const restore_stored_t *stored,
                         const param_table_t *tab, void *staging, FILE *log, char *path, size_t pathlen, char *err,
                         size_t errlen);

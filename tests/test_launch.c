@@ -510,12 +510,12 @@ static void test_launch_streams_checkpoints_to_a_remote_checkpointd(void **state
      * default). There step 12 is gone and step 8 damaged (a byte of its weights flipped, which
      * only the load's checksums see): step 8 is fetched, passed over as it loads, and step 4
      * fetched and loaded; steps 5-12 train again bit for bit, step 8 is written again over the
-     * damaged one. Nothing stays on the trainer's side but the empty checkpoint folder. */
+     * damaged one. Nothing of it is written on the trainer's side. */
     snprintf(p, sizeof(p), "%s/%s/step-00000012", store, a);
     assert_int_equal(tu_rmtree(p), 0);
     snprintf(p, sizeof(p), "%s/%s/step-00000008/model.bin", store, a);
     assert_int_equal(tu_flip_byte(p, 4096 + 100), 0);
-    char again[40], local_files[512];
+    char again[40];
     snprintf(again, sizeof(again), "%sx", a);
     snprintf(extra, sizeof(extra), "--checkpoint.enable true --checkpoint.interval 4 --checkpoint.endpoint %s "
              "--checkpoint.server_key %s/storage.pub --checkpoint.client_key %s/trainer.key --metrics.file %s/%s.jsonl",
@@ -538,9 +538,7 @@ static void test_launch_streams_checkpoints_to_a_remote_checkpointd(void **state
     snprintf(p, sizeof(p), "%s/%s", store, a);
     assert_int_equal(ckpt_list(p, &steps), 3);
     free(steps);
-    snprintf(cmd, sizeof(cmd), "ls -A %s", local);
-    assert_int_equal(tu_run(cmd, local_files, sizeof(local_files)), 0);
-    assert_string_equal(local_files, "");
+    assert_int_equal(access(local, F_OK), -1); /* streamed into memory: nothing on the trainer's disk */
     assert_clean(a);
     assert_clean(c);
 }

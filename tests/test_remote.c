@@ -634,7 +634,7 @@ static void test_remote_fetches_a_stored_checkpoint_back_whole(void **state)
     snprintf(dir, sizeof(dir), "%s/fetched-7", g_dir);
     assert_int_equal(mkdir(dir, 0700), 0);
     double t0 = util_now();
-    int rc = rmt_client_fetch(c, "job1", 7, dir, path, sizeof(path), T_MS, err, sizeof(err));
+    int rc = rmt_client_fetch_dir(c, "job1", 7, dir, path, sizeof(path), T_MS, err, sizeof(err));
     if (rc)
         print_error("%s\n", err);
     assert_int_equal(rc, 0);
@@ -648,9 +648,9 @@ static void test_remote_fetches_a_stored_checkpoint_back_whole(void **state)
     /* not there, and not a plain name */
     snprintf(dir, sizeof(dir), "%s/fetched-none", g_dir);
     assert_int_equal(mkdir(dir, 0700), 0);
-    assert_int_equal(rmt_client_fetch(c, "job1", 99, dir, path, sizeof(path), T_MS, err, sizeof(err)), -ENOENT);
+    assert_int_equal(rmt_client_fetch_dir(c, "job1", 99, dir, path, sizeof(path), T_MS, err, sizeof(err)), -ENOENT);
     assert_non_null(strstr(err, "no complete checkpoint of step 99"));
-    assert_int_equal(rmt_client_fetch(c, "../job1", 7, dir, path, sizeof(path), T_MS, err, sizeof(err)), -EINVAL);
+    assert_int_equal(rmt_client_fetch_dir(c, "../job1", 7, dir, path, sizeof(path), T_MS, err, sizeof(err)), -EINVAL);
     assert_non_null(strstr(err, "not a plain job name"));
     /* a data file cut short on the server: damaged, for the caller to pass over */
     ck_t k;
@@ -659,7 +659,7 @@ static void test_remote_fetches_a_stored_checkpoint_back_whole(void **state)
     char file[PATH_MAX + 64];
     snprintf(file, sizeof(file), "%s/%s", path, k.plan.files[1].name);
     assert_int_equal(truncate(file, (off_t)k.plan.files[1].bytes - 100), 0);
-    assert_int_equal(rmt_client_fetch(c, "cut", 5, dir, path, sizeof(path), T_MS, err, sizeof(err)), -EBADMSG);
+    assert_int_equal(rmt_client_fetch_dir(c, "cut", 5, dir, path, sizeof(path), T_MS, err, sizeof(err)), -EBADMSG);
     if (!strstr(err, k.plan.files[1].name))
         fail_msg("%s", err);
     /* the same client goes on: an upload, then its fetch */
@@ -668,7 +668,7 @@ static void test_remote_fetches_a_stored_checkpoint_back_whole(void **state)
     assert_int_equal(ck_send(c, "cut", 0, &k, 0, path, sizeof(path), err, sizeof(err)), 0);
     snprintf(dir, sizeof(dir), "%s/fetched-6", g_dir);
     assert_int_equal(mkdir(dir, 0700), 0);
-    assert_int_equal(rmt_client_fetch(c, "cut", 6, dir, path, sizeof(path), T_MS, err, sizeof(err)), 0);
+    assert_int_equal(rmt_client_fetch_dir(c, "cut", 6, dir, path, sizeof(path), T_MS, err, sizeof(err)), 0);
     assert_same_dirs(path, dir);
     ck_free(&k);
     rmt_client_destroy(&c);

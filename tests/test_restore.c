@@ -1,7 +1,9 @@
 /* Loading a checkpoint into the staging segment (checkpointd/restore.h) on real files and a
  * real segment: every tensor lands at its offset of the flat space with the step and the
  * loader cursor, "latest" picks the newest that loads (none: a fresh start), and a
- * checkpoint of another model, a missing directory or a corrupt one is refused saying why. */
+ * checkpoint of another model, a missing directory or a corrupt one is refused saying why.
+ * Also latest from a storage host, streamed: a fake host feeds its files as a fetch's parts
+ * (rmt_fetch_part, in pieces that straddle chunks) into the load's sink. */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -13,9 +15,11 @@
 #include <cmocka.h>
 
 #include "checkpointd/ckpt.h"
+#include "checkpointd/remote_int.h"
 #include "checkpointd/restore.h"
 #include "checkpointd/writer.h"
 #include "ipc/shm.h"
+#include "ipc/util.h"
 #include "stages/runtime/ldr.h"
 #include "stages/job/staging.h"
 #include "tests/testutil.h"
@@ -334,6 +338,173 @@ static void test_restore_reads_no_tensor_when_nothing_is_left_to_train(void **st
     assert_true(staging_array(h, 0)[0] == 0 && staging_array(h, 2)[f->tab.total - 1] == 0);
 }
 
+/* ---- latest from a storage host, streamed into the segment ---- */
+
+/* The storage host of these tests: f->dir/host/step-N, sent as a fetch's parts of `piece`
+ * bytes (the server's order: the index, then each data file); or failing with `fail`. */
+typedef struct {
+    char dir[300];
+    size_t piece;
+    int fail, calls;
+} host_t;
+
+static int send_file(rmt_fetch_t *F, uint32_t file, const char *path, size_t piece, char *err, size_t errlen)
+{
+    char *buf = NULL;
+    size_t n = 0;
+    assert_int_equal(util_read_file(path, (size_t)1 << 30, "file", &buf, &n, err, errlen), 0);
+    int rc = 0;
+    for (size_t off = 0; !rc && (off < n || off == 0); off += piece) {
+        rmt_hdr_t h = {.type = RMT_PART, .file = file, .offset = off, .size = n};
+        rc = rmt_fetch_part(F, &h, buf + off, n - off < piece ? n - off : piece, err, errlen);
+        if (n == 0)
+            break;
+    }
+    free(buf);
+    return rc;
+}
+
+static int host_fetch(void *arg, int64_t step, const rmt_sink_t *sink, char *where, size_t wherelen, char *err,
+                      size_t errlen)
+{
+    host_t *H = arg;
+    H->calls++;
+    if (H->fail)
+        return util_fail(err, errlen, H->fail, "the storage host went quiet");
+    char dir[400], path[600];
+    snprintf(dir, sizeof(dir), "%s/step-%08lld", H->dir, (long long)step);
+    rmt_fetch_t F;
+    rmt_fetch_init(&F, sink, "job", step, "the test's host");
+    ckpt_t *ck; /* the host's own reading of its index, for the files' names */
+    assert_int_equal(ckpt_open(&ck, dir, err, errlen), 0);
+    const ckpt_index_t *ix = ckpt_index(ck);
+    snprintf(path, sizeof(path), "%s/index", dir);
+    int rc = send_file(&F, 0, path, H->piece, err, errlen);
+    for (int k = 0; !rc && k < ix->n_files; k++) {
+        snprintf(path, sizeof(path), "%s/%s", dir, ix->files[k].name);
+        rc = send_file(&F, (uint32_t)k + 1, path, H->piece, err, errlen);
+    }
+    ckpt_close(&ck);
+    if (!rc)
+        rc = rmt_fetch_done(&F, err, errlen);
+    rmt_fetch_free(&F);
+    snprintf(where, wherelen, "%s on tcp://host:1", dir);
+    return rc;
+}
+
+/* The fixture's run made one that checkpoints to a storage host holding steps 4 and 8, written
+ * into f->dir/host (by manifest `by8` for step 8). */
+static void host_setup(fx_t *f, host_t *H, restore_stored_t *st, const manifest_t *by8)
+{
+    char local[sizeof(f->dir)];
+    snprintf(local, sizeof(local), "%s", f->dir);
+    assert_true(strlen(local) + 6 < sizeof(f->dir));
+    snprintf(f->dir, sizeof(f->dir), "%.240s/host", local);
+    assert_int_equal(util_mkdirs(f->dir), 0);
+    write_ckpt(f, &f->m, 4);
+    write_ckpt(f, by8, 8);
+    snprintf(H->dir, sizeof(H->dir), "%s", f->dir);
+    H->piece = 1000; /* not a divisor of the header or of a chunk */
+    snprintf(f->dir, sizeof(f->dir), "%s", local);
+    snprintf(f->m.ckpt_folder, sizeof(f->m.ckpt_folder), "%.240s/local", local);
+    snprintf(f->m.ckpt_endpoint, sizeof(f->m.ckpt_endpoint), "tcp://host:1");
+    f->m.ckpt_enable = 1;
+    *st = (restore_stored_t){.n = 2, .steps = {8, 4}, .fetch = host_fetch, .arg = H};
+}
+
+static int load_stored(fx_t *f, const restore_stored_t *st, char *path, char *err, FILE *log)
+{
+    return restore_load_stored("latest", &f->m, st, &f->tab, shm_data(f->seg), log, path, sizeof(f->m.ckpt_load),
+                               err, 1024);
+}
+
+/* The newest streams in whole (every array, the step, the cursor), named as the host keeps
+ * it, and nothing is written on the trainer's side. */
+static void test_restore_streams_the_newest_checkpoint_from_a_storage_host(void **state)
+{
+    fx_t *f = *state;
+    host_t H = {0};
+    restore_stored_t st;
+    char path[sizeof(f->m.ckpt_load)], err[1024], want[600];
+    host_setup(f, &H, &st, &f->m);
+    int rc = load_stored(f, &st, path, err, NULL);
+    if (rc)
+        fail_msg("%d: %s", rc, err);
+    snprintf(want, sizeof(want), "%s/step-00000008 on tcp://host:1", H.dir);
+    assert_string_equal(path, want);
+    assert_int_equal(H.calls, 1);
+    staging_hdr_t *h = shm_data(f->seg);
+    assert_int_equal(atomic_load(&h->step), 8);
+    uint64_t sample = 0;
+    assert_int_equal(ldr_cursor_get(h->cursor, h->cursor_len, "sample", &sample), 0);
+    assert_int_equal(sample, 42);
+    for (int a = 0; a < 3; a++)
+        assert_memory_equal(staging_array(h, a), f->arr[a], f->tab.total * sizeof(float));
+    assert_int_equal(access(f->m.ckpt_folder, F_OK), -1);
+}
+
+/* Damage the host's step 8 holds (a chunk's byte, then a data file's header) is found in what
+ * streams in, and latest takes step 4, saying why; a checkpoint of another model ends the
+ * search (it is not damage), as does a host that cannot send; none loading is refused. */
+static void test_restore_passes_over_a_damaged_stored_checkpoint_and_stops_at_a_refused_one(void **state)
+{
+    fx_t *f = *state;
+    host_t H = {0};
+    restore_stored_t st;
+    char path[sizeof(f->m.ckpt_load)], err[1024], file[600];
+    static char log[8192];
+    host_setup(f, &H, &st, &f->m);
+    snprintf(file, sizeof(file), "%s/step-00000008/exp_avg.bin", H.dir);
+    assert_int_equal(tu_flip_byte(file, CKPT_DATA_HDR + 5000), 0);
+    FILE *lf = fmemopen(log, sizeof(log), "w");
+    assert_int_equal(load_stored(f, &st, path, err, lf), 0);
+    fclose(lf);
+    assert_non_null(strstr(path, "/step-00000004 on tcp://host:1"));
+    if (!strstr(log, "step 8 of job") || !strstr(log, "exp_avg.bin: checksum mismatch: not loading it"))
+        fail_msg("%s", log);
+    staging_hdr_t *h = shm_data(f->seg);
+    assert_int_equal(atomic_load(&h->step), 4);
+    for (int a = 0; a < 3; a++)
+        assert_memory_equal(staging_array(h, a), f->arr[a], f->tab.total * sizeof(float));
+    assert_int_equal(tu_flip_byte(file, CKPT_DATA_HDR + 5000), 0); /* mended; now a header */
+    snprintf(file, sizeof(file), "%s/step-00000008/exp_avg_sq.bin", H.dir);
+    assert_int_equal(tu_flip_byte(file, 17), 0);
+    lf = fmemopen(log, sizeof(log), "w");
+    assert_int_equal(load_stored(f, &st, path, err, lf), 0);
+    fclose(lf);
+    assert_non_null(strstr(path, "/step-00000004 on tcp://host:1"));
+    if (!strstr(log, "data file exp_avg_sq.bin: header"))
+        fail_msg("%s", log);
+    /* both damaged: refused, never a fresh start */
+    snprintf(file, sizeof(file), "%s/step-00000004/model.bin", H.dir);
+    assert_int_equal(tu_flip_byte(file, CKPT_DATA_HDR + 7), 0);
+    assert_int_equal(load_stored(f, &st, path, err, NULL), -EBADMSG);
+    if (!strstr(err, "none of the newest 2 checkpoints of job") || !strstr(err, "on the storage host at tcp://host:1"))
+        fail_msg("%s", err);
+    assert_int_equal(atomic_load(&h->step), -1);
+    /* a host that cannot send ends it at once */
+    H.fail = -ETIMEDOUT;
+    H.calls = 0;
+    assert_int_equal(load_stored(f, &st, path, err, NULL), -ETIMEDOUT);
+    assert_int_equal(H.calls, 1);
+    assert_non_null(strstr(err, "the storage host went quiet"));
+}
+
+static void test_restore_a_stored_checkpoint_of_another_model_ends_the_search(void **state)
+{
+    fx_t *f = *state;
+    host_t H = {0};
+    restore_stored_t st;
+    char path[sizeof(f->m.ckpt_load)], err[1024];
+    manifest_t other = f->m;
+    other.model.rope_theta = 500000;
+    host_setup(f, &H, &st, &other);
+    assert_int_equal(load_stored(f, &st, path, err, NULL), -EINVAL);
+    assert_int_equal(H.calls, 1);
+    if (!strstr(err, "step 8 of job") || !strstr(err, "was written for another model"))
+        fail_msg("%s", err);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -352,6 +523,12 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_restore_reads_the_data_once, setup, teardown),
         cmocka_unit_test_setup_teardown(test_restore_refuses_a_corrupt_chunk_found_as_it_loads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_restore_reads_no_tensor_when_nothing_is_left_to_train, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_restore_streams_the_newest_checkpoint_from_a_storage_host, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_restore_passes_over_a_damaged_stored_checkpoint_and_stops_at_a_refused_one,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_restore_a_stored_checkpoint_of_another_model_ends_the_search, setup,
                                         teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

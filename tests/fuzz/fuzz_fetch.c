@@ -1,5 +1,6 @@
 /* libFuzzer harness: the parts of a fetch (checkpointd/remote_int.h rmt_fetch_part and
- * rmt_fetch_done), what a trainer writes to its own disk from what its storage host sends
+ * rmt_fetch_done) into the directory sink (rmt_dir_sink_t: `rmt_client_fetch_dir`), what a
+ * trainer takes from what its storage host sends
  * (a host it trusts by key, whose files may still be damaged or its process broken). The
  * input is a list of parts, each 12 bytes then its payload:
  *   file (1), flags (1), size (4, LE), offset (4, LE), n (2, LE), then n bytes unless FILL
@@ -120,8 +121,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char dir[PATH_MAX], err[1024];
     snprintf(dir, sizeof(dir), "%s/d", g_root);
     FUZZ_CHECK(mkdir(dir, 0700) == 0, "mkdir %s", dir);
+    rmt_dir_sink_t ds;
+    rmt_dir_sink_init(&ds, dir);
     rmt_fetch_t F;
-    rmt_fetch_init(&F, dir, "job", 5, "fuzz");
+    rmt_fetch_init(&F, &ds.sink, "job", 5, "fuzz");
     static uint8_t zeros[1 << 16];
     int rc = 0, done = 0;
     size_t at = 0;
@@ -158,6 +161,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
     }
     rmt_fetch_free(&F);
+    rmt_dir_sink_close(&ds);
     remove_dir(dir);
     return 0;
 }

@@ -1,8 +1,8 @@
 /* libFuzzer harness: the parts of a fetch (checkpointd/remote_int.h rmt_fetch_part and
  * rmt_fetch_done) into the directory sink (rmt_dir_sink_t: `rmt_client_fetch_dir`), what a
- * trainer takes from what its storage host sends
- * (a host it trusts by key, whose files may still be damaged or its process broken). The
- * input is a list of parts, each 12 bytes then its payload:
+ * trainer takes from what its storage host sends (a host it trusts by key, whose files may
+ * still be damaged or its process broken). The input is a list of parts, each 12 bytes then
+ * its payload:
  *   file (1), flags (1), size (4, LE), offset (4, LE), n (2, LE), then n bytes unless FILL
  *   flags: TRUE_SIZE: the file's real size instead of `size` (the harness's index: its length
  *          for file 0, the index's size of data file K - 1); AT_GOT: the offset is where the
@@ -11,7 +11,8 @@
  *          meaning up to its end; DONE: the server's ok comes after this part.
  * so that mutations get past the index's checksum into the data files' rules. Properties: the
  * directory only ever holds plain files named "index" or as the decoded index names them; a
- * fetch that ends well holds every file of the index at its size, the index file its bytes. */
+ * fetch that ends well holds every file of the index at its size, and an index file that
+ * decodes to one of step 5 naming them. */
 #include <dirent.h>
 #include <limits.h>
 #include <stdlib.h>

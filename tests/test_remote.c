@@ -686,6 +686,58 @@ static void test_remote_fetches_a_stored_checkpoint_back_whole(void **state)
     assert_true(wait_text(g_srv.log, "fetch ended: the client went away", T_MS));
 }
 
+/* `ctitan ckpt fetch`: a storage host's newest checkpoint that verifies, copied into a folder
+ * (job "cut" holds step 5 cut short and step 6 whole from the test before; here a step 8 is
+ * added and damaged in a chunk, which only a verify sees): step 8 is fetched, refused, and
+ * step 6 copied; a copy already there, a damaged step asked for, and a refused key fail
+ * naming why, leaving nothing. */
+static void test_remote_ckpt_fetch_copies_the_newest_that_verifies(void **state)
+{
+    TU_NEED_BIN();
+    rmt_client_t *c = client(g_srv.endpoint, g_key[SRV_PUB], g_key[GOOD_KEY]);
+    char path[PATH_MAX], err[1024], out[8192], cmd[8192], dir[512], file[PATH_MAX + 64];
+    ck_t k;
+    ck_make(&k, "tiny", 8, 5);
+    assert_int_equal(ck_send(c, "cut", 0, &k, 0, path, sizeof(path), err, sizeof(err)), 0);
+    rmt_client_destroy(&c);
+    snprintf(file, sizeof(file), "%s/%s", path, k.plan.files[2].name);
+    assert_int_equal(tu_flip_byte(file, 4096 + 10), 0);
+    ck_free(&k);
+    snprintf(dir, sizeof(dir), "%s/copies", g_dir);
+    snprintf(cmd, sizeof(cmd), "%s ckpt fetch %s cut --out %s --server-key %s --client-key %s 2>&1", tu_ctitan(),
+             g_srv.endpoint, dir, g_key[SRV_PUB], g_key[GOOD_KEY]);
+    int rc = tu_run(cmd, out, sizeof(out));
+    if (rc || !strstr(out, "does not verify") || !strstr(out, "trying step 6") || !strstr(out, "fetched step 6"))
+        fail_msg("status %d: %s", rc, out);
+    char files[512];
+    listing(dir, files, sizeof(files));
+    assert_string_equal(files, "step-00000006\n");
+    snprintf(file, sizeof(file), "%s/step-00000006", dir);
+    int bad = -1;
+    assert_int_equal(ckpt_verify(file, NULL, &bad, err, sizeof(err)), 0);
+    /* again: the copy is there */
+    snprintf(cmd, sizeof(cmd), "%s ckpt fetch %s cut --step 6 --out %s --server-key %s --client-key %s 2>&1",
+             tu_ctitan(), g_srv.endpoint, dir, g_key[SRV_PUB], g_key[GOOD_KEY]);
+    assert_int_equal(tu_run(cmd, out, sizeof(out)), 1);
+    assert_non_null(strstr(out, "exists: not writing over it"));
+    /* a step cut short on the host */
+    snprintf(cmd, sizeof(cmd), "%s ckpt fetch %s cut --step 5 --out %s --server-key %s --client-key %s 2>&1",
+             tu_ctitan(), g_srv.endpoint, dir, g_key[SRV_PUB], g_key[GOOD_KEY]);
+    assert_int_equal(tu_run(cmd, out, sizeof(out)), 1);
+    if (!strstr(out, "step 5 of job cut") || !strstr(out, "refused"))
+        fail_msg("%s", out);
+    /* a key the host does not allow */
+    snprintf(cmd, sizeof(cmd), "%s ckpt fetch %s cut --out %s --server-key %s --client-key %s 2>&1", tu_ctitan(),
+             g_srv.endpoint, dir, g_key[SRV_PUB], g_key[BAD_KEY]);
+    assert_int_equal(tu_run(cmd, out, sizeof(out)), 1);
+    assert_non_null(strstr(out, "refused our key"));
+    listing(dir, files, sizeof(files));
+    assert_string_equal(files, "step-00000006\n");
+    snprintf(cmd, sizeof(cmd), "%s ckpt fetch %s cut --step x --out %s --server-key a --client-key b 2>&1",
+             tu_ctitan(), g_srv.endpoint, dir);
+    assert_int_equal(tu_run(cmd, out, sizeof(out)), 2);
+}
+
 static void test_remote_two_clients_interleaved_and_one_job_at_a_time(void **state)
 {
     rmt_client_t *a = client(g_srv.endpoint, g_key[SRV_PUB], g_key[GOOD_KEY]);
@@ -1501,6 +1553,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_remote_streams_a_checkpoint_that_verifies_and_reads_back),
         cmocka_unit_test(test_remote_keeps_the_newest_k),
         cmocka_unit_test(test_remote_fetches_a_stored_checkpoint_back_whole),
+        cmocka_unit_test(test_remote_ckpt_fetch_copies_the_newest_that_verifies),
         cmocka_unit_test(test_remote_two_clients_interleaved_and_one_job_at_a_time),
         cmocka_unit_test(test_remote_refuses_a_key_not_in_the_allow_file),
         cmocka_unit_test(test_remote_tells_a_wrong_server_key_and_no_server_apart),

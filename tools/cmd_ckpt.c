@@ -4,6 +4,7 @@
  *   ctitan ckpt export PATH --safetensors OUT         its weights for Hugging Face loaders
  *   ctitan ckpt export PATH --hf DIR                  a folder from_pretrained loads
  *   ctitan ckpt keygen PREFIX                         a CURVE key pair for remote checkpoints
+ *   ctitan ckpt fetch ENDPOINT JOB --out DIR ...      a storage host's checkpoint, copied here
  * Exit status: 0 ok, 1 the checkpoint (or file) is bad or an operation failed, 2 bad usage. */
 #include <dirent.h>
 #include <errno.h>
@@ -23,6 +24,7 @@
 #include "checkpointd/ckpt.h"
 #include "checkpointd/remote.h"
 #include "checkpointd/restore.h"
+#include "ipc/util.h"
 #include "tools/cmds.h"
 #include "checkpointd/safetensors.h"
 #include "checkpointd/hf_export.h"
@@ -34,6 +36,7 @@ static const char usage_main[] =
     "  export PATH --safetensors OUT        write its model weights as a safetensors file\n"
     "  export PATH --hf DIR                 write a Hugging Face model folder (config, weights, tokenizer)\n"
     "  keygen PREFIX                        make PREFIX.key and PREFIX.pub for remote checkpoints\n"
+    "  fetch ENDPOINT JOB --out DIR         copy a checkpoint of JOB from a storage host into DIR\n"
     "  import HF_DIR --out FOLDER           a Hugging Face Llama as checkpoint FOLDER/step-00000000\n"
     "`ctitan ckpt COMMAND --help` describes each.\n";
 
@@ -78,6 +81,17 @@ static const char usage_keygen[] =
     "PREFIX.pub (public), and prints the public key. A checkpointd server lists trainers'\n"
     "public keys in its --allow file; trainers are given the server's PREFIX.pub.\n"
     "Existing key files are never overwritten: remove them first to replace a pair.\n";
+
+static const char usage_fetch[] =
+    "usage: ctitan ckpt fetch ENDPOINT JOB --out DIR --server-key SERVER.pub --client-key CLIENT.key\n"
+    "                         [--step N]\n"
+    "Copies checkpoint step N of job JOB (its newest that verifies, without --step) from the\n"
+    "checkpointd --listen at ENDPOINT (tcp://HOST:PORT) into DIR/step-N, as the storage host holds\n"
+    "it: for `ctitan ckpt export`, `ctitan generate` or a run's --checkpoint.load on this machine.\n"
+    "The keys are a trainer's: the server's public key, and a secret key its --allow file lists.\n"
+    "The copy is verified (every chunk) before it appears, by rename, in DIR (made if missing);\n"
+    "DIR/step-N must not exist. A run that checkpoints to the storage host needs none of this: it\n"
+    "resumes from there by itself.\n";
 
 static int is_help(const char *a) { return !strcmp(a, "--help") || !strcmp(a, "-h"); }
 
@@ -491,6 +505,110 @@ static int ckpt_export(int argc, char **argv)
     return 0;
 }
 
+/* ---- fetch ---- */
+
+/* Step `step` of job from the storage host into DIR/step-N: fetched into DIR/.tmp-step-N.PID,
+ * verified, renamed. 0; 1 after saying why on stderr (damaged: *damaged = 1). */
+static int fetch_one(rmt_client_t *c, const char *endpoint, const char *job, int64_t step, const char *dir,
+                     int *damaged)
+{
+    char tmp[PATH_MAX], final[PATH_MAX], name[64], there[PATH_MAX], err[1024];
+    ckpt_tmp_name(name, sizeof(name), step, (int)getpid());
+    snprintf(tmp, sizeof(tmp), "%s/%s", dir, name);
+    ckpt_step_path(final, sizeof(final), dir, step);
+    *damaged = 0;
+    if (access(final, F_OK) == 0) {
+        fprintf(stderr, "ctitan ckpt fetch: %s exists: not writing over it\n", final);
+        return 1;
+    }
+    if (mkdir(tmp, 0755)) {
+        fprintf(stderr, "ctitan ckpt fetch: %s: %s\n", tmp, strerror(errno));
+        return 1;
+    }
+    double t0 = util_now();
+    int rc = rmt_client_fetch_dir(c, job, step, tmp, there, sizeof(there), 60000, err, sizeof(err)), bad = 0;
+    if (rc) {
+        fprintf(stderr, "ctitan ckpt fetch: step %lld of job %s: %s\n", (long long)step, job, err);
+        *damaged = rc == -EBADMSG || rc == -ENOENT;
+    } else if (ckpt_verify(tmp, stderr, &bad, err, sizeof(err))) {
+        fprintf(stderr, "ctitan ckpt fetch: step %lld of job %s as %s holds it (%s) does not verify: %s\n",
+                (long long)step, job, endpoint, there, err);
+        *damaged = rc = 1;
+    } else if (rename(tmp, final)) {
+        fprintf(stderr, "ctitan ckpt fetch: cannot rename %s to %s: %s\n", tmp, final, strerror(errno));
+        rc = 1;
+    }
+    if (rc) {
+        ckpt_remove_dir(tmp);
+        return 1;
+    }
+    double secs = util_now() - t0;
+    uint64_t bytes = 0;
+    ckpt_t *ck;
+    if (ckpt_open(&ck, final, err, sizeof(err)) == 0) {
+        for (int f = 0; f < ckpt_index(ck)->n_files; f++)
+            bytes += ckpt_index(ck)->files[f].bytes;
+        ckpt_close(&ck);
+    }
+    char size[32];
+    human_bytes(size, sizeof(size), bytes);
+    printf("fetched step %lld of job %s from %s (%s there) into %s: %s in %.2f s, verified\n", (long long)step, job,
+           endpoint, there, final, size, secs);
+    return 0;
+}
+
+static int ckpt_fetch(int argc, char **argv)
+{
+    enum { F_OUT, F_SERVER, F_CLIENT, F_STEP, F_N };
+    const char *pos[2], *vals[F_N] = {NULL};
+    int set[F_N] = {0}, npos;
+    static const char *const flags[] = {"--out=", "--server-key=", "--client-key=", "--step=", NULL};
+    int rc = parse(argc, argv, usage_fetch, pos, 2, &npos, flags, vals, set);
+    if (rc)
+        return rc < 0 ? show_help(usage_fetch) : rc;
+    if (npos != 2)
+        return bad_usage(usage_fetch, "fetch needs the storage host's ENDPOINT and the JOB");
+    if (!vals[F_OUT] || !vals[F_SERVER] || !vals[F_CLIENT])
+        return bad_usage(usage_fetch, "fetch needs --out, --server-key and --client-key");
+    if (!ckpt_safe_name(pos[1]))
+        return bad_usage(usage_fetch, "JOB '%s' is not a job name (A-Z a-z 0-9 . _ -, not starting with '.')", pos[1]);
+    char *end = NULL;
+    long long want = vals[F_STEP] ? strtoll(vals[F_STEP], &end, 10) : -1;
+    if (vals[F_STEP] && (!*vals[F_STEP] || *end || want < 0 || want > CKPT_STEP_MAX))
+        return bad_usage(usage_fetch, "--step '%s' is not a step (0 to %d)", vals[F_STEP], CKPT_STEP_MAX);
+    const char *endpoint = pos[0], *job = pos[1], *dir = vals[F_OUT];
+    char err[1024];
+    if ((rc = util_mkdirs(dir))) {
+        fprintf(stderr, "ctitan ckpt fetch: %s: %s\n", dir, strerror(-rc));
+        return 1;
+    }
+    rmt_client_t *c;
+    if (rmt_client_new(&c, endpoint, vals[F_SERVER], vals[F_CLIENT], err, sizeof(err))) {
+        fprintf(stderr, "ctitan ckpt fetch: %s\n", err);
+        return 1;
+    }
+    int64_t steps[RMT_LIST_MAX];
+    int n = 0, damaged = 0;
+    if (want >= 0) {
+        rc = fetch_one(c, endpoint, job, want, dir, &damaged);
+    } else if (rmt_client_list(c, job, steps, &n, 30000, err, sizeof(err))) {
+        fprintf(stderr, "ctitan ckpt fetch: cannot ask %s what it holds of job %s: %s\n", endpoint, job, err);
+        rc = 1;
+    } else if (n == 0) {
+        fprintf(stderr, "ctitan ckpt fetch: %s holds no checkpoint of job %s\n", endpoint, job);
+        rc = 1;
+    } else { /* its newest that verifies */
+        rc = 1;
+        for (int i = 0; i < n && i < RMT_LIST_MAX && rc; i++)
+            if ((rc = fetch_one(c, endpoint, job, steps[i], dir, &damaged)) && !damaged)
+                break;
+            else if (rc && i + 1 < n && i + 1 < RMT_LIST_MAX)
+                fprintf(stderr, "ctitan ckpt fetch: trying step %lld, the next older\n", (long long)steps[i + 1]);
+    }
+    rmt_client_destroy(&c);
+    return rc ? 1 : 0;
+}
+
 /* ---- keygen ---- */
 
 static int ckpt_keygen(int argc, char **argv)
@@ -539,5 +657,7 @@ int cmd_ckpt(int argc, char **argv)
         return ckpt_keygen(argc - 1, argv + 1);
     if (!strcmp(sub, "import"))
         return cmd_ckpt_import(argc - 1, argv + 1);
+    if (!strcmp(sub, "fetch"))
+        return ckpt_fetch(argc - 1, argv + 1);
     return bad_usage(usage_main, "unknown command 'ckpt %s'", sub);
 }

@@ -246,27 +246,34 @@ static void test_restart_killed_coordinator_resumes_from_the_newest_checkpoint_b
     assert_clean(ref, NULL, 0);
 }
 
-/* Steps 600, a checkpoint every 200: the reference run `ref` to its end, then job j started
- * with checkpointd hanging once it has put step 400's checkpoint in place, before its SAVED
- * (CTITAN_TEST_HANG_AT), waited for. Returns j's launch pid. */
+/* Steps 600, a checkpoint every 200: the reference run `ref` to its end, then job j (with
+ * `extra` arguments after those) started with the process named in `hang` hanging there once
+ * (CTITAN_TEST_HANG_AT, CTITAN_TEST_DIE_ONCE), waited for. Returns j's launch pid. */
 #define HUNG400_ARGS "--training.steps 600 --checkpoint.enable true --checkpoint.interval 200 --job.restart_backoff_ms 0"
-static pid_t start_hung_at_400(const char *j, const char *ref)
+static pid_t start_hung(const char *j, const char *ref, const char *extra, const char *hang)
 {
     static char out[1 << 16];
-    char once[128];
+    char once[128], args[4096], line[256];
     int rc = launch("", ref, HUNG400_ARGS, out, sizeof(out));
     if (rc)
         fail_msg("the reference run: status %d:\n%s", rc, out);
+    snprintf(args, sizeof(args), HUNG400_ARGS "%s", extra);
     setenv("CTITAN_TEST_DIE_ONCE", tj_once_dir(once, sizeof(once), j), 1);
-    setenv("CTITAN_TEST_HANG_AT", "checkpointd.0.0:committed:400", 1);
-    pid_t pid = launch_bg(j, HUNG400_ARGS);
+    setenv("CTITAN_TEST_HANG_AT", hang, 1);
+    pid_t pid = launch_bg(j, args);
     unsetenv("CTITAN_TEST_HANG_AT");
     unsetenv("CTITAN_TEST_DIE_ONCE");
-    /* checkpointd has put step 400 in place and hangs before its SAVED: the directory alone is
-     * not enough to wait for, as the kill could then come before the hang, with SAVED unsent
-     * all the same but the hang's log line missing */
-    assert_int_equal(wait_output(j, "main thread hangs at checkpointd.0.0:committed:400", 60), 0);
+    snprintf(line, sizeof(line), "main thread hangs at %s", hang);
+    assert_int_equal(wait_output(j, line, 60), 0);
     return pid;
+}
+
+/* start_hung with checkpointd hanging once it has put step 400's checkpoint in place, before
+ * its SAVED. (The directory alone is not enough to wait for, as the kill could then come
+ * before the hang, with SAVED unsent all the same but the hang's log line missing.) */
+static pid_t start_hung_at_400(const char *j, const char *ref)
+{
+    return start_hung(j, ref, "", "checkpointd.0.0:committed:400");
 }
 
 /* The coordinator killed -9 after checkpointd put the checkpoint of step 400 in place but before
@@ -356,7 +363,7 @@ static void test_restart_a_job_checkpointing_to_a_storage_host_resumes_from_it(v
 {
     TU_NEED_BIN();
     static char out[1 << 16];
-    char j[32], ref[32], keys[256], store[256], ep[256], cmd[4096], args[4096], once[128], path[300];
+    char j[32], ref[32], keys[256], store[256], ep[256], cmd[4096], args[2048], path[300];
     job_name(j, sizeof(j), "stored");
     job_name(ref, sizeof(ref), "storedref");
     snprintf(keys, sizeof(keys), "%s/keys-%s", tj_dir, j);
@@ -368,22 +375,14 @@ static void test_restart_a_job_checkpointing_to_a_storage_host_resumes_from_it(v
     pid_t srv = tu_start_storage(store, keys, ep, sizeof(ep));
     assert_true(srv > 0);
     assert_true(ep[0]);
-    int rc = launch("", ref, HUNG400_ARGS, out, sizeof(out));
-    if (rc)
-        fail_msg("the reference run: status %d:\n%s", rc, out);
-    snprintf(args, sizeof(args), HUNG400_ARGS " --checkpoint.endpoint %s --checkpoint.server_key %s/storage.pub "
+    snprintf(args, sizeof(args), " --checkpoint.endpoint %s --checkpoint.server_key %s/storage.pub "
              "--checkpoint.client_key %s/trainer.key", ep, keys, keys);
-    setenv("CTITAN_TEST_DIE_ONCE", tj_once_dir(once, sizeof(once), j), 1);
-    setenv("CTITAN_TEST_HANG_AT", "stage.0.0:end:450", 1);
-    pid_t pid = launch_bg(j, args);
-    unsetenv("CTITAN_TEST_HANG_AT");
-    unsetenv("CTITAN_TEST_DIE_ONCE");
-    assert_int_equal(wait_output(j, "main thread hangs at stage.0.0:end:450", 60), 0);
+    pid_t pid = start_hung(j, ref, args, "stage.0.0:end:450");
     assert_int_equal(wait_output(j, "checkpoint: step 400 saved", 60), 0);
     pid_t coord = tu_descendant_named(pid, "ctitan-coord");
     assert_true(coord > 0);
     kill(coord, SIGKILL);
-    rc = tu_reap(pid, 60, NULL);
+    int rc = tu_reap(pid, 60, NULL);
     kill(srv, SIGTERM); /* first: a test that fails must not leave it running */
     assert_int_equal(tu_reap(srv, 10, NULL), 0);
     tj_read_out(j, out, sizeof(out));

@@ -311,11 +311,19 @@ static void load(ckd_t *d, const char *what)
     int rc = 0;
     _Static_assert(RESTORE_STORED_MAX == RMT_LIST_MAX, "a list answer fits");
     /* the storage host says what it holds: latest resumes from it (fetched), and this run never
-     * writes over it. One that cannot be asked (a key it refuses, down) is taken as holding
-     * nothing: training goes on, and it refuses an upload that would replace a step it holds
-     * (remote.h) */
-    if (d->remote && rmt_client_list(d->remote, d->m->name, stored.steps, &stored.n, 30000, err, sizeof(err))) {
-        LOG_W("cannot ask the storage host what it holds of job %s: %s", d->m->name, err);
+     * writes over it. latest needs its answer (not knowing is not "none there": a relaunch
+     * while the host is down would start over); a run that loads nothing from it, or another
+     * checkpoint, goes on without one, the host's refusal of an upload that would replace a
+     * step it holds being the guard (remote.h) */
+    char why[1024];
+    if (d->remote && rmt_client_list(d->remote, d->m->name, stored.steps, &stored.n, 30000, why, sizeof(why))) {
+        if (!strcmp(what, "latest"))
+            rc = util_fail(err, sizeof(err), -EIO, "checkpoint.load = latest: cannot ask the storage host what it "
+                           "holds of job %s, so not starting (it may hold checkpoints to resume from): %s; start it "
+                           "(or have its --allow file list this trainer's key), or give --checkpoint.load none to "
+                           "start over without them", d->m->name, why);
+        else
+            LOG_W("cannot ask the storage host what it holds of job %s: %s", d->m->name, why);
         stored.n = 0;
     }
     if (!rc)

@@ -493,11 +493,18 @@ static void test_launch_streams_checkpoints_to_a_remote_checkpointd(void **state
     snprintf(extra, sizeof(extra), "--checkpoint.load %s/%s/step-00000004", store, a);
     assert_int_equal(launch(b, extra, out, sizeof(out)), 0);
     assert_resumed_losses(a, b, 4, 12);
-    /* a trainer whose key is not allowed: every checkpoint fails, saying why; training does not,
-     * but with its last checkpoint not written the job does not end as a success (README) */
+    /* a trainer whose key is not allowed: with checkpoint.load = latest (the default) it does not
+     * start, as it cannot learn what the host holds; started over on purpose (load none) every
+     * checkpoint fails, saying why; training does not, but with its last checkpoint not written
+     * the job does not end as a success (README) */
     job_name(c, sizeof(c), "remc");
     snprintf(extra, sizeof(extra), "--checkpoint.enable true --checkpoint.interval 6 --checkpoint.endpoint %s "
              "--checkpoint.server_key %s/storage.pub --checkpoint.client_key %s/intruder.key", ep, keys, keys);
+    assert_int_equal(launch(c, extra, out, sizeof(out)), 1);
+    if (!strstr(out, "cannot ask the storage host what it holds of job") || !strstr(out, "refused our key") ||
+        strstr(out, "step 1 "))
+        fail_msg("a launch with a refused key: %s", out);
+    strcat(extra, " --checkpoint.load none");
     assert_int_equal(launch(c, extra, out, sizeof(out)), 1);
     assert_non_null(strstr(out, "checkpoint of step 6 failed"));
     assert_non_null(strstr(out, "refused our key"));

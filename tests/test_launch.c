@@ -528,10 +528,19 @@ static void test_launch_streams_checkpoints_to_a_remote_checkpointd(void **state
              "--checkpoint.server_key %s/storage.pub --checkpoint.client_key %s/trainer.key --metrics.file %s/%s.jsonl",
              ep, keys, keys, g_dir, again);
     int rc = launch(a, extra, out, sizeof(out));
+    /* and a fresh start over the host's checkpoints is refused (it would write over them) */
+    static char fresh_out[1 << 16];
+    char fresh[1280];
+    snprintf(fresh, sizeof(fresh), "--checkpoint.enable true --checkpoint.endpoint %s --checkpoint.server_key "
+             "%s/storage.pub --checkpoint.client_key %s/trainer.key --checkpoint.load none --metrics.file %s/%sn.jsonl",
+             ep, keys, keys, g_dir, a);
+    int fresh_rc = launch(a, fresh, fresh_out, sizeof(fresh_out));
     kill(srv, SIGTERM); /* first: a test that fails must not leave it running */
     int st;
     assert_int_equal(waitpid(srv, &st, 0), srv);
     assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    if (fresh_rc != 1 || !strstr(fresh_out, "the storage host's folder of job") || !strstr(fresh_out, "would write over"))
+        fail_msg("a fresh start against the storage host (rc %d): %s", fresh_rc, fresh_out);
     char want[512];
     snprintf(want, sizeof(want), "resuming from %s/%s/step-00000004 on %s (after step 4)", store, a, ep);
     if (rc || !strstr(out, "step 8 of job") || !strstr(out, "not loading it") || !strstr(out, want))

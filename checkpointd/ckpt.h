@@ -217,6 +217,10 @@ typedef int (*ckpt_load_fn)(void *arg, const char *path, int *corrupt, char *err
 int ckpt_find_loading(const char *dir, ckpt_load_fn load, void *arg, char *path, size_t n, FILE *log, char *err,
                       size_t errlen);
 
+/* Moves checkpoint directory `path` (one found damaged) aside to PATH.damaged, or
+ * PATH.damaged.2 ... when that is taken, kept (no loader takes those names) and out of the
+ * way of a run that would write that step again. 0 with the new name in aside, or -errno. */
+int ckpt_set_aside(const char *path, char *aside, size_t n);
 /* Removes complete checkpoints of DIR beyond the newest `keep` (keep <= 0: keeps all), and
  * temporary directories whose writer (the PID in the name) is gone. Returns how many
  * checkpoints it removed, or -errno. */

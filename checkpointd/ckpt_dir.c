@@ -175,6 +175,16 @@ int ckpt_remove_dir(const char *path)
     return rc;
 }
 
+int ckpt_set_aside(const char *path, char *aside, size_t n)
+{
+    struct stat st;
+    if ((size_t)snprintf(aside, n, "%s.damaged", path) >= n)
+        return -ENAMETOOLONG;
+    for (int k = 2; k < 100 && !lstat(aside, &st); k++)
+        snprintf(aside, n, "%s.damaged.%d", path, k);
+    return rename(path, aside) ? -errno : 0;
+}
+
 int ckpt_retain(const char *dir, int keep)
 {
     DIR *d = opendir(dir);

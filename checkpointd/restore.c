@@ -60,6 +60,29 @@ static int latest_load(void *arg, const char *path, int *corrupt, char *err, siz
     return rc;
 }
 
+/* After latest loaded checkpoint `step` of the folder, the complete ones after it were all
+ * passed over as damaged (said on log), and a run that writes checkpoints would write over
+ * them: each is moved aside (ckpt_set_aside), kept, as the supervisor does with one a restart
+ * could not load. */
+static void set_aside_newer(const char *folder, int64_t step, FILE *log)
+{
+    int64_t *steps = NULL;
+    int n = ckpt_list(folder, &steps);
+    for (int i = 0; i < n; i++) {
+        char path[PATH_MAX], aside[PATH_MAX + 32];
+        if (steps[i] <= step)
+            continue;
+        ckpt_step_path(path, sizeof(path), folder, steps[i]);
+        int rc = ckpt_set_aside(path, aside, sizeof(aside));
+        if (log && rc)
+            fprintf(log, "ctitan: %s (damaged, see above) cannot be moved aside to %s: %s; this run may write over "
+                    "it\n", path, aside, strerror(-rc));
+        else if (log)
+            fprintf(log, "ctitan: %s (damaged, see above) moved aside to %s, kept\n", path, aside);
+    }
+    free(steps);
+}
+
 /* checkpoint.load to a directory: "latest" is the newest one of the folder that loads (and is
  * loaded: L->loaded; none: path ""), any other must exist and have all its files (its data is
  * checked as it loads). */
@@ -76,6 +99,8 @@ static int resolve(const char *what, load_t *L, char *path, size_t n, char *err,
         char folder[PATH_MAX];
         manifest_ckpt_folder(m, folder, sizeof(folder));
         int rc = ckpt_find_loading(folder, latest_load, L, path, n, L->log, err, errlen);
+        if (!rc && L->loaded && m->ckpt_enable)
+            set_aside_newer(folder, atomic_load(&((staging_hdr_t *)L->staging)->step), L->log);
         return rc == -ENOENT ? 0 : rc;
     }
     struct stat st;

@@ -188,6 +188,41 @@ static void test_restore_refuses_a_damaged_data_file_header(void **state)
     snprintf(want, sizeof(want), "%s/step-00000008", f->dir);
     assert_int_equal(load(f, want, path, err, NULL), -EBADMSG);
     assert_non_null(strstr(err, "not loadable"));
+    assert_int_equal(access(want, F_OK), 0); /* a run that writes no checkpoint leaves it */
+}
+
+/* latest in a run that writes checkpoints: the damaged newer ones it passed over are moved
+ * aside to step-N.damaged (kept), not left for the run to write over. */
+static void test_restore_latest_moves_aside_what_it_passed_over_when_the_run_writes_checkpoints(void **state)
+{
+    fx_t *f = *state;
+    char path[sizeof(f->m.ckpt_load)], want[512], err[1024];
+    static char log[4096];
+    f->m.ckpt_enable = 1;
+    f->m.steps = 100; /* steps left to train: the data is read */
+    write_ckpt(f, &f->m, 4);
+    write_ckpt(f, &f->m, 8);
+    write_ckpt(f, &f->m, 12);
+    for (int step = 8; step <= 12; step += 4) { /* a header, then a chunk */
+        snprintf(want, sizeof(want), "%s/step-%08d/exp_avg.bin", f->dir, step);
+        assert_int_equal(tu_flip_byte(want, step == 8 ? 17 : CKPT_DATA_HDR + 40), 0);
+    }
+    FILE *lf = fmemopen(log, sizeof(log), "w");
+    assert_int_equal(load(f, "latest", path, err, lf), 0);
+    fclose(lf);
+    snprintf(want, sizeof(want), "%s/step-00000004", f->dir);
+    assert_string_equal(path, want);
+    for (int step = 8; step <= 12; step += 4) {
+        snprintf(want, sizeof(want), "%s/step-%08d", f->dir, step);
+        assert_int_equal(access(want, F_OK), -1);
+        strcat(want, ".damaged");
+        assert_int_equal(access(want, F_OK), 0);
+        if (!strstr(log, want))
+            fail_msg("%s", log);
+    }
+    int64_t *steps = NULL;
+    assert_int_equal(ckpt_list(f->dir, &steps), 1);
+    free(steps);
 }
 
 /* The step a checkpoint claims must be the one its directory is named for, and one a run can
@@ -513,6 +548,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_restore_latest_is_the_newest_that_verifies_and_none_is_a_fresh_start,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_restore_refuses_a_damaged_data_file_header, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_restore_latest_moves_aside_what_it_passed_over_when_the_run_writes_checkpoints,
+                                        setup, teardown),
         cmocka_unit_test_setup_teardown(test_restore_refuses_a_step_its_directory_does_not_name_or_no_run_reaches,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_restore_refuses_a_cursor_sample_out_of_range, setup, teardown),

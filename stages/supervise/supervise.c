@@ -235,13 +235,10 @@ static void set_aside_damaged(sup_t *s)
         ckpt_verify(s->m.ckpt_load, NULL, &n_bad, err, sizeof(err)) != -EBADMSG)
         return;
     char aside[PATH_MAX + 32];
-    struct stat st;
-    snprintf(aside, sizeof(aside), "%s.damaged", s->m.ckpt_load);
-    for (int k = 2; k < 100 && !lstat(aside, &st); k++)
-        snprintf(aside, sizeof(aside), "%s.damaged.%d", s->m.ckpt_load, k);
-    if (rename(s->m.ckpt_load, aside))
+    int rc = ckpt_set_aside(s->m.ckpt_load, aside, sizeof(aside));
+    if (rc)
         fprintf(stderr, "ctitan: %s could not be loaded, and cannot be moved aside to %s: %s\n", s->m.ckpt_load, aside,
-                strerror(errno));
+                strerror(-rc));
     else
         fprintf(stderr, "ctitan: %s could not be loaded (damaged, see above): moved aside to %s\n", s->m.ckpt_load,
                 aside);

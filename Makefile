@@ -304,7 +304,7 @@ test-asan: asan
 # build/fuzz/corpus/NAME, crashes as build/fuzz/crash-NAME-*); make test-fuzz: each for
 # FUZZ_CI_TIME seconds from its corpus, the regression run make test does.
 FUZZ_BUILD   := build/fuzz
-FUZZ_TARGETS := msg toml manifest ckpt_index ckpt_header tokfile tokenizer remote argv keys peak_cache ckpt_sums cursor corpus st_header hf_config hftok gpus fetch
+FUZZ_TARGETS := msg toml manifest ckpt_index ckpt_header tokfile tokenizer remote argv keys peak_cache ckpt_sums cursor corpus st_header hf_config hftok gpus fetch stream
 FUZZ_SAN     := -Wno-pass-failed -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize=vptr,function \
                 -fno-sanitize-recover=all -fno-omit-frame-pointer
 FUZZ_TIME    ?= 60

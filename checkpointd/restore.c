@@ -595,6 +595,7 @@ static int remote_latest(load_t *L, char *path, size_t n, char *err, size_t errl
     const manifest_t *m = L->m;
     char where[PATH_MAX + 320], why[1024], shown[512];
     int tried = 0;
+    atomic_store(&((staging_hdr_t *)L->staging)->step, -1); /* a fetch may fail before its index */
     for (int i = 0; i < st->n && i < RESTORE_STORED_MAX; i++, tried++) {
         snprintf(shown, sizeof(shown), "step %lld of job %s on the storage host at %s", (long long)st->steps[i],
                  m->name, m->ckpt_endpoint);

@@ -476,6 +476,11 @@ static void test_restore_streams_the_newest_checkpoint_from_a_storage_host(void 
     for (int a = 0; a < 3; a++)
         assert_memory_equal(staging_array(h, a), f->arr[a], f->tab.total * sizeof(float));
     assert_int_equal(access(f->m.ckpt_folder, F_OK), -1);
+    /* a load that fails before any index came leaves no step of an earlier one (found by
+     * fuzz_stream) */
+    H.fail = -ETIMEDOUT;
+    assert_int_equal(load_stored(f, &st, path, err, NULL), -ETIMEDOUT);
+    assert_int_equal(atomic_load(&h->step), -1);
 }
 
 /* Damage the host's step 8 holds (a chunk's byte, then a data file's header) is found in what

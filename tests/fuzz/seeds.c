@@ -299,7 +299,7 @@ static void remote_seeds(void)
 
 /* a peak cache file as the coordinator writes it (a fixed machine: the corpus does not change
  * from run to run) */
-/* fuzz_fetch's records (see its comment): file, flags, size, offset, n. */
+/* fuzz_fetch's and fuzz_stream's records (tests/fuzz/fetch_parts.h): file, flags, size, offset, n. */
 static size_t fetch_record(uint8_t *out, int file, int flags, uint32_t size, uint32_t offset, uint16_t n)
 {
     out[0] = (uint8_t)file, out[1] = (uint8_t)flags;
@@ -311,12 +311,13 @@ static size_t fetch_record(uint8_t *out, int file, int flags, uint32_t size, uin
 
 static void fetch_seeds(void)
 {
-    enum { TRUE_SIZE = 1, AT_GOT = 2, FILL = 4, DONE = 8 }; /* fuzz_fetch.c's */
+    enum { TRUE_SIZE = 1, AT_GOT = 2, FILL = 4, DONE = 8 }; /* tests/fuzz/fetch_parts.h's */
     uint8_t buf[512];
     size_t n = 0;
     for (int f = 0; f <= 3; f++) /* the whole fetch: the index, the three files of AdamW's state, ok */
         n += fetch_record(buf + n, f, TRUE_SIZE | AT_GOT | FILL | (f == 3 ? DONE : 0), 0, 0, 0);
     put("fetch", "whole", -1, buf, n);
+    put("stream", "whole", -1, buf, n);
     n = 0; /* in pieces: 100 bytes, an empty part, the rest */
     for (int f = 0; f <= 3; f++) {
         n += fetch_record(buf + n, f, TRUE_SIZE | AT_GOT | FILL, 0, 0, 100);
@@ -324,6 +325,7 @@ static void fetch_seeds(void)
         n += fetch_record(buf + n, f, TRUE_SIZE | AT_GOT | FILL | (f == 3 ? DONE : 0), 0, 0, 0);
     }
     put("fetch", "pieces", -1, buf, n);
+    put("stream", "pieces", -1, buf, n);
     n = 0; /* data file 2 before 1 */
     n += fetch_record(buf + n, 0, TRUE_SIZE | AT_GOT | FILL, 0, 0, 0);
     n += fetch_record(buf + n, 2, TRUE_SIZE | AT_GOT | FILL | DONE, 0, 0, 0);

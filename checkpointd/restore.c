@@ -323,31 +323,61 @@ int restore_check_shapes(const ckpt_index_t *ix, const char *path, char *err, si
 
 /* Every array of the training state (the master weights, then optimizer o's state), tensor by
  * tensor by name, into the staging arrays at its offset in the flat space. */
+/* The tensor of index ix (named `path` in messages) holding array a of parameter p: the fp32
+ * master copy for a = 0 when the index has one, else the array's own; F32 with p's elements,
+ * or NULL with -ENOENT / -EINVAL in *rc and why in err. */
+static const ckpt_tensor_t *array_tensor(const ckpt_index_t *ix, const optim_t *o, const param_info_t *p, int a,
+                                         const char *path, int *rc, char *err, size_t errlen)
+{
+    char name[CKPT_NAME_MAX + 32];
+    if (a > 0 || !ckpt_index_find(ix, ckpt_master_tensor(p->name, name, sizeof(name))))
+        ckpt_tensor_name(o, a, p->name, name, sizeof(name));
+    const ckpt_tensor_t *ct = ckpt_index_find(ix, name);
+    *rc = !ct ? util_fail(err, errlen, -ENOENT, "checkpoint %s has no tensor %s", path, name)
+              : strcmp(ct->dtype, "F32") || ct->numel != p->numel
+                  ? util_fail(err, errlen, -EINVAL, "checkpoint %s: tensor %s is %s with %llu elements; the model "
+                              "needs F32 with %zu", path, name, ct->dtype, (unsigned long long)ct->numel, p->numel)
+                  : 0;
+    return *rc ? NULL : ct;
+}
+
 static int read_tensors(ckpt_t *ck, const param_table_t *tab, const optim_t *o, void *staging, char *err,
                         size_t errlen)
 {
-    const char *path = ckpt_path(ck);
-    for (int t = 0; t < tab->n; t++) {
-        const param_info_t *p = &tab->t[t];
-        for (int a = 0; a < optim_arrays(o); a++) {
-            char name[CKPT_NAME_MAX + 32], mname[CKPT_NAME_MAX + 32];
-            if (a == 0)
-                snprintf(name, sizeof(name), "%s", ckpt_master_name(ck, p->name, mname, sizeof(mname)));
-            else
-                ckpt_tensor_name(o, a, p->name, name, sizeof(name));
-            const ckpt_tensor_t *ct = ckpt_index_find(ckpt_index(ck), name);
-            if (!ct)
-                return util_fail(err, errlen, -ENOENT, "checkpoint %s has no tensor %s", path, name);
-            if (strcmp(ct->dtype, "F32") || ct->numel != p->numel)
-                return util_fail(err, errlen, -EINVAL, "checkpoint %s: tensor %s is %s with %llu elements; the model "
-                                 "needs F32 with %zu", path, name, ct->dtype, (unsigned long long)ct->numel,
-                                 p->numel);
-            int rc = ckpt_read(ck, name, 0, p->numel, staging_array(staging, a) + p->offset, err, errlen);
-            if (rc)
-                return rc;
+    int rc = 0;
+    for (int t = 0; t < tab->n && !rc; t++)
+        for (int a = 0; a < optim_arrays(o) && !rc; a++) {
+            const param_info_t *p = &tab->t[t];
+            const ckpt_tensor_t *ct = array_tensor(ckpt_index(ck), o, p, a, ckpt_path(ck), &rc, err, errlen);
+            if (ct)
+                rc = ckpt_read(ck, ct->name, 0, p->numel, staging_array(staging, a) + p->offset, err, errlen);
         }
-    }
-    return 0;
+    return rc;
+}
+
+/* The run's optimizer and the staging segment's shape for it. */
+static int check_run(load_t *L, const optim_t **o, char *err, size_t errlen)
+{
+    const manifest_t *m = L->m;
+    if (!(*o = optim_find(m->optimizer_name)))
+        return util_fail(err, errlen, -EINVAL, "optimizer.name = \"%s\": no such optimizer", m->optimizer_name);
+    return staging_check(L->staging, L->tab->total, optim_arrays(*o), err, errlen);
+}
+
+/* This run's checks of a checkpoint's index (`path` names it in messages), a local one's or one
+ * streaming from a storage host: written for this run's model, every tensor there with its
+ * shape, a cursor by the loader's convention, nothing of another run written over. */
+static int check_index(load_t *L, const optim_t *o, const ckpt_index_t *ix, const char *path, char *err,
+                       size_t errlen)
+{
+    int rc = check_model(ix, L->m, path, L->log, err, errlen);
+    if (!rc) /* this run's model, whatever the manifest inside says */
+        rc = check_tensors(ix, L->tab, o, path, "this run's model", err, errlen);
+    if (!rc)
+        rc = check_cursor(ix, path, err, errlen);
+    if (!rc)
+        rc = check_overwrite(L->what, L->m, L->stored, ix->step, err, errlen);
+    return rc;
 }
 
 int restore_load(const char *what, const manifest_t *m, const param_table_t *tab, void *staging, FILE *log,
@@ -364,10 +394,8 @@ static int load_dir(load_t *L, const char *path, int *corrupt, char *err, size_t
     const manifest_t *m = L->m;
     staging_hdr_t *h = L->staging;
     *corrupt = 0;
-    const optim_t *o = optim_find(m->optimizer_name);
-    if (!o)
-        return util_fail(err, errlen, -EINVAL, "optimizer.name = \"%s\": no such optimizer", m->optimizer_name);
-    int rc = staging_check(L->staging, L->tab->total, optim_arrays(o), err, errlen);
+    const optim_t *o;
+    int rc = check_run(L, &o, err, errlen);
     if (rc)
         return rc;
     ckpt_t *ck;
@@ -375,13 +403,7 @@ static int load_dir(load_t *L, const char *path, int *corrupt, char *err, size_t
         return rc;
     const ckpt_index_t *ix = ckpt_index(ck);
     atomic_store(&h->step, -1); /* nothing whole in the segment until the end */
-    rc = check_model(ix, m, path, L->log, err, errlen);
-    if (!rc) /* this run's model, whatever the manifest inside says */
-        rc = check_tensors(ix, L->tab, o, path, "this run's model", err, errlen);
-    if (!rc)
-        rc = check_cursor(ix, path, err, errlen);
-    if (!rc)
-        rc = check_overwrite(L->what, m, L->stored, ix->step, err, errlen);
+    rc = check_index(L, o, ix, path, err, errlen);
     if (!rc && ix->step < m->steps) { /* a run with nothing left to train needs only the step */
         rc = read_tensors(ck, L->tab, o, L->staging, err, errlen);
         *corrupt = rc == -EBADMSG;
@@ -450,25 +472,15 @@ static int stream_index(void *arg, const ckpt_index_t *ix, const void *bytes, si
 {
     stream_t *S = arg;
     load_t *L = S->L;
-    const manifest_t *m = L->m;
-    staging_hdr_t *h = L->staging;
-    const optim_t *o = optim_find(m->optimizer_name);
-    int rc = !o ? util_fail(err, errlen, -EINVAL, "optimizer.name = \"%s\": no such optimizer", m->optimizer_name)
-                : staging_check(L->staging, L->tab->total, optim_arrays(o), err, errlen);
-    atomic_store(&h->step, -1); /* nothing whole in the segment until the end */
+    const optim_t *o;
+    int rc = check_run(L, &o, err, errlen);
     if (!rc)
-        rc = check_model(ix, m, S->shown, L->log, err, errlen);
-    if (!rc)
-        rc = check_tensors(ix, L->tab, o, S->shown, "this run's model", err, errlen);
-    if (!rc)
-        rc = check_cursor(ix, S->shown, err, errlen);
-    if (!rc)
-        rc = check_overwrite(L->what, m, L->stored, ix->step, err, errlen);
+        rc = check_index(L, o, ix, S->shown, err, errlen);
     S->ix = ix;
     S->step = ix->step;
     memcpy(S->cursor, ix->cursor, ix->cursor_len);
     S->cursor_len = ix->cursor_len;
-    S->skip = ix->step >= m->steps;
+    S->skip = ix->step >= L->m->steps;
     int chunks = 0;
     for (int t = 0; t < ix->n_tensors; t++)
         chunks += (int)ix->tensors[t].n_chunks;
@@ -484,18 +496,9 @@ static int stream_index(void *arg, const ckpt_index_t *ix, const void *bytes, si
     for (int t = 0; !rc && t < L->tab->n; t++) {
         const param_info_t *p = &L->tab->t[t];
         for (int a = 0; !rc && a < optim_arrays(o); a++) {
-            char name[CKPT_NAME_MAX + 32];
-            if (a == 0 && !ckpt_index_find(ix, ckpt_master_tensor(p->name, name, sizeof(name))))
-                snprintf(name, sizeof(name), "%s", p->name);
-            else if (a > 0)
-                ckpt_tensor_name(o, a, p->name, name, sizeof(name));
-            const ckpt_tensor_t *ct = ckpt_index_find(ix, name);
-            if (!ct || strcmp(ct->dtype, "F32") || ct->numel != p->numel) {
-                rc = util_fail(err, errlen, -EINVAL, "checkpoint %s: tensor %s is %s with %llu elements; the model "
-                               "needs F32 with %zu", S->shown, name, ct ? ct->dtype : "missing",
-                               ct ? (unsigned long long)ct->numel : 0ULL, p->numel);
+            const ckpt_tensor_t *ct = array_tensor(ix, o, p, a, S->shown, &rc, err, errlen);
+            if (!ct)
                 break;
-            }
             uint8_t *dst = (uint8_t *)(staging_array(L->staging, a) + p->offset);
             for (uint32_t c = 0; c < ct->n_chunks; c++) {
                 const ckpt_chunk_t *ch = &ct->chunks[c];

@@ -343,5 +343,5 @@ int main(void)
         cmocka_unit_test(test_backend_cpu_model_is_model_c_bitwise),
         cmocka_unit_test(test_backend_cuda_emulated_vector_ops_agree_with_the_cpu),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_run_group_tests(tests, NULL, NULL);
 }

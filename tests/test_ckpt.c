@@ -882,5 +882,5 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_ckpt_writer_falls_back_where_o_direct_is_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ckpt_raw_write_measures_a_real_file, setup, teardown),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_run_group_tests(tests, NULL, NULL);
 }

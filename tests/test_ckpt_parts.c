@@ -985,5 +985,5 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_ckpt_parts_daemon_writes_host_0s_part_and_commits_every_part, setup,
                                         teardown),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_run_group_tests(tests, NULL, NULL);
 }

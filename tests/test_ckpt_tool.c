@@ -889,5 +889,5 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_usage_errors_exit_2_and_help_exits_0, setup, teardown),
         cmocka_unit_test_setup_teardown(test_keygen_writes_a_key_pair_and_never_overwrites_one, setup, teardown),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_run_group_tests(tests, NULL, NULL);
 }

@@ -731,7 +731,5 @@ int main(void)
         cmocka_unit_test(test_corpus_job_bad_sources_fail_the_job_with_the_reason),
         cmocka_unit_test(test_corpus_job_eight_sources_fit_the_cursor),
     };
-    if (getenv("CTITAN_TEST_ONLY"))
-        cmocka_set_test_filter(getenv("CTITAN_TEST_ONLY"));
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return tu_run_group_tests(tests, setup, teardown);
 }

@@ -778,5 +778,5 @@ int main(void)
         T(test_ctl_a_revoked_key_cannot_connect_again),
         T(test_ctl_a_refused_client_stays_refused_after_its_key_is_allowed),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_run_group_tests(tests, NULL, NULL);
 }

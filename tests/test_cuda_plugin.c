@@ -116,5 +116,5 @@ int main(void)
         cmocka_unit_test(test_cuda_plugin_real_one_makes_nccl_ids_without_a_gpu),
         cmocka_unit_test(test_cuda_plugin_emulated_one_and_missing_ones),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_run_group_tests(tests, NULL, NULL);
 }

@@ -149,5 +149,5 @@ int main(void)
         cmocka_unit_test(test_evaluate_positive_temperature_samples_from_the_seed),
         cmocka_unit_test(test_evaluate_negative_temperature_is_refused),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return tu_run_group_tests(tests, setup, teardown);
 }

@@ -100,5 +100,5 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_finetune_manifest_trains_an_imported_model_on_jsonl_and_exports_for_transformers),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return tu_run_group_tests(tests, setup, teardown);
 }

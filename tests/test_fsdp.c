@@ -589,7 +589,5 @@ int main(void)
         cmocka_unit_test(test_fsdp_cpu_a_bf16_reduce_stays_near_fp32_and_halves_the_exchange),
         cmocka_unit_test(test_fsdp_gpu_a_bf16_reduce_stays_near_fp32),
     };
-    if (getenv("CTITAN_TEST_ONLY")) /* a pattern: run only the tests it matches ("*killed*") */
-        cmocka_set_test_filter(getenv("CTITAN_TEST_ONLY"));
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return tu_run_group_tests(tests, setup, teardown);
 }

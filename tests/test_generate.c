@@ -733,8 +733,8 @@ static void test_device_cuda_generates_the_cpus_text(void **state)
     const char *model[] = {g->ckpt, g->ckpt, g->scaled};
     const char *args[] = {"--prompt-ids '17 4 250 99 3 3 180' --ids --temperature 0 --max-tokens 24",
                           "--prompt-ids '5 6 7' --ids --temperature 0.7 --top-k 40 --seed 9 --max-tokens 24",
-                          "--prompt-ids '1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20' --ids --temperature 0 "
-                          "--max-tokens 24"};
+                          ("--prompt-ids '1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20' --ids --temperature 0 "
+                           "--max-tokens 24")};
     for (int i = 0; i < 3; i++) {
         assert_int_equal(run_ctitan(cpu, sizeof(cpu), 0, "generate %s %s --device cpu", model[i], args[i]), 0);
         int rc = run_ctitan(gpu, sizeof(gpu), 0, "generate %s %s --device cuda", model[i], args[i]);
@@ -891,6 +891,6 @@ int main(void)
         cmocka_unit_test(test_device_cuda_generates_the_cpus_text),
         cmocka_unit_test(test_bad_models_are_refused_naming_the_path),
     };
-    int failed = cmocka_run_group_tests_name("generate", unit, NULL, NULL);
-    return failed | cmocka_run_group_tests_name("generate_cli", cli, group_setup, group_teardown);
+    int failed = tu_run_group_tests_name("generate", unit, NULL, NULL);
+    return failed | tu_run_group_tests_name("generate_cli", cli, group_setup, group_teardown);
 }

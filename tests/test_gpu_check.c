@@ -177,5 +177,5 @@ int main(void)
         cmocka_unit_test(test_gpu_check_spent_budget_is_reported_per_step),
         cmocka_unit_test(test_gpu_check_rejects_bad_usage),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return tu_run_group_tests(tests, setup, teardown);
 }

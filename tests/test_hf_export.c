@@ -862,5 +862,5 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_converted_tokenizer_hard_cases, setup, teardown),
         cmocka_unit_test_setup_teardown(test_converted_tokenizer_with_duplicate_bytes, setup, teardown),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_run_group_tests(tests, NULL, NULL);
 }

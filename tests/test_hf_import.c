@@ -715,5 +715,5 @@ int main(void)
         cmocka_unit_test(test_job_starts_from_hf_weights),
         cmocka_unit_test(test_cuda_job_starts_from_hf_weights),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return tu_run_group_tests(tests, setup, teardown);
 }

@@ -597,5 +597,5 @@ int main(void)
         cmocka_unit_test(test_trained_vocab_matches_tokenizers),
         cmocka_unit_test(test_prefix_space_vocab_matches_tokenizers),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return tu_run_group_tests(tests, setup, teardown);
 }

@@ -635,7 +635,5 @@ int main(void)
         cmocka_unit_test(test_hosts_checkpointd_killed_mid_part_writes_the_checkpoint_again),
         cmocka_unit_test(test_hosts_a_checkpoint_folder_not_shared_fails_saying_so),
     };
-    if (getenv("CTITAN_TEST_ONLY")) /* a pattern: run only the tests it matches ("*lost*") */
-        cmocka_set_test_filter(getenv("CTITAN_TEST_ONLY"));
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return tu_run_group_tests(tests, setup, teardown);
 }

@@ -2146,7 +2146,5 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_launch_an_operator_that_never_reads_is_logged_at_a_bounded_rate),
         cmocka_unit_test(test_launch_workers_keys_are_bound_to_their_role_and_to_what_is_expected),
     };
-    if (getenv("CTITAN_TEST_ONLY")) /* a pattern: run only the tests it matches ("*forged*") */
-        cmocka_set_test_filter(getenv("CTITAN_TEST_ONLY"));
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return tu_run_group_tests(tests, setup, teardown);
 }

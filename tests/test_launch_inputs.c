@@ -142,5 +142,5 @@ int main(void)
         cmocka_unit_test(test_inputs_a_run_whose_last_checkpoint_fails_does_not_succeed),
         cmocka_unit_test(test_inputs_a_model_too_large_for_the_memory_is_refused_before_any_segment),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return tu_run_group_tests(tests, setup, teardown);
 }

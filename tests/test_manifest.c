@@ -1483,5 +1483,5 @@ int main(void)
         cmocka_unit_test(test_manifest_repo_examples_parse_and_validate),
         cmocka_unit_test(test_manifest_fuzz_garbage_gives_errors),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_run_group_tests(tests, NULL, NULL);
 }

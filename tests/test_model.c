@@ -541,5 +541,5 @@ int main(void)
         cmocka_unit_test(test_model_adamw_steps_reduce_loss_on_a_fixed_batch),
         cmocka_unit_test(test_model_rejects_bad_piece_ranges_and_lengths),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_run_group_tests(tests, NULL, NULL);
 }

@@ -954,5 +954,5 @@ int main(void)
         cmocka_unit_test(test_msg_fuzz_random_bytes),
         cmocka_unit_test(test_msg_fuzz_mutations_of_valid_encodings),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_run_group_tests(tests, NULL, NULL);
 }

@@ -320,5 +320,5 @@ int main(void)
         cmocka_unit_test(test_rope_scores_depend_only_on_relative_position),
         cmocka_unit_test(test_attn_and_rope_bits_identical_for_any_pool_size),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_run_group_tests(tests, NULL, NULL);
 }

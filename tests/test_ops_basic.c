@@ -824,5 +824,5 @@ int main(void)
         cmocka_unit_test(test_swiglu_fast_bwd_matches_finite_differences),
         cmocka_unit_test(test_fast_ops_are_bitwise_identical_for_any_pool_size),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_run_group_tests(tests, NULL, NULL);
 }

@@ -73,5 +73,5 @@ int main(void)
         cmocka_unit_test(test_optim_rows_are_found_by_name_in_any_case),
         cmocka_unit_test(test_optim_adamw_step_is_the_backends_adamw_bitwise),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_run_group_tests(tests, NULL, NULL);
 }

@@ -401,5 +401,5 @@ int main(void)
         cmocka_unit_test(test_peak_cache_gpu_peak_is_the_gpus_cached_per_model),
         cmocka_unit_test(test_peak_cache_gpu_without_a_peak_gives_none),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return tu_run_group_tests(tests, setup, teardown);
 }

@@ -475,7 +475,7 @@ int main(void)
     };
     if (tj_setup("plan"))
         return 1;
-    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    int rc = tu_run_group_tests(tests, NULL, NULL);
     tj_teardown();
     return rc;
 }

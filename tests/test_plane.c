@@ -373,5 +373,5 @@ int main(void)
         cmocka_unit_test_teardown(test_plane_loader_rings_are_links_of_the_first_and_last_stage, teardown),
         cmocka_unit_test_teardown(test_plane_ipc_device_rings_deliver_in_order_on_the_emulator, teardown),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_run_group_tests(tests, NULL, NULL);
 }

@@ -98,5 +98,5 @@ int main(void)
         cmocka_unit_test(test_pool_new_caps_the_thread_count),
         cmocka_unit_test(test_pool_new_fails_cleanly_when_its_threads_cannot_start),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_run_group_tests(tests, NULL, NULL);
 }

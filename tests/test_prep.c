@@ -447,5 +447,5 @@ int main(void)
         T(test_prep_failure_keeps_previous_outputs),
         T(test_cli_exit_codes),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_run_group_tests(tests, NULL, NULL);
 }

@@ -567,7 +567,5 @@ int main(void)
         cmocka_unit_test(test_recover_gpu_jobs_on_the_nccl_plane_rewind_and_in_offload_mode_recover_in_place),
         cmocka_unit_test(test_recover_a_gpu_job_without_a_whole_snapshot_is_relaunched_from_disk),
     };
-    if (getenv("CTITAN_TEST_ONLY")) /* a pattern: run only the tests it matches ("*watchdog*") */
-        cmocka_set_test_filter(getenv("CTITAN_TEST_ONLY"));
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return tu_run_group_tests(tests, setup, teardown);
 }

@@ -1575,5 +1575,5 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_remote_server_survived_everything_and_stops_cleanly),
         cmocka_unit_test_teardown(test_remote_streams_to_a_server_in_another_network_namespace, netns_teardown),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return tu_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -227,5 +227,5 @@ int main(void)
         cmocka_unit_test(test_report_validation_loss_goes_into_the_metrics_file),
         cmocka_unit_test(test_report_gpu_job_mfu_is_against_the_gpus_peak),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return tu_run_group_tests(tests, setup, teardown);
 }

@@ -516,7 +516,5 @@ int main(void)
         cmocka_unit_test(test_restart_a_failure_before_the_first_step_is_not_restarted),
         cmocka_unit_test(test_restart_status_shows_the_restarts_and_ctrl_c_ends_without_one),
     };
-    if (getenv("CTITAN_TEST_ONLY")) /* a pattern: run only the tests it matches ("*status*") */
-        cmocka_set_test_filter(getenv("CTITAN_TEST_ONLY"));
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return tu_run_group_tests(tests, setup, teardown);
 }

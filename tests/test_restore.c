@@ -573,5 +573,5 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_restore_a_stored_checkpoint_of_another_model_ends_the_search, setup,
                                         teardown),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_run_group_tests(tests, NULL, NULL);
 }

@@ -1051,5 +1051,5 @@ int main(void)
         T(test_ring_consumer_in_another_process_drains_after_close),
         T(test_ring_new_producer_continues_after_one_died_holding_a_slot),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_run_group_tests(tests, NULL, NULL);
 }

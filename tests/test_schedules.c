@@ -315,7 +315,5 @@ int main(void)
         cmocka_unit_test(test_schedules_the_trace_holds_every_action_in_the_schedules_order),
         cmocka_unit_test(test_schedules_a_relaunch_appends_to_the_trace),
     };
-    if (getenv("CTITAN_TEST_ONLY")) /* a pattern: run only the tests it matches ("*killed*") */
-        cmocka_set_test_filter(getenv("CTITAN_TEST_ONLY"));
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return tu_run_group_tests(tests, setup, teardown);
 }

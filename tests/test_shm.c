@@ -462,5 +462,5 @@ int main(void)
         T(test_shm_mapping_outlives_unlink_until_detach),
         T(test_shm_job_lock_is_exclusive_and_shared_with_a_forked_child),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_run_group_tests(tests, NULL, NULL);
 }

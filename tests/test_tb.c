@@ -692,5 +692,5 @@ int main(void)
         cmocka_unit_test(test_tb_a_relaunch_writes_a_second_file_after_the_first),
         cmocka_unit_test(test_tb_tensorboard_reads_the_metrics_files_numbers),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return tu_run_group_tests(tests, setup, teardown);
 }

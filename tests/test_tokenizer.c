@@ -518,5 +518,5 @@ int main(void)
         cmocka_unit_test(test_load_rejects_corrupt_files),
         cmocka_unit_test(test_train_is_fast_on_a_megabyte),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return tu_run_group_tests(tests, group_setup, group_teardown);
 }

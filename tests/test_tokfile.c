@@ -329,5 +329,5 @@ int main(void)
         T(test_write_rejects_bad_tokens_and_leaves_nothing),
         T(test_write_replaces_existing_file),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_run_group_tests(tests, NULL, NULL);
 }

@@ -413,5 +413,5 @@ int main(void)
         cmocka_unit_test(test_toml_parse_value_for_overrides),
         cmocka_unit_test(test_toml_fuzz_random_and_mutated_inputs_never_crash),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_run_group_tests(tests, NULL, NULL);
 }

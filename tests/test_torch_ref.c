@@ -157,5 +157,5 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_torch_ref_same_loss_and_gradient_norm),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_run_group_tests(tests, NULL, NULL);
 }

@@ -201,5 +201,5 @@ int main(void)
         cmocka_unit_test(test_trace_note_keeps_waits_and_room_for_the_sending_time),
         cmocka_unit_test(test_trace_records_from_another_process_are_checked),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return tu_run_group_tests(tests, setup, teardown);
 }

@@ -132,5 +132,5 @@ int main(void)
         cmocka_unit_test(test_train_temperature_0_samples_greedily),
         cmocka_unit_test(test_train_rejects_bad_arguments_with_a_reason),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_run_group_tests(tests, NULL, NULL);
 }

@@ -6,6 +6,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fnmatch.h>
 #include <ftw.h>
 #include <math.h>
 #include <netinet/in.h>
@@ -174,6 +175,50 @@ static inline const char *tu_ctitan(void)
         return env;
     return b[0] ? b : tu_program("ctitan", b, sizeof(b));
 }
+#ifdef cmocka_run_group_tests
+/* Whether test `name` runs under CTITAN_TEST_ONLY: a comma-separated list of glob patterns
+ * (fnmatch), those starting with '-' leaving out what they match ("*forged*",
+ * "-*gpu_jo*,-*wedged_gpu*"). Unset: every test. */
+static inline int tu_test_wanted(const char *only, const char *name)
+{
+    int any_in = 0, in = 0;
+    char pat[256];
+    for (const char *p = only; p && *p;) {
+        size_t n = strcspn(p, ",");
+        snprintf(pat, sizeof(pat), "%.*s", (int)(n < sizeof(pat) ? n : sizeof(pat) - 1), p);
+        if (pat[0] == '-') {
+            if (!fnmatch(pat + 1, name, 0))
+                return 0;
+        } else if (pat[0]) {
+            any_in = 1;
+            in |= !fnmatch(pat, name, 0);
+        }
+        p += n + (p[n] == ',');
+    }
+    return !any_in || in;
+}
+
+/* cmocka_run_group_tests over the tests CTITAN_TEST_ONLY wants (tu_test_wanted). */
+static inline int tu_run_group_tests_(const char *group, const struct CMUnitTest *tests, size_t n,
+                                      CMFixtureFunction setup, CMFixtureFunction teardown)
+{
+    struct CMUnitTest *keep = malloc((n ? n : 1) * sizeof(*keep));
+    size_t k = 0;
+    if (!keep)
+        return 1;
+    for (size_t i = 0; i < n; i++)
+        if (tu_test_wanted(getenv("CTITAN_TEST_ONLY"), tests[i].name))
+            keep[k++] = tests[i];
+    int rc = _cmocka_run_group_tests(group, keep, k, setup, teardown);
+    free(keep);
+    return rc;
+}
+#define tu_run_group_tests(tests, setup, teardown) \
+    tu_run_group_tests_(#tests, tests, sizeof(tests) / sizeof((tests)[0]), setup, teardown)
+#define tu_run_group_tests_name(group, tests, setup, teardown) \
+    tu_run_group_tests_(group, tests, sizeof(tests) / sizeof((tests)[0]), setup, teardown)
+#endif
+
 /* In a cmocka test: skip, saying why, when ctitan is not built. */
 #define TU_NEED_BIN()                                                     \
     do {                                                                  \

@@ -110,5 +110,5 @@ int main(void)
         cmocka_unit_test(test_cuda_adamw_matches_reference_over_steps),
         cmocka_unit_test(test_cuda_adamw_out_of_place_is_in_place_bitwise),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_run_group_tests(tests, NULL, NULL);
 }

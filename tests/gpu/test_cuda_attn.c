@@ -446,7 +446,5 @@ int main(void)
         /* last: were a check missing, a kernel given host pointers could spoil the context */
         cmocka_unit_test(test_cuda_attn_rejects_bad_arguments),
     };
-    if (getenv("CTITAN_TEST_ONLY")) /* a pattern: run only the tests it matches ("*long*") */
-        cmocka_set_test_filter(getenv("CTITAN_TEST_ONLY"));
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_run_group_tests(tests, NULL, NULL);
 }

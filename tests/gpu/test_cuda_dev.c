@@ -184,5 +184,5 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_cuda_dev_kernels_match_plain_loops),
         cmocka_unit_test(test_cuda_dev_ipc_shares_memory_and_events_between_processes),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_run_group_tests(tests, NULL, NULL);
 }

@@ -148,5 +148,5 @@ int main(void)
         cmocka_unit_test(test_cuda_infer_matches_the_cpu_with_llama3_rope),
         cmocka_unit_test(test_cuda_infer_refuses_bad_calls),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_run_group_tests(tests, NULL, NULL);
 }

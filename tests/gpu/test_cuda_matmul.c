@@ -384,5 +384,5 @@ int main(void)
         cmocka_unit_test(test_cuda_matmul_handles_unaligned_buffers),
         cmocka_unit_test(test_cuda_matmul_peak_tflops_is_measured),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_run_group_tests(tests, NULL, NULL);
 }

@@ -166,5 +166,5 @@ int main(void)
         cmocka_unit_test(test_cuda_mma_accumulators_chain_into_the_next_product),
         cmocka_unit_test(test_cuda_mma_rejects_bad_arguments),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_run_group_tests(tests, NULL, NULL);
 }

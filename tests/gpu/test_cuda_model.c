@@ -412,5 +412,5 @@ int main(void)
         cmocka_unit_test(test_cuda_model_shard_io_matches_the_whole_model_bitwise),
         cmocka_unit_test(test_cuda_model_refuses_unsupported_shapes),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_run_group_tests(tests, NULL, NULL);
 }

@@ -644,5 +644,5 @@ int main(void)
         cmocka_unit_test(test_cuda_xent_matches_reference_in_and_out_of_place),
         cmocka_unit_test(test_cuda_xent_out_of_range_target_gives_nan_loss),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_run_group_tests(tests, NULL, NULL);
 }

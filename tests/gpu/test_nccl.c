@@ -188,5 +188,5 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_nccl_one_rank_collectives),
         cmocka_unit_test(test_nccl_two_ranks_in_two_processes),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_run_group_tests(tests, NULL, NULL);
 }

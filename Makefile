@@ -76,7 +76,7 @@ TESTS += $(SIM_TESTS)
 ifeq ($(CUDA),1)
 TESTS += $(BUILD)/tests/test_gpuprof
 endif
-# The same, as the stage's CUDA plugin: test_launch runs a `--job.device cuda` job on it
+# The same, as the stage's CUDA plugin: test_launch_gpu runs a `--job.device cuda` job on it
 # (CTITAN_CUDA_PLUGIN points the stage at it).
 SIM_SO := $(BUILD)/lib/libctitan_cuda_sim.so
 
@@ -281,17 +281,18 @@ ASAN_ENV   := ASAN_OPTIONS=halt_on_error=1:detect_leaks=1:abort_on_error=0 UBSAN
 # two cores only part of them runs there (PROGRAM:PATTERNS, CTITAN_TEST_ONLY's comma-separated
 # globs, '-' leaving out; tests/testutil.h tu_test_wanted):
 # test_hosts (~4 min, two emulated GPU hosts) its checkpoints in parts, through the agents, the
-# part writers and the commit; test_launch (~4 min) its forged-message tests, the control
-# plane's trust; and test_gpu_check (~1.5 min, a shell script around the same binaries) none;
+# part writers and the commit; of the launch tests only test_launch_trust, the control plane's
+# trust (~30 s; test_launch, test_launch_ckpt and test_launch_gpu, ~3 min together there, run
+# plainly); and test_gpu_check (~1.5 min, a shell script around the same binaries) none;
 # test_gpuprof links CUPTI, which the CUDA=0 tree does not build (it passed under clang's ASan
 # + UBSan by hand, 2026-11-27); test_fsdp its CPU jobs (~10 s) and of its emulated GPU ones (~25 s
 # plain: 4 to 12 emulated processes a job) the bf16 reduce's (two S2 jobs at pipeline 1: the NCCL
 # plane's sharding, which UBSan once caught computing a pointer outside a chunk); test_recover
 # (~85 s, ~75 of them its five emulated GPU jobs) all but four GPU jobs: its CPU recoveries and
 # one GPU stage and shard rewind.
-ASAN_PARTLY := test_hosts:*in_parts* test_launch:*forged* test_fsdp:*_cpu_*,*gpu_a_bf16* \
+ASAN_PARTLY := test_hosts:*in_parts* test_fsdp:*_cpu_*,*gpu_a_bf16* \
                test_recover:-*gpu_jo*,-*wedged_gpu*
-ASAN_NOT    := test_gpu_check test_gpuprof $(foreach p,$(ASAN_PARTLY),$(firstword $(subst :, ,$(p))))
+ASAN_NOT    := test_gpu_check test_gpuprof test_launch test_launch_ckpt test_launch_gpu $(foreach p,$(ASAN_PARTLY),$(firstword $(subst :, ,$(p))))
 ASAN_TESTS := $(filter-out $(ASAN_NOT:%=$(ASAN_BUILD)/tests/%),$(TESTS:$(BUILD)/%=$(ASAN_BUILD)/%))
 asan:
 	@$(MAKE) --no-print-directory CUDA=0 BUILD=$(ASAN_BUILD) CC=$(ASAN_CC) CXX=$(ASAN_CXX) SAN="$(ASAN_SAN)" all

@@ -1,7 +1,7 @@
 /* Loads the CUDA plugin (kernels/cuda/cuda_plugin.h: the CUDA backend table of
  * kernels/backend.h and the CUDA-only calls of the GPU data planes) into a stage,
  * optimizer-shard or coordinator process: build/lib/libctitan_cuda.so next to the running
- * program (build/bin/../lib), or the file CTITAN_CUDA_PLUGIN names (test_launch runs GPU jobs
+ * program (build/bin/../lib), or the file CTITAN_CUDA_PLUGIN names (test_launch_gpu runs GPU jobs
  * on tests/cudasim's emulated plugin). backend_load("cuda") comes here. */
 #ifndef CTITAN_KERNELS_CUDA_PLUGIN_H
 #define CTITAN_KERNELS_CUDA_PLUGIN_H

@@ -1,5 +1,5 @@
 /* Jobs across hosts (issue 13: stages/coord/coord_agent.c, stages/supervise/supervise.c) with real processes:
- * two "hosts" on this machine, as in test_launch (host 1's `ctitan launch` placed as under
+ * two "hosts" on this machine, as in test_launch_gpu (host 1's `ctitan launch` placed as under
  * srun, its segments named -h1, both on the emulated CUDA backend with the NCCL plane, loopback
  * TCP), each test's ending compared with the same job run on one host: every step's loss the
  * same bits, and nothing of either host left behind. A worker of host 1 lost rewinds the job

@@ -19,6 +19,9 @@
 #include "tests/testutil.h"
 
 static char tj_dir[64]; /* the program's temp folder ("" when the programs are not built) */
+/* Arguments every job of the program starts with, before each run's own (which win): e.g. the
+ * launch tests' "--training.steps 12". */
+static const char *tj_base = "";
 
 /* cmocka group set-up: the temp folder /tmp/ctitan-TAG-XXXXXX and its data/. Without a built
  * ctitan it does nothing and each test skips (TU_NEED_BIN). */
@@ -60,8 +63,8 @@ static inline void tj_args(char *buf, size_t n, const char *job, const char *ext
 {
     snprintf(buf, n,
              "launch manifests/tiny.toml --job.name %s --job.dump_folder %s/runs/%s "
-             "--loader.dataset_path %s/data/train.bin --metrics.file %s/%s.jsonl --metrics.peak_tflops 1 %s",
-             job, tj_dir, job, tj_dir, tj_dir, job, extra);
+             "--loader.dataset_path %s/data/train.bin --metrics.file %s/%s.jsonl --metrics.peak_tflops 1 %s %s",
+             job, tj_dir, job, tj_dir, tj_dir, job, tj_base, extra);
 }
 
 /* Runs `ctitan launch` to its end under `timeout timeout_s` (prefix: e.g. variables or a
@@ -73,6 +76,21 @@ static inline int tj_launch(const char *prefix, int timeout_s, const char *job, 
     tj_args(args, sizeof(args), job, extra);
     snprintf(cmd, sizeof(cmd), "%s timeout %d %s %s 2>&1", prefix, timeout_s, tu_ctitan(), args);
     return tu_run(cmd, out, outlen);
+}
+
+/* tj_launch with no prefix and a bound no test job comes near (10 minutes). */
+static inline int tj_run(const char *job, const char *extra, char *out, size_t outlen)
+{
+    return tj_launch("", 600, job, extra, out, outlen);
+}
+
+/* tj_run that must succeed; fails with the job's output when it does not. */
+static inline void tj_run_ok(const char *job, const char *extra, char *out, size_t outlen)
+{
+    int rc = tj_run(job, extra, out, outlen);
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
 }
 
 /* Starts `ctitan launch` in the background with its output in DIR/OUT.out (two "hosts" of one
@@ -141,8 +159,69 @@ static inline int tj_wait_step(const char *job, int step, int timeout_s)
     return -1;
 }
 
+static inline void tj_sleep_ms(int ms) { nanosleep(&(struct timespec){ms / 1000, (ms % 1000) * 1000000L}, NULL); }
+
+/* The checkpoint folder of a job run by tj_args. */
+static inline void tj_ckpt_dir(char *buf, size_t n, const char *job)
+{
+    snprintf(buf, n, "%s/runs/%s/checkpoint", tj_dir, job);
+}
+
 #define TJ_MAX_STEPS 4096
 #define TJ_MAX_RESTARTS 16
+
+/* The "loss" strings of steps [first, first + n) of job's metrics file, consecutive from the
+ * last record of step `first` on (a resumed run appends, starting at its first step after the
+ * checkpoint); returns how many were found. */
+static inline int tj_losses_from(const char *job, int first, char (*loss)[40])
+{
+    char path[256], line[4096];
+    snprintf(path, sizeof(path), "%s/%s.jsonl", tj_dir, job);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    int n = 0, on = 0;
+    while (fgets(line, sizeof(line), f)) {
+        int step;
+        char *p = strstr(line, "\"loss\": ");
+        if (sscanf(line, "{\"step\": %d", &step) != 1 || !p)
+            continue;
+        if (step == first)
+            n = 0, on = 1;
+        if (on && step == first + n && n < TJ_MAX_STEPS)
+            sscanf(p + 8, "%39[^,]", loss[n++]);
+        else
+            on = 0;
+    }
+    fclose(f);
+    return n;
+}
+
+/* The "loss" strings of each step in job's metrics file; returns the number of steps. */
+static inline int tj_losses(const char *job, char (*loss)[40]) { return tj_losses_from(job, 1, loss); }
+
+/* Two jobs' losses are bitwise the same over `steps` steps. */
+static inline void tj_assert_same_losses(const char *a, const char *b, int steps)
+{
+    static char la[TJ_MAX_STEPS][40], lb[TJ_MAX_STEPS][40];
+    assert_int_equal(tj_losses(a, la), steps);
+    assert_int_equal(tj_losses(b, lb), steps);
+    for (int i = 0; i < steps; i++)
+        if (strcmp(la[i], lb[i]))
+            fail_msg("step %d: %s has loss %s, %s has %s", i + 1, a, la[i], b, lb[i]);
+}
+
+/* Job b resumed after step `from`: its losses equal job a's from step from + 1 to `last`. */
+static inline void tj_assert_resumed_losses(const char *a, const char *b, int from, int last)
+{
+    static char la[TJ_MAX_STEPS][40], lb[TJ_MAX_STEPS][40];
+    assert_int_equal(tj_losses(a, la), last);
+    assert_int_equal(tj_losses_from(b, from + 1, lb), last - from);
+    for (int s = from + 1; s <= last; s++)
+        if (strcmp(la[s - 1], lb[s - from - 1]))
+            fail_msg("step %d: %s has loss %s, %s (resumed after step %d) has %s", s, a, la[s - 1], b, from,
+                     lb[s - from - 1]);
+}
 
 /* A job's metrics file: every step line in order, and the restart records among them. */
 typedef struct {
@@ -197,7 +276,6 @@ static inline int tj_job_procs(const char *job)
 /* Fails with the job's whole output (cmocka's print_error and fail_msg cut at 1 KiB). */
 #define TJ_FAIL_WITH(out, ...) do { fputs(out, stderr); fputc('\n', stderr); fail_msg(__VA_ARGS__); } while (0)
 
-/* How often `needle` occurs in s. */
 /* The run of `extra` by run() (0: it succeeded), made once per argument string in this program
  * and shared between its tests: its job name (tj_name with `tag`, "refN"). */
 static inline const char *tj_reference(char tag, const char *extra,
@@ -223,6 +301,7 @@ static inline const char *tj_reference(char tag, const char *extra,
     return NULL;
 }
 
+/* How often `needle` occurs in s. */
 static inline int tj_count(const char *s, const char *needle)
 {
     int n = 0;
@@ -231,12 +310,18 @@ static inline int tj_count(const char *s, const char *needle)
     return n;
 }
 
+/* The job's shared memory segments. */
+static inline int tj_job_segments(const char *job)
+{
+    char names[64][SHM_NAME_MAX];
+    return shm_list(job, names, 64);
+}
+
 /* Nothing of the job is left: no process, no segment. */
 static inline void tj_assert_clean(const char *job)
 {
-    char names[64][SHM_NAME_MAX];
     assert_int_equal(tj_job_procs(job), 0);
-    assert_int_equal(shm_list(job, names, 64), 0);
+    assert_int_equal(tj_job_segments(job), 0);
 }
 
 /* What a job killed outright leaves, which its next launch would clear: its segments and the
@@ -264,6 +349,13 @@ static inline int tj_use_sim_plugin(void)
     setenv("CTITAN_CUDA_PLUGIN", so, 1);
     return 0;
 }
+
+/* In a test: CTITAN_CUDA_PLUGIN at the emulator, or skip when it is not built. */
+#define TJ_NEED_SIM_PLUGIN()          \
+    do {                              \
+        if (tj_use_sim_plugin())      \
+            skip();                   \
+    } while (0)
 
 /* A job that went back (a rewind, a relaunch) reports the steps it ran again twice: every step
  * record of job has the loss of the undisturbed ref at that step, each of steps 1..steps is

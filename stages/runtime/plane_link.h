@@ -76,7 +76,7 @@ struct plane {
 /* Formats p->err and returns rc (< 0). */
 int plane_fail(plane_t *p, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Whether to make streams wait on the neighbours' events: the test hook
- * CTITAN_TEST_NO_EVENT_WAITS=1 drops those waits, so test_launch can show that the emulated
+ * CTITAN_TEST_NO_EVENT_WAITS=1 drops those waits, so test_launch_gpu can show that the emulated
  * GPU catches a missing one. */
 int plane_event_waits(void);
 

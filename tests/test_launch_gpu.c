@@ -1,0 +1,368 @@
+/* `ctitan launch` with `job.device cuda` on the emulated CUDA backend (tests/cudasim; a real
+ * GPU where the machine has one, for the first test): the GPU path's losses against the CPU's,
+ * a missing event wait caught, offload and GPU shards, a resume, the NCCL data plane, two
+ * "hosts" of this machine training as one and resuming a one-host checkpoint. The job helpers
+ * are tests/testjob.h's. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tests/testjob.h"
+
+/* Every job here runs 12 steps unless its arguments say otherwise. */
+static int setup(void **state) { tj_base = "--training.steps 12"; return tj_setup("lgpu"); }
+static int teardown(void **state) { return tj_teardown(); }
+
+static void job_name(char *buf, size_t n, const char *what) { tj_name(buf, n, 't', what); }
+
+/* Steps whose losses are within rel of each other's; with bits = 0 they must also differ
+ * somewhere (bf16 against fp32: it did not run on the CPU). */
+static void assert_close_losses(const char *a, const char *b, int steps, double rel, int bits)
+{
+    static char la[TJ_MAX_STEPS][40], lb[TJ_MAX_STEPS][40];
+    assert_int_equal(tj_losses(a, la), steps);
+    assert_int_equal(tj_losses(b, lb), steps);
+    int differ = 0;
+    for (int i = 0; i < steps; i++) {
+        print_message("step %d: %s %s, %s %s\n", i + 1, a, la[i], b, lb[i]);
+        assert_true(fabs(atof(la[i]) - atof(lb[i])) <= rel * atof(la[i]));
+        differ |= strcmp(la[i], lb[i]) != 0;
+    }
+    if (!bits)
+        assert_true(differ);
+}
+
+/* The largest mem_peak_bytes of a job's metrics. */
+static double peak_mem(const char *job)
+{
+    char path[256], line[4096];
+    snprintf(path, sizeof(path), "%s/%s.jsonl", tj_dir, job);
+    FILE *f = fopen(path, "r");
+    double peak = 0;
+    while (f && fgets(line, sizeof(line), f)) {
+        const char *p = strstr(line, "\"mem_peak_bytes\": ");
+        if (p && atof(p + 18) > peak)
+            peak = atof(p + 18);
+    }
+    if (f)
+        fclose(f);
+    return peak;
+}
+
+/* [job] device = "cuda": on a machine with an NVIDIA GPU it trains with the same losses as the
+ * CPU within bf16's tolerance, on the IPC data plane (pipeline 2) and on a one-rank NCCL one;
+ * without a GPU the job fails cleanly, naming the process and why. */
+static void test_launch_cuda_device_trains_or_fails_cleanly(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char a[32], b[32];
+    const char *shape = "--model.dim 128 --model.n_heads 2 --model.n_kv_heads 1"; /* head dim 64 */
+    char extra[512];
+    job_name(a, sizeof(a), "gpucpu");
+    job_name(b, sizeof(b), "gpu");
+    assert_int_equal(tj_run(a, shape, out, sizeof(out)), 0);
+    snprintf(extra, sizeof(extra), "%s --job.device cuda", shape);
+    int rc = tj_run(b, extra, out, sizeof(out));
+    if (access("/dev/nvidiactl", F_OK) == 0) {
+        if (rc)
+            print_error("%s\n", out);
+        assert_int_equal(rc, 0);
+        static char la[TJ_MAX_STEPS][40], lb[TJ_MAX_STEPS][40];
+        assert_int_equal(tj_losses(a, la), 12);
+        assert_int_equal(tj_losses(b, lb), 12);
+        for (int i = 0; i < 12; i++) /* bf16 activations: a few per cent */
+            assert_true(fabs(atof(la[i]) - atof(lb[i])) <= 0.03 * atof(la[i]));
+        /* the NCCL data plane with one rank (a single GPU cannot hold two NCCL ranks) */
+        char c[32];
+        job_name(c, sizeof(c), "gpunccl");
+        snprintf(extra, sizeof(extra), "%s --job.device cuda --parallelism.pipeline_parallel_degree 1 "
+                 "--parallelism.data_plane nccl", shape);
+        tj_run_ok(c, extra, out, sizeof(out));
+        assert_int_equal(tj_losses(c, lb), 12);
+        for (int i = 0; i < 12; i++)
+            assert_true(fabs(atof(la[i]) - atof(lb[i])) <= 0.03 * atof(la[i]));
+        tj_assert_clean(c);
+    } else {
+        print_message("no NVIDIA device here: checking that a cuda job fails cleanly\n");
+        assert_int_equal(rc, 1);
+        /* whichever stage or optimizer shard noticed first */
+        assert_true(strstr(out, "failed: stage rank") || strstr(out, "failed: optshard "));
+        char so[512];
+        if (access(tu_lib("libctitan_cuda.so", so, sizeof(so)), F_OK) == 0)
+            assert_non_null(strstr(out, "no usable CUDA device"));
+        else /* make CUDA=0 (the sanitizer build): no plugin to load */
+            assert_non_null(strstr(out, "cannot load the CUDA backend"));
+    }
+    tj_assert_clean(b);
+}
+
+/* The GPU path end to end on the emulated backend, pipeline 2 with 2 optimizer shards on the
+ * "GPU": activations and gradients through device rings (CUDA IPC), the shards updating the
+ * stages' device weights in place. The CPU's losses within bf16's tolerance. Two steps: the
+ * emulator takes seconds a step. */
+static void test_launch_cuda_path_on_the_emulated_backend(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char a[32], b[32], extra[512];
+    const char *shape = "--model.dim 128 --model.n_heads 2 --model.n_kv_heads 1 --training.steps 2";
+    job_name(a, sizeof(a), "simcpu");
+    job_name(b, sizeof(b), "simgpu");
+    assert_int_equal(tj_run(a, shape, out, sizeof(out)), 0);
+    snprintf(extra, sizeof(extra), "%s --job.device cuda", shape);
+    TJ_NEED_SIM_PLUGIN();
+    int rc = tj_run(b, extra, out, sizeof(out));
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+    assert_close_losses(a, b, 2, 0.01, 0);
+    assert_true(peak_mem(a) > 1e6);  /* a stage's resident set */
+    assert_true(peak_mem(b) > 1e6);  /* the emulated device's memory in use */
+    assert_non_null(strstr(out, " GiB\n"));
+    tj_assert_clean(b);
+}
+
+/* The emulated GPU runs streams late and out of step, as a GPU may: without the waits on the
+ * neighbours' interprocess events (a test hook drops them) the pipeline reads its inputs before
+ * they are written, on the IPC rings and on the NCCL links alike, and the losses go wrong. So
+ * the GPU-path tests here can fail for a missing wait, not only for wrong arithmetic. */
+static void test_launch_emulated_gpu_catches_a_missing_event_wait(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char a[32], b[32], c[32], extra[512];
+    const char *shape = "--model.dim 32 --model.n_heads 2 --model.n_kv_heads 1 --training.steps 2 --job.device cuda";
+    job_name(a, sizeof(a), "waits");
+    job_name(b, sizeof(b), "nowaits");
+    job_name(c, sizeof(c), "nowaitsnccl");
+    TJ_NEED_SIM_PLUGIN();
+    tj_run_ok(a, shape, out, sizeof(out));
+    setenv("CTITAN_TEST_NO_EVENT_WAITS", "1", 1);
+    int rc = tj_run(b, shape, out, sizeof(out));
+    snprintf(extra, sizeof(extra), "%s --parallelism.data_plane nccl", shape);
+    int rc2 = tj_run(c, extra, out, sizeof(out));
+    unsetenv("CTITAN_TEST_NO_EVENT_WAITS");
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    static char la[TJ_MAX_STEPS][40], lb[TJ_MAX_STEPS][40];
+    assert_int_equal(tj_losses(a, la), 2);
+    const char *bad[] = {b, c};
+    int rcs[] = {rc, rc2};
+    for (int j = 0; j < 2; j++) {
+        int n = tj_losses(bad[j], lb), wrong = rcs[j] != 0 || n < 2;
+        for (int i = 0; i < n && i < 2; i++)
+            wrong |= strcmp(la[i], lb[i]) != 0;
+        print_message("%s: exit %d, %d steps, step 1 loss %s (with the waits: %s)\n", bad[j], rcs[j], n,
+                      n ? lb[0] : "-", la[0]);
+        assert_true(wrong);
+    }
+    tj_assert_clean(b);
+    tj_assert_clean(c);
+}
+
+/* Data parallel 2 x pipeline 2 on the emulated GPU: optimizer shards on the GPU (summing the
+ * two replicas' device gradients through IPC) and offload mode ([optshard] device = "cpu")
+ * agree with each other closely and with the CPU within bf16's tolerance. */
+static void test_launch_cuda_offload_and_gpu_shards_agree_on_the_emulated_backend(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char a[32], b[32], c[32], extra[512];
+    const char *shape = "--model.dim 32 --model.n_heads 2 --model.n_kv_heads 1 --training.steps 2 "
+                        "--parallelism.data_parallel_replicate_degree 2";
+    job_name(a, sizeof(a), "simdpcpu");
+    job_name(b, sizeof(b), "simdpgpu");
+    job_name(c, sizeof(c), "simdpoff");
+    assert_int_equal(tj_run(a, shape, out, sizeof(out)), 0);
+    TJ_NEED_SIM_PLUGIN();
+    snprintf(extra, sizeof(extra), "%s --job.device cuda", shape);
+    tj_run_ok(b, extra, out, sizeof(out));
+    snprintf(extra, sizeof(extra), "%s --job.device cuda --optshard.device cpu", shape);
+    int rc = tj_run(c, extra, out, sizeof(out));
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+    assert_close_losses(a, b, 2, 0.01, 0);
+    assert_close_losses(b, c, 2, 1e-4, 1);
+    tj_assert_clean(b);
+    tj_assert_clean(c);
+}
+
+/* GPU optimizer shards checkpoint (snapshot copied from the device) and resume (uploaded):
+ * the resumed run's losses are bitwise those of the uninterrupted one. The snapshot's copy into
+ * the pinned staging segment is slowed to 1.5 s an array (the emulator's
+ * CTITAN_SIM_PINNED_COPY_DELAY_MS) while the next step runs on: a shard that updated its state
+ * before the copy had read it would checkpoint step 3's state as step 2's. */
+static void test_launch_cuda_gpu_shards_resume_bitwise_on_the_emulated_backend(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char a[32], b[32], dir[256], extra[512];
+    const char *shape = "--model.dim 32 --model.n_heads 2 --model.n_kv_heads 1 --training.steps 4 --job.device cuda";
+    job_name(a, sizeof(a), "simck");
+    job_name(b, sizeof(b), "simckb");
+    TJ_NEED_SIM_PLUGIN();
+    snprintf(extra, sizeof(extra), "%s --checkpoint.enable true --checkpoint.interval 2", shape);
+    setenv("CTITAN_SIM_PINNED_COPY_DELAY_MS", "1500", 1);
+    tj_run_ok(a, extra, out, sizeof(out));
+    unsetenv("CTITAN_SIM_PINNED_COPY_DELAY_MS");
+    assert_non_null(strstr(out, "checkpoint: step 2 saved to"));
+    tj_ckpt_dir(dir, sizeof(dir), a);
+    snprintf(extra, sizeof(extra), "%s --checkpoint.load %s/step-00000002", shape, dir);
+    int rc = tj_run(b, extra, out, sizeof(out));
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+    tj_assert_resumed_losses(a, b, 2, 4); /* step 4's loss reads the optimizer state of step 2 */
+    tj_assert_clean(b);
+}
+
+/* The NCCL data plane on the emulated backend (its NCCL stand-in moves bytes between real
+ * processes), data parallel 2 x pipeline 2: neighbours send and receive through NCCL, replicas
+ * reduce-scatter gradients and all-gather weights, one GPU shard per stage process. The same
+ * losses as the IPC plane within 1e-4, also when resuming the IPC run's checkpoint (its
+ * shards cut the flat space elsewhere: the checkpoint reshards). */
+static void test_launch_cuda_nccl_data_plane_on_the_emulated_backend(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char a[32], b[32], c[32], dir[256], extra[512];
+    const char *shape = "--model.dim 32 --model.n_heads 2 --model.n_kv_heads 1 --training.steps 3 --job.device cuda "
+                        "--parallelism.data_parallel_replicate_degree 2";
+    job_name(a, sizeof(a), "simipc");
+    job_name(b, sizeof(b), "simnccl");
+    job_name(c, sizeof(c), "simncclck");
+    TJ_NEED_SIM_PLUGIN();
+    snprintf(extra, sizeof(extra), "%s --checkpoint.enable true --checkpoint.interval 2", shape);
+    tj_run_ok(a, extra, out, sizeof(out));
+    snprintf(extra, sizeof(extra), "%s --parallelism.data_plane nccl", shape);
+    tj_run_ok(b, extra, out, sizeof(out));
+    assert_non_null(strstr(out, "4 optimizer shards")); /* dp x pp */
+    tj_ckpt_dir(dir, sizeof(dir), a);
+    snprintf(extra, sizeof(extra), "%s --parallelism.data_plane nccl --checkpoint.load %s/step-00000002", shape, dir);
+    int rc = tj_run(c, extra, out, sizeof(out));
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+    assert_close_losses(a, b, 3, 1e-4, 1);
+    static char la[TJ_MAX_STEPS][40], lc[TJ_MAX_STEPS][40];
+    assert_int_equal(tj_losses(a, la), 3);
+    assert_int_equal(tj_losses_from(c, 3, lc), 1);
+    print_message("step 3: %s %s, resumed %s %s\n", a, la[2], c, lc[0]);
+    assert_true(fabs(atof(la[2]) - atof(lc[0])) <= 1e-4 * atof(la[2]));
+    tj_assert_clean(b);
+    tj_assert_clean(c);
+}
+
+/* Job b on two "hosts" of this machine (host 1's segments carry the suffix -h1): host 1's
+ * agent in the background, placed by SLURM_STEP_NUM_NODES / SLURM_NODEID as under srun, and
+ * the coordinator (host_rank 0) here, on a free loopback port; both must succeed. out gets the
+ * coordinator's output, agent_out the agent's. */
+static void launch_two_hosts(const char *b, const char *args, char *out, size_t outlen, char *agent_out, size_t alen)
+{
+    char extra[1400], path[300], keys[128], cmd[2048];
+    /* the hosts' control-plane keys, as an operator makes them (issue 12) */
+    snprintf(keys, sizeof(keys), "%s/keys-%s", tj_dir, b);
+    snprintf(cmd, sizeof(cmd), "mkdir -p %s && %s ckpt keygen %s/host0 && %s ckpt keygen %s/host1 2>&1", keys,
+             tu_ctitan(), keys, tu_ctitan(), keys);
+    assert_int_equal(tu_run(cmd, out, outlen), 0);
+    int port = tu_free_port();
+    assert_true(port > 0);
+    snprintf(extra, sizeof(extra), "%s --job.hosts 2 --job.endpoint tcp://127.0.0.1:%d --job.keys %s", args, port,
+             keys);
+    setenv("SLURM_STEP_NUM_NODES", "2", 1);
+    setenv("SLURM_NODEID", "1", 1);
+    pid_t agent = tj_launch_bg(b, extra);
+    unsetenv("SLURM_STEP_NUM_NODES");
+    unsetenv("SLURM_NODEID");
+    int rc = tj_run(b, extra, out, outlen);
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+    assert_int_equal(tu_reap(agent, 60, NULL), 0);
+    snprintf(path, sizeof(path), "%s/%s.out", tj_dir, b);
+    tu_read_file(path, agent_out, alen);
+}
+
+/* Two hosts on one machine, each running one replica (its 2 stages, 2 NCCL shards and a
+ * loader); the replicas meet only through NCCL (the emulator's stand-in) and the control plane
+ * over TCP. Bitwise the losses of one host. */
+static void test_launch_two_hosts_train_like_one_on_the_emulated_backend(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16], agent_out[1 << 16];
+    char a[32], b[32], bh1[40];
+    const char *shape = "--model.dim 32 --model.n_heads 2 --model.n_kv_heads 1 --training.steps 3 --job.device cuda "
+                        "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_plane nccl";
+    job_name(a, sizeof(a), "onehost");
+    job_name(b, sizeof(b), "twohosts");
+    snprintf(bh1, sizeof(bh1), "%s-h1", b);
+    TJ_NEED_SIM_PLUGIN();
+    tj_run_ok(a, shape, out, sizeof(out));
+    launch_two_hosts(b, shape, out, sizeof(out), agent_out, sizeof(agent_out));
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    assert_non_null(strstr(out, "4 optimizer shards; 10 processes")); /* a loader per host */
+    assert_non_null(strstr(agent_out, "host 1 of 2: 5 processes"));
+    tj_assert_same_losses(a, b, 3);
+    tj_assert_clean(b);
+    tj_assert_clean(bh1);
+}
+
+/* checkpoint.load across hosts: each host's agent loads its own staging segment with a
+ * checkpointd that loads once (--load), host 0 through LOADED; the two-host run resumed from a
+ * one-host run's checkpoint has that run's losses bit for bit. */
+static void test_launch_two_hosts_resume_a_one_host_checkpoint(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16], agent_out[1 << 16];
+    char a[32], b[32], bh1[40], dir[256], extra[1024];
+    const char *shape = "--model.dim 32 --model.n_heads 2 --model.n_kv_heads 1 --training.steps 4 --job.device cuda "
+                        "--parallelism.data_parallel_replicate_degree 2 --parallelism.data_plane nccl";
+    job_name(a, sizeof(a), "hlone");
+    job_name(b, sizeof(b), "hltwo");
+    snprintf(bh1, sizeof(bh1), "%s-h1", b);
+    TJ_NEED_SIM_PLUGIN();
+    snprintf(extra, sizeof(extra), "%s --checkpoint.enable true --checkpoint.interval 2", shape);
+    tj_run_ok(a, extra, out, sizeof(out));
+    tj_ckpt_dir(dir, sizeof(dir), a);
+    snprintf(extra, sizeof(extra), "%s --checkpoint.load %s/step-00000002", shape, dir);
+    launch_two_hosts(b, extra, out, sizeof(out), agent_out, sizeof(agent_out));
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    assert_non_null(strstr(out, "(after step 2)"));
+    assert_non_null(strstr(agent_out, "host 1: checkpoint of step 2 loaded"));
+    tj_assert_resumed_losses(a, b, 2, 4);
+    tj_assert_clean(b);
+    tj_assert_clean(bh1);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_launch_two_hosts_resume_a_one_host_checkpoint),
+        cmocka_unit_test(test_launch_cuda_device_trains_or_fails_cleanly),
+        cmocka_unit_test(test_launch_cuda_path_on_the_emulated_backend),
+        cmocka_unit_test(test_launch_emulated_gpu_catches_a_missing_event_wait),
+        cmocka_unit_test(test_launch_cuda_offload_and_gpu_shards_agree_on_the_emulated_backend),
+        cmocka_unit_test(test_launch_cuda_gpu_shards_resume_bitwise_on_the_emulated_backend),
+        cmocka_unit_test(test_launch_cuda_nccl_data_plane_on_the_emulated_backend),
+        cmocka_unit_test(test_launch_two_hosts_train_like_one_on_the_emulated_backend),
+    };
+    return tu_run_group_tests(tests, setup, teardown);
+}

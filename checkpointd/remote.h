@@ -12,7 +12,8 @@
  *
  * Key files hold Z85 text (40 characters), one key per line, '#' comments allowed (on their
  * own line or after a key): a secret key file (mode 0600) holds one secret key; an allow
- * file holds public keys. rmt_keygen writes files in that form.
+ * file holds public keys: the key files of ipc/keys.h, which every CURVE endpoint shares
+ * (keys_gen writes them, `ctitan ckpt keygen`).
  * Functions return 0 or -errno and say why in err; nothing here exits. */
 #ifndef CTITAN_REMOTE_H
 #define CTITAN_REMOTE_H
@@ -23,18 +24,11 @@
 #include <stdio.h>
 
 #include "checkpointd/ckpt.h"
+#include "ipc/keys.h"
 
-#define RMT_KEY_Z85 40
 #define RMT_FRAME_MAX (64u << 20)      /* largest frame a server accepts (an index, a data piece) */
 #define RMT_DATA_FRAME (4u << 20)      /* the client sends data in pieces of at most this */
 #define RMT_IDLE_TIMEOUT_MS 60000      /* a client silent this long mid-checkpoint is aborted */
-
-/* Writes PREFIX.key (secret, mode 0600) and PREFIX.pub (public) of a fresh key pair. */
-int rmt_keygen(const char *prefix, char *err, size_t errlen);
-/* Reads the first key of a key file into key (41 bytes, NUL-terminated Z85). */
-int rmt_key_load(const char *path, char key[RMT_KEY_Z85 + 1], char *err, size_t errlen);
-/* The public key of a secret key (both Z85). */
-int rmt_key_public(const char *secret, char pub[RMT_KEY_Z85 + 1]);
 
 /* Serves until *stop becomes non-zero (checked at least every 200 ms): binds `listen`
  * (tcp://ADDR:PORT; a port of * picks a free one), prints "listening on ENDPOINT" with the

@@ -21,8 +21,8 @@
 struct rmt_client {
     void *ctx, *sock, *mon;
     char endpoint[512];
-    char pub[RMT_KEY_Z85 + 1];   /* ours, for "add this key" messages */
-    char sec[RMT_KEY_Z85 + 1], server[RMT_KEY_Z85 + 1]; /* to open a new socket */
+    keys_pair_t me;              /* ours: to open a new socket, and for "add this key" messages */
+    char server[KEYS_Z85 + 1];   /* the server's public key */
     unsigned generation;         /* of the socket: names its monitor */
     uint64_t seq;                /* of the last message sent */
     uint64_t begin_seq;          /* of the current checkpoint's begin */
@@ -71,7 +71,7 @@ static int conn_error(rmt_client_t *c, char *err, size_t errlen)
 {
     if (c->auth_failed)
         return util_fail(err, errlen, -EACCES, "the checkpointd at %s refused our key (not in its allow list; "
-                         "status %u): add %s to its --allow file", c->endpoint, c->fail_value, c->pub);
+                         "status %u): add %s to its --allow file", c->endpoint, c->fail_value, c->me.pub);
     if (c->proto_failed && !c->handshake_ok) {
         char why[128];
         if (c->fail_event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)
@@ -216,9 +216,9 @@ static int client_open(rmt_client_t *c, char *err, size_t errlen)
         rmt_set_int(c->sock, ZMQ_RECONNECT_IVL, RMT_RECONNECT_MS) ||
         rmt_set_int(c->sock, ZMQ_HEARTBEAT_IVL, 5000) || rmt_set_int(c->sock, ZMQ_HEARTBEAT_TIMEOUT, 30000) ||
         zmq_setsockopt(c->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) ||
-        zmq_setsockopt(c->sock, ZMQ_CURVE_SERVERKEY, c->server, RMT_KEY_Z85) ||
-        zmq_setsockopt(c->sock, ZMQ_CURVE_PUBLICKEY, c->pub, RMT_KEY_Z85) ||
-        zmq_setsockopt(c->sock, ZMQ_CURVE_SECRETKEY, c->sec, RMT_KEY_Z85))
+        zmq_setsockopt(c->sock, ZMQ_CURVE_SERVERKEY, c->server, KEYS_Z85) ||
+        zmq_setsockopt(c->sock, ZMQ_CURVE_PUBLICKEY, c->me.pub, KEYS_Z85) ||
+        zmq_setsockopt(c->sock, ZMQ_CURVE_SECRETKEY, c->me.sec, KEYS_Z85))
         return util_fail(err, errlen, -errno, "cannot set up a client socket: %s", zmq_strerror(errno));
     /* the monitor is how a refused key is told apart from a server that is not there */
     if (zmq_socket_monitor(c->sock, mon,
@@ -241,8 +241,8 @@ int rmt_client_new(rmt_client_t **out, const char *endpoint, const char *server_
         return util_fail(err, errlen, -ENOMEM, "out of memory");
     snprintf(c->endpoint, sizeof c->endpoint, "%s", endpoint);
     int rc;
-    if ((rc = rmt_key_load(server_pub_path, c->server, err, errlen)) ||
-        (rc = rmt_secret_load(client_secret_path, c->sec, c->pub, err, errlen)))
+    if ((rc = keys_load_one(server_pub_path, c->server, err, errlen)) ||
+        (rc = keys_load_secret(client_secret_path, &c->me, err, errlen)))
         goto out;
     if (!(c->ctx = zmq_ctx_new())) {
         rc = util_fail(err, errlen, -errno, "cannot create a ZeroMQ context: %s", zmq_strerror(errno));
@@ -271,7 +271,7 @@ void rmt_client_destroy(rmt_client_t **pc)
     client_close(c, abort); /* a socket that never got through has nothing worth waiting for */
     if (c->ctx)
         while (zmq_ctx_term(c->ctx) != 0 && errno == EINTR) {}
-    memset(c->sec, 0, sizeof c->sec);
+    memset(c->me.sec, 0, sizeof c->me.sec);
     free(c);
     *pc = NULL;
 }

@@ -142,12 +142,4 @@ void rmt_dir_sink_init(rmt_dir_sink_t *d, const char *dir);
 /* Closes what a fetch that ended early left open (the files written stay). */
 void rmt_dir_sink_close(rmt_dir_sink_t *d);
 
-/* Reads the first key (all: every key, at most max) of a key file into keys (binary, may be
- * NULL) and z85 (may be NULL); *n gets the count. */
-int rmt_keys_load(const char *path, uint8_t (*keys)[32], char (*z85)[RMT_KEY_Z85 + 1], int max, bool all, int *n,
-                  char *err, size_t errlen);
-/* A secret key file and its public key, refused like ssh does when others can read it. */
-int rmt_secret_load(const char *path, char key[RMT_KEY_Z85 + 1], char pub[RMT_KEY_Z85 + 1], char *err,
-                    size_t errlen);
-
 #endif

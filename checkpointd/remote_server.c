@@ -113,7 +113,7 @@ static void zap_serve(srv_t *s)
             return;
         }
         const char *status = "400", *text = "key not allowed";
-        char user[RMT_KEY_Z85 + 1] = "", addr[CODEC_PRINTABLE] = "?", mech[CODEC_PRINTABLE] = "?";
+        char user[KEYS_Z85 + 1] = "", addr[CODEC_PRINTABLE] = "?", mech[CODEC_PRINTABLE] = "?";
         if (n >= 6) {
             codec_printable(zmq_msg_data(&f[3]), zmq_msg_size(&f[3]) < 40 ? zmq_msg_size(&f[3]) : 40, addr);
             codec_printable(zmq_msg_data(&f[5]), zmq_msg_size(&f[5]) < 20 ? zmq_msg_size(&f[5]) : 20, mech);
@@ -795,13 +795,13 @@ int rmt_serve_idle(const char *listen, const char *dir, const char *secret_key_p
                    int idle_ms, volatile sig_atomic_t *stop, FILE *log, char *err, size_t errlen)
 {
     srv_t s = {.dir = dir, .allow_path = allow_path, .log = log, .idle_ms = idle_ms > 0 ? idle_ms : 1};
-    char sec[RMT_KEY_Z85 + 1], pub[RMT_KEY_Z85 + 1];
-    int rc = rmt_secret_load(secret_key_path, sec, pub, err, errlen);
+    keys_pair_t me;
+    int rc = keys_load_secret(secret_key_path, &me, err, errlen);
     if (rc)
         return rc;
     if (!(s.allowed = malloc(RMT_MAX_KEYS * sizeof *s.allowed)))
         return util_fail(err, errlen, -ENOMEM, "out of memory");
-    if ((rc = rmt_keys_load(allow_path, s.allowed, NULL, RMT_MAX_KEYS, true, &s.n_allowed, err, errlen)))
+    if ((rc = keys_load(allow_path, s.allowed, NULL, RMT_MAX_KEYS, true, &s.n_allowed, err, errlen)))
         goto out;
     struct stat st;
     if ((rc = util_mkdirs(dir)) || (rc = stat(dir, &st) ? -errno : 0) || (rc = S_ISDIR(st.st_mode) ? 0 : -ENOTDIR)) {
@@ -822,7 +822,7 @@ int rmt_serve_idle(const char *listen, const char *dir, const char *secret_key_p
         rmt_set_int(s.router, ZMQ_ROUTER_MANDATORY, 1) || rmt_set_int(s.router, ZMQ_RCVHWM, RMT_HWM) ||
         rmt_set_int(s.router, ZMQ_SNDHWM, RMT_HWM) ||
         zmq_setsockopt(s.router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) ||
-        rmt_set_int(s.router, ZMQ_CURVE_SERVER, 1) || zmq_setsockopt(s.router, ZMQ_CURVE_SECRETKEY, sec, RMT_KEY_Z85) ||
+        rmt_set_int(s.router, ZMQ_CURVE_SERVER, 1) || zmq_setsockopt(s.router, ZMQ_CURVE_SECRETKEY, me.sec, KEYS_Z85) ||
         zmq_setsockopt(s.router, ZMQ_ZAP_DOMAIN, "ctitan", 6)) {
         rc = util_fail(err, errlen, -errno, "cannot set up the server socket: %s", zmq_strerror(errno));
         goto out;
@@ -836,7 +836,7 @@ int rmt_serve_idle(const char *listen, const char *dir, const char *secret_key_p
     if (zmq_getsockopt(s.router, ZMQ_LAST_ENDPOINT, ep, &epn) != 0)
         snprintf(ep, sizeof ep, "%s", listen);
     srv_log(&s, "listening on %s", ep);
-    srv_log(&s, "server key %s; %d client key%s from %s; writing under %s", pub, s.n_allowed,
+    srv_log(&s, "server key %s; %d client key%s from %s; writing under %s", me.pub, s.n_allowed,
             s.n_allowed == 1 ? "" : "s", allow_path, dir);
     int sent = 0;
     while (!*stop) {
@@ -879,7 +879,7 @@ out:
     if (s.ctx)
         while (zmq_ctx_term(s.ctx) != 0 && errno == EINTR) {}
     free(s.allowed);
-    memset(sec, 0, sizeof sec);
+    memset(me.sec, 0, sizeof me.sec);
     return rc;
 }
 

@@ -273,9 +273,9 @@ typedef struct {
 static void raw_open(raw_t *r, const char *endpoint)
 {
     char spub[41], sec[41], pub[41], err[512];
-    assert_int_equal(rmt_key_load(g_key[SRV_PUB], spub, err, sizeof(err)), 0);
-    assert_int_equal(rmt_key_load(g_key[GOOD_KEY], sec, err, sizeof(err)), 0);
-    assert_int_equal(rmt_key_public(sec, pub), 0);
+    assert_int_equal(keys_load_one(g_key[SRV_PUB], spub, err, sizeof(err)), 0);
+    assert_int_equal(keys_load_one(g_key[GOOD_KEY], sec, err, sizeof(err)), 0);
+    assert_int_equal(keys_public(sec, pub), 0);
     r->ctx = zmq_ctx_new();
     r->sock = zmq_socket(r->ctx, ZMQ_DEALER);
     int linger = 0;
@@ -392,7 +392,7 @@ static int group_setup(void **state)
     for (int i = 0; i < 3; i++) {
         char prefix[200];
         snprintf(prefix, sizeof(prefix), "%s/%s", g_dir, names[i]);
-        if (rmt_keygen(prefix, err, sizeof(err))) {
+        if (keys_gen(prefix, err, sizeof(err))) {
             fprintf(stderr, "%s\n", err);
             return -1;
         }
@@ -400,8 +400,8 @@ static int group_setup(void **state)
         snprintf(g_key[2 * i + 1], sizeof(g_key[0]), "%s.pub", prefix);
     }
     /* the allow file: good's public key between comments and a blank line */
-    char pub[RMT_KEY_Z85 + 1], line[256];
-    if (rmt_key_load(g_key[GOOD_PUB], pub, err, sizeof(err)))
+    char pub[KEYS_Z85 + 1], line[256];
+    if (keys_load_one(g_key[GOOD_PUB], pub, err, sizeof(err)))
         return -1;
     snprintf(g_allow, sizeof(g_allow), "%s/allow.pub", g_dir);
     FILE *f = fopen(g_allow, "w");
@@ -440,34 +440,34 @@ static void test_remote_keygen_writes_a_private_key_and_never_overwrites(void **
 {
     char prefix[PATH_MAX], path[PATH_MAX + 8], err[512], sec[41], pub[41], pub2[41];
     snprintf(prefix, sizeof(prefix), "%s/kg", g_dir);
-    assert_int_equal(rmt_keygen(prefix, err, sizeof(err)), 0);
+    assert_int_equal(keys_gen(prefix, err, sizeof(err)), 0);
     struct stat st;
     snprintf(path, sizeof(path), "%s.key", prefix);
     assert_int_equal(stat(path, &st), 0);
     assert_int_equal(st.st_mode & 0777, 0600);
-    assert_int_equal(rmt_key_load(path, sec, err, sizeof(err)), 0);
+    assert_int_equal(keys_load_one(path, sec, err, sizeof(err)), 0);
     assert_int_equal(strlen(sec), 40);
     snprintf(path, sizeof(path), "%s.pub", prefix);
-    assert_int_equal(rmt_key_load(path, pub, err, sizeof(err)), 0);
-    assert_int_equal(rmt_key_public(sec, pub2), 0);
+    assert_int_equal(keys_load_one(path, pub, err, sizeof(err)), 0);
+    assert_int_equal(keys_public(sec, pub2), 0);
     assert_string_equal(pub, pub2);
-    assert_int_equal(rmt_keygen(prefix, err, sizeof(err)), -EEXIST);
+    assert_int_equal(keys_gen(prefix, err, sizeof(err)), -EEXIST);
     assert_non_null(strstr(err, "not overwriting"));
-    assert_int_equal(rmt_key_load(path, pub2, err, sizeof(err)), 0);
+    assert_int_equal(keys_load_one(path, pub2, err, sizeof(err)), 0);
     assert_string_equal(pub, pub2); /* untouched */
     /* a .pub alone also stops it, before any secret key is written */
     snprintf(path, sizeof(path), "%s.key", prefix);
     unlink(path);
-    assert_int_equal(rmt_keygen(prefix, err, sizeof(err)), -EEXIST);
+    assert_int_equal(keys_gen(prefix, err, sizeof(err)), -EEXIST);
     assert_int_not_equal(access(path, F_OK), 0);
-    assert_int_equal(rmt_key_public("too short", pub), -EINVAL);
+    assert_int_equal(keys_public("too short", pub), -EINVAL);
 }
 
 static void test_remote_key_files_are_checked_with_file_and_line(void **state)
 {
     char path[PATH_MAX], err[512], key[41], good[41];
     snprintf(path, sizeof(path), "%s/k.txt", g_dir);
-    assert_int_equal(rmt_key_load(g_key[GOOD_PUB], good, err, sizeof(err)), 0);
+    assert_int_equal(keys_load_one(g_key[GOOD_PUB], good, err, sizeof(err)), 0);
     struct {
         const char *text; /* %s: a good key */
         int rc;
@@ -488,7 +488,7 @@ static void test_remote_key_files_are_checked_with_file_and_line(void **state)
         FILE *f = fopen(path, "w");
         fprintf(f, cases[i].text, good);
         fclose(f);
-        int rc = rmt_key_load(path, key, err, sizeof(err));
+        int rc = keys_load_one(path, key, err, sizeof(err));
         if (rc != cases[i].rc || (cases[i].msg && (!strstr(err, cases[i].msg) || !strstr(err, path))))
             print_error("case %zu: rc %d, err '%s'\n", i, rc, err);
         assert_int_equal(rc, cases[i].rc);
@@ -498,7 +498,7 @@ static void test_remote_key_files_are_checked_with_file_and_line(void **state)
             assert_non_null(strstr(err, cases[i].msg));
     }
     snprintf(path, sizeof(path), "%s/missing.key", g_dir);
-    assert_int_equal(rmt_key_load(path, key, err, sizeof(err)), -ENOENT);
+    assert_int_equal(keys_load_one(path, key, err, sizeof(err)), -ENOENT);
     assert_non_null(strstr(err, path));
     /* a FIFO (0600, so a secret key's mode check passes too) is refused at once, never read
      * until a writer comes: in a child, so that a wait shows as a failure and not a hang */
@@ -507,7 +507,7 @@ static void test_remote_key_files_are_checked_with_file_and_line(void **state)
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
-        int rc = rmt_key_load(path, key, err, sizeof(err));
+        int rc = keys_load_one(path, key, err, sizeof(err));
         _exit(rc == -EINVAL && strstr(err, "not a regular file") && strstr(err, path) ? 0 : 1);
     }
     int status = -1;
@@ -777,7 +777,7 @@ static void test_remote_refuses_a_key_not_in_the_allow_file(void **state)
     ck_t k;
     ck_make(&k, "tiny", 1, 1);
     char err[1024], bad[41], want[128];
-    assert_int_equal(rmt_key_load(g_key[BAD_PUB], bad, err, sizeof(err)), 0);
+    assert_int_equal(keys_load_one(g_key[BAD_PUB], bad, err, sizeof(err)), 0);
     double t0 = util_now();
     int rc = rmt_client_begin(c, "intruder", 0, &k.plan, T_MS, err, sizeof(err));
     assert_int_equal(rc, -EACCES);

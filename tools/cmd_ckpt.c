@@ -630,8 +630,8 @@ static int ckpt_keygen(int argc, char **argv)
                 exists);
         return 1;
     }
-    char err[1024], z85[RMT_KEY_Z85 + 1];
-    if ((rc = rmt_keygen(prefix, err, sizeof(err))) || (rc = rmt_key_load(pub, z85, err, sizeof(err)))) {
+    char err[1024], z85[KEYS_Z85 + 1];
+    if ((rc = keys_gen(prefix, err, sizeof(err))) || (rc = keys_load_one(pub, z85, err, sizeof(err)))) {
         fprintf(stderr, "ctitan ckpt keygen: %s\n", err);
         return 1;
     }

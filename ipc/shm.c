@@ -44,9 +44,16 @@ static int seg_path(char *out, const char *job, const char *name, char *err, siz
     return 0;
 }
 
-static int map_fd(shm_seg_t **out, int fd, size_t size, int populate, const char *path, char *err, size_t errlen)
+/* Maps fd read-write, shared, without MAP_POPULATE: a process's page table gets only the pages
+ * it touches (a shard its slice, a stage its stage's), each on first touch. Populating every
+ * segment whole in every worker made each of them map all of every segment at set-up and at
+ * each restart (a replaced shard of a ~160M job took 0.35 s to be ready, now 0.01 s) and held
+ * page tables for all of it (BENCHMARKS.md "Segments mapped as touched"). The pages themselves
+ * are allocated when the segment is made (shm_create), so a first touch never finds one
+ * missing. */
+static int map_fd(shm_seg_t **out, int fd, size_t size, const char *path, char *err, size_t errlen)
 {
-    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | (populate ? MAP_POPULATE : 0), fd, 0);
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED)
         return util_fail(err, errlen, -errno, "%s: cannot map %zu bytes: %s", path, size,
                          strerror(errno));
@@ -113,7 +120,7 @@ int shm_create(shm_seg_t **out, const char *job, const char *name, size_t bytes,
             goto out;
         }
     }
-    rc = map_fd(out, fd, size, 0, path, err, errlen);
+    rc = map_fd(out, fd, size, path, err, errlen);
     if (rc || !touch)
         goto out;
     volatile char *p = (*out)->data;
@@ -147,7 +154,7 @@ int shm_attach(shm_seg_t **out, const char *job, const char *name, char *err, si
     else if (st.st_size <= 0)
         rc = util_fail(err, errlen, -EINVAL, "%s: empty segment", path);
     else
-        rc = map_fd(out, fd, (size_t)st.st_size, 1, path, err, errlen);
+        rc = map_fd(out, fd, (size_t)st.st_size, path, err, errlen);
     close(fd);
     return rc;
 }

@@ -25,7 +25,8 @@ void shm_progress_hook(shm_progress_fn fn, void *arg);
  * which segment and why. The caller owns *out. */
 int shm_create(shm_seg_t **out, const char *job, const char *name, size_t bytes, char *err,
                size_t errlen);
-/* Maps an existing segment read-write, whole. */
+/* Maps an existing segment read-write, whole; its pages enter this process's page table as it
+ * touches them (no MAP_POPULATE). */
 int shm_attach(shm_seg_t **out, const char *job, const char *name, char *err, size_t errlen);
 /* Unmaps (never unlinks). */
 void shm_detach(shm_seg_t **s);

@@ -1,5 +1,5 @@
-/* What the test programs that run whole jobs share (test_launch_inputs, test_restart,
- * test_recover): one temp folder per program holding data/ (`ctitan prep` of a generated
+/* What the test programs that run whole jobs share (the test_launch* programs, test_restart,
+ * test_recover, test_hosts, test_fsdp and more): one temp folder per program holding data/ (`ctitan prep` of a generated
  * corpus), runs/, and each job's metrics (JOB.jsonl) and output (JOB.out); jobs of
  * manifests/tiny.toml started in the foreground or the background; waiting on a job's metrics
  * and reading them (steps, losses, restart records); the processes a job left.

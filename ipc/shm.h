@@ -1,7 +1,8 @@
 /* Named POSIX shared-memory segments of one job: /dev/shm/ctitan.<job>.<name>. The
- * coordinator creates each once (mode 0600, exclusive), sizes it, maps it populated and
- * touches every page, and removes them all at exit; workers map the existing segments for
- * their whole life. Pages are never touched for the first time on the hot path. */
+ * coordinator creates each once (mode 0600, exclusive), sizes it and allocates every page
+ * (fallocate), and removes them all at exit; workers map the existing segments for their whole
+ * life, each page entering a worker's page table when it first touches it (a minor fault, never
+ * a missing page: BENCHMARKS.md "Segments mapped as touched"). */
 #ifndef CTITAN_SHM_H
 #define CTITAN_SHM_H
 

@@ -1,15 +1,19 @@
 /* The job layout (stages/job/job.h) as plain functions of a manifest: which host owns which ranges
  * of the flat space across hosts (job_host_parts), the split a checkpoint in parts follows, and
- * the optimizer shards' slices (job_shard_range). */
+ * the optimizer shards' slices (job_shard_range), and the optimizer-state segment's header
+ * check (job_optstate_check). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "ipc/shm.h"
 #include "kernels/optim.h"
 #include "kernels/params.h"
 #include "stages/job/job.h"
@@ -162,12 +166,56 @@ static void test_job_shard_ranges_of_a_whole_tensor_optimizer_end_at_tensors(voi
     free(m);
 }
 
+/* A shard attaching ctitan.<job>.optstate takes it only if its header is this job's: made for
+ * the layout it is checked against, it passes; another shard count, another model's size or
+ * stride, another optimizer's arrays, a wrong magic or version are each refused, naming the
+ * segment's shape and the job's. A real segment in /dev/shm, removed after. */
+static void test_job_optstate_check_refuses_a_segment_made_for_another_job(void **state)
+{
+    (void)state;
+    manifest_t *m = malloc(sizeof(*m));
+    char err[512], job[32];
+    manifest_defaults(m);
+    assert_int_equal(manifest_override(m, "parallelism.pipeline_parallel_degree", "2", err, sizeof(err)), 0);
+    assert_int_equal(manifest_validate(m, err, sizeof(err)), 0);
+    job_layout_t l, other;
+    assert_int_equal(job_layout(&l, m), 0);
+    snprintf(job, sizeof(job), "tjob%d", (int)getpid());
+    shm_seg_t *seg = NULL;
+    assert_int_equal(job_optstate_create(&seg, job, &l, 2, err, sizeof(err)), 0);
+    job_optstate_hdr_t *h = shm_data(seg), saved = *h;
+    assert_int_equal(job_optstate_check(h, &l, 2, err, sizeof(err)), 0);
+    assert_int_equal(job_optstate_check(h, &l, 3, err, sizeof(err)), -EINVAL);
+    assert_non_null(strstr(err, "the optstate segment is not this job's (2 shards of"));
+    assert_non_null(strstr(err, "the job has 3 of"));
+    other = l;
+    other.total += 1;
+    assert_int_equal(job_optstate_check(h, &other, 2, err, sizeof(err)), -EINVAL);
+    other = l;
+    other.stride += 16;
+    assert_int_equal(job_optstate_check(h, &other, 2, err, sizeof(err)), -EINVAL);
+    other = l;
+    other.arrays += 1;
+    assert_int_equal(job_optstate_check(h, &other, 2, err, sizeof(err)), -EINVAL);
+    h->magic ^= 1;
+    assert_int_equal(job_optstate_check(h, &l, 2, err, sizeof(err)), -EINVAL);
+    *h = saved;
+    h->version += 1;
+    assert_int_equal(job_optstate_check(h, &l, 2, err, sizeof(err)), -EINVAL);
+    *h = saved;
+    assert_int_equal(job_optstate_check(h, &l, 2, err, sizeof(err)), 0);
+    shm_detach(&seg);
+    assert_int_equal(shm_remove_all(job), 1);
+    free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_job_host_parts_of_one_host_is_the_whole_space),
         cmocka_unit_test(test_job_host_parts_are_each_hosts_shards_and_tile_the_space),
         cmocka_unit_test(test_job_shard_ranges_of_a_whole_tensor_optimizer_end_at_tensors),
+        cmocka_unit_test(test_job_optstate_check_refuses_a_segment_made_for_another_job),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -210,9 +210,6 @@ static void test_launch_llmc_files_and_globs_train_like_one_ctitan_file(void **s
     assert_true(strcmp(la[0], ld[0]) != 0); /* other sequences in the first batch */
 }
 
-/* The control plane over TCP on loopback, with garbage thrown at the coordinator's socket
- * while it trains: it rejects the garbage and the losses are those of the ipc:// run. */
-
 static void test_launch_killed_loader_is_restarted_and_losses_match(void **state)
 {
     TU_NEED_BIN();

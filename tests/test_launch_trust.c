@@ -201,6 +201,8 @@ static void atk_finish(pid_t pid, const char *ref, const char *job)
         }
 }
 
+/* The control plane over TCP on loopback, with garbage thrown at the coordinator's socket
+ * while it trains: it rejects the garbage and the losses are those of the ipc:// run. */
 static void test_launch_over_tcp_with_garbage_on_the_socket_gives_the_same_losses(void **state)
 {
     TU_NEED_BIN();

@@ -166,6 +166,17 @@ static void test_job_shard_ranges_of_a_whole_tensor_optimizer_end_at_tensors(voi
     free(m);
 }
 
+static char optstate_job[32]; /* the job name of the segment test_job_optstate_check makes */
+
+/* Removes that segment whether the test passed or failed an assertion half-way. */
+static int remove_optstate(void **state)
+{
+    (void)state;
+    if (optstate_job[0])
+        shm_remove_all(optstate_job);
+    return 0;
+}
+
 /* A shard attaching ctitan.<job>.optstate takes it only if its header is this job's: made for
  * the layout it is checked against, it passes; another shard count, another model's size or
  * stride, another optimizer's arrays, a wrong magic or version are each refused, naming the
@@ -174,13 +185,13 @@ static void test_job_optstate_check_refuses_a_segment_made_for_another_job(void 
 {
     (void)state;
     manifest_t *m = malloc(sizeof(*m));
-    char err[512], job[32];
+    char err[512], *job = optstate_job;
     manifest_defaults(m);
     assert_int_equal(manifest_override(m, "parallelism.pipeline_parallel_degree", "2", err, sizeof(err)), 0);
     assert_int_equal(manifest_validate(m, err, sizeof(err)), 0);
     job_layout_t l, other;
     assert_int_equal(job_layout(&l, m), 0);
-    snprintf(job, sizeof(job), "tjob%d", (int)getpid());
+    snprintf(job, sizeof(optstate_job), "tjob%d", (int)getpid());
     shm_seg_t *seg = NULL;
     assert_int_equal(job_optstate_create(&seg, job, &l, 2, err, sizeof(err)), 0);
     job_optstate_hdr_t *h = shm_data(seg), saved = *h;
@@ -206,6 +217,7 @@ static void test_job_optstate_check_refuses_a_segment_made_for_another_job(void 
     assert_int_equal(job_optstate_check(h, &l, 2, err, sizeof(err)), 0);
     shm_detach(&seg);
     assert_int_equal(shm_remove_all(job), 1);
+    optstate_job[0] = '\0';
     free(m);
 }
 
@@ -215,7 +227,7 @@ int main(void)
         cmocka_unit_test(test_job_host_parts_of_one_host_is_the_whole_space),
         cmocka_unit_test(test_job_host_parts_are_each_hosts_shards_and_tile_the_space),
         cmocka_unit_test(test_job_shard_ranges_of_a_whole_tensor_optimizer_end_at_tensors),
-        cmocka_unit_test(test_job_optstate_check_refuses_a_segment_made_for_another_job),
+        cmocka_unit_test_teardown(test_job_optstate_check_refuses_a_segment_made_for_another_job, remove_optstate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -20,14 +20,6 @@
 static int setup(void **state) { return tj_setup("inputs"); }
 static int teardown(void **state) { return tj_teardown(); }
 
-/* Nothing of the job is left: no process carries its name, no segment. */
-static void assert_clean(const char *job)
-{
-    char names[64][SHM_NAME_MAX];
-    assert_int_equal(tj_job_procs(job), 0);
-    assert_int_equal(shm_list(job, names, 64), 0);
-}
-
 /* A run whose loss and gradient norm become NaN (lr 1e38) keeps writing a metrics file that
  * is JSON: null for each value that is not finite, named with what it was under
  * "not_finite" (Python's json module, told to refuse NaN and Infinity, reads every line). */
@@ -61,7 +53,7 @@ static void test_inputs_metrics_stay_json_when_the_numbers_are_not_finite(void *
     if (rc)
         print_error("%s\n", out);
     assert_int_equal(rc, 0);
-    assert_clean(j);
+    tj_assert_clean(j);
 }
 
 /* A checkpoint folder that cannot be written (under /proc) is refused before the first step,
@@ -77,7 +69,7 @@ static void test_inputs_unwritable_checkpoint_folder_is_refused_at_launch(void *
     assert_int_not_equal(rc, 0);
     if (!strstr(out, "checkpoint.folder") || !strstr(out, "/proc/ctitan-no/ck") || strstr(out, "step     1"))
         fail_msg("exit status %d:\n%s", rc, out);
-    assert_clean(j);
+    tj_assert_clean(j);
 }
 
 /* A folder that stops being writable after the launch (a file put in its place): every
@@ -103,7 +95,7 @@ static void test_inputs_a_run_whose_last_checkpoint_fails_does_not_succeed(void 
     tu_read_file(path, out, sizeof(out));
     if (rc != 1 || !strstr(out, "step 3000") || !strstr(out, "0 of 3"))
         fail_msg("exit status %d:\n%s", rc, out);
-    assert_clean(j);
+    tj_assert_clean(j);
 }
 
 /* A model whose segments cannot fit the machine (4096 layers of dim 2048: 824 GB of parameters
@@ -131,7 +123,7 @@ static void test_inputs_a_model_too_large_for_the_memory_is_refused_before_any_s
     if (rc != 1 || !strstr(out, "needs") || !strstr(out, "GiB of host RAM") || !strstr(out, "available") ||
         strstr(out, "cannot map"))
         fail_msg("exit status %d:\n%s", rc, out);
-    assert_clean(j);
+    tj_assert_clean(j);
 }
 
 int main(void)

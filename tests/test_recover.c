@@ -26,7 +26,6 @@
 #include "ipc/util.h"
 #include "tests/testjob.h"
 
-static void sleep_ms(int ms) { nanosleep(&(struct timespec){ms / 1000, (ms % 1000) * 1000000L}, NULL); }
 
 static int setup(void **state) { return tj_setup("recover"); }
 static int teardown(void **state) { return tj_teardown(); }
@@ -239,7 +238,7 @@ static void test_recover_a_stopped_stage_or_shard_is_killed_and_replaced(void **
     pid_t st = tu_stage_pid(pid, 1);
     assert_true(st > 0);
     kill(st, SIGSTOP);
-    for (int i = 0; i < 1000 && !strstr(out, "recovered 1 "); i++, sleep_ms(10))
+    for (int i = 0; i < 1000 && !strstr(out, "recovered 1 "); i++, tj_sleep_ms(10))
         tj_read_out(j, out, sizeof(out));
     pid_t sh = tu_descendant_named(pid, "ctitan-optshard");
     assert_true(sh > 0);
@@ -525,7 +524,7 @@ static void test_recover_kill_9_of_random_roles_at_random_moments_is_bitwise(voi
     assert_int_equal(tj_wait_step(j, 50, 60), 0);
     int kills = 0, stage_or_shard = 0;
     for (int k = 0; k < 6; k++) {
-        sleep_ms(100 + rand() % 400);
+        tj_sleep_ms(100 + rand() % 400);
         int r = rand() % 6;
         pid_t victim = worker_pid(pid, roles[r].comm, roles[r].rank);
         if (victim <= 0)

@@ -26,7 +26,6 @@
 #include "tests/testjob.h"
 #include "stages/supervise/supervise.h"
 
-static void sleep_ms(int ms) { nanosleep(&(struct timespec){ms / 1000, (ms % 1000) * 1000000L}, NULL); }
 
 static int setup(void **state) { return tj_setup("restart"); }
 static int teardown(void **state) { return tj_teardown(); }
@@ -59,7 +58,7 @@ static int wait_output(const char *job, const char *needle, int timeout_s)
         tj_read_out(job, buf, sizeof(buf));
         if (strstr(buf, needle))
             return 0;
-        sleep_ms(10);
+        tj_sleep_ms(10);
     }
     return -1;
 }
@@ -75,7 +74,7 @@ static int wait_resumed(const char *job, int n, int timeout_s)
         const char *r = strstr(buf, need);
         if (r && strstr(r, "\n{\"step\": "))
             return 0;
-        sleep_ms(5);
+        tj_sleep_ms(5);
     }
     return -1;
 }

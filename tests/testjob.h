@@ -144,6 +144,8 @@ static inline void tj_read_metrics(const char *job, char *buf, size_t n)
     tu_read_file(path, buf, n);
 }
 
+static inline void tj_sleep_ms(int ms) { nanosleep(&(struct timespec){ms / 1000, (ms % 1000) * 1000000L}, NULL); }
+
 /* Waits until job's metrics file has reached `step`; 0 or -1 after timeout_s. */
 static inline int tj_wait_step(const char *job, int step, int timeout_s)
 {
@@ -154,12 +156,10 @@ static inline int tj_wait_step(const char *job, int step, int timeout_s)
         tj_read_metrics(job, buf, sizeof(buf));
         if (strstr(buf, need))
             return 0;
-        nanosleep(&(struct timespec){0, 10000000L}, NULL);
+        tj_sleep_ms(10);
     }
     return -1;
 }
-
-static inline void tj_sleep_ms(int ms) { nanosleep(&(struct timespec){ms / 1000, (ms % 1000) * 1000000L}, NULL); }
 
 /* The checkpoint folder of a job run by tj_args. */
 static inline void tj_ckpt_dir(char *buf, size_t n, const char *job)

@@ -273,8 +273,11 @@ size_t model_acts_forward_bytes_for(const model_config_t *cfg, int piece_begin, 
     int l1 = piece_end - 1 < cfg->n_layers ? piece_end - 1 : cfg->n_layers, nl = l1 > l0 ? l1 - l0 : 0;
     size_t N = (size_t)B * T, D = (size_t)cfg->dim, hd = (size_t)config_head_dim(cfg);
     size_t QD = (size_t)cfg->n_heads * hd, KD = (size_t)cfg->n_kv_heads * hd, F = (size_t)config_ffn_hidden(cfg);
-    /* per layer h_in, r1, xn1, q, k, v, probs, y, h1, r2, xn2, a, b, m (layer_forward) */
-    size_t floats = (size_t)nl * (N * (4 * D + 2 + 2 * QD + 2 * KD + 3 * F) + (size_t)B * cfg->n_heads * T * T) + N;
+    /* each layer's input h_in (kept), and of one layer (the work sets every layer reuses) r1,
+     * xn1, q, k, v, probs, y, h1, r2, xn2, a, b, m (layer_forward); the tokens */
+    size_t floats = (size_t)nl * N * D + N;
+    if (nl)
+        floats += N * (3 * D + 2 + 2 * QD + 2 * KD + 3 * F) + (size_t)B * cfg->n_heads * T * T;
     if (piece_end == cfg->n_layers + 2) /* h_top, rf, hf, the logits, the loss in s_dy */
         floats += N * (2 * D + 2 + (size_t)cfg->vocab_size);
     return floats * sizeof(float);

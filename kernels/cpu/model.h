@@ -46,8 +46,9 @@ size_t model_acts_bytes(const model_acts_t *a);
  * under cfg->ac_mode, without a model (model_act_bytes' per_mb; 0 for bad pieces): the memory
  * plan's per-microbatch activations (stages/plan/plan.h). */
 size_t model_acts_bytes_for(const model_config_t *cfg, int piece_begin, int piece_end, int B, int T);
-/* The part of it a forward alone writes (evaluation: the backward's buffers are never
- * touched, so never resident). */
+/* What a forward alone writes under full activation checkpointing, as the evaluations run it
+ * (stages/report/evaluate.c: each layer's input, one layer's other tensors; the backward's
+ * buffers are never touched, so never resident), whatever cfg->ac_mode says. */
 size_t model_acts_forward_bytes_for(const model_config_t *cfg, int piece_begin, int piece_end, int B, int T);
 /* What model_new allocates beside its tables, whatever its pieces: the rotary tables. */
 size_t model_fixed_bytes(const model_config_t *cfg);

@@ -22,12 +22,24 @@ void eval_next_batch(const tokfile_t *tf, size_t *cursor, int B, int T, int32_t 
     }
 }
 
+/* A forward with nothing kept for a backward: under full activation checkpointing each layer
+ * keeps only its input and runs in the one work set of each kind the forward reuses, so a
+ * [B, T] evaluation holds one layer's tensors instead of every layer's (a ~1B at 4 x 2048: the
+ * attention's probabilities alone are 1 GiB a layer on the CPU). The mode changes what is
+ * kept, never the arithmetic: the same bits as mode none. */
+static model_t *forward_model(const model_config_t *cfg, float *w, pool_t *pool)
+{
+    model_config_t c = *cfg;
+    c.ac_mode = CONFIG_AC_FULL;
+    return model_new(&c, 0, c.n_layers + 2, w, NULL, pool);
+}
+
 double eval_loss(const model_config_t *cfg, float *w, pool_t *pool, const tokfile_t *tf, int B, int T,
                  int batches, int *used)
 {
     int N = B * T, vb = 0;
     double sum = 0;
-    model_t *m = model_new(cfg, 0, cfg->n_layers + 2, w, NULL, pool);
+    model_t *m = forward_model(cfg, w, pool);
     model_acts_t *a = m ? model_acts_new(m, B, T) : NULL;
     int32_t *tk = malloc((size_t)N * sizeof(int32_t)), *tg = malloc((size_t)N * sizeof(int32_t));
     int32_t *win = malloc(((size_t)T + 1) * sizeof(int32_t));
@@ -71,7 +83,7 @@ int eval_generate(const model_config_t *cfg, float *w, pool_t *pool, uint32_t *s
     if (!(temperature >= 0) || prompt < 1)
         return -EINVAL;
     int T = cfg->max_seq_len < 128 ? cfg->max_seq_len : 128;
-    model_t *m = model_new(cfg, 0, cfg->n_layers + 2, w, NULL, pool);
+    model_t *m = forward_model(cfg, w, pool);
     model_acts_t *acts = m ? model_acts_new(m, 1, T) : NULL;
     int32_t *ctx = calloc((size_t)T, sizeof(int32_t));
     double *p = malloc((size_t)cfg->vocab_size * sizeof(double));

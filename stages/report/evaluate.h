@@ -19,7 +19,9 @@ void eval_next_batch(const tokfile_t *tf, size_t *cursor, int B, int T, int32_t 
                      int32_t *window);
 
 /* Mean per-token loss of the whole model with weights w over up to `batches` [B, T] batches
- * from the start of tf; *used gets the batches evaluated (NaN when none fit). */
+ * from the start of tf; *used gets the batches evaluated (NaN when none fit). Holds one layer's
+ * activations at a time beside each layer's input (model_acts_forward_bytes_for), whatever
+ * cfg->ac_mode; the same bits as a training forward of mode none. */
 double eval_loss(const model_config_t *cfg, float *w, pool_t *pool, const tokfile_t *tf, int B, int T,
                  int batches, int *used);
 

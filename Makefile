@@ -15,7 +15,9 @@ OPT     ?= -O3 -march=native
 # Sanitizer flags for every compile and link, C and the emulator's C++ alike (make test-asan
 # sets them for its own tree, build/asan); empty in a normal build.
 SAN     ?=
-CFLAGS  := -std=c11 $(OPT) $(SAN) -g -fopenmp-simd -Wall -Wextra -Wno-unused-parameter \
+# -ffp-contract=off: no multiply-add is fused behind the code's back (gcc's default in ISO C,
+# said for clang too): AdamW's bits are the GPU kernel's (kernels/adamw.h).
+CFLAGS  := -std=c11 $(OPT) $(SAN) -g -fopenmp-simd -ffp-contract=off -Wall -Wextra -Wno-unused-parameter \
            -D_GNU_SOURCE -I. -I$(BUILD)/gen -I/usr/include/x86_64-linux-gnu/openblas-pthread $(EXTRA_CFLAGS)
 # protobuf-c and ISA-L (its CRC32C): the TensorBoard event files (stages/report/tb.c); jansson:
 # Hugging Face's JSON files; zlib: gzip-compressed corpora
@@ -154,8 +156,8 @@ $(BUILD)/cudasim/%.cpp: kernels/cuda/%.cu
 	       -e 's/__shared__ /static /g' \
 	       -e 's/([A-Za-z_][A-Za-z_0-9]*)<<<([^;]*)>>>\(/sim_launch(\1, \2, /g' $< > $@
 
-$(BUILD)/cudasim/%.o: $(BUILD)/cudasim/%.cpp tests/cudasim/sim.h $(wildcard kernels/cuda/*.h kernels/cuda/*.cuh) kernels/backend.h
-	$(CXX) -std=c++20 -O2 $(SAN) -fPIC -Itests/cudasim/fake -I. -c $< -o $@
+$(BUILD)/cudasim/%.o: $(BUILD)/cudasim/%.cpp tests/cudasim/sim.h $(wildcard kernels/cuda/*.h kernels/cuda/*.cuh) kernels/backend.h kernels/adamw.h
+	$(CXX) -std=c++20 -O2 -ffp-contract=off $(SAN) -fPIC -Itests/cudasim/fake -I. -c $< -o $@
 
 $(BUILD)/cudasim/sim.o: tests/cudasim/sim.cpp tests/cudasim/sim.h | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)

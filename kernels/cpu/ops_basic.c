@@ -13,6 +13,8 @@
 #include <immintrin.h>
 #undef I /* openblas_config.h pulls in <complex.h>, whose I would clobber the I parameters */
 
+#include "kernels/adamw.h"
+
 /* Element-wise and row-wise tasks cover at least this many floats: large enough that the
  * pool's hand-off cost vanishes, small enough for many tasks on big tensors. */
 #define ELEMS_PER_TASK 32768
@@ -442,7 +444,7 @@ struct adamw_ctx {
     float *param, *m, *v;
     const float *param0, *m0, *v0, *grad;
     size_t n;
-    float gscale, decay, beta1, beta2, step_size, bc2_sqrt, eps;
+    adamw_scalars_t s;
 };
 
 #define ADAMW_ELEMS 16384
@@ -464,17 +466,14 @@ static void sqrt_array(float *y, const float *x, int n)
         y[i] = sqrtf(x[i]);
 }
 
-/* Same arithmetic as torch's single-tensor AdamW: p *= 1 - lr*wd; m lerps towards g;
- * v = v*b2 + (1-b2) g g; p += -step_size * m / (sqrt(v)/sqrt(bc2) + eps). Element i reads
- * only element i of the sources before writing element i of the outputs, so in place (the
- * same arrays) gives the same bits as out of place. g = grad * gscale is a statement of its
- * own: rounded to float before use (no contraction into what follows), as a stored one. */
+/* The arithmetic of kernels/adamw.h, operation by operation (the GPU's adamw_elem does the
+ * same: keep the two in step); vectorised by the compiler, never contracted (-ffp-contract=off). */
 static void adamw_task(void *c, int t)
 {
     const struct adamw_ctx *a = c;
     size_t i0 = (size_t)t * ADAMW_ELEMS, i1 = i0 + ADAMW_ELEMS < a->n ? i0 + ADAMW_ELEMS : a->n;
-    const float decay = a->decay, w1 = 1.0f - a->beta1, b2 = a->beta2, w2 = 1.0f - a->beta2;
-    const float ss = a->step_size, bc2s = a->bc2_sqrt, eps = a->eps, gs = a->gscale;
+    const float decay = a->s.decay, w1 = a->s.w1, b2 = a->s.beta2, w2 = a->s.w2;
+    const float ss = a->s.step_size, bc2s = a->s.bc2_sqrt, eps = a->s.eps, gs = a->s.gscale;
     float den[ADAMW_BLOCK];
     for (size_t b0 = i0; b0 < i1; b0 += ADAMW_BLOCK) {
         int nb = (int)(i1 - b0 < ADAMW_BLOCK ? i1 - b0 : ADAMW_BLOCK);
@@ -497,9 +496,9 @@ void ops_adamw_to(pool_t *p, float *param, float *m, float *v, const float *para
                   const float *v0, const float *grad, float gscale, size_t n, float lr, float beta1, float beta2,
                   float eps, float wd, int step)
 {
-    double bc1 = 1.0 - pow(beta1, step), bc2 = 1.0 - pow(beta2, step);
-    struct adamw_ctx a = {param, m, v, param0, m0, v0, grad, n, gscale, (float)(1.0 - (double)lr * wd), beta1,
-                          beta2, (float)(lr / bc1), (float)sqrt(bc2), eps};
+    struct adamw_ctx a = {
+        .param = param, .m = m, .v = v, .param0 = param0, .m0 = m0, .v0 = v0, .grad = grad, .n = n};
+    adamw_scalars(&a.s, gscale, lr, beta1, beta2, eps, wd, step);
     pool_for(p, ceil_div((long)n, ADAMW_ELEMS), adamw_task, &a);
 }
 

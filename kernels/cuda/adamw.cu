@@ -1,11 +1,14 @@
-// Fused AdamW over fp32 master weights on the GPU, and the small runtime helpers the
-// host code uses; the CPU twin is ops_adamw (kernels/cpu/ops_basic.c).
+// Fused AdamW over fp32 master weights on the GPU (kernels/adamw.h's arithmetic: the bits of the
+// CPU twin, ops_adamw_to in kernels/cpu/ops_basic.c), and the small runtime helpers the host
+// code uses.
 #include <errno.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include <cuda_runtime.h>
 
+#include "kernels/adamw.h"
 #include "kernels/cuda/cuda_err.h"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -19,22 +22,42 @@ extern "C" int cuda_device_count(void)
     return n;
 }
 
-// Element i reads only element i of p0, m0, v0 before it writes p, m, v, so in place and out
-// of place give the same bits. The gradient g * gs is rounded on its own (__fmul_rn: never
-// fused into what follows), the same float a scaled copy of the gradient would hold.
-__global__ void adamw_kernel(float *p, float *m, float *v, const float *p0, const float *m0, const float *v0,
-                             const float *g, float gs, size_t n, float lr, float b1, float b2, float eps,
-                             float wd, float bc1, float bc2)
+// One element of kernels/adamw.h's step, every operation an _rn intrinsic, so nvcc never fuses
+// a multiply-add: the CPU's ops_adamw_to does the same operations in the same order (keep the
+// two in step), and the two give the same bits.
+__device__ __forceinline__ void adamw_elem(float &p, float &m, float &v, float p0, float m0, float v0, float g,
+                                           const adamw_scalars_t &s)
 {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        float gi = __fmul_rn(g[i], gs), p0i = p0[i];
-        float pi = p0i - lr * wd * p0i;
-        float mi = b1 * m0[i] + (1.0f - b1) * gi;
-        float vi = b2 * v0[i] + (1.0f - b2) * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        p[i] = pi - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
+    float gi = __fmul_rn(g, s.gscale);
+    m = __fadd_rn(m0, __fmul_rn(s.w1, __fsub_rn(gi, m0)));
+    v = __fadd_rn(__fmul_rn(v0, s.beta2), __fmul_rn(__fmul_rn(s.w2, gi), gi));
+    float den = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), s.bc2_sqrt), s.eps);
+    p = __fsub_rn(__fmul_rn(p0, s.decay), __fmul_rn(s.step_size, __fdiv_rn(m, den)));
+}
+
+// Elements [head, head + 4 n4) four at a time (every array 16-byte aligned at head), the ones
+// before and after one by one; head = n and n4 = 0 when the arrays' alignments differ. Element
+// i reads only element i of the sources before it writes the outputs: in place and out of
+// place, and any split of the arrays, give the same bits.
+__global__ void adamw_kernel(float *p, float *m, float *v, const float *p0, const float *m0, const float *v0,
+                             const float *g, size_t n, size_t head, size_t n4, adamw_scalars_t s)
+{
+    size_t tid = blockIdx.x * (size_t)blockDim.x + threadIdx.x, stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = tid; i < head; i += stride)
+        adamw_elem(p[i], m[i], v[i], p0[i], m0[i], v0[i], g[i], s);
+    for (size_t i = head + 4 * n4 + tid; i < n; i += stride)
+        adamw_elem(p[i], m[i], v[i], p0[i], m0[i], v0[i], g[i], s);
+    for (size_t j = tid; j < n4; j += stride) {
+        size_t i = head + 4 * j;
+        float4 P0 = *(const float4 *)(p0 + i), M0 = *(const float4 *)(m0 + i), V0 = *(const float4 *)(v0 + i);
+        float4 G = *(const float4 *)(g + i), P, M, V;
+        adamw_elem(P.x, M.x, V.x, P0.x, M0.x, V0.x, G.x, s);
+        adamw_elem(P.y, M.y, V.y, P0.y, M0.y, V0.y, G.y, s);
+        adamw_elem(P.z, M.z, V.z, P0.z, M0.z, V0.z, G.z, s);
+        adamw_elem(P.w, M.w, V.w, P0.w, M0.w, V0.w, G.w, s);
+        *(float4 *)(p + i) = P;
+        *(float4 *)(m + i) = M;
+        *(float4 *)(v + i) = V;
     }
 }
 
@@ -47,12 +70,22 @@ extern "C" int cuda_adamw(float *param, float *m, float *v, const float *param0,
     }
     if (n == 0)
         return 0;
-    float bc1 = 1.0f - powf(beta1, (float)step), bc2 = 1.0f - powf(beta2, (float)step);
-    size_t blocks = (n + 255) / 256;
+    adamw_scalars_t s;
+    adamw_scalars(&s, gscale, lr, beta1, beta2, eps, wd, step);
+    uintptr_t at = (uintptr_t)param & 15;
+    const void *all[] = {m, v, param0, m0, v0, grad};
+    int same = at % sizeof(float) == 0;
+    for (int k = 0; k < 6; k++)
+        same = same && ((uintptr_t)all[k] & 15) == at;
+    size_t head = same ? ((16 - at) & 15) / sizeof(float) : n;
+    if (head > n)
+        head = n;
+    size_t n4 = (n - head) / 4, items = n4 + (n - head - 4 * n4) + head;
+    size_t blocks = (items + 255) / 256;
     if (blocks > 65535 * 8)
         blocks = 65535 * 8;
-    adamw_kernel<<<(unsigned)blocks, 256, 0, (cudaStream_t)stream>>>(param, m, v, param0, m0, v0, grad, gscale, n,
-                                                                      lr, beta1, beta2, eps, wd, bc1, bc2);
+    adamw_kernel<<<(unsigned)blocks, 256, 0, (cudaStream_t)stream>>>(param, m, v, param0, m0, v0, grad, n, head, n4,
+                                                                      s);
     return cuda_err_status(cudaGetLastError(), "cuda_adamw launch");
 }
 

@@ -15,10 +15,11 @@ int cuda_device_count(void);
 /* Text of the last CUDA error seen by a launcher in this thread. */
 const char *cuda_last_error(void);
 
-/* AdamW over fp32 device arrays, as torch.optim.AdamW (see ops_adamw_to): reads param0, m0,
- * v0 and writes param, m, v (the same arrays: in place; otherwise the sources are left
- * untouched); the gradient is grad * gscale rounded to float (grad is only read). stream may
- * be NULL. */
+/* AdamW over fp32 device arrays, as torch.optim.AdamW, the bits of the CPU's ops_adamw_to
+ * (kernels/adamw.h): reads param0, m0, v0 and writes param, m, v (the same arrays: in place;
+ * otherwise the sources are left untouched); the gradient is grad * gscale rounded to float
+ * (grad is only read). Four elements at a time where all seven arrays share their alignment
+ * (any alignment gives the same bits). stream may be NULL. */
 int cuda_adamw(float *param, float *m, float *v, const float *param0, const float *m0, const float *v0,
                const float *grad, float gscale, size_t n, float lr, float beta1, float beta2, float eps, float wd,
                int step, void *stream);

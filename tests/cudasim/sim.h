@@ -41,7 +41,14 @@ inline __nv_bfloat16 __float2bfloat16(float f) {
     if ((u & 0x7fffffffu) > 0x7f800000u) return {(uint16_t)((u >> 16) | 0x40)};
     u += 0x7fffu + ((u >> 16) & 1); return {(uint16_t)(u >> 16)};
 }
-inline float __fmul_rn(float a, float b) { return a * b; } /* one product, rounded: never fused */
+/* one operation each, rounded to nearest: never fused (the emulator builds with -ffp-contract=off
+ * for a target without FMA, so plain C++ is these) */
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fsqrt_rn(float a) { return sqrtf(a); }
+struct alignas(16) float4 { float x, y, z, w; };
 inline float __bfloat162float(__nv_bfloat16 h) { uint32_t u = (uint32_t)h.x << 16; float f; memcpy(&f, &u, 4); return f; }
 
 /* CUDA threads are fibers (ucontext) on the calling OS thread: a block's fibers run in turn

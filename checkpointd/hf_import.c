@@ -1,7 +1,7 @@
-/* Hugging Face Llama -> ctitan checkpoint of step 0 (hf_import.h): config.json against the
+/* Hugging Face Llama -> ctitan training state of step 0 (hf_import.h): config.json against the
  * run's model, every safetensors tensor checked against the parameter table, then the master
- * weights streamed tensor by tensor in flat order through the checkpoint writer, and the
- * optimizer's arrays as zeros. */
+ * weights tensor by tensor in flat order and the optimizer's arrays as zeros: through the
+ * checkpoint writer (a checkpoint on disk), or straight into a job's staging arrays. */
 #include "checkpointd/hf_import.h"
 
 #include <errno.h>
@@ -159,30 +159,76 @@ static int write_ckpt(const st_set_t *s, const param_table_t *tab, const manifes
     return rc;
 }
 
-int hf_import(const char *hf_dir, const manifest_t *m, const char *folder, FILE *log, char *path, size_t pathlen,
-              char *err, size_t errlen)
+/* HF_DIR opened and checked: config.json's model against run's (NULL: config.json's own is
+ * the model, in *cfg), the parameter table of that model in *tab, every tensor checked against
+ * it (check_tensors) in the open set *s, tied embeddings in *tied. On failure nothing is left
+ * open. */
+static int open_checked(const char *hf_dir, const model_config_t *run, model_config_t *cfg, param_table_t *tab,
+                        st_set_t *s, int *tied, FILE *log, char *err, size_t errlen)
 {
     hf_config_t h;
     int rc = hf_config_load(hf_dir, &h, err, errlen);
     if (rc)
         return rc;
-    double was, is;
-    /* config.json has no multiple_of nor ffn_dim_multiplier: its intermediate_size (hidden_dim)
-     * makes them moot, so the run's stay */
-    h.model.multiple_of = m->model.multiple_of, h.model.ffn_dim_multiplier = m->model.ffn_dim_multiplier;
-    const char *key = config_diff(&h.model, &m->model, &was, &is);
-    if (key)
-        return util_fail(err, errlen, -EINVAL, "%s/config.json gives model.%s = %g, the run's manifest %g", hf_dir,
-                         key, was, is);
+    if (run) {
+        double was, is;
+        /* config.json has no multiple_of nor ffn_dim_multiplier: its intermediate_size
+         * (hidden_dim) makes them moot, so the run's stay */
+        h.model.multiple_of = run->multiple_of, h.model.ffn_dim_multiplier = run->ffn_dim_multiplier;
+        const char *key = config_diff(&h.model, run, &was, &is);
+        if (key)
+            return util_fail(err, errlen, -EINVAL, "%s/config.json gives model.%s = %g, the run's manifest %g", hf_dir,
+                             key, was, is);
+    }
+    if (params_table_init(tab, &h.model))
+        return util_fail(err, errlen, -ENOMEM, "out of memory for the parameter table");
+    if (!(rc = st_set_open(s, hf_dir, err, errlen)) && (rc = check_tensors(s, tab, h.tied, hf_dir, log, err, errlen)))
+        st_set_close(s);
+    if (rc) {
+        params_table_free(tab);
+        return rc;
+    }
+    *cfg = h.model;
+    *tied = h.tied;
+    return 0;
+}
+
+int hf_import(const char *hf_dir, const manifest_t *m, const char *folder, FILE *log, char *path, size_t pathlen,
+              char *err, size_t errlen)
+{
+    model_config_t cfg;
     param_table_t tab = {0};
     st_set_t s;
-    if (params_table_init(&tab, &m->model))
-        return util_fail(err, errlen, -ENOMEM, "out of memory for the parameter table");
-    if (!(rc = st_set_open(&s, hf_dir, err, errlen))) {
-        if (!(rc = check_tensors(&s, &tab, h.tied, hf_dir, log, err, errlen)))
-            rc = write_ckpt(&s, &tab, m, h.tied, folder, path, pathlen, err, errlen);
-        st_set_close(&s);
+    int tied, rc = open_checked(hf_dir, &m->model, &cfg, &tab, &s, &tied, log, err, errlen);
+    if (rc)
+        return rc;
+    rc = write_ckpt(&s, &tab, m, tied, folder, path, pathlen, err, errlen);
+    st_set_close(&s);
+    params_table_free(&tab);
+    return rc;
+}
+
+int hf_load_state(const char *hf_dir, const manifest_t *m, float *const *arrays, int n_arrays, FILE *log, char *err,
+                  size_t errlen)
+{
+    model_config_t cfg;
+    param_table_t tab = {0};
+    st_set_t s;
+    int tied, rc = open_checked(hf_dir, &m->model, &cfg, &tab, &s, &tied, log, err, errlen);
+    if (rc)
+        return rc;
+    size_t off = 0;
+    for (int i = 0; i < tab.n && !rc; i++) { /* flat order: the gaps before each tensor zeroed */
+        const param_info_t *p = &tab.t[i];
+        memset(arrays[0] + off, 0, (p->offset - off) * sizeof(float));
+        rc = st_set_read_f32(&s, source(&s, p, tied), arrays[0] + p->offset, err, errlen);
+        off = p->offset + p->numel;
     }
+    if (!rc)
+        memset(arrays[0] + off, 0, (tab.total - off) * sizeof(float));
+    for (int a = 1; a < n_arrays && !rc; a++)
+        memset(arrays[a], 0, tab.total * sizeof(float));
+    st_set_close(&s);
     params_table_free(&tab);
     return rc;
 }
@@ -190,29 +236,22 @@ int hf_import(const char *hf_dir, const manifest_t *m, const char *folder, FILE 
 int hf_read_weights(const char *hf_dir, model_config_t *cfg, float **w, size_t *n, FILE *log, char *err,
                     size_t errlen)
 {
-    hf_config_t h;
-    *w = NULL;
-    *n = 0;
-    int rc = hf_config_load(hf_dir, &h, err, errlen);
-    if (rc)
-        return rc;
     param_table_t tab = {0};
     st_set_t s;
-    if (params_table_init(&tab, &h.model))
-        return util_fail(err, errlen, -ENOMEM, "out of memory for the parameter table");
-    if (!(rc = st_set_open(&s, hf_dir, err, errlen))) {
-        if (!(rc = check_tensors(&s, &tab, h.tied, hf_dir, log, err, errlen)) &&
-            !(*w = malloc(tab.total * sizeof(float))))
-            rc = util_fail(err, errlen, -ENOMEM, "out of memory for %zu weights", tab.total);
-        for (int i = 0; i < tab.n && !rc; i++)
-            rc = st_set_read_f32(&s, source(&s, &tab.t[i], h.tied), *w + tab.t[i].offset, err, errlen);
-        st_set_close(&s);
-    }
+    int tied, rc = open_checked(hf_dir, NULL, cfg, &tab, &s, &tied, log, err, errlen);
+    *w = NULL;
+    *n = 0;
+    if (rc)
+        return rc;
+    if (!(*w = malloc(tab.total * sizeof(float))))
+        rc = util_fail(err, errlen, -ENOMEM, "out of memory for %zu weights", tab.total);
+    for (int i = 0; i < tab.n && !rc; i++)
+        rc = st_set_read_f32(&s, source(&s, &tab.t[i], tied), *w + tab.t[i].offset, err, errlen);
+    st_set_close(&s);
     if (rc) {
         free(*w);
         *w = NULL;
     } else {
-        *cfg = h.model;
         *n = tab.total;
     }
     params_table_free(&tab);

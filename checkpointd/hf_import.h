@@ -1,6 +1,6 @@
 /* Importing a Hugging Face Llama (config.json + safetensors, hf_config.h and st_read.h) as a
- * ctitan checkpoint of step 0: `ctitan ckpt import`, and a job's checkpoint.initial_load_path
- * with initial_load_in_hf (restore.h), which imports into DUMP/hf-import and loads that.
+ * ctitan checkpoint of step 0 (`ctitan ckpt import`), or straight into a job's staging segment
+ * for its checkpoint.initial_load_path with initial_load_in_hf (restore.h).
  * ctitan's parameter names and layouts are Hugging Face's (kernels/params.h, rotary layout
  * included): the tensors are copied, widened to fp32 (F32 bit for bit), not permuted. The
  * optimizer state is zero: AdamW's fresh start. Tied embeddings (tie_word_embeddings, Llama
@@ -28,6 +28,15 @@ int hf_import_manifest(manifest_t *m, const char *hf_dir, char *err, size_t errl
  * NULL); path gets the checkpoint's directory. */
 int hf_import(const char *hf_dir, const manifest_t *m, const char *folder, FILE *log, char *path, size_t pathlen,
               char *err, size_t errlen);
+
+/* HF_DIR read straight into the arrays of a training state of step 0 (a job's staging
+ * segment: checkpoint.initial_load_path with initial_load_in_hf, restore.c), with nothing
+ * written to disk: arrays[0], the master weights in kernels/params.h's flat order, from the
+ * safetensors (the gaps between tensors zero), every other of the n_arrays arrays zero (the
+ * optimizer's fresh start), each of m's parameter count; the same bits as hf_import's
+ * checkpoint loaded, after the same checks. A failure leaves the arrays partly written. */
+int hf_load_state(const char *hf_dir, const manifest_t *m, float *const *arrays, int n_arrays, FILE *log, char *err,
+                  size_t errlen);
 
 /* The whole model of HF_DIR as fp32 in kernels/params.h's flat order, for inference (`ctitan
  * generate`): *cfg from config.json, *w (malloc'ed, caller frees) of *n floats; the tensors are

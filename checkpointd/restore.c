@@ -121,38 +121,63 @@ static int resolve(const char *what, load_t *L, char *path, size_t n, char *err,
     return 0;
 }
 
+static int check_overwrite(const char *what, const manifest_t *m, const restore_stored_t *stored, int64_t start,
+                           char *err, size_t errlen);
+static int check_run(load_t *L, const optim_t **o, char *err, size_t errlen);
+
+/* The Hugging Face Llama of checkpoint.initial_load_path (initial_load_in_hf) read straight into
+ * the staging segment as step 0, the optimizer fresh (hf_load_state: no checkpoint written and
+ * read back, 12 bytes a parameter each way): read again on every fresh start, so the folder's
+ * weights as they are now count. path gets the folder: what the other hosts' agents are told
+ * to load (each reads it itself: it must be at that path on every host). */
+static int initial_hf(load_t *L, char *path, size_t n, char *err, size_t errlen)
+{
+    const manifest_t *m = L->m;
+    const char *from = m->ckpt_initial_path;
+    staging_hdr_t *h = L->staging;
+    const optim_t *o;
+    char why[1024];
+    int rc = check_run(L, &o, err, errlen);
+    if (!rc) /* a fresh start: nothing of an earlier run's after step 0 to write over */
+        rc = check_overwrite(L->what, m, L->stored, 0, err, errlen);
+    if (rc)
+        return rc;
+    if (strlen(from) >= n)
+        return util_fail(err, errlen, -ENAMETOOLONG, "checkpoint.initial_load_path %s is too long", from);
+    if (L->log)
+        fprintf(L->log, "ctitan: no checkpoint to resume from: reading the Hugging Face Llama %s\n", from);
+    float *arrays[OPTIM_ARRAYS_MAX];
+    for (int a = 0; a < optim_arrays(o); a++)
+        arrays[a] = staging_array(L->staging, a);
+    atomic_store(&h->step, -1); /* nothing whole in the segment until the end */
+    if ((rc = hf_load_state(from, m, arrays, optim_arrays(o), L->log, why, sizeof(why))))
+        return util_fail(err, errlen, rc, "checkpoint.initial_load_path %s (initial_load_in_hf): %s", from, why);
+    h->cursor_len = 0;
+    atomic_store(&h->step, 0);
+    snprintf(path, n, "%s", from);
+    L->loaded = 1;
+    return 0;
+}
+
 /* A run with nothing to resume from starts from checkpoint.initial_load_path (torchtitan's
  * rule: a run's own checkpoints win): a checkpoint directory, loaded as checkpoint.load loads
- * one, or with initial_load_in_hf a Hugging Face Llama folder, imported (again, so that the
- * folder's weights as they are now count) into DUMP/hf-import/step-00000000 and loaded from
- * there. path stays "" without one. */
+ * one, or with initial_load_in_hf a Hugging Face Llama folder (initial_hf). path stays "" without
+ * one. */
 static int initial(load_t *L, char *path, size_t n, char *err, size_t errlen)
 {
     const manifest_t *m = L->m;
-    FILE *log = L->log;
     const char *from = m->ckpt_initial_path;
     if (!from[0])
         return 0;
     L->key = "checkpoint.initial_load_path";
-    if (!m->ckpt_initial_hf) {
-        char why[1024];
-        load_t own = *L;
-        own.stored = NULL;
-        int rc = resolve(from, &own, path, n, why, sizeof(why));
-        L->loaded = own.loaded;
-        return rc ? util_fail(err, errlen, rc, "checkpoint.initial_load_path: %s", why) : 0;
-    }
-    char folder[PATH_MAX];
-    if ((size_t)snprintf(folder, sizeof(folder), "%s/hf-import", m->dump_folder) >= sizeof(folder))
-        return util_fail(err, errlen, -ENAMETOOLONG, "job.dump_folder %s is too long", m->dump_folder);
-    if (log)
-        fprintf(log, "ctitan: no checkpoint to resume from: importing the Hugging Face Llama %s into %s\n", from,
-                folder);
+    if (m->ckpt_initial_hf)
+        return initial_hf(L, path, n, err, errlen);
     char why[1024];
-    int rc = hf_import(from, m, folder, log, path, n, why, sizeof(why));
-    if (rc)
-        return util_fail(err, errlen, rc, "checkpoint.initial_load_path %s (initial_load_in_hf): %s", from, why);
-    return 0;
+    load_t own = *L;
+    own.stored = NULL;
+    int rc = resolve(from, &own, path, n, why, sizeof(why));
+    L->loaded = own.loaded;
+    return rc ? util_fail(err, errlen, rc, "checkpoint.initial_load_path: %s", why) : 0;
 }
 
 /* A run that writes checkpoints into its folder from after step `start` on: no complete
@@ -635,7 +660,9 @@ int restore_load_stored(const char *what, const manifest_t *m, const restore_sto
     load_t L = {.m = m, .stored = stored, .tab = tab, .staging = staging, .log = log, .what = what,
                 .key = "checkpoint.load"};
     char dir[PATH_MAX];
-    int rc = resolve(what, &L, dir, sizeof(dir), err, errlen), corrupt;
+    /* the Hugging Face folder host 0 started from, as the other hosts' agents are told it */
+    int hf = m->ckpt_initial_hf && m->ckpt_initial_path[0] && !strcmp(what, m->ckpt_initial_path), corrupt;
+    int rc = hf ? initial(&L, dir, sizeof(dir), err, errlen) : resolve(what, &L, dir, sizeof(dir), err, errlen);
     if (!rc && !dir[0])
         rc = initial(&L, dir, sizeof(dir), err, errlen);
     if (rc)

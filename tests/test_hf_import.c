@@ -592,7 +592,9 @@ static double hf_loss(const char *py, const char *hf, int rows)
 }
 
 /* A job launched with checkpoint.initial_load_path (in_hf) and nothing to resume starts from the
- * Hugging Face weights: pp 2, 2 optimizer shards (manifests/tiny.toml), and trains. */
+ * Hugging Face weights, read straight into memory (nothing written under its dump folder): pp
+ * 2, 2 optimizer shards (manifests/tiny.toml), and trains; the same bits as a job started from
+ * the checkpoint `ctitan ckpt import` writes of that folder. */
 static void test_job_starts_from_hf_weights(void **state)
 {
     (void)state;
@@ -608,8 +610,12 @@ static void test_job_starts_from_hf_weights(void **state)
     int rc = tj_launch("", 120, job, extra, out, sizeof(out));
     if (rc)
         fail_msg("launch: %d\n%.4000s", rc, out);
-    if (!strstr(out, "importing the Hugging Face Llama"))
+    if (!strstr(out, "reading the Hugging Face Llama") || !strstr(out, "the optimizer fresh"))
         fail_msg("%s", out);
+    char runs[512];
+    struct stat st;
+    snprintf(runs, sizeof(runs), "%s/runs/%s/hf-import", tj_dir, job);
+    assert_int_not_equal(stat(runs, &st), 0);
     static tj_metrics_t mt;
     tj_parse_metrics(job, &mt);
     assert_int_equal(mt.n, 3);
@@ -632,11 +638,16 @@ static void test_job_starts_from_hf_weights(void **state)
     want = hf_loss(py, hf, 8);
     print_message("dp 2: step 1 loss %s, transformers' %.9g\n", md.loss[0], want);
     assert_true(fabs(atof(md.loss[0]) - want) < 1e-5 * fabs(want));
-    /* without initial_load_in_hf, initial_load_path is a ctitan checkpoint: the one imported */
-    char ck[64];
+    /* without initial_load_in_hf, initial_load_path is a ctitan checkpoint: the one `ctitan ckpt
+     * import` writes of the folder */
+    char ck[64], cmd[2048];
     tj_name(ck, sizeof(ck), 'h', "ck");
+    snprintf(cmd, sizeof(cmd), "%s ckpt import %s --out %s/job-ckpt --manifest manifests/tiny.toml 2>&1", tu_ctitan(),
+             hf, dir);
+    if (tu_run(cmd, out, sizeof(out)))
+        fail_msg("%s", out);
     snprintf(extra, sizeof(extra), "--training.steps 1 --model.hidden_dim 64 --checkpoint.initial_load_path "
-             "%s/runs/%s/hf-import/step-00000000", tj_dir, job);
+             "%s/job-ckpt/step-00000000", dir);
     if (tj_launch("", 120, ck, extra, out, sizeof(out)))
         fail_msg("%.4000s", out);
     static tj_metrics_t mc;
@@ -649,12 +660,12 @@ static void test_job_starts_from_hf_weights(void **state)
              "--checkpoint.initial_load_path %s --checkpoint.initial_load_in_hf true", hf);
     if (tj_launch("", 120, own, extra, out, sizeof(out)))
         fail_msg("%.4000s", out);
-    assert_non_null(strstr(out, "importing the Hugging Face Llama"));
+    assert_non_null(strstr(out, "reading the Hugging Face Llama"));
     snprintf(extra, sizeof(extra), "--training.steps 3 --checkpoint.enable true --checkpoint.interval 2 "
              "--checkpoint.initial_load_path %s --checkpoint.initial_load_in_hf true", hf);
     if (tj_launch("", 120, own, extra, out, sizeof(out)))
         fail_msg("%.4000s", out);
-    if (strstr(out, "importing") || !strstr(out, "step-00000002 (after step 2)"))
+    if (strstr(out, "reading the Hugging Face") || !strstr(out, "step-00000002 (after step 2)"))
         fail_msg("%.4000s", out);
     /* a [model] key that disagrees with config.json is refused before anything starts */
     snprintf(extra, sizeof(extra), "--training.steps 3 --checkpoint.initial_load_path %s "
@@ -696,6 +707,43 @@ static void test_cuda_job_starts_from_hf_weights(void **state)
     assert_true(fabs(loss1 - want) < 2e-2 * fabs(want));
 }
 
+/* Across two hosts (test_hosts' kind: both on this machine, the emulated CUDA backend, data
+ * parallel 2 on the NCCL plane, one replica a host): host 0's checkpointd reads the Hugging Face
+ * folder into its staging segment, and host 1's agent, told to load the same folder, reads it
+ * itself; every step's loss is the one-host job's, bit for bit. */
+static void test_cuda_job_across_hosts_starts_from_hf_weights(void **state)
+{
+    (void)state;
+    const char *py;
+    TU_NEED_PY(py);
+    TU_NEED_BIN();
+    if (tj_use_sim_plugin())
+        skip();
+    char hf[256], one[64], base[1024];
+    static char out[65536], agent_out[65536];
+    snprintf(hf, sizeof(hf), "%s/hosts", dir);
+    make_hf(py, hf, "--dtype bfloat16 --vocab 300 --hidden 32 --heads 2 --kv-heads 1 --inter 64 --max-pos 64");
+    snprintf(base, sizeof(base), "--training.steps 2 --job.device cuda --parallelism.data_parallel_replicate_degree 2 "
+             "--parallelism.data_plane nccl --checkpoint.initial_load_path %s --checkpoint.initial_load_in_hf true",
+             hf);
+    tj_name(one, sizeof(one), 'h', "one");
+    int rc = tj_launch("", 120, one, base, out, sizeof(out));
+    if (rc)
+        fail_msg("one host: %d\n%.4000s", rc, out);
+    tj_hosts_t h;
+    tj_two_hosts(&h, 'h', "two", base);
+    int arc;
+    rc = tj_run_both(&h, out, sizeof(out), agent_out, sizeof(agent_out), &arc);
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    if (rc || arc)
+        fail_msg("host 0: %d, host 1: %d\n%.4000s\n--- host 1:\n%.4000s", rc, arc, out, agent_out);
+    if (!strstr(agent_out, "reading the Hugging Face Llama"))
+        fail_msg("host 1 did not read the folder itself:\n%.4000s", agent_out);
+    tj_assert_same_losses(h.j, one, 2);
+    tj_assert_clean(h.j);
+    tj_assert_clean(h.jh1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -714,6 +762,7 @@ int main(void)
         cmocka_unit_test(test_round_trip_bf16_tied_llama3_sharded_is_bitwise),
         cmocka_unit_test(test_job_starts_from_hf_weights),
         cmocka_unit_test(test_cuda_job_starts_from_hf_weights),
+        cmocka_unit_test(test_cuda_job_across_hosts_starts_from_hf_weights),
     };
     return tu_run_group_tests(tests, setup, teardown);
 }

@@ -46,46 +46,11 @@ static void job_name(char *buf, size_t n, const char *what) { tj_name(buf, n, 'h
 /* checkpoints every 3 steps of 9 */
 #define CK9 DP2 "--training.steps 9 --checkpoint.enable true --checkpoint.interval 3"
 
-/* A two-host job of `base`: its name, the hosts' keys (as an operator makes them), a free
- * loopback port; the arguments of both hosts in extra (host 1's launch also gets SLURM_NODEID). */
-typedef struct {
-    char j[32], jh1[40], extra[2048];
-} hosts_t;
-
-static void two_hosts(hosts_t *h, const char *what, const char *base)
-{
-    char keys[128], cmd[1024], out[4096];
-    job_name(h->j, sizeof(h->j), what);
-    snprintf(h->jh1, sizeof(h->jh1), "%s-h1", h->j);
-    snprintf(keys, sizeof(keys), "%s/keys-%s", tj_dir, h->j);
-    snprintf(cmd, sizeof(cmd), "mkdir -p %s && %s ckpt keygen %s/host0 && %s ckpt keygen %s/host1 2>&1", keys,
-             tu_ctitan(), keys, tu_ctitan(), keys);
-    assert_int_equal(tu_run(cmd, out, sizeof(out)), 0);
-    int port = tu_free_port();
-    assert_true(port > 0);
-    snprintf(h->extra, sizeof(h->extra), QUIET "%s --job.hosts 2 --job.endpoint tcp://127.0.0.1:%d --job.keys %s", base,
-             port, keys);
-}
-
-/* Host 1's launch of the job in the background, its output in DIR/<job>-h1.out. */
-static pid_t start_host1(const hosts_t *h, const char *more)
-{
-    char extra[2200];
-    snprintf(extra, sizeof(extra), "%s %s", h->extra, more);
-    setenv("SLURM_STEP_NUM_NODES", "2", 1);
-    setenv("SLURM_NODEID", "1", 1);
-    pid_t pid = tj_launch_bg_to(h->j, h->jh1, extra);
-    unsetenv("SLURM_STEP_NUM_NODES");
-    unsetenv("SLURM_NODEID");
-    assert_true(pid > 0);
-    return pid;
-}
-
 /* Both hosts of h started (host 1 in the background, then host 0), once host 0's job has
  * reached step 3: a moment in the middle of a run for a test to break something. */
-static void start_both(const hosts_t *h, pid_t *host1, pid_t *host0)
+static void start_both(const tj_hosts_t *h, pid_t *host1, pid_t *host0)
 {
-    *host1 = start_host1(h, "");
+    *host1 = tj_start_host1(h, "");
     *host0 = tj_launch_bg(h->j, h->extra);
     assert_true(*host0 > 0);
     assert_int_equal(tj_wait_step(h->j, 3, 60), 0);
@@ -96,17 +61,6 @@ static int run_one_host(const char *job, const char *base, char *out, size_t out
     char extra[1200];
     snprintf(extra, sizeof(extra), QUIET "%s", base);
     return tj_launch("", 120, job, extra, out, outlen);
-}
-
-/* Both hosts of h run to their end (host 1 in the background); host 0's status, host 1's in
- * *host1_rc, their outputs in out and agent_out. */
-static int run_both(const hosts_t *h, char *out, size_t n, char *agent_out, size_t an, int *host1_rc)
-{
-    pid_t agent = start_host1(h, "");
-    int rc = tj_launch("", 120, h->j, h->extra, out, n);
-    *host1_rc = tu_reap(agent, 60, NULL);
-    tj_read_out(h->jh1, agent_out, an);
-    return rc;
 }
 
 /* The same job on one host, run to its end (once per argument string). */
@@ -194,15 +148,15 @@ static void test_hosts_a_stage_lost_on_another_host_is_restarted_by_its_agent(vo
         skip();
     static char out[1 << 16], agent_out[1 << 16];
     char once[128];
-    hosts_t h;
+    tj_hosts_t h;
     const char *ref = reference(SNAP4);
-    two_hosts(&h, "stage", SNAP4);
+    tj_two_hosts(&h, 'h', "stage", SNAP4);
     setenv("CTITAN_TEST_DIE_ONCE", tj_once_dir(once, sizeof(once), h.j), 1);
     /* replica 1 runs on host 1; in step 4, the snapshot of step 2 is whole (step 3's update
      * waited for its copy, said before it answered; in step 3 it may still be copying, and the
      * job would rightly go back to step 0) */
     setenv("CTITAN_TEST_DIE_AT", "stage.1.1:mid:4", 1);
-    pid_t agent = start_host1(&h, "");
+    pid_t agent = tj_start_host1(&h, "");
     char extra[2400], trace[256];
     snprintf(trace, sizeof(trace), "%s/%s-trace.json", tj_dir, h.j);
     snprintf(extra, sizeof(extra), "%s --profiling.trace_file %s", h.extra, trace);
@@ -254,9 +208,9 @@ static void test_hosts_a_killed_coordinator_is_relaunched_and_the_other_host_joi
     if (tj_use_sim_plugin())
         skip();
     static char out[1 << 16], agent_out[1 << 16];
-    hosts_t h;
+    tj_hosts_t h;
     const char *ref = reference(STEPS8);
-    two_hosts(&h, "coord", STEPS8);
+    tj_two_hosts(&h, 'h', "coord", STEPS8);
     pid_t agent, host0;
     start_both(&h, &agent, &host0);
     pid_t coord = tu_descendant_named(host0, "ctitan-coord");
@@ -288,9 +242,9 @@ static void test_hosts_a_lost_host_started_again_rejoins_the_relaunched_job(void
     if (tj_use_sim_plugin())
         skip();
     static char out[1 << 16], agent_out[1 << 16];
-    hosts_t h;
+    tj_hosts_t h;
     const char *ref = reference(STEPS8);
-    two_hosts(&h, "lost", STEPS8);
+    tj_two_hosts(&h, 'h', "lost", STEPS8);
     pid_t agent, host0;
     start_both(&h, &agent, &host0);
     kill(agent, SIGKILL);
@@ -301,7 +255,7 @@ static void test_hosts_a_lost_host_started_again_rejoins_the_relaunched_job(void
         tj_read_out(h.j, out, sizeof(out));
         TJ_FAIL_WITH(out, "no relaunch after host 1 was lost");
     }
-    agent = start_host1(&h, ""); /* the operator (or the scheduler) starts it again */
+    agent = tj_start_host1(&h, ""); /* the operator (or the scheduler) starts it again */
     int rc = tu_reap(host0, 120, NULL), arc = tu_reap(agent, 60, NULL);
     unsetenv("CTITAN_CUDA_PLUGIN");
     tj_read_out(h.j, out, sizeof(out));
@@ -326,8 +280,8 @@ static void test_hosts_a_host_that_never_comes_back_ends_the_job_after_max_resta
     if (tj_use_sim_plugin())
         skip();
     static char out[1 << 16];
-    hosts_t h;
-    two_hosts(&h, "gone", STEPS8 " --job.host_timeout_s 2 --job.max_restarts 1");
+    tj_hosts_t h;
+    tj_two_hosts(&h, 'h', "gone", STEPS8 " --job.host_timeout_s 2 --job.max_restarts 1");
     pid_t agent, host0;
     start_both(&h, &agent, &host0);
     kill(agent, SIGKILL);
@@ -353,8 +307,8 @@ static void test_hosts_an_agent_without_a_coordinator_gives_up_after_host_timeou
     if (tj_use_sim_plugin())
         skip();
     static char agent_out[1 << 16];
-    hosts_t h;
-    two_hosts(&h, "nocoord", STEPS8 " --job.host_timeout_s 2");
+    tj_hosts_t h;
+    tj_two_hosts(&h, 'h', "nocoord", STEPS8 " --job.host_timeout_s 2");
     pid_t agent, host0;
     start_both(&h, &agent, &host0);
     /* host 0 killed outright, its coordinator too: stopped first, so that it does not take its
@@ -390,10 +344,10 @@ static void test_hosts_checkpoints_are_written_in_parts_and_resume_on_one_host(v
         skip();
     static char out[1 << 16], agent_out[1 << 16];
     char cmd[2048], path[512], ref_path[512], names[16][64], r1[32], extra[2400];
-    hosts_t h;
+    tj_hosts_t h;
     const char *ref = reference(CK7);
-    two_hosts(&h, "ckpt", CK7);
-    int arc, rc = run_both(&h, out, sizeof(out), agent_out, sizeof(agent_out), &arc);
+    tj_two_hosts(&h, 'h', "ckpt", CK7);
+    int arc, rc = tj_run_both(&h, out, sizeof(out), agent_out, sizeof(agent_out), &arc);
     if (rc || !strstr(out, "checkpoint: step 3 saved to ") || !strstr(out, "checkpoint: step 6 saved to ") ||
         !strstr(out, "checkpoint: step 7 saved to "))
         TJ_FAIL_WITH(out, "host 0: status %d", rc);
@@ -448,10 +402,10 @@ static void test_hosts_a_sharded_group_across_two_hosts_trains_as_on_one(void **
         skip();
     static char out[1 << 16], agent_out[1 << 16];
     char path[512], ref_path[512];
-    hosts_t h;
+    tj_hosts_t h;
     const char *ref = reference(FSDP3);
-    two_hosts(&h, "fsdp", FSDP3);
-    int arc, rc = run_both(&h, out, sizeof(out), agent_out, sizeof(agent_out), &arc);
+    tj_two_hosts(&h, 'h', "fsdp", FSDP3);
+    int arc, rc = tj_run_both(&h, out, sizeof(out), agent_out, sizeof(agent_out), &arc);
     unsetenv("CTITAN_CUDA_PLUGIN");
     if (rc || !strstr(out, "(weights and gradients sharded: FSDP)"))
         TJ_FAIL_WITH(out, "host 0: status %d", rc);
@@ -475,10 +429,10 @@ static void test_hosts_a_killed_coordinator_resumes_every_host_from_the_newest_c
         skip();
     static char out[1 << 16], agent_out[1 << 16];
     char file[64];
-    hosts_t h;
+    tj_hosts_t h;
     const char *ref = reference(CK9);
-    two_hosts(&h, "ckcoord", CK9);
-    pid_t agent = start_host1(&h, "");
+    tj_two_hosts(&h, 'h', "ckcoord", CK9);
+    pid_t agent = tj_start_host1(&h, "");
     pid_t host0 = tj_launch_bg(h.j, h.extra);
     snprintf(file, sizeof(file), "%s.out", h.j);
     assert_int_equal(wait_text(file, "checkpoint: step 6 saved", 60), 0);
@@ -514,11 +468,11 @@ static void test_hosts_a_part_writer_killed_mid_write_writes_its_part_again(void
     if (tj_use_sim_plugin())
         skip();
     static char out[1 << 16], agent_out[1 << 16];
-    hosts_t h;
+    tj_hosts_t h;
     const char *ref = reference(CK7);
-    two_hosts(&h, "ckpart", CK7);
+    tj_two_hosts(&h, 'h', "ckpart", CK7);
     setenv("CTITAN_TEST_CKPT_DELAY_MS", "400", 1); /* host 1's writer only: a pause after each file */
-    pid_t agent = start_host1(&h, "");
+    pid_t agent = tj_start_host1(&h, "");
     unsetenv("CTITAN_TEST_CKPT_DELAY_MS");
     pid_t host0 = tj_launch_bg(h.j, h.extra), writer = 0;
     for (int i = 0; i < 6000 && !writer; i++) {
@@ -553,10 +507,10 @@ static void test_hosts_checkpointd_killed_mid_part_writes_the_checkpoint_again(v
     if (tj_use_sim_plugin())
         skip();
     static char out[1 << 16], agent_out[1 << 16];
-    hosts_t h;
+    tj_hosts_t h;
     const char *ref = reference(CK7);
-    two_hosts(&h, "ckd0", CK7);
-    pid_t agent = start_host1(&h, "");
+    tj_two_hosts(&h, 'h', "ckd0", CK7);
+    pid_t agent = tj_start_host1(&h, "");
     setenv("CTITAN_TEST_CKPT_DELAY_MS", "400", 1); /* host 0's checkpointd only */
     pid_t host0 = tj_launch_bg(h.j, h.extra), ckptd = 0;
     unsetenv("CTITAN_TEST_CKPT_DELAY_MS");
@@ -603,10 +557,10 @@ static void test_hosts_a_checkpoint_folder_not_shared_fails_saying_so(void **sta
         skip();
     static char out[1 << 16], agent_out[1 << 16];
     char elsewhere[300];
-    hosts_t h;
-    two_hosts(&h, "ckapart", CK7 " --job.max_restarts 0 --job.host_timeout_s 2");
+    tj_hosts_t h;
+    tj_two_hosts(&h, 'h', "ckapart", CK7 " --job.max_restarts 0 --job.host_timeout_s 2");
     snprintf(elsewhere, sizeof(elsewhere), "--checkpoint.folder %s/elsewhere-%s", tj_dir, h.j);
-    pid_t agent = start_host1(&h, elsewhere);
+    pid_t agent = tj_start_host1(&h, elsewhere);
     int rc = tj_launch("", 120, h.j, h.extra, out, sizeof(out)), arc = tu_reap(agent, 60, NULL);
     unsetenv("CTITAN_CUDA_PLUGIN");
     tj_read_out(h.jh1, agent_out, sizeof(agent_out));

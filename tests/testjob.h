@@ -161,6 +161,57 @@ static inline int tj_wait_step(const char *job, int step, int timeout_s)
     return -1;
 }
 
+/* A two-host job of `base` (as test_hosts runs them: two "hosts" on this machine, host 1's
+ * `ctitan launch` placed as under srun, its segments named -h1): its name (tj_name with tag and
+ * what), the hosts' keys (as an operator makes them), a free loopback port; the arguments of
+ * both hosts in extra. */
+typedef struct {
+    char j[32], jh1[40], extra[2048];
+} tj_hosts_t;
+
+static inline void tj_two_hosts(tj_hosts_t *h, char tag, const char *what, const char *base)
+{
+    char keys[128], cmd[1024], out[4096];
+    tj_name(h->j, sizeof(h->j), tag, what);
+    snprintf(h->jh1, sizeof(h->jh1), "%s-h1", h->j);
+    snprintf(keys, sizeof(keys), "%s/keys-%s", tj_dir, h->j);
+    snprintf(cmd, sizeof(cmd), "mkdir -p %s && %s ckpt keygen %s/host0 && %s ckpt keygen %s/host1 2>&1", keys,
+             tu_ctitan(), keys, tu_ctitan(), keys);
+    assert_int_equal(tu_run(cmd, out, sizeof(out)), 0);
+    int port = tu_free_port();
+    assert_true(port > 0);
+    snprintf(h->extra, sizeof(h->extra),
+             "--metrics.log_freq 100000 %s --job.hosts 2 --job.endpoint tcp://127.0.0.1:%d --job.keys %s", base,
+             port, keys);
+}
+
+/* Host 1's launch of the job in the background (with SLURM_NODEID 1), its output in
+ * DIR/<job>-h1.out. */
+static inline pid_t tj_start_host1(const tj_hosts_t *h, const char *more)
+{
+    char extra[2200];
+    if ((size_t)snprintf(extra, sizeof(extra), "%s %s", h->extra, more) >= sizeof(extra))
+        fail_msg("host 1's arguments are too long: %s %s", h->extra, more);
+    setenv("SLURM_STEP_NUM_NODES", "2", 1);
+    setenv("SLURM_NODEID", "1", 1);
+    pid_t pid = tj_launch_bg_to(h->j, h->jh1, extra);
+    unsetenv("SLURM_STEP_NUM_NODES");
+    unsetenv("SLURM_NODEID");
+    assert_true(pid > 0);
+    return pid;
+}
+
+/* Both hosts of h run to their end (host 1 in the background); host 0's status, host 1's in
+ * *host1_rc, their outputs in out and agent_out. */
+static inline int tj_run_both(const tj_hosts_t *h, char *out, size_t n, char *agent_out, size_t an, int *host1_rc)
+{
+    pid_t agent = tj_start_host1(h, "");
+    int rc = tj_launch("", 120, h->j, h->extra, out, n);
+    *host1_rc = tu_reap(agent, 60, NULL);
+    tj_read_out(h->jh1, agent_out, an);
+    return rc;
+}
+
 /* The checkpoint folder of a job run by tj_args. */
 static inline void tj_ckpt_dir(char *buf, size_t n, const char *job)
 {

@@ -138,8 +138,7 @@ static int load(coord_t *c, char *err, size_t errlen)
         c->step = r->load_step; /* not one of its own: the start checkpoint.initial_load_path gives */
         if (m->ckpt_initial_hf)
             printf("checkpoint: none of its own in %s: starting from the Hugging Face Llama %s "
-                   "(checkpoint.initial_load_path), imported into %s, the optimizer fresh\n", folder,
-                   m->ckpt_initial_path, r->load_text);
+                   "(checkpoint.initial_load_path), the optimizer fresh\n", folder, m->ckpt_initial_path);
         else
             printf("checkpoint: none of its own in %s: starting from %s (checkpoint.initial_load_path)\n", folder,
                    r->load_text);

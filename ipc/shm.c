@@ -11,6 +11,8 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ipc/util.h"
@@ -218,6 +220,135 @@ int shm_remove_all(const char *job)
         if (n < 256 || now == 0)
             return removed;
     }
+}
+
+/* ---- removing without waiting for the memory (shm_remove_all_async, shm_wait_freed) ---- */
+
+#define FREE_PREFIX "ctitan-free."
+#define FREE_LOCK "/dev/shm/" FREE_PREFIX "lock"
+#define FREE_MAX 256
+#define FREE_PATH_MAX 64
+
+/* The freers' lock file opened and flock()ed with `how`; its descriptor or -errno. The file is
+ * never removed (an empty file: a freer holding a removed one would go unseen). */
+static int free_lock(int how)
+{
+    int fd = open(FREE_LOCK, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return -errno;
+    if (flock(fd, how) == 0)
+        return fd;
+    int e = errno;
+    close(fd);
+    return -e;
+}
+
+/* A detached process that unlinks paths[0, n) holding lk (the lock's shared side), in a session
+ * of its own (the job's process-group kill spares it), every other descriptor closed and the
+ * standard ones on /dev/null (a reader of the launch's output sees its end at once). Only
+ * async-signal-safe calls after fork: the parent has threads. 0 or -errno. */
+static int spawn_freer(char (*paths)[FREE_PATH_MAX], int n, int lk)
+{
+    pid_t pid = fork();
+    if (pid < 0)
+        return -errno;
+    if (pid == 0) {
+        setsid();
+        if (fork() != 0)
+            _exit(0);
+        int null = open("/dev/null", O_RDWR);
+        for (int fd = 0; fd < 3 && null >= 0; fd++)
+            dup2(null, fd);
+        if (lk > 3)
+            close_range(3, (unsigned)lk - 1, 0);
+        close_range((unsigned)lk + 1, ~0U, 0);
+        for (int i = 0; i < n; i++)
+            unlink(paths[i]);
+        _exit(0);
+    }
+    int st;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+        ;
+    return 0;
+}
+
+int shm_remove_all_async(const char *job)
+{
+    static char paths[FREE_MAX][FREE_PATH_MAX];
+    static unsigned seq;
+    char names[FREE_MAX][SHM_NAME_MAX];
+    int n = shm_list(job, names, FREE_MAX), moved = 0, removed = 0;
+    if (n <= 0)
+        return n;
+    int lk = free_lock(LOCK_SH | LOCK_NB);
+    for (int i = 0; i < n; i++) {
+        char from[SEG_PATH_MAX + 16];
+        int done = 0;
+        if ((size_t)snprintf(from, sizeof(from), "/dev/shm/" SHM_PREFIX "%s.%s", job, names[i]) >= sizeof(from))
+            continue; /* not a name shm_list gives */
+        for (int tries = 0; lk >= 0 && !done && tries < 8; tries++) { /* a name a dead process left: the next */
+            snprintf(paths[moved], FREE_PATH_MAX, "/dev/shm/" FREE_PREFIX "%d.%u", (int)getpid(), seq++);
+            done = renameat2(AT_FDCWD, from, AT_FDCWD, paths[moved], RENAME_NOREPLACE) == 0;
+            if (!done && errno != EEXIST)
+                break;
+        }
+        if (done)
+            moved++, removed++;
+        else
+            removed += shm_unlink_name(job, names[i]) == 0;
+    }
+    if (moved && spawn_freer(paths, moved, lk))
+        for (int i = 0; i < moved; i++)
+            unlink(paths[i]);
+    if (lk >= 0)
+        close(lk);
+    if (n == FREE_MAX) /* more than a listing holds: the rest as shm_remove_all does */
+        removed += shm_remove_all(job);
+    return removed;
+}
+
+/* Whether d_name is a segment renamed by shm_remove_all_async (not the lock). */
+static int is_freed_name(const char *name)
+{
+    return !strncmp(name, FREE_PREFIX, strlen(FREE_PREFIX)) && strcmp(name, FREE_PREFIX "lock");
+}
+
+/* The bytes such segments still hold; with do_unlink, each unlinked (a dead freer's). */
+static double freed_segments(int do_unlink)
+{
+    DIR *d = opendir("/dev/shm");
+    double bytes = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL) {
+        struct stat st;
+        if (!is_freed_name(e->d_name) || fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) || !S_ISREG(st.st_mode))
+            continue;
+        bytes += (double)st.st_blocks * 512;
+        if (do_unlink)
+            unlinkat(dirfd(d), e->d_name, 0);
+    }
+    if (d)
+        closedir(d);
+    return bytes;
+}
+
+int shm_wait_freed(int (*waiting)(void *arg, double bytes), void *arg)
+{
+    double next = util_now() + SHM_WAIT_SAY_S;
+    int fd;
+    while ((fd = free_lock(LOCK_EX | LOCK_NB)) == -EWOULDBLOCK) {
+        if (waiting && util_now() >= next) {
+            if (waiting(arg, freed_segments(0)))
+                return -ECANCELED;
+            next += SHM_WAIT_SAY_S;
+        }
+        nanosleep(&(struct timespec){0, 20000000L}, NULL);
+    }
+    if (fd < 0) /* no lock to be had (another user's file): nothing of ours to wait for */
+        return fd == -EACCES ? 0 : fd;
+    freed_segments(1);
+    close(fd);
+    return 0;
 }
 
 static int lock_path(char *out, const char *job, char *err, size_t errlen)

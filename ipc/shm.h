@@ -40,8 +40,23 @@ int shm_unlink_name(const char *job, const char *name);
 /* Names (the <name> part) of the job's segments present now, up to max; returns the count
  * or -errno. */
 int shm_list(const char *job, char (*names)[SHM_NAME_MAX], int max);
-/* Removes every segment of the job; returns how many or -errno. */
+/* Removes every segment of the job; returns how many or -errno. The kernel frees a segment's
+ * memory as it is unlinked (~7 GB/s on the development VM): seconds for a large job. */
 int shm_remove_all(const char *job);
+/* The same, returning before that memory is freed, for a stop that must not wait for it (a
+ * Ctrl-C): each segment is renamed out of the job's names at once (/dev/shm/ctitan-free.<pid>.<k>;
+ * the job's names are free for its next launch) and a detached process (its own session: the
+ * job's process-group kill spares it) unlinks them, holding a shared lock on
+ * /dev/shm/ctitan-free.lock while it does; shm_wait_freed waits for that. Where no process can be
+ * started they are unlinked here. Returns how many or -errno. */
+int shm_remove_all_async(const char *job);
+/* Before a launch sizes itself against the host's memory: waits until the memory of segments
+ * shm_remove_all_async removed is freed (the lock's exclusive side), calling waiting(arg, bytes
+ * still held) every SHM_WAIT_SAY_S seconds while it waits (a nonzero return stops the wait:
+ * -ECANCELED), then unlinks any such segment whose freer died. Returns 0, -ECANCELED or
+ * -errno. */
+#define SHM_WAIT_SAY_S 2.0
+int shm_wait_freed(int (*waiting)(void *arg, double bytes), void *arg);
 
 /* The job name's exclusive lock, /dev/shm/ctitan-lock.<job> (outside the job's segments'
  * names, which shm_remove_all removes): held by the process that launches the job for the

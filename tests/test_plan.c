@@ -6,10 +6,12 @@
 #include <stddef.h>
 #include <cmocka.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -460,6 +462,38 @@ static void test_sigint_in_set_up_stops_the_launch_within_a_second(void **state)
                      WIFEXITED(st) ? WEXITSTATUS(st) : -1, procs, segs);
 }
 
+/* A launch right after another run's Ctrl-C: that stop returned before the kernel had freed the
+ * run's segments (shm_remove_all_async), and the launch sizes itself against the host's memory
+ * only once it is freed, saying so while it waits. A child holds the freers' lock (as a freer
+ * does) past the first report, then lets go. */
+static void test_launch_waits_for_a_stopped_runs_memory_saying_so(void **state)
+{
+    TU_NEED_BIN();
+    char job[64], out[16384];
+    double secs;
+    int said[2];
+    assert_int_equal(pipe(said), 0);
+    pid_t child = fork();
+    if (child == 0) {
+        int lk = open("/dev/shm/ctitan-free.lock", O_RDWR | O_CREAT, 0600);
+        if (lk < 0 || flock(lk, LOCK_SH) || write(said[1], "L", 1) != 1)
+            _exit(1);
+        struct timespec t = {(time_t)SHM_WAIT_SAY_S, 500000000L};
+        nanosleep(&t, NULL);
+        _exit(0);
+    }
+    char b;
+    close(said[1]);
+    assert_int_equal(read(said[0], &b, 1), 1);
+    close(said[0]);
+    tj_name(job, sizeof(job), 'p', "wait");
+    int rc = launch("", job, "--dry-run", out, sizeof(out), &secs);
+    int st;
+    assert_int_equal(waitpid(child, &st, WNOHANG), child); /* gone before the launch went on */
+    if (rc != 0 || !strstr(out, "waiting for the memory of a stopped run to be freed") || !strstr(out, "fits"))
+        TJ_FAIL_WITH(out, "status %d: expected the wait, then the plan", rc);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -472,6 +506,7 @@ int main(void)
         cmocka_unit_test(test_launch_refuses_llama1b_on_a_small_host),
         cmocka_unit_test(test_dry_run_prints_the_plan_and_starts_nothing),
         cmocka_unit_test(test_sigint_in_set_up_stops_the_launch_within_a_second),
+        cmocka_unit_test(test_launch_waits_for_a_stopped_runs_memory_saying_so),
     };
     if (tj_setup("plan"))
         return 1;

@@ -1,6 +1,7 @@
 /* Tests of the job shared-memory segments (ipc/shm.c) that every ring and tensor hand-off
  * between ctitan processes lives in: naming, sizes, modes, sharing across real processes,
  * and listing/removal by job. Segments are named after this run's pid and all removed. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -12,10 +13,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -444,6 +447,124 @@ static void test_shm_job_lock_is_exclusive_and_shared_with_a_forked_child(void *
     assert_int_equal(shm_job_lock("bad/name", err, sizeof(err)), -EINVAL);
 }
 
+/* The ctitan-free.<pid>.* files of this process (shm_remove_all_async's renames) present now. */
+static int my_freed_files(void)
+{
+    char prefix[64];
+    snprintf(prefix, sizeof(prefix), "ctitan-free.%d.", (int)getpid());
+    DIR *d = opendir("/dev/shm");
+    int n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL)
+        n += !strncmp(e->d_name, prefix, strlen(prefix));
+    if (d)
+        closedir(d);
+    return n;
+}
+
+/* A stop that must not wait for the kernel to free a job's memory: the job's names are gone at
+ * once (its next launch may make them again), another job's untouched, a mapping still reaches
+ * its pages, the job's lock is not kept by the process that frees them, and once shm_wait_freed
+ * returns the memory is freed (no renamed file left). */
+static void test_shm_remove_all_async_frees_the_names_at_once_and_the_memory_after(void **state)
+{
+    char err[256] = "";
+    const char *names[] = {"params", "grads", "optstate"};
+    shm_seg_t *kept = NULL, *s = NULL;
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(shm_create(&s, job_a, names[i], (size_t)16 << 20, err, sizeof(err)), 0);
+        shm_detach(&s);
+    }
+    assert_int_equal(shm_create(&s, job_ab, "params", 4096, err, sizeof(err)), 0);
+    shm_detach(&s);
+    assert_int_equal(shm_attach(&kept, job_a, "grads", err, sizeof(err)), 0);
+    ((char *)shm_data(kept))[12345] = 42;
+    int lock = shm_job_lock(job_a, err, sizeof(err)); /* held as a coordinator holds it */
+    assert_true(lock >= 0);
+
+    assert_int_equal(shm_remove_all_async(job_a), 3);
+    expect_segment_count(job_a, 0);
+    expect_segment_count(job_ab, 1);
+    assert_int_equal(((char *)shm_data(kept))[12345], 42);
+    assert_int_equal(shm_create(&s, job_a, "params", 4096, err, sizeof(err)), 0); /* the name is free */
+    shm_detach(&s);
+    close(lock);
+    lock = shm_job_lock(job_a, err, sizeof(err)); /* the freer did not take the job's lock along */
+    if (lock < 0)
+        fail_msg("%s", err);
+    shm_job_unlock(job_a, lock);
+
+    shm_detach(&kept);
+    assert_int_equal(shm_wait_freed(NULL, NULL), 0);
+    assert_int_equal(my_freed_files(), 0);
+    assert_int_equal(shm_remove_all_async(job_a), 1);
+    assert_int_equal(shm_remove_all_async(job_a), 0);
+    assert_int_equal(shm_wait_freed(NULL, NULL), 0);
+    assert_int_equal(shm_remove_all(job_ab), 1);
+}
+
+static int child_holds_the_freers_lock(void *p)
+{
+    int *fds = p; /* [0]: the end to say "locked" on, [1]: the end to wait on, [2]: its other end */
+    close(fds[2]);
+    int lk = open("/dev/shm/ctitan-free.lock", O_RDWR | O_CREAT, 0600);
+    CHECK(lk >= 0 && flock(lk, LOCK_SH) == 0);
+    CHECK(write(fds[0], "L", 1) == 1);
+    char b;
+    CHECK(read(fds[1], &b, 1) >= 0);
+    char path[64];
+    snprintf(path, sizeof(path), "/dev/shm/ctitan-free.%d.marker", (int)getppid());
+    int m = open(path, O_WRONLY | O_CREAT, 0600); /* what it "freed" last, as it ends */
+    CHECK(m >= 0 && close(m) == 0);
+    return 0;
+}
+
+static int count_waits(void *arg, double bytes)
+{
+    (void)bytes;
+    ++*(int *)arg;
+    return 0;
+}
+
+/* shm_wait_freed returns only once no freer holds the lock (a child holding its shared side,
+ * which leaves a file behind as it ends), saying so while it waits, and removes what such a
+ * process left (here the child's file, and a renamed segment whose freer died). */
+static void test_shm_wait_freed_waits_for_a_freer_and_removes_what_a_dead_one_left(void **state)
+{
+    char err[256] = "", from[128], to[128];
+    shm_seg_t *s = NULL;
+    assert_int_equal(shm_create(&s, job_a, "left", 4096, err, sizeof(err)), 0);
+    shm_detach(&s);
+    snprintf(from, sizeof(from), "/dev/shm/ctitan.%s.left", job_a);
+    snprintf(to, sizeof(to), "/dev/shm/ctitan-free.%d.999", (int)getpid());
+    assert_int_equal(rename(from, to), 0);
+    int said[2], go[2];
+    assert_int_equal(pipe(said), 0);
+    assert_int_equal(pipe(go), 0);
+    int ends[3] = {said[1], go[0], go[1]};
+    pid_t child = spawn(child_holds_the_freers_lock, ends);
+    char b;
+    assert_int_equal(read(said[0], &b, 1), 1);
+    close(go[0]);
+    /* the child lets go after the first report (SHM_WAIT_SAY_S in): the writer end closing */
+    pid_t closer = fork();
+    if (closer == 0) {
+        struct timespec t = {(time_t)SHM_WAIT_SAY_S, 300000000L};
+        nanosleep(&t, NULL);
+        _exit(0); /* its copy of go[1] goes with it */
+    }
+    close(go[1]);
+    int reports = 0;
+    assert_int_equal(shm_wait_freed(count_waits, &reports), 0);
+    assert_true(reports >= 1);
+    assert_int_equal(reap(child, 10), 0);
+    /* the child's marker, made just before it let go, and the dead freer's file: both removed,
+     * so the sweep came after the child had let go */
+    assert_int_equal(my_freed_files(), 0);
+    waitpid(closer, NULL, 0);
+    close(said[0]), close(said[1]);
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
@@ -461,6 +582,8 @@ int main(void)
         T(test_shm_segments_are_zero_filled),
         T(test_shm_mapping_outlives_unlink_until_detach),
         T(test_shm_job_lock_is_exclusive_and_shared_with_a_forked_child),
+        T(test_shm_remove_all_async_frees_the_names_at_once_and_the_memory_after),
+        T(test_shm_wait_freed_waits_for_a_freer_and_removes_what_a_dead_one_left),
     };
     return tu_run_group_tests(tests, NULL, NULL);
 }

@@ -66,8 +66,9 @@ int coord_run(const manifest_t *m, const coord_super_t *sup);
 
 /* After a coordinator of job `job` (this host's segment name) died without cleaning up: if the
  * job segment says `owner` made it, removes the operator's key from the run folder, the ipc://
- * control socket file and every segment of the job. Returns the number of segments removed
+ * control socket file and every segment of the job (async: without waiting for their memory to
+ * be freed, shm_remove_all_async: a stop on a signal). Returns the number of segments removed
  * (0: nothing of `owner`'s was left) or -errno. */
-int coord_remove_leftovers(const char *job, pid_t owner);
+int coord_remove_leftovers(const char *job, pid_t owner, int async);
 
 #endif

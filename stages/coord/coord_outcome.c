@@ -76,7 +76,7 @@ static void remove_socket(const char *endpoint)
         unlink(endpoint + 6);
 }
 
-int coord_remove_leftovers(const char *job, pid_t owner)
+int coord_remove_leftovers(const char *job, pid_t owner, int async)
 {
     shm_seg_t *seg = NULL;
     if (shm_attach(&seg, job, "job", NULL, 0))
@@ -90,5 +90,5 @@ int coord_remove_leftovers(const char *job, pid_t owner)
     if (h.run_dir[0])
         coord_keys_remove_dir(h.run_dir);
     remove_socket(h.endpoint);
-    return shm_remove_all(job);
+    return async ? shm_remove_all_async(job) : shm_remove_all(job);
 }

@@ -177,6 +177,8 @@ void coord_remove_segments(coord_t *c)
                           &c->seg_ckpt,  &c->seg_dev,    &c->seg_opt,   &c->seg_fsdp};
     for (size_t i = 0; i < sizeof(segs) / sizeof(segs[0]); i++)
         shm_detach(segs[i]);
-    if (c->segs_made)
+    if (c->segs_made && c->interrupted) /* a Ctrl-C does not wait for the kernel to free them */
+        shm_remove_all_async(c->job);
+    else if (c->segs_made)
         shm_remove_all(c->job);
 }

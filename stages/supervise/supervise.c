@@ -170,10 +170,10 @@ static int run_once(sup_t *s)
     int st = wait_run(s);
     s->pid = 0;
     if (s->stop_killed) {
-        coord_remove_leftovers(s->given->name, pid);
+        coord_remove_leftovers(s->given->name, pid, 1);
         fprintf(stderr, "ctitan: job %s did not stop within %.1f s of %s: killed every process of it and removed "
                 "its shared-memory segments\n", s->given->name, SUP_STOP_S, strsignal(s->stop_sig));
-    } else if (WIFSIGNALED(st) && coord_remove_leftovers(s->given->name, pid) > 0) {
+    } else if (WIFSIGNALED(st) && coord_remove_leftovers(s->given->name, pid, 0) > 0) {
         fprintf(stderr, "ctitan: removed the shared-memory segments, control socket and operator key the dead "
                 "coordinator left\n");
     }

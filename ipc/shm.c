@@ -274,9 +274,8 @@ static int spawn_freer(char (*paths)[FREE_PATH_MAX], int n, int lk)
 
 int shm_remove_all_async(const char *job)
 {
-    static char paths[FREE_MAX][FREE_PATH_MAX];
-    static unsigned seq;
-    char names[FREE_MAX][SHM_NAME_MAX];
+    static unsigned seq; /* this process's renames, numbered */
+    char names[FREE_MAX][SHM_NAME_MAX], paths[FREE_MAX][FREE_PATH_MAX];
     int n = shm_list(job, names, FREE_MAX), moved = 0, removed = 0;
     if (n <= 0)
         return n;

@@ -478,7 +478,7 @@ static void test_launch_waits_for_a_stopped_runs_memory_saying_so(void **state)
         int lk = open("/dev/shm/ctitan-free.lock", O_RDWR | O_CREAT, 0600);
         if (lk < 0 || flock(lk, LOCK_SH) || write(said[1], "L", 1) != 1)
             _exit(1);
-        struct timespec t = {(time_t)SHM_WAIT_SAY_S, 500000000L};
+        struct timespec t = {(time_t)SHM_WAIT_SAY_S + 1, 200000000L}; /* past the launch's report */
         nanosleep(&t, NULL);
         _exit(0);
     }

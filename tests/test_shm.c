@@ -549,7 +549,7 @@ static void test_shm_wait_freed_waits_for_a_freer_and_removes_what_a_dead_one_le
     /* the child lets go after the first report (SHM_WAIT_SAY_S in): the writer end closing */
     pid_t closer = fork();
     if (closer == 0) {
-        struct timespec t = {(time_t)SHM_WAIT_SAY_S, 300000000L};
+        struct timespec t = {(time_t)SHM_WAIT_SAY_S + 1, 0}; /* a second past the report */
         nanosleep(&t, NULL);
         _exit(0); /* its copy of go[1] goes with it */
     }

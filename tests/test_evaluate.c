@@ -8,6 +8,7 @@
 #include <cmocka.h>
 #include <errno.h>
 #include <malloc.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -163,7 +164,7 @@ static size_t status_bytes(const char *field)
 }
 
 /* The validation loss is the mean of training forwards' losses (mode none, computed here on
- * our own) bit for bit, and holds one layer's activations at a time, not every layer's: in a
+ * our own) bit for bit, through the backend table (eval_loss_on, the CPU's) too, and holds one layer's activations at a time, not every layer's: in a
  * child (allocations over 64 KiB mapped afresh, no huge pages, the peak reset) the resident set grows by what
  * model_acts_forward_bytes_for says, within 20% (50% under ASan), where a forward keeping all 8 layers (the
  * attention's probabilities 8 MiB each) would hold several times it. */
@@ -248,6 +249,14 @@ static void test_evaluate_loss_is_a_training_forward_in_one_layers_memory(void *
 #endif
 #endif
     assert_true(grew > planned * 0.8 && grew < planned * over);
+
+    /* the same through the backend table (a GPU job's way): the CPU's backend gives the bits */
+    double on = eval_loss_on(backend_cpu(), &cfg, w, tf, B, T, BATCHES, &used, err, sizeof(err));
+    assert_int_equal(used, BATCHES);
+    assert_memory_equal(&on, &want, sizeof(on));
+    cfg.max_seq_len = T / 2; /* a batch longer than the model's positions: refused, saying why */
+    on = eval_loss_on(backend_cpu(), &cfg, w, tf, B, T, BATCHES, &used, err, sizeof(err));
+    assert_true(isnan(on) && used == 0 && err[0]);
 
     free(tk), free(tg), free(tok), free(w);
     tokfile_close(&tf);

@@ -95,6 +95,7 @@ static void test_gpu_check_rehearsal_runs_every_step_in_order(void **state)
     ASSERT_ROW(report, "model pp 2, GPU shards", "| ok |");
     ASSERT_ROW(report, "model pp 2, offload", "| ok |");
     ASSERT_ROW(report, "model pp 1, NCCL plane (one rank)", "| ok |");
+    ASSERT_ROW(report, "validation on the GPU", "| ok |");
     ASSERT_ROW(report, "checkpoint and resume", "bitwise the uninterrupted run");
     ASSERT_ROW(report, "recovery (stage, shard killed)", "3 recoveries (");
     ASSERT_ROW(report, "recovery (stage, shard killed)", "every loss bitwise the undisturbed run's");
@@ -154,6 +155,7 @@ static void test_gpu_check_spent_budget_is_reported_per_step(void **state)
     assert_int_equal(check(env, "--rehearse --budget 3", "late", report, sizeof(report)), 0);
     ASSERT_ROW(report, "test_model", "skipped: out of budget");
     ASSERT_ROW(report, "model pp 1, GPU shards", "skipped: out of budget");
+    ASSERT_ROW(report, "validation on the GPU", "skipped: out of budget");
     ASSERT_ROW(report, "checkpoint and resume", "skipped: out of budget");
     assert_null(strstr(report, "| ok |"));
 }

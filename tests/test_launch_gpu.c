@@ -197,20 +197,34 @@ static int same_ckpt_file(const char *a, const char *b, const char *name)
     return same && n > 0;
 }
 
+/* The val_loss record of job's metrics, as written (%.17g); "" without one. */
+static void val_loss(const char *job, char *out, size_t n)
+{
+    static char text[1 << 16];
+    tj_read_metrics(job, text, sizeof(text));
+    const char *v = strstr(text, "\"val_loss\": ");
+    snprintf(out, n, "%.*s", v ? (int)strcspn(v + 12, ",}") : 0, v ? v + 12 : "");
+}
+
 /* Data parallel 2 x pipeline 2 on the emulated GPU: optimizer shards on the GPU (summing the
  * two replicas' device gradients through IPC) and offload mode ([optshard] device = "cpu")
  * give the same bits, the fp32 master weights and both moments of step 2's checkpoints as
  * well as the losses: the same sums in replica order, and AdamW's arithmetic is one on both
  * (kernels/adamw.h; no clipping, whose factor comes from norms summed in another order). Both
- * agree with the CPU within bf16's tolerance. */
+ * agree with the CPU within bf16's tolerance. The end's validation runs on the GPU (the same
+ * weights: the same bits in both), within bf16's tolerance of the CPU job's. */
 static void test_launch_cuda_offload_and_gpu_shards_agree_on_the_emulated_backend(void **state)
 {
     TU_NEED_BIN();
     static char out[1 << 16];
-    char a[32], b[32], c[32], extra[512];
+    char a[32], b[32], c[32], extra[1024];
     const char *shape = "--model.dim 32 --model.n_heads 2 --model.n_kv_heads 1 --training.steps 2 "
                         "--parallelism.data_parallel_replicate_degree 2 --training.max_norm 0 "
-                        "--checkpoint.enable true --checkpoint.interval 2";
+                        "--checkpoint.enable true --checkpoint.interval 2 --validation.enable true "
+                        "--validation.steps 2";
+    char val[512], va[40], vb[40], vc[40];
+    snprintf(val, sizeof(val), "%s --validation.dataset_path %s/data/val.bin", shape, tj_dir);
+    shape = val;
     job_name(a, sizeof(a), "simdpcpu");
     job_name(b, sizeof(b), "simdpgpu");
     job_name(c, sizeof(c), "simdpoff");
@@ -218,6 +232,8 @@ static void test_launch_cuda_offload_and_gpu_shards_agree_on_the_emulated_backen
     TJ_NEED_SIM_PLUGIN();
     snprintf(extra, sizeof(extra), "%s --job.device cuda", shape);
     tj_run_ok(b, extra, out, sizeof(out));
+    if (!strstr(out, "over 2 batches on the GPU"))
+        TJ_FAIL_WITH(out, "the validation did not run on the GPU");
     snprintf(extra, sizeof(extra), "%s --job.device cuda --optshard.device cpu", shape);
     int rc = tj_run(c, extra, out, sizeof(out));
     unsetenv("CTITAN_CUDA_PLUGIN");
@@ -229,6 +245,12 @@ static void test_launch_cuda_offload_and_gpu_shards_agree_on_the_emulated_backen
     assert_true(same_ckpt_file(b, c, "model.bin"));
     assert_true(same_ckpt_file(b, c, "exp_avg.bin"));
     assert_true(same_ckpt_file(b, c, "exp_avg_sq.bin"));
+    val_loss(a, va, sizeof(va));
+    val_loss(b, vb, sizeof(vb));
+    val_loss(c, vc, sizeof(vc));
+    print_message("val_loss: CPU %s, GPU shards %s, offload %s\n", va, vb, vc);
+    assert_true(va[0] && fabs(atof(va) - atof(vb)) <= 0.01 * atof(va));
+    assert_string_equal(vb, vc);
     tj_assert_clean(b);
     tj_assert_clean(c);
 }

@@ -3,7 +3,8 @@
 # libraries tools/gpu_carry.sh prepared, it runs in order and within a time budget: device
 # facts, every GPU test program one by one, the CPU model tests, the model on the GPU (pipeline
 # degree 1 and 2 on one GPU with GPU optimizer shards, offload, and a one-rank NCCL plane) step
-# by step against the CPU's losses, a GPU checkpoint and its resume, recovery, where the step
+# by step against the CPU's losses, the end's validation on the GPU against the CPU's, a GPU
+# checkpoint and its resume, recovery, where the step
 # goes per kernel (tools/gpu_breakdown.sh, for ctitan and PyTorch), the race against PyTorch
 # (tools/bench_gpu.sh), and a checkpoint's stall on a GPU job. Every step has a timeout of its own and a failure never stops the next;
 # OUT/report.md is rewritten after each step and the raw logs are in OUT/logs/, so whatever was
@@ -205,9 +206,10 @@ if want model; then
 details "## The model on the GPU against the CPU" "" \
     "Losses per step (\`ctitan launch manifests/demo.toml\`, $steps steps, vocabulary 512 from \`ctitan prep\`" \
     "on local text; GPU: bf16 with fp32 accumulation; CPU: fp32). Within 1% counts as the same." ""
-for pp in 1 2; do
-    job "cpu$pp" "cpu-pp$pp.log" --training.steps $steps --parallelism.pipeline_parallel_degree $pp || true
-done
+# pp 1 validates at the end (the GPU job's on its GPU: the coordinator through the CUDA backend)
+val=(--validation.enable true --validation.dataset_path "$data/val.bin" --validation.steps 4)
+job cpu1 cpu-pp1.log --training.steps $steps --parallelism.pipeline_parallel_degree 1 "${val[@]}" || true
+job cpu2 cpu-pp2.log --training.steps $steps --parallelism.pipeline_parallel_degree 2 || true
 compare() { # LABEL NAME PP ARGS...
     local label=$1 name=$2 pp=$3
     shift 3
@@ -234,7 +236,20 @@ compare() { # LABEL NAME PP ARGS...
     details "### $label" "" "| step | GPU | CPU | relative difference |" "|---|---|---|---|" "$verdict" ""
     row "$label" "$res" "$secs" "$nsteps of $steps steps, worst relative difference $worst"
 }
-compare "model pp 1, GPU shards" gpu1 1
+compare "model pp 1, GPU shards" gpu1 1 "${val[@]}"
+# the end's validation of that job, on the GPU, against the CPU job's (the same 1%)
+vloss() { sed -nE 's/.*"val_loss": ([^,]*),.*/\1/p' "$1" | tail -1; }
+vg=$(vloss "$out/gpu1.jsonl" 2>/dev/null) vc=$(vloss "$out/cpu1.jsonl" 2>/dev/null)
+if [ ! -s "$out/logs/gpu1.log" ]; then
+    row "validation on the GPU" "skipped: out of budget" 0 ""
+elif [ -z "$vg" ] || [ -z "$vc" ]; then
+    row "validation on the GPU" FAILED 0 "no val_loss record (GPU: '$vg', CPU: '$vc'; logs/gpu1.log)"
+elif ! grep -aq "batches on the GPU" "$out/logs/gpu1.log"; then
+    row "validation on the GPU" FAILED 0 "it ran on the CPU: $(grep -a 'validation on the GPU did not run' "$out/logs/gpu1.log" | head -1)"
+else
+    row "validation on the GPU" "$(awk -v g="$vg" -v c="$vc" 'BEGIN { d = g - c; if (d < 0) d = -d; print (d <= 0.01 * (c < 0 ? -c : c)) ? "ok" : "FAILED" }')" 0 \
+        "val_loss $vg on the GPU, $vc on the CPU"
+fi
 compare "model pp 2, GPU shards" gpu2 2
 compare "model pp 2, offload" off2 2 --optshard.device cpu
 compare "model pp 1, NCCL plane (one rank)" nccl1 1 --parallelism.data_plane nccl

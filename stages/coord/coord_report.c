@@ -398,6 +398,24 @@ static void sample(coord_t *c, float *w, pool_t *pool, tokfile_t *val)
         tokfile_close(&src);
 }
 
+/* A GPU job's validation on its first GPU (its stages are gone, their memory with them); NaN
+ * with a note on stderr when that cannot be done (the CPU's then). */
+static double validate_on_gpu(const manifest_t *m, float *w, const tokfile_t *val, int *used)
+{
+    char why[512];
+    int dev;
+    const backend_t *be = backend_load("cuda", why, sizeof(why));
+    double vl = NAN;
+    if (be && be->dev_select(0, &dev))
+        snprintf(why, sizeof(why), "%s", be->last_error());
+    else if (be)
+        vl = eval_loss_on(be, &m->model, w, val, m->local_batch_size, m->seq_len, m->val_steps, used, why,
+                          sizeof(why));
+    if (isnan(vl))
+        fprintf(stderr, "ctitan: note: the validation on the GPU did not run (%s): on the CPU instead\n", why);
+    return vl;
+}
+
 void coord_end_of_run(coord_t *c, int64_t first, double secs)
 {
     const manifest_t *m = c->m;
@@ -410,9 +428,12 @@ void coord_end_of_run(coord_t *c, int64_t first, double secs)
     else
         printf("done: %d steps in %.1f s", m->steps, secs);
     if (m->val_enable && tokfile_open(&val, m->val_dataset_path, m->model.vocab_size, err, sizeof(err)) == 0) {
-        int used;
-        double vl = eval_loss(&m->model, w, pool, val, m->local_batch_size, m->seq_len, m->val_steps, &used);
-        printf("; validation loss %.4f over %d batches", vl, used);
+        int used = 0;
+        double vl = strcmp(m->device, "cuda") ? NAN : validate_on_gpu(m, w, val, &used);
+        const char *where = isnan(vl) ? "" : " on the GPU";
+        if (isnan(vl))
+            vl = eval_loss(&m->model, w, pool, val, m->local_batch_size, m->seq_len, m->val_steps, &used);
+        printf("; validation loss %.4f over %d batches%s", vl, used, where);
         if (c->rep->metrics)
             write_validation(c, vl, used);
         if (c->rep->tb) { /* at the last step, as in the metrics file */

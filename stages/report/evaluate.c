@@ -56,6 +56,41 @@ double eval_loss(const model_config_t *cfg, float *w, pool_t *pool, const tokfil
     return vb ? sum / vb : NAN;
 }
 
+double eval_loss_on(const backend_t *be, const model_config_t *cfg, float *w, const tokfile_t *tf, int B, int T,
+                    int batches, int *used, char *err, size_t errlen)
+{
+    model_config_t c = *cfg;
+    c.ac_mode = CONFIG_AC_FULL; /* as eval_loss: one layer's activations at a time */
+    int N = B * T, vb = 0, rc = 0;
+    double sum = 0, loss;
+    param_table_t tab = {0};
+    backend_model_t *m = NULL;
+    backend_acts_t *a = NULL;
+    /* with host weights the backend wants a host buffer for gradients too (offload's write-back,
+     * step_end): never called here, so its pages are never touched */
+    float *g = params_table_init(&tab, &c) ? NULL : malloc(tab.total * sizeof(float));
+    int32_t *tk = malloc((size_t)N * sizeof(int32_t)), *tg = malloc((size_t)N * sizeof(int32_t));
+    int32_t *win = malloc(((size_t)T + 1) * sizeof(int32_t));
+    size_t cur = 0;
+    if (!g || !tk || !tg || !win)
+        rc = -ENOMEM;
+    else if (!(rc = be->model_new(&m, &c, 0, c.n_layers + 2, w, g, 1)) && !(rc = be->acts_new(&a, m, B, T)))
+        rc = be->step_begin(m); /* the weights onto the device */
+    for (; !rc && vb < batches && (vb + 1) * (size_t)N < tokfile_count(tf); vb++) {
+        eval_next_batch(tf, &cur, B, T, tk, tg, win);
+        if (!(rc = be->forward(m, a, tk, NULL, tg, 1.0f / N, NULL, &loss)))
+            sum += loss / N;
+    }
+    if (rc)
+        snprintf(err, errlen, "%s", rc == -ENOMEM && !m ? "out of host memory" : be->last_error());
+    be->acts_destroy(&a);
+    be->model_destroy(&m);
+    free(tk), free(tg), free(win), free(g);
+    params_table_free(&tab);
+    *used = rc ? 0 : vb;
+    return rc || !vb ? NAN : sum / vb;
+}
+
 /* The next token from one position's V logits: the first highest at temperature 0, else a
  * draw from softmax(lg / temperature) with the generator state *s. p is scratch of V doubles. */
 static int pick_token(const float *lg, int V, double temperature, unsigned long long *s, double *p)

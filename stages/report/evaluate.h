@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "kernels/backend.h"
 #include "kernels/config.h"
 #include "kernels/cpu/pool.h"
 #include "stages/data/tokenizer.h"
@@ -24,6 +25,15 @@ void eval_next_batch(const tokfile_t *tf, size_t *cursor, int B, int T, int32_t 
  * cfg->ac_mode; the same bits as a training forward of mode none. */
 double eval_loss(const model_config_t *cfg, float *w, pool_t *pool, const tokfile_t *tf, int B, int T,
                  int batches, int *used);
+
+/* eval_loss on a device's backend (kernels/backend.h; a GPU job's validation on its GPU, once
+ * its stages are gone): the whole model's forward over the same batches, in that backend's
+ * dtypes (bf16 products on CUDA: not the CPU's bits), under full activation checkpointing. On
+ * the device: the weights (uploaded from w), its gradient buffer (allocated, never written) and
+ * one batch's forward. Returns the mean, or NaN with err saying why (nothing fit, no device): the
+ * caller may then evaluate on the CPU. */
+double eval_loss_on(const backend_t *be, const model_config_t *cfg, float *w, const tokfile_t *tf, int B, int T,
+                    int batches, int *used, char *err, size_t errlen);
 
 /* Continues seq[0, prompt) to seq[0, len) with the whole model (weights w), seeing at most the
  * last min(max_seq_len, 128) tokens. temperature > 0 samples from softmax(logits / temperature)

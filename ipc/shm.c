@@ -245,8 +245,10 @@ static int free_lock(int how)
 
 /* A detached process that unlinks paths[0, n) holding lk (the lock's shared side), in a session
  * of its own (the job's process-group kill spares it), every other descriptor closed and the
- * standard ones on /dev/null (a reader of the launch's output sees its end at once). Only
- * async-signal-safe calls after fork: the parent has threads. 0 or -errno. */
+ * standard ones on /dev/null (a reader of the launch's output sees its end at once): the
+ * intermediate child closes them before it forks the freer and is waited for, so once this
+ * returns no descriptor of the caller's (the job's lock among them) is held by anyone else.
+ * Only async-signal-safe calls after fork: the parent has threads. 0 or -errno. */
 static int spawn_freer(char (*paths)[FREE_PATH_MAX], int n, int lk)
 {
     pid_t pid = fork();
@@ -254,14 +256,14 @@ static int spawn_freer(char (*paths)[FREE_PATH_MAX], int n, int lk)
         return -errno;
     if (pid == 0) {
         setsid();
-        if (fork() != 0)
-            _exit(0);
         int null = open("/dev/null", O_RDWR);
         for (int fd = 0; fd < 3 && null >= 0; fd++)
             dup2(null, fd);
         if (lk > 3)
             close_range(3, (unsigned)lk - 1, 0);
         close_range((unsigned)lk + 1, ~0U, 0);
+        if (fork() != 0)
+            _exit(0);
         for (int i = 0; i < n; i++)
             unlink(paths[i]);
         _exit(0);

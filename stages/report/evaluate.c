@@ -72,7 +72,8 @@ double eval_loss_on(const backend_t *be, const model_config_t *cfg, float *w, co
     int32_t *tk = malloc((size_t)N * sizeof(int32_t)), *tg = malloc((size_t)N * sizeof(int32_t));
     int32_t *win = malloc(((size_t)T + 1) * sizeof(int32_t));
     size_t cur = 0;
-    if (!g || !tk || !tg || !win)
+    int host = !g || !tk || !tg || !win; /* this side's memory, not the backend's */
+    if (host)
         rc = -ENOMEM;
     else if (!(rc = be->model_new(&m, &c, 0, c.n_layers + 2, w, g, 1)) && !(rc = be->acts_new(&a, m, B, T)))
         rc = be->step_begin(m); /* the weights onto the device */
@@ -82,7 +83,7 @@ double eval_loss_on(const backend_t *be, const model_config_t *cfg, float *w, co
             sum += loss / N;
     }
     if (rc)
-        snprintf(err, errlen, "%s", rc == -ENOMEM && !m ? "out of host memory" : be->last_error());
+        snprintf(err, errlen, "%s", host ? "out of host memory" : be->last_error());
     be->acts_destroy(&a);
     be->model_destroy(&m);
     free(tk), free(tg), free(win), free(g);

@@ -223,24 +223,41 @@ int shm_remove_all(const char *job)
 }
 
 /* ---- removing without waiting for the memory (shm_remove_all_async, shm_wait_freed) ---- */
+/* A freer holds the shared side of FREE_LOCK while it unlinks; a launch waits for the exclusive
+ * side. Whoever removes the file holds the exclusive side, and a holder checks that the file it
+ * locked is still the one named, so a removed file is never waited on by mistake. */
 
 #define FREE_PREFIX "ctitan-free."
 #define FREE_LOCK "/dev/shm/" FREE_PREFIX "lock"
 #define FREE_MAX 256
 #define FREE_PATH_MAX 64
 
-/* The freers' lock file opened and flock()ed with `how`; its descriptor or -errno. The file is
- * never removed (an empty file: a freer holding a removed one would go unseen). */
-static int free_lock(int how)
+/* Whether descriptor fd is the file FREE_LOCK names now (not one removed meanwhile). */
+static int free_lock_current(int fd)
 {
-    int fd = open(FREE_LOCK, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (fd < 0)
-        return -errno;
-    if (flock(fd, how) == 0)
-        return fd;
-    int e = errno;
-    close(fd);
-    return -e;
+    struct stat a, b;
+    return fstat(fd, &a) == 0 && stat(FREE_LOCK, &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev;
+}
+
+/* The freers' lock file opened (made when `make`) and flock()ed with `how`, the one named there
+ * (whoever removes it does so holding its exclusive side); its descriptor, or -errno (-ENOENT:
+ * there is none). The file lives only while freers run and is removed by the last of them, or
+ * by shm_wait_freed, so nothing stays in /dev/shm. */
+static int free_lock(int how, int make)
+{
+    for (;;) {
+        int fd = open(FREE_LOCK, O_RDWR | O_NOFOLLOW | O_CLOEXEC | (make ? O_CREAT : 0), 0600);
+        if (fd < 0)
+            return -errno;
+        if (flock(fd, how) < 0) {
+            int e = errno;
+            close(fd);
+            return -e;
+        }
+        if (free_lock_current(fd))
+            return fd;
+        close(fd);
+    }
 }
 
 /* A detached process that unlinks paths[0, n) holding lk (the lock's shared side), in a session
@@ -266,6 +283,9 @@ static int spawn_freer(char (*paths)[FREE_PATH_MAX], int n, int lk)
             _exit(0);
         for (int i = 0; i < n; i++)
             unlink(paths[i]);
+        /* the last freer (none other holds the shared side) removes the lock file */
+        if (flock(lk, LOCK_EX | LOCK_NB) == 0 && free_lock_current(lk))
+            unlink(FREE_LOCK);
         _exit(0);
     }
     int st;
@@ -281,7 +301,7 @@ int shm_remove_all_async(const char *job)
     int n = shm_list(job, names, FREE_MAX), moved = 0, removed = 0;
     if (n <= 0)
         return n;
-    int lk = free_lock(LOCK_SH | LOCK_NB);
+    int lk = free_lock(LOCK_SH | LOCK_NB, 1);
     for (int i = 0; i < n; i++) {
         char from[SEG_PATH_MAX + 16];
         int done = 0;
@@ -337,7 +357,7 @@ int shm_wait_freed(int (*waiting)(void *arg, double bytes), void *arg)
 {
     double next = util_now() + SHM_WAIT_SAY_S;
     int fd;
-    while ((fd = free_lock(LOCK_EX | LOCK_NB)) == -EWOULDBLOCK) {
+    while ((fd = free_lock(LOCK_EX | LOCK_NB, 0)) == -EWOULDBLOCK) {
         if (waiting && util_now() >= next) {
             if (waiting(arg, freed_segments(0)))
                 return -ECANCELED;
@@ -345,9 +365,14 @@ int shm_wait_freed(int (*waiting)(void *arg, double bytes), void *arg)
         }
         nanosleep(&(struct timespec){0, 20000000L}, NULL);
     }
+    if (fd == -ENOENT) { /* no freer runs: only what a dead one left */
+        freed_segments(1);
+        return 0;
+    }
     if (fd < 0) /* no lock to be had (another user's file): nothing of ours to wait for */
         return fd == -EACCES ? 0 : fd;
     freed_segments(1);
+    unlink(FREE_LOCK);
     close(fd);
     return 0;
 }

@@ -47,8 +47,9 @@ int shm_remove_all(const char *job);
  * Ctrl-C): each segment is renamed out of the job's names at once (/dev/shm/ctitan-free.<pid>.<k>;
  * the job's names are free for its next launch) and a detached process (its own session: the
  * job's process-group kill spares it) unlinks them, holding a shared lock on
- * /dev/shm/ctitan-free.lock while it does; shm_wait_freed waits for that. Where no process can be
- * started they are unlinked here. Returns how many or -errno. */
+ * /dev/shm/ctitan-free.lock while it does (the last such process removes the file);
+ * shm_wait_freed waits for that. Where no process can be started they are unlinked here.
+ * Returns how many or -errno. */
 int shm_remove_all_async(const char *job);
 /* Before a launch sizes itself against the host's memory: waits until the memory of segments
  * shm_remove_all_async removed is freed (the lock's exclusive side), calling waiting(arg, bytes

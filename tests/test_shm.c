@@ -495,11 +495,16 @@ static void test_shm_remove_all_async_frees_the_names_at_once_and_the_memory_aft
     shm_job_unlock(job_a, lock);
 
     shm_detach(&kept);
+    /* the freer, the last, removes the freers' lock file itself: nothing stays in /dev/shm */
+    for (int i = 0; i < 1000 && access("/dev/shm/ctitan-free.lock", F_OK) == 0; i++)
+        nanosleep(&(struct timespec){0, 10000000L}, NULL);
+    assert_int_not_equal(access("/dev/shm/ctitan-free.lock", F_OK), 0);
     assert_int_equal(shm_wait_freed(NULL, NULL), 0);
     assert_int_equal(my_freed_files(), 0);
     assert_int_equal(shm_remove_all_async(job_a), 1);
     assert_int_equal(shm_remove_all_async(job_a), 0);
     assert_int_equal(shm_wait_freed(NULL, NULL), 0);
+    assert_int_not_equal(access("/dev/shm/ctitan-free.lock", F_OK), 0);
     assert_int_equal(shm_remove_all(job_ab), 1);
 }
 
@@ -559,8 +564,9 @@ static void test_shm_wait_freed_waits_for_a_freer_and_removes_what_a_dead_one_le
     assert_true(reports >= 1);
     assert_int_equal(reap(child, 10), 0);
     /* the child's marker, made just before it let go, and the dead freer's file: both removed,
-     * so the sweep came after the child had let go */
+     * so the sweep came after the child had let go; and the lock file with them */
     assert_int_equal(my_freed_files(), 0);
+    assert_int_not_equal(access("/dev/shm/ctitan-free.lock", F_OK), 0);
     waitpid(closer, NULL, 0);
     close(said[0]), close(said[1]);
 }

@@ -239,6 +239,14 @@ static int free_lock_current(int fd)
     return fstat(fd, &a) == 0 && stat(FREE_LOCK, &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev;
 }
 
+/* Whether fd is this user's file: another user's (one that could hold it forever and make every
+ * launch wait) is not taken as a freer's lock. */
+static int free_lock_ours(int fd)
+{
+    struct stat st;
+    return fstat(fd, &st) == 0 && st.st_uid == geteuid();
+}
+
 /* The freers' lock file opened (made when `make`) and flock()ed with `how`, the one named there
  * (whoever removes it does so holding its exclusive side); its descriptor, or -errno (-ENOENT:
  * there is none). The file lives only while freers run and is removed by the last of them, or
@@ -249,6 +257,10 @@ static int free_lock(int how, int make)
         int fd = open(FREE_LOCK, O_RDWR | O_NOFOLLOW | O_CLOEXEC | (make ? O_CREAT : 0), 0600);
         if (fd < 0)
             return -errno;
+        if (!free_lock_ours(fd)) {
+            close(fd);
+            return -EACCES;
+        }
         if (flock(fd, how) < 0) {
             int e = errno;
             close(fd);

@@ -571,6 +571,30 @@ static void test_shm_wait_freed_waits_for_a_freer_and_removes_what_a_dead_one_le
     close(said[0]), close(said[1]);
 }
 
+/* A lock file another user made (and could hold forever) is not a freer's: a launch's wait does
+ * not wait on it, and a stop then frees in place. Needs root, to give the file away. */
+static void test_shm_another_users_lock_file_is_not_waited_on(void **state)
+{
+    if (geteuid() != 0)
+        skip();
+    int fd = open("/dev/shm/ctitan-free.lock", O_RDWR | O_CREAT | O_EXCL, 0666);
+    assert_true(fd >= 0);
+    assert_int_equal(fchown(fd, 65534, 65534), 0);
+    assert_int_equal(flock(fd, LOCK_SH), 0); /* as if that user's process held it */
+    int reports = 0;
+    assert_int_equal(shm_wait_freed(count_waits, &reports), 0);
+    assert_int_equal(reports, 0);
+    char err[256] = "";
+    shm_seg_t *s = NULL;
+    assert_int_equal(shm_create(&s, job_a, "x", 4096, err, sizeof(err)), 0);
+    shm_detach(&s);
+    assert_int_equal(shm_remove_all_async(job_a), 1);
+    expect_segment_count(job_a, 0);
+    assert_int_equal(my_freed_files(), 0); /* freed here, not renamed */
+    close(fd);
+    assert_int_equal(unlink("/dev/shm/ctitan-free.lock"), 0);
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
@@ -590,6 +614,7 @@ int main(void)
         T(test_shm_job_lock_is_exclusive_and_shared_with_a_forked_child),
         T(test_shm_remove_all_async_frees_the_names_at_once_and_the_memory_after),
         T(test_shm_wait_freed_waits_for_a_freer_and_removes_what_a_dead_one_left),
+        T(test_shm_another_users_lock_file_is_not_waited_on),
     };
     return tu_run_group_tests(tests, NULL, NULL);
 }

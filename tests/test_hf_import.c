@@ -744,6 +744,31 @@ static void test_cuda_job_across_hosts_starts_from_hf_weights(void **state)
     tj_assert_clean(h.jh1);
 }
 
+/* A job whose Hugging Face folder turns out damaged when read (a safetensors file cut short):
+ * the start is refused naming the key and the file, and nothing of the job stays. */
+static void test_job_from_a_damaged_hf_folder_is_refused(void **state)
+{
+    (void)state;
+    const char *py;
+    TU_NEED_PY(py);
+    TU_NEED_BIN();
+    char hf[256], st[300], job[64], extra[1024];
+    static char out[65536];
+    snprintf(hf, sizeof(hf), "%s/damaged", dir);
+    make_hf(py, hf, "--dtype bfloat16 --vocab 300 --hidden 32 --inter 64 --max-pos 64");
+    snprintf(st, sizeof(st), "%s/model.safetensors", hf);
+    struct stat sb;
+    assert_int_equal(stat(st, &sb), 0);
+    assert_int_equal(truncate(st, sb.st_size - 100), 0);
+    tj_name(job, sizeof(job), 'h', "dmg");
+    snprintf(extra, sizeof(extra), "--training.steps 1 --checkpoint.initial_load_path %s "
+             "--checkpoint.initial_load_in_hf true --job.max_restarts 0", hf);
+    int rc = tj_launch("", 120, job, extra, out, sizeof(out));
+    if (rc == 0 || !strstr(out, "initial_load_in_hf") || !strstr(out, "model.safetensors"))
+        TJ_FAIL_WITH(out, "status %d: expected the start refused, naming the key and the file", rc);
+    tj_assert_clean(job);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -761,6 +786,7 @@ int main(void)
         cmocka_unit_test(test_round_trip_fp32_is_bitwise),
         cmocka_unit_test(test_round_trip_bf16_tied_llama3_sharded_is_bitwise),
         cmocka_unit_test(test_job_starts_from_hf_weights),
+        cmocka_unit_test(test_job_from_a_damaged_hf_folder_is_refused),
         cmocka_unit_test(test_cuda_job_starts_from_hf_weights),
         cmocka_unit_test(test_cuda_job_across_hosts_starts_from_hf_weights),
     };

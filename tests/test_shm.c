@@ -101,6 +101,7 @@ static int teardown(void **state)
             waitpid(kids[i], NULL, 0);
             kids[i] = 0;
         }
+    shm_wait_freed(NULL, NULL); /* a failed test's renamed segments and the freers' lock file */
     int left = 0;
     left += shm_remove_all(job_a);
     left += shm_remove_all(job_ab);

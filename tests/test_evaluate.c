@@ -1,7 +1,7 @@
-/* What a trainer does with finished weights (stages/report/evaluate.h): generation, greedy at
- * temperature 0 (each token the argmax of its logits, the lowest id among equal ones),
- * sampled above it, and refused below it; the validation loss, the bits of a training forward
- * in one layer's memory. */
+/* What a trainer does with finished weights (stages/report/evaluate.h): the sample, greedy at
+ * temperature 0 (each token the argmax of its logits over the whole context, up to the model's
+ * max_seq_len), sampled above it, and refused below it; the validation loss, the bits of a
+ * training forward in one layer's memory. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -21,31 +21,56 @@
 #include "stages/report/evaluate.h"
 #include "tests/testutil.h"
 
-#define PROMPT 8
-#define LEN 40 /* past the window of 16: the context slides */
+#define PROMPT 8 /* eval_sample's prompt: the first 8 tokens of its file */
+#define CTX 24     /* the model's max_seq_len: 16 new tokens at most */
 
 typedef struct {
     model_config_t cfg;
     param_table_t tab;
     float *w; /* (total) */
     pool_t *pool;
-    uint32_t seq[LEN];
+    tok_t *tok;
+    tokfile_t *prompt, *short_file; /* PROMPT tokens and more; PROMPT - 1 */
+    uint32_t seq[CTX];
 } fixture_t;
+
+/* A token file of n ids of seq at path, opened; the file is gone when this returns. */
+static tokfile_t *token_file(const fixture_t *f, const char *path, size_t n)
+{
+    char err[256];
+    tokfile_t *tf = NULL;
+    assert_int_equal(tokfile_write(path, f->seq, n, f->cfg.vocab_size, err, sizeof(err)), 0);
+    int rc = tokfile_open(&tf, path, f->cfg.vocab_size, err, sizeof(err));
+    unlink(path);
+    assert_int_equal(rc, 0);
+    return tf;
+}
 
 static int setup(void **state)
 {
     fixture_t *f = calloc(1, sizeof(*f));
-    char err[256];
-    config_preset("tiny", &f->cfg); /* dim 16, 2 layers, vocab 32 */
-    f->cfg.max_seq_len = 16;
+    char err[256], dir[] = "/tmp/ctitan-evalXXXXXX", path[64];
+    config_preset("tiny", &f->cfg); /* dim 16, 2 layers */
+    f->cfg.vocab_size = 300; /* a byte-level tokenizer's 256 and its merges */
+    f->cfg.max_seq_len = CTX;
     assert_int_equal(config_validate(&f->cfg, err, sizeof(err)), 0);
     assert_int_equal(params_table_init(&f->tab, &f->cfg), 0);
     f->w = malloc(f->tab.total * sizeof(float));
     params_init(&f->tab, &f->cfg, 7, f->w, 0, f->tab.total);
     f->pool = pool_new(2);
+    static char corpus[1 << 16];
+    size_t n = 0;
+    for (int i = 0; i < 4000; i++)
+        n += (size_t)snprintf(corpus + n, sizeof(corpus) - n, "w%d%s", (i * 7) % 61, i % 9 == 8 ? ".\n" : " ");
+    assert_int_equal(tok_train(&f->tok, (const uint8_t *)corpus, n, 290, err, sizeof(err)), 0);
     uint64_t s = 3;
-    for (int i = 0; i < PROMPT; i++)
-        f->seq[i] = (uint32_t)(tu_next(&s) % (uint64_t)f->cfg.vocab_size);
+    for (int i = 0; i < CTX; i++)
+        f->seq[i] = (uint32_t)(tu_next(&s) % 290);
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/prompt.bin", dir);
+    f->prompt = token_file(f, path, CTX);
+    f->short_file = token_file(f, path, PROMPT - 1);
+    rmdir(dir);
     *state = f;
     return 0;
 }
@@ -53,6 +78,9 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     fixture_t *f = *state;
+    tokfile_close(&f->prompt);
+    tokfile_close(&f->short_file);
+    tok_destroy(&f->tok);
     pool_destroy(&f->pool);
     params_table_free(&f->tab);
     free(f->w);
@@ -60,93 +88,101 @@ static int teardown(void **state)
     return 0;
 }
 
-/* The continuation the model gives seq[0, PROMPT) at this temperature, into out. */
-static void generate(fixture_t *f, double temperature, uint64_t seed, uint32_t *out)
+/* eval_sample's whole output at this temperature, seed and length, into buf; returns its rc. */
+static int sample(fixture_t *f, double temperature, uint64_t seed, int ntokens, char *buf, size_t n, char *err)
 {
-    memcpy(out, f->seq, PROMPT * sizeof(uint32_t));
-    assert_int_equal(eval_generate(&f->cfg, f->w, f->pool, out, PROMPT, LEN, f->cfg.vocab_size, temperature, seed),
-                     0);
+    FILE *out = fmemopen(buf, n, "w");
+    assert_non_null(out);
+    int rc = eval_sample(&f->cfg, f->w, f->pool, NULL, f->tok, f->prompt, ntokens, temperature, seed, out, err, 256);
+    assert_int_equal(fclose(out), 0);
+    return rc;
 }
 
-/* Greedy decoding is the argmax of the logits at every position, computed here on our own:
- * the model run on the last 16 tokens (zeros after them), the first highest logit of the last
- * one. The seed does not matter and two runs agree. */
-static void test_evaluate_greedy_is_the_argmax_of_the_logits(void **state)
+/* What eval_sample must write for the prompt and these new ids (the footer when it stopped
+ * before ntokens at max_seq_len), into buf. */
+static void expected(fixture_t *f, const uint32_t *ids, int n, const char *how, int stopped, char *buf, size_t len)
+{
+    uint8_t *text;
+    size_t nb;
+    assert_int_equal(tok_decode(f->tok, ids, (size_t)n, &text, &nb), 0);
+    int at = snprintf(buf, len, "\n--- sample (prompt: the first %d validation tokens%s) ---\n%.*s", PROMPT, how,
+                      (int)nb, (const char *)text);
+    if (stopped)
+        at += snprintf(buf + at, len - at, "\n--- %d tokens, stopped at max_seq_len", n - PROMPT);
+    snprintf(buf + at, len - at, "\n---\n");
+    free(text);
+}
+
+/* Greedy decoding is the argmax of the logits at every position, computed here on our own: the
+ * whole model over the prompt and every token so far (zeros after them), the first highest
+ * logit of the last one among the tokenizer's ids. The text is theirs decoded; it stops at the
+ * model's max_seq_len, saying so, and a shorter sample is its beginning. */
+static void test_evaluate_greedy_sample_is_the_argmax_of_the_logits(void **state)
 {
     fixture_t *f = *state;
-    uint32_t a[LEN], b[LEN];
-    generate(f, 0, 1, a);
-    generate(f, 0, 99, b);
-    assert_memory_equal(a, b, sizeof(a));
-    int T = f->cfg.max_seq_len, V = f->cfg.vocab_size, distinct = 0;
+    int T = CTX, V = f->cfg.vocab_size, limit = tok_vocab_size(f->tok), distinct = 0;
+    uint32_t ids[CTX];
+    memcpy(ids, f->seq, PROMPT * sizeof(uint32_t));
     model_t *m = model_new(&f->cfg, 0, f->cfg.n_layers + 2, f->w, NULL, f->pool);
     model_acts_t *acts = model_acts_new(m, 1, T);
-    int32_t ctx[16];
-    for (int n = PROMPT; n < LEN; n++) {
-        int start = n > T ? n - T : 0, used = n - start;
+    int32_t ctx[CTX];
+    for (int n = PROMPT; n < T; n++) {
         memset(ctx, 0, sizeof(ctx));
-        for (int i = 0; i < used; i++)
-            ctx[i] = (int32_t)a[start + i];
+        for (int i = 0; i < n; i++)
+            ctx[i] = (int32_t)ids[i];
         model_forward(m, acts, ctx, NULL, NULL, 0, NULL);
-        const float *lg = model_logits(acts) + (size_t)(used - 1) * V;
+        const float *lg = model_logits(acts) + (size_t)(n - 1) * V;
         int want = 0;
-        for (int v = 0; v < V; v++)
+        for (int v = 0; v < limit; v++)
             if (lg[v] > lg[want])
                 want = v;
-        if (a[n] != (uint32_t)want)
-            fail_msg("token %d: greedy gave %u, the argmax of its logits is %d", n, a[n], want);
-        distinct += n == PROMPT || a[n] != a[n - 1];
+        ids[n] = (uint32_t)want;
+        distinct += n == PROMPT || ids[n] != ids[n - 1];
     }
     model_acts_destroy(&acts);
     model_destroy(&m);
     assert_true(distinct > 1); /* not a constant the model happens to prefer everywhere */
+    static char got[8192], want[8192];
+    char err[256];
+    assert_int_equal(sample(f, 0, 1, 100, got, sizeof(got), err), 0);
+    expected(f, ids, CTX, ", greedy", 1, want, sizeof(want));
+    assert_string_equal(got, want);
+    assert_int_equal(sample(f, 0, 99, 5, got, sizeof(got), err), 0); /* the seed does not matter */
+    expected(f, ids, PROMPT + 5, ", greedy", 0, want, sizeof(want));
+    assert_string_equal(got, want);
 }
 
-/* Logits that are all equal (lm_head zeroed) give token 0 at every step; sampling them at
- * temperature 1 does not (a uniform draw over 32 tokens, 32 times). */
-static void test_evaluate_greedy_ties_go_to_the_lowest_token_id(void **state)
-{
-    fixture_t *f = *state;
-    const param_info_t *head = &f->tab.t[params_find(&f->tab, PARAM_OUTPUT, -1)];
-    float *saved = malloc(head->numel * sizeof(float));
-    memcpy(saved, f->w + head->offset, head->numel * sizeof(float));
-    memset(f->w + head->offset, 0, head->numel * sizeof(float));
-    uint32_t a[LEN], b[LEN];
-    generate(f, 0, 1, a);
-    generate(f, 1.0, 1, b);
-    memcpy(f->w + head->offset, saved, head->numel * sizeof(float));
-    free(saved);
-    int nonzero = 0;
-    for (int n = PROMPT; n < LEN; n++) {
-        assert_int_equal(a[n], 0);
-        nonzero += b[n] != 0;
-    }
-    assert_true(nonzero > 0);
-}
-
-/* Above 0 the temperature samples: the seed decides and is reproducible, and a hot enough
- * draw leaves the argmax path. */
+/* Above 0 the temperature samples: the seed decides and is reproducible, and a hot enough draw
+ * leaves the argmax path. */
 static void test_evaluate_positive_temperature_samples_from_the_seed(void **state)
 {
     fixture_t *f = *state;
-    uint32_t g[LEN], a[LEN], b[LEN], c[LEN];
-    generate(f, 0, 1, g);
-    generate(f, 50.0, 1, a);
-    generate(f, 50.0, 1, b);
-    generate(f, 50.0, 2, c);
-    assert_memory_equal(a, b, sizeof(a));
-    assert_memory_not_equal(a, c, sizeof(a));
-    assert_memory_not_equal(a, g, sizeof(a));
+    static char g[8192], a[8192], b[8192], c[8192];
+    char err[256];
+    assert_int_equal(sample(f, 0, 1, 12, g, sizeof(g), err), 0);
+    assert_int_equal(sample(f, 50.0, 1, 12, a, sizeof(a), err), 0);
+    assert_int_equal(sample(f, 50.0, 1, 12, b, sizeof(b), err), 0);
+    assert_int_equal(sample(f, 50.0, 2, 12, c, sizeof(c), err), 0);
+    assert_string_equal(a, b);
+    assert_string_not_equal(a, c);
+    assert_string_not_equal(strstr(a, " ---\n"), strstr(g, " ---\n")); /* the texts, past the headers */
 }
 
-static void test_evaluate_negative_temperature_is_refused(void **state)
+/* A negative temperature and a prompt file too short are refused, saying why, writing nothing. */
+static void test_evaluate_bad_samples_are_refused_writing_nothing(void **state)
 {
     fixture_t *f = *state;
-    uint32_t a[LEN];
-    memcpy(a, f->seq, sizeof(a));
-    assert_int_equal(eval_generate(&f->cfg, f->w, f->pool, a, PROMPT, LEN, f->cfg.vocab_size, -1.0, 1), -EINVAL);
-    assert_int_equal(eval_generate(&f->cfg, f->w, f->pool, a, PROMPT, LEN, f->cfg.vocab_size, NAN, 1), -EINVAL);
-    assert_memory_equal(a, f->seq, sizeof(a)); /* nothing written */
+    char buf[256] = "", err[256];
+    assert_int_equal(sample(f, -1.0, 1, 4, buf, sizeof(buf), err), -EINVAL);
+    assert_non_null(strstr(err, "temperature"));
+    assert_int_equal(sample(f, NAN, 1, 4, buf, sizeof(buf), err), -EINVAL);
+    assert_string_equal(buf, "");
+    FILE *out = fmemopen(buf, sizeof(buf), "w");
+    assert_int_equal(eval_sample(&f->cfg, f->w, f->pool, NULL, f->tok, f->short_file, 4, 0, 1, out, err, sizeof(err)),
+                     -EINVAL);
+    fclose(out);
+    assert_string_equal(buf, "");
+    assert_non_null(strstr(err, "fewer than 8 tokens"));
 }
 
 /* A process's resident set (field "VmRSS:") or its peak ("VmHWM:"), in bytes; 0 if unread. */
@@ -164,10 +200,11 @@ static size_t status_bytes(const char *field)
 }
 
 /* The validation loss is the mean of training forwards' losses (mode none, computed here on
- * our own) bit for bit, through the backend table (eval_loss_on, the CPU's) too, and holds one layer's activations at a time, not every layer's: in a
- * child (allocations over 64 KiB mapped afresh, no huge pages, the peak reset) the resident set grows by what
- * model_acts_forward_bytes_for says, within 20% (50% under ASan), where a forward keeping all 8 layers (the
- * attention's probabilities 8 MiB each) would hold several times it. */
+ * our own) bit for bit, through the backend table (eval_loss_on, the CPU's) too, and holds one
+ * layer's activations at a time, not every layer's: in a child (allocations over 64 KiB mapped
+ * afresh, no huge pages, the peak reset) the resident set grows by what
+ * model_acts_forward_bytes_for says, within 20% (50% under ASan), where a forward keeping all 8
+ * layers (the attention's probabilities 8 MiB each) would hold several times it. */
 static void test_evaluate_loss_is_a_training_forward_in_one_layers_memory(void **state)
 {
     (void)state;
@@ -269,10 +306,9 @@ static void test_evaluate_loss_is_a_training_forward_in_one_layers_memory(void *
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_evaluate_greedy_is_the_argmax_of_the_logits),
-        cmocka_unit_test(test_evaluate_greedy_ties_go_to_the_lowest_token_id),
+        cmocka_unit_test(test_evaluate_greedy_sample_is_the_argmax_of_the_logits),
         cmocka_unit_test(test_evaluate_positive_temperature_samples_from_the_seed),
-        cmocka_unit_test(test_evaluate_negative_temperature_is_refused),
+        cmocka_unit_test(test_evaluate_bad_samples_are_refused_writing_nothing),
         cmocka_unit_test(test_evaluate_loss_is_a_training_forward_in_one_layers_memory),
     };
     return tu_run_group_tests(tests, setup, teardown);

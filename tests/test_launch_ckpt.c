@@ -1,5 +1,6 @@
 /* `ctitan launch` with checkpoints, end to end (real processes, files and sockets; the job
- * helpers are tests/testjob.h's): a resume in any topology is bitwise, `latest` passes over a
+ * helpers are tests/testjob.h's): a resume in any topology is bitwise (and the run's sample is
+ * `ctitan generate`'s on its last checkpoint), `latest` passes over a
  * damaged checkpoint, retention, a checkpoint due while one is written, checkpointd killed
  * mid-write, checkpoints streamed to a remote checkpointd and resumed from it, bad checkpoint
  * settings named. */
@@ -36,7 +37,9 @@ static void test_launch_resume_is_bitwise_in_any_topology(void **state)
     static char out[1 << 16];
     char a[32], b[32], c[32], d[32], dir[256], extra[512];
     job_name(a, sizeof(a), "ck");
-    tj_run_ok(a, "--checkpoint.enable true --checkpoint.interval 4", out, sizeof(out));
+    snprintf(extra, sizeof(extra), "--checkpoint.enable true --checkpoint.interval 4 --model.tokenizer_path "
+             "%s/data/tokenizer.bin --sample.tokens 12 --sample.temperature 1.5 --training.seed 7", tj_dir);
+    tj_run_ok(a, extra, out, sizeof(out));
     assert_non_null(strstr(out, "checkpoint: step 4 saved to"));
     tj_assert_clean(a);
     tj_ckpt_dir(dir, sizeof(dir), a);
@@ -45,6 +48,8 @@ static void test_launch_resume_is_bitwise_in_any_topology(void **state)
     assert_int_equal(steps[0], 4);
     assert_int_equal(steps[2], 12);
     free(steps);
+    /* the prompt: the first 8 training tokens (no validation set here) */
+    tj_assert_sample_is_generates(out, dir, 12, "train.bin", "", "--temperature 1.5 --seed 7");
     /* pipeline 2 -> 1 and 2 -> 3 optimizer shards, from step 4: bitwise */
     job_name(b, sizeof(b), "ckb");
     snprintf(extra, sizeof(extra), "--checkpoint.load %s/step-00000004 --parallelism.pipeline_parallel_degree 1 "

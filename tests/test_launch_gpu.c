@@ -212,7 +212,8 @@ static void val_loss(const char *job, char *out, size_t n)
  * well as the losses: the same sums in replica order, and AdamW's arithmetic is one on both
  * (kernels/adamw.h; no clipping, whose factor comes from norms summed in another order). Both
  * agree with the CPU within bf16's tolerance. The end's validation runs on the GPU (the same
- * weights: the same bits in both), within bf16's tolerance of the CPU job's. */
+ * weights: the same bits in both), within bf16's tolerance of the CPU job's, and so does the
+ * sample: `ctitan generate --device cuda`'s on the last checkpoint. */
 static void test_launch_cuda_offload_and_gpu_shards_agree_on_the_emulated_backend(void **state)
 {
     TU_NEED_BIN();
@@ -230,10 +231,14 @@ static void test_launch_cuda_offload_and_gpu_shards_agree_on_the_emulated_backen
     job_name(c, sizeof(c), "simdpoff");
     assert_int_equal(tj_run(a, shape, out, sizeof(out)), 0);
     TJ_NEED_SIM_PLUGIN();
-    snprintf(extra, sizeof(extra), "%s --job.device cuda", shape);
+    snprintf(extra, sizeof(extra), "%s --job.device cuda --model.tokenizer_path %s/data/tokenizer.bin "
+             "--sample.tokens 12 --sample.temperature 0", shape, tj_dir);
     tj_run_ok(b, extra, out, sizeof(out));
     if (!strstr(out, "over 2 batches on the GPU"))
         TJ_FAIL_WITH(out, "the validation did not run on the GPU");
+    char ckpt[256];
+    tj_ckpt_dir(ckpt, sizeof(ckpt), b);
+    tj_assert_sample_is_generates(out, ckpt, 2, "val.bin", ", greedy, on the GPU", "--temperature 0 --device cuda");
     snprintf(extra, sizeof(extra), "%s --job.device cuda --optshard.device cpu", shape);
     int rc = tj_run(c, extra, out, sizeof(out));
     unsetenv("CTITAN_CUDA_PLUGIN");

@@ -2,7 +2,8 @@
  * test_recover, test_hosts, test_fsdp and more): one temp folder per program holding data/ (`ctitan prep` of a generated
  * corpus), runs/, and each job's metrics (JOB.jsonl) and output (JOB.out); jobs of
  * manifests/tiny.toml started in the foreground or the background; waiting on a job's metrics
- * and reading them (steps, losses, restart records); the processes a job left.
+ * and reading them (steps, losses, restart records); the processes a job left; a run's sample
+ * against `ctitan generate`.
  * Header-only (static functions, one copy per program) like testutil.h; include cmocka first. */
 #ifndef CTITAN_TESTJOB_H
 #define CTITAN_TESTJOB_H
@@ -16,6 +17,8 @@
 #include <unistd.h>
 
 #include "ipc/shm.h"
+#include "stages/data/tokenizer.h"
+#include "stages/data/tokfile.h"
 #include "tests/testutil.h"
 
 static char tj_dir[64]; /* the program's temp folder ("" when the programs are not built) */
@@ -216,6 +219,41 @@ static inline int tj_run_both(const tj_hosts_t *h, char *out, size_t n, char *ag
 static inline void tj_ckpt_dir(char *buf, size_t n, const char *job)
 {
     snprintf(buf, n, "%s/runs/%s/checkpoint", tj_dir, job);
+}
+
+/* A run's sample (in its output `out`) is `ctitan generate`'s on its checkpoint
+ * ckpt/step-LAST, with the same prompt (the first 8 tokens of data/PROMPT_FILE), the program's
+ * tokenizer (data/tokenizer.bin), at most 12 tokens and `args` (its temperature and seed, its
+ * device): the header (`how`: ", greedy", ", on the GPU"), the decoded prompt, then generate's
+ * text. */
+static inline void tj_assert_sample_is_generates(const char *out, const char *ckpt, int last,
+                                                 const char *prompt_file, const char *how, const char *args)
+{
+    char path[256], ids[256], err[256], cmd[2048];
+    static char gen[8192], want[16384];
+    snprintf(path, sizeof(path), "%s/data/%s", tj_dir, prompt_file);
+    tokfile_t *tf = NULL;
+    assert_int_equal(tokfile_open(&tf, path, 300, err, sizeof(err)), 0);
+    uint32_t prompt[8];
+    int at = 0;
+    for (int i = 0; i < 8; i++)
+        at += snprintf(ids + at, sizeof(ids) - at, "%s%u", i ? " " : "", prompt[i] = tokfile_get(tf, i));
+    tokfile_close(&tf);
+    snprintf(cmd, sizeof(cmd), "%s generate %s/step-%08d --tokenizer %s/data/tokenizer.bin --prompt-ids '%s' "
+             "--max-tokens 12 %s 2>/dev/null", tu_ctitan(), ckpt, last, tj_dir, ids, args);
+    assert_int_equal(tu_run(cmd, gen, sizeof(gen)), 0);
+    snprintf(path, sizeof(path), "%s/data/tokenizer.bin", tj_dir);
+    tok_t *tok = NULL;
+    uint8_t *text;
+    size_t nb;
+    assert_int_equal(tok_load(&tok, path, err, sizeof(err)), 0);
+    assert_int_equal(tok_decode(tok, prompt, 8, &text, &nb), 0);
+    tok_destroy(&tok);
+    snprintf(want, sizeof(want), "--- sample (prompt: the first 8 validation tokens%s) ---\n%.*s%s---\n", how,
+             (int)nb, (const char *)text, gen); /* generate ends its text with a newline */
+    free(text);
+    if (!strstr(out, want))
+        fail_msg("the run's sample is not generate's:\n%s\nwanted:\n%s", out, want);
 }
 
 #define TJ_MAX_STEPS 4096

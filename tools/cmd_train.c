@@ -208,8 +208,8 @@ int cmd_train(int argc, char **argv)
     double vloss = eval_loss(cfg, w, pool, val, B, T, a.eval_batches, &vb);
     printf("done: %d steps in %.1f s; validation loss %.4f over %d batches\n", a.steps,
            util_now() - t_start, vloss, vb);
-    if (tok)
-        eval_sample(cfg, w, pool, tok, val, a.sample, a.temperature, a.seed, stdout);
+    if (tok && eval_sample(cfg, w, pool, NULL, tok, val, a.sample, a.temperature, a.seed, stdout, err, sizeof(err)))
+        fprintf(stderr, "ctitan train: no sample: %s\n", err);
     model_acts_destroy(&acts);
     model_destroy(&m);
     pool_destroy(&pool);

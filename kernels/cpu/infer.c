@@ -75,13 +75,21 @@ static void rope_tables(infer_t *s)
     }
 }
 
-/* Carves every buffer from one allocation. */
+size_t infer_bytes_for(const model_config_t *cfg, int capacity, int max_batch, int all_logits)
+{
+    size_t B = max_batch, C = capacity, D = cfg->dim, hd = config_head_dim(cfg), QD = cfg->n_heads * hd;
+    size_t KD = cfg->n_kv_heads * hd, F = config_ffn_hidden(cfg), V = cfg->vocab_size, nl = cfg->n_layers;
+    size_t total = nl * 2 * C * KD + 2 * C * (hd / 2) + B * (2 * D + 2 * QD + 2 * F + 1) + (all_logits ? B : 1) * V +
+                   (size_t)cfg->n_heads * C;
+    return total * sizeof(float);
+}
+
+/* Carves every buffer from one allocation (infer_bytes_for's). */
 static int alloc_buffers(infer_t *s)
 {
     size_t B = s->max_batch, C = s->cap, D = s->D, QD = s->QD, KD = s->KD, F = s->F, V = s->V;
     size_t half = s->hd / 2, nl = s->cfg.n_layers;
-    size_t total = nl * 2 * C * KD + 2 * C * half + B * (2 * D + 2 * QD + 2 * F + 1) + (size_t)s->logit_rows * V
-                   + (size_t)s->cfg.n_heads * C;
+    size_t total = infer_bytes_for(&s->cfg, s->cap, s->max_batch, s->logit_rows > 1) / sizeof(float);
     if (!(s->base = malloc(total * sizeof(float))))
         return -1;
     float *p = s->base;

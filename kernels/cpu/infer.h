@@ -30,6 +30,8 @@ int infer_capacity(const infer_t *s);
 void infer_reset(infer_t *s);
 /* Bytes of the cache and the buffers. */
 size_t infer_bytes(const infer_t *s);
+/* What infer_new(cfg, ..., capacity, max_batch, all_logits) allocates for them (the plan's). */
+size_t infer_bytes_for(const model_config_t *cfg, int capacity, int max_batch, int all_logits);
 
 /* Runs tokens[0..n) at positions infer_pos()..+n (1 <= n <= max_batch, the end within the
  * capacity; ids < vocab_size, checked by the caller), appending their keys and values to the

@@ -17,6 +17,7 @@
 
 #include "ipc/util.h"
 #include "kernels/cpu/pool.h"
+#include "kernels/cuda_plugin.h"
 #include "stages/coord/coord_trace.h"
 #include "stages/data/tokenizer.h"
 #include "stages/data/tokfile.h"
@@ -382,35 +383,59 @@ static void write_validation(coord_t *c, double loss, int batches)
     fflush(f);
 }
 
-/* The sample's prompt comes from held-out text, else from the training data. */
-static void sample(coord_t *c, float *w, pool_t *pool, tokfile_t *val)
+/* A GPU job's end of run on its first GPU (its stages are gone, their memory with them): the
+ * loaded CUDA plugin with device 0 selected, or NULL with why. */
+static const cuda_plugin_t *end_gpu(const manifest_t *m, char *why, size_t n)
+{
+    if (strcmp(m->device, "cuda"))
+        return NULL;
+    const cuda_plugin_t *gpu = cuda_plugin_load(why, n);
+    if (gpu && gpu->backend.dev_select(0, NULL)) {
+        snprintf(why, n, "%s", gpu->last_error());
+        gpu = NULL;
+    }
+    return gpu;
+}
+
+/* The sample's prompt comes from held-out text, else from the training data. A GPU job's runs
+ * on its GPU, else (or when that fails) on the CPU. */
+static void sample(coord_t *c, const float *w, pool_t *pool, tokfile_t *val)
 {
     const manifest_t *m = c->m;
     tok_t *tok = NULL;
     tokfile_t *src = val;
-    char err[512];
+    char err[512] = "";
+    int rc = -ENOENT;
     if (!src && c->rep->first_file[0])
-        tokfile_open(&src, c->rep->first_file, m->model.vocab_size, NULL, 0);
-    if (src && tok_load(&tok, m->tokenizer_path, err, sizeof(err)) == 0)
-        eval_sample(&m->model, w, pool, tok, src, m->sample_tokens, m->sample_temperature, m->seed, stdout);
+        tokfile_open(&src, c->rep->first_file, m->model.vocab_size, err, sizeof(err));
+    if (src && !(rc = tok_load(&tok, m->tokenizer_path, err, sizeof(err)))) {
+        const cuda_plugin_t *gpu = end_gpu(m, err, sizeof(err));
+        if (!gpu && !strcmp(m->device, "cuda"))
+            fprintf(stderr, "ctitan: note: the sample on the GPU did not run (%s): on the CPU instead\n", err);
+        rc = eval_sample(&m->model, w, pool, gpu, tok, src, m->sample_tokens, m->sample_temperature, m->seed, stdout,
+                         err, sizeof(err));
+        if (rc && gpu) {
+            fprintf(stderr, "ctitan: note: the sample on the GPU failed (%s): on the CPU instead\n", err);
+            rc = eval_sample(&m->model, w, pool, NULL, tok, src, m->sample_tokens, m->sample_temperature, m->seed,
+                             stdout, err, sizeof(err));
+        }
+    }
+    if (rc)
+        fprintf(stderr, "ctitan: no sample: %s\n", err[0] ? err : "no token file to take a prompt from");
     tok_destroy(&tok);
     if (src != val)
         tokfile_close(&src);
 }
 
-/* A GPU job's validation on its first GPU (its stages are gone, their memory with them); NaN
- * with a note on stderr when that cannot be done (the CPU's then). */
+/* A GPU job's validation on its first GPU; NaN with a note on stderr when that cannot be done
+ * (the CPU's then). */
 static double validate_on_gpu(const manifest_t *m, float *w, const tokfile_t *val, int *used)
 {
     char why[512];
-    int dev;
-    const backend_t *be = backend_load("cuda", why, sizeof(why));
-    double vl = NAN;
-    if (be && be->dev_select(0, &dev))
-        snprintf(why, sizeof(why), "%s", be->last_error());
-    else if (be)
-        vl = eval_loss_on(be, &m->model, w, val, m->local_batch_size, m->seq_len, m->val_steps, used, why,
-                          sizeof(why));
+    const cuda_plugin_t *gpu = end_gpu(m, why, sizeof(why));
+    double vl = gpu ? eval_loss_on(&gpu->backend, &m->model, w, val, m->local_batch_size, m->seq_len, m->val_steps,
+                                   used, why, sizeof(why))
+                    : NAN;
     if (isnan(vl))
         fprintf(stderr, "ctitan: note: the validation on the GPU did not run (%s): on the CPU instead\n", why);
     return vl;

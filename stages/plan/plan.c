@@ -16,6 +16,7 @@
 
 #include "ipc/util.h"
 #include "kernels/act_bytes.h"
+#include "kernels/cpu/infer.h"
 #include "kernels/cpu/model.h"
 #include "kernels/params.h"
 #include "stages/data/tokfile.h"
@@ -92,20 +93,23 @@ static void shared_row(plan_t *p, plan_row_t *r, const job_layout_t *l, const ma
 }
 
 /* The coordinator: at the end of a run the validation loss runs the whole model over
- * local_batch_size x seq_len on the host (stages/report/evaluate.c), then the sample one
- * sequence of at most 128 tokens; before the run the unigram entropy reads the data. */
+ * local_batch_size x seq_len on the host (stages/report/evaluate.c), then the sample `ctitan
+ * generate`'s KV-cache model over the prompt's 8 tokens and its own (a GPU job's on the GPU, the
+ * CPU's counted: its fallback); before the run the unigram entropy reads the data. */
 static void coord_row(plan_row_t *r, const manifest_t *m)
 {
     const model_config_t *cfg = &m->model;
-    int top = cfg->n_layers + 2, T = cfg->max_seq_len < 128 ? cfg->max_seq_len : 128;
+    int top = cfg->n_layers + 2, cap = 8 + m->sample_tokens;
+    cap = cap < cfg->max_seq_len ? cap : cfg->max_seq_len;
     /* forwards only: the pages of the backward's buffers are never touched */
     double eval = m->val_enable
                       ? (double)model_acts_forward_bytes_for(cfg, 0, top, m->local_batch_size, m->seq_len) : 0;
-    double sample = m->sample_tokens > 0 && m->tokenizer_path[0]
-                        ? (double)model_acts_forward_bytes_for(cfg, 0, top, 1, T) + (double)cfg->vocab_size * 8
+    double sample = m->sample_tokens > 0 && m->tokenizer_path[0] /* the cache, and the sampler's ids and odds */
+                        ? (double)infer_bytes_for(cfg, cap, cap < 8 ? cap : 8, 0) +
+                              (double)cfg->vocab_size * (sizeof(int) + sizeof(double))
                         : 0;
     r->bytes[PLAN_ACTS] = eval > sample ? eval : sample;
-    r->bytes[PLAN_WORKSPACE] = eval || sample ? (double)model_fixed_bytes(cfg) : 0;
+    r->bytes[PLAN_WORKSPACE] = eval ? (double)model_fixed_bytes(cfg) : 0;
     r->file = m->command[0] ? 0 : file_pages(m->dataset_path, cfg->vocab_size, ENTROPY_TOKENS);
     r->bytes[PLAN_RUNTIME] = PLAN_PROC_BYTES + r->file;
 }

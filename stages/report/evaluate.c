@@ -7,6 +7,8 @@
 #include <string.h>
 
 #include "kernels/cpu/model.h"
+#include "stages/report/generate.h"
+#include "ipc/util.h"
 
 void eval_next_batch(const tokfile_t *tf, size_t *cursor, int B, int T, int32_t *tok, int32_t *tgt,
                      int32_t *window)
@@ -92,82 +94,54 @@ double eval_loss_on(const backend_t *be, const model_config_t *cfg, float *w, co
     return rc || !vb ? NAN : sum / vb;
 }
 
-/* The next token from one position's V logits: the first highest at temperature 0, else a
- * draw from softmax(lg / temperature) with the generator state *s. p is scratch of V doubles. */
-static int pick_token(const float *lg, int V, double temperature, unsigned long long *s, double *p)
+/* Collects the sample's new tokens after the prompt in seq. */
+typedef struct {
+    uint32_t *seq;
+    int n, cap;
+} sample_out_t;
+
+static int keep_token(void *ctx, uint32_t token)
 {
-    int best = 0;
-    for (int v = 1; v < V; v++)
-        if (lg[v] > lg[best]) /* strictly: a tie keeps the lower id */
-            best = v;
-    if (temperature == 0)
-        return best;
-    double mx = lg[best], sum = 0;
-    for (int v = 0; v < V; v++)
-        sum += p[v] = exp((lg[v] - mx) / temperature);
-    *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
-    double r = (double)(*s >> 11) * 0x1.0p-53 * sum;
-    for (int v = 0; v < V; v++)
-        if ((r -= p[v]) < 0)
-            return v;
-    return V - 1;
+    sample_out_t *o = ctx;
+    if (o->n < o->cap)
+        o->seq[o->n++] = token;
+    return 0;
 }
 
-int eval_generate(const model_config_t *cfg, float *w, pool_t *pool, uint32_t *seq, int prompt, int len,
-                  int vocab_limit, double temperature, uint64_t seed)
+int eval_sample(const model_config_t *cfg, const float *w, pool_t *pool, const cuda_plugin_t *gpu, tok_t *tok,
+                const tokfile_t *prompt_src, int ntokens, double temperature, uint64_t seed, FILE *out, char *err,
+                size_t errlen)
 {
-    if (!(temperature >= 0) || prompt < 1)
-        return -EINVAL;
-    int T = cfg->max_seq_len < 128 ? cfg->max_seq_len : 128;
-    model_t *m = forward_model(cfg, w, pool);
-    model_acts_t *acts = m ? model_acts_new(m, 1, T) : NULL;
-    int32_t *ctx = calloc((size_t)T, sizeof(int32_t));
-    double *p = malloc((size_t)cfg->vocab_size * sizeof(double));
-    int rc = -ENOMEM;
-    if (!acts || !ctx || !p)
-        goto out;
-    unsigned long long s = seed * 2654435761ULL + 12345;
-    for (int n = prompt; n < len; n++) {
-        int start = n > T ? n - T : 0, used = n - start;
-        for (int i = 0; i < T; i++)
-            ctx[i] = i < used ? (int32_t)seq[start + i] : 0;
-        model_forward(m, acts, ctx, NULL, NULL, 0, NULL);
-        const float *lg = model_logits(acts) + (size_t)(used - 1) * cfg->vocab_size;
-        int pick = pick_token(lg, cfg->vocab_size, temperature, &s, p);
-        seq[n] = (uint32_t)(pick < vocab_limit ? pick : 0);
-    }
-    rc = 0;
-out:
-    free(ctx), free(p);
-    model_acts_destroy(&acts);
-    model_destroy(&m);
-    return rc;
-}
-
-int eval_sample(const model_config_t *cfg, float *w, pool_t *pool, tok_t *tok, const tokfile_t *prompt_src,
-                int ntokens, double temperature, uint64_t seed, FILE *out)
-{
-    int prompt = 8, len = ntokens + prompt;
-    if (tokfile_count(prompt_src) < (size_t)prompt)
-        return -EINVAL;
-    uint32_t *seq = calloc((size_t)len, sizeof(uint32_t));
-    if (!seq)
-        return -ENOMEM;
-    int32_t first[8];
-    tokfile_read(prompt_src, 0, prompt, first);
-    for (int i = 0; i < prompt; i++)
-        seq[i] = (uint32_t)first[i];
-    int rc = eval_generate(cfg, w, pool, seq, prompt, len, tok_vocab_size(tok), temperature, seed);
-    uint8_t *text;
+    enum { PROMPT = 8 };
+    if (tokfile_count(prompt_src) < (size_t)PROMPT)
+        return util_fail(err, errlen, -EINVAL, "the prompt's file holds fewer than %d tokens", PROMPT);
+    sample_out_t o = {.seq = calloc((size_t)PROMPT + ntokens, sizeof(uint32_t)), .n = PROMPT, .cap = PROMPT + ntokens};
+    if (!o.seq)
+        return util_fail(err, errlen, -ENOMEM, "out of memory for %d tokens", o.cap);
+    int32_t first[PROMPT];
+    tokfile_read(prompt_src, 0, PROMPT, first);
+    for (int i = 0; i < PROMPT; i++)
+        o.seq[i] = (uint32_t)first[i];
+    const gen_params_t p = {.temperature = temperature, .top_k = 0, .top_p = 1, .seed = seed};
+    int eos = tok_eos(tok), limit = tok_vocab_size(tok) < cfg->vocab_size ? tok_vocab_size(tok) : cfg->vocab_size;
+    gen_stats_t st;
+    uint8_t *text = NULL;
     size_t nb;
-    if (rc == 0 && (rc = tok_decode(tok, seq, (size_t)len, &text, &nb)) == 0) {
-        fprintf(out, "\n--- sample (prompt: the first %d validation tokens%s) ---\n", prompt,
-                temperature == 0 ? ", greedy" : "");
+    int rc = gen_run(cfg, w, pool, gpu, &p, o.seq, PROMPT, ntokens, eos, limit, keep_token, &o, &st, err, errlen);
+    if (!rc && o.n > PROMPT && (int)o.seq[o.n - 1] == eos)
+        o.n--; /* EOS ends the text, unwritten (as `ctitan generate`) */
+    if (!rc && (rc = tok_decode(tok, o.seq, (size_t)o.n, &text, &nb)))
+        util_fail(err, errlen, rc, "decoding the sample: %s", strerror(-rc));
+    if (!rc) {
+        fprintf(out, "\n--- sample (prompt: the first %d validation tokens%s%s) ---\n", PROMPT,
+                temperature == 0 ? ", greedy" : "", gpu ? ", on the GPU" : "");
         fwrite(text, 1, nb, out);
+        if (strcmp(st.stop, "max tokens"))
+            fprintf(out, "\n--- %d tokens, stopped at %s", st.new_tokens, st.stop);
         fprintf(out, "\n---\n");
-        free(text);
     }
-    free(seq);
+    free(text);
+    free(o.seq);
     return rc;
 }
 

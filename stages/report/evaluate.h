@@ -10,6 +10,7 @@
 #include "kernels/backend.h"
 #include "kernels/config.h"
 #include "kernels/cpu/pool.h"
+#include "kernels/cuda/cuda_plugin.h"
 #include "stages/data/tokenizer.h"
 #include "stages/data/tokfile.h"
 
@@ -35,19 +36,15 @@ double eval_loss(const model_config_t *cfg, float *w, pool_t *pool, const tokfil
 double eval_loss_on(const backend_t *be, const model_config_t *cfg, float *w, const tokfile_t *tf, int B, int T,
                     int batches, int *used, char *err, size_t errlen);
 
-/* Continues seq[0, prompt) to seq[0, len) with the whole model (weights w), seeing at most the
- * last min(max_seq_len, 128) tokens. temperature > 0 samples from softmax(logits / temperature)
- * with a generator seeded by seed; temperature 0 is greedy: the highest logit, the lowest token
- * id among equal ones. A token at or above vocab_limit (a model vocabulary padded past the
- * tokenizer's) becomes 0. Returns 0, -EINVAL (temperature < 0 or not a number, prompt < 1) or
- * -ENOMEM. */
-int eval_generate(const model_config_t *cfg, float *w, pool_t *pool, uint32_t *seq, int prompt, int len,
-                  int vocab_limit, double temperature, uint64_t seed);
-
-/* Writes a sample of `ntokens` tokens after a prompt of the first 8 tokens of prompt_src
- * (eval_generate: temperature 0 is greedy) to out. Returns 0 or -errno. */
-int eval_sample(const model_config_t *cfg, float *w, pool_t *pool, tok_t *tok, const tokfile_t *prompt_src,
-                int ntokens, double temperature, uint64_t seed, FILE *out);
+/* Writes a sample of at most `ntokens` new tokens after a prompt of the first 8 tokens of
+ * prompt_src to out: `ctitan generate`'s loop and sampler (stages/report/generate.h: the KV-cache
+ * model, temperature 0 greedy, no top-k or top-p, the generator seeded by seed, stopping at the
+ * tokenizer's EOS or the model's max_seq_len), so `ctitan generate` on the same weights with
+ * these ids, temperature and seed gives the same text. gpu: the loaded CUDA plugin to run it on
+ * the calling thread's GPU, NULL for the CPU (with pool). Returns 0 or -errno with err. */
+int eval_sample(const model_config_t *cfg, const float *w, pool_t *pool, const cuda_plugin_t *gpu, tok_t *tok,
+                const tokfile_t *prompt_src, int ntokens, double temperature, uint64_t seed, FILE *out, char *err,
+                size_t errlen);
 
 /* Entropy in nats of the token distribution of the first max_tokens tokens of tf (what a
  * model knowing only token frequencies would score). */

@@ -470,8 +470,13 @@ int rmt_client_fetch_dir(rmt_client_t *c, const char *job, int64_t step, const c
                          size_t pathlen, int idle_ms, char *err, size_t errlen)
 {
     rmt_dir_sink_t d;
-    rmt_dir_sink_init(&d, dir);
+    char shown[640];
+    snprintf(shown, sizeof(shown), "step %lld of job %s from the storage host at %s", (long long)step, job,
+             c->endpoint);
+    rmt_dir_sink_init(&d, dir, shown);
     int rc = rmt_client_fetch(c, job, step, &d.sink, path, pathlen, idle_ms, err, errlen);
+    if (!rc)
+        rc = rmt_dir_sink_finish(&d, err, errlen);
     rmt_dir_sink_close(&d);
     return rc;
 }

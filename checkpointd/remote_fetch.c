@@ -140,7 +140,10 @@ static int dir_index(void *arg, const ckpt_index_t *ix, const void *bytes, size_
     if ((rc = rc ? rc : closed))
         return util_fail(err, errlen, rc, "%s: %s", path, strerror(-rc));
     d->ix = ix;
-    return 0;
+    if ((rc = ckpt_stream_begin(&d->cs, ix, d->shown, err, errlen)))
+        return rc;
+    ckpt_stream_add_all(&d->cs);
+    return ckpt_stream_ready(&d->cs, err, errlen);
 }
 
 static int dir_data(void *arg, uint32_t k, uint64_t off, const void *p, size_t n, char *err, size_t errlen)
@@ -150,8 +153,9 @@ static int dir_data(void *arg, uint32_t k, uint64_t off, const void *p, size_t n
     if (off == 0 && (d->fd = create(d, d->ix->files[k].name, path, sizeof path, err, errlen)) < 0)
         return d->fd;
     int rc = n ? write_all(d->fd, p, n, off) : 0;
-    return rc ? util_fail(err, errlen, rc, "%s/%s: cannot write: %s", d->dir, d->ix->files[k].name, strerror(-rc))
-              : 0;
+    if (rc)
+        return util_fail(err, errlen, rc, "%s/%s: cannot write: %s", d->dir, d->ix->files[k].name, strerror(-rc));
+    return ckpt_stream_data(&d->cs, k, off, p, n, err, errlen);
 }
 
 static int dir_file_done(void *arg, uint32_t k, char *err, size_t errlen)
@@ -159,15 +163,25 @@ static int dir_file_done(void *arg, uint32_t k, char *err, size_t errlen)
     rmt_dir_sink_t *d = arg;
     int rc = close(d->fd) ? -errno : 0;
     d->fd = -1;
-    return rc ? util_fail(err, errlen, rc, "%s/%s: %s", d->dir, d->ix->files[k].name, strerror(-rc)) : 0;
+    if (rc)
+        return util_fail(err, errlen, rc, "%s/%s: %s", d->dir, d->ix->files[k].name, strerror(-rc));
+    return ckpt_stream_file_done(&d->cs, k, err, errlen);
 }
 
-void rmt_dir_sink_init(rmt_dir_sink_t *d, const char *dir)
+void rmt_dir_sink_init(rmt_dir_sink_t *d, const char *dir, const char *shown)
 {
     memset(d, 0, sizeof(*d));
     d->dir = dir;
     d->fd = -1;
+    snprintf(d->shown, sizeof(d->shown), "%s", shown);
     d->sink = (rmt_sink_t){.index = dir_index, .data = dir_data, .file_done = dir_file_done, .arg = d};
+}
+
+int rmt_dir_sink_finish(rmt_dir_sink_t *d, char *err, size_t errlen)
+{
+    if (!d->ix)
+        return util_fail(err, errlen, -EBADMSG, "checkpoint %s: no index came", d->shown);
+    return ckpt_stream_finish(&d->cs, err, errlen);
 }
 
 void rmt_dir_sink_close(rmt_dir_sink_t *d)
@@ -175,4 +189,5 @@ void rmt_dir_sink_close(rmt_dir_sink_t *d)
     if (d->fd >= 0)
         close(d->fd);
     d->fd = -1;
+    ckpt_stream_free(&d->cs);
 }

@@ -46,6 +46,7 @@
 #include <zmq.h>
 
 #include "checkpointd/ckpt.h"
+#include "checkpointd/ckpt_stream.h"
 #include "checkpointd/remote.h"
 
 #define RMT_VERSION 2 /* 2: begin says whether it may replace a stored step (replace). Types are
@@ -131,15 +132,22 @@ int rmt_fetch_done(rmt_fetch_t *F, char *err, size_t errlen);
 /* Frees what F holds. */
 void rmt_fetch_free(rmt_fetch_t *F);
 
-/* The sink that writes a fetch's files into dir (new files, never through a link). */
+/* The sink that writes a fetch's files into dir (new files, never through a link), checking
+ * every chunk's checksum and every data file's header as the bytes pass (ckpt_stream.h), so
+ * that a copy it finishes verifies without being read again. */
 typedef struct {
     rmt_sink_t sink;
     const char *dir;
     const ckpt_index_t *ix; /* the fetch's, once it came */
     int fd;                 /* of the data file being written; -1 */
+    char shown[640];        /* the checkpoint in messages */
+    ckpt_stream_t cs;
 } rmt_dir_sink_t;
-void rmt_dir_sink_init(rmt_dir_sink_t *d, const char *dir);
-/* Closes what a fetch that ended early left open (the files written stay). */
+/* shown: the checkpoint as messages name it ("step N of job J from ..."). */
+void rmt_dir_sink_init(rmt_dir_sink_t *d, const char *dir, const char *shown);
+/* After a fetch that ended well: every chunk came and checked. 0 or -EBADMSG with err. */
+int rmt_dir_sink_finish(rmt_dir_sink_t *d, char *err, size_t errlen);
+/* Closes what a fetch left open and frees the checks (the files written stay). */
 void rmt_dir_sink_close(rmt_dir_sink_t *d);
 
 #endif

@@ -21,12 +21,11 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <sys/stat.h>
-#include <xxhash.h>
 
 #include "checkpointd/ckpt.h"
+#include "checkpointd/ckpt_stream.h"
 #include "checkpointd/hf_import.h"
 #include "ipc/util.h"
 #include "kernels/optim.h"
@@ -444,55 +443,22 @@ static int load_dir(load_t *L, const char *path, int *corrupt, char *err, size_t
 
 /* ---- a checkpoint streamed from a storage host into the staging segment ---- */
 
-/* A chunk the run reads, and where in the staging segment it goes. */
-typedef struct {
-    uint32_t file;
-    uint64_t off, len, xxh;
-    uint8_t *dst;
-    const char *tensor;
-} span_t;
-
 /* One fetch as it streams in (remote.h rmt_sink_t): the index checked as load_dir checks one,
  * then each data file's header and every chunk the run reads copied into the segment, its
- * checksum checked as its last byte comes; the bytes no chunk of the run covers are passed
- * over. Nothing whole is in the segment until stream_finish. */
+ * checksum checked as its last byte comes (ckpt_stream.h); the bytes no chunk of the run covers
+ * are passed over. Nothing whole is in the segment until stream_finish. */
 typedef struct {
     load_t *L;
     const char *shown;        /* "step N of job J on the storage host at EP" */
-    const ckpt_index_t *ix;   /* the fetch's, while it lasts */
     int64_t step;             /* the index's step and cursor, kept for the end: -1 none came */
     uint8_t cursor[CKPT_CURSOR_MAX];
     uint32_t cursor_len;
     int index_failed;         /* the index came and this run refused it (not the data's fault) */
-    int corrupt;              /* a data file's header or a chunk's checksum was wrong */
     int skip;                 /* nothing left to train: no data is read */
-    span_t *spans;            /* by file, then offset */
-    int n_spans, next;        /* the span being filled next */
-    uint64_t in;              /* its bytes so far */
-    XXH3_state_t *xs;
-    int *hdr_file;            /* per data file: its first CKPT_DATA_HDR bytes are a header */
-    uint8_t hdr[CKPT_DATA_HDR];
+    ckpt_stream_t cs;         /* the chunks of the run, checked and copied */
 } stream_t;
 
-static int span_order(const void *a, const void *b)
-{
-    const span_t *x = a, *y = b;
-    return x->file != y->file ? (x->file < y->file ? -1 : 1) : x->off < y->off ? -1 : x->off > y->off;
-}
-
-static int stream_fail(stream_t *S, int rc, char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-static int stream_fail(stream_t *S, int rc, char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    S->corrupt = 1;
-    return rc;
-}
-
-/* The index: this run's checks (load_dir's), then the spans of every tensor of every array. */
+/* The index: this run's checks (load_dir's), then the chunks of every tensor of every array. */
 static int stream_index(void *arg, const ckpt_index_t *ix, const void *bytes, size_t n, char *err, size_t errlen)
 {
     stream_t *S = arg;
@@ -501,23 +467,12 @@ static int stream_index(void *arg, const ckpt_index_t *ix, const void *bytes, si
     int rc = check_run(L, &o, err, errlen);
     if (!rc)
         rc = check_index(L, o, ix, S->shown, err, errlen);
-    S->ix = ix;
     S->step = ix->step;
     memcpy(S->cursor, ix->cursor, ix->cursor_len);
     S->cursor_len = ix->cursor_len;
     S->skip = ix->step >= L->m->steps;
-    int chunks = 0;
-    for (int t = 0; t < ix->n_tensors; t++)
-        chunks += (int)ix->tensors[t].n_chunks;
-    if (!rc && (!(S->spans = malloc((size_t)(chunks ? chunks : 1) * sizeof(span_t))) ||
-                !(S->hdr_file = calloc((size_t)ix->n_files + 1, sizeof(int))) || !(S->xs = XXH3_createState())))
-        rc = util_fail(err, errlen, -ENOMEM, "out of memory");
-    for (int f = 0; !rc && f < ix->n_files; f++) /* files whose chunks all start past a header's room */
-        S->hdr_file[f] = ix->files[f].bytes >= CKPT_DATA_HDR;
-    for (int t = 0; !rc && t < ix->n_tensors; t++)
-        for (uint32_t c = 0; c < ix->tensors[t].n_chunks; c++)
-            if (ix->tensors[t].chunks[c].offset < CKPT_DATA_HDR)
-                S->hdr_file[ix->tensors[t].chunks[c].file] = 0;
+    if (!rc)
+        rc = ckpt_stream_begin(&S->cs, ix, S->shown, err, errlen);
     for (int t = 0; !rc && t < L->tab->n; t++) {
         const param_info_t *p = &L->tab->t[t];
         for (int a = 0; !rc && a < optim_arrays(o); a++) {
@@ -526,24 +481,14 @@ static int stream_index(void *arg, const ckpt_index_t *ix, const void *bytes, si
                 break;
             uint8_t *dst = (uint8_t *)(staging_array(L->staging, a) + p->offset);
             for (uint32_t c = 0; c < ct->n_chunks; c++) {
-                const ckpt_chunk_t *ch = &ct->chunks[c];
-                S->spans[S->n_spans++] = (span_t){.file = ch->file, .off = ch->offset, .len = ch->length,
-                                                  .xxh = ch->xxh, .dst = dst, .tensor = ct->name};
-                dst += ch->length;
+                ckpt_stream_add(&S->cs, ct, c, dst);
+                dst += ct->chunks[c].length;
             }
         }
     }
-    if (!rc) {
-        qsort(S->spans, (size_t)S->n_spans, sizeof(span_t), span_order);
-        for (int i = 1; i < S->n_spans && !rc; i++) /* no writer of ours overlaps chunks */
-            if (S->spans[i].file == S->spans[i - 1].file &&
-                S->spans[i].off < S->spans[i - 1].off + S->spans[i - 1].len)
-                rc = stream_fail(S, -EBADMSG, err, errlen, "checkpoint %s: chunks of %s and %s overlap in %s", S->shown,
-                                 S->spans[i - 1].tensor, S->spans[i].tensor, ix->files[S->spans[i].file].name);
-        if (S->n_spans)
-            XXH3_64bits_reset(S->xs);
-    }
-    S->index_failed = rc && !S->corrupt;
+    if (!rc)
+        rc = ckpt_stream_ready(&S->cs, err, errlen);
+    S->index_failed = rc && !S->cs.corrupt;
     (void)bytes, (void)n;
     return rc;
 }
@@ -552,52 +497,14 @@ static int stream_index(void *arg, const ckpt_index_t *ix, const void *bytes, si
 static int stream_data(void *arg, uint32_t k, uint64_t off, const void *p, size_t n, char *err, size_t errlen)
 {
     stream_t *S = arg;
-    const uint8_t *b = p;
-    const char *fname = S->ix->files[k].name;
-    if (S->skip)
-        return 0;
-    if (S->hdr_file[k] && off < CKPT_DATA_HDR) {
-        size_t h = CKPT_DATA_HDR - off < n ? (size_t)(CKPT_DATA_HDR - off) : n;
-        memcpy(S->hdr + off, b, h);
-        uint32_t file = 0;
-        int64_t step = -1;
-        char why[256] = "header of another file or step";
-        if (off + h == CKPT_DATA_HDR &&
-            (ckpt_data_header_read(S->hdr, CKPT_DATA_HDR, &file, &step, why, sizeof(why)) || file != k ||
-             step != S->ix->step))
-            return stream_fail(S, -EBADMSG, err, errlen, "checkpoint %s: data file %s: %s", S->shown, fname, why);
-    }
-    while (S->next < S->n_spans && S->spans[S->next].file == k) {
-        span_t *sp = &S->spans[S->next];
-        uint64_t lo = sp->off + S->in, hi = sp->off + sp->len < off + n ? sp->off + sp->len : off + n;
-        if (lo < off || lo > off + n) /* not yet (a gap no chunk of the run covers), or bytes skipped */
-            return lo < off ? stream_fail(S, -EBADMSG, err, errlen, "checkpoint %s: %s: bytes came out of order",
-                                          S->shown, fname)
-                            : 0;
-        if (hi > lo) {
-            memcpy(sp->dst + S->in, b + (lo - off), hi - lo);
-            XXH3_64bits_update(S->xs, b + (lo - off), hi - lo);
-            S->in += hi - lo;
-        }
-        if (S->in < sp->len)
-            return 0; /* the rest of it comes with the next part */
-        if (XXH3_64bits_digest(S->xs) != sp->xxh)
-            return stream_fail(S, -EBADMSG, err, errlen, "checkpoint %s: tensor %s: the chunk at byte %llu of %s: "
-                               "checksum mismatch", S->shown, sp->tensor, (unsigned long long)sp->off, fname);
-        S->next++, S->in = 0;
-        XXH3_64bits_reset(S->xs);
-    }
-    return 0;
+    return S->skip ? 0 : ckpt_stream_data(&S->cs, k, off, p, n, err, errlen);
 }
 
 /* Data file k whole: every chunk of the run in it came. */
 static int stream_file_done(void *arg, uint32_t k, char *err, size_t errlen)
 {
     stream_t *S = arg;
-    if (S->skip || S->next >= S->n_spans || S->spans[S->next].file != k)
-        return 0;
-    return stream_fail(S, -EBADMSG, err, errlen, "checkpoint %s: %s ended before its chunk at byte %llu",
-                       S->shown, S->ix->files[k].name, (unsigned long long)S->spans[S->next].off);
+    return S->skip ? 0 : ckpt_stream_file_done(&S->cs, k, err, errlen);
 }
 
 /* The fetch ended well (its index is gone with it): the step and the cursor into the segment's
@@ -605,9 +512,11 @@ static int stream_file_done(void *arg, uint32_t k, char *err, size_t errlen)
 static int stream_finish(stream_t *S, char *err, size_t errlen)
 {
     staging_hdr_t *h = S->L->staging;
-    if (S->step < 0 || (!S->skip && S->next != S->n_spans))
-        return stream_fail(S, -EBADMSG, err, errlen, "checkpoint %s: %d of its %d chunks came", S->shown, S->next,
-                           S->n_spans);
+    int rc = S->step < 0 ? util_fail(err, errlen, -EBADMSG, "checkpoint %s: no index came", S->shown)
+             : S->skip   ? 0
+                         : ckpt_stream_finish(&S->cs, err, errlen);
+    if (rc)
+        return rc;
     memcpy(h->cursor, S->cursor, S->cursor_len);
     h->cursor_len = S->cursor_len;
     atomic_store(&h->step, S->step);
@@ -633,9 +542,7 @@ static int remote_latest(load_t *L, char *path, size_t n, char *err, size_t errl
         if (!rc)
             rc = stream_finish(&S, why, sizeof(why));
         int corrupt = (rc == -ENOENT || rc == -EBADMSG) && !S.index_failed;
-        free(S.spans);
-        free(S.hdr_file);
-        XXH3_freeState(S.xs);
+        ckpt_stream_free(&S.cs);
         if (!rc) {
             if (strlen(where) >= n)
                 return util_fail(err, errlen, -ENAMETOOLONG, "checkpoint path %s is too long", where);

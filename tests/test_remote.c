@@ -688,7 +688,8 @@ static void test_remote_fetches_a_stored_checkpoint_back_whole(void **state)
 
 /* `ctitan ckpt fetch`: a storage host's newest checkpoint that verifies, copied into a folder
  * (job "cut" holds step 5 cut short and step 6 whole from the test before; here a step 8 is
- * added and damaged in a chunk, which only a verify sees): step 8 is fetched, refused, and
+ * added and damaged in a chunk, which only its checksum shows): step 8 is fetched, refused as
+ * that chunk comes, and
  * step 6 copied; a copy already there, a damaged step asked for, and a refused key fail
  * naming why, leaving nothing. */
 static void test_remote_ckpt_fetch_copies_the_newest_that_verifies(void **state)
@@ -707,7 +708,8 @@ static void test_remote_ckpt_fetch_copies_the_newest_that_verifies(void **state)
     snprintf(cmd, sizeof(cmd), "%s ckpt fetch %s cut --out %s --server-key %s --client-key %s 2>&1", tu_ctitan(),
              g_srv.endpoint, dir, g_key[SRV_PUB], g_key[GOOD_KEY]);
     int rc = tu_run(cmd, out, sizeof(out));
-    if (rc || !strstr(out, "does not verify") || !strstr(out, "trying step 6") || !strstr(out, "fetched step 6"))
+    if (rc || !strstr(out, "does not verify") || !strstr(out, "checksum mismatch") || !strstr(out, "trying step 6") ||
+        !strstr(out, "fetched step 6"))
         fail_msg("status %d: %s", rc, out);
     char files[512];
     listing(dir, files, sizeof(files));

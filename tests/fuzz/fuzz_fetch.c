@@ -4,7 +4,8 @@
  * still be damaged or its process broken). The input: tests/fuzz/fetch_parts.h. Properties:
  * the directory only ever holds plain files named "index" or as the decoded index names them;
  * a fetch that ends well holds every file of the index at its size, and an index file that
- * decodes to one of step 5 naming them. */
+ * decodes to one of step 5 naming them, and verifies (ckpt_verify: every header and chunk), as
+ * the sink checked them on the way. */
 #include <dirent.h>
 #include <limits.h>
 #include <stdlib.h>
@@ -107,14 +108,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     snprintf(dir, sizeof(dir), "%s/d", g_root);
     FUZZ_CHECK(mkdir(dir, 0700) == 0, "mkdir %s", dir);
     rmt_dir_sink_t ds;
-    rmt_dir_sink_init(&ds, dir);
+    rmt_dir_sink_init(&ds, dir, "step 5 of job job from fuzz");
     rmt_fetch_t F;
     rmt_fetch_init(&F, &ds.sink, "job", 5, "fuzz");
     seen_t v = {dir, &F};
     int done;
     if (feed_parts(&F, &g_k, data, size, &done, after_part, &v, err, sizeof(err)) == 0 && done) {
-        if (rmt_fetch_done(&F, err, sizeof(err)) == 0)
+        if (rmt_fetch_done(&F, err, sizeof(err)) == 0 && rmt_dir_sink_finish(&ds, err, sizeof(err)) == 0) {
             check_whole(dir, &F);
+            int bad = 0;
+            FUZZ_CHECK(ckpt_verify(dir, NULL, &bad, err, sizeof(err)) == 0, "a fetch that ended well: %s", err);
+        }
         check_dir(dir, &F);
     }
     rmt_fetch_free(&F);

@@ -96,6 +96,7 @@ static void test_gpu_check_rehearsal_runs_every_step_in_order(void **state)
     ASSERT_ROW(report, "model pp 2, offload", "| ok |");
     ASSERT_ROW(report, "model pp 1, NCCL plane (one rank)", "| ok |");
     ASSERT_ROW(report, "validation on the GPU", "| ok |");
+    ASSERT_ROW(report, "sample on the GPU", "| ok |");
     ASSERT_ROW(report, "checkpoint and resume", "bitwise the uninterrupted run");
     ASSERT_ROW(report, "recovery (stage, shard killed)", "3 recoveries (");
     ASSERT_ROW(report, "recovery (stage, shard killed)", "every loss bitwise the undisturbed run's");
@@ -156,6 +157,7 @@ static void test_gpu_check_spent_budget_is_reported_per_step(void **state)
     ASSERT_ROW(report, "test_model", "skipped: out of budget");
     ASSERT_ROW(report, "model pp 1, GPU shards", "skipped: out of budget");
     ASSERT_ROW(report, "validation on the GPU", "skipped: out of budget");
+    ASSERT_ROW(report, "sample on the GPU", "skipped: out of budget");
     ASSERT_ROW(report, "checkpoint and resume", "skipped: out of budget");
     assert_null(strstr(report, "| ok |"));
 }

@@ -3,8 +3,8 @@
 # libraries tools/gpu_carry.sh prepared, it runs in order and within a time budget: device
 # facts, every GPU test program one by one, the CPU model tests, the model on the GPU (pipeline
 # degree 1 and 2 on one GPU with GPU optimizer shards, offload, and a one-rank NCCL plane) step
-# by step against the CPU's losses, the end's validation on the GPU against the CPU's, a GPU
-# checkpoint and its resume, recovery, where the step
+# by step against the CPU's losses, the end's validation on the GPU against the CPU's and its
+# sample on the GPU, a GPU checkpoint and its resume, recovery, where the step
 # goes per kernel (tools/gpu_breakdown.sh, for ctitan and PyTorch), the race against PyTorch
 # (tools/bench_gpu.sh), and a checkpoint's stall on a GPU job. Every step has a timeout of its own and a failure never stops the next;
 # OUT/report.md is rewritten after each step and the raw logs are in OUT/logs/, so whatever was
@@ -185,10 +185,10 @@ fi
 if [ $rehearse = 1 ]; then
     shape=(--model.dim 64 --model.n_layers 2 --model.n_heads 4 --model.n_kv_heads 2 --training.seq_len 32
            --training.local_batch_size 4 --parallelism.pipeline_parallel_microbatches 2)
-    steps=3
+    steps=3 sample=4
 else
     shape=(--parallelism.pipeline_parallel_microbatches 8)
-    steps=6
+    steps=6 sample=32
 fi
 common=(manifests/demo.toml --model.vocab_size 512 --model.tokenizer_path "$data/tokenizer.bin"
         --loader.dataset_path "$data/train.bin" --validation.enable false --sample.tokens 0
@@ -236,7 +236,7 @@ compare() { # LABEL NAME PP ARGS...
     details "### $label" "" "| step | GPU | CPU | relative difference |" "|---|---|---|---|" "$verdict" ""
     row "$label" "$res" "$secs" "$nsteps of $steps steps, worst relative difference $worst"
 }
-compare "model pp 1, GPU shards" gpu1 1 "${val[@]}"
+compare "model pp 1, GPU shards" gpu1 1 "${val[@]}" --sample.tokens $sample --sample.temperature 0
 # the end's validation of that job, on the GPU, against the CPU job's (the same 1%)
 vloss() { sed -nE 's/.*"val_loss": ([^,]*),.*/\1/p' "$1" | tail -1; }
 vg=$(vloss "$out/gpu1.jsonl" 2>/dev/null) vc=$(vloss "$out/cpu1.jsonl" 2>/dev/null)
@@ -249,6 +249,14 @@ elif ! grep -aq "batches on the GPU" "$out/logs/gpu1.log"; then
 else
     row "validation on the GPU" "$(awk -v g="$vg" -v c="$vc" 'BEGIN { d = g - c; if (d < 0) d = -d; print (d <= 0.01 * (c < 0 ? -c : c)) ? "ok" : "FAILED" }')" 0 \
         "val_loss $vg on the GPU, $vc on the CPU"
+fi
+# and its sample, on the GPU too (`ctitan generate`'s loop through the plugin's inference model)
+if [ ! -s "$out/logs/gpu1.log" ]; then
+    row "sample on the GPU" "skipped: out of budget" 0 ""
+elif grep -aq "greedy, on the GPU) ---" "$out/logs/gpu1.log"; then
+    row "sample on the GPU" ok 0 "$(grep -a -A1 'greedy, on the GPU) ---' "$out/logs/gpu1.log" | tail -1 | cut -c1-60 | tr -d '|')"
+else
+    row "sample on the GPU" FAILED 0 "$(grep -aE 'sample on the GPU|no sample' "$out/logs/gpu1.log" | head -1 | tr -d '|')"
 fi
 compare "model pp 2, GPU shards" gpu2 2
 compare "model pp 2, offload" off2 2 --optshard.device cpu

@@ -27,14 +27,16 @@ mapfile -t progs < <(find "$build/bin" "$build/tests" -maxdepth 2 -type f -perm 
 
 # Every library the programs load, as the loader resolves it here: its name (the NEEDED
 # soname) and where it is, which dpkg maps to a package.
+built=$(cd "$build" && pwd -P)
 declare -A pkgset=() soname=()
 while read -r name lib; do
   pkg=$(dpkg -S "$lib" 2>/dev/null || dpkg -S "$(readlink -f "$lib")" 2>/dev/null || true)
   pkg=${pkg%%:*}
   pkg=${pkg%%,*}
   if [ -z "$pkg" ]; then
-    case "$lib" in
+    case "$(readlink -f "$lib")" in
       /usr/local/cuda*) continue ;; # CUDA: the GPU machine's own
+      "$built"/*) continue ;;       # ours (build/lib: the profiler's libcupti copy), carried with it
       *) die "$lib is not from a Debian package: cannot carry it" ;;
     esac
   fi
@@ -134,7 +136,7 @@ for p in "${progs[@]}"; do
   while read -r name arrow path _; do
     [ "$arrow" = "=>" ] || continue
     case "$path" in
-      "$abs"/*|/usr/local/cuda*) ;;
+      "$abs"/*|/usr/local/cuda*|"$built"/*) ;;
       /*)
         pkg=$(dpkg -S "$path" 2>/dev/null || dpkg -S "$(readlink -f "$path")" 2>/dev/null || true)
         [[ $base_pkgs == *" ${pkg%%:*} "* ]] || { echo "gpu_deps: $p: $name resolves to $path" >&2; bad=1; } ;;

@@ -121,6 +121,8 @@ static int load_hf(const char *path, gen_model_t *out, char *err, size_t errlen)
     if (snprintf(out->source, sizeof(out->source), "%s", path) >= (int)sizeof(out->source))
         return util_fail(err, errlen, -ENAMETOOLONG, "%s: path too long", path);
     int rc = hf_read_weights(path, &out->cfg, &out->w, &out->n, stderr, err, errlen);
+    if (!rc && (rc = hf_eos_ids(path, out->cfg.vocab_size, out->eos, &out->n_eos, err, errlen)))
+        gen_model_free(out);
     if (!rc && exists_in(path, "tokenizer.json"))
         snprintf(out->tokenizer_path, sizeof(out->tokenizer_path), "%s/tokenizer.json", path);
     return rc;

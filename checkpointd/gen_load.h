@@ -6,6 +6,7 @@
 
 #include <stddef.h>
 
+#include "checkpointd/hf_config.h"
 #include "kernels/config.h"
 
 #define GEN_PATH_MAX 512
@@ -16,6 +17,8 @@ typedef struct {
     size_t n;               /* floats in w */
     char source[GEN_PATH_MAX];         /* the checkpoint directory (or Hugging Face folder) read */
     char tokenizer_path[GEN_PATH_MAX]; /* the source's tokenizer ("" = none named) */
+    int eos[HF_EOS_MAX];    /* the ids a Hugging Face folder ends a generation with (hf_eos_ids) */
+    int n_eos;              /* how many: none from a ctitan checkpoint */
 } gen_model_t;
 
 /* Loads from path:
@@ -26,7 +29,8 @@ typedef struct {
  *     there and whose weights load (each chunk checked as it is read; a damaged one is passed
  *     over, said on stderr);
  *   a Hugging Face folder (config.json): config.json's shape, its safetensors weights (a tied
- *     lm_head a copy of the embedding), tokenizer_path its tokenizer.json when there is one.
+ *     lm_head a copy of the embedding), tokenizer_path its tokenizer.json when there is one,
+ *     eos the end-of-text ids of its generation_config.json (else config.json).
  * Returns 0, or -errno with the reason naming the path (and the tensor or key at fault) in err;
  * nothing is left allocated then. */
 int gen_load_weights(const char *path, gen_model_t *out, char *err, size_t errlen);

@@ -187,6 +187,62 @@ int hf_config_parse(const char *text, size_t len, const char *what, hf_config_t 
     return rc;
 }
 
+int hf_eos_parse(const char *text, size_t len, const char *what, int vocab, int *ids, int *n, int *found, char *err,
+                 size_t errlen)
+{
+    json_error_t je;
+    json_t *o = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+    json_t *e = json_is_object(o) ? json_object_get(o, "eos_token_id") : NULL;
+    int rc = 0;
+    *n = 0, *found = e != NULL;
+    if (!o)
+        rc = util_fail(err, errlen, -EINVAL, "%s:%d: not JSON: %s", what, je.line, je.text);
+    else if (!json_is_object(o))
+        rc = util_fail(err, errlen, -EINVAL, "%s: not a JSON object", what);
+    size_t k = json_is_array(e) ? json_array_size(e) : e && !json_is_null(e);
+    if (!rc && k > HF_EOS_MAX)
+        rc = util_fail(err, errlen, -EINVAL, "%s: eos_token_id lists %zu ids, ctitan takes at most %d", what, k,
+                       HF_EOS_MAX);
+    for (size_t i = 0; !rc && i < k; i++) {
+        json_t *v = json_is_array(e) ? json_array_get(e, i) : e;
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= vocab)
+            rc = util_fail(err, errlen, -EINVAL, "%s: eos_token_id must be a token id below the vocabulary of %d, a "
+                           "list of them or null", what, vocab);
+        else
+            ids[(*n)++] = (int)json_integer_value(v);
+    }
+    json_decref(o);
+    if (rc)
+        *n = 0;
+    return rc;
+}
+
+/* DIR/NAME's eos_token_id into ids (*n of them); *found: the file has the key. A missing file
+ * has none. */
+static int eos_of(const char *dir, const char *name, int vocab, int *ids, int *n, int *found, char *err,
+                  size_t errlen)
+{
+    char path[4096];
+    *n = 0, *found = 0;
+    if ((size_t)snprintf(path, sizeof(path), "%s/%s", dir, name) >= sizeof(path))
+        return util_fail(err, errlen, -ENAMETOOLONG, "%s: path too long", dir);
+    if (access(path, F_OK))
+        return 0;
+    size_t size = 0;
+    char *buf = NULL;
+    int rc = util_read_file(path, HF_CONFIG_MAX, name, &buf, &size, err, errlen);
+    if (!rc)
+        rc = hf_eos_parse(buf, size, path, vocab, ids, n, found, err, errlen);
+    free(buf);
+    return rc;
+}
+
+int hf_eos_ids(const char *dir, int vocab, int *ids, int *n, char *err, size_t errlen)
+{
+    int found, rc = eos_of(dir, "generation_config.json", vocab, ids, n, &found, err, errlen);
+    return rc || found ? rc : eos_of(dir, "config.json", vocab, ids, n, &found, err, errlen);
+}
+
 int hf_config_load(const char *dir, hf_config_t *out, char *err, size_t errlen)
 {
     char path[4096];

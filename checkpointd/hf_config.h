@@ -30,4 +30,15 @@ int hf_config_parse(const char *text, size_t len, const char *what, hf_config_t 
 /* DIR/config.json read and parsed (at most 1 MiB). */
 int hf_config_load(const char *dir, hf_config_t *out, char *err, size_t errlen);
 
+#define HF_EOS_MAX 8 /* end-of-text ids a folder may name */
+/* The ids that end a generation with the model of folder DIR, as transformers' generate takes
+ * them: generation_config.json's eos_token_id when it has the key, else config.json's; an id or
+ * a list of ids (at most HF_EOS_MAX, each below vocab), null or absent for none. *n gets how
+ * many went into ids. -EINVAL naming the file and the key for another value. */
+int hf_eos_ids(const char *dir, int vocab, int *ids, int *n, char *err, size_t errlen);
+/* The eos_token_id of one such file's text (len bytes; `what` names it): *found when it has the
+ * key; ids and *n as hf_eos_ids (none after an error). */
+int hf_eos_parse(const char *text, size_t len, const char *what, int vocab, int *ids, int *n, int *found, char *err,
+                 size_t errlen);
+
 #endif

@@ -258,31 +258,39 @@ static void test_generation_stops_at_eos_max_tokens_and_max_seq_len(void **state
     gen_stats_t st;
     char err[256];
     collect_t a = {0}, b = {0}, d = {0};
-    assert_int_equal(gen_run(&c, w, NULL, NULL, &p, prompt, 3, 20, -1, c.vocab_size, collect, &a, &st, err,
+    assert_int_equal(gen_run(&c, w, NULL, NULL, &p, prompt, 3, 20, NULL, 0, c.vocab_size, collect, &a, &st, err,
                              sizeof(err)), 0);
     assert_int_equal(a.n, 20);
     assert_int_equal(st.new_tokens, 20);
     assert_string_equal(st.stop, "max tokens");
-    /* the 6th token as EOS: generation ends with its first appearance */
-    int eos = (int)a.ids[5], first = 0;
-    while (a.ids[first] != (uint32_t)eos)
+    /* the 6th token as EOS, among ids that never come: generation ends with its first appearance */
+    int eos[3] = {-1, (int)a.ids[5], -1}, first = 0, k = 0;
+    for (int v = 0; v < c.vocab_size && k < 2; v++) { /* two ids that never come */
+        int seen = 0;
+        for (int i = 0; i < 20; i++)
+            seen |= a.ids[i] == (uint32_t)v;
+        if (!seen)
+            eos[k++ ? 2 : 0] = v;
+    }
+    assert_int_equal(k, 2);
+    while (a.ids[first] != (uint32_t)eos[1])
         first++;
-    assert_int_equal(gen_run(&c, w, NULL, NULL, &p, prompt, 3, 20, eos, c.vocab_size, collect, &b, &st, err,
+    assert_int_equal(gen_run(&c, w, NULL, NULL, &p, prompt, 3, 20, eos, 3, c.vocab_size, collect, &b, &st, err,
                              sizeof(err)), 0);
     assert_int_equal(b.n, first + 1);
     assert_memory_equal(a.ids, b.ids, (size_t)b.n * sizeof(uint32_t));
     assert_string_equal(st.stop, "eos");
     /* 60 prompt tokens leave 4 of the 64 positions */
-    assert_int_equal(gen_run(&c, w, NULL, NULL, &p, prompt, 60, 100, -1, c.vocab_size, collect, &d, &st, err,
+    assert_int_equal(gen_run(&c, w, NULL, NULL, &p, prompt, 60, 100, NULL, 0, c.vocab_size, collect, &d, &st, err,
                              sizeof(err)), 0);
     assert_int_equal(d.n, 4);
     assert_string_equal(st.stop, "max_seq_len");
     uint32_t many[64] = {0};
-    assert_int_equal(gen_run(&c, w, NULL, NULL, &p, many, 64, 1, -1, c.vocab_size, collect, &d, &st, err,
+    assert_int_equal(gen_run(&c, w, NULL, NULL, &p, many, 64, 1, NULL, 0, c.vocab_size, collect, &d, &st, err,
                              sizeof(err)), -EINVAL);
     assert_non_null(strstr(err, "max_seq_len"));
     prompt[1] = 300;
-    assert_int_equal(gen_run(&c, w, NULL, NULL, &p, prompt, 3, 1, -1, c.vocab_size, collect, &d, &st, err,
+    assert_int_equal(gen_run(&c, w, NULL, NULL, &p, prompt, 3, 1, NULL, 0, c.vocab_size, collect, &d, &st, err,
                              sizeof(err)), -EINVAL);
     assert_non_null(strstr(err, "vocabulary"));
     free(w);
@@ -487,7 +495,10 @@ static void test_greedy_equals_transformers_generate_with_llama3_rope_scaling_af
 
 /* A Hugging Face folder as the model: a random Llama 3.2-like one written by transformers (tied
  * embeddings, Llama 3.1 rotary scaling, bf16 shards) generates greedily what transformers'
- * generate does from the same folder. */
+ * generate does from the same folder, past end-of-text ids (--ignore-eos; transformers with no
+ * EOS) and stopping at them: with a generation_config.json naming two (one that never comes,
+ * and the sixth token generated) both stop after that token's first appearance, saying so, and
+ * --ignore-eos goes on; a bad eos_token_id is refused naming the file. */
 static void test_greedy_from_a_hugging_face_folder_equals_transformers(void **state)
 {
     gfx_t *g = *state;
@@ -507,10 +518,58 @@ static void test_greedy_from_a_hugging_face_folder_equals_transformers(void **st
     if (tu_run(cmd, theirs, sizeof(theirs)))
         fail_msg("%s: %s", cmd, theirs);
     assert_int_equal(run_ctitan(ours, sizeof(ours), 0, "generate %s --prompt-ids '%s' --ids --temperature 0 "
-                                "--max-tokens %d", hf, prompt, N), 0);
+                                "--max-tokens %d --ignore-eos", hf, prompt, N), 0);
     trim(ours), trim(theirs);
     print_message("hf folder: ctitan       %s\nhf folder: transformers %s\n", ours, theirs);
     assert_string_equal(ours, theirs);
+    /* the end-of-text ids of generation_config.json: the sixth token, and one that never comes */
+    uint32_t ids[N];
+    int n = 0, never = -1;
+    for (char *p = theirs; *p && n < N; n++)
+        ids[n] = (uint32_t)strtoul(p, &p, 10);
+    assert_int_equal(n, N);
+    for (int v = 0; v < 300 && never < 0; v++) {
+        int seen = 0;
+        for (int i = 0; i < N; i++)
+            seen |= ids[i] == (uint32_t)v;
+        never = seen ? -1 : v;
+    }
+    int first = 0;
+    while (ids[first] != ids[5])
+        first++;
+    char gc[400], expect[8192];
+    snprintf(gc, sizeof(gc), "%s/generation_config.json", hf);
+    FILE *f = fopen(gc, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"bos_token_id\": 1, \"eos_token_id\": [%d, %u], \"pad_token_id\": 0}\n", never, ids[5]);
+    assert_int_equal(fclose(f), 0);
+    ids_text(ids, first + 1, expect, sizeof(expect));
+    snprintf(cmd, sizeof(cmd), "%s/venv/bin/python %s --generate-eos %s '%s' %d 2>/dev/null", py, script, hf, prompt,
+             N);
+    if (tu_run(cmd, theirs, sizeof(theirs)))
+        fail_msg("%s: %s", cmd, theirs);
+    assert_int_equal(run_ctitan(ours, sizeof(ours), 0, "generate %s --prompt-ids '%s' --ids --temperature 0 "
+                                "--max-tokens %d", hf, prompt, N), 0);
+    trim(ours), trim(theirs);
+    print_message("with eos %d and %u: ctitan %s; transformers %s\n", never, ids[5], ours, theirs);
+    assert_string_equal(theirs, expect);
+    assert_string_equal(ours, expect);
+    assert_int_equal(run_ctitan(ours, sizeof(ours), 1, "generate %s --prompt-ids '%s' --ids --temperature 0 "
+                                "--max-tokens %d", hf, prompt, N), 0);
+    assert_non_null(strstr(ours, "stopped at eos"));
+    assert_int_equal(run_ctitan(ours, sizeof(ours), 0, "generate %s --prompt-ids '%s' --ids --temperature 0 "
+                                "--max-tokens %d --ignore-eos", hf, prompt, N), 0);
+    trim(ours);
+    ids_text(ids, N, expect, sizeof(expect)); /* all N, past the end-of-text id */
+    assert_string_equal(ours, expect);
+    /* a bad eos_token_id is refused naming the file */
+    f = fopen(gc, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"eos_token_id\": \"</s>\"}\n");
+    assert_int_equal(fclose(f), 0);
+    assert_int_equal(run_ctitan(ours, sizeof(ours), 1, "generate %s --prompt-ids '%s' --max-tokens 2", hf, prompt), 1);
+    if (!strstr(ours, "generation_config.json: eos_token_id must be a token id"))
+        fail_msg("%s", ours);
 }
 
 /* gen_distribution against transformers' warpers (temperature, top-k, top-p, softmax) on the same
@@ -852,7 +911,7 @@ static void test_a_long_prompt_goes_in_several_passes(void **state)
     gen_stats_t st;
     char err[256];
     collect_t out = {0};
-    assert_int_equal(gen_run(&c, w, NULL, NULL, &p, prompt, P, 3, -1, c.vocab_size, collect, &out, &st, err,
+    assert_int_equal(gen_run(&c, w, NULL, NULL, &p, prompt, P, 3, NULL, 0, c.vocab_size, collect, &out, &st, err,
                              sizeof(err)), 0);
     assert_int_equal(out.n, 3);
     assert_int_equal(out.ids[0], best);

@@ -21,13 +21,16 @@
 
 static const char usage_text[] =
     "usage: ctitan generate CHECKPOINT --prompt TEXT [options]\n"
-    "Continues the prompt with the model of CHECKPOINT (a step-N directory, or a checkpoint folder:\n"
-    "its newest checkpoint that verifies) on the CPU, printing the new text as it is made and a\n"
-    "summary (tokens/s) to stderr.\n"
+    "Continues the prompt with the model of CHECKPOINT (a step-N directory, a checkpoint folder:\n"
+    "its newest checkpoint that verifies, or a Hugging Face folder) on the CPU, printing the new\n"
+    "text as it is made and a summary (tokens/s) to stderr. Generation stops after an end-of-text\n"
+    "token: the tokenizer's EOS and, for a Hugging Face folder, every eos_token_id of its\n"
+    "generation_config.json (else config.json), as transformers' generate does.\n"
     "  --prompt TEXT         the prompt (or --prompt-file F, or --prompt-ids 'ID ID ...')\n"
     "  --prompt-file F       the prompt is the bytes of file F\n"
     "  --prompt-ids LIST     the prompt as token ids (spaces or commas between them)\n"
     "  --max-tokens N (128)  new tokens at most (generation also stops at EOS and max_seq_len)\n"
+    "  --ignore-eos          go on past end-of-text tokens (to --max-tokens or max_seq_len)\n"
     "  --temperature T (0.8) 0 = greedy (the highest logit)\n"
     "  --top-k K (0 = off)   sample among the K most likely tokens only\n"
     "  --top-p P (1 = off)   sample among the fewest most likely tokens holding probability P\n"
@@ -42,6 +45,7 @@ static const char usage_text[] =
 typedef struct {
     const char *model, *prompt, *prompt_file, *prompt_ids, *tokenizer;
     int max_tokens, threads, stream, ids, bos; /* bos: -1 = the tokenizer's default */
+    int ignore_eos;
     int cuda;                                  /* --device cuda */
     gen_params_t p;
 } gen_args_t;
@@ -126,6 +130,7 @@ static int parse_args(int argc, char **argv, gen_args_t *a)
         if (!strcmp(k, "--help") || !strcmp(k, "-h")) return -1;
         else if (!strcmp(k, "--no-stream")) a->stream = 0;
         else if (!strcmp(k, "--ids")) a->ids = 1;
+        else if (!strcmp(k, "--ignore-eos")) a->ignore_eos = 1;
         else if (!strcmp(k, "--bos")) a->bos = 1;
         else if (!strcmp(k, "--no-bos")) a->bos = 0;
         else if (takes_value(k) && i + 1 >= argc) return bad_usage("%s needs a value", k);
@@ -227,7 +232,8 @@ static int prompt_ids(const gen_args_t *a, tok_t *tok, int vocab, uint32_t **ids
 
 typedef struct {
     tok_t *tok;
-    int ids, stream, eos;
+    int ids, stream;
+    int eos[HF_EOS_MAX + 1], n_eos; /* the model folder's end-of-text ids and the tokenizer's */
     uint8_t *pend;    /* text not written yet */
     size_t n, cap;
     int failed;       /* ENOMEM */
@@ -252,7 +258,7 @@ static int on_token(void *ctx, uint32_t id)
         return 0;
     }
     size_t len;
-    const uint8_t *b = (int)id == o->eos ? NULL : tok_token_bytes(o->tok, id, &len);
+    const uint8_t *b = gen_is_eos(o->eos, o->n_eos, (int32_t)id) ? NULL : tok_token_bytes(o->tok, id, &len);
     if (!b)
         return 0;
     if (o->n + len > o->cap) {
@@ -315,7 +321,10 @@ static int run(const gen_args_t *a, gen_model_t *m)
     uint32_t *ids = NULL;
     int n = 0;
     pool_t *pool = NULL;
-    out_t o = {.tok = tok, .ids = a->ids, .stream = a->stream, .eos = tok ? tok_eos(tok) : -1};
+    out_t o = {.tok = tok, .ids = a->ids, .stream = a->stream, .n_eos = m->n_eos};
+    memcpy(o.eos, m->eos, sizeof(m->eos));
+    if (tok && tok_eos(tok) >= 0 && !gen_is_eos(o.eos, o.n_eos, tok_eos(tok)))
+        o.eos[o.n_eos++] = tok_eos(tok);
     if (rc || (rc = prompt_ids(a, tok, m->cfg.vocab_size, &ids, &n)))
         goto out;
     if (!(pool = pool_new(a->threads))) {
@@ -332,8 +341,8 @@ static int run(const gen_args_t *a, gen_model_t *m)
         goto out;
     }
     int limit = tok ? tok_vocab_size(tok) : m->cfg.vocab_size;
-    if ((rc = gen_run(&m->cfg, m->w, pool, gpu, &a->p, ids, n, a->max_tokens, o.eos, limit, on_token, &o, &st, err,
-                      sizeof(err)))) {
+    if ((rc = gen_run(&m->cfg, m->w, pool, gpu, &a->p, ids, n, a->max_tokens, o.eos, a->ignore_eos ? 0 : o.n_eos,
+                      limit, on_token, &o, &st, err, sizeof(err)))) {
         fprintf(stderr, "ctitan generate: %s\n", err);
         goto out;
     }
@@ -345,6 +354,7 @@ static int run(const gen_args_t *a, gen_model_t *m)
     if (!a->ids)
         out_write(&o, o.n);
     printf("\n");
+    fflush(stdout); /* before the summary on stderr, where both go to one place */
     summary(&st);
 out:
     free(o.pend);

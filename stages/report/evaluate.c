@@ -127,7 +127,8 @@ int eval_sample(const model_config_t *cfg, const float *w, pool_t *pool, const c
     gen_stats_t st;
     uint8_t *text = NULL;
     size_t nb;
-    int rc = gen_run(cfg, w, pool, gpu, &p, o.seq, PROMPT, ntokens, eos, limit, keep_token, &o, &st, err, errlen);
+    int rc = gen_run(cfg, w, pool, gpu, &p, o.seq, PROMPT, ntokens, &eos, eos >= 0, limit, keep_token, &o, &st, err,
+                     errlen);
     if (!rc && o.n > PROMPT && (int)o.seq[o.n - 1] == eos)
         o.n--; /* EOS ends the text, unwritten (as `ctitan generate`) */
     if (!rc && (rc = tok_decode(tok, o.seq, (size_t)o.n, &text, &nb)))

@@ -228,7 +228,8 @@ static int check_run(const model_config_t *cfg, const gen_params_t *p, const uin
 }
 
 int gen_run(const model_config_t *cfg, const float *w, pool_t *pool, const cuda_plugin_t *gpu,
-            const gen_params_t *p, const uint32_t *prompt, int n_prompt, int max_tokens, int eos, int vocab_limit,
+            const gen_params_t *p, const uint32_t *prompt, int n_prompt, int max_tokens, const int *eos, int n_eos,
+            int vocab_limit,
             gen_token_fn fn, void *ctx, gen_stats_t *st, char *err, size_t errlen)
 {
     int rc = check_run(cfg, p, prompt, n_prompt, max_tokens, err, errlen);
@@ -262,7 +263,7 @@ int gen_run(const model_config_t *cfg, const float *w, pool_t *pool, const cuda_
         int32_t tok = gen_sample(s, lg, vocab_limit > 0 ? vocab_limit : cfg->vocab_size);
         st->new_tokens++;
         int stop = fn ? fn(ctx, (uint32_t)tok) : 0;
-        st->stop = tok == eos ? "eos" : st->new_tokens == max_tokens ? "max tokens"
+        st->stop = gen_is_eos(eos, n_eos, tok) ? "eos" : st->new_tokens == max_tokens ? "max tokens"
                    : st->new_tokens == budget ? "max_seq_len" : stop ? "callback" : NULL;
         if (st->stop)
             break;

@@ -41,6 +41,15 @@ int gen_distribution(gen_sampler_t *s, const float *logits, int limit, const int
  * end (one that more bytes could complete). Invalid bytes are not held. */
 size_t gen_utf8_ready(const uint8_t *buf, size_t n);
 
+/* Whether token is one of eos[0..n). */
+static inline int gen_is_eos(const int *eos, int n, int32_t token)
+{
+    for (int i = 0; i < n; i++)
+        if (eos[i] == token)
+            return 1;
+    return 0;
+}
+
 /* Called with each new token; a nonzero return stops the generation (after that token). */
 typedef int (*gen_token_fn)(void *ctx, uint32_t token);
 
@@ -51,14 +60,16 @@ typedef struct {
 } gen_stats_t;
 
 /* Continues prompt[0..n_prompt) (ids < cfg->vocab_size, n_prompt >= 1) with the whole model
- * of weights w: at most max_tokens new tokens, stopping after eos (-1: none) or when the
- * model's max_seq_len positions are used; each new token goes to fn. vocab_limit bounds the
+ * of weights w: at most max_tokens new tokens, stopping after any of eos[0..n_eos) (a model's
+ * end-of-text ids: a Llama 3 instruct has three) or when the model's max_seq_len positions are
+ * used; each new token goes to fn. vocab_limit bounds the
  * ids sampled (cfg->vocab_size for all). gpu: the loaded CUDA plugin to run the model on the
  * calling thread's current GPU, NULL for the CPU (with pool). Returns 0, -EINVAL (bad prompt,
  * params or a prompt of max_seq_len tokens or more: err says which), -ENOMEM, or the GPU's
  * error (err has its text). */
 int gen_run(const model_config_t *cfg, const float *w, pool_t *pool, const cuda_plugin_t *gpu,
-            const gen_params_t *p, const uint32_t *prompt, int n_prompt, int max_tokens, int eos, int vocab_limit,
+            const gen_params_t *p, const uint32_t *prompt, int n_prompt, int max_tokens, const int *eos, int n_eos,
+            int vocab_limit,
             gen_token_fn fn, void *ctx, gen_stats_t *st, char *err, size_t errlen);
 
 #endif

@@ -1,5 +1,7 @@
 /* libFuzzer harness: a Hugging Face config.json (checkpointd/hf_config.h hf_config_parse). An
- * accepted one must describe a model config_validate takes, as it stands. */
+ * accepted one must describe a model config_validate takes, as it stands. The same text as a
+ * generation_config.json (hf_eos_parse): what it accepts is at most HF_EOS_MAX ids below the
+ * vocabulary, and none without the key. */
 #include <string.h>
 
 #include "checkpointd/hf_config.h"
@@ -8,6 +10,14 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     char err[512];
+    int ids[HF_EOS_MAX], n = -1, found = -1, vocab = 128256; /* Llama 3's */
+    if (!hf_eos_parse((const char *)data, size, "generation_config.json", vocab, ids, &n, &found, err, sizeof(err))) {
+        FUZZ_CHECK(n >= 0 && n <= HF_EOS_MAX && (found || n == 0), "%d ids, found %d", n, found);
+        for (int i = 0; i < n; i++)
+            FUZZ_CHECK(ids[i] >= 0 && ids[i] < vocab, "id %d of %d: %d", i, n, ids[i]);
+    } else {
+        FUZZ_CHECK(n == 0, "%d ids after a refusal", n);
+    }
     hf_config_t h;
     if (hf_config_parse((const char *)data, size, "config.json", &h, err, sizeof(err)))
         return 0;

@@ -46,23 +46,27 @@ echo
 echo "bf16 matrix-product peak (cuBLASLt, 8192^3, measured now): **$peak TFLOP/s**; MFU is against it."
 echo "ctitan: \`ctitan launch\` with \`--job.device cuda\` (stages on the GPU, hand-offs through CUDA IPC rings,"
 echo "optimizer shards on the GPU updating the stages' weights in place), $steps steps, medians of steps"
-echo "3..$steps; peak memory is the device's in use at a step's end (every process on it). PyTorch:"
+echo "3..$steps; peak memory is the device's in use at a step's end (every process on it), planned: what"
+echo "\`ctitan plan\` of the same job says GPU 0 needs (every process on it: the memory plan's accuracy). PyTorch:"
 echo "tools/torch_llama.py bench, the same model and batch: peak torch.cuda.max_memory_allocated, and"
 echo "device: the device's memory in use after its steps, counted as ctitan's (context and allocator reserve)."
 echo
-echo "| model | pp | batch x seq | ctitan tokens/s | ctitan MFU | ctitan peak GiB | PyTorch tokens/s | PyTorch peak GiB | PyTorch device GiB | ctitan / PyTorch |"
-echo "|---|---|---|---|---|---|---|---|---|---|"
+echo "| model | pp | batch x seq | ctitan tokens/s | ctitan MFU | ctitan peak GiB | planned GiB | PyTorch tokens/s | PyTorch peak GiB | PyTorch device GiB | ctitan / PyTorch |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
 run() { # label flavor dim layers heads kv vocab seq batch pp microbatches [more ctitan overrides]
   local label=$1 flavor=$2 dim=$3 layers=$4 heads=$5 kv=$6 vocab=$7 seq=$8 batch=$9 pp=${10} mb=${11} more=${12:-}
   local m="$dir/$flavor-$pp-$RANDOM.jsonl"
-  if ! "$bin" launch manifests/demo.toml --job.name "benchgpu$$" --job.dump_folder "$dir/runs" \
-      --job.device cuda --model.flavor "$flavor" --model.tokenizer_path "" --model.vocab_size "$vocab" \
-      --training.steps "$steps" --training.seq_len "$seq" --training.local_batch_size "$batch" \
-      --parallelism.pipeline_parallel_degree "$pp" --parallelism.pipeline_parallel_microbatches "$mb" \
-      --checkpoint.enable false --validation.enable false --sample.tokens 0 --job.max_restarts 0 \
-      --loader.dataset_path "$dir/tokens.bin" --metrics.file "$m" --metrics.peak_tflops "$peak" $more \
-      > "$dir/launch.out" 2>&1; then
-    echo "| $label | $pp | ${batch}x$seq | failed: $(tail -1 "$dir/launch.out") | | | | | | |"
+  local job=(manifests/demo.toml --job.name "benchgpu$$" --job.dump_folder "$dir/runs"
+      --job.device cuda --model.flavor "$flavor" --model.tokenizer_path "" --model.vocab_size "$vocab"
+      --training.steps "$steps" --training.seq_len "$seq" --training.local_batch_size "$batch"
+      --parallelism.pipeline_parallel_degree "$pp" --parallelism.pipeline_parallel_microbatches "$mb"
+      --checkpoint.enable false --validation.enable false --sample.tokens 0 --job.max_restarts 0
+      --loader.dataset_path "$dir/tokens.bin" --metrics.file "$m" --metrics.peak_tflops "$peak" $more)
+  # the plan's figure for GPU 0 ("gpu0 needs X GiB, has ..." or "...; its memory is unknown")
+  local planned
+  planned=$("$bin" plan "${job[@]}" 2>/dev/null | sed -nE 's/^  gpu0 needs ([0-9.]+) GiB.*/\1/p' | head -1) || true
+  if ! "$bin" launch "${job[@]}" > "$dir/launch.out" 2>&1; then
+    echo "| $label | $pp | ${batch}x$seq | failed: $(tail -1 "$dir/launch.out") | | | ${planned:-?} | | | | |"
     return
   fi
   local tps mfu mem torch
@@ -76,7 +80,7 @@ run() { # label flavor dim layers heads kv vocab seq batch pp microbatches [more
   python3 -c "
 import json, sys
 t, m, mem = map(float, sys.argv[1:4]); p = json.loads(sys.argv[4])
-print('| $label | $pp | ${batch}x$seq | %.0f | %.1f%% | %.1f | %.0f | %.1f | %.1f | %.2f |' % (
+print('| $label | $pp | ${batch}x$seq | %.0f | %.1f%% | %.1f | ${planned:-?} | %.0f | %.1f | %.1f | %.2f |' % (
     t, 100 * m, mem / 2**30, p['tokens_per_s'], p['peak_bytes'] / 2**30, p.get('device_bytes', 0) / 2**30,
     t / p['tokens_per_s']))" \
     "$tps" "$mfu" "$mem" "$torch"

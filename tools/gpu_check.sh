@@ -385,6 +385,8 @@ st=(--model.flavor llama1b --model.tokenizer_path "" --model.dim 1024 --model.n_
     --parallelism.pipeline_parallel_microbatches 1 --parallelism.pipeline_parallel_degree 1
     --training.steps 120 --job.device cuda)
 steptimes() { sed -nE 's/.*"step_time_ms": ([0-9.]+).*/\1/p' "$1"; }
+# the device's peak in use (every process on it) over a job's steps, GiB
+peak_gib() { sed -nE 's/.*"mem_peak_bytes": ([0-9]+).*/\1/p' "$1" | sort -g | tail -1 | awk '{ printf "%.2f", $1 / 1073741824 }'; }
 if want stall; then
 if [ $rehearse = 1 ]; then
     row "checkpoint stall (~160M)" "skipped: no GPU" 0 ""
@@ -396,6 +398,9 @@ elif job stall0 stall0.log "${st[@]}" && [ $rc = 0 ] &&
         NR > 2 { t0 += $1; t1 += $2 } { s1[NR] = $2 }
         END { printf "median step %.1f ms; after each checkpoint: %.1f, %.1f ms; steps 3-120: %.2f s without, %.2f s with (%+.1f%%)",
                   med, s1[41], s1[81], t0 / 1e3, t1 / 1e3, 100 * (t1 - t0) / t0 }')
+    # the memory plan against the device's peak (every process on it) of the job without checkpoints
+    planned=$("$bin" plan "${common[@]}" "${st[@]}" 2>/dev/null | sed -nE 's/^  gpu0 needs ([0-9.]+) GiB.*/\1/p' | head -1) || true
+    stall="$stall; device peak $(peak_gib "$out/stall0.jsonl") GiB, planned ${planned:-?} GiB"
     row "checkpoint stall (~160M)" ok "$secs" "$stall"
     details "## Checkpoint stall (~160M, pp 1, interval 40)" "" "$stall" ""
 else
@@ -414,7 +419,6 @@ l3=(--model.flavor llama1b --model.tokenizer_path "" --model.vocab_size 128256 -
 b8=(--model.dim 4096 --model.n_layers 32 --model.n_heads 32 --model.hidden_dim 14336)
 b3=(--model.dim 3072 --model.n_layers 28 --model.n_heads 24 --model.hidden_dim 8192)
 med_ms() { steptimes "$1" | tail -n +2 | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
-peak_gib() { sed -nE 's/.*"mem_peak_bytes": ([0-9]+).*/\1/p' "$1" | sort -g | tail -1 | awk '{ printf "%.2f", $1 / 1073741824 }'; }
 if want big; then
 if [ $rehearse = 1 ]; then
     row "issue 24: 8B plan, 3B run, AC on a GPU" "skipped: no GPU" 0 ""

@@ -6,9 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ipc/util.h"
 #include "kernels/cpu/model.h"
 #include "stages/report/generate.h"
-#include "ipc/util.h"
 
 void eval_next_batch(const tokfile_t *tf, size_t *cursor, int B, int T, int32_t *tok, int32_t *tgt,
                      int32_t *window)

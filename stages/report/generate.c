@@ -229,8 +229,7 @@ static int check_run(const model_config_t *cfg, const gen_params_t *p, const uin
 
 int gen_run(const model_config_t *cfg, const float *w, pool_t *pool, const cuda_plugin_t *gpu,
             const gen_params_t *p, const uint32_t *prompt, int n_prompt, int max_tokens, const int *eos, int n_eos,
-            int vocab_limit,
-            gen_token_fn fn, void *ctx, gen_stats_t *st, char *err, size_t errlen)
+            int vocab_limit, gen_token_fn fn, void *ctx, gen_stats_t *st, char *err, size_t errlen)
 {
     int rc = check_run(cfg, p, prompt, n_prompt, max_tokens, err, errlen);
     if (rc)

@@ -62,14 +62,12 @@ typedef struct {
 /* Continues prompt[0..n_prompt) (ids < cfg->vocab_size, n_prompt >= 1) with the whole model
  * of weights w: at most max_tokens new tokens, stopping after any of eos[0..n_eos) (a model's
  * end-of-text ids: a Llama 3 instruct has three) or when the model's max_seq_len positions are
- * used; each new token goes to fn. vocab_limit bounds the
- * ids sampled (cfg->vocab_size for all). gpu: the loaded CUDA plugin to run the model on the
- * calling thread's current GPU, NULL for the CPU (with pool). Returns 0, -EINVAL (bad prompt,
- * params or a prompt of max_seq_len tokens or more: err says which), -ENOMEM, or the GPU's
- * error (err has its text). */
+ * used; each new token goes to fn. vocab_limit bounds the ids sampled (cfg->vocab_size for
+ * all). gpu: the loaded CUDA plugin to run the model on the calling thread's current GPU, NULL
+ * for the CPU (with pool). Returns 0, -EINVAL (bad prompt, params or a prompt of max_seq_len
+ * tokens or more: err says which), -ENOMEM, or the GPU's error (err has its text). */
 int gen_run(const model_config_t *cfg, const float *w, pool_t *pool, const cuda_plugin_t *gpu,
             const gen_params_t *p, const uint32_t *prompt, int n_prompt, int max_tokens, const int *eos, int n_eos,
-            int vocab_limit,
-            gen_token_fn fn, void *ctx, gen_stats_t *st, char *err, size_t errlen);
+            int vocab_limit, gen_token_fn fn, void *ctx, gen_stats_t *st, char *err, size_t errlen);
 
 #endif

@@ -17,12 +17,11 @@ prints that mean cross-entropy for ROWS rows of int32 tokens (each row: inputs a
 one, targets) under the model of HF_DIR read in fp32.
 
   hf_llama.py --generate HF_DIR PROMPT_IDS N
-  hf_llama.py --generate-eos HF_DIR PROMPT_IDS N
 
 prints the N token ids that transformers' greedy generate (from_pretrained in fp32, eager
-attention, no EOS; with --generate-eos the end-of-text ids of the folder's generation config,
-so fewer when one comes) puts after PROMPT_IDS (ids separated by spaces), on one line
-(tests/test_generate.c compares `ctitan generate HF_DIR` with it).
+attention, no EOS) puts after PROMPT_IDS (ids separated by spaces) on one line, then on a second
+what it puts there stopping at the end-of-text ids of the folder's generation config (fewer when
+one comes) (tests/test_generate.c compares `ctitan generate HF_DIR` with both).
 """
 import argparse
 import os
@@ -41,24 +40,24 @@ def loss_of(hf, tokens_path, rows):
     print("%.9g" % loss.item())
 
 
-def generate(hf, prompt, n, eos=False):
+def generate(hf, prompt, n):
     model = LlamaForCausalLM.from_pretrained(hf, torch_dtype=torch.float32, attn_implementation="eager").eval()
     ids = torch.tensor([[int(t) for t in prompt.split()]])
-    kw = {} if eos else {"eos_token_id": None}  # eos: the folder's generation_config.json
-    with torch.no_grad():
-        # synced_gpus given: its default imports torch.distributed.fsdp, which Debian's torch 1.13
-        # cannot import under Python 3.11
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
-                             num_beams=1, pad_token_id=0, synced_gpus=False, **kw)
-    print(" ".join(str(int(t)) for t in out[0, ids.shape[1]:]))
+    for kw in ({"eos_token_id": None}, {}):  # then the folder's generation_config.json's
+        with torch.no_grad():
+            # synced_gpus given: its default imports torch.distributed.fsdp, which Debian's torch
+            # 1.13 cannot import under Python 3.11
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
+                                 num_beams=1, pad_token_id=0, synced_gpus=False, **kw)
+        print(" ".join(str(int(t)) for t in out[0, ids.shape[1]:]))
 
 
 def main():
     import sys
     if len(sys.argv) == 5 and sys.argv[1] == "--loss":
         return loss_of(sys.argv[2], sys.argv[3], int(sys.argv[4]))
-    if len(sys.argv) == 5 and sys.argv[1] in ("--generate", "--generate-eos"):
-        return generate(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[1] == "--generate-eos")
+    if len(sys.argv) == 5 and sys.argv[1] == "--generate":
+        return generate(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--dtype", default="float32")

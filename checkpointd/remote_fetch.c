@@ -173,7 +173,7 @@ void rmt_dir_sink_init(rmt_dir_sink_t *d, const char *dir, const char *shown)
     memset(d, 0, sizeof(*d));
     d->dir = dir;
     d->fd = -1;
-    snprintf(d->shown, sizeof(d->shown), "%s", shown);
+    d->shown = shown;
     d->sink = (rmt_sink_t){.index = dir_index, .data = dir_data, .file_done = dir_file_done, .arg = d};
 }
 

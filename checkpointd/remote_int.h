@@ -140,10 +140,11 @@ typedef struct {
     const char *dir;
     const ckpt_index_t *ix; /* the fetch's, once it came */
     int fd;                 /* of the data file being written; -1 */
-    char shown[640];        /* the checkpoint in messages */
+    const char *shown;      /* the checkpoint in messages */
     ckpt_stream_t cs;
 } rmt_dir_sink_t;
-/* shown: the checkpoint as messages name it ("step N of job J from ..."). */
+/* shown: the checkpoint as messages name it ("step N of job J from ..."; kept by the caller
+ * while the sink lasts). */
 void rmt_dir_sink_init(rmt_dir_sink_t *d, const char *dir, const char *shown);
 /* After a fetch that ended well: every chunk came and checked. 0 or -EBADMSG with err. */
 int rmt_dir_sink_finish(rmt_dir_sink_t *d, char *err, size_t errlen);

@@ -16,7 +16,6 @@
 
 #include "ipc/util.h"
 #include "kernels/act_bytes.h"
-#include "kernels/cpu/infer.h"
 #include "kernels/cpu/model.h"
 #include "kernels/params.h"
 #include "stages/data/tokfile.h"
@@ -24,6 +23,7 @@
 #include "stages/job/job.h"
 #include "stages/job/ldr_seg.h"
 #include "stages/job/staging.h"
+#include "stages/report/evaluate.h"
 #include "stages/runtime/plane.h"
 
 /* kernels/cuda/model.cu and matmul.cu: the elements past each stage's buffers
@@ -99,15 +99,11 @@ static void shared_row(plan_t *p, plan_row_t *r, const job_layout_t *l, const ma
 static void coord_row(plan_row_t *r, const manifest_t *m)
 {
     const model_config_t *cfg = &m->model;
-    int top = cfg->n_layers + 2, cap = 8 + m->sample_tokens;
-    cap = cap < cfg->max_seq_len ? cap : cfg->max_seq_len;
+    int top = cfg->n_layers + 2;
     /* forwards only: the pages of the backward's buffers are never touched */
     double eval = m->val_enable
                       ? (double)model_acts_forward_bytes_for(cfg, 0, top, m->local_batch_size, m->seq_len) : 0;
-    double sample = m->sample_tokens > 0 && m->tokenizer_path[0] /* the cache, and the sampler's ids and odds */
-                        ? (double)infer_bytes_for(cfg, cap, cap < 8 ? cap : 8, 0) +
-                              (double)cfg->vocab_size * (sizeof(int) + sizeof(double))
-                        : 0;
+    double sample = m->sample_tokens > 0 && m->tokenizer_path[0] ? (double)eval_sample_bytes(cfg, m->sample_tokens) : 0;
     r->bytes[PLAN_ACTS] = eval > sample ? eval : sample;
     r->bytes[PLAN_WORKSPACE] = eval ? (double)model_fixed_bytes(cfg) : 0;
     r->file = m->command[0] ? 0 : file_pages(m->dataset_path, cfg->vocab_size, ENTROPY_TOKENS);

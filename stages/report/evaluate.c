@@ -108,11 +108,16 @@ static int keep_token(void *ctx, uint32_t token)
     return 0;
 }
 
+size_t eval_sample_bytes(const model_config_t *cfg, int ntokens)
+{
+    return gen_run_bytes(cfg, EVAL_SAMPLE_PROMPT, ntokens) + ((size_t)EVAL_SAMPLE_PROMPT + ntokens) * sizeof(uint32_t);
+}
+
 int eval_sample(const model_config_t *cfg, const float *w, pool_t *pool, const cuda_plugin_t *gpu, tok_t *tok,
                 const tokfile_t *prompt_src, int ntokens, double temperature, uint64_t seed, FILE *out, char *err,
                 size_t errlen)
 {
-    enum { PROMPT = 8 };
+    enum { PROMPT = EVAL_SAMPLE_PROMPT };
     if (tokfile_count(prompt_src) < (size_t)PROMPT)
         return util_fail(err, errlen, -EINVAL, "the prompt's file holds fewer than %d tokens", PROMPT);
     sample_out_t o = {.seq = calloc((size_t)PROMPT + ntokens, sizeof(uint32_t)), .n = PROMPT, .cap = PROMPT + ntokens};

@@ -42,9 +42,13 @@ double eval_loss_on(const backend_t *be, const model_config_t *cfg, float *w, co
  * tokenizer's EOS or the model's max_seq_len), so `ctitan generate` on the same weights with
  * these ids, temperature and seed gives the same text. gpu: the loaded CUDA plugin to run it on
  * the calling thread's GPU, NULL for the CPU (with pool). Returns 0 or -errno with err. */
+#define EVAL_SAMPLE_PROMPT 8 /* the sample's prompt: the first tokens of its file */
 int eval_sample(const model_config_t *cfg, const float *w, pool_t *pool, const cuda_plugin_t *gpu, tok_t *tok,
                 const tokfile_t *prompt_src, int ntokens, double temperature, uint64_t seed, FILE *out, char *err,
                 size_t errlen);
+
+/* The host memory eval_sample holds on the CPU for ntokens (the memory plan's). */
+size_t eval_sample_bytes(const model_config_t *cfg, int ntokens);
 
 /* Entropy in nats of the token distribution of the first max_tokens tokens of tf (what a
  * model knowing only token frequencies would score). */

@@ -227,6 +227,25 @@ static int check_run(const model_config_t *cfg, const gen_params_t *p, const uin
     return 0;
 }
 
+/* A run's new tokens at most (max_tokens, or the positions left), the cache's positions and the
+ * prompt's tokens a pass. */
+static void run_sizes(const model_config_t *cfg, int n_prompt, int max_tokens, int *budget, int *cap, int *batch)
+{
+    int room = cfg->max_seq_len > n_prompt ? cfg->max_seq_len - n_prompt : 0; /* 0: gen_run refuses it */
+    *budget = max_tokens < room ? max_tokens : room;
+    *cap = n_prompt + *budget;
+    *batch = n_prompt < PREFILL_BATCH ? n_prompt : PREFILL_BATCH;
+}
+
+size_t gen_run_bytes(const model_config_t *cfg, int n_prompt, int max_tokens)
+{
+    int budget, cap, batch;
+    run_sizes(cfg, n_prompt, max_tokens, &budget, &cap, &batch);
+    /* the CPU's cache and buffers, the sampler's candidates and odds, a pass's ids */
+    return infer_bytes_for(cfg, cap, batch, 0) + (size_t)cfg->vocab_size * (sizeof(int) + sizeof(double)) +
+           (size_t)batch * sizeof(int32_t);
+}
+
 int gen_run(const model_config_t *cfg, const float *w, pool_t *pool, const cuda_plugin_t *gpu,
             const gen_params_t *p, const uint32_t *prompt, int n_prompt, int max_tokens, const int *eos, int n_eos,
             int vocab_limit, gen_token_fn fn, void *ctx, gen_stats_t *st, char *err, size_t errlen)
@@ -236,8 +255,8 @@ int gen_run(const model_config_t *cfg, const float *w, pool_t *pool, const cuda_
         return rc;
     memset(st, 0, sizeof(*st));
     st->prompt_tokens = n_prompt;
-    int room = cfg->max_seq_len - n_prompt, budget = max_tokens < room ? max_tokens : room;
-    int cap = n_prompt + budget, batch = n_prompt < PREFILL_BATCH ? n_prompt : PREFILL_BATCH;
+    int budget, cap, batch;
+    run_sizes(cfg, n_prompt, max_tokens, &budget, &cap, &batch);
     model_t m = {.pl = gpu};
     gen_sampler_t *s = gen_sampler_new(p, cfg->vocab_size);
     int32_t *ids = malloc((size_t)batch * sizeof(int32_t));

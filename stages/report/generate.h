@@ -66,6 +66,9 @@ typedef struct {
  * all). gpu: the loaded CUDA plugin to run the model on the calling thread's current GPU, NULL
  * for the CPU (with pool). Returns 0, -EINVAL (bad prompt, params or a prompt of max_seq_len
  * tokens or more: err says which), -ENOMEM, or the GPU's error (err has its text). */
+/* The host memory gen_run holds on the CPU for such a prompt and max_tokens (the plan's). */
+size_t gen_run_bytes(const model_config_t *cfg, int n_prompt, int max_tokens);
+
 int gen_run(const model_config_t *cfg, const float *w, pool_t *pool, const cuda_plugin_t *gpu,
             const gen_params_t *p, const uint32_t *prompt, int n_prompt, int max_tokens, const int *eos, int n_eos,
             int vocab_limit, gen_token_fn fn, void *ctx, gen_stats_t *st, char *err, size_t errlen);

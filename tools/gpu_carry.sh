@@ -28,8 +28,18 @@ done
 [ -f build/lib/libctitan_cuda.so ] || { echo "gpu_carry: build/lib/libctitan_cuda.so is missing" >&2; exit 1; }
 ls build/tests/gpu/test_* >/dev/null 2>&1 || { echo "gpu_carry: no GPU tests in build/tests/gpu" >&2; exit 1; }
 
-total=$(du -sbc "${paths[@]}" | tail -1 | cut -f1)
-awk -v t="$total" -v l=$((limit / 1048576)) -v p="${paths[*]}" 'BEGIN { printf "gpu_carry: %s: %.1f MiB of %d MiB\n", p, t / 1048576, l }' 
+# The debug sections are a sixth of the carry and useless there: strip them (here too, until the
+# next link; `make` relinks what changed).
+if [ "${1:-}" != --check-only ]; then
+    strip --strip-debug build/bin/* build/tests/gpu/test_* build/tests/test_model build/tests/test_backend \
+        build/lib/libctitan_cuda.so build/lib/libctitan_gpuprof.so
+fi
+# The device tool counts the working tree (tracked and untracked files git does not ignore) with
+# the carried paths.
+tree=$(git ls-files -z -co --exclude-standard | du -bc --files0-from=- 2>/dev/null | tail -1 | cut -f1)
+total=$(( $(du -sbc "${paths[@]}" | tail -1 | cut -f1) + ${tree:-0} ))
+awk -v t="$total" -v w="${tree:-0}" -v l=$((limit / 1048576)) -v p="${paths[*]}" \
+    'BEGIN { printf "gpu_carry: %s and the working tree (%.1f MiB): %.1f MiB of %d MiB\n", p, w / 1048576, t / 1048576, l }' 
 if [ "$total" -gt "$limit" ]; then
     du -sh "${paths[@]}" >&2
     echo "gpu_carry: too large to carry" >&2

@@ -16,10 +16,10 @@
 # --only    a comma list of the steps to run (the device facts always): tests, model (the model
 #           against the CPU, checkpoint and resume, recovery), breakdown (where the step goes,
 #           tools/gpu_breakdown.sh), bench (tools/bench_gpu.sh), stall (a checkpoint's stall),
-#           big (issue 24: the 8B's plan, the 3B trained, activation checkpointing's figures;
-#           ~7 minutes: run it on its own)
+#           big (issue 24: the 8B's plan, the 3B trained; ~7 minutes: run it on its own), ac
+#           (activation checkpointing's cost and saving on the ~160M, ~1 minute)
 # --export  after every step, also DIR/report.md and DIR/raw.tgz (the logs and metrics files,
-#           without the data and runs): two files, because the device tool brings back at
+#           without the data, runs and checkpoints): two files, because the device tool brings back at
 #           most 8 files from its $OUT (OUT itself holds ~30).
 # --rehearse  for a machine without a GPU (make test runs it on tests/cudasim's emulated plugin,
 #           which CTITAN_CUDA_PLUGIN names): the steps that need a real GPU say "skipped: no
@@ -43,7 +43,7 @@ while [ $# -gt 0 ]; do
 done
 case $budget in ''|*[!0-9]*) echo "gpu_check: --budget takes whole seconds, got '$budget'" >&2; exit 2 ;; esac
 [ -n "$out" ] || { echo "usage: tools/gpu_check.sh [--budget SECONDS] [--only STEPS] [--rehearse] [--export DIR] OUT" >&2; exit 2; }
-steps_known="tests model breakdown bench stall big"
+steps_known="tests model breakdown bench stall big ac"
 for w in ${only//,/ }; do
     case " $steps_known " in *" $w "*) ;; *) echo "gpu_check: --only: no step '$w' (steps: $steps_known)" >&2; exit 2 ;; esac
 done
@@ -76,7 +76,7 @@ write_report() {
     } >"$out/report.md.tmp" && mv "$out/report.md.tmp" "$out/report.md"
     if [ -n "$export" ]; then
         cp "$out/report.md" "$export/.report.md" && mv "$export/.report.md" "$export/report.md"
-        tar czf "$export/.raw.tgz" -C "$out" --exclude=./data --exclude=./runs --exclude=./ckpt . 2>/dev/null &&
+        tar czf "$export/.raw.tgz" -C "$out" --exclude=./data --exclude=./runs --exclude="./ckpt*" . 2>/dev/null &&
             mv "$export/.raw.tgz" "$export/raw.tgz"
     fi
 }
@@ -410,8 +410,7 @@ fi # stall
 
 # ---- 10. issue 24 on one GPU: the plan's answer for the Llama 3.1 8B shape with this machine's
 # memory (GPU-resident state and offload), the Llama 3.2 3B shape it admits trained a few steps
-# (tokens/s, the device's peak against the plan's figure), and activation checkpointing's cost
-# and saving on the ~160M shape of the stall step ----
+# (tokens/s, the device's peak against the plan's figure) ----
 l3=(--model.flavor llama1b --model.tokenizer_path "" --model.vocab_size 128256 --model.n_kv_heads 8
     --model.max_seq_len 8192 --training.seq_len 2048 --training.local_batch_size 1
     --parallelism.pipeline_parallel_microbatches 1 --parallelism.pipeline_parallel_degree 1 --job.device cuda
@@ -421,7 +420,7 @@ b3=(--model.dim 3072 --model.n_layers 28 --model.n_heads 24 --model.hidden_dim 8
 med_ms() { steptimes "$1" | tail -n +2 | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 if want big; then
 if [ $rehearse = 1 ]; then
-    row "issue 24: 8B plan, 3B run, AC on a GPU" "skipped: no GPU" 0 ""
+    row "issue 24: 8B plan, 3B run on a GPU" "skipped: no GPU" 0 ""
 else
     for off in gpu cpu; do
         if run "big-plan8-$off.log" 60 "$bin" plan "${common[@]}" "${l3[@]}" "${b8[@]}" --optshard.device "$off"; then
@@ -441,6 +440,14 @@ else
     else
         row "train: Llama 3.2 3B shape, AC full, 1x2048" "$( [ "${rc:-125}" = 125 ] && echo "skipped: out of budget" || result)" "${secs:-0}" "$(why big-plan3.log)"
     fi
+fi
+fi # big
+
+# ---- 11. activation checkpointing's cost and saving on the ~160M shape of the stall step ----
+if want ac; then
+if [ $rehearse = 1 ]; then
+    row "activation checkpointing (~160M, 4x1024)" "skipped: no GPU" 0 ""
+else
     acs=""
     for mode in none full selective; do
         if job "ac-$mode" "ac-$mode.log" "${st[@]}" --training.steps 20 --activation_checkpoint.mode "$mode" \
@@ -453,7 +460,7 @@ else
     row "activation checkpointing (~160M, 4x1024): median step, device peak" ok "" "$acs"
     details "## Activation checkpointing on the GPU (~160M; selective = op)" "" "$acs" ""
 fi
-fi # big
+fi # ac
 
 rm -rf "$out/runs" "$out/ckpt" "$out/ckpt-stall" "$out/once" "$out/.verdict"
 write_report

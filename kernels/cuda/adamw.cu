@@ -91,9 +91,15 @@ extern "C" int cuda_adamw(float *param, float *m, float *v, const float *param0,
 
 extern "C" int cuda_alloc(void **p, size_t bytes) { return cuda_err_status(cudaMalloc(p, bytes), "cudaMalloc"); }
 extern "C" int cuda_free(void *p) { return cuda_err_status(cudaFree(p), "cudaFree"); }
+/* cudaMemcpy from pageable memory returns once the bytes are staged, before they reach the
+ * device; work on a non-blocking stream (every stream of ours) could run first and see the old
+ * bytes. Waiting for the legacy stream makes "on the device when this returns" true. */
 extern "C" int cuda_copy_to_device(void *dst, const void *src, size_t bytes)
 {
-    return cuda_err_status(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+    cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(cudaStreamLegacy);
+    return cuda_err_status(e, "cudaMemcpy H2D");
 }
 extern "C" int cuda_copy_to_host(void *dst, const void *src, size_t bytes)
 {

@@ -167,6 +167,7 @@ inline void cp_async_wait_all(void) {
 }
 
 typedef int cudaError_t; typedef void *cudaStream_t; typedef void *cudaEvent_t;
+#define cudaStreamLegacy ((cudaStream_t)0) /* the legacy stream: NULL here, as cudaStreamSynchronize takes it */
 enum { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2, cudaErrorInsufficientDriver = 35,
        cudaErrorInitializationError = 3, cudaErrorInvalidDevice = 101, cudaErrorNoDevice = 100, cudaErrorMapBufferObjectFailed = 205,
        cudaErrorHostMemoryAlreadyRegistered = 712, cudaErrorHostMemoryNotRegistered = 713 };

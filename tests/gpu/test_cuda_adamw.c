@@ -130,9 +130,9 @@ static void test_cuda_adamw_is_the_cpu_step_bitwise(void **state)
     for (size_t c = 0; c < sizeof(at) / sizeof(at[0]); c++) {
         for (int k = 0; k < 7; k++) {
             tu_fill(NULL, h[k], cap, 700 + 10 * c + k, k == 3 ? 1.0 : 0.1);
-            if (k == 5)
+            if (k == 2 || k == 5) /* second moments are >= 0: a later step reads v's edges as v0 */
                 for (size_t i = 0; i < cap; i++)
-                    h[k][i] *= h[k][i]; /* second moments are >= 0 */
+                    h[k][i] *= h[k][i];
             assert_int_equal(cuda_copy_to_device(d[k], h[k], bytes), 0);
         }
         for (int step = 1; step <= 3; step++) {

@@ -13,6 +13,8 @@
 # (llm.c format), the step time the median step_time_ms of its metrics. torch: the PyTorch
 # reference (torch.compile) on the same shape, for a side-by-side table; its step time is the
 # one it prints. CTITAN_BREAKDOWN_KEEP=DIR keeps the per-process tables there.
+# Then where the stage waits: what the device ran, in the same window for every process, while
+# a stage process had nothing on it (tools/gpuprof/waits.sh, from every process's trace).
 # CTITAN_BREAKDOWN_MPS=1 runs the job under NVIDIA's Multi-Process Service (a private daemon,
 # `nvidia-cuda-mps-control -d`, pipe and log folders of its own, stopped afterwards): without
 # it the job's processes on one GPU are time-sliced, never running kernels at the same time.
@@ -37,8 +39,9 @@ if [ "${CTITAN_BREAKDOWN_MPS:-0}" = 1 ]; then
     trap 'echo quit | nvidia-cuda-mps-control >/dev/null 2>&1; sleep 1; rm -rf "$dir"' EXIT
     mps=", under MPS"
 fi
-prof=(env CUDA_INJECTION64_PATH="$lib" CTITAN_GPUPROF_DIR="$dir/prof" CTITAN_GPUPROF_LAST_MS="$last")
+prof=(env CUDA_INJECTION64_PATH="$lib" CTITAN_GPUPROF_DIR="$dir/prof" CTITAN_GPUPROF_LAST_MS="$last" CTITAN_GPUPROF_TRACE=1)
 
+rounds=""
 case $what in
 ctitan)
     [ $# -ge 2 ] || { echo "$usage" >&2; exit 2; }
@@ -48,13 +51,18 @@ ctitan)
     if ! "${prof[@]}" "$bin" launch manifests/demo.toml --job.name "breakdown$$" --job.dump_folder "$dir/runs" \
         --job.device cuda --model.tokenizer_path "" --training.steps "$steps" \
         --checkpoint.enable false --validation.enable false --sample.tokens 0 --job.max_restarts 0 \
-        --loader.dataset_path "$tokens" --metrics.file "$dir/m.jsonl" "$@" > "$dir/out" 2>&1; then
+        --loader.dataset_path "$tokens" --metrics.file "$dir/m.jsonl" --profiling.trace_file "$dir/trace.json" \
+        "$@" > "$dir/out" 2>&1; then
         echo "### Breakdown: $label: the job failed: $(tail -1 "$dir/out")"
         exit 1
     fi
     median() { sed -nE "s/.*\"$1\": ([0-9.]+).*/\\1/p" "$dir/m.jsonl" | tail -n +3 | sort -g |
                awk '{ v[NR] = $1 } END { print NR ? v[int((NR + 1) / 2)] : 0 }'; }
     step_ms=$(median step_time_ms)
+    # the coordinator's rounds (its timeline's "round" slices): wall time, median over the steps
+    round_ms() { { grep -a "\"name\": \"$1\", \"cat\": \"round\"" "$dir/trace.json" 2>/dev/null || true; } | sed -nE 's/.*"dur": ([0-9.]+).*/\1/p' |
+                 tail -n +3 | sort -g | awk '{ v[NR] = $1 } END { printf "%.3f", NR ? v[int((NR + 1) / 2)] / 1e3 : 0 }'; }
+    rounds="the coordinator's rounds, median wall ms a step: STEP $(round_ms stages), REDUCE $(round_ms reduce), UPDATE $(round_ms update); the shards' own time in REDUCE and UPDATE $(median optimizer_ms) ms"
     what="$what, median MFU $(median mfu) ($(grep -a -m1 -E '^launch: (MFU against|no GPU peak)' "$dir/out" |
                                               sed 's/^launch: //'))" ;;
 torch)
@@ -76,58 +84,13 @@ echo "\`tools/gpu_breakdown.sh\` ($what$mps; the last $last ms of each GPU proce
 echo "One row per operation, summed over the job's GPU processes; share is of the window (processes"
 echo "sharing the device can add up to over 100%)."
 echo
-awk -F'\t' -v step="$step_ms" '
-function cat(kind, name,   n) {
-    if (kind == "memcpy") return "copy " name
-    if (kind == "memset") return "memset"
-    n = tolower(name)
-    if (n ~ /attn_bwd|attn_delta/) return "attention backward"
-    if (n ~ /attn_fwd/) return "attention forward"
-    if (n ~ /flash|fmha|sdpa|cudnn.*attn/) return (n ~ /bwd|backward|dgrad|dot_do|convert_dq/) ? "attention backward" : "attention forward"
-    if (n ~ /^triton/) return "Triton (torch.compile fused)"
-    if (n ~ /adam|multi_tensor/) return "AdamW"
-    if (n ~ /gemm|nvjet|xmma|cutlass|cublas|gemv|splitk/) return "matrix products (cuBLASLt)"
-    if (n ~ /rmsnorm/) return "RMSNorm"
-    if (n ~ /swiglu/) return "SwiGLU"
-    if (n ~ /rope/) return "RoPE"
-    if (n ~ /xent/) return "cross-entropy"
-    if (n ~ /embed/) return "embedding"
-    if (n ~ /nccl/) return "NCCL"
-    if (n ~ /fill/) return "fills"
-    return "other kernels"
-}
-FNR == 1 { win[FILENAME] = $0; sub(/.*window_ns /, "", win[FILENAME]); sub(/ .*/, "", win[FILENAME])
-           b = $0; sub(/.*busy_ns /, "", b); sub(/ .*/, "", b); busy[FILENAME] = b
-           if (win[FILENAME] + 0 > wmax) wmax = win[FILENAME] + 0; next }
-{ c = cat($1, $2); ns[c] += $4; pns[FILENAME, c] += $4; cnt[c] += $3; kn[$1 " " $2] += $4; kc[$1 " " $2] += $3 }
-END {
-    if (wmax == 0) { print "no records in the window"; exit }
-    steps = step > 0 ? wmax / (step * 1e6) : 1
-    print "| operation | ms per step | launches per step | share |"
-    print "|---|---|---|---|"
-    n = 0
-    for (c in ns) order[++n] = c
-    for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (ns[order[j]] > ns[order[i]]) { t = order[i]; order[i] = order[j]; order[j] = t }
-    for (i = 1; i <= n; i++) { c = order[i]; tot += ns[c]
-        printf "| %s | %.3f | %.1f | %.1f%% |\n", c, ns[c] / 1e6 / steps, cnt[c] / steps, 100 * ns[c] / wmax }
-    printf "| (all GPU work) | %.3f | | %.1f%% |\n", tot / 1e6 / steps, 100 * tot / wmax
-    print ""
-    print "| process | window s | device busy for it | idle | its three largest operations (ms per step) |"
-    print "|---|---|---|---|---|"
-    for (f in win) { p = f; sub(/.*gpuprof-/, "", p); sub(/\.tsv/, "", p)
-        top = ""
-        for (k = 0; k < 3; k++) { best = ""; bv = -1
-            for (c in ns) if (!((f, c) in used) && ((f, c) in pns) && pns[f, c] > bv) { bv = pns[f, c]; best = c }
-            if (best == "") break
-            used[f, best] = 1; top = top (k ? ", " : "") sprintf("%s %.3f", best, bv / 1e6 / steps) }
-        printf "| pid %s | %.2f | %.1f%% | %.1f%% | %s |\n", p, win[f] / 1e9, 100 * busy[f] / win[f], 100 - 100 * busy[f] / win[f], top }
-    print ""
-    print "| costliest kernels | ms per step | launches per step |"
-    print "|---|---|---|"
-    m = 0
-    for (k in kn) korder[++m] = k
-    for (i = 1; i <= m && i <= 15; i++) { for (j = i + 1; j <= m; j++) if (kn[korder[j]] > kn[korder[i]]) { t = korder[i]; korder[i] = korder[j]; korder[j] = t }
-        k = korder[i]; name = substr(k, 1, 90)
-        printf "| `%s` | %.3f | %.1f |\n", name, kn[k] / 1e6 / steps, kc[k] / steps }
-}' "$dir"/prof/gpuprof-*.tsv
+awk -F'\t' -v step="$step_ms" -f tools/gpuprof/ops.awk -f tools/gpuprof/breakdown.awk "$dir"/prof/gpuprof-*.tsv
 echo
+if ls "$dir"/prof/gpuprof-*.trace >/dev/null 2>&1; then
+    echo "Where the stage waits (\`tools/gpuprof/waits.sh\`: the last $last ms before the stages' last"
+    echo "record, the same window for every process; what the other processes ran while the stage had"
+    echo "nothing on the device, by operation and [pid]; \"nothing\": no process ran anything${rounds:+; $rounds})."
+    echo
+    bash tools/gpuprof/waits.sh "$dir/prof" "$last" "$step_ms" || echo "(tools/gpuprof/waits.sh failed)"
+    echo
+fi

@@ -118,6 +118,152 @@ static void test_copies_by_direction_and_bad_spans(void **state)
     assert_int_equal(t.busy, 1 * MS);
 }
 
+/* With CTITAN_GPUPROF_TRACE=1 every record goes to gpuprof-<pid>.trace, the window's and the
+ * earlier ones, in start order; without it there is no trace. */
+static void test_trace_is_every_record_in_start_order(void **state)
+{
+    (void)state;
+    char path[256], line[512];
+    snprintf(path, sizeof(path), "%s/gpuprof-%ld.trace", g_dir, (long)getpid());
+    for (int traced = 0; traced < 2; traced++) {
+        reset();
+        setenv("CTITAN_GPUPROF_LAST_MS", "10", 1);
+        setenv("CTITAN_GPUPROF_TRACE", traced ? "1" : "0", 1);
+        note("kernel", "gemm", 102 * MS, 104 * MS);
+        note("memcpy", "DtoH", 106 * MS, 110 * MS);
+        note("kernel", "set-up", 0, 5 * MS); /* before the window: traced all the same */
+        write_locked();
+        (void)written("kernel", "gemm");
+        FILE *f = fopen(path, "r");
+        if (!traced) {
+            assert_null(f);
+            continue;
+        }
+        assert_non_null(f);
+        const char *want[] = {"0\t5000000\tkernel\tset-up\n", "102000000\t104000000\tkernel\tgemm\n",
+                              "106000000\t110000000\tmemcpy\tDtoH\n"};
+        for (int i = 0; i < 3; i++) {
+            assert_non_null(fgets(line, sizeof(line), f));
+            assert_string_equal(line, want[i]);
+        }
+        assert_null(fgets(line, sizeof(line), f));
+        fclose(f);
+        unlink(path);
+    }
+    unsetenv("CTITAN_GPUPROF_TRACE");
+}
+
+/* tools/gpu_breakdown.sh's tables (tools/gpuprof/breakdown.awk over the per-process tables):
+ * per step over the widest window, shares of it, each process's busy and top operations. */
+static void test_breakdown_tables(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/ctitan-bd-XXXXXX", path[256], cmd[512], out[8192] = "";
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/gpuprof-11.tsv", dir);
+    FILE *f = fopen(path, "w");
+    fprintf(f, "# window_ns 20000000 busy_ns 15000000 skipped 3\nkernel\t_Z15attn_fwd_kernelILi16E\t4\t8000000\n"
+               "memcpy\tDtoH\t2\t2000000\n");
+    fclose(f);
+    snprintf(path, sizeof(path), "%s/gpuprof-12.tsv", dir);
+    f = fopen(path, "w");
+    fprintf(f, "# window_ns 10000000 busy_ns 5000000 skipped 0\nkernel\t_Z12adamw_kernelPfS_\t2\t5000000\n");
+    fclose(f);
+    snprintf(cmd, sizeof(cmd),
+             "awk -F'\\t' -v step=10 -f tools/gpuprof/ops.awk -f tools/gpuprof/breakdown.awk %s/gpuprof-*.tsv 2>&1", dir);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t n = fread(out, 1, sizeof(out) - 1, p);
+    out[n] = '\0';
+    assert_int_equal(pclose(p), 0);
+    const char *want[] = {"| attention forward | 4.000 | 2.0 | 40.0% |", "| AdamW | 2.500 | 1.0 | 25.0% |",
+                          "| copy DtoH | 1.000 | 1.0 | 10.0% |", "| (all GPU work) | 7.500 | | 75.0% |",
+                          "| pid 11 | 0.02 | 75.0% | 25.0% | attention forward 4.000, copy DtoH 1.000 |",
+                          "| pid 12 | 0.01 | 50.0% | 50.0% | AdamW 2.500 |",
+                          "| `kernel _Z15attn_fwd_kernelILi16E` | 4.000 | 2.0 |"};
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+        if (!strstr(out, want[i]))
+            fail_msg("no \"%s\" in:\n%s", want[i], out);
+    assert_true(strstr(out, "| attention forward |") < strstr(out, "| AdamW |")); /* costliest first */
+    snprintf(cmd, sizeof(cmd), "rm -r %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* One trace line: [a, b) ms after a clock's large base (as CUPTI's is), kind and name. */
+static void trace_line(FILE *f, double a, double b, const char *kind, const char *name)
+{
+    const unsigned long long base = 1764000000000000000ull;
+    fprintf(f, "%llu\t%llu\t%s\t%s\n", base + (unsigned long long)(a * MS), base + (unsigned long long)(b * MS), kind,
+            name);
+}
+
+/* The row tools/gpuprof/waits.sh prints for this pid's stage. */
+static void waits_row(const char *out, const char *pid, char *row, size_t size)
+{
+    char head[32];
+    snprintf(head, sizeof(head), "| pid %s |", pid);
+    const char *p = strstr(out, head);
+    if (!p)
+        fail_msg("no row for pid %s in:\n%s", pid, out);
+    size_t n = strcspn(p, "\n");
+    snprintf(row, size, "%.*s", (int)(n < size ? n : size - 1), p);
+}
+
+/* tools/gpuprof/waits.sh: each stage process (one that ran an attention forward) gets the time
+ * it had nothing on the device, in the window that ends with the stages' last record, split by
+ * what the others ran meanwhile: kernels before copies, "nothing" when no process ran
+ * anything; records outside the window do not count. Two stages (pp 2): each sees the other's
+ * work as another process's. */
+static void test_waits_splits_a_stage_idle_time(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/ctitan-waits-XXXXXX", path[256], cmd[512], out[8192] = "", row[1024];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/gpuprof-100.trace", dir); /* a stage */
+    FILE *f = fopen(path, "w");
+    trace_line(f, 5, 10, "kernel", "_Z15attn_fwd_kernelILi128EEvP13__nv_bfloat16");
+    trace_line(f, 15, 25, "kernel", "nvjet_sm90_tst_256x128");
+    fclose(f);
+    snprintf(path, sizeof(path), "%s/gpuprof-300.trace", dir); /* another stage */
+    f = fopen(path, "w");
+    trace_line(f, 0, 3, "kernel", "_Z12adamw_kernel"); /* before the window */
+    trace_line(f, 10, 11, "kernel", "_Z15attn_fwd_kernelILi16E");
+    fclose(f);
+    snprintf(path, sizeof(path), "%s/gpuprof-200.trace", dir); /* an optimizer shard */
+    f = fopen(path, "w");
+    trace_line(f, 9, 14, "memcpy", "DtoH");
+    trace_line(f, 11, 12, "kernel", "_Z12adamw_kernelPfS_");
+    trace_line(f, 30, 31, "kernel", "_Z12adamw_kernelPfS_"); /* after the stages' last record */
+    fclose(f);
+    snprintf(cmd, sizeof(cmd), "bash tools/gpuprof/waits.sh %s 20 10 2>&1", dir); /* 2 steps of 10 ms */
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t n = fread(out, 1, sizeof(out) - 1, p);
+    out[n] = '\0';
+    assert_int_equal(pclose(p), 0);
+    /* stage 100 idle over [10, 15): the other stage's attention 1 ms, AdamW 1, the copy 2 (a
+     * kernel runs beside it before), nothing 1 */
+    waits_row(out, "100", row, sizeof(row));
+    assert_non_null(strstr(row, "| pid 100 | 2.500 | 0.500 |"));
+    assert_non_null(strstr(row, "copy DtoH [200] 1.000"));
+    assert_non_null(strstr(row, "attention forward [300] 0.500"));
+    assert_non_null(strstr(row, "AdamW [200] 0.500"));
+    /* stage 300 busy only over [10, 11) of [5, 25) */
+    waits_row(out, "300", row, sizeof(row));
+    assert_non_null(strstr(row, "| pid 300 | 9.500 | 0.500 | matrix products (cuBLASLt) [100] 5.000, attention forward [100] 2.500, copy DtoH [200] 1.000, AdamW [200] 0.500 |"));
+    assert_null(strstr(out, "pid 200"));
+    snprintf(cmd, sizeof(cmd), "rm %s/gpuprof-*.trace", dir);
+    assert_int_equal(system(cmd), 0);
+    /* no trace: said, and a failure */
+    snprintf(cmd, sizeof(cmd), "bash tools/gpuprof/waits.sh %s 20 10 2>&1", dir);
+    assert_non_null(p = popen(cmd, "r"));
+    n = fread(out, 1, sizeof(out) - 1, p);
+    out[n] = '\0';
+    assert_int_not_equal(pclose(p), 0);
+    assert_non_null(strstr(out, "no gpuprof-*.trace in"));
+    assert_int_equal(rmdir(dir), 0);
+}
+
 int main(void)
 {
     if (!mkdtemp(g_dir))
@@ -127,6 +273,9 @@ int main(void)
         cmocka_unit_test(test_window_is_the_last_ms_and_busy_is_the_union),
         cmocka_unit_test(test_no_last_ms_keeps_everything),
         cmocka_unit_test(test_copies_by_direction_and_bad_spans),
+        cmocka_unit_test(test_trace_is_every_record_in_start_order),
+        cmocka_unit_test(test_breakdown_tables),
+        cmocka_unit_test(test_waits_splits_a_stage_idle_time),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     rmdir(g_dir);

@@ -15,6 +15,15 @@
  * window's records (concurrent kernels counted once), so window - busy is the time the device
  * did nothing for this process. tools/gpu_breakdown.sh runs a job under it and sums the tables into shares.
  *
+ * With CTITAN_GPUPROF_TRACE=1 it also writes gpuprof-<pid>.trace: every record (the last
+ * TRACE_MAX of them), in start order, one a line:
+ *
+ *   <start ns>\t<end ns>\t<kind>\t<name>
+ *
+ * on CUPTI's clock, which is the same for every process on the machine, so the traces of a
+ * job's processes line up: tools/gpuprof/waits.sh reads them for what the device ran while a
+ * stage waited.
+ *
  * Built only with CUDA (it links CUPTI); never part of ctitan's own processes. */
 #include <cupti.h>
 #include <pthread.h>
@@ -26,6 +35,7 @@
 
 #define BUF_BYTES (8u << 20)
 #define MAX_NAMES 4096
+#define TRACE_MAX 1000000 /* records a trace keeps, the last ones: ~50 MB */
 
 typedef struct { char kind[8]; char *name; uint64_t count, ns; } Entry;
 typedef struct { uint64_t start, end; uint32_t name; } Rec;
@@ -179,6 +189,19 @@ static void write_locked(void)
             fprintf(f, "%s\t%s\t%llu\t%llu\n", names[i].kind, names[i].name, (unsigned long long)names[i].count,
                     (unsigned long long)names[i].ns);
     fclose(f);
+    const char *trace = getenv("CTITAN_GPUPROF_TRACE");
+    if (!trace || strcmp(trace, "1") != 0)
+        return;
+    snprintf(path, sizeof path, "%s/gpuprof-%ld.trace", dir && *dir ? dir : ".", (long)getpid());
+    if (!(f = fopen(path, "w"))) {
+        fprintf(stderr, "gpuprof: cannot write %s\n", path);
+        return;
+    }
+    for (size_t i = n_recs > TRACE_MAX ? n_recs - TRACE_MAX : 0; i < n_recs; i++)
+        fprintf(f, "%llu\t%llu\t%s\t%s\n", (unsigned long long)recs[i].start, (unsigned long long)recs[i].end,
+                names[recs[i].name].kind, names[recs[i].name].name);
+    if (fclose(f) != 0)
+        fprintf(stderr, "gpuprof: cannot write %s\n", path);
 }
 
 int InitializeInjection(void);

@@ -6,7 +6,9 @@
 # by step against the CPU's losses, the end's validation on the GPU against the CPU's and its
 # sample on the GPU, a GPU checkpoint and its resume, recovery, where the step
 # goes per kernel (tools/gpu_breakdown.sh, for ctitan and PyTorch), the race against PyTorch
-# (tools/bench_gpu.sh), and a checkpoint's stall on a GPU job. Every step has a timeout of its own and a failure never stops the next;
+# (tools/bench_gpu.sh), a checkpoint's stall on a GPU job, then issue 24's: the 8B's plan and
+# the 3B trained, activation checkpointing's cost, the ~1B's plan on the CPU against its
+# measured memory. Every step has a timeout of its own and a failure never stops the next;
 # OUT/report.md is rewritten after each step and the raw logs are in OUT/logs/, so whatever was
 # reached before the lease ends is kept.
 #
@@ -17,7 +19,8 @@
 #           against the CPU, checkpoint and resume, recovery), breakdown (where the step goes,
 #           tools/gpu_breakdown.sh), bench (tools/bench_gpu.sh), stall (a checkpoint's stall),
 #           big (issue 24: the 8B's plan, the 3B trained; ~7 minutes: run it on its own), ac
-#           (activation checkpointing's cost and saving on the ~160M, ~1 minute)
+#           (activation checkpointing's cost and saving on the ~160M, ~1 minute), plan (the
+#           ~1B's memory plan on the CPU against its measured host memory, ~1-2 minutes)
 # --export  after every step, also DIR/report.md and DIR/raw.tgz (the logs and metrics files,
 #           without the data, runs and checkpoints): two files, because the device tool brings back at
 #           most 8 files from its $OUT (OUT itself holds ~30).
@@ -43,7 +46,7 @@ while [ $# -gt 0 ]; do
 done
 case $budget in ''|*[!0-9]*) echo "gpu_check: --budget takes whole seconds, got '$budget'" >&2; exit 2 ;; esac
 [ -n "$out" ] || { echo "usage: tools/gpu_check.sh [--budget SECONDS] [--only STEPS] [--rehearse] [--export DIR] OUT" >&2; exit 2; }
-steps_known="tests model breakdown bench stall big ac"
+steps_known="tests model breakdown bench stall big ac plan"
 for w in ${only//,/ }; do
     case " $steps_known " in *" $w "*) ;; *) echo "gpu_check: --only: no step '$w' (steps: $steps_known)" >&2; exit 2 ;; esac
 done
@@ -461,6 +464,25 @@ else
     details "## Activation checkpointing on the GPU (~160M; selective = op)" "" "$acs" ""
 fi
 fi # ac
+
+# ---- 12. issue 24: the ~1B's memory plan on the CPU against what it holds (its optimizer state
+# alone is ~26 GB: a development machine cannot run it, this machine's host can), as `make
+# bench-plan` measures the demo and the ~160M (tools/plan_measure.py), over two small steps ----
+if want plan; then
+if [ $rehearse = 1 ]; then
+    row "plan: ~1B Llama on the CPU, planned against measured" "skipped: no GPU" 0 ""
+elif run plan1b.log 300 python3 tools/plan_measure.py --bin "$bin" "${common[@]}" --model.flavor llama1b \
+         --model.tokenizer_path "" --model.vocab_size 32000 --training.seq_len 256 --training.local_batch_size 1 \
+         --parallelism.pipeline_parallel_degree 1 --parallelism.pipeline_parallel_microbatches 1 \
+         --training.steps 2 --job.name "gpuchk$$plan" --job.dump_folder "$out/runs/plan1b"; then
+    row "plan: ~1B Llama on the CPU, planned against measured" "$(result)" "$secs" \
+        "$(grep -a 'host total' "$out/logs/plan1b.log" | tr -s ' ')$([ $rc = 0 ] || echo "; $(why plan1b.log)")"
+    details "## The ~1B's memory plan on the CPU (host memory, \`tools/plan_measure.py\`)" "" '```' \
+        "$(cat "$out/logs/plan1b.log")" '```' ""
+else
+    row "plan: ~1B Llama on the CPU, planned against measured" "skipped: out of budget" 0 ""
+fi
+fi # plan
 
 rm -rf "$out/runs" "$out/ckpt" "$out/ckpt-stall" "$out/once" "$out/.verdict"
 write_report

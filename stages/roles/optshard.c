@@ -67,8 +67,10 @@ typedef struct {
     int64_t done;                /* steps the state holds: it is bank[done % 2] */
     _Atomic int64_t *commit;     /* CPU: this shard's record in the optstate segment (job.h) */
     int64_t reduced;             /* step whose summed gradient g holds (-1: none yet) */
-    double *hnorm;               /* the block norms on the host */
+    double *hnorm;               /* the block norms on the host: norm_out, or a private array */
     double *norm_out;            /* where they go in the job segment (NULL: see reduce) */
+    double *own_hnorm;           /* hnorm when it is this process's (freed at the end) */
+    void *norm_pinned;           /* GPU shards: hnorm's pages pinned (host_pin), or NULL */
     plane_reduce_t *red;         /* the replicas' parts of the slice (the data plane's view) */
     shm_seg_t *job, *params, *staging, *opt; /* staging: with [checkpoint] enable */
     float *final_w;              /* GPU shards: replica 0 of params, where the run's final fp32 weights
@@ -240,9 +242,21 @@ static void move_state(shard_t *sh)
              be->name, sh->n, BE_WHY(sh));
     float *f = sh->state.mem;
     sh->state.norm = (double *)((char *)sh->state.mem + fbytes);
-    WORKER_CHECK(sh->w, sh->hnorm = calloc(nb, sizeof(double)), "out of memory");
+    /* the block norms come straight into the job segment when the coordinator sums them there */
+    if (!(sh->hnorm = sh->norm_out))
+        WORKER_CHECK(sh->w, sh->hnorm = sh->own_hnorm = calloc(nb, sizeof(double)), "out of memory");
     if (!gpu)
         return;
+    /* every step copies them off the device (4 MB a shard for a ~1B model): pinned, at the bus's
+     * rate rather than through the driver's pageable staging; pageable if it cannot be pinned */
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = (uintptr_t)sh->hnorm / page * page,
+              hi = ((uintptr_t)(sh->hnorm + blocks(sh)) + page - 1) / page * page;
+    if (lo < hi && be->host_pin((void *)lo, hi - lo) == 0)
+        sh->norm_pinned = (void *)lo;
+    else if (lo < hi)
+        LOG_W("cannot pin the %zu bytes of block norms (copied at pageable speed): %s", blocks(sh) * sizeof(double),
+              BE_WHY(sh));
     for (int a = 0; a < sh->arrays; a++) {
         sh->bank[0].a[a] = sh->bank[1].a[a] = f + a * n;
         BE_CHECK(sh, be->copy(f + a * n, sh->host + a * sh->n, sh->n * sizeof(float), sh->stream), "upload: %s",
@@ -396,8 +410,6 @@ static double reduce(shard_t *sh, int64_t step)
     double sq = 0;
     for (size_t b = 0; b < nb; b++)
         sq += sh->hnorm[b];
-    if (sh->norm_out)
-        memcpy(sh->norm_out, sh->hnorm, nb * sizeof(double));
     sh->reduced = step;
     return sq;
 }
@@ -452,7 +464,10 @@ static double update(shard_t *sh, int64_t step, double scale)
         }
         rb = b, re = e, rdecay = p ? decay : -1;
     }
-    BE_CHECK(sh, be->stream_sync(sh->stream), "%s: %s", sh->optim->name, BE_WHY(sh));
+    /* the commit record says the new bank is whole: only once it is; a GPU shard has none (its
+     * state is one copy, a loss rewinds the job), and its publish queues behind the step */
+    if (sh->commit)
+        BE_CHECK(sh, be->stream_sync(sh->stream), "%s: %s", sh->optim->name, BE_WHY(sh));
     sh->done = step + 1;
     if (sh->commit)
         atomic_store(sh->commit, sh->done);
@@ -476,7 +491,9 @@ static void finish(shard_t *sh)
     be->free(sh->state.mem);
     be->stream_free(sh->stream);
     be->stream_free(sh->copy_stream);
-    free(sh->hnorm);
+    if (sh->norm_pinned)
+        be->host_unpin(sh->norm_pinned);
+    free(sh->own_hnorm);
 }
 
 int main(int argc, char **argv)

@@ -76,20 +76,26 @@ torch)
 esac
 ls "$dir"/prof/gpuprof-*.tsv >/dev/null 2>&1 ||
     { echo "### Breakdown: $label: no process wrote a profile (CUPTI did not load?)"; exit 1; }
-[ -z "${CTITAN_BREAKDOWN_KEEP:-}" ] || { mkdir -p "$CTITAN_BREAKDOWN_KEEP" && cp "$dir"/prof/*.tsv "$CTITAN_BREAKDOWN_KEEP"/; }
+# the tables over one window for every process (from the traces), else each process's own
+tables="$dir/prof" window="the last $last ms of each GPU process"
+if ls "$dir"/prof/gpuprof-*.trace >/dev/null 2>&1 &&
+   bash tools/gpuprof/window.sh "$dir/prof" "$last" "$dir/common" >/dev/null; then
+    tables="$dir/common" window="the last $last ms before the stages' last record, one window for every GPU process"
+fi
+[ -z "${CTITAN_BREAKDOWN_KEEP:-}" ] || { mkdir -p "$CTITAN_BREAKDOWN_KEEP" && cp "$tables"/*.tsv "$CTITAN_BREAKDOWN_KEEP"/; }
 
 echo "### Breakdown: $label"
 echo
-echo "\`tools/gpu_breakdown.sh\` ($what$mps; the last $last ms of each GPU process; median step $step_ms ms)."
+echo "\`tools/gpu_breakdown.sh\` ($what$mps; $window; median step $step_ms ms)."
 echo "One row per operation, summed over the job's GPU processes; share is of the window (processes"
 echo "sharing the device can add up to over 100%)."
 echo
-awk -F'\t' -v step="$step_ms" -f tools/gpuprof/ops.awk -f tools/gpuprof/breakdown.awk "$dir"/prof/gpuprof-*.tsv
+awk -F'\t' -v step="$step_ms" -f tools/gpuprof/ops.awk -f tools/gpuprof/breakdown.awk "$tables"/gpuprof-*.tsv
 echo
 if ls "$dir"/prof/gpuprof-*.trace >/dev/null 2>&1; then
-    echo "Where the stage waits (\`tools/gpuprof/waits.sh\`: the last $last ms before the stages' last"
-    echo "record, the same window for every process; what the other processes ran while the stage had"
-    echo "nothing on the device, by operation and [pid]; \"nothing\": no process ran anything${rounds:+; $rounds})."
+    echo "Where the stage waits (\`tools/gpuprof/waits.sh\`, the same window: what the other processes ran"
+    echo "while the stage had nothing on the device, by operation and [pid]; \"nothing\": no process ran"
+    echo "anything${rounds:+; $rounds})."
     echo
     bash tools/gpuprof/waits.sh "$dir/prof" "$last" "$step_ms" || echo "(tools/gpuprof/waits.sh failed)"
     echo

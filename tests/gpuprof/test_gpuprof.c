@@ -140,9 +140,9 @@ static void test_trace_is_every_record_in_start_order(void **state)
             continue;
         }
         assert_non_null(f);
-        const char *want[] = {"0\t5000000\tkernel\tset-up\n", "102000000\t104000000\tkernel\tgemm\n",
+        const char *want[] = {"# base 0\n", "0\t5000000\tkernel\tset-up\n", "102000000\t104000000\tkernel\tgemm\n",
                               "106000000\t110000000\tmemcpy\tDtoH\n"};
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < 4; i++) {
             assert_non_null(fgets(line, sizeof(line), f));
             assert_string_equal(line, want[i]);
         }
@@ -150,6 +150,21 @@ static void test_trace_is_every_record_in_start_order(void **state)
         fclose(f);
         unlink(path);
     }
+    /* the base: the first record's start, down to a multiple of 2^32 ns; times from it */
+    reset();
+    unsetenv("CTITAN_GPUPROF_LAST_MS");
+    setenv("CTITAN_GPUPROF_TRACE", "1", 1);
+    note("kernel", "k", (3ull << 32) + 7, (3ull << 32) + 9);
+    write_locked();
+    (void)written("kernel", "k");
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    assert_non_null(fgets(line, sizeof(line), f));
+    assert_string_equal(line, "# base 12884901888\n");
+    assert_non_null(fgets(line, sizeof(line), f));
+    assert_string_equal(line, "7\t9\tkernel\tk\n");
+    fclose(f);
+    unlink(path);
     unsetenv("CTITAN_GPUPROF_TRACE");
 }
 
@@ -189,12 +204,28 @@ static void test_breakdown_tables(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
-/* One trace line: [a, b) ms after a clock's large base (as CUPTI's is), kind and name. */
-static void trace_line(FILE *f, double a, double b, const char *kind, const char *name)
+/* Synthetic traces as inject.c writes them: times from the file's "# base", a multiple of 2^32
+ * ns. The test's clock: epoch-sized (past 2^53, as CUPTI's may be), its events T_MS ms after
+ * ORIGIN; a file of base k has base ORIGIN + k * 2^32 ns (~4.3 s later). */
+#define ORIGIN (1764000000000000000ull & ~0xffffffffull)
+#define T_NS 5000000000ull
+
+static FILE *trace_open(const char *dir, int pid, int k)
 {
-    const unsigned long long base = 1764000000000000000ull;
-    fprintf(f, "%llu\t%llu\t%s\t%s\n", base + (unsigned long long)(a * MS), base + (unsigned long long)(b * MS), kind,
-            name);
+    char path[256];
+    snprintf(path, sizeof(path), "%s/gpuprof-%d.trace", dir, pid);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "# base %llu\n", ORIGIN + ((unsigned long long)k << 32));
+    return f;
+}
+
+/* One record over [a, b) ms of the test's clock, in a file of base k. */
+static void trace_line(FILE *f, int k, double a, double b, const char *kind, const char *name)
+{
+    unsigned long long base = (unsigned long long)k << 32;
+    fprintf(f, "%llu\t%llu\t%s\t%s\n", T_NS + (unsigned long long)(a * MS) - base,
+            T_NS + (unsigned long long)(b * MS) - base, kind, name);
 }
 
 /* The row tools/gpuprof/waits.sh prints for this pid's stage. */
@@ -217,23 +248,20 @@ static void waits_row(const char *out, const char *pid, char *row, size_t size)
 static void test_waits_splits_a_stage_idle_time(void **state)
 {
     (void)state;
-    char dir[] = "/tmp/ctitan-waits-XXXXXX", path[256], cmd[512], out[8192] = "", row[1024];
+    char dir[] = "/tmp/ctitan-waits-XXXXXX", cmd[512], out[8192] = "", row[1024];
     assert_non_null(mkdtemp(dir));
-    snprintf(path, sizeof(path), "%s/gpuprof-100.trace", dir); /* a stage */
-    FILE *f = fopen(path, "w");
-    trace_line(f, 5, 10, "kernel", "_Z15attn_fwd_kernelILi128EEvP13__nv_bfloat16");
-    trace_line(f, 15, 25, "kernel", "nvjet_sm90_tst_256x128");
+    FILE *f = trace_open(dir, 100, 0); /* a stage */
+    trace_line(f, 0, 5, 10, "kernel", "_Z15attn_fwd_kernelILi128EEvP13__nv_bfloat16");
+    trace_line(f, 0, 15, 25, "kernel", "nvjet_sm90_tst_256x128");
     fclose(f);
-    snprintf(path, sizeof(path), "%s/gpuprof-300.trace", dir); /* another stage */
-    f = fopen(path, "w");
-    trace_line(f, 0, 3, "kernel", "_Z12adamw_kernel"); /* before the window */
-    trace_line(f, 10, 11, "kernel", "_Z15attn_fwd_kernelILi16E");
+    f = trace_open(dir, 300, 0); /* another stage */
+    trace_line(f, 0, 0, 3, "kernel", "_Z12adamw_kernel"); /* before the window */
+    trace_line(f, 0, 10, 11, "kernel", "_Z15attn_fwd_kernelILi16E");
     fclose(f);
-    snprintf(path, sizeof(path), "%s/gpuprof-200.trace", dir); /* an optimizer shard */
-    f = fopen(path, "w");
-    trace_line(f, 9, 14, "memcpy", "DtoH");
-    trace_line(f, 11, 12, "kernel", "_Z12adamw_kernelPfS_");
-    trace_line(f, 30, 31, "kernel", "_Z12adamw_kernelPfS_"); /* after the stages' last record */
+    f = trace_open(dir, 200, 1); /* an optimizer shard, started later: another base */
+    trace_line(f, 1, 9, 14, "memcpy", "DtoH");
+    trace_line(f, 1, 11, 12, "kernel", "_Z12adamw_kernelPfS_");
+    trace_line(f, 1, 30, 31, "kernel", "_Z12adamw_kernelPfS_"); /* after the stages' last record */
     fclose(f);
     snprintf(cmd, sizeof(cmd), "bash tools/gpuprof/waits.sh %s 20 10 2>&1", dir); /* 2 steps of 10 ms */
     FILE *p = popen(cmd, "r");
@@ -264,6 +292,57 @@ static void test_waits_splits_a_stage_idle_time(void **state)
     assert_int_equal(rmdir(dir), 0);
 }
 
+/* The whole of a small file into buf (NUL-terminated). */
+static void slurp(const char *path, char *buf, size_t size)
+{
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    size_t n = fread(buf, 1, size - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+}
+
+/* tools/gpuprof/window.sh: one window for every process, the last LAST_MS before the stages'
+ * last record (not each process's own: the shard's last record comes long after), and each
+ * trace's table over it in inject.c's format: records clipped to it, one that ends before it
+ * counted as skipped, one that starts after it not at all. */
+static void test_window_is_one_for_every_process(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/ctitan-window-XXXXXX", path[256], cmd[512], out[4096] = "", got[1024];
+    assert_non_null(mkdtemp(dir));
+    FILE *f = trace_open(dir, 100, 0); /* the stage */
+    trace_line(f, 0, 2, 4, "kernel", "_Z12embed_fwd_kernel"); /* ends before the window */
+    trace_line(f, 0, 5, 10, "kernel", "_Z15attn_fwd_kernelILi128E");
+    trace_line(f, 0, 15, 25, "kernel", "nvjet_sm90");
+    fclose(f);
+    f = trace_open(dir, 200, 1); /* a shard, another base */
+    trace_line(f, 1, 3, 7, "kernel", "_Z12adamw_kernel"); /* straddles the window's start */
+    trace_line(f, 1, 9, 14, "memcpy", "DtoH");
+    trace_line(f, 1, 12, 13, "kernel", "_Z12adamw_kernel");
+    trace_line(f, 1, 40, 60, "memcpy", "DtoH"); /* the end's copy of the weights: after the window */
+    fclose(f);
+    snprintf(cmd, sizeof(cmd), "bash tools/gpuprof/window.sh %s 20 %s/common 2>&1", dir, dir);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t n = fread(out, 1, sizeof(out) - 1, p);
+    out[n] = '\0';
+    assert_int_equal(pclose(p), 0);
+    char want[512];
+    snprintf(want, sizeof(want), "%llu %llu %llu %s/gpuprof-100.trace\n", ORIGIN, T_NS + 5 * MS, T_NS + 25 * MS, dir);
+    assert_string_equal(out, want);
+    snprintf(path, sizeof(path), "%s/common/gpuprof-200.tsv", dir);
+    slurp(path, got, sizeof(got));
+    assert_string_equal(got, "# window_ns 20000000 busy_ns 7000000 skipped 0\n"
+                             "kernel\t_Z12adamw_kernel\t2\t3000000\nmemcpy\tDtoH\t1\t5000000\n");
+    snprintf(path, sizeof(path), "%s/common/gpuprof-100.tsv", dir);
+    slurp(path, got, sizeof(got));
+    assert_string_equal(got, "# window_ns 20000000 busy_ns 15000000 skipped 1\n"
+                             "kernel\t_Z15attn_fwd_kernelILi128E\t1\t5000000\nkernel\tnvjet_sm90\t1\t10000000\n");
+    snprintf(cmd, sizeof(cmd), "rm -r %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void)
 {
     if (!mkdtemp(g_dir))
@@ -276,6 +355,7 @@ int main(void)
         cmocka_unit_test(test_trace_is_every_record_in_start_order),
         cmocka_unit_test(test_breakdown_tables),
         cmocka_unit_test(test_waits_splits_a_stage_idle_time),
+        cmocka_unit_test(test_window_is_one_for_every_process),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     rmdir(g_dir);

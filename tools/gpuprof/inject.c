@@ -16,13 +16,15 @@
  * did nothing for this process. tools/gpu_breakdown.sh runs a job under it and sums the tables into shares.
  *
  * With CTITAN_GPUPROF_TRACE=1 it also writes gpuprof-<pid>.trace: every record (the last
- * TRACE_MAX of them), in start order, one a line:
+ * TRACE_MAX of them), in start order, one a line after a header:
  *
+ *   # base <ns>
  *   <start ns>\t<end ns>\t<kind>\t<name>
  *
- * on CUPTI's clock, which is the same for every process on the machine, so the traces of a
- * job's processes line up: tools/gpuprof/waits.sh reads them for what the device ran while a
- * stage waited.
+ * times from base, on CUPTI's clock, which is the same for every process on the machine, so the
+ * traces of a job's processes line up (tools/gpuprof/window.sh, waits.sh). base is a multiple of
+ * 2^32 ns: the bases' differences and the times from them are exact in awk's doubles, which the
+ * clock's own values (epoch nanoseconds are past 2^53) would not be.
  *
  * Built only with CUDA (it links CUPTI); never part of ctitan's own processes. */
 #include <cupti.h>
@@ -197,9 +199,12 @@ static void write_locked(void)
         fprintf(stderr, "gpuprof: cannot write %s\n", path);
         return;
     }
-    for (size_t i = n_recs > TRACE_MAX ? n_recs - TRACE_MAX : 0; i < n_recs; i++)
-        fprintf(f, "%llu\t%llu\t%s\t%s\n", (unsigned long long)recs[i].start, (unsigned long long)recs[i].end,
-                names[recs[i].name].kind, names[recs[i].name].name);
+    size_t first = n_recs > TRACE_MAX ? n_recs - TRACE_MAX : 0;
+    uint64_t base = recs[first].start & ~0xffffffffull;
+    fprintf(f, "# base %llu\n", (unsigned long long)base);
+    for (size_t i = first; i < n_recs; i++)
+        fprintf(f, "%llu\t%llu\t%s\t%s\n", (unsigned long long)(recs[i].start - base),
+                (unsigned long long)(recs[i].end - base), names[recs[i].name].kind, names[recs[i].name].name);
     if (fclose(f) != 0)
         fprintf(stderr, "gpuprof: cannot write %s\n", path);
 }

@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # What the device ran while a stage waited: from the traces tools/gpuprof/inject.c writes with
 # CTITAN_GPUPROF_TRACE=1 (gpuprof-<pid>.trace, one per GPU process of a job, on one clock), for
-# each stage process (one that ran an attention forward; failing that, the one with the most
-# kernel time) the time in the window it had nothing on the device, split by what the other
-# processes ran meanwhile (their kernels first, then memsets, then copies: the first of these
-# that anything was running; shared equally among those running) or "nothing": no process ran
-# anything, the time the step spent in host round trips, context switches and launches.
+# each stage process (tools/gpuprof/window.sh's) the time in the window it had nothing on the
+# device, split by what the other processes ran meanwhile (their kernels first, then memsets,
+# then copies: the first of these that anything was running; shared equally among those
+# running) or "nothing": no process ran anything, the time the step spent in host round trips,
+# context switches and launches.
 #
 #   bash tools/gpuprof/waits.sh DIR LAST_MS STEP_MS
 #
-# The window is the last LAST_MS milliseconds before the stages' last record ended, the same
-# for every process (a process whose last work came long after the steps, e.g. at the job's
-# end, is still read over the steps). Prints a markdown table, ms per step (STEP_MS long).
-# Timestamps are read as awk numbers (doubles): a clock past 2^53 ns loses under a microsecond.
+# The window is tools/gpuprof/window.sh's: the last LAST_MS milliseconds before the stages' last
+# record ended, the same for every process (a process whose last work came long after the
+# steps, e.g. at the job's end, is still read over the steps). Prints a markdown table, ms per
+# step (STEP_MS long).
 set -euo pipefail
 [ $# = 3 ] || { echo "usage: tools/gpuprof/waits.sh DIR LAST_MS STEP_MS" >&2; exit 2; }
 dir=$1 last=$2 step=$3
@@ -20,28 +20,18 @@ here=$(cd "$(dirname "$0")" && pwd)
 traces=("$dir"/gpuprof-*.trace)
 [ -e "${traces[0]}" ] || { echo "waits: no gpuprof-*.trace in $dir (CTITAN_GPUPROF_TRACE=1 writes them)" >&2; exit 1; }
 
-stages=()
-for t in "${traces[@]}"; do
-    if awk -F'\t' -f "$here/ops.awk" -f /dev/stdin "$t" <<'EOF'
-$3 == "kernel" && op_of($3, $4) == "attention forward" { found = 1; exit }
-END { exit !found }
-EOF
-    then stages+=("$t"); fi
-done
-if [ ${#stages[@]} = 0 ]; then
-    mapfile -t stages < <(for t in "${traces[@]}"; do
-        awk -F'\t' '$3 == "kernel" { s += $2 - $1 } END { printf "%.0f\t%s\n", s, FILENAME }' "$t"
-    done | sort -t$'\t' -k1,1nr | head -1 | cut -f2)
-fi
-end=$(awk -F'\t' '$2 > m { m = $2 } END { printf "%.0f\n", m }' "${stages[@]}")
+read -r bmin from end stage_list < <(bash "$here/window.sh" "$dir" "$last")
+[ -n "${end:-}" ] || { echo "waits: tools/gpuprof/window.sh found no window in $dir" >&2; exit 1; }
+read -r -a stages <<<"$stage_list"
 
 echo "| stage process | waits, ms per step | the device ran nothing | meanwhile, other processes ran (ms per step) |"
 echo "|---|---|---|---|"
 for s in "${stages[@]}"; do
     # every record's start and end inside the window as an event, in time order, then a sweep
-    awk -F'\t' -v stage="$s" -v end="$end" -v last="$last" -f "$here/ops.awk" -f /dev/stdin "${traces[@]}" <<'EOF' |
-BEGIN { from = end - last * 1e6; printf "%.0f\t0\tstage\t0\t-\n%.0f\t0\tstage\t0\t-\n", from, end }
-{ a = $1 + 0; b = $2 + 0; if (b <= from || a >= end) next
+    awk -F'\t' -v stage="$s" -v bmin="$bmin" -v from="$from" -v end="$end" -f "$here/ops.awk" -f "$here/trace.awk" \
+        -f /dev/stdin "${traces[@]}" <<'EOF' |
+BEGIN { printf "%.0f\t0\tstage\t0\t-\n%.0f\t0\tstage\t0\t-\n", from, end }
+{ a = t0; b = t1; if (b <= from || a >= end) next
   if (a < from) a = from; if (b > end) b = end
   who = FILENAME == stage ? "stage" : FILENAME; sub(/.*gpuprof-/, "", who); sub(/\.trace$/, "", who)
   cls = $3 == "kernel" ? 1 : $3 == "memset" ? 2 : 3

@@ -451,16 +451,20 @@ if want ac; then
 if [ $rehearse = 1 ]; then
     row "activation checkpointing (~160M, 4x1024)" "skipped: no GPU" 0 ""
 else
-    acs=""
+    acs="" acres=ok
     for mode in none full selective; do
         if job "ac-$mode" "ac-$mode.log" "${st[@]}" --training.steps 20 --activation_checkpoint.mode "$mode" \
                --activation_checkpoint.selective_ac_option op && [ $rc = 0 ]; then
             acs="$acs$mode: $(med_ms "$out/ac-$mode.jsonl") ms, $(peak_gib "$out/ac-$mode.jsonl") GiB; "
+        elif [ "${rc:-125}" = 125 ]; then
+            acs="$acs$mode: skipped: out of budget; "
+            [ $acres = ok ] && acres="skipped: out of budget"
         else
             acs="$acs$mode: $(result) $(why "ac-$mode.log"); "
+            acres="FAILED ($mode)"
         fi
     done
-    row "activation checkpointing (~160M, 4x1024): median step, device peak" ok "" "$acs"
+    row "activation checkpointing (~160M, 4x1024): median step, device peak" "$acres" "" "$acs"
     details "## Activation checkpointing on the GPU (~160M; selective = op)" "" "$acs" ""
 fi
 fi # ac

@@ -264,20 +264,30 @@ static void test_launch_cuda_offload_and_gpu_shards_agree_on_the_emulated_backen
  * the resumed run's losses are bitwise those of the uninterrupted one. The snapshot's copy into
  * the pinned staging segment is slowed to 1.5 s an array (the emulator's
  * CTITAN_SIM_PINNED_COPY_DELAY_MS) while the next step runs on: a shard that updated its state
- * before the copy had read it would checkpoint step 3's state as step 2's. */
+ * before the copy had read it would checkpoint step 3's state as step 2's. With two banks of
+ * state on the device (optshard.gpu_banks 2) the next update runs during the copy, into the
+ * other bank: the same losses and the same checkpoint, bit for bit. */
 static void test_launch_cuda_gpu_shards_resume_bitwise_on_the_emulated_backend(void **state)
 {
     TU_NEED_BIN();
     static char out[1 << 16];
-    char a[32], b[32], dir[256], extra[512];
+    char a[32], a2[32], b[32], dir[256], extra[512];
     const char *shape = "--model.dim 32 --model.n_heads 2 --model.n_kv_heads 1 --training.steps 4 --job.device cuda";
     job_name(a, sizeof(a), "simck");
+    job_name(a2, sizeof(a2), "simck2");
     job_name(b, sizeof(b), "simckb");
     TJ_NEED_SIM_PLUGIN();
     snprintf(extra, sizeof(extra), "%s --checkpoint.enable true --checkpoint.interval 2", shape);
     setenv("CTITAN_SIM_PINNED_COPY_DELAY_MS", "1500", 1);
     tj_run_ok(a, extra, out, sizeof(out));
+    snprintf(extra, sizeof(extra), "%s --checkpoint.enable true --checkpoint.interval 2 --optshard.gpu_banks 2", shape);
+    tj_run_ok(a2, extra, out, sizeof(out));
     unsetenv("CTITAN_SIM_PINNED_COPY_DELAY_MS");
+    tj_assert_same_losses(a, a2, 4);
+    assert_true(same_ckpt_file(a, a2, "model.bin"));
+    assert_true(same_ckpt_file(a, a2, "exp_avg.bin"));
+    assert_true(same_ckpt_file(a, a2, "exp_avg_sq.bin"));
+    tj_assert_clean(a2);
     assert_non_null(strstr(out, "checkpoint: step 2 saved to"));
     tj_ckpt_dir(dir, sizeof(dir), a);
     snprintf(extra, sizeof(extra), "%s --checkpoint.load %s/step-00000002", shape, dir);

@@ -683,6 +683,18 @@ static void test_manifest_optshard_device_and_data_plane(void **state)
     assert_int_equal(manifest_override(m, "optshard.device", "tpu", err, sizeof(err)), 0);
     assert_int_equal(manifest_validate(m, err, sizeof(err)), -EINVAL);
     assert_non_null(strstr(err, "optshard.device = \"tpu\": expected \"cpu\" or \"cuda\""));
+    /* two banks of GPU shard state: only where the shards are on the GPU, and only 1 or 2 */
+    manifest_defaults(m);
+    assert_int_equal(m->gpu_banks, 1);
+    assert_int_equal(manifest_override(m, "optshard.gpu_banks", "2", err, sizeof(err)), 0);
+    assert_int_equal(manifest_validate(m, err, sizeof(err)), -EINVAL);
+    assert_non_null(strstr(err, "--optshard.gpu_banks: optshard.gpu_banks = 2: expected 1, or 2 with optimizer shards "
+                                "on the GPU"));
+    assert_int_equal(manifest_override(m, "job.device", "cuda", err, sizeof(err)), 0);
+    assert_int_equal(manifest_validate(m, err, sizeof(err)), 0);
+    assert_int_equal(manifest_override(m, "optshard.gpu_banks", "3", err, sizeof(err)), 0);
+    assert_int_equal(manifest_validate(m, err, sizeof(err)), -EINVAL);
+    assert_non_null(strstr(err, "optshard.gpu_banks = 3: expected 1, or 2"));
     manifest_defaults(m);
     assert_int_equal(manifest_override(m, "parallelism.data_plane", "mpi", err, sizeof(err)), 0);
     assert_int_equal(manifest_validate(m, err, sizeof(err)), -EINVAL);

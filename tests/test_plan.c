@@ -133,7 +133,7 @@ static void test_plan_figures_of_a_small_gpu_job(void **state)
 {
     manifest_t m;
     plan_t p;
-    char err[512];
+    char err[2048];
     const char *kv[64];
     int n = small_kv(kv);
     kv[n++] = "job.device", kv[n++] = "cuda", kv[n] = NULL;
@@ -165,6 +165,25 @@ static void test_plan_figures_of_a_small_gpu_job(void **state)
         if (!strncmp(p.rows[i].who, "optshard", 8) && p.rows[i].device >= 0)
             held += p.rows[i].bytes[PLAN_OPTIM];
     assert_true(held >= 106816.0 * 3 * 4 && held < 106816.0 * 3 * 4 + 65536);
+    /* optshard.gpu_banks 2: the state twice on the device (the block norms once), the host's
+     * rows the same */
+    plan_t p2;
+    kv[n++] = "optshard.gpu_banks", kv[n++] = "2", kv[n] = NULL;
+    manifest_of(&m, kv);
+    assert_int_equal(plan_build(&p2, &m, &(plan_opts_t){.cpus = 2}, err, sizeof(err)), 0);
+    double held2 = 0;
+    for (int i = 0; i < p2.n; i++)
+        if (!strncmp(p2.rows[i].who, "optshard", 8) && p2.rows[i].device >= 0)
+            held2 += p2.rows[i].bytes[PLAN_OPTIM];
+        else if (!strncmp(p2.rows[i].who, "optshard", 8))
+            assert_true(p2.rows[i].bytes[PLAN_OPTIM] == row(&p, p2.rows[i].who, PLAN_HOST)->bytes[PLAN_OPTIM]);
+    assert_true(held2 == held + 106816.0 * 3 * 4);
+    plan_have_t tight = {.host = -1, .shm = -1, .gpus = 0}; /* refused: one bank is a knob */
+    for (int g = 0; g < PLAN_MAX_GPUS; g++)
+        tight.gpu[g] = p.gpu[0] * 0.5;
+    assert_int_equal(plan_check(&p2, &tight, &m, err, sizeof(err)), -ENOMEM);
+    assert_non_null(strstr(err, "--optshard.gpu_banks 1"));
+    plan_free(&p2);
     /* on a host with one GPU both stage processes and their shards share it (ordinal % GPUs) */
     plan_have_t one = {.gpus = 1}, same = {.gpus = 0};
     assert_int_equal(plan_gpus(&p, &one), 1);

@@ -406,6 +406,20 @@ elif job stall0 stall0.log "${st[@]}" && [ $rc = 0 ] &&
     stall="$stall; device peak $(peak_gib "$out/stall0.jsonl") GiB, planned ${planned:-?} GiB"
     row "checkpoint stall (~160M)" ok "$secs" "$stall"
     details "## Checkpoint stall (~160M, pp 1, interval 40)" "" "$stall" ""
+    # the same with two banks of shard state on the device (optshard.gpu_banks 2): the copy off
+    # the device no longer holds the next update
+    if job stall2 stall2.log "${st[@]}" --checkpoint.enable true --checkpoint.interval 40 --optshard.gpu_banks 2 \
+           --checkpoint.keep_latest_k 1 --checkpoint.folder "$out/ckpt-stall2" && [ $rc = 0 ]; then
+        stall2=$(paste <(steptimes "$out/stall0.jsonl") <(steptimes "$out/stall2.jsonl") | awk '
+            NR > 2 { t0 += $1; t1 += $2 } { s1[NR] = $2 }
+            END { printf "after each checkpoint: %.1f, %.1f ms; steps 3-120: %.2f s without, %.2f s with (%+.1f%%)",
+                      s1[41], s1[81], t0 / 1e3, t1 / 1e3, 100 * (t1 - t0) / t0 }')
+        stall2="$stall2; device peak $(peak_gib "$out/stall2.jsonl") GiB"
+        row "checkpoint stall (~160M), optshard.gpu_banks 2" ok "$secs" "$stall2"
+        details "## Checkpoint stall with two banks of shard state (optshard.gpu_banks 2)" "" "$stall2" ""
+    else
+        row "checkpoint stall (~160M), optshard.gpu_banks 2" "$( [ "${rc:-125}" = 125 ] && echo "skipped: out of budget" || result)" "${secs:-0}" "$(why stall2.log)"
+    fi
 else
     row "checkpoint stall (~160M)" "$( [ "${rc:-125}" = 125 ] && echo "skipped: out of budget" || result)" "${secs:-0}" "$(why stall1.log)$(why stall0.log)"
 fi
@@ -488,7 +502,7 @@ else
 fi
 fi # plan
 
-rm -rf "$out/runs" "$out/ckpt" "$out/ckpt-stall" "$out/once" "$out/.verdict"
+rm -rf "$out/runs" "$out/ckpt" "$out/ckpt-stall" "$out/ckpt-stall2" "$out/once" "$out/.verdict"
 write_report
 echo "gpu_check: $n steps, $([ $failed = 1 ] && echo "some FAILED" || echo "none failed"); report: $out/report.md"
 exit $failed

@@ -51,6 +51,7 @@ void manifest_defaults(manifest_t *m)
     m->lr_sched.warmup_steps = 200;
     m->prefetch = 4;
     m->shards = 1;
+    m->gpu_banks = 1;
     m->ckpt_interval = 500;
     snprintf(m->ckpt_folder, sizeof(m->ckpt_folder), "checkpoint");
     m->ckpt_keep = 10;

@@ -152,6 +152,9 @@ typedef struct {
     int shards;                  /* 1: optimizer-state shard processes */
     char shard_device[16];       /* "" = job.device: "cuda" updates the stages' GPU weights in place
                                   * through CUDA IPC, "cpu" is offload mode (fp32 in shared memory) */
+    int gpu_banks;               /* 1: copies of a GPU shard's state on its device; 2: AdamW writes the
+                                  * other, so a checkpoint's copy off the device overlaps the next
+                                  * update instead of holding it (12 bytes a parameter more) */
 
     /* [checkpoint] (torchtitan's names where it has them) */
     int ckpt_enable;             /* false: write checkpoints */

@@ -288,6 +288,9 @@ static int check_placement(const manifest_t *m, char *err, size_t errlen)
           "optshard.device = \"%s\": expected \"cpu\" or \"cuda\"", shard_device);
     CHECK(!strcmp(shard_device, "cpu") || !strcmp(m->device, "cuda"), "optshard", "device",
           "optshard.device = \"cuda\" needs job.device = \"cuda\" (the shards update the stages' GPU weights)");
+    CHECK(m->gpu_banks == 1 || (m->gpu_banks == 2 && !strcmp(shard_device, "cuda")), "optshard", "gpu_banks",
+          "optshard.gpu_banks = %d: expected 1, or 2 with optimizer shards on the GPU (optshard.device \"cuda\"; "
+          "CPU shards always keep two banks)", m->gpu_banks);
     CHECK(!strcmp(m->data_plane, "ipc") || !strcmp(m->data_plane, "nccl"), "parallelism", "data_plane",
           "parallelism.data_plane = \"%s\": expected \"ipc\" or \"nccl\"", m->data_plane);
     CHECK(strcmp(m->data_plane, "nccl") || !strcmp(shard_device, "cuda"), "parallelism", "data_plane",

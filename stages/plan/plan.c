@@ -221,7 +221,7 @@ static int shard_rows(plan_t *p, const manifest_t *m, const job_layout_t *l, int
     h = &p->rows[p->n - 2];
     h->bytes[PLAN_RUNTIME] += PLAN_CUDA_HOST_BYTES;
     h->bytes[PLAN_OPTIM] = n * l->arrays * 4;
-    d->bytes[PLAN_OPTIM] = n * l->arrays * 4 + blocks * 8;
+    d->bytes[PLAN_OPTIM] = n * l->arrays * 4 * m->gpu_banks + blocks * 8; /* optshard.gpu_banks copies */
     d->bytes[PLAN_GRADS] = l->dp > 1 ? n * 4 : 0;
     d->bytes[PLAN_CONTEXT] = PLAN_CUDA_CONTEXT_BYTES;
     return 0;
@@ -661,6 +661,9 @@ static size_t knobs(const plan_t *p, const manifest_t *m, int device, int gpus, 
                                a->act_mb / PLAN_GIB, mb, m->seq_len, a->in_flight,
                                m->ac_mode == CONFIG_AC_FULL ? "" : "activation checkpointing "
                                "(--activation_checkpoint.mode full, or selective), ", m->microbatches);
+    if (at < n && device >= 0 && strcmp(m->shard_device, "cpu") && m->gpu_banks > 1)
+        at += (size_t)snprintf(buf + at, n - at, "one copy of the GPU shards' state (--optshard.gpu_banks 1: "
+                               "a checkpoint's copy then holds the next update); ");
     if (at < n && device >= 0 && strcmp(m->shard_device, "cpu"))
         at += (size_t)snprintf(buf + at, n - at, "optimizer offload (--optshard.device cpu keeps the optimizer "
                                "state in host memory); ");

@@ -61,8 +61,9 @@ typedef struct {
     } state;
     const float *g;              /* (n) the replicas' summed gradient (plane_reduce_sum) */
     struct {                     /* bank b: the state after a number of steps = b (mod 2): arrays of */
-        float *a[OPTIM_ARRAYS_MAX]; /* (n) the optstate segment's bank, or for GPU shards the one copy
-                                  * in `state`'s allocation, both banks (updated in place) */
+        float *a[OPTIM_ARRAYS_MAX]; /* (n) the optstate segment's bank, or for GPU shards in `state`'s
+                                  * allocation: one copy both banks name (updated in place), or two
+                                  * (optshard.gpu_banks 2) */
     } bank[2];
     int64_t done;                /* steps the state holds: it is bank[done % 2] */
     _Atomic int64_t *commit;     /* CPU: this shard's record in the optstate segment (job.h) */
@@ -230,12 +231,12 @@ static void pin_staging(shard_t *sh)
 }
 
 /* The working memory in the backend's: the block norms; GPU shards also keep the state there:
- * the host arrays (initialised or loaded) are copied in and freed, and both banks name that one
- * copy (updated in place). */
+ * the host arrays (initialised or loaded) are copied in and freed, into bank done % 2; both
+ * banks name that one copy (updated in place), or with optshard.gpu_banks 2 each its own. */
 static void move_state(shard_t *sh)
 {
     const backend_t *be = sh->be;
-    int gpu = sh->lay.gpu_shards, arrays = gpu ? sh->arrays : 0;
+    int gpu = sh->lay.gpu_shards, banks = gpu ? sh->man->gpu_banks : 0, arrays = banks * sh->arrays;
     size_t n = sh->n ? sh->n : 1, nb = blocks(sh) ? blocks(sh) : 1;
     size_t fbytes = (arrays * n * sizeof(float) + 63) / 64 * 64;
     BE_CHECK(sh, be->alloc(&sh->state.mem, fbytes + nb * sizeof(double)), "%s memory for %zu parameters: %s",
@@ -257,10 +258,12 @@ static void move_state(shard_t *sh)
     else if (lo < hi)
         LOG_W("cannot pin the %zu bytes of block norms (copied at pageable speed): %s", blocks(sh) * sizeof(double),
               BE_WHY(sh));
+    int b0 = (int)(sh->done % 2);
     for (int a = 0; a < sh->arrays; a++) {
-        sh->bank[0].a[a] = sh->bank[1].a[a] = f + a * n;
-        BE_CHECK(sh, be->copy(f + a * n, sh->host + a * sh->n, sh->n * sizeof(float), sh->stream), "upload: %s",
-                 BE_WHY(sh));
+        sh->bank[b0].a[a] = f + a * n;
+        sh->bank[1 - b0].a[a] = f + ((banks - 1) * sh->arrays + a) * n;
+        BE_CHECK(sh, be->copy(sh->bank[b0].a[a], sh->host + a * sh->n, sh->n * sizeof(float), sh->stream),
+                 "upload: %s", BE_WHY(sh));
     }
     BE_CHECK(sh, be->stream_sync(sh->stream), "upload: %s", BE_WHY(sh));
     free(sh->host);
@@ -546,7 +549,11 @@ int main(int argc, char **argv)
             remap(&sh);
             reply.type = MSG_REMAPPED;
         } else if (m.type == MSG_UPDATE) {
-            snap_finish(&sh, 1, 1); /* the update changes the state being copied */
+            /* it writes bank (step + 1) % 2: that bank's copy must be done (with two banks the
+             * copy of a snapshot runs on through the next update, and waits only before the one
+             * after; with one, every update waits) */
+            int overwrites = sh.snap_step >= 0 && sh.bank[(m.step + 1) % 2].a[0] == sh.bank[sh.snap_step % 2].a[0];
+            snap_finish(&sh, overwrites, 1);
             reply.lr = update(&sh, m.step, m.scale);
             worker_test_point(sh.w, "updated", m.step);
             reply.type = MSG_UPDATED;

@@ -536,7 +536,8 @@ int main(int argc, char **argv)
             WORKER_CHECK(sh.w, sh.staging, "snapshot without a staging segment (checkpoint.enable is false, and "
                          "no snapshot_interval)");
             /* done == step + 1: a replacement of a shard that died owing this SNAPPED after the next
-             * UPDATE (which waited for the copy): the other bank still holds the state after step */
+             * UPDATE (which wrote the other bank, running on during the copy or after it): the
+             * bank step % 2 still holds the state after step */
             WORKER_CHECK(sh.w, !sh.commit || sh.done == m.step || sh.done == m.step + 1,
                          "SNAPSHOT of step %lld, but the state is that after step %lld", (long long)m.step,
                          (long long)sh.done);

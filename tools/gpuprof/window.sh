@@ -10,9 +10,9 @@
 #   bash tools/gpuprof/window.sh DIR LAST_MS [OUT]
 #
 # Prints "BASE FROM END STAGE_TRACE...": the window [FROM, END) in ns from BASE, the smallest of
-# the traces' bases (tools/gpuprof/trace.awk reads them in that frame); with OUT, also writes there one
-# gpuprof-<pid>.tsv per trace in inject.c's format over that window (records clipped to it;
-# busy is their union), which tools/gpuprof/breakdown.awk reads as it reads inject.c's.
+# the traces' bases (tools/gpuprof/trace.awk reads them in that frame); with OUT, also writes
+# there one gpuprof-<pid>.tsv per trace in inject.c's format over that window (records clipped
+# to it; busy is their union), which tools/gpuprof/breakdown.awk reads as it reads inject.c's.
 set -euo pipefail
 [ $# = 2 ] || [ $# = 3 ] || { echo "usage: tools/gpuprof/window.sh DIR LAST_MS [OUT]" >&2; exit 2; }
 dir=$1 last=$2 out=${3:-}

@@ -65,6 +65,9 @@ GPUTESTLIBS := $(CUDALIBS)
 CUDA_SO   := $(BUILD)/lib/libctitan_cuda.so
 GPUPROF_SO := $(BUILD)/lib/libctitan_gpuprof.so
 CUDA_SO_C := kernels/params.c kernels/config.c
+# cuDNN's fused attention (kernels/cuda/cudnn_sdpa.c): host C against cuDNN's headers, the library
+# loaded at run time. In the plugin and the GPU tests, not under the emulator (no cuDNN there).
+CUDNN_C   := kernels/cuda/cudnn_sdpa.c
 
 # The CUDA kernels of kernels/cuda/ (all but the cuBLASLt products) also run on a CPU emulator
 # (tests/cudasim) in `make test`, so CI exercises them without a GPU: each .cu is rewritten
@@ -76,7 +79,7 @@ SIM_TESTS := $(BUILD)/tests/test_cuda_attn_sim $(BUILD)/tests/test_cuda_nn_sim $
 TESTS += $(SIM_TESTS)
 # The per-kernel profiler's bookkeeping (tools/gpuprof/inject.c): needs CUPTI to link, no GPU.
 ifeq ($(CUDA),1)
-TESTS += $(BUILD)/tests/test_gpuprof
+TESTS += $(BUILD)/tests/test_gpuprof $(BUILD)/tests/test_cudnn_graph
 endif
 # The same, as the stage's CUDA plugin: test_launch_gpu runs a `--job.device cuda` job on it
 # (CTITAN_CUDA_PLUGIN points the stage at it).
@@ -146,9 +149,11 @@ $(BUILD)/tests/test_gpuprof: tests/gpuprof/test_gpuprof.c tools/gpuprof/inject.c
 	$(CC) $(CFLAGS) -I$(CUDA_HOME)/include -o $@ $< -L$(dir $(GPUPROF_SO)) -l:libcupti.so.13 \
 	    -Wl,-rpath,$(abspath $(dir $(GPUPROF_SO))) -lpthread $(TESTLIBS)
 
-$(CUDA_SO): $(CU_OBJS) $(CUDA_SO_C:%.c=$(BUILD)/pic/%.o)
+$(CUDA_SO): $(CU_OBJS) $(CUDA_SO_C:%.c=$(BUILD)/pic/%.o) $(CUDNN_C:%.c=$(BUILD)/pic/%.o)
 	@mkdir -p $(dir $@)
-	$(CC) -shared -Wl,-Bsymbolic -o $@ $^ $(CUDALIBS) -lm
+	$(CC) -shared -Wl,-Bsymbolic -o $@ $^ $(CUDALIBS) -ldl -lm
+
+$(CUDNN_C:%.c=$(BUILD)/pic/%.o) $(CUDNN_C:%.c=$(BUILD)/obj/%.o): CFLAGS += -I$(CUDA_HOME)/include
 
 $(BUILD)/cudasim/%.cpp: kernels/cuda/%.cu
 	@mkdir -p $(dir $@)
@@ -220,7 +225,7 @@ $(BUILD)/tests/test_nccl_sim: $(BUILD)/cudasim/test_nccl.o $(SIM_NN:%=$(BUILD)/c
 	@mkdir -p $(dir $@)
 	$(CXX) $(SAN) -o $@ $^ $(LDLIBS) $(TESTLIBS)
 
-$(BUILD)/libctitan_cuda.a: $(CU_OBJS)
+$(BUILD)/libctitan_cuda.a: $(CU_OBJS) $(CUDNN_C:%.c=$(BUILD)/obj/%.o)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
@@ -247,6 +252,11 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(BUILD)/libctitan.a
 
 $(BUILD)/obj/tests/gpu/%.o: CFLAGS += -I$(CUDA_HOME)/include
 
+# cuDNN's attention graphs built and finalized on the CPU (no device): tests/cudnn/.
+$(BUILD)/tests/test_cudnn_graph: tests/cudnn/test_cudnn_graph.c $(CUDNN_C:%.c=$(BUILD)/obj/%.o) | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -I$(CUDA_HOME)/include -o $@ $^ $(CUDALIBS) -ldl -lm $(TESTLIBS)
+
 # In a sanitized build the CPU ops keep their vector sums: UBSan's checks on each element
 # (alignment, null, pointer-overflow, signed-integer-overflow) branch inside the loop and stop
 # clang's vectoriser, and test_ops_basic's tolerances hold for the vectorised float sums only
@@ -256,7 +266,7 @@ $(BUILD)/obj/kernels/cpu/ops_basic.o: CFLAGS += $(if $(SAN),$(SAN_KEEP_SIMD))
 
 $(BUILD)/tests/gpu/%: $(BUILD)/obj/tests/gpu/%.o $(BUILD)/libctitan_cuda.a $(BUILD)/libctitan.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(GPUTESTLIBS) $(TESTLIBS)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(GPUTESTLIBS) $(TESTLIBS) -ldl
 
 # Every cmocka program runs; the last line sums them up ("N passed, N failed"). Then the
 # layering: no include points up a floor (tools/check_layers.sh); each fuzz harness for a few

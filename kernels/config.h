@@ -32,6 +32,11 @@ typedef struct {
      * each layer keeps. */
     int ac_mode;              /* CONFIG_AC_NONE (0), CONFIG_AC_FULL, CONFIG_AC_SELECTIVE */
     int ac_every;             /* selective: every ac_every-th layer as full; 0 = "op" */
+    /* The GPU model's attention ([training] attention): CONFIG_ATTN_AUTO (0) cuDNN's fused
+     * kernels where cuDNN 9 loads and checks out at first use, else kernels/cuda/attn.cu's;
+     * CONFIG_ATTN_CUDNN cuDNN's or fail; CONFIG_ATTN_OWN attn.cu's. How the model computes (as
+     * ac_mode). */
+    int attn;
     /* Parameter sharding on a device (backend_t.model_shard): the part [own_begin, own_end) of
      * the held pieces' range whose weights and gradients this replica keeps; 0, 0: all of it.
      * How the model is held, not what it is (as ac_mode). */
@@ -39,6 +44,10 @@ typedef struct {
 } model_config_t;
 
 typedef enum { CONFIG_AC_NONE = 0, CONFIG_AC_FULL = 1, CONFIG_AC_SELECTIVE = 2 } config_ac_mode_t;
+typedef enum { CONFIG_ATTN_AUTO = 0, CONFIG_ATTN_CUDNN = 1, CONFIG_ATTN_OWN = 2 } config_attn_t;
+/* "auto", "cudnn", "ctitan" <-> config_attn_t; parse returns 0 or -1. */
+const char *config_attn_name(int attn);
+int config_attn_parse(const char *name, int *attn);
 
 /* What one layer keeps from its forward for its backward. ALL: every intermediate (mode
  * none). INPUT: only its input; the backward recomputes its forward first (full, and every

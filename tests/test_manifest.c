@@ -789,6 +789,8 @@ static void test_manifest_validate_rejects_bad_values(void **state)
         {"training.local_batch_size", "0", "must be >= 1"},
         {"training.threads", "-1", "training.threads = -1 must be >= 0"},
         {"training.max_norm", "-1", "training.max_norm = -1 must be >= 0"},
+        {"training.attention", "flash", "training.attention = \"flash\": expected \"auto\", \"cudnn\" or \"ctitan\""},
+        {"training.attention", "cudnn", "training.attention = \"cudnn\" is the GPU model's: it needs job.device"},
         {"parallelism.pipeline_parallel_degree", "0", "must be >= 1"},
         {"parallelism.pipeline_parallel_microbatches", "0", "must be >= 1"},
         {"parallelism.data_parallel_replicate_degree", "0", "must be >= 1"},
@@ -825,7 +827,8 @@ static void test_manifest_validate_rejects_bad_values(void **state)
                              {"optimizer.lr", "0"}, {"sample.tokens", "0"}, {"training.seq_len", "2"},
                              {"job.max_restarts", "0"}, {"job.max_restarts", "1000"},
                              {"job.restart_backoff_ms", "0"}, {"job.restart_backoff_ms", "30000"},
-                             {"sample.temperature", "0"}};
+                             {"sample.temperature", "0"}, {"training.attention", "ctitan"},
+                             {"training.attention", "auto"}};
     for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
         manifest_t g = m;
         override_ok(&g, good[i][0], good[i][1]);

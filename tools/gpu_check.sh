@@ -150,7 +150,7 @@ for t in "$build"/tests/gpu/test_*; do
         row "$name" "skipped: no GPU" 0 "runs in make test as ${name}_sim on the emulator where one exists"
         continue
     fi
-    if ! run "$name.log" 120 env CMOCKA_MESSAGE_OUTPUT=stdout "$t"; then
+    if ! run "$name.log" 120 env CMOCKA_MESSAGE_OUTPUT=stdout CTITAN_CUDNN_DEVICEPROP="$out/cudnn-deviceprop.json" "$t"; then
         row "$name" "skipped: out of budget" 0 ""
         continue
     fi

@@ -59,6 +59,12 @@ int cudnn_sdpa_bwd(cudnn_sdpa_t *s, uint16_t *dq, uint16_t *dk, uint16_t *dv, fl
 }
 size_t cudnn_sdpa_workspace_bytes(const cudnn_sdpa_t *s) { (void)s; return 0; }
 const char *cudnn_sdpa_error(const cudnn_sdpa_t *s) { (void)s; return "built without cuDNN"; }
+int cudnn_sdpa_device_json(cudnn_sdpa_t *s, char **json)
+{
+    (void)s;
+    *json = NULL;
+    return -ENOSYS;
+}
 
 #else
 
@@ -556,6 +562,42 @@ int cudnn_sdpa_graph_check(cudnn_sdpa_t *s, int bwd, int B, int T, int H, int Hk
 }
 
 /* ---- planning and running on the device ---- */
+
+int cudnn_sdpa_device_json(cudnn_sdpa_t *s, char **json)
+{
+    *json = NULL;
+    int dev = 0;
+    cudaError_t ce = cudaGetDevice(&dev);
+    if (ce != cudaSuccess) {
+        set_err(s, "cudaGetDevice: %s", cudaGetErrorString(ce));
+        return -ENODEV;
+    }
+    cudnnBackendDescriptor_t dp = NULL;
+    int64_t n = 0;
+    cudnnStatus_t st = s->a.CreateDescriptor(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR, &dp);
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = s->a.SetAttribute(dp, CUDNN_ATTR_DEVICEPROP_DEVICE_ID, CUDNN_TYPE_INT32, 1, &dev);
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = s->a.Finalize(dp);
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = s->a.GetAttribute(dp, CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, CUDNN_TYPE_CHAR, 0, &n, NULL);
+    char *buf = st == CUDNN_STATUS_SUCCESS ? calloc((size_t)n + 1, 1) : NULL;
+    if (buf)
+        st = s->a.GetAttribute(dp, CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, CUDNN_TYPE_CHAR, n, &n, buf);
+    if (dp)
+        s->a.DestroyDescriptor(dp);
+    if (st != CUDNN_STATUS_SUCCESS || !buf) {
+        free(buf);
+        if (st == CUDNN_STATUS_SUCCESS) {
+            set_err(s, "out of host memory");
+            return -ENOMEM;
+        }
+        status_err(s, st, "device properties");
+        return -EIO;
+    }
+    *json = buf;
+    return 0;
+}
 
 static bool nondeterministic(cudnn_sdpa_t *s, cudnnBackendDescriptor_t cfg)
 {

@@ -48,6 +48,11 @@ int cudnn_sdpa_bwd(cudnn_sdpa_t *s, uint16_t *dq, uint16_t *dk, uint16_t *dv, fl
                    const uint16_t *out, const float *lse, int B, int T, int H, int Hkv, int hd,
                    void *stream);
 
+/* cuDNN's description of the current device (its DEVICEPROP descriptor's JSON, cuDNN >= 9.8), in
+ * a malloc'd string: what lets heuristics and plans be asked for this GPU on a machine without
+ * one (the next step of test_cudnn_graph once a lease has written it). */
+int cudnn_sdpa_device_json(cudnn_sdpa_t *s, char **json);
+
 /* Device bytes of the workspace the plans so far need (one buffer, shared by every plan). */
 size_t cudnn_sdpa_workspace_bytes(const cudnn_sdpa_t *s);
 /* The last failure's text. */

@@ -1,6 +1,7 @@
 // The Llama model on one GPU (cuda_model.h): the CPU model's equations (kernels/cpu/model.c)
 // with the CUDA kernels, one stream per model, bf16 tensors and fp32 accumulation.
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +20,9 @@ extern "C" {
 #include "kernels/cuda/cuda_matmul.h"
 #include "kernels/cuda/cuda_model.h"
 #include "kernels/cuda/cuda_nn.h"
+#ifndef CTITAN_CUDASIM
+#include "kernels/cuda/cudnn_sdpa.h"
+#endif
 #include "kernels/cuda/nn_common.cuh"
 
 extern "C" const char *cuda_model_last_error(void) { return cuda_err_text(); }
@@ -86,6 +90,14 @@ struct cuda_model {
      * one synchronisation at the take. */
     kept_loss_t *kept;
     int n_kept, kept_cap;
+    /* The attention (cfg.attn): cuDNN's fused kernels while sdpa is open, else attn.cu's. Each
+     * direction's first call for a (B, T) also runs attn.cu's and compares (attn_agrees); the
+     * shapes so compared are kept. */
+#ifndef CTITAN_CUDASIM
+    cudnn_sdpa_t *sdpa;
+#endif
+    struct { int bwd, B, T; } seen[8];
+    int n_seen;
 };
 
 typedef struct {
@@ -265,6 +277,9 @@ extern "C" void cuda_model_destroy(cuda_model_t **pm)
     if (m->stream)
         cudaStreamSynchronize(m->stream);
     cuda_matmul_ctx_destroy(&m->mm);
+#ifndef CTITAN_CUDASIM
+    cudnn_sdpa_close(&m->sdpa);
+#endif
     cudaFree(m->w);
     cudaFree(m->g);
     cudaFree(m->rope_cos);
@@ -363,6 +378,8 @@ static int model_init(cuda_model_t *m, const model_config_t *cfg, int p0, int p1
     return 0;
 }
 
+static int attn_open(cuda_model_t *m);
+
 extern "C" int cuda_model_new(cuda_model_t **out, const model_config_t *cfg, int p0, int p1)
 {
     *out = NULL;
@@ -372,6 +389,8 @@ extern "C" int cuda_model_new(cuda_model_t **out, const model_config_t *cfg, int
     if (!m)
         return cuda_err(-ENOMEM, "out of memory");
     int rc = model_init(m, cfg, p0, p1);
+    if (!rc)
+        rc = attn_open(m);
     if (rc) {
         cuda_model_destroy(&m);
         return rc;
@@ -557,6 +576,229 @@ extern "C" int cuda_model_acts_new(cuda_model_acts_t **out, cuda_model_t *m, int
     return 0;
 }
 
+// ---- attention: cuDNN's or attn.cu's ----
+
+/* cfg.attn auto: cuDNN if it loads (a note on stderr when not); cudnn: or fail; ctitan: never. */
+static int attn_open(cuda_model_t *m)
+{
+    if (m->cfg.attn == CONFIG_ATTN_OWN)
+        return 0;
+#ifdef CTITAN_CUDASIM
+    if (m->cfg.attn == CONFIG_ATTN_CUDNN)
+        return cuda_err(-ENOSYS, "training.attention = \"cudnn\": cuDNN does not run on the emulator");
+    return 0;
+#else
+    char why[512];
+    int rc = cudnn_sdpa_open(&m->sdpa, why, sizeof why);
+    if (rc && m->cfg.attn == CONFIG_ATTN_CUDNN)
+        return cuda_err(rc, "training.attention = \"cudnn\": %s", why);
+    if (rc)
+        fprintf(stderr, "note: attention on ctitan's kernels (kernels/cuda/attn.cu): %s\n", why);
+    return 0;
+#endif
+}
+
+#ifndef CTITAN_CUDASIM
+static float bf16_value(bf16_t b)
+{
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* sqrt(sum (a-b)^2 / sum b^2) of n device values (bf16 when es is 2, else fp32). */
+static int rel_rms(double *out, const void *da, const void *db, size_t n, size_t es)
+{
+    void *ha = malloc(n * es), *hb = malloc(n * es);
+    if (!ha || !hb) {
+        free(ha), free(hb);
+        return cuda_err(-ENOMEM, "out of host memory");
+    }
+    int rc = cuda_rc(cudaMemcpy(ha, da, n * es, cudaMemcpyDeviceToHost), "copy for the attention check");
+    if (!rc)
+        rc = cuda_rc(cudaMemcpy(hb, db, n * es, cudaMemcpyDeviceToHost), "copy for the attention check");
+    double num = 0, den = 0;
+    for (size_t i = 0; !rc && i < n; i++) {
+        double a = es == 2 ? bf16_value(((bf16_t *)ha)[i]) : ((float *)ha)[i];
+        double b = es == 2 ? bf16_value(((bf16_t *)hb)[i]) : ((float *)hb)[i];
+        num += (a - b) * (a - b), den += b * b;
+    }
+    *out = den > 0 ? sqrt(num / den) : sqrt(num);
+    if (num != num)
+        *out = INFINITY;
+    free(ha), free(hb);
+    return rc;
+}
+
+/* Whether cuDNN's results (cud, on the device) agree with attn.cu's (own) on the same inputs:
+ * each array's relative RMS difference within tol (bf16 rounding of the outputs and of P, dS
+ * before their products is ~4e-3; a wrong mask, scale or head mapping is O(0.1..1)). */
+typedef struct { const char *name; void *cud, *own; size_t n, es; } cmp_t;
+static int attn_agrees(bool *ok, char *what, size_t wlen, const cmp_t *c, int nc, double tol)
+{
+    *ok = true;
+    size_t off = 0;
+    what[0] = 0;
+    for (int i = 0; i < nc; i++) {
+        double r = 0;
+        int rc = rel_rms(&r, c[i].cud, c[i].own, c[i].n, c[i].es);
+        if (rc)
+            return rc;
+        *ok = *ok && r <= tol;
+        off += (size_t)snprintf(what + off, off < wlen ? wlen - off : 0, "%s%s %.2e", i ? ", " : "", c[i].name, r);
+    }
+    return 0;
+}
+
+static bool attn_seen(cuda_model_t *m, int bwd, int B, int T)
+{
+    for (int i = 0; i < m->n_seen; i++)
+        if (m->seen[i].bwd == bwd && m->seen[i].B == B && m->seen[i].T == T)
+            return true;
+    if (m->n_seen == (int)(sizeof m->seen / sizeof m->seen[0]))
+        return true; /* enough shapes compared */
+    m->seen[m->n_seen].bwd = bwd, m->seen[m->n_seen].B = B, m->seen[m->n_seen].T = T;
+    m->n_seen++;
+    return false;
+}
+
+/* cuDNN off for the model (auto), after its first call for a shape failed or disagreed. */
+static int attn_give_up(cuda_model_t *m, const char *why)
+{
+    if (m->cfg.attn == CONFIG_ATTN_CUDNN)
+        return cuda_err(-EIO, "training.attention = \"cudnn\": %s", why);
+    fprintf(stderr, "note: attention on ctitan's kernels from here: cuDNN's %s\n", why);
+    cudnn_sdpa_close(&m->sdpa);
+    return 0;
+}
+
+static void *scratch(size_t bytes)
+{
+    void *p = NULL;
+    return cudaMalloc(&p, bytes) == cudaSuccess ? p : NULL;
+}
+#endif
+
+static int attn_fwd(cuda_model_t *m, cuda_model_acts_t *a, layer_acts_t *L)
+{
+    int B = a->B, T = a->T;
+    void *s = m->stream;
+#ifndef CTITAN_CUDASIM
+    if (m->sdpa) {
+        bool first = !attn_seen(m, 0, B, T);
+        int rc = cudnn_sdpa_fwd(m->sdpa, L->y, L->lse, L->q, L->k, L->v, B, T, m->H, m->K, m->hd, s);
+        if (rc && !first)
+            return cuda_err(rc, "cuDNN attention forward: %s", cudnn_sdpa_error(m->sdpa));
+        if (rc) {
+            char why[640];
+            snprintf(why, sizeof why, "forward for B %d T %d: %s", B, T, cudnn_sdpa_error(m->sdpa));
+            rc = attn_give_up(m, why);
+            if (rc)
+                return rc;
+        } else if (!first) {
+            return 0;
+        } else {
+            /* attn.cu's on the same inputs, compared; on disagreement its results replace cuDNN's */
+            size_t nq = (size_t)a->N * m->QD, nr = (size_t)B * m->H * T;
+            bf16_t *y2 = (bf16_t *)scratch(nq * 2);
+            float *lse2 = (float *)scratch(nr * 4);
+            if (!y2 || !lse2) {
+                cudaFree(y2), cudaFree(lse2);
+                return cuda_err(-ENOMEM, "attention check: %zu bytes of device memory", nq * 2 + nr * 4);
+            }
+            bool ok = false;
+            char what[256];
+            rc = cuda_attn_fwd(y2, lse2, L->q, L->k, L->v, B, T, m->H, m->K, m->hd, s);
+            if (!rc)
+                rc = cuda_rc(cudaStreamSynchronize(m->stream), "attention check");
+            cmp_t c[] = {{"out", L->y, y2, nq, 2}, {"lse", L->lse, lse2, nr, 4}};
+            if (!rc)
+                rc = attn_agrees(&ok, what, sizeof what, c, 2, 2e-2);
+            if (!rc && !ok) {
+                rc = cuda_rc(cudaMemcpyAsync(L->y, y2, nq * 2, cudaMemcpyDeviceToDevice, m->stream), "copy");
+                if (!rc)
+                    rc = cuda_rc(cudaMemcpyAsync(L->lse, lse2, nr * 4, cudaMemcpyDeviceToDevice, m->stream), "copy");
+                if (!rc)
+                    rc = cuda_rc(cudaStreamSynchronize(m->stream), "attention check");
+                char why[512];
+                snprintf(why, sizeof why, "forward for B %d T %d differs from ctitan's (relative RMS %s)", B, T, what);
+                if (!rc)
+                    rc = attn_give_up(m, why);
+            } else if (!rc) {
+                fprintf(stderr, "note: attention on cuDNN %ld's fused kernels: forward for B %d T %d agrees with "
+                                "ctitan's (relative RMS %s)\n", cudnn_sdpa_version(m->sdpa), B, T, what);
+            }
+            cudaFree(y2), cudaFree(lse2);
+            return rc;
+        }
+    }
+#endif
+    AT(cuda_attn_fwd(L->y, L->lse, L->q, L->k, L->v, B, T, m->H, m->K, m->hd, s));
+    return 0;
+}
+
+static int attn_bwd(cuda_model_t *m, cuda_model_acts_t *a, layer_acts_t *L)
+{
+    int B = a->B, T = a->T;
+    void *s = m->stream;
+#ifndef CTITAN_CUDASIM
+    if (m->sdpa) {
+        bool first = !attn_seen(m, 1, B, T);
+        int rc = cudnn_sdpa_bwd(m->sdpa, L->dq, L->dk, L->dv, a->delta, a->s_dy, L->q, L->k, L->v, L->y, L->lse, B,
+                                T, m->H, m->K, m->hd, s);
+        if (rc && !first)
+            return cuda_err(rc, "cuDNN attention backward: %s", cudnn_sdpa_error(m->sdpa));
+        if (rc) {
+            char why[640];
+            snprintf(why, sizeof why, "backward for B %d T %d: %s", B, T, cudnn_sdpa_error(m->sdpa));
+            rc = attn_give_up(m, why);
+            if (rc)
+                return rc;
+        } else if (!first) {
+            return 0;
+        } else {
+            size_t nq = (size_t)a->N * m->QD, nk = (size_t)a->N * m->KD, nr = (size_t)B * m->H * T;
+            bf16_t *dq2 = (bf16_t *)scratch(nq * 2), *dk2 = (bf16_t *)scratch(nk * 2), *dv2 = (bf16_t *)scratch(nk * 2);
+            float *delta2 = (float *)scratch(nr * 4);
+            if (!dq2 || !dk2 || !dv2 || !delta2) {
+                cudaFree(dq2), cudaFree(dk2), cudaFree(dv2), cudaFree(delta2);
+                return cuda_err(-ENOMEM, "attention check: %zu bytes of device memory", (nq + 2 * nk) * 2 + nr * 4);
+            }
+            bool ok = false;
+            char what[256];
+            rc = cuda_attn_bwd(dq2, dk2, dv2, delta2, a->s_dy, L->q, L->k, L->v, L->y, L->lse, B, T, m->H, m->K,
+                               m->hd, s);
+            if (!rc)
+                rc = cuda_rc(cudaStreamSynchronize(m->stream), "attention check");
+            cmp_t c[] = {{"dq", L->dq, dq2, nq, 2}, {"dk", L->dk, dk2, nk, 2}, {"dv", L->dv, dv2, nk, 2}};
+            if (!rc)
+                rc = attn_agrees(&ok, what, sizeof what, c, 3, 2e-2);
+            if (!rc && !ok) {
+                for (int i = 0; !rc && i < 3; i++)
+                    rc = cuda_rc(cudaMemcpyAsync(c[i].cud, c[i].own, c[i].n * 2, cudaMemcpyDeviceToDevice, m->stream),
+                                 "copy");
+                if (!rc)
+                    rc = cuda_rc(cudaStreamSynchronize(m->stream), "attention check");
+                char why[512];
+                snprintf(why, sizeof why, "backward for B %d T %d differs from ctitan's (relative RMS %s)", B, T,
+                         what);
+                if (!rc)
+                    rc = attn_give_up(m, why);
+            } else if (!rc) {
+                fprintf(stderr, "note: attention on cuDNN's fused kernels: backward for B %d T %d agrees with "
+                                "ctitan's (relative RMS %s)\n", B, T, what);
+            }
+            cudaFree(dq2), cudaFree(dk2), cudaFree(dv2), cudaFree(delta2);
+            return rc;
+        }
+    }
+#endif
+    AT(cuda_attn_bwd(L->dq, L->dk, L->dv, a->delta, a->s_dy, L->q, L->k, L->v, L->y, L->lse, B, T, m->H, m->K,
+                     m->hd, s));
+    return 0;
+}
+
 // ---- forward and backward (the equations are kernels/cpu/model.c's) ----
 
 /* out NULL: a recompute for the backward, which needs everything but the output. */
@@ -573,9 +815,11 @@ static int layer_forward(cuda_model_t *m, cuda_model_acts_t *a, int i, bf16_t *o
     MM(cuda_matmul_fwd(m->mm, L->v, L->xn1, w->wv, N, D, KD, s));
     NN(cuda_rope_fwd(L->q, m->rope_cos, m->rope_sin, a->B, a->T, m->H, m->hd, s));
     NN(cuda_rope_fwd(L->k, m->rope_cos, m->rope_sin, a->B, a->T, m->K, m->hd, s));
-    AT(cuda_attn_fwd(L->y, L->lse, L->q, L->k, L->v, a->B, a->T, m->H, m->K, m->hd, s));
+    int rc = attn_fwd(m, a, L);
+    if (rc)
+        return rc;
     MM(cuda_matmul_fwd(m->mm, L->h1, L->y, w->wo, N, QD, D, s));
-    int rc = add(m, L->h1, L->h1, L->h_in, (size_t)N * D);
+    rc = add(m, L->h1, L->h1, L->h_in, (size_t)N * D);
     if (rc)
         return rc;
     NN(cuda_rmsnorm_fwd(L->xn2, L->r2, L->h1, w->ffn_norm, N, D, eps, s));
@@ -619,8 +863,9 @@ static int layer_backward_b(cuda_model_t *m, cuda_model_acts_t *a, int i, bf16_t
     CU(cudaMemcpyAsync(L->dh1, L->df, ND * sizeof(bf16_t), cudaMemcpyDeviceToDevice, m->stream));
     NN(cuda_rmsnorm_bwd_x(L->dh1, L->dxn2, L->h1, L->r2, w->ffn_norm, N, D, 1, s));
     MM(cuda_matmul_bwd_x(m->mm, a->s_dy, L->dh1, w->wo, N, QD, D, 0, s));
-    AT(cuda_attn_bwd(L->dq, L->dk, L->dv, a->delta, a->s_dy, L->q, L->k, L->v, L->y, L->lse, a->B, a->T, m->H,
-                     m->K, m->hd, s));
+    int rc = attn_bwd(m, a, L);
+    if (rc)
+        return rc;
     NN(cuda_rope_bwd(L->dq, m->rope_cos, m->rope_sin, a->B, a->T, m->H, m->hd, s));
     NN(cuda_rope_bwd(L->dk, m->rope_cos, m->rope_sin, a->B, a->T, m->K, m->hd, s));
     MM(cuda_matmul_bwd_x(m->mm, L->dxn1, L->dq, w->wq, N, D, QD, 0, s));

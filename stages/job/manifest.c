@@ -40,6 +40,7 @@ void manifest_defaults(manifest_t *m)
     m->dp = m->dp_replicate = m->dp_shard = 1;
     strcpy(m->fsdp_reshard, "default");
     strcpy(m->mp_reduce, "float32");
+    strcpy(m->attention, "auto");
     strcpy(m->optimizer_name, "AdamW");
     m->lr = 8e-4;
     m->beta1 = 0.9;

@@ -112,6 +112,9 @@ typedef struct {
                                   * sharding reduces a piece's gradients in among a group's members
                                   * ("bfloat16": half the bytes, each partial sum rounded to bf16);
                                   * needs data_parallel_shard_degree > 1 */
+    char attention[16];          /* training.attention, "auto": the GPU model's attention, cuDNN's fused
+                                  * kernels where cuDNN 9 loads and agrees with ctitan's own at first
+                                  * use, else ctitan's (kernels/cuda/attn.cu); "cudnn" or fail; "ctitan" */
     int dp;                      /* not a key: the data-parallel ranks, dp_replicate x dp_shard (the
                                   * stage replicas; replica r is rank r % dp_shard of group r / dp_shard) */
     char data_plane[16];         /* "ipc": CUDA IPC rings on one host, GPU shards summing replicas;

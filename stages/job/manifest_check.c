@@ -306,6 +306,11 @@ static int check_placement(const manifest_t *m, char *err, size_t errlen)
           !strcmp(m->fsdp_reshard, "never"), "parallelism", "fsdp_reshard_after_forward",
           "parallelism.fsdp_reshard_after_forward = \"%s\": expected \"default\", \"always\" or \"never\"",
           m->fsdp_reshard);
+    int attn;
+    CHECK(!config_attn_parse(m->attention, &attn), "training", "attention",
+          "training.attention = \"%s\": expected \"auto\", \"cudnn\" or \"ctitan\"", m->attention);
+    CHECK(strcmp(m->attention, "cudnn") || !strcmp(m->device, "cuda"), "training", "attention",
+          "training.attention = \"cudnn\" is the GPU model's: it needs job.device = \"cuda\"");
     CHECK(!strcmp(m->mp_reduce, "float32") || !strcmp(m->mp_reduce, "bfloat16"), "training", "mixed_precision_reduce",
           "training.mixed_precision_reduce = \"%s\": expected \"float32\" or \"bfloat16\"", m->mp_reduce);
     CHECK(!strcmp(m->mp_reduce, "float32") || m->dp_shard > 1, "training", "mixed_precision_reduce",

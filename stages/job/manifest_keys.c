@@ -44,6 +44,7 @@ const mkey_t mkey_table[] = {
     {"training", "seed", MKEY_U64, FLD(seed), 0, 0},
     KDBL("training", "max_norm", max_norm),
     KSTR("training", "mixed_precision_reduce", mp_reduce),
+    KSTR("training", "attention", attention),
     KINT("training", "threads", threads, 0),
     KINT("parallelism", "pipeline_parallel_degree", pp, 1),
     {"parallelism", "pipeline_parallel_schedule", MKEY_SCHED, FLD(schedule), 0, 0},

@@ -140,6 +140,7 @@ static void setup_chunk(stage_t *st, chunk_t *k, int c, int threads)
     model_config_t cfg = m->model; /* [activation_checkpoint] rides in the model's config */
     cfg.ac_mode = m->ac_mode;
     cfg.ac_every = m->ac_every;
+    config_attn_parse(m->attention, &cfg.attn); /* checked by manifest_check */
     if (st->lay.fsdp > 1 && st->lay.gpu) /* the GPU keeps its part: job_fsdp_part */
         job_fsdp_part(&st->lay, st->replica, begin, end, &cfg.own_begin, &cfg.own_end);
     BE_CHECK(st, st->be->model_new(&k->model, &cfg, p0, p1, host_w, host_g, threads),

@@ -1,6 +1,8 @@
 /* GPU fused attention (kernels/cuda/attn.cu) against the double reference (kernels/ref/ref_attn.c)
  * on bf16-rounded inputs, the causal property, determinism and argument checks; the GPU tests
- * are skipped with a message where there is no GPU (the argument checks run anyway). */
+ * are skipped with a message where there is no GPU (the argument checks run anyway). The same
+ * reference checks and determinism for cuDNN's fused attention (kernels/cuda/cudnn_sdpa.c) on a
+ * GPU where cuDNN 9 loads; not on the emulator (no cuDNN there). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -11,6 +13,9 @@
 
 #include "kernels/cuda/cuda_attn.h"
 #include "kernels/cuda/cuda_ops.h"
+#ifndef CUDASIM
+#include "kernels/cuda/cudnn_sdpa.h"
+#endif
 #include "kernels/ref/ref_ops.h"
 #include "tests/testutil.h"
 
@@ -116,13 +121,35 @@ static void case_upload_kv(acase_t *c)
     assert_int_equal(cuda_copy_to_device(c->g_v, c->v, c->nk * 2), 0);
 }
 
+#ifndef CUDASIM
+/* Non-NULL: case_run runs cuDNN's attention instead of attn.cu's. */
+static cudnn_sdpa_t *g_cudnn;
+#define CHECK_CUDNN(call)                                                                          \
+    do {                                                                                           \
+        int rc_ = (call);                                                                          \
+        if (rc_ != 0)                                                                              \
+            fprintf(stderr, "%s: %d (%s)\n", #call, rc_, cudnn_sdpa_error(g_cudnn));               \
+        assert_int_equal(rc_, 0);                                                                  \
+    } while (0)
+#endif
+
 /* Forward and backward on the default stream; the copies back wait for them. */
 static void case_run(acase_t *c)
 {
-    CHECK_OK(cuda_attn_fwd(c->g_out, c->g_lse, c->g_q, c->g_k, c->g_v, c->B, c->T, c->H, c->Hkv,
-                           c->hd, NULL));
-    CHECK_OK(cuda_attn_bwd(c->g_dq, c->g_dk, c->g_dv, c->g_delta, c->g_dout, c->g_q, c->g_k,
-                           c->g_v, c->g_out, c->g_lse, c->B, c->T, c->H, c->Hkv, c->hd, NULL));
+#ifndef CUDASIM
+    if (g_cudnn) {
+        CHECK_CUDNN(cudnn_sdpa_fwd(g_cudnn, c->g_out, c->g_lse, c->g_q, c->g_k, c->g_v, c->B, c->T, c->H,
+                                   c->Hkv, c->hd, NULL));
+        CHECK_CUDNN(cudnn_sdpa_bwd(g_cudnn, c->g_dq, c->g_dk, c->g_dv, c->g_delta, c->g_dout, c->g_q, c->g_k,
+                                   c->g_v, c->g_out, c->g_lse, c->B, c->T, c->H, c->Hkv, c->hd, NULL));
+    } else
+#endif
+    {
+        CHECK_OK(cuda_attn_fwd(c->g_out, c->g_lse, c->g_q, c->g_k, c->g_v, c->B, c->T, c->H, c->Hkv,
+                               c->hd, NULL));
+        CHECK_OK(cuda_attn_bwd(c->g_dq, c->g_dk, c->g_dv, c->g_delta, c->g_dout, c->g_q, c->g_k,
+                               c->g_v, c->g_out, c->g_lse, c->B, c->T, c->H, c->Hkv, c->hd, NULL));
+    }
     int rc = cuda_copy_to_host(c->out, c->g_out, c->nq * 2);
     if (rc)
         fprintf(stderr, "after the kernels: %s\n", cuda_last_error());
@@ -395,6 +422,88 @@ static void test_cuda_attn_is_deterministic(void **state)
     case_free(&c);
 }
 
+/* cuDNN's attention: the reference checks above on the model's head dimensions (64, 128: the
+ * ~160M's and ~1B's; 16 and 32, the demo's, where cuDNN plans them: else the model runs attn.cu's),
+ * grouped-query and ragged sequences, and the same bits twice. */
+#ifndef CUDASIM
+#define NEED_CUDNN()                                                                               \
+    do {                                                                                           \
+        SKIP_WITHOUT_GPU();                                                                        \
+        char why_[512];                                                                            \
+        if (cudnn_sdpa_open(&g_cudnn, why_, sizeof why_) != 0) {                                   \
+            print_message("cuDNN not loadable (%s): skipping\n", why_);                           \
+            skip();                                                                                \
+        }                                                                                          \
+        print_message("cuDNN %ld\n", cudnn_sdpa_version(g_cudnn));                                \
+    } while (0)
+
+/* A failed assertion leaves the next tests on attn.cu's kernels. */
+static int cudnn_teardown(void **state)
+{
+    cudnn_sdpa_close(&g_cudnn);
+    return 0;
+}
+
+static void test_cudnn_attn_matches_reference(void **state)
+{
+    NEED_CUDNN();
+    check_against_reference(2, 100, 4, 2, 64, 11);
+    check_against_reference(1, 257, 8, 8, 128, 22);
+    check_against_reference(1, 300, 4, 1, 128, 66);
+    check_against_reference(2, 64, 16, 8, 128, 67); /* the ~1B's heads */
+    for (int hd = 16; hd <= 32; hd *= 2) {
+        int rc = cudnn_sdpa_graph_check(g_cudnn, 0, 1, 64, 4, 2, hd);
+        assert_int_equal(rc, 0);
+        acase_t c;
+        case_init(&c, 1, 70, 4, 2, hd, 33);
+        rc = cudnn_sdpa_fwd(g_cudnn, c.g_out, c.g_lse, c.g_q, c.g_k, c.g_v, 1, 70, 4, 2, hd, NULL);
+        case_free(&c);
+        if (rc) {
+            print_message("head dim %d: cuDNN plans nothing (%s); the model runs attn.cu's there\n", hd,
+                          cudnn_sdpa_error(g_cudnn));
+            continue;
+        }
+        check_against_reference(2, 70, 4, 2, hd, 33);
+    }
+    print_message("cuDNN attention workspace: %zu bytes\n", cudnn_sdpa_workspace_bytes(g_cudnn));
+    /* this GPU as cuDNN describes it, for asking its heuristics on a machine without one
+     * (tools/gpu_check.sh keeps the file) */
+    const char *path = getenv("CTITAN_CUDNN_DEVICEPROP");
+    char *json = NULL;
+    if (path && path[0] && cudnn_sdpa_device_json(g_cudnn, &json) == 0) {
+        FILE *f = fopen(path, "w");
+        if (f) {
+            fputs(json, f);
+            fclose(f);
+        }
+        print_message("cuDNN device properties (%zu bytes) in %s\n", strlen(json), path);
+    } else if (path && path[0]) {
+        print_message("cuDNN device properties: %s\n", cudnn_sdpa_error(g_cudnn));
+    }
+    free(json);
+}
+
+static void test_cudnn_attn_is_deterministic(void **state)
+{
+    NEED_CUDNN();
+    acase_t c;
+    case_init(&c, 2, 300, 8, 2, 128, 55);
+    case_run(&c);
+    uint16_t *keep = malloc((2 * c.nq + 2 * c.nk) * 2);
+    memcpy(keep, c.out, c.nq * 2), memcpy(keep + c.nq, c.dq, c.nq * 2);
+    memcpy(keep + 2 * c.nq, c.dk, c.nk * 2), memcpy(keep + 2 * c.nq + c.nk, c.dv, c.nk * 2);
+    for (int r = 0; r < 3; r++) {
+        case_run(&c);
+        assert_memory_equal(keep, c.out, c.nq * 2);
+        assert_memory_equal(keep + c.nq, c.dq, c.nq * 2);
+        assert_memory_equal(keep + 2 * c.nq, c.dk, c.nk * 2);
+        assert_memory_equal(keep + 2 * c.nq + c.nk, c.dv, c.nk * 2);
+    }
+    free(keep);
+    case_free(&c);
+}
+#endif
+
 /* Argument checks come before any CUDA call, so this runs without a GPU too; the pointers are
  * host buffers that a kernel would never be given. */
 static void test_cuda_attn_rejects_bad_arguments(void **state)
@@ -443,6 +552,10 @@ int main(void)
         cmocka_unit_test(test_cuda_attn_long_sequence_matches_direct_rows),
         cmocka_unit_test(test_cuda_attn_is_causal),
         cmocka_unit_test(test_cuda_attn_is_deterministic),
+#ifndef CUDASIM
+        cmocka_unit_test_teardown(test_cudnn_attn_matches_reference, cudnn_teardown),
+        cmocka_unit_test_teardown(test_cudnn_attn_is_deterministic, cudnn_teardown),
+#endif
         /* last: were a check missing, a kernel given host pointers could spoil the context */
         cmocka_unit_test(test_cuda_attn_rejects_bad_arguments),
     };

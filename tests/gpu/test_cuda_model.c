@@ -393,6 +393,55 @@ static void test_cuda_model_activation_checkpointing_is_bitwise_and_saves_memory
     free(w), free(g0), free(g);
 }
 
+/* training.attention: on a GPU with cuDNN, cuDNN's attention (checked against attn.cu's at its
+ * first call) gives the loss and gradients within the CPU's tolerances of attn.cu's, and the same
+ * bits on a second run; "ctitan" never loads cuDNN. The emulator refuses "cudnn", naming it. */
+static void test_cuda_model_attention_choice(void **state)
+{
+    model_config_t c = config();
+#ifdef CUDASIM
+    c.attn = CONFIG_ATTN_CUDNN;
+    cuda_model_t *m = NULL;
+    assert_int_equal(cuda_model_new(&m, &c, 0, c.n_layers + 2), -ENOSYS);
+    assert_null(m);
+    assert_non_null(strstr(cuda_model_last_error(), "emulator"));
+#else
+    need_gpu();
+    param_table_t tab;
+    assert_int_equal(params_table_init(&tab, &c), 0);
+    float *w = malloc(tab.total * sizeof(float)), *g_own = calloc(tab.total, sizeof(float));
+    float *g_cudnn = calloc(tab.total, sizeof(float)), *g_again = calloc(tab.total, sizeof(float));
+    params_init(&tab, &c, 3, w, 0, tab.total);
+    enum { B = 2, T = 64 };
+    int32_t tok[B * T], tgt[B * T];
+    uint64_t s = 9;
+    for (int i = 0; i < B * T; i++)
+        tok[i] = (int32_t)(tu_next(&s) % 256), tgt[i] = (int32_t)(tu_next(&s) % 256);
+    int whole[2] = {0, c.n_layers + 2};
+    c.attn = CONFIG_ATTN_OWN;
+    double own = gpu_run(&c, &tab, w, g_own, whole, 1, tok, tgt, B, T);
+    c.attn = CONFIG_ATTN_CUDNN;
+    cuda_model_t *probe = NULL;
+    int rc = cuda_model_new(&probe, &c, 0, c.n_layers + 2);
+    cuda_model_destroy(&probe);
+    if (rc) {
+        print_message("cuDNN not usable (%s): skipping\n", cuda_model_last_error());
+        params_table_free(&tab);
+        free(w), free(g_own), free(g_cudnn), free(g_again);
+        skip();
+    }
+    double cud = gpu_run(&c, &tab, w, g_cudnn, whole, 1, tok, tgt, B, T);
+    double again = gpu_run(&c, &tab, w, g_again, whole, 1, tok, tgt, B, T);
+    print_message("loss: attn.cu %.6f, cuDNN %.6f\n", own, cud);
+    assert_true(fabs(cud - own) <= LOSS_RTOL * own);
+    compare_grads(&tab, g_cudnn, g_own);
+    assert_memory_equal(&again, &cud, sizeof(double));
+    assert_memory_equal(g_again, g_cudnn, tab.total * sizeof(float));
+    params_table_free(&tab);
+    free(w), free(g_own), free(g_cudnn), free(g_again);
+#endif
+}
+
 static void test_cuda_model_refuses_unsupported_shapes(void **state)
 {
     /* checked before any CUDA call: runs without a GPU too */
@@ -410,6 +459,7 @@ int main(void)
         cmocka_unit_test(test_cuda_model_matches_the_cpu_model_whole_and_split),
         cmocka_unit_test(test_cuda_model_activation_checkpointing_is_bitwise_and_saves_memory),
         cmocka_unit_test(test_cuda_model_shard_io_matches_the_whole_model_bitwise),
+        cmocka_unit_test(test_cuda_model_attention_choice),
         cmocka_unit_test(test_cuda_model_refuses_unsupported_shapes),
     };
     return tu_run_group_tests(tests, NULL, NULL);

@@ -6,7 +6,7 @@ function op_of(kind, name,   n) {
     n = tolower(name)
     if (n ~ /attn_bwd|attn_delta/) return "attention backward"
     if (n ~ /attn_fwd/) return "attention forward"
-    if (n ~ /flash|fmha|sdpa|cudnn.*attn/) return (n ~ /bwd|backward|dgrad|dot_do|convert_dq/) ? "attention backward" : "attention forward"
+    if (n ~ /flash|fmha|sdpa|cudnn.*attn/) return (n ~ /bwd|bprop|backward|dgrad|dot_do|convert_dq/) ? "attention backward" : "attention forward"
     if (n ~ /^triton/) return "Triton (torch.compile fused)"
     if (n ~ /adam|multi_tensor/) return "AdamW"
     if (n ~ /gemm|nvjet|xmma|cutlass|cublas|gemv|splitk/) return "matrix products (cuBLASLt)"

@@ -188,20 +188,26 @@ $(BUILD)/cudasim/matmul_sim.o: tests/cudasim/matmul_sim.cpp tests/cudasim/sim.h 
 	@mkdir -p $(dir $@)
 	$(CXX) -std=c++20 -O2 $(SAN) -fPIC -I. -c $< -o $@
 
+$(BUILD)/cudasim/cudnn_sim.o: tests/cudasim/cudnn_sim.cpp tests/cudasim/sim.h kernels/cuda/cudnn_sdpa.h kernels/cuda/cuda_attn.h | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CXX) -std=c++20 -O2 $(SAN) -fPIC -I. -c $< -o $@
+
 $(BUILD)/cudasim/nccl_sim.o: tests/cudasim/nccl_sim.cpp tests/cudasim/sim.h tests/cudasim/fake/nccl.h | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CXX) -std=c++20 -O2 $(SAN) -fPIC -I. -c $< -o $@
 
 $(SIM_SO): $(BUILD)/cudasim/plugin.o $(BUILD)/cudasim/model.o $(BUILD)/cudasim/attn.o $(SIM_NN:%=$(BUILD)/cudasim/%.o) \
            $(BUILD)/cudasim/nccl.o $(BUILD)/cudasim/nccl_sim.o \
-           $(BUILD)/cudasim/matmul_sim.o $(BUILD)/cudasim/sim.o $(CUDA_SO_C:%.c=$(BUILD)/pic/%.o)
+           $(BUILD)/cudasim/matmul_sim.o $(BUILD)/cudasim/cudnn_sim.o $(BUILD)/cudasim/sim.o \
+           $(CUDA_SO_C:%.c=$(BUILD)/pic/%.o)
 	@mkdir -p $(dir $@)
 	$(CXX) $(SAN) -shared -Wl,-Bsymbolic -o $@ $^ -lpthread -lm
 
 # The CUDA model on the emulator, its products by matmul_sim.cpp (cuBLASLt cannot be emulated).
 $(BUILD)/tests/test_cuda_model_sim: $(BUILD)/cudasim/test_cuda_model.o $(BUILD)/cudasim/model.o \
                                     $(BUILD)/cudasim/attn.o $(SIM_NN:%=$(BUILD)/cudasim/%.o) \
-                                    $(BUILD)/cudasim/matmul_sim.o $(BUILD)/cudasim/sim.o $(BUILD)/libctitan.a
+                                    $(BUILD)/cudasim/matmul_sim.o $(BUILD)/cudasim/cudnn_sim.o $(BUILD)/cudasim/sim.o \
+                                    $(BUILD)/libctitan.a
 	@mkdir -p $(dir $@)
 	$(CXX) $(SAN) -o $@ $^ $(LDLIBS) $(TESTLIBS)
 

@@ -20,9 +20,7 @@ extern "C" {
 #include "kernels/cuda/cuda_matmul.h"
 #include "kernels/cuda/cuda_model.h"
 #include "kernels/cuda/cuda_nn.h"
-#ifndef CTITAN_CUDASIM
 #include "kernels/cuda/cudnn_sdpa.h"
-#endif
 #include "kernels/cuda/nn_common.cuh"
 
 extern "C" const char *cuda_model_last_error(void) { return cuda_err_text(); }
@@ -90,13 +88,11 @@ struct cuda_model {
      * one synchronisation at the take. */
     kept_loss_t *kept;
     int n_kept, kept_cap;
-    /* The attention (cfg.attn): cuDNN's fused kernels while sdpa is open, else attn.cu's. Each
-     * direction's first call for a (B, T) also runs attn.cu's and compares (attn_agrees); the
-     * shapes so compared are kept. */
-#ifndef CTITAN_CUDASIM
+    /* The attention (cfg.attn): cuDNN's fused kernels while sdpa is open, else attn.cu's. The
+     * first forward of a (B, T) decides for both directions against attn.cu's (attn_decide); the
+     * shapes so decided are kept. */
     cudnn_sdpa_t *sdpa;
-#endif
-    struct { int bwd, B, T; } seen[8];
+    struct { int B, T; bool cudnn; } seen[8];
     int n_seen;
 };
 
@@ -277,9 +273,7 @@ extern "C" void cuda_model_destroy(cuda_model_t **pm)
     if (m->stream)
         cudaStreamSynchronize(m->stream);
     cuda_matmul_ctx_destroy(&m->mm);
-#ifndef CTITAN_CUDASIM
     cudnn_sdpa_close(&m->sdpa);
-#endif
     cudaFree(m->w);
     cudaFree(m->g);
     cudaFree(m->rope_cos);
@@ -578,27 +572,23 @@ extern "C" int cuda_model_acts_new(cuda_model_acts_t **out, cuda_model_t *m, int
 
 // ---- attention: cuDNN's or attn.cu's ----
 
-/* cfg.attn auto: cuDNN if it loads (a note on stderr when not); cudnn: or fail; ctitan: never. */
+/* cfg.attn auto: cuDNN if it loads (a note on stderr when not); cudnn: or fail; ctitan: never.
+ * On the emulator "cuDNN" is tests/cudasim/cudnn_sim.cpp's stand-in, absent unless a test asks. */
 static int attn_open(cuda_model_t *m)
 {
     if (m->cfg.attn == CONFIG_ATTN_OWN)
         return 0;
-#ifdef CTITAN_CUDASIM
-    if (m->cfg.attn == CONFIG_ATTN_CUDNN)
-        return cuda_err(-ENOSYS, "training.attention = \"cudnn\": cuDNN does not run on the emulator");
-    return 0;
-#else
     char why[512];
     int rc = cudnn_sdpa_open(&m->sdpa, why, sizeof why);
     if (rc && m->cfg.attn == CONFIG_ATTN_CUDNN)
         return cuda_err(rc, "training.attention = \"cudnn\": %s", why);
+#ifndef CTITAN_CUDASIM
     if (rc)
         fprintf(stderr, "note: attention on ctitan's kernels (kernels/cuda/attn.cu): %s\n", why);
-    return 0;
 #endif
+    return 0;
 }
 
-#ifndef CTITAN_CUDASIM
 static float bf16_value(bf16_t b)
 {
     uint32_t u = (uint32_t)b << 16;
@@ -651,25 +641,21 @@ static int attn_agrees(bool *ok, char *what, size_t wlen, const cmp_t *c, int nc
     return 0;
 }
 
-static bool attn_seen(cuda_model_t *m, int bwd, int B, int T)
+/* The decided shape (B, T): its index, or -1. */
+static int attn_shape(const cuda_model_t *m, int B, int T)
 {
     for (int i = 0; i < m->n_seen; i++)
-        if (m->seen[i].bwd == bwd && m->seen[i].B == B && m->seen[i].T == T)
-            return true;
-    if (m->n_seen == (int)(sizeof m->seen / sizeof m->seen[0]))
-        return true; /* enough shapes compared */
-    m->seen[m->n_seen].bwd = bwd, m->seen[m->n_seen].B = B, m->seen[m->n_seen].T = T;
-    m->n_seen++;
-    return false;
+        if (m->seen[i].B == B && m->seen[i].T == T)
+            return i;
+    return -1;
 }
 
-/* cuDNN off for the model (auto), after its first call for a shape failed or disagreed. */
+/* attn.cu's for a shape whose cuDNN call failed or disagreed (auto; an error for "cudnn"). */
 static int attn_give_up(cuda_model_t *m, const char *why)
 {
     if (m->cfg.attn == CONFIG_ATTN_CUDNN)
         return cuda_err(-EIO, "training.attention = \"cudnn\": %s", why);
-    fprintf(stderr, "note: attention on ctitan's kernels from here: cuDNN's %s\n", why);
-    cudnn_sdpa_close(&m->sdpa);
+    fprintf(stderr, "note: attention on ctitan's kernels (kernels/cuda/attn.cu): cuDNN's %s\n", why);
     return 0;
 }
 
@@ -678,124 +664,109 @@ static void *scratch(size_t bytes)
     void *p = NULL;
     return cudaMalloc(&p, bytes) == cudaSuccess ? p : NULL;
 }
-#endif
+
+/* The first forward of a shape decides for both directions, before any cuDNN result is kept
+ * past it: cuDNN's forward into the layer's out and lse, attn.cu's into scratch, compared; then
+ * both backwards on the same inputs into scratch, with the layer's q standing in for the
+ * upstream gradient, compared. On disagreement or a failure attn.cu's forward results replace
+ * cuDNN's and cuDNN is off for the model: a fresh process replaying the step, or a resumed run,
+ * decides the same way on the same inputs. */
+static int attn_decide(cuda_model_t *m, cuda_model_acts_t *a, layer_acts_t *L)
+{
+    int slot = m->n_seen++;
+    m->seen[slot].B = a->B, m->seen[slot].T = a->T, m->seen[slot].cudnn = false;
+    int B = a->B, T = a->T, H = m->H, K = m->K, hd = m->hd;
+    void *s = m->stream;
+    size_t nq = (size_t)a->N * m->QD, nk = (size_t)a->N * m->KD, nr = (size_t)B * H * T;
+    char why[768];
+    int rc = cudnn_sdpa_fwd(m->sdpa, L->y, L->lse, L->q, L->k, L->v, B, T, H, K, hd, s);
+    if (rc) {
+        snprintf(why, sizeof why, "forward for B %d T %d: %s", B, T, cudnn_sdpa_error(m->sdpa));
+        rc = attn_give_up(m, why);
+        if (!rc)
+            rc = cuda_attn_fwd(L->y, L->lse, L->q, L->k, L->v, B, T, H, K, hd, s);
+        return rc;
+    }
+    /* scratch: attn.cu's forward; each side's dq, dk, dv and delta */
+    size_t bytes[] = {nq * 2, nr * 4, nq * 2, nk * 2, nk * 2, nr * 4, nq * 2, nk * 2, nk * 2, nr * 4};
+    void *p[10] = {0};
+    size_t total = 0;
+    bool have = true;
+    for (int i = 0; i < 10; i++) {
+        p[i] = scratch(bytes[i]);
+        have = have && p[i];
+        total += bytes[i];
+    }
+    bf16_t *y2 = (bf16_t *)p[0], *dq1 = (bf16_t *)p[2], *dk1 = (bf16_t *)p[3], *dv1 = (bf16_t *)p[4];
+    bf16_t *dq2 = (bf16_t *)p[6], *dk2 = (bf16_t *)p[7], *dv2 = (bf16_t *)p[8];
+    float *lse2 = (float *)p[1], *dl1 = (float *)p[5], *dl2 = (float *)p[9];
+    rc = have ? 0 : cuda_err(-ENOMEM, "attention check: %zu bytes of device memory", total);
+    if (!rc)
+        rc = cuda_attn_fwd(y2, lse2, L->q, L->k, L->v, B, T, H, K, hd, s);
+    bool ok = false, bwd_ok = false;
+    char fwd_what[128] = "", bwd_what[160] = "";
+    if (!rc) {
+        /* cuDNN's backward may fail to plan: that is a disagreement, not an error */
+        int brc = cudnn_sdpa_bwd(m->sdpa, dq1, dk1, dv1, dl1, L->q, L->q, L->k, L->v, L->y, L->lse, B, T, H, K, hd, s);
+        if (brc)
+            snprintf(bwd_what, sizeof bwd_what, "%s", cudnn_sdpa_error(m->sdpa));
+        rc = cuda_attn_bwd(dq2, dk2, dv2, dl2, L->q, L->q, L->k, L->v, y2, lse2, B, T, H, K, hd, s);
+        if (!rc)
+            rc = cuda_rc(cudaStreamSynchronize(m->stream), "attention check");
+        cmp_t f[] = {{"out", L->y, y2, nq, 2}, {"lse", L->lse, lse2, nr, 4}};
+        if (!rc)
+            rc = attn_agrees(&ok, fwd_what, sizeof fwd_what, f, 2, 2e-2);
+        cmp_t g[] = {{"dq", dq1, dq2, nq, 2}, {"dk", dk1, dk2, nk, 2}, {"dv", dv1, dv2, nk, 2}};
+        if (!rc && !brc)
+            rc = attn_agrees(&bwd_ok, bwd_what, sizeof bwd_what, g, 3, 2e-2);
+    }
+    if (!rc && ok && bwd_ok) {
+        m->seen[slot].cudnn = true;
+        fprintf(stderr, "note: attention on cuDNN %ld's fused kernels for B %d T %d: they agree with ctitan's "
+                        "(relative RMS: forward %s; backward %s)\n",
+                cudnn_sdpa_version(m->sdpa), B, T, fwd_what, bwd_what);
+    } else if (!rc) {
+        rc = cuda_rc(cudaMemcpyAsync(L->y, y2, nq * 2, cudaMemcpyDeviceToDevice, m->stream), "copy");
+        if (!rc)
+            rc = cuda_rc(cudaMemcpyAsync(L->lse, lse2, nr * 4, cudaMemcpyDeviceToDevice, m->stream), "copy");
+        if (!rc)
+            rc = cuda_rc(cudaStreamSynchronize(m->stream), "attention check");
+        snprintf(why, sizeof why, "attention for B %d T %d is not ctitan's (forward, relative RMS: %s; backward: %s)",
+                 B, T, fwd_what, bwd_what);
+        if (!rc)
+            rc = attn_give_up(m, why);
+    }
+    for (int i = 0; i < 10; i++)
+        cudaFree(p[i]);
+    return rc;
+}
 
 static int attn_fwd(cuda_model_t *m, cuda_model_acts_t *a, layer_acts_t *L)
 {
-    int B = a->B, T = a->T;
     void *s = m->stream;
-#ifndef CTITAN_CUDASIM
-    if (m->sdpa) {
-        bool first = !attn_seen(m, 0, B, T);
-        int rc = cudnn_sdpa_fwd(m->sdpa, L->y, L->lse, L->q, L->k, L->v, B, T, m->H, m->K, m->hd, s);
-        if (rc && !first)
-            return cuda_err(rc, "cuDNN attention forward: %s", cudnn_sdpa_error(m->sdpa));
-        if (rc) {
-            char why[640];
-            snprintf(why, sizeof why, "forward for B %d T %d: %s", B, T, cudnn_sdpa_error(m->sdpa));
-            rc = attn_give_up(m, why);
-            if (rc)
-                return rc;
-        } else if (!first) {
-            return 0;
-        } else {
-            /* attn.cu's on the same inputs, compared; on disagreement its results replace cuDNN's */
-            size_t nq = (size_t)a->N * m->QD, nr = (size_t)B * m->H * T;
-            bf16_t *y2 = (bf16_t *)scratch(nq * 2);
-            float *lse2 = (float *)scratch(nr * 4);
-            if (!y2 || !lse2) {
-                cudaFree(y2), cudaFree(lse2);
-                return cuda_err(-ENOMEM, "attention check: %zu bytes of device memory", nq * 2 + nr * 4);
-            }
-            bool ok = false;
-            char what[256];
-            rc = cuda_attn_fwd(y2, lse2, L->q, L->k, L->v, B, T, m->H, m->K, m->hd, s);
-            if (!rc)
-                rc = cuda_rc(cudaStreamSynchronize(m->stream), "attention check");
-            cmp_t c[] = {{"out", L->y, y2, nq, 2}, {"lse", L->lse, lse2, nr, 4}};
-            if (!rc)
-                rc = attn_agrees(&ok, what, sizeof what, c, 2, 2e-2);
-            if (!rc && !ok) {
-                rc = cuda_rc(cudaMemcpyAsync(L->y, y2, nq * 2, cudaMemcpyDeviceToDevice, m->stream), "copy");
-                if (!rc)
-                    rc = cuda_rc(cudaMemcpyAsync(L->lse, lse2, nr * 4, cudaMemcpyDeviceToDevice, m->stream), "copy");
-                if (!rc)
-                    rc = cuda_rc(cudaStreamSynchronize(m->stream), "attention check");
-                char why[512];
-                snprintf(why, sizeof why, "forward for B %d T %d differs from ctitan's (relative RMS %s)", B, T, what);
-                if (!rc)
-                    rc = attn_give_up(m, why);
-            } else if (!rc) {
-                fprintf(stderr, "note: attention on cuDNN %ld's fused kernels: forward for B %d T %d agrees with "
-                                "ctitan's (relative RMS %s)\n", cudnn_sdpa_version(m->sdpa), B, T, what);
-            }
-            cudaFree(y2), cudaFree(lse2);
-            return rc;
-        }
+    int k = m->sdpa ? attn_shape(m, a->B, a->T) : -1;
+    if (m->sdpa && k < 0 && m->n_seen < (int)(sizeof m->seen / sizeof m->seen[0]))
+        return attn_decide(m, a, L);
+    if (k >= 0 && m->seen[k].cudnn) {
+        int rc = cudnn_sdpa_fwd(m->sdpa, L->y, L->lse, L->q, L->k, L->v, a->B, a->T, m->H, m->K, m->hd, s);
+        return rc ? cuda_err(rc, "cuDNN attention forward: %s", cudnn_sdpa_error(m->sdpa)) : 0;
     }
-#endif
-    AT(cuda_attn_fwd(L->y, L->lse, L->q, L->k, L->v, B, T, m->H, m->K, m->hd, s));
+    AT(cuda_attn_fwd(L->y, L->lse, L->q, L->k, L->v, a->B, a->T, m->H, m->K, m->hd, s));
     return 0;
 }
 
+/* As the forward of the same shape decided (a backward always follows its shape's forward). */
 static int attn_bwd(cuda_model_t *m, cuda_model_acts_t *a, layer_acts_t *L)
 {
-    int B = a->B, T = a->T;
     void *s = m->stream;
-#ifndef CTITAN_CUDASIM
-    if (m->sdpa) {
-        bool first = !attn_seen(m, 1, B, T);
-        int rc = cudnn_sdpa_bwd(m->sdpa, L->dq, L->dk, L->dv, a->delta, a->s_dy, L->q, L->k, L->v, L->y, L->lse, B,
-                                T, m->H, m->K, m->hd, s);
-        if (rc && !first)
-            return cuda_err(rc, "cuDNN attention backward: %s", cudnn_sdpa_error(m->sdpa));
-        if (rc) {
-            char why[640];
-            snprintf(why, sizeof why, "backward for B %d T %d: %s", B, T, cudnn_sdpa_error(m->sdpa));
-            rc = attn_give_up(m, why);
-            if (rc)
-                return rc;
-        } else if (!first) {
-            return 0;
-        } else {
-            size_t nq = (size_t)a->N * m->QD, nk = (size_t)a->N * m->KD, nr = (size_t)B * m->H * T;
-            bf16_t *dq2 = (bf16_t *)scratch(nq * 2), *dk2 = (bf16_t *)scratch(nk * 2), *dv2 = (bf16_t *)scratch(nk * 2);
-            float *delta2 = (float *)scratch(nr * 4);
-            if (!dq2 || !dk2 || !dv2 || !delta2) {
-                cudaFree(dq2), cudaFree(dk2), cudaFree(dv2), cudaFree(delta2);
-                return cuda_err(-ENOMEM, "attention check: %zu bytes of device memory", (nq + 2 * nk) * 2 + nr * 4);
-            }
-            bool ok = false;
-            char what[256];
-            rc = cuda_attn_bwd(dq2, dk2, dv2, delta2, a->s_dy, L->q, L->k, L->v, L->y, L->lse, B, T, m->H, m->K,
-                               m->hd, s);
-            if (!rc)
-                rc = cuda_rc(cudaStreamSynchronize(m->stream), "attention check");
-            cmp_t c[] = {{"dq", L->dq, dq2, nq, 2}, {"dk", L->dk, dk2, nk, 2}, {"dv", L->dv, dv2, nk, 2}};
-            if (!rc)
-                rc = attn_agrees(&ok, what, sizeof what, c, 3, 2e-2);
-            if (!rc && !ok) {
-                for (int i = 0; !rc && i < 3; i++)
-                    rc = cuda_rc(cudaMemcpyAsync(c[i].cud, c[i].own, c[i].n * 2, cudaMemcpyDeviceToDevice, m->stream),
-                                 "copy");
-                if (!rc)
-                    rc = cuda_rc(cudaStreamSynchronize(m->stream), "attention check");
-                char why[512];
-                snprintf(why, sizeof why, "backward for B %d T %d differs from ctitan's (relative RMS %s)", B, T,
-                         what);
-                if (!rc)
-                    rc = attn_give_up(m, why);
-            } else if (!rc) {
-                fprintf(stderr, "note: attention on cuDNN's fused kernels: backward for B %d T %d agrees with "
-                                "ctitan's (relative RMS %s)\n", B, T, what);
-            }
-            cudaFree(dq2), cudaFree(dk2), cudaFree(dv2), cudaFree(delta2);
-            return rc;
-        }
+    int k = m->sdpa ? attn_shape(m, a->B, a->T) : -1;
+    if (k >= 0 && m->seen[k].cudnn) {
+        int rc = cudnn_sdpa_bwd(m->sdpa, L->dq, L->dk, L->dv, a->delta, a->s_dy, L->q, L->k, L->v, L->y, L->lse,
+                                a->B, a->T, m->H, m->K, m->hd, s);
+        return rc ? cuda_err(rc, "cuDNN attention backward: %s", cudnn_sdpa_error(m->sdpa)) : 0;
     }
-#endif
-    AT(cuda_attn_bwd(L->dq, L->dk, L->dv, a->delta, a->s_dy, L->q, L->k, L->v, L->y, L->lse, B, T, m->H, m->K,
-                     m->hd, s));
+    AT(cuda_attn_bwd(L->dq, L->dk, L->dv, a->delta, a->s_dy, L->q, L->k, L->v, L->y, L->lse, a->B, a->T, m->H,
+                     m->K, m->hd, s));
     return 0;
 }
 

@@ -393,18 +393,78 @@ static void test_cuda_model_activation_checkpointing_is_bitwise_and_saves_memory
     free(w), free(g0), free(g);
 }
 
-/* training.attention: on a GPU with cuDNN, cuDNN's attention (checked against attn.cu's at its
- * first call) gives the loss and gradients within the CPU's tolerances of attn.cu's, and the same
- * bits on a second run; "ctitan" never loads cuDNN. The emulator refuses "cudnn", naming it. */
+/* training.attention. On a GPU with cuDNN: cuDNN's attention (decided against attn.cu's at the first
+ * forward) gives the loss and gradients within the CPU's tolerances of attn.cu's, and the same
+ * bits on a second run. On the emulator, through tests/cudasim/cudnn_sim.cpp's stand-in: "cudnn"
+ * without cuDNN is refused by name; auto with a "cuDNN" that agrees runs it for both directions,
+ * and with one that disagrees or cannot plan its backward gives attn.cu's results bit for bit
+ * (the first forward's too) and calls it no more; "cudnn" with one that disagrees fails, saying
+ * so. */
+#ifdef CUDASIM
+extern long cudnn_sim_calls[2];
+
+static void attention_problem(const model_config_t *c, param_table_t *tab, float **w, int32_t *tok, int32_t *tgt, int n)
+{
+    assert_int_equal(params_table_init(tab, c), 0);
+    *w = malloc(tab->total * sizeof(float));
+    params_init(tab, c, 3, *w, 0, tab->total);
+    uint64_t s = 9;
+    for (int i = 0; i < n; i++)
+        tok[i] = (int32_t)(tu_next(&s) % 256), tgt[i] = (int32_t)(tu_next(&s) % 256);
+}
+#endif
+
 static void test_cuda_model_attention_choice(void **state)
 {
     model_config_t c = config();
+    enum { B = SIM_OR(1, 2), T = SIM_OR(24, 64) };
+    int32_t tok[B * T], tgt[B * T];
+    int whole[2] = {0, c.n_layers + 2};
 #ifdef CUDASIM
+    unsetenv("CTITAN_SIM_CUDNN");
     c.attn = CONFIG_ATTN_CUDNN;
     cuda_model_t *m = NULL;
     assert_int_equal(cuda_model_new(&m, &c, 0, c.n_layers + 2), -ENOSYS);
     assert_null(m);
     assert_non_null(strstr(cuda_model_last_error(), "emulator"));
+
+    param_table_t tab;
+    float *w;
+    attention_problem(&c, &tab, &w, tok, tgt, B * T);
+    float *g_own = calloc(tab.total, sizeof(float)), *g = calloc(tab.total, sizeof(float));
+    c.attn = CONFIG_ATTN_OWN;
+    double own = gpu_run(&c, &tab, w, g_own, whole, 1, tok, tgt, B, T);
+    static const struct { const char *mode; int runs; } cases[] = {{"same", 1}, {"wrong", 0}, {"nobwd", 0}};
+    for (int i = 0; i < 3; i++) {
+        setenv("CTITAN_SIM_CUDNN", cases[i].mode, 1);
+        c.attn = CONFIG_ATTN_AUTO;
+        memset(g, 0, tab.total * sizeof(float));
+        long before[2] = {cudnn_sim_calls[0], cudnn_sim_calls[1]};
+        double got = gpu_run(&c, &tab, w, g, whole, 1, tok, tgt, B, T);
+        print_message("%s: forwards %ld, backwards %ld through \"cuDNN\"\n", cases[i].mode,
+                      cudnn_sim_calls[0] - before[0], cudnn_sim_calls[1] - before[1]);
+        assert_memory_equal(&got, &own, sizeof(double));
+        assert_memory_equal(g, g_own, tab.total * sizeof(float));
+        /* the decision's own calls, then every layer's (or none) */
+        long layers = c.n_layers;
+        assert_int_equal(cudnn_sim_calls[0] - before[0], cases[i].runs ? layers : 1);
+        assert_int_equal(cudnn_sim_calls[1] - before[1], cases[i].runs ? layers + 1 : strcmp(cases[i].mode, "wrong") == 0);
+    }
+    setenv("CTITAN_SIM_CUDNN", "wrong", 1);
+    c.attn = CONFIG_ATTN_CUDNN;
+    cuda_model_t *mm = NULL;
+    cuda_model_acts_t *a = NULL;
+    assert_int_equal(cuda_model_new(&mm, &c, 0, c.n_layers + 2), 0);
+    assert_int_equal(cuda_model_set_weights(mm, w), 0);
+    assert_int_equal(cuda_model_acts_new(&a, mm, B, T), 0);
+    double loss = 0;
+    assert_int_equal(cuda_model_forward(mm, a, tok, NULL, tgt, 1.0f / (B * T), NULL, &loss), -EIO);
+    assert_non_null(strstr(cuda_model_last_error(), "is not ctitan's"));
+    cuda_model_acts_destroy(&a);
+    cuda_model_destroy(&mm);
+    unsetenv("CTITAN_SIM_CUDNN");
+    params_table_free(&tab);
+    free(w), free(g_own), free(g);
 #else
     need_gpu();
     param_table_t tab;
@@ -412,12 +472,9 @@ static void test_cuda_model_attention_choice(void **state)
     float *w = malloc(tab.total * sizeof(float)), *g_own = calloc(tab.total, sizeof(float));
     float *g_cudnn = calloc(tab.total, sizeof(float)), *g_again = calloc(tab.total, sizeof(float));
     params_init(&tab, &c, 3, w, 0, tab.total);
-    enum { B = 2, T = 64 };
-    int32_t tok[B * T], tgt[B * T];
     uint64_t s = 9;
     for (int i = 0; i < B * T; i++)
         tok[i] = (int32_t)(tu_next(&s) % 256), tgt[i] = (int32_t)(tu_next(&s) % 256);
-    int whole[2] = {0, c.n_layers + 2};
     c.attn = CONFIG_ATTN_OWN;
     double own = gpu_run(&c, &tab, w, g_own, whole, 1, tok, tgt, B, T);
     c.attn = CONFIG_ATTN_CUDNN;

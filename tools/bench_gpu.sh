@@ -88,6 +88,8 @@ print('| $label | $pp | ${batch}x$seq | %.0f | %.1f%% | %.1f | ${planned:-?} | %
 run "demo (debugmodel)" debugmodel 256 6 16 16 2048 256 8 1 1
 run "demo (debugmodel)" debugmodel 256 6 16 16 2048 256 8 2 8
 run "~1B Llama" llama1b 2048 16 16 8 32000 2048 4 1 1
+# the same with ctitan's own attention kernels (kernels/cuda/attn.cu) in place of cuDNN's
+run "~1B Llama, ctitan's attention" llama1b 2048 16 16 8 32000 2048 4 1 1 "--training.attention ctitan"
 run "~1B Llama" llama1b 2048 16 16 8 32000 2048 4 2 4
 # memory: the norms and SwiGLU recomputed (what torch.compile's partitioner does by itself), and
 # one optimizer shard (one CUDA context fewer on the GPU)

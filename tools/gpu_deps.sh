@@ -127,6 +127,14 @@ done
   echo "  echo \"$out/env.sh: no \$d/root (source it from the repository root)\" >&2"
   echo "fi"
   echo 'unset d'
+  # cuDNN's fused attention (kernels/cuda/cudnn_sdpa.c) loads libcudnn.so.9 at run time: the copy
+  # PyTorch's installation brings (the one the PyTorch bench runs; a system copy may be older),
+  # else the loader's
+  echo 'if [ -z "${CTITAN_CUDNN_LIB:-}" ]; then'
+  echo '  for f in $(python3 -c "import glob, os, torch; d = os.path.dirname(torch.__file__); print(\" \".join(glob.glob(d + \"/../nvidia/cudnn/lib/libcudnn.so.9\") + glob.glob(d + \"/lib/libcudnn.so.9\")))" 2>/dev/null); do'
+  echo '    [ -f "$f" ] && export CTITAN_CUDNN_LIB="$f" && break'
+  echo '  done'
+  echo 'fi'
 } >"$out/env.sh"
 
 # Check: with only this path, every library of every program that is not base system or CUDA

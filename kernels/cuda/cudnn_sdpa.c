@@ -537,19 +537,30 @@ static void gb_free(gb_t *g)
     g->nall = 0;
 }
 
-static int check_args(cudnn_sdpa_t *s, int B, int T, int H, int Hkv, int hd)
+/* The shapes cuDNN's SDPA takes, and the frontend's refusals of known-bad versions. */
+static int check_args(cudnn_sdpa_t *s, int bwd, int B, int T, int H, int Hkv, int hd)
 {
-    if (B < 1 || T < 1 || H < 1 || Hkv < 1 || H % Hkv || hd < 8 || hd > 256 || hd % 8) {
+    if (B < 1 || T < 2 || H < 1 || Hkv < 1 || H % Hkv || hd < 8 || hd > 256 || hd % 8) {
         set_err(s, "cuDNN attention: unsupported shape B %d T %d heads %d kv heads %d head dim %d", B, T,
                 H, Hkv, hd);
         return -EINVAL;
+    }
+    size_t v = s->a.GetVersion();
+    if (bwd && (v == 91000 || v == 91001)) {
+        set_err(s, "cuDNN attention backward: cuDNN %zu has known bugs there (9.10.2 or newer)", v);
+        return -ENOTSUP;
+    }
+    if (bwd && v <= 91500 && T % 128) {
+        /* the frontend adds a padding mask there as a workaround; this file does not */
+        set_err(s, "cuDNN attention backward: cuDNN %zu needs T a multiple of 128 here (T %d)", v, T);
+        return -ENOTSUP;
     }
     return 0;
 }
 
 int cudnn_sdpa_graph_check(cudnn_sdpa_t *s, int bwd, int B, int T, int H, int Hkv, int hd)
 {
-    int rc = check_args(s, B, T, H, Hkv, hd);
+    int rc = check_args(s, bwd, B, T, H, Hkv, hd);
     if (rc)
         return rc;
     gb_t g = {.s = s, .next_uid = FIRST_VIRTUAL};
@@ -710,7 +721,7 @@ out:
 
 static int get_plan(cudnn_sdpa_t *s, int bwd, int B, int T, int H, int Hkv, int hd, void *stream, plan_t **out)
 {
-    int rc = check_args(s, B, T, H, Hkv, hd);
+    int rc = check_args(s, bwd, B, T, H, Hkv, hd);
     if (rc)
         return rc;
     if (!s->handle) {

@@ -261,7 +261,7 @@ $(BUILD)/obj/tests/gpu/%.o: CFLAGS += -I$(CUDA_HOME)/include
 # cuDNN's attention graphs built and finalized on the CPU (no device): tests/cudnn/.
 $(BUILD)/tests/test_cudnn_graph: tests/cudnn/test_cudnn_graph.c $(CUDNN_C:%.c=$(BUILD)/obj/%.o) | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -I$(CUDA_HOME)/include -o $@ $^ $(CUDALIBS) -ldl -lm $(TESTLIBS)
+	$(CC) $(CFLAGS) -I$(CUDA_HOME)/include -DCTITAN_CUDA_HOME='"$(CUDA_HOME)"' -o $@ $^ $(CUDALIBS) -ldl -lm $(TESTLIBS)
 
 # In a sanitized build the CPU ops keep their vector sums: UBSan's checks on each element
 # (alignment, null, pointer-overflow, signed-integer-overflow) branch inside the loop and stop

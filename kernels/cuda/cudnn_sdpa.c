@@ -65,6 +65,13 @@ int cudnn_sdpa_device_json(cudnn_sdpa_t *s, char **json)
     *json = NULL;
     return -ENOSYS;
 }
+int cudnn_sdpa_plan_for(cudnn_sdpa_t *s, const char *device_json, int bwd, int B, int T, int H, int Hkv, int hd,
+                        long long *engine, long long *workspace)
+{
+    (void)s; (void)device_json; (void)bwd; (void)B; (void)T; (void)H; (void)Hkv; (void)hd; (void)engine;
+    (void)workspace;
+    return -ENOSYS;
+}
 
 #else
 
@@ -575,6 +582,38 @@ int cudnn_sdpa_graph_check(cudnn_sdpa_t *s, int bwd, int B, int T, int H, int Hk
 
 /* ---- planning and running on the device ---- */
 
+static int plan_shape(cudnn_sdpa_t *s, plan_t *p, cudnnBackendDescriptor_t dp);
+
+int cudnn_sdpa_plan_for(cudnn_sdpa_t *s, const char *device_json, int bwd, int B, int T, int H, int Hkv, int hd,
+                        long long *engine, long long *workspace)
+{
+    int rc = check_args(s, bwd, B, T, H, Hkv, hd);
+    if (rc)
+        return rc;
+    cudnnBackendDescriptor_t dp = NULL;
+    cudnnStatus_t st = s->a.CreateDescriptor(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR, &dp);
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = s->a.SetAttribute(dp, CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, CUDNN_TYPE_CHAR,
+                               (int64_t)strlen(device_json), device_json);
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = s->a.Finalize(dp);
+    if (st != CUDNN_STATUS_SUCCESS) {
+        status_err(s, st, "device properties from JSON");
+        if (dp)
+            s->a.DestroyDescriptor(dp);
+        return -EINVAL;
+    }
+    plan_t p = {.used = true, .bwd = bwd, .B = B, .T = T, .H = H, .Hkv = Hkv, .hd = hd};
+    rc = plan_shape(s, &p, dp);
+    if (!rc) {
+        *engine = p.engine;
+        *workspace = p.workspace;
+        s->a.DestroyDescriptor(p.plan);
+    }
+    s->a.DestroyDescriptor(dp);
+    return rc;
+}
+
 int cudnn_sdpa_device_json(cudnn_sdpa_t *s, char **json)
 {
     *json = NULL;
@@ -641,8 +680,10 @@ static int64_t engine_index(cudnn_sdpa_t *s, cudnnBackendDescriptor_t cfg)
     return id;
 }
 
-/* Heuristics' configurations in order; the first deterministic one that finalizes is the plan. */
-static int plan_shape(cudnn_sdpa_t *s, plan_t *p)
+/* Heuristics' configurations in order; the first deterministic one that finalizes is the plan.
+ * For the device of the handle, or (dp not NULL) for the device a DEVICEPROP descriptor
+ * describes, with no device here: cuDNN's ahead-of-time planning. */
+static int plan_shape(cudnn_sdpa_t *s, plan_t *p, cudnnBackendDescriptor_t dp)
 {
     gb_t g = {.s = s, .next_uid = FIRST_VIRTUAL};
     cudnnBackendDescriptor_t og = NULL, heur = NULL;
@@ -658,6 +699,8 @@ static int plan_shape(cudnn_sdpa_t *s, plan_t *p)
         st = s->a.SetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &og);
     if (st == CUDNN_STATUS_SUCCESS)
         st = s->a.SetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+    if (st == CUDNN_STATUS_SUCCESS && dp)
+        st = s->a.SetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_DEVICEPROP, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &dp);
     if (st == CUDNN_STATUS_SUCCESS)
         st = s->a.Finalize(heur);
     if (st == CUDNN_STATUS_SUCCESS)
@@ -679,17 +722,21 @@ static int plan_shape(cudnn_sdpa_t *s, plan_t *p)
         status_err(s, st, "heuristics' results");
         goto out;
     }
-    set_err(s, "cuDNN %s: none of the heuristics' %lld engine configurations plans B %d T %d heads %d/%d "
-               "head dim %d deterministically",
-            p->bwd ? "attention backward" : "attention forward", (long long)got, p->B, p->T, p->H, p->Hkv,
-            p->hd);
+    /* why the last one failed: cuDNN's message (a configuration it could not hand out, or a plan
+     * that did not finalize) */
+    char last[320] = "";
+    if (got < ncfg && s->a.GetLastErrorString)
+        s->a.GetLastErrorString(last, sizeof last);
     for (int64_t i = 0; i < got && rc; i++) {
-        if (nondeterministic(s, cfgs[i]))
+        if (nondeterministic(s, cfgs[i])) {
+            snprintf(last, sizeof last, "engine %lld: nondeterministic", (long long)engine_index(s, cfgs[i]));
             continue;
+        }
         cudnnBackendDescriptor_t plan = NULL;
         if (s->a.CreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan) != CUDNN_STATUS_SUCCESS)
             continue;
-        st = s->a.SetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &s->handle);
+        st = dp ? s->a.SetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &dp)
+                : s->a.SetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &s->handle);
         if (st == CUDNN_STATUS_SUCCESS)
             st = s->a.SetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
                                    &cfgs[i]);
@@ -699,6 +746,10 @@ static int plan_shape(cudnn_sdpa_t *s, plan_t *p)
         if (st == CUDNN_STATUS_SUCCESS)
             st = s->a.GetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, &ws);
         if (st != CUDNN_STATUS_SUCCESS) {
+            char msg[256] = "";
+            s->a.GetLastErrorString(msg, sizeof msg);
+            snprintf(last, sizeof last, "engine %lld: %s: %s", (long long)engine_index(s, cfgs[i]),
+                     s->a.GetErrorString(st), msg);
             s->a.DestroyDescriptor(plan);
             continue;
         }
@@ -707,6 +758,11 @@ static int plan_shape(cudnn_sdpa_t *s, plan_t *p)
         p->engine = engine_index(s, cfgs[i]);
         rc = 0;
     }
+    if (rc)
+        set_err(s, "cuDNN %s: none of the heuristics' %lld engine configurations (of %lld) plans B %d T %d heads "
+                   "%d/%d head dim %d deterministically%s%s",
+                p->bwd ? "attention backward" : "attention forward", (long long)got, (long long)ncfg, p->B, p->T,
+                p->H, p->Hkv, p->hd, last[0] ? "; the last: " : "", last);
 out:
     for (int64_t i = 0; i < 32; i++)
         if (cfgs[i])
@@ -755,7 +811,7 @@ static int get_plan(cudnn_sdpa_t *s, int bwd, int B, int T, int H, int Hkv, int 
         return -ENOTSUP;
     }
     plan_t p = {.used = true, .bwd = bwd, .B = B, .T = T, .H = H, .Hkv = Hkv, .hd = hd};
-    rc = plan_shape(s, &p);
+    rc = plan_shape(s, &p, NULL);
     if (rc)
         return rc;
     if ((size_t)p.workspace > s->ws_bytes) {

@@ -53,6 +53,13 @@ int cudnn_sdpa_bwd(cudnn_sdpa_t *s, uint16_t *dq, uint16_t *dk, uint16_t *dv, fl
  * one (the next step of test_cudnn_graph once a lease has written it). */
 int cudnn_sdpa_device_json(cudnn_sdpa_t *s, char **json);
 
+/* Plans the shape for the device device_json describes (cudnn_sdpa_device_json's form), without a
+ * device: the engine cuDNN's heuristics pick first among the deterministic ones that finalize,
+ * and its workspace bytes. What tells, on a CPU machine, whether cuDNN's fused engines take the
+ * graphs at all. */
+int cudnn_sdpa_plan_for(cudnn_sdpa_t *s, const char *device_json, int bwd, int B, int T, int H, int Hkv, int hd,
+                        long long *engine, long long *workspace);
+
 /* Device bytes of the workspace the plans so far need (one buffer, shared by every plan). */
 size_t cudnn_sdpa_workspace_bytes(const cudnn_sdpa_t *s);
 /* The last failure's text. */

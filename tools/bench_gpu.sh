@@ -69,6 +69,8 @@ run() { # label flavor dim layers heads kv vocab seq batch pp microbatches [more
     echo "| $label | $pp | ${batch}x$seq | failed: $(tail -1 "$dir/launch.out") | | | ${planned:-?} | | | | |"
     return
   fi
+  # which attention ran (kernels/cuda/model.cu says it once a stage process and shape)
+  grep -ah '^note: attention' "$dir/launch.out" | sort -u | sed "s|^note: |- $label, pp $pp: |" >> "$dir/notes" || true
   local tps mfu mem torch
   tps=$(median "$m" tokens_per_s)
   mfu=$(median "$m" mfu)
@@ -97,3 +99,9 @@ run "~1B Llama, AC op" llama1b 2048 16 16 8 32000 2048 4 1 1 \
   "--activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option op"
 run "~1B Llama, AC op, 1 shard" llama1b 2048 16 16 8 32000 2048 4 1 1 \
   "--activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option op --optshard.shards 1"
+if [ -s "$dir/notes" ]; then
+  echo
+  echo "Attention, as each job's stage processes said:"
+  echo
+  cat "$dir/notes"
+fi

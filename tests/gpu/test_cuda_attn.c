@@ -404,22 +404,30 @@ static void test_cuda_attn_is_causal(void **state)
 }
 
 /* dk and dv sum over query tiles and grouped heads in a fixed order, without atomics. */
-static void test_cuda_attn_is_deterministic(void **state)
+/* The forward and backward run again `runs` times give the same bits (with case_run's kernels). */
+static void check_deterministic(int B, int T, int H, int Hkv, int hd, uint64_t seed, int runs)
 {
-    SKIP_WITHOUT_GPU();
     acase_t c;
-    case_init(&c, SIM_OR(1, 2), SIM_OR(130, 300), SIM_OR(2, 4), 1, 64, 55);
+    case_init(&c, B, T, H, Hkv, hd, seed);
     case_run(&c);
     uint16_t *keep = malloc((2 * c.nq + 2 * c.nk) * 2);
     memcpy(keep, c.out, c.nq * 2), memcpy(keep + c.nq, c.dq, c.nq * 2);
     memcpy(keep + 2 * c.nq, c.dk, c.nk * 2), memcpy(keep + 2 * c.nq + c.nk, c.dv, c.nk * 2);
-    case_run(&c);
-    assert_memory_equal(keep, c.out, c.nq * 2);
-    assert_memory_equal(keep + c.nq, c.dq, c.nq * 2);
-    assert_memory_equal(keep + 2 * c.nq, c.dk, c.nk * 2);
-    assert_memory_equal(keep + 2 * c.nq + c.nk, c.dv, c.nk * 2);
+    for (int r = 0; r < runs; r++) {
+        case_run(&c);
+        assert_memory_equal(keep, c.out, c.nq * 2);
+        assert_memory_equal(keep + c.nq, c.dq, c.nq * 2);
+        assert_memory_equal(keep + 2 * c.nq, c.dk, c.nk * 2);
+        assert_memory_equal(keep + 2 * c.nq + c.nk, c.dv, c.nk * 2);
+    }
     free(keep);
     case_free(&c);
+}
+
+static void test_cuda_attn_is_deterministic(void **state)
+{
+    SKIP_WITHOUT_GPU();
+    check_deterministic(SIM_OR(1, 2), SIM_OR(130, 300), SIM_OR(2, 4), 1, 64, 55, 1);
 }
 
 /* cuDNN's attention: the reference checks above on the model's head dimensions (64, 128: the
@@ -486,21 +494,7 @@ static void test_cudnn_attn_matches_reference(void **state)
 static void test_cudnn_attn_is_deterministic(void **state)
 {
     NEED_CUDNN();
-    acase_t c;
-    case_init(&c, 2, 300, 8, 2, 128, 55);
-    case_run(&c);
-    uint16_t *keep = malloc((2 * c.nq + 2 * c.nk) * 2);
-    memcpy(keep, c.out, c.nq * 2), memcpy(keep + c.nq, c.dq, c.nq * 2);
-    memcpy(keep + 2 * c.nq, c.dk, c.nk * 2), memcpy(keep + 2 * c.nq + c.nk, c.dv, c.nk * 2);
-    for (int r = 0; r < 3; r++) {
-        case_run(&c);
-        assert_memory_equal(keep, c.out, c.nq * 2);
-        assert_memory_equal(keep + c.nq, c.dq, c.nq * 2);
-        assert_memory_equal(keep + 2 * c.nq, c.dk, c.nk * 2);
-        assert_memory_equal(keep + 2 * c.nq + c.nk, c.dv, c.nk * 2);
-    }
-    free(keep);
-    case_free(&c);
+    check_deterministic(2, 300, 8, 2, 128, 55, 3);
 }
 #endif
 

@@ -636,7 +636,8 @@ static int attn_agrees(bool *ok, char *what, size_t wlen, const cmp_t *c, int nc
         if (rc)
             return rc;
         *ok = *ok && r <= tol;
-        off += (size_t)snprintf(what + off, off < wlen ? wlen - off : 0, "%s%s %.2e", i ? ", " : "", c[i].name, r);
+        if (off < wlen)
+            off += (size_t)snprintf(what + off, wlen - off, "%s%s %.2e", i ? ", " : "", c[i].name, r);
     }
     return 0;
 }

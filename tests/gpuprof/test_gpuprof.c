@@ -16,6 +16,13 @@
 
 static char g_dir[] = "/tmp/ctitan-gpuprof-XXXXXX";
 
+/* A fresh folder under g_dir, which main removes whole however the tests end. */
+static char *subdir(char *buf, size_t n, const char *name)
+{
+    snprintf(buf, n, "%s/%s-XXXXXX", g_dir, name);
+    return mkdtemp(buf);
+}
+
 /* The table written for this process: header numbers and the row of kind/name. */
 typedef struct { unsigned long long window, busy, skipped, count, ns; } table_t;
 
@@ -173,8 +180,8 @@ static void test_trace_is_every_record_in_start_order(void **state)
 static void test_breakdown_tables(void **state)
 {
     (void)state;
-    char dir[] = "/tmp/ctitan-bd-XXXXXX", path[256], cmd[512], out[8192] = "";
-    assert_non_null(mkdtemp(dir));
+    char dir[64], path[256], cmd[512], out[8192] = "";
+    assert_non_null(subdir(dir, sizeof(dir), "bd"));
     snprintf(path, sizeof(path), "%s/gpuprof-11.tsv", dir);
     FILE *f = fopen(path, "w");
     fprintf(f, "# window_ns 20000000 busy_ns 15000000 skipped 3\nkernel\t_Z15attn_fwd_kernelILi16E\t4\t8000000\n"
@@ -248,8 +255,8 @@ static void waits_row(const char *out, const char *pid, char *row, size_t size)
 static void test_waits_splits_a_stage_idle_time(void **state)
 {
     (void)state;
-    char dir[] = "/tmp/ctitan-waits-XXXXXX", cmd[512], out[8192] = "", row[1024];
-    assert_non_null(mkdtemp(dir));
+    char dir[64], cmd[512], out[8192] = "", row[1024];
+    assert_non_null(subdir(dir, sizeof(dir), "waits"));
     FILE *f = trace_open(dir, 100, 0); /* a stage */
     trace_line(f, 0, 5, 10, "kernel", "_Z15attn_fwd_kernelILi128EEvP13__nv_bfloat16");
     trace_line(f, 0, 15, 25, "kernel", "nvjet_sm90_tst_256x128");
@@ -309,8 +316,8 @@ static void slurp(const char *path, char *buf, size_t size)
 static void test_window_is_one_for_every_process(void **state)
 {
     (void)state;
-    char dir[] = "/tmp/ctitan-window-XXXXXX", path[256], cmd[512], out[4096] = "", got[1024];
-    assert_non_null(mkdtemp(dir));
+    char dir[64], path[256], cmd[512], out[4096] = "", got[1024];
+    assert_non_null(subdir(dir, sizeof(dir), "window"));
     FILE *f = trace_open(dir, 100, 0); /* the stage */
     trace_line(f, 0, 2, 4, "kernel", "_Z12embed_fwd_kernel"); /* ends before the window */
     trace_line(f, 0, 5, 10, "kernel", "_Z15attn_fwd_kernelILi128E");
@@ -358,6 +365,9 @@ int main(void)
         cmocka_unit_test(test_window_is_one_for_every_process),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
-    rmdir(g_dir);
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", g_dir); /* what a failed assertion left too */
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", g_dir);
     return rc;
 }

@@ -303,7 +303,8 @@ ASAN_ENV   := ASAN_OPTIONS=halt_on_error=1:detect_leaks=1:abort_on_error=0 UBSAN
 # trust (~30 s; test_launch, test_launch_ckpt and test_launch_gpu, ~3 min together there, run
 # plainly); and test_gpu_check (~1.5 min, a shell script around the same binaries) none;
 # test_gpuprof links CUPTI, which the CUDA=0 tree does not build (it passed under clang's ASan
-# + UBSan by hand, 2026-11-27); test_fsdp its CPU jobs (~10 s) and of its emulated GPU ones (~25 s
+# + UBSan by hand, 2026-11-27) and test_cudnn_graph cuDNN's headers and library (by hand under
+# clang's ASan + UBSan, 2026-11-28: clean but for leaks inside cuDNN's own libraries); test_fsdp its CPU jobs (~10 s) and of its emulated GPU ones (~25 s
 # plain: 4 to 12 emulated processes a job) the bf16 reduce's (two S2 jobs at pipeline 1: the NCCL
 # plane's sharding, which UBSan once caught computing a pointer outside a chunk); test_recover
 # (~85 s, ~75 of them its five emulated GPU jobs) all but four GPU jobs: its CPU recoveries and
@@ -312,7 +313,7 @@ ASAN_ENV   := ASAN_OPTIONS=halt_on_error=1:detect_leaks=1:abort_on_error=0 UBSAN
 # sanitizers by hand, 2026-11-27).
 ASAN_PARTLY := test_hosts:*in_parts* test_fsdp:*_cpu_*,*gpu_a_bf16* \
                test_recover:-*gpu_jo*,-*wedged_gpu* test_hf_import:-*across_hosts*
-ASAN_NOT    := test_gpu_check test_gpuprof test_launch test_launch_ckpt test_launch_gpu $(foreach p,$(ASAN_PARTLY),$(firstword $(subst :, ,$(p))))
+ASAN_NOT    := test_gpu_check test_gpuprof test_cudnn_graph test_launch test_launch_ckpt test_launch_gpu $(foreach p,$(ASAN_PARTLY),$(firstword $(subst :, ,$(p))))
 ASAN_TESTS := $(filter-out $(ASAN_NOT:%=$(ASAN_BUILD)/tests/%),$(TESTS:$(BUILD)/%=$(ASAN_BUILD)/%))
 asan:
 	@$(MAKE) --no-print-directory CUDA=0 BUILD=$(ASAN_BUILD) CC=$(ASAN_CC) CXX=$(ASAN_CXX) SAN="$(ASAN_SAN)" all

@@ -169,11 +169,6 @@ int config_head_dim(const model_config_t *c) { return c->dim / c->n_heads; }
 
 static const char *const attn_names[] = {"auto", "cudnn", "ctitan"};
 
-const char *config_attn_name(int attn)
-{
-    return attn >= 0 && attn < (int)(sizeof(attn_names) / sizeof(attn_names[0])) ? attn_names[attn] : "?";
-}
-
 int config_attn_parse(const char *name, int *attn)
 {
     for (int i = 0; i < (int)(sizeof(attn_names) / sizeof(attn_names[0])); i++)

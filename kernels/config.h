@@ -45,8 +45,7 @@ typedef struct {
 
 typedef enum { CONFIG_AC_NONE = 0, CONFIG_AC_FULL = 1, CONFIG_AC_SELECTIVE = 2 } config_ac_mode_t;
 typedef enum { CONFIG_ATTN_AUTO = 0, CONFIG_ATTN_CUDNN = 1, CONFIG_ATTN_OWN = 2 } config_attn_t;
-/* "auto", "cudnn", "ctitan" <-> config_attn_t; parse returns 0 or -1. */
-const char *config_attn_name(int attn);
+/* "auto", "cudnn", "ctitan" -> config_attn_t: 0, or -1 for another name. */
 int config_attn_parse(const char *name, int *attn);
 
 /* What one layer keeps from its forward for its backward. ALL: every intermediate (mode

@@ -134,6 +134,7 @@ done
   echo '  for f in $(python3 -c "import glob, os, torch; d = os.path.dirname(torch.__file__); print(\" \".join(glob.glob(d + \"/../nvidia/cudnn/lib/libcudnn.so.9\") + glob.glob(d + \"/lib/libcudnn.so.9\")))" 2>/dev/null); do'
   echo '    [ -f "$f" ] && export CTITAN_CUDNN_LIB="$f" && break'
   echo '  done'
+  echo '  unset f'
   echo 'fi'
 } >"$out/env.sh"
 

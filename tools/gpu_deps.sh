@@ -131,7 +131,8 @@ done
   # PyTorch's installation brings (the one the PyTorch bench runs; a system copy may be older),
   # else the loader's
   echo 'if [ -z "${CTITAN_CUDNN_LIB:-}" ]; then'
-  echo '  for f in $(python3 -c "import glob, os, torch; d = os.path.dirname(torch.__file__); print(\" \".join(glob.glob(d + \"/../nvidia/cudnn/lib/libcudnn.so.9\") + glob.glob(d + \"/lib/libcudnn.so.9\")))" 2>/dev/null); do'
+  # (torch's folder found without importing torch: its import takes seconds of a lease)
+  echo '  for f in $(python3 -c "import glob, importlib.util as u; d = u.find_spec(\"torch\").submodule_search_locations[0]; print(\" \".join(glob.glob(d + \"/../nvidia/cudnn/lib/libcudnn.so.9\") + glob.glob(d + \"/lib/libcudnn.so.9\")))" 2>/dev/null); do'
   echo '    [ -f "$f" ] && export CTITAN_CUDNN_LIB="$f" && break'
   echo '  done'
   echo '  unset f'

@@ -117,6 +117,7 @@ struct cudnn_sdpa {
     api_t a;
     cudnnHandle_t handle;
     plan_t plans[PLANS];
+    void *stream;          /* the handle's stream */
     void *ws;              /* device workspace, shared by every plan */
     size_t ws_bytes;
     float scale, neg_inf, one;
@@ -650,32 +651,26 @@ int cudnn_sdpa_device_json(cudnn_sdpa_t *s, char **json)
     return 0;
 }
 
-static bool nondeterministic(cudnn_sdpa_t *s, cudnnBackendDescriptor_t cfg)
-{
-    cudnnBackendDescriptor_t eng = NULL;
-    if (s->a.CreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &eng) != CUDNN_STATUS_SUCCESS)
-        return true;
-    int64_t n = 0;
-    cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
-    bool bad = s->a.GetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n,
-                                 &eng) != CUDNN_STATUS_SUCCESS ||
-               s->a.GetAttribute(eng, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
-                                 CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &n, notes) != CUDNN_STATUS_SUCCESS;
-    for (int64_t i = 0; !bad && i < n; i++)
-        bad = notes[i] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC;
-    s->a.DestroyDescriptor(eng);
-    return bad;
-}
-
-static int64_t engine_index(cudnn_sdpa_t *s, cudnnBackendDescriptor_t cfg)
+/* An engine configuration's engine: its global index (-1 when it cannot be read) and whether
+ * its numerical notes say nondeterministic (also when they cannot be read). */
+static int64_t engine_of(cudnn_sdpa_t *s, cudnnBackendDescriptor_t cfg, bool *nondeterministic)
 {
     cudnnBackendDescriptor_t eng = NULL;
     int64_t n = 0, id = -1;
+    cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
+    *nondeterministic = true;
     if (s->a.CreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &eng) != CUDNN_STATUS_SUCCESS)
         return -1;
     if (s->a.GetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &eng) ==
-        CUDNN_STATUS_SUCCESS)
+        CUDNN_STATUS_SUCCESS) {
         s->a.GetAttribute(eng, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, &id);
+        if (s->a.GetAttribute(eng, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                              CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &n, notes) == CUDNN_STATUS_SUCCESS) {
+            *nondeterministic = false;
+            for (int64_t i = 0; i < n; i++)
+                *nondeterministic = *nondeterministic || notes[i] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC;
+        }
+    }
     s->a.DestroyDescriptor(eng);
     return id;
 }
@@ -728,8 +723,10 @@ static int plan_shape(cudnn_sdpa_t *s, plan_t *p, cudnnBackendDescriptor_t dp)
     if (got < ncfg && s->a.GetLastErrorString)
         s->a.GetLastErrorString(last, sizeof last);
     for (int64_t i = 0; i < got && rc; i++) {
-        if (nondeterministic(s, cfgs[i])) {
-            snprintf(last, sizeof last, "engine %lld: nondeterministic", (long long)engine_index(s, cfgs[i]));
+        bool nondet;
+        int64_t engine = engine_of(s, cfgs[i], &nondet);
+        if (nondet) {
+            snprintf(last, sizeof last, "engine %lld: nondeterministic", (long long)engine);
             continue;
         }
         cudnnBackendDescriptor_t plan = NULL;
@@ -748,14 +745,13 @@ static int plan_shape(cudnn_sdpa_t *s, plan_t *p, cudnnBackendDescriptor_t dp)
         if (st != CUDNN_STATUS_SUCCESS) {
             char msg[256] = "";
             s->a.GetLastErrorString(msg, sizeof msg);
-            snprintf(last, sizeof last, "engine %lld: %s: %s", (long long)engine_index(s, cfgs[i]),
-                     s->a.GetErrorString(st), msg);
+            snprintf(last, sizeof last, "engine %lld: %s: %s", (long long)engine, s->a.GetErrorString(st), msg);
             s->a.DestroyDescriptor(plan);
             continue;
         }
         p->plan = plan;
         p->workspace = ws;
-        p->engine = engine_index(s, cfgs[i]);
+        p->engine = engine;
         rc = 0;
     }
     if (rc)
@@ -775,11 +771,10 @@ out:
     return rc;
 }
 
+/* The shape's plan on the handle, the handle on the stream: found (every call of a training step,
+ * so nothing but a lookup), else made (the shape's first call). */
 static int get_plan(cudnn_sdpa_t *s, int bwd, int B, int T, int H, int Hkv, int hd, void *stream, plan_t **out)
 {
-    int rc = check_args(s, bwd, B, T, H, Hkv, hd);
-    if (rc)
-        return rc;
     if (!s->handle) {
         cudnnStatus_t st = s->a.Create(&s->handle);
         if (st != CUDNN_STATUS_SUCCESS) {
@@ -787,11 +782,15 @@ static int get_plan(cudnn_sdpa_t *s, int bwd, int B, int T, int H, int Hkv, int 
             status_err(s, st, "handle (cudnnCreate)");
             return -ENODEV;
         }
+        s->stream = NULL; /* a new handle is on the default stream */
     }
-    cudnnStatus_t st = s->a.SetStream(s->handle, (cudaStream_t)stream);
-    if (st != CUDNN_STATUS_SUCCESS) {
-        status_err(s, st, "cudnnSetStream");
-        return -EIO;
+    if (stream != s->stream) {
+        cudnnStatus_t st = s->a.SetStream(s->handle, (cudaStream_t)stream);
+        if (st != CUDNN_STATUS_SUCCESS) {
+            status_err(s, st, "cudnnSetStream");
+            return -EIO;
+        }
+        s->stream = stream;
     }
     plan_t *free_slot = NULL;
     for (int i = 0; i < PLANS; i++) {
@@ -810,6 +809,9 @@ static int get_plan(cudnn_sdpa_t *s, int bwd, int B, int T, int H, int Hkv, int 
         set_err(s, "cuDNN attention: more than %d shapes planned", PLANS);
         return -ENOTSUP;
     }
+    int rc = check_args(s, bwd, B, T, H, Hkv, hd);
+    if (rc)
+        return rc;
     plan_t p = {.used = true, .bwd = bwd, .B = B, .T = T, .H = H, .Hkv = Hkv, .hd = hd};
     rc = plan_shape(s, &p, NULL);
     if (rc)

@@ -670,8 +670,8 @@ static void *scratch(size_t bytes)
  * past it: cuDNN's forward into the layer's out and lse, attn.cu's into scratch, compared; then
  * both backwards on the same inputs into scratch, with the layer's q standing in for the
  * upstream gradient, compared. On disagreement or a failure attn.cu's forward results replace
- * cuDNN's and cuDNN is off for the model: a fresh process replaying the step, or a resumed run,
- * decides the same way on the same inputs. */
+ * cuDNN's and the shape stays on attn.cu's ("auto"; "cudnn" fails): a fresh process replaying
+ * the step, or a resumed run, decides the same way on the same inputs. */
 static int attn_decide(cuda_model_t *m, cuda_model_acts_t *a, layer_acts_t *L)
 {
     int slot = m->n_seen++;

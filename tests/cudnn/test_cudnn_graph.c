@@ -71,13 +71,15 @@ static void test_graphs_finalize_for_the_models_shapes(void **state)
 }
 
 /* An H100 80GB HBM3 (SXM5) as cuDNN 9.19's DEVICEPROP JSON takes it: the keys its parser asks
- * for, the values NVIDIA publishes for the card and CUDA 13's driver. Written by hand (no GPU
- * here); the GPU test writes the card's own (CTITAN_CUDNN_DEVICEPROP) to put in its place. */
+ * for, the card's published figures where there are some (132 SMs, 227 KiB of shared memory a
+ * block, 50 MiB of L2, 1980 / 2619 MHz, PCI id 0x2330) and sm_90's limits, CUDA 13's driver.
+ * Written by hand (no GPU here); the GPU test writes the card's own (CTITAN_CUDNN_DEVICEPROP)
+ * to put in its place. */
 static const char h100_json[] =
     "{\"maxGridSize\":[2147483647,65535,65535],\"maxBlockSize\":[1024,1024,64],\"regsPerBlock\":65536,"
     "\"multiProcessorCount\":132,\"warpSize\":32,\"maxSharedMemoryPerBlock\":49152,"
     "\"maxSharedMemoryPerBlockOptin\":232448,\"reservedSharedMemoryPerBlock\":1024,\"maxRegistersPerSM\":65536,"
-    "\"maxCtasPerSM\":32,\"maxThreadsPerBlock\":1024,\"maxThreadsPerSM\":2048,\"pciDeviceId\":8960,"
+    "\"maxCtasPerSM\":32,\"maxThreadsPerBlock\":1024,\"maxThreadsPerSM\":2048,\"pciDeviceId\":9008,"
     "\"isTccDriver\":0,\"supportCoopLaunch\":1,\"smClockRateKHz\":1980000,\"memClockRateKHz\":2619000,"
     "\"l2CacheSize\":52428800,\"deviceName\":\"NVIDIA H100 80GB HBM3\",\"deviceVer\":900,"
     "\"driverVer\":13000,\"totalGlobalMem\":85029158912,\"cudaDeviceId\":0}";

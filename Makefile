@@ -278,8 +278,20 @@ $(BUILD)/tests/gpu/%: $(BUILD)/obj/tests/gpu/%.o $(BUILD)/libctitan_cuda.a $(BUI
 # layering: no include points up a floor (tools/check_layers.sh); each fuzz harness for a few
 # seconds from its corpus (test-fuzz); and every test program again under ASan and UBSan
 # (test-asan, its own summary line). CI runs this (.ci/run).
+# TEST_JOBS programs run at once (tests/run.sh), the long ones (TEST_SLOW, longest first) started
+# first: run one at a time, the test programs kept 1.2 of 2 cores busy (most of them wait on
+# their jobs' processes), and make test took 21 minutes on a 2-core machine. TEST_SERIAL run
+# alone at the end: they check what every job of this user leaves in /dev/shm (the freers' lock).
+TEST_JOBS   ?= 2
+TEST_SLOW   := test_launch_gpu test_hosts test_recover test_fsdp test_gpu_check test_hf_import test_launch_trust \
+               test_safety test_generate test_launch test_launch_ckpt test_report test_corpus test_restart test_hf_export
+TEST_SERIAL := test_shm test_plan
+# $(call slow_first,BUILD,ARGS): ARGS (programs, or PROG:GLOBS) with TEST_SLOW's first, in its order
+slow_first = $(foreach t,$(TEST_SLOW),$(filter $(1)/tests/$(t) $(1)/tests/$(t):%,$(2))) \
+             $(filter-out $(TEST_SLOW:%=$(1)/tests/%) $(TEST_SLOW:%=$(1)/tests/%:%),$(2))
+RUN_TESTS = TEST_JOBS=$(TEST_JOBS) TEST_SERIAL="$(TEST_SERIAL)" bash tests/run.sh
 test: all pydeps
-	@bash tests/run.sh $(TESTS); s=$$?; bash tools/check_layers.sh || s=1; \
+	@$(RUN_TESTS) $(call slow_first,$(BUILD),$(TESTS)); s=$$?; bash tools/check_layers.sh || s=1; \
 	echo "== make test-fuzz"; $(MAKE) --no-print-directory test-fuzz || s=1; \
 	echo "== make test-asan"; $(MAKE) --no-print-directory test-asan || s=1; exit $$s
 
@@ -318,10 +330,7 @@ ASAN_TESTS := $(filter-out $(ASAN_NOT:%=$(ASAN_BUILD)/tests/%),$(TESTS:$(BUILD)/
 asan:
 	@$(MAKE) --no-print-directory CUDA=0 BUILD=$(ASAN_BUILD) CC=$(ASAN_CC) CXX=$(ASAN_CXX) SAN="$(ASAN_SAN)" all
 test-asan: asan
-	@$(ASAN_ENV) bash tests/run.sh $(ASAN_TESTS); s=$$?; \
-	set -f; for pt in $(ASAN_PARTLY); do \
-	  $(ASAN_ENV) CTITAN_TEST_ONLY="$${pt#*:}" bash tests/run.sh $(ASAN_BUILD)/tests/$${pt%%:*} || s=1; \
-	done; exit $$s
+	@set -f; $(ASAN_ENV) $(RUN_TESTS) $(call slow_first,$(ASAN_BUILD),$(ASAN_TESTS) $(ASAN_PARTLY:%=$(ASAN_BUILD)/tests/%))
 
 # Fuzzing (tests/fuzz/): one libFuzzer harness per decoder of outside input, built by clang with
 # libFuzzer's coverage, ASan and UBSan into build/fuzz; seed corpora in tests/fuzz/corpus/NAME/.

@@ -1,22 +1,77 @@
 #!/usr/bin/env bash
 # Runs each cmocka test program given and prints one summary line; exits non-zero if any failed.
 # Each program's wall time is printed as `time: NAME S s` (where make test's minutes go).
+#
+# An argument PROG:GLOBS runs PROG with CTITAN_TEST_ONLY=GLOBS (tests/testutil.h: comma-separated
+# globs, a leading '-' leaving out). TEST_JOBS=N (default 1) runs up to N programs at once, in the
+# order given (list the long ones first), each program's output printed whole as it ends; the
+# programs named in TEST_SERIAL (space-separated base names: those that look at what every job
+# of this user leaves in /dev/shm, such as the freers' lock file) run alone, after the others.
 set -u
+jobs=${TEST_JOBS:-1}
+serial=" ${TEST_SERIAL:-} "
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
 pass=0; fail=0; skip=0; failed=()
-for t in "$@"; do
-  out=$(mktemp)
-  t0=$EPOCHREALTIME
-  CMOCKA_MESSAGE_OUTPUT=stdout "$t" >"$out" 2>&1
+
+# run K ARG: runs one program, its output to $tmp/K.out, "rc seconds" to $tmp/K.rc
+run() {
+  local k=$1 prog=${2%%:*} only=""
+  [ "$prog" != "$2" ] && only=${2#*:}
+  local t0=$EPOCHREALTIME rc
+  if [ -n "$only" ]; then
+    CTITAN_TEST_ONLY="$only" CMOCKA_MESSAGE_OUTPUT=stdout "$prog" >"$tmp/$k.out" 2>&1
+  else
+    CMOCKA_MESSAGE_OUTPUT=stdout "$prog" >"$tmp/$k.out" 2>&1
+  fi
   rc=$?
+  echo "$rc $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')" >"$tmp/$k.rc"
+}
+
+# report K ARG: prints program K's output and time and adds it to the counts
+report() {
+  local k=$1 prog=${2%%:*} only=${CTITAN_TEST_ONLY:-} rc secs out=$tmp/$1.out
+  [ "$prog" != "$2" ] && only=${2#*:}
+  read -r rc secs <"$tmp/$k.rc"
   cat "$out"
-  printf 'time: %s %.1f s\n' "$(basename "$t")${CTITAN_TEST_ONLY:+ ($CTITAN_TEST_ONLY)}" "$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { print b - a }')"
-  p=$(grep -c '^\[       OK \]' "$out"); f=$(grep '^\[  FAILED  \]\s*test' "$out" | sort -u | wc -l); s=$(grep '^\[  SKIPPED \]\s*test' "$out" | sort -u | wc -l)
+  printf 'time: %s %s s\n' "$(basename "$prog")${only:+ ($only)}" "$secs"
+  local p f s
+  p=$(grep -c '^\[       OK \]' "$out"); f=$(grep '^\[  FAILED  \]\s*test' "$out" | sort -u | wc -l)
+  s=$(grep '^\[  SKIPPED \]\s*test' "$out" | sort -u | wc -l)
   pass=$((pass + p)); skip=$((skip + s))
   if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi   # a crash before cmocka reports counts as a failure
   fail=$((fail + f))
-  [ "$rc" -ne 0 ] && failed+=("$(basename "$t")")
-  rm -f "$out"
+  [ "$rc" -ne 0 ] && failed+=("$(basename "$prog")${only:+ ($only)}")
+  rm -f "$out" "$tmp/$k.rc"
+}
+
+args=("$@")
+order=() late=()
+for i in "${!args[@]}"; do
+  base=$(basename "${args[$i]%%:*}")
+  if [[ "$serial" == *" $base "* ]]; then late+=("$i"); else order+=("$i"); fi
 done
+
+declare -A running=() # pid -> argument index
+for i in "${order[@]}"; do
+  while [ "${#running[@]}" -ge "$jobs" ]; do
+    wait -n -p done "${!running[@]}"
+    report "${running[$done]}" "${args[${running[$done]}]}"
+    unset "running[$done]"
+  done
+  run "$i" "${args[$i]}" &
+  running[$!]=$i
+done
+while [ "${#running[@]}" -gt 0 ]; do
+  wait -n -p done "${!running[@]}"
+  report "${running[$done]}" "${args[${running[$done]}]}"
+  unset "running[$done]"
+done
+for i in "${late[@]}"; do
+  run "$i" "${args[$i]}"
+  report "$i" "${args[$i]}"
+done
+
 [ ${#failed[@]} -gt 0 ] && echo "failed programs: ${failed[*]}"
 echo "tests: $pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ] && [ ${#failed[@]} -eq 0 ]

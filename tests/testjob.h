@@ -164,6 +164,26 @@ static inline int tj_wait_step(const char *job, int step, int timeout_s)
     return -1;
 }
 
+/* The newest step job's metrics file records (its last 4 KiB read), or 0 when none yet. */
+static inline int tj_last_step(const char *job)
+{
+    char path[256], buf[4097];
+    snprintf(path, sizeof(path), "%s/%s.jsonl", tj_dir, job);
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return 0;
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, size > 4096 ? size - 4096 : 0, SEEK_SET);
+    size_t n = fread(buf, 1, 4096, f);
+    fclose(f);
+    buf[n] = 0;
+    int last = 0;
+    for (const char *p = buf; (p = strstr(p, "{\"step\": ")) != NULL; p++)
+        last = atoi(p + 9);
+    return last;
+}
+
 /* A two-host job of `base` (as test_hosts runs them: two "hosts" on this machine, host 1's
  * `ctitan launch` placed as under srun, its segments named -h1): its name (tj_name with tag and
  * what), the hosts' keys (as an operator makes them), a free loopback port; the arguments of

@@ -454,6 +454,49 @@ static void test_restart_a_failure_at_the_same_step_stops_after_max_restarts(voi
     assert_clean(j, NULL, 0);
 }
 
+/* Writes text to path, whole. */
+static void write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "we");
+    assert_non_null(f);
+    assert_int_equal(fputs(text, f) >= 0, 1);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* A relaunch passes the memory plan as the launch did: a job whose stage fails at step 5, and
+ * whose host has too little memory by the time it would be relaunched (CTITAN_PLAN_HOST_BYTES
+ * read from a file the test rewrites during the restart's wait: 64 GiB, then 1 MiB), is not
+ * relaunched: status 1, the plan's figures said, one run, nothing left. */
+static void test_restart_a_relaunch_the_memory_plan_refuses_is_not_started(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16], metrics[1 << 16];
+    char j[32], file[300], env[310];
+    job_name(j, sizeof(j), "noroom");
+    snprintf(file, sizeof(file), "%s/host-bytes-%s", tj_dir, j);
+    write_text(file, "68719476736\n");
+    snprintf(env, sizeof(env), "@%s", file);
+    setenv("CTITAN_PLAN_HOST_BYTES", env, 1);
+    setenv("CTITAN_TEST_FAIL_AT_STEP", "5", 1);
+    setenv("CTITAN_TEST_FAIL_RANK", "1", 1);
+    pid_t pid = launch_bg(j, "--training.steps 30 --job.max_restarts 2 --job.restart_backoff_ms 3000");
+    unsetenv("CTITAN_PLAN_HOST_BYTES");
+    unsetenv("CTITAN_TEST_FAIL_AT_STEP");
+    unsetenv("CTITAN_TEST_FAIL_RANK");
+    int waited = wait_output(j, "relaunching in 3000 ms", 60);
+    write_text(file, "1048576\n");
+    int rc = tu_reap(pid, 60, NULL);
+    tj_read_out(j, out, sizeof(out));
+    if (waited || rc != 1 || count(out, "\nrestart ") != 1 || count(out, "launch: job ") != 1 ||
+        !strstr(out, "not relaunched: the memory plan refuses it now: ") || !strstr(out, "GiB of host RAM") ||
+        !strstr(out, "(CTITAN_PLAN_HOST_BYTES)"))
+        fail_msg("wait %d, status %d:\n%s", waited, rc, out);
+    tj_read_metrics(j, metrics, sizeof(metrics));
+    assert_int_equal(count(metrics, "{\"step\": 4,"), 1);
+    assert_int_equal(count(metrics, "{\"restart\": "), 1);
+    assert_clean(j, NULL, 0);
+}
+
 /* A job that cannot start (its data is missing) is not restarted: one run, its reason once. */
 static void test_restart_a_failure_before_the_first_step_is_not_restarted(void **state)
 {
@@ -512,6 +555,7 @@ int main(void)
         cmocka_unit_test(test_restart_a_job_checkpointing_to_a_storage_host_resumes_from_it),
         cmocka_unit_test(test_restart_a_killed_coordinator_is_cleaned_up_and_not_restarted_with_max_restarts_0),
         cmocka_unit_test(test_restart_a_failure_at_the_same_step_stops_after_max_restarts),
+        cmocka_unit_test(test_restart_a_relaunch_the_memory_plan_refuses_is_not_started),
         cmocka_unit_test(test_restart_a_failure_before_the_first_step_is_not_restarted),
         cmocka_unit_test(test_restart_status_shows_the_restarts_and_ctrl_c_ends_without_one),
     };

@@ -458,10 +458,21 @@ static int run_capture(const char *smi, char *out, size_t n)
     return !rc && WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
 }
 
+/* A byte count from environment variable name: the number, or with "@FILE" the number FILE holds
+ * (a test changes it between a launch and its relaunch); -1 when unset or not a count. */
 static double env_bytes(const char *name)
 {
     const char *s = getenv(name);
-    char *end;
+    char buf[64], *end;
+    if (s && *s == '@') {
+        FILE *f = fopen(s + 1, "re");
+        size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+        if (f)
+            fclose(f);
+        buf[n] = 0;
+        buf[strcspn(buf, "\n")] = 0;
+        s = buf;
+    }
     double v = s && *s ? strtod(s, &end) : -1;
     return s && *s && *end == 0 && v >= 0 ? v : -1;
 }
@@ -716,4 +727,17 @@ int plan_check(const plan_t *p, const plan_have_t *h, const manifest_t *m, char 
         bad = 1;
     }
     return bad ? -ENOMEM : 0;
+}
+
+int plan_fits(const manifest_t *m, char *err, size_t errlen)
+{
+    plan_t p;
+    plan_have_t have;
+    int rc = plan_build(&p, m, &(plan_opts_t){0}, err, errlen);
+    if (rc)
+        return rc;
+    plan_capacity(&have, m, p.gpus);
+    rc = plan_check(&p, &have, m, err, errlen);
+    plan_free(&p);
+    return rc;
 }

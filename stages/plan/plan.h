@@ -96,7 +96,8 @@ void plan_print(const plan_t *p, FILE *f);
 
 /* What there is. Host: MemAvailable of /proc/meminfo, or the memory cgroup's limit less its usage
  * (its file cache given back; v1 or v2) when lower, and /dev/shm's free space for the shared row; CTITAN_PLAN_HOST_BYTES (for tests and
- * experiments) replaces both. Each GPU: CTITAN_PLAN_DEVICE_BYTES (tests, experiments), else
+ * experiments; "@FILE": the number
+ * in FILE, read at each check) replaces both. Each GPU: CTITAN_PLAN_DEVICE_BYTES (tests, experiments), else
  * job.device_memory_gib, else the free memory nvidia-smi reports (a child process: the launcher
  * never loads CUDA); < 0 unknown. */
 typedef struct {
@@ -120,5 +121,9 @@ double plan_gpu_need(const plan_t *p, const plan_have_t *h, int g);
 /* Whether the plan fits: 0, or -ENOMEM with err naming, per device that does not fit, what the
  * job needs (its largest items) and what there is, and the knobs that would make it fit. */
 int plan_check(const plan_t *p, const plan_have_t *h, const manifest_t *m, char *err, size_t errlen);
+
+/* plan_build, plan_capacity and plan_check in one, printing nothing (the supervisor's check
+ * before a relaunch): 0 fits, -ENOMEM with plan_check's err, or plan_build's error. */
+int plan_fits(const manifest_t *m, char *err, size_t errlen);
 
 #endif

@@ -23,6 +23,7 @@
 #include "ipc/shm.h"
 #include "ipc/util.h"
 #include "stages/coord/coord.h"
+#include "stages/plan/plan.h"
 
 #define SUP_SAVED_MAX 256 /* checkpoints of this job remembered (the newest) */
 /* After a stop signal the coordinator stops the job itself (coord_stop_all_now); one still
@@ -380,6 +381,21 @@ static int give_up(sup_t *s, const failure_t *f, int64_t from)
     return 1;
 }
 
+/* The memory plan of the relaunch, as `ctitan launch` checks it before the first run, once the
+ * failed run's memory is freed (its segments go to a detached freer: shm.h): another process may
+ * have taken the memory since. 0, or 1 (said on stderr): not relaunched. */
+static int plan_relaunch(sup_t *s)
+{
+    char err[4096];
+    shm_wait_freed(NULL, NULL);
+    int rc = plan_fits(&s->m, err, sizeof(err));
+    if (!rc)
+        return 0;
+    fprintf(stderr, "ctitan: job %s: not relaunched: %s%s\n", s->given->name,
+            rc == -ENOMEM ? "the memory plan refuses it now: " : "its memory plan failed: ", err);
+    return 1;
+}
+
 /* After a failed run: either the next run's manifest is set and 0 is returned, or the exit
  * status (no restart). */
 static int plan_restart(sup_t *s, int st)
@@ -411,7 +427,7 @@ static int plan_restart(sup_t *s, int st)
         snprintf(s->m.ckpt_load, sizeof(s->m.ckpt_load), "%s", f.ckpt);
     else /* too long for the key: latest finds the same one (and passes a damaged one over) */
         snprintf(s->m.ckpt_load, sizeof(s->m.ckpt_load), "latest");
-    return 0;
+    return plan_relaunch(s);
 }
 
 /* ---- the supervisor ---- */

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs each cmocka test program given and prints one summary line; exits non-zero if any failed.
-# Each program's wall time is printed as `time: NAME S s` (where make test's minutes go).
+# Each program's wall time is printed as `time: NAME S s (cpu C s)` (where make test's minutes go;
+# C: the CPU time of the program and of its jobs' processes it waited for, user and system).
 #
 # An argument PROG:GLOBS runs PROG with CTITAN_TEST_ONLY=GLOBS (tests/testutil.h: comma-separated
 # globs, a leading '-' leaving out). TEST_JOBS=N (default 1) runs up to N programs at once, in the
@@ -25,16 +26,21 @@ run() {
     CMOCKA_MESSAGE_OUTPUT=stdout "$prog" >"$tmp/$k.out" 2>&1
   fi
   rc=$?
-  echo "$rc $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')" >"$tmp/$k.rc"
+  # this subshell's children's CPU time (times' second line): the program and every process of
+  # its jobs that was waited for
+  local cpu
+  times >"$tmp/$k.cpu" # not in a pipe: a forked shell has no children yet
+  cpu=$(awk 'NR == 2 { n = 0; for (i = 1; i <= 2; i++) { split($i, t, /[ms]/); n += t[1] * 60 + t[2] } printf "%.1f", n }' "$tmp/$k.cpu")
+  echo "$rc $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }') $cpu" >"$tmp/$k.rc"
 }
 
 # report K ARG: prints program K's output and time and adds it to the counts
 report() {
   local k=$1 prog=${2%%:*} only=${CTITAN_TEST_ONLY:-} rc secs out=$tmp/$1.out
   [ "$prog" != "$2" ] && only=${2#*:}
-  read -r rc secs <"$tmp/$k.rc"
+  read -r rc secs cpu <"$tmp/$k.rc"
   cat "$out"
-  printf 'time: %s %s s\n' "$(basename "$prog")${only:+ ($only)}" "$secs"
+  printf 'time: %s %s s (cpu %s s)\n' "$(basename "$prog")${only:+ ($only)}" "$secs" "$cpu"
   local p f s
   p=$(grep -c '^\[       OK \]' "$out"); f=$(grep '^\[  FAILED  \]\s*test' "$out" | sort -u | wc -l)
   s=$(grep '^\[  SKIPPED \]\s*test' "$out" | sort -u | wc -l)
@@ -42,7 +48,7 @@ report() {
   if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi   # a crash before cmocka reports counts as a failure
   fail=$((fail + f))
   [ "$rc" -ne 0 ] && failed+=("$(basename "$prog")${only:+ ($only)}")
-  rm -f "$out" "$tmp/$k.rc"
+  rm -f "$out" "$tmp/$k.rc" "$tmp/$k.cpu"
 }
 
 args=("$@")
@@ -68,7 +74,8 @@ while [ "${#running[@]}" -gt 0 ]; do
   unset "running[$done]"
 done
 for i in "${late[@]}"; do
-  run "$i" "${args[$i]}"
+  run "$i" "${args[$i]}" & # a subshell of its own: times counts this program only
+  wait $!
   report "$i" "${args[$i]}"
 done
 

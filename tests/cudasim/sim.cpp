@@ -13,11 +13,11 @@
 #include <sys/mman.h>
 #include <ucontext.h>
 #include <unistd.h>
-thread_local uint3_ threadIdx, blockIdx;
-thread_local dim3 gridDim, blockDim;
-thread_local unsigned char *sim_smem;
-thread_local size_t sim_smem_size;
-thread_local BlockSync *sim_bs;
+SIM_TLS uint3_ threadIdx SIM_TLS_IE{}, blockIdx SIM_TLS_IE{};
+SIM_TLS dim3 gridDim SIM_TLS_IE, blockDim SIM_TLS_IE;
+SIM_TLS unsigned char *sim_smem SIM_TLS_IE;
+SIM_TLS size_t sim_smem_size SIM_TLS_IE;
+SIM_TLS BlockSync *sim_bs SIM_TLS_IE;
 /* ---- device memory: memfd mappings, so that CUDA IPC works between processes ---- */
 
 namespace {
@@ -498,14 +498,14 @@ struct Fiber {
     int wait_on; /* -1 block, w warp */
     uint3_ tid;
 };
-thread_local std::vector<Fiber> *fibers;
-thread_local int current;
+SIM_TLS std::vector<Fiber> *fibers SIM_TLS_IE;
+SIM_TLS int current SIM_TLS_IE;
 #if defined(__x86_64__)
-thread_local void *scheduler_sp;
+SIM_TLS void *scheduler_sp SIM_TLS_IE;
 #else
 thread_local ucontext_t scheduler;
 #endif
-thread_local const std::function<void()> *kernel_call;
+SIM_TLS const std::function<void()> *kernel_call SIM_TLS_IE;
 const size_t STACK = 128 * 1024;
 
 void to_scheduler(Fiber &f)

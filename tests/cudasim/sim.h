@@ -27,12 +27,18 @@ using std::min;
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(x)
-struct dim3 { unsigned x, y, z; dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {} };
+struct dim3 { unsigned x, y, z; constexpr dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {} };
 struct uint3_ { unsigned x, y, z; };
-extern thread_local uint3_ threadIdx, blockIdx;
-extern thread_local dim3 gridDim, blockDim;
-extern thread_local unsigned char *sim_smem;
-extern thread_local size_t sim_smem_size;
+/* The emulator's per-thread state, read by every emulated instruction: constinit (no TLS wrapper
+ * function on each read) and the initial-exec model (an offset from the thread pointer, not a
+ * __tls_get_addr call, which in the dlopened plugin took a third of an emulated job's CPU). The
+ * few bytes come from the static TLS space glibc keeps for libraries loaded later. */
+#define SIM_TLS thread_local constinit
+#define SIM_TLS_IE __attribute__((tls_model("initial-exec")))
+extern SIM_TLS uint3_ threadIdx SIM_TLS_IE, blockIdx SIM_TLS_IE;
+extern SIM_TLS dim3 gridDim SIM_TLS_IE, blockDim SIM_TLS_IE;
+extern SIM_TLS unsigned char *sim_smem SIM_TLS_IE;
+extern SIM_TLS size_t sim_smem_size SIM_TLS_IE;
 struct uint4 { unsigned x, y, z, w; };
 inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
 struct __nv_bfloat16 { uint16_t x; };
@@ -65,7 +71,7 @@ struct BlockSync {
     struct Copy { void *dst; const void *src; bool valid; };
     std::vector<Copy> cp_pending[1024];
 };
-extern thread_local BlockSync *sim_bs;
+extern SIM_TLS BlockSync *sim_bs SIM_TLS_IE;
 void sim_wait(int warp); /* -1: the block's barrier; w >= 0: warp w's */
 inline int sim_tid() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
 inline void __syncthreads() { sim_wait(-1); }

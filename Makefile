@@ -280,8 +280,9 @@ $(BUILD)/tests/gpu/%: $(BUILD)/obj/tests/gpu/%.o $(BUILD)/libctitan_cuda.a $(BUI
 # (test-asan, its own summary line). CI runs this (.ci/run).
 # TEST_JOBS programs run at once (tests/run.sh), the long ones (TEST_SLOW, longest first) started
 # first: run one at a time, the test programs kept 1.2 of 2 cores busy (most of them wait on
-# their jobs' processes), and make test took 21 minutes on a 2-core machine. TEST_SERIAL run
-# alone at the end: they check what every job of this user leaves in /dev/shm (the freers' lock).
+# their jobs' processes), and make test took 21 minutes on a 2-core machine (12 at two at a
+# time). TEST_SERIAL run alone at the end: they check what every job of this user leaves in
+# /dev/shm (the freers' lock).
 TEST_JOBS   ?= 2
 TEST_SLOW   := test_launch_gpu test_hosts test_recover test_fsdp test_gpu_check test_hf_import test_launch_trust \
                test_safety test_generate test_launch test_launch_ckpt test_report test_corpus test_restart test_hf_export

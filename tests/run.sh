@@ -15,7 +15,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 pass=0; fail=0; skip=0; failed=()
 
-# run K ARG: runs one program, its output to $tmp/K.out, "rc seconds" to $tmp/K.rc
+# run K ARG: runs one program, its output to $tmp/K.out, "status seconds cpu-seconds" to $tmp/K.rc
 run() {
   local k=$1 prog=${2%%:*} only=""
   [ "$prog" != "$2" ] && only=${2#*:}
@@ -36,7 +36,7 @@ run() {
 
 # report K ARG: prints program K's output and time and adds it to the counts
 report() {
-  local k=$1 prog=${2%%:*} only=${CTITAN_TEST_ONLY:-} rc secs out=$tmp/$1.out
+  local k=$1 prog=${2%%:*} only=${CTITAN_TEST_ONLY:-} rc secs cpu out=$tmp/$1.out
   [ "$prog" != "$2" ] && only=${2#*:}
   read -r rc secs cpu <"$tmp/$k.rc"
   cat "$out"

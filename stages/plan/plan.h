@@ -95,9 +95,9 @@ void plan_free(plan_t *p);
 void plan_print(const plan_t *p, FILE *f);
 
 /* What there is. Host: MemAvailable of /proc/meminfo, or the memory cgroup's limit less its usage
- * (its file cache given back; v1 or v2) when lower, and /dev/shm's free space for the shared row; CTITAN_PLAN_HOST_BYTES (for tests and
- * experiments; "@FILE": the number
- * in FILE, read at each check) replaces both. Each GPU: CTITAN_PLAN_DEVICE_BYTES (tests, experiments), else
+ * (its file cache given back; v1 or v2) when lower, and /dev/shm's free space for the shared row;
+ * CTITAN_PLAN_HOST_BYTES (for tests and experiments; "@FILE": the number in FILE, read at each
+ * check) replaces both. Each GPU: CTITAN_PLAN_DEVICE_BYTES (tests, experiments), else
  * job.device_memory_gib, else the free memory nvidia-smi reports (a child process: the launcher
  * never loads CUDA); < 0 unknown. */
 typedef struct {

@@ -389,6 +389,13 @@ int shm_wait_freed(int (*waiting)(void *arg, double bytes), void *arg)
     return 0;
 }
 
+int shm_say_freeing(void *who, double bytes)
+{
+    fprintf(stderr, "%s: waiting for the memory of a stopped run to be freed (%.2f GiB left)\n", (const char *)who,
+            bytes / (1024.0 * 1024.0 * 1024.0));
+    return 0;
+}
+
 static int lock_path(char *out, const char *job, char *err, size_t errlen)
 {
     if (!shm_name_ok(job))

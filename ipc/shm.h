@@ -58,6 +58,9 @@ int shm_remove_all_async(const char *job);
  * -errno. */
 #define SHM_WAIT_SAY_S 2.0
 int shm_wait_freed(int (*waiting)(void *arg, double bytes), void *arg);
+/* A `waiting` that says so on stderr, its line starting with who (a const char *): "WHO: waiting
+ * for the memory of a stopped run to be freed (N GiB left)"; returns 0. */
+int shm_say_freeing(void *who, double bytes);
 
 /* The job name's exclusive lock, /dev/shm/ctitan-lock.<job> (outside the job's segments'
  * names, which shm_remove_all removes): held by the process that launches the job for the

@@ -10,21 +10,18 @@
 # of this user leaves in /dev/shm, such as the freers' lock file) run alone, after the others.
 set -u
 jobs=${TEST_JOBS:-1}
+[[ $jobs =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: TEST_JOBS must be a count of programs (1, 2, ...), not '$jobs'" >&2; exit 2; }
 serial=" ${TEST_SERIAL:-} "
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 pass=0; fail=0; skip=0; failed=()
 
-# run K ARG: runs one program, its output to $tmp/K.out, "status seconds cpu-seconds" to $tmp/K.rc
+# run K ARG, in a subshell of its own (&): runs one program, its output to $tmp/K.out, "status
+# seconds cpu-seconds" to $tmp/K.rc
 run() {
-  local k=$1 prog=${2%%:*} only=""
-  [ "$prog" != "$2" ] && only=${2#*:}
-  local t0=$EPOCHREALTIME rc
-  if [ -n "$only" ]; then
-    CTITAN_TEST_ONLY="$only" CMOCKA_MESSAGE_OUTPUT=stdout "$prog" >"$tmp/$k.out" 2>&1
-  else
-    CMOCKA_MESSAGE_OUTPUT=stdout "$prog" >"$tmp/$k.out" 2>&1
-  fi
+  local k=$1 prog=${2%%:*} t0=$EPOCHREALTIME rc
+  [ "$prog" != "$2" ] && export CTITAN_TEST_ONLY="${2#*:}"
+  CMOCKA_MESSAGE_OUTPUT=stdout "$prog" >"$tmp/$k.out" 2>&1
   rc=$?
   # this subshell's children's CPU time (times' second line): the program and every process of
   # its jobs that was waited for
@@ -59,24 +56,23 @@ for i in "${!args[@]}"; do
 done
 
 declare -A running=() # pid -> argument index
-for i in "${order[@]}"; do
-  while [ "${#running[@]}" -ge "$jobs" ]; do
-    wait -n -p done "${!running[@]}"
-    report "${running[$done]}" "${args[${running[$done]}]}"
-    unset "running[$done]"
-  done
-  run "$i" "${args[$i]}" &
-  running[$!]=$i
-done
-while [ "${#running[@]}" -gt 0 ]; do
+# reap_one: waits for one running program to end and reports it
+reap_one() {
+  local done
   wait -n -p done "${!running[@]}"
   report "${running[$done]}" "${args[${running[$done]}]}"
   unset "running[$done]"
+}
+for i in "${order[@]}"; do
+  while [ "${#running[@]}" -ge "$jobs" ]; do reap_one; done
+  run "$i" "${args[$i]}" &
+  running[$!]=$i
 done
+while [ "${#running[@]}" -gt 0 ]; do reap_one; done
 for i in "${late[@]}"; do
-  run "$i" "${args[$i]}" & # a subshell of its own: times counts this program only
-  wait $!
-  report "$i" "${args[$i]}"
+  run "$i" "${args[$i]}" &
+  running[$!]=$i
+  reap_one
 done
 
 [ ${#failed[@]} -gt 0 ] && echo "failed programs: ${failed[*]}"

@@ -10,6 +10,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -17,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/file.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -459,7 +461,7 @@ static void write_text(const char *path, const char *text)
 {
     FILE *f = fopen(path, "we");
     assert_non_null(f);
-    assert_int_equal(fputs(text, f) >= 0, 1);
+    assert_true(fputs(text, f) >= 0);
     assert_int_equal(fclose(f), 0);
 }
 
@@ -494,6 +496,38 @@ static void test_restart_a_relaunch_the_memory_plan_refuses_is_not_started(void 
     tj_read_metrics(j, metrics, sizeof(metrics));
     assert_int_equal(count(metrics, "{\"step\": 4,"), 1);
     assert_int_equal(count(metrics, "{\"restart\": "), 1);
+    assert_clean(j, NULL, 0);
+}
+
+/* Ctrl-C while a relaunch waits for the failed run's memory to be freed (a process holds the
+ * freers' lock, as a freer does): the wait says so, and the launch ends with 130, no relaunch. */
+static void test_restart_ctrl_c_while_a_relaunch_waits_for_memory_ends_it(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char j[32];
+    job_name(j, sizeof(j), "waitint");
+    setenv("CTITAN_TEST_FAIL_AT_STEP", "5", 1);
+    setenv("CTITAN_TEST_FAIL_RANK", "1", 1);
+    pid_t pid = launch_bg(j, "--training.steps 30 --job.max_restarts 2 --job.restart_backoff_ms 500");
+    unsetenv("CTITAN_TEST_FAIL_AT_STEP");
+    unsetenv("CTITAN_TEST_FAIL_RANK");
+    int waited = wait_output(j, "relaunching in 500 ms", 60);
+    int lk = open("/dev/shm/ctitan-free.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    assert_true(lk >= 0);
+    assert_int_equal(flock(lk, LOCK_SH), 0);
+    int said = wait_output(j, "ctitan: waiting for the memory of a stopped run to be freed", 30);
+    double t0 = util_now();
+    kill(pid, SIGINT);
+    int rc = tu_reap(pid, 30, NULL);
+    double secs = util_now() - t0;
+    if (flock(lk, LOCK_EX | LOCK_NB) == 0) /* nobody else's: the file goes, as the last freer's does */
+        unlink("/dev/shm/ctitan-free.lock");
+    close(lk);
+    tj_read_out(j, out, sizeof(out));
+    print_message("Ctrl-C during the wait: status %d after %.2f s\n", rc, secs);
+    if (waited || said || rc != 130 || secs > SHM_WAIT_SAY_S + 1 || count(out, "launch: job ") != 1)
+        fail_msg("wait %d, said %d, status %d after %.2f s:\n%s", waited, said, rc, secs, out);
     assert_clean(j, NULL, 0);
 }
 
@@ -556,6 +590,7 @@ int main(void)
         cmocka_unit_test(test_restart_a_killed_coordinator_is_cleaned_up_and_not_restarted_with_max_restarts_0),
         cmocka_unit_test(test_restart_a_failure_at_the_same_step_stops_after_max_restarts),
         cmocka_unit_test(test_restart_a_relaunch_the_memory_plan_refuses_is_not_started),
+        cmocka_unit_test(test_restart_ctrl_c_while_a_relaunch_waits_for_memory_ends_it),
         cmocka_unit_test(test_restart_a_failure_before_the_first_step_is_not_restarted),
         cmocka_unit_test(test_restart_status_shows_the_restarts_and_ctrl_c_ends_without_one),
     };

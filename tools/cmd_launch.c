@@ -75,14 +75,6 @@ static int check_plan(const manifest_t *m, int print)
     return rc ? 1 : 0;
 }
 
-/* shm_wait_freed's report while it waits. */
-static int say_freeing(void *arg, double bytes)
-{
-    (void)arg;
-    fprintf(stderr, "launch: waiting for the memory of a stopped run to be freed (%.2f GiB left)\n", bytes / PLAN_GIB);
-    return 0;
-}
-
 /* `ctitan launch`, or with dry_run `ctitan plan` (argv without the --dry-run). */
 static int launch(int argc, char **argv, int dry_run)
 {
@@ -138,7 +130,7 @@ static int launch(int argc, char **argv, int dry_run)
     }
     /* the memory plan, before any process or segment is made, once the memory of a run stopped
      * just before is free (a Ctrl-C returns before the kernel has freed it: shm.h) */
-    shm_wait_freed(say_freeing, NULL);
+    shm_wait_freed(shm_say_freeing, (void *)"launch");
     int rc = check_plan(&m, dry_run);
     if (rc || dry_run)
         return rc;

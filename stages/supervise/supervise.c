@@ -381,13 +381,25 @@ static int give_up(sup_t *s, const failure_t *f, int64_t from)
     return 1;
 }
 
+/* shm_wait_freed's report before a relaunch; a stop signal ends the wait (its signals are
+ * blocked here: read from the signalfd). */
+static int relaunch_waiting(void *arg, double bytes)
+{
+    sup_t *s = arg;
+    shm_say_freeing((void *)"ctitan", bytes);
+    read_signals(s);
+    return s->stop_sig;
+}
+
 /* The memory plan of the relaunch, as `ctitan launch` checks it before the first run, once the
  * failed run's memory is freed (its segments go to a detached freer: shm.h): another process may
- * have taken the memory since. 0, or 1 (said on stderr): not relaunched. */
+ * have taken the memory since. 0, the exit status after a stop signal, or 1 (said on stderr):
+ * not relaunched. */
 static int plan_relaunch(sup_t *s)
 {
     char err[4096];
-    shm_wait_freed(NULL, NULL);
+    if (shm_wait_freed(relaunch_waiting, s) == -ECANCELED)
+        return 128 + s->stop_sig;
     int rc = plan_fits(&s->m, err, sizeof(err));
     if (!rc)
         return 0;

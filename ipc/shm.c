@@ -365,17 +365,19 @@ static double freed_segments(int do_unlink)
     return bytes;
 }
 
-int shm_wait_freed(int (*waiting)(void *arg, double bytes), void *arg)
+int shm_wait_freed(int (*say)(void *arg, double bytes), int (*stop)(void *arg), void *arg)
 {
     double next = util_now() + SHM_WAIT_SAY_S;
     int fd;
     while ((fd = free_lock(LOCK_EX | LOCK_NB, 0)) == -EWOULDBLOCK) {
-        if (waiting && util_now() >= next) {
-            if (waiting(arg, freed_segments(0)))
+        if (stop && stop(arg))
+            return -ECANCELED;
+        if (say && util_now() >= next) {
+            if (say(arg, freed_segments(0)))
                 return -ECANCELED;
             next += SHM_WAIT_SAY_S;
         }
-        nanosleep(&(struct timespec){0, 20000000L}, NULL);
+        nanosleep(&(struct timespec){0, (long)(SHM_WAIT_POLL_S * 1e9)}, NULL);
     }
     if (fd == -ENOENT) { /* no freer runs: only what a dead one left */
         freed_segments(1);

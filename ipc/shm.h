@@ -52,12 +52,14 @@ int shm_remove_all(const char *job);
  * Returns how many or -errno. */
 int shm_remove_all_async(const char *job);
 /* Before a launch sizes itself against the host's memory: waits until the memory of segments
- * shm_remove_all_async removed is freed (the lock's exclusive side), calling waiting(arg, bytes
- * still held) every SHM_WAIT_SAY_S seconds while it waits (a nonzero return stops the wait:
- * -ECANCELED), then unlinks any such segment whose freer died. Returns 0, -ECANCELED or
- * -errno. */
+ * shm_remove_all_async removed is freed (the lock's exclusive side), calling say(arg, bytes
+ * still held) every SHM_WAIT_SAY_S seconds and stop(arg) every SHM_WAIT_POLL_S while it waits
+ * (either may be NULL; a nonzero return of either stops the wait: -ECANCELED, so that a Ctrl-C
+ * the caller reads itself ends it within SHM_WAIT_POLL_S), then unlinks any such segment whose
+ * freer died. Returns 0, -ECANCELED or -errno. */
 #define SHM_WAIT_SAY_S 2.0
-int shm_wait_freed(int (*waiting)(void *arg, double bytes), void *arg);
+#define SHM_WAIT_POLL_S 0.02
+int shm_wait_freed(int (*say)(void *arg, double bytes), int (*stop)(void *arg), void *arg);
 /* A `waiting` that says so on stderr, its line starting with who (a const char *): "WHO: waiting
  * for the memory of a stopped run to be freed (N GiB left)"; returns 0. */
 int shm_say_freeing(void *who, double bytes);

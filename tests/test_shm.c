@@ -24,6 +24,7 @@
 #include <cmocka.h>
 
 #include "ipc/shm.h"
+#include "ipc/util.h"
 #include "tests/testutil.h"
 
 /* This run's jobs: job_a, job_ab (job_a is a prefix of it) and a longest-possible job name. */
@@ -101,7 +102,7 @@ static int teardown(void **state)
             waitpid(kids[i], NULL, 0);
             kids[i] = 0;
         }
-    shm_wait_freed(NULL, NULL); /* a failed test's renamed segments and the freers' lock file */
+    shm_wait_freed(NULL, NULL, NULL); /* a failed test's renamed segments and the freers' lock file */
     int left = 0;
     left += shm_remove_all(job_a);
     left += shm_remove_all(job_ab);
@@ -500,11 +501,11 @@ static void test_shm_remove_all_async_frees_the_names_at_once_and_the_memory_aft
     for (int i = 0; i < 1000 && access("/dev/shm/ctitan-free.lock", F_OK) == 0; i++)
         nanosleep(&(struct timespec){0, 10000000L}, NULL);
     assert_int_not_equal(access("/dev/shm/ctitan-free.lock", F_OK), 0);
-    assert_int_equal(shm_wait_freed(NULL, NULL), 0);
+    assert_int_equal(shm_wait_freed(NULL, NULL, NULL), 0);
     assert_int_equal(my_freed_files(), 0);
     assert_int_equal(shm_remove_all_async(job_a), 1);
     assert_int_equal(shm_remove_all_async(job_a), 0);
-    assert_int_equal(shm_wait_freed(NULL, NULL), 0);
+    assert_int_equal(shm_wait_freed(NULL, NULL, NULL), 0);
     assert_int_not_equal(access("/dev/shm/ctitan-free.lock", F_OK), 0);
     assert_int_equal(shm_remove_all(job_ab), 1);
 }
@@ -561,7 +562,7 @@ static void test_shm_wait_freed_waits_for_a_freer_and_removes_what_a_dead_one_le
     }
     close(go[1]);
     int reports = 0;
-    assert_int_equal(shm_wait_freed(count_waits, &reports), 0);
+    assert_int_equal(shm_wait_freed(count_waits, NULL, &reports), 0);
     assert_true(reports >= 1);
     assert_int_equal(reap(child, 10), 0);
     /* the child's marker, made just before it let go, and the dead freer's file: both removed,
@@ -570,6 +571,35 @@ static void test_shm_wait_freed_waits_for_a_freer_and_removes_what_a_dead_one_le
     assert_int_not_equal(access("/dev/shm/ctitan-free.lock", F_OK), 0);
     waitpid(closer, NULL, 0);
     close(said[0]), close(said[1]);
+}
+
+/* count_waits's count (first: it takes an int *) and stop_after's time. */
+typedef struct {
+    int reports;
+    double at;
+} waits_t;
+
+/* stop's answer, every SHM_WAIT_POLL_S: ends the wait once the time in it has passed. */
+static int stop_after(void *arg)
+{
+    return util_now() >= ((waits_t *)arg)->at;
+}
+
+/* A wait whose stop says so ends at once with -ECANCELED, not at its next report: a Ctrl-C
+ * during a relaunch's wait is seen within a second (the supervisor's stop reads its signals). */
+static void test_shm_wait_freed_ends_when_stop_says_so_between_reports(void **state)
+{
+    int fd = open("/dev/shm/ctitan-free.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(flock(fd, LOCK_SH), 0); /* as a freer holds it */
+    double t0 = util_now();
+    waits_t w = {0, t0 + 0.3};
+    assert_int_equal(shm_wait_freed(count_waits, stop_after, &w), -ECANCELED);
+    double secs = util_now() - t0;
+    assert_true(secs >= 0.3 && secs < 0.3 + 0.5);
+    assert_int_equal(w.reports, 0); /* before the first report, SHM_WAIT_SAY_S in */
+    close(fd);
+    assert_int_equal(unlink("/dev/shm/ctitan-free.lock"), 0);
 }
 
 /* A lock file another user made (and could hold forever) is not a freer's: a launch's wait does
@@ -583,7 +613,7 @@ static void test_shm_another_users_lock_file_is_not_waited_on(void **state)
     assert_int_equal(fchown(fd, 65534, 65534), 0);
     assert_int_equal(flock(fd, LOCK_SH), 0); /* as if that user's process held it */
     int reports = 0;
-    assert_int_equal(shm_wait_freed(count_waits, &reports), 0);
+    assert_int_equal(shm_wait_freed(count_waits, NULL, &reports), 0);
     assert_int_equal(reports, 0);
     char err[256] = "";
     shm_seg_t *s = NULL;
@@ -615,6 +645,7 @@ int main(void)
         T(test_shm_job_lock_is_exclusive_and_shared_with_a_forked_child),
         T(test_shm_remove_all_async_frees_the_names_at_once_and_the_memory_after),
         T(test_shm_wait_freed_waits_for_a_freer_and_removes_what_a_dead_one_left),
+        T(test_shm_wait_freed_ends_when_stop_says_so_between_reports),
         T(test_shm_another_users_lock_file_is_not_waited_on),
     };
     return tu_run_group_tests(tests, NULL, NULL);

@@ -130,7 +130,7 @@ static int launch(int argc, char **argv, int dry_run)
     }
     /* the memory plan, before any process or segment is made, once the memory of a run stopped
      * just before is free (a Ctrl-C returns before the kernel has freed it: shm.h) */
-    shm_wait_freed(shm_say_freeing, (void *)"launch");
+    shm_wait_freed(shm_say_freeing, NULL, (void *)"launch");
     int rc = check_plan(&m, dry_run);
     if (rc || dry_run)
         return rc;

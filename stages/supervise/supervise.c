@@ -381,14 +381,20 @@ static int give_up(sup_t *s, const failure_t *f, int64_t from)
     return 1;
 }
 
-/* shm_wait_freed's report before a relaunch; a stop signal ends the wait (its signals are
- * blocked here: read from the signalfd). */
-static int relaunch_waiting(void *arg, double bytes)
+/* shm_wait_freed's stop before a relaunch: a stop signal ends the wait (the supervisor's signals
+ * are blocked: read from the signalfd). */
+static int relaunch_stopped(void *arg)
 {
     sup_t *s = arg;
-    shm_say_freeing((void *)"ctitan", bytes);
     read_signals(s);
     return s->stop_sig;
+}
+
+/* ... and its report, as the launch's wait says it. */
+static int relaunch_say(void *arg, double bytes)
+{
+    (void)arg;
+    return shm_say_freeing((void *)"ctitan", bytes);
 }
 
 /* The memory plan of the relaunch, as `ctitan launch` checks it before the first run, once the
@@ -398,7 +404,7 @@ static int relaunch_waiting(void *arg, double bytes)
 static int plan_relaunch(sup_t *s)
 {
     char err[4096];
-    if (shm_wait_freed(relaunch_waiting, s) == -ECANCELED)
+    if (shm_wait_freed(relaunch_say, relaunch_stopped, s) == -ECANCELED)
         return 128 + s->stop_sig;
     int rc = plan_fits(&s->m, err, sizeof(err));
     if (!rc)

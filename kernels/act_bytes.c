@@ -60,12 +60,14 @@ static size_t rest_bytes(const model_config_t *c, int cuda, int head, int embed,
             add(&a, N * D, 4); /* dh0 */
         return a.bytes;
     }
-    add(&a, N, 4), add(&a, N, 4), add(&a, N * D, 4);    /* tokens, targets, io */
+    add(&a, N, 4), add(&a, N, 4);                       /* tokens, targets */
+    if (!head || !embed)
+        add(&a, N * D, 4);                              /* io: host hand-offs */
     add(&a, N * D, 2), add(&a, N * D, 2);               /* x_top, d_bottom */
     add(&a, N * F, 2), add(&a, N * S, 2);               /* s_dm, s_dy */
     add(&a, (size_t)B * c->n_heads * T, 4);             /* delta */
     if (head) {
-        add(&a, N * D, 2), add(&a, N * V, 2), add(&a, N * D, 2); /* hf, logits, dhf */
+        add(&a, N * D, 2), add(&a, N * D, 2);            /* hf, dhf (the logits: model_act_size_t head) */
         add(&a, N, 4), add(&a, N, 4);                            /* rf, loss */
     }
     return a.bytes;
@@ -94,6 +96,11 @@ int model_act_bytes(const model_config_t *cfg, int p0, int p1, int B, int T, mod
     out->unit_g = layer_bytes(cfg, cuda, w.mask[WS_G], B, T);
     out->units_fused = w.min[WS_W];
     out->units_g_fused = w.min[WS_G];
+    if (cuda && p1 == cfg->n_layers + 2) {
+        acc_t h = {1, 0};
+        add(&h, (size_t)act_head_rows(cfg, B * T) * cfg->vocab_size, 2);
+        out->head = h.bytes;
+    }
     return 0;
 }
 
@@ -104,5 +111,5 @@ size_t model_act_total(const model_act_size_t *s, int in_flight, int held_w)
         units = (size_t)held_w * (size_t)s->ckpt_layers + 1;
     if ((size_t)held_w * (size_t)s->keep_layers > units_g) /* each held microbatch: all of its layers' */
         units_g = (size_t)held_w * (size_t)s->keep_layers;
-    return (size_t)in_flight * s->per_mb + units * s->unit + s->unit_b + units_g * s->unit_g;
+    return (size_t)in_flight * s->per_mb + units * s->unit + s->unit_b + units_g * s->unit_g + s->head;
 }

@@ -32,6 +32,8 @@ typedef struct {
     int keep_layers;    /* held layers that are not checkpointed */
     int units_g_fused;  /* gradient work sets when every W runs with its B: 2 when two layers
                          * that are not checkpointed are adjacent, 1 with one, else 0 */
+    size_t head;        /* the CUDA head's logits chunk (act_head_rows x vocabulary, bf16), one
+                         * for all microbatches: 0 on the CPU and without the head */
 } model_act_size_t;
 
 /* Pieces [p0, p1) of a validated cfg (params_piece_range order), [B, T] microbatches. Returns
@@ -45,7 +47,7 @@ int model_act_bytes(const model_config_t *cfg, int p0, int p1, int B, int T, mod
  * then runs them together and units_fused and units_g_fused work sets do), plus unit_b. With
  * held_w > 0 an upper bound: the work sets grow to what the schedule needs, at most
  * held_w x ckpt_layers + 1 of `unit` and held_w x keep_layers of `unit_g` (a stage that runs
- * B and W apart while its schedule has W right after B: held_w 1). */
+ * B and W apart while its schedule has W right after B: held_w 1). The head's chunk once. */
 size_t model_act_total(const model_act_size_t *s, int in_flight, int held_w);
 
 #endif

@@ -18,6 +18,20 @@
 enum { G_IN = 1, G_OPB = 2, G_REST = 4, G_GRAD = 8, G_OPW = 16, G_ALL = 31 };
 enum { WS_W = 0, WS_B = 1, WS_G = 2, WS_KINDS = 3 };
 
+/* The CUDA head's logits chunk (kernels/cuda/model.cu): a microbatch's N rows go through the
+ * head this many at a time (cfg->head_rows, else as many as ACT_HEAD_CHUNK_BYTES of bf16 logits
+ * hold, a multiple of 64, at least 64), each chunk's logits, loss gradients and products made in
+ * one buffer the model's microbatches share, so no microbatch keeps its N x V logits. */
+#define ACT_HEAD_CHUNK_BYTES ((size_t)64 << 20)
+static inline int act_head_rows(const model_config_t *cfg, int N)
+{
+    size_t r = cfg->head_rows > 0 ? (size_t)cfg->head_rows
+                                  : ACT_HEAD_CHUNK_BYTES / (2 * (size_t)cfg->vocab_size) / 64 * 64;
+    if (r < 64 && cfg->head_rows <= 0)
+        r = 64;
+    return r < (size_t)N ? (int)r : N;
+}
+
 /* The groups a layer that keeps k keeps from its F to its backward. */
 static inline int act_keep_mask(config_keep_t k)
 {

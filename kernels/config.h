@@ -41,6 +41,13 @@ typedef struct {
      * the held pieces' range whose weights and gradients this replica keeps; 0, 0: all of it.
      * How the model is held, not what it is (as ac_mode). */
     size_t own_begin, own_end;
+    /* The CUDA head makes its logits a chunk of rows at a time, the loss's gradients and the
+     * head's products with each (act_head_rows): rows a chunk, 0 = as many as fit
+     * ACT_HEAD_CHUNK_BYTES (tests give fewer). How the model computes (as ac_mode). */
+    int head_rows;
+    /* A model whose forwards no backward follows (the evaluations): the CUDA head then computes
+     * the loss alone, not its gradients. How the model computes (as ac_mode). */
+    int forward_only;
 } model_config_t;
 
 typedef enum { CONFIG_AC_NONE = 0, CONFIG_AC_FULL = 1, CONFIG_AC_SELECTIVE = 2 } config_ac_mode_t;

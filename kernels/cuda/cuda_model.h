@@ -45,14 +45,16 @@ int cuda_model_acts_new(cuda_model_acts_t **out, cuda_model_t *m, int B, int T);
 void cuda_model_acts_destroy(cuda_model_acts_t **a);
 /* Device bytes of one microbatch's storage (model_act_bytes, kernels/act_bytes.h, with
  * MODEL_ACT_CUDA says the same beforehand), and of the model's recompute work sets (as
- * model_work_bytes in kernels/cpu/model.h). */
+ * model_work_bytes in kernels/cpu/model.h) and the head's logits chunk (model_act_size_t head). */
 size_t cuda_model_acts_bytes(const cuda_model_acts_t *a);
 size_t cuda_model_work_bytes(const cuda_model_t *m);
 
 /* As model_forward: tokens [B*T] with the embedding, else x_in [B*T, dim]; with the head and
  * targets, *loss is the sum of per-token losses (gradients scaled by dscale); without the head
  * x_out [B*T, dim] receives the output. Host arrays; returns when done (with the head and loss
- * NULL: once queued, the sum kept for cuda_model_loss_take). */
+ * NULL: once queued, the sum kept for cuda_model_loss_take). With the head and targets it also
+ * runs the head's own backward, B and W (its weight gradients added here, unless the model is
+ * forward_only): the logits are made a chunk at a time and never kept (model.cu head_forward). */
 int cuda_model_forward(cuda_model_t *m, cuda_model_acts_t *a, const int32_t *tokens, const float *x_in,
                        const int32_t *targets, float dscale, float *x_out, double *loss);
 /* As model_backward_b: dy [B*T, dim] (ignored with the head), dx [B*T, dim] unless the model

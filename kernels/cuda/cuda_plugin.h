@@ -13,7 +13,8 @@
  * 9 the backend's backward (B then W: activation checkpointing) after backward_w, version 10
  * NCCL's broadcast and reduce (parameter sharding), version 11 the bf16 reduce and the
  * bf16-into-fp32 add of a bf16 gradient reduce (training.mixed_precision_reduce), version 12
- * the backend's loss_take after step_end (the head's loss read once a step). */
+ * the backend's loss_take after step_end (the head's loss read once a step), version 13
+ * model_config_t's head_rows and forward_only (the head's logits a chunk at a time). */
 #ifndef CTITAN_CUDA_PLUGIN_H
 #define CTITAN_CUDA_PLUGIN_H
 
@@ -22,7 +23,7 @@
 #include "kernels/cuda/cuda_infer.h"
 #include "kernels/cuda/cuda_nccl.h"
 
-#define CUDA_PLUGIN_VERSION 12
+#define CUDA_PLUGIN_VERSION 13
 
 typedef struct {
     int version;

@@ -94,6 +94,10 @@ struct cuda_model {
     cudnn_sdpa_t *sdpa;
     struct { int B, T; bool cudnn; } seen[8];
     int n_seen;
+    /* The head's logits, act_head_rows of them at a time (forward): one chunk for every
+     * microbatch, made at acts_new for the largest and kept. */
+    bf16_t *head_buf;
+    size_t head_bytes;
 };
 
 typedef struct {
@@ -107,9 +111,11 @@ struct cuda_model_acts {
     void *base;                     /* the one device allocation */
     layer_acts_t *l;
     int32_t *tokens, *targets;      /* (N) device */
-    float *io;                      /* (N, D) fp32 device: hand-offs in and out */
+    float *io;                      /* (N, D) fp32 device: hand-offs in and out (none when the
+                                     * model holds both the embedding and the head) */
     bf16_t *x_first, *x_top;        /* (N, D): input of the first layer, output of the last */
-    bf16_t *hf, *logits, *dhf;      /* head: (N, D), (N, V), (N, D) */
+    bf16_t *hf, *dhf;               /* head: (N, D), (N, D): the final norm's output, its gradient
+                                     * (the logits are the model's head_buf, a chunk at a time) */
     float *rf, *loss;               /* (N) */
     bf16_t *d_bottom;               /* (N, D): gradient of the held pieces' input */
     bf16_t *s_dm, *s_dy;            /* scratch (N, F), (N, max(QD, D)) */
@@ -276,6 +282,7 @@ extern "C" void cuda_model_destroy(cuda_model_t **pm)
     cudnn_sdpa_close(&m->sdpa);
     cudaFree(m->w);
     cudaFree(m->g);
+    cudaFree(m->head_buf);
     cudaFree(m->rope_cos);
     cudaFree(m->rope_sin);
     cudaFreeHost(m->staging);
@@ -460,7 +467,7 @@ static size_t carve_layer(const cuda_model_t *m, layer_acts_t *L, char *base, in
 
 static size_t carve(const cuda_model_t *m, cuda_model_acts_t *a, char *base)
 {
-    size_t N = a->N, D = m->D, QD = m->QD, F = m->F, V = m->V, BHT = (size_t)a->B * m->H * a->T;
+    size_t N = a->N, D = m->D, QD = m->QD, F = m->F, BHT = (size_t)a->B * m->H * a->T;
     size_t off = 0;
 #define T16(n) (bf16_t *)take(base, &off, (n), 2)
 #define T32(n) (float *)take(base, &off, (n), 4)
@@ -468,14 +475,14 @@ static size_t carve(const cuda_model_t *m, cuda_model_acts_t *a, char *base)
         off += carve_layer(m, &a->l[i], base ? base + off : NULL, held_mask(m, i), a->B, a->T);
     a->tokens = (int32_t *)take(base, &off, N, 4);
     a->targets = (int32_t *)take(base, &off, N, 4);
-    a->io = T32(N * D);
+    a->io = m->has_embed && m->has_head ? NULL : T32(N * D);
     a->x_top = T16(N * D);
     a->d_bottom = T16(N * D);
     a->s_dm = T16(N * F);
     a->s_dy = T16(N * (QD > D ? QD : D));
     a->delta = T32(BHT);
     if (m->has_head) {
-        a->hf = T16(N * D); a->logits = T16(N * V); a->dhf = T16(N * D);
+        a->hf = T16(N * D); a->dhf = T16(N * D);
         a->rf = T32(N); a->loss = T32(N);
     }
 #undef T16
@@ -484,6 +491,23 @@ static size_t carve(const cuda_model_t *m, cuda_model_acts_t *a, char *base)
 }
 
 static int dev_alloc(void **p, size_t bytes) { return cuda_rc(cudaMalloc(p, bytes), "cudaMalloc (a work set)"); }
+
+/* The head's chunk for N-row microbatches (act_head_rows; the same rounding as act_bytes.c's):
+ * a larger one replaces it, once the stream has run what reads it. */
+static int head_fit(cuda_model_t *m, int N)
+{
+    if (!m->has_head)
+        return 0;
+    size_t need = ((size_t)act_head_rows(&m->cfg, N) * m->V * 2 + 255) / 256 * 256;
+    if (need <= m->head_bytes)
+        return 0;
+    CU(cudaStreamSynchronize(m->stream));
+    cudaFree(m->head_buf);
+    m->head_buf = NULL, m->head_bytes = 0;
+    CU(cudaMalloc((void **)&m->head_buf, need));
+    m->head_bytes = need;
+    return 0;
+}
 
 /* Sizes the work sets for [B, T] microbatches (a larger one made while none is in use replaces
  * them) and makes what a forward and a backward with its W hold (min). */
@@ -560,6 +584,8 @@ extern "C" int cuda_model_acts_new(cuda_model_acts_t **out, cuda_model_t *m, int
         rc = cuda_rc(cudaMalloc(&a->base, bytes), "cudaMalloc (activations)");
     if (!rc)
         rc = units_fit(m, B, T);
+    if (!rc)
+        rc = head_fit(m, a->N);
     if (rc) {
         cuda_model_acts_destroy(&a);
         return rc;
@@ -919,6 +945,37 @@ extern "C" int cuda_model_loss_take(cuda_model_t *m, double *loss)
 
 extern "C" void cuda_model_loss_drop(cuda_model_t *m) { m->n_kept = 0; }
 
+/* The head past its norm, act_head_rows rows at a time in head_buf: their logits, each token's
+ * loss and the loss's gradient in the logits' place (cuda_xent), then, unless the model is
+ * forward_only, the head's B for those rows (dhf's) and its W (the output projection's
+ * gradient; the final norm's once dhf is whole). A backward then needs no logits, so no
+ * microbatch keeps its N x V of them (only what came before: the head's W used to run in its
+ * backward). The head's W runs in its forward, so in the forwards' microbatch order, the order
+ * every schedule keeps W in (sched_check); into the gradients the shards cleared at the last
+ * UPDATE, as before the next STEP. */
+static int head_forward(cuda_model_t *m, cuda_model_acts_t *a, float dscale)
+{
+    int N = a->N, D = m->D, V = m->V, rows = act_head_rows(&m->cfg, N), grads = !m->cfg.forward_only, rc;
+    void *s = m->stream;
+    size_t lo = 0, hi = 0;
+    if (grads && (rc = grads_take(m, m->cfg.n_layers + 1, &lo, &hi)))
+        return rc;
+    for (int r = 0; r < N; r += rows) {
+        int n = N - r < rows ? N - r : rows;
+        const bf16_t *hf = a->hf + (size_t)r * D;
+        MM(cuda_matmul_fwd(m->mm, m->head_buf, hf, m->out, n, D, V, s));
+        NN(cuda_xent(m->head_buf, a->loss + r, m->head_buf, a->targets + r, n, V, dscale, s)); /* in place */
+        if (!grads)
+            continue;
+        MM(cuda_matmul_bwd_x(m->mm, a->dhf + (size_t)r * D, m->head_buf, m->out, n, D, V, 0, s));
+        MM(cuda_matmul_bwd_w(m->mm, m->d_out, m->head_buf, hf, n, D, V, s));
+    }
+    if (!grads)
+        return 0;
+    NN(cuda_rmsnorm_bwd_w(m->d_norm, a->dhf, a->x_top, a->rf, N, D, s));
+    return grads_give(m, lo, hi);
+}
+
 /* The forward with host fp32 hand-offs (dev = 0) or device bf16 ones (dev = 1). */
 static int forward(cuda_model_t *m, cuda_model_acts_t *a, const int32_t *tokens, const void *x_in,
                    const int32_t *targets, float dscale, void *x_out, double *loss, int dev)
@@ -972,13 +1029,13 @@ static int forward(cuda_model_t *m, cuda_model_acts_t *a, const int32_t *tokens,
     if ((rc = piece_weights(m, m->cfg.n_layers + 1, -1)))
         return rc;
     NN(cuda_rmsnorm_fwd(a->hf, a->rf, a->x_top, m->norm, (int)N, (int)D, (float)m->cfg.norm_eps, s));
-    MM(cuda_matmul_fwd(m->mm, a->logits, a->hf, m->out, (int)N, (int)D, m->V, s));
-    if (!targets) {
+    if (!targets) { /* nothing reads logits made here (the CPU model's sampling has its own) */
         CU(cudaStreamSynchronize(m->stream));
         return 0;
     }
     CU(cudaMemcpyAsync(a->targets, targets, N * sizeof(int32_t), cudaMemcpyHostToDevice, m->stream));
-    NN(cuda_xent(a->logits, a->loss, a->logits, a->targets, (int)N, m->V, dscale, s)); /* dlogits in place */
+    if ((rc = head_forward(m, a, dscale)))
+        return rc;
     float *h; /* kept: the copy lands by the take's synchronisation */
     if ((rc = kept_block(m, N, &h)))
         return rc;
@@ -1004,7 +1061,6 @@ extern "C" int cuda_model_forward_dev(cuda_model_t *m, cuda_model_acts_t *a, con
     return forward(m, a, tokens, x_in, targets, dscale, x_out, loss, 1);
 }
 
-static int backward_w_head(cuda_model_t *m, cuda_model_acts_t *a);
 static int backward_w_embed(cuda_model_t *m, cuda_model_acts_t *a);
 
 /* Backward B, and with fuse each layer's W right after its B (the same bits as B then W: a W
@@ -1017,13 +1073,15 @@ static int backward_b(cuda_model_t *m, cuda_model_acts_t *a, const void *dy, voi
     size_t N = a->N, D = m->D;
     void *s = m->stream;
     int rc, L = m->nl;
+    if (m->cfg.forward_only)
+        return cuda_err(-EINVAL, "a backward of a model made forward_only");
     if (L && (rc = unit_take(m, a, L - 1, grads_kind(m, L - 1))))
         return rc;
     bf16_t *top = m->nl ? a->l[m->nl - 1].df : a->d_bottom;
     if (m->has_head) {
         if ((rc = piece_weights(m, m->cfg.n_layers + 1, m->nl ? m->layer0 + m->nl : -1)))
             return rc;
-        MM(cuda_matmul_bwd_x(m->mm, a->dhf, a->logits, m->out, (int)N, (int)D, m->V, 0, s));
+        /* dhf and the head's W came with its forward (head_forward) */
         NN(cuda_rmsnorm_bwd_x(top, a->dhf, a->x_top, a->rf, m->norm, (int)N, (int)D, 0, s));
     } else if (dev) {
         CU(cudaMemcpyAsync(top, dy, N * D * sizeof(bf16_t), cudaMemcpyDeviceToDevice, m->stream));
@@ -1035,8 +1093,6 @@ static int backward_b(cuda_model_t *m, cuda_model_acts_t *a, const void *dy, voi
     /* device hand-off without the embedding: the first layer writes the ring slot itself (only
      * the embedding's W reads d_bottom) */
     bf16_t *bottom = dev && !m->has_embed && m->nl ? (bf16_t *)dx : a->d_bottom;
-    if (fuse && m->has_head && (rc = backward_w_head(m, a)))
-        return rc;
     for (int i = m->nl - 1; i >= 0; i--) {
         int ck = keep_of(m, i) != CONFIG_KEEP_ALL;
         if (i > 0 && (rc = unit_take(m, a, i - 1, grads_kind(m, i - 1))))
@@ -1096,20 +1152,7 @@ extern "C" size_t cuda_model_work_bytes(const cuda_model_t *m)
     size_t bytes = 0;
     for (int k = 0; k < WS_KINDS; k++)
         bytes += (size_t)m->ws[k].n * m->ws[k].bytes;
-    return bytes;
-}
-
-static int backward_w_head(cuda_model_t *m, cuda_model_acts_t *a)
-{
-    int N = a->N, D = m->D;
-    void *s = m->stream;
-    size_t lo = 0, hi = 0;
-    int rc = grads_take(m, m->cfg.n_layers + 1, &lo, &hi);
-    if (rc)
-        return rc;
-    MM(cuda_matmul_bwd_w(m->mm, m->d_out, a->logits, a->hf, N, D, m->V, s));
-    NN(cuda_rmsnorm_bwd_w(m->d_norm, a->dhf, a->x_top, a->rf, N, D, s));
-    return grads_give(m, lo, hi);
+    return bytes + m->head_bytes;
 }
 
 static int backward_w_embed(cuda_model_t *m, cuda_model_acts_t *a)
@@ -1125,9 +1168,7 @@ static int backward_w_embed(cuda_model_t *m, cuda_model_acts_t *a)
 extern "C" int cuda_model_backward_w(cuda_model_t *m, cuda_model_acts_t *a)
 {
     int rc;
-    if (m->has_head && (rc = backward_w_head(m, a)))
-        return rc;
-    for (int i = m->nl - 1; i >= 0; i--) {
+    for (int i = m->nl - 1; i >= 0; i--) { /* the head's W ran in its forward */
         if ((rc = layer_backward_w(m, a, i)))
             return rc;
         unit_give(m, a, i, grads_kind(m, i));

@@ -63,6 +63,7 @@ double eval_loss_on(const backend_t *be, const model_config_t *cfg, float *w, co
 {
     model_config_t c = *cfg;
     c.ac_mode = CONFIG_AC_FULL; /* as eval_loss: one layer's activations at a time */
+    c.forward_only = 1;         /* no backward: the CUDA head computes the loss alone */
     int N = B * T, vb = 0, rc = 0;
     double sum = 0, loss;
     param_table_t tab = {0};

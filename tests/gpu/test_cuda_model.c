@@ -167,6 +167,80 @@ static void test_cuda_model_matches_the_cpu_model_whole_and_split(void **state)
     free(w), free(gc), free(gg);
 }
 
+/* The head makes its logits a chunk of rows at a time (cfg.head_rows; a last chunk shorter) and
+ * runs its own backward in its forward: the loss and gradients still match the CPU model's, and
+ * a microbatch's storage has no N x V logits (the chunk is the model's, in its work bytes). A
+ * forward_only model (the evaluations) gives the same loss bit for bit, adds no gradient and
+ * refuses a backward. */
+static void test_cuda_model_head_in_chunks_and_forward_only(void **state)
+{
+    need_gpu();
+    model_config_t c = config();
+    c.head_rows = 7;
+    param_table_t tab;
+    assert_int_equal(params_table_init(&tab, &c), 0);
+    float *w = malloc(tab.total * sizeof(float)), *gc = calloc(tab.total, sizeof(float));
+    float *gg = calloc(tab.total, sizeof(float));
+    params_init(&tab, &c, 3, w, 0, tab.total);
+    enum { B = SIM_OR(1, 2), T = SIM_OR(24, 64) };
+    int32_t tok[B * T], tgt[B * T];
+    uint64_t s = 11;
+    for (int i = 0; i < B * T; i++)
+        tok[i] = (int32_t)(tu_next(&s) % 256), tgt[i] = (int32_t)(tu_next(&s) % 256);
+    model_t *cm = model_new(&c, 0, c.n_layers + 2, w, gc, NULL);
+    model_acts_t *ca = model_acts_new(cm, B, T);
+    double want = model_forward(cm, ca, tok, NULL, tgt, 1.0f / (B * T), NULL) / (B * T);
+    model_backward_b(cm, ca, NULL, NULL);
+    model_backward_w(cm, ca);
+    int whole[2] = {0, c.n_layers + 2}, split[3] = {0, 2, c.n_layers + 2};
+    double got = gpu_run(&c, &tab, w, gg, whole, 1, tok, tgt, B, T);
+    print_message("loss in chunks of %d rows: cpu %.6f, gpu %.6f\n", c.head_rows, want, got);
+    assert_true(fabs(got - want) <= LOSS_RTOL * want);
+    compare_grads(&tab, gg, gc);
+    memset(gg, 0, tab.total * sizeof(float));
+    double got2 = gpu_run(&c, &tab, w, gg, split, 2, tok, tgt, B, T);
+    assert_true(fabs(got2 - want) <= LOSS_RTOL * want);
+    compare_grads(&tab, gg, gc);
+    /* the sizes: the plan's, and no logits in a microbatch's storage */
+    model_act_size_t z, z1;
+    assert_int_equal(model_act_bytes(&c, 0, c.n_layers + 2, B, T, MODEL_ACT_CUDA, &z), 0);
+    assert_int_equal(z.head, ((size_t)7 * c.vocab_size * 2 + 255) / 256 * 256);
+    model_config_t c1 = c;
+    c1.head_rows = 0; /* a chunk as large as the microbatch here */
+    assert_int_equal(model_act_bytes(&c1, 0, c.n_layers + 2, B, T, MODEL_ACT_CUDA, &z1), 0);
+    assert_int_equal(z1.head, ((size_t)B * T * c.vocab_size * 2 + 255) / 256 * 256);
+    assert_int_equal(z1.per_mb, z.per_mb);
+    cuda_model_t *m;
+    cuda_model_acts_t *a;
+    CK(cuda_model_new(&m, &c, 0, c.n_layers + 2));
+    CK(cuda_model_set_weights(m, w));
+    CK(cuda_model_acts_new(&a, m, B, T));
+    assert_int_equal(cuda_model_acts_bytes(a), z.per_mb);
+    assert_int_equal(cuda_model_work_bytes(m), z.units_fused * z.unit + z.unit_b + z.units_g_fused * z.unit_g + z.head);
+    double train = 0, only = 0;
+    CK(cuda_model_forward(m, a, tok, NULL, tgt, 1.0f / (B * T), NULL, &train));
+    cuda_model_acts_destroy(&a);
+    cuda_model_destroy(&m);
+    model_config_t fo = c;
+    fo.forward_only = 1;
+    CK(cuda_model_new(&m, &fo, 0, c.n_layers + 2));
+    CK(cuda_model_set_weights(m, w));
+    CK(cuda_model_acts_new(&a, m, B, T));
+    CK(cuda_model_forward(m, a, tok, NULL, tgt, 1.0f / (B * T), NULL, &only));
+    assert_memory_equal(&only, &train, sizeof(double));
+    CK(cuda_model_take_grads(m, gg));
+    for (size_t i = 0; i < tab.total; i++)
+        if (gg[i] != 0.0f)
+            fail_msg("forward_only added a gradient at %zu: %g", i, gg[i]);
+    assert_int_equal(cuda_model_backward_b(m, a, NULL, NULL), -EINVAL);
+    cuda_model_acts_destroy(&a);
+    cuda_model_destroy(&m);
+    model_acts_destroy(&ca);
+    model_destroy(&cm);
+    params_table_free(&tab);
+    free(w), free(gc), free(gg);
+}
+
 /* Parameter sharding (cuda_model_shard): a model made with a part [own_begin, own_end) holds only
  * that part (cuda_model_buffers), takes every piece's weights from io before its forward and
  * backward (here: pointers into a whole model's device weights), and gives each piece's
@@ -308,7 +382,7 @@ static double ac_run(model_config_t c, const param_table_t *tab, const float *w,
         model_act_size_t z;
         assert_int_equal(model_act_bytes(&c, cuts[s], cuts[s + 1], B, T, MODEL_ACT_CUDA, &z), 0);
         assert_int_equal(z.per_mb, cuda_model_acts_bytes(a[s][0])); /* the plan's figure is the model's */
-        assert_int_equal(z.units_fused * z.unit + z.unit_b + z.units_g_fused * z.unit_g,
+        assert_int_equal(z.units_fused * z.unit + z.unit_b + z.units_g_fused * z.unit_g + z.head,
                          cuda_model_work_bytes(m[s])); /* made with the first acts */
         *acts += z.per_mb;
     }
@@ -368,8 +442,9 @@ static void test_cuda_model_activation_checkpointing_is_bitwise_and_saves_memory
     size_t rest = 2 * N * (3 * D + 2 * QD + 2 * KD + 3 * F) + 2 * R256(4 * N) + R256(4 * B * H * T);
     size_t ops = 2 * N * (2 * QD + 2 * KD + D + 2 * F) + R256(4 * B * H * T);
     size_t grad = 2 * N * (4 * D + QD + 2 * KD + 2 * F);
+    size_t head = R256(2 * N * (size_t)c.vocab_size); /* the second stage's logits chunk: N rows here */
 #undef R256
-    assert_int_equal(work0, 2 * 2 * grad); /* W held back: each stage's one layer, two microbatches */
+    assert_int_equal(work0, 2 * 2 * grad + head); /* W held back: each stage's one layer, two microbatches */
     struct { int mode, every, fused; size_t saved; } modes[] = {
         {CONFIG_AC_FULL, 0, 1, 2 * rest}, {CONFIG_AC_FULL, 0, 0, 2 * rest},
         {CONFIG_AC_SELECTIVE, 2, 0, rest}, {CONFIG_AC_SELECTIVE, 0, 1, 2 * (rest - ops)},
@@ -387,7 +462,7 @@ static void test_cuda_model_activation_checkpointing_is_bitwise_and_saves_memory
         assert_int_equal(acts0 - acts, modes[i].saved);
         assert_true(work > 0);
         if (modes[i].mode == CONFIG_AC_NONE) /* W fused: one layer's gradients a stage alive */
-            assert_int_equal(work, 2 * grad);
+            assert_int_equal(work, 2 * grad + head);
     }
     params_table_free(&tab);
     free(w), free(g0), free(g);
@@ -514,6 +589,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cuda_model_matches_the_cpu_model_whole_and_split),
+        cmocka_unit_test(test_cuda_model_head_in_chunks_and_forward_only),
         cmocka_unit_test(test_cuda_model_activation_checkpointing_is_bitwise_and_saves_memory),
         cmocka_unit_test(test_cuda_model_shard_io_matches_the_whole_model_bitwise),
         cmocka_unit_test(test_cuda_model_attention_choice),

@@ -949,10 +949,9 @@ extern "C" void cuda_model_loss_drop(cuda_model_t *m) { m->n_kept = 0; }
  * loss and the loss's gradient in the logits' place (cuda_xent), then, unless the model is
  * forward_only, the head's B for those rows (dhf's) and its W (the output projection's
  * gradient; the final norm's once dhf is whole). A backward then needs no logits, so no
- * microbatch keeps its N x V of them (only what came before: the head's W used to run in its
- * backward). The head's W runs in its forward, so in the forwards' microbatch order, the order
- * every schedule keeps W in (sched_check); into the gradients the shards cleared at the last
- * UPDATE, as before the next STEP. */
+ * microbatch keeps its N x V of them. The head's W thus runs in its forward, in the forwards'
+ * microbatch order, the order every schedule keeps W in (sched_check), adding into gradients
+ * the shards cleared at the last UPDATE, which returned before this step's STEP was sent. */
 static int head_forward(cuda_model_t *m, cuda_model_acts_t *a, float dscale)
 {
     int N = a->N, D = m->D, V = m->V, rows = act_head_rows(&m->cfg, N), grads = !m->cfg.forward_only, rc;

@@ -127,6 +127,27 @@ static void compare_grads(const param_table_t *tab, const float *got, const floa
     }
 }
 
+enum { REF_B = SIM_OR(1, 2), REF_T = SIM_OR(24, 64) };
+
+/* The CPU model's loss over a [REF_B, REF_T] batch drawn from seed, its gradients in gc; the
+ * weights w (initialised), tokens and targets as it used them. */
+static double cpu_reference(const model_config_t *c, const param_table_t *tab, uint64_t seed, float *w, float *gc,
+                            int32_t *tok, int32_t *tgt)
+{
+    enum { B = REF_B, T = REF_T };
+    params_init(tab, c, 3, w, 0, tab->total);
+    for (int i = 0; i < B * T; i++)
+        tok[i] = (int32_t)(tu_next(&seed) % 256), tgt[i] = (int32_t)(tu_next(&seed) % 256);
+    model_t *cm = model_new(c, 0, c->n_layers + 2, w, gc, NULL);
+    model_acts_t *ca = model_acts_new(cm, B, T);
+    double want = model_forward(cm, ca, tok, NULL, tgt, 1.0f / (B * T), NULL) / (B * T);
+    model_backward_b(cm, ca, NULL, NULL);
+    model_backward_w(cm, ca);
+    model_acts_destroy(&ca);
+    model_destroy(&cm);
+    return want;
+}
+
 static void test_cuda_model_matches_the_cpu_model_whole_and_split(void **state)
 {
     need_gpu();
@@ -135,18 +156,9 @@ static void test_cuda_model_matches_the_cpu_model_whole_and_split(void **state)
     assert_int_equal(params_table_init(&tab, &c), 0);
     float *w = malloc(tab.total * sizeof(float)), *gc = calloc(tab.total, sizeof(float));
     float *gg = calloc(tab.total, sizeof(float));
-    params_init(&tab, &c, 3, w, 0, tab.total);
-    enum { B = SIM_OR(1, 2), T = SIM_OR(24, 64) };
+    enum { B = REF_B, T = REF_T };
     int32_t tok[B * T], tgt[B * T];
-    uint64_t s = 5;
-    for (int i = 0; i < B * T; i++)
-        tok[i] = (int32_t)(tu_next(&s) % 256), tgt[i] = (int32_t)(tu_next(&s) % 256);
-    /* the CPU reference */
-    model_t *cm = model_new(&c, 0, c.n_layers + 2, w, gc, NULL);
-    model_acts_t *ca = model_acts_new(cm, B, T);
-    double want = model_forward(cm, ca, tok, NULL, tgt, 1.0f / (B * T), NULL) / (B * T);
-    model_backward_b(cm, ca, NULL, NULL);
-    model_backward_w(cm, ca);
+    double want = cpu_reference(&c, &tab, 5, w, gc, tok, tgt);
     /* whole, then two stages: embedding + layer 0 | the rest */
     int whole[2] = {0, c.n_layers + 2}, split[3] = {0, 2, c.n_layers + 2};
     double got = gpu_run(&c, &tab, w, gg, whole, 1, tok, tgt, B, T);
@@ -161,8 +173,6 @@ static void test_cuda_model_matches_the_cpu_model_whole_and_split(void **state)
     double got2 = gpu_run(&c, &tab, w, gg, split, 2, tok, tgt, B, T);
     assert_true(fabs(got2 - want) <= LOSS_RTOL * want);
     compare_grads(&tab, gg, gc);
-    model_acts_destroy(&ca);
-    model_destroy(&cm);
     params_table_free(&tab);
     free(w), free(gc), free(gg);
 }
@@ -181,17 +191,9 @@ static void test_cuda_model_head_in_chunks_and_forward_only(void **state)
     assert_int_equal(params_table_init(&tab, &c), 0);
     float *w = malloc(tab.total * sizeof(float)), *gc = calloc(tab.total, sizeof(float));
     float *gg = calloc(tab.total, sizeof(float));
-    params_init(&tab, &c, 3, w, 0, tab.total);
-    enum { B = SIM_OR(1, 2), T = SIM_OR(24, 64) };
+    enum { B = REF_B, T = REF_T };
     int32_t tok[B * T], tgt[B * T];
-    uint64_t s = 11;
-    for (int i = 0; i < B * T; i++)
-        tok[i] = (int32_t)(tu_next(&s) % 256), tgt[i] = (int32_t)(tu_next(&s) % 256);
-    model_t *cm = model_new(&c, 0, c.n_layers + 2, w, gc, NULL);
-    model_acts_t *ca = model_acts_new(cm, B, T);
-    double want = model_forward(cm, ca, tok, NULL, tgt, 1.0f / (B * T), NULL) / (B * T);
-    model_backward_b(cm, ca, NULL, NULL);
-    model_backward_w(cm, ca);
+    double want = cpu_reference(&c, &tab, 11, w, gc, tok, tgt);
     int whole[2] = {0, c.n_layers + 2}, split[3] = {0, 2, c.n_layers + 2};
     double got = gpu_run(&c, &tab, w, gg, whole, 1, tok, tgt, B, T);
     print_message("loss in chunks of %d rows: cpu %.6f, gpu %.6f\n", c.head_rows, want, got);
@@ -236,8 +238,6 @@ static void test_cuda_model_head_in_chunks_and_forward_only(void **state)
     assert_int_equal(cuda_model_backward_b(m, a, NULL, NULL), -EINVAL);
     cuda_model_acts_destroy(&a);
     cuda_model_destroy(&m);
-    model_acts_destroy(&ca);
-    model_destroy(&cm);
     params_table_free(&tab);
     free(w), free(gc), free(gg);
 }

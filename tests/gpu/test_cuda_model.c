@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "kernels/act_bytes.h"
+#include "kernels/act_groups.h"
 #include "kernels/cuda/cuda_model.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cpu/model.h"
@@ -148,33 +149,39 @@ static double cpu_reference(const model_config_t *c, const param_table_t *tab, u
     return want;
 }
 
-static void test_cuda_model_matches_the_cpu_model_whole_and_split(void **state)
+/* The GPU model against the CPU's (cpu_reference, seed), whole and in two stages (embedding +
+ * layer 0 | the rest), the head's loss also kept and read once after the backward. */
+static void check_against_cpu(const model_config_t *c, uint64_t seed)
 {
-    need_gpu();
-    model_config_t c = config();
     param_table_t tab;
-    assert_int_equal(params_table_init(&tab, &c), 0);
+    assert_int_equal(params_table_init(&tab, c), 0);
     float *w = malloc(tab.total * sizeof(float)), *gc = calloc(tab.total, sizeof(float));
     float *gg = calloc(tab.total, sizeof(float));
     enum { B = REF_B, T = REF_T };
     int32_t tok[B * T], tgt[B * T];
-    double want = cpu_reference(&c, &tab, 5, w, gc, tok, tgt);
-    /* whole, then two stages: embedding + layer 0 | the rest */
-    int whole[2] = {0, c.n_layers + 2}, split[3] = {0, 2, c.n_layers + 2};
-    double got = gpu_run(&c, &tab, w, gg, whole, 1, tok, tgt, B, T);
-    print_message("loss: cpu %.6f, gpu %.6f\n", want, got);
+    double want = cpu_reference(c, &tab, seed, w, gc, tok, tgt);
+    int whole[2] = {0, c->n_layers + 2}, split[3] = {0, 2, c->n_layers + 2};
+    double got = gpu_run(c, &tab, w, gg, whole, 1, tok, tgt, B, T);
+    print_message("loss (head in chunks of %d rows): cpu %.6f, gpu %.6f\n", act_head_rows(c, B * T), want, got);
     assert_true(fabs(got - want) <= LOSS_RTOL * want);
     compare_grads(&tab, gg, gc);
     /* the head's loss kept and read once after the backward (no wait in the forward): the same bits */
     memset(gg, 0, tab.total * sizeof(float));
-    double kept = gpu_run_as(&c, &tab, w, gg, whole, 1, tok, tgt, B, T, 1);
+    double kept = gpu_run_as(c, &tab, w, gg, whole, 1, tok, tgt, B, T, 1);
     assert_memory_equal(&kept, &got, sizeof(double));
     memset(gg, 0, tab.total * sizeof(float));
-    double got2 = gpu_run(&c, &tab, w, gg, split, 2, tok, tgt, B, T);
+    double got2 = gpu_run(c, &tab, w, gg, split, 2, tok, tgt, B, T);
     assert_true(fabs(got2 - want) <= LOSS_RTOL * want);
     compare_grads(&tab, gg, gc);
     params_table_free(&tab);
     free(w), free(gc), free(gg);
+}
+
+static void test_cuda_model_matches_the_cpu_model_whole_and_split(void **state)
+{
+    need_gpu();
+    model_config_t c = config();
+    check_against_cpu(&c, 5);
 }
 
 /* The head makes its logits a chunk of rows at a time (cfg.head_rows; a last chunk shorter) and
@@ -187,22 +194,14 @@ static void test_cuda_model_head_in_chunks_and_forward_only(void **state)
     need_gpu();
     model_config_t c = config();
     c.head_rows = 7;
+    check_against_cpu(&c, 11);
     param_table_t tab;
     assert_int_equal(params_table_init(&tab, &c), 0);
     float *w = malloc(tab.total * sizeof(float)), *gc = calloc(tab.total, sizeof(float));
     float *gg = calloc(tab.total, sizeof(float));
     enum { B = REF_B, T = REF_T };
     int32_t tok[B * T], tgt[B * T];
-    double want = cpu_reference(&c, &tab, 11, w, gc, tok, tgt);
-    int whole[2] = {0, c.n_layers + 2}, split[3] = {0, 2, c.n_layers + 2};
-    double got = gpu_run(&c, &tab, w, gg, whole, 1, tok, tgt, B, T);
-    print_message("loss in chunks of %d rows: cpu %.6f, gpu %.6f\n", c.head_rows, want, got);
-    assert_true(fabs(got - want) <= LOSS_RTOL * want);
-    compare_grads(&tab, gg, gc);
-    memset(gg, 0, tab.total * sizeof(float));
-    double got2 = gpu_run(&c, &tab, w, gg, split, 2, tok, tgt, B, T);
-    assert_true(fabs(got2 - want) <= LOSS_RTOL * want);
-    compare_grads(&tab, gg, gc);
+    cpu_reference(&c, &tab, 11, w, gc, tok, tgt);
     /* the sizes: the plan's, and no logits in a microbatch's storage (a vocabulary twice as
      * large leaves it as it is; the chunk, here as large as the microbatch, grows) */
     model_act_size_t z, z1;

@@ -164,6 +164,23 @@ static void test_gpu_check_spent_budget_is_reported_per_step(void **state)
     assert_null(strstr(report, "| ok |"));
 }
 
+/* --only picks steps: "waits" is the breakdown's ~1B row alone (a lease's first call takes it
+ * with bench-gpu), "breakdown" every row of it. */
+static void test_gpu_check_only_waits_is_the_1b_breakdown_alone(void **state)
+{
+    static char report[1 << 16];
+    char env[300], buf[512];
+    need_sim(env, sizeof(env));
+    const char *b1 = "breakdown: ~1B Llama, pp 1, 4x2048", *demo = "breakdown: demo, pp 1, 8x256";
+    assert_int_equal(check(env, "--rehearse --budget 60 --only waits", "waits", report, sizeof(report)), 0);
+    ASSERT_ROW(report, b1, "skipped: no GPU");
+    assert_null(row_of(report, demo, buf, sizeof(buf)));
+    assert_null(row_of(report, "test_model", buf, sizeof(buf)));
+    assert_int_equal(check(env, "--rehearse --budget 60 --only breakdown", "bd", report, sizeof(report)), 0);
+    ASSERT_ROW(report, b1, "skipped: no GPU");
+    ASSERT_ROW(report, demo, "skipped: no GPU");
+}
+
 static void test_gpu_check_rejects_bad_usage(void **state)
 {
     char out[1024];
@@ -181,6 +198,7 @@ int main(void)
         cmocka_unit_test(test_gpu_check_rehearsal_runs_every_step_in_order),
         cmocka_unit_test(test_gpu_check_failures_do_not_stop_the_check),
         cmocka_unit_test(test_gpu_check_spent_budget_is_reported_per_step),
+        cmocka_unit_test(test_gpu_check_only_waits_is_the_1b_breakdown_alone),
         cmocka_unit_test(test_gpu_check_rejects_bad_usage),
     };
     return tu_run_group_tests(tests, setup, teardown);

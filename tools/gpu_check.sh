@@ -17,7 +17,8 @@
 # --budget  seconds for the whole check (default 540: a lease allows 600 a command)
 # --only    a comma list of the steps to run (the device facts always): tests, model (the model
 #           against the CPU, checkpoint and resume, recovery), breakdown (where the step goes,
-#           tools/gpu_breakdown.sh), bench (tools/bench_gpu.sh), stall (a checkpoint's stall),
+#           tools/gpu_breakdown.sh: six jobs, ~3 minutes), waits (of those only the ~1B at pp 1,
+#           its "Where the stage waits" table among its tables, ~50 s), bench (tools/bench_gpu.sh), stall (a checkpoint's stall),
 #           big (issue 24: the 8B's plan, the 3B trained; ~7 minutes: run it on its own), ac
 #           (activation checkpointing's cost and saving on the ~160M, ~1 minute), plan (the
 #           ~1B's memory plan on the CPU against its measured host memory, ~1-2 minutes)
@@ -46,7 +47,7 @@ while [ $# -gt 0 ]; do
 done
 case $budget in ''|*[!0-9]*) echo "gpu_check: --budget takes whole seconds, got '$budget'" >&2; exit 2 ;; esac
 [ -n "$out" ] || { echo "usage: tools/gpu_check.sh [--budget SECONDS] [--only STEPS] [--rehearse] [--export DIR] OUT" >&2; exit 2; }
-steps_known="tests model breakdown bench stall big ac plan"
+steps_known="tests model breakdown waits bench stall big ac plan"
 for w in ${only//,/ }; do
     case " $steps_known " in *" $w "*) ;; *) echo "gpu_check: --only: no step '$w' (steps: $steps_known)" >&2; exit 2 ;; esac
 done
@@ -345,12 +346,14 @@ breakdown() { # LABEL LOG LAST_MS {ctitan STEPS OVERRIDES... | torch ARGS...}
         row "breakdown: $label" "skipped: out of budget" 0 ""
     fi
 }
-if want breakdown; then
+if want breakdown || want waits; then
 [ $rehearse = 1 ] || details "## Where the step goes" ""
 # (no metrics.peak_tflops: the job measures the GPU's peak once and caches it, as a user's would)
 b1=(--model.flavor llama1b --model.vocab_size 32000 --training.seq_len 2048 --training.local_batch_size 4
     --parallelism.pipeline_parallel_microbatches 1)
 breakdown "~1B Llama, pp 1, 4x2048" bd-1b.log 2000 ctitan 25 "${b1[@]}" --parallelism.pipeline_parallel_degree 1
+fi
+if want breakdown; then
 # one optimizer shard instead of two: the shards' contexts time-slice with the stage's and each other's
 breakdown "~1B Llama, pp 1, 4x2048, one optimizer shard" bd-1b-1shard.log 2000 ctitan 25 "${b1[@]}" \
     --parallelism.pipeline_parallel_degree 1 --optshard.shards 1

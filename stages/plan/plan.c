@@ -163,6 +163,7 @@ static int stage_rows(plan_t *p, const manifest_t *m, const job_layout_t *l, con
         double acts = (double)model_act_total(&act, n_acts, held_w);
         r->bytes[PLAN_ACTS] += acts;
         r->act_work += acts - (double)n_acts * (double)act.per_mb;
+        r->act_head |= act.head > 0;
         r->bytes[PLAN_WORKSPACE] += (double)model_fixed_bytes(cfg);
         double unit = l->fsdp > 1 ? (double)l->fsdp_unit[v] : 0;
         if (!d) { /* the CPU model on the shared segments; attention's backward scratch is T x T a thread */
@@ -343,8 +344,8 @@ void plan_print(const plan_t *p, FILE *f)
         dev_name(r->device, dev, sizeof(dev));
         if (r->in_flight)
             fprintf(f, "  %s (%s): activations %.1f MiB a microbatch x %d in flight, and %.1f MiB of work sets "
-                    "(recomputed layers, the gradients B keeps for W)\n", r->who, dev, r->act_mb / PLAN_MIB,
-                    r->in_flight, r->act_work / PLAN_MIB);
+                    "(recomputed layers, the gradients B keeps for W%s)\n", r->who, dev, r->act_mb / PLAN_MIB,
+                    r->in_flight, r->act_work / PLAN_MIB, r->act_head ? ", the head's logits chunk" : "");
     }
     fprintf(f, "  host RAM: %.2f GiB, each process at its peak; at most %.2f GiB at once (the coordinator's "
             "end-of-run validation runs after the workers are stopped; the %.1f MiB of token files' pages the "

@@ -65,6 +65,7 @@ typedef struct {
     double act_mb;         /* stage rows: one microbatch's activations, summed over the chunks */
     int in_flight;         /* ... and the microbatches the schedule keeps (sched_peak_acts) */
     double act_work;       /* ... and the work sets besides them (recompute; the gradients B keeps for W) */
+    int act_head;          /* ... among which the CUDA head's logits chunk (model_act_size_t head) */
 } plan_row_t;
 
 /* What the plan is computed from besides the manifest. */

@@ -60,7 +60,7 @@ int shm_remove_all_async(const char *job);
 #define SHM_WAIT_SAY_S 2.0
 #define SHM_WAIT_POLL_S 0.02
 int shm_wait_freed(int (*say)(void *arg, double bytes), int (*stop)(void *arg), void *arg);
-/* A `waiting` that says so on stderr, its line starting with who (a const char *): "WHO: waiting
+/* A `say` that says so on stderr, its line starting with who (a const char *): "WHO: waiting
  * for the memory of a stopped run to be freed (N GiB left)"; returns 0. */
 int shm_say_freeing(void *who, double bytes);
 

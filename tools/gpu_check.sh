@@ -19,9 +19,10 @@
 #           against the CPU, checkpoint and resume, recovery), breakdown (where the step goes,
 #           tools/gpu_breakdown.sh: six jobs, ~3 minutes), waits (of those only the ~1B at pp 1,
 #           its "Where the stage waits" table among its tables, ~50 s), bench
-#           (tools/bench_gpu.sh), stall (a checkpoint's stall), big (issue 24: the 8B's plan, the 3B trained; ~7 minutes: run it on its own), ac
-#           (activation checkpointing's cost and saving on the ~160M, ~1 minute), plan (the
-#           ~1B's memory plan on the CPU against its measured host memory, ~1-2 minutes)
+#           (tools/bench_gpu.sh), stall (a checkpoint's stall), big (issue 24: the 8B's plan, the
+#           3B trained; ~7 minutes: run it on its own), ac (activation checkpointing's cost and
+#           saving on the ~160M, ~1 minute), plan (the ~1B's memory plan on the CPU against its
+#           measured host memory, ~1-2 minutes)
 # --export  after every step, also DIR/report.md and DIR/raw.tgz (the logs and metrics files,
 #           without the data, runs and checkpoints): two files, because the device tool brings back at
 #           most 8 files from its $OUT (OUT itself holds ~30).

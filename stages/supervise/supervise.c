@@ -317,8 +317,8 @@ static void count_losses(sup_t *s, failure_t *f, double wait_s)
     f->lost_s = util_now() + wait_s - since;
 }
 
-/* The restart's line on the progress output and its record in metrics.file. */
-static void report(sup_t *s, const failure_t *f, int wait_ms)
+/* The restart's line on the progress output, before its back-off. */
+static void say_restart(sup_t *s, const failure_t *f, int wait_ms)
 {
     const manifest_t *m = s->given;
     char whence[PATH_MAX + 128];
@@ -337,6 +337,13 @@ static void report(sup_t *s, const failure_t *f, int wait_ms)
            s->restarts, s->in_a_row, m->max_restarts, (long long)f->resume, f->line, whence,
            (long long)f->lost_steps, f->lost_steps == 1 ? "" : "s", f->lost_s, wait_ms);
     fflush(stdout);
+}
+
+/* Its record in metrics.file, once the relaunch is going ahead (a stop signal in the back-off or
+ * a refusal by the memory plan leaves none: no restart happened). */
+static void record_restart(sup_t *s, const failure_t *f)
+{
+    const manifest_t *m = s->given;
     FILE *fp = m->metrics_file[0] ? fopen(m->metrics_file, "ae") : NULL;
     if (m->metrics_file[0] && !fp) {
         fprintf(stderr, "ctitan: metrics.file %s: cannot append the restart record: %s\n", m->metrics_file,
@@ -435,7 +442,7 @@ static int plan_restart(sup_t *s, int st)
     s->restarts++;
     s->in_a_row = n;
     s->from = f.resume;
-    report(s, &f, wait_ms);
+    say_restart(s, &f, wait_ms);
     snprintf(s->sup.last_restart, sizeof(s->sup.last_restart), "%.500s", f.reason);
     if (backoff(s, wait_ms))
         return 128 + s->stop_sig;
@@ -445,7 +452,10 @@ static int plan_restart(sup_t *s, int st)
         snprintf(s->m.ckpt_load, sizeof(s->m.ckpt_load), "%s", f.ckpt);
     else /* too long for the key: latest finds the same one (and passes a damaged one over) */
         snprintf(s->m.ckpt_load, sizeof(s->m.ckpt_load), "latest");
-    return plan_relaunch(s);
+    int rc = plan_relaunch(s);
+    if (!rc)
+        record_restart(s, &f);
+    return rc;
 }
 
 /* ---- the supervisor ---- */

@@ -233,7 +233,7 @@ static void test_evaluate_loss_is_a_training_forward_in_one_layers_memory(void *
     assert_int_equal(opened, 0);
 
     int used, N = B * T;
-    double got = eval_loss(&cfg, w, NULL, tf, B, T, BATCHES, &used), want = 0;
+    double got = eval_loss(&cfg, w, NULL, tf, B, T, BATCHES, &used, NULL), want = 0;
     model_t *m = model_new(&cfg, 0, cfg.n_layers + 2, w, NULL, NULL);
     model_acts_t *a = model_acts_new(m, B, T);
     int32_t *tk = malloc(N * sizeof(int32_t)), *tg = malloc(N * sizeof(int32_t)), win[T + 1];
@@ -263,7 +263,7 @@ static void test_evaluate_loss_is_a_training_forward_in_one_layers_memory(void *
         if (cr && fclose(cr))
             reset = 0;
         size_t before = status_bytes("VmRSS:"), grew = 0;
-        double l = eval_loss(&cfg, w, NULL, tf, B, T, BATCHES, &used);
+        double l = eval_loss(&cfg, w, NULL, tf, B, T, BATCHES, &used, NULL);
         if (reset && before && l == got)
             grew = status_bytes("VmHWM:") - before;
         ssize_t wr = write(fd[1], &grew, sizeof(grew));
@@ -291,11 +291,39 @@ static void test_evaluate_loss_is_a_training_forward_in_one_layers_memory(void *
     assert_true(grew > planned * 0.8 && grew < planned * over);
 
     /* the same through the backend table (a GPU job's way): the CPU's backend gives the bits */
-    double on = eval_loss_on(backend_cpu(), &cfg, w, tf, B, T, BATCHES, &used, err, sizeof(err));
+    double on = eval_loss_on(backend_cpu(), &cfg, w, tf, B, T, BATCHES, &used, NULL, err, sizeof(err));
     assert_int_equal(used, BATCHES);
     assert_memory_equal(&on, &want, sizeof(on));
+    /* saying how far it is (every batch here: every_s 0), of the batches that fit (3 of 4000
+     * tokens at 1024 a batch, 10 asked), on stderr, both ways */
+    int saved = dup(2);
+    FILE *said = tmpfile();
+    assert_true(saved >= 0 && said != NULL);
+    fflush(stderr);
+    assert_true(dup2(fileno(said), 2) >= 0);
+    eval_say_t say = {"t", 0.0}, say_on = {"u", 0.0};
+    int used_on = 0;
+    eval_loss(&cfg, w, NULL, tf, B, T, 10, &used, &say);
+    eval_loss_on(backend_cpu(), &cfg, w, tf, B, T, 10, &used_on, &say_on, err, sizeof(err));
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    char text[1024] = "";
+    rewind(said);
+    size_t got_n = fread(text, 1, sizeof(text) - 1, said);
+    text[got_n] = 0;
+    fclose(said);
+    assert_int_equal(used, 3);
+    assert_int_equal(used_on, 3);
+    for (int k = 1; k <= 3; k++) {
+        char line[64];
+        snprintf(line, sizeof(line), "t: validation: %d of 3 batches (", k);
+        assert_non_null(strstr(text, line));
+        snprintf(line, sizeof(line), "u: validation: %d of 3 batches (", k);
+        assert_non_null(strstr(text, line));
+    }
     cfg.max_seq_len = T / 2; /* a batch longer than the model's positions: refused, saying why */
-    on = eval_loss_on(backend_cpu(), &cfg, w, tf, B, T, BATCHES, &used, err, sizeof(err));
+    on = eval_loss_on(backend_cpu(), &cfg, w, tf, B, T, BATCHES, &used, NULL, err, sizeof(err));
     assert_true(isnan(on) && used == 0 && err[0]);
 
     free(tk), free(tg), free(tok), free(w);

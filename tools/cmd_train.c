@@ -205,7 +205,7 @@ int cmd_train(int argc, char **argv)
         fflush(stdout);
     }
     int vb;
-    double vloss = eval_loss(cfg, w, pool, val, B, T, a.eval_batches, &vb);
+    double vloss = eval_loss(cfg, w, pool, val, B, T, a.eval_batches, &vb, NULL);
     printf("done: %d steps in %.1f s; validation loss %.4f over %d batches\n", a.steps,
            util_now() - t_start, vloss, vb);
     if (tok && eval_sample(cfg, w, pool, NULL, tok, val, a.sample, a.temperature, a.seed, stdout, err, sizeof(err)))

@@ -20,12 +20,20 @@
 void eval_next_batch(const tokfile_t *tf, size_t *cursor, int B, int T, int32_t *tok, int32_t *tgt,
                      int32_t *window);
 
+/* How a long evaluation says how far it is: on stderr, "WHO: validation: K of N batches (S s)"
+ * once every_s seconds have passed and every every_s after (a large model's validation takes
+ * minutes on a CPU); NULL: nothing. */
+typedef struct {
+    const char *who;
+    double every_s;
+} eval_say_t;
+
 /* Mean per-token loss of the whole model with weights w over up to `batches` [B, T] batches
  * from the start of tf; *used gets the batches evaluated (NaN when none fit). Holds one layer's
  * activations at a time beside each layer's input (model_acts_forward_bytes_for), whatever
  * cfg->ac_mode; the same bits as a training forward of mode none. */
 double eval_loss(const model_config_t *cfg, float *w, pool_t *pool, const tokfile_t *tf, int B, int T,
-                 int batches, int *used);
+                 int batches, int *used, const eval_say_t *say);
 
 /* eval_loss on a device's backend (kernels/backend.h; a GPU job's validation on its GPU, once
  * its stages are gone): the whole model's forward over the same batches, in that backend's
@@ -34,7 +42,7 @@ double eval_loss(const model_config_t *cfg, float *w, pool_t *pool, const tokfil
  * one batch's forward. Returns the mean, or NaN with err saying why (nothing fit, no device): the
  * caller may then evaluate on the CPU. */
 double eval_loss_on(const backend_t *be, const model_config_t *cfg, float *w, const tokfile_t *tf, int B, int T,
-                    int batches, int *used, char *err, size_t errlen);
+                    int batches, int *used, const eval_say_t *say, char *err, size_t errlen);
 
 /* Writes a sample of at most `ntokens` new tokens after a prompt of the first 8 tokens of
  * prompt_src to out: `ctitan generate`'s loop and sampler (stages/report/generate.h: the KV-cache

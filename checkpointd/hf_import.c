@@ -208,8 +208,8 @@ int hf_import(const char *hf_dir, const manifest_t *m, const char *folder, FILE 
     return rc;
 }
 
-int hf_load_state(const char *hf_dir, const manifest_t *m, float *const *arrays, int n_arrays, FILE *log, char *err,
-                  size_t errlen)
+int hf_load_state(const char *hf_dir, const manifest_t *m, float *const *arrays, int n_arrays, FILE *log,
+                  double say_s, char *err, size_t errlen)
 {
     model_config_t cfg;
     param_table_t tab = {0};
@@ -218,11 +218,19 @@ int hf_load_state(const char *hf_dir, const manifest_t *m, float *const *arrays,
     if (rc)
         return rc;
     size_t off = 0;
+    util_every_t every;
+    util_every_start(&every, say_s);
     for (int i = 0; i < tab.n && !rc; i++) { /* flat order: the gaps before each tensor zeroed */
         const param_info_t *p = &tab.t[i];
         memset(arrays[0] + off, 0, (p->offset - off) * sizeof(float));
         rc = st_set_read_f32(&s, source(&s, p, tied), arrays[0] + p->offset, err, errlen);
         off = p->offset + p->numel;
+        double secs = !rc && log ? util_every_due(&every) : -1;
+        if (secs >= 0) {
+            fprintf(log, "ctitan: import: reading %s: %zu of %zu M parameters (%.0f s)\n", hf_dir, off / 1000000,
+                    tab.total / 1000000, secs);
+            fflush(log);
+        }
     }
     if (!rc)
         memset(arrays[0] + off, 0, (tab.total - off) * sizeof(float));

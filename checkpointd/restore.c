@@ -46,6 +46,15 @@ typedef struct {
     int loaded;       /* latest's search loaded the one it took */
 } load_t;
 
+/* How often a long load says how far it is (restore_say_s). */
+#define RESTORE_SAY_S 2.0
+
+static double restore_say_s(void)
+{
+    const char *test = getenv("CTITAN_TEST_RESTORE_SAY_S"); /* tests: another interval */
+    return test ? atof(test) : RESTORE_SAY_S;
+}
+
 static int load_dir(load_t *L, const char *path, int *corrupt, char *err, size_t errlen);
 static int remote_latest(load_t *L, char *path, size_t n, char *err, size_t errlen);
 
@@ -149,7 +158,7 @@ static int initial_hf(load_t *L, char *path, size_t n, char *err, size_t errlen)
     for (int a = 0; a < optim_arrays(o); a++)
         arrays[a] = staging_array(L->staging, a);
     atomic_store(&h->step, -1); /* nothing whole in the segment until the end */
-    if ((rc = hf_load_state(from, m, arrays, optim_arrays(o), L->log, why, sizeof(why))))
+    if ((rc = hf_load_state(from, m, arrays, optim_arrays(o), L->log, restore_say_s(), why, sizeof(why))))
         return util_fail(err, errlen, rc, "checkpoint.initial_load_path %s (initial_load_in_hf): %s", from, why);
     h->cursor_len = 0;
     atomic_store(&h->step, 0);
@@ -365,16 +374,28 @@ static const ckpt_tensor_t *array_tensor(const ckpt_index_t *ix, const optim_t *
     return *rc ? NULL : ct;
 }
 
-static int read_tensors(ckpt_t *ck, const param_table_t *tab, const optim_t *o, void *staging, char *err,
-                        size_t errlen)
+/* Every array of every tensor into the staging segment, saying on log how far it is (a large
+ * model's checkpoint takes minutes to read). */
+static int read_tensors(ckpt_t *ck, const param_table_t *tab, const optim_t *o, void *staging, FILE *log,
+                        char *err, size_t errlen)
 {
-    int rc = 0;
+    int rc = 0, arrays = optim_arrays(o);
+    util_every_t every;
+    util_every_start(&every, restore_say_s());
+    double total = (double)tab->total * arrays * sizeof(float), done = 0;
     for (int t = 0; t < tab->n && !rc; t++)
-        for (int a = 0; a < optim_arrays(o) && !rc; a++) {
+        for (int a = 0; a < arrays && !rc; a++) {
             const param_info_t *p = &tab->t[t];
             const ckpt_tensor_t *ct = array_tensor(ckpt_index(ck), o, p, a, ckpt_path(ck), &rc, err, errlen);
             if (ct)
                 rc = ckpt_read(ck, ct->name, 0, p->numel, staging_array(staging, a) + p->offset, err, errlen);
+            done += (double)p->numel * sizeof(float);
+            double secs = !rc && log ? util_every_due(&every) : -1;
+            if (secs >= 0) {
+                fprintf(log, "ctitan: loading %s: %.1f of %.1f GiB (%.0f s)\n", ckpt_path(ck), done / (1 << 30),
+                        total / (1 << 30), secs);
+                fflush(log);
+            }
         }
     return rc;
 }
@@ -429,7 +450,7 @@ static int load_dir(load_t *L, const char *path, int *corrupt, char *err, size_t
     atomic_store(&h->step, -1); /* nothing whole in the segment until the end */
     rc = check_index(L, o, ix, path, err, errlen);
     if (!rc && ix->step < m->steps) { /* a run with nothing left to train needs only the step */
-        rc = read_tensors(ck, L->tab, o, L->staging, err, errlen);
+        rc = read_tensors(ck, L->tab, o, L->staging, L->log, err, errlen);
         *corrupt = rc == -EBADMSG;
     }
     if (!rc) {

@@ -103,6 +103,22 @@ int util_write_all(int fd, const void *buf, size_t n)
     return 0;
 }
 
+void util_every_start(util_every_t *e, double every_s)
+{
+    e->t0 = util_now();
+    e->every = every_s;
+    e->next = e->t0 + every_s;
+}
+
+double util_every_due(util_every_t *e)
+{
+    double now = util_now();
+    if (now < e->next)
+        return -1;
+    e->next = now + e->every;
+    return now - e->t0;
+}
+
 void util_json_string(FILE *fp, const char *s)
 {
     fputc('"', fp);

@@ -26,6 +26,14 @@ int util_write_all(int fd, const void *buf, size_t n);
  * file (EINTR, EAGAIN and short reads retried). Returns the bytes read (< n only at end of
  * file) or -errno. */
 long util_read_all(int fd, void *buf, size_t n, long long off);
+/* A long loop's "how far it is" lines: due once every_s seconds have passed since the start,
+ * then every every_s after. util_every_due returns the seconds since the start when a line is
+ * due (and counts it said), else -1. */
+typedef struct {
+    double t0, next, every;
+} util_every_t;
+void util_every_start(util_every_t *e, double every_s);
+double util_every_due(util_every_t *e);
 /* Writes s to fp as a JSON string: quoted, '"' and '\\' escaped, control characters as \u00XX. */
 void util_json_string(FILE *fp, const char *s);
 /* mkdir -p with mode 0755. Returns 0 or -errno. */

@@ -607,10 +607,13 @@ static void test_job_starts_from_hf_weights(void **state)
     tj_name(job, sizeof(job), 'h', "hf");
     snprintf(extra, sizeof(extra), "--training.steps 3 --checkpoint.initial_load_path %s "
              "--checkpoint.initial_load_in_hf true", hf);
-    int rc = tj_launch("", 120, job, extra, out, sizeof(out));
+    /* (the read says how far it is: here after every tensor) */
+    int rc = tj_launch("CTITAN_TEST_RESTORE_SAY_S=0", 120, job, extra, out, sizeof(out));
     if (rc)
         fail_msg("launch: %d\n%.4000s", rc, out);
-    if (!strstr(out, "reading the Hugging Face Llama") || !strstr(out, "the optimizer fresh"))
+    char said[400];
+    snprintf(said, sizeof(said), "ctitan: import: reading %s: ", hf);
+    if (!strstr(out, "reading the Hugging Face Llama") || !strstr(out, "the optimizer fresh") || !strstr(out, said))
         fail_msg("%s", out);
     char runs[512];
     struct stat st;

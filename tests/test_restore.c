@@ -148,6 +148,24 @@ static void test_restore_fills_the_staging_segment_with_every_tensor_step_and_cu
     assert_int_equal(sample, 42);
     for (int a = 0; a < 3; a++)
         assert_memory_equal(staging_array(h, a), f->arr[a], f->tab.total * sizeof(float));
+    /* a long load says how far it is (here after every tensor: the interval 0), up to the whole */
+    FILE *log = tmpfile();
+    assert_non_null(log);
+    setenv("CTITAN_TEST_RESTORE_SAY_S", "0", 1);
+    int rc = load(f, want, path, err, log);
+    unsetenv("CTITAN_TEST_RESTORE_SAY_S");
+    assert_int_equal(rc, 0);
+    static char text[1 << 16], last[700];
+    rewind(log);
+    text[fread(text, 1, sizeof(text) - 1, log)] = 0;
+    fclose(log);
+    double total = (double)f->tab.total * 3 * sizeof(float) / (1 << 30);
+    snprintf(last, sizeof(last), "ctitan: loading %s: %.1f of %.1f GiB (", want, total, total);
+    assert_non_null(strstr(text, last));
+    int lines = 0;
+    for (const char *q = text; (q = strstr(q, "ctitan: loading ")) != NULL; q++)
+        lines++;
+    assert_true(lines >= f->tab.n); /* a line a tensor or more */
 }
 
 static void test_restore_latest_is_the_newest_that_verifies_and_none_is_a_fresh_start(void **state)

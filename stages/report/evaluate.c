@@ -44,20 +44,19 @@ static int eval_batches(const tokfile_t *tf, int N, int batches)
     return fit < (size_t)batches ? (int)fit : batches;
 }
 
-/* eval_say_t's line after batch done of n, when it is due (*next: when, from the start t0). */
-static void eval_said(const eval_say_t *say, int done, int n, double t0, double *next)
+/* eval_say_t's line after batch done of n, when it is due. */
+static void eval_said(const eval_say_t *say, util_every_t *e, int done, int n)
 {
-    double now = util_now();
-    if (!say || now < *next)
-        return;
-    fprintf(stderr, "%s: validation: %d of %d batches (%.0f s)\n", say->who, done, n, now - t0);
-    *next = now + say->every_s;
+    double secs = say ? util_every_due(e) : -1;
+    if (secs >= 0)
+        fprintf(stderr, "%s: validation: %d of %d batches (%.0f s)\n", say->who, done, n, secs);
 }
 
 double eval_loss(const model_config_t *cfg, float *w, pool_t *pool, const tokfile_t *tf, int B, int T,
                  int batches, int *used, const eval_say_t *say)
 {
-    double t0 = util_now(), next = say ? t0 + say->every_s : 0;
+    util_every_t every;
+    util_every_start(&every, say ? say->every_s : 0);
     int N = B * T, vb = 0;
     double sum = 0;
     model_t *m = forward_model(cfg, w, pool);
@@ -69,7 +68,7 @@ double eval_loss(const model_config_t *cfg, float *w, pool_t *pool, const tokfil
         for (; vb < batches && (vb + 1) * (size_t)N < tokfile_count(tf); vb++) {
             eval_next_batch(tf, &cur, B, T, tk, tg, win);
             sum += model_forward(m, a, tk, NULL, tg, 1.0f / N, NULL) / N;
-            eval_said(say, vb + 1, eval_batches(tf, N, batches), t0, &next);
+            eval_said(say, &every, vb + 1, eval_batches(tf, N, batches));
         }
     free(tk), free(tg), free(win);
     model_acts_destroy(&a);
@@ -81,7 +80,8 @@ double eval_loss(const model_config_t *cfg, float *w, pool_t *pool, const tokfil
 double eval_loss_on(const backend_t *be, const model_config_t *cfg, float *w, const tokfile_t *tf, int B, int T,
                     int batches, int *used, const eval_say_t *say, char *err, size_t errlen)
 {
-    double t0 = util_now(), next = say ? t0 + say->every_s : 0;
+    util_every_t every;
+    util_every_start(&every, say ? say->every_s : 0);
     model_config_t c = *cfg;
     c.ac_mode = CONFIG_AC_FULL; /* as eval_loss: one layer's activations at a time */
     c.forward_only = 1;         /* no backward: the CUDA head computes the loss alone */
@@ -106,7 +106,7 @@ double eval_loss_on(const backend_t *be, const model_config_t *cfg, float *w, co
         if (!(rc = be->forward(m, a, tk, NULL, tg, 1.0f / N, NULL, &loss)))
             sum += loss / N;
         if (!rc)
-            eval_said(say, vb + 1, eval_batches(tf, N, batches), t0, &next);
+            eval_said(say, &every, vb + 1, eval_batches(tf, N, batches));
     }
     if (rc)
         snprintf(err, errlen, "%s", host ? "out of host memory" : be->last_error());

@@ -200,9 +200,27 @@ static char *shard_header(const hf_tensor_t *t, int n, int k, int bf16, size_t *
     return p;
 }
 
+/* How far a long export is, said on log (util_say_s): the weights read of the checkpoint. */
+typedef struct {
+    FILE *log;
+    util_every_t every;
+    double done, total; /* bytes */
+} say_t;
+
+static void said(say_t *y, uint64_t bytes)
+{
+    y->done += (double)bytes;
+    double secs = y->log ? util_every_due(&y->every) : -1;
+    if (secs >= 0) {
+        fprintf(y->log, "ctitan: export: %.1f of %.1f GiB of weights written (%.0f s)\n", y->done / (1 << 30),
+                y->total / (1 << 30), secs);
+        fflush(y->log);
+    }
+}
+
 /* Streams tensor t from the checkpoint to fd, chunk by chunk. */
-static int write_tensor(ckpt_t *c, const hf_tensor_t *t, int bf16, int fd, float *buf, const char *what, char *err,
-                        size_t errlen)
+static int write_tensor(ckpt_t *c, const hf_tensor_t *t, int bf16, int fd, float *buf, const char *what, say_t *y,
+                        char *err, size_t errlen)
 {
     const ckpt_tensor_t *ct = ckpt_index_find(ckpt_index(c), t->src);
     uint64_t first = 0;
@@ -223,12 +241,13 @@ static int write_tensor(ckpt_t *c, const hf_tensor_t *t, int bf16, int fd, float
         if ((rc = util_write_all(fd, buf, n * (bf16 ? 2 : 4))))
             return util_fail(err, errlen, rc, "%s: cannot write: %s", what, strerror(-rc));
         first += n;
+        said(y, n * 4);
     }
     return 0;
 }
 
 static int write_shard(ckpt_t *c, const hf_tensor_t *t, int n, int k, int n_shards, int bf16, const char *dir,
-                       float *buf, char *err, size_t errlen)
+                       float *buf, say_t *y, char *err, size_t errlen)
 {
     char name[64], what[PATH_MAX + 64];
     shard_name(name, sizeof(name), k, n_shards);
@@ -249,7 +268,7 @@ static int write_shard(ckpt_t *c, const hf_tensor_t *t, int n, int k, int n_shar
         util_fail(err, errlen, rc, "%s: cannot write: %s", what, strerror(-rc));
     for (int i = 0; i < n && !rc; i++)
         if (t[i].shard == k)
-            rc = write_tensor(c, &t[i], bf16, fd, buf, what, err, errlen);
+            rc = write_tensor(c, &t[i], bf16, fd, buf, what, y, err, errlen);
     free(hdr);
     if (rc) {
         close(fd);
@@ -333,9 +352,11 @@ static int plan_tensors(ckpt_t *c, const param_table_t *tab, int bf16, hf_tensor
     return 0;
 }
 
-static int write_weights(ckpt_t *c, const param_table_t *tab, const hf_export_opts_t *o, const char *dir, char *err,
-                         size_t errlen)
+static int write_weights(ckpt_t *c, const param_table_t *tab, const hf_export_opts_t *o, const char *dir, FILE *log,
+                         char *err, size_t errlen)
 {
+    say_t y = {.log = log, .total = (double)tab->total * 4};
+    util_every_start(&y.every, util_say_s());
     hf_tensor_t *t = calloc((size_t)tab->n, sizeof(*t));
     float *buf = NULL;
     uint64_t max_chunk = 4;
@@ -350,7 +371,7 @@ static int write_weights(ckpt_t *c, const param_table_t *tab, const hf_export_op
     }
     int n_shards = plan_shards(t, tab->n, o->max_shard_bytes ? o->max_shard_bytes : HF_DEFAULT_SHARD);
     for (int k = 0; k < n_shards && !rc; k++)
-        rc = write_shard(c, t, tab->n, k, n_shards, o->bf16, dir, buf, err, errlen);
+        rc = write_shard(c, t, tab->n, k, n_shards, o->bf16, dir, buf, &y, err, errlen);
     if (!rc && n_shards > 1)
         rc = write_index(t, tab->n, n_shards, dir, err, errlen);
 out:
@@ -448,7 +469,7 @@ static int fill_folder(ckpt_t *c, const manifest_t *m, const hf_export_opts_t *o
     param_table_t tab = {0};
     if ((rc = params_table_init(&tab, &m->model)))
         return util_fail(err, errlen, rc, "out of memory");
-    rc = write_weights(c, &tab, o, tmp, err, errlen);
+    rc = write_weights(c, &tab, o, tmp, log, err, errlen);
     params_table_free(&tab);
     return rc;
 }

@@ -86,6 +86,17 @@ static int check_tensors(const st_set_t *s, const param_table_t *tab, int tied, 
     return 0;
 }
 
+/* A long read's line on log, when one is due: how many parameters of the folder are read. */
+static void say_read(FILE *log, const char *dir, size_t done, size_t total, util_every_t *every)
+{
+    double secs = log ? util_every_due(every) : -1;
+    if (secs >= 0) {
+        fprintf(log, "ctitan: import: reading %s: %zu of %zu M parameters (%.0f s)\n", dir, done / 1000000,
+                total / 1000000, secs);
+        fflush(log);
+    }
+}
+
 /* n zero bytes into file f at *off. */
 static int write_zeros(ckw_t *w, uint32_t f, uint64_t *off, uint64_t n, const void *zeros, char *err, size_t errlen)
 {
@@ -99,10 +110,13 @@ static int write_zeros(ckw_t *w, uint32_t f, uint64_t *off, uint64_t n, const vo
     return 0;
 }
 
-/* The master weights (file 0), tensor by tensor in flat order, then the state arrays. */
+/* The master weights (file 0), tensor by tensor in flat order, then the state arrays; a long
+ * read of hf_dir said on log. */
 static int write_arrays(ckw_t *w, const st_set_t *s, const param_table_t *tab, const optim_t *o, int tied,
-                        float *buf, const void *zeros, char *err, size_t errlen)
+                        float *buf, const void *zeros, const char *hf_dir, FILE *log, char *err, size_t errlen)
 {
+    util_every_t every;
+    util_every_start(&every, util_say_s());
     static uint8_t block[CKPT_DATA_HDR];
     uint64_t end = CKPT_DATA_HDR + (uint64_t)tab->total * sizeof(float);
     for (int a = 0; a < optim_arrays(o); a++) {
@@ -117,6 +131,8 @@ static int write_arrays(ckw_t *w, const st_set_t *s, const param_table_t *tab, c
                 !(rc = st_set_read_f32(s, source(s, p, tied), buf, err, errlen)))
                 rc = ckw_write(w, 0, off, buf, p->numel * sizeof(float), err, errlen);
             off += p->numel * sizeof(float);
+            if (!rc)
+                say_read(log, hf_dir, p->offset + p->numel, tab->total, &every);
         }
         if (!rc)
             rc = write_zeros(w, (uint32_t)a, &off, end - off, zeros, err, errlen);
@@ -127,7 +143,7 @@ static int write_arrays(ckw_t *w, const st_set_t *s, const param_table_t *tab, c
 }
 
 static int write_ckpt(const st_set_t *s, const param_table_t *tab, const manifest_t *m, int tied, const char *folder,
-                      char *path, size_t pathlen, char *err, size_t errlen)
+                      char *path, size_t pathlen, const char *hf_dir, FILE *log, char *err, size_t errlen)
 {
     const optim_t *o = optim_find(m->optimizer_name);
     if (!o)
@@ -146,7 +162,7 @@ static int write_ckpt(const st_set_t *s, const param_table_t *tab, const manifes
     else if ((rc = ckpt_index_plan(&plan, tab, o, 0, toml, NULL, 0)))
         util_fail(err, errlen, rc, "cannot plan the checkpoint (%s)", strerror(-rc));
     else if (!(rc = ckw_begin(&w, folder, &plan, err, errlen))) {
-        rc = write_arrays(w, s, tab, o, tied, buf, zeros, err, errlen);
+        rc = write_arrays(w, s, tab, o, tied, buf, zeros, hf_dir, log, err, errlen);
         if (rc)
             ckw_abort(&w);
         else
@@ -202,14 +218,14 @@ int hf_import(const char *hf_dir, const manifest_t *m, const char *folder, FILE 
     int tied, rc = open_checked(hf_dir, &m->model, &cfg, &tab, &s, &tied, log, err, errlen);
     if (rc)
         return rc;
-    rc = write_ckpt(&s, &tab, m, tied, folder, path, pathlen, err, errlen);
+    rc = write_ckpt(&s, &tab, m, tied, folder, path, pathlen, hf_dir, log, err, errlen);
     st_set_close(&s);
     params_table_free(&tab);
     return rc;
 }
 
 int hf_load_state(const char *hf_dir, const manifest_t *m, float *const *arrays, int n_arrays, FILE *log,
-                  double say_s, char *err, size_t errlen)
+                  char *err, size_t errlen)
 {
     model_config_t cfg;
     param_table_t tab = {0};
@@ -219,18 +235,14 @@ int hf_load_state(const char *hf_dir, const manifest_t *m, float *const *arrays,
         return rc;
     size_t off = 0;
     util_every_t every;
-    util_every_start(&every, say_s);
+    util_every_start(&every, util_say_s());
     for (int i = 0; i < tab.n && !rc; i++) { /* flat order: the gaps before each tensor zeroed */
         const param_info_t *p = &tab.t[i];
         memset(arrays[0] + off, 0, (p->offset - off) * sizeof(float));
         rc = st_set_read_f32(&s, source(&s, p, tied), arrays[0] + p->offset, err, errlen);
         off = p->offset + p->numel;
-        double secs = !rc && log ? util_every_due(&every) : -1;
-        if (secs >= 0) {
-            fprintf(log, "ctitan: import: reading %s: %zu of %zu M parameters (%.0f s)\n", hf_dir, off / 1000000,
-                    tab.total / 1000000, secs);
-            fflush(log);
-        }
+        if (!rc)
+            say_read(log, hf_dir, off, tab.total, &every);
     }
     if (!rc)
         memset(arrays[0] + off, 0, (tab.total - off) * sizeof(float));

@@ -34,11 +34,11 @@ int hf_import(const char *hf_dir, const manifest_t *m, const char *folder, FILE 
  * written to disk: arrays[0], the master weights in kernels/params.h's flat order, from the
  * safetensors (the gaps between tensors zero), every other of the n_arrays arrays zero (the
  * optimizer's fresh start), each of m's parameter count; the same bits as hf_import's
- * checkpoint loaded, after the same checks. A failure leaves the arrays partly written. A read
- * that takes say_s seconds says on log how far it is, and every say_s after (a large model's
- * folder takes minutes). */
+ * checkpoint loaded, after the same checks. A failure leaves the arrays partly written. A long
+ * read says on log how far it is (util_say_s: a large model's folder takes minutes), as
+ * hf_import does. */
 int hf_load_state(const char *hf_dir, const manifest_t *m, float *const *arrays, int n_arrays, FILE *log,
-                  double say_s, char *err, size_t errlen);
+                  char *err, size_t errlen);
 
 /* The whole model of HF_DIR as fp32 in kernels/params.h's flat order, for inference (`ctitan
  * generate`): *cfg from config.json, *w (malloc'ed, caller frees) of *n floats; the tensors are

@@ -46,15 +46,6 @@ typedef struct {
     int loaded;       /* latest's search loaded the one it took */
 } load_t;
 
-/* How often a long load says how far it is (restore_say_s). */
-#define RESTORE_SAY_S 2.0
-
-static double restore_say_s(void)
-{
-    const char *test = getenv("CTITAN_TEST_RESTORE_SAY_S"); /* tests: another interval */
-    return test ? atof(test) : RESTORE_SAY_S;
-}
-
 static int load_dir(load_t *L, const char *path, int *corrupt, char *err, size_t errlen);
 static int remote_latest(load_t *L, char *path, size_t n, char *err, size_t errlen);
 
@@ -158,7 +149,7 @@ static int initial_hf(load_t *L, char *path, size_t n, char *err, size_t errlen)
     for (int a = 0; a < optim_arrays(o); a++)
         arrays[a] = staging_array(L->staging, a);
     atomic_store(&h->step, -1); /* nothing whole in the segment until the end */
-    if ((rc = hf_load_state(from, m, arrays, optim_arrays(o), L->log, restore_say_s(), why, sizeof(why))))
+    if ((rc = hf_load_state(from, m, arrays, optim_arrays(o), L->log, why, sizeof(why))))
         return util_fail(err, errlen, rc, "checkpoint.initial_load_path %s (initial_load_in_hf): %s", from, why);
     h->cursor_len = 0;
     atomic_store(&h->step, 0);
@@ -381,7 +372,7 @@ static int read_tensors(ckpt_t *ck, const param_table_t *tab, const optim_t *o, 
 {
     int rc = 0, arrays = optim_arrays(o);
     util_every_t every;
-    util_every_start(&every, restore_say_s());
+    util_every_start(&every, util_say_s());
     double total = (double)tab->total * arrays * sizeof(float), done = 0;
     for (int t = 0; t < tab->n && !rc; t++)
         for (int a = 0; a < arrays && !rc; a++) {

@@ -119,6 +119,12 @@ double util_every_due(util_every_t *e)
     return now - e->t0;
 }
 
+double util_say_s(void)
+{
+    const char *test = getenv("CTITAN_TEST_SAY_S");
+    return test ? atof(test) : 2.0;
+}
+
 void util_json_string(FILE *fp, const char *s)
 {
     fputc('"', fp);

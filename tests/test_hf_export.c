@@ -386,7 +386,14 @@ static void test_sharded_export_loads(void **state)
     /* most tensors larger than a shard: each alone, listed before the shard being filled */
     assert_int_equal(tu_rmtree(dir), 0);
     snprintf(args, sizeof(args), "--hf %s --max-shard-size 5000 --no-verify", dir);
-    assert_int_equal(export_cli(fx, args, out, sizeof(out)), 0);
+    setenv("CTITAN_TEST_SAY_S", "0", 1); /* how far it is, said after every chunk */
+    int rc = export_cli(fx, args, out, sizeof(out));
+    unsetenv("CTITAN_TEST_SAY_S");
+    assert_int_equal(rc, 0);
+    char last[128];
+    snprintf(last, sizeof(last), "ctitan: export: %.1f of %.1f GiB of weights written (",
+             fx->tab.total * 4.0 / (1 << 30), fx->tab.total * 4.0 / (1 << 30));
+    assert_non_null(strstr(out, last));
     assert_int_equal(hf_check(fx, py, dir, "--max-shard-size 5000"), 0);
 }
 

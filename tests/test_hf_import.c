@@ -507,10 +507,14 @@ static void test_ckpt_import_command(void **state)
     char hf[256], cmd[1024], out[8192];
     snprintf(hf, sizeof(hf), "%s/cli", dir);
     make_hf(py, hf, "--dtype bfloat16 --tied");
-    snprintf(cmd, sizeof(cmd), "%s ckpt import %s --out %s/cli-ckpt 2>&1", tu_ctitan(), hf, dir);
+    /* (saying how far it is after every tensor: CTITAN_TEST_SAY_S 0) */
+    snprintf(cmd, sizeof(cmd), "CTITAN_TEST_SAY_S=0 %s ckpt import %s --out %s/cli-ckpt 2>&1", tu_ctitan(), hf, dir);
     if (tu_run(cmd, out, sizeof(out)))
         fail_msg("%s", out);
     assert_non_null(strstr(out, "step-00000000 (step 0: dim 32, 2 layers, 4 heads, 2 kv heads, FFN 64"));
+    char said[400];
+    snprintf(said, sizeof(said), "ctitan: import: reading %s: 0 of 0 M parameters (", hf);
+    assert_non_null(strstr(out, said));
     assert_non_null(strstr(out, "imported untied: lm_head.weight starts as a copy of model.embed_tokens.weight"));
     snprintf(cmd, sizeof(cmd), "%s ckpt verify %s/cli-ckpt/step-00000000 2>&1", tu_ctitan(), dir);
     assert_int_equal(tu_run(cmd, out, sizeof(out)), 0);
@@ -608,7 +612,7 @@ static void test_job_starts_from_hf_weights(void **state)
     snprintf(extra, sizeof(extra), "--training.steps 3 --checkpoint.initial_load_path %s "
              "--checkpoint.initial_load_in_hf true", hf);
     /* (the read says how far it is: here after every tensor) */
-    int rc = tj_launch("CTITAN_TEST_RESTORE_SAY_S=0", 120, job, extra, out, sizeof(out));
+    int rc = tj_launch("CTITAN_TEST_SAY_S=0", 120, job, extra, out, sizeof(out));
     if (rc)
         fail_msg("launch: %d\n%.4000s", rc, out);
     char said[400];

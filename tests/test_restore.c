@@ -151,9 +151,9 @@ static void test_restore_fills_the_staging_segment_with_every_tensor_step_and_cu
     /* a long load says how far it is (here after every tensor: the interval 0), up to the whole */
     FILE *log = tmpfile();
     assert_non_null(log);
-    setenv("CTITAN_TEST_RESTORE_SAY_S", "0", 1);
+    setenv("CTITAN_TEST_SAY_S", "0", 1);
     int rc = load(f, want, path, err, log);
-    unsetenv("CTITAN_TEST_RESTORE_SAY_S");
+    unsetenv("CTITAN_TEST_SAY_S");
     assert_int_equal(rc, 0);
     static char text[1 << 16], last[700];
     rewind(log);

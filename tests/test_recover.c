@@ -52,6 +52,17 @@ static int run_job(const char *job, const char *die, const char *hang, const cha
 #define use_sim_plugin tj_use_sim_plugin
 #define assert_losses_by_step tj_assert_losses_by_step
 
+/* Restart record k of mt holds needle; on failure every record is shown (a timing-dependent
+ * outcome, e.g. a rewind to an older snapshot than the test expects, says which). */
+#define ASSERT_RECORD(mt, k, needle)                                                                \
+    do {                                                                                            \
+        if (!strstr((mt)->restart[k], needle)) {                                                    \
+            for (int r_ = 0; r_ < (mt)->restarts; r_++)                                             \
+                print_message("restart record %d: %s\n", r_, (mt)->restart[r_]);                    \
+            fail_msg("restart record %d has no %s", k, needle);                                     \
+        }                                                                                           \
+    } while (0)
+
 /* ---- metrics ---- */
 
 /* job ran steps 1..steps once each, every loss the undisturbed `ref`'s, with `recoveries`
@@ -121,10 +132,10 @@ static void test_recover_a_stage_killed_at_points_of_a_step_is_replaced_bitwise(
     if (rc || count(out, "(in place, at step ") != 4)
         FAIL_WITH(out, "status %d, %d recoveries", rc, count(out, "(in place, at step "));
     const tj_metrics_t *mt = assert_same_losses(j, ref, 20, 4);
-    assert_non_null(strstr(mt->restart[0], "\"role\": \"stage\", \"rank\": 0, \"replica\": 0"));
-    assert_non_null(strstr(mt->restart[1], "\"role\": \"stage\", \"rank\": 1, \"replica\": 0"));
-    assert_non_null(strstr(mt->restart[1], "\"step\": 6, \"redone\": true"));
-    assert_non_null(strstr(mt->restart[0], "killed by signal 9"));
+    ASSERT_RECORD(mt, 0, "\"role\": \"stage\", \"rank\": 0, \"replica\": 0");
+    ASSERT_RECORD(mt, 1, "\"role\": \"stage\", \"rank\": 1, \"replica\": 0");
+    ASSERT_RECORD(mt, 1, "\"step\": 6, \"redone\": true");
+    ASSERT_RECORD(mt, 0, "killed by signal 9");
     assert_non_null(strstr(out, "recovered 2 (in place, at step 6): stage rank 1 replica 0 (pid "));
     assert_non_null(strstr(out, "the step redone by every stage"));
     assert_null(strstr(out, "\nrestart ")); /* no relaunch of the job */
@@ -173,8 +184,8 @@ static void test_recover_a_shard_killed_at_points_of_its_rounds_keeps_its_state_
     if (rc || count(out, "(in place, at step ") != 5)
         FAIL_WITH(out, "status %d, %d recoveries", rc, count(out, "(in place, at step "));
     const tj_metrics_t *mt = assert_same_losses(j, ref, 20, 5);
-    assert_non_null(strstr(mt->restart[1], "\"role\": \"optshard\", \"rank\": 1"));
-    assert_non_null(strstr(mt->restart[1], "\"redone\": false"));
+    ASSERT_RECORD(mt, 1, "\"role\": \"optshard\", \"rank\": 1");
+    ASSERT_RECORD(mt, 1, "\"redone\": false");
     for (int s = 5; s <= 20; s += 5)
         assert_same_checkpoint(j, ref, s);
     assert_clean(j);
@@ -337,15 +348,15 @@ static void test_recover_a_gpu_stage_is_replaced_with_its_peers_and_a_gpu_shard_
     if (rc || count(out, "(every stage started again, at step ") != 2 || count(out, "(rewound, at step ") != 2)
         FAIL_WITH(out, "status %d", rc);
     const tj_metrics_t *mt = assert_losses_by_step(j, ref, 7, 4, "\"scope\": \"");
-    assert_non_null(strstr(mt->restart[0], "\"scope\": \"stages\", \"role\": \"stage\", \"rank\": 0, \"replica\": 0"));
-    assert_non_null(strstr(mt->restart[0], "\"step\": 2, \"redone\": true, \"replaced\": 2, \"lost_during\": 0"));
-    assert_non_null(strstr(mt->restart[1], "\"scope\": \"rewind\", \"role\": \"stage\", \"rank\": 1"));
-    assert_non_null(strstr(mt->restart[1], "\"rewound_to\": 3, \"step\": 4, \"redone\": true"));
-    assert_non_null(strstr(mt->restart[1], "\"lost_during\": 1"));
-    assert_non_null(strstr(mt->restart[2], "\"scope\": \"stages\", \"role\": \"stage\", \"rank\": 1"));
-    assert_non_null(strstr(mt->restart[2], "\"step\": 5, \"redone\": true, \"replaced\": 2, \"lost_during\": 1"));
-    assert_non_null(strstr(mt->restart[3], "\"scope\": \"rewind\", \"role\": \"optshard\", \"rank\": 0"));
-    assert_non_null(strstr(mt->restart[3], "\"rewound_to\": 6, \"step\": 7"));
+    ASSERT_RECORD(mt, 0, "\"scope\": \"stages\", \"role\": \"stage\", \"rank\": 0, \"replica\": 0");
+    ASSERT_RECORD(mt, 0, "\"step\": 2, \"redone\": true, \"replaced\": 2, \"lost_during\": 0");
+    ASSERT_RECORD(mt, 1, "\"scope\": \"rewind\", \"role\": \"stage\", \"rank\": 1");
+    ASSERT_RECORD(mt, 1, "\"rewound_to\": 3, \"step\": 4, \"redone\": true");
+    ASSERT_RECORD(mt, 1, "\"lost_during\": 1");
+    ASSERT_RECORD(mt, 2, "\"scope\": \"stages\", \"role\": \"stage\", \"rank\": 1");
+    ASSERT_RECORD(mt, 2, "\"step\": 5, \"redone\": true, \"replaced\": 2, \"lost_during\": 1");
+    ASSERT_RECORD(mt, 3, "\"scope\": \"rewind\", \"role\": \"optshard\", \"rank\": 0");
+    ASSERT_RECORD(mt, 3, "\"rewound_to\": 6, \"step\": 7");
     assert_non_null(strstr(out, "(every stage started again, at step 2): stage rank 0 replica 0 (pid "));
     assert_non_null(strstr(out, "the step redone by every stage"));
     assert_non_null(strstr(out, ": steps 7 to 7 run again"));
@@ -409,9 +420,9 @@ static void test_recover_a_gpu_job_rewinds_to_the_initial_weights_and_a_stage_lo
     if (rc || stages + rewinds != 3 || !strstr(out, "started again from the initial weights in "))
         FAIL_WITH(out, "status %d", rc);
     const tj_metrics_t *mt = assert_losses_by_step(j, ref, 7, 3, "\"scope\": \"");
-    assert_non_null(strstr(mt->restart[0], "\"rewound_to\": 0, \"step\": 2"));
-    assert_non_null(strstr(mt->restart[1], "\"step\": 4, \"redone\": true"));
-    assert_non_null(strstr(mt->restart[2], "\"step\": 5, \"redone\": true"));
+    ASSERT_RECORD(mt, 0, "\"rewound_to\": 0, \"step\": 2");
+    ASSERT_RECORD(mt, 1, "\"step\": 4, \"redone\": true");
+    ASSERT_RECORD(mt, 2, "\"step\": 5, \"redone\": true");
     assert_same_checkpoint(j, ref, 3);
     assert_same_checkpoint(j, ref, 6);
     assert_clean(j);
@@ -445,9 +456,9 @@ static void test_recover_gpu_jobs_on_the_nccl_plane_rewind_and_in_offload_mode_r
         count(out, "(every stage started again, at step 3): stage rank 1 replica 0 (pid ") != 1)
         FAIL_WITH(out, "status %d", rc);
     const tj_metrics_t *mt = assert_losses_by_step(k, ref_offload, 3, 2, "\"redone\": ");
-    assert_non_null(strstr(mt->restart[0], "\"scope\": \"process\", \"role\": \"optshard\""));
-    assert_non_null(strstr(mt->restart[1], "\"scope\": \"stages\", \"role\": \"stage\""));
-    assert_non_null(strstr(mt->restart[1], "\"step\": 3, \"redone\": true"));
+    ASSERT_RECORD(mt, 0, "\"scope\": \"process\", \"role\": \"optshard\"");
+    ASSERT_RECORD(mt, 1, "\"scope\": \"stages\", \"role\": \"stage\"");
+    ASSERT_RECORD(mt, 1, "\"step\": 3, \"redone\": true");
     assert_same_checkpoint(k, ref_offload, 2);
     assert_same_checkpoint(k, ref_offload, 3);
     assert_clean(k);

@@ -351,7 +351,11 @@ static void test_recover_a_gpu_stage_is_replaced_with_its_peers_and_a_gpu_shard_
     ASSERT_RECORD(mt, 0, "\"scope\": \"stages\", \"role\": \"stage\", \"rank\": 0, \"replica\": 0");
     ASSERT_RECORD(mt, 0, "\"step\": 2, \"redone\": true, \"replaced\": 2, \"lost_during\": 0");
     ASSERT_RECORD(mt, 1, "\"scope\": \"rewind\", \"role\": \"stage\", \"rank\": 1");
-    ASSERT_RECORD(mt, 1, "\"rewound_to\": 3, \"step\": 4, \"redone\": true");
+    /* to the step-3 checkpoint's snapshot, or to the start when its copy was not whole yet: the
+     * shards copy at idle CPU priority, so under a loaded machine (CI's ASan run, two programs at
+     * once) the kill at step 4 can come first; both are the newest whole snapshot */
+    if (!strstr(mt->restart[1], "\"rewound_to\": 3, \"step\": 4, \"redone\": true"))
+        ASSERT_RECORD(mt, 1, "\"rewound_to\": 0, \"step\": 4, \"redone\": true");
     ASSERT_RECORD(mt, 1, "\"lost_during\": 1");
     ASSERT_RECORD(mt, 2, "\"scope\": \"stages\", \"role\": \"stage\", \"rank\": 1");
     ASSERT_RECORD(mt, 2, "\"step\": 5, \"redone\": true, \"replaced\": 2, \"lost_during\": 1");

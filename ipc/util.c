@@ -122,7 +122,9 @@ double util_every_due(util_every_t *e)
 double util_say_s(void)
 {
     const char *test = getenv("CTITAN_TEST_SAY_S");
-    return test ? atof(test) : 2.0;
+    char *end;
+    double s = test && *test ? strtod(test, &end) : -1;
+    return s >= 0 && *end == 0 ? s : 2.0; /* not a count of seconds: the default */
 }
 
 void util_json_string(FILE *fp, const char *s)

@@ -37,7 +37,8 @@ static model_t *forward_model(const model_config_t *cfg, float *w, pool_t *pool)
     return model_new(&c, 0, c.n_layers + 2, w, NULL, pool);
 }
 
-/* The batches that fit tf, of the `batches` asked. */
+/* The batches that fit tf, of the `batches` asked (each window needs its N tokens and the target
+ * after the last). */
 static int eval_batches(const tokfile_t *tf, int N, int batches)
 {
     size_t fit = tokfile_count(tf) > 0 ? (tokfile_count(tf) - 1) / (size_t)N : 0;
@@ -57,7 +58,7 @@ double eval_loss(const model_config_t *cfg, float *w, pool_t *pool, const tokfil
 {
     util_every_t every;
     util_every_start(&every, say ? say->every_s : 0);
-    int N = B * T, vb = 0;
+    int N = B * T, vb = 0, n = eval_batches(tf, N, batches);
     double sum = 0;
     model_t *m = forward_model(cfg, w, pool);
     model_acts_t *a = m ? model_acts_new(m, B, T) : NULL;
@@ -65,10 +66,10 @@ double eval_loss(const model_config_t *cfg, float *w, pool_t *pool, const tokfil
     int32_t *win = malloc(((size_t)T + 1) * sizeof(int32_t));
     size_t cur = 0;
     if (a && tk && tg && win)
-        for (; vb < batches && (vb + 1) * (size_t)N < tokfile_count(tf); vb++) {
+        for (; vb < n; vb++) {
             eval_next_batch(tf, &cur, B, T, tk, tg, win);
             sum += model_forward(m, a, tk, NULL, tg, 1.0f / N, NULL) / N;
-            eval_said(say, &every, vb + 1, eval_batches(tf, N, batches));
+            eval_said(say, &every, vb + 1, n);
         }
     free(tk), free(tg), free(win);
     model_acts_destroy(&a);
@@ -85,7 +86,7 @@ double eval_loss_on(const backend_t *be, const model_config_t *cfg, float *w, co
     model_config_t c = *cfg;
     c.ac_mode = CONFIG_AC_FULL; /* as eval_loss: one layer's activations at a time */
     c.forward_only = 1;         /* no backward: the CUDA head computes the loss alone */
-    int N = B * T, vb = 0, rc = 0;
+    int N = B * T, vb = 0, rc = 0, n = eval_batches(tf, N, batches);
     double sum = 0, loss;
     param_table_t tab = {0};
     backend_model_t *m = NULL;
@@ -101,12 +102,12 @@ double eval_loss_on(const backend_t *be, const model_config_t *cfg, float *w, co
         rc = -ENOMEM;
     else if (!(rc = be->model_new(&m, &c, 0, c.n_layers + 2, w, g, 1)) && !(rc = be->acts_new(&a, m, B, T)))
         rc = be->step_begin(m); /* the weights onto the device */
-    for (; !rc && vb < batches && (vb + 1) * (size_t)N < tokfile_count(tf); vb++) {
+    for (; !rc && vb < n; vb++) {
         eval_next_batch(tf, &cur, B, T, tk, tg, win);
         if (!(rc = be->forward(m, a, tk, NULL, tg, 1.0f / N, NULL, &loss)))
             sum += loss / N;
         if (!rc)
-            eval_said(say, &every, vb + 1, eval_batches(tf, N, batches));
+            eval_said(say, &every, vb + 1, n);
     }
     if (rc)
         snprintf(err, errlen, "%s", host ? "out of host memory" : be->last_error());

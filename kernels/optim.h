@@ -23,8 +23,12 @@ typedef struct {
     float lr;             /* the step's, schedule applied */
     float beta1, beta2, eps;
     float weight_decay;   /* 0 where this tensor is not decayed */
-    float gscale;         /* the clip factor the gradient is scaled by (it is only read) */
+    float gscale;         /* the clip factor the gradient is scaled by */
     int step;             /* 1-based: steps including this one */
+    /* where the step also writes the new weights in the backend's dtype and clears the
+     * gradient, at the call's first element (backend.h adamw's w_out, g_clear); NULL: not */
+    void *w_out;
+    float *g_clear;
 } optim_args_t;
 
 typedef struct {

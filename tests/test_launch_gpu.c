@@ -260,6 +260,39 @@ static void test_launch_cuda_offload_and_gpu_shards_agree_on_the_emulated_backen
     tj_assert_clean(c);
 }
 
+/* One copy of the weights (no data parallel replica), pipeline 2, three optimizer shards on the
+ * emulated GPU: the shards write the stages' bf16 weights and clear their gradients in AdamW's
+ * own pass (plane_reduce_out), a slice that crosses the stages' boundary in two calls (every
+ * tensor decayed: one run of AdamW a slice, split there); offload
+ * mode's CPU shards do both in separate calls after theirs. The same bits: the losses of 3
+ * steps and step 2's master weights and moments (a weight written wrong or a gradient left
+ * uncleared changes the next step's loss). */
+static void test_launch_cuda_gpu_shards_publish_in_adamw_as_offload_does_after_it(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char b[32], c[32], extra[512];
+    const char *shape = "--model.dim 32 --model.n_heads 2 --model.n_kv_heads 1 --training.steps 3 "
+                        "--training.max_norm 0 --optshard.shards 3 --checkpoint.enable true --checkpoint.interval 2 "
+                        "--optimizer.decay_embed_and_norms true --job.device cuda"; /* one run a slice */
+    job_name(b, sizeof(b), "simpubgpu");
+    job_name(c, sizeof(c), "simpuboff");
+    TJ_NEED_SIM_PLUGIN();
+    tj_run_ok(b, shape, out, sizeof(out));
+    snprintf(extra, sizeof(extra), "%s --optshard.device cpu", shape);
+    int rc = tj_run(c, extra, out, sizeof(out));
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+    tj_assert_same_losses(b, c, 3);
+    assert_true(same_ckpt_file(b, c, "model.bin"));
+    assert_true(same_ckpt_file(b, c, "exp_avg.bin"));
+    assert_true(same_ckpt_file(b, c, "exp_avg_sq.bin"));
+    tj_assert_clean(b);
+    tj_assert_clean(c);
+}
+
 /* GPU optimizer shards checkpoint (snapshot copied from the device) and resume (uploaded):
  * the resumed run's losses are bitwise those of the uninterrupted one. The snapshot's copy into
  * the pinned staging segment is slowed to 1.5 s an array (the emulator's
@@ -428,6 +461,7 @@ int main(void)
         cmocka_unit_test(test_launch_emulated_gpu_catches_a_missing_event_wait),
         cmocka_unit_test(test_launch_cuda_offload_and_gpu_shards_agree_on_the_emulated_backend),
         cmocka_unit_test(test_launch_cuda_gpu_shards_resume_bitwise_on_the_emulated_backend),
+        cmocka_unit_test(test_launch_cuda_gpu_shards_publish_in_adamw_as_offload_does_after_it),
         cmocka_unit_test(test_launch_cuda_nccl_data_plane_on_the_emulated_backend),
         cmocka_unit_test(test_launch_two_hosts_train_like_one_on_the_emulated_backend),
     };

@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include "kernels/adamw.h"
@@ -35,18 +36,41 @@ __device__ __forceinline__ void adamw_elem(float &p, float &m, float &v, float p
     p = __fsub_rn(__fmul_rn(p0, s.decay), __fmul_rn(s.step_size, __fdiv_rn(m, den)));
 }
 
-// Elements [head, head + 4 n4) four at a time (every array 16-byte aligned at head), the ones
-// before and after one by one; head = n and n4 = 0 when the arrays' alignments differ. Element
-// i reads only element i of the sources before it writes the outputs: in place and out of
-// place, and any split of the arrays, give the same bits.
+// The outputs beside the state, when asked (wo, gc not NULL): the new master's bf16 (the
+// stages' weights, __float2bfloat16 as cuda_f32_to_bf16_dev rounds) and the gradient cleared,
+// each once element i's sources are read: the publish's two passes (plane_reduce_publish) in
+// this one.
+__device__ __forceinline__ unsigned bf16_bits(float f)
+{
+    __nv_bfloat16 h = __float2bfloat16(f);
+    return *(const uint16_t *)&h;
+}
+
+__device__ __forceinline__ void adamw_out(uint16_t *wo, float *gc, size_t i, float p)
+{
+    if (wo)
+        ((__nv_bfloat16 *)wo)[i] = __float2bfloat16(p);
+    if (gc)
+        gc[i] = 0.0f;
+}
+
+// Elements [head, head + 4 n4) four at a time (every array 16-byte aligned at head, wo 8-byte),
+// the ones before and after one by one; head = n and n4 = 0 when the arrays' alignments differ.
+// Element i reads only element i of the sources before it writes the outputs: in place and out
+// of place, and any split of the arrays, give the same bits.
 __global__ void adamw_kernel(float *p, float *m, float *v, const float *p0, const float *m0, const float *v0,
-                             const float *g, size_t n, size_t head, size_t n4, adamw_scalars_t s)
+                             const float *g, size_t n, size_t head, size_t n4, adamw_scalars_t s, uint16_t *wo,
+                             float *gc)
 {
     size_t tid = blockIdx.x * (size_t)blockDim.x + threadIdx.x, stride = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = tid; i < head; i += stride)
+    for (size_t i = tid; i < head; i += stride) {
         adamw_elem(p[i], m[i], v[i], p0[i], m0[i], v0[i], g[i], s);
-    for (size_t i = head + 4 * n4 + tid; i < n; i += stride)
+        adamw_out(wo, gc, i, p[i]);
+    }
+    for (size_t i = head + 4 * n4 + tid; i < n; i += stride) {
         adamw_elem(p[i], m[i], v[i], p0[i], m0[i], v0[i], g[i], s);
+        adamw_out(wo, gc, i, p[i]);
+    }
     for (size_t j = tid; j < n4; j += stride) {
         size_t i = head + 4 * j;
         float4 P0 = *(const float4 *)(p0 + i), M0 = *(const float4 *)(m0 + i), V0 = *(const float4 *)(v0 + i);
@@ -58,12 +82,17 @@ __global__ void adamw_kernel(float *p, float *m, float *v, const float *p0, cons
         *(float4 *)(p + i) = P;
         *(float4 *)(m + i) = M;
         *(float4 *)(v + i) = V;
+        if (wo) /* four bf16 in one 8-byte store, element i in the low half */
+            *(uint2 *)(wo + i) = make_uint2(bf16_bits(P.x) | bf16_bits(P.y) << 16, bf16_bits(P.z) | bf16_bits(P.w) << 16);
+        if (gc)
+            *(float4 *)(gc + i) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 }
 
 extern "C" int cuda_adamw(float *param, float *m, float *v, const float *param0, const float *m0,
                           const float *v0, const float *grad, float gscale, size_t n, float lr, float beta1,
-                          float beta2, float eps, float wd, int step, void *stream)
+                          float beta2, float eps, float wd, int step, uint16_t *w_out, float *g_clear,
+                          void *stream)
 {
     if (step < 1 || !param || !m || !v || !param0 || !m0 || !v0 || !grad) {
         return cuda_err(-EINVAL, "cuda_adamw: bad arguments (step %d)", step);
@@ -80,12 +109,14 @@ extern "C" int cuda_adamw(float *param, float *m, float *v, const float *param0,
     size_t head = same ? ((16 - at) & 15) / sizeof(float) : n;
     if (head > n)
         head = n;
+    if ((w_out && ((uintptr_t)(w_out + head) & 7)) || (g_clear && ((uintptr_t)(g_clear + head) & 15)))
+        head = n; /* the outputs' four at a time would not be aligned there */
     size_t n4 = (n - head) / 4, items = n4 + (n - head - 4 * n4) + head;
     size_t blocks = (items + 255) / 256;
     if (blocks > 65535 * 8)
         blocks = 65535 * 8;
     adamw_kernel<<<(unsigned)blocks, 256, 0, (cudaStream_t)stream>>>(param, m, v, param0, m0, v0, grad, n, head, n4,
-                                                                      s);
+                                                                      s, w_out, g_clear);
     return cuda_err_status(cudaGetLastError(), "cuda_adamw launch");
 }
 

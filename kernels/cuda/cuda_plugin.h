@@ -14,7 +14,8 @@
  * NCCL's broadcast and reduce (parameter sharding), version 11 the bf16 reduce and the
  * bf16-into-fp32 add of a bf16 gradient reduce (training.mixed_precision_reduce), version 12
  * the backend's loss_take after step_end (the head's loss read once a step), version 13
- * model_config_t's head_rows and forward_only (the head's logits a chunk at a time). */
+ * model_config_t's head_rows and forward_only (the head's logits a chunk at a time), version 14
+ * adamw's w_out and g_clear (the shard's publish in its AdamW pass). */
 #ifndef CTITAN_CUDA_PLUGIN_H
 #define CTITAN_CUDA_PLUGIN_H
 
@@ -23,7 +24,7 @@
 #include "kernels/cuda/cuda_infer.h"
 #include "kernels/cuda/cuda_nccl.h"
 
-#define CUDA_PLUGIN_VERSION 13
+#define CUDA_PLUGIN_VERSION 14
 
 typedef struct {
     int version;

@@ -109,6 +109,14 @@ static int be_mem_used(size_t *bytes)
     return cuda_dev_mem(bytes, &total);
 }
 
+static int be_adamw(float *w, float *m, float *v, const float *w0, const float *m0, const float *v0, const float *g,
+                    float gscale, size_t n, float lr, float beta1, float beta2, float eps, float wd, int step,
+                    void *w_out, float *g_clear, void *stream)
+{
+    return cuda_adamw(w, m, v, w0, m0, v0, g, gscale, n, lr, beta1, beta2, eps, wd, step, (uint16_t *)w_out, g_clear,
+                      stream);
+}
+
 static int be_to_weights(void *w, const float *x, size_t n, void *stream)
 {
     return cuda_f32_to_bf16_dev((uint16_t *)w, x, n, stream);
@@ -121,7 +129,7 @@ static const cuda_plugin_t table = {
         be_model_new, be_model_destroy, be_acts_new, be_acts_destroy, be_forward, be_backward_b, be_backward_w, be_backward,
         be_step_begin, be_step_end, be_loss_take, be_model_shard, be_model_stream, be_model_buffers, be_mem_used,
         cuda_dev_select, cuda_alloc, cuda_free, cuda_stream_new, cuda_stream_free, cuda_stream_sync,
-        cuda_copy_async, cuda_zero_async, cuda_f32_add, cuda_block_sumsq, cuda_adamw,
+        cuda_copy_async, cuda_zero_async, cuda_f32_add, cuda_block_sumsq, be_adamw,
         be_to_weights, cuda_host_pin, cuda_host_unpin,
         cuda_err_text,
     },

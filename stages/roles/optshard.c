@@ -271,10 +271,11 @@ static void move_state(shard_t *sh)
 }
 
 /* Every replica's weights from the master (in the backend's dtype, where the stages read
- * them), their gradients cleared. Returns once done. */
-static void publish(shard_t *sh)
+ * them), their gradients cleared, unless the step's own pass did (`written`: step_run). Returns
+ * once done. */
+static void publish(shard_t *sh, int written)
 {
-    WORKER_CHECK(sh->w, plane_reduce_publish(sh->red, sh->bank[sh->done % 2].a[0]) == 0, "%s",
+    WORKER_CHECK(sh->w, plane_reduce_publish(sh->red, sh->bank[sh->done % 2].a[0], written) == 0, "%s",
                  plane_reduce_error(sh->red));
 }
 
@@ -284,7 +285,7 @@ static void publish(shard_t *sh)
 static void remap(shard_t *sh)
 {
     WORKER_CHECK(sh->w, plane_reduce_remap(sh->red) == 0, "%s", plane_reduce_error(sh->red));
-    publish(sh);
+    publish(sh, 0);
 }
 
 /* The state at the first step: the checkpoint's (checkpoint.load) or the initial weights
@@ -297,19 +298,18 @@ static void make_state(shard_t *sh, float *const *dst)
         load(sh, dst);
         return;
     }
-    /* in pieces (any split gives the same bits), saying how far after 2 s and every 2 s: a large
+    /* in pieces (any split gives the same bits), saying how far every util_say_s(): a large
      * model's slice takes a while, and the launch would otherwise say nothing */
     const size_t piece = (size_t)1 << 24;
-    double t0 = util_now(), said = t0;
+    util_every_t say;
+    util_every_start(&say, util_say_s());
     for (size_t at = sh->begin; at < sh->end; at += piece) {
         size_t e = sh->end - at > piece ? at + piece : sh->end;
         params_init(&sh->tab, &sh->man->model, sh->man->seed, dst[0] + (at - sh->begin), at, e);
-        double now = util_now();
-        if (now - t0 >= 2 && now - said >= 2) {
+        double s = util_every_due(&say);
+        if (s >= 0)
             LOG_I("initialising the weights of its slice: %.0f of %.0f M parameters (%.0f s)",
-                  (double)(e - sh->begin) / 1e6, (double)sh->n / 1e6, now - t0);
-            said = now;
-        }
+                  (double)(e - sh->begin) / 1e6, (double)sh->n / 1e6, s);
     }
 }
 
@@ -382,7 +382,7 @@ static void setup(shard_t *sh)
                                          sh->stream, err, sizeof(err)) == 0, "%s", err);
     move_state(sh);
     if (!took_over) { /* a replacement leaves the stages' weights alone: a step may be running */
-        publish(sh);
+        publish(sh, 0);
         if (sh->commit)
             atomic_store(sh->commit, sh->done);
     }
@@ -417,8 +417,30 @@ static double reduce(shard_t *sh, int64_t step)
     return sq;
 }
 
+/* The optimizer's step over the slice's elements [rb, re), bank `from` into bank `to`; with
+ * `out`, in pieces that each write the stages' weights and clear their gradients in the same
+ * pass where plane_reduce_out says they can (an elementwise step: any split, the same bits). */
+static void step_run(shard_t *sh, int from, int to, size_t rb, size_t re, int out, optim_args_t args, int64_t step)
+{
+    for (size_t at = rb, n; at < re; at += n) {
+        args.w_out = NULL, args.g_clear = NULL, n = re - at;
+        size_t held;
+        if (out && plane_reduce_out(sh->red, at, &args.w_out, &args.g_clear, &held) && held < n)
+            n = held;
+        size_t o = at - sh->begin;
+        float *dst[OPTIM_ARRAYS_MAX];
+        const float *src[OPTIM_ARRAYS_MAX];
+        for (int a = 0; a < sh->arrays; a++)
+            dst[a] = sh->bank[to].a[a] + o, src[a] = sh->bank[from].a[a] + o;
+        BE_CHECK(sh, sh->optim->step(sh->be, dst, src, sh->g + o, n, &args, sh->stream), "%s: %s", sh->optim->name,
+                 BE_WHY(sh));
+    }
+    worker_test_point(sh->w, "adamw", step);
+}
+
 /* UPDATE of step `step` (0-based): the optimizer's step from bank step % 2 into the other, the
- * commit, then the new weights to every replica. */
+ * commit, then the new weights to every replica (GPU shards: in the step's own pass where they
+ * can, the gradients read by nothing after it and no commit record to wait for). */
 static double update(shard_t *sh, int64_t step, double scale)
 {
     const manifest_t *m = sh->man;
@@ -426,7 +448,7 @@ static double update(shard_t *sh, int64_t step, double scale)
     double lr = m->lr * lr_factor(&m->lr_sched, (int)step);
     if (sh->commit && atomic_load(sh->commit) == step + 1) { /* committed by the shard this one replaces */
         sh->done = step + 1;
-        publish(sh);
+        publish(sh, 0);
         return lr;
     }
     /* (a GPU shard's count is only the config's step, which another host's process may have had
@@ -435,8 +457,8 @@ static double update(shard_t *sh, int64_t step, double scale)
                  (long long)step + 1, (long long)sh->done);
     if (sh->reduced != step) /* a replacement: the gradients stay whole until the commit */
         reduce(sh, step);
-    const float *g = sh->g; /* only read: clipped inside the step, whole for a replacement */
-    int from = (int)(step % 2), to = 1 - from;
+    /* CPU shards' gradients are only read (clipped inside the step), whole for a replacement */
+    int from = (int)(step % 2), to = 1 - from, out = !sh->commit && !sh->optim->whole_tensors;
     optim_args_t args = {.lr = (float)lr, .beta1 = (float)m->beta1, .beta2 = (float)m->beta2, .eps = (float)m->eps,
                          .gscale = (float)scale, .step = (int)step + 1};
     /* one call per run of adjacent tensors with the same weight decay (an elementwise step: the
@@ -455,15 +477,8 @@ static double update(shard_t *sh, int64_t step, double scale)
             continue;
         }
         if (rdecay >= 0) { /* the run so far */
-            size_t o = rb - sh->begin;
-            float *dst[OPTIM_ARRAYS_MAX];
-            const float *src[OPTIM_ARRAYS_MAX];
-            for (int a = 0; a < sh->arrays; a++)
-                dst[a] = sh->bank[to].a[a] + o, src[a] = sh->bank[from].a[a] + o;
             args.weight_decay = rdecay ? (float)m->weight_decay : 0.0f;
-            BE_CHECK(sh, sh->optim->step(be, dst, src, g + o, re - rb, &args, sh->stream), "%s: %s",
-                     sh->optim->name, BE_WHY(sh));
-            worker_test_point(sh->w, "adamw", step);
+            step_run(sh, from, to, rb, re, out, args, step);
         }
         rb = b, re = e, rdecay = p ? decay : -1;
     }
@@ -475,7 +490,7 @@ static double update(shard_t *sh, int64_t step, double scale)
     if (sh->commit)
         atomic_store(sh->commit, sh->done);
     worker_test_point(sh->w, "committed", step);
-    publish(sh);
+    publish(sh, out);
     return lr;
 }
 

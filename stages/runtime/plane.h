@@ -159,8 +159,16 @@ void plane_reduce_destroy(plane_reduce_t **r);
  * backend's memory; the one part itself when a single part holds the whole slice). */
 int plane_reduce_sum(plane_reduce_t *r, const float **sum);
 /* Every replica's weights of the slice from `master` (fp32, the slice's length, converted to
- * the backend's weight dtype) and their gradients cleared; returns once done. */
-int plane_reduce_publish(plane_reduce_t *r, const float *master);
+ * the backend's weight dtype) and their gradients cleared; returns once done. `written`: the
+ * optimizer's step already did both where plane_reduce_out said it could (a GPU shard's step
+ * writes them in its own pass); then only the wait. */
+int plane_reduce_publish(plane_reduce_t *r, const float *master, int written);
+/* Where the optimizer's step may write the new weights and clear the gradients itself, for the
+ * slice's elements from flat index `at`: 1 with *w (the backend's dtype) and *g at `at` in the
+ * one stage buffer that holds them, *n = how many of them it holds from there; 0 when the
+ * publish must (CPU shards, whose gradients stay whole until the commit; a slice that several
+ * replicas hold). */
+int plane_reduce_out(const plane_reduce_t *r, size_t at, void **w, float **g, size_t *n);
 /* The stages were started again (a stage was lost): the old mappings go, the new stages' are
  * made (GPU shards; nothing for CPU ones). */
 int plane_reduce_remap(plane_reduce_t *r);

@@ -196,10 +196,41 @@ int plane_reduce_sum(plane_reduce_t *r, const float **sum)
     return 0;
 }
 
-int plane_reduce_publish(plane_reduce_t *r, const float *master)
+/* One copy of the slice on the GPU: every element in exactly one part (the parts of one
+ * replica, or of the stage the transport summed the replicas into, in flat order). */
+static int one_copy(const plane_reduce_t *r)
+{
+    if (!r->lay.gpu_shards)
+        return 0;
+    size_t at = r->begin;
+    for (int i = 0; i < r->nparts; i++) {
+        if (r->part[i].replica != 0 || r->part[i].lo != at)
+            return 0;
+        at = r->part[i].hi;
+    }
+    return at == r->end;
+}
+
+int plane_reduce_out(const plane_reduce_t *r, size_t at, void **w, float **g, size_t *n)
+{
+    if (!one_copy(r))
+        return 0;
+    for (int i = 0; i < r->nparts; i++) {
+        const plane_part_t *q = &r->part[i];
+        if (at >= q->lo && at < q->hi) {
+            *w = (uint16_t *)q->w + (at - q->lo); /* GPU shards: bf16 weights */
+            *g = q->g + (at - q->lo);
+            *n = q->hi - at;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+int plane_reduce_publish(plane_reduce_t *r, const float *master, int written)
 {
     const backend_t *be = r->be;
-    for (int i = 0; i < r->nparts; i++) {
+    for (int i = 0; i < r->nparts && !(written && one_copy(r)); i++) {
         const plane_part_t *q = &r->part[i];
         if (be->to_weights(q->w, master + (q->lo - r->begin), q->hi - q->lo, r->stream))
             return fail(r, -EIO, "weights: %s", be->last_error());

@@ -41,6 +41,8 @@ extern SIM_TLS unsigned char *sim_smem SIM_TLS_IE;
 extern SIM_TLS size_t sim_smem_size SIM_TLS_IE;
 struct uint4 { unsigned x, y, z, w; };
 inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
+struct alignas(8) uint2 { unsigned x, y; };
+inline uint2 make_uint2(unsigned a, unsigned b) { return {a, b}; }
 struct __nv_bfloat16 { uint16_t x; };
 inline __nv_bfloat16 __float2bfloat16(float f) {
     uint32_t u; memcpy(&u, &f, 4);
@@ -55,6 +57,7 @@ inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __fsqrt_rn(float a) { return sqrtf(a); }
 struct alignas(16) float4 { float x, y, z, w; };
+inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 inline float __bfloat162float(__nv_bfloat16 h) { uint32_t u = (uint32_t)h.x << 16; float f; memcpy(&f, &u, 4); return f; }
 
 /* CUDA threads are fibers (ucontext) on the calling OS thread: a block's fibers run in turn

@@ -367,16 +367,14 @@ static double freed_segments(int do_unlink)
 
 int shm_wait_freed(int (*say)(void *arg, double bytes), int (*stop)(void *arg), void *arg)
 {
-    double next = util_now() + SHM_WAIT_SAY_S;
+    util_every_t every;
+    util_every_start(&every, SHM_WAIT_SAY_S);
     int fd;
     while ((fd = free_lock(LOCK_EX | LOCK_NB, 0)) == -EWOULDBLOCK) {
         if (stop && stop(arg))
             return -ECANCELED;
-        if (say && util_now() >= next) {
-            if (say(arg, freed_segments(0)))
-                return -ECANCELED;
-            next += SHM_WAIT_SAY_S;
-        }
+        if (say && util_every_due(&every) >= 0 && say(arg, freed_segments(0)))
+            return -ECANCELED;
         nanosleep(&(struct timespec){0, (long)(SHM_WAIT_POLL_S * 1e9)}, NULL);
     }
     if (fd == -ENOENT) { /* no freer runs: only what a dead one left */

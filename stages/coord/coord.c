@@ -236,8 +236,8 @@ static int all_ready_say(coord_t *c, void *arg)
 {
     if (coord_all_ready(c, arg))
         return 1;
-    double now = util_now();
-    if (now - c->setup_t0 < 2 || now - c->setup_said < 2)
+    double s = util_every_due(&c->setup_say);
+    if (s < 0)
         return 0;
     int ready = 0, n = 0;
     char waiting[256] = "";
@@ -252,9 +252,8 @@ static int all_ready_say(coord_t *c, void *arg)
             at += (size_t)snprintf(waiting + at, sizeof(waiting) - at, "%s%s", at ? ", " : "", c->p[i].id);
     }
     printf("launch: set-up: %d of %d processes ready (%.0f s); setting up: %s (the optimizer shards initialise "
-           "the weights, the stages their activations)\n", ready, n, now - c->setup_t0, waiting);
+           "the weights, the stages their activations)\n", ready, n, s, waiting);
     fflush(stdout);
-    c->setup_said = now;
     return 0;
 }
 
@@ -356,9 +355,10 @@ static void report_rejections(coord_t *c)
 
 int coord_run(const manifest_t *given, const coord_super_t *sup)
 {
-    coord_t c = {.sigfd = -1, .setup_t0 = util_now(), .rejected = {.what = "rejected control messages"},
+    coord_t c = {.sigfd = -1, .rejected = {.what = "rejected control messages"},
                  .unanswered = {.what = "replies the operator was not sent"}, .sup = sup,
                  .out = sup ? sup->out : NULL};
+    util_every_start(&c.setup_say, util_say_s());
     char err[1024];
     int status = 1;
     log_init("", 0, 0);

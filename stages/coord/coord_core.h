@@ -42,6 +42,7 @@
 #include "ipc/log.h"
 #include "ipc/msg.h"
 #include "ipc/shm.h"
+#include "ipc/util.h"
 #include "stages/coord/coord.h"
 #include "stages/job/job.h"
 #include "stages/job/manifest.h"
@@ -172,7 +173,7 @@ struct coord {
     int n_lost;                       /* processes lost and not replaced yet (coord_recover.c) */
     /* the end */
     int failed, interrupted;
-    double setup_t0, setup_said;      /* set-up: when it began, and its last progress line */
+    util_every_t setup_say;           /* set-up's progress lines: from when it began (util_say_s) */
     char why[1536];
     const coord_proc_t *culprit;      /* the process the failure is blamed on (NULL: the coordinator's own) */
     /* our own stops: a thread notes the time while this process runs */

@@ -90,12 +90,11 @@ static int setup_progress(void *arg, const char *name, size_t done, size_t total
     coord_read_signals(c);
     if (c->interrupted)
         return 1;
-    double now = util_now();
-    if (now - c->setup_t0 >= 2 && now - c->setup_said >= 2) {
+    double s = util_every_due(&c->setup_say);
+    if (s >= 0) {
         printf("launch: set-up: making the shared-memory segment %s.%s: %.1f of %.1f GiB (%.0f s)\n", c->job, name,
-               (double)done / (1 << 30), (double)total / (1 << 30), now - c->setup_t0);
+               (double)done / (1 << 30), (double)total / (1 << 30), s);
         fflush(stdout);
-        c->setup_said = now;
     }
     return 0;
 }
@@ -104,8 +103,6 @@ static int make_segments(coord_t *c, char *err, size_t errlen);
 
 int coord_make_segments(coord_t *c, char *err, size_t errlen)
 {
-    if (!c->setup_t0)
-        c->setup_t0 = util_now();
     shm_progress_hook(setup_progress, c);
     int rc = make_segments(c, err, errlen);
     shm_progress_hook(NULL, NULL);

@@ -355,9 +355,11 @@ b1=(--model.flavor llama1b --model.vocab_size 32000 --training.seq_len 2048 --tr
 breakdown "~1B Llama, pp 1, 4x2048" bd-1b.log 2000 ctitan 25 "${b1[@]}" --parallelism.pipeline_parallel_degree 1
 fi
 if want breakdown; then
-# one optimizer shard instead of two: the shards' contexts time-slice with the stage's and each other's
-breakdown "~1B Llama, pp 1, 4x2048, one optimizer shard" bd-1b-1shard.log 2000 ctitan 25 "${b1[@]}" \
-    --parallelism.pipeline_parallel_degree 1 --optshard.shards 1
+# the ~160M of the stall step (issue 25's 45% MFU goal; 27.6% on 2026-11-28): where its 16.5 ms go
+# (one optimizer shard against two at the ~1B was measured on 2026-11-28: 127.0 against 127.6 ms)
+breakdown "~160M Llama, pp 1, 4x1024" bd-160m.log 1000 ctitan 80 --model.flavor llama1b --model.dim 1024 \
+    --model.n_layers 8 --model.n_heads 16 --model.n_kv_heads 8 --model.vocab_size 32000 --training.seq_len 1024 \
+    --training.local_batch_size 4 --parallelism.pipeline_parallel_microbatches 1 --parallelism.pipeline_parallel_degree 1
 # PyTorch's own breakdown (tools/gpu_breakdown.sh ... torch: ~95 s) is in BENCHMARKS.md, 2026-11-27: it
 # does not change with ctitan; run it by hand when the reference moves.
 bd=(--model.flavor debugmodel --model.vocab_size 2048 --training.seq_len 256 --training.local_batch_size 8

@@ -37,7 +37,34 @@ __host__ __device__ static inline uint16_t nn_f32_to_bf16(float f)
     return (uint16_t)(u >> 16);
 }
 
+// Whether p starts a 16-byte boundary: the eight-at-a-time paths (nn_load8, nn_store8) need it.
+static inline int nn_aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
 #ifdef __CUDACC__
+// Eight bf16 in one 16-byte load or store (p 16-byte aligned): element k is bits [16 (k % 2),
+// 16 (k % 2) + 16) of word k / 2, as memory holds them. The element-wise kernels move their
+// rows this way (scalar 2-byte accesses leave most of the memory system's width unused); each
+// element's arithmetic is the one-at-a-time path's, so both give the same bits.
+__device__ static inline void nn_load8(float *f, const uint16_t *p)
+{
+    uint4 u = *(const uint4 *)p;
+    unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        f[2 * k] = nn_bf16_to_f32((uint16_t)(w[k] & 0xffffu));
+        f[2 * k + 1] = nn_bf16_to_f32((uint16_t)(w[k] >> 16));
+    }
+}
+
+__device__ static inline void nn_store8(uint16_t *p, const float *f)
+{
+    unsigned w[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+        w[k] = (unsigned)nn_f32_to_bf16(f[2 * k]) | (unsigned)nn_f32_to_bf16(f[2 * k + 1]) << 16;
+    *(uint4 *)p = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 // Butterfly sum over a warp. Every lane ends with the same bits: at each step lanes i and i^o add
 // the same two values, and IEEE addition is commutative.
 __device__ static inline float nn_warp_sum(float v)

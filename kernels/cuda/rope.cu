@@ -33,6 +33,14 @@ static __global__ void rope_table_freq_kernel(float *cos_t, float *sin_t, size_t
     }
 }
 
+// One pair rotated: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s). Both paths below call it, so they
+// give the same bits.
+__device__ static inline void rope_rot(float x1, float x2, float c, float s, float *y1, float *y2)
+{
+    *y1 = x1 * c - x2 * s;
+    *y2 = x2 * c + x1 * s;
+}
+
 // One thread per pair (i, i + hd/2) of one head of one token: it reads both and writes both, so
 // no two threads touch the same element. Pair p = row * half + i with row = (b*T + t)*H + h.
 // sign -1 applies the transposed (inverse) rotation.
@@ -45,10 +53,40 @@ static __global__ void rope_kernel(uint16_t *x, const float *cos_t, const float 
         int i = (int)(p % half);
         int t = (int)((row / H) % T);
         uint16_t *v = x + row * (size_t)(2 * half) + i;
-        float x1 = nn_bf16_to_f32(v[0]), x2 = nn_bf16_to_f32(v[half]);
-        float c = cos_t[(size_t)t * half + i], s = sign * sin_t[(size_t)t * half + i];
-        v[0] = nn_f32_to_bf16(x1 * c - x2 * s);
-        v[half] = nn_f32_to_bf16(x2 * c + x1 * s);
+        float y1, y2;
+        rope_rot(nn_bf16_to_f32(v[0]), nn_bf16_to_f32(v[half]), cos_t[(size_t)t * half + i],
+                 sign * sin_t[(size_t)t * half + i], &y1, &y2);
+        v[0] = nn_f32_to_bf16(y1);
+        v[half] = nn_f32_to_bf16(y2);
+    }
+}
+
+// Eight pairs a thread (half % 8 == 0, x and the tables 16-byte aligned): i .. i + 7 and their
+// partners, two 16-byte accesses each way and the tables' rows in 16-byte pieces. Group
+// p = row * (half / 8) + i / 8.
+static __global__ void rope8_kernel(uint16_t *x, const float *cos_t, const float *sin_t, size_t groups,
+                                    int T, int H, int half, float sign)
+{
+    int h8 = half / 8;
+    for (size_t p = blockIdx.x * (size_t)blockDim.x + threadIdx.x; p < groups;
+         p += (size_t)gridDim.x * blockDim.x) {
+        size_t row = p / h8;
+        int i = (int)(p % h8) * 8;
+        int t = (int)((row / H) % T);
+        uint16_t *v = x + row * (size_t)(2 * half) + i;
+        const float *cr = cos_t + (size_t)t * half + i, *sr = sin_t + (size_t)t * half + i;
+        float4 c0 = *(const float4 *)cr, c1 = *(const float4 *)(cr + 4), s0 = *(const float4 *)sr,
+               s1 = *(const float4 *)(sr + 4);
+        float c[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w},
+              s[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
+        float x1[8], x2[8], y1[8], y2[8];
+        nn_load8(x1, v);
+        nn_load8(x2, v + half);
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            rope_rot(x1[k], x2[k], c[k], sign * s[k], &y1[k], &y2[k]);
+        nn_store8(v, y1);
+        nn_store8(v + half, y2);
     }
 }
 
@@ -88,8 +126,13 @@ static int rope_run(const char *who, uint16_t *x, const float *cos_t, const floa
     size_t pairs = (size_t)B * T * H * (hd / 2);
     if (pairs == 0)
         return 0;
-    rope_kernel<<<nn_grid_for(pairs, ROPE_THREADS), ROPE_THREADS, 0, (cudaStream_t)stream>>>(
-        x, cos_t, sin_t, pairs, T, H, hd / 2, sign);
+    int half = hd / 2;
+    if (half % 8 == 0 && nn_aligned16(x) && nn_aligned16(cos_t) && nn_aligned16(sin_t))
+        rope8_kernel<<<nn_grid_for(pairs / 8, ROPE_THREADS), ROPE_THREADS, 0, (cudaStream_t)stream>>>(
+            x, cos_t, sin_t, pairs / 8, T, H, half, sign);
+    else
+        rope_kernel<<<nn_grid_for(pairs, ROPE_THREADS), ROPE_THREADS, 0, (cudaStream_t)stream>>>(
+            x, cos_t, sin_t, pairs, T, H, half, sign);
     return cuda_nn_check(cudaGetLastError(), who);
 }
 

@@ -558,6 +558,127 @@ static void test_cuda_swiglu_bwd_matches_reference(void **state)
 }
 
 /* ------------------------------------------------------------------------------------------
+ * The element-wise kernels move rows sixteen bytes (eight bf16) at a time where a row is whole
+ * groups of eight and the arrays start 16-byte aligned, else one element at a time. */
+
+/* n bf16 of h on the device, `off` elements past a 16-byte aligned start (*base: to free). */
+static uint16_t *dev_at(const uint16_t *h, size_t n, int off, uint16_t **base)
+{
+    *base = dev_put(NULL, (n + 8) * sizeof(uint16_t));
+    if (h)
+        assert_int_equal(cuda_copy_to_device(*base + off, h, n * sizeof(uint16_t)), 0);
+    return *base + off;
+}
+
+/* The kernels' outputs for the arrays aligned (off 0: eight at a time) and one element off (one
+ * at a time), kept for comparing: SwiGLU's m, da, db; RoPE's x after the forward and after the
+ * backward; RMSNorm's out, rstd, dx (accumulated) and dw (added to). */
+typedef struct {
+    uint16_t *m, *da, *db, *rope_f, *rope_b, *out, *dx;
+    float *rstd, *dw;
+} nn8_out_t;
+
+#define NN8_N 1003                      /* SwiGLU's elements: 125 groups and 3 after them */
+#define NN8_ROWS SIM_OR(40, 300)        /* RMSNorm's rows ... */
+#define NN8_D 264                       /* ... of 33 groups: 256 threads a row and 8 more */
+#define NN8_B 2
+#define NN8_T 12
+#define NN8_H 3
+#define NN8_HD 48                       /* RoPE: half 24, three groups */
+
+static void nn8_run(int off, nn8_out_t *o, const uint16_t *const *in, const float *rstd_in, const float *dw_in,
+                    const float *dcos, const float *dsin, const uint16_t *dnw)
+{
+    const size_t n = NN8_N, nx = (size_t)NN8_B * NN8_T * NN8_H * NN8_HD, nd = (size_t)NN8_ROWS * NN8_D;
+    uint16_t *b[12];
+    /* SwiGLU */
+    uint16_t *a = dev_at(in[0], n, off, &b[0]), *bb = dev_at(in[1], n, off, &b[1]), *g = dev_at(in[2], n, off, &b[2]);
+    uint16_t *m = dev_at(NULL, n, off, &b[3]), *da = dev_at(NULL, n, off, &b[4]), *db = dev_at(NULL, n, off, &b[5]);
+    expect_ok(cuda_swiglu_fwd(m, a, bb, n, NULL));
+    expect_ok(cuda_swiglu_bwd(da, db, g, a, bb, n, NULL));
+    o->m = hbuf(n * 2), o->da = hbuf(n * 2), o->db = hbuf(n * 2);
+    dev_get(o->m, m, n * 2), dev_get(o->da, da, n * 2), dev_get(o->db, db, n * 2);
+    /* RoPE, forward then backward, in place */
+    uint16_t *x = dev_at(in[3], nx, off, &b[6]);
+    o->rope_f = hbuf(nx * 2), o->rope_b = hbuf(nx * 2);
+    expect_ok(cuda_rope_fwd(x, dcos, dsin, NN8_B, NN8_T, NN8_H, NN8_HD, NULL));
+    dev_get(o->rope_f, x, nx * 2);
+    expect_ok(cuda_rope_bwd(x, dcos, dsin, NN8_B, NN8_T, NN8_H, NN8_HD, NULL));
+    dev_get(o->rope_b, x, nx * 2);
+    /* RMSNorm: forward, dx accumulated into what is there, dw added to what is there */
+    uint16_t *rx = dev_at(in[4], nd, off, &b[7]), *rout = dev_at(NULL, nd, off, &b[8]);
+    uint16_t *rg = dev_at(in[5], nd, off, &b[9]), *rdx = dev_at(in[6], nd, off, &b[10]);
+    float *rstd = dev_put(NULL, NN8_ROWS * 4), *r_in = dev_put(rstd_in, NN8_ROWS * 4), *dw = dev_put(dw_in, NN8_D * 4);
+    expect_ok(cuda_rmsnorm_fwd(rout, rstd, rx, dnw, NN8_ROWS, NN8_D, 1e-5f, NULL));
+    expect_ok(cuda_rmsnorm_bwd_x(rdx, rg, rx, r_in, dnw, NN8_ROWS, NN8_D, 1, NULL));
+    expect_ok(cuda_rmsnorm_bwd_w(dw, rg, rx, r_in, NN8_ROWS, NN8_D, NULL));
+    o->out = hbuf(nd * 2), o->dx = hbuf(nd * 2), o->rstd = hbuf(NN8_ROWS * 4), o->dw = hbuf(NN8_D * 4);
+    dev_get(o->out, rout, nd * 2), dev_get(o->dx, rdx, nd * 2);
+    dev_get(o->rstd, rstd, NN8_ROWS * 4), dev_get(o->dw, dw, NN8_D * 4);
+    for (int k = 0; k < 11; k++)
+        cuda_free(b[k]);
+    cuda_free(rstd), cuda_free(r_in), cuda_free(dw);
+}
+
+static void nn8_free(nn8_out_t *o)
+{
+    free(o->m), free(o->da), free(o->db), free(o->rope_f), free(o->rope_b), free(o->out), free(o->dx);
+    free(o->rstd), free(o->dw);
+}
+
+/* Both ways give the same bits: SwiGLU and RoPE element by element (one function for an element
+ * in both), RMSNorm's sums over the same terms in the same order (a thread's eight elements,
+ * then its next group). */
+static void test_cuda_nn_eight_at_a_time_is_one_at_a_time_bitwise(void **state)
+{
+    (void)state;
+    NEED_GPU();
+    const size_t n = NN8_N, nx = (size_t)NN8_B * NN8_T * NN8_H * NN8_HD, nd = (size_t)NN8_ROWS * NN8_D;
+    const size_t sizes[7] = {n, n, n, nx, nd, nd, nd};
+    uint16_t *in[7], *nw = hbuf(NN8_D * 2);
+    double *scratch = hbuf(nd * 8);
+    for (int k = 0; k < 7; k++) {
+        in[k] = hbuf(sizes[k] * 2);
+        fill_bf16(in[k], scratch, sizes[k], 500 + k, k == 0 ? 6.0 : 1.0, 0.0);
+    }
+    fill_bf16(nw, scratch, NN8_D, 510, 0.5, 1.0);
+    float *rstd = hbuf(NN8_ROWS * 4), *dw = hbuf(NN8_D * 4);
+    tu_fill(NULL, rstd, NN8_ROWS, 511, 0.5);
+    for (int i = 0; i < NN8_ROWS; i++)
+        rstd[i] += 1.0f;
+    tu_fill(NULL, dw, NN8_D, 512, 1.0);
+    size_t nt = (size_t)NN8_T * (NN8_HD / 2);
+    float *dcos = dev_put(NULL, nt * 4), *dsin = dev_put(NULL, nt * 4);
+    expect_ok(cuda_rope_table(dcos, dsin, NN8_T, NN8_HD, 10000.0, NULL));
+    uint16_t *dnw = dev_put(nw, NN8_D * 2);
+    nn8_out_t v, s;
+    nn8_run(0, &v, (const uint16_t *const *)in, rstd, dw, dcos, dsin, dnw);
+    nn8_run(1, &s, (const uint16_t *const *)in, rstd, dw, dcos, dsin, dnw);
+    const struct { const char *what; const void *a, *b; size_t bytes; } cmp[] = {
+        {"swiglu m", v.m, s.m, n * 2}, {"swiglu da", v.da, s.da, n * 2}, {"swiglu db", v.db, s.db, n * 2},
+        {"rope forward", v.rope_f, s.rope_f, nx * 2}, {"rope backward", v.rope_b, s.rope_b, nx * 2},
+        {"rmsnorm out", v.out, s.out, nd * 2}, {"rmsnorm rstd", v.rstd, s.rstd, NN8_ROWS * 4},
+        {"rmsnorm dx", v.dx, s.dx, nd * 2}, {"rmsnorm dw", v.dw, s.dw, NN8_D * 4},
+    };
+    for (size_t k = 0; k < sizeof(cmp) / sizeof(cmp[0]); k++)
+        if (memcmp(cmp[k].a, cmp[k].b, cmp[k].bytes))
+            fail_msg("%s: eight at a time and one at a time differ", cmp[k].what);
+    /* and the RoPE round trip is close to where it began (the outputs are not all zeros) */
+    float *back = hbuf(nx * 4), *start = hbuf(nx * 4);
+    cuda_bf16_to_f32(back, v.rope_b, nx);
+    cuda_bf16_to_f32(start, in[3], nx);
+    double worst = 0;
+    for (size_t i = 0; i < nx; i++)
+        worst = fabs(back[i] - start[i]) > worst ? fabs(back[i] - start[i]) : worst;
+    assert_true(worst < 0.05);
+    nn8_free(&v), nn8_free(&s);
+    for (int k = 0; k < 7; k++)
+        free(in[k]);
+    free(nw), free(scratch), free(rstd), free(dw), free(back), free(start);
+    cuda_free(dcos), cuda_free(dsin), cuda_free(dnw);
+}
+
+/* ------------------------------------------------------------------------------------------
  * Softmax cross-entropy: GPT-2's padded vocabulary, Llama 3's, and a small odd one. Each case
  * runs out of place and then in place (dlogits = logits, as kernels/cpu/model.c calls ops_xent):
  * the two must give the same bits. */
@@ -641,6 +762,7 @@ int main(void)
         cmocka_unit_test(test_cuda_rope_bwd_matches_reference),
         cmocka_unit_test(test_cuda_swiglu_fwd_matches_reference),
         cmocka_unit_test(test_cuda_swiglu_bwd_matches_reference),
+        cmocka_unit_test(test_cuda_nn_eight_at_a_time_is_one_at_a_time_bitwise),
         cmocka_unit_test(test_cuda_xent_matches_reference_in_and_out_of_place),
         cmocka_unit_test(test_cuda_xent_out_of_range_target_gives_nan_loss),
     };

@@ -572,10 +572,11 @@ static uint16_t *dev_at(const uint16_t *h, size_t n, int off, uint16_t **base)
 
 /* The kernels' outputs for the arrays aligned (off 0: eight at a time) and one element off (one
  * at a time), kept for comparing: SwiGLU's m, da, db; RoPE's x after the forward and after the
- * backward; RMSNorm's out, rstd, dx (accumulated) and dw (added to). */
+ * backward; RMSNorm's out, rstd, dx (accumulated) and dw (added to); cross-entropy's losses and
+ * dlogits over rows of NN8_D logits. */
 typedef struct {
-    uint16_t *m, *da, *db, *rope_f, *rope_b, *out, *dx;
-    float *rstd, *dw;
+    uint16_t *m, *da, *db, *rope_f, *rope_b, *out, *dx, *dl;
+    float *rstd, *dw, *loss;
 } nn8_out_t;
 
 #define NN8_N 1003                      /* SwiGLU's elements: 125 groups and 3 after them */
@@ -587,7 +588,7 @@ typedef struct {
 #define NN8_HD 48                       /* RoPE: half 24, three groups */
 
 static void nn8_run(int off, nn8_out_t *o, const uint16_t *const *in, const float *rstd_in, const float *dw_in,
-                    const float *dcos, const float *dsin, const uint16_t *dnw)
+                    const float *dcos, const float *dsin, const uint16_t *dnw, const int32_t *dtg)
 {
     const size_t n = NN8_N, nx = (size_t)NN8_B * NN8_T * NN8_H * NN8_HD, nd = (size_t)NN8_ROWS * NN8_D;
     uint16_t *b[12];
@@ -615,20 +616,26 @@ static void nn8_run(int off, nn8_out_t *o, const uint16_t *const *in, const floa
     o->out = hbuf(nd * 2), o->dx = hbuf(nd * 2), o->rstd = hbuf(NN8_ROWS * 4), o->dw = hbuf(NN8_D * 4);
     dev_get(o->out, rout, nd * 2), dev_get(o->dx, rdx, nd * 2);
     dev_get(o->rstd, rstd, NN8_ROWS * 4), dev_get(o->dw, dw, NN8_D * 4);
-    for (int k = 0; k < 11; k++)
+    /* cross-entropy over RMSNorm's input as logits, out of place */
+    uint16_t *dl = dev_at(NULL, nd, off, &b[11]);
+    float *loss = dev_put(NULL, NN8_ROWS * 4);
+    expect_ok(cuda_xent(dl, loss, rx, dtg, NN8_ROWS, NN8_D, 0.25f, NULL));
+    o->dl = hbuf(nd * 2), o->loss = hbuf(NN8_ROWS * 4);
+    dev_get(o->dl, dl, nd * 2), dev_get(o->loss, loss, NN8_ROWS * 4);
+    for (int k = 0; k < 12; k++)
         cuda_free(b[k]);
-    cuda_free(rstd), cuda_free(r_in), cuda_free(dw);
+    cuda_free(rstd), cuda_free(r_in), cuda_free(dw), cuda_free(loss);
 }
 
 static void nn8_free(nn8_out_t *o)
 {
     free(o->m), free(o->da), free(o->db), free(o->rope_f), free(o->rope_b), free(o->out), free(o->dx);
-    free(o->rstd), free(o->dw);
+    free(o->rstd), free(o->dw), free(o->dl), free(o->loss);
 }
 
 /* Both ways give the same bits: SwiGLU and RoPE element by element (one function for an element
- * in both), RMSNorm's sums over the same terms in the same order (a thread's eight elements,
- * then its next group). */
+ * in both), RMSNorm's sums and cross-entropy's running max and sum over the same terms in the
+ * same order (a thread's eight elements, then its next group). */
 static void test_cuda_nn_eight_at_a_time_is_one_at_a_time_bitwise(void **state)
 {
     (void)state;
@@ -651,14 +658,16 @@ static void test_cuda_nn_eight_at_a_time_is_one_at_a_time_bitwise(void **state)
     float *dcos = dev_put(NULL, nt * 4), *dsin = dev_put(NULL, nt * 4);
     expect_ok(cuda_rope_table(dcos, dsin, NN8_T, NN8_HD, 10000.0, NULL));
     uint16_t *dnw = dev_put(nw, NN8_D * 2);
+    int32_t *tg = tokens(NN8_ROWS, NN8_D, 513), *dtg = dev_put(tg, NN8_ROWS * 4);
     nn8_out_t v, s;
-    nn8_run(0, &v, (const uint16_t *const *)in, rstd, dw, dcos, dsin, dnw);
-    nn8_run(1, &s, (const uint16_t *const *)in, rstd, dw, dcos, dsin, dnw);
+    nn8_run(0, &v, (const uint16_t *const *)in, rstd, dw, dcos, dsin, dnw, dtg);
+    nn8_run(1, &s, (const uint16_t *const *)in, rstd, dw, dcos, dsin, dnw, dtg);
     const struct { const char *what; const void *a, *b; size_t bytes; } cmp[] = {
         {"swiglu m", v.m, s.m, n * 2}, {"swiglu da", v.da, s.da, n * 2}, {"swiglu db", v.db, s.db, n * 2},
         {"rope forward", v.rope_f, s.rope_f, nx * 2}, {"rope backward", v.rope_b, s.rope_b, nx * 2},
         {"rmsnorm out", v.out, s.out, nd * 2}, {"rmsnorm rstd", v.rstd, s.rstd, NN8_ROWS * 4},
         {"rmsnorm dx", v.dx, s.dx, nd * 2}, {"rmsnorm dw", v.dw, s.dw, NN8_D * 4},
+        {"xent loss", v.loss, s.loss, NN8_ROWS * 4}, {"xent dlogits", v.dl, s.dl, nd * 2},
     };
     for (size_t k = 0; k < sizeof(cmp) / sizeof(cmp[0]); k++)
         if (memcmp(cmp[k].a, cmp[k].b, cmp[k].bytes))
@@ -674,8 +683,8 @@ static void test_cuda_nn_eight_at_a_time_is_one_at_a_time_bitwise(void **state)
     nn8_free(&v), nn8_free(&s);
     for (int k = 0; k < 7; k++)
         free(in[k]);
-    free(nw), free(scratch), free(rstd), free(dw), free(back), free(start);
-    cuda_free(dcos), cuda_free(dsin), cuda_free(dnw);
+    free(nw), free(scratch), free(rstd), free(dw), free(back), free(start), free(tg);
+    cuda_free(dcos), cuda_free(dsin), cuda_free(dnw), cuda_free(dtg);
 }
 
 /* ------------------------------------------------------------------------------------------

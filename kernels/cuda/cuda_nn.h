@@ -44,11 +44,12 @@ int cuda_embed_bwd(float *dtable, const uint16_t *dout, const int32_t *tok, int 
  * fp32. out may alias x. */
 int cuda_rmsnorm_fwd(uint16_t *out, float *rstd, const uint16_t *x, const uint16_t *w, int N, int D,
                      float eps, void *stream);
-/* Input gradient dx = r g - r^3 x (g.x)/D with g = dout*w (see ref_rmsnorm_bwd_x). Adds into
- * dx when accumulate != 0 (as ops_rmsnorm_bwd_x: one bf16 rounding of old + new), otherwise
- * overwrites it. */
+/* Input gradient dx = r g - r^3 x (g.x)/D with g = dout*w (see ref_rmsnorm_bwd_x), plus res
+ * when res is not NULL (one bf16 rounding of res + new, as ops_rmsnorm_bwd_x's accumulation):
+ * res = dx adds into dx, another array adds the residual's gradient on the way (the model's
+ * dh1 = df + ..., without a copy of df into dh1 first). */
 int cuda_rmsnorm_bwd_x(uint16_t *dx, const uint16_t *dout, const uint16_t *x, const float *rstd,
-                       const uint16_t *w, int N, int D, int accumulate, void *stream);
+                       const uint16_t *w, int N, int D, const uint16_t *res, void *stream);
 /* Weight gradient dw[i] += sum_n dout[n,i] * x[n,i] * rstd[n] (fp32 dw [D], adds into). */
 int cuda_rmsnorm_bwd_w(float *dw, const uint16_t *dout, const uint16_t *x, const float *rstd, int N,
                        int D, void *stream);

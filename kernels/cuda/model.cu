@@ -863,14 +863,12 @@ static int layer_backward_b(cuda_model_t *m, cuda_model_acts_t *a, int i, bf16_t
     layer_w_t *w = &m->lw[i];
     layer_acts_t *L = &a->l[i];
     int N = a->N, D = m->D, QD = m->QD, KD = m->KD, F = m->F;
-    size_t ND = (size_t)N * D;
     void *s = m->stream;
     MM(cuda_matmul_bwd_x(m->mm, a->s_dm, L->df, w->w2, N, F, D, 0, s));
     NN(cuda_swiglu_bwd(L->da, L->db, a->s_dm, L->a, L->b, (size_t)N * F, s));
     MM(cuda_matmul_bwd_x(m->mm, L->dxn2, L->da, w->w1, N, D, F, 0, s));
     MM(cuda_matmul_bwd_x(m->mm, L->dxn2, L->db, w->w3, N, D, F, 1, s));
-    CU(cudaMemcpyAsync(L->dh1, L->df, ND * sizeof(bf16_t), cudaMemcpyDeviceToDevice, m->stream));
-    NN(cuda_rmsnorm_bwd_x(L->dh1, L->dxn2, L->h1, L->r2, w->ffn_norm, N, D, 1, s));
+    NN(cuda_rmsnorm_bwd_x(L->dh1, L->dxn2, L->h1, L->r2, w->ffn_norm, N, D, L->df, s)); /* + the residual's */
     MM(cuda_matmul_bwd_x(m->mm, a->s_dy, L->dh1, w->wo, N, QD, D, 0, s));
     int rc = attn_bwd(m, a, L);
     if (rc)
@@ -880,8 +878,7 @@ static int layer_backward_b(cuda_model_t *m, cuda_model_acts_t *a, int i, bf16_t
     MM(cuda_matmul_bwd_x(m->mm, L->dxn1, L->dq, w->wq, N, D, QD, 0, s));
     MM(cuda_matmul_bwd_x(m->mm, L->dxn1, L->dk, w->wk, N, D, KD, 1, s));
     MM(cuda_matmul_bwd_x(m->mm, L->dxn1, L->dv, w->wv, N, D, KD, 1, s));
-    CU(cudaMemcpyAsync(dh_in, L->dh1, ND * sizeof(bf16_t), cudaMemcpyDeviceToDevice, m->stream));
-    NN(cuda_rmsnorm_bwd_x(dh_in, L->dxn1, L->h_in, L->r1, w->attn_norm, N, D, 1, s));
+    NN(cuda_rmsnorm_bwd_x(dh_in, L->dxn1, L->h_in, L->r1, w->attn_norm, N, D, L->dh1, s));
     return 0;
 }
 
@@ -1092,7 +1089,7 @@ static int backward_b(cuda_model_t *m, cuda_model_acts_t *a, const void *dy, voi
         if ((rc = piece_weights(m, m->cfg.n_layers + 1, m->nl ? m->layer0 + m->nl : -1)))
             return rc;
         /* dhf and the head's W came with its forward (head_forward) */
-        NN(cuda_rmsnorm_bwd_x(top, a->dhf, a->x_top, a->rf, m->norm, (int)N, (int)D, 0, s));
+        NN(cuda_rmsnorm_bwd_x(top, a->dhf, a->x_top, a->rf, m->norm, (int)N, (int)D, NULL, s));
     } else if (dev) {
         CU(cudaMemcpyAsync(top, dy, N * D * sizeof(bf16_t), cudaMemcpyDeviceToDevice, m->stream));
     } else {

@@ -68,15 +68,17 @@ static __global__ void rmsnorm_fwd_kernel(uint16_t *out, float *rstd, const uint
     }
 }
 
-// One block per row: dot = sum g w x, then dx = r g w - r^3 x dot / D (+ old dx).
+// One block per row: dot = sum g w x, then dx = r g w - r^3 x dot / D (+ res). Each thread
+// reads its chunk of res before it writes that chunk of dx, so res may be dx.
 static __global__ void rmsnorm_bwd_x_kernel(uint16_t *dx, const uint16_t *dout, const uint16_t *x,
                                             const float *rstd, const uint16_t *w, int D,
-                                            int accumulate, int vec)
+                                            const uint16_t *res, int vec)
 {
     __shared__ float sh[32];
     size_t base = (size_t)blockIdx.x * D;
     const uint16_t *xr = x + base, *g = dout + base;
     uint16_t *d = dx + base;
+    const uint16_t *rr = res ? res + base : NULL;
     int nc = (D + 7) / 8;
     float dot = 0.0f;
     for (int c = threadIdx.x; c < nc; c += blockDim.x) {
@@ -96,12 +98,12 @@ static __global__ void rmsnorm_bwd_x_kernel(uint16_t *dx, const uint16_t *dout, 
         rms_load(gv, g, c, D, vec);
         rms_load(wv, w, c, D, vec);
         rms_load(xv, xr, c, D, vec);
-        if (accumulate)
-            rms_load(old, d, c, D, vec);
+        if (rr)
+            rms_load(old, rr, c, D, vec);
 #pragma unroll
         for (int k = 0; k < 8; k++) {
             float v = rs * gv[k] * wv[k] - kk * xv[k];
-            y[k] = accumulate ? old[k] + v : v;
+            y[k] = rr ? old[k] + v : v;
         }
         rms_store(d, c, D, vec, y);
     }
@@ -161,7 +163,7 @@ extern "C" int cuda_rmsnorm_fwd(uint16_t *out, float *rstd, const uint16_t *x, c
 }
 
 extern "C" int cuda_rmsnorm_bwd_x(uint16_t *dx, const uint16_t *dout, const uint16_t *x,
-                                  const float *rstd, const uint16_t *w, int N, int D, int accumulate,
+                                  const float *rstd, const uint16_t *w, int N, int D, const uint16_t *res,
                                   void *stream)
 {
     if (!dx || !dout || !x || !rstd || !w || N < 0 || D <= 0)
@@ -169,9 +171,8 @@ extern "C" int cuda_rmsnorm_bwd_x(uint16_t *dx, const uint16_t *dout, const uint
                             "must be device pointers)", N, D);
     if (N == 0)
         return 0;
-    rmsnorm_bwd_x_kernel<<<N, RMS_THREADS, 0, (cudaStream_t)stream>>>(dx, dout, x, rstd, w, D,
-                                                                       accumulate != 0,
-                                                                       rms_vec(D, dx, dout, x, w));
+    int vec = rms_vec(D, dx, dout, x, w) && (!res || nn_aligned16(res));
+    rmsnorm_bwd_x_kernel<<<N, RMS_THREADS, 0, (cudaStream_t)stream>>>(dx, dout, x, rstd, w, D, res, vec);
     return cuda_nn_check(cudaGetLastError(), "cuda_rmsnorm_bwd_x launch");
 }
 

@@ -174,8 +174,8 @@ static void test_cuda_nn_rejects_bad_arguments(void **state)
     BAD(cuda_rmsnorm_fwd(h, NULL, h, h, 4, 4, 1e-5f, NULL), "cuda_rmsnorm_fwd");
     BAD(cuda_rmsnorm_fwd(h, f, h, h, 4, 0, 1e-5f, NULL), "cuda_rmsnorm_fwd");
     BAD(cuda_rmsnorm_fwd(h, f, h, h, 4, 4, -1.0f, NULL), "cuda_rmsnorm_fwd");
-    BAD(cuda_rmsnorm_bwd_x(h, h, h, f, NULL, 4, 4, 1, NULL), "cuda_rmsnorm_bwd_x");
-    BAD(cuda_rmsnorm_bwd_x(h, h, h, f, h, -2, 4, 1, NULL), "cuda_rmsnorm_bwd_x");
+    BAD(cuda_rmsnorm_bwd_x(h, h, h, f, NULL, 4, 4, h, NULL), "cuda_rmsnorm_bwd_x");
+    BAD(cuda_rmsnorm_bwd_x(h, h, h, f, h, -2, 4, h, NULL), "cuda_rmsnorm_bwd_x");
     BAD(cuda_rmsnorm_bwd_w(f, h, h, NULL, 4, 4, NULL), "cuda_rmsnorm_bwd_w");
     BAD(cuda_rmsnorm_bwd_w(f, h, h, f, 4, 0, NULL), "cuda_rmsnorm_bwd_w");
     BAD(cuda_rope_table(f, f, 4, 7, 10000.0, NULL), "cuda_rope_table");
@@ -197,7 +197,7 @@ static void test_cuda_nn_rejects_bad_arguments(void **state)
     assert_int_equal(cuda_embed_fwd(h, h, t, 0, 4, 4, NULL), 0);
     assert_int_equal(cuda_embed_bwd(f, h, t, 0, 4, 4, NULL), 0);
     assert_int_equal(cuda_rmsnorm_fwd(h, f, h, h, 0, 4, 1e-5f, NULL), 0);
-    assert_int_equal(cuda_rmsnorm_bwd_x(h, h, h, f, h, 0, 4, 0, NULL), 0);
+    assert_int_equal(cuda_rmsnorm_bwd_x(h, h, h, f, h, 0, 4, NULL, NULL), 0);
     assert_int_equal(cuda_rmsnorm_bwd_w(f, h, h, f, 0, 4, NULL), 0);
     assert_int_equal(cuda_rope_table(f, f, 0, 8, 10000.0, NULL), 0);
     assert_int_equal(cuda_rope_fwd(h, f, f, 0, 2, 2, 4, NULL), 0);
@@ -370,11 +370,22 @@ static void test_cuda_rmsnorm_bwd_x_matches_reference(void **state)
             uint16_t *ddx = dev_put(dx0, nd * 2), *ddout = dev_put(r.dout, nd * 2);
             uint16_t *dxx = dev_put(r.x, nd * 2), *dw = dev_put(r.w, (size_t)D * 2);
             float *drstd = dev_put(r.rstd, (size_t)N * 4);
-            expect_ok(cuda_rmsnorm_bwd_x(ddx, ddout, dxx, drstd, dw, N, D, acc, NULL));
+            /* with accumulate, the same sum from dx0 in another array (res) into a dx that holds
+             * anything: the model's dh1 = df + ... */
+            uint16_t *dres = dev_put(dx0, nd * 2), *dother = dev_put(r.dout, nd * 2);
+            expect_ok(cuda_rmsnorm_bwd_x(ddx, ddout, dxx, drstd, dw, N, D, acc ? ddx : NULL, NULL));
             float *got = dev_get_bf16(ddx, nd);
             assert_int_equal(tu_compare(acc ? "rmsnorm dx (accumulate)" : "rmsnorm dx", got, dx_d, nd,
                                         BF16_ATOL, BF16_RTOL), 0);
+            if (acc) {
+                expect_ok(cuda_rmsnorm_bwd_x(dother, ddout, dxx, drstd, dw, N, D, dres, NULL));
+                uint16_t *a = hbuf(nd * 2), *b = hbuf(nd * 2);
+                dev_get(a, ddx, nd * 2), dev_get(b, dother, nd * 2);
+                assert_memory_equal(a, b, nd * 2);
+                free(a), free(b);
+            }
             cuda_free(ddx), cuda_free(ddout), cuda_free(dxx), cuda_free(dw), cuda_free(drstd);
+            cuda_free(dres), cuda_free(dother);
             free(dx0), free(dx_d), free(got);
             rms_bwd_free(&r);
         }
@@ -611,7 +622,7 @@ static void nn8_run(int off, nn8_out_t *o, const uint16_t *const *in, const floa
     uint16_t *rg = dev_at(in[5], nd, off, &b[9]), *rdx = dev_at(in[6], nd, off, &b[10]);
     float *rstd = dev_put(NULL, NN8_ROWS * 4), *r_in = dev_put(rstd_in, NN8_ROWS * 4), *dw = dev_put(dw_in, NN8_D * 4);
     expect_ok(cuda_rmsnorm_fwd(rout, rstd, rx, dnw, NN8_ROWS, NN8_D, 1e-5f, NULL));
-    expect_ok(cuda_rmsnorm_bwd_x(rdx, rg, rx, r_in, dnw, NN8_ROWS, NN8_D, 1, NULL));
+    expect_ok(cuda_rmsnorm_bwd_x(rdx, rg, rx, r_in, dnw, NN8_ROWS, NN8_D, rdx, NULL));
     expect_ok(cuda_rmsnorm_bwd_w(dw, rg, rx, r_in, NN8_ROWS, NN8_D, NULL));
     o->out = hbuf(nd * 2), o->dx = hbuf(nd * 2), o->rstd = hbuf(NN8_ROWS * 4), o->dw = hbuf(NN8_D * 4);
     dev_get(o->out, rout, nd * 2), dev_get(o->dx, rdx, nd * 2);

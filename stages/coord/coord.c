@@ -49,9 +49,17 @@ static double grad_norm(coord_t *c)
     if (!job_norm_by_blocks(&c->lay)) /* shard order (the slices do not follow the blocks) */
         for (int k = 0; k < c->m->shards; k++)
             sq += coord_shard(c, k)->reply.grad_norm;
-    else /* block order: the same sum for any shard count */
-        for (size_t b = 0; b < c->lay.n_blocks; b++)
-            sq += blocks[b];
+    else { /* block order, block b into running sum b % 4, then (s0 + s1) + (s2 + s3): the same sum
+            * for any shard count, with a quarter of the dependent additions (a ~1B model has
+            * ~865k blocks: ~1 ms a step one after another, between REDUCE and UPDATE) */
+        double s4[4] = {0, 0, 0, 0};
+        size_t b = 0, nb = c->lay.n_blocks;
+        for (; b + 4 <= nb; b += 4)
+            s4[0] += blocks[b], s4[1] += blocks[b + 1], s4[2] += blocks[b + 2], s4[3] += blocks[b + 3];
+        for (; b < nb; b++)
+            s4[b % 4] += blocks[b];
+        sq = (s4[0] + s4[1]) + (s4[2] + s4[3]);
+    }
     return sqrt(sq);
 }
 

@@ -65,6 +65,7 @@ inline float __bfloat162float(__nv_bfloat16 h) { uint32_t u = (uint32_t)h.x << 1
  * block (or of the warp) waits on it. Warp exchanges go through xch. */
 struct BlockSync {
     float xch[32][32];
+    double xchd[32][32];
     int any = 0;
     /* kernels/cuda/mma.cuh's exchanges: per warp two slots used in turn, six words per lane;
      * xpar[tid] is the slot a thread posts in next (reset for each block) */
@@ -88,6 +89,10 @@ inline int __syncthreads_or(int p) {
 inline float __shfl_xor_sync(unsigned, float v, int o) {
     int w = sim_tid() / 32, l = sim_tid() % 32;
     sim_bs->xch[w][l] = v; __syncwarp(); float r = sim_bs->xch[w][l ^ o]; __syncwarp(); return r;
+}
+inline double __shfl_xor_sync(unsigned, double v, int o) {
+    int w = sim_tid() / 32, l = sim_tid() % 32;
+    sim_bs->xchd[w][l] = v; __syncwarp(); double r = sim_bs->xchd[w][l ^ o]; __syncwarp(); return r;
 }
 
 static inline void sim_check_smem(const void *p, size_t bytes) {

@@ -79,6 +79,40 @@ static void test_cuda_dev_kernels_match_plain_loops(void **state)
     free(x), free(y), free(got), free(xd), free(yd), free(b);
 }
 
+/* The block norms are the same bits for the same block wherever it sits: a block's four at a time
+ * (x 16-byte aligned) and one at a time (the same values one float off the alignment) agree bit
+ * for bit, over 21 blocks (three CUDA blocks of 8 warps, the last short) and a short last norm
+ * block; and a block's sum does not depend on the blocks around it (the second half alone). */
+static void test_cuda_block_sumsq_is_the_same_bits_wherever_the_block_sits(void **state)
+{
+    NEED_GPU();
+    const size_t block = 1024, n = 20 * block + 333, nb = 21;
+    float *x = malloc(n * 4);
+    double *xd = malloc(n * 8), a[21], b[21], c[21];
+    tu_fill(xd, x, n, 21, 2.0);
+    float *d;
+    double *ds;
+    assert_int_equal(cuda_alloc((void **)&d, (n + 4) * 4), 0);
+    assert_int_equal(cuda_alloc((void **)&ds, nb * 8), 0);
+    assert_int_equal(cuda_copy_to_device(d, x, n * 4), 0);
+    assert_int_equal(cuda_block_sumsq(ds, d, n, block, NULL), 0);
+    assert_int_equal(cuda_copy_to_host(a, ds, nb * 8), 0);
+    assert_int_equal(cuda_copy_to_device(d + 1, x, n * 4), 0);
+    assert_int_equal(cuda_block_sumsq(ds, d + 1, n, block, NULL), 0);
+    assert_int_equal(cuda_copy_to_host(b, ds, nb * 8), 0);
+    assert_memory_equal(a, b, nb * 8);
+    assert_int_equal(cuda_copy_to_device(d, x + 10 * block, (n - 10 * block) * 4), 0);
+    assert_int_equal(cuda_block_sumsq(ds, d, n - 10 * block, block, NULL), 0);
+    assert_int_equal(cuda_copy_to_host(c, ds, 11 * 8), 0);
+    assert_memory_equal(a + 10, c, 11 * 8);
+    double ref = 0;
+    for (size_t i = 20 * block; i < n; i++)
+        ref += (double)x[i] * x[i];
+    assert_true(fabs(a[20] - ref) <= 1e-12 * ref);
+    cuda_free(d), cuda_free(ds);
+    free(x), free(xd);
+}
+
 #define IPC_CHILD "--ipc-child" /* argv[1] of the IPC test's child: this program run again */
 #define IPC_FLOATS ((size_t)1 << 20)
 
@@ -182,6 +216,7 @@ int main(int argc, char **argv)
         return child(atoi(argv[2]), atoi(argv[3]), IPC_FLOATS);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cuda_dev_kernels_match_plain_loops),
+        cmocka_unit_test(test_cuda_block_sumsq_is_the_same_bits_wherever_the_block_sits),
         cmocka_unit_test(test_cuda_dev_ipc_shares_memory_and_events_between_processes),
     };
     return tu_run_group_tests(tests, NULL, NULL);

@@ -15,9 +15,9 @@
 # one it prints. CTITAN_BREAKDOWN_KEEP=DIR keeps the per-process tables there.
 # Then where the stage waits: what the device ran, in the same window for every process, while
 # a stage process had nothing on it (tools/gpuprof/waits.sh, from every process's trace).
-# CTITAN_BREAKDOWN_MPS=1 runs the job under NVIDIA's Multi-Process Service (a private daemon,
-# `nvidia-cuda-mps-control -d`, pipe and log folders of its own, stopped afterwards): without
-# it the job's processes on one GPU are time-sliced, never running kernels at the same time.
+# CTITAN_BREAKDOWN_MPS=1 runs the job under NVIDIA's Multi-Process Service (tools/mps.sh: a
+# private daemon, stopped afterwards): without it the job's processes on one GPU are
+# time-sliced, never running kernels at the same time.
 # Needs an NVIDIA GPU and a built tree with CUDA.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,10 +33,9 @@ trap 'rm -rf "$dir"' EXIT
 mkdir "$dir/prof"
 mps=""
 if [ "${CTITAN_BREAKDOWN_MPS:-0}" = 1 ]; then
-    mkdir "$dir/mps-pipe" "$dir/mps-log"
-    export CUDA_MPS_PIPE_DIRECTORY=$dir/mps-pipe CUDA_MPS_LOG_DIRECTORY=$dir/mps-log
-    nvidia-cuda-mps-control -d || { echo "### Breakdown: $label: nvidia-cuda-mps-control -d failed"; exit 1; }
-    trap 'echo quit | nvidia-cuda-mps-control >/dev/null 2>&1; sleep 1; rm -rf "$dir"' EXIT
+    . tools/mps.sh
+    mps_start "$dir" || { echo "### Breakdown: $label: nvidia-cuda-mps-control -d failed"; exit 1; }
+    trap 'mps_stop; rm -rf "$dir"' EXIT
     mps=", under MPS"
 fi
 prof=(env CUDA_INJECTION64_PATH="$lib" CTITAN_GPUPROF_DIR="$dir/prof" CTITAN_GPUPROF_LAST_MS="$last" CTITAN_GPUPROF_TRACE=1)

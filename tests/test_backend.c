@@ -11,6 +11,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "kernels/backend.h"
 #include "kernels/cpu/model.h"
@@ -346,6 +347,69 @@ static void test_backend_cuda_emulated_vector_ops_agree_with_the_cpu(void **stat
     free(x), free(y), free(w), free(m), free(v), free(back), free(wd);
 }
 
+/* Offload on the emulated plugin: the model pins its range of the shared weights and gradients
+ * (pinning the same pages again is refused until the model is gone), its step begins with the
+ * host's weights on the device as bf16, and the fp32 weights it brought over in its gradient
+ * buffer are not left there: the step's end hands back zero gradients (no backward ran) over
+ * what the host held. */
+static void test_backend_cuda_offload_pins_the_shared_range_and_starts_the_step_clean(void **state)
+{
+    char path[PATH_MAX], err[512];
+    if (access(tu_lib("libctitan_cuda_sim.so", path, sizeof(path)), R_OK)) {
+        print_message("%s not built: skipping\n", path);
+        skip();
+    }
+    setenv(CUDA_PLUGIN_ENV, path, 1);
+    const backend_t *gpu = backend_load("cuda", err, sizeof(err));
+    unsetenv(CUDA_PLUGIN_ENV);
+    if (!gpu)
+        fail_msg("%s", err);
+    assert_int_equal(gpu->dev_select(0, NULL), 0);
+    model_config_t cfg;
+    config_preset("tiny", &cfg);
+    cfg.n_heads = 1, cfg.n_kv_heads = 1; /* head dimension 16: the CUDA attention's least */
+    assert_int_equal(config_validate(&cfg, err, sizeof(err)), 0);
+    param_table_t tab;
+    assert_int_equal(params_table_init(&tab, &cfg), 0);
+    size_t total = tab.total, page = (size_t)sysconf(_SC_PAGESIZE), bytes = (total * 4 + page - 1) / page * page;
+    float *hw = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    float *hg = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    assert_true(hw != MAP_FAILED && hg != MAP_FAILED);
+    params_init(&tab, &cfg, 7, hw, 0, total);
+    for (size_t i = 0; i < total; i++)
+        hg[i] = 1e30f; /* anything but the gradients */
+    backend_model_t *bm;
+    if (gpu->model_new(&bm, &cfg, 0, cfg.n_layers + 2, hw, hg, 1))
+        fail_msg("model_new: %s", gpu->last_error());
+    assert_int_not_equal(gpu->host_pin(hw, bytes), 0); /* pinned by the model already */
+    assert_int_not_equal(gpu->host_pin(hg, bytes), 0);
+    assert_int_equal(gpu->step_begin(bm), 0);
+    void *dw;
+    float *dg;
+    size_t b, e;
+    gpu->model_buffers(bm, &dw, &dg, &b, &e);
+    assert_int_equal(e - b, total);
+    uint16_t *w16 = malloc(total * 2);
+    void *s;
+    assert_int_equal(gpu->stream_new(&s), 0);
+    assert_int_equal(gpu->copy(w16, dw, total * 2, s), 0);
+    assert_int_equal(gpu->stream_sync(s), 0);
+    for (size_t i = 0; i < total; i++)
+        if (w16[i] != tu_f32_to_bf16(hw[i]))
+            fail_msg("weight %zu on the device: %#x, want %#x", i, w16[i], tu_f32_to_bf16(hw[i]));
+    assert_int_equal(gpu->step_end(bm), 0);
+    for (size_t i = 0; i < total; i++)
+        if (hg[i] != 0.0f)
+            fail_msg("gradient %zu handed back as %g, want 0", i, hg[i]);
+    gpu->stream_free(s);
+    gpu->model_destroy(&bm);
+    assert_int_equal(gpu->host_pin(hw, bytes), 0); /* given back with the model */
+    gpu->host_unpin(hw);
+    munmap(hw, bytes), munmap(hg, bytes);
+    free(w16);
+    params_table_free(&tab);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -354,6 +418,7 @@ int main(void)
         cmocka_unit_test(test_backend_cpu_adamw_out_of_place_with_clip_is_scale_then_in_place_bitwise),
         cmocka_unit_test(test_backend_cpu_model_is_model_c_bitwise),
         cmocka_unit_test(test_backend_cuda_emulated_vector_ops_agree_with_the_cpu),
+        cmocka_unit_test(test_backend_cuda_offload_pins_the_shared_range_and_starts_the_step_clean),
     };
     return tu_run_group_tests(tests, NULL, NULL);
 }

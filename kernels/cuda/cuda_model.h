@@ -31,7 +31,8 @@ typedef struct cuda_model_acts cuda_model_acts_t;
 int cuda_model_new(cuda_model_t **out, const model_config_t *cfg, int p0, int p1);
 void cuda_model_destroy(cuda_model_t **m);
 
-/* Weights of the held pieces from host fp32 (the pieces' range of the flat space). */
+/* Weights of the held pieces from host fp32 (the pieces' range of the flat space). They pass
+ * through the gradient buffer, so the weight gradients start over at zero. */
 int cuda_model_set_weights(cuda_model_t *m, const float *host);
 /* Writes the weight gradients accumulated since the last call (fp32, the pieces' range of the
  * flat space) into host, and zeroes them on the device. */

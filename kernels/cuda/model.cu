@@ -71,7 +71,6 @@ struct cuda_model {
     int D, H, K, hd, QD, KD, F, V;
     bf16_t *w;                      /* (own_e - own_b + CUDA_MODEL_SLACK) bf16 weights */
     float *g;                       /* (own_e - own_b + CUDA_MODEL_SLACK) fp32 weight gradients */
-    float *staging;                 /* (own_e - own_b) fp32: uploads and downloads */
     float *rope_cos, *rope_sin;     /* (max_seq_len, hd/2) */
     layer_w_t *lw;
     bf16_t *embed, *norm, *out;
@@ -296,7 +295,6 @@ extern "C" void cuda_model_destroy(cuda_model_t **pm)
     cudaFree(m->head_buf);
     cudaFree(m->rope_cos);
     cudaFree(m->rope_sin);
-    cudaFreeHost(m->staging);
     for (int k = 0; k < m->kept_cap; k++)
         cudaFreeHost(m->kept[k].h);
     free(m->kept);
@@ -374,7 +372,6 @@ static int model_init(cuda_model_t *m, const model_config_t *cfg, int p0, int p1
     CU(cudaMalloc((void **)&m->g, (n + CUDA_MODEL_SLACK) * sizeof(float)));
     CU(cudaMemsetAsync(m->w, 0, (n + CUDA_MODEL_SLACK) * sizeof(bf16_t), m->stream));
     CU(cudaMemsetAsync(m->g, 0, (n + CUDA_MODEL_SLACK) * sizeof(float), m->stream));
-    CU(cudaMallocHost((void **)&m->staging, n * sizeof(float)));
     CU(cudaMalloc((void **)&m->rope_cos, half * sizeof(float)));
     CU(cudaMalloc((void **)&m->rope_sin, half * sizeof(float)));
     int rc = rope_tables(m, cfg);
@@ -411,14 +408,18 @@ extern "C" int cuda_model_new(cuda_model_t **out, const model_config_t *cfg, int
     return 0;
 }
 
+/* The fp32 weights land in the gradient buffer, free between steps (take_grads left it zero),
+ * are converted from there and the buffer zeroed again: no host staging (a pinned copy of the
+ * range was 4 bytes a parameter of every GPU stage's host memory). From pinned memory (offload
+ * registers the shared segment: cuda_model_pin_host) the copy runs at the bus's rate. */
 extern "C" int cuda_model_set_weights(cuda_model_t *m, const float *host)
 {
     size_t n = m->own_e - m->own_b;
-    /* into pinned memory, which the conversion kernel reads directly (mapped through UVA) */
-    memcpy(m->staging, host, n * sizeof(float));
-    int rc = to_bf16(m, m->w, m->staging, n);
+    CU(cudaMemcpyAsync(m->g, host, n * sizeof(float), cudaMemcpyHostToDevice, m->stream));
+    int rc = to_bf16(m, m->w, m->g, n);
     if (rc)
         return rc;
+    CU(cudaMemsetAsync(m->g, 0, n * sizeof(float), m->stream));
     CU(cudaStreamSynchronize(m->stream));
     return 0;
 }

@@ -2,7 +2,9 @@
 // cuda_model.h (hand-offs as device bf16, only queued on the model's stream) and the optimizer
 // kernels of cuda_dev.h / cuda_ops.h, then the CUDA-only calls of the GPU data planes.
 #include <errno.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "kernels/cuda/cuda_err.h"
 #include "kernels/cuda/cuda_model.h"
@@ -12,15 +14,36 @@
 struct backend_model {
     cuda_model_t *m;
     float *host_w, *host_g; /* offload: the shared fp32 weights and gradients of the range */
+    void *pinned[2];        /* their pages pinned (cuda_host_pin), or NULL */
 };
 
 static cuda_model_acts_t *acts_of(backend_acts_t *a) { return (cuda_model_acts_t *)a; }
+
+/* Offload: the range's pages of the shared weights and gradients pinned, so that the step's
+ * upload and download run at the bus's rate (pageable copies go through the driver's staging
+ * at a fraction of it). Where pinning fails the copies still work, pageable. */
+static void pin_host(backend_model_t *m)
+{
+    uint16_t *w16;
+    float *g;
+    size_t b, e, page = (size_t)sysconf(_SC_PAGESIZE);
+    cuda_model_buffers(m->m, &w16, &g, &b, &e);
+    float *host[2] = {m->host_w, m->host_g};
+    for (int k = 0; k < 2 && e > b; k++) {
+        uintptr_t lo = (uintptr_t)host[k] / page * page, hi = ((uintptr_t)(host[k] + (e - b)) + page - 1) / page * page;
+        if (cuda_host_pin((void *)lo, hi - lo) == 0)
+            m->pinned[k] = (void *)lo;
+    }
+}
 
 static void be_model_destroy(backend_model_t **pm)
 {
     backend_model_t *m = *pm;
     if (!m)
         return;
+    for (int k = 0; k < 2; k++)
+        if (m->pinned[k])
+            cuda_host_unpin(m->pinned[k]);
     cuda_model_destroy(&m->m);
     free(m);
     *pm = NULL;
@@ -41,6 +64,8 @@ static int be_model_new(backend_model_t **out, const model_config_t *cfg, int p0
         free(m);
         return rc;
     }
+    if (host_w)
+        pin_host(m);
     *out = m;
     return 0;
 }

@@ -183,7 +183,6 @@ static int stage_rows(plan_t *p, const manifest_t *m, const job_layout_t *l, con
         d->bytes[PLAN_WEIGHTS] += (n + CUDA_SLACK) * 2;
         d->bytes[PLAN_GRADS] += (n + CUDA_SLACK) * 4;
         d->bytes[PLAN_WORKSPACE] += CUDA_WORKSPACE;
-        h->bytes[PLAN_STAGING] += n * 4; /* pinned: the host's weights and gradients pass through it */
         double ring = (double)l->M * l->dev_slot;
         if (l->nccl) /* each end holds its slots: act and grad links to each neighbour */
             d->bytes[PLAN_RINGS] += ring * 2 * ((v > 0) + (v < l->S - 1));

@@ -12,6 +12,7 @@
 #include "kernels/adamw.h"
 #include "kernels/cuda/cuda_err.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/nn_common.cuh"
 
 extern "C" int cuda_device_count(void)
 {
@@ -73,6 +74,7 @@ __global__ void adamw_kernel(float *p, float *m, float *v, const float *p0, cons
     }
     for (size_t j = tid; j < n4; j += stride) {
         size_t i = head + 4 * j;
+        NN_ALIGNED(p + i, 16), NN_ALIGNED(g + i, 16);
         float4 P0 = *(const float4 *)(p0 + i), M0 = *(const float4 *)(m0 + i), V0 = *(const float4 *)(v0 + i);
         float4 G = *(const float4 *)(g + i), P, M, V;
         adamw_elem(P.x, M.x, V.x, P0.x, M0.x, V0.x, G.x, s);
@@ -83,9 +85,9 @@ __global__ void adamw_kernel(float *p, float *m, float *v, const float *p0, cons
         *(float4 *)(m + i) = M;
         *(float4 *)(v + i) = V;
         if (wo) /* four bf16 in one 8-byte store, element i in the low half */
-            *(uint2 *)(wo + i) = make_uint2(bf16_bits(P.x) | bf16_bits(P.y) << 16, bf16_bits(P.z) | bf16_bits(P.w) << 16);
+            NN_ALIGNED(wo + i, 8), *(uint2 *)(wo + i) = make_uint2(bf16_bits(P.x) | bf16_bits(P.y) << 16, bf16_bits(P.z) | bf16_bits(P.w) << 16);
         if (gc)
-            *(float4 *)(gc + i) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            NN_ALIGNED(gc + i, 16), *(float4 *)(gc + i) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 }
 

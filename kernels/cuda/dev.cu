@@ -204,6 +204,7 @@ __global__ static void k_block_sumsq(double *out, const float *x, size_t n, size
     double s = 0;
     if (vec && len == block) {
         for (size_t q = lane; 4 * q < len; q += 32) {
+            NN_ALIGNED(xb + 4 * q, 16);
             float4 v = *(const float4 *)(xb + 4 * q);
             s += (double)v.x * v.x;
             s += (double)v.y * v.y;

@@ -5,6 +5,8 @@
 #define CTITAN_NN_COMMON_CUH
 
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cuda_runtime.h>
@@ -40,6 +42,19 @@ __host__ __device__ static inline uint16_t nn_f32_to_bf16(float f)
 // Whether p starts a 16-byte boundary: the eight-at-a-time paths (nn_load8, nn_store8) need it.
 static inline int nn_aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
+// A wide access's alignment, checked where the kernels run on the CPU emulator (tests/cudasim:
+// x86 takes a misaligned 16-byte load that a GPU faults on); nothing on the device.
+#ifndef __CUDA_ARCH__
+static inline void nn_misaligned(const char *file, int line, const void *p, int n)
+{
+    fprintf(stderr, "%s:%d: a %d-byte access at %p, not %d-byte aligned\n", file, line, n, p, n);
+    abort();
+}
+#define NN_ALIGNED(p, n) ((uintptr_t)(p) % (n) ? nn_misaligned(__FILE__, __LINE__, (const void *)(p), (n)) : (void)0)
+#else
+#define NN_ALIGNED(p, n) ((void)0)
+#endif
+
 #ifdef __CUDACC__
 // Eight bf16 in one 16-byte load or store (p 16-byte aligned): element k is bits [16 (k % 2),
 // 16 (k % 2) + 16) of word k / 2, as memory holds them. The element-wise kernels move their
@@ -47,6 +62,7 @@ static inline int nn_aligned16(const void *p) { return ((uintptr_t)p & 15) == 0;
 // element's arithmetic is the one-at-a-time path's, so both give the same bits.
 __device__ static inline void nn_load8(float *f, const uint16_t *p)
 {
+    NN_ALIGNED(p, 16);
     uint4 u = *(const uint4 *)p;
     unsigned w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
@@ -62,6 +78,7 @@ __device__ static inline void nn_store8(uint16_t *p, const float *f)
 #pragma unroll
     for (int k = 0; k < 4; k++)
         w[k] = (unsigned)nn_f32_to_bf16(f[2 * k]) | (unsigned)nn_f32_to_bf16(f[2 * k + 1]) << 16;
+    NN_ALIGNED(p, 16);
     *(uint4 *)p = make_uint4(w[0], w[1], w[2], w[3]);
 }
 

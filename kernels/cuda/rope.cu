@@ -75,6 +75,7 @@ static __global__ void rope8_kernel(uint16_t *x, const float *cos_t, const float
         int t = (int)((row / H) % T);
         uint16_t *v = x + row * (size_t)(2 * half) + i;
         const float *cr = cos_t + (size_t)t * half + i, *sr = sin_t + (size_t)t * half + i;
+        NN_ALIGNED(cr, 16), NN_ALIGNED(sr, 16);
         float4 c0 = *(const float4 *)cr, c1 = *(const float4 *)(cr + 4), s0 = *(const float4 *)sr,
                s1 = *(const float4 *)(sr + 4);
         float c[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w},

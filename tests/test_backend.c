@@ -71,22 +71,21 @@ static void test_backend_cpu_vector_ops_are_the_plain_loops_bitwise(void **state
         v[i] = v2[i] = v[i] * v[i]; /* second moments are >= 0 */
     memcpy(w2, w, N * sizeof(float));
     memcpy(m2, m, N * sizeof(float));
-    ops_adamw(NULL, w2, y, m2, v2, N, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 7);
-    assert_int_equal(be->adamw(w, m, v, w, m, v, y, 1.0f, N, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 7, NULL, NULL, s), 0);
-    assert_memory_equal(w, w2, N * sizeof(float));
-    assert_memory_equal(m, m2, N * sizeof(float));
-    assert_memory_equal(v, v2, N * sizeof(float));
-    /* with the publish in the same call: the new weights copied out (fp32 on the CPU), the
-     * gradient read and then cleared */
+    /* step 7 alone; step 8 with the publish in the same call: the new weights copied out (fp32
+     * on the CPU), the gradient (a copy of y) read and then cleared */
     float *wout = malloc(N * sizeof(float)), *gy = malloc(N * sizeof(float));
-    memcpy(gy, y, N * sizeof(float));
-    ops_adamw(NULL, w2, y, m2, v2, N, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 8);
-    assert_int_equal(be->adamw(w, m, v, w, m, v, gy, 1.0f, N, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 8, wout, gy, s), 0);
-    assert_memory_equal(w, w2, N * sizeof(float));
-    assert_memory_equal(v, v2, N * sizeof(float));
-    assert_memory_equal(wout, w2, N * sizeof(float));
-    for (size_t i = 0; i < N; i++)
-        assert_true(gy[i] == 0.0f);
+    for (int step = 7; step <= 8; step++) {
+        memcpy(gy, y, N * sizeof(float));
+        int out = step == 8;
+        ops_adamw(NULL, w2, y, m2, v2, N, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
+        assert_int_equal(be->adamw(w, m, v, w, m, v, gy, 1.0f, N, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, step,
+                                   out ? wout : NULL, out ? gy : NULL, s), 0);
+        assert_memory_equal(w, w2, N * sizeof(float));
+        assert_memory_equal(m, m2, N * sizeof(float));
+        assert_memory_equal(v, v2, N * sizeof(float));
+        for (size_t i = 0; i < N; i++)
+            assert_true(out ? gy[i] == 0.0f && wout[i] == w2[i] : gy[i] == y[i]);
+    }
     free(wout), free(gy);
 
     float *dev;
@@ -257,7 +256,8 @@ static void test_backend_cpu_model_is_model_c_bitwise(void **state)
 /* The emulated CUDA plugin's table (build/lib/libctitan_cuda_sim.so) does the optimizer's
  * vector work as the CPU's: exactly for elementwise fp32, to double rounding for the block
  * norms, to float rounding for AdamW, to bf16 for the weights. */
-static void test_backend_cuda_emulated_vector_ops_agree_with_the_cpu(void **state)
+/* The emulated plugin's table (the test is skipped where it is not built). */
+static const backend_t *emulated_gpu(void)
 {
     char path[PATH_MAX], err[512];
     if (access(tu_lib("libctitan_cuda_sim.so", path, sizeof(path)), R_OK)) {
@@ -265,10 +265,16 @@ static void test_backend_cuda_emulated_vector_ops_agree_with_the_cpu(void **stat
         skip();
     }
     setenv(CUDA_PLUGIN_ENV, path, 1);
-    const backend_t *gpu = backend_load("cuda", err, sizeof(err)), *cpu = backend_cpu();
+    const backend_t *gpu = backend_load("cuda", err, sizeof(err));
     unsetenv(CUDA_PLUGIN_ENV);
     if (!gpu)
         fail_msg("%s", err);
+    return gpu;
+}
+
+static void test_backend_cuda_emulated_vector_ops_agree_with_the_cpu(void **state)
+{
+    const backend_t *gpu = emulated_gpu(), *cpu = backend_cpu();
     assert_string_equal(gpu->name, "cuda");
     assert_int_equal(gpu->dev_select(0, NULL), 0);
     void *s;
@@ -354,16 +360,8 @@ static void test_backend_cuda_emulated_vector_ops_agree_with_the_cpu(void **stat
  * what the host held. */
 static void test_backend_cuda_offload_pins_the_shared_range_and_starts_the_step_clean(void **state)
 {
-    char path[PATH_MAX], err[512];
-    if (access(tu_lib("libctitan_cuda_sim.so", path, sizeof(path)), R_OK)) {
-        print_message("%s not built: skipping\n", path);
-        skip();
-    }
-    setenv(CUDA_PLUGIN_ENV, path, 1);
-    const backend_t *gpu = backend_load("cuda", err, sizeof(err));
-    unsetenv(CUDA_PLUGIN_ENV);
-    if (!gpu)
-        fail_msg("%s", err);
+    char err[512];
+    const backend_t *gpu = emulated_gpu();
     assert_int_equal(gpu->dev_select(0, NULL), 0);
     model_config_t cfg;
     config_preset("tiny", &cfg);

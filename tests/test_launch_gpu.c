@@ -197,6 +197,24 @@ static int same_ckpt_file(const char *a, const char *b, const char *name)
     return same && n > 0;
 }
 
+/* Job c, `extra` with offload's CPU shards (--optshard.device cpu), run on the emulated plugin
+ * (which it leaves unset), trains as job b did with GPU shards, bit for bit: the losses of
+ * `steps` steps and step 2's master weights and both moments. */
+static void assert_offload_as(const char *b, const char *c, const char *extra, int steps, char *out, size_t outlen)
+{
+    char more[2048];
+    snprintf(more, sizeof(more), "%s --optshard.device cpu", extra);
+    int rc = tj_run(c, more, out, outlen);
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+    tj_assert_same_losses(b, c, steps);
+    assert_true(same_ckpt_file(b, c, "model.bin"));
+    assert_true(same_ckpt_file(b, c, "exp_avg.bin"));
+    assert_true(same_ckpt_file(b, c, "exp_avg_sq.bin"));
+}
+
 /* The val_loss record of job's metrics, as written (%.17g); "" without one. */
 static void val_loss(const char *job, char *out, size_t n)
 {
@@ -239,17 +257,9 @@ static void test_launch_cuda_offload_and_gpu_shards_agree_on_the_emulated_backen
     char ckpt[256];
     tj_ckpt_dir(ckpt, sizeof(ckpt), b);
     tj_assert_sample_is_generates(out, ckpt, 2, "val.bin", ", greedy, on the GPU", "--temperature 0 --device cuda");
-    snprintf(extra, sizeof(extra), "%s --job.device cuda --optshard.device cpu", shape);
-    int rc = tj_run(c, extra, out, sizeof(out));
-    unsetenv("CTITAN_CUDA_PLUGIN");
-    if (rc)
-        print_error("%s\n", out);
-    assert_int_equal(rc, 0);
+    snprintf(extra, sizeof(extra), "%s --job.device cuda", shape);
+    assert_offload_as(b, c, extra, 2, out, sizeof(out));
     assert_close_losses(a, b, 2, 0.01, 0);
-    tj_assert_same_losses(b, c, 2);
-    assert_true(same_ckpt_file(b, c, "model.bin"));
-    assert_true(same_ckpt_file(b, c, "exp_avg.bin"));
-    assert_true(same_ckpt_file(b, c, "exp_avg_sq.bin"));
     val_loss(a, va, sizeof(va));
     val_loss(b, vb, sizeof(vb));
     val_loss(c, vc, sizeof(vc));
@@ -271,7 +281,7 @@ static void test_launch_cuda_gpu_shards_publish_in_adamw_as_offload_does_after_i
 {
     TU_NEED_BIN();
     static char out[1 << 16];
-    char b[32], c[32], extra[512];
+    char b[32], c[32];
     const char *shape = "--model.dim 32 --model.n_heads 2 --model.n_kv_heads 1 --training.steps 3 "
                         "--training.max_norm 0 --optshard.shards 3 --checkpoint.enable true --checkpoint.interval 2 "
                         "--optimizer.decay_embed_and_norms true --job.device cuda"; /* one run a slice */
@@ -279,16 +289,7 @@ static void test_launch_cuda_gpu_shards_publish_in_adamw_as_offload_does_after_i
     job_name(c, sizeof(c), "simpuboff");
     TJ_NEED_SIM_PLUGIN();
     tj_run_ok(b, shape, out, sizeof(out));
-    snprintf(extra, sizeof(extra), "%s --optshard.device cpu", shape);
-    int rc = tj_run(c, extra, out, sizeof(out));
-    unsetenv("CTITAN_CUDA_PLUGIN");
-    if (rc)
-        print_error("%s\n", out);
-    assert_int_equal(rc, 0);
-    tj_assert_same_losses(b, c, 3);
-    assert_true(same_ckpt_file(b, c, "model.bin"));
-    assert_true(same_ckpt_file(b, c, "exp_avg.bin"));
-    assert_true(same_ckpt_file(b, c, "exp_avg_sq.bin"));
+    assert_offload_as(b, c, shape, 3, out, sizeof(out));
     tj_assert_clean(b);
     tj_assert_clean(c);
 }

@@ -82,6 +82,20 @@ __device__ static inline void nn_store8(uint16_t *p, const float *f)
     *(uint4 *)p = make_uint4(w[0], w[1], w[2], w[3]);
 }
 
+// Group c of a row of n elements, [8c, 8c + 8): with `vec` (n % 8 == 0, the row 16-byte
+// aligned) in one 16-byte access, else one by one with the elements past n read as `past` (what
+// adds nothing to the caller's sums). Both ways the same values in the same order.
+__device__ static inline void nn_load_group(float *f, const uint16_t *row, int c, int n, int vec, float past)
+{
+    if (vec) {
+        nn_load8(f, row + 8 * c);
+        return;
+    }
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        f[k] = 8 * c + k < n ? nn_bf16_to_f32(row[8 * c + k]) : past;
+}
+
 // Butterfly sum over a warp. Every lane ends with the same bits: at each step lanes i and i^o add
 // the same two values, and IEEE addition is commutative.
 __device__ static inline float nn_warp_sum(float v)

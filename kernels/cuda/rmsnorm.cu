@@ -9,19 +9,13 @@
 #define RMSW_COLS 16    // dw: columns per block (two groups of 8: one 32-byte sector of a row)
 #define RMSW_LANES 128  // dw: row lanes per block (blockDim.y)
 
-// A row is read in chunks of 8 elements, chunk c = [8c, 8c + 8): with `vec` (D % 8 == 0 and the
-// arrays 16-byte aligned) in one 16-byte access, else one by one, the elements past D read as
-// 0 (which adds nothing to the sums below). Thread t takes chunks t, t + blockDim.x, ...: both
-// ways add the same terms in the same order, so they give the same bits.
+// A row is read in chunks of 8 elements, chunk c = [8c, 8c + 8) (nn_load_group: with `vec`, D %
+// 8 == 0 and the arrays 16-byte aligned, in one 16-byte access, else one by one, the elements
+// past D read as 0, which adds nothing to the sums below). Thread t takes chunks t, t +
+// blockDim.x, ...: both ways add the same terms in the same order, so they give the same bits.
 __device__ static inline void rms_load(float *f, const uint16_t *row, int c, int D, int vec)
 {
-    if (vec) {
-        nn_load8(f, row + 8 * c);
-        return;
-    }
-#pragma unroll
-    for (int k = 0; k < 8; k++)
-        f[k] = 8 * c + k < D ? nn_bf16_to_f32(row[8 * c + k]) : 0.0f;
+    nn_load_group(f, row, c, D, vec, 0.0f);
 }
 
 __device__ static inline void rms_store(uint16_t *row, int c, int D, int vec, const float *f)

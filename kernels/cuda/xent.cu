@@ -35,18 +35,12 @@ __device__ static void ms_block(float &m, float &s, float *shm, float *shs)
         ms_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
 }
 
-// A row in chunks of 8 elements, chunk c = [8c, 8c + 8), as rmsnorm.cu reads: with `vec` (V % 8
-// == 0, both arrays 16-byte aligned) one 16-byte access, else one by one; elements past V read
-// as -inf (nothing to the max and the sum) and are not written.
+// A row in chunks of 8 elements, chunk c = [8c, 8c + 8), as rmsnorm.cu reads (nn_load_group:
+// with `vec`, V % 8 == 0 and both arrays 16-byte aligned, one 16-byte access); elements past V
+// read as -inf (nothing to the max and the sum) and are not written.
 __device__ static inline void xent_load(float *f, const uint16_t *row, int c, int V, int vec)
 {
-    if (vec) {
-        nn_load8(f, row + 8 * c);
-        return;
-    }
-#pragma unroll
-    for (int k = 0; k < 8; k++)
-        f[k] = 8 * c + k < V ? nn_bf16_to_f32(row[8 * c + k]) : -INFINITY;
+    nn_load_group(f, row, c, V, vec, -INFINITY);
 }
 
 // One block per row, two passes over it. Pass 1: each thread keeps an online (max, sum) over

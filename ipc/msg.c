@@ -75,6 +75,7 @@ static const codec_type_t types[MSG_TYPE_END] = {
     [MSG_TRACE]     = {"trace",     B(F_STEP) | B(F_DATA), 0},
     [MSG_REMAP]     = {"remap",     B(F_STEP), 0},
     [MSG_REMAPPED]  = {"remapped",  B(F_STEP) | B(F_T_BUSY), 0},
+    [MSG_GIVEN_UP]  = {"given_up",  B(F_TEXT), 0},
 };
 
 static const codec_proto_t proto = {

@@ -84,6 +84,9 @@ typedef enum {
     MSG_REMAP,       /* coord -> optshard (GPU shards): step: the stages were started again; map
                       * their device buffers anew and write the master weights into them */
     MSG_REMAPPED,    /* optshard -> coord: step, t_busy: done */
+    MSG_GIVEN_UP,    /* host 0's supervisor -> a host's agent (job.hosts > 1), answering its hello
+                      * or heartbeat once no coordinator will come: text (why the job ended):
+                      * stop the host's workers and exit 1 */
     MSG_TYPE_END     /* append new types above this */
 } msg_type_t;
 

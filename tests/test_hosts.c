@@ -549,7 +549,8 @@ static void test_hosts_checkpointd_killed_mid_part_writes_the_checkpoint_again(v
 /* checkpoint.folder not one folder for both hosts (host 1 writes its part elsewhere): every
  * checkpoint fails naming the missing part and the shared folder it needs, and the run fails
  * at its end (its last checkpoint not written); with job.max_restarts 0 nothing relaunches it,
- * and host 1's agent gives up after job.host_timeout_s. */
+ * and host 0's supervisor tells host 1's agent so (GIVEN_UP, coord_farewell): the agent exits
+ * 1 at once, saying why, not after job.host_timeout_s (100 s here). */
 static void test_hosts_a_checkpoint_folder_not_shared_fails_saying_so(void **state)
 {
     TU_NEED_BIN();
@@ -558,18 +559,23 @@ static void test_hosts_a_checkpoint_folder_not_shared_fails_saying_so(void **sta
     static char out[1 << 16], agent_out[1 << 16];
     char elsewhere[300];
     tj_hosts_t h;
-    tj_two_hosts(&h, 'h', "ckapart", CK7 " --job.max_restarts 0 --job.host_timeout_s 2");
+    tj_two_hosts(&h, 'h', "ckapart", CK7 " --job.max_restarts 0 --job.host_timeout_s 100");
     snprintf(elsewhere, sizeof(elsewhere), "--checkpoint.folder %s/elsewhere-%s", tj_dir, h.j);
     pid_t agent = tj_start_host1(&h, elsewhere);
-    int rc = tj_launch("", 120, h.j, h.extra, out, sizeof(out)), arc = tu_reap(agent, 60, NULL);
+    int rc = tj_launch("", 120, h.j, h.extra, out, sizeof(out));
+    double t0 = util_now();
+    int arc = tu_reap(agent, 60, NULL);
+    double waited = util_now() - t0;
     unsetenv("CTITAN_CUDA_PLUGIN");
     tj_read_out(h.jh1, agent_out, sizeof(agent_out));
     if (rc != 1 || tj_count(out, "part-1.xxh: missing: part 1 of 2 was not written (or not to its end, or not here: "
                                  "every host must see checkpoint.folder as one shared folder)") < 3 ||
         !strstr(out, "the checkpoint of step 7, the last, was not written") || strstr(out, "saved to"))
         TJ_FAIL_WITH(out, "host 0: status %d", rc);
-    if (arc != 1)
-        TJ_FAIL_WITH(agent_out, "host 1: status %d", arc);
+    print_message("host 1 exited %.1f s after host 0's launch\n", waited);
+    if (arc != 1 || waited > 20 || !strstr(agent_out, "host 0 gave the job up, no coordinator will come: not "
+                                                      "relaunched after: "))
+        TJ_FAIL_WITH(agent_out, "host 1: status %d after %.1f s", arc, waited);
     tj_assert_clean(h.j);
     tj_assert_clean(h.jh1);
 }

@@ -61,6 +61,7 @@ static const struct {
     {MSG_TRACE, "trace", "step data"},
     {MSG_REMAP, "remap", "step"},
     {MSG_REMAPPED, "remapped", "step t_busy"},
+    {MSG_GIVEN_UP, "given_up", "text"},
 };
 #define NTYPES (sizeof ttab / sizeof ttab[0])
 

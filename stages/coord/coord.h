@@ -64,6 +64,13 @@ typedef struct {
  * reaches them all) and the outcome is written to sup->out. */
 int coord_run(const manifest_t *m, const coord_super_t *sup);
 
+/* Host 0 of a job across hosts (job.hosts > 1), once its supervisor gives the job up (no run
+ * follows): binds the coordinator's endpoint with its keys and answers each other host's
+ * agent, as its hello or heartbeat comes, with GIVEN_UP and `why`, so that the agent stops its
+ * host's workers and exits 1 at once instead of waiting job.host_timeout_s for a coordinator.
+ * Waits wait_s at most, or until stop(arg). Returns 0 or -errno (said on stderr). */
+int coord_farewell(const manifest_t *m, const char *why, double wait_s, int (*stop)(void *arg), void *arg);
+
 /* After a coordinator of job `job` (this host's segment name) died without cleaning up: if the
  * job segment says `owner` made it, removes the operator's key from the run folder, the ipc://
  * control socket file and every segment of the job (async: without waiting for their memory to

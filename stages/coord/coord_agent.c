@@ -41,6 +41,7 @@ typedef struct {
     ctl_t *up;                /* the connection to the coordinator */
     int running;              /* START carried out: this host's workers run (or ran) */
     double stopped;           /* the coordinator said STOP then (the job ended): exit once they have */
+    char given_up[512];       /* host 0's supervisor gave the job up (GIVEN_UP): why; exit 1 */
     int failed;               /* a worker of this host failed (the job fails: a relaunch may follow) */
     double failed_at;
     double last_answer;       /* the coordinator's last heartbeat answer, */
@@ -322,6 +323,10 @@ static int on_command(coord_t *c, agent_t *a, const msg_t *m)
         save_part(c, a, m);
     } else if (m->type == MSG_STOP) {
         a->stopped = util_now();
+    } else if (m->type == MSG_GIVEN_UP && !a->given_up[0]) {
+        snprintf(a->given_up, sizeof(a->given_up), "%.*s", (int)(m->text_len < 500 ? m->text_len : 500),
+                 m->text_len ? m->text : "(no reason given)");
+        a->stopped = util_now(); /* the workers go as the agent exits */
     }
     return 0;
 }
@@ -344,6 +349,11 @@ int coord_agent(coord_t *c)
         reap(c, &a);
         double now = util_now();
         if (a.stopped > 0) { /* the job ended: its workers were told to stop too */
+            if (a.given_up[0]) {
+                fprintf(stderr, "launch: host %d: host 0 gave the job up, no coordinator will come: %s\n",
+                        m->host_rank, a.given_up);
+                break;
+            }
             if (coord_none_running(c) || now - a.stopped > COORD_STOP_GRACE_S) {
                 say("launch: host %d: the job has ended", m->host_rank);
                 status = 0;

@@ -15,6 +15,8 @@
 #include <unistd.h>
 
 #include "ipc/util.h"
+#include "stages/coord/coord_keys.h"
+#include "stages/coord/coord_setup.h"
 #include "stages/job/ldr_info.h"
 
 typedef struct {
@@ -211,4 +213,50 @@ void coord_hosts_free(coord_t *c)
     free(c->hosts->a);
     free(c->hosts);
     c->hosts = NULL;
+}
+
+/* ---- after the last run: the other hosts told that no coordinator will come ---- */
+
+int coord_farewell(const manifest_t *m, const char *why, double wait_s, int (*stop)(void *arg), void *arg)
+{
+    if (m->hosts < 2 || m->host_rank != 0)
+        return 0;
+    coord_t c = {.m = (manifest_t *)m, .sigfd = -1};
+    char err[512];
+    int rc, *told = calloc((size_t)m->hosts, sizeof(int)), left = m->hosts - 1;
+    if (!told)
+        return -ENOMEM;
+    if ((rc = coord_resolve_endpoint(&c, err, sizeof(err))) || (rc = coord_keys_setup(&c, err, sizeof(err))) ||
+        (rc = ctl_server_new(&c.ctl, c.keys.sec, err, sizeof(err))) ||
+        (rc = coord_keys_allow_hosts(&c, err, sizeof(err))) || (rc = ctl_bind(c.ctl, c.endpoint, err, sizeof(err)))) {
+        fprintf(stderr, "ctitan: job %s: cannot tell the other hosts that it ended: %s\n", m->name, err);
+        goto out;
+    }
+    msg_t bye = {.type = MSG_GIVEN_UP, .text = (char *)why, .text_len = strlen(why)};
+    for (double end = util_now() + wait_s; left > 0 && util_now() < end && !(stop && stop(arg));) {
+        ctl_peer_t from;
+        msg_t in;
+        if (ctl_recv(c.ctl, 50, &from, &in, err, sizeof(err)))
+            continue;
+        /* an agent's hello or heartbeat, from its own host's key and socket: answered once */
+        int h = !strncmp(from.user, "host.", 5) ? atoi(from.user + 5) : 0;
+        char want[32];
+        int n = snprintf(want, sizeof(want), "agent.%d", h);
+        if (h > 0 && h < m->hosts && !told[h] && (in.type == MSG_HELLO || in.type == MSG_HEARTBEAT) &&
+            !strcmp(in.role, "agent") && !strncmp(from.route, want, (size_t)n) &&
+            (from.route[n] == '#' || from.route[n] == '/') && ctl_send(c.ctl, from.route, &bye) == 0) {
+            told[h] = 1;
+            left--;
+        }
+        msg_clear(&in);
+    }
+    if (left > 0)
+        fprintf(stderr, "ctitan: job %s: %d other host%s did not answer within %.0f s: %s agent%s wait%s "
+                "job.host_timeout_s (%d s) for a coordinator\n", m->name, left, left == 1 ? "" : "s", wait_s,
+                left == 1 ? "its" : "their", left == 1 ? "" : "s", left == 1 ? "s" : "", m->host_timeout_s);
+    ctl_linger(c.ctl, 2000);
+out:
+    ctl_destroy(&c.ctl);
+    free(told);
+    return rc;
 }

@@ -101,6 +101,21 @@ int coord_keys_setup(coord_t *c, char *err, size_t errlen)
     return 0;
 }
 
+int coord_keys_allow_hosts(coord_t *c, char *err, size_t errlen)
+{
+    for (int h = 1; h < c->m->hosts; h++) {
+        char path[PATH_MAX], pub[KEYS_Z85 + 1], user[CTL_USER_MAX];
+        host_key_path(c, path, sizeof(path), h, "pub");
+        int rc = keys_load_one(path, pub, err, errlen);
+        if (rc)
+            return rc;
+        snprintf(user, sizeof(user), "host.%d", h);
+        if (ctl_allow(c->ctl, pub, user))
+            return util_fail(err, errlen, -EINVAL, "%s: not a CURVE public key", path);
+    }
+    return 0;
+}
+
 int coord_keys_admit(coord_t *c, char *err, size_t errlen)
 {
     keys_pair_t op;
@@ -112,16 +127,8 @@ int coord_keys_admit(coord_t *c, char *err, size_t errlen)
     if ((rc = write_run_keys(c, &op, err, errlen)))
         return rc;
     memset(&op, 0, sizeof(op));
-    for (int h = 1; h < c->m->hosts; h++) {
-        char path[PATH_MAX], pub[KEYS_Z85 + 1], user[CTL_USER_MAX];
-        user[0] = '\0';
-        host_key_path(c, path, sizeof(path), h, "pub");
-        if ((rc = keys_load_one(path, pub, err, errlen)))
-            return rc;
-        snprintf(user, sizeof(user), "host.%d", h);
-        if (ctl_allow(c->ctl, pub, user))
-            return util_fail(err, errlen, -EINVAL, "%s: not a CURVE public key", path);
-    }
+    if ((rc = coord_keys_allow_hosts(c, err, errlen)))
+        return rc;
     snprintf(c->hdr->run_dir, sizeof(c->hdr->run_dir), "%s", c->run_dir);
     snprintf(c->hdr->ctl_key, sizeof(c->hdr->ctl_key), "%s", c->server_pub);
     return 0;

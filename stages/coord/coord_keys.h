@@ -11,6 +11,9 @@ int coord_keys_setup(coord_t *c, char *err, size_t errlen);
 /* Host 0, once the control socket exists and before it is bound (ZeroMQ never retries a
  * refused client): admits the operator's key, and the hosts'. */
 int coord_keys_admit(coord_t *c, char *err, size_t errlen);
+/* The other hosts' keys (job.keys' host<K>.pub), each admitted as "host.<K>": part of
+ * coord_keys_admit, and all that coord_farewell admits. */
+int coord_keys_allow_hosts(coord_t *c, char *err, size_t errlen);
 /* The keys process p starts with: on host 0 a fresh pair, bound to "<id>@<start>" (the
  * previous start's revoked); on host k the host's pair. Returns 0 or -errno. */
 int coord_keys_for(coord_t *c, coord_proc_t *p, worker_keys_t *k);

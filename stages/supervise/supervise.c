@@ -374,6 +374,20 @@ static int backoff(sup_t *s, int ms)
 }
 
 /* No restart: says why, where the coordinator has not. Returns the exit status, 1. */
+static int relaunch_stopped(void *arg);
+
+/* No run follows: the other hosts' agents, which would wait job.host_timeout_s for a
+ * coordinator, are told so (coord_farewell) as their next hello or heartbeat comes: a few
+ * seconds at most (a Ctrl-C ends it). */
+static void farewell(sup_t *s, const char *why)
+{
+    const manifest_t *m = s->given;
+    if (m->hosts < 2)
+        return;
+    double beat = m->heartbeat_interval_ms * 1e-3 > 1.0 ? m->heartbeat_interval_ms * 1e-3 : 1.0;
+    coord_farewell(&s->m, why, 2 * beat + 3.0, relaunch_stopped, s);
+}
+
 static int give_up(sup_t *s, const failure_t *f, int64_t from)
 {
     const manifest_t *m = s->given;
@@ -385,6 +399,9 @@ static int give_up(sup_t *s, const failure_t *f, int64_t from)
     else if (!s->out->failed) /* the coordinator itself died: nobody else said it */
         fprintf(stderr, "ctitan: job %s failed: %s (not restarted: %s)\n", m->name, f->reason,
                 s->stepped ? "job.max_restarts = 0" : "no step was completed");
+    char why[600];
+    snprintf(why, sizeof(why), "not relaunched after: %.500s", f->reason);
+    farewell(s, why);
     return 1;
 }
 
@@ -418,6 +435,7 @@ static int plan_relaunch(sup_t *s)
         return 0;
     fprintf(stderr, "ctitan: job %s: not relaunched: %s%s\n", s->given->name,
             rc == -ENOMEM ? "the memory plan refuses it now: " : "its memory plan failed: ", err);
+    farewell(s, "not relaunched: the memory plan refuses the relaunch on host 0");
     return 1;
 }
 

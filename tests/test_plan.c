@@ -296,6 +296,41 @@ static void test_plan_suggests_activation_checkpointing_only_when_it_is_off(void
     }
 }
 
+/* A GPU job with offload refused for host memory, its optimizer state most of it: the knob is
+ * that state back on the GPUs, with its size; more pipeline stages are not offered (on the host
+ * they hold no activations to spread), and the list ends without a separator. Without offload
+ * (its refusal for host memory then only the shared segments and processes) no such knob. */
+static void test_plan_host_refusal_of_offload_names_the_optimizer_on_the_gpus(void **state)
+{
+    manifest_t m;
+    plan_t p;
+    char err[4096];
+    const char *kv[64];
+    int n = small_kv(kv);
+    /* ~30M parameters: offload's two banks of state (24 bytes each) outweigh the processes */
+    kv[n++] = "model.dim", kv[n++] = "1024", kv[n++] = "model.hidden_dim", kv[n++] = "4096";
+    kv[n++] = "model.n_heads", kv[n++] = "16";
+    kv[n++] = "job.device", kv[n++] = "cuda", kv[n++] = "optshard.device";
+    for (int off = 1; off >= 0; off--) {
+        kv[n] = off ? "cpu" : "cuda", kv[n + 1] = NULL;
+        manifest_of(&m, kv);
+        assert_int_equal(plan_build(&p, &m, &(plan_opts_t){.cpus = 2}, err, sizeof(err)), 0);
+        plan_have_t have = {.host = p.host_need * 0.5, .shm = -1, .gpus = 0};
+        for (int g = 0; g < PLAN_MAX_GPUS; g++)
+            have.gpu[g] = -1;
+        assert_int_equal(plan_check(&p, &have, &m, err, sizeof(err)), -ENOMEM);
+        print_message("offload %d: %s\n", off, err);
+        if (off)
+            assert_non_null(strstr(err, "to fit: the optimizer state on the GPUs (--optshard.device cuda: its "));
+        else
+            assert_null(strstr(err, "--optshard.device cuda"));
+        assert_null(strstr(err, "pipeline_parallel_degree above"));
+        size_t len = strlen(err);
+        assert_true(len > 8 && strcmp(err + len - 2, "; ") && strcmp(err + len - 8, "to fit: "));
+        plan_free(&p);
+    }
+}
+
 /* `ctitan launch` of the tiny manifest with these overrides under `env`; its output in out, its
  * status returned, its time in *secs. */
 static int launch(const char *env, const char *job, const char *extra, char *out, size_t n, double *secs)
@@ -520,6 +555,7 @@ int main(void)
         cmocka_unit_test(test_plan_figures_of_a_small_gpu_job),
         cmocka_unit_test(test_plan_with_parameter_sharding),
         cmocka_unit_test(test_plan_suggests_activation_checkpointing_only_when_it_is_off),
+        cmocka_unit_test(test_plan_host_refusal_of_offload_names_the_optimizer_on_the_gpus),
         cmocka_unit_test(test_gpu_capacity_from_nvidia_smi_and_not_a_number_is_unknown),
         cmocka_unit_test(test_launch_refuses_40b_on_an_80gb_gpu),
         cmocka_unit_test(test_launch_refuses_llama1b_on_a_small_host),

@@ -678,15 +678,32 @@ static size_t knobs(const plan_t *p, const manifest_t *m, int device, int gpus, 
     if (at < n && device >= 0 && strcmp(m->shard_device, "cpu"))
         at += (size_t)snprintf(buf + at, n - at, "optimizer offload (--optshard.device cpu keeps the optimizer "
                                "state in host memory); ");
-    if (at < n)
+    double optim = 0;
+    for (int i = 0; i < p->n && device == PLAN_HOST; i++)
+        if (p->rows[i].device == PLAN_HOST)
+            optim += p->rows[i].bytes[PLAN_OPTIM];
+    if (at < n && device == PLAN_HOST && !strcmp(m->device, "cuda") && !strcmp(m->shard_device, "cpu") &&
+        optim >= p->host_need / 4) /* offload's state is most of it: it can go back to the GPUs */
+        at += (size_t)snprintf(buf + at, n - at, "the optimizer state on the GPUs (--optshard.device cuda: its "
+                               "%.2f GiB of master weights and moments leave host memory); ", optim / PLAN_GIB);
+    /* more stages spread the layers over more GPUs; on the host they only share the activations
+     * out differently, so they are named there only when a stage holds some */
+    if (at < n && (device >= 0 || a))
         at += (size_t)snprintf(buf + at, n - at, "more pipeline stages (--parallelism.pipeline_parallel_degree "
                                "above %d: %s)", m->pp,
                                device >= 0 ? "fewer layers on each GPU" : "fewer layers' activations a stage");
     if (at < n && device == PLAN_HOST && !strcmp(m->device, "cpu") && m->dp_replicate > 1)
-        at += (size_t)snprintf(buf + at, n - at, "; parameter sharding (the %d replicas hold %d copies of the "
+        at += (size_t)snprintf(buf + at, n - at, "parameter sharding (the %d replicas hold %d copies of the "
                                "weights and gradients: --parallelism.data_parallel_shard_degree %d with "
                                "data_parallel_replicate_degree 1 holds one, the same batch)", m->dp, m->dp_replicate,
                                m->dp);
+    /* the knobs are "; "-separated: none after the last, and no "to fit" without one */
+    if (at >= n)
+        return at;
+    while (at >= 2 && !strcmp(buf + at - 2, "; "))
+        buf[at -= 2] = '\0';
+    if (!strcmp(buf, "; to fit: ")) /* nothing to name */
+        buf[at = 0] = '\0';
     return at;
 }
 

@@ -47,7 +47,7 @@ typedef enum {
     PLAN_OPTIM,        /* the training state: master weights and the optimizer's arrays */
     PLAN_ACTS,         /* activations: per microbatch x in flight */
     PLAN_RINGS,        /* hand-off rings, the loader's and the job's small segments */
-    PLAN_STAGING,      /* the checkpoint staging segment; a GPU process's pinned staging */
+    PLAN_STAGING,      /* the checkpoint staging segment */
     PLAN_WORKSPACE,    /* kernel workspaces and tables */
     PLAN_CONTEXT,      /* a CUDA context (an estimate) */
     PLAN_RUNTIME,      /* the process itself (PLAN_PROC_BYTES, PLAN_STAGE_BYTES, CUDA's host part) */

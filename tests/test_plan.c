@@ -231,6 +231,7 @@ static void test_plan_with_parameter_sharding(void **state)
             plan_have_t have = {.host = p.host_need * 0.9, .shm = -1, .gpus = 0};
             assert_int_equal(plan_check(&p, &have, &m, err, sizeof(err)), -ENOMEM);
             assert_non_null(strstr(err, "--parallelism.data_parallel_shard_degree 4"));
+            assert_non_null(strstr(err, "a stage); parameter sharding (")); /* one knob, "; ", the next */
         }
         plan_free(&p);
     }

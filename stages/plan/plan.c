@@ -690,7 +690,7 @@ static size_t knobs(const plan_t *p, const manifest_t *m, int device, int gpus, 
      * out differently, so they are named there only when a stage holds some */
     if (at < n && (device >= 0 || a))
         at += (size_t)snprintf(buf + at, n - at, "more pipeline stages (--parallelism.pipeline_parallel_degree "
-                               "above %d: %s)", m->pp,
+                               "above %d: %s); ", m->pp,
                                device >= 0 ? "fewer layers on each GPU" : "fewer layers' activations a stage");
     if (at < n && device == PLAN_HOST && !strcmp(m->device, "cpu") && m->dp_replicate > 1)
         at += (size_t)snprintf(buf + at, n - at, "parameter sharding (the %d replicas hold %d copies of the "

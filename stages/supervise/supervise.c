@@ -373,7 +373,6 @@ static int backoff(sup_t *s, int ms)
     return s->stop_sig;
 }
 
-/* No restart: says why, where the coordinator has not. Returns the exit status, 1. */
 static int relaunch_stopped(void *arg);
 
 /* No run follows: the other hosts' agents, which would wait job.host_timeout_s for a
@@ -388,6 +387,8 @@ static void farewell(sup_t *s, const char *why)
     coord_farewell(&s->m, why, 2 * beat + 3.0, relaunch_stopped, s);
 }
 
+/* No restart: says why, where the coordinator has not (and tells the other hosts). Returns the
+ * exit status, 1. */
 static int give_up(sup_t *s, const failure_t *f, int64_t from)
 {
     const manifest_t *m = s->given;

@@ -33,12 +33,13 @@ static __global__ void rope_table_freq_kernel(float *cos_t, float *sin_t, size_t
     }
 }
 
-// One pair rotated: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s). Both paths below call it, so they
-// give the same bits.
+// One pair rotated: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s). Both kernels below call it, each
+// operation an _rn one (nvcc may not fuse a multiply-add one way in one kernel and another way
+// in the other), so they give the same bits.
 __device__ static inline void rope_rot(float x1, float x2, float c, float s, float *y1, float *y2)
 {
-    *y1 = x1 * c - x2 * s;
-    *y2 = x2 * c + x1 * s;
+    *y1 = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
+    *y2 = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
 }
 
 // One thread per pair (i, i + hd/2) of one head of one token: it reads both and writes both, so

@@ -11,13 +11,15 @@
 __device__ static inline float nn_sigmoid(float a) { return 1.0f / (1.0f + expf(-a)); }
 
 // One element: m = silu(a) b, and its gradients (silu'(a) = s + a s (1 - s) with s = sigmoid(a),
-// see ref_swiglu_bwd). Both paths below call these, so they give the same bits.
+// see ref_swiglu_bwd). Both paths below call these, and the multiply-add is spelled out in _rn
+// operations (nvcc may not fuse it one way in one loop and another way in the other), so they
+// give the same bits.
 __device__ static inline float swiglu_m(float av, float bv) { return av * nn_sigmoid(av) * bv; }
 
 __device__ static inline void swiglu_d(float g, float av, float bv, float *dav, float *dbv)
 {
     float s = nn_sigmoid(av), silu = av * s;
-    *dav = g * bv * (s + silu * (1.0f - s));
+    *dav = __fmul_rn(__fmul_rn(g, bv), __fadd_rn(s, __fmul_rn(silu, __fsub_rn(1.0f, s))));
     *dbv = g * silu;
 }
 

@@ -34,8 +34,9 @@ typedef struct {
 } util_every_t;
 void util_every_start(util_every_t *e, double every_s);
 double util_every_due(util_every_t *e);
-/* The interval of such lines (the launch's set-up, a shard's weight initialisation,
- * checkpoint loads, imports, exports): 2 s, or for tests CTITAN_TEST_SAY_S's seconds. */
+/* The interval of such lines (the launch's set-up, a shard's weight initialisation, the
+ * end-of-run validation, checkpoint loads, imports, exports): 2 s, or for tests
+ * CTITAN_TEST_SAY_S's seconds. */
 double util_say_s(void);
 /* Writes s to fp as a JSON string: quoted, '"' and '\\' escaped, control characters as \u00XX. */
 void util_json_string(FILE *fp, const char *s);

@@ -55,8 +55,9 @@ static void test_launch_losses_bitwise_equal_for_pipeline_degree_1_2_4(void **st
     assert_true(atof(l[11]) < atof(l[0]) - 0.5);
 }
 
-/* 1 and 3 optimizer shards give the same losses; and the first job's set-up says how far it is
- * (CTITAN_TEST_SAY_S 0: a line at every chance, from the coordinator and from the shard). */
+/* 1 and 3 optimizer shards give the same losses; and the first job's set-up and end-of-run
+ * validation say how far they are (CTITAN_TEST_SAY_S 0: a line at every chance, from the
+ * coordinator and from the shard). */
 static void test_launch_losses_bitwise_equal_for_1_and_3_optimizer_shards(void **state)
 {
     TU_NEED_BIN();
@@ -64,13 +65,16 @@ static void test_launch_losses_bitwise_equal_for_1_and_3_optimizer_shards(void *
     char a[32], b[32];
     job_name(a, sizeof(a), "k1");
     job_name(b, sizeof(b), "k3");
-    setenv("CTITAN_TEST_SAY_S", "0", 1); /* the set-up's progress lines at every chance */
-    int rc = tj_run(a, "--optshard.shards 1", out, sizeof(out));
+    char val[512];
+    snprintf(val, sizeof(val), "--optshard.shards 1 --validation.enable true --validation.steps 2 "
+             "--validation.dataset_path %s/data/val.bin", tj_dir);
+    setenv("CTITAN_TEST_SAY_S", "0", 1); /* the progress lines at every chance */
+    int rc = tj_run(a, val, out, sizeof(out));
     unsetenv("CTITAN_TEST_SAY_S");
     assert_int_equal(rc, 0);
     const char *lines[] = {"launch: set-up: making the shared-memory segment", "processes ready (",
-                           "initialising the weights of its slice: "};
-    for (int i = 0; i < 3; i++)
+                           "initialising the weights of its slice: ", "ctitan: validation: 1 of "};
+    for (int i = 0; i < 4; i++)
         if (!strstr(out, lines[i]))
             TJ_FAIL_WITH(out, "no line with \"%s\"", lines[i]);
     tj_run_ok(b, "--optshard.shards 3", out, sizeof(out));

@@ -411,7 +411,7 @@ extern "C" int cuda_model_new(cuda_model_t **out, const model_config_t *cfg, int
 /* The fp32 weights land in the gradient buffer, free between steps (take_grads left it zero),
  * are converted from there and the buffer zeroed again: no host staging (a pinned copy of the
  * range was 4 bytes a parameter of every GPU stage's host memory). From pinned memory (offload
- * registers the shared segment: cuda_model_pin_host) the copy runs at the bus's rate. */
+ * pins its range of the shared segment: plugin.cu pin_host) the copy runs at the bus's rate. */
 extern "C" int cuda_model_set_weights(cuda_model_t *m, const float *host)
 {
     size_t n = m->own_e - m->own_b;

@@ -427,18 +427,15 @@ static void sample(coord_t *c, const float *w, pool_t *pool, tokfile_t *val)
         tokfile_close(&src);
 }
 
-/* The end-of-run validation says how far it is after 2 s and every 2 s (on stderr, while the
- * "done:" line waits for its loss). */
-static const eval_say_t val_say = {"ctitan", 2.0};
 
 /* A GPU job's validation on its first GPU; NaN with a note on stderr when that cannot be done
  * (the CPU's then). */
-static double validate_on_gpu(const manifest_t *m, float *w, const tokfile_t *val, int *used)
+static double validate_on_gpu(const manifest_t *m, float *w, const tokfile_t *val, int *used, const eval_say_t *say)
 {
     char why[512];
     const cuda_plugin_t *gpu = end_gpu(m, why, sizeof(why));
     double vl = gpu ? eval_loss_on(&gpu->backend, &m->model, w, val, m->local_batch_size, m->seq_len, m->val_steps,
-                                   used, &val_say, why, sizeof(why))
+                                   used, say, why, sizeof(why))
                     : NAN;
     if (isnan(vl))
         fprintf(stderr, "ctitan: note: the validation on the GPU did not run (%s): on the CPU instead\n", why);
@@ -458,10 +455,12 @@ void coord_end_of_run(coord_t *c, int64_t first, double secs)
         printf("done: %d steps in %.1f s", m->steps, secs);
     if (m->val_enable && tokfile_open(&val, m->val_dataset_path, m->model.vocab_size, err, sizeof(err)) == 0) {
         int used = 0;
-        double vl = strcmp(m->device, "cuda") ? NAN : validate_on_gpu(m, w, val, &used);
+        /* says how far it is on stderr (util_say_s), while the "done:" line waits for its loss */
+        eval_say_t say = {"ctitan", util_say_s()};
+        double vl = strcmp(m->device, "cuda") ? NAN : validate_on_gpu(m, w, val, &used, &say);
         const char *where = isnan(vl) ? "" : " on the GPU";
         if (isnan(vl))
-            vl = eval_loss(&m->model, w, pool, val, m->local_batch_size, m->seq_len, m->val_steps, &used, &val_say);
+            vl = eval_loss(&m->model, w, pool, val, m->local_batch_size, m->seq_len, m->val_steps, &used, &say);
         printf("; validation loss %.4f over %d batches%s", vl, used, where);
         if (c->rep->metrics)
             write_validation(c, vl, used);

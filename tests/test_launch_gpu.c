@@ -453,6 +453,145 @@ static void test_launch_two_hosts_resume_a_one_host_checkpoint(void **state)
     tj_assert_clean(bh1);
 }
 
+/* A stand-in for NVIDIA's nvidia-cuda-mps-control in folder bin: with -f the daemon (it notes
+ * its pid, pipe and log folders and CUDA_VISIBLE_DEVICES in $CTITAN_TEST_MPS_LOG, makes its
+ * control "socket" and waits; SIGTERM ends it, noted), else a client that notes the command
+ * it reads and passes "quit" on to the daemon of $CUDA_MPS_PIPE_DIRECTORY. */
+static void fake_mps_control(const char *bin)
+{
+    char path[512];
+    mkdir(bin, 0700);
+    snprintf(path, sizeof(path), "%s/nvidia-cuda-mps-control", bin);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("#!/bin/sh\n"
+          "log=$CTITAN_TEST_MPS_LOG\n"
+          "if [ \"$1\" = -f ]; then\n"
+          "  trap 'echo \"daemon $$ quit\" >> \"$log\"; rm -f \"$CUDA_MPS_PIPE_DIRECTORY/control\"; exit 0' TERM\n"
+          "  echo \"daemon $$ pipe=$CUDA_MPS_PIPE_DIRECTORY log=$CUDA_MPS_LOG_DIRECTORY cvd=${CUDA_VISIBLE_DEVICES-unset}\" >> \"$log\"\n"
+          "  echo $$ > \"$CUDA_MPS_PIPE_DIRECTORY/daemon.pid\"\n"
+          "  : > \"$CUDA_MPS_PIPE_DIRECTORY/control\"\n"
+          "  while :; do sleep 0.05; done\n"
+          "fi\n"
+          "read cmd\n"
+          "echo \"client $cmd\" >> \"$log\"\n"
+          "[ \"$cmd\" = quit ] && kill -TERM \"$(cat \"$CUDA_MPS_PIPE_DIRECTORY/daemon.pid\")\"\n"
+          "exit 0\n", f);
+    fclose(f);
+    chmod(path, 0700);
+}
+
+/* job.mps = "on": `ctitan launch` runs a private MPS control daemon for the job (every GPU
+ * visible to it), its workers find it through CUDA_MPS_PIPE_DIRECTORY, and it is told to quit
+ * and its folder removed when the job ends; a daemon an earlier launch left (killed outright)
+ * is told to quit first. Without nvidia-cuda-mps-control on PATH "on" is refused before
+ * anything starts. A stand-in program plays the daemon (fake_mps_control). */
+static void test_launch_mps_daemon_serves_the_job_and_goes_with_it(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16], text[1 << 14];
+    char job[32], bin[256], log[320], dir[200], pipe_dir[256], path[8192], want[512];
+    const char *shape = "--model.dim 32 --model.n_heads 2 --model.n_kv_heads 1 --job.device cuda --job.mps on";
+    job_name(job, sizeof(job), "mps");
+    snprintf(bin, sizeof(bin), "%s/mpsbin", tj_dir);
+    snprintf(log, sizeof(log), "%s/mps.log", tj_dir);
+    snprintf(dir, sizeof(dir), "/tmp/ctitan-mps-%u-%s-h0", (unsigned)getuid(), job);
+    snprintf(pipe_dir, sizeof(pipe_dir), "%s/pipe", dir);
+    fake_mps_control(bin);
+    setenv("CTITAN_TEST_MPS_LOG", log, 1);
+    char args[512];
+    snprintf(args, sizeof(args), "%s --training.steps 2", shape);
+    assert_int_equal(tj_run(job, args, out, sizeof(out)), 1);
+    assert_non_null(strstr(out, "job.mps = \"on\": nvidia-cuda-mps-control is not on PATH"));
+    assert_int_equal(tj_last_step(job), 0);
+    tj_assert_clean(job);
+    /* "auto" runs without it then, saying so: each emulated GPU has a stage and its shards */
+    char job2[32];
+    job_name(job2, sizeof(job2), "mpsauto");
+    snprintf(args, sizeof(args), "%s --training.steps 2 --job.mps auto", shape);
+    if (!tj_use_sim_plugin()) {
+        tj_run_ok(job2, args, out, sizeof(out));
+        unsetenv("CTITAN_CUDA_PLUGIN");
+        assert_non_null(strstr(out, "job.mps = \"auto\": nvidia-cuda-mps-control is not on PATH: the 2 processes "
+                                    "on one GPU are time-sliced"));
+        tj_assert_clean(job2);
+    }
+
+    /* what a launch killed outright leaves: the folder and its daemon */
+    snprintf(path, sizeof(path), "%s/log", dir);
+    assert_int_equal(mkdir(dir, 0700), 0);
+    assert_int_equal(mkdir(pipe_dir, 0700), 0);
+    assert_int_equal(mkdir(path, 0700), 0);
+    fflush(NULL);
+    pid_t stale = fork();
+    if (stale == 0) {
+        setenv("CUDA_MPS_PIPE_DIRECTORY", pipe_dir, 1);
+        snprintf(path, sizeof(path), "%s/nvidia-cuda-mps-control", bin);
+        execl(path, path, "-f", (char *)NULL);
+        _exit(127);
+    }
+    snprintf(path, sizeof(path), "%s/control", pipe_dir);
+    for (int i = 0; i < 500 && access(path, F_OK); i++)
+        tj_sleep_ms(10);
+    assert_int_equal(access(path, F_OK), 0);
+
+    const char *old_path = getenv("PATH");
+    char *saved = strdup(old_path ? old_path : "/usr/bin:/bin");
+    snprintf(path, sizeof(path), "%s:%s", bin, saved);
+    setenv("PATH", path, 1);
+    setenv("CUDA_VISIBLE_DEVICES", "0", 1); /* the clients'; the daemon sees every GPU */
+    int sim = tj_use_sim_plugin();
+    pid_t l = sim ? -1 : tj_launch_bg(job, shape);
+    setenv("PATH", saved, 1);
+    free(saved);
+    unsetenv("CUDA_VISIBLE_DEVICES");
+    if (sim) {
+        kill(stale, SIGTERM);
+        tu_reap(stale, 10, NULL);
+        skip();
+    }
+    assert_int_equal(tj_wait_step(job, 1, 300), 0);
+    /* a stage process of the job has the daemon's pipe folder */
+    pid_t st = tu_stage_pid(l, 0);
+    assert_true(st > 0);
+    snprintf(path, sizeof(path), "/proc/%d/environ", (int)st);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    size_t n = fread(text, 1, sizeof(text) - 1, f);
+    fclose(f);
+    int found = 0;
+    snprintf(want, sizeof(want), "CUDA_MPS_PIPE_DIRECTORY=%s", pipe_dir);
+    for (size_t at = 0; at < n; at += strnlen(text + at, n - at) + 1)
+        found |= !strcmp(text + at, want);
+    assert_true(found);
+    assert_int_equal(tu_reap(l, 600, NULL), 0);
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    unsetenv("CTITAN_TEST_MPS_LOG");
+    assert_int_equal(tu_reap(stale, 10, NULL), 0); /* the stale daemon was told to quit */
+    /* the order of things: the stale daemon quit, the job's started (pipe and log folders its
+     * own, every GPU visible), then it quit; its folder is gone */
+    f = fopen(log, "r");
+    assert_non_null(f);
+    n = fread(text, 1, sizeof(text) - 1, f);
+    fclose(f);
+    text[n] = 0;
+    print_message("%s", text);
+    char stale_quit[64], job_daemon[512];
+    snprintf(stale_quit, sizeof(stale_quit), "daemon %d quit", (int)stale);
+    snprintf(job_daemon, sizeof(job_daemon), " pipe=%s log=%s/log cvd=unset\n", pipe_dir, dir);
+    const char *a = strstr(text, "client quit\n"), *b = a ? strstr(a, stale_quit) : NULL;
+    const char *c = b ? strstr(b, job_daemon) : NULL, *d = c ? strstr(c, "client quit\n") : NULL;
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_non_null(c);
+    assert_non_null(d);
+    assert_non_null(strstr(d, " quit\n"));
+    assert_int_not_equal(access(dir, F_OK), 0);
+    tj_read_out(job, out, sizeof(out));
+    assert_non_null(strstr(out, "run under MPS"));
+    tj_assert_clean(job);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -465,6 +604,7 @@ int main(void)
         cmocka_unit_test(test_launch_cuda_gpu_shards_publish_in_adamw_as_offload_does_after_it),
         cmocka_unit_test(test_launch_cuda_nccl_data_plane_on_the_emulated_backend),
         cmocka_unit_test(test_launch_two_hosts_train_like_one_on_the_emulated_backend),
+        cmocka_unit_test(test_launch_mps_daemon_serves_the_job_and_goes_with_it),
     };
     return tu_run_group_tests(tests, setup, teardown);
 }

@@ -168,7 +168,7 @@ static void assert_same_manifest(const manifest_t *a, const manifest_t *b)
 #define S(f) assert_string_equal(a->f, b->f)
 #define I(f) assert_true(a->f == b->f)
 #define D(f) assert_memory_equal(&a->f, &b->f, sizeof(double))
-    S(name); S(dump_folder); S(description); S(endpoint); S(device);
+    S(name); S(dump_folder); S(description); S(endpoint); S(device); S(mps);
     I(heartbeat_interval_ms); I(heartbeat_timeout_ms); I(max_restarts); I(restart_backoff_ms); D(watchdog_s);
     S(model_name); S(flavor); S(tokenizer_path);
     I(model.dim); I(model.n_layers); I(model.n_heads); I(model.n_kv_heads); I(model.vocab_size);
@@ -695,6 +695,14 @@ static void test_manifest_optshard_device_and_data_plane(void **state)
     assert_int_equal(manifest_override(m, "optshard.gpu_banks", "3", err, sizeof(err)), 0);
     assert_int_equal(manifest_validate(m, err, sizeof(err)), -EINVAL);
     assert_non_null(strstr(err, "optshard.gpu_banks = 3: expected 1, or 2"));
+    /* job.mps: off (the default), on or auto */
+    manifest_defaults(m);
+    assert_string_equal(m->mps, "off");
+    assert_int_equal(manifest_override(m, "job.mps", "auto", err, sizeof(err)), 0);
+    assert_int_equal(manifest_validate(m, err, sizeof(err)), 0);
+    assert_int_equal(manifest_override(m, "job.mps", "yes", err, sizeof(err)), 0);
+    assert_int_equal(manifest_validate(m, err, sizeof(err)), -EINVAL);
+    assert_non_null(strstr(err, "--job.mps: job.mps = \"yes\": expected \"off\", \"on\" or \"auto\""));
     manifest_defaults(m);
     assert_int_equal(manifest_override(m, "parallelism.data_plane", "mpi", err, sizeof(err)), 0);
     assert_int_equal(manifest_validate(m, err, sizeof(err)), -EINVAL);

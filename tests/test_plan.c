@@ -190,6 +190,13 @@ static void test_plan_figures_of_a_small_gpu_job(void **state)
     assert_true(plan_gpu_need(&p, &one, 0) == p.gpu[0] + p.gpu[1]);
     assert_int_equal(plan_gpus(&p, &same), 2);
     assert_true(plan_gpu_need(&p, &same, 1) == p.gpu[1]);
+    /* job.mps "auto"'s measure: the most processes on one GPU (the 2 stages and 2 shards on one) */
+    int gpu_rows = 0;
+    for (int i = 0; i < p.n; i++)
+        gpu_rows += p.rows[i].device >= 0;
+    assert_int_equal(gpu_rows, 4);
+    assert_int_equal(plan_gpu_sharing(&p, &one), 4);
+    assert_int_equal(plan_gpu_sharing(&p, &same), 2);
     plan_free(&p);
 }
 

@@ -19,8 +19,7 @@ fi
 python3 -c 'import torch' 2>/dev/null || { echo "bench-gpu: python3 has no PyTorch" >&2; exit 2; }
 peak=$("$bin" bench --gpu-peak)
 dir=$(mktemp -d /tmp/ctitan-bench-gpu-XXXXXX)
-. tools/mps.sh
-trap 'mps_stop; rm -rf "$dir"' EXIT
+trap 'rm -rf "$dir"' EXIT
 
 # Random tokens in llm.c's format (256 int32 header: magic 20240520, version 1, count; uint16),
 # below 2048 so that they suit both vocabularies.
@@ -54,8 +53,7 @@ echo "device: the device's memory in use after its steps, counted as ctitan's (c
 echo
 echo "| model | pp | batch x seq | ctitan tokens/s | ctitan MFU | ctitan peak GiB | planned GiB | PyTorch tokens/s | PyTorch peak GiB | PyTorch device GiB | ctitan / PyTorch |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|"
-# label flavor dim layers heads kv vocab seq batch pp microbatches [more ctitan overrides]; with
-# MPS=1 in its environment the job runs under a private MPS daemon (tools/mps.sh)
+# label flavor dim layers heads kv vocab seq batch pp microbatches [more ctitan overrides]
 run() {
   local label=$1 flavor=$2 dim=$3 layers=$4 heads=$5 kv=$6 vocab=$7 seq=$8 batch=$9 pp=${10} mb=${11} more=${12:-}
   local m="$dir/$flavor-$pp-$RANDOM.jsonl"
@@ -68,13 +66,8 @@ run() {
   # the plan's figure for GPU 0 ("gpu0 needs X GiB, has ..." or "...; its memory is unknown")
   local planned
   planned=$("$bin" plan "${job[@]}" 2>/dev/null | sed -nE 's/^  gpu0 needs ([0-9.]+) GiB.*/\1/p' | head -1) || true
-  if [ "${MPS:-0}" = 1 ] && ! mps_start "$dir"; then
-    echo "| $label | $pp | ${batch}x$seq | failed: no MPS daemon | | | ${planned:-?} | | | | |"
-    return
-  fi
   local rc=0
   "$bin" launch "${job[@]}" > "$dir/launch.out" 2>&1 || rc=$?
-  mps_stop
   if [ $rc != 0 ]; then
     echo "| $label | $pp | ${batch}x$seq | failed: $(tail -1 "$dir/launch.out") | | | ${planned:-?} | | | | |"
     return
@@ -103,10 +96,11 @@ run "~1B Llama" llama1b 2048 16 16 8 32000 2048 4 1 1
 # the same with ctitan's own attention kernels (kernels/cuda/attn.cu) in place of cuDNN's
 run "~1B Llama, ctitan's attention" llama1b 2048 16 16 8 32000 2048 4 1 1 "--training.attention ctitan"
 run "~1B Llama" llama1b 2048 16 16 8 32000 2048 4 2 4
-# pp 2's two stage processes (and the shards) time-slice the one GPU; under MPS they share it at
-# once: issue 25's pp 2 goal (>= 0.9x its own pp 1) against the hand-offs' context switches
-MPS=1 run "demo (debugmodel), MPS" debugmodel 256 6 16 16 2048 256 8 2 8
-MPS=1 run "~1B Llama, MPS" llama1b 2048 16 16 8 32000 2048 4 2 4
+# pp 2's two stage processes (and the shards) time-slice the one GPU; under MPS (job.mps: the
+# launch's private daemon) they share it at once: issue 25's pp 2 goal (>= 0.9x its own pp 1)
+# against the hand-offs' context switches
+run "demo (debugmodel), MPS" debugmodel 256 6 16 16 2048 256 8 2 8 "--job.mps on"
+run "~1B Llama, MPS" llama1b 2048 16 16 8 32000 2048 4 2 4 "--job.mps on"
 # memory: the norms and SwiGLU recomputed (what torch.compile's partitioner does by itself), and
 # one optimizer shard (one CUDA context fewer on the GPU); AC op with two shards ran at 0.87x of
 # PyTorch on 2026-11-28, 23.5 GiB

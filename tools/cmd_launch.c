@@ -11,6 +11,7 @@
 #include "ipc/shm.h"
 #include "stages/plan/plan.h"
 #include "checkpointd/hf_import.h"
+#include "stages/supervise/mps.h"
 #include "stages/supervise/supervise.h"
 
 static void usage(FILE *f)
@@ -36,8 +37,9 @@ static void usage(FILE *f)
 }
 
 /* The memory plan of m against what this host has: printed with `print` (a dry run), else
- * only a refusal. Returns 0 when it fits, 1 when not, 2 on an error. */
-static int check_plan(const manifest_t *m, int print)
+ * only a refusal; *sharing the most of the job's processes on one GPU of this host. Returns 0
+ * when it fits, 1 when not, 2 on an error. */
+static int check_plan(const manifest_t *m, int print, int *sharing)
 {
     plan_t p;
     plan_have_t have;
@@ -65,6 +67,7 @@ static int check_plan(const manifest_t *m, int print)
         fprintf(stderr, "launch: the GPUs' free memory is unknown (no nvidia-smi answered): the memory plan checks "
                 "the host only (job.device_memory_gib sets it)\n");
     }
+    *sharing = plan_gpu_sharing(&p, &have);
     int rc = plan_check(&p, &have, m, err, sizeof(err));
     if (rc)
         fprintf(print ? stdout : stderr, "%s%s\n", print ? "  refused: " : "launch: ", err);
@@ -131,14 +134,20 @@ static int launch(int argc, char **argv, int dry_run)
     /* the memory plan, before any process or segment is made, once the memory of a run stopped
      * just before is free (a Ctrl-C returns before the kernel has freed it: shm.h) */
     shm_wait_freed(shm_say_freeing, NULL, (void *)"launch");
-    int rc = check_plan(&m, dry_run);
+    int sharing = 0, rc = check_plan(&m, dry_run, &sharing);
     if (rc || dry_run)
         return rc;
+    /* the host's GPU processes under NVIDIA's Multi-Process Service (job.mps), for every run */
+    static mps_t mps;
+    if (mps_start(&mps, &m, sharing, err, sizeof(err))) {
+        fprintf(stderr, "launch: %s\n", err);
+        return 1;
+    }
     /* host 0 (the coordinator) under the supervisor, on one host or many; another host's agent
      * outlives a coordinator it loses and waits for the next (stages/coord/coord_agent.c) */
-    if (m.host_rank == 0)
-        return sup_run(&m);
-    return coord_run(&m, NULL);
+    rc = m.host_rank == 0 ? sup_run(&m) : coord_run(&m, NULL);
+    mps_stop(&mps);
+    return rc;
 }
 
 int cmd_launch(int argc, char **argv)

@@ -15,9 +15,9 @@
 # one it prints. CTITAN_BREAKDOWN_KEEP=DIR keeps the per-process tables there.
 # Then where the stage waits: what the device ran, in the same window for every process, while
 # a stage process had nothing on it (tools/gpuprof/waits.sh, from every process's trace).
-# CTITAN_BREAKDOWN_MPS=1 runs the job under NVIDIA's Multi-Process Service (tools/mps.sh: a
-# private daemon, stopped afterwards): without it the job's processes on one GPU are
-# time-sliced, never running kernels at the same time.
+# With `--job.mps on` among the overrides the job runs under NVIDIA's Multi-Process Service (the
+# launch's private daemon): without it the job's processes on one GPU are time-sliced, never
+# running kernels at the same time.
 # Needs an NVIDIA GPU and a built tree with CUDA.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,12 +32,7 @@ dir=$(mktemp -d /tmp/ctitan-breakdown-XXXXXX)
 trap 'rm -rf "$dir"' EXIT
 mkdir "$dir/prof"
 mps=""
-if [ "${CTITAN_BREAKDOWN_MPS:-0}" = 1 ]; then
-    . tools/mps.sh
-    mps_start "$dir" || { echo "### Breakdown: $label: nvidia-cuda-mps-control -d failed"; exit 1; }
-    trap 'mps_stop; rm -rf "$dir"' EXIT
-    mps=", under MPS"
-fi
+case " $* " in *" --job.mps on "*) mps=", under MPS" ;; esac
 prof=(env CUDA_INJECTION64_PATH="$lib" CTITAN_GPUPROF_DIR="$dir/prof" CTITAN_GPUPROF_LAST_MS="$last" CTITAN_GPUPROF_TRACE=1)
 
 rounds=""

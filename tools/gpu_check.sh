@@ -368,11 +368,11 @@ breakdown "demo, pp 1, 8x256" bd-demo1.log 1000 ctitan 400 "${bd[@]}" --parallel
     --parallelism.pipeline_parallel_microbatches 1
 breakdown "demo, pp 2 on one GPU, 8 microbatches" bd-demo2.log 1500 ctitan 300 "${bd[@]}" \
     --parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_microbatches 8
-# the same two under MPS (tools/gpu_breakdown.sh): do the stages and shards overlap then?
-CTITAN_BREAKDOWN_MPS=1 breakdown "demo, pp 2 on one GPU, 8 microbatches, MPS" bd-demo2-mps.log 1500 ctitan 300 \
-    "${bd[@]}" --parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_microbatches 8
-CTITAN_BREAKDOWN_MPS=1 breakdown "~1B Llama, pp 1, 4x2048, MPS" bd-1b-mps.log 2000 ctitan 25 "${b1[@]}" \
-    --parallelism.pipeline_parallel_degree 1
+# the same two under MPS (job.mps: the launch's private daemon): do the stages and shards overlap then?
+breakdown "demo, pp 2 on one GPU, 8 microbatches, MPS" bd-demo2-mps.log 1500 ctitan 300 \
+    "${bd[@]}" --parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_microbatches 8 --job.mps on
+breakdown "~1B Llama, pp 1, 4x2048, MPS" bd-1b-mps.log 2000 ctitan 25 "${b1[@]}" \
+    --parallelism.pipeline_parallel_degree 1 --job.mps on
 fi # breakdown
 
 # ---- 8. the race against PyTorch ----

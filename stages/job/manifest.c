@@ -26,6 +26,7 @@ void manifest_defaults(manifest_t *m)
     m->max_restarts = 3;
     m->restart_backoff_ms = 1000;
     m->host_timeout_s = 600;
+    strcpy(m->mps, "off");
     strcpy(m->model_name, "llama3");
     strcpy(m->flavor, "debugmodel");
     config_preset(m->flavor, &m->model);

@@ -70,6 +70,10 @@ typedef struct {
                                   * making no progress this long is stack-dumped, killed and replaced */
     double device_memory_gib;    /* 0: with job.device = "cuda", each GPU's memory for the memory plan
                                   * (stages/job/plan.h); 0 = the free memory nvidia-smi reports */
+    char mps[8];                 /* "off", "on" or "auto": `ctitan launch` runs the host's GPU processes
+                                  * under a private NVIDIA Multi-Process Service daemon
+                                  * (stages/supervise/mps.h); auto: where two or more share a GPU and
+                                  * nvidia-cuda-mps-control is on PATH */
     int startup_timeout_s;       /* 120 (1..86400): how long a process may take to become ready (at
                                   * the start, a replacement, a swapped-in loader: the swap then
                                   * falls back to the previous loader) */

@@ -118,6 +118,9 @@ static int check_values(const manifest_t *m, char *err, size_t errlen)
     CHECK(m->device_memory_gib >= 0 && m->device_memory_gib <= 1e6, "job", "device_memory_gib",
           "job.device_memory_gib = %g must be in 0..1e6 (GiB of each GPU for the memory plan; 0 = ask nvidia-smi)",
           m->device_memory_gib);
+    CHECK(!strcmp(m->mps, "off") || !strcmp(m->mps, "on") || !strcmp(m->mps, "auto"), "job", "mps",
+          "job.mps = \"%s\": expected \"off\", \"on\" or \"auto\" (NVIDIA's Multi-Process Service for the "
+          "processes sharing a GPU)", m->mps);
     CHECK(m->watchdog_s >= 0 && m->watchdog_s <= 86400, "job", "watchdog_s",
           "job.watchdog_s = %g must be in 0..86400 (0: 10 x the median step time + 10 s)", m->watchdog_s);
     CHECK(m->max_norm >= 0, "training", "max_norm", "training.max_norm = %g must be >= 0 (0 = no clipping)", m->max_norm);

@@ -32,6 +32,7 @@ const mkey_t mkey_table[] = {
     KDBL("job", "watchdog_s", watchdog_s),
     KINT("job", "startup_timeout_s", startup_timeout_s, 1),
     KDBL("job", "device_memory_gib", device_memory_gib),
+    KSTR("job", "mps", mps),
     KSTR("model", "name", model_name),
     {"model", "flavor", MKEY_FLAVOR, FLD(flavor), 0, 0},
     KSTR("model", "tokenizer_path", tokenizer_path),

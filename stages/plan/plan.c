@@ -616,6 +616,18 @@ double plan_gpu_need(const plan_t *p, const plan_have_t *h, int g)
     return need;
 }
 
+int plan_gpu_sharing(const plan_t *p, const plan_have_t *h)
+{
+    int n = plan_gpus(p, h), most = 0;
+    for (int g = 0; g < n; g++) {
+        int procs = 0;
+        for (int i = 0; i < p->n; i++)
+            procs += on(&p->rows[i], g, n);
+        most = procs > most ? procs : most;
+    }
+    return most;
+}
+
 /* ---- the check ---- */
 
 /* "weights 1.2 GiB, activations 3.4 GiB (...)": the device's items, largest first (gpus: this

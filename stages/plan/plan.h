@@ -118,6 +118,9 @@ void plan_visible_gpus(plan_have_t *h, char *smi, const char *cvd);
  * on GPU k % n, as the CUDA plugin places them), and what GPU g of them holds. */
 int plan_gpus(const plan_t *p, const plan_have_t *h);
 double plan_gpu_need(const plan_t *p, const plan_have_t *h, int g);
+/* The most of the job's processes on one GPU of this host (0 on the CPU): two or more are
+ * time-sliced there unless NVIDIA's Multi-Process Service runs them (job.mps). */
+int plan_gpu_sharing(const plan_t *p, const plan_have_t *h);
 
 /* Whether the plan fits: 0, or -ENOMEM with err naming, per device that does not fit, what the
  * job needs (its largest items) and what there is, and the knobs that would make it fit. */

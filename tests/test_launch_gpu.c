@@ -453,6 +453,53 @@ static void test_launch_two_hosts_resume_a_one_host_checkpoint(void **state)
     tj_assert_clean(bh1);
 }
 
+/* field ("VmHWM:", "VmRSS:") of /proc/PID/status, in bytes; 0 if unread */
+static double proc_status_bytes(pid_t pid, const char *field)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    double v = 0;
+    while (f && fgets(line, sizeof(line), f))
+        if (!strncmp(line, field, strlen(field)))
+            v = atof(line + strlen(field)) * 1024;
+    if (f)
+        fclose(f);
+    return v;
+}
+
+/* A GPU optimizer shard makes its state on the device through one host buffer of a piece
+ * (JOB_STATE_PIECE parameters), never whole on the host: at the 8B the whole state is 12 bytes
+ * a parameter, 90 GiB of host RAM the set-up would need for nothing. On the emulator a shard's
+ * device memory is its own, so its resident set while training holds its state once; its peak
+ * may pass that by the piece, not by the ~230 MB of a host copy of this job's ~19M-parameter
+ * slice (it did, by 191 MB, when the state was made on the host first). */
+static void test_launch_gpu_shards_make_their_state_on_the_device(void **state)
+{
+    TU_NEED_BIN();
+    char job[32], want[32];
+    const char *args = "--model.vocab_size 300000 --model.dim 64 --model.n_heads 2 --model.n_kv_heads 1 "
+                       "--training.steps 4 --training.local_batch_size 1 --training.seq_len 8 "
+                       "--parallelism.pipeline_parallel_microbatches 1 --validation.enable false --sample.tokens 0 "
+                       "--job.device cuda";
+    job_name(job, sizeof(job), "gpustate");
+    TJ_NEED_SIM_PLUGIN();
+    pid_t l = tj_launch_bg(job, args);
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    int up = tj_wait_step(job, 1, 300);
+    int wl = snprintf(want, sizeof(want), "--rank%c%d", 0, 0) + 1;
+    pid_t sh = up ? 0 : tu_worker_pid(l, "ctitan-optshard", want, (size_t)wl);
+    double hwm = sh > 0 ? proc_status_bytes(sh, "VmHWM:") : 0, rss = sh > 0 ? proc_status_bytes(sh, "VmRSS:") : 0;
+    int rc = tu_reap(l, 300, NULL);
+    print_message("optshard 0 (pid %d): peak %.1f MB, resident %.1f MB while training\n", (int)sh, hwm / 1e6,
+                  rss / 1e6);
+    assert_int_equal(up, 0);
+    assert_true(sh > 0 && rss > 200e6); /* the ~19M-parameter slice's state, 12 bytes each */
+    assert_true(hwm - rss < 100e6);
+    assert_int_equal(rc, 0);
+    tj_assert_clean(job);
+}
+
 /* A stand-in for NVIDIA's nvidia-cuda-mps-control in folder bin: with -f the daemon (it notes
  * its pid, pipe and log folders and CUDA_VISIBLE_DEVICES in $CTITAN_TEST_MPS_LOG, makes its
  * control "socket" and waits; SIGTERM ends it, noted), else a client that notes the command
@@ -605,6 +652,7 @@ int main(void)
         cmocka_unit_test(test_launch_cuda_nccl_data_plane_on_the_emulated_backend),
         cmocka_unit_test(test_launch_two_hosts_train_like_one_on_the_emulated_backend),
         cmocka_unit_test(test_launch_mps_daemon_serves_the_job_and_goes_with_it),
+        cmocka_unit_test(test_launch_gpu_shards_make_their_state_on_the_device),
     };
     return tu_run_group_tests(tests, setup, teardown);
 }

@@ -187,6 +187,11 @@ int job_host_parts(const job_layout_t *l, const manifest_t *m, job_range_t **out
  * replicate degree > 1, the same member of every group (HSDP). */
 enum { JOB_NCCL_ACT_IN, JOB_NCCL_GRAD_OUT, JOB_NCCL_ACT_OUT, JOB_NCCL_GRAD_IN, JOB_NCCL_DP, JOB_NCCL_REP, JOB_NCCL_COMMS };
 
+/* An optimizer shard makes its first state in pieces of this many parameters (the initial
+ * weights; a GPU shard's through a host buffer of one piece: stages/roles/optshard.c make_state,
+ * which the memory plan counts). */
+#define JOB_STATE_PIECE ((size_t)1 << 24)
+
 /* ---- ctitan.<job>.optstate ---- */
 #define JOB_OPTSTATE_SEG "optstate"
 #define JOB_OPTSTATE_MAGIC 0x3154534f4e544943ULL /* "CITNOST1" */

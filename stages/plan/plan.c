@@ -196,8 +196,9 @@ static int stage_rows(plan_t *p, const manifest_t *m, const job_layout_t *l, con
 }
 
 /* Optimizer shard k: CPU shards work in the optstate segment; GPU shards keep the state on
- * the device beside the stage whose slice they hold (their host copy is made and freed at
- * set-up), and a sum of the replicas' gradients with more than one. */
+ * the device beside the stage whose slice they hold (made there at set-up through a host
+ * buffer of one piece, 2^24 parameters: optshard.c make_state), and a sum of the replicas'
+ * gradients with more than one. */
 static int shard_rows(plan_t *p, const manifest_t *m, const job_layout_t *l, int k)
 {
     size_t b, e;
@@ -220,7 +221,7 @@ static int shard_rows(plan_t *p, const manifest_t *m, const job_layout_t *l, int
         return -ENOMEM;
     h = &p->rows[p->n - 2];
     h->bytes[PLAN_RUNTIME] += PLAN_CUDA_HOST_BYTES;
-    h->bytes[PLAN_OPTIM] = n * l->arrays * 4;
+    h->bytes[PLAN_OPTIM] = (n < (double)JOB_STATE_PIECE ? n : (double)JOB_STATE_PIECE) * 4;
     d->bytes[PLAN_OPTIM] = n * l->arrays * 4 * m->gpu_banks + blocks * 8; /* optshard.gpu_banks copies */
     d->bytes[PLAN_GRADS] = l->dp > 1 ? n * 4 : 0;
     d->bytes[PLAN_CONTEXT] = PLAN_CUDA_CONTEXT_BYTES;

@@ -50,8 +50,6 @@ typedef struct {
     size_t begin, end, n;        /* slice [begin, end) of the flat space */
     const optim_t *optim;        /* [optimizer] name */
     int arrays;                  /* of the training state: the master weights, then the optimizer's */
-    float *host;                 /* (arrays, n) GPU shards: the initial or loaded state on the host;
-                                  * NULL once it is in `state` */
     const backend_t *be;
     int device;
     void *stream, *copy_stream;  /* updates; snapshots (the copier thread) */
@@ -99,6 +97,17 @@ static int overlap(const shard_t *sh, const param_info_t *p, size_t *b, size_t *
     return *b < *e;
 }
 
+/* n floats from host memory src into dst: the shard's state, in the backend's memory on a GPU
+ * shard (queued on its stream: the caller syncs before src goes), in the optstate segment on a
+ * CPU shard. */
+static void put(shard_t *sh, float *dst, const float *src, size_t n)
+{
+    if (sh->lay.gpu_shards)
+        BE_CHECK(sh, sh->be->copy(dst, src, n * sizeof(float), sh->stream), "upload: %s", BE_WHY(sh));
+    else
+        memcpy(dst, src, n * sizeof(float));
+}
+
 /* Copies this shard's slice of the training state out of the staging segment into dst[a],
  * where checkpointd loaded checkpoint.load before this process started
  * (checkpointd/restore.c): it holds the whole flat space, so any shard count, pipeline or
@@ -113,7 +122,9 @@ static void load(shard_t *sh, float *const *dst)
     WORKER_CHECK(sh->w, atomic_load(&h->step) >= 0, "the staging segment holds no checkpoint of this model (%zu "
                  "parameters)", sh->lay.total);
     for (int a = 0; a < sh->arrays; a++)
-        memcpy(dst[a], staging_array(h, a) + sh->begin, sh->n * sizeof(float));
+        put(sh, dst[a], staging_array(h, a) + sh->begin, sh->n);
+    if (sh->lay.gpu_shards)
+        BE_CHECK(sh, sh->be->stream_sync(sh->stream), "upload: %s", BE_WHY(sh));
     LOG_I("slice [%zu, %zu) loaded from %s (step %lld)", sh->begin, sh->end, sh->man->ckpt_load,
           (long long)atomic_load(&h->step));
     shm_detach(&seg);
@@ -230,9 +241,11 @@ static void pin_staging(shard_t *sh)
     LOG_D("staging: %d ranges pinned in %.2f s", sh->n_pinned, util_now() - t0);
 }
 
-/* The working memory in the backend's: the block norms; GPU shards also keep the state there:
- * the host arrays (initialised or loaded) are copied in and freed, into bank done % 2; both
- * banks name that one copy (updated in place), or with optshard.gpu_banks 2 each its own. */
+static void make_state(shard_t *sh, float *const *dst);
+
+/* The working memory in the backend's: the block norms; GPU shards also keep the state there,
+ * made in bank done % 2 (make_state: never whole on the host); both banks name that one copy
+ * (updated in place), or with optshard.gpu_banks 2 each its own. */
 static void move_state(shard_t *sh)
 {
     const backend_t *be = sh->be;
@@ -262,12 +275,8 @@ static void move_state(shard_t *sh)
     for (int a = 0; a < sh->arrays; a++) {
         sh->bank[b0].a[a] = f + a * n;
         sh->bank[1 - b0].a[a] = f + ((banks - 1) * sh->arrays + a) * n;
-        BE_CHECK(sh, be->copy(sh->bank[b0].a[a], sh->host + a * sh->n, sh->n * sizeof(float), sh->stream),
-                 "upload: %s", BE_WHY(sh));
     }
-    BE_CHECK(sh, be->stream_sync(sh->stream), "upload: %s", BE_WHY(sh));
-    free(sh->host);
-    sh->host = NULL;
+    make_state(sh, sh->bank[b0].a);
 }
 
 /* Every replica's weights from the master (in the backend's dtype, where the stages read
@@ -289,27 +298,54 @@ static void remap(shard_t *sh)
 }
 
 /* The state at the first step: the checkpoint's (checkpoint.load) or the initial weights
- * with the optimizer's state at zero, into dst[a]. */
+ * with the optimizer's state at zero, into dst[a]: the optstate segment's bank on a CPU shard;
+ * a GPU shard's device memory, where the moments are zeroed and the weights come in pieces
+ * through one host buffer of a piece (pinned where it can be), so that a large slice never
+ * sits whole on the host (12 bytes a parameter: 90 GiB at the 8B). Returns once it is there. */
 static void make_state(shard_t *sh, float *const *dst)
 {
+    const size_t piece = JOB_STATE_PIECE;
+    int gpu = sh->lay.gpu_shards;
     for (int a = 1; a < sh->arrays; a++)
-        memset(dst[a], 0, sh->n * sizeof(float));
+        if (gpu)
+            BE_CHECK(sh, sh->be->zero(dst[a], sh->n * sizeof(float), sh->stream), "upload: %s", BE_WHY(sh));
+        else
+            memset(dst[a], 0, sh->n * sizeof(float));
     if (sh->man->ckpt_load[0]) {
         load(sh, dst);
         return;
     }
+    float *buf = NULL;
+    int pinned = 0;
+    if (gpu) {
+        size_t bytes = (sh->n < piece ? (sh->n ? sh->n : 1) : piece) * sizeof(float);
+        size_t page = (size_t)sysconf(_SC_PAGESIZE);
+        bytes = (bytes + page - 1) / page * page;
+        WORKER_CHECK(sh->w, posix_memalign((void **)&buf, page, bytes) == 0, "out of memory");
+        pinned = sh->be->host_pin(buf, bytes) == 0;
+    }
     /* in pieces (any split gives the same bits), saying how far every util_say_s(): a large
      * model's slice takes a while, and the launch would otherwise say nothing */
-    const size_t piece = (size_t)1 << 24;
     util_every_t say;
     util_every_start(&say, util_say_s());
     for (size_t at = sh->begin; at < sh->end; at += piece) {
         size_t e = sh->end - at > piece ? at + piece : sh->end;
-        params_init(&sh->tab, &sh->man->model, sh->man->seed, dst[0] + (at - sh->begin), at, e);
+        float *into = dst[0] + (at - sh->begin);
+        params_init(&sh->tab, &sh->man->model, sh->man->seed, gpu ? buf : into, at, e);
+        if (gpu) { /* the buffer is written again next: this piece must be on the device first */
+            put(sh, into, buf, e - at);
+            BE_CHECK(sh, sh->be->stream_sync(sh->stream), "upload: %s", BE_WHY(sh));
+        }
         double s = util_every_due(&say);
         if (s >= 0)
             LOG_I("initialising the weights of its slice: %.0f of %.0f M parameters (%.0f s)",
                   (double)(e - sh->begin) / 1e6, (double)sh->n / 1e6, s);
+    }
+    if (gpu) {
+        BE_CHECK(sh, sh->be->stream_sync(sh->stream), "upload: %s", BE_WHY(sh));
+        if (pinned)
+            sh->be->host_unpin(buf);
+        free(buf);
     }
 }
 
@@ -358,17 +394,10 @@ static void setup(shard_t *sh)
     if (job_norm_by_blocks(&sh->lay)) /* else the slices do not start at block boundaries: see reduce */
         sh->norm_out = job_norm_blocks(shm_data(sh->job)) + sh->begin / MANIFEST_BLOCK;
     int took_over = 0;
-    if (sh->lay.gpu_shards) {
-        float *host[OPTIM_ARRAYS_MAX];
-        WORKER_CHECK(sh->w, sh->host = malloc((size_t)sh->arrays * (sh->n ? sh->n : 1) * sizeof(float)),
-                     "out of memory for %zu parameters", sh->n); /* one allocation: array a at a * n */
-        for (int a = 0; a < sh->arrays; a++)
-            host[a] = sh->host + a * sh->n;
-        sh->done = worker_first_step(sh->w);
-        make_state(sh, host);
-    } else {
+    if (sh->lay.gpu_shards)
+        sh->done = worker_first_step(sh->w); /* its state is made on the device: move_state */
+    else
         took_over = state_in_segment(sh);
-    }
 
     const char *device = sh->lay.gpu_shards ? "cuda" : "cpu", *plane = plane_transport(&sh->lay);
     WORKER_CHECK(sh->w, sh->be = backend_load(device, err, sizeof(err)), "optshard.device = \"%s\": %s", device, err);
@@ -592,7 +621,6 @@ int main(int argc, char **argv)
     for (int i = 0; i < sh.n_pinned; i++)
         sh.be->host_unpin(sh.pinned[i]);
     finish(&sh);
-    free(sh.host);
     params_table_free(&sh.tab);
     shm_detach(&sh.job);
     shm_detach(&sh.params);

@@ -101,7 +101,7 @@ static void test_gpu_check_rehearsal_runs_every_step_in_order(void **state)
     ASSERT_ROW(report, "recovery (stage, shard killed)", "3 recoveries (");
     ASSERT_ROW(report, "recovery (stage, shard killed)", "every loss bitwise the undisturbed run's");
     ASSERT_ROW(report, "bench-gpu (ctitan vs PyTorch)", "skipped: no GPU");
-    ASSERT_ROW(report, "issue 24: 8B plan, 3B run on a GPU", "skipped: no GPU");
+    ASSERT_ROW(report, "issue 24: 8B plan, 8B and 3B runs on a GPU", "skipped: no GPU");
     ASSERT_ROW(report, "activation checkpointing (~160M, 4x1024)", "skipped: no GPU");
     ASSERT_ROW(report, "plan: ~1B Llama on the CPU, planned against measured", "skipped: no GPU");
     char gpu_tests[256];

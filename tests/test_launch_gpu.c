@@ -139,39 +139,49 @@ static void test_launch_cuda_path_on_the_emulated_backend(void **state)
 
 /* The emulated GPU runs streams late and out of step, as a GPU may: without the waits on the
  * neighbours' interprocess events (a test hook drops them) the pipeline reads its inputs before
- * they are written, on the IPC rings and on the NCCL links alike, and the losses go wrong. So
- * the GPU-path tests here can fail for a missing wait, not only for wrong arithmetic. */
+ * they are written, on the IPC rings and on the NCCL links alike, and the losses go wrong; at
+ * pipeline 1 (no rings) the stage's next step reads its weights before the GPU optimizer shards'
+ * update has written them (the shards answer an UPDATE without waiting for their device: the
+ * stage's stream waits on their events). So the GPU-path tests here can fail for a missing
+ * wait, not only for wrong arithmetic. */
 static void test_launch_emulated_gpu_catches_a_missing_event_wait(void **state)
 {
     TU_NEED_BIN();
     static char out[1 << 16];
-    char a[32], b[32], c[32], extra[512];
+    char a[32], b[32], c[32], a1[32], d[32], extra[512];
     const char *shape = "--model.dim 32 --model.n_heads 2 --model.n_kv_heads 1 --training.steps 2 --job.device cuda";
+    const char *pp1 = "--model.dim 32 --model.n_heads 2 --model.n_kv_heads 1 --model.vocab_size 4096 --job.device cuda "
+                      "--parallelism.pipeline_parallel_degree 1";
     job_name(a, sizeof(a), "waits");
     job_name(b, sizeof(b), "nowaits");
     job_name(c, sizeof(c), "nowaitsnccl");
+    job_name(a1, sizeof(a1), "waitspp1");
+    job_name(d, sizeof(d), "nowaitspp1");
     TJ_NEED_SIM_PLUGIN();
     tj_run_ok(a, shape, out, sizeof(out));
+    tj_run_ok(a1, pp1, out, sizeof(out));
     setenv("CTITAN_TEST_NO_EVENT_WAITS", "1", 1);
     int rc = tj_run(b, shape, out, sizeof(out));
     snprintf(extra, sizeof(extra), "%s --parallelism.data_plane nccl", shape);
     int rc2 = tj_run(c, extra, out, sizeof(out));
+    int rc3 = tj_run(d, pp1, out, sizeof(out));
     unsetenv("CTITAN_TEST_NO_EVENT_WAITS");
     unsetenv("CTITAN_CUDA_PLUGIN");
     static char la[TJ_MAX_STEPS][40], lb[TJ_MAX_STEPS][40];
-    assert_int_equal(tj_losses(a, la), 2);
-    const char *bad[] = {b, c};
-    int rcs[] = {rc, rc2};
-    for (int j = 0; j < 2; j++) {
-        int n = tj_losses(bad[j], lb), wrong = rcs[j] != 0 || n < 2;
-        for (int i = 0; i < n && i < 2; i++)
+    const char *bad[] = {b, c, d}, *good[] = {a, a, a1};
+    int rcs[] = {rc, rc2, rc3}, steps[] = {2, 2, 12};
+    for (int j = 0; j < 3; j++) {
+        assert_int_equal(tj_losses(good[j], la), steps[j]);
+        int n = tj_losses(bad[j], lb), wrong = rcs[j] != 0 || n < steps[j];
+        for (int i = 0; i < n && i < steps[j]; i++)
             wrong |= strcmp(la[i], lb[i]) != 0;
-        print_message("%s: exit %d, %d steps, step 1 loss %s (with the waits: %s)\n", bad[j], rcs[j], n,
-                      n ? lb[0] : "-", la[0]);
+        print_message("%s: exit %d, %d steps, last loss %s (with the waits: %s)\n", bad[j], rcs[j], n,
+                      n ? lb[n - 1] : "-", la[steps[j] - 1]);
         assert_true(wrong);
     }
     tj_assert_clean(b);
     tj_assert_clean(c);
+    tj_assert_clean(d);
 }
 
 /* Whether file NAME of step 2's checkpoint is byte for byte the same in jobs a and b. */

@@ -426,7 +426,10 @@ static void test_recover_a_gpu_job_rewinds_to_the_initial_weights_and_a_stage_lo
     const tj_metrics_t *mt = assert_losses_by_step(j, ref, 7, 3, "\"scope\": \"");
     ASSERT_RECORD(mt, 0, "\"rewound_to\": 0, \"step\": 2");
     ASSERT_RECORD(mt, 1, "\"step\": 4, \"redone\": true");
-    ASSERT_RECORD(mt, 2, "\"step\": 5, \"redone\": true");
+    /* stage 0 dies after its reply of step 5: seen in step 5's later rounds, or (the GPU shards
+     * answer UPDATE without waiting for their device, so those rounds are short) in step 6's */
+    if (!strstr(mt->restart[2], "\"step\": 6, \"redone\": true"))
+        ASSERT_RECORD(mt, 2, "\"step\": 5, \"redone\": true");
     assert_same_checkpoint(j, ref, 3);
     assert_same_checkpoint(j, ref, 6);
     assert_clean(j);

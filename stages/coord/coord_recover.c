@@ -169,7 +169,8 @@ static int stop_stages(coord_t *c, int redo)
     if (rc)
         return -1;
     coord_reset_rings(c);
-    memset(shm_data(c->seg_dev), 0, devdir_bytes(&c->lay)); /* the new stages publish there */
+    memset(shm_data(c->seg_dev), 0, devdir_stages_bytes(&c->lay)); /* the new stages publish there; the
+                                                                      * shards' entries stay theirs */
     if (!redo)
         return 0;
     if (c->seg_grads)

@@ -11,7 +11,27 @@ static size_t entry_bytes(const job_layout_t *l)
     return (b + 63) / 64 * 64;
 }
 
-size_t devdir_bytes(const job_layout_t *l) { return (size_t)l->dp * l->pp * entry_bytes(l); }
+static size_t shard_bytes(void) { return (sizeof(devdir_shard_t) + 63) / 64 * 64; }
+
+size_t devdir_stages_bytes(const job_layout_t *l) { return (size_t)l->dp * l->pp * entry_bytes(l); }
+
+size_t devdir_bytes(const job_layout_t *l) { return devdir_stages_bytes(l) + (size_t)l->shards * shard_bytes(); }
+
+devdir_shard_t *devdir_shard(void *seg, const job_layout_t *l, int k)
+{
+    return (devdir_shard_t *)((char *)seg + devdir_stages_bytes(l) + (size_t)k * shard_bytes());
+}
+
+devdir_shard_t *devdir_shard_wait(void *seg, const job_layout_t *l, int k, int timeout_ms)
+{
+    devdir_shard_t *e = devdir_shard(seg, l, k);
+    for (int waited = 0; !atomic_load(&e->ready); waited++) {
+        if (waited >= timeout_ms)
+            return NULL;
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+    }
+    return e;
+}
 
 devdir_stage_t *devdir_stage(void *seg, const job_layout_t *l, int replica, int rank)
 {

@@ -12,7 +12,17 @@
  *   ring grad        its outgoing gradient ring (to rank s-1; unused on rank 0), the same
  *
  * The rings are the IPC data plane's (stages/runtime/plane_ipc.c), which orders them with the act
- * segment's shm rings of the same boundaries (job.h), whose slots then carry no payload. */
+ * segment's shm rings of the same boundaries (job.h), whose slots then carry no payload.
+ *
+ * After the stages' entries, one per optimizer shard k (GPU shards), at devdir_shard(seg, l, k):
+ *
+ *   devdir_shard_t   ready flag, pid, and the handle of the interprocess event the shard records
+ *                    on its stream once an UPDATE has written the new weights into the stages
+ *                    (and cleared their gradients): each stage's stream waits on every shard's
+ *                    before its next step's work (plane_step_begin), so the shard answers the
+ *                    UPDATE without waiting for its device, and the stage queues its next step
+ *                    while the update still runs. A stage started again (a recovery) finds the
+ *                    shards' entries as they were: only the stages' part is cleared then. */
 #ifndef CTITAN_DEVDIR_H
 #define CTITAN_DEVDIR_H
 
@@ -38,7 +48,18 @@ typedef struct {
 } devdir_ring_t;
 
 size_t devdir_bytes(const job_layout_t *l);
+typedef struct {
+    _Atomic uint32_t ready;  /* 1 once the event is there */
+    int32_t pid;
+    cuda_ipc_event_t updated;
+} devdir_shard_t;
+
+/* The stages' part (devdir_bytes covers the shards' entries after it). */
+size_t devdir_stages_bytes(const job_layout_t *l);
 devdir_stage_t *devdir_stage(void *seg, const job_layout_t *l, int replica, int rank);
+devdir_shard_t *devdir_shard(void *seg, const job_layout_t *l, int k);
+/* Shard k's entry once it is filled (polled every ms); NULL after timeout_ms. */
+devdir_shard_t *devdir_shard_wait(void *seg, const job_layout_t *l, int k, int timeout_ms);
 /* The entry of stage (replica, rank) once its owner has filled it (polled every ms while the
  * stage sets up); NULL after timeout_ms. */
 devdir_stage_t *devdir_wait(void *seg, const job_layout_t *l, int replica, int rank, int timeout_ms);

@@ -58,6 +58,7 @@ int job_layout(job_layout_t *l, const manifest_t *m)
     if (!(l->opt = optim_find(m->optimizer_name)))
         return -EINVAL; /* cannot happen: the manifest was checked */
     l->arrays = optim_arrays(l->opt);
+    l->shards = m->shards;
     return 0;
 }
 

@@ -77,6 +77,7 @@ typedef struct {
                          * (training.mixed_precision_reduce "bfloat16"; else fp32) */
     const optim_t *opt; /* [optimizer] name's row */
     int arrays;         /* the training state's arrays per parameter (optim_arrays) */
+    int shards;         /* optshard.shards */
 } job_layout_t;
 
 /* Fills the layout from a validated manifest. Returns 0, -ENOMEM, or -EINVAL for an optimizer

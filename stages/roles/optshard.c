@@ -168,6 +168,9 @@ static void *copier_main(void *arg)
 
 static void snapshot(shard_t *sh, int64_t step)
 {
+    /* a GPU shard's UPDATE answered before its device was done: the copier's stream reads it */
+    if (sh->lay.gpu_shards)
+        BE_CHECK(sh, sh->be->stream_sync(sh->stream), "snapshot: %s", BE_WHY(sh));
     pthread_mutex_lock(&sh->mu);
     sh->copy_done = 0;
     sh->copy_todo = 1;
@@ -280,12 +283,15 @@ static void move_state(shard_t *sh)
 }
 
 /* Every replica's weights from the master (in the backend's dtype, where the stages read
- * them), their gradients cleared, unless the step's own pass did (`written`: step_run). Returns
- * once done. */
-static void publish(shard_t *sh, int written)
+ * them), their gradients cleared, unless the step's own pass did (`written`: step_run). A GPU
+ * shard's returns once that is queued (the stages' streams wait on its event: plane.h); with
+ * `wait` once it is done. */
+static void publish(shard_t *sh, int written, int wait)
 {
     WORKER_CHECK(sh->w, plane_reduce_publish(sh->red, sh->bank[sh->done % 2].a[0], written) == 0, "%s",
                  plane_reduce_error(sh->red));
+    if (wait)
+        BE_CHECK(sh, sh->be->stream_sync(sh->stream), "publish: %s", BE_WHY(sh));
 }
 
 /* REMAP (GPU shards): the stages were started again (a stage was lost: DESIGN.md "Recovery").
@@ -294,7 +300,7 @@ static void publish(shard_t *sh, int written)
 static void remap(shard_t *sh)
 {
     WORKER_CHECK(sh->w, plane_reduce_remap(sh->red) == 0, "%s", plane_reduce_error(sh->red));
-    publish(sh, 0);
+    publish(sh, 0, 1);
 }
 
 /* The state at the first step: the checkpoint's (checkpoint.load) or the initial weights
@@ -411,7 +417,7 @@ static void setup(shard_t *sh)
                                          sh->stream, err, sizeof(err)) == 0, "%s", err);
     move_state(sh);
     if (!took_over) { /* a replacement leaves the stages' weights alone: a step may be running */
-        publish(sh, 0);
+        publish(sh, 0, 1);
         if (sh->commit)
             atomic_store(sh->commit, sh->done);
     }
@@ -470,7 +476,8 @@ static void step_run(shard_t *sh, int from, int to, size_t rb, size_t re, int ou
 
 /* UPDATE of step `step` (0-based): the optimizer's step from bank step % 2 into the other, the
  * commit, then the new weights to every replica (GPU shards: in the step's own pass where they
- * can, the gradients read by nothing after it and no commit record to wait for). */
+ * can, the gradients read by nothing after it and no commit record to wait for; the answer goes
+ * once it is queued, the stages' next steps waiting for it on their devices: publish). */
 static double update(shard_t *sh, int64_t step, double scale)
 {
     const manifest_t *m = sh->man;
@@ -478,7 +485,7 @@ static double update(shard_t *sh, int64_t step, double scale)
     double lr = m->lr * lr_factor(&m->lr_sched, (int)step);
     if (sh->commit && atomic_load(sh->commit) == step + 1) { /* committed by the shard this one replaces */
         sh->done = step + 1;
-        publish(sh, 0);
+        publish(sh, 0, 0);
         return lr;
     }
     /* (a GPU shard's count is only the config's step, which another host's process may have had
@@ -520,7 +527,7 @@ static double update(shard_t *sh, int64_t step, double scale)
     if (sh->commit)
         atomic_store(sh->commit, sh->done);
     worker_test_point(sh->w, "committed", step);
-    publish(sh, out);
+    publish(sh, out, 0);
     return lr;
 }
 

@@ -142,6 +142,10 @@ void plane_destroy(plane_t **pp)
             p->end[l]->ops->destroy(p->end[l]);
     if (p->ops && p->ops->destroy)
         p->ops->destroy(p);
+    for (int k = 0; k < p->n_shard_ev; k++)
+        if (p->shard_ev[k])
+            p->cu->event_free(p->shard_ev[k]);
+    free(p->shard_ev);
     shm_detach(&p->act);
     shm_detach(&p->batch);
     shm_detach(&p->dev);
@@ -217,8 +221,43 @@ int plane_send(plane_t *p, plane_link_t l)
     return e ? e->ops->send(e) : -EINVAL;
 }
 
+/* GPU shards: a stream waits until the shards' last UPDATE has written this stage's weights
+ * and cleared its gradients (each shard records its event after that, and answers the UPDATE
+ * without waiting for its device). The shards that write here: every one (one host), or on a
+ * transport that sums the replicas beside a stage only those beside this one (the others' weights
+ * come from it through the transport, ordered after this wait). Their events are opened at the
+ * first step: the shards made them before they said READY. */
+int plane_shard_waits(plane_t *p, void *stream)
+{
+    if (!p->tr->device || !p->lay.gpu_shards)
+        return 0;
+    if (!p->shard_ev) {
+        if (!(p->shard_ev = calloc((size_t)p->lay.shards, sizeof(void *))))
+            return plane_fail(p, -ENOMEM, "out of memory");
+        p->n_shard_ev = p->lay.shards;
+        for (int k = 0; k < p->lay.shards; k++) {
+            int r, s;
+            plane_shard_beside(p->tr->name, &p->lay, k, &r, &s);
+            if (p->tr->beside && (r != p->cfg.replica || s != p->cfg.rank))
+                continue;
+            devdir_shard_t *e = devdir_shard_wait(shm_data(p->dev), &p->lay, k, 120000);
+            if (!e)
+                return plane_fail(p, -ETIMEDOUT, "optimizer shard %d never published its update event", k);
+            if (p->cu->ipc_event_open(&p->shard_ev[k], &e->updated))
+                return plane_fail(p, -EIO, "optimizer shard %d's update event: %s", k, p->cu->last_error());
+        }
+    }
+    for (int k = 0; k < p->n_shard_ev && plane_event_waits(); k++)
+        if (p->shard_ev[k] && p->cu->stream_wait(stream, p->shard_ev[k]))
+            return plane_fail(p, -EIO, "waiting for optimizer shard %d's update: %s", k, p->cu->last_error());
+    return 0;
+}
+
 int plane_step_begin(plane_t *p, int64_t step)
 {
+    int rc = plane_shard_waits(p, p->cfg.stream);
+    if (rc)
+        return rc;
     return p->ops && p->ops->step_begin ? p->ops->step_begin(p, step) : 0;
 }
 

@@ -159,9 +159,11 @@ void plane_reduce_destroy(plane_reduce_t **r);
  * backend's memory; the one part itself when a single part holds the whole slice). */
 int plane_reduce_sum(plane_reduce_t *r, const float **sum);
 /* Every replica's weights of the slice from `master` (fp32, the slice's length, converted to
- * the backend's weight dtype) and their gradients cleared; returns once done. `written`: the
- * optimizer's step already did both where plane_reduce_out said it could (a GPU shard's step
- * writes them in its own pass); then only the wait. */
+ * the backend's weight dtype) and their gradients cleared. `written`: the optimizer's step
+ * already did both where plane_reduce_out said it could (a GPU shard's step writes them in its
+ * own pass). On the CPU it returns once done; a GPU shard's returns at once, having recorded
+ * the event the stages' streams wait on before their next step (devdir_shard_t): a caller that
+ * reads the result from the host, or another stream, syncs the shard's stream first. */
 int plane_reduce_publish(plane_reduce_t *r, const float *master, int written);
 /* Where the optimizer's step may write the new weights and clear the gradients itself, for the
  * slice's elements from flat index `at`: 1 with *w (the backend's dtype) and *g at `at` in the

@@ -69,6 +69,9 @@ struct plane {
     shm_seg_t *batch;              /* the loader's segment (a stage that takes tokens or targets) */
     shm_seg_t *dev;                /* the device directory (device transports) */
     devdir_stage_t *entry;         /* this stage's entry there */
+    void **shard_ev;               /* GPU shards: the update events of the shards that write into
+                                    * this stage (devdir_shard_t), opened at the first step */
+    int n_shard_ev;
     double waited;
     char err[512];
 };
@@ -79,6 +82,11 @@ int plane_fail(plane_t *p, int rc, const char *fmt, ...) __attribute__((format(p
  * CTITAN_TEST_NO_EVENT_WAITS=1 drops those waits, so test_launch_gpu can show that the emulated
  * GPU catches a missing one. */
 int plane_event_waits(void);
+
+/* GPU optimizer shards: `stream` waits until the shards' last UPDATE has written this stage's
+ * weights and cleared its gradients (plane_step_begin's wait on the model's stream; a transport
+ * that touches them on another stream makes that one wait too). 0 or -errno. */
+int plane_shard_waits(plane_t *p, void *stream);
 
 /* The act segment's rings (shm, ipc): attaches the segment once, then the ring of boundary b
  * (stage b -> b + 1), activations (grad = 0) or gradients (grad = 1). */

@@ -396,6 +396,9 @@ static int shard_begin(plane_t *p, nccl_shard_t *h)
 {
     nccl_ctx_t *x = p->ctx;
     shard_forget(h);
+    int rc = plane_shard_waits(p, h->stream); /* the gathers and reduces run there */
+    if (rc)
+        return rc;
     if (x->rep && CU(p)->nccl_broadcast_bf16(x->rep, x->w, x->w, x->n, 0, h->stream))
         return failed(p, "broadcast of the weights to the other groups");
     return 0;

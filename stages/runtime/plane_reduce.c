@@ -9,9 +9,11 @@
  * gives the same bits. */
 #include <errno.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ipc/util.h"
 #include "stages/runtime/plane_link.h"
@@ -31,6 +33,8 @@ struct plane_reduce {
     const cuda_plugin_t *cu;     /* the device transports: the stage buffers mapped through CUDA IPC, */
     void **mapped;               /* to ipc_close */
     int nmapped;
+    void *updated;               /* GPU shards: the event recorded once an update's weights are in
+                                  * the stages (devdir_shard_t: the stages' streams wait on it) */
     shm_seg_t *params, *grads, *dev;
     char err[512];
 };
@@ -106,13 +110,33 @@ static int parts_from_stages(plane_reduce_t *r)
     return 0;
 }
 
+/* A GPU shard's entry in the device directory: the event its updates record (its pid last, then
+ * ready), made before it waits for the stages, which open it at their first step. */
+static int publish_event(plane_reduce_t *r)
+{
+    char why[512];
+    int rc;
+    if (!r->cu && !(r->cu = cuda_plugin_load(why, sizeof(why))))
+        return fail(r, -ENODEV, "optshard.device = \"cuda\": %s", why);
+    if (!r->dev && (rc = shm_attach(&r->dev, r->job, DEVDIR_SEG, r->err, sizeof(r->err))))
+        return rc;
+    devdir_shard_t *e = devdir_shard(shm_data(r->dev), &r->lay, r->k);
+    if (r->cu->ipc_event_new(&r->updated, &e->updated))
+        return fail(r, -EIO, "the shard's update event: %s", r->cu->last_error());
+    e->pid = (int32_t)getpid();
+    atomic_store(&e->ready, 1);
+    return 0;
+}
+
 /* Shards on the GPU map the stages' device buffers; CPU shards read the host segments, which the
  * stages compute on (the CPU model) or copy to and from (offload: GPU stages, CPU shards). */
 static int make_parts(plane_reduce_t *r) { return r->lay.gpu_shards ? parts_from_stages(r) : parts_from_segments(r); }
 
-/* The mappings and the list go (a REMAP makes them anew). */
+/* The mappings and the list go (a REMAP makes them anew), once the stream has done with them. */
 static void drop_parts(plane_reduce_t *r)
 {
+    if (r->nmapped)
+        r->be->stream_sync(r->stream);
     for (int i = 0; i < r->nmapped; i++)
         r->cu->ipc_close(r->mapped[i]);
     free(r->part);
@@ -155,7 +179,11 @@ int plane_reduce_new(plane_reduce_t **out, const char *transport, const job_layo
     r->lay = *l;
     snprintf(r->job, sizeof(r->job), "%s", job);
     r->k = k, r->begin = begin, r->end = end, r->be = be, r->stream = stream;
-    int rc = r->tr ? make_parts(r) : fail(r, -EINVAL, "no data plane transport \"%s\"", transport);
+    int rc = r->tr ? 0 : fail(r, -EINVAL, "no data plane transport \"%s\"", transport);
+    if (!rc && l->gpu_shards)
+        rc = publish_event(r);
+    if (!rc)
+        rc = make_parts(r);
     if (!rc)
         rc = place_sum(r);
     if (rc) {
@@ -175,6 +203,8 @@ void plane_reduce_destroy(plane_reduce_t **pr)
     if (r->sum && !r->in_place)
         r->be->free(r->sum);
     drop_parts(r);
+    if (r->updated)
+        r->cu->event_free(r->updated);
     shm_detach(&r->params);
     shm_detach(&r->grads);
     shm_detach(&r->dev);
@@ -237,6 +267,8 @@ int plane_reduce_publish(plane_reduce_t *r, const float *master, int written)
         if (be->zero(q->g, (q->hi - q->lo) * sizeof(float), r->stream))
             return fail(r, -EIO, "gradients: %s", be->last_error());
     }
+    if (r->updated) /* the stages' streams wait on this; nothing here waits for the device */
+        return r->cu->event_record(r->updated, r->stream) ? fail(r, -EIO, "update event: %s", r->cu->last_error()) : 0;
     return be->stream_sync(r->stream) ? fail(r, -EIO, "weights: %s", be->last_error()) : 0;
 }
 

@@ -312,15 +312,15 @@ static void make_state(shard_t *sh, float *const *dst)
 {
     const size_t piece = JOB_STATE_PIECE;
     int gpu = sh->lay.gpu_shards;
+    if (sh->man->ckpt_load[0]) {
+        load(sh, dst);
+        return;
+    }
     for (int a = 1; a < sh->arrays; a++)
         if (gpu)
             BE_CHECK(sh, sh->be->zero(dst[a], sh->n * sizeof(float), sh->stream), "upload: %s", BE_WHY(sh));
         else
             memset(dst[a], 0, sh->n * sizeof(float));
-    if (sh->man->ckpt_load[0]) {
-        load(sh, dst);
-        return;
-    }
     float *buf = NULL;
     int pinned = 0;
     if (gpu) {

@@ -78,9 +78,9 @@ struct plane {
 
 /* Formats p->err and returns rc (< 0). */
 int plane_fail(plane_t *p, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-/* Whether to make streams wait on the neighbours' events: the test hook
- * CTITAN_TEST_NO_EVENT_WAITS=1 drops those waits, so test_launch_gpu can show that the emulated
- * GPU catches a missing one. */
+/* Whether to make streams wait on the neighbours' and the GPU optimizer shards' events: the test
+ * hook CTITAN_TEST_NO_EVENT_WAITS=1 drops those waits, so test_launch_gpu can show that the
+ * emulated GPU catches a missing one. */
 int plane_event_waits(void);
 
 /* GPU optimizer shards: `stream` waits until the shards' last UPDATE has written this stage's

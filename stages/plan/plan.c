@@ -197,7 +197,7 @@ static int stage_rows(plan_t *p, const manifest_t *m, const job_layout_t *l, con
 
 /* Optimizer shard k: CPU shards work in the optstate segment; GPU shards keep the state on
  * the device beside the stage whose slice they hold (made there at set-up through a host
- * buffer of one piece, 2^24 parameters: optshard.c make_state), and a sum of the replicas'
+ * buffer of JOB_STATE_PIECE parameters: optshard.c make_state), and a sum of the replicas'
  * gradients with more than one. */
 static int shard_rows(plan_t *p, const manifest_t *m, const job_layout_t *l, int k)
 {

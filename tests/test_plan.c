@@ -238,7 +238,10 @@ static void test_plan_with_parameter_sharding(void **state)
             plan_have_t have = {.host = p.host_need * 0.9, .shm = -1, .gpus = 0};
             assert_int_equal(plan_check(&p, &have, &m, err, sizeof(err)), -ENOMEM);
             assert_non_null(strstr(err, "--parallelism.data_parallel_shard_degree 4"));
-            assert_non_null(strstr(err, "a stage); parameter sharding (")); /* one knob, "; ", the next */
+            /* each knob tried as the launch would plan it: here the processes' runtime is most of it */
+            assert_non_null(strstr(err, "a stage) (alone not enough: it would need host RAM ")); /* then "; " */
+            assert_non_null(strstr(err, "GiB of 0.08); parameter sharding ("));
+            assert_non_null(strstr(err, "; none of these alone makes it fit this machine"));
         }
         plan_free(&p);
     }
@@ -335,6 +338,16 @@ static void test_plan_host_refusal_of_offload_names_the_optimizer_on_the_gpus(vo
         assert_null(strstr(err, "pipeline_parallel_degree above"));
         size_t len = strlen(err);
         assert_true(len > 8 && strcmp(err + len - 2, "; ") && strcmp(err + len - 8, "to fit: "));
+        if (!off) { /* the state on GPUs too small for it, the host large: offload, tried, fits */
+            plan_have_t big = {.host = 64 * PLAN_GIB, .shm = -1, .gpus = 0};
+            for (int g = 0; g < PLAN_MAX_GPUS; g++)
+                big.gpu[g] = g < p.gpus ? 0.9 * p.gpu[g] : -1;
+            assert_int_equal(plan_check(&p, &big, &m, err, sizeof(err)), -ENOMEM);
+            print_message("on GPUs of 90%%: %s\n", err);
+            assert_non_null(strstr(err, "optimizer offload (--optshard.device cpu keeps the optimizer state in host "
+                                        "memory) (alone it fits)"));
+            assert_null(strstr(err, "none of these alone"));
+        }
         plan_free(&p);
     }
 }

@@ -580,8 +580,8 @@ void plan_capacity(plan_have_t *h, const manifest_t *m, int gpus)
         dev = m->device_memory_gib * PLAN_GIB;
         snprintf(h->gpu_from, sizeof(h->gpu_from), "job.device_memory_gib");
     }
-    if (dev >= 0) {
-        for (int g = 0; g < gpus && g < PLAN_MAX_GPUS; g++)
+    if (dev >= 0) { /* every GPU, as many as a plan uses (a knob's trial may use more) */
+        for (int g = 0; g < PLAN_MAX_GPUS; g++)
             h->gpu[g] = dev;
         return;
     }
@@ -666,50 +666,122 @@ static const plan_row_t *top_acts(const plan_t *p, int device, int gpus)
     return best;
 }
 
-static size_t knobs(const plan_t *p, const manifest_t *m, int device, int gpus, char *buf, size_t n)
+/* A knob tried: m with `k1 = v1` (and `k2 = v2` when k2) planned against h, as the launch
+ * would. Writes " (alone it fits)" or " (alone not enough: it would need ...)" into out and
+ * returns 1 or 0; -1 when the manifest refuses the knob (" (not for this job: its error)"). */
+static int trial(const manifest_t *m, const plan_have_t *h, const char *k1, const char *v1, const char *k2,
+                 const char *v2, char *out, size_t n)
+{
+    manifest_t *t = malloc(sizeof(*t));
+    char err[1024];
+    plan_t q;
+    out[0] = 0;
+    if (!t)
+        return -1;
+    *t = *m;
+    int rc = manifest_override(t, k1, v1, err, sizeof(err)) || (k2 && manifest_override(t, k2, v2, err, sizeof(err))) ||
+             manifest_validate(t, err, sizeof(err)) || plan_build(&q, t, &(plan_opts_t){0}, err, sizeof(err));
+    free(t);
+    if (rc) { /* the manifest's own words, which name the key */
+        snprintf(out, n, " (not for this job: %.200s)", err);
+        return -1;
+    }
+    char over[160] = "";
+    if (h->host >= 0 && q.host_need > h->host)
+        snprintf(over, sizeof(over), "host RAM %.2f GiB of %.2f", q.host_need / PLAN_GIB, h->host / PLAN_GIB);
+    for (int g = 0, gpus = plan_gpus(&q, h); g < gpus && !over[0]; g++) {
+        double need = plan_gpu_need(&q, h, g);
+        if (h->gpu[g] >= 0 && need > h->gpu[g])
+            snprintf(over, sizeof(over), "GPU %d %.2f GiB of %.2f", g, need / PLAN_GIB, h->gpu[g] / PLAN_GIB);
+    }
+    plan_free(&q);
+    if (over[0])
+        snprintf(out, n, " (alone not enough: it would need %s)", over);
+    else
+        snprintf(out, n, " (alone it fits)");
+    return !over[0];
+}
+
+/* The knobs that would make the job fit, for a device where it does not: each tried (trial),
+ * when h is given, and said to fit alone or not; "; "-separated after "; to fit: ". */
+static size_t knobs(const plan_t *p, const manifest_t *m, const plan_have_t *h, int device, int gpus, char *buf,
+                    size_t n)
 {
     const plan_row_t *a = top_acts(p, device, gpus);
-    int mb = m->local_batch_size / m->microbatches;
+    int mb = m->local_batch_size / m->microbatches, tried = 0, fits = 0;
     size_t at = (size_t)snprintf(buf, n, "; to fit: ");
+    char v[32], v2[32];
+/* the knob's trial after its text, then the separator */
+#define KNOB_TRIAL(k1, v1, k2, v2)                                                                   \
+    do {                                                                                           \
+        int f_ = h && (k1) && at < n ? trial(m, h, k1, v1, k2, v2, buf + at, n - at) : -1;           \
+        tried += f_ >= 0, fits += f_ > 0;                                                          \
+        at += at < n ? strlen(buf + at) : 0;                                                       \
+        at += at < n ? (size_t)snprintf(buf + at, n - at, "; ") : 0;                               \
+    } while (0)
     for (int i = 0; i < p->n && device == PLAN_HOST; i++)
-        if (!strcmp(p->rows[i].who, "coordinator") && p->rows[i].bytes[PLAN_ACTS] >= p->host_need / 4 && at < n)
+        if (!strcmp(p->rows[i].who, "coordinator") && p->rows[i].bytes[PLAN_ACTS] >= p->host_need / 4 && at < n) {
             at += (size_t)snprintf(buf + at, n - at, "a lighter end of run (the coordinator's validation holds "
                                    "%.2f GiB of activations, the whole model over %d x %d tokens on the CPU: "
-                                   "--validation.enable false, or a smaller --training.local_batch_size); ",
+                                   "--validation.enable false, or a smaller --training.local_batch_size)",
                                    p->rows[i].bytes[PLAN_ACTS] / PLAN_GIB, m->local_batch_size, m->seq_len);
-    if (a)
+            KNOB_TRIAL("validation.enable", "false", NULL, NULL);
+        }
+    if (a && at < n) {
         at += (size_t)snprintf(buf + at, n - at, "fewer activations (%s holds %.2f GiB: %.2f GiB a microbatch of %d x "
                                "%d tokens x %d in flight): %ssmaller microbatches (--parallelism."
                                "pipeline_parallel_microbatches above %d, or a smaller --training.local_batch_size "
-                               "or --training.seq_len); ", a->who, a->bytes[PLAN_ACTS] / PLAN_GIB,
+                               "or --training.seq_len)", a->who, a->bytes[PLAN_ACTS] / PLAN_GIB,
                                a->act_mb / PLAN_GIB, mb, m->seq_len, a->in_flight,
                                m->ac_mode == CONFIG_AC_FULL ? "" : "activation checkpointing "
                                "(--activation_checkpoint.mode full, or selective), ", m->microbatches);
-    if (at < n && device >= 0 && strcmp(m->shard_device, "cpu") && m->gpu_banks > 1)
+        snprintf(v, sizeof(v), "%d", 2 * m->microbatches);
+        if (m->ac_mode != CONFIG_AC_FULL) /* the trial: AC full, else twice the microbatches */
+            KNOB_TRIAL("activation_checkpoint.mode", "full", NULL, NULL);
+        else if (m->local_batch_size % (2 * m->microbatches) == 0)
+            KNOB_TRIAL("parallelism.pipeline_parallel_microbatches", v, NULL, NULL);
+        else
+            KNOB_TRIAL(NULL, NULL, NULL, NULL);
+    }
+    if (at < n && device >= 0 && strcmp(m->shard_device, "cpu") && m->gpu_banks > 1) {
         at += (size_t)snprintf(buf + at, n - at, "one copy of the GPU shards' state (--optshard.gpu_banks 1: "
-                               "a checkpoint's copy then holds the next update); ");
-    if (at < n && device >= 0 && strcmp(m->shard_device, "cpu"))
+                               "a checkpoint's copy then holds the next update)");
+        KNOB_TRIAL("optshard.gpu_banks", "1", NULL, NULL);
+    }
+    if (at < n && device >= 0 && strcmp(m->shard_device, "cpu")) {
         at += (size_t)snprintf(buf + at, n - at, "optimizer offload (--optshard.device cpu keeps the optimizer "
-                               "state in host memory); ");
+                               "state in host memory)");
+        KNOB_TRIAL("optshard.device", "cpu", NULL, NULL);
+    }
     double optim = 0;
     for (int i = 0; i < p->n && device == PLAN_HOST; i++)
         if (p->rows[i].device == PLAN_HOST)
             optim += p->rows[i].bytes[PLAN_OPTIM];
     if (at < n && device == PLAN_HOST && !strcmp(m->device, "cuda") && !strcmp(m->shard_device, "cpu") &&
-        optim >= p->host_need / 4) /* offload's state is most of it: it can go back to the GPUs */
+        optim >= p->host_need / 4) { /* offload's state is most of it: it can go back to the GPUs */
         at += (size_t)snprintf(buf + at, n - at, "the optimizer state on the GPUs (--optshard.device cuda: its "
-                               "%.2f GiB of master weights and moments leave host memory); ", optim / PLAN_GIB);
+                               "%.2f GiB of master weights and moments leave host memory)", optim / PLAN_GIB);
+        KNOB_TRIAL("optshard.device", "cuda", NULL, NULL);
+    }
     /* more stages spread the layers over more GPUs; on the host they only share the activations
      * out differently, so they are named there only when a stage holds some */
-    if (at < n && (device >= 0 || a))
+    if (at < n && (device >= 0 || a)) {
         at += (size_t)snprintf(buf + at, n - at, "more pipeline stages (--parallelism.pipeline_parallel_degree "
-                               "above %d: %s); ", m->pp,
+                               "above %d: %s)", m->pp,
                                device >= 0 ? "fewer layers on each GPU" : "fewer layers' activations a stage");
-    if (at < n && device == PLAN_HOST && !strcmp(m->device, "cpu") && m->dp_replicate > 1)
+        snprintf(v, sizeof(v), "%d", 2 * m->pp); /* split evenly: the split points were for m->pp */
+        KNOB_TRIAL("parallelism.pipeline_parallel_degree", v, "parallelism.pipeline_parallel_split_points", "");
+    }
+    if (at < n && device == PLAN_HOST && !strcmp(m->device, "cpu") && m->dp_replicate > 1) {
         at += (size_t)snprintf(buf + at, n - at, "parameter sharding (the %d replicas hold %d copies of the "
                                "weights and gradients: --parallelism.data_parallel_shard_degree %d with "
                                "data_parallel_replicate_degree 1 holds one, the same batch)", m->dp, m->dp_replicate,
                                m->dp);
+        snprintf(v, sizeof(v), "%d", m->dp);
+        snprintf(v2, sizeof(v2), "%d", 1);
+        KNOB_TRIAL("parallelism.data_parallel_shard_degree", v, "parallelism.data_parallel_replicate_degree", v2);
+    }
+#undef KNOB_TRIAL
     /* the knobs are "; "-separated: none after the last, and no "to fit" without one */
     if (at >= n)
         return at;
@@ -717,7 +789,9 @@ static size_t knobs(const plan_t *p, const manifest_t *m, int device, int gpus, 
         buf[at -= 2] = '\0';
     if (!strcmp(buf, "; to fit: ")) /* nothing to name */
         buf[at = 0] = '\0';
-    return at;
+    else if (tried && !fits) /* "exactly why not" */
+        at += (size_t)snprintf(buf + at, n - at, "; none of these alone makes it fit this machine");
+    return at < n ? at : n;
 }
 
 int plan_check(const plan_t *p, const plan_have_t *h, const manifest_t *m, char *err, size_t errlen)
@@ -735,7 +809,7 @@ int plan_check(const plan_t *p, const plan_have_t *h, const manifest_t *m, char 
                                "needs %.2f GiB of host RAM at once (%s) but %.2f GiB are available (%s)", p->job,
                                p->host_need / PLAN_GIB, what, h->host / PLAN_GIB, h->host_from);
         if (at < errlen)
-            at += knobs(p, m, PLAN_HOST, 1, err + at, errlen - at);
+            at += knobs(p, m, h, PLAN_HOST, 1, err + at, errlen - at);
         bad = 1;
     } else if (shm && h->shm >= 0 && shm->total > h->shm) {
         at += (size_t)snprintf(err + at, at < errlen ? errlen - at : 0, "job %s does not fit /dev/shm: its shared "
@@ -753,7 +827,7 @@ int plan_check(const plan_t *p, const plan_have_t *h, const manifest_t *m, char 
                                "the CUDA contexts are an estimate) but %.2f GiB are available (%s)", bad ? "\n" : "",
                                p->job, g, need / PLAN_GIB, what, h->gpu[g] / PLAN_GIB, h->gpu_from);
         if (at < errlen)
-            at += knobs(p, m, g, gpus, err + at, errlen - at);
+            at += knobs(p, m, h, g, gpus, err + at, errlen - at);
         bad = 1;
     }
     return bad ? -ENOMEM : 0;

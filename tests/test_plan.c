@@ -498,6 +498,13 @@ static void test_dry_run_prints_the_plan_and_starts_nothing(void **state)
     rc = launch("CTITAN_PLAN_HOST_BYTES=1000000", job, "--dry-run", out, sizeof(out), &secs);
     if (rc != 1 || !strstr(out, "refused: job"))
         TJ_FAIL_WITH(out, "status %d: expected the refusal", rc);
+    /* a GPU job's stage and shard share each GPU: what job.mps does with them (PATH without
+     * NVIDIA's program: "auto" stays time-sliced) */
+    rc = launch("PATH=/usr/bin:/bin", job, "--dry-run --job.device cuda --job.mps auto --model.n_heads 2", out, sizeof(out),
+                &secs);
+    if (rc != 0 || !strstr(out, "  GPU processes: 2 share a GPU, time-sliced (job.mps = \"auto\": "
+                                "nvidia-cuda-mps-control is not on PATH)"))
+        TJ_FAIL_WITH(out, "status %d: expected the GPU processes' line", rc);
 }
 
 /* A Ctrl-C as soon as the job's first segment exists: the set-up then goes on to measure the

@@ -68,6 +68,12 @@ static int check_plan(const manifest_t *m, int print, int *sharing)
                 "the host only (job.device_memory_gib sets it)\n");
     }
     *sharing = plan_gpu_sharing(&p, &have);
+    if (print && *sharing > 1) { /* what job.mps would do with them */
+        int mps = !strcmp(m->mps, "on") || (!strcmp(m->mps, "auto") && mps_available());
+        printf("  GPU processes: %d share a GPU, %s (job.mps = \"%s\"%s)\n", *sharing,
+               mps ? "under MPS" : "time-sliced", m->mps,
+               !strcmp(m->mps, "auto") && !mps ? ": " MPS_CONTROL " is not on PATH" : "");
+    }
     int rc = plan_check(&p, &have, m, err, sizeof(err));
     if (rc)
         fprintf(print ? stdout : stderr, "%s%s\n", print ? "  refused: " : "launch: ", err);

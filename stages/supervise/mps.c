@@ -42,6 +42,8 @@ static int on_path(const char *name)
     return 0;
 }
 
+int mps_available(void) { return on_path(MPS_CONTROL); }
+
 static int remove_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {
     (void)st, (void)flag, (void)ftw;

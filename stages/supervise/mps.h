@@ -34,6 +34,9 @@ typedef struct {
  * err (job.mps "on" and no daemon could be started: nothing is left behind). */
 int mps_start(mps_t *s, const manifest_t *m, int sharing, char *err, size_t errlen);
 
+/* Whether MPS_CONTROL is on PATH. */
+int mps_available(void);
+
 /* The daemon told to quit (its server leaves the GPU with it), waited for (a few seconds, then
  * killed), its folder removed and the two variables unset. Nothing when none was started. */
 void mps_stop(mps_t *s);

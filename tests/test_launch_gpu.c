@@ -308,9 +308,9 @@ static void test_launch_cuda_gpu_shards_publish_in_adamw_as_offload_does_after_i
  * the resumed run's losses are bitwise those of the uninterrupted one. The snapshot's copy into
  * the pinned staging segment is slowed to 1.5 s an array (the emulator's
  * CTITAN_SIM_PINNED_COPY_DELAY_MS) while the next step runs on: a shard that updated its state
- * before the copy had read it would checkpoint step 3's state as step 2's. With two banks of
- * state on the device (optshard.gpu_banks 2) the next update runs during the copy, into the
- * other bank: the same losses and the same checkpoint, bit for bit. */
+ * before the copy had read it would checkpoint step 3's state as step 2's. With a snapshot copy
+ * on the device (optshard.gpu_banks 2: the state copied there first, the copier taking that one)
+ * the next updates run during the copy: the same losses and the same checkpoint, bit for bit. */
 static void test_launch_cuda_gpu_shards_resume_bitwise_on_the_emulated_backend(void **state)
 {
     TU_NEED_BIN();

@@ -60,9 +60,11 @@ typedef struct {
     const float *g;              /* (n) the replicas' summed gradient (plane_reduce_sum) */
     struct {                     /* bank b: the state after a number of steps = b (mod 2): arrays of */
         float *a[OPTIM_ARRAYS_MAX]; /* (n) the optstate segment's bank, or for GPU shards in `state`'s
-                                  * allocation: one copy both banks name (updated in place), or two
-                                  * (optshard.gpu_banks 2) */
+                                  * allocation: one copy both banks name (updated in place) */
     } bank[2];
+    float *snap[OPTIM_ARRAYS_MAX]; /* (n) GPU shards with optshard.gpu_banks 2: a snapshot's copy of
+                                  * the state on the device, which the copier takes to the host
+                                  * while the updates go on; NULL: it copies from the bank */
     int64_t done;                /* steps the state holds: it is bank[done % 2] */
     _Atomic int64_t *commit;     /* CPU: this shard's record in the optstate segment (job.h) */
     int64_t reduced;             /* step whose summed gradient g holds (-1: none yet) */
@@ -154,8 +156,8 @@ static void *copier_main(void *arg)
         void *seg = shm_data(sh->staging);
         int b = (int)(sh->snap_step % 2); /* the state after snap_step: no UPDATE touches it meanwhile */
         for (int a = 0; a < sh->arrays; a++)
-            BE_CHECK(sh, sh->be->copy(staging_array(seg, a) + sh->begin, sh->bank[b].a[a], sh->n * sizeof(float),
-                                      sh->copy_stream), "snapshot: %s", BE_WHY(sh));
+            BE_CHECK(sh, sh->be->copy(staging_array(seg, a) + sh->begin, sh->snap[0] ? sh->snap[a] : sh->bank[b].a[a],
+                                      sh->n * sizeof(float), sh->copy_stream), "snapshot: %s", BE_WHY(sh));
         BE_CHECK(sh, sh->be->stream_sync(sh->copy_stream), "snapshot: %s", BE_WHY(sh));
         pthread_mutex_lock(&sh->mu);
         sh->copy_todo = 0;
@@ -168,6 +170,12 @@ static void *copier_main(void *arg)
 
 static void snapshot(shard_t *sh, int64_t step)
 {
+    /* with a snapshot copy on the device, the state goes there first, behind the update on the
+     * shard's stream (a device-to-device copy: ~1 ms for 160M parameters), and the next
+     * updates need not wait for the copier */
+    for (int a = 0; sh->snap[0] && a < sh->arrays; a++)
+        BE_CHECK(sh, sh->be->copy(sh->snap[a], sh->bank[step % 2].a[a], sh->n * sizeof(float), sh->stream),
+                 "snapshot: %s", BE_WHY(sh));
     /* a GPU shard's UPDATE answered before its device was done: the copier's stream reads it */
     if (sh->lay.gpu_shards)
         BE_CHECK(sh, sh->be->stream_sync(sh->stream), "snapshot: %s", BE_WHY(sh));
@@ -248,7 +256,8 @@ static void make_state(shard_t *sh, float *const *dst);
 
 /* The working memory in the backend's: the block norms; GPU shards also keep the state there,
  * made in bank done % 2 (make_state: never whole on the host); both banks name that one copy
- * (updated in place), or with optshard.gpu_banks 2 each its own. */
+ * (updated in place), and with optshard.gpu_banks 2 a second copy holds a snapshot's state on
+ * its way to the host (snap). */
 static void move_state(shard_t *sh)
 {
     const backend_t *be = sh->be;
@@ -276,8 +285,8 @@ static void move_state(shard_t *sh)
               BE_WHY(sh));
     int b0 = (int)(sh->done % 2);
     for (int a = 0; a < sh->arrays; a++) {
-        sh->bank[b0].a[a] = f + a * n;
-        sh->bank[1 - b0].a[a] = f + ((banks - 1) * sh->arrays + a) * n;
+        sh->bank[b0].a[a] = sh->bank[1 - b0].a[a] = f + a * n;
+        sh->snap[a] = banks > 1 ? f + (sh->arrays + a) * n : NULL;
     }
     make_state(sh, sh->bank[b0].a);
 }
@@ -602,10 +611,12 @@ int main(int argc, char **argv)
             remap(&sh);
             reply.type = MSG_REMAPPED;
         } else if (m.type == MSG_UPDATE) {
-            /* it writes bank (step + 1) % 2: that bank's copy must be done (with two banks the
-             * copy of a snapshot runs on through the next update, and waits only before the one
-             * after; with one, every update waits) */
-            int overwrites = sh.snap_step >= 0 && sh.bank[(m.step + 1) % 2].a[0] == sh.bank[sh.snap_step % 2].a[0];
+            /* it writes bank (step + 1) % 2: a snapshot's copy from it must be done (a CPU shard's
+             * two banks let the copy run on through the next update, waiting only before the one
+             * after; a GPU shard's one bank makes every update wait, unless its snapshot is
+             * copied on the device first: optshard.gpu_banks 2) */
+            int overwrites = sh.snap_step >= 0 && !sh.snap[0] &&
+                             sh.bank[(m.step + 1) % 2].a[0] == sh.bank[sh.snap_step % 2].a[0];
             snap_finish(&sh, overwrites, 1);
             reply.lr = update(&sh, m.step, m.scale);
             worker_test_point(sh.w, "updated", m.step);

@@ -69,10 +69,11 @@ static int check_plan(const manifest_t *m, int print, int *sharing)
     }
     *sharing = plan_gpu_sharing(&p, &have);
     if (print && *sharing > 1) { /* what job.mps would do with them */
-        int mps = !strcmp(m->mps, "on") || (!strcmp(m->mps, "auto") && mps_available());
+        int off = !strcmp(m->mps, "off"), have = mps_available();
         printf("  GPU processes: %d share a GPU, %s (job.mps = \"%s\"%s)\n", *sharing,
-               mps ? "under MPS" : "time-sliced", m->mps,
-               !strcmp(m->mps, "auto") && !mps ? ": " MPS_CONTROL " is not on PATH" : "");
+               !off && have ? "under MPS" : "time-sliced", m->mps,
+               off || have ? "" : !strcmp(m->mps, "on") ? ": " MPS_CONTROL " is not on PATH, the launch would refuse"
+                                                      : ": " MPS_CONTROL " is not on PATH");
     }
     int rc = plan_check(&p, &have, m, err, sizeof(err));
     if (rc)

@@ -47,14 +47,14 @@ typedef struct {
     cuda_ipc_event_t *written, *read;   /* (M) each */
 } devdir_ring_t;
 
-size_t devdir_bytes(const job_layout_t *l);
 typedef struct {
     _Atomic uint32_t ready;  /* 1 once the event is there */
     int32_t pid;
     cuda_ipc_event_t updated;
 } devdir_shard_t;
 
-/* The stages' part (devdir_bytes covers the shards' entries after it). */
+/* The segment's size: the stages' part, then the shards' entries. */
+size_t devdir_bytes(const job_layout_t *l);
 size_t devdir_stages_bytes(const job_layout_t *l);
 devdir_stage_t *devdir_stage(void *seg, const job_layout_t *l, int replica, int rank);
 devdir_shard_t *devdir_shard(void *seg, const job_layout_t *l, int k);

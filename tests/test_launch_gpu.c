@@ -540,9 +540,10 @@ static void fake_mps_control(const char *bin)
 
 /* job.mps = "on": `ctitan launch` runs a private MPS control daemon for the job (every GPU
  * visible to it), its workers find it through CUDA_MPS_PIPE_DIRECTORY, and it is told to quit
- * and its folder removed when the job ends; a daemon an earlier launch left (killed outright)
- * is told to quit first. Without nvidia-cuda-mps-control on PATH "on" is refused before
- * anything starts. A stand-in program plays the daemon (fake_mps_control). */
+ * and its folder removed when the job ends; a daemon an earlier launch left is told to quit
+ * first; a launch killed outright takes its daemon with it (the daemon's parent-death signal).
+ * Without nvidia-cuda-mps-control on PATH "on" is refused before anything starts, "auto" runs
+ * time-sliced. A stand-in program plays the daemon (fake_mps_control). */
 static void test_launch_mps_daemon_serves_the_job_and_goes_with_it(void **state)
 {
     TU_NEED_BIN();
@@ -593,7 +594,9 @@ static void test_launch_mps_daemon_serves_the_job_and_goes_with_it(void **state)
     assert_int_equal(access(path, F_OK), 0);
 
     const char *old_path = getenv("PATH");
+    static char saved_path[4096];
     char *saved = strdup(old_path ? old_path : "/usr/bin:/bin");
+    snprintf(saved_path, sizeof(saved_path), "%s", saved);
     snprintf(path, sizeof(path), "%s:%s", bin, saved);
     setenv("PATH", path, 1);
     setenv("CUDA_VISIBLE_DEVICES", "0", 1); /* the clients'; the daemon sees every GPU */
@@ -646,6 +649,48 @@ static void test_launch_mps_daemon_serves_the_job_and_goes_with_it(void **state)
     assert_int_not_equal(access(dir, F_OK), 0);
     tj_read_out(job, out, sizeof(out));
     assert_non_null(strstr(out, "run under MPS"));
+    tj_assert_clean(job);
+
+    /* a launch killed outright: its daemon goes with it (the parent-death signal); the next
+     * launch of the job clears what both left */
+    snprintf(path, sizeof(path), "%s:%s", bin, saved_path);
+    setenv("PATH", path, 1);
+    setenv("CTITAN_TEST_MPS_LOG", log, 1);
+    unlink(log);
+    tj_use_sim_plugin();
+    job_name(job, sizeof(job), "mpskill");
+    snprintf(dir, sizeof(dir), "/tmp/ctitan-mps-%u-%s-h0", (unsigned)getuid(), job);
+    l = tj_launch_bg(job, shape);
+    int up = tj_wait_step(job, 1, 300);
+    kill(l, SIGKILL);
+    tu_reap(l, 10, NULL);
+    int quit = 0;
+    for (int i = 0; i < 500 && !quit; i++, tj_sleep_ms(10)) {
+        f = fopen(log, "r");
+        n = f ? fread(text, 1, sizeof(text) - 1, f) : 0;
+        if (f)
+            fclose(f);
+        text[n] = 0;
+        quit = strstr(text, " quit\n") != NULL;
+    }
+    print_message("after kill -9 of the launch: %s", text);
+    /* clears the segments and the daemon's folder, once the killed job's processes are gone */
+    int rc;
+    for (int i = 0;; i++) {
+        rc = tj_run(job, shape, out, sizeof(out));
+        if (rc == 0 || !strstr(out, "already running") || i == 50)
+            break;
+        tj_sleep_ms(200);
+    }
+    if (rc)
+        print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    unsetenv("CTITAN_TEST_MPS_LOG");
+    setenv("PATH", saved_path, 1);
+    assert_int_equal(up, 0);
+    assert_true(quit);
+    assert_int_not_equal(access(dir, F_OK), 0);
     tj_assert_clean(job);
 }
 

@@ -343,7 +343,7 @@ static void test_plan_host_refusal_of_offload_names_the_optimizer_on_the_gpus(vo
             for (int g = 0; g < PLAN_MAX_GPUS; g++)
                 big.gpu[g] = g < p.gpus ? 0.9 * p.gpu[g] : -1;
             assert_int_equal(plan_check(&p, &big, &m, err, sizeof(err)), -ENOMEM);
-            print_message("on GPUs of 90%%: %s\n", err);
+            print_message("on GPUs of 90%%: %.900s\n", err);
             assert_non_null(strstr(err, "optimizer offload (--optshard.device cpu keeps the optimizer state in host "
                                         "memory) (alone it fits)"));
             assert_null(strstr(err, "none of these alone"));

@@ -142,13 +142,15 @@ static void test_launch_cuda_path_on_the_emulated_backend(void **state)
  * they are written, on the IPC rings and on the NCCL links alike, and the losses go wrong; at
  * pipeline 1 (no rings) the stage's next step reads its weights before the GPU optimizer shards'
  * update has written them (the shards answer an UPDATE without waiting for their device: the
- * stage's stream waits on their events). So the GPU-path tests here can fail for a missing
- * wait, not only for wrong arithmetic. */
+ * stage's stream waits on their events), and with the hook's value "grads" alone the shards
+ * read the gradients before the stage's backward has made them (the stage answers its step
+ * without waiting for its device: the shards' streams wait on its event). So the GPU-path tests
+ * here can fail for a missing wait, not only for wrong arithmetic. */
 static void test_launch_emulated_gpu_catches_a_missing_event_wait(void **state)
 {
     TU_NEED_BIN();
     static char out[1 << 16];
-    char a[32], b[32], c[32], a1[32], d[32], extra[512];
+    char a[32], b[32], c[32], a1[32], d[32], e[32], extra[512];
     const char *shape = "--model.dim 32 --model.n_heads 2 --model.n_kv_heads 1 --training.steps 2 --job.device cuda";
     const char *pp1 = "--model.dim 32 --model.n_heads 2 --model.n_kv_heads 1 --model.vocab_size 4096 --job.device cuda "
                       "--parallelism.pipeline_parallel_degree 1";
@@ -157,6 +159,7 @@ static void test_launch_emulated_gpu_catches_a_missing_event_wait(void **state)
     job_name(c, sizeof(c), "nowaitsnccl");
     job_name(a1, sizeof(a1), "waitspp1");
     job_name(d, sizeof(d), "nowaitspp1");
+    job_name(e, sizeof(e), "nogradwaits");
     TJ_NEED_SIM_PLUGIN();
     tj_run_ok(a, shape, out, sizeof(out));
     tj_run_ok(a1, pp1, out, sizeof(out));
@@ -165,12 +168,14 @@ static void test_launch_emulated_gpu_catches_a_missing_event_wait(void **state)
     snprintf(extra, sizeof(extra), "%s --parallelism.data_plane nccl", shape);
     int rc2 = tj_run(c, extra, out, sizeof(out));
     int rc3 = tj_run(d, pp1, out, sizeof(out));
+    setenv("CTITAN_TEST_NO_EVENT_WAITS", "grads", 1); /* only the shards' waits on the gradients */
+    int rc4 = tj_run(e, pp1, out, sizeof(out));
     unsetenv("CTITAN_TEST_NO_EVENT_WAITS");
     unsetenv("CTITAN_CUDA_PLUGIN");
     static char la[TJ_MAX_STEPS][40], lb[TJ_MAX_STEPS][40];
-    const char *bad[] = {b, c, d}, *good[] = {a, a, a1};
-    int rcs[] = {rc, rc2, rc3}, steps[] = {2, 2, 12};
-    for (int j = 0; j < 3; j++) {
+    const char *bad[] = {b, c, d, e}, *good[] = {a, a, a1, a1};
+    int rcs[] = {rc, rc2, rc3, rc4}, steps[] = {2, 2, 12, 12};
+    for (int j = 0; j < 4; j++) {
         assert_int_equal(tj_losses(good[j], la), steps[j]);
         int n = tj_losses(bad[j], lb), wrong = rcs[j] != 0 || n < steps[j];
         for (int i = 0; i < n && i < steps[j]; i++)
@@ -182,6 +187,7 @@ static void test_launch_emulated_gpu_catches_a_missing_event_wait(void **state)
     tj_assert_clean(b);
     tj_assert_clean(c);
     tj_assert_clean(d);
+    tj_assert_clean(e);
 }
 
 /* Whether file NAME of step 2's checkpoint is byte for byte the same in jobs a and b. */

@@ -83,10 +83,13 @@ struct cuda_model {
      * and kept. */
     act_wset_t ws[WS_KINDS];
     /* The losses kept by forwards given loss NULL (cuda_model_loss_take): forward k of a step
-     * copies its per-token losses into pinned block k (made at its first use, kept), read after
-     * one synchronisation at the take. */
+     * copies its per-token losses into pinned block k (made at its first use, kept), read once
+     * the event recorded after the last copy has completed (not the whole stream: the backward
+     * that follows the head's forward may still run, its gradients ordered for their readers
+     * by the data plane). */
     kept_loss_t *kept;
     int n_kept, kept_cap;
+    cudaEvent_t kept_ev;
     /* The attention (cfg.attn): cuDNN's fused kernels while sdpa is open, else attn.cu's. The
      * first forward of a (B, T) decides for both directions against attn.cu's (attn_decide); the
      * shapes so decided are kept. */
@@ -298,6 +301,8 @@ extern "C" void cuda_model_destroy(cuda_model_t **pm)
     for (int k = 0; k < m->kept_cap; k++)
         cudaFreeHost(m->kept[k].h);
     free(m->kept);
+    if (m->kept_ev)
+        cudaEventDestroy(m->kept_ev);
     for (int k = 0; k < WS_KINDS; k++) {
         for (int u = 0; u < m->ws[k].n; u++)
             cudaFree(m->ws[k].u[u]);
@@ -368,6 +373,7 @@ static int model_init(cuda_model_t *m, const model_config_t *cfg, int p0, int p1
         return cuda_err(-ENOMEM, "out of memory");
     size_t n = m->own_e - m->own_b, half = (size_t)cfg->max_seq_len * (m->hd / 2);
     CU(cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking));
+    CU(cudaEventCreateWithFlags(&m->kept_ev, cudaEventDisableTiming));
     CU(cudaMalloc((void **)&m->w, (n + CUDA_MODEL_SLACK) * sizeof(bf16_t)));
     CU(cudaMalloc((void **)&m->g, (n + CUDA_MODEL_SLACK) * sizeof(float)));
     CU(cudaMemsetAsync(m->w, 0, (n + CUDA_MODEL_SLACK) * sizeof(bf16_t), m->stream));
@@ -946,7 +952,7 @@ extern "C" int cuda_model_loss_take(cuda_model_t *m, double *loss)
         return 0;
     int k = m->n_kept;
     m->n_kept = 0;
-    CU(cudaStreamSynchronize(m->stream));
+    CU(cudaEventSynchronize(m->kept_ev)); /* the last copy, and so every one before it */
     for (int i = 0; i < k; i++)
         *loss += kept_sum(&m->kept[i]);
     return 0;
@@ -960,7 +966,8 @@ extern "C" void cuda_model_loss_drop(cuda_model_t *m) { m->n_kept = 0; }
  * gradient; the final norm's once dhf is whole). A backward then needs no logits, so no
  * microbatch keeps its N x V of them. The head's W thus runs in its forward, in the forwards'
  * microbatch order, the order every schedule keeps W in (sched_check), adding into gradients
- * the shards cleared at the last UPDATE, which returned before this step's STEP was sent. */
+ * the shards cleared at the last UPDATE, which the stream waited for at the step's begin
+ * (plane_step_begin). */
 static int head_forward(cuda_model_t *m, cuda_model_acts_t *a, float dscale)
 {
     int N = a->N, D = m->D, V = m->V, rows = act_head_rows(&m->cfg, N), grads = !m->cfg.forward_only, rc;
@@ -1048,6 +1055,7 @@ static int forward(cuda_model_t *m, cuda_model_acts_t *a, const int32_t *tokens,
     if ((rc = kept_block(m, N, &h)))
         return rc;
     CU(cudaMemcpyAsync(h, a->loss, N * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+    CU(cudaEventRecord(m->kept_ev, m->stream));
     if (!loss)
         return 0;
     m->n_kept--; /* wanted now: this one only, the kept ones before it stay */

@@ -4,7 +4,10 @@
  * them. One entry per stage (replica r, rank s), at devdir_stage(seg, l, r, s):
  *
  *   devdir_stage_t   ready flag (set last), device, pid, the stage's range [begin, end) of
- *                    the flat space and the handles of its weights (bf16) and gradients (fp32)
+ *                    the flat space and the handles of its weights (bf16) and gradients (fp32);
+ *                    on the IPC plane with GPU shards the handle of the event it records once
+ *                    a step's gradients are complete (plane_step_end: the shards' streams wait
+ *                    on it before they read them, and the stage does not wait for its device)
  *   ring act         its outgoing activation ring (to rank s+1; unused on the last rank):
  *                    the handle of M slots of act_slot bytes (bf16 [mb*T, dim]) and 2 x M
  *                    interprocess events: written[i] (recorded by the producer after
@@ -40,6 +43,7 @@ typedef struct {
     int32_t device, pid, pad;
     uint64_t begin, end;     /* the stage's range of the flat parameter space */
     cuda_ipc_mem_t w, g;     /* (end - begin) bf16 weights, (end - begin) fp32 gradients */
+    cuda_ipc_event_t done;   /* IPC plane, GPU shards: recorded after each step's gradients */
 } devdir_stage_t;
 
 typedef struct {

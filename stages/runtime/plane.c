@@ -57,7 +57,17 @@ int plane_event_waits(void)
     static int on = -1;
     if (on < 0) {
         const char *v = getenv("CTITAN_TEST_NO_EVENT_WAITS");
-        on = !(v && v[0] == '1');
+        on = !(v && !strcmp(v, "1"));
+    }
+    return on;
+}
+
+int plane_grad_waits(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *v = getenv("CTITAN_TEST_NO_EVENT_WAITS");
+        on = !(v && (!strcmp(v, "1") || !strcmp(v, "grads")));
     }
     return on;
 }
@@ -127,7 +137,14 @@ static int publish(plane_t *p)
     e->begin = p->cfg.begin, e->end = p->cfg.end, e->device = p->cfg.device, e->pid = (int32_t)getpid();
     if (p->lay.gpu_shards && (p->cu->ipc_export(p->cfg.w, &e->w) || p->cu->ipc_export(p->cfg.g, &e->g)))
         return plane_fail(p, -EIO, "exporting the weights and gradients: %s", p->cu->last_error());
+    if (plane_grads_ordered(p) && p->cu->ipc_event_new(&p->done_ev, &e->done))
+        return plane_fail(p, -EIO, "the gradients' event: %s", p->cu->last_error());
     return 0;
+}
+
+int plane_grads_ordered(const plane_t *p)
+{
+    return p->tr->device && !p->tr->beside && p->lay.gpu_shards;
 }
 
 /* ---- a stage's plane ---- */
@@ -146,6 +163,8 @@ void plane_destroy(plane_t **pp)
         if (p->shard_ev[k])
             p->cu->event_free(p->shard_ev[k]);
     free(p->shard_ev);
+    if (p->done_ev)
+        p->cu->event_free(p->done_ev);
     shm_detach(&p->act);
     shm_detach(&p->batch);
     shm_detach(&p->dev);
@@ -272,7 +291,13 @@ int plane_shard_io(plane_t *p, shard_io_t *io)
     return p->tr->shard(p, io);
 }
 
-int plane_step_end(plane_t *p) { return p->ops && p->ops->step_end ? p->ops->step_end(p) : 0; }
+int plane_step_end(plane_t *p)
+{
+    int rc = p->ops && p->ops->step_end ? p->ops->step_end(p) : 0;
+    if (!rc && p->done_ev && p->cu->event_record(p->done_ev, p->cfg.stream))
+        rc = plane_fail(p, -EIO, "recording the gradients' event: %s", p->cu->last_error());
+    return rc;
+}
 
 double plane_waited(plane_t *p)
 {

@@ -115,9 +115,15 @@ int plane_reserve(plane_t *p, plane_link_t l, int64_t step, int mb, void **slot)
 int plane_send(plane_t *p, plane_link_t l);
 
 /* Before a step's first action and after its last (nccl: the replicas' weights gathered;
- * their gradients reduced and every send on its way). */
+ * their gradients reduced and every send on its way; with GPU optimizer shards the stream waits
+ * for their last update first, and on the IPC plane the step's end records the event the
+ * shards wait on before they read the gradients). */
 int plane_step_begin(plane_t *p, int64_t step);
 int plane_step_end(plane_t *p);
+/* Whether the readers of this stage's gradients wait for them on the device (the IPC plane
+ * with GPU shards: plane_step_end's event), so the stage need not wait for its device at a
+ * step's end; else it must before it answers (the shards, or the host, read them then). */
+int plane_grads_ordered(const plane_t *p);
 
 /* With parameter sharding (lay->fsdp > 1), what the model takes its pieces' weights from and
  * gives their gradients to (backend_t.model_shard); without, *io all NULL. Returns 0 or -errno
@@ -156,7 +162,8 @@ int plane_reduce_new(plane_reduce_t **out, const char *transport, const job_layo
                      size_t begin, size_t end, const backend_t *be, void *stream, char *err, size_t errlen);
 void plane_reduce_destroy(plane_reduce_t **r);
 /* The replicas' gradients of the slice summed in replica order: *sum points at them (in the
- * backend's memory; the one part itself when a single part holds the whole slice). */
+ * backend's memory; the one part itself when a single part holds the whole slice). On the IPC
+ * plane the shard's stream first waits for the stages' gradients events (plane_step_end). */
 int plane_reduce_sum(plane_reduce_t *r, const float **sum);
 /* Every replica's weights of the slice from `master` (fp32, the slice's length, converted to
  * the backend's weight dtype) and their gradients cleared. `written`: the optimizer's step

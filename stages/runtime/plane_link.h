@@ -69,6 +69,8 @@ struct plane {
     shm_seg_t *batch;              /* the loader's segment (a stage that takes tokens or targets) */
     shm_seg_t *dev;                /* the device directory (device transports) */
     devdir_stage_t *entry;         /* this stage's entry there */
+    void *done_ev;                 /* IPC plane, GPU shards: this stage's event after each step's
+                                    * gradients (devdir_stage_t.done), which the shards wait on */
     void **shard_ev;               /* GPU shards: the update events of the shards that write into
                                     * this stage (devdir_shard_t), opened at the first step */
     int n_shard_ev;
@@ -82,6 +84,9 @@ int plane_fail(plane_t *p, int rc, const char *fmt, ...) __attribute__((format(p
  * hook CTITAN_TEST_NO_EVENT_WAITS=1 drops those waits, so test_launch_gpu can show that the
  * emulated GPU catches a missing one. */
 int plane_event_waits(void);
+/* Whether the GPU shards' streams wait on the stages' gradients events: the same hook with the
+ * value "grads" drops only those (and "1" every wait). */
+int plane_grad_waits(void);
 
 /* GPU optimizer shards: `stream` waits until the shards' last UPDATE has written this stage's
  * weights and cleared its gradients (plane_step_begin's wait on the model's stream; a transport

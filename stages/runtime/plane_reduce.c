@@ -33,6 +33,9 @@ struct plane_reduce {
     const cuda_plugin_t *cu;     /* the device transports: the stage buffers mapped through CUDA IPC, */
     void **mapped;               /* to ipc_close */
     int nmapped;
+    void **stage_ev;             /* IPC plane: the mapped stages' gradients events (devdir_stage_t
+                                  * done), waited on before a sum reads them */
+    int n_stage_ev;
     void *updated;               /* GPU shards: the event recorded once an update's weights are in
                                   * the stages (devdir_shard_t: the stages' streams wait on it) */
     shm_seg_t *params, *grads, *dev;
@@ -84,7 +87,8 @@ static int parts_from_stages(plane_reduce_t *r)
     plane_shard_beside(r->tr->name, l, r->k, &beside_r, &beside_s);
     r->part = calloc((size_t)l->dp * l->pp, sizeof(plane_part_t));
     r->mapped = calloc((size_t)l->dp * l->pp * 2, sizeof(void *));
-    if (!r->part || !r->mapped)
+    r->stage_ev = calloc((size_t)l->dp * l->pp, sizeof(void *));
+    if (!r->part || !r->mapped || !r->stage_ev)
         return fail(r, -ENOMEM, "out of memory");
     for (int rep = 0; rep < l->dp; rep++)
         for (int s = 0; s < l->pp; s++) {
@@ -103,6 +107,8 @@ static int parts_from_stages(plane_reduce_t *r)
             if (r->cu->ipc_open(&g, &e->g))
                 return fail(r, -EIO, "gradients of stage %d replica %d: %s", s, rep, r->cu->last_error());
             r->mapped[r->nmapped++] = g;
+            if (!r->tr->beside && r->cu->ipc_event_open(&r->stage_ev[r->n_stage_ev++], &e->done))
+                return fail(r, -EIO, "the gradients' event of stage %d replica %d: %s", s, rep, r->cu->last_error());
             r->part[r->nparts++] = (plane_part_t){.w = (uint16_t *)w + (lo - e->begin),
                                                   .g = (float *)g + (lo - e->begin), .lo = lo, .hi = hi,
                                                   .replica = beside_r >= 0 ? 0 : rep};
@@ -139,11 +145,16 @@ static void drop_parts(plane_reduce_t *r)
         r->be->stream_sync(r->stream);
     for (int i = 0; i < r->nmapped; i++)
         r->cu->ipc_close(r->mapped[i]);
+    for (int i = 0; i < r->n_stage_ev; i++)
+        if (r->stage_ev[i])
+            r->cu->event_free(r->stage_ev[i]);
     free(r->part);
     free(r->mapped);
+    free(r->stage_ev);
     r->part = NULL;
     r->mapped = NULL;
-    r->nparts = r->nmapped = 0;
+    r->stage_ev = NULL;
+    r->nparts = r->nmapped = r->n_stage_ev = 0;
 }
 
 /* Where the sum goes: the one part itself when it holds the whole slice, else a buffer of the
@@ -215,6 +226,9 @@ void plane_reduce_destroy(plane_reduce_t **pr)
 int plane_reduce_sum(plane_reduce_t *r, const float **sum)
 {
     const backend_t *be = r->be;
+    for (int i = 0; i < r->n_stage_ev && plane_grad_waits(); i++) /* the stages' steps are done */
+        if (r->stage_ev[i] && r->cu->stream_wait(r->stream, r->stage_ev[i]))
+            return fail(r, -EIO, "waiting for a stage's gradients: %s", r->cu->last_error());
     for (int i = 0; i < r->nparts && !r->in_place; i++) {
         const plane_part_t *q = &r->part[i];
         float *dst = r->sum + (q->lo - r->begin);

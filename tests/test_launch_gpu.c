@@ -630,7 +630,14 @@ static void test_launch_mps_daemon_serves_the_job_and_goes_with_it(void **state)
     for (size_t at = 0; at < n; at += strnlen(text + at, n - at) + 1)
         found |= !strcmp(text + at, want);
     assert_true(found);
+    /* a second launch of the running job is refused and leaves the running job's daemon alone */
+    snprintf(path, sizeof(path), "%s:%s", bin, saved_path);
+    setenv("PATH", path, 1);
+    int rc2 = tj_run(job, shape, out, sizeof(out));
+    setenv("PATH", saved_path, 1);
     assert_int_equal(tu_reap(l, 600, NULL), 0);
+    assert_int_equal(rc2, 1);
+    assert_non_null(strstr(out, "is already running or being launched"));
     unsetenv("CTITAN_CUDA_PLUGIN");
     unsetenv("CTITAN_TEST_MPS_LOG");
     assert_int_equal(tu_reap(stale, 10, NULL), 0); /* the stale daemon was told to quit */
@@ -652,6 +659,10 @@ static void test_launch_mps_daemon_serves_the_job_and_goes_with_it(void **state)
     assert_non_null(c);
     assert_non_null(d);
     assert_non_null(strstr(d, " quit\n"));
+    int quits = 0; /* the stale daemon's and the job's own at its end: none from the refused launch */
+    for (const char *q = strstr(text, "client quit\n"); q; q = strstr(q + 1, "client quit\n"))
+        quits++;
+    assert_int_equal(quits, 2);
     assert_int_not_equal(access(dir, F_OK), 0);
     tj_read_out(job, out, sizeof(out));
     assert_non_null(strstr(out, "run under MPS"));

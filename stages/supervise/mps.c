@@ -17,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "ipc/shm.h"
 #include "ipc/util.h"
 
 #define MPS_READY_S 10.0 /* the daemon's control socket appears within this */
@@ -51,43 +52,24 @@ static int remove_one(const char *path, const struct stat *st, int flag, struct 
     return 0;
 }
 
-/* `MPS_CONTROL` run as a client of the daemon in dir (its pipe/), told "quit": 0 when it said it
- * was done within MPS_QUIT_S, else -1. */
-static int tell_quit(const char *dir)
+/* `MPS_CONTROL` run as a client of the daemon whose pipe folder this process exports
+ * (export_dirs), told "quit": 0 when it said it was done within MPS_QUIT_S, else -1. */
+static int tell_quit(void)
 {
-    char pipe_dir[sizeof(((mps_t *)0)->dir) + 8], env_pipe[sizeof(pipe_dir) + 32];
-    snprintf(pipe_dir, sizeof(pipe_dir), "%s/pipe", dir);
-    snprintf(env_pipe, sizeof(env_pipe), "CUDA_MPS_PIPE_DIRECTORY=%s", pipe_dir);
     int fd[2];
     if (pipe2(fd, O_CLOEXEC))
         return -1;
     char secs[16];
     snprintf(secs, sizeof(secs), "%g", MPS_QUIT_S);
     char *argv[] = {"timeout", secs, MPS_CONTROL, NULL};
-    /* the environment of this process with the daemon's pipe folder */
-    size_t n = 0;
-    while (environ[n])
-        n++;
-    char **env = calloc(n + 2, sizeof(*env));
-    if (!env) {
-        close(fd[0]);
-        close(fd[1]);
-        return -1;
-    }
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++)
-        if (strncmp(environ[i], "CUDA_MPS_PIPE_DIRECTORY=", 24))
-            env[k++] = environ[i];
-    env[k++] = env_pipe;
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, fd[0], 0);
     posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
     posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
     pid_t pid;
-    int rc = posix_spawnp(&pid, "timeout", &fa, NULL, argv, env);
+    int rc = posix_spawnp(&pid, "timeout", &fa, NULL, argv, environ);
     posix_spawn_file_actions_destroy(&fa);
-    free(env);
     close(fd[0]);
     if (!rc)
         util_write_all(fd[1], "quit\n", 5);
@@ -126,39 +108,71 @@ static void signal_daemon(mps_t *s, int sig)
         kill(s->pid, sig);
 }
 
-/* The folder of this host's daemon of job `job`, made afresh (mode 0700): a folder left there
- * by a launch killed outright is this user's to clear, its daemon told to quit first. */
+/* s->dir's folder `leaf` (pipe, log, ...). */
+static void sub(const mps_t *s, const char *leaf, char *buf, size_t n) { snprintf(buf, n, "%s/%s", s->dir, leaf); }
+
+/* CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_LOG_DIRECTORY of s->dir, for this process and every
+ * process it starts after (the daemon, the job's processes, the client that says "quit"). */
+static void export_dirs(const mps_t *s)
+{
+    char pipe_dir[sizeof(s->dir) + 8], log_dir[sizeof(s->dir) + 8];
+    sub(s, "pipe", pipe_dir, sizeof(pipe_dir));
+    sub(s, "log", log_dir, sizeof(log_dir));
+    setenv("CUDA_MPS_PIPE_DIRECTORY", pipe_dir, 1);
+    setenv("CUDA_MPS_LOG_DIRECTORY", log_dir, 1);
+}
+
+/* The folder of this host's daemon of job m (mode 0700), made afresh and exported: a folder a
+ * launch killed outright left there is this user's to clear, its daemon told to quit first;
+ * but not while another launch of the job holds the job's lock (its daemon serves that job),
+ * and not a folder that is not this user's. */
 static int make_dir(mps_t *s, const manifest_t *m, char *err, size_t errlen)
 {
+    char job[96]; /* the name the job's lock has on this host (coord.c: an agent's is NAME-hK) */
+    if (m->host_rank)
+        snprintf(job, sizeof(job), "%s-h%d", m->name, m->host_rank);
+    else
+        snprintf(job, sizeof(job), "%s", m->name);
     snprintf(s->dir, sizeof(s->dir), "/tmp/ctitan-mps-%u-%s-h%d", (unsigned)getuid(), m->name, m->host_rank);
     struct stat st;
     if (!lstat(s->dir, &st)) {
+        char path[sizeof(s->dir)];
+        snprintf(path, sizeof(path), "%s", s->dir);
         if (!S_ISDIR(st.st_mode) || st.st_uid != getuid()) {
-            char path[sizeof(s->dir)];
-            snprintf(path, sizeof(path), "%s", s->dir);
             s->dir[0] = 0; /* not ours to remove */
             return util_fail(err, errlen, -1, "job.mps: %s is in the way (not a folder of this user's): "
                              "remove it", path);
         }
+        int lock = shm_job_lock(job, err, errlen);
+        if (lock < 0) { /* shm_job_lock's words: another launch of the job, whose daemon this is */
+            s->dir[0] = 0;
+            return -1;
+        }
+        shm_job_unlock(job, lock);
+    }
+    export_dirs(s);
+    if (!lstat(s->dir, &st)) {
         char control[sizeof(s->dir) + 16];
-        snprintf(control, sizeof(control), "%s/pipe/control", s->dir);
+        sub(s, "pipe/control", control, sizeof(control));
         if (!access(control, F_OK)) {
             fprintf(stderr, "launch: job.mps: an earlier launch's MPS daemon (%s) is told to quit\n", s->dir);
-            tell_quit(s->dir);
+            tell_quit();
             /* gone when its control socket is (not a child of ours: nothing to wait on) */
             for (double end = util_now() + MPS_QUIT_S; !access(control, F_OK) && util_now() < end;)
                 usleep(10000);
         }
         nftw(s->dir, remove_one, 16, FTW_DEPTH | FTW_PHYS);
     }
-    char sub[sizeof(s->dir) + 8];
-    int rc = mkdir(s->dir, 0700);
-    snprintf(sub, sizeof(sub), "%s/pipe", s->dir);
-    rc = rc ? rc : mkdir(sub, 0700);
-    snprintf(sub, sizeof(sub), "%s/log", s->dir);
-    rc = rc ? rc : mkdir(sub, 0700);
-    if (rc)
-        return util_fail(err, errlen, -1, "job.mps: cannot make %s: %s", sub, strerror(errno));
+    const char *leaves[] = {NULL, "pipe", "log"};
+    for (int i = 0; i < 3; i++) {
+        char dir[sizeof(s->dir) + 8];
+        if (leaves[i])
+            sub(s, leaves[i], dir, sizeof(dir));
+        else
+            snprintf(dir, sizeof(dir), "%s", s->dir);
+        if (mkdir(dir, 0700))
+            return util_fail(err, errlen, -1, "job.mps: cannot make %s: %s", dir, strerror(errno));
+    }
     return 0;
 }
 
@@ -176,15 +190,10 @@ static _Noreturn void exec_daemon(const mps_t *s, pid_t parent)
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
     signal(SIGPIPE, SIG_DFL);
-    char pipe_dir[sizeof(s->dir) + 8], log_dir[sizeof(s->dir) + 8];
-    snprintf(pipe_dir, sizeof(pipe_dir), "%s/pipe", s->dir);
-    snprintf(log_dir, sizeof(log_dir), "%s/log", s->dir);
-    setenv("CUDA_MPS_PIPE_DIRECTORY", pipe_dir, 1);
-    setenv("CUDA_MPS_LOG_DIRECTORY", log_dir, 1);
     unsetenv("CUDA_VISIBLE_DEVICES");
     unsetenv("CUDA_INJECTION64_PATH"); /* a profiler's library is the clients', not the daemon's */
     char out[sizeof(s->dir) + 16];
-    snprintf(out, sizeof(out), "%s/log/control.out", s->dir);
+    sub(s, "log/control.out", out, sizeof(out));
     int in = open("/dev/null", O_RDONLY), fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0600);
     if (in < 0 || fd < 0 || dup2(in, 0) < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0)
         _exit(126);
@@ -198,7 +207,7 @@ static void last_words(const mps_t *s, char *buf, size_t n)
 {
     char path[sizeof(s->dir) + 16], *text = NULL, e[64];
     size_t len = 0;
-    snprintf(path, sizeof(path), "%s/log/control.out", s->dir);
+    sub(s, "log/control.out", path, sizeof(path));
     buf[0] = 0;
     if (util_read_file(path, 1 << 16, "output", &text, &len, e, sizeof(e)))
         return;
@@ -211,7 +220,8 @@ static void last_words(const mps_t *s, char *buf, size_t n)
     free(text);
 }
 
-/* Starts the daemon and waits for its control socket. 0, or -1 with err (nothing left). */
+/* Starts the daemon (the folders exported: make_dir) and waits for its control socket. 0, or
+ * -1 with err (nothing left). */
 static int start_daemon(mps_t *s, char *err, size_t errlen)
 {
     pid_t parent = getpid();
@@ -225,7 +235,7 @@ static int start_daemon(mps_t *s, char *err, size_t errlen)
         exec_daemon(s, parent);
     s->pidfd = (int)syscall(SYS_pidfd_open, s->pid, 0);
     char control[sizeof(s->dir) + 16], words[256];
-    snprintf(control, sizeof(control), "%s/pipe/control", s->dir);
+    sub(s, "pipe/control", control, sizeof(control));
     for (double end = util_now() + MPS_READY_S; access(control, F_OK);) {
         int st;
         if (waitpid(s->pid, &st, WNOHANG) == s->pid || util_now() > end) {
@@ -233,16 +243,11 @@ static int start_daemon(mps_t *s, char *err, size_t errlen)
             last_words(s, words, sizeof(words));
             mps_stop(s);
             return util_fail(err, errlen, -1, "job.mps: %s -f %s%s%s", MPS_CONTROL,
-                             ended ? "ended before it was ready" : "made no control socket within 10 s",
+                             ended ? "ended before it was ready" : "made no control socket in time",
                              words[0] ? ": " : "", words);
         }
         usleep(10000);
     }
-    char pipe_dir[sizeof(s->dir) + 8], log_dir[sizeof(s->dir) + 8];
-    snprintf(pipe_dir, sizeof(pipe_dir), "%s/pipe", s->dir);
-    snprintf(log_dir, sizeof(log_dir), "%s/log", s->dir);
-    setenv("CUDA_MPS_PIPE_DIRECTORY", pipe_dir, 1);
-    setenv("CUDA_MPS_LOG_DIRECTORY", log_dir, 1);
     return 0;
 }
 
@@ -286,20 +291,19 @@ int mps_start(mps_t *s, const manifest_t *m, int sharing, char *err, size_t errl
 
 void mps_stop(mps_t *s)
 {
-    if (s->pid > 0) {
-        if (tell_quit(s->dir) || !wait_end(s, MPS_QUIT_S)) {
-            signal_daemon(s, SIGTERM);
-            if (!wait_end(s, 1.0)) {
-                signal_daemon(s, SIGKILL);
-                wait_end(s, 1.0);
-            }
+    if (s->pid > 0 && (tell_quit() || !wait_end(s, MPS_QUIT_S))) {
+        signal_daemon(s, SIGTERM);
+        if (!wait_end(s, 1.0)) {
+            signal_daemon(s, SIGKILL);
+            wait_end(s, 1.0);
         }
-        unsetenv("CUDA_MPS_PIPE_DIRECTORY");
-        unsetenv("CUDA_MPS_LOG_DIRECTORY");
     }
     if (s->pidfd >= 0)
         close(s->pidfd);
-    if (s->dir[0])
+    if (s->dir[0]) { /* ours: exported by make_dir */
         nftw(s->dir, remove_one, 16, FTW_DEPTH | FTW_PHYS);
+        unsetenv("CUDA_MPS_PIPE_DIRECTORY");
+        unsetenv("CUDA_MPS_LOG_DIRECTORY");
+    }
     *s = (mps_t){.pidfd = -1};
 }

@@ -208,6 +208,17 @@ static void test_job_optstate_check_refuses_a_segment_made_for_another_job(void 
     other = l;
     other.arrays += 1;
     assert_int_equal(job_optstate_check(h, &other, 2, err, sizeof(err)), -EINVAL);
+    /* a segment of two banks for a job of one (optshard.host_banks 1), and one bank's arrays */
+    assert_int_equal(l.host_banks, 2);
+    other = l;
+    other.host_banks = 1;
+    assert_int_equal(job_optstate_check(h, &other, 2, err, sizeof(err)), -EINVAL);
+    assert_non_null(strstr(err, "2 banks; the job has 2 of"));
+    assert_true(job_optstate_bytes(&other, 2) == job_optstate_bytes(&l, 2) - (size_t)l.arrays * l.stride * 4);
+    assert_true(job_optstate_array(h, 1, 0) == job_optstate_array(h, 0, 0) + (size_t)l.arrays * l.stride);
+    h->banks = 1;
+    assert_true(job_optstate_array(h, 1, 2) == job_optstate_array(h, 0, 2));
+    *h = saved;
     h->magic ^= 1;
     assert_int_equal(job_optstate_check(h, &l, 2, err, sizeof(err)), -EINVAL);
     *h = saved;

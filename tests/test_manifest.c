@@ -695,6 +695,26 @@ static void test_manifest_optshard_device_and_data_plane(void **state)
     assert_int_equal(manifest_override(m, "optshard.gpu_banks", "3", err, sizeof(err)), 0);
     assert_int_equal(manifest_validate(m, err, sizeof(err)), -EINVAL);
     assert_non_null(strstr(err, "optshard.gpu_banks = 3: expected 1, or 2"));
+    /* one bank of CPU shard state: only where the shards are on the CPU, and only 1 or 2; its
+     * in-memory snapshots are what such a job rewinds to */
+    manifest_defaults(m);
+    assert_int_equal(m->host_banks, 2);
+    assert_int_equal(manifest_override(m, "checkpoint.snapshot_interval", "5", err, sizeof(err)), 0);
+    assert_int_equal(manifest_validate(m, err, sizeof(err)), -EINVAL);
+    assert_non_null(strstr(err, "checkpoint.snapshot_interval = 5: in-memory snapshots are what a GPU job"));
+    assert_int_equal(manifest_override(m, "optshard.host_banks", "1", err, sizeof(err)), 0);
+    assert_int_equal(manifest_validate(m, err, sizeof(err)), 0);
+    assert_int_equal(manifest_override(m, "optshard.host_banks", "3", err, sizeof(err)), 0);
+    assert_int_equal(manifest_validate(m, err, sizeof(err)), -EINVAL);
+    assert_non_null(strstr(err, "--optshard.host_banks: optshard.host_banks = 3: expected 2, or 1 with optimizer "
+                                "shards on the CPU"));
+    manifest_defaults(m);
+    assert_int_equal(manifest_override(m, "job.device", "cuda", err, sizeof(err)), 0);
+    assert_int_equal(manifest_override(m, "optshard.host_banks", "1", err, sizeof(err)), 0);
+    assert_int_equal(manifest_validate(m, err, sizeof(err)), -EINVAL);
+    assert_non_null(strstr(err, "optshard.host_banks = 1: expected 2, or 1 with optimizer shards on the CPU"));
+    assert_int_equal(manifest_override(m, "optshard.device", "cpu", err, sizeof(err)), 0); /* offload */
+    assert_int_equal(manifest_validate(m, err, sizeof(err)), 0);
     /* job.mps: off (the default), on or auto */
     manifest_defaults(m);
     assert_string_equal(m->mps, "off");
@@ -728,8 +748,8 @@ static void test_manifest_optshard_device_and_data_plane(void **state)
     assert_false(manifest_snapshots(m));
     assert_int_equal(manifest_override(m, "checkpoint.snapshot_interval", "5", err, sizeof(err)), 0);
     assert_int_equal(manifest_validate(m, err, sizeof(err)), -EINVAL);
-    assert_non_null(strstr(err, "checkpoint.snapshot_interval = 5: in-memory snapshots are what a GPU job rewinds "
-                                "to"));
+    assert_non_null(strstr(err, "checkpoint.snapshot_interval = 5: in-memory snapshots are what a GPU job "
+                                "(job.device = \"cuda\") or one with optshard.host_banks = 1 rewinds to"));
     assert_int_equal(manifest_override(m, "checkpoint.snapshot_interval", "-1", err, sizeof(err)), 0);
     assert_int_equal(manifest_validate(m, err, sizeof(err)), -EINVAL);
     assert_non_null(strstr(err, "checkpoint.snapshot_interval = -1 must be >= 0"));

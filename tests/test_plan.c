@@ -127,6 +127,44 @@ static void test_plan_figures_of_a_small_cpu_job(void **state)
     assert_int_equal((long)s0->bytes[PLAN_ACTS], (long)model_act_total(&a, 2, 0));
     assert_true(s0->bytes[PLAN_ACTS] < none0);
     plan_free(&p);
+    /* optshard.host_banks 1: one bank of the three arrays */
+    const char *kv[64];
+    int n = small_kv(kv);
+    kv[n++] = "optshard.host_banks", kv[n++] = "1", kv[n] = NULL;
+    manifest_of(&m, kv);
+    assert_int_equal(plan_build(&p, &m, &(plan_opts_t){.cpus = 2}, err, sizeof(err)), 0);
+    assert_int_equal((long)row(&p, "shared memory", PLAN_HOST)->bytes[PLAN_OPTIM], 4096L + 3 * 107520L * 4);
+    plan_free(&p);
+}
+
+/* A CPU job whose shards' second bank is what keeps it from fitting: the refusal names
+ * optshard.host_banks 1 and says it fits alone; with it the job fits that host. */
+static void test_plan_names_one_bank_of_shard_state_where_it_fits(void **state)
+{
+    manifest_t m;
+    plan_t two, one;
+    char err[4096];
+    const char *kv[64];
+    int n = small_kv(kv); /* ~35M parameters: the optimizer's state is most of the host's need */
+    kv[n++] = "model.dim", kv[n++] = "512", kv[n++] = "model.n_layers", kv[n++] = "8";
+    kv[n++] = "model.vocab_size", kv[n++] = "16384", kv[n] = NULL;
+    manifest_of(&m, kv);
+    assert_int_equal(plan_build(&two, &m, &(plan_opts_t){.cpus = 2}, err, sizeof(err)), 0);
+    kv[n++] = "optshard.host_banks", kv[n++] = "1", kv[n] = NULL;
+    manifest_t m1;
+    manifest_of(&m1, kv);
+    assert_int_equal(plan_build(&one, &m1, &(plan_opts_t){.cpus = 2}, err, sizeof(err)), 0);
+    assert_true(one.host_need < two.host_need);
+    plan_have_t h = {.host = (one.host_need + two.host_need) / 2, .shm = -1, .gpus = 0};
+    for (int g = 0; g < PLAN_MAX_GPUS; g++)
+        h.gpu[g] = -1;
+    assert_int_equal(plan_check(&two, &h, &m, err, sizeof(err)), -ENOMEM);
+    const char *knob = strstr(err, "(--optshard.host_banks 1: ");
+    if (!knob || !strstr(knob, ") (alone it fits)"))
+        fail_msg("expected the knob optshard.host_banks 1, fitting alone: %s", err);
+    assert_int_equal(plan_check(&one, &h, &m1, err, sizeof(err)), 0);
+    plan_free(&two);
+    plan_free(&one);
 }
 
 static void test_plan_figures_of_a_small_gpu_job(void **state)
@@ -586,6 +624,7 @@ int main(void)
         cmocka_unit_test(test_plan_host_refusal_of_offload_names_the_optimizer_on_the_gpus),
         cmocka_unit_test(test_gpu_capacity_from_nvidia_smi_and_not_a_number_is_unknown),
         cmocka_unit_test(test_launch_refuses_40b_on_an_80gb_gpu),
+        cmocka_unit_test(test_plan_names_one_bank_of_shard_state_where_it_fits),
         cmocka_unit_test(test_launch_refuses_llama1b_on_a_small_host),
         cmocka_unit_test(test_dry_run_prints_the_plan_and_starts_nothing),
         cmocka_unit_test(test_sigint_in_set_up_stops_the_launch_within_a_second),

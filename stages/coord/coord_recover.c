@@ -15,7 +15,8 @@
  * CPU shards, offload mode, the optstate segment, and are themselves replaced alone). The step
  * is redone when the stages held a part of it: the STEP round, and with GPU shards until the
  * update (the gradients are device memory of the stages). A GPU shard lost, or a stage while
- * GPU shards read the stages' memory (REDUCE, UPDATE), rewinds the job (coord_rewind.c). */
+ * GPU shards read the stages' memory (REDUCE, UPDATE), rewinds the job (coord_rewind.c); so does
+ * a CPU shard whose state is one bank (optshard.host_banks = 1), which a kill may tear. */
 #include "stages/coord/coord_recover.h"
 
 #include <errno.h>
@@ -220,10 +221,14 @@ static const char *on_remapped(coord_t *c, coord_proc_t *p, const ctl_peer_t *fr
 enum { ALONE, STAGES, REWIND };
 
 /* How the lost processes come back: each alone (CPU jobs; CPU shards of an offload job), with
- * every stage (a GPU stage), or by a rewind (a GPU shard; a stage while GPU shards read the
- * stages' memory; across hosts). */
+ * every stage (a GPU stage), or by a rewind (a GPU shard; a CPU shard whose state is one bank,
+ * optshard.host_banks = 1, which a kill during an update tears; a stage while GPU shards read
+ * the stages' memory; across hosts). */
 static int plan(const coord_t *c)
 {
+    for (int i = 0; i < c->np && !c->lay.gpu_shards && c->lay.host_banks < 2; i++)
+        if (c->p[i].lost && c->p[i].role == COORD_OPTSHARD)
+            return REWIND;
     if (c->rec->alone)
         return ALONE;
     int stages = 0, shards_read = c->round.type == MSG_REDUCE || c->round.type == MSG_UPDATE;
@@ -359,7 +364,7 @@ static int recover(coord_t *c)
             return -1;
         }
         int how = plan(c);
-        if (how == REWIND) { /* GPU: every stage and shard again, from the newest snapshot */
+        if (how == REWIND) { /* every stage and shard again, from the newest snapshot */
             double since;
             r->redo = 0;
             if (coord_rewind(c, r->lost_first, r->lost_why, &since))

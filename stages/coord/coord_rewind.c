@@ -1,4 +1,4 @@
-/* Recovery of GPU jobs by rewinding (see coord_rewind.h; DESIGN.md "Recovery"). A GPU stage's
+/* Recovery by rewinding (see coord_rewind.h; DESIGN.md "Recovery"). A GPU stage's
  * weights and a GPU shard's master weights and moments are device memory that its process
  * owns and that dies with it, and the device rings and NCCL communicators of its neighbours
  * point into it. So on a GPU job a lost stage or shard takes every stage and shard with it:
@@ -6,7 +6,8 @@
  * (the checkpoints' snapshots, no disk read), or from the initial weights when the run started
  * from them and no snapshot is whole, and the steps since then run again. The same bits as an
  * undisturbed run: the state is the snapshot's, and each step after it is a function of that
- * state and the loader's cursor. */
+ * state and the loader's cursor. A CPU job whose shards keep one bank of state
+ * (optshard.host_banks = 1) rewinds the same way when a shard is lost: its state may be torn. */
 #include "stages/coord/coord_rewind.h"
 
 #include <errno.h>
@@ -61,10 +62,10 @@ static int source(coord_t *c, const coord_proc_t *first, const char *why, int64_
         return 0;
     }
     if (coord_ckpt_busy(c, &busy_step))
-        coord_fail_proc(c, first, "%s; a GPU job goes back to its newest whole snapshot, and the snapshot "
+        coord_fail_proc(c, first, "%s; the job goes back to its newest whole snapshot, and the snapshot "
                         "of step %lld was overwriting it: not recovered in place", why, (long long)busy_step);
     else
-        coord_fail_proc(c, first, "%s; a GPU job goes back to its newest whole snapshot, and it has none "
+        coord_fail_proc(c, first, "%s; the job goes back to its newest whole snapshot, and it has none "
                         "(checkpoint.enable = false, resumed from %s): not recovered in place", why, start->load);
     return -1;
 }

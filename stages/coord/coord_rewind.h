@@ -1,4 +1,4 @@
-/* Recovery of GPU jobs by rewinding (coord_rewind.c; DESIGN.md "Recovery"). */
+/* Recovery by rewinding (GPU jobs; CPU jobs with optshard.host_banks = 1) (coord_rewind.c; DESIGN.md "Recovery"). */
 #ifndef CTITAN_COORD_REWIND_H
 #define CTITAN_COORD_REWIND_H
 

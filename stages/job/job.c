@@ -50,6 +50,7 @@ int job_layout(job_layout_t *l, const manifest_t *m)
     l->n_blocks = (l->total + MANIFEST_BLOCK - 1) / MANIFEST_BLOCK;
     l->gpu = !strcmp(m->device, "cuda");
     l->gpu_shards = !strcmp(m->shard_device, "cuda");
+    l->host_banks = l->gpu_shards ? 0 : m->host_banks;
     l->dev_slot = (size_t)l->mb * l->T * l->D * 2;
     l->act_slot = l->gpu ? 0 : (size_t)l->mb * l->T * l->D * sizeof(float);
     l->nccl = !strcmp(m->data_plane, "nccl");
@@ -236,7 +237,8 @@ int job_act_create(shm_seg_t **out, const char *job, const job_layout_t *l, char
 
 size_t job_optstate_bytes(const job_layout_t *l, int shards)
 {
-    return l->gpu_shards ? 0 : job_optstate_hdr_bytes(shards) + 2 * (size_t)l->arrays * l->stride * sizeof(float);
+    return l->gpu_shards ? 0
+                         : job_optstate_hdr_bytes(shards) + (size_t)l->host_banks * l->arrays * l->stride * sizeof(float);
 }
 
 int job_optstate_create(shm_seg_t **out, const char *job, const job_layout_t *l, int shards, char *err,
@@ -248,7 +250,8 @@ int job_optstate_create(shm_seg_t **out, const char *job, const job_layout_t *l,
     void *mem = shm_data(*out);
     *(job_optstate_hdr_t *)mem = (job_optstate_hdr_t){.magic = JOB_OPTSTATE_MAGIC, .version = JOB_OPTSTATE_VERSION,
                                                       .shards = (uint32_t)shards, .total = l->total,
-                                                      .stride = l->stride, .arrays = (uint32_t)l->arrays};
+                                                      .stride = l->stride, .arrays = (uint32_t)l->arrays,
+                                                      .banks = (uint32_t)l->host_banks};
     for (int k = 0; k < shards; k++)
         atomic_store(&job_optstate_rec(mem, k)->done, -1);
     return 0;
@@ -258,10 +261,11 @@ int job_optstate_check(const void *mem, const job_layout_t *l, int shards, char 
 {
     const job_optstate_hdr_t *h = mem;
     if (h->magic != JOB_OPTSTATE_MAGIC || h->version != JOB_OPTSTATE_VERSION || h->shards != (uint32_t)shards ||
-        h->total != l->total || h->stride != l->stride || h->arrays != (uint32_t)l->arrays)
+        h->total != l->total || h->stride != l->stride || h->arrays != (uint32_t)l->arrays ||
+        h->banks != (uint32_t)l->host_banks)
         return util_fail(err, errlen, -EINVAL, "the optstate segment is not this job's (%u shards of %llu "
-                         "parameters; the job has %d of %zu)", h->shards, (unsigned long long)h->total, shards,
-                         l->total);
+                         "parameters, %u banks; the job has %d of %zu, %d banks)", h->shards,
+                         (unsigned long long)h->total, h->banks, shards, l->total, l->host_banks);
     return 0;
 }
 
@@ -290,7 +294,7 @@ int job_check_memory(const job_layout_t *l, const manifest_t *m, char *err, size
     double other = (double)job_seg_bytes(l) + (l->S > 1 && !l->nccl ? (double)job_act_bytes(l) : 0) +
                    (double)job_fsdp_bytes(l) +
                    (l->gpu ? (double)devdir_bytes(l) : 0) + (double)ldr_seg_bytes(m->dp, manifest_loader_slots(m), seqs, m->seq_len);
-    /* the CPU shards' state: two banks of the training state (job_optstate_bytes) */
+    /* the CPU shards' state: optshard.host_banks banks of the training state (job_optstate_bytes) */
     double state = m->host_rank == 0 ? (double)job_optstate_bytes(l, m->shards) : 0;
     double shm = params + grads + staging + other + state;
     double avail = job_meminfo("MemAvailable"), swap = job_meminfo("SwapFree"), shm_free = -1;

@@ -63,6 +63,7 @@ typedef struct {
     size_t act_ring;    /* bytes of one activation or gradient ring */
     int gpu;            /* job.device = "cuda": device rings (stages/job/devdir.h) */
     int gpu_shards;     /* optshard.device = "cuda": no host copies of weights and gradients */
+    int host_banks;     /* CPU shards: banks of their state in the optstate segment (optshard.host_banks) */
     size_t dev_slot;    /* bytes of one device hand-off: mb * T * D bf16 */
     int nccl;           /* parallelism.data_plane = "nccl" (no act segment; shards = job_chunks x pp) */
     int hosts;          /* job.hosts: host h runs replicas [h * dp / hosts, (h + 1) * dp / hosts) */
@@ -196,19 +197,21 @@ enum { JOB_NCCL_ACT_IN, JOB_NCCL_GRAD_OUT, JOB_NCCL_ACT_OUT, JOB_NCCL_GRAD_IN, J
 /* ---- ctitan.<job>.optstate ---- */
 #define JOB_OPTSTATE_SEG "optstate"
 #define JOB_OPTSTATE_MAGIC 0x3154534f4e544943ULL /* "CITNOST1" */
-#define JOB_OPTSTATE_VERSION 2u
+#define JOB_OPTSTATE_VERSION 3u
 
 typedef struct {
     uint64_t magic;
     uint32_t version, shards;
     uint64_t total, stride;
-    uint32_t arrays, pad;       /* arrays per bank (optim_arrays) */
+    uint32_t arrays, banks;     /* arrays per bank (optim_arrays); banks (optshard.host_banks) */
 } job_optstate_hdr_t;
 
 /* Shard k's commit record: its slice of bank done % 2 holds the state after `done` steps,
  * whole (-1: not yet made; the shard's first start makes it). An update of step s reads bank
  * s % 2, writes bank (s + 1) % 2, and only then sets done = s + 1, so a shard killed at any
- * moment leaves one whole bank behind. */
+ * moment leaves one whole bank behind. With one bank (optshard.host_banks = 1) both are that
+ * bank, updated in place: a shard killed during an update leaves no whole state, and the
+ * coordinator rewinds the job instead of replacing it (stages/coord/coord_recover.c). */
 typedef struct {
     _Atomic int64_t done;
     char pad[56];
@@ -229,16 +232,18 @@ static inline job_optstate_rec_t *job_optstate_rec(void *mem, int k)
 {
     return (job_optstate_rec_t *)((char *)mem + sizeof(job_optstate_hdr_t)) + k;
 }
-/* Array a (0 the master weights, then the optimizer's state arrays) of bank b over the flat space. */
+/* Array a (0 the master weights, then the optimizer's state arrays) of bank b (0 or 1; with one
+ * bank both are that one) over the flat space. */
 static inline float *job_optstate_array(void *mem, int b, int a)
 {
     const job_optstate_hdr_t *h = mem;
-    return (float *)((char *)mem + job_optstate_hdr_bytes((int)h->shards)) + (size_t)(b * h->arrays + a) * h->stride;
+    return (float *)((char *)mem + job_optstate_hdr_bytes((int)h->shards)) +
+           (size_t)((b % (int)h->banks) * h->arrays + a) * h->stride;
 }
 
 /* Whether the job fits this host's memory, before any segment is made: its segments here (job,
- * params, grads, act, dev, batch, optstate (with CPU optimizer shards two banks of the training
- * state: 24 bytes a parameter with AdamW), the staging segment with checkpoint enable or
+ * params, grads, act, dev, batch, optstate (with CPU optimizer shards optshard.host_banks banks of
+ * the training state: 24 bytes a parameter with AdamW's two), the staging segment with checkpoint enable or
  * load) must fit the free space of /dev/shm and the memory available (MemAvailable + SwapFree).
  * A lower bound: activations come on top. Returns 0 or -ENOMEM saying how much is needed, of
  * what, and how much there is. */

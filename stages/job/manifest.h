@@ -162,6 +162,10 @@ typedef struct {
     int gpu_banks;               /* 1: copies of a GPU shard's state on its device; 2: AdamW writes the
                                   * other, so a checkpoint's copy off the device overlaps the next
                                   * update instead of holding it (12 bytes a parameter more) */
+    int host_banks;              /* 2: banks of the CPU shards' state in the optstate segment (AdamW
+                                  * reads one, writes the other: a lost shard is replaced alone);
+                                  * 1: updated in place, 12 bytes a parameter less, a lost shard
+                                  * rewinds the job to its newest snapshot */
 
     /* [checkpoint] (torchtitan's names where it has them) */
     int ckpt_enable;             /* false: write checkpoints */

@@ -293,7 +293,10 @@ static int check_placement(const manifest_t *m, char *err, size_t errlen)
           "optshard.device = \"cuda\" needs job.device = \"cuda\" (the shards update the stages' GPU weights)");
     CHECK(m->gpu_banks == 1 || (m->gpu_banks == 2 && !strcmp(shard_device, "cuda")), "optshard", "gpu_banks",
           "optshard.gpu_banks = %d: expected 1, or 2 with optimizer shards on the GPU (optshard.device \"cuda\"; "
-          "CPU shards always keep two banks)", m->gpu_banks);
+          "CPU shards keep theirs in optshard.host_banks)", m->gpu_banks);
+    CHECK(m->host_banks == 2 || (m->host_banks == 1 && !strcmp(shard_device, "cpu")), "optshard", "host_banks",
+          "optshard.host_banks = %d: expected 2, or 1 with optimizer shards on the CPU (optshard.device \"cpu\"; "
+          "GPU shards keep theirs in optshard.gpu_banks)", m->host_banks);
     CHECK(!strcmp(m->data_plane, "ipc") || !strcmp(m->data_plane, "nccl"), "parallelism", "data_plane",
           "parallelism.data_plane = \"%s\": expected \"ipc\" or \"nccl\"", m->data_plane);
     CHECK(strcmp(m->data_plane, "nccl") || !strcmp(shard_device, "cuda"), "parallelism", "data_plane",
@@ -340,9 +343,10 @@ static int check_placement(const manifest_t *m, char *err, size_t errlen)
     CHECK(m->hosts == 1 || (!strncmp(m->endpoint, "tcp://", 6) && !strchr(m->endpoint, '*')), "job", "endpoint",
           "job.hosts = %d: job.endpoint must be tcp://HOST:PORT of the coordinator (host_rank 0), the same on "
           "every host", m->hosts);
-    CHECK(m->snapshot_interval == 0 || !strcmp(m->device, "cuda"), "checkpoint", "snapshot_interval",
-          "checkpoint.snapshot_interval = %d: in-memory snapshots are what a GPU job rewinds to (job.device = "
-          "\"cuda\"); a CPU job recovers in place without them", m->snapshot_interval);
+    CHECK(m->snapshot_interval == 0 || !strcmp(m->device, "cuda") || m->host_banks == 1, "checkpoint",
+          "snapshot_interval", "checkpoint.snapshot_interval = %d: in-memory snapshots are what a GPU job (job.device "
+          "= \"cuda\") or one with optshard.host_banks = 1 rewinds to; a CPU job recovers in place without them",
+          m->snapshot_interval);
     CHECK(m->hosts == 1 || (!m->val_enable && m->sample_tokens == 0), "validation", "enable",
           "job.hosts = %d: the end-of-run validation and sample need every optimizer shard on the coordinator's "
           "host; set validation.enable = false and sample.tokens = 0", m->hosts);

@@ -76,6 +76,7 @@ const mkey_t mkey_table[] = {
     KINT("optshard", "shards", shards, 1),
     KSTR("optshard", "device", shard_device),
     KINT("optshard", "gpu_banks", gpu_banks, 1),
+    KINT("optshard", "host_banks", host_banks, 1),
     KBOOL("checkpoint", "enable", ckpt_enable),
     KINT("checkpoint", "interval", ckpt_interval, 1),
     KINT("checkpoint", "snapshot_interval", snapshot_interval, 0),

@@ -761,7 +761,15 @@ static size_t knobs(const plan_t *p, const manifest_t *m, const plan_have_t *h, 
         optim >= p->host_need / 4) { /* offload's state is most of it: it can go back to the GPUs */
         at += (size_t)snprintf(buf + at, n - at, "the optimizer state on the GPUs (--optshard.device cuda: its "
                                "%.2f GiB of master weights and moments leave host memory)", optim / PLAN_GIB);
-        KNOB_TRIAL("optshard.device", "cuda", NULL, NULL);
+        /* (GPU shards have no host banks: one asked of the CPU ones goes with them) */
+        KNOB_TRIAL("optshard.device", "cuda", m->host_banks < 2 ? "optshard.host_banks" : NULL, "2");
+    }
+    if (at < n && device == PLAN_HOST && !strcmp(m->shard_device, "cpu") && m->host_banks > 1 &&
+        optim >= p->host_need / 4) { /* the CPU shards' state is a quarter or more of it: one bank less */
+        at += (size_t)snprintf(buf + at, n - at, "one bank of the CPU shards' state (--optshard.host_banks 1: %.2f "
+                               "GiB less, updated in place; a lost shard then rewinds the job to its newest "
+                               "snapshot instead of being replaced alone)", optim / 2 / PLAN_GIB);
+        KNOB_TRIAL("optshard.host_banks", "1", NULL, NULL);
     }
     /* more stages spread the layers over more GPUs; on the host they only share the activations
      * out differently, so they are named there only when a stage holds some */

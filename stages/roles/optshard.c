@@ -19,7 +19,9 @@
  * gradients. A replacement started after a kill takes the committed bank over, and whatever
  * round the coordinator sends it again comes out the same: REDUCE and UPDATE only read the
  * gradients (the clip factor is applied inside the step), which stay whole until the commit; an
- * UPDATE already committed only publishes again. */
+ * UPDATE already committed only publishes again. With optshard.host_banks = 1 the two banks are
+ * one, updated in place (12 bytes a parameter less with AdamW): a kill can tear it, so the
+ * coordinator rewinds the job to its newest snapshot instead of replacing the shard alone. */
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -364,7 +366,8 @@ static void make_state(shard_t *sh, float *const *dst)
     }
 }
 
-/* CPU shards: the banks in the optstate segment. Returns 1 when this process replaces a shard
+/* CPU shards: the banks in the optstate segment (one, named twice, with optshard.host_banks = 1:
+ * job_optstate_array). Returns 1 when this process replaces a shard
  * that was killed (its record is committed): it takes the state over as the record says; else
  * it makes the state of the first step in that step's bank (committed once published). */
 static int state_in_segment(shard_t *sh)
@@ -379,6 +382,9 @@ static int state_in_segment(shard_t *sh)
     sh->commit = &job_optstate_rec(mem, sh->rank)->done;
     int64_t done = atomic_load(sh->commit);
     if (done >= 0) {
+        WORKER_CHECK(sh->w, sh->lay.host_banks > 1, "slice [%zu, %zu): the optstate segment holds a state after "
+                     "step %lld, but in one bank (optshard.host_banks = 1) that a kill may have torn: only a rewind "
+                     "starts a shard of such a job again", sh->begin, sh->end, (long long)done);
         sh->done = done;
         LOG_I("slice [%zu, %zu): taking over the state after step %lld from the optstate segment", sh->begin,
               sh->end, (long long)done);
@@ -614,7 +620,8 @@ int main(int argc, char **argv)
             /* it writes bank (step + 1) % 2: a snapshot's copy from it must be done (a CPU shard's
              * two banks let the copy run on through the next update, waiting only before the one
              * after; a GPU shard's one bank makes every update wait, unless its snapshot is
-             * copied on the device first: optshard.gpu_banks 2) */
+             * copied on the device first: optshard.gpu_banks 2; likewise a CPU shard's one bank,
+             * optshard.host_banks 1) */
             int overwrites = sh.snap_step >= 0 && !sh.snap[0] &&
                              sh.bank[(m.step + 1) % 2].a[0] == sh.bank[sh.snap_step % 2].a[0];
             snap_finish(&sh, overwrites, 1);

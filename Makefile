@@ -91,7 +91,7 @@ ifeq ($(CUDA),1)
 ALL += $(GPU_TESTS) $(CUDA_SO) $(GPUPROF_SO)
 endif
 
-.PHONY: all pydeps test test-asan asan fuzzers fuzz-bins fuzz test-fuzz fuzz-seeds test-gpu bench bench-gpu bench-recover bench-schedules bench-plan bench-fsdp demo clean deps
+.PHONY: all pydeps test test-asan asan fuzzers fuzz-bins fuzz test-fuzz fuzz-seeds test-gpu bench bench-gpu bench-recover bench-schedules bench-plan bench-fsdp bench-banks demo clean deps
 all: $(ALL)
 
 # Installs missing Debian packages (as root) before anything compiles.
@@ -411,6 +411,18 @@ bench-fsdp: $(DEMO_BINS)
 	rm -rf /tmp/ctitan-bench-fsdp
 	FSDP_LAYOUTS="4,1 1,4 2,2" bash tools/bench_fsdp.sh /tmp/ctitan-bench-fsdp manifests/demo.toml $(FSDP_SHAPE)
 	rm -rf /tmp/ctitan-bench-fsdp
+
+# one bank of CPU shard state against two (optshard.host_banks, tools/bench_banks.sh, BENCHMARKS.md
+# "One bank of CPU shard state"): the ~160M, 12 steps each way, twice, in its own folder under /tmp
+BANKS_SHAPE := --model.flavor llama1b --model.dim 1024 --model.n_layers 8 --model.n_heads 16 --model.n_kv_heads 8 \
+               --model.tokenizer_path "" --model.vocab_size 32000 --training.seq_len 256 --training.local_batch_size 2 \
+               --parallelism.pipeline_parallel_microbatches 2 --training.steps 12 --validation.enable false \
+               --sample.tokens 0 --checkpoint.enable false
+bench-banks: $(DEMO_BINS)
+	@test -f data/fortunes/train.bin || $(BUILD)/bin/ctitan prep
+	rm -rf /tmp/ctitan-bench-banks
+	bash tools/bench_banks.sh /tmp/ctitan-bench-banks manifests/demo.toml $(BANKS_SHAPE)
+	rm -rf /tmp/ctitan-bench-banks
 
 # every pipeline schedule at pp 1, 2 and 4 (the schedules section of make bench alone)
 bench-schedules: $(DEMO_BINS)

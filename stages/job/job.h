@@ -19,9 +19,10 @@
  *   ctitan.<job>.dev     with job.device = "cuda": the CUDA IPC handles (stages/job/devdir.h)
  *   ctitan.<job>.optstate with CPU optimizer shards: their state, where a replacement shard
  *                        takes it over (DESIGN.md "Recovery"): a header, per shard a commit
- *                        record, then two banks of the training state's arrays (the fp32
- *                        master weights and the optimizer's state: kernels/optim.h) over the
- *                        flat space (stride floats each) */
+ *                        record, then two banks (one with optshard.host_banks = 1) of the
+ *                        training state's arrays (the fp32 master weights and the
+ *                        optimizer's state: kernels/optim.h) over the flat space (stride
+ *                        floats each) */
 #ifndef CTITAN_JOB_H
 #define CTITAN_JOB_H
 
@@ -242,9 +243,9 @@ static inline float *job_optstate_array(void *mem, int b, int a)
 }
 
 /* Whether the job fits this host's memory, before any segment is made: its segments here (job,
- * params, grads, act, dev, batch, optstate (with CPU optimizer shards optshard.host_banks banks of
- * the training state: 24 bytes a parameter with AdamW's two), the staging segment with checkpoint enable or
- * load) must fit the free space of /dev/shm and the memory available (MemAvailable + SwapFree).
+ * params, grads, act, dev, batch, optstate (with CPU optimizer shards optshard.host_banks banks
+ * of the training state: 24 bytes a parameter with AdamW's two), the staging segment with
+ * checkpoint enable or load) must fit the free space of /dev/shm and the memory available (MemAvailable + SwapFree).
  * A lower bound: activations come on top. Returns 0 or -ENOMEM saying how much is needed, of
  * what, and how much there is. */
 int job_check_memory(const job_layout_t *l, const manifest_t *m, char *err, size_t errlen);

@@ -192,10 +192,11 @@ static void test_recover_a_shard_killed_at_points_of_its_rounds_keeps_its_state_
 }
 
 /* optshard.host_banks 1 (one bank of the CPU shards' state, updated in place): the same losses
- * and checkpoint bytes as two banks; a shard killed rewinds the job to its newest snapshot (in
- * its first steps, before any: to the initial weights; in an update, whose bank it may have
- * torn: to the checkpoint's), a stage is still replaced alone, and every loss stays bitwise. */
-static void test_recover_a_shard_of_one_bank_rewinds_the_job_bitwise(void **state)
+ * and checkpoint bytes as two banks. A shard killed in its update (the bank half written)
+ * rewinds the job to its newest snapshot: in its first steps, before any, to the initial
+ * weights; later to the checkpoint's. Killed at other moments (in its REDUCE, after its commit)
+ * it is replaced alone, as is a stage; every loss and checkpoint stays bitwise. */
+static void test_recover_a_shard_of_one_bank_killed_in_its_update_rewinds_the_job_bitwise(void **state)
 {
     TU_NEED_BIN();
     static char out[1 << 16];
@@ -207,16 +208,19 @@ static void test_recover_a_shard_of_one_bank_rewinds_the_job_bitwise(void **stat
     assert_same_losses(ref1, ref, 20, 0);
     for (int s = 5; s <= 20; s += 5)
         assert_same_checkpoint(ref1, ref, s);
-    int rc = run_job(j, "optshard.0.0:reduce:2,optshard.1.0:adamw:7,stage.1.0:mid:12", "", args, out, sizeof(out));
-    if (rc || count(out, "(rewound, at step ") != 2 || count(out, "(in place, at step ") != 1 ||
+    int rc = run_job(j, "optshard.0.0:adamw:2,optshard.1.0:adamw:7,optshard.0.0:reduce:9,optshard.1.0:committed:11,"
+                     "stage.1.0:mid:13", "", args, out, sizeof(out));
+    if (rc || count(out, "(rewound, at step ") != 2 || count(out, "(in place, at step ") != 3 ||
         !strstr(out, "started again from the initial weights in ") ||
         !strstr(out, "started again from the in-memory snapshot of step 5 "))
-        FAIL_WITH(out, "status %d: expected two rewinds and a stage replaced in place", rc);
-    const tj_metrics_t *mt = assert_losses_by_step(j, ref, 20, 3, "\"scope\": \"");
+        FAIL_WITH(out, "status %d: expected two rewinds and three replacements in place", rc);
+    const tj_metrics_t *mt = assert_losses_by_step(j, ref, 20, 5, "\"scope\": \"");
     ASSERT_RECORD(mt, 0, "\"scope\": \"rewind\", \"role\": \"optshard\", \"rank\": 0");
     ASSERT_RECORD(mt, 0, "\"rewound_to\": 0, \"step\": 2");
     ASSERT_RECORD(mt, 1, "\"rewound_to\": 5, \"step\": 7");
-    ASSERT_RECORD(mt, 2, "\"scope\": \"process\", \"role\": \"stage\"");
+    ASSERT_RECORD(mt, 2, "\"scope\": \"process\", \"role\": \"optshard\", \"rank\": 0");
+    ASSERT_RECORD(mt, 3, "\"scope\": \"process\", \"role\": \"optshard\", \"rank\": 1");
+    ASSERT_RECORD(mt, 4, "\"scope\": \"process\", \"role\": \"stage\"");
     for (int s = 5; s <= 20; s += 5)
         assert_same_checkpoint(j, ref, s);
     assert_clean(j);
@@ -610,7 +614,7 @@ int main(void)
         cmocka_unit_test(test_recover_a_stage_killed_at_points_of_a_step_is_replaced_bitwise),
         cmocka_unit_test(test_recover_a_stage_gone_before_its_exit_is_reaped_is_replaced_in_place),
         cmocka_unit_test(test_recover_a_shard_killed_at_points_of_its_rounds_keeps_its_state_bitwise),
-        cmocka_unit_test(test_recover_a_shard_of_one_bank_rewinds_the_job_bitwise),
+        cmocka_unit_test(test_recover_a_shard_of_one_bank_killed_in_its_update_rewinds_the_job_bitwise),
         cmocka_unit_test(test_recover_two_losses_in_a_step_and_a_loss_during_a_recovery),
         cmocka_unit_test(test_recover_a_crash_that_repeats_stops_after_max_restarts),
         cmocka_unit_test(test_recover_a_stopped_stage_or_shard_is_killed_and_replaced),

@@ -16,16 +16,18 @@
  * is redone when the stages held a part of it: the STEP round, and with GPU shards until the
  * update (the gradients are device memory of the stages). A GPU shard lost, or a stage while
  * GPU shards read the stages' memory (REDUCE, UPDATE), rewinds the job (coord_rewind.c); so does
- * a CPU shard whose state is one bank (optshard.host_banks = 1), which a kill may tear. */
+ * a CPU shard whose one bank of state (optshard.host_banks = 1) its update was writing. */
 #include "stages/coord/coord_recover.h"
 
 #include <errno.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ipc/ring.h"
+#include "ipc/shm.h"
 #include "ipc/util.h"
 #include "stages/coord/coord_ckpt.h"
 #include "stages/coord/coord_ctl.h"
@@ -34,6 +36,7 @@
 #include "stages/coord/coord_rewind.h"
 #include "stages/coord/coord_setup.h"
 #include "stages/job/devdir.h"
+#include "stages/job/job.h"
 #include "stages/job/ldr_seg.h"
 #include "stages/runtime/plane.h"
 
@@ -220,14 +223,22 @@ static const char *on_remapped(coord_t *c, coord_proc_t *p, const ctl_peer_t *fr
 
 enum { ALONE, STAGES, REWIND };
 
+/* Whether CPU shard k's state may be torn: one bank (optshard.host_banks = 1) that its update
+ * was writing when it died (stages/job/job.h), or a record this host cannot read. */
+static int torn(const coord_t *c, int k)
+{
+    if (c->lay.gpu_shards || c->lay.host_banks > 1)
+        return 0;
+    return !c->seg_opt || atomic_load(&job_optstate_rec(shm_data(c->seg_opt), k)->writing);
+}
+
 /* How the lost processes come back: each alone (CPU jobs; CPU shards of an offload job), with
- * every stage (a GPU stage), or by a rewind (a GPU shard; a CPU shard whose state is one bank,
- * optshard.host_banks = 1, which a kill during an update tears; a stage while GPU shards read
- * the stages' memory; across hosts). */
+ * every stage (a GPU stage), or by a rewind (a GPU shard; a CPU shard of one bank killed while
+ * its update wrote it: torn; a stage while GPU shards read the stages' memory; across hosts). */
 static int plan(const coord_t *c)
 {
-    for (int i = 0; i < c->np && !c->lay.gpu_shards && c->lay.host_banks < 2; i++)
-        if (c->p[i].lost && c->p[i].role == COORD_OPTSHARD)
+    for (int i = 0; i < c->np; i++)
+        if (c->p[i].lost && c->p[i].role == COORD_OPTSHARD && torn(c, c->p[i].rank))
             return REWIND;
     if (c->rec->alone)
         return ALONE;

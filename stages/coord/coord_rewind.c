@@ -7,7 +7,8 @@
  * from them and no snapshot is whole, and the steps since then run again. The same bits as an
  * undisturbed run: the state is the snapshot's, and each step after it is a function of that
  * state and the loader's cursor. A CPU job whose shards keep one bank of state
- * (optshard.host_banks = 1) rewinds the same way when a shard is lost: its state may be torn. */
+ * (optshard.host_banks = 1) rewinds the same way when a shard is lost in its update: its state
+ * is torn. */
 #include "stages/coord/coord_rewind.h"
 
 #include <errno.h>
@@ -90,8 +91,10 @@ int coord_rewind_segments(coord_t *c, int64_t to, int from_staging, const uint8_
     coord_reset_rings(c);
     if (c->seg_dev) /* the new stages publish their device buffers there */
         memset(shm_data(c->seg_dev), 0, devdir_bytes(&c->lay));
-    for (int k = 0; c->seg_opt && k < m->shards; k++) /* CPU shards make their state anew */
+    for (int k = 0; c->seg_opt && k < m->shards; k++) { /* CPU shards make their state anew */
         atomic_store(&job_optstate_rec(shm_data(c->seg_opt), k)->done, -1);
+        atomic_store(&job_optstate_rec(shm_data(c->seg_opt), k)->writing, 0);
+    }
     c->step = to;
     return coord_make_batch(c, to, cursor, len, err, errlen);
 }

@@ -252,8 +252,10 @@ int job_optstate_create(shm_seg_t **out, const char *job, const job_layout_t *l,
                                                       .shards = (uint32_t)shards, .total = l->total,
                                                       .stride = l->stride, .arrays = (uint32_t)l->arrays,
                                                       .banks = (uint32_t)l->host_banks};
-    for (int k = 0; k < shards; k++)
+    for (int k = 0; k < shards; k++) {
         atomic_store(&job_optstate_rec(mem, k)->done, -1);
+        atomic_store(&job_optstate_rec(mem, k)->writing, 0);
+    }
     return 0;
 }
 

@@ -211,11 +211,14 @@ typedef struct {
  * whole (-1: not yet made; the shard's first start makes it). An update of step s reads bank
  * s % 2, writes bank (s + 1) % 2, and only then sets done = s + 1, so a shard killed at any
  * moment leaves one whole bank behind. With one bank (optshard.host_banks = 1) both are that
- * bank, updated in place: a shard killed during an update leaves no whole state, and the
- * coordinator rewinds the job instead of replacing it (stages/coord/coord_recover.c). */
+ * bank, updated in place, and `writing` is 1 from the update's first write until its commit:
+ * a shard killed then leaves no whole state, and the coordinator rewinds the job instead of
+ * replacing it alone (stages/coord/coord_recover.c); killed at any other moment, its bank is
+ * whole and it is replaced alone as with two. */
 typedef struct {
     _Atomic int64_t done;
-    char pad[56];
+    _Atomic int32_t writing;
+    char pad[52];
 } job_optstate_rec_t;
 
 /* Bytes of the segment for CPU optimizer shards (0 with GPU shards: their state is on the GPU). */

@@ -164,8 +164,8 @@ typedef struct {
                                   * update instead of holding it (12 bytes a parameter more) */
     int host_banks;              /* 2: banks of the CPU shards' state in the optstate segment (AdamW
                                   * reads one, writes the other: a lost shard is replaced alone);
-                                  * 1: updated in place, 12 bytes a parameter less, a lost shard
-                                  * rewinds the job to its newest snapshot */
+                                  * 1: updated in place, 12 bytes a parameter less, a shard lost
+                                  * during its update rewinds the job to its newest snapshot */
 
     /* [checkpoint] (torchtitan's names where it has them) */
     int ckpt_enable;             /* false: write checkpoints */

@@ -767,8 +767,8 @@ static size_t knobs(const plan_t *p, const manifest_t *m, const plan_have_t *h, 
     if (at < n && device == PLAN_HOST && !strcmp(m->shard_device, "cpu") && m->host_banks > 1 &&
         optim >= p->host_need / 4) { /* the CPU shards' state is a quarter or more of it: one bank less */
         at += (size_t)snprintf(buf + at, n - at, "one bank of the CPU shards' state (--optshard.host_banks 1: %.2f "
-                               "GiB less, updated in place; a lost shard then rewinds the job to its newest "
-                               "snapshot instead of being replaced alone)", optim / 2 / PLAN_GIB);
+                               "GiB less, updated in place; a shard lost in its update then rewinds the job to "
+                               "its newest snapshot instead of being replaced alone)", optim / 2 / PLAN_GIB);
         KNOB_TRIAL("optshard.host_banks", "1", NULL, NULL);
     }
     /* more stages spread the layers over more GPUs; on the host they only share the activations

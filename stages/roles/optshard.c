@@ -20,8 +20,10 @@
  * round the coordinator sends it again comes out the same: REDUCE and UPDATE only read the
  * gradients (the clip factor is applied inside the step), which stay whole until the commit; an
  * UPDATE already committed only publishes again. With optshard.host_banks = 1 the two banks are
- * one, updated in place (12 bytes a parameter less with AdamW): a kill can tear it, so the
- * coordinator rewinds the job to its newest snapshot instead of replacing the shard alone. */
+ * one, updated in place (12 bytes a parameter less with AdamW): a kill during an update (the
+ * record's `writing` mark, set before its first write and cleared after the commit) can tear
+ * it, so the coordinator then rewinds the job to its newest snapshot; a kill at any other
+ * moment leaves it whole, and the shard is replaced alone as with two banks. */
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -69,6 +71,8 @@ typedef struct {
                                   * while the updates go on; NULL: it copies from the bank */
     int64_t done;                /* steps the state holds: it is bank[done % 2] */
     _Atomic int64_t *commit;     /* CPU: this shard's record in the optstate segment (job.h) */
+    _Atomic int32_t *writing;    /* CPU, one bank (optshard.host_banks 1): the record's mark of an
+                                  * update writing it; NULL with two banks */
     int64_t reduced;             /* step whose summed gradient g holds (-1: none yet) */
     double *hnorm;               /* the block norms on the host: norm_out, or a private array */
     double *norm_out;            /* where they go in the job segment (NULL: see reduce) */
@@ -380,11 +384,14 @@ static int state_in_segment(shard_t *sh)
         for (int a = 0; a < sh->arrays; a++)
             sh->bank[b].a[a] = job_optstate_array(mem, b, a) + sh->begin;
     sh->commit = &job_optstate_rec(mem, sh->rank)->done;
+    if (sh->lay.host_banks < 2)
+        sh->writing = &job_optstate_rec(mem, sh->rank)->writing;
     int64_t done = atomic_load(sh->commit);
     if (done >= 0) {
-        WORKER_CHECK(sh->w, sh->lay.host_banks > 1, "slice [%zu, %zu): the optstate segment holds a state after "
-                     "step %lld, but in one bank (optshard.host_banks = 1) that a kill may have torn: only a rewind "
-                     "starts a shard of such a job again", sh->begin, sh->end, (long long)done);
+        WORKER_CHECK(sh->w, !sh->writing || !atomic_load(sh->writing), "slice [%zu, %zu): the optstate segment's one "
+                     "bank (optshard.host_banks = 1) was being updated from the state after step %lld when the "
+                     "shard before this one died: torn; only a rewind starts a shard of such a job again", sh->begin,
+                     sh->end, (long long)done);
         sh->done = done;
         LOG_I("slice [%zu, %zu): taking over the state after step %lld from the optstate segment", sh->begin,
               sh->end, (long long)done);
@@ -511,6 +518,8 @@ static double update(shard_t *sh, int64_t step, double scale)
         reduce(sh, step);
     /* CPU shards' gradients are only read (clipped inside the step), whole for a replacement */
     int from = (int)(step % 2), to = 1 - from, out = !sh->commit && !sh->optim->whole_tensors;
+    if (sh->writing) /* one bank: torn from here until the commit (job.h) */
+        atomic_store(sh->writing, 1);
     optim_args_t args = {.lr = (float)lr, .beta1 = (float)m->beta1, .beta2 = (float)m->beta2, .eps = (float)m->eps,
                          .gscale = (float)scale, .step = (int)step + 1};
     /* one call per run of adjacent tensors with the same weight decay (an elementwise step: the
@@ -541,6 +550,8 @@ static double update(shard_t *sh, int64_t step, double scale)
     sh->done = step + 1;
     if (sh->commit)
         atomic_store(sh->commit, sh->done);
+    if (sh->writing)
+        atomic_store(sh->writing, 0);
     worker_test_point(sh->w, "committed", step);
     publish(sh, out, 0);
     return lr;
@@ -603,14 +614,20 @@ int main(int argc, char **argv)
             WORKER_CHECK(sh.w, sh.staging, "snapshot without a staging segment (checkpoint.enable is false, and "
                          "no snapshot_interval)");
             /* done == step + 1: a replacement of a shard that died owing this SNAPPED after the next
-             * UPDATE (which wrote the other bank, running on during the copy or after it): the
-             * bank step % 2 still holds the state after step */
+             * UPDATE (its SNAPPED unread when the coordinator saw it die). With two banks that
+             * update wrote the other bank, running on during the copy or after it: the bank
+             * step % 2 still holds the state after step. With one it waited for the copy to be
+             * done before writing (below): the staging segment holds the slice already. */
             WORKER_CHECK(sh.w, !sh.commit || sh.done == m.step || sh.done == m.step + 1,
                          "SNAPSHOT of step %lld, but the state is that after step %lld", (long long)m.step,
                          (long long)sh.done);
             worker_test_point(sh.w, "snapshot", m.step - 1);
             snap_finish(&sh, 1, 1);
-            snapshot(&sh, m.step); /* SNAPPED once the copy is done */
+            if (sh.writing && sh.done == m.step + 1) {
+                LOG_I("SNAPSHOT of step %lld: copied by the shard this one replaces", (long long)m.step);
+                reply.type = MSG_SNAPPED;
+            } else
+                snapshot(&sh, m.step); /* SNAPPED once the copy is done */
         } else if (m.type == MSG_REMAP) {
             WORKER_CHECK(sh.w, sh.lay.gpu_shards, "REMAP to a shard on the CPU (its weights are the params segment)");
             worker_test_point(sh.w, "remap", m.step);

@@ -516,6 +516,34 @@ static void test_recover_gpu_jobs_on_the_nccl_plane_rewind_and_in_offload_mode_r
     assert_clean(k);
 }
 
+/* Offload mode (GPU stages, CPU shards) with one bank of shard state (optshard.host_banks 1):
+ * a shard killed in its AdamW rewinds the job (to the initial weights before any snapshot, then
+ * to the checkpoint's), one killed in its REDUCE is replaced alone; the losses and checkpoints
+ * are those of the two-bank run. */
+static void test_recover_offload_with_one_bank_rewinds_only_for_a_shard_lost_in_its_update(void **state)
+{
+    TU_NEED_BIN();
+    if (use_sim_plugin())
+        skip();
+    static char out[1 << 16];
+    char j[32];
+    job_name(j, sizeof(j), "offb1");
+#define OFFLOAD1 GPU_SHAPE "--optshard.device cpu --training.steps 7 --checkpoint.enable true --checkpoint.interval 3 "
+    const char *ref = reference(OFFLOAD1), *args = OFFLOAD1 "--optshard.host_banks 1";
+#undef OFFLOAD1
+    int rc = run_job(j, "optshard.1.0:adamw:2,optshard.0.0:adamw:5,optshard.1.0:reduce:6", "", args, out, sizeof(out));
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    if (rc || count(out, "(rewound, at step ") != 2 || count(out, "(in place, at step 6)") != 1 ||
+        !strstr(out, "started again from the initial weights in ") ||
+        !strstr(out, "started again from the in-memory snapshot of step 3 "))
+        FAIL_WITH(out, "status %d: expected two rewinds and a shard replaced in place", rc);
+    const tj_metrics_t *mt = assert_losses_by_step(j, ref, 7, 3, "\"scope\": \"");
+    ASSERT_RECORD(mt, 2, "\"scope\": \"process\", \"role\": \"optshard\", \"rank\": 1");
+    assert_same_checkpoint(j, ref, 3);
+    assert_same_checkpoint(j, ref, 6);
+    assert_clean(j);
+}
+
 /* A GPU shard lost while it copies its snapshot leaves no whole snapshot in memory (the new one
  * was overwriting the last): the job fails, saying so, and the supervisor relaunches it from
  * the newest checkpoint on disk; the losses stay those of the undisturbed run. */
@@ -626,6 +654,7 @@ int main(void)
         cmocka_unit_test(test_recover_a_stopped_or_wedged_gpu_stage_is_replaced_with_its_peers),
         cmocka_unit_test(test_recover_gpu_jobs_on_the_nccl_plane_rewind_and_in_offload_mode_recover_in_place),
         cmocka_unit_test(test_recover_a_gpu_job_without_a_whole_snapshot_is_relaunched_from_disk),
+        cmocka_unit_test(test_recover_offload_with_one_bank_rewinds_only_for_a_shard_lost_in_its_update),
     };
     return tu_run_group_tests(tests, setup, teardown);
 }

@@ -248,9 +248,9 @@ static inline float *job_optstate_array(void *mem, int b, int a)
 /* Whether the job fits this host's memory, before any segment is made: its segments here (job,
  * params, grads, act, dev, batch, optstate (with CPU optimizer shards optshard.host_banks banks
  * of the training state: 24 bytes a parameter with AdamW's two), the staging segment with
- * checkpoint enable or load) must fit the free space of /dev/shm and the memory available (MemAvailable + SwapFree).
- * A lower bound: activations come on top. Returns 0 or -ENOMEM saying how much is needed, of
- * what, and how much there is. */
+ * checkpoint enable or load) must fit the free space of /dev/shm and the memory available
+ * (MemAvailable + SwapFree). A lower bound: activations come on top. Returns 0 or -ENOMEM
+ * saying how much is needed, of what, and how much there is. */
 int job_check_memory(const job_layout_t *l, const manifest_t *m, char *err, size_t errlen);
 /* A field of /proc/meminfo ("MemAvailable") in bytes, or -1. */
 double job_meminfo(const char *key);

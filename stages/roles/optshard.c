@@ -626,8 +626,9 @@ int main(int argc, char **argv)
             if (sh.writing && sh.done == m.step + 1) {
                 LOG_I("SNAPSHOT of step %lld: copied by the shard this one replaces", (long long)m.step);
                 reply.type = MSG_SNAPPED;
-            } else
+            } else {
                 snapshot(&sh, m.step); /* SNAPPED once the copy is done */
+            }
         } else if (m.type == MSG_REMAP) {
             WORKER_CHECK(sh.w, sh.lay.gpu_shards, "REMAP to a shard on the CPU (its weights are the params segment)");
             worker_test_point(sh.w, "remap", m.step);

@@ -501,8 +501,9 @@ else
 fi
 fi # ac
 
-# ---- 12. issue 24: the ~1B's memory plan on the CPU against what it holds (its optimizer state
-# alone is ~26 GB: a development machine cannot run it, this machine's host can), as `make
+# ---- 12. issue 24: the ~1B's memory plan on the CPU against what it holds, with the default two
+# banks of CPU shard state (~20 GB of it: a development machine measures it with
+# optshard.host_banks 1 instead, BENCHMARKS.md "The ~1B's memory plan on the CPU"), as `make
 # bench-plan` measures the demo and the ~160M (tools/plan_measure.py), over two small steps ----
 if want plan; then
 if [ $rehearse = 1 ]; then

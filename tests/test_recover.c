@@ -224,6 +224,23 @@ static void test_recover_a_shard_of_one_bank_killed_in_its_update_rewinds_the_jo
     for (int s = 5; s <= 20; s += 5)
         assert_same_checkpoint(j, ref, s);
     assert_clean(j);
+    /* the shard copied step 10's snapshot, updated to step 11 and died before the coordinator
+     * read its SNAPPED (CTITAN_TEST_MUTE_AT: never sent): its replacement is owed that SNAPSHOT
+     * with the state of step 11 in its one bank. The copy was done; copying again would put step
+     * 11's state into step 10's checkpoint. */
+    char env[1024], once[128];
+    job_name(j, sizeof(j), "bank1s");
+    snprintf(env, sizeof(env), "CTITAN_TEST_DIE_ONCE=%s CTITAN_TEST_MUTE_AT=optshard.1.0:snapped:10 "
+             "CTITAN_TEST_DIE_AT=optshard.1.0:committed:11", tj_once_dir(once, sizeof(once), j));
+    char full[2048];
+    snprintf(full, sizeof(full), QUIET "%s", args);
+    rc = tj_launch(env, 120, j, full, out, sizeof(out));
+    if (rc || count(out, "(in place, at step 11)") != 1 || !strstr(out, "copied by the shard this one replaces"))
+        FAIL_WITH(out, "status %d: expected the replacement to answer the SNAPSHOT it was owed", rc);
+    assert_losses_by_step(j, ref, 20, 1, "\"scope\": \"process\"");
+    for (int s = 5; s <= 20; s += 5)
+        assert_same_checkpoint(j, ref, s);
+    assert_clean(j);
 }
 
 /* Two losses in one step (both stages as it begins, and a shard in its REDUCE), and losses during

@@ -208,7 +208,7 @@ static void snap_finish(shard_t *sh, int wait, int say)
         return;
     msg_t snapped = {.type = MSG_SNAPPED, .step = sh->snap_step};
     sh->snap_step = -1;
-    if (say)
+    if (say && !worker_test_mute(sh->w, "snapped", snapped.step - 1))
         WORKER_CHECK(sh->w, worker_send(sh->w, &snapped) == 0, "cannot reach the coordinator");
 }
 
@@ -623,7 +623,7 @@ int main(int argc, char **argv)
                          (long long)sh.done);
             worker_test_point(sh.w, "snapshot", m.step - 1);
             snap_finish(&sh, 1, 1);
-            if (sh.writing && sh.done == m.step + 1) {
+            if (sh.lay.host_banks == 1 && sh.done == m.step + 1) {
                 LOG_I("SNAPSHOT of step %lld: copied by the shard this one replaces", (long long)m.step);
                 reply.type = MSG_SNAPPED;
             } else {

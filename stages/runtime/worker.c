@@ -33,7 +33,8 @@ struct worker {
     int64_t first_step;
     _Atomic uint64_t progress;
     _Atomic int waiting;         /* the main thread waits on a peer (worker_waiting) */
-    const char *die_at, *hang_at, *drop_at, *slow_at; /* the test points (worker_test_point), read once */
+    const char *die_at, *hang_at, *drop_at, *slow_at, *mute_at; /* the test points (worker_test_point,
+                                                                 * worker_test_mute), read once */
     _Atomic int quit;
     pthread_t hb;
     int hb_started;
@@ -223,6 +224,7 @@ int worker_open(worker_t **out, const char *role, int rank, int replica, char *e
     w->hang_at = getenv("CTITAN_TEST_HANG_AT");
     w->drop_at = getenv("CTITAN_TEST_DROP_AT");
     w->slow_at = getenv("CTITAN_TEST_SLOW_AT");
+    w->mute_at = getenv("CTITAN_TEST_MUTE_AT");
     void *frame;
     backtrace(&frame, 1);
     signal(SIGABRT, dump_stack);
@@ -306,6 +308,18 @@ void worker_test_point(worker_t *w, const char *point, int64_t step)
         for (;;)
             pause();
     }
+}
+
+int worker_test_mute(worker_t *w, const char *point, int64_t step)
+{
+    if (!w->mute_at)
+        return 0;
+    char want[128];
+    snprintf(want, sizeof(want), "%s:%s:%lld", w->id, point, (long long)step + 1);
+    if (!test_point_hit("CTITAN_TEST_MUTE_AT", w->mute_at, want))
+        return 0;
+    LOG_W("CTITAN_TEST_MUTE_AT: not sending my message at %s", want);
+    return 1;
 }
 
 const char *worker_job(const worker_t *w) { return w->job; }

@@ -73,6 +73,10 @@ void worker_report(worker_t *w, const char *fmt, ...) __attribute__((format(prin
  * CTITAN_TEST_HANG_AT does; with CTITAN_TEST_DIE_ONCE naming a folder, only the first process
  * to reach the point is hit (a file per point there), so its replacement goes on. */
 void worker_test_point(worker_t *w, const char *point, int64_t step);
+/* Test hook: 1 when CTITAN_TEST_MUTE_AT lists this point (as above): the caller leaves the
+ * message it was about to send unsent, as if the coordinator had not read it before seeing the
+ * worker die (a window no kill can open on purpose). */
+int worker_test_mute(worker_t *w, const char *point, int64_t step);
 
 /* For process mains: report, log and exit(1). w may be NULL (before the connection). */
 _Noreturn void worker_die(worker_t *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

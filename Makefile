@@ -161,7 +161,8 @@ $(BUILD)/cudasim/%.cpp: kernels/cuda/%.cu
 	       -e 's/__shared__ /static /g' \
 	       -e 's/([A-Za-z_][A-Za-z_0-9]*)<<<([^;]*)>>>\(/sim_launch(\1, \2, /g' $< > $@
 
-$(BUILD)/cudasim/%.o: $(BUILD)/cudasim/%.cpp tests/cudasim/sim.h $(wildcard kernels/cuda/*.h kernels/cuda/*.cuh) kernels/backend.h kernels/adamw.h
+$(BUILD)/cudasim/%.o: $(BUILD)/cudasim/%.cpp tests/cudasim/sim.h $(wildcard kernels/cuda/*.h kernels/cuda/*.cuh) kernels/backend.h kernels/adamw.h \
+                      kernels/norm_order.h
 	$(CXX) -std=c++20 -O2 -ffp-contract=off $(SAN) -fPIC -Itests/cudasim/fake -I. -c $< -o $@
 
 $(BUILD)/cudasim/sim.o: tests/cudasim/sim.cpp tests/cudasim/sim.h | $(DEPS_STAMP)

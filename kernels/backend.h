@@ -103,13 +103,14 @@ typedef struct {
     int (*block_sumsq)(double *out, const float *x, size_t n, size_t block, void *stream);
     /* AdamW as torch.optim.AdamW (ops_adamw_to): reads w0, m0, v0, writes w, m, v (the same
      * arrays: in place; otherwise the sources are left untouched, and must not overlap the
-     * outputs); the gradient is g * gscale rounded to float (the clip factor). Beside them, when
+     * outputs); the gradient is g * gscale rounded to float (the clip factor; where gscale_at is
+     * not NULL, the float there in the backend's memory, read once the step runs). Beside them, when
      * not NULL: w_out = to_weights(w) (the weights a stage reads, in the backend's dtype) and
      * g_clear zeroed (g itself, or another array) once element i is read, the bits of the
      * separate calls in one pass over the state */
     int (*adamw)(float *w, float *m, float *v, const float *w0, const float *m0, const float *v0, const float *g,
-                 float gscale, size_t n, float lr, float beta1, float beta2, float eps, float wd, int step,
-                 void *w_out, float *g_clear, void *stream);
+                 float gscale, const float *gscale_at, size_t n, float lr, float beta1, float beta2, float eps,
+                 float wd, int step, void *w_out, float *g_clear, void *stream);
     /* w[i] = x[i] in the backend's weight dtype (a copy on the CPU, bf16 round to nearest even
      * on CUDA) */
     int (*to_weights)(void *w, const float *x, size_t n, void *stream);

@@ -78,7 +78,7 @@ static void test_backend_cpu_vector_ops_are_the_plain_loops_bitwise(void **state
         memcpy(gy, y, N * sizeof(float));
         int out = step == 8;
         ops_adamw(NULL, w2, y, m2, v2, N, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
-        assert_int_equal(be->adamw(w, m, v, w, m, v, gy, 1.0f, N, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, step,
+        assert_int_equal(be->adamw(w, m, v, w, m, v, gy, 1.0f, NULL, N, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, step,
                                    out ? wout : NULL, out ? gy : NULL, s), 0);
         assert_memory_equal(w, w2, N * sizeof(float));
         assert_memory_equal(m, m2, N * sizeof(float));
@@ -139,9 +139,10 @@ static void test_backend_cpu_adamw_out_of_place_with_clip_is_scale_then_in_place
         memcpy(g_was, g, bytes);
         for (size_t i = 0; i < n; i++)
             scaled[i] *= clip[step - 1];
-        assert_int_equal(be->adamw(w, m, v, w, m, v, scaled, 1.0f, n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, step, NULL, NULL, NULL), 0);
-        assert_int_equal(be->adamw(dst[0], dst[1], dst[2], src[0], src[1], src[2], g, clip[step - 1], n, 3e-4f, 0.9f,
-                                   0.95f, 1e-8f, 0.1f, step, NULL, NULL, NULL),
+        assert_int_equal(be->adamw(w, m, v, w, m, v, scaled, 1.0f, NULL, n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, step, NULL,
+                                   NULL, NULL), 0);
+        assert_int_equal(be->adamw(dst[0], dst[1], dst[2], src[0], src[1], src[2], g, clip[step - 1], NULL, n, 3e-4f,
+                                   0.9f, 0.95f, 1e-8f, 0.1f, step, NULL, NULL, NULL),
                          0);
         assert_memory_equal(g, g_was, bytes);
         assert_memory_equal(dst[0], w, bytes);
@@ -301,8 +302,9 @@ static void test_backend_cuda_emulated_vector_ops_agree_with_the_cpu(void **stat
     assert_memory_equal(back, y, bytes);
     assert_int_equal(tu_compare_d("block norms", norm, ref, 3, 0, 1e-12), 0);
 
-    assert_int_equal(gpu->adamw(dw, dm, dv, dw, dm, dv, dy, 1.0f, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, NULL, NULL, s), 0);
-    cpu->adamw(w, m, v, w, m, v, y, 1.0f, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, NULL, NULL, NULL);
+    assert_int_equal(gpu->adamw(dw, dm, dv, dw, dm, dv, dy, 1.0f, NULL, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, NULL, NULL,
+                                s), 0);
+    cpu->adamw(w, m, v, w, m, v, y, 1.0f, NULL, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, NULL, NULL, NULL);
     assert_int_equal(gpu->copy(back, dw, bytes, s), 0);
     assert_int_equal(gpu->stream_sync(s), 0);
     double *wd = malloc(N * sizeof(double));
@@ -323,8 +325,10 @@ static void test_backend_cuda_emulated_vector_ops_agree_with_the_cpu(void **stat
     const float *src[] = {w, m, v}, *dsrc[] = {dw, dm, dv}, *dout[] = {dw2, dm2, dv2}, *out[] = {w2, m2, v2};
     for (int i = 0; i < 3; i++)
         assert_int_equal(gpu->copy((void *)dsrc[i], src[i], bytes, s), 0);
-    assert_int_equal(gpu->adamw(dw2, dm2, dv2, dw, dm, dv, dy, 0.6f, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 2, NULL, NULL, s), 0);
-    assert_int_equal(cpu->adamw(w2, m2, v2, w, m, v, y, 0.6f, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 2, NULL, NULL, NULL), 0);
+    assert_int_equal(gpu->adamw(dw2, dm2, dv2, dw, dm, dv, dy, 0.6f, NULL, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 2, NULL,
+                                NULL, s), 0);
+    assert_int_equal(cpu->adamw(w2, m2, v2, w, m, v, y, 0.6f, NULL, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 2, NULL, NULL,
+                                NULL), 0);
     const char *what[] = {"AdamW out of place: w", "AdamW out of place: m", "AdamW out of place: v"};
     for (int i = 0; i < 3; i++) {
         assert_int_equal(gpu->copy(back, dout[i], bytes, s), 0);

@@ -191,13 +191,13 @@ static void test_launch_emulated_gpu_catches_a_missing_event_wait(void **state)
 }
 
 /* Whether file NAME of step 2's checkpoint is byte for byte the same in jobs a and b. */
-static int same_ckpt_file(const char *a, const char *b, const char *name)
+static int same_ckpt_step_file(const char *a, const char *b, int step, const char *name)
 {
     char pa[512], pb[512], da[256], db[256];
     tj_ckpt_dir(da, sizeof(da), a);
     tj_ckpt_dir(db, sizeof(db), b);
-    snprintf(pa, sizeof(pa), "%s/step-00000002/%s", da, name);
-    snprintf(pb, sizeof(pb), "%s/step-00000002/%s", db, name);
+    snprintf(pa, sizeof(pa), "%s/step-%08d/%s", da, step, name);
+    snprintf(pb, sizeof(pb), "%s/step-%08d/%s", db, step, name);
     FILE *fa = fopen(pa, "rb"), *fb = fopen(pb, "rb");
     int same = fa && fb;
     long n = 0;
@@ -209,9 +209,11 @@ static int same_ckpt_file(const char *a, const char *b, const char *name)
         fclose(fa);
     if (fb)
         fclose(fb);
-    print_message("%s: %s after %ld bytes\n", name, same ? "the same" : "differs", n);
+    print_message("step %d's %s: %s after %ld bytes\n", step, name, same ? "the same" : "differs", n);
     return same && n > 0;
 }
+
+static int same_ckpt_file(const char *a, const char *b, const char *name) { return same_ckpt_step_file(a, b, 2, name); }
 
 /* Job c, `extra` with offload's CPU shards (--optshard.device cpu), run on the emulated plugin
  * (which it leaves unset), trains as job b did with GPU shards, bit for bit: the losses of
@@ -516,6 +518,92 @@ static void test_launch_gpu_shards_make_their_state_on_the_device(void **state)
     tj_assert_clean(job);
 }
 
+/* The "grad_norm" strings (as written, %.17g) of each step of job's metrics; returns how many. */
+static int grad_norms(const char *job, char (*norm)[40])
+{
+    static char text[1 << 16];
+    tj_read_metrics(job, text, sizeof(text));
+    int n = 0;
+    for (const char *p = text; (p = strstr(p, "\"grad_norm\": ")) && n < TJ_MAX_STEPS; p++)
+        sscanf(p + 13, "%39[^,}]", norm[n++]);
+    return n;
+}
+
+/* Rounds of the coordinator named `name` in job's timeline ([profiling] trace_file). */
+static int trace_rounds(const char *job, const char *name)
+{
+    char path[256], needle[64];
+    static char text[1 << 20];
+    snprintf(path, sizeof(path), "%s/%s.trace.json", tj_dir, job);
+    snprintf(needle, sizeof(needle), "\"name\": \"%s\", \"cat\": \"round\"", name);
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(text, 1, sizeof(text) - 1, f) : 0;
+    if (f)
+        fclose(f);
+    text[n] = 0;
+    return tj_count(text, needle);
+}
+
+/* GPU optimizer shards on the IPC plane make the clip factor between themselves on the device
+ * (stages/runtime/devnorm.h: no REDUCE round, each shard summing every shard's block norms)
+ * with the bits of the coordinator's sum on the host (the test hook CTITAN_TEST_HOST_NORM=1):
+ * pipeline 2, data parallel 2, three shards, max_norm 0.05 so that every step clips, 1.3M
+ * parameters (1,270 blocks: more than the sum's 1,024 lanes, split over the shards anywhere); the
+ * losses, the grad norms of 3 steps and steps 2's and 3's master weights and moments, bit for
+ * bit. One
+ * shard (the whole flat space in one run) gives the same bits again. The timelines show which
+ * way each job went: three REDUCE rounds on the host's, none on the device's. */
+static void test_launch_gpu_shards_make_the_clip_factor_on_the_device_as_the_host_does(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    static char na[TJ_MAX_STEPS][40], nb[TJ_MAX_STEPS][40], nc[TJ_MAX_STEPS][40];
+    char a[32], b[32], c[32], args[1024];
+    const char *shape = "--model.dim 32 --model.n_heads 2 --model.n_kv_heads 1 --model.vocab_size 20000 "
+                        "--training.steps 3 --parallelism.data_parallel_replicate_degree 2 --training.max_norm 0.05 "
+                        "--checkpoint.enable true --checkpoint.interval 2 --validation.enable false --sample.tokens 0 "
+                        "--job.device cuda";
+    job_name(a, sizeof(a), "clipdev");
+    job_name(b, sizeof(b), "cliphost");
+    job_name(c, sizeof(c), "clipone");
+    TJ_NEED_SIM_PLUGIN();
+    snprintf(args, sizeof(args), "%s --optshard.shards 3 --profiling.trace_file %s/%s.trace.json", shape, tj_dir, a);
+    tj_run_ok(a, args, out, sizeof(out));
+    setenv("CTITAN_TEST_HOST_NORM", "1", 1);
+    snprintf(args, sizeof(args), "%s --optshard.shards 3 --profiling.trace_file %s/%s.trace.json", shape, tj_dir, b);
+    int rc = tj_run(b, args, out, sizeof(out));
+    unsetenv("CTITAN_TEST_HOST_NORM");
+    if (rc)
+        TJ_FAIL_WITH(out, "the job with the norm on the host failed");
+    snprintf(args, sizeof(args), "%s --optshard.shards 1", shape);
+    tj_run_ok(c, args, out, sizeof(out));
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    assert_int_equal(trace_rounds(a, "reduce"), 0);
+    assert_int_equal(trace_rounds(a, "update"), 3);
+    assert_int_equal(trace_rounds(b, "reduce"), 3);
+    tj_assert_same_losses(a, b, 3);
+    tj_assert_same_losses(a, c, 3);
+    assert_int_equal(grad_norms(a, na), 3);
+    assert_int_equal(grad_norms(b, nb), 3);
+    assert_int_equal(grad_norms(c, nc), 3);
+    for (int i = 0; i < 3; i++) {
+        print_message("step %d: grad_norm %s (device), %s (host), %s (one shard)\n", i + 1, na[i], nb[i], nc[i]);
+        assert_string_equal(na[i], nb[i]);
+        assert_string_equal(na[i], nc[i]);
+        assert_true(atof(na[i]) > 0.05); /* clipped */
+    }
+    for (int s = 2; s <= 3; s++) {
+        const char *files[] = {"model.bin", "exp_avg.bin", "exp_avg_sq.bin"};
+        for (int i = 0; i < 3; i++) {
+            assert_true(same_ckpt_step_file(a, b, s, files[i]));
+            assert_true(same_ckpt_step_file(a, c, s, files[i]));
+        }
+    }
+    tj_assert_clean(a);
+    tj_assert_clean(b);
+    tj_assert_clean(c);
+}
+
 /* A stand-in for NVIDIA's nvidia-cuda-mps-control in folder bin: with -f the daemon (it notes
  * its pid, pipe and log folders and CUDA_VISIBLE_DEVICES in $CTITAN_TEST_MPS_LOG, makes its
  * control "socket" and waits; SIGTERM ends it, noted), else a client that notes the command
@@ -725,6 +813,7 @@ int main(void)
         cmocka_unit_test(test_launch_two_hosts_train_like_one_on_the_emulated_backend),
         cmocka_unit_test(test_launch_mps_daemon_serves_the_job_and_goes_with_it),
         cmocka_unit_test(test_launch_gpu_shards_make_their_state_on_the_device),
+        cmocka_unit_test(test_launch_gpu_shards_make_the_clip_factor_on_the_device_as_the_host_does),
     };
     return tu_run_group_tests(tests, setup, teardown);
 }

@@ -54,8 +54,8 @@ static void test_optim_adamw_step_is_the_backends_adamw_bitwise(void **state)
     optim_args_t args = {.lr = 3e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
                          .gscale = 0.7f, .step = 4};
     assert_int_equal(o->step(be, to, (const float *const *)from, g, n, &args, NULL), 0);
-    assert_int_equal(be->adamw(want[0], want[1], want[2], from[0], from[1], from[2], g, 0.7f, n, 3e-4f, 0.9f, 0.95f,
-                               1e-8f, 0.1f, 4, NULL, NULL, NULL), 0);
+    assert_int_equal(be->adamw(want[0], want[1], want[2], from[0], from[1], from[2], g, 0.7f, NULL, n, 3e-4f, 0.9f,
+                               0.95f, 1e-8f, 0.1f, 4, NULL, NULL, NULL), 0);
     for (int a = 0; a < 3; a++)
         assert_memory_equal(to[a], want[a], bytes);
     /* in place: to == from */

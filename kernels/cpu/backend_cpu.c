@@ -242,9 +242,11 @@ static int cpu_block_sumsq(double *out, const float *x, size_t n, size_t block, 
 }
 
 static int cpu_adamw(float *w, float *m, float *v, const float *w0, const float *m0, const float *v0,
-                     const float *g, float gscale, size_t n, float lr, float beta1, float beta2, float eps, float wd,
-                     int step, void *w_out, float *g_clear, void *stream)
+                     const float *g, float gscale, const float *gscale_at, size_t n, float lr, float beta1,
+                     float beta2, float eps, float wd, int step, void *w_out, float *g_clear, void *stream)
 {
+    if (gscale_at)
+        gscale = *gscale_at; /* the CPU's memory is the host's */
     ops_adamw_to(NULL, w, m, v, w0, m0, v0, g, gscale, n, lr, beta1, beta2, eps, wd, step);
     if (w_out)
         memcpy(w_out, w, n * sizeof(float)); /* the CPU's weights are fp32 */

@@ -58,11 +58,14 @@ __device__ __forceinline__ void adamw_out(uint16_t *wo, float *gc, size_t i, flo
 // Elements [head, head + 4 n4) four at a time (every array 16-byte aligned at head, wo 8-byte),
 // the ones before and after one by one; head = n and n4 = 0 when the arrays' alignments differ.
 // Element i reads only element i of the sources before it writes the outputs: in place and out
-// of place, and any split of the arrays, give the same bits.
+// of place, and any split of the arrays, give the same bits. gs: the clip factor made on the
+// device (cuda_norm_clip), or NULL for s's.
 __global__ void adamw_kernel(float *p, float *m, float *v, const float *p0, const float *m0, const float *v0,
-                             const float *g, size_t n, size_t head, size_t n4, adamw_scalars_t s, uint16_t *wo,
-                             float *gc)
+                             const float *g, size_t n, size_t head, size_t n4, adamw_scalars_t s, const float *gs,
+                             uint16_t *wo, float *gc)
 {
+    if (gs)
+        s.gscale = *gs;
     size_t tid = blockIdx.x * (size_t)blockDim.x + threadIdx.x, stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = tid; i < head; i += stride) {
         adamw_elem(p[i], m[i], v[i], p0[i], m0[i], v0[i], g[i], s);
@@ -92,9 +95,9 @@ __global__ void adamw_kernel(float *p, float *m, float *v, const float *p0, cons
 }
 
 extern "C" int cuda_adamw(float *param, float *m, float *v, const float *param0, const float *m0,
-                          const float *v0, const float *grad, float gscale, size_t n, float lr, float beta1,
-                          float beta2, float eps, float wd, int step, uint16_t *w_out, float *g_clear,
-                          void *stream)
+                          const float *v0, const float *grad, float gscale, const float *gscale_at, size_t n,
+                          float lr, float beta1, float beta2, float eps, float wd, int step, uint16_t *w_out,
+                          float *g_clear, void *stream)
 {
     if (step < 1 || !param || !m || !v || !param0 || !m0 || !v0 || !grad) {
         return cuda_err(-EINVAL, "cuda_adamw: bad arguments (step %d)", step);
@@ -118,7 +121,7 @@ extern "C" int cuda_adamw(float *param, float *m, float *v, const float *param0,
     if (blocks > 65535 * 8)
         blocks = 65535 * 8;
     adamw_kernel<<<(unsigned)blocks, 256, 0, (cudaStream_t)stream>>>(param, m, v, param0, m0, v0, grad, n, head, n4,
-                                                                      s, w_out, g_clear);
+                                                                      s, gscale_at, w_out, g_clear);
     return cuda_err_status(cudaGetLastError(), "cuda_adamw launch");
 }
 

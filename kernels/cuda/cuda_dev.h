@@ -46,6 +46,8 @@ void cuda_event_free(void *ev);
 int cuda_event_record(void *ev, void *stream);
 /* Work queued on stream after this waits for the event's last record (none: no wait). */
 int cuda_stream_wait(void *stream, void *ev);
+/* Returns once the event's last record is done (the host waits). */
+int cuda_event_sync(void *ev);
 
 /* Copies bytes in any direction (cudaMemcpyDefault) on stream; returns once queued. */
 int cuda_copy_async(void *dst, const void *src, size_t bytes, void *stream);
@@ -63,6 +65,12 @@ int cuda_f32_scale(float *y, float s, size_t n, void *stream);
 /* out[b] = sum of x[i]^2 (as double) over block b = [b*block, (b+1)*block) of x[0, n), in a
  * fixed order (the same bits for the same block, wherever it sits). block <= 1 << 20. */
 int cuda_block_sumsq(double *out, const float *x, size_t n, size_t block, void *stream);
+/* *sq = the flat space's block norms summed in kernels/norm_order.h's order, and *scale its clip
+ * factor for max_norm (norm_clip_scale of sqrt(*sq)), both in device memory: the bits of the
+ * host's norm_sum. The block norms come as nruns runs, in flat order: run r is lens[r] doubles at
+ * runs[r]; runs and lens are themselves device arrays (any process's memory mapped here). */
+int cuda_norm_clip(double *sq, float *scale, const double *const *runs, const size_t *lens, int nruns,
+                   double max_norm, void *stream);
 /* y[i] = bf16(x[i]), round to nearest even. */
 int cuda_f32_to_bf16_dev(uint16_t *y, const float *x, size_t n, void *stream);
 

@@ -15,7 +15,8 @@
  * bf16-into-fp32 add of a bf16 gradient reduce (training.mixed_precision_reduce), version 12
  * the backend's loss_take after step_end (the head's loss read once a step), version 13
  * model_config_t's head_rows and forward_only (the head's logits a chunk at a time), version 14
- * adamw's w_out and g_clear (the shard's publish in its AdamW pass). */
+ * adamw's w_out and g_clear (the shard's publish in its AdamW pass), version 15 adamw's gscale_at
+ * and, at the end, norm_clip and event_sync (GPU shards make the clip factor on the device). */
 #ifndef CTITAN_CUDA_PLUGIN_H
 #define CTITAN_CUDA_PLUGIN_H
 
@@ -24,7 +25,7 @@
 #include "kernels/cuda/cuda_infer.h"
 #include "kernels/cuda/cuda_nccl.h"
 
-#define CUDA_PLUGIN_VERSION 14
+#define CUDA_PLUGIN_VERSION 15
 
 typedef struct {
     int version;
@@ -60,6 +61,9 @@ typedef struct {
     /* parameter sharding's bf16 reduce (cuda_nccl.h, cuda_dev.h) */
     int (*nccl_reduce_bf16)(cuda_nccl_t *, const uint16_t *, uint16_t *, size_t, int, void *);
     int (*f32_add_bf16)(float *, const uint16_t *, size_t, void *);
+    /* the optimizer shards' norm on the device (cuda_dev.h) */
+    int (*norm_clip)(double *, float *, const double *const *, const size_t *, int, double, void *);
+    int (*event_sync)(void *);
 } cuda_plugin_t;
 
 #ifdef __cplusplus

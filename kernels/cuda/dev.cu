@@ -9,6 +9,7 @@
 #include "kernels/cuda/cuda_dev.h"
 #include "kernels/cuda/cuda_err.h"
 #include "kernels/cuda/nn_common.cuh"
+#include "kernels/norm_order.h"
 
 static_assert(sizeof(cudaIpcMemHandle_t) == sizeof(cuda_ipc_mem_t), "IPC memory handle size");
 static_assert(sizeof(cudaIpcEventHandle_t) == sizeof(cuda_ipc_event_t), "IPC event handle size");
@@ -138,6 +139,12 @@ extern "C" int cuda_stream_wait(void *stream, void *ev)
     return 0;
 }
 
+extern "C" int cuda_event_sync(void *ev)
+{
+    CU(cudaEventSynchronize((cudaEvent_t)ev), "cudaEventSynchronize");
+    return 0;
+}
+
 extern "C" int cuda_copy_async(void *dst, const void *src, size_t bytes, void *stream)
 {
     CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, (cudaStream_t)stream), "cudaMemcpyAsync");
@@ -222,6 +229,45 @@ __global__ static void k_block_sumsq(double *out, const float *x, size_t n, size
         out[b] = s;
 }
 
+#define NORM_THREADS 256 /* each takes NORM_LANES / NORM_THREADS lanes */
+
+/* kernels/norm_order.h's sum of the flat space's block norms, which come in runs (each optimizer
+ * shard's slice, in flat order), and its clip factor: one CUDA block. Thread t keeps lanes t + j
+ * NORM_THREADS; block b of the flat space goes into lane b % NORM_LANES, each lane's blocks in
+ * increasing b (runs in order, each run's in order), then the lanes' pairwise tree in shared
+ * memory. Only double additions, a sqrt and a division, each rounded once: the host's bits. */
+__global__ static void k_norm_clip(double *sq, float *scale, const double *const *runs, const size_t *lens, int nruns,
+                                   double max_norm)
+{
+    __shared__ double lane[NORM_LANES];
+    const int per = NORM_LANES / NORM_THREADS, t = threadIdx.x;
+    double acc[NORM_LANES / NORM_THREADS];
+    for (int j = 0; j < per; j++)
+        acc[j] = 0;
+    size_t base = 0; /* the flat index of run r's first block */
+    for (int r = 0; r < nruns; base += lens[r], r++) {
+        const double *x = runs[r];
+        size_t end = base + lens[r];
+        for (int j = 0; j < per; j++) {
+            size_t l = (size_t)t + (size_t)j * NORM_THREADS;
+            for (size_t b = base + (l + NORM_LANES - base % NORM_LANES) % NORM_LANES; b < end; b += NORM_LANES)
+                acc[j] += x[b - base];
+        }
+    }
+    for (int j = 0; j < per; j++)
+        lane[t + j * NORM_THREADS] = acc[j];
+    __syncthreads();
+    for (int w = NORM_LANES / 2; w > 0; w /= 2) {
+        for (int i = t; i < w; i += NORM_THREADS)
+            lane[i] += lane[i + w];
+        __syncthreads();
+    }
+    if (t == 0) {
+        *sq = lane[0];
+        *scale = (float)norm_clip_scale(max_norm, sqrt(lane[0]));
+    }
+}
+
 #define LAUNCHED(what) return cuda_err_status(cudaGetLastError(), what)
 
 extern "C" int cuda_f32_add(float *y, const float *x, size_t n, void *stream)
@@ -269,4 +315,13 @@ extern "C" int cuda_block_sumsq(double *out, const float *x, size_t n, size_t bl
     k_block_sumsq<<<(unsigned)((nb + SUMSQ_WARPS - 1) / SUMSQ_WARPS), 32 * SUMSQ_WARPS, 0, (cudaStream_t)stream>>>(
         out, x, n, block, nb, vec);
     LAUNCHED("cuda_block_sumsq");
+}
+
+extern "C" int cuda_norm_clip(double *sq, float *scale, const double *const *runs, const size_t *lens, int nruns,
+                              double max_norm, void *stream)
+{
+    if (nruns < 1 || !sq || !scale || !runs || !lens)
+        return cuda_err(-EINVAL, "cuda_norm_clip: bad arguments (%d runs)", nruns);
+    k_norm_clip<<<1, NORM_THREADS, 0, (cudaStream_t)stream>>>(sq, scale, runs, lens, nruns, max_norm);
+    LAUNCHED("cuda_norm_clip");
 }

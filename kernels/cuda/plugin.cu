@@ -135,11 +135,11 @@ static int be_mem_used(size_t *bytes)
 }
 
 static int be_adamw(float *w, float *m, float *v, const float *w0, const float *m0, const float *v0, const float *g,
-                    float gscale, size_t n, float lr, float beta1, float beta2, float eps, float wd, int step,
-                    void *w_out, float *g_clear, void *stream)
+                    float gscale, const float *gscale_at, size_t n, float lr, float beta1, float beta2, float eps,
+                    float wd, int step, void *w_out, float *g_clear, void *stream)
 {
-    return cuda_adamw(w, m, v, w0, m0, v0, g, gscale, n, lr, beta1, beta2, eps, wd, step, (uint16_t *)w_out, g_clear,
-                      stream);
+    return cuda_adamw(w, m, v, w0, m0, v0, g, gscale, gscale_at, n, lr, beta1, beta2, eps, wd, step, (uint16_t *)w_out,
+                      g_clear, stream);
 }
 
 static int be_to_weights(void *w, const float *x, size_t n, void *stream)
@@ -166,6 +166,7 @@ static const cuda_plugin_t table = {
     cuda_err_text,
     cuda_infer_new, cuda_infer_destroy, cuda_infer_forward,
     cuda_nccl_reduce_bf16, cuda_f32_add_bf16,
+    cuda_norm_clip, cuda_event_sync,
 };
 
 extern "C" const cuda_plugin_t *ctitan_cuda_plugin(void) { return &table; }

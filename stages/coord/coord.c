@@ -13,6 +13,7 @@
 #include "ipc/log.h"
 #include "ipc/shm.h"
 #include "ipc/util.h"
+#include "kernels/norm_order.h"
 #include "stages/coord/coord_agent.h"
 #include "stages/coord/coord_ckpt.h"
 #include "stages/coord/coord_core.h"
@@ -45,35 +46,37 @@ static double shards_busy(coord_t *c)
 /* The global gradient norm from the shards' partials of this step. */
 static double grad_norm(coord_t *c)
 {
-    double sq = 0, *blocks = job_norm_blocks(c->hdr);
+    double sq = 0;
     if (!job_norm_by_blocks(&c->lay)) /* shard order (the slices do not follow the blocks) */
         for (int k = 0; k < c->m->shards; k++)
             sq += coord_shard(c, k)->reply.grad_norm;
-    else { /* block order, block b into running sum b % 4, then (s0 + s1) + (s2 + s3): the same sum
-            * for any shard count, with a quarter of the dependent additions (a ~1B model has
-            * ~865k blocks: ~1 ms a step one after another, between REDUCE and UPDATE) */
-        double s4[4] = {0, 0, 0, 0};
-        size_t b = 0, nb = c->lay.n_blocks;
-        for (; b + 4 <= nb; b += 4)
-            s4[0] += blocks[b], s4[1] += blocks[b + 1], s4[2] += blocks[b + 2], s4[3] += blocks[b + 3];
-        for (; b < nb; b++)
-            s4[b % 4] += blocks[b];
-        sq = (s4[0] + s4[1]) + (s4[2] + s4[3]);
-    }
+    else /* block order, kernels/norm_order.h's: the same sum for any shard count, and the one GPU
+          * shards make on the device */
+        sq = norm_sum(job_norm_blocks(c->hdr), c->lay.n_blocks);
     return sqrt(sq);
 }
 
-/* torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is < 1. */
-static double clip_scale(const manifest_t *m, double norm)
+/* GPU shards that sum the norm on the device (job_layout_t norm_on_device) each answer UPDATE
+ * with it: the same sum of the same blocks, so the same bits, or something is wrong. */
+static int device_norm(coord_t *c, double *norm)
 {
-    double scale = m->max_norm > 0 ? m->max_norm / (norm + 1e-6) : 1.0;
-    return scale < 1.0 ? scale : 1.0;
+    *norm = coord_shard(c, 0)->reply.grad_norm;
+    for (int k = 1; k < c->m->shards; k++)
+        if (memcmp(&coord_shard(c, k)->reply.grad_norm, norm, sizeof(*norm))) {
+            coord_fail(c, "the optimizer shards summed different gradient norms for step %lld (shard 0: %.17g, "
+                       "shard %d: %.17g): the same blocks must give the same bits", (long long)c->step + 1, *norm,
+                       k, coord_shard(c, k)->reply.grad_norm);
+            return -1;
+        }
+    return 0;
 }
 
 /* One training step, three rounds: forward and backward on every stage, the shards sum the
  * replicas' gradients, then update with the clip factor of the global norm; then what the
- * step's end brings (a checkpoint, a loader swap). Returns 0, COORD_REWOUND (a GPU job went
- * back to step c->step: coord_rewind.c), or -1 once the job failed or was interrupted. */
+ * step's end brings (a checkpoint, a loader swap). GPU shards that sum the norm on the device
+ * need no REDUCE round: UPDATE does both, the clip factor never leaving the device, and its
+ * answers carry the norm. Returns 0, COORD_REWOUND (a GPU job went back to step c->step:
+ * coord_rewind.c), or -1 once the job failed or was interrupted. */
 static int step(coord_t *c)
 {
     const manifest_t *m = c->m;
@@ -85,16 +88,21 @@ static int step(coord_t *c)
     c->grads_held = c->lay.gpu_shards; /* until the update: a stage lost takes its part of them */
     if ((rc = coord_round_trip(c, 1, c->n_stages, &run)))
         return rc;
-    double t1 = util_now();
+    double t1 = util_now(), t2 = t1, t_reduce = 0, norm = 0;
     coord_trace_round(c, "stages", 1, c->n_stages, t0, t1);
-    msg_t reduce = {.type = MSG_REDUCE, .step = c->step};
-    if ((rc = coord_round_trip(c, first_shard, m->shards, &reduce)))
-        return rc;
-    double t2 = util_now(), t_reduce = shards_busy(c), norm = grad_norm(c);
-    coord_trace_round(c, "reduce", first_shard, m->shards, t1, t2);
-    msg_t update = {.type = MSG_UPDATE, .step = c->step, .grad_norm = norm, .scale = clip_scale(m, norm)};
+    if (!c->lay.norm_on_device) {
+        msg_t reduce = {.type = MSG_REDUCE, .step = c->step};
+        if ((rc = coord_round_trip(c, first_shard, m->shards, &reduce)))
+            return rc;
+        t2 = util_now(), t_reduce = shards_busy(c), norm = grad_norm(c);
+        coord_trace_round(c, "reduce", first_shard, m->shards, t1, t2);
+    }
+    msg_t update = {.type = MSG_UPDATE, .step = c->step, .grad_norm = norm,
+                    .scale = norm_clip_scale(m->max_norm, norm)};
     if ((rc = coord_round_trip(c, first_shard, m->shards, &update)))
         return rc;
+    if (c->lay.norm_on_device && device_norm(c, &norm))
+        return -1;
     c->grads_held = 0;
     coord_trace_round(c, "update", first_shard, m->shards, t2, util_now());
     double t_update = shards_busy(c), t_step = util_now() - t0;

@@ -25,7 +25,11 @@
  *                    before its next step's work (plane_step_begin), so the shard answers the
  *                    UPDATE without waiting for its device, and the stage queues its next step
  *                    while the update still runs. A stage started again (a recovery) finds the
- *                    shards' entries as they were: only the stages' part is cleared then. */
+ *                    shards' entries as they were: only the stages' part is cleared then.
+ *                    With the norm on the device (job_layout_t norm_on_device), also the
+ *                    handle of its slice's block norms (two steps' worth: even, odd), the
+ *                    event it records once a step's are in, and that step's number, stored
+ *                    once the record is issued (stages/runtime/devnorm.h). */
 #ifndef CTITAN_DEVDIR_H
 #define CTITAN_DEVDIR_H
 
@@ -52,9 +56,13 @@ typedef struct {
 } devdir_ring_t;
 
 typedef struct {
-    _Atomic uint32_t ready;  /* 1 once the event is there */
+    _Atomic uint32_t ready;  /* 1 once the event is there (and the norm's part, with it) */
     int32_t pid;
     cuda_ipc_event_t updated;
+    cuda_ipc_mem_t norms;    /* (2, nblocks) doubles: the block norms of even steps, then of odd */
+    cuda_ipc_event_t normed; /* recorded once a step's block norms are in */
+    uint64_t block0, nblocks; /* the slice's blocks of the flat space */
+    _Atomic int64_t normed_step; /* the step whose `normed` record is issued (-1: none yet) */
 } devdir_shard_t;
 
 /* The segment's size: the stages' part, then the shards' entries. */

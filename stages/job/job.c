@@ -60,6 +60,8 @@ int job_layout(job_layout_t *l, const manifest_t *m)
         return -EINVAL; /* cannot happen: the manifest was checked */
     l->arrays = optim_arrays(l->opt);
     l->shards = m->shards;
+    const char *host_norm = getenv("CTITAN_TEST_HOST_NORM");
+    l->norm_on_device = l->gpu_shards && job_norm_by_blocks(l) && l->hosts == 1 && !(host_norm && *host_norm == '1');
     return 0;
 }
 

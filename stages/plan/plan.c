@@ -222,7 +222,8 @@ static int shard_rows(plan_t *p, const manifest_t *m, const job_layout_t *l, int
     h = &p->rows[p->n - 2];
     h->bytes[PLAN_RUNTIME] += PLAN_CUDA_HOST_BYTES;
     h->bytes[PLAN_OPTIM] = (n < (double)JOB_STATE_PIECE ? n : (double)JOB_STATE_PIECE) * 4;
-    d->bytes[PLAN_OPTIM] = n * l->arrays * 4 * m->gpu_banks + blocks * 8; /* optshard.gpu_banks copies */
+    /* optshard.gpu_banks copies; the block norms (two steps' with the norm on the device) */
+    d->bytes[PLAN_OPTIM] = n * l->arrays * 4 * m->gpu_banks + blocks * 8 * (l->norm_on_device ? 2 : 1);
     d->bytes[PLAN_GRADS] = l->dp > 1 ? n * 4 : 0;
     d->bytes[PLAN_CONTEXT] = PLAN_CUDA_CONTEXT_BYTES;
     return 0;

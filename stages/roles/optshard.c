@@ -5,7 +5,10 @@
  * of each MANIFEST_BLOCK block into the job segment; on UPDATE (with the global clip factor the
  * coordinator computed from all blocks) it applies the optimizer's step at the step's lr and
  * writes the new weights into every replica's parameters, then clears those gradients. Block
- * boundaries do not depend on K, so any shard count gives the same bits.
+ * boundaries do not depend on K, so any shard count gives the same bits. GPU shards on one
+ * host's IPC plane get no REDUCE: UPDATE sums, and the shards make the clip factor between
+ * themselves on the device from each other's block norms (stages/runtime/devnorm.h), in the
+ * coordinator's order.
  *
  * Where: the vector work is the backend's (kernels/backend.h). [optshard] device = "cpu"
  * keeps the state in the job's optstate segment (stages/job/job.h); "cuda" keeps it on the GPU.
@@ -25,6 +28,7 @@
  * it, so the coordinator then rewinds the job to its newest snapshot; a kill at any other
  * moment leaves it whole, and the shard is replaced alone as with two banks. */
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdint.h>
@@ -42,6 +46,7 @@
 #include "kernels/params.h"
 #include "stages/job/job.h"
 #include "stages/job/staging.h"
+#include "stages/runtime/devnorm.h"
 #include "stages/runtime/plane.h"
 #include "stages/runtime/worker.h"
 
@@ -79,6 +84,10 @@ typedef struct {
     double *own_hnorm;           /* hnorm when it is this process's (freed at the end) */
     void *norm_pinned;           /* GPU shards: hnorm's pages pinned (host_pin), or NULL */
     plane_reduce_t *red;         /* the replicas' parts of the slice (the data plane's view) */
+    devnorm_t *dn;               /* GPU shards with the norm on the device (job_layout_t
+                                  * norm_on_device): the block norms shared with the other shards,
+                                  * the clip factor made there; NULL: the coordinator makes it */
+    double dev_norm;             /* with dn: the norm of the last UPDATE's step */
     shm_seg_t *job, *params, *staging, *opt; /* staging: with [checkpoint] enable */
     float *final_w;              /* GPU shards: replica 0 of params, where the run's final fp32 weights
                                   * go (a CPU shard's publish writes them there every step) */
@@ -268,22 +277,23 @@ static void move_state(shard_t *sh)
 {
     const backend_t *be = sh->be;
     int gpu = sh->lay.gpu_shards, banks = gpu ? sh->man->gpu_banks : 0, arrays = banks * sh->arrays;
-    size_t n = sh->n ? sh->n : 1, nb = blocks(sh) ? blocks(sh) : 1;
+    size_t n = sh->n ? sh->n : 1, nb = sh->dn ? 0 : blocks(sh) ? blocks(sh) : 1; /* dn: its own */
     size_t fbytes = (arrays * n * sizeof(float) + 63) / 64 * 64;
     BE_CHECK(sh, be->alloc(&sh->state.mem, fbytes + nb * sizeof(double)), "%s memory for %zu parameters: %s",
              be->name, sh->n, BE_WHY(sh));
     float *f = sh->state.mem;
     sh->state.norm = (double *)((char *)sh->state.mem + fbytes);
     /* the block norms come straight into the job segment when the coordinator sums them there */
-    if (!(sh->hnorm = sh->norm_out))
+    if (!sh->dn && !(sh->hnorm = sh->norm_out))
         WORKER_CHECK(sh->w, sh->hnorm = sh->own_hnorm = calloc(nb, sizeof(double)), "out of memory");
     if (!gpu)
         return;
-    /* every step copies them off the device (4 MB a shard for a ~1B model): pinned, at the bus's
-     * rate rather than through the driver's pageable staging; pageable if it cannot be pinned */
+    /* every step copies them off the device (4 MB a shard for a ~1B model), unless they stay
+     * there (dn): pinned, at the bus's rate rather than through the driver's pageable staging;
+     * pageable if it cannot be pinned */
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    uintptr_t lo = (uintptr_t)sh->hnorm / page * page,
-              hi = ((uintptr_t)(sh->hnorm + blocks(sh)) + page - 1) / page * page;
+    uintptr_t lo = sh->dn ? 0 : (uintptr_t)sh->hnorm / page * page,
+              hi = sh->dn ? 0 : ((uintptr_t)(sh->hnorm + blocks(sh)) + page - 1) / page * page;
     if (lo < hi && be->host_pin((void *)lo, hi - lo) == 0)
         sh->norm_pinned = (void *)lo;
     else if (lo < hi)
@@ -435,6 +445,9 @@ static void setup(shard_t *sh)
              BE_WHY(sh));
     BE_CHECK(sh, sh->be->stream_new(&sh->stream), "%s", BE_WHY(sh));
     BE_CHECK(sh, sh->be->stream_new(&sh->copy_stream), "%s", BE_WHY(sh));
+    if (sh->lay.norm_on_device) /* its part of the device directory entry, which plane_reduce_new publishes */
+        WORKER_CHECK(sh->w, devnorm_new(&sh->dn, &sh->lay, job, sh->rank, sh->begin, sh->end, sh->be, sh->stream, err,
+                                        sizeof(err)) == 0, "%s", err);
     WORKER_CHECK(sh->w, plane_reduce_new(&sh->red, plane, &sh->lay, job, sh->rank, sh->begin, sh->end, sh->be,
                                          sh->stream, err, sizeof(err)) == 0, "%s", err);
     move_state(sh);
@@ -459,13 +472,19 @@ static void setup(shard_t *sh)
  * that), the block norms to the job segment, where the coordinator sums them (0 is returned:
  * a ~1B model's slice has ~430k blocks, ~0.5 ms of additions a step nobody would read). When the
  * slices do not start at block boundaries (job_norm_by_blocks) the block norms stay here and
- * the slice's squared norm is returned; the coordinator sums those in shard order. */
+ * the slice's squared norm is returned; the coordinator sums those in shard order. With the
+ * norm on the device (dn) they stay there, queued, for the UPDATE's sum (0 is returned). */
 static double reduce(shard_t *sh, int64_t step)
 {
     const backend_t *be = sh->be;
     WORKER_CHECK(sh->w, plane_reduce_sum(sh->red, &sh->g) == 0, "%s", plane_reduce_error(sh->red));
     size_t nb = blocks(sh);
-    BE_CHECK(sh, be->block_sumsq(sh->state.norm, sh->g, sh->n, MANIFEST_BLOCK, sh->stream), "norm: %s", BE_WHY(sh));
+    double *norm = sh->dn ? devnorm_blocks(sh->dn, step) : sh->state.norm;
+    BE_CHECK(sh, be->block_sumsq(norm, sh->g, sh->n, MANIFEST_BLOCK, sh->stream), "norm: %s", BE_WHY(sh));
+    if (sh->dn) {
+        sh->reduced = step;
+        return 0;
+    }
     BE_CHECK(sh, be->copy(sh->hnorm, sh->state.norm, nb * sizeof(double), sh->stream), "norm: %s", BE_WHY(sh));
     BE_CHECK(sh, be->stream_sync(sh->stream), "reduce: %s", BE_WHY(sh));
     sh->reduced = step;
@@ -514,7 +533,7 @@ static double update(shard_t *sh, int64_t step, double scale)
      * before the coordinator resumed: its state is one copy, updated in place, so no bank to pick) */
     WORKER_CHECK(sh->w, !sh->commit || sh->done == step, "UPDATE of step %lld, but the state is that after step %lld",
                  (long long)step + 1, (long long)sh->done);
-    if (sh->reduced != step) /* a replacement: the gradients stay whole until the commit */
+    if (sh->reduced != step) /* a replacement (the gradients stay whole until the commit); dn: always */
         reduce(sh, step);
     /* CPU shards' gradients are only read (clipped inside the step), whole for a replacement */
     int from = (int)(step % 2), to = 1 - from, out = !sh->commit && !sh->optim->whole_tensors;
@@ -522,6 +541,9 @@ static double update(shard_t *sh, int64_t step, double scale)
         atomic_store(sh->writing, 1);
     optim_args_t args = {.lr = (float)lr, .beta1 = (float)m->beta1, .beta2 = (float)m->beta2, .eps = (float)m->eps,
                          .gscale = (float)scale, .step = (int)step + 1};
+    if (sh->dn) /* the clip factor of every shard's blocks, made on the device behind them */
+        WORKER_CHECK(sh->w, devnorm_clip(sh->dn, step, m->max_norm, 120000, &args.gscale_at) == 0, "%s",
+                     devnorm_error(sh->dn));
     /* one call per run of adjacent tensors with the same weight decay (an elementwise step: the
      * same bits as one call a tensor, a fraction of the launches on a GPU), or per tensor when the
      * optimizer needs whole tensors */
@@ -554,6 +576,11 @@ static double update(shard_t *sh, int64_t step, double scale)
         atomic_store(sh->writing, 0);
     worker_test_point(sh->w, "committed", step);
     publish(sh, out, 0);
+    if (sh->dn) { /* the norm for the coordinator's report: the host waits for the sum, not the update */
+        double sq;
+        WORKER_CHECK(sh->w, devnorm_read(sh->dn, &sq) == 0, "%s", devnorm_error(sh->dn));
+        sh->dev_norm = sqrt(sq);
+    }
     return lr;
 }
 
@@ -569,6 +596,7 @@ static void finish(shard_t *sh)
         BE_CHECK(sh, be->stream_sync(sh->stream), "final weights: %s", BE_WHY(sh));
     }
     plane_reduce_destroy(&sh->red);
+    devnorm_destroy(&sh->dn);
     be->free(sh->state.mem);
     be->stream_free(sh->stream);
     be->stream_free(sh->copy_stream);
@@ -644,6 +672,8 @@ int main(int argc, char **argv)
                              sh.bank[(m.step + 1) % 2].a[0] == sh.bank[sh.snap_step % 2].a[0];
             snap_finish(&sh, overwrites, 1);
             reply.lr = update(&sh, m.step, m.scale);
+            if (sh.dn)
+                reply.grad_norm = sh.dev_norm;
             worker_test_point(sh.w, "updated", m.step);
             reply.type = MSG_UPDATED;
         }

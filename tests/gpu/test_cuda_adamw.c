@@ -38,13 +38,14 @@ static void test_cuda_adamw_matches_reference_over_steps(void **state)
     for (int step = 1; step <= 5; step++) {
         tu_fill(gd, g, n, 100 + step, 0.1);
         cuda_copy_to_device(dg, g, n * 4);
-        assert_int_equal(cuda_adamw(dp, dm, dv, dp, dm, dv, dg, 1.0f, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, NULL, NULL, NULL),
-                         0);
+        assert_int_equal(cuda_adamw(dp, dm, dv, dp, dm, dv, dg, 1.0f, NULL, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, NULL,
+                                    NULL, NULL), 0);
         ref_adamw(pd, gd, md, vd, n, 1e-3, 0.9, 0.95, 1e-8, 0.1, step);
     }
     assert_int_equal(cuda_copy_to_host(out, dp, n * 4), 0);
     assert_int_equal(tu_compare("adamw param", out, pd, n, 1e-6, 1e-5), 0);
-    assert_int_equal(cuda_adamw(dp, dm, dv, dp, dm, dv, dg, 1.0f, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0, NULL, NULL, NULL), -22);
+    assert_int_equal(cuda_adamw(dp, dm, dv, dp, dm, dv, dg, 1.0f, NULL, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0, NULL, NULL,
+                                NULL), -22);
     cuda_free(dp), cuda_free(dg), cuda_free(dm), cuda_free(dv);
     free(p), free(g), free(out), free(pd), free(gd), free(md), free(vd), free(zero);
 }
@@ -52,7 +53,8 @@ static void test_cuda_adamw_matches_reference_over_steps(void **state)
 /* Two banks of state on the device, each step reading one and writing the other with a clip
  * factor (gscale) on the unscaled gradient: the bits of the in-place run on a gradient scaled
  * beforehand (on the host: the same float product), the bank read left as it was (the outputs
- * start as NaN, so an element left unwritten shows). */
+ * start as NaN, so an element left unwritten shows). Every other step the factor is read from
+ * device memory (gscale_at), the one given by value wrong. */
 static void test_cuda_adamw_out_of_place_is_in_place_bitwise(void **state)
 {
     if (cuda_device_count() == 0) {
@@ -62,8 +64,9 @@ static void test_cuda_adamw_out_of_place_is_in_place_bitwise(void **state)
     const size_t n = 16384 * 2 + 77, bytes = n * sizeof(float);
     float *h = malloc(bytes), *nan = malloc(bytes), *got = malloc(bytes), *want = malloc(bytes);
     float *saved = malloc(3 * bytes);
-    float *in[3], *bank[2][3], *dg, *dscaled; /* in place: p, m, v; banks of p, m, v */
+    float *in[3], *bank[2][3], *dg, *dscaled, *dclip; /* in place: p, m, v; banks of p, m, v */
     assert_int_equal(cuda_alloc((void **)&dg, bytes), 0);
+    assert_int_equal(cuda_alloc((void **)&dclip, sizeof(float)), 0);
     assert_int_equal(cuda_alloc((void **)&dscaled, bytes), 0);
     for (size_t i = 0; i < n; i++)
         nan[i] = NAN;
@@ -89,11 +92,15 @@ static void test_cuda_adamw_out_of_place_is_in_place_bitwise(void **state)
         assert_int_equal(cuda_copy_to_device(dscaled, h, bytes), 0);
         for (int j = 0; j < 3; j++)
             assert_int_equal(cuda_copy_to_host(saved + j * n, src[j], bytes), 0);
-        assert_int_equal(cuda_adamw(in[0], in[1], in[2], in[0], in[1], in[2], dscaled, 1.0f, n, 1e-3f, 0.9f, 0.95f,
-                                    1e-8f, 0.1f, step, NULL, NULL, NULL),
+        assert_int_equal(cuda_adamw(in[0], in[1], in[2], in[0], in[1], in[2], dscaled, 1.0f, NULL, n, 1e-3f, 0.9f,
+                                    0.95f, 1e-8f, 0.1f, step, NULL, NULL, NULL),
                          0);
-        assert_int_equal(cuda_adamw(dst[0], dst[1], dst[2], src[0], src[1], src[2], dg, clip, n, 1e-3f, 0.9f, 0.95f,
-                                    1e-8f, 0.1f, step, NULL, NULL, NULL),
+        /* odd steps: the clip factor in device memory (as cuda_norm_clip leaves it), the one
+         * passed by value wrong */
+        assert_int_equal(cuda_copy_to_device(dclip, &clip, sizeof(float)), 0);
+        assert_int_equal(cuda_adamw(dst[0], dst[1], dst[2], src[0], src[1], src[2], dg, step % 2 ? 5.0f : clip,
+                                    step % 2 ? dclip : NULL, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, NULL, NULL,
+                                    NULL),
                          0);
         for (int j = 0; j < 3; j++) {
             assert_int_equal(cuda_copy_to_host(got, dst[j], bytes), 0);
@@ -107,6 +114,7 @@ static void test_cuda_adamw_out_of_place_is_in_place_bitwise(void **state)
         cuda_free(in[j]), cuda_free(bank[0][j]), cuda_free(bank[1][j]);
     cuda_free(dg);
     cuda_free(dscaled);
+    cuda_free(dclip);
     free(h), free(nan), free(got), free(want), free(saved);
 }
 
@@ -144,7 +152,8 @@ static void test_cuda_adamw_is_the_cpu_step_bitwise(void **state)
             ops_adamw_to(NULL, h[0] + o[0], h[1] + o[1], h[2] + o[2], h[3] + o[3], h[4] + o[4], h[5] + o[5],
                          h[6] + o[6], gs, n, lr, 0.9f, 0.95f, 1e-8f, wd, step);
             assert_int_equal(cuda_adamw(d[0] + o[0], d[1] + o[1], d[2] + o[2], d[3] + o[3], d[4] + o[4],
-                                        d[5] + o[5], d[6] + o[6], gs, n, lr, 0.9f, 0.95f, 1e-8f, wd, step, NULL, NULL, NULL),
+                                        d[5] + o[5], d[6] + o[6], gs, NULL, n, lr, 0.9f, 0.95f, 1e-8f, wd, step, NULL,
+                                        NULL, NULL),
                              0);
             for (int k = 0; k < 3; k++) {
                 assert_int_equal(cuda_copy_to_host(got, d[k], bytes), 0);
@@ -212,11 +221,11 @@ static void test_cuda_adamw_writes_the_weights_and_clears_the_gradient_as_the_se
             assert_int_equal(cuda_copy_to_device(dc, h[3], fb), 0); /* anything but zeros */
         /* the separate calls: the step in place, the weights converted, the gradient cleared */
         assert_int_equal(cuda_adamw(ref[0] + o, ref[1] + o, ref[2] + o, ref[0] + o, ref[1] + o, ref[2] + o, d[3] + o,
-                                    0.5f, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, NULL, NULL, NULL),
+                                    0.5f, NULL, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, NULL, NULL, NULL),
                          0);
         assert_int_equal(cuda_f32_to_bf16_dev(dwant + ow, ref[0] + o, n, NULL), 0);
         /* in one pass */
-        assert_int_equal(cuda_adamw(d[0] + o, d[1] + o, d[2] + o, d[0] + o, d[1] + o, d[2] + o, d[3] + o, 0.5f, n,
+        assert_int_equal(cuda_adamw(d[0] + o, d[1] + o, d[2] + o, d[0] + o, d[1] + o, d[2] + o, d[3] + o, 0.5f, NULL, n,
                                     1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, dw + ow, clear, NULL),
                          0);
         assert_int_equal(cuda_stream_sync(NULL), 0);

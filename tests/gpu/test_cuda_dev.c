@@ -15,6 +15,7 @@
 
 #include "kernels/cuda/cuda_dev.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/norm_order.h"
 #include "tests/testutil.h"
 
 #define NEED_GPU()                                                                              \
@@ -111,6 +112,61 @@ static void test_cuda_block_sumsq_is_the_same_bits_wherever_the_block_sits(void 
     assert_true(fabs(a[20] - ref) <= 1e-12 * ref);
     cuda_free(d), cuda_free(ds);
     free(x), free(xd);
+}
+
+/* The device's sum of the flat space's block norms and its clip factor (cuda_norm_clip, what GPU
+ * optimizer shards make between themselves) are the host's norm_sum and norm_clip_scale bit for
+ * bit, however the blocks are split into runs (one; three, not at lane boundaries; with an empty
+ * one), over 3000 blocks (two rounds of the 1024 lanes and part of a third) whose values span 16
+ * orders of magnitude, so that another order of additions gives other bits (checked), and
+ * within 1e-12 of a plain sum. */
+static void test_cuda_norm_clip_is_the_hosts_sum_bitwise(void **state)
+{
+    NEED_GPU();
+    enum { NB = 3000 };
+    static double x[NB];
+    srand(77);
+    double plain = 0, rev = 0;
+    for (int b = 0; b < NB; b++)
+        x[b] = pow(10.0, -8.0 + 16.0 * rand() / RAND_MAX), plain += x[b];
+    for (int b = NB - 1; b >= 0; b--)
+        rev += x[b];
+    double want = norm_sum(x, NB);
+    assert_true(fabs(want - plain) <= 1e-12 * plain);
+    assert_true(memcmp(&want, &plain, 8) || memcmp(&want, &rev, 8)); /* the order shows in the bits */
+    const size_t splits[][4] = {{NB}, {1000, 700, NB - 1700}, {1024, 0, NB - 1024}};
+    const int nsplits[] = {1, 3, 3};
+    const double max_norms[] = {0, 1e3, 1e12};
+    double *dx, **druns, *dsq;
+    size_t *dlens;
+    float *dscale;
+    assert_int_equal(cuda_alloc((void **)&dx, NB * 8), 0);
+    assert_int_equal(cuda_alloc((void **)&druns, 3 * sizeof(double *)), 0);
+    assert_int_equal(cuda_alloc((void **)&dlens, 3 * sizeof(size_t)), 0);
+    assert_int_equal(cuda_alloc((void **)&dsq, 8), 0);
+    assert_int_equal(cuda_alloc((void **)&dscale, 4), 0);
+    assert_int_equal(cuda_copy_to_device(dx, x, NB * 8), 0);
+    for (int s = 0; s < 3; s++)
+        for (int m = 0; m < 3; m++) {
+            double *runs[3], sq;
+            size_t at = 0;
+            for (int r = 0; r < nsplits[s]; at += splits[s][r], r++)
+                runs[r] = dx + at;
+            assert_int_equal(cuda_copy_to_device(druns, runs, nsplits[s] * sizeof(double *)), 0);
+            assert_int_equal(cuda_copy_to_device(dlens, splits[s], nsplits[s] * sizeof(size_t)), 0);
+            assert_int_equal(cuda_norm_clip(dsq, dscale, (const double *const *)druns, dlens, nsplits[s], max_norms[m],
+                                            NULL), 0);
+            float scale, want_scale = (float)norm_clip_scale(max_norms[m], sqrt(want));
+            assert_int_equal(cuda_copy_to_host(&sq, dsq, 8), 0);
+            assert_int_equal(cuda_copy_to_host(&scale, dscale, 4), 0);
+            print_message("split %d, max_norm %g: sum %.17g (host %.17g), scale %.9g (host %.9g)\n", s, max_norms[m], sq,
+                          want, scale, want_scale);
+            assert_memory_equal(&sq, &want, 8);
+            assert_memory_equal(&scale, &want_scale, 4);
+        }
+    assert_true(norm_clip_scale(1e3, sqrt(want)) < 1 && norm_clip_scale(1e12, sqrt(want)) == 1);
+    assert_int_equal(cuda_norm_clip(dsq, dscale, (const double *const *)druns, dlens, 0, 1.0, NULL), -22);
+    cuda_free(dx), cuda_free(druns), cuda_free(dlens), cuda_free(dsq), cuda_free(dscale);
 }
 
 #define IPC_CHILD "--ipc-child" /* argv[1] of the IPC test's child: this program run again */
@@ -217,6 +273,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cuda_dev_kernels_match_plain_loops),
         cmocka_unit_test(test_cuda_block_sumsq_is_the_same_bits_wherever_the_block_sits),
+        cmocka_unit_test(test_cuda_norm_clip_is_the_hosts_sum_bitwise),
         cmocka_unit_test(test_cuda_dev_ipc_shares_memory_and_events_between_processes),
     };
     return tu_run_group_tests(tests, NULL, NULL);

@@ -533,6 +533,8 @@ static double update(shard_t *sh, int64_t step, double scale)
      * before the coordinator resumed: its state is one copy, updated in place, so no bank to pick) */
     WORKER_CHECK(sh->w, !sh->commit || sh->done == step, "UPDATE of step %lld, but the state is that after step %lld",
                  (long long)step + 1, (long long)sh->done);
+    if (sh->dn) /* no REDUCE came: its test point is here */
+        worker_test_point(sh->w, "reduce", step);
     if (sh->reduced != step) /* a replacement (the gradients stay whole until the commit); dn: always */
         reduce(sh, step);
     /* CPU shards' gradients are only read (clipped inside the step), whole for a replacement */

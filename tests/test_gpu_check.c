@@ -93,6 +93,7 @@ static void test_gpu_check_rehearsal_runs_every_step_in_order(void **state)
     ASSERT_ROW(report, "data (ctitan prep)", "| ok |");
     ASSERT_ROW(report, "model pp 1, GPU shards", "3 of 3 steps");
     ASSERT_ROW(report, "model pp 2, GPU shards", "| ok |");
+    ASSERT_ROW(report, "clip factor on the device", "bitwise the host's sum");
     ASSERT_ROW(report, "model pp 2, offload", "| ok |");
     ASSERT_ROW(report, "model pp 1, NCCL plane (one rank)", "| ok |");
     ASSERT_ROW(report, "validation on the GPU", "| ok |");

@@ -36,7 +36,7 @@ static const struct {
     {MSG_REDUCE, "reduce", "step"},
     {MSG_REDUCED, "reduced", "step t_busy grad_norm"},
     {MSG_UPDATE, "update", "step grad_norm scale"},
-    {MSG_UPDATED, "updated", "step lr t_busy"},
+    {MSG_UPDATED, "updated", "step grad_norm lr t_busy"},
     {MSG_HEARTBEAT, "heartbeat", "role rank replica pid progress"},
     {MSG_ERROR, "error", "role rank replica pid text"},
     {MSG_STOP, "stop", ""},

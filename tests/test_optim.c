@@ -58,7 +58,9 @@ static void test_optim_adamw_step_is_the_backends_adamw_bitwise(void **state)
                                0.95f, 1e-8f, 0.1f, 4, NULL, NULL, NULL), 0);
     for (int a = 0; a < 3; a++)
         assert_memory_equal(to[a], want[a], bytes);
-    /* in place: to == from */
+    /* in place: to == from, the clip factor read where gscale_at points (the one by value wrong) */
+    const float clip = 0.7f;
+    args.gscale = 5.0f, args.gscale_at = &clip;
     assert_int_equal(o->step(be, from, (const float *const *)from, g, n, &args, NULL), 0);
     for (int a = 0; a < 3; a++)
         assert_memory_equal(from[a], want[a], bytes);

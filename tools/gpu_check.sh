@@ -264,6 +264,27 @@ else
     row "sample on the GPU" FAILED 0 "$(grep -aE 'sample on the GPU|no sample' "$out/logs/gpu1.log" | head -1 | tr -d '|')"
 fi
 compare "model pp 2, GPU shards" gpu2 2
+# the clip factor the GPU shards made on the device (stages/runtime/devnorm.c) against the same job
+# with the coordinator's sum on the host (the test hook: three rounds a step): the same bits
+gnorms() { sed -nE 's/.*"grad_norm": ([^,]*),.*/\1/p' "$1"; }
+if [ ! -s "$out/gpu2.jsonl" ]; then
+    row "clip factor on the device" "skipped: no pp 2 GPU-shard run to compare with" 0 ""
+else
+    export CTITAN_TEST_HOST_NORM=1
+    job hostnorm hostnorm.log --training.steps $steps --parallelism.pipeline_parallel_degree 2 --job.device cuda ||
+        rc=125
+    unset CTITAN_TEST_HOST_NORM
+    if [ "$rc" = 125 ]; then
+        row "clip factor on the device" "skipped: out of budget" 0 ""
+    elif [ "$rc" != 0 ]; then
+        row "clip factor on the device" "$(result)" "$secs" "$(why hostnorm.log)"
+    elif [ -s "$out/hostnorm.jsonl" ] && [ "$(losses "$out/gpu2.jsonl")" = "$(losses "$out/hostnorm.jsonl")" ] &&
+         [ "$(gnorms "$out/gpu2.jsonl")" = "$(gnorms "$out/hostnorm.jsonl")" ]; then
+        row "clip factor on the device" ok "$secs" "losses and grad norms of $steps steps bitwise the host's sum (grad norms $(gnorms "$out/gpu2.jsonl" | cut -c1-6 | paste -sd ' ' -); max_norm 1)"
+    else
+        row "clip factor on the device" FAILED "$secs" "losses or grad norms differ from the host's sum (gpu2.jsonl, hostnorm.jsonl)"
+    fi
+fi
 compare "model pp 2, offload" off2 2 --optshard.device cpu
 compare "model pp 1, NCCL plane (one rank)" nccl1 1 --parallelism.data_plane nccl
 

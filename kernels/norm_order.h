@@ -32,17 +32,25 @@ NORM_FN double norm_clip_scale(double max_norm, double norm)
 }
 
 #ifndef __CUDACC__
-/* The sum of x[0, n) in the order above (a row of NORM_LANES blocks at a time: the lanes'
- * additions side by side, vectorised, each lane's in increasing b). */
-static inline double norm_sum(const double *x, size_t n)
+/* The running sums of x[0, n) in the order above, into lane[NORM_LANES] (a row of NORM_LANES
+ * blocks at a time: the lanes' additions side by side, vectorised, each lane's in increasing b). */
+static inline void norm_lanes(const double *x, size_t n, double *lane)
 {
-    double lane[NORM_LANES] = {0};
+    for (int i = 0; i < NORM_LANES; i++)
+        lane[i] = 0;
     size_t b = 0;
     for (; b + NORM_LANES <= n; b += NORM_LANES)
         for (int i = 0; i < NORM_LANES; i++)
             lane[i] += x[b + i];
     for (int i = 0; b + i < n; i++)
         lane[i] += x[b + i];
+}
+
+/* The sum of x[0, n) in the order above. */
+static inline double norm_sum(const double *x, size_t n)
+{
+    double lane[NORM_LANES];
+    norm_lanes(x, n, lane);
     for (int w = NORM_LANES / 2; w > 0; w /= 2)
         for (int i = 0; i < w; i++)
             lane[i] += lane[i + w];

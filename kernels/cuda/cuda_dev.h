@@ -68,8 +68,10 @@ int cuda_block_sumsq(double *out, const float *x, size_t n, size_t block, void *
 /* *sq = the flat space's block norms summed in kernels/norm_order.h's order, and *scale its clip
  * factor for max_norm (norm_clip_scale of sqrt(*sq)), both in device memory: the bits of the
  * host's norm_sum. The block norms come as nruns runs, in flat order: run r is lens[r] doubles at
- * runs[r]; runs and lens are themselves device arrays (any process's memory mapped here). */
-int cuda_norm_clip(double *sq, float *scale, const double *const *runs, const size_t *lens, int nruns,
+ * runs[r]; runs and lens are themselves device arrays (any process's memory mapped here); lanes:
+ * NORM_LANES doubles of device memory the sum works in, which hold norm_lanes' running sums
+ * after it. */
+int cuda_norm_clip(double *sq, float *scale, double *lanes, const double *const *runs, const size_t *lens, int nruns,
                    double max_norm, void *stream);
 /* y[i] = bf16(x[i]), round to nearest even. */
 int cuda_f32_to_bf16_dev(uint16_t *y, const float *x, size_t n, void *stream);

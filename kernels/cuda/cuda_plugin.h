@@ -62,7 +62,7 @@ typedef struct {
     int (*nccl_reduce_bf16)(cuda_nccl_t *, const uint16_t *, uint16_t *, size_t, int, void *);
     int (*f32_add_bf16)(float *, const uint16_t *, size_t, void *);
     /* the optimizer shards' norm on the device (cuda_dev.h) */
-    int (*norm_clip)(double *, float *, const double *const *, const size_t *, int, double, void *);
+    int (*norm_clip)(double *, float *, double *, const double *const *, const size_t *, int, double, void *);
     int (*event_sync)(void *);
 } cuda_plugin_t;
 

@@ -229,33 +229,45 @@ __global__ static void k_block_sumsq(double *out, const float *x, size_t n, size
         out[b] = s;
 }
 
-#define NORM_THREADS 256 /* each takes NORM_LANES / NORM_THREADS lanes */
+#define NORM_THREADS 256 /* a CUDA block's; NORM_LANES / NORM_THREADS blocks take a lane each */
+#define NORM_UNROLL 8    /* loads a lane has in flight */
 
 /* kernels/norm_order.h's sum of the flat space's block norms, which come in runs (each optimizer
- * shard's slice, in flat order), and its clip factor: one CUDA block. Thread t keeps lanes t + j
- * NORM_THREADS; block b of the flat space goes into lane b % NORM_LANES, each lane's blocks in
- * increasing b (runs in order, each run's in order), then the lanes' pairwise tree in shared
- * memory. Only double additions, a sqrt and a division, each rounded once: the host's bits. */
-__global__ static void k_norm_clip(double *sq, float *scale, const double *const *runs, const size_t *lens, int nruns,
-                                   double max_norm)
+ * shard's slice, in flat order), and its clip factor. First one thread a lane: block b of the
+ * flat space goes into lane b % NORM_LANES, each lane's blocks in increasing b (runs in order,
+ * each run's in order), NORM_UNROLL loads at a time before their additions in order (a ~1B
+ * model's 865k blocks are 7 MB: one load in flight a lane would take milliseconds); then one
+ * CUDA block adds the lanes pairwise in shared memory. Only double additions, a sqrt and a
+ * division, each rounded once: the host's bits. */
+__global__ static void k_norm_lanes(double *lanes, const double *const *runs, const size_t *lens, int nruns)
 {
-    __shared__ double lane[NORM_LANES];
-    const int per = NORM_LANES / NORM_THREADS, t = threadIdx.x;
-    double acc[NORM_LANES / NORM_THREADS];
-    for (int j = 0; j < per; j++)
-        acc[j] = 0;
+    const size_t l = blockIdx.x * (size_t)NORM_THREADS + threadIdx.x, L = NORM_LANES;
+    double acc = 0;
     size_t base = 0; /* the flat index of run r's first block */
     for (int r = 0; r < nruns; base += lens[r], r++) {
-        const double *x = runs[r];
-        size_t end = base + lens[r];
-        for (int j = 0; j < per; j++) {
-            size_t l = (size_t)t + (size_t)j * NORM_THREADS;
-            for (size_t b = base + (l + NORM_LANES - base % NORM_LANES) % NORM_LANES; b < end; b += NORM_LANES)
-                acc[j] += x[b - base];
+        const double *x = runs[r]; /* x[i]: block base + i of the flat space */
+        size_t n = lens[r], i = (l + L - base % L) % L;
+        for (; i + (NORM_UNROLL - 1) * L < n; i += NORM_UNROLL * L) {
+            double v[NORM_UNROLL];
+#pragma unroll
+            for (int u = 0; u < NORM_UNROLL; u++)
+                v[u] = x[i + u * L];
+#pragma unroll
+            for (int u = 0; u < NORM_UNROLL; u++)
+                acc += v[u];
         }
+        for (; i < n; i += L)
+            acc += x[i];
     }
-    for (int j = 0; j < per; j++)
-        lane[t + j * NORM_THREADS] = acc[j];
+    lanes[l] = acc;
+}
+
+__global__ static void k_norm_clip(double *sq, float *scale, const double *lanes, double max_norm)
+{
+    __shared__ double lane[NORM_LANES];
+    const int t = threadIdx.x;
+    for (int i = t; i < NORM_LANES; i += NORM_THREADS)
+        lane[i] = lanes[i];
     __syncthreads();
     for (int w = NORM_LANES / 2; w > 0; w /= 2) {
         for (int i = t; i < w; i += NORM_THREADS)
@@ -317,11 +329,17 @@ extern "C" int cuda_block_sumsq(double *out, const float *x, size_t n, size_t bl
     LAUNCHED("cuda_block_sumsq");
 }
 
-extern "C" int cuda_norm_clip(double *sq, float *scale, const double *const *runs, const size_t *lens, int nruns,
-                              double max_norm, void *stream)
+static_assert(NORM_LANES % NORM_THREADS == 0, "whole CUDA blocks of lanes");
+
+extern "C" int cuda_norm_clip(double *sq, float *scale, double *lanes, const double *const *runs, const size_t *lens,
+                              int nruns, double max_norm, void *stream)
 {
-    if (nruns < 1 || !sq || !scale || !runs || !lens)
+    if (nruns < 1 || !sq || !scale || !lanes || !runs || !lens)
         return cuda_err(-EINVAL, "cuda_norm_clip: bad arguments (%d runs)", nruns);
-    k_norm_clip<<<1, NORM_THREADS, 0, (cudaStream_t)stream>>>(sq, scale, runs, lens, nruns, max_norm);
+    k_norm_lanes<<<NORM_LANES / NORM_THREADS, NORM_THREADS, 0, (cudaStream_t)stream>>>(lanes, runs, lens, nruns);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return cuda_err_status(e, "cuda_norm_clip launch (lanes)");
+    k_norm_clip<<<1, NORM_THREADS, 0, (cudaStream_t)stream>>>(sq, scale, lanes, max_norm);
     LAUNCHED("cuda_norm_clip");
 }

@@ -14,6 +14,7 @@
 #include "ipc/shm.h"
 #include "ipc/util.h"
 #include "kernels/cuda_plugin.h"
+#include "kernels/norm_order.h"
 #include "stages/job/devdir.h"
 #include "stages/job/manifest.h"
 
@@ -33,6 +34,7 @@ struct devnorm {
         void *mem;
         const double **runs[2];  /* (shards) each shard's block norms of even and odd steps */
         size_t *lens;            /* (shards) their counts */
+        double *lanes;           /* (NORM_LANES) the sum's running sums */
         double *sq;              /* the sum */
         float *scale;            /* its clip factor */
     } dev_mem;
@@ -79,14 +81,16 @@ int devnorm_new(devnorm_t **out, const job_layout_t *l, const char *job, int k, 
              d->cu->ipc_event_new(&d->normed, &devdir_shard(shm_data(d->dev), l, k)->normed) ||
              d->cu->ipc_event_new(&d->sq_ev, &(cuda_ipc_event_t){{0}}))
         rc = fail(d, -EIO, "the block norms' shared memory and events: %s", d->cu->last_error());
-    else if (be->alloc(&d->dev_mem.mem, 2 * S * sizeof(double *) + S * sizeof(size_t) + sizeof(double) + sizeof(float)))
+    else if (be->alloc(&d->dev_mem.mem, (NORM_LANES + 1) * sizeof(double) + 2 * S * sizeof(double *) +
+                                            S * sizeof(size_t) + sizeof(float)))
         rc = fail(d, -ENOMEM, "%s memory for the clip factor: %s", be->name, be->last_error());
     if (!rc) {
         char *p = d->dev_mem.mem;
+        d->dev_mem.lanes = (double *)p, p += NORM_LANES * sizeof(double);
+        d->dev_mem.sq = (double *)p, p += sizeof(double);
         d->dev_mem.runs[0] = (const double **)p, p += S * sizeof(double *);
         d->dev_mem.runs[1] = (const double **)p, p += S * sizeof(double *);
         d->dev_mem.lens = (size_t *)p, p += S * sizeof(size_t);
-        d->dev_mem.sq = (double *)p, p += sizeof(double);
         d->dev_mem.scale = (float *)p;
         size_t page = (size_t)sysconf(_SC_PAGESIZE);
         if (posix_memalign((void **)&d->host_sq, page, page))
@@ -205,8 +209,8 @@ int devnorm_clip(devnorm_t *d, int64_t step, double max_norm, int timeout_ms, co
         if (cu->stream_wait(d->stream, d->peer_ev[i]))
             return fail(d, -EIO, "waiting for optimizer shard %d's block norms: %s", i, cu->last_error());
     }
-    if (cu->norm_clip(d->dev_mem.sq, d->dev_mem.scale, d->dev_mem.runs[step & 1], d->dev_mem.lens, d->lay.shards,
-                      max_norm, d->stream) ||
+    if (cu->norm_clip(d->dev_mem.sq, d->dev_mem.scale, d->dev_mem.lanes, d->dev_mem.runs[step & 1], d->dev_mem.lens,
+                      d->lay.shards, max_norm, d->stream) ||
         d->be->copy(d->host_sq, d->dev_mem.sq, sizeof(double), d->stream) || cu->event_record(d->sq_ev, d->stream))
         return fail(d, -EIO, "the clip factor: %s", cu->last_error());
     *scale = d->dev_mem.scale;

@@ -116,34 +116,43 @@ static void test_cuda_block_sumsq_is_the_same_bits_wherever_the_block_sits(void 
 
 /* The device's sum of the flat space's block norms and its clip factor (cuda_norm_clip, what GPU
  * optimizer shards make between themselves) are the host's norm_sum and norm_clip_scale bit for
- * bit, however the blocks are split into runs (one; three, not at lane boundaries; with an empty
- * one), over 3000 blocks (two rounds of the 1024 lanes and part of a third) whose values span 16
- * orders of magnitude, so that another order of additions gives other bits (checked), and
- * within 1e-12 of a plain sum. */
+ * bit, and its 1024 lanes' running sums norm_lanes', however the blocks are split into runs (one;
+ * three, not at lane boundaries; with an empty one), over 20000 blocks (19 rounds of the lanes
+ * and part of another: the lanes' eight loads at a time and the rest one by one) in [1, 1000]:
+ * each lane's sum shows the order of its additions in its bits (another order gives other bits:
+ * checked), and so does a block counted in the wrong lane; the total is within 1e-12 of a plain
+ * sum. */
 static void test_cuda_norm_clip_is_the_hosts_sum_bitwise(void **state)
 {
     NEED_GPU();
-    enum { NB = 3000 };
-    static double x[NB];
+    enum { NB = 20000 };
+    static double x[NB], want_lanes[NORM_LANES], rev_lanes[NORM_LANES], lanes[NORM_LANES];
     srand(77);
-    double plain = 0, rev = 0;
+    double plain = 0;
     for (int b = 0; b < NB; b++)
-        x[b] = pow(10.0, -8.0 + 16.0 * rand() / RAND_MAX), plain += x[b];
-    for (int b = NB - 1; b >= 0; b--)
-        rev += x[b];
+        x[b] = 1.0 + 999.0 * rand() / RAND_MAX, plain += x[b];
+    norm_lanes(x, NB, want_lanes);
+    for (int l = 0; l < NORM_LANES; l++) /* each lane's blocks the other way round */
+        for (int b = (NB - 1 - l) / NORM_LANES * NORM_LANES + l, k = 0; b >= 0; b -= NORM_LANES, k++)
+            rev_lanes[l] = (k ? rev_lanes[l] : 0.0) + x[b];
+    int differ = 0;
+    for (int l = 0; l < NORM_LANES; l++)
+        differ += memcmp(&want_lanes[l], &rev_lanes[l], 8) != 0;
+    print_message("%d of %d lanes' sums differ in the other order\n", differ, NORM_LANES);
+    assert_true(differ > NORM_LANES / 4);
     double want = norm_sum(x, NB);
     assert_true(fabs(want - plain) <= 1e-12 * plain);
-    assert_true(memcmp(&want, &plain, 8) || memcmp(&want, &rev, 8)); /* the order shows in the bits */
-    const size_t splits[][4] = {{NB}, {1000, 700, NB - 1700}, {1024, 0, NB - 1024}};
+    const size_t splits[][4] = {{NB}, {1000, 9000, NB - 10000}, {1024, 0, NB - 1024}};
     const int nsplits[] = {1, 3, 3};
     const double max_norms[] = {0, 1e3, 1e12};
-    double *dx, **druns, *dsq;
+    double *dx, **druns, *dsq, *dlanes;
     size_t *dlens;
     float *dscale;
     assert_int_equal(cuda_alloc((void **)&dx, NB * 8), 0);
     assert_int_equal(cuda_alloc((void **)&druns, 3 * sizeof(double *)), 0);
     assert_int_equal(cuda_alloc((void **)&dlens, 3 * sizeof(size_t)), 0);
     assert_int_equal(cuda_alloc((void **)&dsq, 8), 0);
+    assert_int_equal(cuda_alloc((void **)&dlanes, NORM_LANES * 8), 0);
     assert_int_equal(cuda_alloc((void **)&dscale, 4), 0);
     assert_int_equal(cuda_copy_to_device(dx, x, NB * 8), 0);
     for (int s = 0; s < 3; s++)
@@ -154,19 +163,21 @@ static void test_cuda_norm_clip_is_the_hosts_sum_bitwise(void **state)
                 runs[r] = dx + at;
             assert_int_equal(cuda_copy_to_device(druns, runs, nsplits[s] * sizeof(double *)), 0);
             assert_int_equal(cuda_copy_to_device(dlens, splits[s], nsplits[s] * sizeof(size_t)), 0);
-            assert_int_equal(cuda_norm_clip(dsq, dscale, (const double *const *)druns, dlens, nsplits[s], max_norms[m],
-                                            NULL), 0);
+            assert_int_equal(cuda_norm_clip(dsq, dscale, dlanes, (const double *const *)druns, dlens, nsplits[s],
+                                            max_norms[m], NULL), 0);
             float scale, want_scale = (float)norm_clip_scale(max_norms[m], sqrt(want));
             assert_int_equal(cuda_copy_to_host(&sq, dsq, 8), 0);
             assert_int_equal(cuda_copy_to_host(&scale, dscale, 4), 0);
+            assert_int_equal(cuda_copy_to_host(lanes, dlanes, NORM_LANES * 8), 0);
             print_message("split %d, max_norm %g: sum %.17g (host %.17g), scale %.9g (host %.9g)\n", s, max_norms[m], sq,
                           want, scale, want_scale);
+            assert_memory_equal(lanes, want_lanes, NORM_LANES * 8);
             assert_memory_equal(&sq, &want, 8);
             assert_memory_equal(&scale, &want_scale, 4);
         }
     assert_true(norm_clip_scale(1e3, sqrt(want)) < 1 && norm_clip_scale(1e12, sqrt(want)) == 1);
-    assert_int_equal(cuda_norm_clip(dsq, dscale, (const double *const *)druns, dlens, 0, 1.0, NULL), -22);
-    cuda_free(dx), cuda_free(druns), cuda_free(dlens), cuda_free(dsq), cuda_free(dscale);
+    assert_int_equal(cuda_norm_clip(dsq, dscale, dlanes, (const double *const *)druns, dlens, 0, 1.0, NULL), -22);
+    cuda_free(dx), cuda_free(druns), cuda_free(dlens), cuda_free(dsq), cuda_free(dscale), cuda_free(dlanes);
 }
 
 #define IPC_CHILD "--ipc-child" /* argv[1] of the IPC test's child: this program run again */

@@ -99,7 +99,8 @@ typedef struct {
     /* y[i] += x[i] */
     int (*f32_add)(float *y, const float *x, size_t n, void *stream);
     /* out[b] = sum over block b = [b*block, (b+1)*block) of x[0, n) of x[i]^2 as double, in a
-     * fixed order (the same bits for the same block wherever it sits) */
+     * fixed order, one on every backend (32 lanes and their butterfly: backend_cpu.c): the same
+     * bits for the same block wherever it sits, and on the CPU and the GPU */
     int (*block_sumsq)(double *out, const float *x, size_t n, size_t block, void *stream);
     /* AdamW as torch.optim.AdamW (ops_adamw_to): reads w0, m0, v0, writes w, m, v (the same
      * arrays: in place; otherwise the sources are left untouched, and must not overlap the

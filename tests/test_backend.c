@@ -55,14 +55,25 @@ static void test_backend_cpu_vector_ops_are_the_plain_loops_bitwise(void **state
     assert_int_equal(be->f32_add(y, x, N, s), 0);
     assert_memory_equal(y, want, N * sizeof(float));
 
-    double norm[3], ref[3];
+    /* block norms: within double rounding of a plain sum, and bit for bit the documented order
+     * (element i of a block in lane (i / 4) % 32, each lane's in increasing i, then lane l += lane
+     * l + o for o = 16, ..., 1), the CUDA warp's */
+    double norm[3], ref[3], plain[3];
     for (size_t b = 0; b < 3; b++) {
-        ref[b] = 0;
-        for (size_t i = b * BLOCK; i < N && i < (b + 1) * BLOCK; i++)
-            ref[b] += (double)y[i] * y[i];
+        double lane[32] = {0};
+        plain[b] = 0;
+        for (size_t i = b * BLOCK; i < N && i < (b + 1) * BLOCK; i++) {
+            lane[(i - b * BLOCK) / 4 % 32] += (double)y[i] * y[i];
+            plain[b] += (double)y[i] * y[i];
+        }
+        for (int o = 16; o > 0; o /= 2)
+            for (int l = 0; l < o; l++)
+                lane[l] += lane[l + o];
+        ref[b] = lane[0];
     }
     assert_int_equal(be->block_sumsq(norm, y, N, BLOCK, s), 0);
     assert_memory_equal(norm, ref, sizeof(ref));
+    assert_int_equal(tu_compare_d("block norms", norm, plain, 3, 0, 1e-12), 0);
     assert_int_equal(be->block_sumsq(norm, y, N, 0, s), -EINVAL);
 
     float *w = filled(3, 0.5), *m = filled(4, 0.1), *v = filled(5, 0.1);
@@ -255,8 +266,9 @@ static void test_backend_cpu_model_is_model_c_bitwise(void **state)
 }
 
 /* The emulated CUDA plugin's table (build/lib/libctitan_cuda_sim.so) does the optimizer's
- * vector work as the CPU's: exactly for elementwise fp32, to double rounding for the block
- * norms, to float rounding for AdamW, to bf16 for the weights. */
+ * vector work as the CPU's: exactly for elementwise fp32 and the block norms (one order on both,
+ * so CPU and GPU shards make the same clip factor), to float rounding for AdamW, to bf16 for the
+ * weights. */
 /* The emulated plugin's table (the test is skipped where it is not built). */
 static const backend_t *emulated_gpu(void)
 {
@@ -301,6 +313,7 @@ static void test_backend_cuda_emulated_vector_ops_agree_with_the_cpu(void **stat
     cpu->block_sumsq(ref, y, N, BLOCK, NULL);
     assert_memory_equal(back, y, bytes);
     assert_int_equal(tu_compare_d("block norms", norm, ref, 3, 0, 1e-12), 0);
+    assert_memory_equal(norm, ref, sizeof(norm));
 
     assert_int_equal(gpu->adamw(dw, dm, dv, dw, dm, dv, dy, 1.0f, NULL, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, NULL, NULL,
                                 s), 0);

@@ -95,6 +95,7 @@ static void test_gpu_check_rehearsal_runs_every_step_in_order(void **state)
     ASSERT_ROW(report, "model pp 2, GPU shards", "| ok |");
     ASSERT_ROW(report, "clip factor on the device", "bitwise the host's sum");
     ASSERT_ROW(report, "model pp 2, offload", "| ok |");
+    ASSERT_ROW(report, "offload = GPU shards, bitwise", "the same bits");
     ASSERT_ROW(report, "model pp 1, NCCL plane (one rank)", "| ok |");
     ASSERT_ROW(report, "validation on the GPU", "| ok |");
     ASSERT_ROW(report, "sample on the GPU", "| ok |");

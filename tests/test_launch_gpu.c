@@ -242,12 +242,24 @@ static void val_loss(const char *job, char *out, size_t n)
     snprintf(out, n, "%.*s", v ? (int)strcspn(v + 12, ",}") : 0, v ? v + 12 : "");
 }
 
+/* The "grad_norm" strings (as written, %.17g) of each step of job's metrics; returns how many. */
+static int grad_norms(const char *job, char (*norm)[40])
+{
+    static char text[1 << 16];
+    tj_read_metrics(job, text, sizeof(text));
+    int n = 0;
+    for (const char *p = text; (p = strstr(p, "\"grad_norm\": ")) && n < TJ_MAX_STEPS; p++)
+        sscanf(p + 13, "%39[^,}]", norm[n++]);
+    return n;
+}
+
 /* Data parallel 2 x pipeline 2 on the emulated GPU: optimizer shards on the GPU (summing the
  * two replicas' device gradients through IPC) and offload mode ([optshard] device = "cpu")
  * give the same bits, the fp32 master weights and both moments of step 2's checkpoints as
- * well as the losses: the same sums in replica order, and AdamW's arithmetic is one on both
- * (kernels/adamw.h; no clipping, whose factor comes from norms summed in another order). Both
- * agree with the CPU within bf16's tolerance. The end's validation runs on the GPU (the same
+ * well as the losses: the same sums in replica order, the same gradient norms to the bit and so
+ * the same clip factor (max_norm 0.05: every step clips; the block norms in one order on both
+ * backends, summed by the coordinator for the CPU shards and on the device by the GPU ones, in
+ * one order too), and AdamW's arithmetic is one on both (kernels/adamw.h). Both agree with the CPU within bf16's tolerance. The end's validation runs on the GPU (the same
  * weights: the same bits in both), within bf16's tolerance of the CPU job's, and so does the
  * sample: `ctitan generate --device cuda`'s on the last checkpoint. */
 static void test_launch_cuda_offload_and_gpu_shards_agree_on_the_emulated_backend(void **state)
@@ -256,7 +268,7 @@ static void test_launch_cuda_offload_and_gpu_shards_agree_on_the_emulated_backen
     static char out[1 << 16];
     char a[32], b[32], c[32], extra[1024];
     const char *shape = "--model.dim 32 --model.n_heads 2 --model.n_kv_heads 1 --training.steps 2 "
-                        "--parallelism.data_parallel_replicate_degree 2 --training.max_norm 0 "
+                        "--parallelism.data_parallel_replicate_degree 2 --training.max_norm 0.05 "
                         "--checkpoint.enable true --checkpoint.interval 2 --validation.enable true "
                         "--validation.steps 2";
     char val[512], va[40], vb[40], vc[40];
@@ -284,6 +296,14 @@ static void test_launch_cuda_offload_and_gpu_shards_agree_on_the_emulated_backen
     print_message("val_loss: CPU %s, GPU shards %s, offload %s\n", va, vb, vc);
     assert_true(va[0] && fabs(atof(va) - atof(vb)) <= 0.01 * atof(va));
     assert_string_equal(vb, vc);
+    static char nb[TJ_MAX_STEPS][40], nc[TJ_MAX_STEPS][40];
+    assert_int_equal(grad_norms(b, nb), 2);
+    assert_int_equal(grad_norms(c, nc), 2);
+    for (int i = 0; i < 2; i++) { /* the norms' doubles too (a float clip factor hides their last bits) */
+        print_message("step %d: grad_norm %s (GPU shards), %s (offload)\n", i + 1, nb[i], nc[i]);
+        assert_string_equal(nb[i], nc[i]);
+        assert_true(atof(nb[i]) > 0.05); /* clipped */
+    }
     tj_assert_clean(b);
     tj_assert_clean(c);
 }
@@ -516,17 +536,6 @@ static void test_launch_gpu_shards_make_their_state_on_the_device(void **state)
     assert_true(hwm - rss < 100e6);
     assert_int_equal(rc, 0);
     tj_assert_clean(job);
-}
-
-/* The "grad_norm" strings (as written, %.17g) of each step of job's metrics; returns how many. */
-static int grad_norms(const char *job, char (*norm)[40])
-{
-    static char text[1 << 16];
-    tj_read_metrics(job, text, sizeof(text));
-    int n = 0;
-    for (const char *p = text; (p = strstr(p, "\"grad_norm\": ")) && n < TJ_MAX_STEPS; p++)
-        sscanf(p + 13, "%39[^,}]", norm[n++]);
-    return n;
 }
 
 /* Rounds of the coordinator named `name` in job's timeline ([profiling] trace_file). */

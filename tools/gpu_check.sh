@@ -286,6 +286,16 @@ else
     fi
 fi
 compare "model pp 2, offload" off2 2 --optshard.device cpu
+# offload's CPU shards (block norms on the CPU, the coordinator's sum, AdamW on the CPU) against the
+# GPU shards (all of it on the device): one order and one arithmetic on both, so the same bits
+if [ ! -s "$out/gpu2.jsonl" ] || [ ! -s "$out/off2.jsonl" ]; then
+    row "offload = GPU shards, bitwise" "skipped: a pp 2 run missing" 0 ""
+elif [ "$(losses "$out/gpu2.jsonl")" = "$(losses "$out/off2.jsonl")" ] &&
+     [ "$(gnorms "$out/gpu2.jsonl")" = "$(gnorms "$out/off2.jsonl")" ]; then
+    row "offload = GPU shards, bitwise" ok 0 "losses and grad norms of $steps steps the same bits (gpu2.jsonl, off2.jsonl)"
+else
+    row "offload = GPU shards, bitwise" FAILED 0 "losses or grad norms differ (gpu2.jsonl, off2.jsonl: the first differing step says where)"
+fi
 compare "model pp 1, NCCL plane (one rank)" nccl1 1 --parallelism.data_plane nccl
 
 # ---- 5. a GPU checkpoint, and its resume (bitwise the run that did not stop) ----

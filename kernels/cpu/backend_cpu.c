@@ -227,16 +227,27 @@ static int cpu_f32_add(float *y, const float *x, size_t n, void *stream)
     return 0;
 }
 
+/* The CUDA backend's order (kernels/cuda/dev.cu k_block_sumsq: a warp a block), so CPU and GPU
+ * optimizer shards give the same block norms from the same gradients, and so the same clip
+ * factor: 32 lanes, lane l adding the squares of the block's elements 4 (l + 32 j) + k, j = 0,
+ * 1, ..., k = 0..3, in that order (each square exact in double), then the lanes pairwise, lane
+ * l += lane l + o for o = 16, 8, 4, 2, 1 (the warp's butterfly as lane 0 sees it). */
 static int cpu_block_sumsq(double *out, const float *x, size_t n, size_t block, void *stream)
 {
     if (!block)
         return fail(-EINVAL, "blocks of 0 elements");
     for (size_t b = 0; b < n; b += block) {
-        size_t e = b + block < n ? b + block : n;
-        double sq = 0;
-        for (size_t i = b; i < e; i++)
-            sq += (double)x[i] * x[i];
-        out[b / block] = sq;
+        size_t len = b + block < n ? block : n - b;
+        const float *xb = x + b;
+        double lane[32] = {0};
+        for (size_t row = 0; row < len; row += 4 * 32)
+            for (int l = 0; l < 32; l++)
+                for (size_t i = row + 4 * (size_t)l; i < row + 4 * (size_t)l + 4 && i < len; i++)
+                    lane[l] += (double)xb[i] * xb[i];
+        for (int o = 16; o > 0; o >>= 1)
+            for (int l = 0; l < o; l++)
+                lane[l] += lane[l + o];
+        out[b / block] = lane[0];
     }
     return 0;
 }

@@ -56,7 +56,9 @@ ctitan)
     # the coordinator's rounds (its timeline's "round" slices): wall time, median over the steps
     round_ms() { { grep -a "\"name\": \"$1\", \"cat\": \"round\"" "$dir/trace.json" 2>/dev/null || true; } | sed -nE 's/.*"dur": ([0-9.]+).*/\1/p' |
                  tail -n +3 | sort -g | awk '{ v[NR] = $1 } END { printf "%.3f", NR ? v[int((NR + 1) / 2)] / 1e3 : 0 }'; }
-    rounds="the coordinator's rounds, median wall ms a step: STEP $(round_ms stages), REDUCE $(round_ms reduce), UPDATE $(round_ms update); the shards' own time in REDUCE and UPDATE $(median optimizer_ms) ms"
+    reduce_ms=$(round_ms reduce)
+    [ "$reduce_ms" = 0.000 ] && reduce_ms="none (GPU shards sum the norm on the device, in UPDATE)"
+    rounds="the coordinator's rounds, median wall ms a step: STEP $(round_ms stages), REDUCE $reduce_ms, UPDATE $(round_ms update); the shards' own time in REDUCE and UPDATE $(median optimizer_ms) ms"
     what="$what, median MFU $(median mfu) ($(grep -a -m1 -E '^launch: (MFU against|no GPU peak)' "$dir/out" |
                                               sed 's/^launch: //'))" ;;
 torch)

@@ -3,7 +3,8 @@
 # libraries tools/gpu_carry.sh prepared, it runs in order and within a time budget: device
 # facts, every GPU test program one by one, the CPU model tests, the model on the GPU (pipeline
 # degree 1 and 2 on one GPU with GPU optimizer shards, offload, and a one-rank NCCL plane) step
-# by step against the CPU's losses, the end's validation on the GPU against the CPU's and its
+# by step against the CPU's losses, the GPU shards' clip factor against the host's and offload
+# against GPU shards (both bitwise), the end's validation on the GPU against the CPU's and its
 # sample on the GPU, a GPU checkpoint and its resume, recovery, where the step
 # goes per kernel (tools/gpu_breakdown.sh, for ctitan and PyTorch), the race against PyTorch
 # (tools/bench_gpu.sh), a checkpoint's stall on a GPU job, then issue 24's: the 8B's plan and

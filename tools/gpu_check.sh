@@ -42,7 +42,7 @@ while [ $# -gt 0 ]; do
     --rehearse) rehearse=1; shift ;;
     --only) only=${2:-}; shift 2 ;;
     --export) export=${2:-}; [ -n "$export" ] || { echo "gpu_check: --export takes a folder" >&2; exit 2; }; shift 2 ;;
-    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR == 1 { next } !/^#/ { exit } { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     -*) echo "gpu_check: unknown option $1" >&2; exit 2 ;;
     *) out=$1; shift ;;
     esac

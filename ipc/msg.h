@@ -29,8 +29,8 @@ typedef enum {
     MSG_REDUCE,      /* coord -> optshard: step (sum replicas' gradients, norm partials) */
     MSG_REDUCED,     /* optshard -> coord: step, t_busy, grad_norm (the squared norm of its
                       * slice's summed gradient) */
-    MSG_UPDATE,      /* coord -> optshard: step, grad_norm (global), scale (clip factor; both 0
-                      * and unused when the shards make them on the device, job.h
+    MSG_UPDATE,      /* coord -> optshard: step, grad_norm (global), scale (clip factor; both
+                      * unused when the shards make them on the device, job.h
                       * norm_on_device) */
     MSG_UPDATED,     /* optshard -> coord: step, lr, t_busy, grad_norm (the global norm when the
                       * shard made it on the device, else 0) */

@@ -87,7 +87,6 @@ typedef struct {
     devnorm_t *dn;               /* GPU shards with the norm on the device (job_layout_t
                                   * norm_on_device): the block norms shared with the other shards,
                                   * the clip factor made there; NULL: the coordinator makes it */
-    double dev_norm;             /* with dn: the norm of the last UPDATE's step */
     shm_seg_t *job, *params, *staging, *opt; /* staging: with [checkpoint] enable */
     float *final_w;              /* GPU shards: replica 0 of params, where the run's final fp32 weights
                                   * go (a CPU shard's publish writes them there every step) */
@@ -518,8 +517,9 @@ static void step_run(shard_t *sh, int from, int to, size_t rb, size_t re, int ou
 /* UPDATE of step `step` (0-based): the optimizer's step from bank step % 2 into the other, the
  * commit, then the new weights to every replica (GPU shards: in the step's own pass where they
  * can, the gradients read by nothing after it and no commit record to wait for; the answer goes
- * once it is queued, the stages' next steps waiting for it on their devices: publish). */
-static double update(shard_t *sh, int64_t step, double scale)
+ * once it is queued, the stages' next steps waiting for it on their devices: publish). With the
+ * norm on the device (dn), *norm is the one this shard made; else it is left alone. */
+static double update(shard_t *sh, int64_t step, double scale, double *norm)
 {
     const manifest_t *m = sh->man;
     const backend_t *be = sh->be;
@@ -581,7 +581,7 @@ static double update(shard_t *sh, int64_t step, double scale)
     if (sh->dn) { /* the norm for the coordinator's report: the host waits for the sum, not the update */
         double sq;
         WORKER_CHECK(sh->w, devnorm_read(sh->dn, &sq) == 0, "%s", devnorm_error(sh->dn));
-        sh->dev_norm = sqrt(sq);
+        *norm = sqrt(sq);
     }
     return lr;
 }
@@ -673,9 +673,7 @@ int main(int argc, char **argv)
             int overwrites = sh.snap_step >= 0 && !sh.snap[0] &&
                              sh.bank[(m.step + 1) % 2].a[0] == sh.bank[sh.snap_step % 2].a[0];
             snap_finish(&sh, overwrites, 1);
-            reply.lr = update(&sh, m.step, m.scale);
-            if (sh.dn)
-                reply.grad_norm = sh.dev_norm;
+            reply.lr = update(&sh, m.step, m.scale, &reply.grad_norm);
             worker_test_point(sh.w, "updated", m.step);
             reply.type = MSG_UPDATED;
         }

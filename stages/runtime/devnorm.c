@@ -3,7 +3,6 @@
 #include "stages/runtime/devnorm.h"
 
 #include <errno.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,15 +44,8 @@ struct devnorm {
     char err[512];
 };
 
-static int fail(devnorm_t *d, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(devnorm_t *d, int rc, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(d->err, sizeof(d->err), fmt, ap);
-    va_end(ap);
-    return rc;
-}
+/* Says why in d->err and returns rc. */
+#define fail(d, rc, ...) util_fail((d)->err, sizeof((d)->err), rc, __VA_ARGS__)
 
 const char *devnorm_error(const devnorm_t *d) { return d->err; }
 
@@ -119,7 +111,7 @@ void devnorm_destroy(devnorm_t **pd)
     devnorm_t *d = *pd;
     if (!d)
         return;
-    if (d->opened || d->norms)
+    if (d->norms)
         d->be->stream_sync(d->stream); /* nothing of ours reads the memory any more */
     for (int i = 0; d->peer_mem && i < d->lay.shards; i++) {
         if (d->peer_mem[i])

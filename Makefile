@@ -291,11 +291,20 @@ TEST_SERIAL := test_shm test_plan
 # $(call slow_first,BUILD,ARGS): ARGS (programs, or PROG:GLOBS) with TEST_SLOW's first, in its order
 slow_first = $(foreach t,$(TEST_SLOW),$(filter $(1)/tests/$(t) $(1)/tests/$(t):%,$(2))) \
              $(filter-out $(TEST_SLOW:%=$(1)/tests/%) $(TEST_SLOW:%=$(1)/tests/%:%),$(2))
+# Each part that fails adds a line to TEST_RECAP_FILE (exported as TEST_RECAP), which make test
+# prints last: CI shows only the tail of the output, where the ASan pass's summary once hid which
+# part had failed. A part that failed without a line of its own (its build) gets one here.
 RUN_TESTS = TEST_JOBS=$(TEST_JOBS) TEST_SERIAL="$(TEST_SERIAL)" bash tests/run.sh
+TEST_RECAP_FILE := $(abspath $(BUILD))/test-recap
+recap_if_silent = grep -qs '^$(1):' $(TEST_RECAP_FILE) || echo "$(1): failed (its output above says why)" >>$(TEST_RECAP_FILE)
 test: all pydeps
-	@$(RUN_TESTS) $(call slow_first,$(BUILD),$(TESTS)); s=$$?; bash tools/check_layers.sh || s=1; \
-	echo "== make test-fuzz"; $(MAKE) --no-print-directory test-fuzz || s=1; \
-	echo "== make test-asan"; $(MAKE) --no-print-directory test-asan || s=1; exit $$s
+	@rm -f $(TEST_RECAP_FILE); export TEST_RECAP=$(TEST_RECAP_FILE); \
+	TEST_LABEL="make test" $(RUN_TESTS) $(call slow_first,$(BUILD),$(TESTS)) || \
+	  { s=1; $(call recap_if_silent,make test); }; \
+	bash tools/check_layers.sh || { s=1; echo "layers: tools/check_layers.sh (an include points up a floor)" >>$(TEST_RECAP_FILE); }; \
+	echo "== make test-fuzz"; $(MAKE) --no-print-directory test-fuzz || { s=1; $(call recap_if_silent,make test-fuzz); }; \
+	echo "== make test-asan"; $(MAKE) --no-print-directory test-asan || { s=1; $(call recap_if_silent,make test-asan); }; \
+	if [ -s $(TEST_RECAP_FILE) ]; then echo "== make test failed in:"; cat $(TEST_RECAP_FILE); fi; exit $${s:-0}
 
 # make test-asan: the whole tree again (CUDA=0), compiled by clang with AddressSanitizer and
 # UndefinedBehaviorSanitizer into build/asan: the C programs, the emulator's C++ and the emulated
@@ -332,7 +341,7 @@ ASAN_TESTS := $(filter-out $(ASAN_NOT:%=$(ASAN_BUILD)/tests/%),$(TESTS:$(BUILD)/
 asan:
 	@$(MAKE) --no-print-directory CUDA=0 BUILD=$(ASAN_BUILD) CC=$(ASAN_CC) CXX=$(ASAN_CXX) SAN="$(ASAN_SAN)" all
 test-asan: asan
-	@set -f; $(ASAN_ENV) $(RUN_TESTS) $(call slow_first,$(ASAN_BUILD),$(ASAN_TESTS) $(ASAN_PARTLY:%=$(ASAN_BUILD)/tests/%))
+	@set -f; TEST_LABEL="make test-asan" $(ASAN_ENV) $(RUN_TESTS) $(call slow_first,$(ASAN_BUILD),$(ASAN_TESTS) $(ASAN_PARTLY:%=$(ASAN_BUILD)/tests/%))
 
 # Fuzzing (tests/fuzz/): one libFuzzer harness per decoder of outside input, built by clang with
 # libFuzzer's coverage, ASan and UBSan into build/fuzz; seed corpora in tests/fuzz/corpus/NAME/.
@@ -363,7 +372,9 @@ test-fuzz: fuzzers
 	  if $(FUZZ_BUILD)/bin/fuzz_$$t $(FUZZ_RUN) -max_total_time=$(FUZZ_CI_TIME) -artifact_prefix=$$d/crash- \
 	       $$d tests/fuzz/corpus/$$t >$$d/log 2>&1; \
 	  then echo "fuzz: $$t: $$(grep -o 'stat::number_of_executed_units: *[0-9]*' $$d/log | grep -o '[0-9]*$$') runs, no crash"; \
-	  else tail -40 $$d/log; echo "fuzz: $$t FAILED (input in $$d/crash-*)"; s=1; fi; done; exit $${s:-0}
+	  else tail -40 $$d/log; why="fuzz_$$t, libFuzzer's $$(grep -o 'Seed: [0-9]*' $$d/log | head -1) (input in $$d/crash-*)"; \
+	    echo "fuzz: $$t FAILED: $$why"; s=1; [ -z "$${TEST_RECAP:-}" ] || echo "make test-fuzz: $$why" >>"$$TEST_RECAP"; fi; \
+	done; exit $${s:-0}
 # Rewrites tests/fuzz/corpus from the encoders and `ctitan prep --vocab 300` of tests/fuzz/seed.txt.
 fuzz-seeds: $(BUILD)/tests/fuzz/seeds $(BUILD)/bin/ctitan
 	rm -rf $(BUILD)/fuzz-prep && $(BUILD)/bin/ctitan prep --vocab 300 --out $(BUILD)/fuzz-prep tests/fuzz/seed.txt

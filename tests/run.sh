@@ -8,6 +8,7 @@
 # order given (list the long ones first), each program's output printed whole as it ends; the
 # programs named in TEST_SERIAL (space-separated base names: those that look at what every job
 # of this user leaves in /dev/shm, such as the freers' lock file) run alone, after the others.
+# TEST_RECAP=FILE: the failed programs are also added to FILE as one line, after TEST_LABEL.
 set -u
 jobs=${TEST_JOBS:-1}
 [[ $jobs =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: TEST_JOBS must be a count of programs (1, 2, ...), not '$jobs'" >&2; exit 2; }
@@ -75,6 +76,10 @@ for i in "${late[@]}"; do
   reap_one
 done
 
-[ ${#failed[@]} -gt 0 ] && echo "failed programs: ${failed[*]}"
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "failed programs: ${failed[*]}"
+  # make test's recap (Makefile TEST_RECAP): which part failed, printed again at its end
+  [ -z "${TEST_RECAP:-}" ] || echo "${TEST_LABEL:-run.sh}: ${failed[*]}" >>"$TEST_RECAP"
+fi
 echo "tests: $pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ] && [ ${#failed[@]} -eq 0 ]

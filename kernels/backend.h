@@ -33,13 +33,14 @@ typedef struct {
     const char *name; /* "cpu", "cuda" */
 
     /* ---- the model of pieces [p0, p1) (params_piece_range order) ---- */
-    /* host_w, host_g: the pieces' range of the shared fp32 parameters and gradients, or NULL.
-     * The CPU model computes on them in place (both needed). CUDA keeps its weights and
-     * gradients on the device: with host_w, step_begin uploads them from it and step_end
-     * writes the step's gradients into host_g (offload: CPU optimizer shards); without,
-     * GPU optimizer shards update them in place (model_buffers). threads: the CPU's. */
-    int (*model_new)(backend_model_t **out, const model_config_t *cfg, int p0, int p1, float *host_w,
-                     float *host_g, int threads);
+    /* host_w, host_g: the pieces' range of the shared parameters and gradients, or NULL; fp32,
+     * or bf16 where cfg->host_bf16 says so (CUDA only). The CPU model computes on them in place
+     * (both needed, fp32). CUDA keeps its weights and gradients on the device: with host_w,
+     * step_begin uploads them from it and step_end writes the step's gradients into host_g
+     * (offload: CPU optimizer shards); without, GPU optimizer shards update them in place
+     * (model_buffers). threads: the CPU's. */
+    int (*model_new)(backend_model_t **out, const model_config_t *cfg, int p0, int p1, void *host_w,
+                     void *host_g, int threads);
     void (*model_destroy)(backend_model_t **m);
     /* Activation storage for one [B, T] microbatch. */
     int (*acts_new)(backend_acts_t **out, backend_model_t *m, int B, int T);

@@ -48,6 +48,9 @@ typedef struct {
     /* A model whose forwards no backward follows (the evaluations): the CUDA head then computes
      * the loss alone, not its gradients. How the model computes (as ac_mode). */
     int forward_only;
+    /* Offload's shared host copies (backend_t.model_new's host_w and host_g) hold bf16, not fp32
+     * (optshard.offload_dtype "bfloat16"; CUDA only). How the model is held (as own_begin). */
+    int host_bf16;
 } model_config_t;
 
 typedef enum { CONFIG_AC_NONE = 0, CONFIG_AC_FULL = 1, CONFIG_AC_SELECTIVE = 2 } config_ac_mode_t;

@@ -425,6 +425,72 @@ static void test_backend_cuda_offload_pins_the_shared_range_and_starts_the_step_
     params_table_free(&tab);
 }
 
+/* Offload in bf16 (optshard.offload_dtype "bfloat16": cfg.host_bf16) on the emulated plugin: one
+ * step from bf16 host copies is the fp32 copies' step rounded, bit for bit. The host's bf16
+ * weights (bf16.h, as the CPU shards publish them) are those the fp32 upload rounds to on the
+ * device, so the loss is the same double; the gradients handed back are the fp32 ones rounded
+ * to bf16 (not left in the weights' buffer: a second step from fresh weights starts from zero
+ * gradients and gives the first one's gradients again). */
+static void test_backend_cuda_offload_in_bf16_is_the_fp32_offload_rounded(void **state)
+{
+    char err[512];
+    const backend_t *gpu = emulated_gpu();
+    assert_int_equal(gpu->dev_select(0, NULL), 0);
+    model_config_t cfg;
+    config_preset("tiny", &cfg);
+    cfg.n_heads = 1, cfg.n_kv_heads = 1; /* head dimension 16: the CUDA attention's least */
+    assert_int_equal(config_validate(&cfg, err, sizeof(err)), 0);
+    param_table_t tab;
+    assert_int_equal(params_table_init(&tab, &cfg), 0);
+    enum { B = 2, T = 16 };
+    size_t total = tab.total;
+    float *hw = malloc(total * 4), *hg = malloc(total * 4);
+    uint16_t *hw16 = malloc(total * 2), *hg16 = malloc(total * 2);
+    assert_true(hw && hg && hw16 && hg16);
+    params_init(&tab, &cfg, 7, hw, 0, total);
+    for (size_t i = 0; i < total; i++)
+        hw16[i] = tu_f32_to_bf16(hw[i]);
+    int32_t tok[B * T], tgt[B * T];
+    for (int i = 0; i < B * T; i++)
+        tok[i] = (i * 7 + 3) % cfg.vocab_size, tgt[i] = (i * 13 + 5) % cfg.vocab_size;
+    double loss[2][2];
+    for (int k = 0; k < 2; k++) {
+        model_config_t c = cfg;
+        c.host_bf16 = k;
+        backend_model_t *bm;
+        backend_acts_t *a;
+        if (gpu->model_new(&bm, &c, 0, c.n_layers + 2, k ? (void *)hw16 : hw, k ? (void *)hg16 : hg, 1))
+            fail_msg("model_new (host_bf16 %d): %s", k, gpu->last_error());
+        assert_int_equal(gpu->acts_new(&a, bm, B, T), 0);
+        for (int step = 0; step < 2; step++) {
+            if (k) /* NaN: anything but the gradients */
+                memset(hg16, 0xff, total * 2);
+            else
+                memset(hg, 0xff, total * 4);
+            assert_int_equal(gpu->step_begin(bm), 0);
+            if (gpu->forward(bm, a, tok, NULL, tgt, 1.0f / (B * T), NULL, &loss[k][step]) ||
+                gpu->backward(bm, a, NULL, NULL) || gpu->step_end(bm))
+                fail_msg("step %d (host_bf16 %d): %s", step, k, gpu->last_error());
+        }
+        gpu->acts_destroy(&a);
+        gpu->model_destroy(&bm);
+    }
+    assert_memory_equal(&loss[0][0], &loss[1][0], sizeof(double));
+    assert_memory_equal(&loss[0][0], &loss[0][1], sizeof(double)); /* the same weights again */
+    assert_memory_equal(&loss[1][0], &loss[1][1], sizeof(double));
+    size_t nonzero = 0;
+    for (size_t i = 0; i < total; i++) {
+        if (hg16[i] != tu_f32_to_bf16(hg[i]))
+            fail_msg("gradient %zu: %#x from bf16 offload, want %#x (%g rounded)", i, hg16[i], tu_f32_to_bf16(hg[i]),
+                     hg[i]);
+        nonzero += hg[i] != 0.0f;
+    }
+    print_message("loss %.17g; %zu of %zu gradients not zero\n", loss[0][0], nonzero, total);
+    assert_true(nonzero > total / 2);
+    free(hw), free(hg), free(hw16), free(hg16);
+    params_table_free(&tab);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -434,6 +500,7 @@ int main(void)
         cmocka_unit_test(test_backend_cpu_model_is_model_c_bitwise),
         cmocka_unit_test(test_backend_cuda_emulated_vector_ops_agree_with_the_cpu),
         cmocka_unit_test(test_backend_cuda_offload_pins_the_shared_range_and_starts_the_step_clean),
+        cmocka_unit_test(test_backend_cuda_offload_in_bf16_is_the_fp32_offload_rounded),
     };
     return tu_run_group_tests(tests, NULL, NULL);
 }

@@ -48,12 +48,14 @@ static void cpu_model_destroy(backend_model_t **pm)
     *pm = NULL;
 }
 
-static int cpu_model_new(backend_model_t **out, const model_config_t *cfg, int p0, int p1, float *host_w,
-                         float *host_g, int threads)
+static int cpu_model_new(backend_model_t **out, const model_config_t *cfg, int p0, int p1, void *host_w,
+                         void *host_g, int threads)
 {
     *out = NULL;
     if (!host_w || !host_g)
         return fail(-EINVAL, "the CPU model computes on the shared parameters and gradients: none given");
+    if (cfg->host_bf16)
+        return fail(-EINVAL, "the CPU model computes on fp32 parameters and gradients: bf16 ones given");
     backend_model_t *m = calloc(1, sizeof(*m));
     if (!m)
         return fail(-ENOMEM, "out of memory");

@@ -37,6 +37,11 @@ int cuda_model_set_weights(cuda_model_t *m, const float *host);
 /* Writes the weight gradients accumulated since the last call (fp32, the pieces' range of the
  * flat space) into host, and zeroes them on the device. */
 int cuda_model_take_grads(cuda_model_t *m, float *host);
+/* The same with bf16 host copies (optshard.offload_dtype "bfloat16"): the weights uploaded as
+ * they are (the gradients zeroed); the gradients rounded to bf16 on the device into the
+ * weights' buffer, which holds nothing of use until the next upload, and copied from there. */
+int cuda_model_set_weights_bf16(cuda_model_t *m, const uint16_t *host);
+int cuda_model_take_grads_bf16(cuda_model_t *m, uint16_t *host);
 
 /* Device activation storage for one [B, T] microbatch, per layer what cfg->ac_mode keeps
  * (config_ac_keep); with activation checkpointing the model's first shared work sets are made

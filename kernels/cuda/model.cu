@@ -439,6 +439,27 @@ extern "C" int cuda_model_take_grads(cuda_model_t *m, float *host)
     return 0;
 }
 
+extern "C" int cuda_model_set_weights_bf16(cuda_model_t *m, const uint16_t *host)
+{
+    size_t n = m->own_e - m->own_b;
+    CU(cudaMemcpyAsync(m->w, host, n * sizeof(uint16_t), cudaMemcpyHostToDevice, m->stream));
+    CU(cudaMemsetAsync(m->g, 0, n * sizeof(float), m->stream)); /* as the fp32 upload leaves them */
+    CU(cudaStreamSynchronize(m->stream));
+    return 0;
+}
+
+extern "C" int cuda_model_take_grads_bf16(cuda_model_t *m, uint16_t *host)
+{
+    size_t n = m->own_e - m->own_b;
+    int rc = to_bf16(m, m->w, m->g, n);
+    if (rc)
+        return rc;
+    CU(cudaMemcpyAsync(host, m->w, n * sizeof(uint16_t), cudaMemcpyDeviceToHost, m->stream));
+    CU(cudaMemsetAsync(m->g, 0, n * sizeof(float), m->stream));
+    CU(cudaStreamSynchronize(m->stream));
+    return 0;
+}
+
 // ---- activations ----
 
 extern "C" void cuda_model_acts_destroy(cuda_model_acts_t **pa)

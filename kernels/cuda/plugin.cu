@@ -13,7 +13,8 @@
 
 struct backend_model {
     cuda_model_t *m;
-    float *host_w, *host_g; /* offload: the shared fp32 weights and gradients of the range */
+    void *host_w, *host_g;  /* offload: the shared weights and gradients of the range */
+    int host_bf16;          /* they are bf16 (optshard.offload_dtype), else fp32 */
     void *pinned[2];        /* their pages pinned (cuda_host_pin), or NULL */
 };
 
@@ -28,9 +29,10 @@ static void pin_host(backend_model_t *m)
     float *g;
     size_t b, e, page = (size_t)sysconf(_SC_PAGESIZE);
     cuda_model_buffers(m->m, &w16, &g, &b, &e);
-    float *host[2] = {m->host_w, m->host_g};
+    char *host[2] = {(char *)m->host_w, (char *)m->host_g};
+    size_t bytes = (e - b) * (m->host_bf16 ? sizeof(uint16_t) : sizeof(float));
     for (int k = 0; k < 2 && e > b; k++) {
-        uintptr_t lo = (uintptr_t)host[k] / page * page, hi = ((uintptr_t)(host[k] + (e - b)) + page - 1) / page * page;
+        uintptr_t lo = (uintptr_t)host[k] / page * page, hi = ((uintptr_t)(host[k] + bytes) + page - 1) / page * page;
         if (cuda_host_pin((void *)lo, hi - lo) == 0)
             m->pinned[k] = (void *)lo;
     }
@@ -49,8 +51,8 @@ static void be_model_destroy(backend_model_t **pm)
     *pm = NULL;
 }
 
-static int be_model_new(backend_model_t **out, const model_config_t *cfg, int p0, int p1, float *host_w,
-                        float *host_g, int threads)
+static int be_model_new(backend_model_t **out, const model_config_t *cfg, int p0, int p1, void *host_w,
+                        void *host_g, int threads)
 {
     *out = NULL;
     if (!host_w != !host_g)
@@ -58,7 +60,7 @@ static int be_model_new(backend_model_t **out, const model_config_t *cfg, int p0
     backend_model_t *m = (backend_model_t *)calloc(1, sizeof(*m));
     if (!m)
         return cuda_err(-ENOMEM, "out of memory");
-    m->host_w = host_w, m->host_g = host_g;
+    m->host_w = host_w, m->host_g = host_g, m->host_bf16 = cfg->host_bf16;
     int rc = cuda_model_new(&m->m, cfg, p0, p1);
     if (rc) {
         free(m);
@@ -100,7 +102,10 @@ static int be_backward(backend_model_t *m, backend_acts_t *a, const void *dy, vo
 static int be_step_begin(backend_model_t *m)
 {
     cuda_model_loss_drop(m->m);
-    return m->host_w ? cuda_model_set_weights(m->m, m->host_w) : 0;
+    if (!m->host_w)
+        return 0;
+    return m->host_bf16 ? cuda_model_set_weights_bf16(m->m, (const uint16_t *)m->host_w)
+                        : cuda_model_set_weights(m->m, (const float *)m->host_w);
 }
 
 static int be_loss_take(backend_model_t *m, double *loss) { return cuda_model_loss_take(m->m, loss); }
@@ -109,7 +114,10 @@ static int be_loss_take(backend_model_t *m, double *loss) { return cuda_model_lo
  * (offload), or on the device once the stream has run. */
 static int be_step_end(backend_model_t *m)
 {
-    return m->host_g ? cuda_model_take_grads(m->m, m->host_g) : cuda_model_sync(m->m);
+    if (!m->host_g)
+        return cuda_model_sync(m->m);
+    return m->host_bf16 ? cuda_model_take_grads_bf16(m->m, (uint16_t *)m->host_g)
+                        : cuda_model_take_grads(m->m, (float *)m->host_g);
 }
 
 static void *be_model_stream(backend_model_t *m) { return cuda_model_stream(m->m); }

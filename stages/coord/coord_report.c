@@ -445,7 +445,10 @@ static double validate_on_gpu(const manifest_t *m, float *w, const tokfile_t *va
 void coord_end_of_run(coord_t *c, int64_t first, double secs)
 {
     const manifest_t *m = c->m;
-    float *w = shm_data(c->seg_params); /* replica 0 */
+    /* replica 0's fp32 weights; with offload in bf16 the params segment holds them rounded, and
+     * the CPU shards' masters are read instead (the bank of the last step: the same bits the
+     * fp32 params segment would hold) */
+    float *w = c->lay.host_bf16 ? job_optstate_array(shm_data(c->seg_opt), m->steps % 2, 0) : shm_data(c->seg_params);
     pool_t *pool = pool_new((int)sysconf(_SC_NPROCESSORS_ONLN));
     tokfile_t *val = NULL;
     char err[512];

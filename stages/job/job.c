@@ -51,6 +51,7 @@ int job_layout(job_layout_t *l, const manifest_t *m)
     l->gpu = !strcmp(m->device, "cuda");
     l->gpu_shards = !strcmp(m->shard_device, "cuda");
     l->host_banks = l->gpu_shards ? 0 : m->host_banks;
+    l->host_bf16 = l->gpu && !l->gpu_shards && !strcmp(m->offload_dtype, "bfloat16");
     l->dev_slot = (size_t)l->mb * l->T * l->D * 2;
     l->act_slot = l->gpu ? 0 : (size_t)l->mb * l->T * l->D * sizeof(float);
     l->nccl = !strcmp(m->data_plane, "nccl");
@@ -71,7 +72,7 @@ int job_norm_by_blocks(const job_layout_t *l) { return !l->nccl && !l->opt->whol
 
 size_t job_params_bytes(const job_layout_t *l)
 {
-    return (size_t)(l->gpu_shards ? 1 : l->copies) * l->stride * sizeof(float);
+    return (size_t)(l->gpu_shards ? 1 : l->copies) * l->stride * job_host_elem(l);
 }
 
 static size_t fsdp_xchg_bytes(const job_layout_t *l, int v)

@@ -65,6 +65,8 @@ typedef struct {
     int gpu;            /* job.device = "cuda": device rings (stages/job/devdir.h) */
     int gpu_shards;     /* optshard.device = "cuda": no host copies of weights and gradients */
     int host_banks;     /* CPU shards: banks of their state in the optstate segment (optshard.host_banks) */
+    int host_bf16;      /* offload (GPU stages, CPU shards) with optshard.offload_dtype "bfloat16": the
+                         * params and grads segments hold bf16 (job_host_elem) */
     size_t dev_slot;    /* bytes of one device hand-off: mb * T * D bf16 */
     int nccl;           /* parallelism.data_plane = "nccl" (no act segment; shards = job_chunks x pp) */
     int hosts;          /* job.hosts: host h runs replicas [h * dp / hosts, (h + 1) * dp / hosts) */
@@ -92,6 +94,8 @@ typedef struct {
 int job_layout(job_layout_t *l, const manifest_t *m);
 size_t job_seg_bytes(const job_layout_t *l);     /* ctitan.<job>.job */
 size_t job_params_bytes(const job_layout_t *l);  /* params, and grads alike (no grads with gpu_shards) */
+/* Bytes of one element of the params and grads segments: 4 (fp32), 2 with host_bf16. */
+static inline size_t job_host_elem(const job_layout_t *l) { return l->host_bf16 ? 2 : 4; }
 size_t job_act_bytes(const job_layout_t *l);     /* act (0 with one virtual stage in all) */
 /* Offset in the act segment of the ring from virtual stage b to b+1 (grad = 0) or back (grad = 1). */
 size_t job_act_off(const job_layout_t *l, int replica, int boundary, int grad);

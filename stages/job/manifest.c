@@ -55,6 +55,7 @@ void manifest_defaults(manifest_t *m)
     m->shards = 1;
     m->gpu_banks = 1;
     m->host_banks = 2;
+    snprintf(m->offload_dtype, sizeof(m->offload_dtype), "float32");
     m->ckpt_interval = 500;
     snprintf(m->ckpt_folder, sizeof(m->ckpt_folder), "checkpoint");
     m->ckpt_keep = 10;

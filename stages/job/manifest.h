@@ -166,6 +166,10 @@ typedef struct {
                                   * reads one, writes the other: a lost shard is replaced alone);
                                   * 1: updated in place, 12 bytes a parameter less, a shard lost
                                   * during its update rewinds the job to its newest snapshot */
+    char offload_dtype[16];      /* "float32": the dtype of the weights and gradients offload moves
+                                  * between GPU stages and CPU shards through shared memory;
+                                  * "bfloat16" halves both (the GPU computes in bf16; the gradients
+                                  * reach the optimizer rounded to bf16, as ZeRO-Offload's do) */
 
     /* [checkpoint] (torchtitan's names where it has them) */
     int ckpt_enable;             /* false: write checkpoints */

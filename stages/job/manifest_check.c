@@ -297,6 +297,12 @@ static int check_placement(const manifest_t *m, char *err, size_t errlen)
     CHECK(m->host_banks == 2 || (m->host_banks == 1 && !strcmp(shard_device, "cpu")), "optshard", "host_banks",
           "optshard.host_banks = %d: expected 2, or 1 with optimizer shards on the CPU (optshard.device \"cpu\"; "
           "GPU shards keep theirs in optshard.gpu_banks)", m->host_banks);
+    CHECK(!strcmp(m->offload_dtype, "float32") || !strcmp(m->offload_dtype, "bfloat16"), "optshard", "offload_dtype",
+          "optshard.offload_dtype = \"%s\": expected \"float32\" or \"bfloat16\"", m->offload_dtype);
+    CHECK(!strcmp(m->offload_dtype, "float32") || (!strcmp(m->device, "cuda") && !strcmp(shard_device, "cpu")),
+          "optshard", "offload_dtype",
+          "optshard.offload_dtype = \"bfloat16\" is offload's: it needs GPU stages (job.device = \"cuda\") and CPU "
+          "shards (optshard.device = \"cpu\"); a CPU job's stages compute on the fp32 copies, GPU shards use none");
     CHECK(!strcmp(m->data_plane, "ipc") || !strcmp(m->data_plane, "nccl"), "parallelism", "data_plane",
           "parallelism.data_plane = \"%s\": expected \"ipc\" or \"nccl\"", m->data_plane);
     CHECK(strcmp(m->data_plane, "nccl") || !strcmp(shard_device, "cuda"), "parallelism", "data_plane",

@@ -77,6 +77,7 @@ const mkey_t mkey_table[] = {
     KSTR("optshard", "device", shard_device),
     KINT("optshard", "gpu_banks", gpu_banks, 1),
     KINT("optshard", "host_banks", host_banks, 1),
+    KSTR("optshard", "offload_dtype", offload_dtype),
     KBOOL("checkpoint", "enable", ckpt_enable),
     KINT("checkpoint", "interval", ckpt_interval, 1),
     KINT("checkpoint", "snapshot_interval", snapshot_interval, 0),

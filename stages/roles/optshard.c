@@ -66,7 +66,10 @@ typedef struct {
         void *mem;
         double *norm;            /* (blocks of the slice) squared norms */
     } state;
-    const float *g;              /* (n) the replicas' summed gradient (plane_reduce_sum) */
+    const float *g;              /* (n) the replicas' summed gradient (plane_reduce_sum); NULL with
+                                  * offload in bf16, summed a chunk at a time into gbuf instead */
+    float *gbuf;                 /* offload in bf16: gcap summed gradients (grads_at) */
+    size_t gcap, gchunk;         /* gchunk <= gcap: the norm's chunks (grad_chunk: whole blocks) */
     struct {                     /* bank b: the state after a number of steps = b (mod 2): arrays of */
         float *a[OPTIM_ARRAYS_MAX]; /* (n) the optstate segment's bank, or for GPU shards in `state`'s
                                   * allocation: one copy both banks name (updated in place) */
@@ -104,6 +107,28 @@ typedef struct {
 #define BE_WHY(sh) (sh)->be->last_error()
 
 static size_t blocks(const shard_t *sh) { return (sh->n + MANIFEST_BLOCK - 1) / MANIFEST_BLOCK; }
+
+/* Offload in bf16 sums the replicas' gradients this many blocks at a time (whole blocks: the
+ * block norms are those of the whole sum), so no fp32 copy of the slice's gradients is ever
+ * made; the test hook CTITAN_TEST_GRAD_CHUNK_BLOCKS=N makes test-sized slices take several */
+static size_t grad_chunk(void)
+{
+    const char *v = getenv("CTITAN_TEST_GRAD_CHUNK_BLOCKS");
+    long n = v ? atol(v) : 0;
+    return (size_t)MANIFEST_BLOCK * (n > 0 ? (size_t)n : 1024);
+}
+
+/* The summed gradients of the slice's elements [o, o + *n) (o from the slice's start): in the
+ * whole sum reduce made, or with offload in bf16 summed again into gbuf, *n cut to gcap. */
+static const float *grads_at(shard_t *sh, size_t o, size_t *n)
+{
+    if (sh->g)
+        return sh->g + o;
+    *n = *n < sh->gcap ? *n : sh->gcap;
+    WORKER_CHECK(sh->w, plane_reduce_sum_range(sh->red, sh->begin + o, *n, sh->gbuf) == 0, "%s",
+                 plane_reduce_error(sh->red));
+    return sh->gbuf;
+}
 
 /* The part [*b, *e) of tensor p in this shard's slice; 0 when there is none. */
 static int overlap(const shard_t *sh, const param_info_t *p, size_t *b, size_t *e)
@@ -449,6 +474,15 @@ static void setup(shard_t *sh)
                                         sizeof(err)) == 0, "%s", err);
     WORKER_CHECK(sh->w, plane_reduce_new(&sh->red, plane, &sh->lay, job, sh->rank, sh->begin, sh->end, sh->be,
                                          sh->stream, err, sizeof(err)) == 0, "%s", err);
+    if (plane_reduce_bf16(sh->red)) { /* a chunk, or the largest tensor's part for an optimizer of whole tensors */
+        sh->gcap = sh->gchunk = grad_chunk();
+        for (int t = 0; t < sh->tab.n && sh->optim->whole_tensors; t++) {
+            size_t b, e;
+            if (overlap(sh, &sh->tab.t[t], &b, &e) && e - b > sh->gcap)
+                sh->gcap = e - b;
+        }
+        WORKER_CHECK(sh->w, sh->gbuf = malloc(sh->gcap * sizeof(float)), "out of memory for %zu gradients", sh->gcap);
+    }
     move_state(sh);
     if (!took_over) { /* a replacement leaves the stages' weights alone: a step may be running */
         publish(sh, 0, 1);
@@ -476,10 +510,16 @@ static void setup(shard_t *sh)
 static double reduce(shard_t *sh, int64_t step)
 {
     const backend_t *be = sh->be;
-    WORKER_CHECK(sh->w, plane_reduce_sum(sh->red, &sh->g) == 0, "%s", plane_reduce_error(sh->red));
+    if (!sh->gbuf)
+        WORKER_CHECK(sh->w, plane_reduce_sum(sh->red, &sh->g) == 0, "%s", plane_reduce_error(sh->red));
     size_t nb = blocks(sh);
     double *norm = sh->dn ? devnorm_blocks(sh->dn, step) : sh->state.norm;
-    BE_CHECK(sh, be->block_sumsq(norm, sh->g, sh->n, MANIFEST_BLOCK, sh->stream), "norm: %s", BE_WHY(sh));
+    for (size_t o = 0, n; o < sh->n; o += n) { /* one pass, or a chunk at a time (whole blocks) */
+        n = sh->g || sh->n - o < sh->gchunk ? sh->n - o : sh->gchunk;
+        const float *g = grads_at(sh, o, &n);
+        BE_CHECK(sh, be->block_sumsq(norm + o / MANIFEST_BLOCK, g, n, MANIFEST_BLOCK, sh->stream), "norm: %s",
+                 BE_WHY(sh));
+    }
     if (sh->dn) {
         sh->reduced = step;
         return 0;
@@ -504,11 +544,12 @@ static void step_run(shard_t *sh, int from, int to, size_t rb, size_t re, int ou
         if (out && plane_reduce_out(sh->red, at, &args.w_out, &args.g_clear, &held) && held < n)
             n = held;
         size_t o = at - sh->begin;
+        const float *g = grads_at(sh, o, &n);
         float *dst[OPTIM_ARRAYS_MAX];
         const float *src[OPTIM_ARRAYS_MAX];
         for (int a = 0; a < sh->arrays; a++)
             dst[a] = sh->bank[to].a[a] + o, src[a] = sh->bank[from].a[a] + o;
-        BE_CHECK(sh, sh->optim->step(sh->be, dst, src, sh->g + o, n, &args, sh->stream), "%s: %s", sh->optim->name,
+        BE_CHECK(sh, sh->optim->step(sh->be, dst, src, g, n, &args, sh->stream), "%s: %s", sh->optim->name,
                  BE_WHY(sh));
     }
     worker_test_point(sh->w, "adamw", step);
@@ -605,6 +646,7 @@ static void finish(shard_t *sh)
     if (sh->norm_pinned)
         be->host_unpin(sh->norm_pinned);
     free(sh->own_hnorm);
+    free(sh->gbuf);
 }
 
 int main(int argc, char **argv)

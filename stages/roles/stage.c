@@ -134,10 +134,11 @@ static void setup_chunk(stage_t *st, chunk_t *k, int c, int threads)
     size_t begin, end;
     params_piece_range(&tab, p0, p1, &begin, &end);
     params_table_free(&tab);
-    size_t base = (size_t)job_copy_of(&st->lay, st->replica) * st->lay.stride + begin;
-    float *host_w = st->params ? (float *)shm_data(st->params) + base : NULL;
-    float *host_g = st->grads ? (float *)shm_data(st->grads) + base : NULL;
+    size_t at = ((size_t)job_copy_of(&st->lay, st->replica) * st->lay.stride + begin) * job_host_elem(&st->lay);
+    void *host_w = st->params ? (char *)shm_data(st->params) + at : NULL;
+    void *host_g = st->grads ? (char *)shm_data(st->grads) + at : NULL;
     model_config_t cfg = m->model; /* [activation_checkpoint] rides in the model's config */
+    cfg.host_bf16 = st->lay.host_bf16;
     cfg.ac_mode = m->ac_mode;
     cfg.ac_every = m->ac_every;
     config_attn_parse(m->attention, &cfg.attn); /* checked by manifest_check */

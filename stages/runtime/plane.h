@@ -165,6 +165,12 @@ void plane_reduce_destroy(plane_reduce_t **r);
  * backend's memory; the one part itself when a single part holds the whole slice). On the IPC
  * plane the shard's stream first waits for the stages' gradients events (plane_step_end). */
 int plane_reduce_sum(plane_reduce_t *r, const float **sum);
+/* Offload in bf16 (job_layout_t host_bf16; CPU shards): the host copies' gradients are bf16, and
+ * plane_reduce_sum refuses; plane_reduce_sum_range writes the replicas' sum of flat elements
+ * [lo, lo + n) of the slice into dst (fp32, host), in replica order: the fp32 sum of the same
+ * values bit for bit. plane_reduce_bf16 says which of the two a shard uses. */
+int plane_reduce_bf16(const plane_reduce_t *r);
+int plane_reduce_sum_range(plane_reduce_t *r, size_t lo, size_t n, float *dst);
 /* Every replica's weights of the slice from `master` (fp32, the slice's length, converted to
  * the backend's weight dtype) and their gradients cleared. `written`: the optimizer's step
  * already did both where plane_reduce_out said it could (a GPU shard's step writes them in its

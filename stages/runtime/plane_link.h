@@ -104,10 +104,12 @@ int plane_link_reserve(plane_t *p, ring_t *r, void **payload);
 /* ---- the optimizer shard's view (plane_reduce.c) ---- */
 
 /* The part [lo, hi) of the shard's slice that one stage replica holds: its weights there (in
- * the backend's dtype) and its fp32 gradients. */
+ * the backend's dtype) and its fp32 gradients; with offload in bf16 (job_layout_t host_bf16)
+ * bf16 weights and gradients, g16 in place of g. */
 typedef struct {
     void *w;
     float *g;
+    uint16_t *g16;
     size_t lo, hi;
     int replica;
 } plane_part_t;

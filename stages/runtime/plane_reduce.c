@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "ipc/util.h"
+#include "kernels/bf16.h"
 #include "stages/runtime/plane_link.h"
 
 struct plane_reduce {
@@ -30,6 +31,8 @@ struct plane_reduce {
     int nparts;
     float *sum;                  /* (end - begin) in the backend's memory, or the one part's own */
     int in_place;                /* one part holds the whole slice: no copy to sum */
+    int bf16;                    /* CPU shards with offload in bf16 (host_bf16): no sum of the whole
+                                  * slice, a range at a time (plane_reduce_sum_range) */
     const cuda_plugin_t *cu;     /* the device transports: the stage buffers mapped through CUDA IPC, */
     void **mapped;               /* to ipc_close */
     int nmapped;
@@ -54,9 +57,9 @@ static int fail(plane_reduce_t *r, int rc, const char *fmt, ...)
 
 const char *plane_reduce_error(const plane_reduce_t *r) { return r->err; }
 
-/* On the CPU: each copy's slice of the shared fp32 params and grads segments (a copy per
- * replica, or per group of replicas with parameter sharding, whose exchange summed the group's
- * gradients into its copy: stages/runtime/fsdp.h). */
+/* On the CPU: each copy's slice of the shared params and grads segments (a copy per replica, or
+ * per group of replicas with parameter sharding, whose exchange summed the group's gradients
+ * into its copy: stages/runtime/fsdp.h); fp32, or bf16 with offload in bf16. */
 static int parts_from_segments(plane_reduce_t *r)
 {
     int rc;
@@ -64,11 +67,15 @@ static int parts_from_segments(plane_reduce_t *r)
         (rc = shm_attach(&r->grads, r->job, "grads", r->err, sizeof(r->err))))
         return rc;
     float *P = shm_data(r->params), *G = shm_data(r->grads);
+    uint16_t *P16 = shm_data(r->params), *G16 = shm_data(r->grads);
     if (!(r->part = calloc((size_t)r->lay.copies, sizeof(plane_part_t))))
         return fail(r, -ENOMEM, "out of memory");
     for (int rep = 0; rep < r->lay.copies; rep++) {
         size_t at = rep * r->lay.stride + r->begin;
-        r->part[r->nparts++] = (plane_part_t){.w = P + at, .g = G + at, .lo = r->begin, .hi = r->end, .replica = rep};
+        r->part[r->nparts++] = r->bf16 ? (plane_part_t){.w = P16 + at, .g16 = G16 + at, .lo = r->begin, .hi = r->end,
+                                                        .replica = rep}
+                                       : (plane_part_t){.w = P + at, .g = G + at, .lo = r->begin, .hi = r->end,
+                                                        .replica = rep};
     }
     return 0;
 }
@@ -161,6 +168,8 @@ static void drop_parts(plane_reduce_t *r)
  * backend's (kept across a REMAP: the slice's layout does not change). */
 static int place_sum(plane_reduce_t *r)
 {
+    if (r->bf16)
+        return 0;
     int was_in_place = r->in_place;
     r->in_place = r->nparts == 1 && r->part[0].lo == r->begin && r->part[0].hi == r->end;
     if (r->in_place) {
@@ -190,6 +199,7 @@ int plane_reduce_new(plane_reduce_t **out, const char *transport, const job_layo
     r->lay = *l;
     snprintf(r->job, sizeof(r->job), "%s", job);
     r->k = k, r->begin = begin, r->end = end, r->be = be, r->stream = stream;
+    r->bf16 = l->host_bf16 && !l->gpu_shards;
     int rc = r->tr ? 0 : fail(r, -EINVAL, "no data plane transport \"%s\"", transport);
     if (!rc && l->gpu_shards)
         rc = publish_event(r);
@@ -226,6 +236,8 @@ void plane_reduce_destroy(plane_reduce_t **pr)
 int plane_reduce_sum(plane_reduce_t *r, const float **sum)
 {
     const backend_t *be = r->be;
+    if (r->bf16)
+        return fail(r, -EINVAL, "bf16 gradients are summed a range at a time (plane_reduce_sum_range)");
     for (int i = 0; i < r->n_stage_ev && plane_grad_waits(); i++) /* the stages' steps are done */
         if (r->stage_ev[i] && r->cu->stream_wait(r->stream, r->stage_ev[i]))
             return fail(r, -EIO, "waiting for a stage's gradients: %s", r->cu->last_error());
@@ -237,6 +249,28 @@ int plane_reduce_sum(plane_reduce_t *r, const float **sum)
             return fail(r, -EIO, "reduce: %s", be->last_error());
     }
     *sum = r->sum;
+    return 0;
+}
+
+int plane_reduce_bf16(const plane_reduce_t *r) { return r->bf16; }
+
+/* In replica order, each part's bf16 exact in fp32, so the sum is the fp32 path's of the same
+ * gradients (replica 0's copied, the others added: plane_reduce_sum). */
+int plane_reduce_sum_range(plane_reduce_t *r, size_t lo, size_t n, float *dst)
+{
+    if (!r->bf16)
+        return fail(r, -EINVAL, "plane_reduce_sum_range is for bf16 gradients (offload in bf16)");
+    if (lo < r->begin || n > r->end - lo)
+        return fail(r, -EINVAL, "gradients [%zu, %zu) are not in the slice [%zu, %zu)", lo, lo + n, r->begin, r->end);
+    for (int i = 0; i < r->nparts; i++) {
+        const uint16_t *g = r->part[i].g16 + (lo - r->part[i].lo);
+        if (i == 0)
+            for (size_t j = 0; j < n; j++)
+                dst[j] = bf16_float(g[j]);
+        else
+            for (size_t j = 0; j < n; j++)
+                dst[j] += bf16_float(g[j]);
+    }
     return 0;
 }
 
@@ -276,6 +310,14 @@ int plane_reduce_publish(plane_reduce_t *r, const float *master, int written)
     const backend_t *be = r->be;
     for (int i = 0; i < r->nparts && !(written && one_copy(r)); i++) {
         const plane_part_t *q = &r->part[i];
+        if (q->g16) { /* CPU shards, offload in bf16: the host's rounding, the GPU's (bf16.h) */
+            const float *x = master + (q->lo - r->begin);
+            uint16_t *w = q->w;
+            for (size_t j = 0; j < q->hi - q->lo; j++)
+                w[j] = bf16_of(x[j]);
+            memset(q->g16, 0, (q->hi - q->lo) * sizeof(uint16_t));
+            continue;
+        }
         if (be->to_weights(q->w, master + (q->lo - r->begin), q->hi - q->lo, r->stream))
             return fail(r, -EIO, "weights: %s", be->last_error());
         if (be->zero(q->g, (q->hi - q->lo) * sizeof(float), r->stream))

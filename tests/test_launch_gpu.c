@@ -308,6 +308,79 @@ static void test_launch_cuda_offload_and_gpu_shards_agree_on_the_emulated_backen
     tj_assert_clean(c);
 }
 
+/* Offload in bf16 (optshard.offload_dtype "bfloat16": the shared weights and gradients halved)
+ * on the emulated GPU, data parallel 2 x pipeline 2, max_norm 0.05 (every step clips):
+ * (1) step 1's loss is the fp32 offload's bit for bit (the CPU shards round the masters to bf16
+ * as the GPU does), the later ones within 1e-3 of it (the gradients reach the optimizer rounded
+ * to bf16), the grad norms within 1%;
+ * (2) any shard count and chunk gives the same bits: one shard against three that sum the two
+ * replicas' bf16 gradients two blocks at a time (CTITAN_TEST_GRAD_CHUNK_BLOCKS): losses, grad
+ * norms, step 2's master weights and moments;
+ * (3) the end's validation and sample read the shards' fp32 masters (the params segment holds
+ * bf16): the sample is `ctitan generate --device cuda`'s on the last checkpoint;
+ * (4) resumed from step 2's checkpoint, step 3 is the uninterrupted run's. */
+static void test_launch_cuda_offload_in_bf16_rounds_what_crosses_the_bus_and_nothing_else(void **state)
+{
+    TU_NEED_BIN();
+    static char out[1 << 16];
+    char f[32], b1[32], b3[32], br[32], extra[2048], ckpt[256];
+    char shape[1024];
+    snprintf(shape, sizeof(shape), "--model.dim 32 --model.n_heads 2 --model.n_kv_heads 1 --training.steps 3 "
+             "--job.device cuda --optshard.device cpu --parallelism.data_parallel_replicate_degree 2 "
+             "--training.max_norm 0.05 --checkpoint.enable true --checkpoint.interval 2 --validation.enable true "
+             "--validation.steps 2 --validation.dataset_path %s/data/val.bin", tj_dir);
+    job_name(f, sizeof(f), "off32");
+    job_name(b1, sizeof(b1), "off16");
+    job_name(b3, sizeof(b3), "off16s3");
+    job_name(br, sizeof(br), "off16re");
+    TJ_NEED_SIM_PLUGIN();
+    tj_run_ok(f, shape, out, sizeof(out));
+    snprintf(extra, sizeof(extra), "%s --optshard.offload_dtype bfloat16 --model.tokenizer_path %s/data/tokenizer.bin "
+             "--sample.tokens 12 --sample.temperature 0", shape, tj_dir);
+    tj_run_ok(b1, extra, out, sizeof(out));
+    if (!strstr(out, "over 2 batches on the GPU"))
+        TJ_FAIL_WITH(out, "the validation did not run on the GPU");
+    tj_ckpt_dir(ckpt, sizeof(ckpt), b1);
+    tj_assert_sample_is_generates(out, ckpt, 3, "val.bin", ", greedy, on the GPU", "--temperature 0 --device cuda");
+    setenv("CTITAN_TEST_GRAD_CHUNK_BLOCKS", "2", 1);
+    snprintf(extra, sizeof(extra), "%s --optshard.offload_dtype bfloat16 --optshard.shards 3", shape);
+    int rc = tj_run(b3, extra, out, sizeof(out));
+    unsetenv("CTITAN_TEST_GRAD_CHUNK_BLOCKS");
+    if (rc)
+        TJ_FAIL_WITH(out, "three shards, two blocks a chunk");
+    snprintf(extra, sizeof(extra), "%s --optshard.offload_dtype bfloat16 --checkpoint.load %s/step-00000002", shape,
+             ckpt);
+    rc = tj_run(br, extra, out, sizeof(out));
+    unsetenv("CTITAN_CUDA_PLUGIN");
+    if (rc)
+        TJ_FAIL_WITH(out, "the resume");
+    static char lf[TJ_MAX_STEPS][40], lb[TJ_MAX_STEPS][40], nf[TJ_MAX_STEPS][40], nb[TJ_MAX_STEPS][40],
+        n3[TJ_MAX_STEPS][40];
+    assert_int_equal(tj_losses(f, lf), 3);
+    assert_int_equal(tj_losses(b1, lb), 3);
+    assert_string_equal(lf[0], lb[0]);
+    assert_close_losses(f, b1, 3, 1e-3, 1);
+    assert_int_equal(grad_norms(f, nf), 3);
+    assert_int_equal(grad_norms(b1, nb), 3);
+    assert_int_equal(grad_norms(b3, n3), 3);
+    for (int i = 0; i < 3; i++) {
+        print_message("step %d: grad_norm %s (fp32 offload), %s (bf16), %s (bf16, 3 shards)\n", i + 1, nf[i], nb[i],
+                      n3[i]);
+        assert_true(fabs(atof(nf[i]) - atof(nb[i])) <= 0.01 * atof(nf[i]));
+        assert_true(atof(nb[i]) > 0.05); /* clipped */
+        assert_string_equal(nb[i], n3[i]);
+    }
+    tj_assert_same_losses(b1, b3, 3);
+    assert_true(same_ckpt_file(b1, b3, "model.bin"));
+    assert_true(same_ckpt_file(b1, b3, "exp_avg.bin"));
+    assert_true(same_ckpt_file(b1, b3, "exp_avg_sq.bin"));
+    tj_assert_resumed_losses(b1, br, 2, 3);
+    tj_assert_clean(f);
+    tj_assert_clean(b1);
+    tj_assert_clean(b3);
+    tj_assert_clean(br);
+}
+
 /* One copy of the weights (no data parallel replica), pipeline 2, three optimizer shards on the
  * emulated GPU: the shards write the stages' bf16 weights and clear their gradients in AdamW's
  * own pass (plane_reduce_out), a slice that crosses the stages' boundary in two calls (every
@@ -818,6 +891,7 @@ int main(void)
         cmocka_unit_test(test_launch_cuda_offload_and_gpu_shards_agree_on_the_emulated_backend),
         cmocka_unit_test(test_launch_cuda_gpu_shards_resume_bitwise_on_the_emulated_backend),
         cmocka_unit_test(test_launch_cuda_gpu_shards_publish_in_adamw_as_offload_does_after_it),
+        cmocka_unit_test(test_launch_cuda_offload_in_bf16_rounds_what_crosses_the_bus_and_nothing_else),
         cmocka_unit_test(test_launch_cuda_nccl_data_plane_on_the_emulated_backend),
         cmocka_unit_test(test_launch_two_hosts_train_like_one_on_the_emulated_backend),
         cmocka_unit_test(test_launch_mps_daemon_serves_the_job_and_goes_with_it),

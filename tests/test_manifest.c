@@ -715,6 +715,22 @@ static void test_manifest_optshard_device_and_data_plane(void **state)
     assert_non_null(strstr(err, "optshard.host_banks = 1: expected 2, or 1 with optimizer shards on the CPU"));
     assert_int_equal(manifest_override(m, "optshard.device", "cpu", err, sizeof(err)), 0); /* offload */
     assert_int_equal(manifest_validate(m, err, sizeof(err)), 0);
+    /* optshard.offload_dtype: float32 (the default) or bfloat16, the latter offload's only (GPU
+     * stages, CPU shards) */
+    manifest_defaults(m);
+    assert_string_equal(m->offload_dtype, "float32");
+    assert_int_equal(manifest_override(m, "optshard.offload_dtype", "bfloat16", err, sizeof(err)), 0);
+    assert_int_equal(manifest_validate(m, err, sizeof(err)), -EINVAL); /* a CPU job */
+    assert_non_null(strstr(err, "--optshard.offload_dtype: optshard.offload_dtype = \"bfloat16\" is offload's: it "
+                                "needs GPU stages"));
+    assert_int_equal(manifest_override(m, "job.device", "cuda", err, sizeof(err)), 0);
+    assert_int_equal(manifest_validate(m, err, sizeof(err)), -EINVAL); /* GPU shards */
+    assert_non_null(strstr(err, "is offload's"));
+    assert_int_equal(manifest_override(m, "optshard.device", "cpu", err, sizeof(err)), 0);
+    assert_int_equal(manifest_validate(m, err, sizeof(err)), 0);
+    assert_int_equal(manifest_override(m, "optshard.offload_dtype", "float16", err, sizeof(err)), 0);
+    assert_int_equal(manifest_validate(m, err, sizeof(err)), -EINVAL);
+    assert_non_null(strstr(err, "optshard.offload_dtype = \"float16\": expected \"float32\" or \"bfloat16\""));
     /* job.mps: off (the default), on or auto */
     manifest_defaults(m);
     assert_string_equal(m->mps, "off");

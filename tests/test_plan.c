@@ -167,6 +167,61 @@ static void test_plan_names_one_bank_of_shard_state_where_it_fits(void **state)
     plan_free(&one);
 }
 
+/* Offload (GPU stages, CPU shards) with optshard.offload_dtype bfloat16: the shared weights and
+ * gradients at 2 bytes a parameter, not 4, and each CPU shard's chunk of fp32 sums
+ * (JOB_GRAD_CHUNK); where neither that nor one bank alone makes the job fit but both do, the
+ * refusal says so of each (ZeRO-Offload's 16 bytes a parameter), and both together fit. */
+static void test_plan_offload_in_bf16_halves_the_host_copies_and_is_named_with_one_bank(void **state)
+{
+    manifest_t m32, m16, both;
+    plan_t p32, p16, pb;
+    char err[8192];
+    const char *kv[64];
+    int n = small_kv(kv); /* ~35M parameters: the state and the copies are most of the host's need */
+    kv[n++] = "model.dim", kv[n++] = "512", kv[n++] = "model.n_layers", kv[n++] = "8";
+    kv[n++] = "model.vocab_size", kv[n++] = "16384", kv[n++] = "job.device", kv[n++] = "cuda";
+    kv[n++] = "optshard.device", kv[n++] = "cpu", kv[n] = NULL;
+    manifest_of(&m32, kv);
+    kv[n++] = "optshard.offload_dtype", kv[n++] = "bfloat16", kv[n] = NULL;
+    manifest_of(&m16, kv);
+    kv[n++] = "optshard.host_banks", kv[n++] = "1", kv[n] = NULL;
+    manifest_of(&both, kv);
+    assert_int_equal(plan_build(&p32, &m32, &(plan_opts_t){.cpus = 2}, err, sizeof(err)), 0);
+    assert_int_equal(plan_build(&p16, &m16, &(plan_opts_t){.cpus = 2}, err, sizeof(err)), 0);
+    assert_int_equal(plan_build(&pb, &both, &(plan_opts_t){.cpus = 2}, err, sizeof(err)), 0);
+    job_layout_t l;
+    assert_int_equal(job_layout(&l, &m16), 0);
+    assert_int_equal(l.host_bf16, 1);
+    double copy = (double)util_round_page(l.stride * 2); /* one replica's, bf16 */
+    const plan_row_t *s32 = row(&p32, "shared memory", PLAN_HOST), *s16 = row(&p16, "shared memory", PLAN_HOST);
+    assert_true(s16->bytes[PLAN_WEIGHTS] == copy && s16->bytes[PLAN_GRADS] == copy);
+    assert_true(s32->bytes[PLAN_WEIGHTS] == (double)util_round_page(l.stride * 4));
+    assert_true(row(&p16, "optshard 0", PLAN_HOST)->bytes[PLAN_GRADS] == JOB_GRAD_CHUNK * 4.0);
+    assert_true(row(&p32, "optshard 0", PLAN_HOST)->bytes[PLAN_GRADS] == 0); /* one replica: in place */
+    double sums = 0; /* every shard's chunk */
+    for (int i = 0; i < p16.n; i++)
+        sums += !strncmp(p16.rows[i].who, "optshard", 8) ? p16.rows[i].bytes[PLAN_GRADS] : 0;
+    assert_true(sums == m16.shards * JOB_GRAD_CHUNK * 4.0);
+    assert_true(fabs(p32.host_need - p16.host_need - (s32->total - s16->total - sums)) < 1);
+    /* a host between what both need and what one bank alone needs */
+    manifest_t one;
+    plan_t po;
+    kv[n - 4] = "optshard.offload_dtype", kv[n - 3] = "float32";
+    manifest_of(&one, kv);
+    assert_int_equal(plan_build(&po, &one, &(plan_opts_t){.cpus = 2}, err, sizeof(err)), 0);
+    assert_true(pb.host_need < po.host_need && po.host_need < p16.host_need);
+    plan_have_t h = {.host = (pb.host_need + po.host_need) / 2, .shm = -1, .gpus = 0};
+    for (int g = 0; g < PLAN_MAX_GPUS; g++)
+        h.gpu[g] = -1;
+    assert_int_equal(plan_check(&p32, &h, &m32, err, sizeof(err)), -ENOMEM);
+    const char *k16 = strstr(err, "(--optshard.offload_dtype bfloat16: "),
+               *kb = strstr(err, "both (--optshard.offload_dtype bfloat16 --optshard.host_banks 1: ");
+    if (!k16 || !strstr(k16, "(alone not enough: it would need host RAM") || !kb || !strstr(kb, ") (alone it fits)"))
+        fail_msg("expected offload_dtype bfloat16 (not enough alone) and both knobs (fitting): %s", err);
+    assert_int_equal(plan_check(&pb, &h, &both, err, sizeof(err)), 0);
+    plan_free(&p32), plan_free(&p16), plan_free(&pb), plan_free(&po);
+}
+
 static void test_plan_figures_of_a_small_gpu_job(void **state)
 {
     manifest_t m;
@@ -625,6 +680,7 @@ int main(void)
         cmocka_unit_test(test_gpu_capacity_from_nvidia_smi_and_not_a_number_is_unknown),
         cmocka_unit_test(test_launch_refuses_40b_on_an_80gb_gpu),
         cmocka_unit_test(test_plan_names_one_bank_of_shard_state_where_it_fits),
+        cmocka_unit_test(test_plan_offload_in_bf16_halves_the_host_copies_and_is_named_with_one_bank),
         cmocka_unit_test(test_launch_refuses_llama1b_on_a_small_host),
         cmocka_unit_test(test_dry_run_prints_the_plan_and_starts_nothing),
         cmocka_unit_test(test_sigint_in_set_up_stops_the_launch_within_a_second),

@@ -203,6 +203,10 @@ enum { JOB_NCCL_ACT_IN, JOB_NCCL_GRAD_OUT, JOB_NCCL_ACT_OUT, JOB_NCCL_GRAD_IN, J
  * weights; a GPU shard's through a host buffer of one piece: stages/roles/optshard.c make_state,
  * which the memory plan counts). */
 #define JOB_STATE_PIECE ((size_t)1 << 24)
+/* Offload in bf16 (host_bf16): a CPU shard sums the replicas' bf16 gradients into fp32 this many
+ * at a time (whole MANIFEST_BLOCKs), or a tensor's part at a time for an optimizer of whole
+ * tensors when that is longer (stages/roles/optshard.c grads_at) */
+#define JOB_GRAD_CHUNK ((size_t)MANIFEST_BLOCK * 1024)
 
 /* ---- ctitan.<job>.optstate ---- */
 #define JOB_OPTSTATE_SEG "optstate"

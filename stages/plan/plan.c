@@ -195,6 +195,24 @@ static int stage_rows(plan_t *p, const manifest_t *m, const job_layout_t *l, con
     return 0;
 }
 
+/* The fp32 gradients a CPU shard of slice [b, e) sums at a time with offload in bf16: a chunk, or
+ * the longest tensor part of its slice for an optimizer of whole tensors (optshard.c setup). */
+static size_t bf16_chunk(const manifest_t *m, size_t b, size_t e)
+{
+    size_t most = JOB_GRAD_CHUNK;
+    param_table_t tab;
+    const optim_t *o = optim_find(m->optimizer_name);
+    if (!o || !o->whole_tensors || params_table_init(&tab, &m->model))
+        return most;
+    for (int t = 0; t < tab.n; t++) {
+        size_t lo = tab.t[t].offset > b ? tab.t[t].offset : b, hi = tab.t[t].offset + tab.t[t].numel;
+        hi = hi < e ? hi : e;
+        most = hi > lo && hi - lo > most ? hi - lo : most;
+    }
+    params_table_free(&tab);
+    return most;
+}
+
 /* Optimizer shard k: CPU shards work in the optstate segment; GPU shards keep the state on
  * the device beside the stage whose slice they hold (made there at set-up through a host
  * buffer of JOB_STATE_PIECE parameters: optshard.c make_state), and a sum of the replicas'
@@ -209,8 +227,9 @@ static int shard_rows(plan_t *p, const manifest_t *m, const job_layout_t *l, int
     if (!h)
         return -ENOMEM;
     h->bytes[PLAN_RUNTIME] = PLAN_SHARD_BYTES + blocks * 8;
-    if (!l->gpu_shards) { /* with several copies, the sum of theirs (plane_reduce.c place_sum) */
-        h->bytes[PLAN_GRADS] = l->copies > 1 ? n * 4 : 0;
+    if (!l->gpu_shards) { /* with several copies, the sum of theirs (plane_reduce.c place_sum); offload
+                           * in bf16 sums a chunk (or a tensor's part) at a time (optshard.c grads_at) */
+        h->bytes[PLAN_GRADS] = l->host_bf16 ? (double)bf16_chunk(m, b, e) * 4 : l->copies > 1 ? n * 4 : 0;
         return 0;
     }
     int r, s;
@@ -771,6 +790,22 @@ static size_t knobs(const plan_t *p, const manifest_t *m, const plan_have_t *h, 
                                "GiB less, updated in place; a shard lost in its update then rewinds the job to "
                                "its newest snapshot instead of being replaced alone)", optim / 2 / PLAN_GIB);
         KNOB_TRIAL("optshard.host_banks", "1", NULL, NULL);
+    }
+    double copies = 0; /* offload's host copies of the weights and gradients (the shared segments) */
+    for (int i = 0; i < p->n && device == PLAN_HOST; i++)
+        if (p->rows[i].device == PLAN_HOST && !strcmp(p->rows[i].who, "shared memory"))
+            copies = p->rows[i].bytes[PLAN_WEIGHTS] + p->rows[i].bytes[PLAN_GRADS];
+    if (at < n && device == PLAN_HOST && !strcmp(m->device, "cuda") && !strcmp(m->shard_device, "cpu") &&
+        !strcmp(m->offload_dtype, "float32") && copies >= p->host_need / 8) {
+        at += (size_t)snprintf(buf + at, n - at, "offload's copies in bf16 (--optshard.offload_dtype bfloat16: "
+                               "%.2f GiB less, the weights and gradients between the GPUs and the CPU shards "
+                               "halved; the gradients reach the optimizer rounded to bf16)", copies / 2 / PLAN_GIB);
+        KNOB_TRIAL("optshard.offload_dtype", "bfloat16", NULL, NULL);
+        if (at < n && m->host_banks > 1 && optim >= p->host_need / 4) { /* the two halvings together */
+            at += (size_t)snprintf(buf + at, n - at, "both (--optshard.offload_dtype bfloat16 "
+                                   "--optshard.host_banks 1: ZeRO-Offload's 16 bytes a parameter)");
+            KNOB_TRIAL("optshard.offload_dtype", "bfloat16", "optshard.host_banks", "1");
+        }
     }
     /* more stages spread the layers over more GPUs; on the host they only share the activations
      * out differently, so they are named there only when a stage holds some */

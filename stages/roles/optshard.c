@@ -115,7 +115,7 @@ static size_t grad_chunk(void)
 {
     const char *v = getenv("CTITAN_TEST_GRAD_CHUNK_BLOCKS");
     long n = v ? atol(v) : 0;
-    return (size_t)MANIFEST_BLOCK * (n > 0 ? (size_t)n : 1024);
+    return n > 0 ? (size_t)MANIFEST_BLOCK * (size_t)n : JOB_GRAD_CHUNK;
 }
 
 /* The summed gradients of the slice's elements [o, o + *n) (o from the slice's start): in the

@@ -20,8 +20,9 @@
 #           against the CPU, checkpoint and resume, recovery), breakdown (where the step goes,
 #           tools/gpu_breakdown.sh: six jobs, ~3 minutes), waits (of those only the ~1B at pp 1,
 #           its "Where the stage waits" table among its tables, ~50 s), bench
-#           (tools/bench_gpu.sh), stall (a checkpoint's stall), big (issue 24: the 8B's plan, the
-#           3B trained; ~7 minutes: run it on its own), ac (activation checkpointing's cost and
+#           (tools/bench_gpu.sh), stall (a checkpoint's stall), big (issue 24: the 8B's three plans,
+#           the 8B trained where one fits, GPU-resident or offload's lean form, then the 3B; ~7-9
+#           minutes: run it on its own), ac (activation checkpointing's cost and
 #           saving on the ~160M, ~1 minute), plan (the ~1B's memory plan on the CPU against its
 #           measured host memory, ~1-2 minutes)
 # --export  after every step, also DIR/report.md and DIR/raw.tgz (the logs and metrics files,
@@ -464,9 +465,10 @@ fi
 fi # stall
 
 # ---- 10. issue 24 on one GPU: the plan's answer for the Llama 3.1 8B shape with this machine's
-# memory (GPU-resident state and offload); the 8B trained a few steps where its GPU-resident plan
-# fits (an H200: 137 of its ~140 GiB; an 80 GB H100 refuses it), then the Llama 3.2 3B shape
-# (tokens/s, the device's peak against the plan's figure) ----
+# memory (GPU-resident state, offload, and offload's lean form: one bank, bf16 copies); the 8B
+# trained a few steps where its GPU-resident plan fits (an H200: 137 of its ~140 GiB), else in
+# the lean offload where that fits (an 80 GB H100 with 128 GiB of host: 120.2 GiB planned), then
+# the Llama 3.2 3B shape (tokens/s, the device's peak against the plan's figure) ----
 l3=(--model.flavor llama1b --model.tokenizer_path "" --model.vocab_size 128256 --model.n_kv_heads 8
     --model.max_seq_len 8192 --training.seq_len 2048 --training.local_batch_size 1
     --parallelism.pipeline_parallel_microbatches 1 --parallelism.pipeline_parallel_degree 1 --job.device cuda
@@ -484,19 +486,26 @@ train_big() {
         local planned text
         planned=$(sed -nE 's/^  gpu0 needs ([0-9.]+) GiB.*/\1/p' "$out/logs/big-plan$name.log")
         text="planned gpu0 $planned GiB, measured $(peak_gib "$out/big$name.jsonl") GiB; median step $(med_ms "$out/big$name.jsonl") ms, $(sed -nE 's/.*"tokens_per_s": ([0-9.]+).*/\1/p' "$out/big$name.jsonl" | tail -1) tokens/s"
-        row "train: $label, AC full, 1x2048" "$(result)" "$secs" "$text$([ $rc = 0 ] || echo "; $(why "big$name.log")")"
+        row "train: $label, AC full" "$(result)" "$secs" "$text$([ $rc = 0 ] || echo "; $(why "big$name.log")")"
         details "## The $label on one GPU" "" "$text" "" '```' "$(cat "$out/logs/big-plan$name.log")" '```' ""
     else
-        row "train: $label, AC full, 1x2048" "$( [ "${rc:-125}" = 125 ] && echo "skipped: out of budget" || result)" "${secs:-0}" "$(why "big-plan$name.log")"
+        row "train: $label, AC full" "$( [ "${rc:-125}" = 125 ] && echo "skipped: out of budget" || result)" "${secs:-0}" "$(why "big-plan$name.log")"
     fi
 }
 if want big; then
 if [ $rehearse = 1 ]; then
     row "issue 24: 8B plan, 8B and 3B runs on a GPU" "skipped: no GPU" 0 ""
 else
-    for off in cuda cpu; do # the plan says 0 (fits) or 1 (refused); 2 is an error
-        where=$([ $off = cuda ] && echo "on the GPU" || echo "offloaded to the host")
-        if run "big-plan8-$off.log" 60 "$bin" plan "${common[@]}" "${l3[@]}" "${b8[@]}" --optshard.device "$off"; then
+    # offload's lean form: one bank of the shards' state, bf16 copies (ZeRO-Offload's 16 bytes a
+    # parameter), 12 CPU shards (AdamW is a shard's one thread), 8 microbatches a step
+    lean=(--optshard.device cpu --optshard.host_banks 1 --optshard.offload_dtype bfloat16 --optshard.shards 12
+          --training.local_batch_size 8 --parallelism.pipeline_parallel_microbatches 8)
+    for off in cuda cpu lean; do # the plan says 0 (fits) or 1 (refused); 2 is an error
+        where=$(case $off in cuda) echo "on the GPU" ;; cpu) echo "offloaded to the host" ;;
+                *) echo "offloaded, one bank, bf16 copies" ;; esac)
+        how=(--optshard.device "$off")
+        [ $off = lean ] && how=("${lean[@]}")
+        if run "big-plan8-$off.log" 60 "$bin" plan "${common[@]}" "${l3[@]}" "${b8[@]}" "${how[@]}"; then
             row "plan: Llama 3.1 8B, optimizer state $where" "$([ $rc -le 1 ] && echo ok || result)" "$secs" \
                 "$(grep -aE '^  (refused|fits)' "$out/logs/big-plan8-$off.log" | head -1)$([ $rc -le 1 ] || echo "; $(why "big-plan8-$off.log")")"
             details "## The plan of the 8B shape, optimizer state $where" "" '```' \
@@ -504,9 +513,11 @@ else
         fi
     done
     if grep -q '^  fits' "$out/logs/big-plan8-cuda.log" 2>/dev/null; then
-        train_big 8 "Llama 3.1 8B shape" 300 "${b8[@]}"
+        train_big 8 "Llama 3.1 8B shape, 1x2048" 300 "${b8[@]}"
+    elif grep -q '^  fits' "$out/logs/big-plan8-lean.log" 2>/dev/null; then # an 80 GB H100
+        train_big 8lean "Llama 3.1 8B shape, offloaded (one bank, bf16 copies, 8x2048)" 300 "${b8[@]}" "${lean[@]}"
     fi
-    train_big 3 "Llama 3.2 3B shape" 420 "${b3[@]}"
+    train_big 3 "Llama 3.2 3B shape, 1x2048" 420 "${b3[@]}"
 fi
 fi # big
 

@@ -370,6 +370,20 @@ static void test_backend_cuda_emulated_vector_ops_agree_with_the_cpu(void **stat
     free(x), free(y), free(w), free(m), free(v), free(back), free(wd);
 }
 
+/* The emulated plugin on device 0, and the "tiny" model with head dimension 16 (the CUDA
+ * attention's least) and its parameter table. */
+static const backend_t *emulated_tiny(model_config_t *cfg, param_table_t *tab)
+{
+    char err[512];
+    const backend_t *gpu = emulated_gpu();
+    assert_int_equal(gpu->dev_select(0, NULL), 0);
+    config_preset("tiny", cfg);
+    cfg->n_heads = 1, cfg->n_kv_heads = 1;
+    assert_int_equal(config_validate(cfg, err, sizeof(err)), 0);
+    assert_int_equal(params_table_init(tab, cfg), 0);
+    return gpu;
+}
+
 /* Offload on the emulated plugin: the model pins its range of the shared weights and gradients
  * (pinning the same pages again is refused until the model is gone), its step begins with the
  * host's weights on the device as bf16, and the fp32 weights it brought over in its gradient
@@ -377,15 +391,9 @@ static void test_backend_cuda_emulated_vector_ops_agree_with_the_cpu(void **stat
  * what the host held. */
 static void test_backend_cuda_offload_pins_the_shared_range_and_starts_the_step_clean(void **state)
 {
-    char err[512];
-    const backend_t *gpu = emulated_gpu();
-    assert_int_equal(gpu->dev_select(0, NULL), 0);
     model_config_t cfg;
-    config_preset("tiny", &cfg);
-    cfg.n_heads = 1, cfg.n_kv_heads = 1; /* head dimension 16: the CUDA attention's least */
-    assert_int_equal(config_validate(&cfg, err, sizeof(err)), 0);
     param_table_t tab;
-    assert_int_equal(params_table_init(&tab, &cfg), 0);
+    const backend_t *gpu = emulated_tiny(&cfg, &tab);
     size_t total = tab.total, page = (size_t)sysconf(_SC_PAGESIZE), bytes = (total * 4 + page - 1) / page * page;
     float *hw = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     float *hg = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -433,15 +441,9 @@ static void test_backend_cuda_offload_pins_the_shared_range_and_starts_the_step_
  * gradients and gives the first one's gradients again). */
 static void test_backend_cuda_offload_in_bf16_is_the_fp32_offload_rounded(void **state)
 {
-    char err[512];
-    const backend_t *gpu = emulated_gpu();
-    assert_int_equal(gpu->dev_select(0, NULL), 0);
     model_config_t cfg;
-    config_preset("tiny", &cfg);
-    cfg.n_heads = 1, cfg.n_kv_heads = 1; /* head dimension 16: the CUDA attention's least */
-    assert_int_equal(config_validate(&cfg, err, sizeof(err)), 0);
     param_table_t tab;
-    assert_int_equal(params_table_init(&tab, &cfg), 0);
+    const backend_t *gpu = emulated_tiny(&cfg, &tab);
     enum { B = 2, T = 16 };
     size_t total = tab.total;
     float *hw = malloc(total * 4), *hg = malloc(total * 4);

@@ -536,29 +536,39 @@ static void test_recover_gpu_jobs_on_the_nccl_plane_rewind_and_in_offload_mode_r
 /* Offload mode (GPU stages, CPU shards) with one bank of shard state (optshard.host_banks 1):
  * a shard killed in its AdamW rewinds the job (to the initial weights before any snapshot, then
  * to the checkpoint's), one killed in its REDUCE is replaced alone; the losses and checkpoints
- * are those of the two-bank run. */
+ * are those of the two-bank run. The same with offload's copies in bf16 (optshard.offload_dtype:
+ * the shared weights and gradients bf16, which the replacement sums again a chunk at a time and
+ * every rewind publishes again), against the two-bank bf16 run. */
 static void test_recover_offload_with_one_bank_rewinds_only_for_a_shard_lost_in_its_update(void **state)
 {
     TU_NEED_BIN();
     if (use_sim_plugin())
         skip();
     static char out[1 << 16];
-    char j[32];
-    job_name(j, sizeof(j), "offb1");
-#define OFFLOAD1 GPU_SHAPE "--optshard.device cpu --training.steps 7 --checkpoint.enable true --checkpoint.interval 3 "
-    const char *ref = reference(OFFLOAD1), *args = OFFLOAD1 "--optshard.host_banks 1";
-#undef OFFLOAD1
-    int rc = run_job(j, "optshard.1.0:adamw:2,optshard.0.0:adamw:5,optshard.1.0:reduce:6", "", args, out, sizeof(out));
+    static const char *dtype[] = {"", "--optshard.offload_dtype bfloat16 "};
+    for (int d = 0; d < 2; d++) {
+        char j[32], refargs[1024], args[1100];
+        job_name(j, sizeof(j), d ? "offb1h" : "offb1");
+        snprintf(refargs, sizeof(refargs), "%s--optshard.device cpu --training.steps 7 --checkpoint.enable true "
+                 "--checkpoint.interval 3 %s", GPU_SHAPE, dtype[d]);
+        snprintf(args, sizeof(args), "%s--optshard.host_banks 1", refargs);
+        const char *ref = reference(refargs);
+        if (d) /* a replacement's sums in several chunks */
+            setenv("CTITAN_TEST_GRAD_CHUNK_BLOCKS", "3", 1);
+        int rc = run_job(j, "optshard.1.0:adamw:2,optshard.0.0:adamw:5,optshard.1.0:reduce:6", "", args, out,
+                         sizeof(out));
+        unsetenv("CTITAN_TEST_GRAD_CHUNK_BLOCKS");
+        if (rc || count(out, "(rewound, at step ") != 2 || count(out, "(in place, at step 6)") != 1 ||
+            !strstr(out, "started again from the initial weights in ") ||
+            !strstr(out, "started again from the in-memory snapshot of step 3 "))
+            FAIL_WITH(out, "%s: status %d: expected two rewinds and a shard replaced in place", j, rc);
+        const tj_metrics_t *mt = assert_losses_by_step(j, ref, 7, 3, "\"scope\": \"");
+        ASSERT_RECORD(mt, 2, "\"scope\": \"process\", \"role\": \"optshard\", \"rank\": 1");
+        assert_same_checkpoint(j, ref, 3);
+        assert_same_checkpoint(j, ref, 6);
+        assert_clean(j);
+    }
     unsetenv("CTITAN_CUDA_PLUGIN");
-    if (rc || count(out, "(rewound, at step ") != 2 || count(out, "(in place, at step 6)") != 1 ||
-        !strstr(out, "started again from the initial weights in ") ||
-        !strstr(out, "started again from the in-memory snapshot of step 3 "))
-        FAIL_WITH(out, "status %d: expected two rewinds and a shard replaced in place", rc);
-    const tj_metrics_t *mt = assert_losses_by_step(j, ref, 7, 3, "\"scope\": \"");
-    ASSERT_RECORD(mt, 2, "\"scope\": \"process\", \"role\": \"optshard\", \"rank\": 1");
-    assert_same_checkpoint(j, ref, 3);
-    assert_same_checkpoint(j, ref, 6);
-    assert_clean(j);
 }
 
 /* A GPU shard lost while it copies its snapshot leaves no whole snapshot in memory (the new one

@@ -477,6 +477,9 @@ l3=(--model.flavor llama1b --model.tokenizer_path "" --model.vocab_size 128256 -
 b8=(--model.dim 4096 --model.n_layers 32 --model.n_heads 32 --model.hidden_dim 14336)
 b3=(--model.dim 3072 --model.n_layers 28 --model.n_heads 24 --model.hidden_dim 8192)
 med_ms() { steptimes "$1" | tail -n +2 | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+# the median of the optimizer's rounds a step (the CPU shards' work in offload), first step left out
+med_opt_ms() { sed -nE 's/.*"optimizer_ms": ([0-9.]+).*/\1/p' "$1" | tail -n +2 | sort -g |
+               awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 # train_big NAME LABEL CAP SHAPE...: the plan (logs/big-planNAME.log), then 8 steps if it fits
 train_big() {
     local name=$1 label=$2 cap=$3
@@ -486,7 +489,7 @@ train_big() {
            --job.name "gpuchk$$big$name" --job.dump_folder "$out/runs/big$name" --metrics.file "$out/big$name.jsonl"; then
         local planned text
         planned=$(sed -nE 's/^  gpu0 needs ([0-9.]+) GiB.*/\1/p' "$out/logs/big-plan$name.log")
-        text="planned gpu0 $planned GiB, measured $(peak_gib "$out/big$name.jsonl") GiB; median step $(med_ms "$out/big$name.jsonl") ms, $(sed -nE 's/.*"tokens_per_s": ([0-9.]+).*/\1/p' "$out/big$name.jsonl" | tail -1) tokens/s"
+        text="planned gpu0 $planned GiB, measured $(peak_gib "$out/big$name.jsonl") GiB; median step $(med_ms "$out/big$name.jsonl") ms (optimizer rounds $(med_opt_ms "$out/big$name.jsonl") ms), $(sed -nE 's/.*"tokens_per_s": ([0-9.]+).*/\1/p' "$out/big$name.jsonl" | tail -1) tokens/s"
         row "train: $label, AC full" "$(result)" "$secs" "$text$([ $rc = 0 ] || echo "; $(why "big$name.log")")"
         details "## The $label on one GPU" "" "$text" "" '```' "$(cat "$out/logs/big-plan$name.log")" '```' ""
     else

@@ -9,8 +9,8 @@
 static int adamw_step(const backend_t *be, float *const *to, const float *const *from, const float *g, size_t n,
                       const optim_args_t *a, void *stream)
 {
-    return be->adamw(to[0], to[1], to[2], from[0], from[1], from[2], g, a->gscale, a->gscale_at, n, a->lr, a->beta1, a->beta2,
-                     a->eps, a->weight_decay, a->step, a->w_out, a->g_clear, stream);
+    return be->adamw(to[0], to[1], to[2], from[0], from[1], from[2], g, a->gscale, a->gscale_at, n, a->lr, a->beta1,
+                     a->beta2, a->eps, a->weight_decay, a->step, a->w_out, a->g_clear, stream);
 }
 
 static const optim_t table[] = {

@@ -25,7 +25,7 @@ typedef struct {
     float weight_decay;   /* 0 where this tensor is not decayed */
     float gscale;         /* the clip factor the gradient is scaled by */
     const float *gscale_at; /* or, where not NULL, the float there in the backend's memory (made
-                             * on the device: plane.h plane_reduce_clip) */
+                             * on the device: stages/runtime/devnorm.h devnorm_clip) */
     int step;             /* 1-based: steps including this one */
     /* where the step also writes the new weights in the backend's dtype and clears the
      * gradient, at the call's first element (backend.h adamw's w_out, g_clear); NULL: not */

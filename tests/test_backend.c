@@ -315,8 +315,8 @@ static void test_backend_cuda_emulated_vector_ops_agree_with_the_cpu(void **stat
     assert_int_equal(tu_compare_d("block norms", norm, ref, 3, 0, 1e-12), 0);
     assert_memory_equal(norm, ref, sizeof(norm));
 
-    assert_int_equal(gpu->adamw(dw, dm, dv, dw, dm, dv, dy, 1.0f, NULL, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, NULL, NULL,
-                                s), 0);
+    assert_int_equal(gpu->adamw(dw, dm, dv, dw, dm, dv, dy, 1.0f, NULL, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, NULL,
+                                NULL, s), 0);
     cpu->adamw(w, m, v, w, m, v, y, 1.0f, NULL, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, NULL, NULL, NULL);
     assert_int_equal(gpu->copy(back, dw, bytes, s), 0);
     assert_int_equal(gpu->stream_sync(s), 0);

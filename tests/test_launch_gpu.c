@@ -259,7 +259,8 @@ static int grad_norms(const char *job, char (*norm)[40])
  * well as the losses: the same sums in replica order, the same gradient norms to the bit and so
  * the same clip factor (max_norm 0.05: every step clips; the block norms in one order on both
  * backends, summed by the coordinator for the CPU shards and on the device by the GPU ones, in
- * one order too), and AdamW's arithmetic is one on both (kernels/adamw.h). Both agree with the CPU within bf16's tolerance. The end's validation runs on the GPU (the same
+ * one order too), and AdamW's arithmetic is one on both (kernels/adamw.h). Both agree with the
+ * CPU within bf16's tolerance. The end's validation runs on the GPU (the same
  * weights: the same bits in both), within bf16's tolerance of the CPU job's, and so does the
  * sample: `ctitan generate --device cuda`'s on the last checkpoint. */
 static void test_launch_cuda_offload_and_gpu_shards_agree_on_the_emulated_backend(void **state)

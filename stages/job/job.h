@@ -84,8 +84,8 @@ typedef struct {
     int shards;         /* optshard.shards */
     int norm_on_device; /* GPU shards on one host's IPC plane, slices at block boundaries: the
                          * shards sum each other's block norms on the device and make the clip
-                         * factor there (one UPDATE round a step, no REDUCE: plane.h
-                         * plane_reduce_clip); the test hook CTITAN_TEST_HOST_NORM=1 keeps the
+                         * factor there (one UPDATE round a step, no REDUCE: stages/runtime/devnorm.h
+                         * devnorm_clip); the test hook CTITAN_TEST_HOST_NORM=1 keeps the
                          * coordinator's sum on the host */
 } job_layout_t;
 

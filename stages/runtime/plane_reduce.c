@@ -260,7 +260,7 @@ int plane_reduce_sum_range(plane_reduce_t *r, size_t lo, size_t n, float *dst)
 {
     if (!r->bf16)
         return fail(r, -EINVAL, "plane_reduce_sum_range is for bf16 gradients (offload in bf16)");
-    if (lo < r->begin || n > r->end - lo)
+    if (lo < r->begin || lo > r->end || n > r->end - lo)
         return fail(r, -EINVAL, "gradients [%zu, %zu) are not in the slice [%zu, %zu)", lo, lo + n, r->begin, r->end);
     for (int i = 0; i < r->nparts; i++) {
         const uint16_t *g = r->part[i].g16 + (lo - r->part[i].lo);

@@ -38,14 +38,14 @@ static void test_cuda_adamw_matches_reference_over_steps(void **state)
     for (int step = 1; step <= 5; step++) {
         tu_fill(gd, g, n, 100 + step, 0.1);
         cuda_copy_to_device(dg, g, n * 4);
-        assert_int_equal(cuda_adamw(dp, dm, dv, dp, dm, dv, dg, 1.0f, NULL, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, NULL,
-                                    NULL, NULL), 0);
+        assert_int_equal(cuda_adamw(dp, dm, dv, dp, dm, dv, dg, 1.0f, NULL, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step,
+                                    NULL, NULL, NULL), 0);
         ref_adamw(pd, gd, md, vd, n, 1e-3, 0.9, 0.95, 1e-8, 0.1, step);
     }
     assert_int_equal(cuda_copy_to_host(out, dp, n * 4), 0);
     assert_int_equal(tu_compare("adamw param", out, pd, n, 1e-6, 1e-5), 0);
-    assert_int_equal(cuda_adamw(dp, dm, dv, dp, dm, dv, dg, 1.0f, NULL, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0, NULL, NULL,
-                                NULL), -22);
+    assert_int_equal(cuda_adamw(dp, dm, dv, dp, dm, dv, dg, 1.0f, NULL, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0, NULL,
+                                NULL, NULL), -22);
     cuda_free(dp), cuda_free(dg), cuda_free(dm), cuda_free(dv);
     free(p), free(g), free(out), free(pd), free(gd), free(md), free(vd), free(zero);
 }

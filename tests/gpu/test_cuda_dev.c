@@ -169,8 +169,8 @@ static void test_cuda_norm_clip_is_the_hosts_sum_bitwise(void **state)
             assert_int_equal(cuda_copy_to_host(&sq, dsq, 8), 0);
             assert_int_equal(cuda_copy_to_host(&scale, dscale, 4), 0);
             assert_int_equal(cuda_copy_to_host(lanes, dlanes, NORM_LANES * 8), 0);
-            print_message("split %d, max_norm %g: sum %.17g (host %.17g), scale %.9g (host %.9g)\n", s, max_norms[m], sq,
-                          want, scale, want_scale);
+            print_message("split %d, max_norm %g: sum %.17g (host %.17g), scale %.9g (host %.9g)\n", s, max_norms[m],
+                          sq, want, scale, want_scale);
             assert_memory_equal(lanes, want_lanes, NORM_LANES * 8);
             assert_memory_equal(&sq, &want, 8);
             assert_memory_equal(&scale, &want_scale, 4);
